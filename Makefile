@@ -1,0 +1,123 @@
+# Parameter server build.  `make` builds bin/ and lib/; `make test` runs every
+# test and ends with "N passed, N failed, N skipped".
+#
+#   SAN=1     build with AddressSanitizer + UndefinedBehaviorSanitizer
+#   CUDA=0    never build the CUDA backend;  CUDA=1  fail if nvcc is missing
+#   CUDA_HOME where the CUDA toolkit lives (default /usr/local/cuda)
+
+VERSION   := 0.1.0
+CC        ?= cc
+SAN       ?= 0
+CUDA      ?= auto
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+
+PKGS      := libzmq msgpack
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+
+BUILD := build$(if $(filter 1,$(SAN)),-san,)
+INCLUDES := -Iinclude -Icommon -Iproto -Iserver -Iworker
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -DPS_VERSION=\"$(VERSION)\" -g -O3 \
+  -Wall -Wextra -Werror -pthread -fno-strict-aliasing
+ifeq ($(SAN),1)
+  CFLAGS_BASE += -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
+                 -fno-sanitize-recover=undefined
+  LDSAN := -fsanitize=address,undefined
+endif
+CFLAGS  := $(CFLAGS_BASE) $(INCLUDES) $(PKG_CFLAGS) $(BLAS_CFLAGS) $(EXTRA_CFLAGS)
+LDLIBS  := $(PKG_LIBS) $(BLAS_LIBS) -lz -lm -pthread $(LDSAN)
+
+# --- CUDA detection: build the backend when nvcc is there, say so when not.
+HAVE_NVCC := $(shell test -x $(NVCC) && echo 1)
+ifeq ($(CUDA),1)
+  ifneq ($(HAVE_NVCC),1)
+    $(error CUDA=1 but nvcc was not found at $(NVCC); set CUDA_HOME or use CUDA=0)
+  endif
+  BUILD_CUDA := 1
+else ifeq ($(CUDA),auto)
+  BUILD_CUDA := $(HAVE_NVCC)
+endif
+ifeq ($(BUILD_CUDA),1)
+  NVCCFLAGS := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 \
+    -gencode arch=compute_90,code=compute_90 -Xcompiler -Wall,-Wextra,-Werror,-fPIC \
+    -Werror all-warnings $(INCLUDES)
+  CFLAGS += -DPS_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+  CUDA_SRCS := $(wildcard worker/*.cu)
+endif
+
+# --- sources.  Files named *_main.c hold a program's main().
+LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c proto/*.c)) worker/client.c
+SERVER_SRCS := $(filter-out %_main.c,$(wildcard server/*.c))
+WORKER_SRCS := $(filter-out %_main.c worker/client.c,$(wildcard worker/*.c))
+TEST_SRCS   := $(wildcard tests/test_*.c)
+BENCH_SRCS  := $(wildcard bench/*_bench.c)
+
+obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
+LIB_OBJS    := $(call obj,$(LIB_SRCS))
+SERVER_OBJS := $(call obj,$(SERVER_SRCS))
+WORKER_OBJS := $(call obj,$(WORKER_SRCS)) $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRCS))
+
+PROGRAMS := bin/ps_server bin/ps_worker bin/ps_launch bin/ps_keygen
+TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
+BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+
+.PHONY: all test bench deps clean fuzz check-cuda
+all: $(PROGRAMS) lib/libps.a tests-build
+	@if [ "$(BUILD_CUDA)" != 1 ]; then echo "make: CUDA backend skipped (no nvcc at $(NVCC), or CUDA=0)"; fi
+
+tests-build: $(TESTS)
+.PHONY: tests-build
+
+lib/libps.a: $(LIB_OBJS)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/libserver.a: $(SERVER_OBJS)
+	rm -f $@ && ar rcs $@ $^
+$(BUILD)/libworker.a: $(WORKER_OBJS)
+	rm -f $@ && ar rcs $@ $^
+
+ALL_LIBS := $(BUILD)/libserver.a $(BUILD)/libworker.a lib/libps.a
+
+bin/ps_server: $(BUILD)/server/ps_server_main.o $(BUILD)/libserver.a lib/libps.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+bin/ps_worker: $(BUILD)/worker/ps_worker_main.o $(BUILD)/libworker.a lib/libps.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+bin/ps_launch: $(BUILD)/examples/ps_launch_main.o lib/libps.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+bin/ps_keygen: $(BUILD)/common/ps_keygen_main.o lib/libps.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/ps_test.o $(ALL_LIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(ALL_LIBS) $(LDLIBS)
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+
+test: all
+	@BUILD=$(BUILD) SAN=$(SAN) tests/run.sh
+
+bench: all $(BENCHES)
+	@BUILD=$(BUILD) bench/run.sh
+
+deps:
+	sh .ci/deps.sh
+
+clean:
+	rm -rf build build-san bin lib
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,102 @@
+/* libps: the worker-side client of the parameter server.
+ *
+ * One ps_client owns ONE background comm thread, and that thread owns every
+ * socket (a DEALER per server).  The caller registers its tensors, starts the
+ * client (placement + hello with every server), then posts non-blocking
+ * requests and waits on each request's completion.
+ *
+ * Ownership:
+ *  - push/pushpull/init read the caller's source buffer IN PLACE (zero-copy
+ *    send); the buffer must stay valid and unchanged until the request
+ *    completes.
+ *  - pull/pushpull write the weights directly into the caller's destination
+ *    buffer (one copy from the received frame); the buffer must stay valid until
+ *    the request completes and must not be read before then.
+ *  - ps_request is caller-allocated and must not move or be reused while
+ *    pending.
+ * Thread-safety: post and wait from one thread (the training thread); other
+ * threads may only call ps_request_test/ps_request_wait on their own requests. */
+#ifndef PS_CLIENT_H
+#define PS_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps_proto.h"
+
+typedef struct ps_client ps_client;
+
+typedef struct ps_client_options {
+    const char *servers;   /* comma-separated ZeroMQ endpoints, server rank order */
+    int rank;              /* this worker's rank, 0..num_workers-1 */
+    int num_workers;
+    int mode;              /* PS_MODE_SYNC or PS_MODE_ASYNC */
+    int max_staleness;     /* async only: -1 unbounded, k >= 0 SSP */
+    size_t chunk_bytes;    /* tensors are cut into chunks of at most this; 0: 4 MiB */
+    ps_opt_config expect;  /* expected server optimizer; kind PS_OPT_NONE: don't check */
+    int hello_timeout_ms;  /* how long start waits for every server; 0: 10000 */
+    int request_timeout_ms;/* resend an unanswered request after this; 0: never */
+    const char *curve_dir; /* CURVE keys directory (see ps_keygen); NULL: plaintext */
+} ps_client_options;
+
+/* Internal request state; fields are private to libps. */
+typedef struct ps_request {
+    int pending;           /* outstanding parts (chunk replies + zero-copy releases) */
+    int status;            /* first error seen, 0 when none */
+    int done;
+    int64_t version;       /* pull: smallest version returned over all chunks */
+    char err[PS_ERR_TEXT_MAX + 1];
+    void *priv;            /* comm-thread bookkeeping */
+} ps_request;
+
+void ps_client_options_default(ps_client_options *o);
+
+/* Create the client and its comm thread and connect to every server.
+ * Nothing is sent yet.  On failure *out is NULL and a message is logged. */
+int ps_client_open(const ps_client_options *o, ps_client **out);
+
+/* Declare a tensor of `count` float32 elements.  Call for every tensor, in the
+ * same order on every worker, before ps_client_start. */
+int ps_client_register(ps_client *c, uint64_t key, size_t count);
+
+/* Compute placement and say hello to every server; fails with PS_EMISMATCH
+ * (message in ps_client_last_error) if a server disagrees with this worker
+ * or with another server, PS_ETIMEDOUT if a server does not answer. */
+int ps_client_start(ps_client *c);
+
+/* Text of the last error of a blocking call (start, barrier, stats). */
+const char *ps_client_last_error(const ps_client *c);
+
+/* Post requests.  Return 0 when posted (then wait on req) or an error code.
+ * `step` is the worker's clock: the number of pushes it made before this one.
+ * init: first values of the tensor; the first init of a chunk wins, later
+ * inits are checked for the same length.  On completion req->version holds
+ * the server's version.
+ * pull: weights of at least version `step` (sync: waits for round step-1 to be
+ * applied; SSP: waits until the slowest worker is within max_staleness). */
+int ps_client_init(ps_client *c, uint64_t key, const float *values, ps_request *req);
+int ps_client_push(ps_client *c, uint64_t key, const float *grad, int64_t step, ps_request *req);
+int ps_client_pull(ps_client *c, uint64_t key, float *dst, int64_t step, ps_request *req);
+/* push the gradient of `step`, then pull version step+1 into dst */
+int ps_client_pushpull(ps_client *c, uint64_t key, const float *grad, float *dst, int64_t step,
+                       ps_request *req);
+
+/* 1 when complete, 0 while pending. */
+int ps_request_test(ps_request *req);
+/* Block until complete; returns its status (0 or PS_E*). */
+int ps_request_wait(ps_request *req);
+
+/* Blocking helpers. */
+int ps_client_barrier(ps_client *c, int64_t id);
+int ps_client_stats(ps_client *c, int server, ps_stats *out);
+int ps_client_shutdown_servers(ps_client *c);
+
+/* Placement introspection (for tests and tools). */
+int ps_client_num_servers(const ps_client *c);
+size_t ps_client_chunk_elems(const ps_client *c);
+
+/* Stop the comm thread, close sockets, free everything.  Pending requests
+ * complete with PS_ECLOSED. */
+void ps_client_close(ps_client *c);
+
+#endif

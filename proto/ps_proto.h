@@ -1,0 +1,132 @@
+/* Wire format.  Every message is a ZeroMQ multipart message:
+ *   frame 0: msgpack header (a map with short string keys, see docs/PROTOCOL.md)
+ *   frame 1: raw payload, only for data-carrying messages (count * dtype size bytes)
+ * Payloads are never packed into msgpack, so they travel zero-copy.
+ * No sockets and no threads here: encode/decode/validate only. */
+#ifndef PS_PROTO_H
+#define PS_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PS_PROTO_VERSION 1
+
+/* Largest header we ever encode or accept (bytes). */
+#define PS_HEADER_MAX 1024
+/* Largest payload one message may carry: 1 GiB of elements. */
+#define PS_MAX_PAYLOAD_BYTES (1ull << 30)
+#define PS_MAX_RANK 65535
+#define PS_MAX_CHUNK (1u << 24)
+#define PS_ERR_TEXT_MAX 200
+
+enum ps_msg_type {
+    PS_MSG_HELLO = 1,     /* agree on mode, model and config */
+    PS_MSG_INIT = 2,      /* register a chunk with its first values (payload) */
+    PS_MSG_PUSH = 3,      /* gradient for (key, chunk) at worker step (payload) */
+    PS_MSG_PULL = 4,      /* weights of (key, chunk), at least version `step` */
+    PS_MSG_PUSHPULL = 5,  /* push then pull step+1 in one round trip */
+    PS_MSG_BARRIER = 6,   /* wait until every worker reached barrier `step` */
+    PS_MSG_STATS = 7,     /* counters */
+    PS_MSG_SHUTDOWN = 8,  /* stop the server */
+    PS_MSG_ERROR = 9,     /* reply only: err_code + err_text */
+    PS_MSG_HEARTBEAT = 10 /* liveness; no payload */
+};
+#define PS_MSG_TYPE_MAX 10
+
+/* header flags */
+#define PS_FLAG_REPLY 0x1u  /* this message answers request `seq` */
+#define PS_FLAG_MASK 0x1u
+
+enum ps_dtype { PS_DTYPE_F32 = 1 };
+
+enum ps_mode { PS_MODE_SYNC = 1, PS_MODE_ASYNC = 2 };
+
+enum ps_opt_kind {
+    PS_OPT_NONE = 0, /* in a hello request: accept whatever the server runs */
+    PS_OPT_SGD = 1,
+    PS_OPT_MOMENTUM = 2,
+    PS_OPT_NESTEROV = 3,
+    PS_OPT_ADAGRAD = 4,
+    PS_OPT_ADAM = 5
+};
+#define PS_OPT_KIND_MAX 5
+
+typedef struct ps_opt_config {
+    int kind; /* enum ps_opt_kind */
+    float lr, momentum, beta1, beta2, eps, weight_decay;
+} ps_opt_config;
+
+/* HELLO body.  Request: the worker's view.  Reply: the server's config. */
+typedef struct ps_hello {
+    int32_t mode;           /* enum ps_mode */
+    int32_t max_staleness;  /* -1: unbounded (pure async); sync uses 0 */
+    uint32_t num_workers;
+    uint32_t num_servers;
+    int32_t server_rank;    /* request: which server the client believes it talks to */
+    uint64_t model_fp;      /* hash of the registered tensor list + chunk size; 0 = unset */
+    ps_opt_config opt;      /* request: kind PS_OPT_NONE = do not check */
+} ps_hello;
+
+typedef struct ps_stats {
+    uint64_t pushes, pulls, inits, updates, bytes_in, bytes_out;
+    uint64_t dup_dropped, errors, chunks, workers_seen;
+    int64_t min_version, max_version;
+} ps_stats;
+
+typedef struct ps_header {
+    uint32_t version;  /* PS_PROTO_VERSION */
+    uint32_t type;     /* enum ps_msg_type */
+    uint32_t flags;    /* PS_FLAG_* */
+    uint64_t seq;      /* request id chosen by the client, echoed in the reply */
+    int32_t rank;      /* worker rank, -1 when not a worker */
+    uint64_t key;      /* tensor id */
+    uint32_t chunk;    /* chunk index within the tensor */
+    int64_t step;      /* worker clock (push) or wanted / returned version (pull) */
+    uint64_t count;    /* elements in the payload frame */
+    uint32_t dtype;    /* enum ps_dtype; 0 when no payload */
+    uint64_t total;    /* INIT: elements of the whole tensor (length check) */
+    int32_t err_code;  /* ERROR: PS_E* code */
+    char err_text[PS_ERR_TEXT_MAX + 1];
+    ps_hello hello;    /* HELLO only */
+    ps_stats stats;    /* STATS reply only */
+} ps_header;
+
+/* Fill h with defaults: current version, rank -1, everything else zero. */
+void ps_header_init(ps_header *h, uint32_t type);
+
+/* Encode h into buf (cap bytes).  Returns 0 and the length in *len,
+ * or PS_ETOOBIG when cap is too small. */
+int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len);
+
+/* Decode and validate a header frame.  Every field is type- and range-checked;
+ * on failure returns PS_EPROTO / PS_EVERSION / PS_ETOOBIG and writes a
+ * human-readable reason into why (may be NULL).  Unknown map keys are ignored
+ * (forward compatible); a different protocol version is refused. */
+int ps_proto_decode(const void *buf, size_t len, ps_header *h, char *why, size_t why_len);
+
+/* Check that a message of type h->type came with the frames it needs:
+ * data-carrying types need exactly one payload of count * dtype size bytes,
+ * others none.  nframes counts frames after the header. */
+int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes, char *why,
+                           size_t why_len);
+
+/* Bytes per element of dtype, 0 if unknown. */
+size_t ps_dtype_size(uint32_t dtype);
+
+/* True for types whose request carries a payload (INIT, PUSH, PUSHPULL). */
+int ps_msg_request_has_payload(uint32_t type);
+/* True for types whose reply carries a payload (PULL, PUSHPULL). */
+int ps_msg_reply_has_payload(uint32_t type);
+
+const char *ps_msg_type_name(uint32_t type);
+const char *ps_mode_name(int mode);
+int ps_mode_parse(const char *s, int *mode);
+const char *ps_opt_name(int kind);
+int ps_opt_parse(const char *s, int *kind);
+
+/* Compare two configs; on mismatch returns PS_EMISMATCH and writes a message
+ * naming the field and both values ("mode: sync vs async"). */
+int ps_hello_compare(const ps_hello *a, const char *a_name, const ps_hello *b, const char *b_name,
+                     int check_opt, char *why, size_t why_len);
+
+#endif
