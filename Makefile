@@ -50,7 +50,7 @@ ifeq ($(BUILD_CUDA),1)
 endif
 
 # --- sources.  Files named *_main.c hold a program's main().
-LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c proto/*.c)) worker/client.c
+LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c proto/*.c worker/client.c))
 SERVER_SRCS := $(filter-out %_main.c,$(wildcard server/*.c))
 WORKER_SRCS := $(filter-out %_main.c worker/client.c,$(wildcard worker/*.c))
 TEST_SRCS   := $(wildcard tests/test_*.c)
