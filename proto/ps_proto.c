@@ -1,0 +1,634 @@
+#include "ps_proto.h"
+
+#include <msgpack.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ps_error.h"
+
+/* ---------- names ---------- */
+
+static const char *const type_names[] = {"?",     "hello",    "init",    "push",
+                                          "pull",  "pushpull", "barrier", "stats",
+                                          "shutdown", "error", "heartbeat"};
+
+const char *ps_msg_type_name(uint32_t type)
+{
+    return type >= 1 && type <= PS_MSG_TYPE_MAX ? type_names[type] : "unknown";
+}
+
+const char *ps_mode_name(int mode)
+{
+    return mode == PS_MODE_SYNC ? "sync" : mode == PS_MODE_ASYNC ? "async" : "unknown";
+}
+
+int ps_mode_parse(const char *s, int *mode)
+{
+    if (s && strcmp(s, "sync") == 0)
+        *mode = PS_MODE_SYNC;
+    else if (s && strcmp(s, "async") == 0)
+        *mode = PS_MODE_ASYNC;
+    else
+        return PS_EINVAL;
+    return 0;
+}
+
+static const char *const opt_names[] = {"none", "sgd", "momentum", "nesterov", "adagrad", "adam"};
+
+const char *ps_opt_name(int kind)
+{
+    return kind >= 0 && kind <= PS_OPT_KIND_MAX ? opt_names[kind] : "unknown";
+}
+
+int ps_opt_parse(const char *s, int *kind)
+{
+    for (int i = 1; s && i <= PS_OPT_KIND_MAX; i++)
+        if (strcmp(s, opt_names[i]) == 0) {
+            *kind = i;
+            return 0;
+        }
+    return PS_EINVAL;
+}
+
+size_t ps_dtype_size(uint32_t dtype) { return dtype == PS_DTYPE_F32 ? 4 : 0; }
+
+int ps_msg_request_has_payload(uint32_t type)
+{
+    return type == PS_MSG_INIT || type == PS_MSG_PUSH || type == PS_MSG_PUSHPULL;
+}
+
+int ps_msg_reply_has_payload(uint32_t type)
+{
+    return type == PS_MSG_PULL || type == PS_MSG_PUSHPULL;
+}
+
+void ps_header_init(ps_header *h, uint32_t type)
+{
+    memset(h, 0, sizeof *h);
+    h->version = PS_PROTO_VERSION;
+    h->type = type;
+    h->rank = -1;
+}
+
+static void say(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(char *why, size_t len, const char *fmt, ...)
+{
+    if (!why || !len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, len, fmt, ap);
+    va_end(ap);
+}
+
+/* ---------- encode ---------- */
+
+typedef struct wbuf {
+    char *p;
+    size_t len, cap;
+    int overflow;
+} wbuf;
+
+static int wbuf_write(void *data, const char *buf, size_t len)
+{
+    wbuf *w = data;
+    if (w->overflow || len > w->cap - w->len) {
+        w->overflow = 1;
+        return -1;
+    }
+    memcpy(w->p + w->len, buf, len);
+    w->len += len;
+    return 0;
+}
+
+static void pk_key(msgpack_packer *pk, const char *k)
+{
+    size_t n = strlen(k);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, k, n);
+}
+static void pk_u64(msgpack_packer *pk, const char *k, uint64_t v)
+{
+    pk_key(pk, k);
+    msgpack_pack_uint64(pk, v);
+}
+static void pk_i64(msgpack_packer *pk, const char *k, int64_t v)
+{
+    pk_key(pk, k);
+    msgpack_pack_int64(pk, v);
+}
+static void pk_f32(msgpack_packer *pk, const char *k, float v)
+{
+    pk_key(pk, k);
+    msgpack_pack_float(pk, v);
+}
+
+int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
+{
+    wbuf w = {buf, 0, cap, 0};
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &w, wbuf_write);
+    int is_hello = h->type == PS_MSG_HELLO;
+    int is_stats = h->type == PS_MSG_STATS && (h->flags & PS_FLAG_REPLY);
+    int is_error = h->type == PS_MSG_ERROR;
+    size_t n = 11 + (size_t)is_hello + (size_t)is_stats + 2 * (size_t)is_error;
+    msgpack_pack_map(&pk, n);
+    pk_u64(&pk, "v", h->version);
+    pk_u64(&pk, "t", h->type);
+    pk_u64(&pk, "f", h->flags);
+    pk_u64(&pk, "q", h->seq);
+    pk_i64(&pk, "r", h->rank);
+    pk_u64(&pk, "k", h->key);
+    pk_u64(&pk, "c", h->chunk);
+    pk_i64(&pk, "s", h->step);
+    pk_u64(&pk, "n", h->count);
+    pk_u64(&pk, "d", h->dtype);
+    pk_u64(&pk, "tot", h->total);
+    if (is_error) {
+        pk_i64(&pk, "ec", h->err_code);
+        size_t tl = strnlen(h->err_text, PS_ERR_TEXT_MAX);
+        pk_key(&pk, "et");
+        msgpack_pack_str(&pk, tl);
+        msgpack_pack_str_body(&pk, h->err_text, tl);
+    }
+    if (is_hello) {
+        const ps_hello *o = &h->hello;
+        pk_key(&pk, "h");
+        msgpack_pack_map(&pk, 13);
+        pk_i64(&pk, "mode", o->mode);
+        pk_i64(&pk, "stal", o->max_staleness);
+        pk_u64(&pk, "nw", o->num_workers);
+        pk_u64(&pk, "ns", o->num_servers);
+        pk_i64(&pk, "sr", o->server_rank);
+        pk_u64(&pk, "fp", o->model_fp);
+        pk_i64(&pk, "opt", o->opt.kind);
+        pk_f32(&pk, "lr", o->opt.lr);
+        pk_f32(&pk, "mom", o->opt.momentum);
+        pk_f32(&pk, "b1", o->opt.beta1);
+        pk_f32(&pk, "b2", o->opt.beta2);
+        pk_f32(&pk, "eps", o->opt.eps);
+        pk_f32(&pk, "wd", o->opt.weight_decay);
+    }
+    if (is_stats) {
+        const ps_stats *s = &h->stats;
+        pk_key(&pk, "st");
+        msgpack_pack_map(&pk, 12);
+        pk_u64(&pk, "push", s->pushes);
+        pk_u64(&pk, "pull", s->pulls);
+        pk_u64(&pk, "init", s->inits);
+        pk_u64(&pk, "upd", s->updates);
+        pk_u64(&pk, "bin", s->bytes_in);
+        pk_u64(&pk, "bout", s->bytes_out);
+        pk_u64(&pk, "dup", s->dup_dropped);
+        pk_u64(&pk, "err", s->errors);
+        pk_u64(&pk, "chunks", s->chunks);
+        pk_u64(&pk, "workers", s->workers_seen);
+        pk_i64(&pk, "vmin", s->min_version);
+        pk_i64(&pk, "vmax", s->max_version);
+    }
+    if (w.overflow)
+        return PS_ETOOBIG;
+    *len = w.len;
+    return 0;
+}
+
+/* ---------- decode ---------- */
+
+/* Walk the msgpack bytes without allocating, checking that every container's
+ * declared element count could fit in the bytes that remain and that nesting
+ * stays shallow.  msgpack-c allocates a container's slots as soon as it reads
+ * the count, so an absurd count in a tiny frame must be refused before it. */
+static int scan(const uint8_t *p, size_t len, size_t *pos, int depth)
+{
+    if (depth > 4 || *pos >= len)
+        return -1;
+    uint8_t b = p[(*pos)++];
+    size_t rem = len - *pos;
+    uint64_t n = 0, skip = 0;
+    int container = 0; /* 1 array, 2 map */
+#define NEED(k) do { if (rem < (k)) return -1; } while (0)
+#define BE(k) ({ uint64_t v_ = 0; for (int i_ = 0; i_ < (k); i_++) v_ = v_ << 8 | p[*pos + i_]; *pos += (k); rem -= (k); v_; })
+    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
+        return 0;
+    if ((b & 0xe0) == 0xa0)
+        skip = b & 0x1f;
+    else if ((b & 0xf0) == 0x90)
+        container = 1, n = b & 0x0f;
+    else if ((b & 0xf0) == 0x80)
+        container = 2, n = b & 0x0f;
+    else
+        switch (b) {
+        case 0xcc: case 0xd0: skip = 1; break;
+        case 0xcd: case 0xd1: skip = 2; break;
+        case 0xce: case 0xd2: case 0xca: skip = 4; break;
+        case 0xcf: case 0xd3: case 0xcb: skip = 8; break;
+        case 0xd4: skip = 2; break;
+        case 0xd5: skip = 3; break;
+        case 0xd6: skip = 5; break;
+        case 0xd7: skip = 9; break;
+        case 0xd8: skip = 17; break;
+        case 0xd9: case 0xc4: NEED(1); skip = BE(1); break;
+        case 0xda: case 0xc5: NEED(2); skip = BE(2); break;
+        case 0xdb: case 0xc6: NEED(4); skip = BE(4); break;
+        case 0xc7: NEED(1); skip = BE(1) + 1; break;
+        case 0xc8: NEED(2); skip = BE(2) + 1; break;
+        case 0xc9: NEED(4); skip = BE(4) + 1; break;
+        case 0xdc: NEED(2); container = 1; n = BE(2); break;
+        case 0xdd: NEED(4); container = 1; n = BE(4); break;
+        case 0xde: NEED(2); container = 2; n = BE(2); break;
+        case 0xdf: NEED(4); container = 2; n = BE(4); break;
+        default: return -1; /* 0xc1 is never used */
+        }
+#undef NEED
+#undef BE
+    if (!container) {
+        if (skip > rem)
+            return -1;
+        *pos += skip;
+        return 0;
+    }
+    if (container == 2)
+        n *= 2;
+    if (n > rem)
+        return -1;
+    for (uint64_t i = 0; i < n; i++)
+        if (scan(p, len, pos, depth + 1) < 0)
+            return -1;
+    return 0;
+}
+
+static int get_u64(const msgpack_object *o, uint64_t *v)
+{
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return -1;
+    *v = o->via.u64;
+    return 0;
+}
+
+static int get_i64(const msgpack_object *o, int64_t *v)
+{
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        if (o->via.u64 > (uint64_t)INT64_MAX)
+            return -1;
+        *v = (int64_t)o->via.u64;
+        return 0;
+    }
+    if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        *v = o->via.i64;
+        return 0;
+    }
+    return -1;
+}
+
+static int get_f32(const msgpack_object *o, float *v)
+{
+    if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64) {
+        *v = (float)o->via.f64;
+        return 0;
+    }
+    int64_t i;
+    if (get_i64(o, &i) == 0) {
+        *v = (float)i;
+        return 0;
+    }
+    return -1;
+}
+
+static int key_is(const msgpack_object *k, const char *s)
+{
+    size_t n = strlen(s);
+    return k->via.str.size == n && memcmp(k->via.str.ptr, s, n) == 0;
+}
+
+/* Range-checked field readers: on failure name the field. */
+static int field_u(const msgpack_object *o, const char *name, uint64_t lo, uint64_t hi,
+                   uint64_t *out, char *why, size_t why_len)
+{
+    uint64_t v;
+    if (get_u64(o, &v) < 0 || v < lo || v > hi) {
+        say(why, why_len, "field '%s' must be an unsigned integer in [%llu, %llu]", name,
+            (unsigned long long)lo, (unsigned long long)hi);
+        return PS_EPROTO;
+    }
+    *out = v;
+    return 0;
+}
+
+static int field_i(const msgpack_object *o, const char *name, int64_t lo, int64_t hi,
+                   int64_t *out, char *why, size_t why_len)
+{
+    int64_t v;
+    if (get_i64(o, &v) < 0 || v < lo || v > hi) {
+        say(why, why_len, "field '%s' must be an integer in [%lld, %lld]", name, (long long)lo,
+            (long long)hi);
+        return PS_EPROTO;
+    }
+    *out = v;
+    return 0;
+}
+
+#define FIELD_U(obj, name, dst, lo, hi)                                           \
+    do {                                                                          \
+        uint64_t v_;                                                              \
+        if (field_u(obj, name, lo, hi, &v_, why, why_len))                        \
+            return PS_EPROTO;                                                     \
+        (dst) = v_;                                                               \
+    } while (0)
+#define FIELD_I(obj, name, dst, lo, hi)                                           \
+    do {                                                                          \
+        int64_t v_;                                                               \
+        if (field_i(obj, name, lo, hi, &v_, why, why_len))                        \
+            return PS_EPROTO;                                                     \
+        (dst) = v_;                                                               \
+    } while (0)
+#define FIELD_F(obj, name, dst)                                                   \
+    do {                                                                          \
+        float v_;                                                                 \
+        if (get_f32(obj, &v_) < 0 || v_ != v_) {                                  \
+            say(why, why_len, "field '%s' must be a number", name);               \
+            return PS_EPROTO;                                                     \
+        }                                                                         \
+        (dst) = v_;                                                               \
+    } while (0)
+
+static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t why_len)
+{
+    if (m->type != MSGPACK_OBJECT_MAP) {
+        say(why, why_len, "field 'h' must be a map");
+        return PS_EPROTO;
+    }
+    for (uint32_t i = 0; i < m->via.map.size; i++) {
+        const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
+        if (k->type != MSGPACK_OBJECT_STR)
+            continue;
+        if (key_is(k, "mode"))
+            FIELD_I(v, "h.mode", o->mode, PS_MODE_SYNC, PS_MODE_ASYNC);
+        else if (key_is(k, "stal"))
+            FIELD_I(v, "h.stal", o->max_staleness, -1, 1000000);
+        else if (key_is(k, "nw"))
+            FIELD_U(v, "h.nw", o->num_workers, 1, PS_MAX_RANK + 1);
+        else if (key_is(k, "ns"))
+            FIELD_U(v, "h.ns", o->num_servers, 1, PS_MAX_RANK + 1);
+        else if (key_is(k, "sr"))
+            FIELD_I(v, "h.sr", o->server_rank, -1, PS_MAX_RANK);
+        else if (key_is(k, "fp"))
+            FIELD_U(v, "h.fp", o->model_fp, 0, UINT64_MAX);
+        else if (key_is(k, "opt"))
+            FIELD_I(v, "h.opt", o->opt.kind, 0, PS_OPT_KIND_MAX);
+        else if (key_is(k, "lr"))
+            FIELD_F(v, "h.lr", o->opt.lr);
+        else if (key_is(k, "mom"))
+            FIELD_F(v, "h.mom", o->opt.momentum);
+        else if (key_is(k, "b1"))
+            FIELD_F(v, "h.b1", o->opt.beta1);
+        else if (key_is(k, "b2"))
+            FIELD_F(v, "h.b2", o->opt.beta2);
+        else if (key_is(k, "eps"))
+            FIELD_F(v, "h.eps", o->opt.eps);
+        else if (key_is(k, "wd"))
+            FIELD_F(v, "h.wd", o->opt.weight_decay);
+    }
+    if (o->mode == 0 || o->num_workers == 0 || o->num_servers == 0) {
+        say(why, why_len, "hello needs mode, nw and ns");
+        return PS_EPROTO;
+    }
+    return 0;
+}
+
+static int decode_stats(const msgpack_object *m, ps_stats *s, char *why, size_t why_len)
+{
+    if (m->type != MSGPACK_OBJECT_MAP) {
+        say(why, why_len, "field 'st' must be a map");
+        return PS_EPROTO;
+    }
+    struct { const char *name; uint64_t *dst; } u[] = {
+        {"push", &s->pushes},      {"pull", &s->pulls},   {"init", &s->inits},
+        {"upd", &s->updates},      {"bin", &s->bytes_in}, {"bout", &s->bytes_out},
+        {"dup", &s->dup_dropped},  {"err", &s->errors},   {"chunks", &s->chunks},
+        {"workers", &s->workers_seen}};
+    for (uint32_t i = 0; i < m->via.map.size; i++) {
+        const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
+        if (k->type != MSGPACK_OBJECT_STR)
+            continue;
+        for (size_t j = 0; j < sizeof u / sizeof u[0]; j++)
+            if (key_is(k, u[j].name))
+                FIELD_U(v, u[j].name, *u[j].dst, 0, UINT64_MAX);
+        if (key_is(k, "vmin"))
+            FIELD_I(v, "vmin", s->min_version, INT64_MIN, INT64_MAX);
+        else if (key_is(k, "vmax"))
+            FIELD_I(v, "vmax", s->max_version, INT64_MIN, INT64_MAX);
+    }
+    return 0;
+}
+
+static int decode_map(const msgpack_object *root, ps_header *h, char *why, size_t why_len)
+{
+    int have_v = 0, have_t = 0, have_h = 0;
+    uint64_t version = 0;
+    if (root->type != MSGPACK_OBJECT_MAP) {
+        say(why, why_len, "header must be a msgpack map");
+        return PS_EPROTO;
+    }
+    /* version first, so a peer of another version gets the right error */
+    for (uint32_t i = 0; i < root->via.map.size; i++) {
+        const msgpack_object *k = &root->via.map.ptr[i].key;
+        if (k->type == MSGPACK_OBJECT_STR && key_is(k, "v")) {
+            if (get_u64(&root->via.map.ptr[i].val, &version) < 0) {
+                say(why, why_len, "field 'v' must be an unsigned integer");
+                return PS_EPROTO;
+            }
+            have_v = 1;
+        }
+    }
+    if (!have_v) {
+        say(why, why_len, "header has no protocol version field 'v'");
+        return PS_EPROTO;
+    }
+    if (version != PS_PROTO_VERSION) {
+        say(why, why_len, "protocol version %llu, this side speaks %d",
+            (unsigned long long)version, PS_PROTO_VERSION);
+        return PS_EVERSION;
+    }
+    h->version = (uint32_t)version;
+    for (uint32_t i = 0; i < root->via.map.size; i++) {
+        const msgpack_object *k = &root->via.map.ptr[i].key, *v = &root->via.map.ptr[i].val;
+        if (k->type != MSGPACK_OBJECT_STR) {
+            say(why, why_len, "header keys must be strings");
+            return PS_EPROTO;
+        }
+        if (key_is(k, "v"))
+            continue;
+        else if (key_is(k, "t")) {
+            FIELD_U(v, "t", h->type, 1, PS_MSG_TYPE_MAX);
+            have_t = 1;
+        } else if (key_is(k, "f"))
+            FIELD_U(v, "f", h->flags, 0, PS_FLAG_MASK);
+        else if (key_is(k, "q"))
+            FIELD_U(v, "q", h->seq, 0, UINT64_MAX);
+        else if (key_is(k, "r"))
+            FIELD_I(v, "r", h->rank, -1, PS_MAX_RANK);
+        else if (key_is(k, "k"))
+            FIELD_U(v, "k", h->key, 0, UINT64_MAX);
+        else if (key_is(k, "c"))
+            FIELD_U(v, "c", h->chunk, 0, PS_MAX_CHUNK - 1);
+        else if (key_is(k, "s"))
+            FIELD_I(v, "s", h->step, -1, INT64_MAX / 2);
+        else if (key_is(k, "n"))
+            FIELD_U(v, "n", h->count, 0, PS_MAX_PAYLOAD_BYTES);
+        else if (key_is(k, "d"))
+            FIELD_U(v, "d", h->dtype, 0, PS_DTYPE_F32);
+        else if (key_is(k, "tot"))
+            FIELD_U(v, "tot", h->total, 0, UINT64_MAX / 8);
+        else if (key_is(k, "ec"))
+            FIELD_I(v, "ec", h->err_code, 0, 1000);
+        else if (key_is(k, "et")) {
+            if (v->type != MSGPACK_OBJECT_STR) {
+                say(why, why_len, "field 'et' must be a string");
+                return PS_EPROTO;
+            }
+            size_t n = v->via.str.size < PS_ERR_TEXT_MAX ? v->via.str.size : PS_ERR_TEXT_MAX;
+            memcpy(h->err_text, v->via.str.ptr, n);
+            h->err_text[n] = 0;
+        } else if (key_is(k, "h")) {
+            int rc = decode_hello(v, &h->hello, why, why_len);
+            if (rc)
+                return rc;
+            have_h = 1;
+        } else if (key_is(k, "st")) {
+            int rc = decode_stats(v, &h->stats, why, why_len);
+            if (rc)
+                return rc;
+        }
+        /* other keys: a newer peer's optional fields, ignored */
+    }
+    if (!have_t) {
+        say(why, why_len, "header has no message type field 't'");
+        return PS_EPROTO;
+    }
+    if (h->type == PS_MSG_HELLO && !have_h) {
+        say(why, why_len, "hello without its 'h' map");
+        return PS_EPROTO;
+    }
+    if (h->dtype && h->count * ps_dtype_size(h->dtype) > PS_MAX_PAYLOAD_BYTES) {
+        say(why, why_len, "count %llu elements is more than the %llu-byte payload limit",
+            (unsigned long long)h->count, (unsigned long long)PS_MAX_PAYLOAD_BYTES);
+        return PS_ETOOBIG;
+    }
+    return 0;
+}
+
+int ps_proto_decode(const void *buf, size_t len, ps_header *h, char *why, size_t why_len)
+{
+    ps_header_init(h, 0);
+    h->version = 0;
+    if (len == 0) {
+        say(why, why_len, "empty header frame");
+        return PS_EPROTO;
+    }
+    if (len > PS_HEADER_MAX) {
+        say(why, why_len, "header frame of %zu bytes is over the %d-byte limit", len,
+            PS_HEADER_MAX);
+        return PS_ETOOBIG;
+    }
+    size_t pos = 0;
+    if (scan(buf, len, &pos, 0) < 0 || pos != len) {
+        say(why, why_len, "header is not one well-formed msgpack value (%zu bytes)", len);
+        return PS_EPROTO;
+    }
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    int rc;
+    if (msgpack_unpack_next(&u, buf, len, &off) != MSGPACK_UNPACK_SUCCESS || off != len) {
+        say(why, why_len, "header is not valid msgpack");
+        rc = PS_EPROTO;
+    } else {
+        rc = decode_map(&u.data, h, why, why_len);
+    }
+    msgpack_unpacked_destroy(&u);
+    return rc;
+}
+
+int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes, char *why,
+                           size_t why_len)
+{
+    int reply = (h->flags & PS_FLAG_REPLY) != 0;
+    int needs = reply ? ps_msg_reply_has_payload(h->type) : ps_msg_request_has_payload(h->type);
+    if (!needs) {
+        if (nframes != 0) {
+            say(why, why_len, "%s %s carries no payload, got %d extra frame(s)",
+                ps_msg_type_name(h->type), reply ? "reply" : "request", nframes);
+            return PS_EPROTO;
+        }
+        return 0;
+    }
+    if (nframes != 1) {
+        say(why, why_len, "%s %s needs exactly one payload frame, got %d",
+            ps_msg_type_name(h->type), reply ? "reply" : "request", nframes);
+        return PS_EPROTO;
+    }
+    size_t es = ps_dtype_size(h->dtype);
+    if (es == 0) {
+        say(why, why_len, "unknown dtype %u", h->dtype);
+        return PS_EPROTO;
+    }
+    if (h->count == 0 || h->count * es != payload_bytes) {
+        say(why, why_len, "payload of %zu bytes does not match count %llu x %zu bytes",
+            payload_bytes, (unsigned long long)h->count, es);
+        return PS_EPROTO;
+    }
+    return 0;
+}
+
+static int fcmp(float a, float b) { return a != b; }
+
+int ps_hello_compare(const ps_hello *a, const char *an, const ps_hello *b, const char *bn,
+                     int check_opt, char *why, size_t why_len)
+{
+    if (a->mode != b->mode) {
+        say(why, why_len, "mode: %s has %s, %s has %s", an, ps_mode_name(a->mode), bn,
+            ps_mode_name(b->mode));
+        return PS_EMISMATCH;
+    }
+    if (a->max_staleness != b->max_staleness) {
+        say(why, why_len, "max-staleness: %s has %d, %s has %d", an, a->max_staleness, bn,
+            b->max_staleness);
+        return PS_EMISMATCH;
+    }
+    if (a->num_workers != b->num_workers) {
+        say(why, why_len, "num-workers: %s has %u, %s has %u", an, a->num_workers, bn,
+            b->num_workers);
+        return PS_EMISMATCH;
+    }
+    if (a->num_servers != b->num_servers) {
+        say(why, why_len, "num-servers: %s has %u, %s has %u", an, a->num_servers, bn,
+            b->num_servers);
+        return PS_EMISMATCH;
+    }
+    if (a->model_fp && b->model_fp && a->model_fp != b->model_fp) {
+        say(why, why_len,
+            "model: %s has fingerprint %016llx, %s has %016llx (different tensors or chunk size)",
+            an, (unsigned long long)a->model_fp, bn, (unsigned long long)b->model_fp);
+        return PS_EMISMATCH;
+    }
+    if (!check_opt || a->opt.kind == PS_OPT_NONE || b->opt.kind == PS_OPT_NONE)
+        return 0;
+    const ps_opt_config *x = &a->opt, *y = &b->opt;
+    if (x->kind != y->kind) {
+        say(why, why_len, "optimizer: %s has %s, %s has %s", an, ps_opt_name(x->kind), bn,
+            ps_opt_name(y->kind));
+        return PS_EMISMATCH;
+    }
+    struct { const char *n; float p, q; } f[] = {
+        {"lr", x->lr, y->lr},          {"momentum", x->momentum, y->momentum},
+        {"beta1", x->beta1, y->beta1}, {"beta2", x->beta2, y->beta2},
+        {"eps", x->eps, y->eps},       {"weight-decay", x->weight_decay, y->weight_decay}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (fcmp(f[i].p, f[i].q)) {
+            say(why, why_len, "%s: %s has %g, %s has %g", f[i].n, an, (double)f[i].p, bn,
+                (double)f[i].q);
+            return PS_EMISMATCH;
+        }
+    return 0;
+}
