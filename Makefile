@@ -19,6 +19,9 @@ BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 
 BUILD := build$(if $(filter 1,$(SAN)),-san,)
+# sanitized programs and library live apart so the two builds never mix
+BIN   := $(if $(filter 1,$(SAN)),$(BUILD)/bin,bin)
+LIB   := $(if $(filter 1,$(SAN)),$(BUILD)/lib,lib)
 INCLUDES := -Iinclude -Icommon -Iproto -Iserver -Iworker
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -DPS_VERSION=\"$(VERSION)\" -g -O3 \
   -Wall -Wextra -Werror -pthread -fno-strict-aliasing
@@ -61,38 +64,40 @@ LIB_OBJS    := $(call obj,$(LIB_SRCS))
 SERVER_OBJS := $(call obj,$(SERVER_SRCS))
 WORKER_OBJS := $(call obj,$(WORKER_SRCS)) $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRCS))
 
-PROGRAMS := bin/ps_server bin/ps_worker bin/ps_launch bin/ps_keygen
+PROGRAMS := $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch $(BIN)/ps_keygen
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 
-.PHONY: all test bench deps clean fuzz check-cuda
-all: $(PROGRAMS) lib/libps.a tests-build
+.PHONY: all test bench deps clean
+all: $(PROGRAMS) $(LIB)/libps.a tests-build
 	@if [ "$(BUILD_CUDA)" != 1 ]; then echo "make: CUDA backend skipped (no nvcc at $(NVCC), or CUDA=0)"; fi
 
 tests-build: $(TESTS)
 .PHONY: tests-build
 
-lib/libps.a: $(LIB_OBJS)
+$(LIB)/libps.a: $(LIB_OBJS)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/libserver.a: $(SERVER_OBJS)
+	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 $(BUILD)/libworker.a: $(WORKER_OBJS)
+	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-ALL_LIBS := $(BUILD)/libserver.a $(BUILD)/libworker.a lib/libps.a
+ALL_LIBS := $(BUILD)/libserver.a $(BUILD)/libworker.a $(LIB)/libps.a
 
-bin/ps_server: $(BUILD)/server/ps_server_main.o $(BUILD)/libserver.a lib/libps.a
+$(BIN)/ps_server: $(BUILD)/server/ps_server_main.o $(BUILD)/libserver.a $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-bin/ps_worker: $(BUILD)/worker/ps_worker_main.o $(BUILD)/libworker.a lib/libps.a
+$(BIN)/ps_worker: $(BUILD)/worker/ps_worker_main.o $(BUILD)/libworker.a $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-bin/ps_launch: $(BUILD)/examples/ps_launch_main.o lib/libps.a
+$(BIN)/ps_launch: $(BUILD)/examples/ps_launch_main.o $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-bin/ps_keygen: $(BUILD)/common/ps_keygen_main.o lib/libps.a
+$(BIN)/ps_keygen: $(BUILD)/common/ps_keygen_main.o $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -106,13 +111,13 @@ $(BUILD)/%.o: %.c
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c -o $@ $<
 
 test: all
-	@BUILD=$(BUILD) SAN=$(SAN) tests/run.sh
+	@BUILD=$(BUILD) SAN=$(SAN) PS_BIN_DIR=$(BIN) tests/run.sh
 
 bench: all $(BENCHES)
-	@BUILD=$(BUILD) bench/run.sh
+	@BUILD=$(BUILD) PS_BIN_DIR=$(BIN) bench/run.sh
 
 deps:
 	sh .ci/deps.sh
@@ -121,3 +126,6 @@ clean:
 	rm -rf build build-san bin lib
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# fuzz targets (clang libFuzzer): `make fuzz`
+-include tests/fuzz/fuzz.mk

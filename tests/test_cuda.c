@@ -1,0 +1,629 @@
+/* The CUDA backend against the CPU backend: every operation on the same random
+ * inputs, results compared element by element.
+ *
+ * Error bounds (u = 2^-24, the float unit roundoff).  Each bound covers both
+ * backends' rounding, so it is twice one side's worst case:
+ *   exact (bit for bit, compared with ==): fill, copies, bias_add (one add of
+ *     the same operands), relu fwd/bwd, im2col (copies), maxpool fwd (values
+ *     and argmax) and bwd, softmax_xent's `correct` (argmax of the inputs).
+ *   gemm:       |g - c| <= 2 (K + 2) u * S,  S = |alpha| |op(A)| |op(B)| + |beta| |C0|
+ *               (classic sum-of-products bound; with PS_CUDA_TF32=1 the GPU
+ *               rounds A and B to 10 mantissa bits, so 2^-9 S is added)
+ *   bias_grad:  |g - c| <= 2 m u * sum |dy|, m = outer * inner terms per channel
+ *   col2im:     |g - c| <= 2 k^2 u * (col2im of |col|), at most k^2 terms a pixel
+ *   axpy:       |g - c| <= 4 u * (|y| + |alpha x|)  (GPU fuses multiply-add)
+ *   softmax_xent dlogits: |g - c| <= 2 (classes + 64) u * (|d| + onehot / n)
+ *               (exp/log of the GPU within 2 ulp, the row sum within classes u)
+ *   softmax_xent loss:    |g - c| <= 2 (classes + 16) u * max(1, loss)
+ *
+ * Without a CUDA build or a usable device every case is skipped. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "ps_error.h"
+#include "ps_test.h"
+
+#define U 0x1p-24
+
+/* ---- the two backends, made once --------------------------------------- */
+
+static ps_backend *g_cpu, *g_gpu;
+static int g_tried;
+
+/* Everything a case allocates goes here and is freed by the next case's set-up
+ * (or at exit), so a CHECK that returns early leaks nothing. */
+enum { ARENA_MAX = 1024 };
+static struct {
+    ps_backend *b; /* NULL: malloc'd host memory */
+    int pinned;
+    void *p;
+} g_arena[ARENA_MAX];
+static int g_narena;
+
+static void arena_reset(void)
+{
+    for (int i = g_narena - 1; i >= 0; i--) {
+        if (!g_arena[i].b)
+            free(g_arena[i].p);
+        else if (g_arena[i].pinned)
+            g_arena[i].b->free_host(g_arena[i].b, g_arena[i].p);
+        else
+            g_arena[i].b->free(g_arena[i].b, g_arena[i].p);
+    }
+    g_narena = 0;
+}
+
+static void teardown(void)
+{
+    arena_reset();
+    if (g_gpu)
+        g_gpu->destroy(g_gpu);
+    if (g_cpu)
+        g_cpu->destroy(g_cpu);
+    g_gpu = g_cpu = NULL;
+}
+
+static int setup(void)
+{
+    arena_reset();
+    if (!g_tried) {
+        g_tried = 1;
+#ifdef PS_HAVE_CUDA
+        char why[256];
+        if (ps_backend_cuda_create(0, &g_gpu, why, sizeof why) != 0) {
+            fprintf(stderr, "test_cuda: %s\n", why);
+            g_gpu = NULL;
+        } else if (ps_backend_cpu_create(1, &g_cpu) != 0) {
+            fprintf(stderr, "test_cuda: the CPU backend failed to start\n");
+            g_gpu->destroy(g_gpu);
+            g_gpu = NULL;
+        }
+#else
+        fprintf(stderr, "test_cuda: built without the CUDA backend (no nvcc, or CUDA=0)\n");
+#endif
+        /* registered after the CUDA runtime's own exit handler, so it runs
+         * first, while the device is still there */
+        atexit(teardown);
+    }
+    return g_gpu && g_cpu;
+}
+
+#define NEED_GPU()                                                                   \
+    do {                                                                             \
+        if (!setup())                                                                \
+            SKIP("no CUDA device");                                                  \
+    } while (0)
+
+static void *track(ps_backend *b, int pinned, void *p)
+{
+    if (p && g_narena < ARENA_MAX) {
+        g_arena[g_narena].b = b;
+        g_arena[g_narena].pinned = pinned;
+        g_arena[g_narena].p = p;
+        g_narena++;
+        return p;
+    }
+    if (p) { /* arena full: a test bug; hand back nothing so the CHECK fails */
+        if (!b)
+            free(p);
+        else if (pinned)
+            b->free_host(b, p);
+        else
+            b->free(b, p);
+    }
+    return NULL;
+}
+
+static void *host(size_t bytes) { return track(NULL, 0, malloc(bytes ? bytes : 1)); }
+
+static void *dev(ps_backend *b, size_t bytes)
+{
+    void *p = NULL;
+    if (b->alloc(b, bytes, &p) != 0)
+        return NULL;
+    return track(b, 0, p);
+}
+
+static void *pinned(ps_backend *b, size_t bytes)
+{
+    void *p = NULL;
+    if (b->alloc_host(b, bytes, &p) != 0)
+        return NULL;
+    return track(b, 1, p);
+}
+
+/* host -> device on the copy stream, complete on return */
+static int up(ps_backend *b, void *d, const void *h, size_t bytes)
+{
+    int rc = b->copy(b, d, h, bytes, 0, PS_STREAM_COPY);
+    return rc ? rc : b->stream_sync(b, PS_STREAM_COPY);
+}
+
+/* device -> host on the compute stream, so it follows the kernels */
+static int down(ps_backend *b, void *h, const void *d, size_t bytes)
+{
+    int rc = b->copy(b, h, d, bytes, 1, PS_STREAM_COMPUTE);
+    return rc ? rc : b->stream_sync(b, PS_STREAM_COMPUTE);
+}
+
+/* A device copy of host data on each backend. */
+typedef struct {
+    void *c, *g;
+} pair;
+
+static int pair_up(pair *p, const void *h, size_t bytes)
+{
+    p->c = dev(g_cpu, bytes);
+    p->g = dev(g_gpu, bytes);
+    if (!p->c || !p->g)
+        return PS_ENOMEM;
+    int rc = up(g_cpu, p->c, h, bytes);
+    return rc ? rc : up(g_gpu, p->g, h, bytes);
+}
+
+/* Both results back to host buffers (allocated here). */
+static int pair_down(const pair *p, size_t bytes, void **hc, void **hg)
+{
+    *hc = host(bytes);
+    *hg = host(bytes);
+    if (!*hc || !*hg)
+        return PS_ENOMEM;
+    int rc = down(g_cpu, *hc, p->c, bytes);
+    return rc ? rc : down(g_gpu, *hg, p->g, bytes);
+}
+
+/* ---- random inputs and comparisons ------------------------------------- */
+
+static uint64_t g_rng;
+
+static void seed(uint64_t s) { g_rng = s * 0x9E3779B97F4A7C15ull + 1; }
+
+/* uniform in [-1, 1) */
+static float rnd(void)
+{
+    g_rng ^= g_rng >> 12;
+    g_rng ^= g_rng << 25;
+    g_rng ^= g_rng >> 27;
+    uint64_t r = g_rng * 0x2545F4914F6CDD1Dull;
+    return (float)((double)(r >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+}
+
+static float *rnd_host(size_t n, float scale)
+{
+    float *h = host(n * sizeof(float));
+    if (h)
+        for (size_t i = 0; i < n; i++)
+            h[i] = scale * rnd();
+    return h;
+}
+
+static float *abs_host(const float *x, size_t n)
+{
+    float *h = host(n * sizeof(float));
+    if (h)
+        for (size_t i = 0; i < n; i++)
+            h[i] = fabsf(x[i]);
+    return h;
+}
+
+/* First index where g and c differ (==), or -1. */
+static long diff_exact(const float *g, const float *c, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(g[i] == c[i]))
+            return (long)i;
+    return -1;
+}
+
+/* First index where |g - c| > tol * scale, or -1 (NaN counts as outside). */
+static long diff_bound(const float *g, const float *c, const float *scale, double tol, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs((double)g[i] - (double)c[i]) <= tol * (double)scale[i]))
+            return (long)i;
+    return -1;
+}
+
+#define CHECK_EXACT(g, c, n)                                                          \
+    do {                                                                              \
+        long at_ = diff_exact((g), (c), (n));                                         \
+        CHECK_MSG(at_ < 0, "element %ld: gpu %.9g, cpu %.9g", at_, (double)(g)[at_],  \
+                  (double)(c)[at_]);                                                  \
+    } while (0)
+
+#define CHECK_BOUND(g, c, scale, tol, n)                                              \
+    do {                                                                              \
+        long at_ = diff_bound((g), (c), (scale), (tol), (n));                         \
+        CHECK_MSG(at_ < 0, "element %ld: gpu %.9g, cpu %.9g, bound %.3g", at_,        \
+                  (double)(g)[at_], (double)(c)[at_], (tol) * (double)(scale)[at_]);  \
+    } while (0)
+
+/* ---- gemm -------------------------------------------------------------- */
+
+static int tf32_on(void)
+{
+    const char *e = getenv("PS_CUDA_TF32");
+    return e && strcmp(e, "1") == 0;
+}
+
+/* One gemm on both backends with padded row strides; the padding must come
+ * back untouched.  A failure stops the running case (ps_test_stopped()). */
+static void gemm_case(int ta, int tb, int M, int N, int K, float alpha, float beta)
+{
+    int a_rows = ta ? K : M, a_cols = ta ? M : K;
+    int b_rows = tb ? N : K, b_cols = tb ? K : N;
+    int lda = a_cols + 3, ldb = b_cols + 1, ldc = N + 2;
+    size_t na = (size_t)a_rows * lda, nb = (size_t)b_rows * ldb, nc = (size_t)M * ldc;
+    float *A = rnd_host(na, 1.0f), *B = rnd_host(nb, 1.0f), *C0 = rnd_host(nc, 1.0f);
+    CHECK(A && B && C0);
+    pair a, b, c;
+    CHECK_OK(pair_up(&a, A, na * sizeof(float)));
+    CHECK_OK(pair_up(&b, B, nb * sizeof(float)));
+    CHECK_OK(pair_up(&c, C0, nc * sizeof(float)));
+    CHECK_OK(g_cpu->gemm(g_cpu, ta, tb, M, N, K, alpha, a.c, lda, b.c, ldb, beta, c.c, ldc));
+    CHECK_OK(g_gpu->gemm(g_gpu, ta, tb, M, N, K, alpha, a.g, lda, b.g, ldb, beta, c.g, ldc));
+    float *hc, *hg;
+    CHECK_OK(pair_down(&c, nc * sizeof(float), (void **)&hc, (void **)&hg));
+    /* S = |alpha| |op(A)| |op(B)| + |beta| |C0|, on the CPU */
+    float *S = abs_host(C0, nc), *aA = abs_host(A, na), *aB = abs_host(B, nb);
+    CHECK(S && aA && aB);
+    CHECK_OK(g_cpu->gemm(g_cpu, ta, tb, M, N, K, fabsf(alpha), aA, lda, aB, ldb, fabsf(beta),
+                         S, ldc));
+    double tol = 2.0 * (K + 2) * U + (tf32_on() ? 0x1p-9 : 0.0);
+    CHECK_BOUND(hg, hc, S, tol, nc);
+}
+
+PS_TEST(gemm_all_transposes_odd_sizes_match_cpu)
+{
+    NEED_GPU();
+    seed(1);
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            gemm_case(ta, tb, 37, 53, 29, 0.75f, -0.5f);
+            if (ps_test_stopped())
+                return;
+            gemm_case(ta, tb, 1, 7, 3, 1.0f, 1.0f);
+            if (ps_test_stopped())
+                return;
+        }
+}
+
+PS_TEST(gemm_large_beta_zero_matches_cpu)
+{
+    NEED_GPU();
+    seed(2);
+    gemm_case(0, 0, 257, 129, 300, 1.0f, 0.0f);
+    if (ps_test_stopped())
+        return;
+    gemm_case(1, 0, 65, 300, 511, 0.5f, 0.0f); /* the weight-gradient shape */
+}
+
+/* ---- elementwise pieces ------------------------------------------------ */
+
+PS_TEST(fill_sets_every_element)
+{
+    NEED_GPU();
+    size_t n = 10007;
+    float *want = host(n * sizeof(float)), *got = host(n * sizeof(float));
+    float *d = dev(g_gpu, n * sizeof(float));
+    CHECK(want && got && d);
+    for (size_t i = 0; i < n; i++)
+        want[i] = 3.25f;
+    CHECK_OK(g_gpu->fill(g_gpu, d, 3.25f, n));
+    CHECK_OK(down(g_gpu, got, d, n * sizeof(float)));
+    CHECK_EXACT(got, want, n);
+}
+
+static void bias_add_case(int outer, int channels, int inner)
+{
+    size_t n = (size_t)outer * channels * inner;
+    float *Y = rnd_host(n, 1.0f), *Bi = rnd_host((size_t)channels, 1.0f);
+    CHECK(Y && Bi);
+    pair y, bias;
+    CHECK_OK(pair_up(&y, Y, n * sizeof(float)));
+    CHECK_OK(pair_up(&bias, Bi, (size_t)channels * sizeof(float)));
+    CHECK_OK(g_cpu->bias_add(g_cpu, y.c, bias.c, outer, channels, inner));
+    CHECK_OK(g_gpu->bias_add(g_gpu, y.g, bias.g, outer, channels, inner));
+    float *hc, *hg;
+    CHECK_OK(pair_down(&y, n * sizeof(float), (void **)&hc, (void **)&hg));
+    CHECK_EXACT(hg, hc, n);
+}
+
+PS_TEST(bias_add_matches_cpu_exactly)
+{
+    NEED_GPU();
+    seed(3);
+    bias_add_case(5, 7, 33); /* conv: [N, C, H*W] */
+    if (ps_test_stopped())
+        return;
+    bias_add_case(64, 10, 1); /* dense: [N, features] */
+}
+
+static void bias_grad_case(int outer, int channels, int inner)
+{
+    size_t n = (size_t)outer * channels * inner;
+    float *DY = rnd_host(n, 1.0f);
+    CHECK(DY);
+    pair dy, db;
+    CHECK_OK(pair_up(&dy, DY, n * sizeof(float)));
+    float *junk = rnd_host((size_t)channels, 1.0f); /* overwritten, not added to */
+    CHECK(junk);
+    CHECK_OK(pair_up(&db, junk, (size_t)channels * sizeof(float)));
+    CHECK_OK(g_cpu->bias_grad(g_cpu, db.c, dy.c, outer, channels, inner));
+    CHECK_OK(g_gpu->bias_grad(g_gpu, db.g, dy.g, outer, channels, inner));
+    float *hc, *hg;
+    CHECK_OK(pair_down(&db, (size_t)channels * sizeof(float), (void **)&hc, (void **)&hg));
+    float *adY = abs_host(DY, n), *S = host((size_t)channels * sizeof(float));
+    CHECK(adY && S);
+    CHECK_OK(g_cpu->bias_grad(g_cpu, S, adY, outer, channels, inner));
+    CHECK_BOUND(hg, hc, S, 2.0 * (double)outer * inner * U, (size_t)channels);
+}
+
+PS_TEST(bias_grad_matches_cpu)
+{
+    NEED_GPU();
+    seed(4);
+    bias_grad_case(5, 7, 33);
+    if (ps_test_stopped())
+        return;
+    bias_grad_case(130, 70, 1); /* dense: column sums over 3 blocks of 32 channels */
+    if (ps_test_stopped())
+        return;
+    bias_grad_case(3, 4, 1000);
+}
+
+PS_TEST(relu_fwd_bwd_match_cpu_in_place_too)
+{
+    NEED_GPU();
+    seed(5);
+    size_t n = 10007, bytes = n * sizeof(float);
+    float *X = rnd_host(n, 1.0f), *DY = rnd_host(n, 1.0f);
+    CHECK(X && DY);
+    pair x, y, dy, dx;
+    CHECK_OK(pair_up(&x, X, bytes));
+    CHECK_OK(pair_up(&y, X, bytes)); /* overwritten */
+    CHECK_OK(pair_up(&dy, DY, bytes));
+    CHECK_OK(pair_up(&dx, DY, bytes));
+    CHECK_OK(g_cpu->relu_fwd(g_cpu, y.c, x.c, n));
+    CHECK_OK(g_gpu->relu_fwd(g_gpu, y.g, x.g, n));
+    float *hc, *hg;
+    CHECK_OK(pair_down(&y, bytes, (void **)&hc, (void **)&hg));
+    CHECK_EXACT(hg, hc, n);
+    CHECK_OK(g_cpu->relu_bwd(g_cpu, dx.c, dy.c, y.c, n));
+    CHECK_OK(g_gpu->relu_bwd(g_gpu, dx.g, dy.g, y.g, n));
+    CHECK_OK(pair_down(&dx, bytes, (void **)&hc, (void **)&hg));
+    CHECK_EXACT(hg, hc, n);
+    /* in place: x = relu(x); dy = dy * (x > 0) */
+    CHECK_OK(g_gpu->relu_fwd(g_gpu, x.g, x.g, n));
+    CHECK_OK(g_gpu->relu_bwd(g_gpu, dy.g, dy.g, x.g, n));
+    float *hx = host(bytes), *hdy = host(bytes);
+    CHECK(hx && hdy);
+    CHECK_OK(down(g_gpu, hx, x.g, bytes));
+    CHECK_OK(down(g_gpu, hdy, dy.g, bytes));
+    CHECK_OK(down(g_cpu, hc, y.c, bytes));
+    CHECK_EXACT(hx, hc, n);
+    CHECK_OK(down(g_cpu, hc, dx.c, bytes));
+    CHECK_EXACT(hdy, hc, n);
+}
+
+PS_TEST(axpy_matches_cpu)
+{
+    NEED_GPU();
+    seed(6);
+    size_t n = 10007, bytes = n * sizeof(float);
+    float alpha = -0.3f;
+    float *X = rnd_host(n, 1.0f), *Y = rnd_host(n, 1.0f), *S = host(bytes);
+    CHECK(X && Y && S);
+    for (size_t i = 0; i < n; i++)
+        S[i] = fabsf(Y[i]) + fabsf(alpha * X[i]);
+    pair x, y;
+    CHECK_OK(pair_up(&x, X, bytes));
+    CHECK_OK(pair_up(&y, Y, bytes));
+    CHECK_OK(g_cpu->axpy(g_cpu, y.c, alpha, x.c, n));
+    CHECK_OK(g_gpu->axpy(g_gpu, y.g, alpha, x.g, n));
+    float *hc, *hg;
+    CHECK_OK(pair_down(&y, bytes, (void **)&hc, (void **)&hg));
+    CHECK_BOUND(hg, hc, S, 4.0 * U, n);
+}
+
+/* ---- softmax cross-entropy --------------------------------------------- */
+
+static void xent_case(int n, int classes, int with_loss)
+{
+    size_t total = (size_t)n * classes, bytes = total * sizeof(float);
+    float *L = rnd_host(total, 3.0f);
+    int32_t *lab = host((size_t)n * sizeof(int32_t));
+    CHECK(L && lab);
+    for (int r = 0; r < n; r++) {
+        lab[r] = (int32_t)((rnd() + 1.0f) * 0.5f * (float)classes) % classes;
+        if (r % 5 == 0) /* some rows predicted right, so `correct` is not just 0 */
+            L[(size_t)r * classes + lab[r]] += 4.0f;
+    }
+    for (int j = 0; j < classes; j++) /* stability: a row far from zero */
+        L[j] += 1.0e4f;
+    pair lg, lb, d;
+    CHECK_OK(pair_up(&lg, L, bytes));
+    CHECK_OK(pair_up(&lb, lab, (size_t)n * sizeof(int32_t)));
+    CHECK_OK(pair_up(&d, L, bytes)); /* overwritten */
+    float loss_c = 0, loss_g = 0;
+    int corr_c = 0, corr_g = 0;
+    CHECK_OK(g_cpu->softmax_xent(g_cpu, lg.c, lb.c, n, classes, d.c, &loss_c, &corr_c));
+    if (with_loss)
+        CHECK_OK(g_gpu->softmax_xent(g_gpu, lg.g, lb.g, n, classes, d.g, &loss_g, &corr_g));
+    else
+        CHECK_OK(g_gpu->softmax_xent(g_gpu, lg.g, lb.g, n, classes, d.g, NULL, NULL));
+    float *hc, *hg;
+    CHECK_OK(pair_down(&d, bytes, (void **)&hc, (void **)&hg));
+    float *S = host(bytes);
+    CHECK(S);
+    for (size_t i = 0; i < total; i++)
+        S[i] = fabsf(hc[i]);
+    for (int r = 0; r < n; r++)
+        S[(size_t)r * classes + lab[r]] += 1.0f / (float)n;
+    CHECK_BOUND(hg, hc, S, 2.0 * (classes + 64) * U, total);
+    if (with_loss) {
+        CHECK_NEAR(loss_g, loss_c, 2.0 * (classes + 16) * U);
+        CHECK_EQ_INT(corr_g, corr_c);
+    }
+}
+
+PS_TEST(softmax_xent_matches_cpu)
+{
+    NEED_GPU();
+    seed(7);
+    static const int shapes[][2] = {{67, 10}, {33, 1000}, {3, 5}, {9, 1}, {1000, 37}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        xent_case(shapes[i][0], shapes[i][1], 1);
+        if (ps_test_stopped())
+            return;
+    }
+    xent_case(2000, 10, 1); /* grows the per-row scratch */
+    if (ps_test_stopped())
+        return;
+    xent_case(50, 10, 0); /* loss and correct not asked for: no wait */
+}
+
+/* ---- convolution pieces ------------------------------------------------ */
+
+static void conv_case(int C, int H, int W, int k, int pad)
+{
+    int OH = H + 2 * pad - k + 1, OW = W + 2 * pad - k + 1;
+    size_t nx = (size_t)C * H * W, ncol = (size_t)C * k * k * OH * OW;
+    float *X = rnd_host(nx, 1.0f), *COL = rnd_host(ncol, 1.0f);
+    CHECK(X && COL);
+    pair x, col, dx;
+    CHECK_OK(pair_up(&x, X, nx * sizeof(float)));
+    CHECK_OK(pair_up(&col, COL, ncol * sizeof(float)));
+    CHECK_OK(pair_up(&dx, X, nx * sizeof(float))); /* overwritten */
+
+    CHECK_OK(g_cpu->col2im(g_cpu, col.c, C, H, W, k, pad, dx.c));
+    CHECK_OK(g_gpu->col2im(g_gpu, col.g, C, H, W, k, pad, dx.g));
+    float *hc, *hg;
+    CHECK_OK(pair_down(&dx, nx * sizeof(float), (void **)&hc, (void **)&hg));
+    float *acol = abs_host(COL, ncol), *S = host(nx * sizeof(float));
+    CHECK(acol && S);
+    CHECK_OK(g_cpu->col2im(g_cpu, acol, C, H, W, k, pad, S));
+    CHECK_BOUND(hg, hc, S, 2.0 * k * k * U, nx);
+
+    CHECK_OK(g_cpu->im2col(g_cpu, x.c, C, H, W, k, pad, col.c));
+    CHECK_OK(g_gpu->im2col(g_gpu, x.g, C, H, W, k, pad, col.g));
+    CHECK_OK(pair_down(&col, ncol * sizeof(float), (void **)&hc, (void **)&hg));
+    CHECK_EXACT(hg, hc, ncol);
+}
+
+PS_TEST(im2col_col2im_match_cpu)
+{
+    NEED_GPU();
+    seed(8);
+    static const int shapes[][5] = {
+        {3, 11, 9, 3, 1}, {2, 7, 8, 5, 0}, {4, 6, 5, 1, 0}, {2, 5, 6, 3, 2}, {16, 32, 32, 3, 1}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int *s = shapes[i];
+        conv_case(s[0], s[1], s[2], s[3], s[4]);
+        if (ps_test_stopped())
+            return;
+    }
+}
+
+PS_TEST(maxpool_fwd_bwd_match_cpu_exactly)
+{
+    NEED_GPU();
+    seed(9);
+    int NC = 6, H = 10, W = 14;
+    size_t nx = (size_t)NC * H * W, ny = nx / 4;
+    float *X = rnd_host(nx, 1.0f), *DY = rnd_host(ny, 1.0f);
+    CHECK(X && DY);
+    pair x, y, dy, dx, am;
+    CHECK_OK(pair_up(&x, X, nx * sizeof(float)));
+    CHECK_OK(pair_up(&y, DY, ny * sizeof(float))); /* overwritten */
+    CHECK_OK(pair_up(&dy, DY, ny * sizeof(float)));
+    CHECK_OK(pair_up(&dx, X, nx * sizeof(float))); /* overwritten */
+    CHECK_OK(pair_up(&am, X, ny));                 /* overwritten */
+    CHECK_OK(g_cpu->maxpool_fwd(g_cpu, x.c, NC, H, W, y.c, am.c));
+    CHECK_OK(g_gpu->maxpool_fwd(g_gpu, x.g, NC, H, W, y.g, am.g));
+    float *hc, *hg;
+    CHECK_OK(pair_down(&y, ny * sizeof(float), (void **)&hc, (void **)&hg));
+    CHECK_EXACT(hg, hc, ny);
+    uint8_t *ac, *ag;
+    CHECK_OK(pair_down(&am, ny, (void **)&ac, (void **)&ag));
+    for (size_t i = 0; i < ny; i++)
+        CHECK_MSG(ac[i] == ag[i], "argmax %zu: gpu %d, cpu %d", i, ag[i], ac[i]);
+    CHECK_OK(g_cpu->maxpool_bwd(g_cpu, dy.c, am.c, NC, H, W, dx.c));
+    CHECK_OK(g_gpu->maxpool_bwd(g_gpu, dy.g, am.g, NC, H, W, dx.g));
+    CHECK_OK(pair_down(&dx, nx * sizeof(float), (void **)&hc, (void **)&hg));
+    CHECK_EXACT(hg, hc, nx);
+}
+
+/* ---- streams and events ------------------------------------------------ */
+
+/* The training step's pattern: upload on the copy stream, compute after an
+ * event, download on the copy stream after another event, wait on the host. */
+PS_TEST(copies_across_streams_ordered_by_events)
+{
+    NEED_GPU();
+    seed(10);
+    size_t n = (size_t)1 << 20, bytes = n * sizeof(float);
+    float *src = pinned(g_gpu, bytes), *dst = pinned(g_gpu, bytes), *dst2 = pinned(g_gpu, bytes);
+    float *a = dev(g_gpu, bytes), *b = dev(g_gpu, bytes), *c = dev(g_gpu, bytes);
+    float *want = host(bytes);
+    CHECK(src && dst && dst2 && a && b && c && want);
+    for (size_t i = 0; i < n; i++) {
+        src[i] = rnd();
+        /* relu(x) + 2x: 2x is exact, so fused or not the sum rounds once */
+        want[i] = (src[i] > 0.0f ? src[i] : 0.0f) + 2.0f * src[i];
+    }
+    ps_event *up_done = NULL, *calc_done = NULL, *down_done = NULL;
+    int rc = g_gpu->event_create(g_gpu, &up_done);
+    if (!rc)
+        rc = g_gpu->event_create(g_gpu, &calc_done);
+    if (!rc)
+        rc = g_gpu->event_create(g_gpu, &down_done);
+    if (!rc)
+        rc = g_gpu->copy(g_gpu, a, src, bytes, 0, PS_STREAM_COPY);
+    if (!rc)
+        rc = g_gpu->event_record(g_gpu, up_done, PS_STREAM_COPY);
+    if (!rc)
+        rc = g_gpu->stream_wait_event(g_gpu, PS_STREAM_COMPUTE, up_done);
+    if (!rc)
+        rc = g_gpu->relu_fwd(g_gpu, b, a, n);
+    if (!rc)
+        rc = g_gpu->axpy(g_gpu, b, 2.0f, a, n);
+    if (!rc)
+        rc = g_gpu->event_record(g_gpu, calc_done, PS_STREAM_COMPUTE);
+    if (!rc)
+        rc = g_gpu->stream_wait_event(g_gpu, PS_STREAM_COPY, calc_done);
+    if (!rc)
+        rc = g_gpu->copy(g_gpu, dst, b, bytes, 1, PS_STREAM_COPY);
+    if (!rc)
+        rc = g_gpu->copy(g_gpu, c, a, bytes, 2, PS_STREAM_COPY);
+    if (!rc)
+        rc = g_gpu->copy(g_gpu, dst2, c, bytes, 1, PS_STREAM_COPY);
+    if (!rc)
+        rc = g_gpu->event_record(g_gpu, down_done, PS_STREAM_COPY);
+    if (!rc)
+        rc = g_gpu->event_sync(g_gpu, down_done);
+    int q = rc ? 0 : g_gpu->event_query(g_gpu, down_done);
+    ps_event *evs[3] = {up_done, calc_done, down_done};
+    for (int i = 0; i < 3; i++)
+        if (evs[i])
+            g_gpu->event_destroy(g_gpu, evs[i]);
+    CHECK_OK(rc);
+    CHECK_EQ_INT(q, 1);
+    CHECK_EXACT(dst, want, n);
+    CHECK_EXACT(dst2, src, n);
+}
+
+PS_TEST(bad_device_index_is_a_clear_error)
+{
+    NEED_GPU();
+#ifdef PS_HAVE_CUDA
+    ps_backend *b = NULL;
+    char why[256] = "";
+    CHECK_EQ_INT(ps_backend_cuda_create(1000, &b, why, sizeof why), PS_EDEVICE);
+    CHECK(b == NULL);
+    CHECK_MSG(strstr(why, "--device cuda:1000: only ") != NULL, "why = '%s'", why);
+#endif
+}

@@ -1,0 +1,406 @@
+/* CPU backend: OpenBLAS for gemm, plain loops (left for gcc to vectorize) for
+ * the elementwise kernels.  Everything runs on the calling thread (plus the
+ * BLAS threads inside gemm) and is complete when the call returns, so copies
+ * are memcpy, streams are no-ops and events are always signalled. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "backend.h"
+#include "ps_error.h"
+
+/* Declared by OpenBLAS's cblas.h; repeated so a reference-CBLAS header (which
+ * lacks it) still compiles.  Identical redeclarations are harmless. */
+void openblas_set_num_threads(int num_threads);
+
+/* Large enough for AVX-512 loads and a cache line. */
+#define CPU_ALIGN 64
+
+struct ps_event {
+    int unused; /* CPU work is complete on return: nothing to record */
+};
+
+static int cpu_alloc(ps_backend *b, size_t bytes, void **out)
+{
+    (void)b;
+    /* aligned_alloc wants a multiple of the alignment; never hand back NULL
+     * for 0 bytes so callers can treat NULL as "not allocated". */
+    size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+    if (rounded < bytes)
+        return PS_ENOMEM;
+    if (rounded == 0)
+        rounded = CPU_ALIGN;
+    void *p = aligned_alloc(CPU_ALIGN, rounded);
+    if (!p)
+        return PS_ENOMEM;
+    *out = p;
+    return 0;
+}
+
+static void cpu_free(ps_backend *b, void *p)
+{
+    (void)b;
+    free(p);
+}
+
+static int cpu_copy(ps_backend *b, void *dst, const void *src, size_t bytes, int kind, int stream)
+{
+    (void)b;
+    (void)stream;
+    if (kind < 0 || kind > 2)
+        return PS_EINVAL;
+    if (bytes == 0 || dst == src)
+        return 0;
+    if (!dst || !src)
+        return PS_EINVAL;
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+static int cpu_fill(ps_backend *b, float *x, float value, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++)
+        x[i] = value;
+    return 0;
+}
+
+static int cpu_gemm(ps_backend *b, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                    const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    (void)b;
+    if (M < 0 || N < 0 || K < 0)
+        return PS_EINVAL;
+    /* Row strides as stored: op(A) is M x K, so A is M x K (lda >= K) or
+     * K x M (lda >= M) when transposed; likewise B. */
+    int a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
+    if (lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) ||
+        ldc < (N > 1 ? N : 1))
+        return PS_EINVAL;
+    if (M == 0 || N == 0)
+        return 0;
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return 0;
+}
+
+static int cpu_bias_add(ps_backend *b, float *y, const float *bias, int outer, int channels,
+                        int inner)
+{
+    (void)b;
+    if (outer < 0 || channels < 0 || inner < 0)
+        return PS_EINVAL;
+    for (int o = 0; o < outer; o++)
+        for (int c = 0; c < channels; c++) {
+            float *row = y + ((size_t)o * channels + c) * inner;
+            float v = bias[c];
+            for (int i = 0; i < inner; i++)
+                row[i] += v;
+        }
+    return 0;
+}
+
+static int cpu_bias_grad(ps_backend *b, float *db, const float *dy, int outer, int channels,
+                         int inner)
+{
+    (void)b;
+    if (outer < 0 || channels < 0 || inner < 0)
+        return PS_EINVAL;
+    for (int c = 0; c < channels; c++)
+        db[c] = 0.0f;
+    for (int o = 0; o < outer; o++)
+        for (int c = 0; c < channels; c++) {
+            const float *row = dy + ((size_t)o * channels + c) * inner;
+            float s = 0.0f;
+            for (int i = 0; i < inner; i++)
+                s += row[i];
+            db[c] += s;
+        }
+    return 0;
+}
+
+static int cpu_relu_fwd(ps_backend *b, float *y, const float *x, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++)
+        y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    return 0;
+}
+
+static int cpu_relu_bwd(ps_backend *b, float *dx, const float *dy, const float *y, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++)
+        dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    return 0;
+}
+
+static int cpu_softmax_xent(ps_backend *b, const float *logits, const int32_t *labels, int n,
+                            int classes, float *dlogits, float *loss, int *correct)
+{
+    (void)b;
+    if (n <= 0 || classes <= 0)
+        return PS_EINVAL;
+    for (int r = 0; r < n; r++)
+        if (labels[r] < 0 || labels[r] >= classes)
+            return PS_EINVAL;
+    double total = 0.0;
+    int hits = 0;
+    float inv_n = 1.0f / (float)n;
+    for (int r = 0; r < n; r++) {
+        const float *z = logits + (size_t)r * classes;
+        float *d = dlogits + (size_t)r * classes;
+        /* Subtracting the row max keeps every exp() argument <= 0, so logits
+         * of 1e4 neither overflow nor turn the sum into inf/inf = NaN. */
+        float mx = z[0];
+        int arg = 0;
+        for (int c = 1; c < classes; c++)
+            if (z[c] > mx) {
+                mx = z[c];
+                arg = c;
+            }
+        double sum = 0.0;
+        for (int c = 0; c < classes; c++)
+            sum += exp((double)z[c] - (double)mx);
+        double lse = (double)mx + log(sum);
+        int y = labels[r];
+        total += lse - (double)z[y];
+        hits += arg == y;
+        for (int c = 0; c < classes; c++) {
+            float p = (float)exp((double)z[c] - lse);
+            d[c] = (p - (c == y ? 1.0f : 0.0f)) * inv_n;
+        }
+    }
+    if (loss)
+        *loss = (float)(total / n);
+    if (correct)
+        *correct = hits;
+    return 0;
+}
+
+static int cpu_im2col(ps_backend *b, const float *x, int C, int H, int W, int k, int pad,
+                      float *col)
+{
+    (void)b;
+    if (C <= 0 || H <= 0 || W <= 0 || k <= 0 || pad < 0)
+        return PS_EINVAL;
+    int OH = H + 2 * pad - k + 1, OW = W + 2 * pad - k + 1;
+    if (OH <= 0 || OW <= 0)
+        return PS_EINVAL;
+    size_t plane = (size_t)OH * OW;
+    for (int c = 0; c < C; c++)
+        for (int ky = 0; ky < k; ky++)
+            for (int kx = 0; kx < k; kx++) {
+                float *row = col + ((size_t)(c * k + ky) * k + kx) * plane;
+                for (int oy = 0; oy < OH; oy++) {
+                    int iy = oy + ky - pad;
+                    float *out = row + (size_t)oy * OW;
+                    if (iy < 0 || iy >= H) {
+                        for (int ox = 0; ox < OW; ox++)
+                            out[ox] = 0.0f;
+                        continue;
+                    }
+                    const float *in = x + ((size_t)c * H + iy) * W;
+                    for (int ox = 0; ox < OW; ox++) {
+                        int ix = ox + kx - pad;
+                        out[ox] = (ix >= 0 && ix < W) ? in[ix] : 0.0f;
+                    }
+                }
+            }
+    return 0;
+}
+
+static int cpu_col2im(ps_backend *b, const float *col, int C, int H, int W, int k, int pad,
+                      float *dx)
+{
+    (void)b;
+    if (C <= 0 || H <= 0 || W <= 0 || k <= 0 || pad < 0)
+        return PS_EINVAL;
+    int OH = H + 2 * pad - k + 1, OW = W + 2 * pad - k + 1;
+    if (OH <= 0 || OW <= 0)
+        return PS_EINVAL;
+    size_t plane = (size_t)OH * OW;
+    memset(dx, 0, (size_t)C * H * W * sizeof *dx);
+    for (int c = 0; c < C; c++)
+        for (int ky = 0; ky < k; ky++)
+            for (int kx = 0; kx < k; kx++) {
+                const float *row = col + ((size_t)(c * k + ky) * k + kx) * plane;
+                for (int oy = 0; oy < OH; oy++) {
+                    int iy = oy + ky - pad;
+                    if (iy < 0 || iy >= H)
+                        continue;
+                    const float *in = row + (size_t)oy * OW;
+                    float *out = dx + ((size_t)c * H + iy) * W;
+                    for (int ox = 0; ox < OW; ox++) {
+                        int ix = ox + kx - pad;
+                        if (ix >= 0 && ix < W)
+                            out[ix] += in[ox];
+                    }
+                }
+            }
+    return 0;
+}
+
+static int cpu_maxpool_fwd(ps_backend *b, const float *x, int NC, int H, int W, float *y,
+                           uint8_t *argmax)
+{
+    (void)b;
+    if (NC < 0 || H <= 0 || W <= 0 || H % 2 || W % 2)
+        return PS_EINVAL;
+    int OH = H / 2, OW = W / 2;
+    for (int p = 0; p < NC; p++) {
+        const float *in = x + (size_t)p * H * W;
+        float *out = y + (size_t)p * OH * OW;
+        uint8_t *am = argmax + (size_t)p * OH * OW;
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox = 0; ox < OW; ox++) {
+                const float *r0 = in + (size_t)(2 * oy) * W + 2 * ox, *r1 = r0 + W;
+                /* first maximum wins on ties, like the CUDA kernel */
+                float v[4] = {r0[0], r0[1], r1[0], r1[1]};
+                int best = 0;
+                for (int j = 1; j < 4; j++)
+                    if (v[j] > v[best])
+                        best = j;
+                out[oy * OW + ox] = v[best];
+                am[oy * OW + ox] = (uint8_t)best;
+            }
+    }
+    return 0;
+}
+
+static int cpu_maxpool_bwd(ps_backend *b, const float *dy, const uint8_t *argmax, int NC, int H,
+                           int W, float *dx)
+{
+    (void)b;
+    if (NC < 0 || H <= 0 || W <= 0 || H % 2 || W % 2)
+        return PS_EINVAL;
+    int OH = H / 2, OW = W / 2;
+    for (int p = 0; p < NC; p++) {
+        const float *g = dy + (size_t)p * OH * OW;
+        const uint8_t *am = argmax + (size_t)p * OH * OW;
+        float *out = dx + (size_t)p * H * W;
+        /* windows do not overlap, so writing all four entries of each window
+         * overwrites dx completely without a separate zeroing pass */
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox = 0; ox < OW; ox++) {
+                float *r0 = out + (size_t)(2 * oy) * W + 2 * ox, *r1 = r0 + W;
+                float v = g[oy * OW + ox];
+                int a = am[oy * OW + ox];
+                r0[0] = a == 0 ? v : 0.0f;
+                r0[1] = a == 1 ? v : 0.0f;
+                r1[0] = a == 2 ? v : 0.0f;
+                r1[1] = a == 3 ? v : 0.0f;
+            }
+    }
+    return 0;
+}
+
+static int cpu_axpy(ps_backend *b, float *y, float alpha, const float *x, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++)
+        y[i] += alpha * x[i];
+    return 0;
+}
+
+static int cpu_event_create(ps_backend *b, ps_event **out)
+{
+    (void)b;
+    ps_event *e = calloc(1, sizeof *e);
+    if (!e)
+        return PS_ENOMEM;
+    *out = e;
+    return 0;
+}
+
+static void cpu_event_destroy(ps_backend *b, ps_event *e)
+{
+    (void)b;
+    free(e);
+}
+
+static int cpu_event_record(ps_backend *b, ps_event *e, int stream)
+{
+    (void)b;
+    (void)e;
+    (void)stream;
+    return 0;
+}
+
+static int cpu_stream_wait_event(ps_backend *b, int stream, ps_event *e)
+{
+    (void)b;
+    (void)stream;
+    (void)e;
+    return 0;
+}
+
+static int cpu_event_sync(ps_backend *b, ps_event *e)
+{
+    (void)b;
+    (void)e;
+    return 0;
+}
+
+static int cpu_event_query(ps_backend *b, ps_event *e)
+{
+    (void)b;
+    (void)e;
+    return 1;
+}
+
+static int cpu_stream_sync(ps_backend *b, int stream)
+{
+    (void)b;
+    (void)stream;
+    return 0;
+}
+
+static void cpu_destroy(ps_backend *b)
+{
+    free(b);
+}
+
+int ps_backend_cpu_create(int threads, ps_backend **out)
+{
+    if (!out)
+        return PS_EINVAL;
+    ps_backend *b = calloc(1, sizeof *b);
+    if (!b)
+        return PS_ENOMEM;
+    /* OpenBLAS's thread count is process-wide; the last backend created wins. */
+    openblas_set_num_threads(threads > 0 ? threads : 1);
+    b->name = "cpu";
+    b->ctx = NULL;
+    b->alloc = cpu_alloc;
+    b->free = cpu_free;
+    /* host memory is already what the "device" copies from */
+    b->alloc_host = cpu_alloc;
+    b->free_host = cpu_free;
+    b->copy = cpu_copy;
+    b->fill = cpu_fill;
+    b->gemm = cpu_gemm;
+    b->bias_add = cpu_bias_add;
+    b->bias_grad = cpu_bias_grad;
+    b->relu_fwd = cpu_relu_fwd;
+    b->relu_bwd = cpu_relu_bwd;
+    b->softmax_xent = cpu_softmax_xent;
+    b->im2col = cpu_im2col;
+    b->col2im = cpu_col2im;
+    b->maxpool_fwd = cpu_maxpool_fwd;
+    b->maxpool_bwd = cpu_maxpool_bwd;
+    b->axpy = cpu_axpy;
+    b->event_create = cpu_event_create;
+    b->event_destroy = cpu_event_destroy;
+    b->event_record = cpu_event_record;
+    b->stream_wait_event = cpu_stream_wait_event;
+    b->event_sync = cpu_event_sync;
+    b->event_query = cpu_event_query;
+    b->stream_sync = cpu_stream_sync;
+    b->destroy = cpu_destroy;
+    *out = b;
+    return 0;
+}
