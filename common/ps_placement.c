@@ -22,15 +22,18 @@ long ps_placement_find(const ps_placement *p, uint64_t key)
     return -1;
 }
 
-/* order chunks largest first, ties by position, for the greedy pass */
-static const ps_chunk_place *g_sort_base;
+/* (size, position) pairs sorted largest first, ties by position, for the
+ * greedy pass; no globals, so concurrent builds are safe */
+typedef struct order_item {
+    size_t count, index;
+} order_item;
+
 static int by_size_desc(const void *a, const void *b)
 {
-    size_t ia = *(const size_t *)a, ib = *(const size_t *)b;
-    size_t ca = g_sort_base[ia].count, cb = g_sort_base[ib].count;
-    if (ca != cb)
-        return ca < cb ? 1 : -1;
-    return ia < ib ? -1 : ia > ib;
+    const order_item *x = a, *y = b;
+    if (x->count != y->count)
+        return x->count < y->count ? 1 : -1;
+    return x->index < y->index ? -1 : x->index > y->index;
 }
 
 int ps_placement_build(const ps_tensor_spec *t, size_t n, size_t chunk_elems, int num_servers,
@@ -52,7 +55,7 @@ int ps_placement_build(const ps_tensor_spec *t, size_t n, size_t chunk_elems, in
     out->first_chunk = calloc(n ? n : 1, sizeof *out->first_chunk);
     out->tensor_chunks = calloc(n ? n : 1, sizeof *out->tensor_chunks);
     out->server_elems = calloc((size_t)num_servers, sizeof *out->server_elems);
-    size_t *order = calloc(total ? total : 1, sizeof *order);
+    order_item *order = calloc(total ? total : 1, sizeof *order);
     if (!out->chunks || !out->first_chunk || !out->tensor_chunks || !out->server_elems || !order) {
         free(order);
         ps_placement_free(out);
@@ -69,7 +72,8 @@ int ps_placement_build(const ps_tensor_spec *t, size_t n, size_t chunk_elems, in
             p->chunk = (uint32_t)(off / chunk_elems);
             p->offset = off;
             p->count = t[i].count - off < chunk_elems ? t[i].count - off : chunk_elems;
-            order[c] = c;
+            order[c].count = p->count;
+            order[c].index = c;
             c++;
         }
         out->tensor_chunks[i] = c - out->first_chunk[i];
@@ -78,16 +82,14 @@ int ps_placement_build(const ps_tensor_spec *t, size_t n, size_t chunk_elems, in
     /* Longest-processing-time greedy: largest chunk first onto the server with
      * the fewest elements (lowest rank on ties).  Deterministic, and within
      * one largest chunk of perfect balance. */
-    g_sort_base = out->chunks;
     qsort(order, total, sizeof *order, by_size_desc);
-    g_sort_base = NULL;
     for (size_t k = 0; k < total; k++) {
         int best = 0;
         for (int s = 1; s < num_servers; s++)
             if (out->server_elems[s] < out->server_elems[best])
                 best = s;
-        out->chunks[order[k]].server = best;
-        out->server_elems[best] += out->chunks[order[k]].count;
+        out->chunks[order[k].index].server = best;
+        out->server_elems[best] += order[k].count;
     }
     free(order);
     return 0;

@@ -620,12 +620,17 @@ int ps_hello_compare(const ps_hello *a, const char *an, const ps_hello *b, const
             ps_opt_name(y->kind));
         return PS_EMISMATCH;
     }
-    struct { const char *n; float p, q; } f[] = {
-        {"lr", x->lr, y->lr},          {"momentum", x->momentum, y->momentum},
-        {"beta1", x->beta1, y->beta1}, {"beta2", x->beta2, y->beta2},
-        {"eps", x->eps, y->eps},       {"weight-decay", x->weight_decay, y->weight_decay}};
+    /* compare only the hyper-parameters this optimizer uses */
+    int k = x->kind;
+    struct { const char *n; float p, q; int used; } f[] = {
+        {"lr", x->lr, y->lr, 1},
+        {"momentum", x->momentum, y->momentum, k == PS_OPT_MOMENTUM || k == PS_OPT_NESTEROV},
+        {"beta1", x->beta1, y->beta1, k == PS_OPT_ADAM},
+        {"beta2", x->beta2, y->beta2, k == PS_OPT_ADAM},
+        {"eps", x->eps, y->eps, k == PS_OPT_ADAM || k == PS_OPT_ADAGRAD},
+        {"weight-decay", x->weight_decay, y->weight_decay, 1}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        if (fcmp(f[i].p, f[i].q)) {
+        if (f[i].used && fcmp(f[i].p, f[i].q)) {
             say(why, why_len, "%s: %s has %g, %s has %g", f[i].n, an, (double)f[i].p, bn,
                 (double)f[i].q);
             return PS_EMISMATCH;

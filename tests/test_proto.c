@@ -1,0 +1,563 @@
+/* Wire format: every message type round-trips field for field, and decode
+ * refuses anything that is not exactly a valid header. */
+#include <msgpack.h>
+#include <string.h>
+
+#include "ps_error.h"
+#include "ps_proto.h"
+#include "ps_test.h"
+
+static int rt(const ps_header *in, ps_header *out)
+{
+    char buf[PS_HEADER_MAX];
+    size_t len = 0;
+    int rc = ps_proto_encode(in, buf, sizeof buf, &len);
+    if (rc)
+        return rc;
+    char why[256];
+    return ps_proto_decode(buf, len, out, why, sizeof why);
+}
+
+/* a header with every common field set to a distinctive value */
+static void full(ps_header *h, uint32_t type, uint32_t flags)
+{
+    ps_header_init(h, type);
+    h->flags = flags;
+    h->seq = 0xfedcba9876543210ull;
+    h->rank = 65535;
+    h->key = UINT64_MAX - 5;
+    h->chunk = PS_MAX_CHUNK - 1;
+    h->step = ((int64_t)1 << 62) - 1;
+    h->count = 123456789;
+    h->dtype = PS_DTYPE_F32;
+    h->total = 987654321012ull;
+}
+
+static int same_common(const ps_header *a, const ps_header *b)
+{
+    return a->version == b->version && a->type == b->type && a->flags == b->flags &&
+           a->seq == b->seq && a->rank == b->rank && a->key == b->key && a->chunk == b->chunk &&
+           a->step == b->step && a->count == b->count && a->dtype == b->dtype &&
+           a->total == b->total;
+}
+
+PS_TEST(roundtrip_every_plain_type_request_and_reply)
+{
+    for (uint32_t t = 1; t <= PS_MSG_TYPE_MAX; t++) {
+        if (t == PS_MSG_HELLO || t == PS_MSG_ERROR)
+            continue;
+        for (uint32_t f = 0; f <= PS_FLAG_REPLY; f++) {
+            ps_header a, b;
+            full(&a, t, f);
+            CHECK_OK(rt(&a, &b));
+            CHECK_MSG(same_common(&a, &b), "type %u flags %u differs after round trip", t, f);
+        }
+    }
+    /* negative and zero edge values */
+    ps_header a, b;
+    ps_header_init(&a, PS_MSG_PULL);
+    a.step = -1;
+    a.rank = -1;
+    CHECK_OK(rt(&a, &b));
+    CHECK(same_common(&a, &b));
+    CHECK_EQ_INT(b.step, -1);
+    CHECK_EQ_INT(b.rank, -1);
+}
+
+PS_TEST(roundtrip_hello_with_every_config_field)
+{
+    ps_header a, b;
+    for (uint32_t f = 0; f <= PS_FLAG_REPLY; f++) {
+        full(&a, PS_MSG_HELLO, f);
+        a.hello.mode = PS_MODE_ASYNC;
+        a.hello.max_staleness = 17;
+        a.hello.num_workers = 65536;
+        a.hello.num_servers = 3;
+        a.hello.server_rank = 2;
+        a.hello.model_fp = 0x0123456789abcdefull;
+        a.hello.opt.kind = PS_OPT_ADAM;
+        a.hello.opt.lr = 0.125f;
+        a.hello.opt.momentum = 0.9f;
+        a.hello.opt.beta1 = 0.8f;
+        a.hello.opt.beta2 = 0.999f;
+        a.hello.opt.eps = 1e-8f;
+        a.hello.opt.weight_decay = 5e-4f;
+        CHECK_OK(rt(&a, &b));
+        CHECK(same_common(&a, &b));
+        CHECK(memcmp(&a.hello, &b.hello, sizeof a.hello) == 0);
+    }
+    ps_header_init(&a, PS_MSG_HELLO);
+    a.hello.mode = PS_MODE_SYNC;
+    a.hello.max_staleness = -1;
+    a.hello.num_workers = 1;
+    a.hello.num_servers = 1;
+    a.hello.server_rank = -1;
+    CHECK_OK(rt(&a, &b));
+    CHECK(memcmp(&a.hello, &b.hello, sizeof a.hello) == 0);
+}
+
+PS_TEST(roundtrip_stats_reply_and_error)
+{
+    ps_header a, b;
+    full(&a, PS_MSG_STATS, PS_FLAG_REPLY);
+    ps_stats *s = &a.stats;
+    s->pushes = 1, s->pulls = 2, s->inits = 3, s->updates = 4, s->bytes_in = UINT64_MAX;
+    s->bytes_out = 6, s->dup_dropped = 7, s->errors = 8, s->chunks = 9, s->workers_seen = 10;
+    s->min_version = -1, s->max_version = INT64_MAX;
+    CHECK_OK(rt(&a, &b));
+    CHECK(same_common(&a, &b));
+    CHECK(memcmp(&a.stats, &b.stats, sizeof a.stats) == 0);
+
+    full(&a, PS_MSG_ERROR, PS_FLAG_REPLY);
+    a.err_code = PS_EMISMATCH;
+    snprintf(a.err_text, sizeof a.err_text, "mode: server has async, worker has sync");
+    CHECK_OK(rt(&a, &b));
+    CHECK(same_common(&a, &b));
+    CHECK_EQ_INT(b.err_code, PS_EMISMATCH);
+    CHECK(strcmp(b.err_text, a.err_text) == 0);
+
+    /* the longest allowed text survives intact */
+    memset(a.err_text, 'x', PS_ERR_TEXT_MAX);
+    a.err_text[PS_ERR_TEXT_MAX] = 0;
+    CHECK_OK(rt(&a, &b));
+    CHECK_EQ_INT(strlen(b.err_text), PS_ERR_TEXT_MAX);
+}
+
+PS_TEST(encode_refuses_a_too_small_buffer)
+{
+    ps_header a;
+    full(&a, PS_MSG_PUSH, 0);
+    char buf[PS_HEADER_MAX];
+    size_t len = 0;
+    CHECK_OK(ps_proto_encode(&a, buf, sizeof buf, &len));
+    for (size_t cap = 0; cap < len; cap++) {
+        size_t l2 = 0;
+        CHECK_EQ_INT(ps_proto_encode(&a, buf, cap, &l2), PS_ETOOBIG);
+    }
+}
+
+/* ---------- hand-made headers ---------- */
+
+typedef struct mk {
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+} mk;
+
+static void mk_init(mk *m)
+{
+    msgpack_sbuffer_init(&m->sb);
+    msgpack_packer_init(&m->pk, &m->sb, msgpack_sbuffer_write);
+}
+static void mk_free(mk *m) { msgpack_sbuffer_destroy(&m->sb); }
+static void mk_key(mk *m, const char *k)
+{
+    msgpack_pack_str(&m->pk, strlen(k));
+    msgpack_pack_str_body(&m->pk, k, strlen(k));
+}
+static void mk_u(mk *m, const char *k, uint64_t v)
+{
+    mk_key(m, k);
+    msgpack_pack_uint64(&m->pk, v);
+}
+static void mk_i(mk *m, const char *k, int64_t v)
+{
+    mk_key(m, k);
+    msgpack_pack_int64(&m->pk, v);
+}
+
+static int dec(const mk *m, char *why, size_t wl)
+{
+    ps_header h;
+    return ps_proto_decode(m->sb.data, m->sb.size, &h, why, wl);
+}
+
+/* Build {v:1, t:PULL, <one extra field>} and decode it. */
+enum { X_U, X_I, X_STR, X_ARR, X_F, X_NIL };
+static int one_field(const char *key, int kind, int64_t v, char *why, size_t wl)
+{
+    mk m;
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 3);
+    mk_u(&m, "v", 1);
+    mk_u(&m, "t", PS_MSG_PULL);
+    mk_key(&m, key);
+    switch (kind) {
+    case X_U: msgpack_pack_uint64(&m.pk, (uint64_t)v); break;
+    case X_I: msgpack_pack_int64(&m.pk, v); break;
+    case X_STR: msgpack_pack_str(&m.pk, 1); msgpack_pack_str_body(&m.pk, "x", 1); break;
+    case X_ARR: msgpack_pack_array(&m.pk, 0); break;
+    case X_F: msgpack_pack_double(&m.pk, (double)v); break;
+    default: msgpack_pack_nil(&m.pk); break;
+    }
+    int rc = dec(&m, why, wl);
+    mk_free(&m);
+    return rc;
+}
+
+PS_TEST(decode_accepts_minimal_header_and_ignores_unknown_keys)
+{
+    char why[256];
+    mk m;
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 4);
+    mk_u(&m, "t", PS_MSG_HEARTBEAT);
+    mk_u(&m, "zz_future", 7);
+    mk_key(&m, "also_new");
+    msgpack_pack_array(&m.pk, 2);
+    msgpack_pack_nil(&m.pk);
+    msgpack_pack_true(&m.pk);
+    mk_u(&m, "v", 1); /* version need not come first */
+    ps_header h;
+    int rc = ps_proto_decode(m.sb.data, m.sb.size, &h, why, sizeof why);
+    mk_free(&m);
+    CHECK_OK(rc);
+    CHECK_EQ_INT(h.type, PS_MSG_HEARTBEAT);
+    CHECK_EQ_INT(h.rank, -1);
+}
+
+PS_TEST(decode_refuses_wrong_types_and_out_of_range_values)
+{
+    char why[256];
+    struct { const char *k; int kind; int64_t v; int want; } cases[] = {
+        {"t", X_U, 0, PS_EPROTO},            {"t", X_U, PS_MSG_TYPE_MAX + 1, PS_EPROTO},
+        {"t", X_STR, 0, PS_EPROTO},          {"f", X_U, 2, PS_EPROTO},
+        {"f", X_I, -1, PS_EPROTO},           {"q", X_I, -1, PS_EPROTO},
+        {"q", X_STR, 0, PS_EPROTO},          {"r", X_I, -2, PS_EPROTO},
+        {"r", X_U, PS_MAX_RANK + 1, PS_EPROTO}, {"r", X_F, 1, PS_EPROTO},
+        {"k", X_I, -1, PS_EPROTO},           {"k", X_ARR, 0, PS_EPROTO},
+        {"c", X_U, PS_MAX_CHUNK, PS_EPROTO}, {"s", X_I, -2, PS_EPROTO},
+        {"s", X_U, (int64_t)1 << 62, PS_EPROTO}, {"s", X_NIL, 0, PS_EPROTO},
+        {"n", X_U, (int64_t)PS_MAX_PAYLOAD_BYTES + 1, PS_EPROTO}, {"d", X_U, 2, PS_EPROTO},
+        {"tot", X_I, -1, PS_EPROTO},         {"ec", X_I, -1, PS_EPROTO},
+        {"ec", X_U, 1001, PS_EPROTO},        {"et", X_U, 5, PS_EPROTO},
+        {"h", X_U, 1, PS_EPROTO},            {"h", X_ARR, 0, PS_EPROTO},
+        {"st", X_STR, 0, PS_EPROTO},         {"v", X_STR, 0, PS_EPROTO},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        why[0] = 0;
+        int rc = one_field(cases[i].k, cases[i].kind, cases[i].v, why, sizeof why);
+        CHECK_MSG(rc == cases[i].want, "field %s kind %d value %lld: got %d, want %d",
+                  cases[i].k, cases[i].kind, (long long)cases[i].v, rc, cases[i].want);
+        CHECK_MSG(why[0] != 0, "field %s: no reason given", cases[i].k);
+    }
+    /* in-range values of the same fields are fine */
+    CHECK_OK(one_field("r", X_I, -1, why, sizeof why));
+    CHECK_OK(one_field("s", X_I, -1, why, sizeof why));
+    CHECK_OK(one_field("c", X_U, PS_MAX_CHUNK - 1, why, sizeof why));
+    CHECK_OK(one_field("zz", X_STR, 0, why, sizeof why));
+}
+
+PS_TEST(decode_refuses_count_beyond_payload_limit)
+{
+    char why[256];
+    mk m;
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 4);
+    mk_u(&m, "v", 1);
+    mk_u(&m, "t", PS_MSG_PUSH);
+    mk_u(&m, "n", PS_MAX_PAYLOAD_BYTES / 4 + 1);
+    mk_u(&m, "d", PS_DTYPE_F32);
+    int rc = dec(&m, why, sizeof why);
+    mk_free(&m);
+    CHECK_EQ_INT(rc, PS_ETOOBIG);
+}
+
+PS_TEST(decode_refuses_missing_version_type_and_hello_body)
+{
+    char why[256];
+    mk m;
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 1);
+    mk_u(&m, "t", PS_MSG_PULL);
+    CHECK_EQ_INT(dec(&m, why, sizeof why), PS_EPROTO);
+    mk_free(&m);
+
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 1);
+    mk_u(&m, "v", 1);
+    CHECK_EQ_INT(dec(&m, why, sizeof why), PS_EPROTO);
+    mk_free(&m);
+
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 2);
+    mk_u(&m, "v", 1);
+    mk_u(&m, "t", PS_MSG_HELLO);
+    CHECK_EQ_INT(dec(&m, why, sizeof why), PS_EPROTO);
+    mk_free(&m);
+
+    /* hello body missing its required fields, or with bad ones */
+    struct { const char *k; int64_t v; } bad[] = {
+        {"mode", 3}, {"mode", 0}, {"stal", -2}, {"nw", 0}, {"ns", 0}, {"sr", -2}, {"opt", 6},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        mk_init(&m);
+        msgpack_pack_map(&m.pk, 3);
+        mk_u(&m, "v", 1);
+        mk_u(&m, "t", PS_MSG_HELLO);
+        mk_key(&m, "h");
+        msgpack_pack_map(&m.pk, 4);
+        const char *keys[] = {"mode", "nw", "ns"};
+        int64_t vals[] = {1, 1, 1};
+        for (int j = 0; j < 3; j++)
+            if (strcmp(keys[j], bad[i].k) != 0)
+                mk_i(&m, keys[j], vals[j]);
+        mk_i(&m, bad[i].k, bad[i].v);
+        if (!strcmp(bad[i].k, "mode") || !strcmp(bad[i].k, "nw") || !strcmp(bad[i].k, "ns"))
+            mk_i(&m, "zz", 0); /* keep the declared 4 entries */
+        int rc = dec(&m, why, sizeof why);
+        mk_free(&m);
+        CHECK_MSG(rc == PS_EPROTO, "hello %s = %lld: got %d", bad[i].k, (long long)bad[i].v, rc);
+    }
+    /* a float that is not a number */
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 3);
+    mk_u(&m, "v", 1);
+    mk_u(&m, "t", PS_MSG_HELLO);
+    mk_key(&m, "h");
+    msgpack_pack_map(&m.pk, 4);
+    mk_i(&m, "mode", 1);
+    mk_i(&m, "nw", 1);
+    mk_i(&m, "ns", 1);
+    mk_key(&m, "lr");
+    msgpack_pack_float(&m.pk, __builtin_nanf(""));
+    CHECK_EQ_INT(dec(&m, why, sizeof why), PS_EPROTO);
+    mk_free(&m);
+}
+
+PS_TEST(decode_refuses_other_protocol_version)
+{
+    char why[256] = "";
+    mk m;
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 2);
+    mk_u(&m, "t", PS_MSG_PULL);
+    mk_u(&m, "v", 2);
+    int rc = dec(&m, why, sizeof why);
+    mk_free(&m);
+    CHECK_EQ_INT(rc, PS_EVERSION);
+    CHECK(strstr(why, "2") != NULL);
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 2);
+    mk_u(&m, "v", 0);
+    mk_u(&m, "t", PS_MSG_PULL);
+    rc = dec(&m, why, sizeof why);
+    mk_free(&m);
+    CHECK_EQ_INT(rc, PS_EVERSION);
+}
+
+PS_TEST(decode_refuses_non_map_garbage_and_non_string_keys)
+{
+    char why[256];
+    ps_header h;
+    const uint8_t garbage[][6] = {
+        {0xc1},                         /* never-used byte */
+        {0x93, 0x01, 0x02, 0x03},       /* array [1,2,3] */
+        {0x05},                         /* the integer 5 */
+        {0xa3, 'a', 'b', 'c'},          /* a string */
+        {0xc0},                         /* nil */
+        {0x81, 0x01, 0x01},             /* {1: 1} */
+    };
+    const size_t lens[] = {1, 4, 1, 4, 1, 3};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++)
+        CHECK_MSG(ps_proto_decode(garbage[i], lens[i], &h, why, sizeof why) == PS_EPROTO,
+                  "garbage %zu accepted", i);
+    CHECK_EQ_INT(ps_proto_decode("", 0, &h, why, sizeof why), PS_EPROTO);
+    /* pseudo-random bytes never crash and never pass */
+    uint32_t x = 12345;
+    uint8_t buf[64];
+    for (int round = 0; round < 2000; round++) {
+        size_t n = 1 + (x % 64);
+        for (size_t j = 0; j < n; j++) {
+            x = x * 1103515245u + 12345u;
+            buf[j] = (uint8_t)(x >> 16);
+        }
+        buf[0] = 0x80 | (buf[0] & 0x0f); /* a fixmap, to get past the first check */
+        int rc = ps_proto_decode(buf, n, &h, why, sizeof why);
+        CHECK(rc == 0 || rc == PS_EPROTO || rc == PS_EVERSION || rc == PS_ETOOBIG);
+    }
+}
+
+PS_TEST(decode_refuses_every_truncation_and_trailing_bytes)
+{
+    ps_header a, b;
+    full(&a, PS_MSG_HELLO, 0);
+    a.hello.mode = 1;
+    a.hello.num_workers = 2;
+    a.hello.num_servers = 2;
+    char buf[PS_HEADER_MAX + 8], why[256];
+    size_t len;
+    CHECK_OK(ps_proto_encode(&a, buf, PS_HEADER_MAX, &len));
+    for (size_t n = 0; n < len; n++)
+        CHECK_MSG(ps_proto_decode(buf, n, &b, why, sizeof why) != 0, "prefix of %zu accepted", n);
+    buf[len] = 0x00;
+    CHECK_EQ_INT(ps_proto_decode(buf, len + 1, &b, why, sizeof why), PS_EPROTO);
+    CHECK_OK(ps_proto_decode(buf, len, &b, why, sizeof why));
+}
+
+PS_TEST(decode_refuses_absurd_container_counts_and_depth)
+{
+    char why[256];
+    ps_header h;
+    /* map32 claiming 2^32-1 pairs in a 5-byte frame */
+    const uint8_t map32[] = {0xdf, 0xff, 0xff, 0xff, 0xff};
+    CHECK_EQ_INT(ps_proto_decode(map32, sizeof map32, &h, why, sizeof why), PS_EPROTO);
+    const uint8_t arr32[] = {0x81, 0xa1, 'x', 0xdd, 0x7f, 0xff, 0xff, 0xff};
+    CHECK_EQ_INT(ps_proto_decode(arr32, sizeof arr32, &h, why, sizeof why), PS_EPROTO);
+    const uint8_t map16[] = {0xde, 0xff, 0xff, 0x01};
+    CHECK_EQ_INT(ps_proto_decode(map16, sizeof map16, &h, why, sizeof why), PS_EPROTO);
+    /* str32 / bin32 / ext32 claiming more bytes than there are */
+    const uint8_t str32[] = {0x81, 0xdb, 0x7f, 0xff, 0xff, 0xff, 'a'};
+    CHECK_EQ_INT(ps_proto_decode(str32, sizeof str32, &h, why, sizeof why), PS_EPROTO);
+    const uint8_t bin32[] = {0x81, 0xa1, 'x', 0xc6, 0xff, 0xff, 0xff, 0xff, 0};
+    CHECK_EQ_INT(ps_proto_decode(bin32, sizeof bin32, &h, why, sizeof why), PS_EPROTO);
+    const uint8_t ext32[] = {0x81, 0xa1, 'x', 0xc9, 0xff, 0xff, 0xff, 0xff, 1};
+    CHECK_EQ_INT(ps_proto_decode(ext32, sizeof ext32, &h, why, sizeof why), PS_EPROTO);
+    /* nesting deeper than 4 levels */
+    uint8_t deep[32];
+    size_t n = 0;
+    deep[n++] = 0x83;
+    deep[n++] = 0xa1, deep[n++] = 'v', deep[n++] = 0x01;
+    deep[n++] = 0xa1, deep[n++] = 't', deep[n++] = 0x04;
+    deep[n++] = 0xa1, deep[n++] = 'x';
+    for (int d = 0; d < 6; d++)
+        deep[n++] = 0x91; /* [[[[[[ ... */
+    deep[n++] = 0x01;
+    CHECK_EQ_INT(ps_proto_decode(deep, n, &h, why, sizeof why), PS_EPROTO);
+}
+
+PS_TEST(decode_refuses_oversize_frame)
+{
+    char why[256];
+    ps_header h;
+    size_t n = PS_HEADER_MAX + 1;
+    uint8_t *big = calloc(1, n);
+    CHECK(big);
+    /* a valid map padded with a long unknown string value */
+    big[0] = 0x83;
+    size_t p = 1;
+    big[p++] = 0xa1, big[p++] = 'v', big[p++] = 0x01;
+    big[p++] = 0xa1, big[p++] = 't', big[p++] = 0x04;
+    big[p++] = 0xa1, big[p++] = 'z', big[p++] = 0xda;
+    size_t rest = n - p - 2;
+    big[p++] = (uint8_t)(rest >> 8), big[p++] = (uint8_t)rest;
+    int rc = ps_proto_decode(big, n, &h, why, sizeof why);
+    /* the same shape one byte under the limit is fine */
+    big[9] = 0xda;
+    rest -= 1;
+    big[10] = (uint8_t)(rest >> 8), big[11] = (uint8_t)rest;
+    int rc2 = ps_proto_decode(big, n - 1, &h, why, sizeof why);
+    free(big);
+    CHECK_EQ_INT(rc, PS_ETOOBIG);
+    CHECK_OK(rc2);
+}
+
+PS_TEST(check_payload_cases)
+{
+    char why[256];
+    ps_header h;
+    ps_header_init(&h, PS_MSG_PUSH);
+    h.count = 10;
+    h.dtype = PS_DTYPE_F32;
+    CHECK_OK(ps_proto_check_payload(&h, 1, 40, why, sizeof why));
+    CHECK_EQ_INT(ps_proto_check_payload(&h, 0, 0, why, sizeof why), PS_EPROTO);
+    CHECK_EQ_INT(ps_proto_check_payload(&h, 2, 40, why, sizeof why), PS_EPROTO);
+    CHECK_EQ_INT(ps_proto_check_payload(&h, 1, 39, why, sizeof why), PS_EPROTO);
+    CHECK_EQ_INT(ps_proto_check_payload(&h, 1, 44, why, sizeof why), PS_EPROTO);
+    h.dtype = 0;
+    CHECK_EQ_INT(ps_proto_check_payload(&h, 1, 40, why, sizeof why), PS_EPROTO);
+    h.dtype = PS_DTYPE_F32;
+    h.count = 0;
+    CHECK_EQ_INT(ps_proto_check_payload(&h, 1, 0, why, sizeof why), PS_EPROTO);
+    /* INIT and PUSHPULL requests carry payloads too */
+    ps_header_init(&h, PS_MSG_INIT);
+    h.count = 1, h.dtype = PS_DTYPE_F32;
+    CHECK_OK(ps_proto_check_payload(&h, 1, 4, why, sizeof why));
+    ps_header_init(&h, PS_MSG_PUSHPULL);
+    h.count = 3, h.dtype = PS_DTYPE_F32;
+    CHECK_OK(ps_proto_check_payload(&h, 1, 12, why, sizeof why));
+    /* a pull request has none; its reply has one */
+    ps_header_init(&h, PS_MSG_PULL);
+    CHECK_OK(ps_proto_check_payload(&h, 0, 0, why, sizeof why));
+    CHECK_EQ_INT(ps_proto_check_payload(&h, 1, 4, why, sizeof why), PS_EPROTO);
+    h.flags = PS_FLAG_REPLY;
+    h.count = 1, h.dtype = PS_DTYPE_F32;
+    CHECK_OK(ps_proto_check_payload(&h, 1, 4, why, sizeof why));
+    CHECK_EQ_INT(ps_proto_check_payload(&h, 0, 0, why, sizeof why), PS_EPROTO);
+    /* a push ack has none */
+    ps_header_init(&h, PS_MSG_PUSH);
+    h.flags = PS_FLAG_REPLY;
+    CHECK_OK(ps_proto_check_payload(&h, 0, 0, why, sizeof why));
+    CHECK_EQ_INT(ps_proto_check_payload(&h, 1, 4, why, sizeof why), PS_EPROTO);
+    for (uint32_t t = PS_MSG_BARRIER; t <= PS_MSG_TYPE_MAX; t++) {
+        ps_header_init(&h, t);
+        CHECK_OK(ps_proto_check_payload(&h, 0, 0, why, sizeof why));
+        CHECK_EQ_INT(ps_proto_check_payload(&h, 1, 4, why, sizeof why), PS_EPROTO);
+    }
+}
+
+static void hello_base(ps_hello *h)
+{
+    memset(h, 0, sizeof *h);
+    h->mode = PS_MODE_SYNC;
+    h->num_workers = 2;
+    h->num_servers = 2;
+    h->model_fp = 77;
+    h->opt.kind = PS_OPT_SGD;
+    h->opt.lr = 0.5f;
+}
+
+PS_TEST(hello_compare_names_field_and_both_values)
+{
+    ps_hello a, b;
+    char why[256];
+    hello_base(&a);
+    hello_base(&b);
+    b.server_rank = 1; /* not compared: every server has its own */
+    CHECK_OK(ps_hello_compare(&a, "A", &b, "B", 1, why, sizeof why));
+#define EXPECT(mutate, s1, s2, s3)                                                         \
+    do {                                                                                   \
+        hello_base(&b);                                                                    \
+        mutate;                                                                            \
+        why[0] = 0;                                                                        \
+        CHECK_EQ_INT(ps_hello_compare(&a, "wA", &b, "sB", 1, why, sizeof why), PS_EMISMATCH); \
+        CHECK_MSG(strstr(why, s1) && strstr(why, s2) && strstr(why, s3) && strstr(why, "wA") && \
+                      strstr(why, "sB"),                                                   \
+                  "message '%s' lacks '%s' '%s' '%s'", why, s1, s2, s3);                   \
+    } while (0)
+    EXPECT(b.mode = PS_MODE_ASYNC, "mode", "sync", "async");
+    EXPECT(b.max_staleness = 3, "staleness", "0", "3");
+    EXPECT(b.num_workers = 5, "workers", "2", "5");
+    EXPECT(b.num_servers = 3, "servers", "2", "3");
+    EXPECT(b.model_fp = 78, "model", "4d", "4e");
+    EXPECT(b.opt.kind = PS_OPT_ADAM, "optimizer", "sgd", "adam");
+    EXPECT(b.opt.lr = 0.25f, "lr", "0.5", "0.25");
+    EXPECT(b.opt.weight_decay = 0.125f, "weight-decay", "0", "0.125");
+#undef EXPECT
+    /* unset fingerprint, unchecked or unnamed optimizer: no complaint */
+    hello_base(&b);
+    b.model_fp = 0;
+    CHECK_OK(ps_hello_compare(&a, "A", &b, "B", 1, why, sizeof why));
+    hello_base(&b);
+    b.opt.kind = PS_OPT_ADAM;
+    CHECK_OK(ps_hello_compare(&a, "A", &b, "B", 0, why, sizeof why));
+    b.opt.kind = PS_OPT_NONE;
+    CHECK_OK(ps_hello_compare(&a, "A", &b, "B", 1, why, sizeof why));
+}
+
+PS_TEST(names_and_parsers)
+{
+    int v;
+    CHECK(strcmp(ps_msg_type_name(PS_MSG_PUSHPULL), "pushpull") == 0);
+    CHECK(strcmp(ps_msg_type_name(0), "unknown") == 0);
+    CHECK(strcmp(ps_msg_type_name(PS_MSG_TYPE_MAX + 1), "unknown") == 0);
+    CHECK_OK(ps_mode_parse("async", &v));
+    CHECK_EQ_INT(v, PS_MODE_ASYNC);
+    CHECK_EQ_INT(ps_mode_parse("bsp", &v), PS_EINVAL);
+    CHECK_EQ_INT(ps_mode_parse(NULL, &v), PS_EINVAL);
+    CHECK_OK(ps_opt_parse("adam", &v));
+    CHECK_EQ_INT(v, PS_OPT_ADAM);
+    CHECK_EQ_INT(ps_opt_parse("none", &v), PS_EINVAL);
+    CHECK(strcmp(ps_opt_name(PS_OPT_NESTEROV), "nesterov") == 0);
+    CHECK_EQ_INT(ps_dtype_size(PS_DTYPE_F32), 4);
+    CHECK_EQ_INT(ps_dtype_size(0), 0);
+}

@@ -1,0 +1,212 @@
+/* ps_worker: flags and environment -> ps_train_config -> ps_train_run. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_error.h"
+#include "ps_flags.h"
+#include "ps_log.h"
+#include "train.h"
+
+static const char *usage =
+    "usage: ps_worker --servers tcp://HOST:PORT[,...] --rank R --num-workers W [flags]\n"
+    "\n"
+    "Trains a model on its shard of the data, pushing gradients to the parameter\n"
+    "servers and pulling weights back from a background comm thread.\n"
+    "\n"
+    "cluster:\n"
+    "  --servers LIST        server endpoints in server-rank order (env PS_SERVERS);\n"
+    "                        'none' trains alone with local SGD (compute-only baseline)\n"
+    "  --rank R              this worker's rank (env PS_RANK, SLURM_PROCID,\n"
+    "                        OMPI_COMM_WORLD_RANK, PMI_RANK)\n"
+    "  --num-workers W       number of workers (env PS_NUM_WORKERS, SLURM_NTASKS,\n"
+    "                        OMPI_COMM_WORLD_SIZE, PMI_SIZE)\n"
+    "  --mode sync|async     consistency (default async); must match the servers\n"
+    "  --max-staleness K     async: how many steps a worker may run ahead of the\n"
+    "                        slowest (default -1 = unbounded); must match the servers\n"
+    "  --curve-keys DIR      encrypt and authenticate with CURVE keys from ps_keygen\n"
+    "  --chunk-size BYTES    tensors are cut into chunks of at most this (default 4M)\n"
+    "  --request-timeout MS  resend an unanswered request after MS (default 0: never)\n"
+    "model and training:\n"
+    "  --model SPEC          mlp:784-256-128-10 (sizes) or cnn (default mlp:784-256-128-10)\n"
+    "  --batch B             samples per step per worker (default 64)\n"
+    "  --epochs E            passes over this worker's shard (default 1)\n"
+    "  --steps N             stop after N iterations (default 0: run all epochs)\n"
+    "  --lr X                learning rate (default 0.05); checked against the servers'\n"
+    "  --optimizer NAME      sgd|momentum|nesterov|adagrad|adam: check the servers run it\n"
+    "  --momentum/--beta1/--beta2/--eps/--weight-decay X   checked with --optimizer\n"
+    "  --seed S              weight init and data shuffling (default 1)\n"
+    "  --device cpu|cuda:N   compute device (default cpu)\n"
+    "  --threads T           BLAS threads on the CPU (default 1)\n"
+    "  --data DIR|synthetic:N  IDX files (default /usr/share/datasets/fashion-mnist)\n"
+    "output:\n"
+    "  --log-every N         progress line every N iterations (default 100)\n"
+    "  --eval-every N        test accuracy every N iterations (default 0: each epoch)\n"
+    "  --eval-all            every worker evaluates (default: rank 0 only)\n"
+    "  --log-csv FILE        per-logged-iteration figures as CSV\n"
+    "  --timeline FILE       Chrome trace-event JSON of forward/backward/push/pull/wait\n"
+    "  --save FILE           write the final model;  --load FILE  start from one\n"
+    "  --verbose | --quiet   more or fewer log lines\n"
+    "  --help | --version\n";
+
+static const char *env_first(const char *const *names)
+{
+    for (; *names; names++) {
+        const char *v = getenv(*names);
+        if (v && *v)
+            return v;
+    }
+    return NULL;
+}
+
+static int die(const char *msg)
+{
+    fprintf(stderr, "%s\n", msg);
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    ps_train_config c;
+    ps_train_config_default(&c);
+    char why[512];
+    long long iv;
+    double fv;
+    uint64_t sv;
+    static const char *rank_env[] = {"PS_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                                     "PMI_RANK", NULL};
+    static const char *size_env[] = {"PS_NUM_WORKERS", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE",
+                                     "PMI_SIZE", NULL};
+    static const char *servers_env[] = {"PS_SERVERS", NULL};
+    const char *rank_s = env_first(rank_env), *size_s = env_first(size_env);
+    c.servers = env_first(servers_env);
+    int verbose = 0, quiet = 0;
+    const char *P = "ps_worker";
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--version")) {
+            printf("ps_worker %s\n", PS_VERSION);
+            return 0;
+        }
+        if (!strcmp(a, "--verbose")) { verbose = 1; continue; }
+        if (!strcmp(a, "--quiet")) { quiet = 1; continue; }
+        if (!strcmp(a, "--eval-all")) { c.eval_all = 1; continue; }
+        if (strncmp(a, "--", 2) != 0) {
+            snprintf(why, sizeof why, "%s: unexpected argument '%s' (see --help)", P, a);
+            return die(why);
+        }
+        if (i + 1 >= argc) {
+            snprintf(why, sizeof why, "%s: %s needs a value (see --help)", P, a);
+            return die(why);
+        }
+        const char *v = argv[++i];
+#define INT(flag, lo, hi, dst)                                                   \
+    if (!strcmp(a, flag)) {                                                      \
+        if (ps_parse_int(P, flag, v, lo, hi, &iv, why, sizeof why))              \
+            return die(why);                                                     \
+        dst = iv;                                                                \
+        continue;                                                                \
+    }
+#define FLT(flag, lo, hi, dst)                                                   \
+    if (!strcmp(a, flag)) {                                                      \
+        if (ps_parse_float(P, flag, v, lo, hi, &fv, why, sizeof why))            \
+            return die(why);                                                     \
+        dst = (float)fv;                                                         \
+        continue;                                                                \
+    }
+#define STR(flag, dst)                                                           \
+    if (!strcmp(a, flag)) {                                                      \
+        dst = v;                                                                 \
+        continue;                                                                \
+    }
+        STR("--servers", c.servers)
+        STR("--rank", rank_s)
+        STR("--num-workers", size_s)
+        if (!strcmp(a, "--mode")) {
+            if (ps_mode_parse(v, &c.mode)) {
+                snprintf(why, sizeof why, "%s: --mode must be sync or async, got '%s'", P, v);
+                return die(why);
+            }
+            continue;
+        }
+        INT("--max-staleness", -1, 1000000, c.max_staleness)
+        STR("--curve-keys", c.curve_dir)
+        if (!strcmp(a, "--chunk-size")) {
+            if (ps_parse_size(P, a, v, 1024, 1ull << 30, &sv, why, sizeof why))
+                return die(why);
+            c.chunk_bytes = sv;
+            continue;
+        }
+        INT("--request-timeout", 0, 3600000, c.request_timeout_ms)
+        STR("--model", c.model)
+        INT("--batch", 1, 65536, c.batch)
+        INT("--epochs", 1, 100000, c.epochs)
+        INT("--steps", 0, 1ll << 40, c.max_steps)
+        FLT("--lr", 0, 1e6, c.opt.lr)
+        if (!strcmp(a, "--optimizer")) {
+            if (ps_opt_parse(v, &c.opt.kind)) {
+                snprintf(why, sizeof why,
+                         "%s: --optimizer must be sgd, momentum, nesterov, adagrad or adam, "
+                         "got '%s'", P, v);
+                return die(why);
+            }
+            c.opt_given = 1;
+            continue;
+        }
+        FLT("--momentum", 0, 1, c.opt.momentum)
+        FLT("--beta1", 0, 1, c.opt.beta1)
+        FLT("--beta2", 0, 1, c.opt.beta2)
+        FLT("--eps", 0, 1, c.opt.eps)
+        FLT("--weight-decay", 0, 1, c.opt.weight_decay)
+        if (!strcmp(a, "--seed")) {
+            if (ps_parse_int(P, a, v, 0, (long long)1 << 62, &iv, why, sizeof why))
+                return die(why);
+            c.seed = (uint64_t)iv;
+            continue;
+        }
+        STR("--device", c.device)
+        INT("--threads", 1, 256, c.threads)
+        STR("--data", c.data)
+        INT("--log-every", 1, 1 << 30, c.log_every)
+        INT("--eval-every", 0, 1 << 30, c.eval_every)
+        STR("--log-csv", c.log_csv)
+        STR("--timeline", c.timeline)
+        STR("--save", c.save_path)
+        STR("--load", c.load_path)
+#undef INT
+#undef FLT
+#undef STR
+        snprintf(why, sizeof why, "%s: unknown flag '%s' (see --help)", P, a);
+        return die(why);
+    }
+    if (c.servers && !strcmp(c.servers, "none"))
+        c.servers = NULL;
+    else if (!c.servers) {
+        return die("ps_worker: no servers: give --servers tcp://HOST:PORT,... (or PS_SERVERS), "
+                   "or --servers none to train alone");
+    }
+    if (size_s && ps_parse_int(P, "--num-workers", size_s, 1, 65536, &iv, why, sizeof why) == 0)
+        c.num_workers = (int)iv;
+    else if (size_s)
+        return die(why);
+    if (rank_s && ps_parse_int(P, "--rank", rank_s, 0, c.num_workers - 1, &iv, why, sizeof why))
+        return die(why);
+    c.rank = rank_s ? (int)iv : 0;
+    if (c.mode == PS_MODE_SYNC) {
+        if (c.max_staleness > 0)
+            return die("ps_worker: --max-staleness applies to --mode async only "
+                       "(sync is staleness 0)");
+        c.max_staleness = 0;
+    }
+    ps_log_init("ps_worker", c.rank);
+    ps_log_set_level(quiet ? PS_LOG_WARN : verbose ? PS_LOG_DEBUG : PS_LOG_INFO);
+    int rc = ps_train_run(&c);
+    if (rc == PS_EINVAL || rc == PS_EDEVICE || rc == PS_EDATA)
+        return 2;
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,38 @@
+/* The training loop of ps_worker: one worker's view of data-parallel training
+ * through the parameter servers (or alone, with servers = NULL, as the
+ * compute-only baseline). */
+#ifndef PS_TRAIN_H
+#define PS_TRAIN_H
+
+#include <stdint.h>
+
+#include "ps_proto.h"
+
+typedef struct ps_train_config {
+    const char *servers;   /* comma-separated endpoints; NULL: compute only, local SGD */
+    int rank, num_workers;
+    int mode;              /* PS_MODE_SYNC / PS_MODE_ASYNC */
+    int max_staleness;     /* async: -1 unbounded */
+    const char *model;     /* "mlp:784-256-128-10", "cnn" */
+    int batch, epochs;
+    long long max_steps;   /* stop after this many iterations (0: no limit) */
+    ps_opt_config opt;     /* expected server optimizer; lr also used for local SGD */
+    int opt_given;         /* --optimizer given: check it at hello */
+    const char *device;    /* "cpu", "cuda:N" */
+    int threads;           /* BLAS threads */
+    uint64_t seed;
+    const char *data;      /* directory with IDX files, or "synthetic:N" */
+    int log_every, eval_every; /* iterations; eval_every 0: once per epoch */
+    int eval_all;          /* every worker evaluates, not only rank 0 */
+    const char *log_csv, *timeline, *save_path, *load_path;
+    const char *curve_dir;
+    size_t chunk_bytes;
+    int request_timeout_ms;
+} ps_train_config;
+
+void ps_train_config_default(ps_train_config *c);
+
+/* Run training; returns 0 or a PS_E* code (message already logged). */
+int ps_train_run(const ps_train_config *c);
+
+#endif
