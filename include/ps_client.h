@@ -81,6 +81,15 @@ int ps_client_pull(ps_client *c, uint64_t key, float *dst, int64_t step, ps_requ
 int ps_client_pushpull(ps_client *c, uint64_t key, const float *grad, float *dst, int64_t step,
                        ps_request *req);
 
+/* Like ps_client_push, but the comm thread sends only once ready(ready_arg)
+ * returns non-zero: for a gradient still being copied off a GPU (ready =
+ * "has the copy's event happened?").  ready is called on the comm thread,
+ * repeatedly, so it must be cheap and thread-safe.  Requests posted after
+ * this one are held behind it, in order, until it has been sent. */
+typedef int (*ps_ready_fn)(void *arg);
+int ps_client_push_when(ps_client *c, uint64_t key, const float *grad, int64_t step,
+                        ps_ready_fn ready, void *ready_arg, ps_request *req);
+
 /* 1 when complete, 0 while pending. */
 int ps_request_test(ps_request *req);
 /* Block until complete; returns its status (0 or PS_E*). */

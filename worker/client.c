@@ -51,6 +51,8 @@ typedef struct op {
     int64_t step;
     ps_request *req;
     void *out;        /* HELLO: ps_hello reply; STATS: ps_stats */
+    ps_ready_fn ready;/* push_when: send once ready(ready_arg) != 0 */
+    void *ready_arg;
 } op;
 
 /* One message in flight to one server.  Indexed by the low 32 bits of the
@@ -120,6 +122,9 @@ struct ps_client {
     uint32_t nsubs, cap_subs, free_head, live;
     op *batch;
     size_t batch_cap;
+    /* ops held behind a push_when whose data is not ready yet, in post order */
+    op *held;
+    size_t held_head, held_len, held_cap;
     int64_t next_resend_check;
 };
 
@@ -593,6 +598,46 @@ static void close_sockets(ps_client *c)
     c->socks = NULL;
 }
 
+/* A push_when op waits until its data is ready (e.g. a device-to-host copy
+ * has finished); every op posted after it waits behind it, so a tensor's pull
+ * never overtakes its push. */
+static void take_op(ps_client *c, const op *o)
+{
+    if (!c->held_len && (!o->ready || o->ready(o->ready_arg))) {
+        do_op(c, o);
+        return;
+    }
+    if (c->held_len == c->held_cap) {
+        size_t ncap = c->held_cap ? c->held_cap * 2 : 64;
+        op *h = malloc(ncap * sizeof *h);
+        if (!h) {
+            set_error(o->req, PS_ENOMEM, "out of memory holding a request");
+            fail_unsent(c, o);
+            return;
+        }
+        for (size_t k = 0; k < c->held_len; k++)
+            h[k] = c->held[(c->held_head + k) % c->held_cap];
+        free(c->held);
+        c->held = h;
+        c->held_head = 0;
+        c->held_cap = ncap;
+    }
+    c->held[(c->held_head + c->held_len++) % c->held_cap] = *o;
+}
+
+static void release_held(ps_client *c)
+{
+    while (c->held_len) {
+        op *o = &c->held[c->held_head];
+        if (o->ready && !o->ready(o->ready_arg))
+            return;
+        op now = *o;
+        c->held_head = (c->held_head + 1) % c->held_cap;
+        c->held_len--;
+        do_op(c, &now);
+    }
+}
+
 static void *comm_main(void *arg)
 {
     ps_client *c = arg;
@@ -628,6 +673,12 @@ static void *comm_main(void *arg)
             int64_t d = c->next_resend_check - ps_now_ns();
             timeout = d <= 0 ? 0 : d / 1000000 + 1;
         }
+        if (c->held_len) {
+            /* a device copy is in flight: look again in 20 us, not 1 ms */
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+            timeout = 0;
+        }
         if (zmq_poll(items, n, timeout) < 0 && errno != EINTR) {
             ps_error("libps: zmq_poll failed: %s", zmq_strerror(errno));
             break;
@@ -659,10 +710,11 @@ static void *comm_main(void *arg)
             if (stop)
                 fail_unsent(c, &c->batch[k]);
             else
-                do_op(c, &c->batch[k]);
+                take_op(c, &c->batch[k]);
         }
         if (stop)
             break;
+        release_held(c);
         for (int s = 0; s < c->nservers; s++)
             drain_socket(c, s);
         check_resends(c);
@@ -681,6 +733,8 @@ static void *comm_main(void *arg)
         pthread_mutex_lock(&c->qmu);
     }
     pthread_mutex_unlock(&c->qmu);
+    for (; c->held_len; c->held_len--, c->held_head = (c->held_head + 1) % c->held_cap)
+        fail_unsent(c, &c->held[c->held_head]);
     for (uint32_t i = 0; i < c->nsubs; i++)
         if (c->subs[i].req) {
             set_error(c->subs[i].req, PS_ECLOSED, "client closed while waiting for %s",
@@ -766,7 +820,7 @@ static long find_tensor(const ps_client *c, uint64_t key)
 }
 
 static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src, float *dst,
-                     int64_t step, ps_request *req)
+                     int64_t step, ps_ready_fn ready, void *ready_arg, ps_request *req)
 {
     if (!req)
         return PS_EINVAL;
@@ -786,7 +840,7 @@ static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src
     int nchunks = (int)c->place.tensor_chunks[t];
     req_reset(c, req, nchunks * (ps_msg_request_has_payload(type) ? 2 : 1));
     op o = {.type = type, .server = -1, .tensor = (uint32_t)t, .src = src, .dst = dst,
-            .step = step, .req = req, .out = NULL};
+            .step = step, .req = req, .out = NULL, .ready = ready, .ready_arg = ready_arg};
     rc = post(c, &o);
     if (rc)
         req_fail(req, rc, ps_strerror(rc));
@@ -795,23 +849,29 @@ static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src
 
 int ps_client_init(ps_client *c, uint64_t key, const float *values, ps_request *req)
 {
-    return post_data(c, PS_MSG_INIT, key, values, NULL, 0, req);
+    return post_data(c, PS_MSG_INIT, key, values, NULL, 0, NULL, NULL, req);
 }
 
 int ps_client_push(ps_client *c, uint64_t key, const float *grad, int64_t step, ps_request *req)
 {
-    return post_data(c, PS_MSG_PUSH, key, grad, NULL, step, req);
+    return post_data(c, PS_MSG_PUSH, key, grad, NULL, step, NULL, NULL, req);
 }
 
 int ps_client_pull(ps_client *c, uint64_t key, float *dst, int64_t step, ps_request *req)
 {
-    return post_data(c, PS_MSG_PULL, key, NULL, dst, step, req);
+    return post_data(c, PS_MSG_PULL, key, NULL, dst, step, NULL, NULL, req);
 }
 
 int ps_client_pushpull(ps_client *c, uint64_t key, const float *grad, float *dst, int64_t step,
                        ps_request *req)
 {
-    return post_data(c, PS_MSG_PUSHPULL, key, grad, dst, step, req);
+    return post_data(c, PS_MSG_PUSHPULL, key, grad, dst, step, NULL, NULL, req);
+}
+
+int ps_client_push_when(ps_client *c, uint64_t key, const float *grad, int64_t step,
+                        ps_ready_fn ready, void *ready_arg, ps_request *req)
+{
+    return post_data(c, PS_MSG_PUSH, key, grad, NULL, step, ready, ready_arg, req);
 }
 
 int ps_request_test(ps_request *req) { return __atomic_load_n(&req->done, __ATOMIC_ACQUIRE); }
@@ -931,6 +991,7 @@ static void client_free(ps_client *c)
     free(c->specs);
     free(c->queue);
     free(c->batch);
+    free(c->held);
     free(c->subs);
     free(c->endpoints);
     free(c->servers_str);

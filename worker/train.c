@@ -64,6 +64,7 @@ typedef struct slot {
     int in_flight;     /* push+pull posted, not yet seen complete */
     int landed;        /* the pull completed; back holds newer weights than front */
     int64_t posted_ns;
+    ps_backend *b;     /* for copy_done on the comm thread */
 } slot;
 
 typedef struct worker {
@@ -160,6 +161,13 @@ static int swap_in(worker *w, int i)
     return 0;
 }
 
+/* Runs on the comm thread: has the gradient reached pinned host memory? */
+static int copy_done(void *arg)
+{
+    slot *s = arg;
+    return s->b->event_query(s->b, s->grad_copied) == 1;
+}
+
 /* Post the gradient of slot i for step w->step and the pull of step+1. */
 static int post(worker *w, int i)
 {
@@ -176,15 +184,15 @@ static int post(worker *w, int i)
             (rc = w->b->copy(w->b, s->host_grad, p->g, bytes, 1, PS_STREAM_COPY)) ||
             (rc = w->b->event_record(w->b, s->grad_copied, PS_STREAM_COPY)))
             return rc;
-        /* the pull lands in pinned memory; back must not be overwritten while
-         * the compute stream may still read it (it was the front copy) */
-        if ((rc = w->b->event_sync(w->b, s->grad_copied)))
-            return rc;
         src = s->host_grad;
-        dst = s->host_pull;
+        dst = s->host_pull; /* copied to the device back buffer in landed() */
     }
     s->posted_ns = ps_now_ns();
-    if ((rc = ps_client_push(w->client, p->key, src, w->step, &s->push)) ||
+    /* on a GPU the comm thread sends once the copy's event has happened; the
+     * training thread goes straight on with the backward of earlier layers */
+    if ((rc = w->on_host ? ps_client_push(w->client, p->key, src, w->step, &s->push)
+                         : ps_client_push_when(w->client, p->key, src, w->step, copy_done, s,
+                                               &s->push)) ||
         (rc = ps_client_pull(w->client, p->key, dst, w->step + 1, &s->pull)))
         return rc;
     s->in_flight = 1;
@@ -237,6 +245,7 @@ static int alloc_slots(worker *w)
             (rc = b->alloc(b, bytes, (void **)&s->grad[1])))
             return rc;
         s->back = s->own_w;
+        s->b = b;
         s->grad[0] = w->params[i].g;
         if (!w->on_host &&
             ((rc = b->alloc_host(b, bytes, (void **)&s->host_grad)) ||

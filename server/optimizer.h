@@ -1,0 +1,44 @@
+/* Optimizers: one update step over a chunk's float arrays.
+ *
+ * Every kernel is a plain loop over restrict-qualified arrays with no branch in
+ * its body, so gcc vectorizes it at -O3.  With g' = g + wd * w:
+ *   sgd       w -= lr * g'
+ *   momentum  v = mu * v + g';             w -= lr * v
+ *   nesterov  v = mu * v + g';             w -= lr * (g' + mu * v)
+ *   adagrad   h += g'^2;                   w -= lr * g' / (sqrt(h) + eps)
+ *   adam      m = b1 * m + (1 - b1) * g';  v = b2 * v + (1 - b2) * g'^2
+ *             w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+ * where t (adam only) is the chunk's update count including this step (1, 2, ...).
+ *
+ * State: the caller owns every array.  ps_opt_state_arrays() says how many
+ * state arrays of n floats a kind needs (0, 1 or 2); they must start zeroed
+ * and stay with the chunk between steps (s0 = v / h / m, s1 = adam's v). */
+#ifndef PS_OPTIMIZER_H
+#define PS_OPTIMIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps_proto.h"
+
+/* Number of n-float state arrays the optimizer kind keeps per chunk. */
+int ps_opt_state_arrays(int kind);
+
+/* One step.  w, s0, s1 are updated in place; g is read only.  s0/s1 may be
+ * NULL when the kind needs fewer arrays.  No pointer may alias another.
+ * Returns PS_EINVAL for an unknown kind (nothing changed). */
+int ps_opt_apply(const ps_opt_config *cfg, float *w, float *s0, float *s1, const float *g,
+                 size_t n, int64_t t);
+
+/* The kernels themselves, for tests and benchmarks. */
+void ps_opt_sgd(float *restrict w, const float *restrict g, size_t n, float lr, float wd);
+void ps_opt_momentum(float *restrict w, float *restrict v, const float *restrict g, size_t n,
+                     float lr, float mu, float wd);
+void ps_opt_nesterov(float *restrict w, float *restrict v, const float *restrict g, size_t n,
+                     float lr, float mu, float wd);
+void ps_opt_adagrad(float *restrict w, float *restrict h, const float *restrict g, size_t n,
+                    float lr, float eps, float wd);
+void ps_opt_adam(float *restrict w, float *restrict m, float *restrict v, const float *restrict g,
+                 size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t);
+
+#endif

@@ -1,0 +1,276 @@
+/* ps_server: flags, logging, signals; the work is in server.c. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_error.h"
+#include "ps_flags.h"
+#include "ps_log.h"
+#include "ps_proto.h"
+#include "server.h"
+
+#ifndef PS_VERSION
+#define PS_VERSION "unknown"
+#endif
+
+#define PROG "ps_server"
+
+static ps_server *volatile g_server;
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+    ps_server *s = g_server;
+    if (s)
+        ps_server_stop(s);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: ps_server --bind ENDPOINT [options]\n"
+        "\n"
+        "One parameter-server shard: holds its chunks of the model, applies the\n"
+        "optimizer to the gradients workers push, and serves pulls (docs/PROTOCOL.md).\n"
+        "\n"
+        "  --bind ENDPOINT        ZeroMQ endpoint to listen on (required), e.g.\n"
+        "                         tcp://*:5555 or ipc:///tmp/ps0\n"
+        "  --rank R               this server's rank, 0..num-servers-1 (default 0)\n"
+        "  --num-servers S        number of servers, 1..65536 (default 1)\n"
+        "  --num-workers W        number of workers, 1..65536 (default 1)\n"
+        "  --mode sync|async      sync: every step waits for all workers' gradients;\n"
+        "                         async: each gradient is applied on arrival (default async)\n"
+        "  --max-staleness K      async: a pull waits until the slowest worker is at most\n"
+        "                         K steps behind; -1 = never wait (default -1 in async;\n"
+        "                         must be 0 in sync, which is the default there)\n"
+        "  --optimizer NAME       sgd, momentum, nesterov, adagrad or adam (default sgd)\n"
+        "  --lr X                 learning rate, 0..1e6 (default 0.01)\n"
+        "  --momentum M           momentum and nesterov: 0..1 (default 0.9)\n"
+        "  --beta1 B1             adam: first-moment decay, [0, 1) (default 0.9)\n"
+        "  --beta2 B2             adam: second-moment decay, [0, 1) (default 0.999)\n"
+        "  --eps E                adagrad and adam: denominator term, (0, 1] (default 1e-8)\n"
+        "  --weight-decay WD      L2 term added to every gradient, 0..1 (default 0)\n"
+        "  --threads T            update threads, 1..%d; chunks are split among them\n"
+        "                         by hash (default 1)\n"
+        "  --max-memory BYTES     cap on weights + optimizer state; inits beyond it are\n"
+        "                         refused; suffixes K, M, G (default 8G)\n"
+        "  --verbose              log debug lines too\n"
+        "  --quiet                log warnings and errors only\n"
+        "  --help                 print this and exit\n"
+        "  --version              print the version and exit\n"
+        "\n"
+        "Exit status: 0 after a SHUTDOWN message, SIGINT or SIGTERM; 1 when the server\n"
+        "cannot start or a socket fails; 2 for a bad flag.\n",
+        PS_SERVER_MAX_THREADS);
+}
+
+static int bad(const char *msg)
+{
+    fprintf(stderr, "%s\n", msg);
+    return 2;
+}
+
+/* Parse argv into c.  Returns -1 to go on, or the exit status. */
+static int parse(int argc, char **argv, ps_server_config *c, int *log_level)
+{
+    char why[512];
+    int staleness_given = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        if (strcmp(arg, "--version") == 0) {
+            printf("%s %s\n", PROG, PS_VERSION);
+            return 0;
+        }
+        if (strcmp(arg, "--verbose") == 0) {
+            *log_level = PS_LOG_DEBUG;
+            continue;
+        }
+        if (strcmp(arg, "--quiet") == 0) {
+            *log_level = PS_LOG_WARN;
+            continue;
+        }
+        if (strncmp(arg, "--", 2) != 0) {
+            snprintf(why, sizeof why, "%s: unexpected argument '%s' (see --help)", PROG, arg);
+            return bad(why);
+        }
+        /* --flag value or --flag=value */
+        char name[64];
+        const char *val;
+        const char *eq = strchr(arg, '=');
+        if (eq) {
+            size_t n = (size_t)(eq - arg);
+            if (n >= sizeof name)
+                n = sizeof name - 1;
+            memcpy(name, arg, n);
+            name[n] = 0;
+            val = eq + 1;
+        } else {
+            snprintf(name, sizeof name, "%s", arg);
+            val = i + 1 < argc ? argv[i + 1] : NULL;
+        }
+        static const char *const known[] = {
+            "--bind", "--rank", "--num-servers", "--num-workers", "--mode", "--max-staleness",
+            "--optimizer", "--lr", "--momentum", "--beta1", "--beta2", "--eps",
+            "--weight-decay", "--threads", "--max-memory"};
+        int is_known = 0;
+        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+            if (strcmp(name, known[k]) == 0)
+                is_known = 1;
+        if (!is_known) {
+            snprintf(why, sizeof why, "%s: unknown flag '%s' (see --help)", PROG, name);
+            return bad(why);
+        }
+        if (!val) {
+            snprintf(why, sizeof why, "%s: %s needs a value (see --help)", PROG, name);
+            return bad(why);
+        }
+        if (!eq)
+            i++;
+        long long iv;
+        double fv;
+        uint64_t sv;
+        int rc = 0;
+        if (strcmp(name, "--bind") == 0) {
+            if (!*val || strlen(val) > 255 || !strstr(val, "://")) {
+                snprintf(why, sizeof why,
+                         "%s: --bind must be a ZeroMQ endpoint like tcp://*:5555 or "
+                         "ipc:///tmp/ps0, got '%s'", PROG, val);
+                return bad(why);
+            }
+            c->bind = val;
+        } else if (strcmp(name, "--rank") == 0) {
+            if (!(rc = ps_parse_int(PROG, name, val, 0, PS_MAX_RANK, &iv, why, sizeof why)))
+                c->rank = (int)iv;
+        } else if (strcmp(name, "--num-servers") == 0) {
+            if (!(rc = ps_parse_int(PROG, name, val, 1, PS_MAX_RANK + 1, &iv, why, sizeof why)))
+                c->num_servers = (int)iv;
+        } else if (strcmp(name, "--num-workers") == 0) {
+            if (!(rc = ps_parse_int(PROG, name, val, 1, PS_MAX_RANK + 1, &iv, why, sizeof why)))
+                c->num_workers = (int)iv;
+        } else if (strcmp(name, "--mode") == 0) {
+            if (ps_mode_parse(val, &c->mode) != 0) {
+                snprintf(why, sizeof why, "%s: --mode must be sync or async, got '%s'", PROG, val);
+                return bad(why);
+            }
+        } else if (strcmp(name, "--max-staleness") == 0) {
+            if (!(rc = ps_parse_int(PROG, name, val, -1, 1000000, &iv, why, sizeof why))) {
+                c->max_staleness = (int)iv;
+                staleness_given = 1;
+            }
+        } else if (strcmp(name, "--optimizer") == 0) {
+            if (ps_opt_parse(val, &c->opt.kind) != 0) {
+                snprintf(why, sizeof why,
+                         "%s: --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
+                         "got '%s'", PROG, val);
+                return bad(why);
+            }
+        } else if (strcmp(name, "--lr") == 0) {
+            if (!(rc = ps_parse_float(PROG, name, val, 0, 1e6, &fv, why, sizeof why)))
+                c->opt.lr = (float)fv;
+        } else if (strcmp(name, "--momentum") == 0) {
+            if (!(rc = ps_parse_float(PROG, name, val, 0, 1, &fv, why, sizeof why)))
+                c->opt.momentum = (float)fv;
+        } else if (strcmp(name, "--beta1") == 0 || strcmp(name, "--beta2") == 0) {
+            rc = ps_parse_float(PROG, name, val, 0, 1, &fv, why, sizeof why);
+            if (!rc && (float)fv >= 1.0f) {
+                snprintf(why, sizeof why, "%s: %s must be a number in [0, 1), got '%s'", PROG,
+                         name, val);
+                rc = PS_EINVAL;
+            }
+            if (!rc && name[6] == '1')
+                c->opt.beta1 = (float)fv;
+            else if (!rc)
+                c->opt.beta2 = (float)fv;
+        } else if (strcmp(name, "--eps") == 0) {
+            rc = ps_parse_float(PROG, name, val, 0, 1, &fv, why, sizeof why);
+            if (!rc && !((float)fv > 0.0f)) {
+                snprintf(why, sizeof why, "%s: --eps must be a number in (0, 1], got '%s'", PROG,
+                         val);
+                rc = PS_EINVAL;
+            }
+            if (!rc)
+                c->opt.eps = (float)fv;
+        } else if (strcmp(name, "--weight-decay") == 0) {
+            if (!(rc = ps_parse_float(PROG, name, val, 0, 1, &fv, why, sizeof why)))
+                c->opt.weight_decay = (float)fv;
+        } else if (strcmp(name, "--threads") == 0) {
+            if (!(rc = ps_parse_int(PROG, name, val, 1, PS_SERVER_MAX_THREADS, &iv, why,
+                                    sizeof why)))
+                c->threads = (int)iv;
+        } else if (strcmp(name, "--max-memory") == 0) {
+            if (!(rc = ps_parse_size(PROG, name, val, 4096, 1ull << 50, &sv, why, sizeof why)))
+                c->max_memory = sv;
+        }
+        if (rc)
+            return bad(why);
+    }
+    if (!c->bind)
+        return bad(PROG ": --bind is required, e.g. --bind tcp://*:5555 (see --help)");
+    if (c->rank >= c->num_servers) {
+        snprintf(why, sizeof why, "%s: --rank must be an integer in [0, %d] (--num-servers %d), "
+                 "got '%d'", PROG, c->num_servers - 1, c->num_servers, c->rank);
+        return bad(why);
+    }
+    if (c->mode == PS_MODE_SYNC) {
+        if (staleness_given && c->max_staleness != 0) {
+            snprintf(why, sizeof why, "%s: --max-staleness must be 0 in sync mode, got '%d'",
+                     PROG, c->max_staleness);
+            return bad(why);
+        }
+        c->max_staleness = 0;
+    }
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    ps_server_config cfg;
+    ps_server_config_default(&cfg);
+    int level = PS_LOG_INFO;
+    ps_log_init(PROG, -1);
+    int rc = parse(argc, argv, &cfg, &level);
+    if (rc >= 0)
+        return rc;
+    ps_log_init(PROG, cfg.rank);
+    ps_log_set_level(level);
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    const ps_opt_config *o = &cfg.opt;
+    ps_info("%s %s starting: rank %d of %d servers, %d workers, mode %s (max-staleness %d), "
+            "optimizer %s (lr %g, momentum %g, beta1 %g, beta2 %g, eps %g, weight-decay %g), "
+            "%d update threads, max memory %llu bytes",
+            PROG, PS_VERSION, cfg.rank, cfg.num_servers, cfg.num_workers, ps_mode_name(cfg.mode),
+            cfg.max_staleness, ps_opt_name(o->kind), (double)o->lr, (double)o->momentum,
+            (double)o->beta1, (double)o->beta2, (double)o->eps, (double)o->weight_decay,
+            cfg.threads, (unsigned long long)cfg.max_memory);
+    char why[512];
+    ps_server *s;
+    rc = ps_server_open(&cfg, &s, why, sizeof why);
+    if (rc) {
+        ps_error("cannot start: %s", why);
+        return rc == PS_EINVAL ? 2 : 1;
+    }
+    ps_info("listening on %s", ps_server_endpoint(s));
+    g_server = s;
+    if (g_stop) /* a signal that came while starting */
+        ps_server_stop(s);
+    rc = ps_server_run(s);
+    g_server = NULL;
+    ps_server_close(s);
+    ps_info("exit %d", rc ? 1 : 0);
+    return rc ? 1 : 0;
+}

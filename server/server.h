@@ -1,0 +1,102 @@
+/* ps_server: one shard of the model's weights and the rules of
+ * docs/PROTOCOL.md around it.
+ *
+ * Architecture (one socket, one thread; no lock on the hot path):
+ *
+ *   workers' DEALERs ──tcp/ipc──> ROUTER ── I/O thread (the caller of ps_server_run)
+ *                                            │  inproc PAIR per update thread
+ *                                            ├── update thread 0: ps_shard (its chunks)
+ *                                            ├── ...
+ *                                            └── update thread T-1
+ *
+ *  - The I/O thread alone owns the ROUTER.  It receives every message,
+ *    decodes and checks the header (ps_proto_decode, ps_proto_check_payload,
+ *    rank < num_workers, hello first), and answers control messages itself:
+ *    hello, barrier, stats, shutdown, heartbeat.
+ *  - Update thread i owns every chunk with ps_server_owner(key, chunk, T) == i,
+ *    in its own ps_shard (server/shard.h): weights, optimizer state, versions,
+ *    per-worker clocks, sync round sums, queued pulls.  Nothing is shared, so
+ *    nothing is locked; the only shared datum is the atomic memory charge
+ *    taken when a chunk is created.
+ *  - The I/O thread hands init/push/pull/pushpull to the owner over that
+ *    thread's PAIR socket: a small command frame (the decoded header), the
+ *    ROUTER identity and the payload frame, moved with zmq_msg_send (no copy).
+ *  - The owner answers over the same PAIR: [tag, identity, header, payload];
+ *    the I/O thread forwards those frames on the ROUTER as they are.  A pull's
+ *    weights are copied once, into the reply's zmq message.
+ *  - A pull that cannot be answered yet (sync: its round is not complete;
+ *    SSP: the slowest worker is too far behind) is queued on its chunk and
+ *    answered by the push that makes it true.
+ *  - Back-pressure: the I/O thread never blocks.  When an owner's PAIR is full
+ *    it stops reading the ROUTER until that owner catches up, and it always
+ *    drains replies, so an owner blocked on sending a reply always resumes.
+ *  - Stats: the I/O thread asks every owner for its counters and answers when
+ *    all have replied (so a STATS sent after a reply reflects that request).
+ *  - Stop (SHUTDOWN message, ps_server_stop, SIGINT/SIGTERM in main): owners
+ *    answer their queued pulls with PS_ECLOSED, send their final counters and
+ *    exit; the I/O thread answers waiting barriers and stats with PS_ECLOSED,
+ *    joins the threads, logs the totals and closes every socket.
+ *
+ * Thread-safety: ps_server_stop may be called from any thread or a signal
+ * handler; everything else from one thread. */
+#ifndef PS_SERVER_H
+#define PS_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps_proto.h"
+
+#define PS_SERVER_MAX_THREADS 64
+#define PS_SERVER_DEFAULT_MAX_MEMORY (8ull << 30)
+
+typedef struct ps_server ps_server;
+
+typedef struct ps_server_config {
+    const char *bind;   /* ZeroMQ endpoint, e.g. tcp://0.0.0.0:5555 or ipc:///tmp/ps0; copied */
+    int rank;           /* this server's rank, 0..num_servers-1 */
+    int num_servers;    /* 1..65536 */
+    int num_workers;    /* 1..65536 */
+    int mode;           /* PS_MODE_SYNC or PS_MODE_ASYNC */
+    int max_staleness;  /* async: -1 unbounded, k >= 0 SSP; must be 0 in sync */
+    ps_opt_config opt;  /* kind PS_OPT_SGD..PS_OPT_ADAM */
+    int threads;        /* update threads, 1..PS_SERVER_MAX_THREADS */
+    uint64_t max_memory;/* bytes of chunk state; inits beyond it get PS_ETOOBIG */
+} ps_server_config;
+
+/* Defaults: rank 0, 1 server, 1 worker, async, staleness -1, sgd lr 0.01,
+ * momentum 0.9, beta1 0.9, beta2 0.999, eps 1e-8, weight decay 0, 1 thread,
+ * max memory 8 GiB, bind NULL (must be set). */
+void ps_server_config_default(ps_server_config *c);
+
+/* PS_EINVAL with a message naming the field when c is not usable. */
+int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len);
+
+/* Check the config, bind the ROUTER and start the update threads.  Errors:
+ * PS_EINVAL (config, why says), PS_EIO (bind failed: address in use, bad
+ * endpoint), PS_ENOMEM.  On error *out is NULL and nothing is left running. */
+int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t why_len);
+
+/* The endpoint actually bound (a tcp port chosen for "*" filled in). */
+const char *ps_server_endpoint(const ps_server *s);
+
+/* Run the I/O loop on the calling thread until a SHUTDOWN message or
+ * ps_server_stop.  Then stop the update threads, answer what still waits with
+ * PS_ECLOSED and log the totals.  Returns 0, or PS_EIO when a socket failed.
+ * Call once. */
+int ps_server_run(ps_server *s);
+
+/* Ask ps_server_run to return.  Async-signal-safe (one write(2)). */
+void ps_server_stop(ps_server *s);
+
+/* Counters summed over the I/O and update threads, as of the end of
+ * ps_server_run (all zero before). */
+void ps_server_totals(const ps_server *s, ps_stats *out);
+
+/* Close sockets and free.  After ps_server_run returned, or instead of it. */
+void ps_server_close(ps_server *s);
+
+/* Update thread owning (key, chunk) among `threads`. */
+int ps_server_owner(uint64_t key, uint32_t chunk, int threads);
+
+#endif

@@ -1,0 +1,95 @@
+/* The shard store: the chunks one update thread owns, with their versions,
+ * per-worker clocks, optimizer state and the consistency rules of
+ * docs/PROTOCOL.md "Semantics".  No sockets and no threads here: one ps_shard
+ * belongs to one thread and nothing in it is locked.
+ *
+ * Ownership:
+ *  - The shard owns each chunk's weights, optimizer state and sync sum.
+ *  - ps_shard_push may KEEP the caller's gradient (a sync push that arrived
+ *    before a lower rank's push of the same round).  It then sets *kept = 1
+ *    and reads g until it calls hooks.release(user, hold) once; the caller
+ *    must keep g valid and unchanged until then.  When *kept = 0 the shard
+ *    has finished with g when the call returns.
+ *  - ps_shard_pull may QUEUE the caller's waiter (sync: the round is not done;
+ *    SSP: the slowest worker is too far behind).  It then sets *queued = 1 and
+ *    later calls exactly one of hooks.ready(user, waiter, ...) (answer it now;
+ *    w is valid only during the call) or hooks.cancel(user, waiter) (at
+ *    destroy).  The waiter pointer is opaque to the shard.
+ *  - Hooks run on the calling thread, from inside push or destroy.
+ *
+ * Memory: each new chunk is charged to *mem_used (shared by every shard of a
+ * server, atomically) and refused with PS_ETOOBIG when the total would pass
+ * max_memory.  The charge covers the chunk's struct, its per-worker clocks,
+ * its weights and optimizer state and, in sync mode, its round sum.  Gradients
+ * kept by push stay in the caller's buffers (at most num_workers - 1 per
+ * chunk) and queued pulls are capped per chunk (PS_SHARD_MAX_WAITERS). */
+#ifndef PS_SHARD_H
+#define PS_SHARD_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps_proto.h"
+
+typedef struct ps_shard ps_shard;
+
+typedef struct ps_shard_hooks {
+    void *user;
+    void (*release)(void *user, void *hold);
+    void (*ready)(void *user, void *waiter, const float *w, size_t n, int64_t version);
+    void (*cancel)(void *user, void *waiter);
+} ps_shard_hooks;
+
+typedef struct ps_shard_config {
+    int mode;          /* PS_MODE_SYNC or PS_MODE_ASYNC */
+    int max_staleness; /* async: -1 unbounded, k >= 0 SSP; sync: 0 */
+    int num_workers;
+    ps_opt_config opt;
+    uint64_t max_memory;         /* bytes, over every shard sharing mem_used */
+    _Atomic uint64_t *mem_used;  /* shared charge; NULL: a private counter */
+} ps_shard_config;
+
+/* Queued pulls per chunk beyond which a pull is refused with PS_ETOOBIG. */
+#define PS_SHARD_MAX_WAITERS(num_workers) (4 * (size_t)(num_workers) + 16)
+
+/* Counters of one shard: pushes, pulls, inits, updates, bytes_in, dup_dropped,
+ * chunks, min_version and max_version are filled (0/0 versions with no
+ * chunks); bytes_out, errors and workers_seen are left 0 for the caller. */
+void ps_shard_stats(const ps_shard *s, ps_stats *out);
+
+int ps_shard_create(const ps_shard_config *cfg, const ps_shard_hooks *hooks, ps_shard **out);
+/* Cancel every queued pull (hooks.cancel), release every kept gradient
+ * (hooks.release), free everything. */
+void ps_shard_destroy(ps_shard *s);
+
+/* Register (key, chunk) with n first values (float32, any alignment).  A
+ * second init must match n and total (PS_EMISMATCH otherwise) and leaves the
+ * values alone.  total may be 0 (unknown); otherwise n <= total.  *version
+ * gets the chunk's version.  Errors: PS_ETOOBIG (over max_memory), PS_ENOMEM,
+ * PS_EPROTO; why says what was wrong. */
+int ps_shard_init(ps_shard *s, uint64_t key, uint32_t chunk, const void *vals, size_t n,
+                  uint64_t total, int64_t *version, char *why, size_t why_len);
+
+/* A worker's gradient of step `step` (>= 0).  Errors: PS_ENOTFOUND (no such
+ * chunk), PS_EPROTO (length differs, bad rank or step), PS_ESTATE (sync: step
+ * is beyond the open round).  A duplicate returns 0 with *dup = 1 and is not
+ * applied.  *version gets the chunk's version after the push.  g must be
+ * 4-byte aligned. */
+int ps_shard_push(ps_shard *s, uint64_t key, uint32_t chunk, int rank, int64_t step,
+                  const float *g, size_t n, void *hold, int *kept, int *dup, int64_t *version,
+                  char *why, size_t why_len);
+
+/* A pull of version `want` by `rank`.  When it can be answered now it returns
+ * 0 with *queued = 0 and *w, *n, *version set (w valid until the next call on
+ * this shard); otherwise it queues waiter (*queued = 1, see above).
+ * Errors: PS_ENOTFOUND, PS_ETOOBIG (too many queued pulls on the chunk). */
+int ps_shard_pull(ps_shard *s, uint64_t key, uint32_t chunk, int rank, int64_t want, void *waiter,
+                  int *queued, const float **w, size_t *n, int64_t *version, char *why,
+                  size_t why_len);
+
+/* Read-only look at a chunk (tests, checkpoints): NULL when unknown. */
+const float *ps_shard_weights(const ps_shard *s, uint64_t key, uint32_t chunk, size_t *n,
+                              int64_t *version);
+
+#endif
