@@ -68,7 +68,7 @@ PROGRAMS := $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch $(BIN)/ps_keygen
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 
-.PHONY: all test bench deps clean
+.PHONY: all test bench deps clean run
 all: $(PROGRAMS) $(LIB)/libps.a tests-build
 	@if [ "$(BUILD_CUDA)" != 1 ]; then echo "make: CUDA backend skipped (no nvcc at $(NVCC), or CUDA=0)"; fi
 
@@ -121,6 +121,10 @@ bench: all $(BENCHES)
 
 deps:
 	sh .ci/deps.sh
+
+# install what is missing, build, and train with the multi-GPU example
+run:
+	sh examples/quickstart.sh $(RUN_ARGS)
 
 clean:
 	rm -rf build build-san bin lib

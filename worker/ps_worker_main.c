@@ -32,7 +32,8 @@ static const char *usage =
     "  --batch B             samples per step per worker (default 64)\n"
     "  --epochs E            passes over this worker's shard (default 1)\n"
     "  --steps N             stop after N iterations (default 0: run all epochs)\n"
-    "  --lr X                learning rate (default 0.05); checked against the servers'\n"
+    "  --lr X                learning rate: checked against the servers' when given;\n"
+    "                        used for local SGD with --servers none (default 0.05)\n"
     "  --optimizer NAME      sgd|momentum|nesterov|adagrad|adam: check the servers run it\n"
     "  --momentum/--beta1/--beta2/--eps/--weight-decay X   checked with --optimizer\n"
     "  --seed S              weight init and data shuffling (default 1)\n"
@@ -147,7 +148,13 @@ int main(int argc, char **argv)
         INT("--batch", 1, 65536, c.batch)
         INT("--epochs", 1, 100000, c.epochs)
         INT("--steps", 0, 1ll << 40, c.max_steps)
-        FLT("--lr", 0, 1e6, c.opt.lr)
+        if (!strcmp(a, "--lr")) {
+            if (ps_parse_float(P, a, v, 1e-12, 1e6, &fv, why, sizeof why))
+                return die(why);
+            c.opt.lr = (float)fv;
+            c.lr_given = 1;
+            continue;
+        }
         if (!strcmp(a, "--optimizer")) {
             if (ps_opt_parse(v, &c.opt.kind)) {
                 snprintf(why, sizeof why,

@@ -63,6 +63,7 @@ typedef struct slot {
     ps_request push, pull;
     int in_flight;     /* push+pull posted, not yet seen complete */
     int landed;        /* the pull completed; back holds newer weights than front */
+    int push_logged;   /* the push's timeline event is written */
     int64_t posted_ns;
     ps_backend *b;     /* for copy_done on the comm thread */
 } slot;
@@ -122,17 +123,33 @@ static int landed(worker *w, int i)
     return 0;
 }
 
+/* The push of slot i was acknowledged (seen now): put it on the timeline. */
+static void push_seen(worker *w, int i)
+{
+    slot *s = &w->slots[i];
+    if (s->push_logged)
+        return;
+    s->push_logged = 1;
+    ps_trace_event(w->trace, "push", "comm", TID_COMM, s->posted_ns, ps_now_ns(), w->step,
+                   w->params[i].layer);
+}
+
 /* Wait (block = 1) or look (block = 0) for slot i's requests. */
 static int settle(worker *w, int i, int block)
 {
     slot *s = &w->slots[i];
     if (!s->in_flight)
         return 0;
-    if (!block && !(ps_request_test(&s->push) && ps_request_test(&s->pull)))
-        return 0;
-    if (block) {
+    if (!block) {
+        if (!ps_request_test(&s->push))
+            return 0;
+        push_seen(w, i);
+        if (!ps_request_test(&s->pull))
+            return 0;
+    } else {
         int64_t t0 = ps_now_ns();
         ps_request_wait(&s->push);
+        push_seen(w, i);
         ps_request_wait(&s->pull);
         int64_t t1 = ps_now_ns();
         w->wait_ns += t1 - t0;
@@ -196,6 +213,7 @@ static int post(worker *w, int i)
         (rc = ps_client_pull(w->client, p->key, dst, w->step + 1, &s->pull)))
         return rc;
     s->in_flight = 1;
+    s->push_logged = 0;
     /* next backward writes the other buffer while this one is on the wire */
     p->g = p->g == s->grad[0] ? s->grad[1] : s->grad[0];
     return 0;
@@ -300,9 +318,13 @@ static int connect_servers(worker *w)
     o.chunk_bytes = c->chunk_bytes;
     o.request_timeout_ms = c->request_timeout_ms;
     o.curve_dir = c->curve_dir;
+    /* check what the user asked for: the optimizer with --optimizer, the
+     * learning rate with --lr; the servers' settings are used either way */
     o.expect = c->opt;
-    if (!c->opt_given) /* without --optimizer check the learning rate only */
+    if (!c->opt_given)
         o.expect.kind = PS_OPT_NONE;
+    if (!c->lr_given)
+        o.expect.lr = 0;
     int rc = ps_client_open(&o, &w->client);
     if (rc)
         return rc;

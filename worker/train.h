@@ -18,6 +18,7 @@ typedef struct ps_train_config {
     long long max_steps;   /* stop after this many iterations (0: no limit) */
     ps_opt_config opt;     /* expected server optimizer; lr also used for local SGD */
     int opt_given;         /* --optimizer given: check it at hello */
+    int lr_given;          /* --lr given: check it at hello */
     const char *device;    /* "cpu", "cuda:N" */
     int threads;           /* BLAS threads */
     uint64_t seed;

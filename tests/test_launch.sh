@@ -1,0 +1,453 @@
+#!/bin/sh
+# End-to-end tests of bin/ps_launch.  One "PASS name" / "FAIL name: why" /
+# "SKIP name: why" line per case on stdout (tests/run.sh counts them);
+# details of a failure go to stderr.  Every process is bounded by `timeout`,
+# every file lives in one temp dir whose path is in every child's argv, so
+# `pgrep -f $T` finds leftovers and the exit trap kills them.
+#
+#   PS_BIN_DIR   where ps_launch, ps_server, ps_worker are (default bin)
+#   PS_TEST_KEEP keep the temp dir
+#   PS_DATA      data for the training cases (default: Fashion-MNIST if
+#                installed, else synthetic:4096)
+
+ROOT=$(pwd -P)
+BIN=$(cd "${PS_BIN_DIR:-bin}" 2>/dev/null && pwd -P) || BIN=$ROOT/bin
+LAUNCH=$BIN/ps_launch
+T=$(mktemp -d "${TMPDIR:-/tmp}/ps_test_launch.XXXXXX") || exit 1
+failed=0
+
+kill_leftovers() {
+    pids=$(pgrep -f "$T")
+    [ -n "$pids" ] && kill -9 $pids 2>/dev/null
+}
+cleanup() {
+    kill_leftovers
+    [ -n "$PS_TEST_KEEP" ] || rm -rf "$T"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+
+pass() { echo "PASS $1"; }
+skip() { echo "SKIP $1: $2"; }
+fail() {
+    echo "FAIL $1: $2"
+    failed=1
+    if [ -n "$3" ] && [ -f "$3" ]; then
+        echo "---- $1: last lines of $3" >&2
+        tail -n 30 "$3" >&2
+    fi
+}
+# has FILE FIXED-STRING: the file contains the string
+has() { grep -qF -- "$2" "$1"; }
+# wait_for FILE STRING SECONDS [PID]: until FILE contains STRING (gives up
+# early when process PID has ended)
+wait_for() {
+    i=0
+    while [ "$i" -lt $(($3 * 10)) ]; do
+        has "$1" "$2" && return 0
+        [ -n "$4" ] && ! kill -0 "$4" 2>/dev/null && return 1
+        sleep 0.1
+        i=$((i + 1))
+    done
+    return 1
+}
+# no_leftovers: nothing started from this test dir still runs (waits up to 3 s)
+no_leftovers() {
+    i=0
+    while [ "$i" -lt 30 ]; do
+        [ -z "$(pgrep -f "$T")" ] && return 0
+        sleep 0.1
+        i=$((i + 1))
+    done
+    return 1
+}
+
+if [ ! -x "$LAUNCH" ]; then
+    echo "FAIL launch_built: $LAUNCH not built"
+    exit 1
+fi
+
+# ---------------------------------------------------------------- flags
+case=launch_bad_flags
+why=""
+check_bad() { # expected-message args...
+    msg=$1
+    shift
+    timeout 10 "$LAUNCH" "$@" >"$T/bad.out" 2>&1
+    rc=$?
+    if [ "$rc" -ne 2 ]; then
+        why="$why; '$*' exited $rc, expected 2"
+    elif ! has "$T/bad.out" "$msg"; then
+        why="$why; '$*' did not say \"$msg\" (said: $(head -c 200 "$T/bad.out"))"
+    fi
+}
+check_bad "ps_launch: --workers must be an integer in [1, 1024], got '0'" --servers 1 --workers 0
+check_bad "ps_launch: --servers must be an integer in [1, 256], got 'x'" --servers x --workers 2
+check_bad "ps_launch: --workers is required" --servers 1
+check_bad "ps_launch: --servers is required" --workers 1
+check_bad "ps_launch: --mode must be sync or async, got 'bsp'" --servers 1 --workers 1 --mode bsp
+check_bad "ps_launch: --gpus must be auto, none or a list" --servers 1 --workers 1 --gpus 0,one
+check_bad "ps_launch: --server-threads must be an integer" --servers 1 --workers 1 --server-threads 0
+check_bad "ps_launch: unknown flag '--model'" --servers 1 --workers 1 --model cnn
+check_bad "ps_launch: --workers needs a value" --servers 1 --workers
+check_bad "ps_launch: --rank is set by ps_launch" --servers 1 --workers 1 -- --rank 0
+check_bad "ps_launch: --device is set by ps_launch" --servers 1 --workers 1 -- --device cpu
+check_bad "conflicts with --timeline-dir" --servers 1 --workers 1 --timeline-dir "$T/x" -- --timeline a.json
+check_bad "ps_launch: cannot read --hostfile" --hostfile "$T/no-such-hostfile"
+printf 'h1 servers=two\n' >"$T/bad-hosts"
+check_bad "servers= must be an integer" --hostfile "$T/bad-hosts"
+printf 'h1 servers=1 workers=1 slots=4\n' >"$T/bad-hosts"
+check_bad "expected servers=N, workers=M or gpus=G" --hostfile "$T/bad-hosts"
+printf 'h1 servers=1 workers=2\n' >"$T/bad-hosts"
+check_bad "disagree with the hostfile" --hostfile "$T/bad-hosts" --workers 3
+if [ -z "$why" ]; then pass $case; else fail $case "${why#; }"; fi
+
+case=launch_help_version
+why=""
+timeout 10 "$LAUNCH" --help >"$T/help.out" 2>&1 || why="--help exited $?"
+for f in --servers --workers --gpus --mode --server-threads --timeline-dir --bin-dir \
+    --hostfile --base-port --dry-run --version; do
+    has "$T/help.out" "$f" || why="$why; --help does not mention $f"
+done
+has "$T/help.out" "e.g." || why="$why; --help has no example"
+v=$(timeout 10 "$LAUNCH" --version 2>&1)
+echo "$v" | grep -Eq '^ps_launch [0-9]+\.[0-9]+' || why="$why; --version printed '$v'"
+if [ -z "$why" ]; then pass $case; else fail $case "${why#; }"; fi
+
+# ---------------------------------------------------------------- plans
+case=launch_hostfile_dry_run
+why=""
+cat >"$T/hosts" <<'EOF'
+# two servers on h1, two GPU workers on h2, one of each on h3
+h1 servers=2
+alice@h2 workers=2 gpus=2   # user@host: ssh as alice, connect to h2
+h3 servers=1 workers=1
+EOF
+(cd "$T" && timeout 10 "$LAUNCH" --hostfile hosts --dry-run --mode async --server-threads 2 \
+    --base-port 30000 --bin-dir /opt/ps/bin --timeline-dir tl \
+    -- --model cnn --lr 0.1 --optimizer momentum --log-csv 'w{rank}.csv' --eval-all) \
+    >"$T/plan.out" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] || why="exit status $rc"
+SL="tcp://h1:30000,tcp://h1:30001,tcp://h3:30002"
+for exp in \
+    "ssh -o BatchMode=yes h1 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_server --bind \"tcp://*:30000\" --rank 0 --num-servers 3 --num-workers 3 --mode async --threads 2 --timeline tl/server-0.json --lr 0.1 --optimizer momentum'" \
+    "ssh -o BatchMode=yes h1 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_server --bind \"tcp://*:30001\" --rank 1 --num-servers 3 --num-workers 3 --mode async --threads 2 --timeline tl/server-1.json --lr 0.1 --optimizer momentum'" \
+    "ssh -o BatchMode=yes h3 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_server --bind \"tcp://*:30002\" --rank 2 --num-servers 3 --num-workers 3 --mode async --threads 2 --timeline tl/server-2.json --lr 0.1 --optimizer momentum'" \
+    "ssh -o BatchMode=yes alice@h2 'cd $T && mkdir -p tl && exec env CUDA_VISIBLE_DEVICES=0 /opt/ps/bin/ps_worker --servers $SL --rank 0 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w0.csv --eval-all --device cuda:0 --timeline tl/worker-0.json'" \
+    "ssh -o BatchMode=yes alice@h2 'cd $T && mkdir -p tl && exec env CUDA_VISIBLE_DEVICES=1 /opt/ps/bin/ps_worker --servers $SL --rank 1 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w1.csv --eval-all --device cuda:0 --timeline tl/worker-1.json'" \
+    "ssh -o BatchMode=yes h3 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_worker --servers $SL --rank 2 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w2.csv --eval-all --device cpu --timeline tl/worker-2.json'"; do
+    grep -qxF -- "$exp" "$T/plan.out" || why="$why; missing command: $exp"
+done
+n=$(grep -c '^ssh ' "$T/plan.out")
+[ "$n" -eq 6 ] || why="$why; $n ssh commands, expected 6"
+# default bin dir: relative to the working directory when below it
+case "$BIN" in
+"$ROOT"/*)
+    rel=${BIN#"$ROOT"/}
+    timeout 10 "$LAUNCH" --hostfile "$T/hosts" --dry-run -- --lr 0.1 >"$T/plan2.out" 2>&1
+    has "$T/plan2.out" "&& exec $rel/ps_server --bind \"tcp://*:29500\" --rank 0" ||
+        why="$why; default bin dir: no '&& exec $rel/ps_server' with base port 29500"
+    ;;
+esac
+has "$T/plan.out" "--log-csv w0.csv" && ! has "$T/plan.out" "{rank}" ||
+    why="$why; {rank} was not replaced"
+if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/plan.out"; fi
+
+case=launch_local_dry_run_gpus
+why=""
+timeout 10 "$LAUNCH" --servers 2 --workers 3 --gpus 0,1 --dry-run -- --lr 0.1 >"$T/g.out" 2>&1 ||
+    why="--gpus 0,1 exited $?"
+for r in 0 1 2; do
+    g=$((r % 2))
+    grep -Eq "^CUDA_VISIBLE_DEVICES=$g .*/ps_worker --servers tcp://127\.0\.0\.1:[0-9]+,tcp://127\.0\.0\.1:[0-9]+ --rank $r --num-workers 3 --mode sync --lr 0\.1 --device cuda:0\$" \
+        "$T/g.out" || why="$why; worker $r not on GPU $g"
+done
+grep -Eq "/ps_server --bind tcp://127\.0\.0\.1:[0-9]+ --rank 1 --num-servers 2 --num-workers 3 --mode sync --threads 1 --lr 0\.1\$" \
+    "$T/g.out" || why="$why; server 1 command wrong"
+p0=$(sed -n 's/.*ps_server --bind tcp:\/\/127.0.0.1:\([0-9]*\) --rank 0 .*/\1/p' "$T/g.out")
+p1=$(sed -n 's/.*ps_server --bind tcp:\/\/127.0.0.1:\([0-9]*\) --rank 1 .*/\1/p' "$T/g.out")
+[ -n "$p0" ] && [ "$p0" != "$p1" ] || why="$why; server ports '$p0' and '$p1' not distinct"
+# auto follows CUDA_VISIBLE_DEVICES when a scheduler set it
+CUDA_VISIBLE_DEVICES=5,7 timeout 10 "$LAUNCH" --servers 1 --workers 2 --dry-run >"$T/g2.out" 2>&1
+grep -q '^CUDA_VISIBLE_DEVICES=7 .*--rank 1 .*--device cuda:0' "$T/g2.out" ||
+    why="$why; auto did not use CUDA_VISIBLE_DEVICES=5,7"
+CUDA_VISIBLE_DEVICES= timeout 10 "$LAUNCH" --servers 1 --workers 2 --dry-run >"$T/g3.out" 2>&1
+has "$T/g3.out" "ps_launch: no GPU found, running 2 CPU workers" ||
+    why="$why; no 'no GPU found' line with CUDA_VISIBLE_DEVICES empty"
+timeout 10 "$LAUNCH" --servers 1 --workers 2 --gpus none --dry-run >"$T/g4.out" 2>&1
+[ "$(grep -c -- '--device cpu$' "$T/g4.out")" -eq 2 ] || why="$why; --gpus none: not 2 CPU workers"
+if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/g.out"; fi
+
+# ---------------------------------------------------------------- supervision
+# Stand-in programs: they show how ps_launch handles output, exits and
+# signals whether or not the real ones are built.
+mkdir -p "$T/fake"
+cat >"$T/fake/ps_server" <<'EOF'
+#!/bin/sh
+trap 'echo "server got SIGTERM"; exit 0' TERM
+echo "server args: $*"
+echo "server stderr line" >&2
+case " $* " in *" --fake-die "*) sleep 0.5; exit 4 ;; esac
+while :; do sleep 0.1; done
+EOF
+cat >"$T/fake/ps_worker" <<'EOF'
+#!/bin/sh
+rank=-1 exit_rank=-1 code=0 hang=0
+while [ $# -gt 0 ]; do
+    case $1 in
+    --rank) rank=$2; shift ;;
+    --fake-exit) exit_rank=${2%:*}; code=${2#*:}; shift ;;
+    --fake-hang) hang=1 ;;
+    esac
+    shift
+done
+echo "worker $rank started"
+printf 'part'; sleep 0.2; printf 'ial line\n'
+echo "worker $rank stderr" >&2
+[ "$rank" = "$exit_rank" ] && exit "$code"
+[ "$hang" = 1 ] && while :; do sleep 0.1; done
+echo "ps_worker[$rank] info 00:00:00.000: summary: time 1.0 s, 100 samples/s per worker, test accuracy 0.5" >&2
+printf 'last line without newline'
+exit 0
+EOF
+chmod +x "$T/fake/ps_server" "$T/fake/ps_worker"
+FAKE="--bin-dir $T/fake --gpus none"
+
+case=launch_prefix_and_success
+why=""
+timeout 30 "$LAUNCH" --servers 2 --workers 2 $FAKE -- --lr 0.5 >"$T/f1.out" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] || why="exit status $rc"
+for l in "[server 0] server args: --bind tcp://127.0.0.1:" "[server 1] server stderr line" \
+    "[worker 0] partial line" "[worker 1] partial line" "[worker 1] worker 1 stderr" \
+    "[worker 0] last line without newline" "[server 0] server got SIGTERM" \
+    "ps_launch: done in" "200 samples/s over all workers"; do
+    has "$T/f1.out" "$l" || why="$why; no line '$l'"
+done
+has "$T/f1.out" "--num-servers 2 --num-workers 2 --mode sync --threads 1 --lr 0.5" ||
+    why="$why; servers did not get --lr 0.5"
+grep -v '^\[server [01]\] \|^\[worker [01]\] \|^ps_launch: ' "$T/f1.out" >"$T/f1.other"
+[ -s "$T/f1.other" ] && why="$why; unprefixed line: $(head -n 1 "$T/f1.other")"
+no_leftovers || why="$why; processes left behind"
+if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/f1.out"; fi
+
+case=launch_worker_exit_stops_all
+why=""
+timeout 30 "$LAUNCH" --servers 1 --workers 3 $FAKE -- --fake-exit 1:3 --fake-hang >"$T/f2.out" 2>&1
+rc=$?
+[ "$rc" -eq 1 ] || why="exit status $rc, expected 1"
+grep -Eq '^ps_launch: worker 1 \(pid [0-9]+\) exited with status 3; stopping the others$' \
+    "$T/f2.out" || why="$why; no line naming worker 1 and its status"
+no_leftovers || why="$why; processes left behind"
+if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/f2.out"; fi
+
+case=launch_server_exit_stops_all
+why=""
+timeout 30 "$LAUNCH" --servers 2 --workers 1 $FAKE --server-arg --fake-die -- --fake-hang \
+    >"$T/f3.out" 2>&1
+rc=$?
+[ "$rc" -eq 1 ] || why="exit status $rc, expected 1"
+grep -Eq '^ps_launch: server [01] \(pid [0-9]+\) exited with status 4 before the workers finished; stopping the others$' \
+    "$T/f3.out" || why="$why; no line naming the server"
+no_leftovers || why="$why; processes left behind"
+if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/f3.out"; fi
+
+case=launch_sigterm_forwarded
+why=""
+timeout 30 "$LAUNCH" --servers 1 --workers 2 $FAKE -- --fake-hang >"$T/f4.out" 2>&1 &
+tpid=$!
+if wait_for "$T/f4.out" "[worker 1] partial line" 10 && wait_for "$T/f4.out" "[worker 0] partial line" 10; then
+    lpid=$(pgrep -P "$tpid")
+    kill -TERM "$lpid"
+    wait "$tpid"
+    rc=$?
+    [ "$rc" -eq 143 ] || why="exit status $rc, expected 143"
+    has "$T/f4.out" "[server 0] server got SIGTERM" || why="$why; server did not get SIGTERM"
+else
+    why="workers did not start"
+    wait "$tpid"
+fi
+no_leftovers || why="$why; processes left behind"
+if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/f4.out"; fi
+
+case=launch_sigint_forwarded
+why=""
+timeout 30 "$LAUNCH" --servers 1 --workers 1 $FAKE -- --fake-hang >"$T/f5.out" 2>&1 &
+tpid=$!
+if wait_for "$T/f5.out" "[worker 0] partial line" 10; then
+    kill -INT "$(pgrep -P "$tpid")"
+    wait "$tpid"
+    rc=$?
+    [ "$rc" -eq 130 ] || why="exit status $rc, expected 130"
+else
+    why="worker did not start"
+    wait "$tpid"
+fi
+no_leftovers || why="$why; processes left behind"
+if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/f5.out"; fi
+kill_leftovers
+
+# ---------------------------------------------------------------- training
+DATA=${PS_DATA:-}
+if [ -z "$DATA" ]; then
+    if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+        DATA=/usr/share/datasets/fashion-mnist
+    else
+        DATA=synthetic:4096
+    fi
+fi
+
+missing=""
+[ -x "$BIN/ps_worker" ] || missing="bin/ps_worker"
+[ -x "$BIN/ps_server" ] || missing="${missing:+$missing and }bin/ps_server"
+
+# json_events FILE NAME...: FILE is JSON trace events with every NAME
+json_events() {
+    python3 - "$@" <<'EOF'
+import json, os, sys
+path = sys.argv[1]
+if not os.path.exists(path):
+    print("%s: missing" % path)
+    sys.exit(1)
+try:
+    d = json.load(open(path))
+except Exception as e:
+    print("%s: not JSON: %s" % (path, e))
+    sys.exit(1)
+ev = d.get("traceEvents", []) if isinstance(d, dict) else d
+names = {e.get("name") for e in ev if isinstance(e, dict)}
+missing = [n for n in sys.argv[2:] if n not in names]
+if missing:
+    print("%s: no %s events" % (path, ", ".join(missing)))
+    sys.exit(1)
+EOF
+}
+
+# started_pids FILE: the pids ps_launch reported starting
+started_pids() { sed -n 's/^ps_launch: started [a-z]* [0-9]* (pid \([0-9]*\)).*/\1/p' "$1"; }
+# pids_gone FILE: every process ps_launch started has ended
+pids_gone() {
+    for p in $(started_pids "$1"); do
+        kill -0 "$p" 2>/dev/null && return 1
+    done
+    return 0
+}
+
+# check_csv FILE: prints what is wrong with a --log-csv file, nothing if fine
+check_csv() {
+    if [ ! -f "$1" ]; then
+        echo "no CSV at $1"
+        return
+    fi
+    awk -F, '
+        NR == 1 { if ($0 != "time_s,epoch,iter,loss,samples_per_s,comm_wait_pct") bad = $0; next }
+        NF >= 4 { n++; if (n == 1) first = $4; last = $4 }
+        END {
+            if (bad != "") { print "CSV header is \"" bad "\""; exit }
+            if (n < 2) { print "CSV has " n + 0 " rows"; exit }
+            if (!(last + 0 < first + 0)) print "loss did not fall: first " first ", last " last
+        }' "$1"
+}
+
+# train MODE NAME [ps_launch flags...]: the small training run of these cases
+train() {
+    mode=$1 name=$2
+    shift 2
+    timeout 90 "$LAUNCH" --servers 1 --workers 2 --gpus none --mode "$mode" --bin-dir "$BIN" "$@" \
+        -- --model mlp:784-64-10 --batch 32 --steps 300 --lr 0.05 --log-every 50 \
+        --data "$DATA" --log-csv "$T/$name.csv" >"$T/$name.out" 2>&1
+}
+
+train_case() { # mode: exit 0, prefixed lines, the loss fell, nothing left running
+    mode=$1
+    case=launch_train_$mode
+    if [ -n "$missing" ]; then
+        skip $case "$missing not built"
+        return
+    fi
+    out=$T/train-$mode.out
+    train "$mode" "train-$mode"
+    rc=$?
+    why=""
+    [ "$rc" -eq 0 ] || why="exit status $rc ($(grep '^ps_launch: failed' "$out" | tail -n 1))"
+    for p in "[server 0] " "[worker 0] " "[worker 1] "; do
+        awk -v p="$p" 'index($0, p) == 1 { f = 1 } END { exit !f }' "$out" ||
+            why="$why; no line prefixed '$p'"
+    done
+    r=$(check_csv "$T/train-$mode.csv")
+    [ -z "$r" ] || why="$why; $r"
+    has "$out" "ps_launch: done in" || why="$why; no closing summary line"
+    { no_leftovers && pids_gone "$out"; } || why="$why; processes left behind"
+    if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$out"; fi
+    kill_leftovers
+}
+
+timeline_case() { # mode: --timeline-dir gives JSON traces with the named events
+    mode=$1
+    case=launch_timeline_$mode
+    if [ -n "$missing" ]; then
+        skip $case "$missing not built"
+        return
+    fi
+    if ! command -v python3 >/dev/null 2>&1; then
+        skip $case "python3 not found"
+        return
+    fi
+    tl=$T/tl-$mode
+    out=$T/timeline-$mode.out
+    train "$mode" "timeline-$mode" --timeline-dir "$tl"
+    rc=$?
+    why=""
+    [ "$rc" -eq 0 ] || why="exit status $rc ($(grep '^ps_launch: failed' "$out" | tail -n 1))"
+    for w in 0 1; do
+        r=$(json_events "$tl/worker-$w.json" forward backward push pull 2>&1) || why="$why; $r"
+    done
+    r=$(json_events "$tl/server-0.json" 2>&1) || why="$why; $r"
+    { no_leftovers && pids_gone "$out"; } || why="$why; processes left behind"
+    if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$out"; fi
+    kill_leftovers
+}
+
+train_case sync
+train_case async
+timeline_case sync
+timeline_case async
+
+case=launch_worker_killed
+if [ -n "$missing" ]; then
+    skip $case "$missing not built"
+else
+    why=""
+    out=$T/kill.out
+    timeout 60 "$LAUNCH" --servers 1 --workers 2 --gpus none --mode async --bin-dir "$BIN" \
+        -- --model mlp:784-64-10 --batch 32 --epochs 100000 --lr 0.05 --log-every 20 \
+        --data "$DATA" --log-csv "$T/kill-w{rank}.csv" >"$out" 2>&1 &
+    tpid=$!
+    # worker 1 is found by the unique path in its flags
+    wpid=""
+    if wait_for "$out" "[worker 1] " 30 "$tpid"; then
+        sleep 1
+        wpid=$(pgrep -f "$T/kill-w1.csv" | head -n 1)
+    fi
+    if [ -n "$wpid" ]; then
+        spid=$(sed -n 's/^ps_launch: started worker 1 (pid \([0-9]*\)).*/\1/p' "$out")
+        [ "$spid" = "$wpid" ] || why="ps_launch said worker 1 is pid '$spid', pgrep found $wpid"
+        kill -9 "$wpid"
+        wait "$tpid"
+        rc=$?
+        [ "$rc" -eq 1 ] || why="$why; exit status $rc, expected 1"
+        grep -q "^ps_launch: worker 1 (pid $wpid) was killed by signal 9" "$out" ||
+            why="$why; no line 'ps_launch: worker 1 (pid $wpid) was killed by signal 9'"
+    else
+        kill -TERM "$(pgrep -P "$tpid")" 2>/dev/null
+        wait "$tpid"
+        why="worker 1 did not start or ps_launch ended first ($(grep '^ps_launch: ' "$out" | tail -n 1))"
+    fi
+    { no_leftovers && pids_gone "$out"; } ||
+        why="$why; processes left behind: $(pgrep -af "$T" | head -n 3)"
+    if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$out"; fi
+    kill_leftovers
+fi
+
+exit $failed
