@@ -1203,8 +1203,9 @@ static int check_hellos(ps_client *c, ps_request *reqs, ps_hello *reps)
             set_last_error(c, "%s", why);
             return PS_EMISMATCH;
         }
-        if (mine.opt.kind != PS_OPT_NONE &&
-            (reps[s].opt.kind != mine.opt.kind || (mine.opt.lr > 0 && reps[s].opt.lr != mine.opt.lr))) {
+        /* expect.kind NONE with lr > 0: check the learning rate alone */
+        if ((mine.opt.kind != PS_OPT_NONE && reps[s].opt.kind != mine.opt.kind) ||
+            (mine.opt.lr > 0 && reps[s].opt.lr != mine.opt.lr)) {
             set_last_error(c, "optimizer: this worker expects %s lr %g, %s has %s lr %g",
                            ps_opt_name(mine.opt.kind), (double)mine.opt.lr, c->endpoints[s],
                            ps_opt_name(reps[s].opt.kind), (double)reps[s].opt.lr);
