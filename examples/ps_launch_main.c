@@ -260,7 +260,8 @@ static void hostfile_free(hostfile *h)
  * the servers at hello, so both sides get the same value). */
 static const char *const shared_flags[] = {"--lr",   "--optimizer",    "--momentum",
                                            "--beta1", "--beta2",       "--eps",
-                                           "--weight-decay", "--max-staleness", NULL};
+                                           "--weight-decay", "--max-staleness", "--curve-keys",
+                                           NULL};
 /* Worker flags the launcher sets itself, per worker. */
 static const char *const reserved_flags[] = {"--servers", "--rank", "--num-workers", "--mode",
                                              "--device", NULL};

@@ -200,13 +200,24 @@ static int read_idx(const char *path, uint32_t magic, const char *what, unsigned
         gzclose(f);
         return PS_EDATA;
     }
-    unsigned char *buf = malloc(*bytes ? *bytes : 1);
-    if (!buf) {
-        snprintf(why, why_len, "%s: out of memory for %zu bytes", path, *bytes);
-        gzclose(f);
-        return PS_ENOMEM;
+    /* grow the buffer with the data that actually arrives: a 16-byte header
+     * may promise terabytes, which must not be allocated on its word */
+    unsigned char *buf = NULL;
+    size_t cap = *bytes < (1u << 16) ? *bytes : (1u << 16), r;
+    for (got = 0;; cap = cap > *bytes / 2 ? *bytes : 2 * cap) {
+        unsigned char *nb = realloc(buf, cap ? cap : 1);
+        if (!nb) {
+            snprintf(why, why_len, "%s: out of memory for %zu bytes", path, *bytes);
+            free(buf);
+            gzclose(f);
+            return PS_ENOMEM;
+        }
+        buf = nb;
+        read_bytes(f, buf + got, cap - got, &r);
+        got += r;
+        if (got < cap || cap == *bytes)
+            break;
     }
-    read_bytes(f, buf, *bytes, &got);
     gzclose(f);
     if (got < *bytes) {
         snprintf(why, why_len, "%s: truncated: header promises %zu bytes of %s data, file has %zu",

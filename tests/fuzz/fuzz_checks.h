@@ -1,0 +1,376 @@
+/* What each fuzz target checks on one input.  Included by the libFuzzer
+ * targets (tests/fuzz/fuzz_*.c, built by `make fuzz`) and by
+ * tests/test_fuzz_regress.c, which replays the committed corpus and every
+ * crash ever found through these same functions under `make test`.
+ *
+ * Each check returns NULL when the input passed (being refused with a proper
+ * error code counts as passing) and otherwise a sentence naming the property
+ * that broke (written into msg).  Memory errors and leaks are the sanitizers'
+ * job; these catch wrong answers.
+ *
+ * Input formats:
+ *   fuzz_proto: a header frame, optionally followed by payload bytes.  The
+ *     whole input is decoded as a header (and, when it decodes, encoded and
+ *     decoded again: the round trip must give the same header and the same
+ *     bytes).  The input is also split after its first msgpack value into
+ *     header + payload, and ps_proto_check_payload must accept exactly the
+ *     payloads the protocol allows for that header.
+ *   fuzz_idx: one IDX file (plain or gzip).  It is loaded as the image file
+ *     (with a made-up label file of the count its header claims) and as the
+ *     label file (with a made-up image file of that count). */
+#ifndef PS_FUZZ_CHECKS_H
+#define PS_FUZZ_CHECKS_H
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "data.h"
+#include "ps_error.h"
+#include "ps_proto.h"
+
+/* Each includer uses some of these helpers only. */
+#define FUZZ_FN static __attribute__((unused))
+
+FUZZ_FN const char *fuzz_fail(char *msg, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+FUZZ_FN const char *fuzz_fail(char *msg, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, len, fmt, ap);
+    va_end(ap);
+    return msg;
+}
+
+/* ---- proto ---------------------------------------------------------------- */
+
+/* Length of the first msgpack value in p[0..n), 0 when it is not complete or
+ * nests deeper than 8.  Never allocates (declared counts are only walked). */
+FUZZ_FN size_t fuzz_msgpack_len(const uint8_t *p, size_t n, size_t pos, int depth)
+{
+    if (depth > 8 || pos >= n)
+        return 0;
+    uint8_t b = p[pos++];
+    uint64_t items = 0, skip = 0;
+    size_t need = 0;
+    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
+        return pos;
+    if ((b & 0xe0) == 0xa0)
+        skip = b & 0x1f;
+    else if ((b & 0xf0) == 0x90)
+        items = b & 0x0f;
+    else if ((b & 0xf0) == 0x80)
+        items = 2u * (b & 0x0f);
+    else {
+        static const struct { uint8_t b, len, kind; uint8_t extra; } t[] = {
+            /* kind 0: fixed skip len; 1: length field of len bytes then that many
+             * bytes (+extra); 2: array count; 3: map count */
+            {0xcc, 1, 0, 0}, {0xd0, 1, 0, 0}, {0xcd, 2, 0, 0}, {0xd1, 2, 0, 0},
+            {0xce, 4, 0, 0}, {0xd2, 4, 0, 0}, {0xca, 4, 0, 0}, {0xcf, 8, 0, 0},
+            {0xd3, 8, 0, 0}, {0xcb, 8, 0, 0}, {0xd4, 2, 0, 0}, {0xd5, 3, 0, 0},
+            {0xd6, 5, 0, 0}, {0xd7, 9, 0, 0}, {0xd8, 17, 0, 0}, {0xd9, 1, 1, 0},
+            {0xc4, 1, 1, 0}, {0xda, 2, 1, 0}, {0xc5, 2, 1, 0}, {0xdb, 4, 1, 0},
+            {0xc6, 4, 1, 0}, {0xc7, 1, 1, 1}, {0xc8, 2, 1, 1}, {0xc9, 4, 1, 1},
+            {0xdc, 2, 2, 0}, {0xdd, 4, 2, 0}, {0xde, 2, 3, 0}, {0xdf, 4, 3, 0}};
+        size_t i = 0;
+        while (i < sizeof t / sizeof t[0] && t[i].b != b)
+            i++;
+        if (i == sizeof t / sizeof t[0])
+            return 0;
+        if (t[i].kind == 0) {
+            skip = t[i].len;
+        } else {
+            need = t[i].len;
+            if (n - pos < need)
+                return 0;
+            uint64_t v = 0;
+            for (size_t k = 0; k < need; k++)
+                v = v << 8 | p[pos + k];
+            pos += need;
+            if (t[i].kind == 1)
+                skip = v + t[i].extra;
+            else
+                items = t[i].kind == 3 ? 2 * v : v;
+        }
+    }
+    if (skip > n - pos)
+        return 0;
+    pos += (size_t)skip;
+    if (items > n - pos) /* every item takes at least one byte */
+        return 0;
+    for (uint64_t i = 0; i < items; i++)
+        if (!(pos = fuzz_msgpack_len(p, n, pos, depth + 1)))
+            return 0;
+    return pos;
+}
+
+#define FUZZ_SAME(field)                                                              \
+    do {                                                                              \
+        if (memcmp(&a->field, &b->field, sizeof a->field) != 0)                       \
+            return fuzz_fail(msg, len, "round trip changed field " #field);           \
+    } while (0)
+
+/* The fields ps_proto_encode writes for a's type must survive encode+decode. */
+FUZZ_FN const char *fuzz_same_header(const ps_header *a, const ps_header *b, char *msg,
+                                    size_t len)
+{
+    FUZZ_SAME(version);
+    FUZZ_SAME(type);
+    FUZZ_SAME(flags);
+    FUZZ_SAME(seq);
+    FUZZ_SAME(rank);
+    FUZZ_SAME(key);
+    FUZZ_SAME(chunk);
+    FUZZ_SAME(step);
+    FUZZ_SAME(count);
+    FUZZ_SAME(dtype);
+    FUZZ_SAME(total);
+    if (a->type == PS_MSG_ERROR) {
+        FUZZ_SAME(err_code);
+        if (strcmp(a->err_text, b->err_text) != 0)
+            return fuzz_fail(msg, len, "round trip changed err_text");
+    }
+    if (a->type == PS_MSG_HELLO)
+        FUZZ_SAME(hello);
+    if (a->type == PS_MSG_STATS && (a->flags & PS_FLAG_REPLY))
+        FUZZ_SAME(stats);
+    return NULL;
+}
+
+/* Every field of a decoded header is within the ranges of docs/PROTOCOL.md. */
+FUZZ_FN const char *fuzz_header_in_range(const ps_header *h, char *msg, size_t len)
+{
+    if (h->version != PS_PROTO_VERSION || h->type < 1 || h->type > PS_MSG_TYPE_MAX ||
+        (h->flags & ~PS_FLAG_MASK) || h->rank < -1 || h->rank > PS_MAX_RANK ||
+        h->chunk >= PS_MAX_CHUNK || h->step < -1 || h->dtype > PS_DTYPE_F32 ||
+        h->count * (h->dtype ? ps_dtype_size(h->dtype) : 1) > PS_MAX_PAYLOAD_BYTES ||
+        memchr(h->err_text, 0, sizeof h->err_text) == NULL)
+        return fuzz_fail(msg, len, "decode accepted an out-of-range header (type %u rank %d)",
+                         h->type, h->rank);
+    if (h->type == PS_MSG_HELLO &&
+        (h->hello.mode < PS_MODE_SYNC || h->hello.mode > PS_MODE_ASYNC ||
+         h->hello.num_workers < 1 || h->hello.num_servers < 1 ||
+         h->hello.opt.kind < 0 || h->hello.opt.kind > PS_OPT_KIND_MAX))
+        return fuzz_fail(msg, len, "decode accepted an out-of-range hello");
+    return NULL;
+}
+
+FUZZ_FN const char *fuzz_decode_ok_rc(int rc, const char *why, char *msg, size_t len)
+{
+    if (rc != PS_EPROTO && rc != PS_EVERSION && rc != PS_ETOOBIG)
+        return fuzz_fail(msg, len, "decode returned %d", rc);
+    if (!memchr(why, 0, 256) || !why[0])
+        return fuzz_fail(msg, len, "decode failed (%d) without a reason", rc);
+    return NULL;
+}
+
+/* ps_proto_check_payload must accept exactly: no frame for types without a
+ * payload; one frame of count x dtype-size bytes (count > 0, known dtype) for
+ * types with one. */
+FUZZ_FN const char *fuzz_payload_oracle(const ps_header *h, size_t plen, char *msg, size_t len)
+{
+    char why[256];
+    int reply = (h->flags & PS_FLAG_REPLY) != 0;
+    int needs = reply ? ps_msg_reply_has_payload(h->type) : ps_msg_request_has_payload(h->type);
+    size_t es = ps_dtype_size(h->dtype);
+    for (int nframes = 0; nframes <= 2; nframes++) {
+        size_t sizes[3] = {plen, (size_t)h->count * es, (size_t)h->count * es + 1};
+        for (int s = 0; s < 3; s++) {
+            size_t bytes = nframes ? sizes[s] : 0;
+            int want = needs ? nframes == 1 && es && h->count && bytes == h->count * es
+                             : nframes == 0;
+            why[0] = 0;
+            int rc = ps_proto_check_payload(h, nframes, bytes, why, sizeof why);
+            if ((rc == 0) != want)
+                return fuzz_fail(msg, len,
+                                 "check_payload(%s%s, %d frames, %zu bytes) = %d, expected %s",
+                                 ps_msg_type_name(h->type), reply ? " reply" : "", nframes,
+                                 bytes, rc, want ? "ok" : "an error");
+            if (rc && (rc != PS_EPROTO || !why[0]))
+                return fuzz_fail(msg, len, "check_payload failed with %d and reason '%s'", rc,
+                                 why);
+        }
+    }
+    return NULL;
+}
+
+FUZZ_FN const char *fuzz_check_proto(const uint8_t *data, size_t size, char *msg, size_t len)
+{
+    ps_header h1, h2, h3;
+    char why[256];
+    const char *bad;
+    memset(why, 0x55, sizeof why);
+    why[sizeof why - 1] = 0;
+    int rc = ps_proto_decode(data, size, &h1, why, sizeof why);
+    int rc_quiet = ps_proto_decode(data, size, &h3, NULL, 0);
+    if (rc != rc_quiet)
+        return fuzz_fail(msg, len, "decode gave %d with a reason buffer, %d without", rc,
+                         rc_quiet);
+    if (rc) {
+        if ((bad = fuzz_decode_ok_rc(rc, why, msg, len)))
+            return bad;
+    } else {
+        if ((bad = fuzz_header_in_range(&h1, msg, len)))
+            return bad;
+        uint8_t e1[PS_HEADER_MAX], e2[PS_HEADER_MAX];
+        size_t n1 = 0, n2 = 0;
+        if ((rc = ps_proto_encode(&h1, e1, sizeof e1, &n1)))
+            return fuzz_fail(msg, len, "re-encoding a decoded header failed: %d", rc);
+        if ((rc = ps_proto_decode(e1, n1, &h2, why, sizeof why)))
+            return fuzz_fail(msg, len, "decoding our own encoding failed: %d %s", rc, why);
+        if ((bad = fuzz_same_header(&h1, &h2, msg, len)))
+            return bad;
+        if ((rc = ps_proto_encode(&h2, e2, sizeof e2, &n2)) || n1 != n2 || memcmp(e1, e2, n1))
+            return fuzz_fail(msg, len, "encode(decode(encode(h))) differs from encode(h)");
+        /* a too-small buffer is refused, never overrun */
+        if (n1 > 1 && ps_proto_encode(&h1, e2, n1 - 1, &n2) != PS_ETOOBIG)
+            return fuzz_fail(msg, len, "encode into %zu bytes of a %zu-byte header did not "
+                             "fail with PS_ETOOBIG", n1 - 1, n1);
+        if ((bad = fuzz_payload_oracle(&h1, 0, msg, len)))
+            return bad;
+    }
+    /* header + payload split after the first msgpack value */
+    size_t hl = fuzz_msgpack_len(data, size, 0, 0);
+    if (hl > 0 && hl < size) {
+        rc = ps_proto_decode(data, hl, &h1, why, sizeof why);
+        if (rc)
+            return fuzz_decode_ok_rc(rc, why, msg, len);
+        if ((bad = fuzz_header_in_range(&h1, msg, len)))
+            return bad;
+        return fuzz_payload_oracle(&h1, size - hl, msg, len);
+    }
+    return NULL;
+}
+
+/* ---- idx ------------------------------------------------------------------ */
+
+/* A file holding data: a memfd named by its /proc/self/fd path, or (where
+ * memfd_create is missing) an unlinked-on-close temp file.  Returns the fd. */
+FUZZ_FN int fuzz_file(const void *data, size_t size, char *path, size_t path_len)
+{
+    int fd = memfd_create("fuzz-idx", MFD_CLOEXEC);
+    if (fd >= 0) {
+        snprintf(path, path_len, "/proc/self/fd/%d", fd);
+    } else {
+        snprintf(path, path_len, "/tmp/ps_fuzz_idx.XXXXXX");
+        if ((fd = mkstemp(path)) < 0)
+            return -1;
+    }
+    const uint8_t *p = data;
+    for (size_t done = 0; done < size;) {
+        ssize_t w = write(fd, p + done, size - done);
+        if (w <= 0) {
+            close(fd);
+            return -1;
+        }
+        done += (size_t)w;
+    }
+    return fd;
+}
+
+FUZZ_FN void fuzz_file_close(int fd, const char *path)
+{
+    if (strncmp(path, "/proc/", 6) != 0)
+        unlink(path);
+    close(fd);
+}
+
+FUZZ_FN uint32_t fuzz_be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+FUZZ_FN void fuzz_put_be32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+/* Load (images, labels) and check what comes back. */
+FUZZ_FN const char *fuzz_load_pair(const uint8_t *img, size_t img_len, const uint8_t *lab,
+                                  size_t lab_len, char *msg, size_t len)
+{
+    char ipath[64], lpath[64], why[512];
+    const char *bad = NULL;
+    int ifd = fuzz_file(img, img_len, ipath, sizeof ipath);
+    int lfd = fuzz_file(lab, lab_len, lpath, sizeof lpath);
+    if (ifd < 0 || lfd < 0) {
+        if (ifd >= 0)
+            fuzz_file_close(ifd, ipath);
+        if (lfd >= 0)
+            fuzz_file_close(lfd, lpath);
+        return NULL; /* no scratch file: nothing to check */
+    }
+    ps_dataset *ds = (ps_dataset *)1;
+    why[0] = 0;
+    int rc = ps_dataset_load_idx(ipath, lpath, &ds, why, sizeof why);
+    if (rc) {
+        if (ds)
+            bad = fuzz_fail(msg, len, "load failed (%d) but *out is not NULL", rc);
+        else if ((rc != PS_EDATA && rc != PS_ENOMEM) || !why[0] || !memchr(why, 0, sizeof why))
+            bad = fuzz_fail(msg, len, "load failed with %d and reason '%s'", rc, why);
+    } else if (!ds) {
+        bad = fuzz_fail(msg, len, "load succeeded without a dataset");
+    } else {
+        size_t ss = ps_dataset_sample_size(ds);
+        if (ds->count == 0 || ds->channels != 1 || ds->height < 1 || ds->width < 1 ||
+            ds->num_classes < 10 || ds->num_classes > 256 ||
+            img_len < 16 + ds->count * ss || lab_len < 8 + ds->count)
+            bad = fuzz_fail(msg, len, "loaded an impossible dataset: %zu x %dx%dx%d, %d classes",
+                            ds->count, ds->channels, ds->height, ds->width, ds->num_classes);
+        for (size_t i = 0; !bad && i < ds->count * ss; i++)
+            if (!(ds->images[i] >= 0.0f && ds->images[i] <= 1.0f))
+                bad = fuzz_fail(msg, len, "pixel %zu is %g, outside [0, 1]", i,
+                                (double)ds->images[i]);
+        for (size_t i = 0; !bad && i < ds->count; i++)
+            if (ds->labels[i] < 0 || ds->labels[i] >= ds->num_classes)
+                bad = fuzz_fail(msg, len, "label %zu is %d with %d classes", i,
+                                (int)ds->labels[i], ds->num_classes);
+        ps_dataset_free(ds);
+    }
+    fuzz_file_close(ifd, ipath);
+    fuzz_file_close(lfd, lpath);
+    return bad;
+}
+
+/* Largest made-up companion file (samples); beyond it a 1-sample file is used,
+ * which the loader must refuse as a count mismatch. */
+#define FUZZ_IDX_MAX_MADE 65536u
+
+FUZZ_FN const char *fuzz_check_idx(const uint8_t *data, size_t size, char *msg, size_t len)
+{
+    uint32_t n = size >= 8 ? fuzz_be32(data + 4) : 1;
+    if (n == 0 || n > FUZZ_IDX_MAX_MADE)
+        n = 1;
+    const char *bad;
+    /* the input as the image file; labels 0..11 so some go past 10 classes */
+    uint8_t *other = malloc(16 + (size_t)n);
+    if (!other)
+        return NULL;
+    fuzz_put_be32(other, 0x00000801u);
+    fuzz_put_be32(other + 4, n);
+    for (uint32_t i = 0; i < n; i++)
+        other[8 + i] = (uint8_t)(i % 12);
+    bad = fuzz_load_pair(data, size, other, 8 + (size_t)n, msg, len);
+    /* the input as the label file; images of 1x1 pixels */
+    if (!bad) {
+        fuzz_put_be32(other, 0x00000803u);
+        fuzz_put_be32(other + 4, n);
+        fuzz_put_be32(other + 8, 1);
+        fuzz_put_be32(other + 12, 1);
+        for (uint32_t i = 0; i < n; i++)
+            other[16 + i] = (uint8_t)(i * 37);
+        bad = fuzz_load_pair(other, 16 + (size_t)n, data, size, msg, len);
+    }
+    free(other);
+    return bad;
+}
+
+#endif

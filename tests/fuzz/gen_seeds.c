@@ -1,0 +1,172 @@
+/* Writes the seed corpus of the fuzz targets (`make fuzz-seeds`):
+ *   tests/fuzz/corpus/fuzz_proto/  the header of every message type (request
+ *     and reply, as ps_proto_encode makes them), and the data-carrying ones
+ *     again followed by their payload;
+ *   tests/fuzz/corpus/fuzz_idx/    tiny IDX image and label files, plain and
+ *     gzip.
+ * Deterministic, so regenerating leaves the committed files unchanged unless
+ * the encoder changed.  Usage: gen_seeds [CORPUS_DIR] (default tests/fuzz/corpus). */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include "ps_proto.h"
+
+static const char *g_dir = "tests/fuzz/corpus";
+static int g_files;
+
+static int put(const char *target, const char *name, const void *a, size_t alen, const void *b,
+               size_t blen)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s/%s", g_dir, target, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(a, 1, alen, f) != alen || (blen && fwrite(b, 1, blen, f) != blen) ||
+        fclose(f) != 0) {
+        fprintf(stderr, "gen_seeds: cannot write %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    g_files++;
+    return 0;
+}
+
+static int put_gz(const char *target, const char *name, const void *a, size_t alen)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s/%s", g_dir, target, name);
+    gzFile f = gzopen(path, "wb9");
+    if (!f || gzwrite(f, a, (unsigned)alen) != (int)alen || gzclose(f) != Z_OK) {
+        fprintf(stderr, "gen_seeds: cannot write %s\n", path);
+        return 1;
+    }
+    g_files++;
+    return 0;
+}
+
+static int seed_header(const char *name, const ps_header *h, int with_payload)
+{
+    uint8_t buf[PS_HEADER_MAX];
+    size_t n;
+    if (ps_proto_encode(h, buf, sizeof buf, &n)) {
+        fprintf(stderr, "gen_seeds: cannot encode %s\n", name);
+        return 1;
+    }
+    char file[256];
+    snprintf(file, sizeof file, "%s.bin", name);
+    int rc = put("fuzz_proto", file, buf, n, NULL, 0);
+    if (with_payload) {
+        float payload[4] = {1.0f, -2.5f, 0.0f, 3.25f};
+        snprintf(file, sizeof file, "%s-payload.bin", name);
+        rc |= put("fuzz_proto", file, buf, n, payload, h->count * sizeof(float));
+    }
+    return rc;
+}
+
+static int proto_seeds(void)
+{
+    ps_header h;
+    int rc = 0;
+    for (uint32_t t = 1; t <= PS_MSG_TYPE_MAX; t++) {
+        for (int reply = 0; reply <= 1; reply++) {
+            if (t == PS_MSG_ERROR && !reply)
+                continue;
+            ps_header_init(&h, t);
+            h.flags = reply ? PS_FLAG_REPLY : 0;
+            h.seq = 1000 + t;
+            h.rank = 1;
+            h.key = 7;
+            h.chunk = 2;
+            h.step = 5;
+            int payload = reply ? ps_msg_reply_has_payload(t) : ps_msg_request_has_payload(t);
+            if (payload) {
+                h.count = 4;
+                h.dtype = PS_DTYPE_F32;
+            }
+            if (t == PS_MSG_INIT)
+                h.total = 12;
+            if (t == PS_MSG_HELLO) {
+                h.hello.mode = reply ? PS_MODE_SYNC : PS_MODE_ASYNC;
+                h.hello.max_staleness = reply ? 0 : 3;
+                h.hello.num_workers = 2;
+                h.hello.num_servers = 2;
+                h.hello.server_rank = 1;
+                h.hello.model_fp = 0x9e3779b97f4a7c15ull;
+                h.hello.opt.kind = reply ? PS_OPT_ADAM : PS_OPT_NONE;
+                h.hello.opt.lr = 0.001f;
+                h.hello.opt.beta1 = 0.9f;
+                h.hello.opt.beta2 = 0.999f;
+                h.hello.opt.eps = 1e-8f;
+                h.hello.opt.weight_decay = 0.0001f;
+            }
+            if (t == PS_MSG_STATS && reply) {
+                h.stats = (ps_stats){10, 20, 3, 9, 4096, 8192, 1, 0, 6, 2, -1, 9};
+            }
+            if (t == PS_MSG_ERROR) {
+                h.err_code = 6;
+                snprintf(h.err_text, sizeof h.err_text, "push of key 7 chunk 2: not initialized");
+            }
+            char name[64];
+            snprintf(name, sizeof name, "%s-%s", ps_msg_type_name(t),
+                     reply ? "reply" : "request");
+            rc |= seed_header(name, &h, payload);
+        }
+    }
+    /* a peer of another protocol version */
+    ps_header_init(&h, PS_MSG_HEARTBEAT);
+    h.version = 2;
+    rc |= seed_header("heartbeat-version2", &h, 0);
+    return rc;
+}
+
+static void be32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+static int idx_seeds(void)
+{
+    uint8_t img[16 + 2 * 2 * 3], lab[8 + 3];
+    be32(img, 0x00000803u);
+    be32(img + 4, 2);
+    be32(img + 8, 2);
+    be32(img + 12, 3);
+    for (int i = 0; i < 12; i++)
+        img[16 + i] = (uint8_t)(i * 23);
+    be32(lab, 0x00000801u);
+    be32(lab + 4, 2);
+    lab[8] = 3;
+    lab[9] = 9;
+    int rc = put("fuzz_idx", "images-2x2x3.idx", img, sizeof img, NULL, 0);
+    rc |= put("fuzz_idx", "labels-2.idx", lab, 10, NULL, 0);
+    rc |= put_gz("fuzz_idx", "images-2x2x3.idx.gz", img, sizeof img);
+    rc |= put_gz("fuzz_idx", "labels-2.idx.gz", lab, 10);
+    /* a label past the 10 MNIST classes */
+    be32(lab + 4, 3);
+    lab[10] = 11;
+    rc |= put("fuzz_idx", "labels-3-class11.idx", lab, 11, NULL, 0);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        g_dir = argv[1];
+    char path[1024];
+    const char *sub[] = {"", "/fuzz_proto", "/fuzz_idx"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s%s", g_dir, sub[i]);
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "gen_seeds: cannot create %s: %s\n", path, strerror(errno));
+            return 1;
+        }
+    }
+    int rc = proto_seeds() | idx_seeds();
+    printf("gen_seeds: wrote %d seed files under %s\n", g_files, g_dir);
+    return rc;
+}

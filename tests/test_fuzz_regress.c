@@ -1,0 +1,211 @@
+/* Replays every committed fuzz input (tests/fuzz/corpus/<target>/ and
+ * tests/fuzz/regress/<target>/) through the checks the libFuzzer targets run
+ * (tests/fuzz/fuzz_checks.h), so `make test` and `make test SAN=1` keep every
+ * crash the fuzzers ever found fixed, without clang.
+ *
+ * The directories are found relative to the repository root: the current
+ * directory (tests run from the root), its parents, or the directories above
+ * this program (build/tests/..), in that order; PS_FUZZ_DIR overrides. */
+#include <dirent.h>
+#include <limits.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../tests/fuzz/fuzz_checks.h"
+#include "ps_test.h"
+
+typedef const char *(*check_fn)(const uint8_t *, size_t, char *, size_t);
+
+static int is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* tests/fuzz of this checkout, or "" */
+static const char *fuzz_dir(void)
+{
+    static char dir[PATH_MAX + 32];
+    if (dir[0])
+        return dir;
+    const char *env = getenv("PS_FUZZ_DIR");
+    if (env && *env) {
+        snprintf(dir, sizeof dir, "%s", env);
+        return dir;
+    }
+    char base[PATH_MAX], probe[PATH_MAX + 32];
+    for (int from = 0; from < 2; from++) {
+        if (from == 0) {
+            if (!getcwd(base, sizeof base))
+                continue;
+        } else {
+            ssize_t n = readlink("/proc/self/exe", base, sizeof base - 1);
+            if (n <= 0)
+                continue;
+            base[n] = 0;
+        }
+        for (;;) {
+            snprintf(probe, sizeof probe, "%s/tests/fuzz/corpus", base);
+            if (is_dir(probe)) {
+                snprintf(dir, sizeof dir, "%s/tests/fuzz", base);
+                return dir;
+            }
+            char *slash = strrchr(base, '/');
+            if (!slash || slash == base)
+                break;
+            *slash = 0;
+        }
+    }
+    return "";
+}
+
+static int read_all(const char *path, uint8_t **data, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    size_t cap = 4096, n = 0;
+    uint8_t *p = malloc(cap);
+    for (size_t r; p && (r = fread(p + n, 1, cap - n, f)) > 0;) {
+        n += r;
+        if (n == cap) {
+            uint8_t *q = realloc(p, cap *= 2);
+            if (!q) {
+                free(p);
+                p = NULL;
+            }
+            p = q;
+        }
+    }
+    fclose(f);
+    if (!p)
+        return -1;
+    *data = p;
+    *size = n;
+    return 0;
+}
+
+/* Run check on every regular file of dir; returns files replayed, or -1 on
+ * a failed check (already reported).  A missing dir counts 0. */
+static int replay_dir(const char *dir, check_fn check)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char path[PATH_MAX + 256];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        struct stat st;
+        if (de->d_name[0] == '.' || stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        uint8_t *data = NULL;
+        size_t size = 0;
+        if (read_all(path, &data, &size) != 0) {
+            ps_test_fail(__FILE__, __LINE__, "cannot read %s", path);
+            n = -1;
+            break;
+        }
+        char msg[512];
+        const char *bad = check(data, size, msg, sizeof msg);
+        free(data);
+        if (bad) {
+            ps_test_fail(__FILE__, __LINE__, "%s: %s", path, bad);
+            n = -1;
+            break;
+        }
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static void replay_target(const char *target, check_fn check)
+{
+    const char *root = fuzz_dir();
+    CHECK_MSG(root[0], "tests/fuzz/corpus not found from the current directory or this program "
+                       "(run from the repository root, or set PS_FUZZ_DIR)");
+    char dir[PATH_MAX + 64];
+    snprintf(dir, sizeof dir, "%s/corpus/%s", root, target);
+    int seeds = replay_dir(dir, check);
+    CHECK(seeds >= 0);
+    CHECK_MSG(seeds > 0, "no seeds in %s (make fuzz-seeds writes them)", dir);
+    snprintf(dir, sizeof dir, "%s/regress/%s", root, target);
+    int crashes = replay_dir(dir, check);
+    CHECK(crashes >= 0);
+    printf("# %s: %d seeds, %d regression inputs replayed\n", target, seeds, crashes);
+}
+
+PS_TEST(fuzz_proto_corpus_and_regressions_pass)
+{
+    replay_target("fuzz_proto", fuzz_check_proto);
+}
+
+PS_TEST(fuzz_idx_corpus_and_regressions_pass)
+{
+    replay_target("fuzz_idx", fuzz_check_idx);
+}
+
+/* The seeds are what the fuzzers start from: they must be real messages and
+ * real IDX files, not inputs the decoders refuse at the first byte. */
+PS_TEST(fuzz_seeds_are_valid_inputs)
+{
+    const char *root = fuzz_dir();
+    CHECK_MSG(root[0], "tests/fuzz/corpus not found");
+    char path[PATH_MAX + 64];
+    uint8_t *data;
+    size_t size;
+    ps_header h;
+    char why[256];
+    static const char *const types[] = {"hello", "init",     "push",  "pull", "pushpull",
+                                        "barrier", "stats", "shutdown", "heartbeat"};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        snprintf(path, sizeof path, "%s/corpus/fuzz_proto/%s-request.bin", root, types[i]);
+        CHECK_MSG(read_all(path, &data, &size) == 0, "missing seed %s", path);
+        int rc = ps_proto_decode(data, size, &h, why, sizeof why);
+        free(data);
+        CHECK_MSG(rc == 0, "%s: %s", path, why);
+        CHECK_EQ_INT(h.type, i + 1 + (i >= 8)); /* heartbeat is 10, after error */
+    }
+    snprintf(path, sizeof path, "%s/corpus/fuzz_proto/error-reply.bin", root);
+    CHECK_MSG(read_all(path, &data, &size) == 0, "missing seed %s", path);
+    int rc = ps_proto_decode(data, size, &h, why, sizeof why);
+    free(data);
+    CHECK_MSG(rc == 0 && h.type == PS_MSG_ERROR && h.err_text[0], "%s: %s", path, why);
+
+    char ipath[PATH_MAX + 64], lpath[PATH_MAX + 64];
+    ps_dataset *ds = NULL;
+    snprintf(ipath, sizeof ipath, "%s/corpus/fuzz_idx/images-2x2x3.idx.gz", root);
+    snprintf(lpath, sizeof lpath, "%s/corpus/fuzz_idx/labels-2.idx", root);
+    rc = ps_dataset_load_idx(ipath, lpath, &ds, why, sizeof why);
+    CHECK_MSG(rc == 0, "%s", why);
+    int ok = ds->count == 2 && ds->height == 2 && ds->width == 3 && ds->labels[0] == 3 &&
+             ds->labels[1] == 9 && ds->num_classes == 10 && ds->images[1] == 23.0f / 255.0f;
+    ps_dataset_free(ds);
+    CHECK_MSG(ok, "the seed IDX files do not load as 2 images of 2x3 with labels 3, 9");
+}
+
+/* The fix for the first fuzz_idx crash: a header promising ~76 GB of pixels
+ * in a 24-byte file is refused as truncated, without allocating it. */
+PS_TEST(idx_header_promising_more_than_the_file_is_truncated_not_allocated)
+{
+    static const uint8_t img[] = {0x00, 0x00, 0x08, 0x03, 0x00, 0x21, 0x00, 0x02,
+                                  0x00, 0x00, 0x00, 0xfa, 0x00, 0x00, 0x00, 0x8d,
+                                  0x03, 0x00, 0x17, 0x2e, 0x45, 0x5c, 0x73, 0x8a};
+    static const uint8_t lab[] = {0x00, 0x00, 0x08, 0x01, 0x00, 0x00, 0x00, 0x01, 0x05};
+    char ipath[64], lpath[64], why[512];
+    int ifd = fuzz_file(img, sizeof img, ipath, sizeof ipath);
+    int lfd = fuzz_file(lab, sizeof lab, lpath, sizeof lpath);
+    CHECK(ifd >= 0 && lfd >= 0);
+    ps_dataset *ds = NULL;
+    int rc = ps_dataset_load_idx(ipath, lpath, &ds, why, sizeof why);
+    fuzz_file_close(ifd, ipath);
+    fuzz_file_close(lfd, lpath);
+    CHECK_EQ_INT(rc, PS_EDATA);
+    CHECK(ds == NULL);
+    CHECK_MSG(strstr(why, "truncated: header promises 76234822500 bytes of image data, file "
+                          "has 8"),
+              "%s", why);
+}
