@@ -1341,6 +1341,7 @@ static const char usage[] =
     "rank.  --log-csv, --timeline and --save without {rank} go to worker 0 only.\n"
     "These worker flags also go to the servers, which must agree with the workers:\n"
     "  --lr --optimizer --momentum --beta1 --beta2 --eps --weight-decay --max-staleness\n"
+    "  --curve-keys\n"
     "ps_launch itself sets --servers --rank --num-workers --mode --device.\n"
     "\n"
     "examples:\n"
