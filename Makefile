@@ -74,6 +74,8 @@ all: $(PROGRAMS) $(LIB)/libps.a tests-build
 
 tests-build: $(TESTS)
 .PHONY: tests-build
+# keep test objects between builds (they are intermediate files of a chain)
+.SECONDARY:
 
 $(LIB)/libps.a: $(LIB_OBJS)
 	@mkdir -p $(@D)

@@ -9,12 +9,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
 
+#include "checkpoint.h"
+#include "ps_curve.h"
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_time.h"
+#include "ps_trace.h"
 #include "shard.h"
 
 /* ROUTER messages handled per poll round before looking at replies again. */
@@ -33,14 +37,27 @@
 #define PAIR_HWM 128
 /* Log lines about bad messages per second and thread; the rest are counted. */
 #define RL_LINES 10
+/* Barrier ids remembered after completion, so a resent barrier is answered. */
+#define DONE_BARRIERS 16
+/* Trace lanes: update thread i is 1 + i; the checkpoint writer has its own. */
+#define TID_CKPT 999
+/* After a failed checkpoint write, wait this long before the next try. */
+#define CKPT_RETRY_NS 1000000000LL
 
 /* ---- frames between the I/O thread and an update thread ----
  * I/O -> owner: [cmd_frame] [identity] [payload]   (CMD_REQ)
- *               [cmd_frame]                         (CMD_STATS, CMD_STOP)
+ *               [cmd_frame]                         (CMD_STATS, CMD_STOP, CMD_CKPT,
+ *                                                    CMD_LIVE: h.rank, token = live)
  * owner -> I/O: ['R'] [identity] [header] [payload] (a reply for the ROUTER)
- *               ['S' or 'X'] [out_frame]            (stats; final stats on stop) */
-enum { CMD_REQ = 1, CMD_STATS = 2, CMD_STOP = 3 };
-enum { OUT_REPLY = 'R', OUT_STATS = 'S', OUT_STOPPED = 'X' };
+ *               ['H' + int64 version] [identity] [header] [payload]
+ *                                                   (durable rounds: forward once a
+ *                                                    checkpoint holds that version)
+ *               ['S' or 'X'] [out_frame]            (stats; final stats on stop)
+ *               ['C'] [ckpt_frame]                  (CMD_CKPT: the serialized chunks)
+ *               ['P'] [progress_frame]              (lowest chunk version changed) */
+enum { CMD_REQ = 1, CMD_STATS = 2, CMD_STOP = 3, CMD_CKPT = 4, CMD_LIVE = 5 };
+enum { OUT_REPLY = 'R', OUT_HELD = 'H', OUT_STATS = 'S', OUT_STOPPED = 'X', OUT_CKPT = 'C',
+       OUT_PROGRESS = 'P' };
 
 typedef struct cmd_frame {
     int cmd;
@@ -52,6 +69,17 @@ typedef struct out_frame {
     uint64_t token;
     ps_stats st;
 } out_frame;
+
+typedef struct ckpt_frame {
+    uint64_t token; /* the checkpoint's sequence number */
+    int rc;
+    ps_ckpt_part part; /* the buffer now belongs to the I/O thread */
+} ckpt_frame;
+
+typedef struct progress_frame {
+    int64_t min_version;
+    int have;
+} progress_frame;
 
 /* ---- rate-limited logging of bad messages ---- */
 typedef struct rlimit {
@@ -91,10 +119,11 @@ typedef struct req_ctx {
     zmq_msg_t id;
     uint64_t seq;
     int32_t rank;
-    uint32_t type;
+    uint32_t type;    /* PS_MSG_PUSH here: a deferred acknowledgement (no weights) */
     uint64_t key;
     uint32_t chunk;
     int64_t step;
+    int64_t t_arrive; /* for the timeline */
 } req_ctx;
 
 /* A received gradient the shard may keep: the message itself, or an aligned
@@ -115,9 +144,15 @@ typedef struct updater {
     req_ctx *spare;
     uint64_t bytes_out, errors;
     rlimit rl;
+    int64_t reported_min;  /* progress last sent to the I/O thread */
+    int reported_have;
+    uint64_t ff_seen;      /* fast-forwarded rounds already logged */
     /* written by the I/O thread when the thread's final counters arrive */
     int stopped;
     ps_stats final;
+    /* I/O thread: this owner's lowest chunk version, as last reported */
+    int64_t min_version;
+    int have_min;
 } updater;
 
 /* ---- I/O thread state ---- */
@@ -135,7 +170,38 @@ typedef struct outbox { /* messages for an owner whose PAIR was full */
 typedef struct worker_info {
     unsigned char id[256];
     size_t id_len;
+    int64_t last_ns; /* when anything last came from this rank */
+    int silent;      /* PS_LOSS_WAIT: its silence was logged */
+    int dropped;     /* PS_LOSS_DROP: out of the live set until it says hello */
 } worker_info;
+
+/* A reply held until a checkpoint makes its version durable. */
+typedef struct heldmsg {
+    struct heldmsg *next;
+    int64_t version;
+    int nf;
+    zmq_msg_t f[3];
+} heldmsg;
+
+enum { CK_IDLE = 0, CK_SNAP = 1, CK_WRITE = 2 };
+
+/* The checkpoint writer thread and the one job it may have. */
+typedef struct ckpt_writer {
+    pthread_t tid;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop, have_job, efd;
+    /* the job (owned by the writer while have_job) and its result */
+    ps_ckpt_meta meta;
+    uint8_t *hello;
+    ps_ckpt_part *parts;
+    int nparts;
+    int rc;
+    uint64_t bytes;
+    int64_t t0, t1;
+    char path[1024], why[512];
+} ckpt_writer;
 
 typedef struct bwait {
     zmq_msg_t id;
@@ -183,6 +249,32 @@ struct ps_server {
     rlimit rl;
     ps_stats totals;
     int threads_running, run_called, stopping, io_failed;
+    /* options */
+    char *timeline_path, *curve_dir, *ckpt_dir;
+    ps_trace *trace;
+    ps_curve_auth *auth;
+    /* liveness */
+    int ndropped;
+    uint64_t nlost, nrejoined;
+    int64_t done_barriers[DONE_BARRIERS];
+    int ndone_barriers, done_next;
+    /* checkpoints */
+    int ck_on, defer_acks, durable, report_progress;
+    int ck_state;
+    uint64_t ck_seq;          /* sequence number of the next checkpoint */
+    uint64_t ck_token;        /* the snapshot being collected */
+    ps_ckpt_part *ck_parts;
+    int ck_got, ck_failed;
+    int64_t ck_last_round;    /* sync: lowest version when the last one was taken */
+    int64_t ck_prev_round;    /* ck_last_round before that, to try again after a failure */
+    uint64_t mut, ck_last_mut;/* inits and pushes forwarded: now, at the last one */
+    int ck_written;
+    uint64_t ck_count;
+    int64_t ck_last_ns, ck_retry_ns, ck_info_ns;
+    int64_t durable_round;    /* durable rounds: versions up to it are on disk */
+    heldmsg *held_head, *held_tail;
+    size_t nheld;
+    ckpt_writer wr;
 };
 
 static void say(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -222,6 +314,7 @@ void ps_server_config_default(ps_server_config *c)
     c->opt.weight_decay = 0.0f;
     c->threads = 1;
     c->max_memory = PS_SERVER_DEFAULT_MAX_MEMORY;
+    c->on_worker_loss = PS_LOSS_WAIT;
 }
 
 int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
@@ -252,6 +345,17 @@ int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
         BAD("threads must be in [1, %d], got %d", PS_SERVER_MAX_THREADS, c->threads);
     if (c->max_memory < 1)
         BAD("max-memory must be at least 1 byte");
+    if (c->checkpoint_every < 0 || c->checkpoint_every_ms < 0)
+        BAD("checkpoint-every must be positive");
+    if ((c->checkpoint_every || c->checkpoint_every_ms || c->restore) &&
+        (!c->checkpoint_dir || !*c->checkpoint_dir))
+        BAD("checkpoint-every and restore need a checkpoint directory (--checkpoint-dir)");
+    if (c->worker_timeout_ms < 0)
+        BAD("worker-timeout must be >= 0, got %d ms", c->worker_timeout_ms);
+    if (c->on_worker_loss != PS_LOSS_WAIT && c->on_worker_loss != PS_LOSS_DROP)
+        BAD("on-worker-loss must be wait or drop");
+    if (c->on_worker_loss == PS_LOSS_DROP && c->worker_timeout_ms == 0)
+        BAD("on-worker-loss drop needs a worker timeout (--worker-timeout)");
     return 0;
 #undef BAD
 }
@@ -293,7 +397,9 @@ static void error_header(ps_header *r, uint64_t seq, int32_t rank, uint64_t key,
 /* ================= update threads ================= */
 
 /* Send [tag, identity, header, payload?] to the I/O thread.  Blocking: the I/O
- * thread always drains replies, so this never waits for long. */
+ * thread always drains replies, so this never waits for long.  With durable
+ * rounds, a reply naming a version (push ack, pull) is tagged to wait in the
+ * I/O thread until a checkpoint holds that version. */
 static void upd_send(updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload)
 {
     char buf[PS_HEADER_MAX];
@@ -302,8 +408,15 @@ static void upd_send(updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *p
         ps_error("update thread %d: cannot encode a %s reply", u->idx, ps_msg_type_name(h->type));
         return;
     }
-    char tag = OUT_REPLY;
-    zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
+    char tag[1 + sizeof(int64_t)] = {OUT_REPLY};
+    size_t tlen = 1;
+    if (u->srv->durable && (h->type == PS_MSG_PUSH || h->type == PS_MSG_PULL ||
+                            h->type == PS_MSG_PUSHPULL)) {
+        tag[0] = OUT_HELD;
+        memcpy(tag + 1, &h->step, sizeof h->step);
+        tlen = sizeof tag;
+    }
+    zmq_send(u->pair, tag, tlen, ZMQ_SNDMORE);
     zmq_msg_send(id, u->pair, ZMQ_SNDMORE);
     zmq_send(u->pair, buf, len, payload ? ZMQ_SNDMORE : 0);
     if (payload)
@@ -346,6 +459,9 @@ static void upd_weights(updater *u, req_ctx *r, const float *w, size_t n, int64_
     u->bytes_out += bytes;
     upd_send(u, &r->id, &h, &pl);
     zmq_msg_close(&pl);
+    if (u->srv->trace)
+        ps_trace_event(u->srv->trace, "pull", "serve", 1 + u->idx, r->t_arrive, ps_now_ns(),
+                       version, -1);
 }
 
 static void req_free(req_ctx *r)
@@ -359,7 +475,10 @@ static void req_free(req_ctx *r)
 static void hook_ready(void *user, void *waiter, const float *w, size_t n, int64_t version)
 {
     req_ctx *r = waiter;
-    upd_weights(user, r, w, n, version);
+    if (r->type == PS_MSG_PUSH) /* a deferred acknowledgement: its round is complete */
+        upd_ack(user, r, version);
+    else
+        upd_weights(user, r, w, n, version);
     req_free(r);
 }
 
@@ -402,6 +521,24 @@ static void upd_pull(updater *u, req_ctx *r, int64_t want)
         upd_weights(u, r, w, n, version);
 }
 
+/* Sync with checkpoints: acknowledge a push of step t only once version t+1
+ * exists, so a push whose round a crash lost is still unanswered and the
+ * worker resends it to the restored server. */
+static void upd_await(updater *u, req_ctx *r, int64_t want)
+{
+    char why[256];
+    int64_t version = 0;
+    int queued = 0;
+    int rc = ps_shard_await(u->shard, r->key, r->chunk, want, r, &queued, &version, why,
+                            sizeof why);
+    if (rc)
+        upd_error(u, r, rc, why);
+    else if (queued)
+        u->spare = NULL;
+    else
+        upd_ack(u, r, version);
+}
+
 static void upd_request(updater *u, const ps_header *h, zmq_msg_t *id, zmq_msg_t *pl)
 {
     if (!u->spare) {
@@ -421,6 +558,7 @@ static void upd_request(updater *u, const ps_header *h, zmq_msg_t *id, zmq_msg_t
     r->key = h->key;
     r->chunk = h->chunk;
     r->step = h->step;
+    r->t_arrive = u->srv->trace ? ps_now_ns() : 0;
     char why[256];
     int64_t version = 0;
     int rc;
@@ -471,10 +609,21 @@ static void upd_request(updater *u, const ps_header *h, zmq_msg_t *id, zmq_msg_t
         if (dup)
             ps_debug("duplicate push from worker %d, key %llu chunk %u step %lld: dropped",
                      h->rank, (unsigned long long)h->key, h->chunk, (long long)h->step);
-        if (h->type == PS_MSG_PUSH)
-            upd_ack(u, r, version);
-        else
+        uint64_t ff = ps_shard_fast_forwards(u->shard);
+        if (ff != u->ff_seen) {
+            ps_warn("key %llu chunk %u: worker %d pushed step %lld, beyond the round of the "
+                    "restored checkpoint; skipped to it (%llu round(s) in all were lost with "
+                    "the old process; a checkpoint every round loses none)",
+                    (unsigned long long)h->key, h->chunk, h->rank, (long long)h->step,
+                    (unsigned long long)ff);
+            u->ff_seen = ff;
+        }
+        if (h->type == PS_MSG_PUSHPULL)
             upd_pull(u, r, h->step + 1);
+        else if (u->srv->defer_acks)
+            upd_await(u, r, h->step + 1);
+        else
+            upd_ack(u, r, version);
         break;
     }
     case PS_MSG_PULL:
@@ -502,6 +651,39 @@ static void upd_send_stats(updater *u, char tag, uint64_t token, const ps_stats 
     out_frame of = {token, *st};
     zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
     zmq_send(u->pair, &of, sizeof of, 0);
+}
+
+/* CMD_CKPT: serialize every chunk now, between two requests, so each chunk is
+ * in the checkpoint with whole updates only; the I/O thread takes the buffer. */
+static void upd_checkpoint(updater *u, uint64_t token)
+{
+    int64_t t0 = ps_now_ns();
+    ckpt_frame cf;
+    memset(&cf, 0, sizeof cf);
+    cf.token = token;
+    cf.rc = ps_ckpt_serialize(u->shard, u->srv->cfg.mode, u->srv->cfg.num_workers, &cf.part);
+    char tag = OUT_CKPT;
+    zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
+    zmq_send(u->pair, &cf, sizeof cf, 0);
+    if (u->srv->trace)
+        ps_trace_event(u->srv->trace, "snapshot", "checkpoint", 1 + u->idx, t0, ps_now_ns(),
+                       (int64_t)token, -1);
+}
+
+/* Tell the I/O thread when this thread's lowest chunk version moved (it
+ * decides on round-based checkpoints from the lowest over all threads). */
+static void upd_progress(updater *u)
+{
+    int have;
+    int64_t m = ps_shard_min_version(u->shard, &have);
+    if (m == u->reported_min && have == u->reported_have)
+        return;
+    u->reported_min = m;
+    u->reported_have = have;
+    progress_frame pf = {m, have};
+    char tag = OUT_PROGRESS;
+    zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
+    zmq_send(u->pair, &pf, sizeof pf, 0);
 }
 
 static void *upd_main(void *arg)
@@ -544,7 +726,13 @@ static void *upd_main(void *arg)
                 upd_send_stats(u, OUT_STATS, cf.token, &st);
             } else if (cf.cmd == CMD_STOP) {
                 stop = 1;
+            } else if (cf.cmd == CMD_CKPT) {
+                upd_checkpoint(u, cf.token);
+            } else if (cf.cmd == CMD_LIVE) {
+                ps_shard_set_live(u->shard, cf.h.rank, (int)cf.token);
             }
+            if (u->srv->report_progress && !stop)
+                upd_progress(u);
         }
         zmq_msg_close(&m);
         zmq_msg_close(&id);
@@ -747,6 +935,19 @@ static void io_hello(ps_server *s, zmq_msg_t *id, const ps_header *h)
             s->workers_seen++;
             ps_info("hello from worker %d (identity %s), %d of %d workers", h->rank, hex,
                     s->workers_seen, s->cfg.num_workers);
+        } else if (wi->dropped) {
+            /* back in the live set before any of its requests reach an owner */
+            wi->dropped = 0;
+            s->ndropped--;
+            s->nrejoined++;
+            ps_header lh;
+            ps_header_init(&lh, PS_MSG_HELLO);
+            lh.rank = h->rank;
+            for (int i = 0; i < s->cfg.threads; i++)
+                send_cmd(s, i, CMD_LIVE, 1, &lh, NULL, NULL);
+            ps_info("worker %d said hello again (identity %s): rejoined at the current "
+                    "version; rounds and barriers wait for %d of %d workers again",
+                    h->rank, hex, s->cfg.num_workers - s->ndropped, s->cfg.num_workers);
         } else if (wi->id_len != n || memcmp(wi->id, p, n) != 0) {
             ps_info("hello again from worker %d with a new connection (identity %s)", h->rank,
                     hex);
@@ -755,6 +956,8 @@ static void io_hello(ps_server *s, zmq_msg_t *id, const ps_header *h)
         }
         wi->id_len = n < sizeof wi->id ? n : sizeof wi->id;
         memcpy(wi->id, p, wi->id_len);
+        wi->last_ns = ps_now_ns();
+        wi->silent = 0;
     } else {
         ps_debug("hello from a tool (rank -1)");
     }
@@ -773,18 +976,61 @@ static void barrier_free(barrier *b)
     memset(b, 0, sizeof *b);
 }
 
+static int rank_dropped(const ps_server *s, int r)
+{
+    return s->workers[r] && s->workers[r]->dropped;
+}
+
+/* Answer barrier i when every live worker has arrived; 1 when it did (the
+ * barrier is then gone and its slot holds another). */
+static int barrier_try(ps_server *s, int i)
+{
+    barrier *b = &s->barriers[i];
+    int W = s->cfg.num_workers, arrived = 0;
+    for (int r = 0; r < W; r++)
+        arrived += b->arrived[r] && !rank_dropped(s, r);
+    if (arrived < W - s->ndropped)
+        return 0;
+    ps_debug("barrier %lld: all %d live workers arrived", (long long)b->id, W - s->ndropped);
+    for (size_t k = 0; k < b->nw; k++) {
+        ps_header r;
+        reply_header(&r, PS_MSG_BARRIER, b->w[k].seq, b->w[k].rank, 0, 0, b->id);
+        io_send(s, &b->w[k].id, &r);
+    }
+    /* remembered, so a worker's resend of it is answered, not a new barrier */
+    s->done_barriers[s->done_next] = b->id;
+    s->done_next = (s->done_next + 1) % DONE_BARRIERS;
+    if (s->ndone_barriers < DONE_BARRIERS)
+        s->ndone_barriers++;
+    barrier_free(b);
+    *b = s->barriers[--s->nbarriers];
+    memset(&s->barriers[s->nbarriers], 0, sizeof(barrier));
+    return 1;
+}
+
 static void io_barrier(ps_server *s, zmq_msg_t *id, const ps_header *h)
 {
+    for (int i = 0; i < s->ndone_barriers; i++)
+        if (s->done_barriers[i] == h->step) {
+            ps_header r;
+            reply_header(&r, PS_MSG_BARRIER, h->seq, h->rank, 0, 0, h->step);
+            io_send(s, id, &r);
+            return;
+        }
     barrier *b = NULL;
+    int bi = -1;
     for (int i = 0; i < s->nbarriers; i++)
-        if (s->barriers[i].id == h->step)
+        if (s->barriers[i].id == h->step) {
             b = &s->barriers[i];
+            bi = i;
+        }
     if (!b) {
         if (s->nbarriers == MAX_BARRIERS) {
             io_error(s, id, h, PS_ETOOBIG, "too many barriers open at once");
             return;
         }
-        b = &s->barriers[s->nbarriers];
+        bi = s->nbarriers;
+        b = &s->barriers[bi];
         memset(b, 0, sizeof *b);
         b->id = h->step;
         b->arrived = calloc((size_t)s->cfg.num_workers, 1);
@@ -818,17 +1064,60 @@ static void io_barrier(ps_server *s, zmq_msg_t *id, const ps_header *h)
         b->arrived[h->rank] = 1;
         b->count++;
     }
-    if (b->count < s->cfg.num_workers)
+    barrier_try(s, bi);
+}
+
+/* ---- liveness ---- */
+
+static void drop_worker(ps_server *s, int r, double silent_s)
+{
+    worker_info *wi = s->workers[r];
+    wi->dropped = 1;
+    s->ndropped++;
+    s->nlost++;
+    ps_header lh;
+    ps_header_init(&lh, PS_MSG_HELLO);
+    lh.rank = r;
+    for (int i = 0; i < s->cfg.threads; i++)
+        send_cmd(s, i, CMD_LIVE, 0, &lh, NULL, NULL);
+    ps_warn("worker %d silent for %.1f s: dropped; rounds continue with %d of %d workers", r,
+            silent_s, s->cfg.num_workers - s->ndropped, s->cfg.num_workers);
+    for (int i = 0; i < s->nbarriers;)
+        if (!barrier_try(s, i))
+            i++;
+}
+
+/* Apply --on-worker-loss to every worker silent for longer than the timeout. */
+static void check_workers(ps_server *s, int64_t now)
+{
+    if (s->cfg.worker_timeout_ms <= 0)
         return;
-    ps_debug("barrier %lld: all %d workers arrived", (long long)b->id, s->cfg.num_workers);
-    for (size_t i = 0; i < b->nw; i++) {
-        ps_header r;
-        reply_header(&r, PS_MSG_BARRIER, b->w[i].seq, b->w[i].rank, 0, 0, b->id);
-        io_send(s, &b->w[i].id, &r);
+    int64_t limit = (int64_t)s->cfg.worker_timeout_ms * 1000000LL;
+    for (int r = 0; r < s->cfg.num_workers; r++) {
+        worker_info *wi = s->workers[r];
+        if (!wi || wi->dropped || wi->silent || now - wi->last_ns <= limit)
+            continue;
+        double silent_s = (double)(now - wi->last_ns) * 1e-9;
+        if (s->cfg.on_worker_loss == PS_LOSS_DROP) {
+            drop_worker(s, r, silent_s);
+        } else {
+            wi->silent = 1;
+            s->nlost++;
+            ps_warn("worker %d silent for %.1f s; rounds and barriers keep waiting for it "
+                    "(--on-worker-loss wait)", r, silent_s);
+        }
     }
-    barrier_free(b);
-    *b = s->barriers[--s->nbarriers];
-    memset(&s->barriers[s->nbarriers], 0, sizeof(barrier));
+}
+
+/* Anything from rank r counts as a sign of life. */
+static void heard_from(ps_server *s, int r, int64_t now)
+{
+    worker_info *wi = s->workers[r];
+    if (wi->silent)
+        ps_info("worker %d is heard from again after %.1f s", r,
+                (double)(now - wi->last_ns) * 1e-9);
+    wi->silent = 0;
+    wi->last_ns = now;
 }
 
 static void io_stats(ps_server *s, zmq_msg_t *id, const ps_header *h)
@@ -948,12 +1237,22 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
             ps_msg_type_name(h.type));
         io_error(s, &f[0], &h, PS_ESTATE, why);
         return;
+    } else if (s->workers[h.rank]->dropped) {
+        say(why, sizeof why, "worker %d was dropped after %d ms without a message "
+            "(--on-worker-loss drop); say hello again to rejoin", h.rank,
+            s->cfg.worker_timeout_ms);
+        io_error(s, &f[0], &h, PS_ESTATE, why);
+        return;
+    } else {
+        heard_from(s, h.rank, ps_now_ns());
     }
     switch (h.type) {
     case PS_MSG_INIT:
     case PS_MSG_PUSH:
     case PS_MSG_PULL:
     case PS_MSG_PUSHPULL:
+        if (h.type != PS_MSG_PULL)
+            s->mut++;
         send_cmd(s, ps_server_owner(h.key, h.chunk, s->cfg.threads), CMD_REQ, 0, &h, &f[0],
                  nf >= 3 ? &f[2] : NULL);
         return;
@@ -1019,6 +1318,261 @@ static int io_read_router(ps_server *s)
     return 0;
 }
 
+/* ================= durable rounds: held replies ================= */
+
+static void held_send(ps_server *s, heldmsg *m)
+{
+    for (int k = 0; k < m->nf; k++)
+        zmq_msg_send(&m->f[k], s->router, (k < m->nf - 1 ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
+    close_frames(m->f, m->nf);
+    free(m);
+}
+
+/* Send, in arrival order, every held reply whose version is now on disk. */
+static void flush_held(ps_server *s)
+{
+    heldmsg **pp = &s->held_head, *last = NULL;
+    while (*pp) {
+        heldmsg *m = *pp;
+        if (m->version <= s->durable_round) {
+            *pp = m->next;
+            s->nheld--;
+            held_send(s, m);
+        } else {
+            last = m;
+            pp = &m->next;
+        }
+    }
+    s->held_tail = last;
+}
+
+static void drop_held(ps_server *s)
+{
+    while (s->held_head) {
+        heldmsg *m = s->held_head;
+        s->held_head = m->next;
+        close_frames(m->f, m->nf);
+        free(m);
+    }
+    s->held_tail = NULL;
+    s->nheld = 0;
+}
+
+/* ================= checkpoints (I/O thread side) ================= */
+
+static void ck_free_parts(ps_ckpt_part *parts, int n)
+{
+    for (int i = 0; parts && i < n; i++)
+        free(parts[i].buf);
+    free(parts);
+}
+
+/* Take a snapshot: every owner serializes its chunks when CMD_CKPT reaches it. */
+static void ck_start(ps_server *s, int64_t now)
+{
+    int T = s->cfg.threads;
+    s->ck_parts = calloc((size_t)T, sizeof *s->ck_parts);
+    if (!s->ck_parts) {
+        ps_error("out of memory starting checkpoint %llu", (unsigned long long)s->ck_seq);
+        s->ck_retry_ns = now + CKPT_RETRY_NS;
+        return;
+    }
+    s->ck_state = CK_SNAP;
+    s->ck_token = s->ck_seq++;
+    s->ck_got = 0;
+    s->ck_failed = 0;
+    s->ck_last_mut = s->mut;
+    s->ck_last_ns = now;
+    for (int i = 0; i < T; i++)
+        send_cmd(s, i, CMD_CKPT, s->ck_token, NULL, NULL, NULL);
+}
+
+/* The writer's work: runs on the writer thread, or on the I/O thread for the
+ * last checkpoint at stop. */
+static void ck_write_job(ps_server *s)
+{
+    ckpt_writer *w = &s->wr;
+    w->t0 = ps_now_ns();
+    w->why[0] = 0;
+    w->rc = ps_ckpt_write(s->ckpt_dir, &w->meta, w->parts, w->nparts, PS_CKPT_KEEP, w->path,
+                          sizeof w->path, &w->bytes, w->why, sizeof w->why);
+    w->t1 = ps_now_ns();
+}
+
+/* A write finished: log it, and with durable rounds let the replies go. */
+static void ck_done(ps_server *s)
+{
+    ckpt_writer *w = &s->wr;
+    int64_t now = ps_now_ns();
+    if (w->rc) {
+        ps_error("checkpoint %llu failed: %s; training goes on, the next try is in 1 s",
+                 (unsigned long long)w->meta.seq, w->why);
+        s->ck_retry_ns = now + CKPT_RETRY_NS;
+        s->ck_last_mut = 0; /* still to do */
+        s->ck_last_round = s->ck_prev_round;
+    } else {
+        s->ck_written = 1;
+        s->ck_count++;
+        double ms = (double)(w->t1 - w->t0) * 1e-6;
+        /* one info line per 10 s at most: a checkpoint per round is common */
+        if (now - s->ck_info_ns >= 10000000000LL || s->stopping) {
+            ps_info("checkpoint %llu written: %s, %llu chunks, versions %lld..%lld, %.1f MiB "
+                    "in %.1f ms (%llu written so far)",
+                    (unsigned long long)w->meta.seq, w->path,
+                    (unsigned long long)w->meta.nchunks, (long long)w->meta.min_version,
+                    (long long)w->meta.max_version, (double)w->bytes / 1048576.0, ms,
+                    (unsigned long long)s->ck_count);
+            s->ck_info_ns = now;
+        } else {
+            ps_debug("checkpoint %llu written: %s (%.1f ms)", (unsigned long long)w->meta.seq,
+                     w->path, ms);
+        }
+        if (s->trace)
+            ps_trace_event(s->trace, "write", "checkpoint", TID_CKPT, w->t0, w->t1,
+                           (int64_t)w->meta.seq, -1);
+        if (w->meta.nchunks && w->meta.min_version > s->durable_round)
+            s->durable_round = w->meta.min_version;
+        if (s->durable)
+            flush_held(s);
+    }
+    ck_free_parts(w->parts, w->nparts);
+    free(w->hello);
+    w->parts = NULL;
+    w->hello = NULL;
+    s->ck_state = CK_IDLE;
+}
+
+/* Every owner's part is in: describe the server and hand it all to the writer
+ * (at stop, write it here and now). */
+static void ck_submit(ps_server *s)
+{
+    int T = s->cfg.threads, W = s->cfg.num_workers;
+    ckpt_writer *w = &s->wr;
+    if (s->ck_failed) {
+        ps_error("checkpoint %llu: out of memory serializing the chunks; the next try is in 1 s",
+                 (unsigned long long)s->ck_token);
+        ck_free_parts(s->ck_parts, T);
+        s->ck_parts = NULL;
+        s->ck_state = CK_IDLE;
+        s->ck_retry_ns = ps_now_ns() + CKPT_RETRY_NS;
+        s->ck_last_mut = 0;
+        s->ck_last_round = s->ck_prev_round;
+        return;
+    }
+    ps_ckpt_meta *m = &w->meta;
+    memset(m, 0, sizeof *m);
+    m->seq = s->ck_token;
+    m->rank = s->cfg.rank;
+    m->num_servers = s->cfg.num_servers;
+    m->num_workers = W;
+    m->mode = s->cfg.mode;
+    m->max_staleness = s->cfg.max_staleness;
+    m->opt = s->cfg.opt;
+    m->config_fp = ps_ckpt_config_fp(m->rank, m->num_servers, W, m->mode, m->max_staleness,
+                                     &m->opt);
+    m->model_fp = s->model_fp;
+    w->hello = calloc((size_t)W, 1);
+    for (int r = 0; w->hello && r < W; r++)
+        w->hello[r] = s->workers[r] != NULL;
+    m->hello = w->hello;
+    for (int i = 0; i < T; i++) {
+        const ps_ckpt_part *p = &s->ck_parts[i];
+        if (p->nchunks) {
+            if (!m->nchunks || p->min_version < m->min_version)
+                m->min_version = p->min_version;
+            if (!m->nchunks || p->max_version > m->max_version)
+                m->max_version = p->max_version;
+        }
+        m->nchunks += p->nchunks;
+        m->counters.pushes += p->counters.pushes;
+        m->counters.pulls += p->counters.pulls;
+        m->counters.inits += p->counters.inits;
+        m->counters.updates += p->counters.updates;
+        m->counters.dup_dropped += p->counters.dup_dropped;
+        m->counters.bytes_in += p->counters.bytes_in;
+    }
+    w->parts = s->ck_parts;
+    w->nparts = T;
+    s->ck_parts = NULL;
+    s->ck_state = CK_WRITE;
+    if (s->stopping || !w->started) {
+        ck_write_job(s);
+        ck_done(s);
+        return;
+    }
+    pthread_mutex_lock(&w->mu);
+    w->have_job = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void ck_part(ps_server *s, int i, ckpt_frame *cf)
+{
+    if (s->ck_state != CK_SNAP || cf->token != s->ck_token || s->ck_parts[i].buf) {
+        free(cf->part.buf); /* not the snapshot being collected */
+        return;
+    }
+    if (cf->rc)
+        s->ck_failed = 1;
+    s->ck_parts[i] = cf->part;
+    if (++s->ck_got == s->cfg.threads)
+        ck_submit(s);
+}
+
+static void *writer_main(void *arg)
+{
+    ps_server *s = arg;
+    ckpt_writer *w = &s->wr;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->have_job && !w->stop)
+            pthread_cond_wait(&w->cv, &w->mu);
+        if (w->stop)
+            break;
+        pthread_mutex_unlock(&w->mu);
+        ck_write_job(s);
+        pthread_mutex_lock(&w->mu);
+        w->have_job = 0;
+        uint64_t one = 1;
+        ssize_t r = write(w->efd, &one, sizeof one); /* wakes the I/O thread: ck_done */
+        (void)r;
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* Is a checkpoint due?  Round-based (sync): the lowest version over every
+ * owner went up checkpoint_every since the last one; count-based (async):
+ * that many pushes came in; time-based: that long passed and something
+ * changed. */
+static void ck_maybe(ps_server *s, int64_t now)
+{
+    if (!s->ck_on || s->ck_state != CK_IDLE || s->stopping || now < s->ck_retry_ns)
+        return;
+    int due = 0;
+    if (s->cfg.checkpoint_every > 0 && s->cfg.mode == PS_MODE_SYNC) {
+        int have = 0;
+        int64_t gmin = 0;
+        for (int i = 0; i < s->cfg.threads; i++)
+            if (s->upd[i].have_min && (!have || s->upd[i].min_version < gmin)) {
+                gmin = s->upd[i].min_version;
+                have = 1;
+            }
+        if (have && gmin >= s->ck_last_round + s->cfg.checkpoint_every) {
+            s->ck_prev_round = s->ck_last_round;
+            s->ck_last_round = gmin;
+            due = 1;
+        }
+    } else if (s->cfg.checkpoint_every > 0) {
+        due = s->mut - s->ck_last_mut >= (uint64_t)s->cfg.checkpoint_every;
+    }
+    if (!due && s->cfg.checkpoint_every_ms > 0 && s->mut != s->ck_last_mut &&
+        now - s->ck_last_ns >= (int64_t)s->cfg.checkpoint_every_ms * 1000000LL)
+        due = 1;
+    if (due)
+        ck_start(s, now);
+}
+
 /* Take everything update thread i has sent.  Its last message (its final
  * counters) sets upd[i].stopped. */
 static void io_read_pair(ps_server *s, int i)
@@ -1030,10 +1584,46 @@ static void io_read_pair(ps_server *s, int i)
             zmq_msg_close(&tag);
             break;
         }
-        char t = zmq_msg_size(&tag) == 1 ? *(char *)zmq_msg_data(&tag) : 0;
+        size_t tlen = zmq_msg_size(&tag);
+        const char *td = zmq_msg_data(&tag);
+        char t = tlen >= 1 ? td[0] : 0;
+        int64_t version = 0;
+        if (t == OUT_HELD && tlen == 1 + sizeof version)
+            memcpy(&version, td + 1, sizeof version);
         int more = zmq_msg_more(&tag);
         zmq_msg_close(&tag);
-        if (t == OUT_REPLY) {
+        if (t == OUT_HELD && version > s->durable_round) {
+            /* durable rounds: keep [identity, header, payload?] until a checkpoint
+             * holds this version */
+            heldmsg *m = calloc(1, sizeof *m);
+            while (more) {
+                zmq_msg_t x;
+                zmq_msg_init(&x);
+                if (zmq_msg_recv(&x, s->pairs[i], 0) < 0) {
+                    zmq_msg_close(&x);
+                    break;
+                }
+                more = zmq_msg_more(&x);
+                if (m && m->nf < 3) {
+                    zmq_msg_init(&m->f[m->nf]);
+                    zmq_msg_move(&m->f[m->nf++], &x);
+                }
+                zmq_msg_close(&x);
+            }
+            if (!m) {
+                ps_error("out of memory holding a reply; dropped (the worker resends)");
+                continue;
+            }
+            m->version = version;
+            if (s->held_tail)
+                s->held_tail->next = m;
+            else
+                s->held_head = m;
+            s->held_tail = m;
+            s->nheld++;
+            continue;
+        }
+        if (t == OUT_REPLY || t == OUT_HELD) {
             /* forward [identity, header, payload?] to the ROUTER as they are */
             while (more) {
                 zmq_msg_t m;
@@ -1048,8 +1638,14 @@ static void io_read_pair(ps_server *s, int i)
             }
             continue;
         }
-        out_frame of;
-        memset(&of, 0, sizeof of);
+        union {
+            out_frame of;
+            ckpt_frame cf;
+            progress_frame pf;
+        } u;
+        memset(&u, 0, sizeof u);
+        size_t want = t == OUT_CKPT ? sizeof u.cf : t == OUT_PROGRESS ? sizeof u.pf : sizeof u.of;
+        int got = 0;
         while (more) {
             zmq_msg_t m;
             zmq_msg_init(&m);
@@ -1058,14 +1654,22 @@ static void io_read_pair(ps_server *s, int i)
                 break;
             }
             more = zmq_msg_more(&m);
-            if (zmq_msg_size(&m) == sizeof of)
-                memcpy(&of, zmq_msg_data(&m), sizeof of);
+            if (!got && zmq_msg_size(&m) == want) {
+                memcpy(&u, zmq_msg_data(&m), want);
+                got = 1;
+            }
             zmq_msg_close(&m);
         }
-        if (t == OUT_STATS) {
-            stats_part(s, &of);
+        if (t == OUT_CKPT) {
+            if (got)
+                ck_part(s, i, &u.cf);
+        } else if (t == OUT_PROGRESS) {
+            s->upd[i].min_version = u.pf.min_version;
+            s->upd[i].have_min = u.pf.have;
+        } else if (t == OUT_STATS) {
+            stats_part(s, &u.of);
         } else if (t == OUT_STOPPED) {
-            s->upd[i].final = of.st;
+            s->upd[i].final = u.of.st;
             s->upd[i].stopped = 1;
             if (!s->stopping) {
                 ps_error("update thread %d stopped unexpectedly; shutting down", i);
@@ -1161,24 +1765,84 @@ static void close_waiters(ps_server *s)
     s->nsreq = 0;
 }
 
+/* Pump the owners' messages and the writer's wake-up until no checkpoint is
+ * being taken or written (at stop).  Gives a snapshot up if an owner died. */
+static void ck_wait_idle(ps_server *s)
+{
+    int T = s->cfg.threads;
+    zmq_pollitem_t items[PS_SERVER_MAX_THREADS + 1];
+    while (s->ck_state != CK_IDLE) {
+        for (int i = 0; i < T; i++) {
+            if (s->upd[i].stopped && s->ck_state == CK_SNAP) {
+                ps_error("checkpoint %llu abandoned: update thread %d is gone",
+                         (unsigned long long)s->ck_token, i);
+                ck_free_parts(s->ck_parts, T);
+                s->ck_parts = NULL;
+                s->ck_state = CK_IDLE;
+                return;
+            }
+            items[i] = (zmq_pollitem_t){s->pairs[i], 0,
+                                        (short)(ZMQ_POLLIN | (s->out[i].head ? ZMQ_POLLOUT : 0)),
+                                        0};
+        }
+        items[T] = (zmq_pollitem_t){NULL, s->wr.efd, ZMQ_POLLIN, 0};
+        if (zmq_poll(items, T + 1, 100) < 0 && errno != EINTR) {
+            ps_error("poll failed while writing a checkpoint: %s", zmq_strerror(errno));
+            return;
+        }
+        if (items[T].revents & ZMQ_POLLIN) {
+            uint64_t v;
+            ssize_t r = read(s->wr.efd, &v, sizeof v);
+            (void)r;
+            if (s->ck_state == CK_WRITE)
+                ck_done(s);
+        }
+        for (int i = 0; i < T; i++) {
+            if (s->out[i].head)
+                flush_outbox(s, i);
+            io_read_pair(s, i);
+        }
+    }
+}
+
+/* At stop: one last checkpoint when anything changed since the last one, so
+ * a clean stop and --restore lose nothing. */
+static void ck_final(ps_server *s)
+{
+    if (!s->ck_on || !s->threads_running)
+        return;
+    s->stopping = 1;
+    ck_wait_idle(s);
+    for (int i = 0; i < s->cfg.threads; i++)
+        if (s->upd[i].stopped)
+            return;
+    if (s->mut == s->ck_last_mut)
+        return;
+    ck_start(s, ps_now_ns());
+    ck_wait_idle(s);
+}
+
 int ps_server_run(ps_server *s)
 {
     if (s->run_called)
         return PS_ESTATE;
     s->run_called = 1;
     int T = s->cfg.threads;
-    zmq_pollitem_t *items = calloc((size_t)T + 2, sizeof *items);
+    zmq_pollitem_t *items = calloc((size_t)T + 3, sizeof *items);
     if (!items)
         return PS_ENOMEM;
+    /* a short poll when something is timed: worker silence, checkpoints */
+    long tick = s->cfg.worker_timeout_ms > 0 || s->ck_on ? 100 : 1000;
     int rc = 0;
     while (!s->stopping) {
         items[0] = (zmq_pollitem_t){s->router, 0, (short)(s->out_total ? 0 : ZMQ_POLLIN), 0};
         items[1] = (zmq_pollitem_t){NULL, s->efd, ZMQ_POLLIN, 0};
+        items[2] = (zmq_pollitem_t){NULL, s->wr.efd, (short)(s->wr.efd >= 0 ? ZMQ_POLLIN : 0), 0};
         for (int i = 0; i < T; i++) {
             short ev = (short)(ZMQ_POLLIN | (s->out[i].head ? ZMQ_POLLOUT : 0));
-            items[2 + i] = (zmq_pollitem_t){s->pairs[i], 0, ev, 0};
+            items[3 + i] = (zmq_pollitem_t){s->pairs[i], 0, ev, 0};
         }
-        if (zmq_poll(items, T + 2, 1000) < 0) {
+        if (zmq_poll(items, T + 3, tick) < 0) {
             if (errno == EINTR)
                 continue;
             ps_error("poll failed: %s", zmq_strerror(errno));
@@ -1190,8 +1854,15 @@ int ps_server_run(ps_server *s)
             ps_info("stop requested");
             break;
         }
+        if (items[2].revents & ZMQ_POLLIN) {
+            uint64_t v;
+            ssize_t r = read(s->wr.efd, &v, sizeof v);
+            (void)r;
+            if (s->ck_state == CK_WRITE)
+                ck_done(s);
+        }
         for (int i = 0; i < T; i++) {
-            if (items[2 + i].revents & ZMQ_POLLIN)
+            if (items[3 + i].revents & ZMQ_POLLIN)
                 io_read_pair(s, i);
             if (s->out[i].head)
                 flush_outbox(s, i);
@@ -1200,25 +1871,42 @@ int ps_server_run(ps_server *s)
             rc = PS_EIO;
             break;
         }
-        rl_flush(&s->rl, ps_now_ns(), 0);
+        int64_t now = ps_now_ns();
+        check_workers(s, now);
+        ck_maybe(s, now);
+        rl_flush(&s->rl, now, 0);
     }
     free(items);
+    ck_final(s);
     stop_threads(s);
     close_waiters(s);
     if (s->io_failed)
         rc = PS_EIO;
     rl_flush(&s->rl, ps_now_ns(), 1);
     const ps_stats *t = &s->totals;
+    char extra[256] = "";
+    size_t off = 0;
+    if (s->auth)
+        off += (size_t)snprintf(extra + off, sizeof extra - off,
+                                ", %llu CURVE handshakes refused",
+                                (unsigned long long)ps_curve_auth_refused(s->auth));
+    if (s->nlost && off < sizeof extra)
+        off += (size_t)snprintf(extra + off, sizeof extra - off,
+                                ", %llu workers lost, %llu rejoined",
+                                (unsigned long long)s->nlost, (unsigned long long)s->nrejoined);
+    if (s->ck_on && off < sizeof extra)
+        snprintf(extra + off, sizeof extra - off, ", %llu checkpoints written",
+                 (unsigned long long)s->ck_count);
     ps_info("stopped: %llu pushes, %llu pulls, %llu inits, %llu updates, %llu duplicates dropped, "
             "%llu error replies, %llu undecodable messages dropped, %llu chunks, versions "
-            "%lld..%lld, %llu MiB in, %llu MiB out, %d of %d workers said hello",
+            "%lld..%lld, %llu MiB in, %llu MiB out, %d of %d workers said hello%s",
             (unsigned long long)t->pushes, (unsigned long long)t->pulls,
             (unsigned long long)t->inits, (unsigned long long)t->updates,
             (unsigned long long)t->dup_dropped, (unsigned long long)t->errors,
             (unsigned long long)s->dropped, (unsigned long long)t->chunks,
             (long long)t->min_version, (long long)t->max_version,
             (unsigned long long)(t->bytes_in >> 20), (unsigned long long)(t->bytes_out >> 20),
-            s->workers_seen, s->cfg.num_workers);
+            s->workers_seen, s->cfg.num_workers, extra);
     return rc;
 }
 

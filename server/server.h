@@ -32,6 +32,25 @@
  *    drains replies, so an owner blocked on sending a reply always resumes.
  *  - Stats: the I/O thread asks every owner for its counters and answers when
  *    all have replied (so a STATS sent after a reply reflects that request).
+ *  - Liveness: the I/O thread notes when it last heard from each worker (any
+ *    message; the client library sends HEARTBEATs).  A worker silent for
+ *    worker_timeout_ms is lost: with PS_LOSS_WAIT this is logged and everything
+ *    keeps waiting for it; with PS_LOSS_DROP it leaves the live set (CMD_LIVE to
+ *    every owner: sync rounds and the SSP rule skip it, ps_shard_set_live) and
+ *    barriers stop counting it; its requests are refused until it says hello
+ *    again, which puts it back.
+ *  - Checkpoints (server/checkpoint.h): when one is due, the I/O thread sends
+ *    CMD_CKPT to every owner; each serializes its chunks between two messages
+ *    (a memory copy, so the hot path stalls only that long) and sends the
+ *    buffer back; a writer thread writes the file (tmp, fsync, rename, fsync
+ *    dir) while training goes on.  In sync mode with checkpoints, a push is
+ *    acknowledged only when its round is complete (so pushes of a round that
+ *    a crash lost are resent by the workers), and with a checkpoint every
+ *    round ("durable rounds") the replies that reveal a version (pull replies,
+ *    push acknowledgements) wait in the I/O thread until a checkpoint holding
+ *    that version is on disk: after a kill and --restore no worker is ahead of
+ *    the restored state, so the run continues exactly.  A stop writes a last
+ *    checkpoint.
  *  - Stop (SHUTDOWN message, ps_server_stop, SIGINT/SIGTERM in main): owners
  *    answer their queued pulls with PS_ECLOSED, send their final counters and
  *    exit; the I/O thread answers waiting barriers and stats with PS_ECLOSED,
@@ -50,6 +69,9 @@
 #define PS_SERVER_MAX_THREADS 64
 #define PS_SERVER_DEFAULT_MAX_MEMORY (8ull << 30)
 
+/* What to do about a worker silent for worker_timeout_ms. */
+enum { PS_LOSS_WAIT = 0, PS_LOSS_DROP = 1 };
+
 typedef struct ps_server ps_server;
 
 typedef struct ps_server_config {
@@ -62,19 +84,36 @@ typedef struct ps_server_config {
     ps_opt_config opt;  /* kind PS_OPT_SGD..PS_OPT_ADAM */
     int threads;        /* update threads, 1..PS_SERVER_MAX_THREADS */
     uint64_t max_memory;/* bytes of chunk state; inits beyond it get PS_ETOOBIG */
+    /* optional; NULL / 0 is off; strings are copied */
+    const char *timeline;       /* Chrome trace JSON: an "apply" per update and a "pull"
+                                   per served pull, one lane per update thread */
+    const char *curve_dir;      /* CURVE keys (common/ps_curve.h): serve only the workers
+                                   whose public keys are in DIR/authorized */
+    const char *checkpoint_dir; /* checkpoints go here (created if missing) */
+    int64_t checkpoint_every;   /* sync: every N rounds (the lowest chunk version went up
+                                   N); async: every N pushes received; 0: by time only */
+    int checkpoint_every_ms;    /* at most this long between checkpoints; 0: by count */
+    int restore;                /* load the newest valid checkpoint of checkpoint_dir */
+    int worker_timeout_ms;      /* a worker silent this long is lost; 0: never */
+    int on_worker_loss;         /* PS_LOSS_WAIT (default) or PS_LOSS_DROP */
 } ps_server_config;
 
 /* Defaults: rank 0, 1 server, 1 worker, async, staleness -1, sgd lr 0.01,
  * momentum 0.9, beta1 0.9, beta2 0.999, eps 1e-8, weight decay 0, 1 thread,
- * max memory 8 GiB, bind NULL (must be set). */
+ * max memory 8 GiB, bind NULL (must be set), no timeline, no CURVE, no
+ * checkpoints, worker timeout 0 (never), PS_LOSS_WAIT. */
 void ps_server_config_default(ps_server_config *c);
 
 /* PS_EINVAL with a message naming the field when c is not usable. */
 int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len);
 
-/* Check the config, bind the ROUTER and start the update threads.  Errors:
- * PS_EINVAL (config, why says), PS_EIO (bind failed: address in use, bad
- * endpoint), PS_ENOMEM.  On error *out is NULL and nothing is left running. */
+/* Check the config, restore the checkpoint (restore set), bind the ROUTER
+ * (as a CURVE server when curve_dir is set) and start the update threads.
+ * Errors: PS_EINVAL (config, why says), PS_EIO (bind failed: address in use,
+ * bad endpoint; timeline or checkpoint directory not writable), PS_EDATA
+ * (restore: no valid checkpoint), PS_EMISMATCH (restore: the checkpoint was
+ * written with another configuration), PS_ENOTFOUND / PS_EAUTH (CURVE keys),
+ * PS_ENOMEM.  On error *out is NULL and nothing is left running. */
 int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t why_len);
 
 /* The endpoint actually bound (a tcp port chosen for "*" filled in). */

@@ -7,6 +7,7 @@
 
 #include "optimizer.h"
 #include "ps_error.h"
+#include "ps_time.h"
 
 typedef struct pending {
     int rank;
@@ -27,7 +28,9 @@ typedef struct chunk {
     int64_t version;   /* updates applied: sync rounds done, async pushes applied */
     float *w, *s0, *s1; /* weights and optimizer state, in one aligned block */
     float *sum;        /* sync: rank-order sum of the open round */
-    int next_rank;     /* sync: ranks below it are in sum */
+    int next_rank;     /* sync: ranks below it are in sum or were skipped (not live) */
+    int ncontrib;      /* sync: gradients in sum */
+    int ff_ok;         /* sync, restored: may fast-forward until its first round */
     int64_t *clock;    /* per worker: pushes received (step + 1 of the last one) */
     pending *pend;     /* sync: pushes of the open round that came before a lower rank's */
     size_t npend, cap_pend;
@@ -43,6 +46,12 @@ struct ps_shard {
     chunk **table;            /* open addressing, cap a power of two */
     size_t cap, count;
     ps_stats st;
+    uint8_t *live;            /* per rank: counted in rounds and the SSP rule */
+    int64_t minv;             /* lowest chunk version, and how many chunks have it */
+    size_t nat_min;
+    uint64_t ff_rounds;
+    ps_trace *trace;
+    int trace_tid;
 };
 
 static void say(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -122,6 +131,12 @@ int ps_shard_create(const ps_shard_config *cfg, const ps_shard_hooks *hooks, ps_
     ps_shard *s = calloc(1, sizeof *s);
     if (!s)
         return PS_ENOMEM;
+    s->live = malloc((size_t)cfg->num_workers);
+    if (!s->live) {
+        free(s);
+        return PS_ENOMEM;
+    }
+    memset(s->live, 1, (size_t)cfg->num_workers);
     s->cfg = *cfg;
     if (cfg->mode == PS_MODE_SYNC)
         s->cfg.max_staleness = 0;
@@ -155,10 +170,97 @@ void ps_shard_destroy(ps_shard *s)
         if (s->table[i])
             free_chunk(s, s->table[i]);
     free(s->table);
+    free(s->live);
     free(s);
 }
 
 static size_t round64(size_t b) { return (b + 63) & ~(size_t)63; }
+
+/* ---- lowest version, kept incrementally ---- */
+
+static void rescan_min(ps_shard *s)
+{
+    s->nat_min = 0;
+    s->minv = 0;
+    for (size_t i = 0; i < s->cap; i++) {
+        const chunk *ch = s->table[i];
+        if (!ch)
+            continue;
+        if (!s->nat_min || ch->version < s->minv) {
+            s->minv = ch->version;
+            s->nat_min = 1;
+        } else if (ch->version == s->minv) {
+            s->nat_min++;
+        }
+    }
+}
+
+/* A chunk's version went up from `old`. */
+static void version_raised(ps_shard *s, int64_t old)
+{
+    if (old == s->minv && s->nat_min && --s->nat_min == 0)
+        rescan_min(s);
+}
+
+/* A chunk was added with version v (s->count already counts it). */
+static void chunk_added(ps_shard *s, int64_t v)
+{
+    if (s->count == 1 || v < s->minv) {
+        s->minv = v;
+        s->nat_min = 1;
+    } else if (v == s->minv) {
+        s->nat_min++;
+    }
+}
+
+/* Allocate, charge and insert a chunk of n elements (values not set). */
+static int create_chunk(ps_shard *s, uint64_t key, uint32_t c, size_t n, uint64_t total,
+                        chunk **out, char *why, size_t why_len)
+{
+    int nstate = ps_opt_state_arrays(s->cfg.opt.kind);
+    int sync = s->cfg.mode == PS_MODE_SYNC;
+    size_t seg = round64(n * sizeof(float));
+    size_t arrays = (size_t)(1 + nstate + sync);
+    uint64_t charge = sizeof(chunk) + 2 * sizeof(chunk *) + (uint64_t)s->cfg.num_workers * 8 +
+                      (uint64_t)seg * arrays;
+    uint64_t before = atomic_fetch_add(mem(s), charge);
+    if (before + charge > s->cfg.max_memory) {
+        atomic_fetch_sub(mem(s), charge);
+        say(why, why_len,
+            "init of key %llu chunk %u needs %llu bytes; %llu of %llu bytes (--max-memory) in use",
+            (unsigned long long)key, c, (unsigned long long)charge, (unsigned long long)before,
+            (unsigned long long)s->cfg.max_memory);
+        return PS_ETOOBIG;
+    }
+    chunk *ch = calloc(1, sizeof *ch);
+    float *block = aligned_alloc(64, seg * arrays);
+    int64_t *clock = calloc((size_t)s->cfg.num_workers, sizeof *clock);
+    if (ch) {
+        ch->key = key;
+        ch->chunk = c;
+    }
+    if (!ch || !block || !clock || insert(s, ch) != 0) {
+        free(ch);
+        free(block);
+        free(clock);
+        atomic_fetch_sub(mem(s), charge);
+        say(why, why_len, "out of memory registering key %llu chunk %u (%zu elements)",
+            (unsigned long long)key, c, n);
+        return PS_ENOMEM;
+    }
+    memset((char *)block + seg, 0, seg * (arrays - 1));
+    ch->n = n;
+    ch->total = total;
+    ch->w = block;
+    size_t per = seg / sizeof(float);
+    ch->s0 = nstate >= 1 ? block + per : NULL;
+    ch->s1 = nstate >= 2 ? block + 2 * per : NULL;
+    ch->sum = sync ? block + (size_t)(1 + nstate) * per : NULL;
+    ch->clock = clock;
+    ch->charge = charge;
+    *out = ch;
+    return 0;
+}
 
 int ps_shard_init(ps_shard *s, uint64_t key, uint32_t c, const void *vals, size_t n,
                   uint64_t total, int64_t *version, char *why, size_t why_len)
@@ -183,58 +285,22 @@ int ps_shard_init(ps_shard *s, uint64_t key, uint32_t c, const void *vals, size_
             (unsigned long long)key, c, n, (unsigned long long)total);
         return PS_EPROTO;
     }
-    int nstate = ps_opt_state_arrays(s->cfg.opt.kind);
-    int sync = s->cfg.mode == PS_MODE_SYNC;
-    size_t seg = round64(n * sizeof(float));
-    size_t arrays = (size_t)(1 + nstate + sync);
-    uint64_t charge = sizeof(chunk) + 2 * sizeof(chunk *) + (uint64_t)s->cfg.num_workers * 8 +
-                      (uint64_t)seg * arrays;
-    uint64_t before = atomic_fetch_add(mem(s), charge);
-    if (before + charge > s->cfg.max_memory) {
-        atomic_fetch_sub(mem(s), charge);
-        say(why, why_len,
-            "init of key %llu chunk %u needs %llu bytes; %llu of %llu bytes (--max-memory) in use",
-            (unsigned long long)key, c, (unsigned long long)charge, (unsigned long long)before,
-            (unsigned long long)s->cfg.max_memory);
-        return PS_ETOOBIG;
-    }
-    ch = calloc(1, sizeof *ch);
-    float *block = aligned_alloc(64, seg * arrays);
-    int64_t *clock = calloc((size_t)s->cfg.num_workers, sizeof *clock);
-    if (ch) {
-        ch->key = key;
-        ch->chunk = c;
-    }
-    if (!ch || !block || !clock || insert(s, ch) != 0) {
-        free(ch);
-        free(block);
-        free(clock);
-        atomic_fetch_sub(mem(s), charge);
-        say(why, why_len, "out of memory registering key %llu chunk %u (%zu elements)",
-            (unsigned long long)key, c, n);
-        return PS_ENOMEM;
-    }
-    memset((char *)block + seg, 0, seg * (arrays - 1));
-    memcpy(block, vals, n * sizeof(float));
-    ch->n = n;
-    ch->total = total;
-    ch->w = block;
-    size_t per = seg / sizeof(float);
-    ch->s0 = nstate >= 1 ? block + per : NULL;
-    ch->s1 = nstate >= 2 ? block + 2 * per : NULL;
-    ch->sum = sync ? block + (size_t)(1 + nstate) * per : NULL;
-    ch->clock = clock;
-    ch->charge = charge;
+    int rc = create_chunk(s, key, c, n, total, &ch, why, why_len);
+    if (rc)
+        return rc;
+    memcpy(ch->w, vals, n * sizeof(float));
     s->st.chunks++;
+    chunk_added(s, 0);
     *version = 0;
     return 0;
 }
 
+/* The slowest live worker's clock (INT64_MAX when none is live). */
 static int64_t min_clock(const ps_shard *s, const chunk *ch)
 {
-    int64_t m = ch->clock[0];
-    for (int r = 1; r < s->cfg.num_workers; r++)
-        if (ch->clock[r] < m)
+    int64_t m = INT64_MAX;
+    for (int r = 0; r < s->cfg.num_workers; r++)
+        if (s->live[r] && ch->clock[r] < m)
             m = ch->clock[r];
     return m;
 }
@@ -245,7 +311,8 @@ static int can_answer(const ps_shard *s, const chunk *ch, int64_t want)
         return ch->version >= want;
     if (s->cfg.max_staleness < 0)
         return 1;
-    return min_clock(s, ch) >= want - s->cfg.max_staleness;
+    int64_t m = min_clock(s, ch);
+    return m == INT64_MAX || m >= want - s->cfg.max_staleness;
 }
 
 /* Answer, in arrival order, every queued pull the chunk can now satisfy. */
@@ -263,31 +330,92 @@ static void wake(ps_shard *s, chunk *ch)
 
 static void apply(ps_shard *s, chunk *ch, const float *g)
 {
+    int64_t t0 = s->trace ? ps_now_ns() : 0;
     ps_opt_apply(&s->cfg.opt, ch->w, ch->s0, ch->s1, g, ch->n, ch->version + 1);
     ch->version++;
     s->st.updates++;
+    version_raised(s, ch->version - 1);
+    if (s->trace)
+        ps_trace_event(s->trace, "apply", "update", s->trace_tid, t0, ps_now_ns(), ch->version,
+                       -1);
 }
 
 static void accumulate(chunk *ch, const float *restrict g)
 {
     float *restrict sum = ch->sum;
     size_t n = ch->n;
-    if (ch->next_rank == 0)
+    if (ch->ncontrib == 0)
         memcpy(sum, g, n * sizeof(float));
     else
         for (size_t i = 0; i < n; i++)
             sum[i] = sum[i] + g[i];
+    ch->ncontrib++;
     ch->next_rank++;
 }
 
 static void finish_round(ps_shard *s, chunk *ch)
 {
     float *restrict sum = ch->sum;
-    float nw = (float)s->cfg.num_workers;
+    /* the mean over the gradients summed: every worker's, or the live ones'
+     * after a worker was dropped */
+    float nw = (float)ch->ncontrib;
     for (size_t i = 0; i < ch->n; i++)
         sum[i] = sum[i] / nw;
     apply(s, ch, sum);
     ch->next_rank = 0;
+    ch->ncontrib = 0;
+    ch->ff_ok = 0;
+}
+
+/* Sync: add, in rank order, every gradient of the open round that is next in
+ * line (a kept push of rank next_rank; a rank that is not live is skipped),
+ * and finish the round once every rank is in or skipped. */
+static void advance(ps_shard *s, chunk *ch)
+{
+    int W = s->cfg.num_workers;
+    while (ch->next_rank < W) {
+        int r = ch->next_rank;
+        size_t i = 0;
+        while (i < ch->npend && ch->pend[i].rank != r)
+            i++;
+        if (i < ch->npend) {
+            pending p = ch->pend[i];
+            ch->pend[i] = ch->pend[--ch->npend];
+            accumulate(ch, p.g);
+            s->hooks.release(s->hooks.user, p.hold);
+        } else if (!s->live[r]) {
+            ch->next_rank++;
+        } else {
+            return;
+        }
+    }
+    if (ch->ncontrib == 0) { /* nobody live: nothing to apply, start over */
+        ch->next_rank = 0;
+        return;
+    }
+    finish_round(s, ch);
+    if (ch->nwait)
+        wake(s, ch);
+}
+
+/* Sync, restored chunk: a worker is at `step`, beyond the restored round.
+ * The rounds in between died with the old process; go on from `step`. */
+static void fast_forward(ps_shard *s, chunk *ch, int64_t step)
+{
+    for (size_t i = 0; i < ch->npend; i++)
+        s->hooks.release(s->hooks.user, ch->pend[i].hold);
+    ch->npend = 0;
+    ch->next_rank = 0;
+    ch->ncontrib = 0;
+    int64_t old = ch->version;
+    s->ff_rounds += (uint64_t)(step - old);
+    ch->version = step;
+    for (int r = 0; r < s->cfg.num_workers; r++)
+        if (ch->clock[r] < step)
+            ch->clock[r] = step;
+    version_raised(s, old);
+    if (ch->nwait)
+        wake(s, ch);
 }
 
 int ps_shard_push(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t step, const float *g,
@@ -330,13 +458,17 @@ int ps_shard_push(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t step,
         return 0;
     }
     /* sync */
+    if (step > ch->version && ch->ff_ok)
+        fast_forward(s, ch, step);
     if (step > ch->version) {
         say(why, why_len,
             "push for step %lld of key %llu chunk %u, but round %lld is still open (wait for it)",
             (long long)step, (unsigned long long)key, c, (long long)ch->version);
         return PS_ESTATE;
     }
-    if (step < ch->version || ch->clock[rank] > step) {
+    /* below the round, pushed already, or a rank the rank-order sum has
+     * passed (it rejoined mid-round: it joins the next one) */
+    if (step < ch->version || ch->clock[rank] > step || rank < ch->next_rank) {
         *dup = 1;
         s->st.dup_dropped++;
         return 0;
@@ -361,23 +493,36 @@ int ps_shard_push(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t step,
         return 0;
     }
     accumulate(ch, g);
-    for (size_t i = 0; i < ch->npend;) {
-        if (ch->pend[i].rank == ch->next_rank) {
-            pending p = ch->pend[i];
-            ch->pend[i] = ch->pend[--ch->npend];
-            accumulate(ch, p.g);
-            s->hooks.release(s->hooks.user, p.hold);
-            i = 0; /* the next rank may sit anywhere */
-        } else {
-            i++;
-        }
-    }
-    if (ch->next_rank == s->cfg.num_workers) {
-        finish_round(s, ch);
-        if (ch->nwait)
-            wake(s, ch);
-    }
+    advance(s, ch);
     *version = ch->version;
+    return 0;
+}
+
+/* Answer now (0, *queued = 0) or queue ctx until the chunk can answer `want`. */
+static int answer_or_queue(ps_shard *s, chunk *ch, int64_t want, void *ctx, int *queued,
+                           char *why, size_t why_len)
+{
+    *queued = 0;
+    if (can_answer(s, ch, want))
+        return 0;
+    size_t limit = PS_SHARD_MAX_WAITERS(s->cfg.num_workers);
+    if (ch->nwait >= limit) {
+        say(why, why_len, "%zu requests already wait on key %llu chunk %u (limit %zu)", ch->nwait,
+            (unsigned long long)ch->key, ch->chunk, limit);
+        return PS_ETOOBIG;
+    }
+    if (ch->nwait == ch->cap_wait) {
+        size_t ncap = ch->cap_wait ? ch->cap_wait * 2 : 4;
+        waiter *p = realloc(ch->wait, ncap * sizeof *p);
+        if (!p) {
+            say(why, why_len, "out of memory queueing a pull");
+            return PS_ENOMEM;
+        }
+        ch->wait = p;
+        ch->cap_wait = ncap;
+    }
+    ch->wait[ch->nwait++] = (waiter){ctx, want};
+    *queued = 1;
     return 0;
 }
 
@@ -394,31 +539,28 @@ int ps_shard_pull(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t want,
             (unsigned long long)key, c);
         return PS_ENOTFOUND;
     }
-    if (can_answer(s, ch, want)) {
-        *w = ch->w;
-        *n = ch->n;
-        *version = ch->version;
-        return 0;
-    }
-    size_t limit = PS_SHARD_MAX_WAITERS(s->cfg.num_workers);
-    if (ch->nwait >= limit) {
-        say(why, why_len, "%zu pulls already wait on key %llu chunk %u (limit %zu)", ch->nwait,
-            (unsigned long long)key, c, limit);
-        return PS_ETOOBIG;
-    }
-    if (ch->nwait == ch->cap_wait) {
-        size_t ncap = ch->cap_wait ? ch->cap_wait * 2 : 4;
-        waiter *p = realloc(ch->wait, ncap * sizeof *p);
-        if (!p) {
-            say(why, why_len, "out of memory queueing a pull");
-            return PS_ENOMEM;
-        }
-        ch->wait = p;
-        ch->cap_wait = ncap;
-    }
-    ch->wait[ch->nwait++] = (waiter){ctx, want};
-    *queued = 1;
+    int rc = answer_or_queue(s, ch, want, ctx, queued, why, why_len);
+    if (rc || *queued)
+        return rc;
+    *w = ch->w;
+    *n = ch->n;
+    *version = ch->version;
     return 0;
+}
+
+int ps_shard_await(ps_shard *s, uint64_t key, uint32_t c, int64_t want, void *ctx, int *queued,
+                   int64_t *version, char *why, size_t why_len)
+{
+    *queued = 0;
+    chunk *ch = find(s, key, c);
+    if (!ch) {
+        say(why, why_len, "key %llu chunk %u is not initialized on this server (init it first)",
+            (unsigned long long)key, c);
+        return PS_ENOTFOUND;
+    }
+    int rc = answer_or_queue(s, ch, want, ctx, queued, why, why_len);
+    *version = ch->version;
+    return rc;
 }
 
 const float *ps_shard_weights(const ps_shard *s, uint64_t key, uint32_t c, size_t *n,
@@ -450,4 +592,108 @@ void ps_shard_stats(const ps_shard *s, ps_stats *out)
             out->max_version = ch->version;
         first = 0;
     }
+}
+
+void ps_shard_set_live(ps_shard *s, int rank, int live)
+{
+    int W = s->cfg.num_workers;
+    live = live ? 1 : 0;
+    if (rank < 0 || rank >= W || s->live[rank] == live)
+        return;
+    s->live[rank] = (uint8_t)live;
+    for (size_t i = 0; i < s->cap; i++) {
+        chunk *ch = s->table[i];
+        if (!ch)
+            continue;
+        if (live && s->cfg.mode == PS_MODE_SYNC) {
+            /* join the open round unless the rank-order sum has passed it */
+            int64_t c = ch->version + (ch->next_rank > rank ? 1 : 0);
+            if (ch->clock[rank] < c)
+                ch->clock[rank] = c;
+        } else if (live) {
+            /* as far as the slowest other live worker, so SSP does not wait on it */
+            s->live[rank] = 0;
+            int64_t m = min_clock(s, ch);
+            s->live[rank] = 1;
+            if (m != INT64_MAX && ch->clock[rank] < m)
+                ch->clock[rank] = m;
+        } else if (s->cfg.mode == PS_MODE_SYNC) {
+            advance(s, ch);
+        } else if (ch->nwait) {
+            wake(s, ch);
+        }
+    }
+}
+
+void ps_shard_foreach(const ps_shard *s, void (*fn)(void *arg, const ps_shard_chunk_view *v),
+                      void *arg)
+{
+    int nstate = ps_opt_state_arrays(s->cfg.opt.kind);
+    for (size_t i = 0; i < s->cap; i++) {
+        const chunk *ch = s->table[i];
+        if (!ch)
+            continue;
+        ps_shard_chunk_view v = {ch->key, ch->chunk, ch->n, ch->total, ch->version, ch->clock,
+                                 ch->w, {ch->s0, ch->s1}, nstate};
+        fn(arg, &v);
+    }
+}
+
+int ps_shard_restore_chunk(ps_shard *s, const ps_shard_chunk_view *v, char *why, size_t why_len)
+{
+    int nstate = ps_opt_state_arrays(s->cfg.opt.kind);
+    if (v->nstate != nstate) {
+        say(why, why_len, "key %llu chunk %u has %d optimizer state arrays; %s needs %d",
+            (unsigned long long)v->key, v->chunk, v->nstate, ps_opt_name(s->cfg.opt.kind), nstate);
+        return PS_EMISMATCH;
+    }
+    if (find(s, v->key, v->chunk)) {
+        say(why, why_len, "key %llu chunk %u is there twice", (unsigned long long)v->key,
+            v->chunk);
+        return PS_EMISMATCH;
+    }
+    if (v->n == 0 || v->version < 0) {
+        say(why, why_len, "key %llu chunk %u: n=%zu, version %lld", (unsigned long long)v->key,
+            v->chunk, v->n, (long long)v->version);
+        return PS_EMISMATCH;
+    }
+    chunk *ch;
+    int rc = create_chunk(s, v->key, v->chunk, v->n, v->total, &ch, why, why_len);
+    if (rc)
+        return rc;
+    memcpy(ch->w, v->w, v->n * sizeof(float));
+    if (nstate >= 1)
+        memcpy(ch->s0, v->state[0], v->n * sizeof(float));
+    if (nstate >= 2)
+        memcpy(ch->s1, v->state[1], v->n * sizeof(float));
+    memcpy(ch->clock, v->clock, (size_t)s->cfg.num_workers * sizeof(int64_t));
+    ch->version = v->version;
+    ch->ff_ok = s->cfg.mode == PS_MODE_SYNC;
+    s->st.chunks++;
+    chunk_added(s, ch->version);
+    return 0;
+}
+
+void ps_shard_add_counters(ps_shard *s, const ps_stats *b)
+{
+    s->st.pushes += b->pushes;
+    s->st.pulls += b->pulls;
+    s->st.inits += b->inits;
+    s->st.updates += b->updates;
+    s->st.bytes_in += b->bytes_in;
+    s->st.dup_dropped += b->dup_dropped;
+}
+
+int64_t ps_shard_min_version(const ps_shard *s, int *have)
+{
+    *have = s->count > 0;
+    return s->count ? s->minv : 0;
+}
+
+uint64_t ps_shard_fast_forwards(const ps_shard *s) { return s->ff_rounds; }
+
+void ps_shard_set_trace(ps_shard *s, ps_trace *t, int tid)
+{
+    s->trace = t;
+    s->trace_tid = tid;
 }

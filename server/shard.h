@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "ps_proto.h"
+#include "ps_trace.h"
 
 typedef struct ps_shard ps_shard;
 
@@ -91,5 +92,65 @@ int ps_shard_pull(ps_shard *s, uint64_t key, uint32_t chunk, int rank, int64_t w
 /* Read-only look at a chunk (tests, checkpoints): NULL when unknown. */
 const float *ps_shard_weights(const ps_shard *s, uint64_t key, uint32_t chunk, size_t *n,
                               int64_t *version);
+
+/* Like ps_shard_pull, but for a waiter that wants no weights (a sync push's
+ * deferred acknowledgement: "tell me when version `want` exists").  Not
+ * counted as a pull; the waiter is answered with hooks.ready like a pull. */
+int ps_shard_await(ps_shard *s, uint64_t key, uint32_t chunk, int64_t want, void *waiter,
+                   int *queued, int64_t *version, char *why, size_t why_len);
+
+/* ---- the live set (worker loss, server.h --on-worker-loss) ----
+ * Every rank starts live.  A rank that is not live is skipped by sync rounds
+ * (a round completes with the gradients of the live workers, their mean taken
+ * over the gradients summed) and by the SSP rule (the slowest LIVE worker).
+ * Dropping a rank may complete rounds and answer queued pulls (hooks run).
+ * A rank made live again joins the open round when the rank-order sum has not
+ * passed it yet, else the next one; its clock is raised so that its pushes of
+ * earlier steps count as duplicates (async: to the slowest live clock). */
+void ps_shard_set_live(ps_shard *s, int rank, int live);
+
+/* ---- checkpoints (server/checkpoint.h) ---- */
+
+/* One chunk as a checkpoint sees it.  Pointers are valid until the next call
+ * that changes the shard. */
+typedef struct ps_shard_chunk_view {
+    uint64_t key;
+    uint32_t chunk;
+    size_t n;
+    uint64_t total;
+    int64_t version;
+    const int64_t *clock;   /* num_workers entries */
+    const float *w;         /* n weights */
+    const float *state[2];  /* optimizer state arrays (ps_opt_state_arrays of them) */
+    int nstate;
+} ps_shard_chunk_view;
+
+/* Call fn for every chunk (in table order). */
+void ps_shard_foreach(const ps_shard *s, void (*fn)(void *arg, const ps_shard_chunk_view *v),
+                      void *arg);
+
+/* Recreate a chunk from a checkpoint (weights, optimizer state, version,
+ * clocks) with the same memory charge as init.  In sync mode the restored
+ * chunk may be FAST-FORWARDED once: until it completes its first round, a push
+ * for a step beyond its version (a worker that got further before the server
+ * died) moves the round to that step instead of being refused; the rounds in
+ * between are lost (ps_shard_fast_forwards counts them).  Errors: PS_EMISMATCH
+ * (already there, or the state arrays do not fit this optimizer),
+ * PS_ETOOBIG, PS_ENOMEM. */
+int ps_shard_restore_chunk(ps_shard *s, const ps_shard_chunk_view *v, char *why, size_t why_len);
+
+/* Add base counters (restored from a checkpoint) to this shard's counters. */
+void ps_shard_add_counters(ps_shard *s, const ps_stats *base);
+
+/* Lowest version over the shard's chunks; *have = 0 when it has none.  Kept
+ * up to date incrementally (cheap to call after every request). */
+int64_t ps_shard_min_version(const ps_shard *s, int *have);
+
+/* Rounds skipped by fast-forwards so far (see ps_shard_restore_chunk). */
+uint64_t ps_shard_fast_forwards(const ps_shard *s);
+
+/* Trace an "apply" event (cat "update", args.step = the new version) on lane
+ * tid of t for every update.  NULL: none (the default). */
+void ps_shard_set_trace(ps_shard *s, ps_trace *t, int tid);
 
 #endif
