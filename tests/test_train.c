@@ -250,3 +250,47 @@ PS_TEST(bad_data_and_model_are_refused)
         return;
     expect_refusal("--batch 0", "--batch must be");
 }
+
+/* The same sync run on the CPU and on cuda:0 (1 worker, same seed and data)
+ * ends with the same weights up to float differences between cuBLAS and
+ * OpenBLAS summation order: |a - b| <= 1e-4 + 1e-3 |b| after 20 steps. */
+PS_TEST(cuda_sync_run_matches_cpu)
+{
+    ps_backend *gpu = NULL;
+    char why[256];
+    if (ps_backend_create("cuda:0", 1, &gpu, why, sizeof why) != 0)
+        SKIP("no CUDA device");
+    gpu->destroy(gpu);
+    const char *spec = "mlp:784-64-10";
+    char cpu_path[512], gpu_path[512], flags[512];
+    snprintf(cpu_path, sizeof cpu_path, "%s/cpu.bin", ps_test_tmpdir());
+    snprintf(gpu_path, sizeof gpu_path, "%s/gpu.bin", ps_test_tmpdir());
+    snprintf(flags, sizeof flags, "--model %s --data synthetic:4096 --steps 20 --seed 3 --batch 64",
+             spec);
+    CHECK_OK(run_cluster(1, "sync", flags, cpu_path, "cpu"));
+    snprintf(flags, sizeof flags,
+             "--model %s --data synthetic:4096 --steps 20 --seed 3 --batch 64 --device cuda:0",
+             spec);
+    CHECK_OK(run_cluster(1, "sync", flags, gpu_path, "gpu"));
+    ps_backend *b;
+    CHECK_OK(ps_backend_cpu_create(1, &b));
+    ps_model *m1 = NULL, *m2 = NULL;
+    int rc = load_params(cpu_path, b, &m1, spec);
+    if (!rc)
+        rc = load_params(gpu_path, b, &m2, spec);
+    double worst = 0;
+    for (int i = 0; !rc && i < ps_model_num_params(m1); i++) {
+        ps_param *p1 = &ps_model_params(m1)[i], *p2 = &ps_model_params(m2)[i];
+        for (size_t k = 0; k < p1->count; k++) {
+            double err = fabs((double)p1->w[k] - p2->w[k]) / (1e-4 + 1e-3 * fabs(p1->w[k]));
+            if (err > worst)
+                worst = err;
+        }
+    }
+    ps_model_destroy(m1);
+    ps_model_destroy(m2);
+    b->destroy(b);
+    CHECK_OK(rc);
+    printf("# CPU vs CUDA after 20 sync steps: worst error %.3g of the tolerance\n", worst);
+    CHECK_MSG(worst <= 1.0, "CUDA run differs from the CPU run: %.3g x the tolerance", worst);
+}
