@@ -37,6 +37,9 @@ typedef struct ps_client_options {
     int hello_timeout_ms;  /* how long start waits for every server; 0: 10000 */
     int request_timeout_ms;/* resend an unanswered request after this; 0: never */
     const char *curve_dir; /* CURVE keys directory (see ps_keygen); NULL: plaintext */
+    int heartbeat_ms;      /* after start, the comm thread sends a HEARTBEAT to every server
+                              this often, so servers notice a worker that died
+                              (--worker-timeout); 0: never.  Default 1000. */
 } ps_client_options;
 
 /* Internal request state; fields are private to libps. */
@@ -96,6 +99,8 @@ int ps_request_test(ps_request *req);
 int ps_request_wait(ps_request *req);
 
 /* Blocking helpers. */
+/* (A barrier is resent like any request when request_timeout_ms is set;
+ * servers count a rank once per barrier and answer a resent one.) */
 int ps_client_barrier(ps_client *c, int64_t id);
 int ps_client_stats(ps_client *c, int server, ps_stats *out);
 int ps_client_shutdown_servers(ps_client *c);

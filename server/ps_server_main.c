@@ -57,13 +57,32 @@ static void usage(FILE *f)
         "                         by hash (default 1)\n"
         "  --max-memory BYTES     cap on weights + optimizer state; inits beyond it are\n"
         "                         refused; suffixes K, M, G (default 8G)\n"
+        "  --timeline FILE        Chrome trace-event JSON: an 'apply' event per update and a\n"
+        "                         'pull' event per served pull, one lane per update thread\n"
+        "  --curve-keys DIR       CURVE: encrypt, and serve only workers whose public keys\n"
+        "                         are in DIR/authorized (keys from ps_keygen; docs/SECURITY.md)\n"
+        "fault tolerance (docs/OPERATIONS.md):\n"
+        "  --checkpoint-dir DIR   write checkpoints of this server's shard to DIR\n"
+        "                         (DIR/shard-RANK-SEQ.ckpt, the newest 2 are kept)\n"
+        "  --checkpoint-every N|Ts  sync: every N rounds; async: every N pushes received;\n"
+        "                         Ts (e.g. 30s): every T seconds (default 60s with\n"
+        "                         --checkpoint-dir).  Sync with N = 1: every round is on\n"
+        "                         disk before any worker sees it (exact restarts)\n"
+        "  --restore              start from the newest valid checkpoint in --checkpoint-dir\n"
+        "                         (exit 2 when there is none or it has another config)\n"
+        "  --worker-timeout S     a worker silent this many seconds (no message, no\n"
+        "                         heartbeat) is lost (default 0: never)\n"
+        "  --on-worker-loss wait|drop  wait: log it and keep waiting (default); drop: go on\n"
+        "                         without it (rounds average the live workers, barriers\n"
+        "                         count them) until it says hello again\n"
         "  --verbose              log debug lines too\n"
         "  --quiet                log warnings and errors only\n"
         "  --help                 print this and exit\n"
         "  --version              print the version and exit\n"
         "\n"
         "Exit status: 0 after a SHUTDOWN message, SIGINT or SIGTERM; 1 when the server\n"
-        "cannot start or a socket fails; 2 for a bad flag.\n",
+        "cannot start or a socket fails; 2 for a bad flag, unusable CURVE keys, or a\n"
+        "--restore with no valid checkpoint or one written with another configuration.\n",
         PS_SERVER_MAX_THREADS);
 }
 
@@ -77,7 +96,7 @@ static int bad(const char *msg)
 static int parse(int argc, char **argv, ps_server_config *c, int *log_level)
 {
     char why[512];
-    int staleness_given = 0;
+    int staleness_given = 0, every_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
@@ -94,6 +113,10 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level)
         }
         if (strcmp(arg, "--quiet") == 0) {
             *log_level = PS_LOG_WARN;
+            continue;
+        }
+        if (strcmp(arg, "--restore") == 0) {
+            c->restore = 1;
             continue;
         }
         if (strncmp(arg, "--", 2) != 0) {
@@ -118,7 +141,8 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level)
         static const char *const known[] = {
             "--bind", "--rank", "--num-servers", "--num-workers", "--mode", "--max-staleness",
             "--optimizer", "--lr", "--momentum", "--beta1", "--beta2", "--eps",
-            "--weight-decay", "--threads", "--max-memory"};
+            "--weight-decay", "--threads", "--max-memory", "--timeline", "--curve-keys",
+            "--checkpoint-dir", "--checkpoint-every", "--worker-timeout", "--on-worker-loss"};
         int is_known = 0;
         for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
             if (strcmp(name, known[k]) == 0)
@@ -207,6 +231,49 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level)
         } else if (strcmp(name, "--max-memory") == 0) {
             if (!(rc = ps_parse_size(PROG, name, val, 4096, 1ull << 50, &sv, why, sizeof why)))
                 c->max_memory = sv;
+        } else if (strcmp(name, "--timeline") == 0 || strcmp(name, "--curve-keys") == 0 ||
+                   strcmp(name, "--checkpoint-dir") == 0) {
+            if (!*val || strlen(val) > 900) {
+                snprintf(why, sizeof why, "%s: %s needs a path of 1..900 characters", PROG, name);
+                return bad(why);
+            }
+            if (name[2] == 't')
+                c->timeline = val;
+            else if (name[3] == 'u')
+                c->curve_dir = val;
+            else
+                c->checkpoint_dir = val;
+        } else if (strcmp(name, "--checkpoint-every") == 0) {
+            size_t n = strlen(val);
+            if (n > 1 && val[n - 1] == 's') {
+                char num[64];
+                snprintf(num, sizeof num, "%.*s", (int)(n - 1), val);
+                rc = ps_parse_float(PROG, name, num, 0.001, 1e6, &fv, why, sizeof why);
+                if (!rc) {
+                    c->checkpoint_every_ms = (int)(fv * 1000.0 + 0.5);
+                    c->checkpoint_every = 0;
+                }
+            } else if (!(rc = ps_parse_int(PROG, name, val, 1, 1ll << 40, &iv, why, sizeof why))) {
+                c->checkpoint_every = iv;
+                c->checkpoint_every_ms = 0;
+            }
+            if (rc)
+                snprintf(why, sizeof why, "%s: --checkpoint-every must be a count N >= 1 (rounds "
+                         "in sync, pushes in async) or seconds like 30s, got '%s'", PROG, val);
+            every_given = 1;
+        } else if (strcmp(name, "--worker-timeout") == 0) {
+            if (!(rc = ps_parse_float(PROG, name, val, 0, 86400, &fv, why, sizeof why)))
+                c->worker_timeout_ms = (int)(fv * 1000.0 + 0.5);
+        } else if (strcmp(name, "--on-worker-loss") == 0) {
+            if (strcmp(val, "wait") == 0) {
+                c->on_worker_loss = PS_LOSS_WAIT;
+            } else if (strcmp(val, "drop") == 0) {
+                c->on_worker_loss = PS_LOSS_DROP;
+            } else {
+                snprintf(why, sizeof why, "%s: --on-worker-loss must be wait or drop, got '%s'",
+                         PROG, val);
+                return bad(why);
+            }
         }
         if (rc)
             return bad(why);
@@ -218,6 +285,13 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level)
                  "got '%d'", PROG, c->num_servers - 1, c->num_servers, c->rank);
         return bad(why);
     }
+    if (!c->checkpoint_dir && (every_given || c->restore))
+        return bad(PROG ": --checkpoint-every and --restore need --checkpoint-dir DIR "
+                   "(see --help)");
+    if (c->checkpoint_dir && !every_given)
+        c->checkpoint_every_ms = 60000;
+    if (c->on_worker_loss == PS_LOSS_DROP && c->worker_timeout_ms == 0)
+        return bad(PROG ": --on-worker-loss drop needs --worker-timeout S (see --help)");
     if (c->mode == PS_MODE_SYNC) {
         if (staleness_given && c->max_staleness != 0) {
             snprintf(why, sizeof why, "%s: --max-staleness must be 0 in sync mode, got '%d'",
@@ -257,12 +331,32 @@ int main(int argc, char **argv)
             cfg.max_staleness, ps_opt_name(o->kind), (double)o->lr, (double)o->momentum,
             (double)o->beta1, (double)o->beta2, (double)o->eps, (double)o->weight_decay,
             cfg.threads, (unsigned long long)cfg.max_memory);
+    if (cfg.checkpoint_dir) {
+        if (cfg.checkpoint_every_ms)
+            ps_info("checkpoints: %s every %.1f s%s", cfg.checkpoint_dir,
+                    cfg.checkpoint_every_ms / 1000.0, cfg.restore ? ", restoring the newest" : "");
+        else
+            ps_info("checkpoints: %s every %lld %s%s%s", cfg.checkpoint_dir,
+                    (long long)cfg.checkpoint_every,
+                    cfg.mode == PS_MODE_SYNC ? "round(s)" : "push(es)",
+                    cfg.mode == PS_MODE_SYNC && cfg.checkpoint_every == 1
+                        ? " (durable rounds: replies wait for the write)"
+                        : "",
+                    cfg.restore ? ", restoring the newest" : "");
+    }
+    if (cfg.worker_timeout_ms)
+        ps_info("a worker silent for %.1f s is lost; then: %s", cfg.worker_timeout_ms / 1000.0,
+                cfg.on_worker_loss == PS_LOSS_DROP ? "drop it" : "wait for it");
     char why[512];
     ps_server *s;
     rc = ps_server_open(&cfg, &s, why, sizeof why);
     if (rc) {
         ps_error("cannot start: %s", why);
-        return rc == PS_EINVAL ? 2 : 1;
+        /* bad flags, keys or checkpoints: the operator's to fix (2); else 1 */
+        return rc == PS_EINVAL || rc == PS_EDATA || rc == PS_EMISMATCH || rc == PS_ENOTFOUND ||
+                       rc == PS_EAUTH
+                   ? 2
+                   : 1;
     }
     ps_info("listening on %s", ps_server_endpoint(s));
     g_server = s;

@@ -52,12 +52,15 @@
  *               ['H' + int64 version] [identity] [header] [payload]
  *                                                   (durable rounds: forward once a
  *                                                    checkpoint holds that version)
+ *               ['I'] [identity] [header]           (an init acknowledgement, with
+ *                                                    checkpoints: forward once a
+ *                                                    checkpoint holds the chunk)
  *               ['S' or 'X'] [out_frame]            (stats; final stats on stop)
  *               ['C'] [ckpt_frame]                  (CMD_CKPT: the serialized chunks)
  *               ['P'] [progress_frame]              (lowest chunk version changed) */
 enum { CMD_REQ = 1, CMD_STATS = 2, CMD_STOP = 3, CMD_CKPT = 4, CMD_LIVE = 5 };
-enum { OUT_REPLY = 'R', OUT_HELD = 'H', OUT_STATS = 'S', OUT_STOPPED = 'X', OUT_CKPT = 'C',
-       OUT_PROGRESS = 'P' };
+enum { OUT_REPLY = 'R', OUT_HELD = 'H', OUT_INIT = 'I', OUT_STATS = 'S', OUT_STOPPED = 'X',
+       OUT_CKPT = 'C', OUT_PROGRESS = 'P' };
 
 typedef struct cmd_frame {
     int cmd;
@@ -175,9 +178,12 @@ typedef struct worker_info {
     int dropped;     /* PS_LOSS_DROP: out of the live set until it says hello */
 } worker_info;
 
-/* A reply held until a checkpoint makes its version durable. */
+/* A reply held until a checkpoint makes it durable: a version (durable
+ * rounds), or a new chunk (init: `version` is then the sequence number of the
+ * first checkpoint that will hold it). */
 typedef struct heldmsg {
     struct heldmsg *next;
+    int by_seq;
     int64_t version;
     int nf;
     zmq_msg_t f[3];
@@ -253,6 +259,9 @@ struct ps_server {
     char *timeline_path, *curve_dir, *ckpt_dir;
     ps_trace *trace;
     ps_curve_auth *auth;
+    void *mon;               /* CURVE: the ROUTER's handshake events */
+    uint64_t hs_failed, hs_unlogged;
+    int64_t hs_log_ns;
     /* liveness */
     int ndropped;
     uint64_t nlost, nrejoined;
@@ -273,7 +282,8 @@ struct ps_server {
     int64_t ck_last_ns, ck_retry_ns, ck_info_ns;
     int64_t durable_round;    /* durable rounds: versions up to it are on disk */
     heldmsg *held_head, *held_tail;
-    size_t nheld;
+    size_t nheld, nheld_init;
+    uint64_t ck_written_seq;  /* the last checkpoint written */
     ckpt_writer wr;
 };
 
@@ -391,7 +401,9 @@ static void error_header(ps_header *r, uint64_t seq, int32_t rank, uint64_t key,
 {
     reply_header(r, PS_MSG_ERROR, seq, rank, key, chunk, 0);
     r->err_code = code;
-    snprintf(r->err_text, sizeof r->err_text, "%s", text);
+    size_t n = strnlen(text, sizeof r->err_text - 1); /* cut to what the protocol carries */
+    memcpy(r->err_text, text, n);
+    r->err_text[n] = 0;
 }
 
 /* ================= update threads ================= */
@@ -410,6 +422,10 @@ static void upd_send(updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *p
     }
     char tag[1 + sizeof(int64_t)] = {OUT_REPLY};
     size_t tlen = 1;
+    /* with checkpoints, a chunk a worker was told exists is in one first, so
+     * a restored server never lacks a chunk its workers use */
+    if (u->srv->ck_on && h->type == PS_MSG_INIT)
+        tag[0] = OUT_INIT;
     if (u->srv->durable && (h->type == PS_MSG_PUSH || h->type == PS_MSG_PULL ||
                             h->type == PS_MSG_PUSHPULL)) {
         tag[0] = OUT_HELD;
@@ -489,6 +505,20 @@ static void hook_cancel(void *user, void *waiter)
     req_free(r);
 }
 
+/* A resend of a queued request (same rank, id and type): answer it on the
+ * newest route, once. */
+static int hook_merge(void *user, void *queued, void *incoming)
+{
+    (void)user;
+    req_ctx *q = queued, *n = incoming;
+    if (q->rank != n->rank || q->seq != n->seq || q->type != n->type)
+        return 0;
+    zmq_msg_close(&q->id);
+    zmq_msg_init(&q->id);
+    zmq_msg_move(&q->id, &n->id);
+    return 1;
+}
+
 static void hold_free(hold *h)
 {
     if (!h)
@@ -515,10 +545,11 @@ static void upd_pull(updater *u, req_ctx *r, int64_t want)
                            why, sizeof why);
     if (rc)
         upd_error(u, r, rc, why);
-    else if (queued)
+    else if (queued == 1)
         u->spare = NULL; /* the shard holds r until hook_ready or hook_cancel */
-    else
+    else if (queued == 0)
         upd_weights(u, r, w, n, version);
+    /* 2: a resend of a queued pull, which now answers on r's route */
 }
 
 /* Sync with checkpoints: acknowledge a push of step t only once version t+1
@@ -533,9 +564,9 @@ static void upd_await(updater *u, req_ctx *r, int64_t want)
                             sizeof why);
     if (rc)
         upd_error(u, r, rc, why);
-    else if (queued)
+    else if (queued == 1)
         u->spare = NULL;
-    else
+    else if (queued == 0)
         upd_ack(u, r, version);
 }
 
@@ -610,7 +641,7 @@ static void upd_request(updater *u, const ps_header *h, zmq_msg_t *id, zmq_msg_t
             ps_debug("duplicate push from worker %d, key %llu chunk %u step %lld: dropped",
                      h->rank, (unsigned long long)h->key, h->chunk, (long long)h->step);
         uint64_t ff = ps_shard_fast_forwards(u->shard);
-        if (ff != u->ff_seen) {
+        if (ff != u->ff_seen && rl_allow(&u->rl)) {
             ps_warn("key %llu chunk %u: worker %d pushed step %lld, beyond the round of the "
                     "restored checkpoint; skipped to it (%llu round(s) in all were lost with "
                     "the old process; a checkpoint every round loses none)",
@@ -1040,6 +1071,14 @@ static void io_barrier(ps_server *s, zmq_msg_t *id, const ps_header *h)
         }
         s->nbarriers++;
     }
+    for (size_t k = 0; k < b->nw; k++)
+        if (b->w[k].rank == h->rank && b->w[k].seq == h->seq) {
+            /* a resend: answer it once, on the newest route */
+            zmq_msg_close(&b->w[k].id);
+            zmq_msg_init(&b->w[k].id);
+            zmq_msg_move(&b->w[k].id, id);
+            return;
+        }
     size_t limit = 4 * (size_t)s->cfg.num_workers + 16;
     if (b->nw >= limit) {
         io_error(s, id, h, PS_ETOOBIG, "too many requests wait on this barrier");
@@ -1232,16 +1271,23 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
             io_error(s, &f[0], &h, PS_ESTATE, why);
             return;
         }
-    } else if (!s->workers[h.rank]) {
-        say(why, sizeof why, "worker %d sent %s before hello; say hello first", h.rank,
-            ps_msg_type_name(h.type));
-        io_error(s, &f[0], &h, PS_ESTATE, why);
-        return;
-    } else if (s->workers[h.rank]->dropped) {
-        say(why, sizeof why, "worker %d was dropped after %d ms without a message "
-            "(--on-worker-loss drop); say hello again to rejoin", h.rank,
-            s->cfg.worker_timeout_ms);
-        io_error(s, &f[0], &h, PS_ESTATE, why);
+    } else if (!s->workers[h.rank] || s->workers[h.rank]->dropped) {
+        if (!s->workers[h.rank])
+            say(why, sizeof why, "worker %d sent %s before hello; say hello first", h.rank,
+                ps_msg_type_name(h.type));
+        else
+            say(why, sizeof why, "worker %d was dropped after %d ms without a message "
+                "(--on-worker-loss drop); say hello again to rejoin", h.rank,
+                s->cfg.worker_timeout_ms);
+        if (h.type == PS_MSG_HEARTBEAT) {
+            /* once a second from every such worker: answered, not logged */
+            ps_header r;
+            error_header(&r, h.seq, h.rank, h.key, h.chunk, PS_ESTATE, why);
+            s->io_errors++;
+            io_send(s, &f[0], &r);
+        } else {
+            io_error(s, &f[0], &h, PS_ESTATE, why);
+        }
         return;
     } else {
         heard_from(s, h.rank, ps_now_ns());
@@ -1328,15 +1374,17 @@ static void held_send(ps_server *s, heldmsg *m)
     free(m);
 }
 
-/* Send, in arrival order, every held reply whose version is now on disk. */
+/* Send, in arrival order, every held reply that is now on disk. */
 static void flush_held(ps_server *s)
 {
     heldmsg **pp = &s->held_head, *last = NULL;
     while (*pp) {
         heldmsg *m = *pp;
-        if (m->version <= s->durable_round) {
+        if (m->by_seq ? (uint64_t)m->version <= s->ck_written_seq
+                      : m->version <= s->durable_round) {
             *pp = m->next;
             s->nheld--;
+            s->nheld_init -= (size_t)m->by_seq;
             held_send(s, m);
         } else {
             last = m;
@@ -1356,6 +1404,7 @@ static void drop_held(ps_server *s)
     }
     s->held_tail = NULL;
     s->nheld = 0;
+    s->nheld_init = 0;
 }
 
 /* ================= checkpoints (I/O thread side) ================= */
@@ -1403,6 +1452,10 @@ static void ck_write_job(ps_server *s)
 static void ck_done(ps_server *s)
 {
     ckpt_writer *w = &s->wr;
+    if (w->started) { /* the writer's results happen-before this read */
+        pthread_mutex_lock(&w->mu);
+        pthread_mutex_unlock(&w->mu);
+    }
     int64_t now = ps_now_ns();
     if (w->rc) {
         ps_error("checkpoint %llu failed: %s; training goes on, the next try is in 1 s",
@@ -1432,8 +1485,8 @@ static void ck_done(ps_server *s)
                            (int64_t)w->meta.seq, -1);
         if (w->meta.nchunks && w->meta.min_version > s->durable_round)
             s->durable_round = w->meta.min_version;
-        if (s->durable)
-            flush_held(s);
+        s->ck_written_seq = w->meta.seq;
+        flush_held(s);
     }
     ck_free_parts(w->parts, w->nparts);
     free(w->hello);
@@ -1549,7 +1602,7 @@ static void ck_maybe(ps_server *s, int64_t now)
 {
     if (!s->ck_on || s->ck_state != CK_IDLE || s->stopping || now < s->ck_retry_ns)
         return;
-    int due = 0;
+    int due = s->nheld_init > 0; /* new chunks: their init acknowledgements wait */
     if (s->cfg.checkpoint_every > 0 && s->cfg.mode == PS_MODE_SYNC) {
         int have = 0;
         int64_t gmin = 0;
@@ -1563,8 +1616,9 @@ static void ck_maybe(ps_server *s, int64_t now)
             s->ck_last_round = gmin;
             due = 1;
         }
-    } else if (s->cfg.checkpoint_every > 0) {
-        due = s->mut - s->ck_last_mut >= (uint64_t)s->cfg.checkpoint_every;
+    } else if (s->cfg.checkpoint_every > 0 &&
+               s->mut - s->ck_last_mut >= (uint64_t)s->cfg.checkpoint_every) {
+        due = 1;
     }
     if (!due && s->cfg.checkpoint_every_ms > 0 && s->mut != s->ck_last_mut &&
         now - s->ck_last_ns >= (int64_t)s->cfg.checkpoint_every_ms * 1000000LL)
@@ -1592,7 +1646,10 @@ static void io_read_pair(ps_server *s, int i)
             memcpy(&version, td + 1, sizeof version);
         int more = zmq_msg_more(&tag);
         zmq_msg_close(&tag);
-        if (t == OUT_HELD && version > s->durable_round) {
+        int by_seq = t == OUT_INIT;
+        if (by_seq)
+            version = (int64_t)s->ck_seq; /* the next snapshot holds the chunk */
+        if (by_seq || (t == OUT_HELD && version > s->durable_round)) {
             /* durable rounds: keep [identity, header, payload?] until a checkpoint
              * holds this version */
             heldmsg *m = calloc(1, sizeof *m);
@@ -1615,6 +1672,8 @@ static void io_read_pair(ps_server *s, int i)
                 continue;
             }
             m->version = version;
+            m->by_seq = by_seq;
+            s->nheld_init += (size_t)by_seq;
             if (s->held_tail)
                 s->held_tail->next = m;
             else
@@ -1623,7 +1682,7 @@ static void io_read_pair(ps_server *s, int i)
             s->nheld++;
             continue;
         }
-        if (t == OUT_REPLY || t == OUT_HELD) {
+        if (t == OUT_REPLY || t == OUT_HELD || t == OUT_INIT) {
             /* forward [identity, header, payload?] to the ROUTER as they are */
             while (more) {
                 zmq_msg_t m;
@@ -1765,6 +1824,57 @@ static void close_waiters(ps_server *s)
     s->nsreq = 0;
 }
 
+/* CURVE: a connection whose handshake failed before the ZAP handler saw it
+ * (a plaintext worker: mechanism mismatch) is logged here; ZAP refusals are
+ * logged by the handler.  One line per 5 s at most, the rest counted. */
+static void io_read_monitor(ps_server *s)
+{
+    for (;;) {
+        zmq_msg_t ev, addr;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, s->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return;
+        }
+        zmq_msg_init(&addr);
+        if (zmq_msg_more(&ev))
+            zmq_msg_recv(&addr, s->mon, 0);
+        uint16_t event = 0;
+        uint32_t value = 0;
+        if (zmq_msg_size(&ev) >= 6) {
+            memcpy(&event, zmq_msg_data(&ev), 2);
+            memcpy(&value, (char *)zmq_msg_data(&ev) + 2, 4);
+        }
+        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+            event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
+            s->hs_failed++;
+            int64_t now = ps_now_ns();
+            if (now - s->hs_log_ns >= 5000000000LL || !s->hs_log_ns) {
+                char more[96] = "";
+                if (s->hs_unlogged)
+                    snprintf(more, sizeof more, " (%llu more since the last such line)",
+                             (unsigned long long)s->hs_unlogged);
+                const char *what =
+                    event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                        ? "the peer hung up (a worker without --curve-keys, or one that does "
+                          "not have this server's public key?)"
+                    : value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+                        ? "the peer does not use CURVE (a worker without --curve-keys?)"
+                        : "protocol error (not a ps worker, or a damaged connection)";
+                ps_warn("refused a connection on %.*s: CURVE handshake failed: %s%s",
+                        (int)zmq_msg_size(&addr), (const char *)zmq_msg_data(&addr), what,
+                        more);
+                s->hs_log_ns = now;
+                s->hs_unlogged = 0;
+            } else {
+                s->hs_unlogged++;
+            }
+        }
+        zmq_msg_close(&ev);
+        zmq_msg_close(&addr);
+    }
+}
+
 /* Pump the owners' messages and the writer's wake-up until no checkpoint is
  * being taken or written (at stop).  Gives a snapshot up if an owner died. */
 static void ck_wait_idle(ps_server *s)
@@ -1828,7 +1938,7 @@ int ps_server_run(ps_server *s)
         return PS_ESTATE;
     s->run_called = 1;
     int T = s->cfg.threads;
-    zmq_pollitem_t *items = calloc((size_t)T + 3, sizeof *items);
+    zmq_pollitem_t *items = calloc((size_t)T + 4, sizeof *items);
     if (!items)
         return PS_ENOMEM;
     /* a short poll when something is timed: worker silence, checkpoints */
@@ -1842,7 +1952,10 @@ int ps_server_run(ps_server *s)
             short ev = (short)(ZMQ_POLLIN | (s->out[i].head ? ZMQ_POLLOUT : 0));
             items[3 + i] = (zmq_pollitem_t){s->pairs[i], 0, ev, 0};
         }
-        if (zmq_poll(items, T + 3, tick) < 0) {
+        int n = T + 3;
+        if (s->mon)
+            items[n++] = (zmq_pollitem_t){s->mon, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(items, n, tick) < 0) {
             if (errno == EINTR)
                 continue;
             ps_error("poll failed: %s", zmq_strerror(errno));
@@ -1871,6 +1984,8 @@ int ps_server_run(ps_server *s)
             rc = PS_EIO;
             break;
         }
+        if (s->mon && (items[T + 3].revents & ZMQ_POLLIN))
+            io_read_monitor(s);
         int64_t now = ps_now_ns();
         check_workers(s, now);
         ck_maybe(s, now);
@@ -1889,7 +2004,8 @@ int ps_server_run(ps_server *s)
     if (s->auth)
         off += (size_t)snprintf(extra + off, sizeof extra - off,
                                 ", %llu CURVE handshakes refused",
-                                (unsigned long long)ps_curve_auth_refused(s->auth));
+                                (unsigned long long)(ps_curve_auth_refused(s->auth) +
+                                                     s->hs_failed));
     if (s->nlost && off < sizeof extra)
         off += (size_t)snprintf(extra + off, sizeof extra - off,
                                 ", %llu workers lost, %llu rejoined",
@@ -1928,6 +2044,21 @@ void ps_server_close(ps_server *s)
     if (s->threads_running)
         stop_threads(s);
     close_waiters(s);
+    drop_held(s);
+    if (s->wr.started) {
+        pthread_mutex_lock(&s->wr.mu);
+        s->wr.stop = 1;
+        pthread_cond_signal(&s->wr.cv);
+        pthread_mutex_unlock(&s->wr.mu);
+        pthread_join(s->wr.tid, NULL);
+        pthread_mutex_destroy(&s->wr.mu);
+        pthread_cond_destroy(&s->wr.cv);
+    }
+    ck_free_parts(s->wr.parts, s->wr.nparts);
+    free(s->wr.hello);
+    ck_free_parts(s->ck_parts, s->cfg.threads);
+    if (s->wr.efd >= 0)
+        close(s->wr.efd);
     for (int i = 0; i < s->cfg.threads && s->out; i++) {
         while (s->out[i].head) {
             outmsg *m = s->out[i].head;
@@ -1944,8 +2075,14 @@ void ps_server_close(ps_server *s)
     for (int i = 0; i < s->cfg.threads && s->pairs; i++)
         if (s->pairs[i])
             zmq_close(s->pairs[i]);
+    if (s->mon) {
+        zmq_socket_monitor(s->router, NULL, 0);
+        zmq_close(s->mon);
+    }
     if (s->router)
         zmq_close(s->router);
+    /* the ZAP handler outlives the ROUTER and goes before the context */
+    ps_curve_auth_stop(s->auth);
     if (s->ctx)
         zmq_ctx_term(s->ctx);
     if (s->efd >= 0)
@@ -1953,6 +2090,8 @@ void ps_server_close(ps_server *s)
     /* libzmq 4.3 leaves the socket file of an ipc:// endpoint behind */
     if (strncmp(s->endpoint, "ipc://", 6) == 0 && s->endpoint[6] && s->endpoint[6] != '@')
         unlink(s->endpoint + 6);
+    if (s->trace && ps_trace_close(s->trace) != 0)
+        ps_error("--timeline %s: cannot finish the file", s->timeline_path);
     if (s->workers)
         for (int i = 0; i < s->cfg.num_workers; i++)
             free(s->workers[i]);
@@ -1960,10 +2099,133 @@ void ps_server_close(ps_server *s)
     free(s->upd);
     free(s->pairs);
     free(s->out);
+    free(s->timeline_path);
+    free(s->curve_dir);
+    free(s->ckpt_dir);
     free(s);
 }
 
 static int set_int(void *sock, int opt, int v) { return zmq_setsockopt(sock, opt, &v, sizeof v); }
+
+/* mkdir -p */
+static int make_dirs(const char *path)
+{
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* --restore: the newest checkpoint that reads back whole, else an older one;
+ * its chunks go to their owners' shards (threads not started yet). */
+static int restore(ps_server *s, char *why, size_t why_len)
+{
+    const char *dir = s->ckpt_dir;
+    int rank = s->cfg.rank, T = s->cfg.threads;
+    uint64_t *seqs = NULL;
+    char msg[512], path[1024];
+    int n = ps_ckpt_list(dir, rank, &seqs, msg, sizeof msg);
+    if (n < 0) {
+        say(why, why_len, "--restore: %s", msg);
+        return PS_EDATA;
+    }
+    if (n == 0) {
+        say(why, why_len, "--restore: no checkpoint of server %d in %s (start without --restore "
+            "to begin afresh)", rank, dir);
+        free(seqs);
+        return PS_EDATA;
+    }
+    s->ck_seq = seqs[0] + 1;
+    for (int i = 0; i < n; i++) {
+        ps_ckpt_file f;
+        ps_ckpt_path(dir, rank, seqs[i], path, sizeof path);
+        int rc = ps_ckpt_read(path, &f, msg, sizeof msg);
+        if (rc) {
+            ps_warn("checkpoint %s is corrupt or unreadable (%s): skipped%s", path, msg,
+                    i + 1 < n ? "; trying the one before it" : "");
+            continue;
+        }
+        const ps_ckpt_meta *m = &f.meta;
+        rc = ps_ckpt_check_config(m, rank, s->cfg.num_servers, s->cfg.num_workers, s->cfg.mode,
+                                  s->cfg.max_staleness, &s->cfg.opt, msg, sizeof msg);
+        if (rc) {
+            say(why, why_len, "--restore: checkpoint %s does not fit this server: %s (start "
+                "with the flags it was written with, or without --restore)", path, msg);
+            ps_ckpt_file_free(&f);
+            free(seqs);
+            return PS_EMISMATCH;
+        }
+        size_t off = f.first;
+        ps_shard_chunk_view v;
+        while (ps_ckpt_next_chunk(&f, &off, &v)) {
+            int owner = ps_server_owner(v.key, v.chunk, T);
+            rc = ps_shard_restore_chunk(s->upd[owner].shard, &v, msg, sizeof msg);
+            if (rc) {
+                say(why, why_len, "--restore: %s: %s", path, msg);
+                ps_ckpt_file_free(&f);
+                free(seqs);
+                return rc == PS_EMISMATCH ? PS_EDATA : rc;
+            }
+        }
+        ps_shard_add_counters(s->upd[0].shard, &m->counters);
+        s->model_fp = m->model_fp;
+        int64_t now = ps_now_ns();
+        for (int r = 0; r < s->cfg.num_workers; r++) {
+            if (!m->hello[r])
+                continue;
+            /* it said hello to the old process: its requests (resends
+             * included) are served without a new hello */
+            s->workers[r] = calloc(1, sizeof *s->workers[r]);
+            if (!s->workers[r]) {
+                ps_ckpt_file_free(&f);
+                free(seqs);
+                return PS_ENOMEM;
+            }
+            s->workers[r]->last_ns = now;
+            s->workers_seen++;
+        }
+        for (int t = 0; t < T; t++) {
+            int have;
+            int64_t mv = ps_shard_min_version(s->upd[t].shard, &have);
+            s->upd[t].min_version = s->upd[t].reported_min = mv;
+            s->upd[t].have_min = s->upd[t].reported_have = have;
+        }
+        s->ck_last_round = s->ck_prev_round = m->min_version;
+        s->durable_round = m->min_version;
+        s->ck_written_seq = m->seq;
+        s->ck_written = 1;
+        ps_info("restored %s: checkpoint %llu, %llu chunks, versions %lld..%lld, %llu updates, "
+                "%d of %d workers known, model fingerprint %016llx", path,
+                (unsigned long long)m->seq, (unsigned long long)m->nchunks,
+                (long long)m->min_version, (long long)m->max_version,
+                (unsigned long long)m->counters.updates, s->workers_seen, s->cfg.num_workers,
+                (unsigned long long)m->model_fp);
+        ps_ckpt_file_free(&f);
+        free(seqs);
+        return 0;
+    }
+    say(why, why_len, "--restore: none of the %d checkpoint(s) of server %d in %s is valid (see "
+        "the lines above); refusing to start from an unknown state", n, rank, dir);
+    free(seqs);
+    return PS_EDATA;
+}
+
+static char *dup_opt(const char *p, int *fail)
+{
+    if (!p)
+        return NULL;
+    char *d = strdup(p);
+    if (!d)
+        *fail = 1;
+    return d;
+}
 
 int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t why_len)
 {
@@ -1976,8 +2238,16 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         return PS_ENOMEM;
     s->cfg = *c;
     s->efd = -1;
+    s->wr.efd = -1;
     snprintf(s->bind, sizeof s->bind, "%s", c->bind);
     s->cfg.bind = s->bind;
+    int fail = 0;
+    s->timeline_path = dup_opt(c->timeline, &fail);
+    s->curve_dir = dup_opt(c->curve_dir, &fail);
+    s->ckpt_dir = dup_opt(c->checkpoint_dir, &fail);
+    s->cfg.timeline = s->timeline_path;
+    s->cfg.curve_dir = s->curve_dir;
+    s->cfg.checkpoint_dir = s->ckpt_dir;
     atomic_init(&s->mem_used, 0);
     int T = c->threads;
     s->workers = calloc((size_t)c->num_workers, sizeof *s->workers);
@@ -1986,29 +2256,54 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     s->out = calloc((size_t)T, sizeof *s->out);
     s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     s->ctx = zmq_ctx_new();
-    if (!s->workers || !s->upd || !s->pairs || !s->out || s->efd < 0 || !s->ctx) {
+    if (fail || !s->workers || !s->upd || !s->pairs || !s->out || s->efd < 0 || !s->ctx) {
         say(why, why_len, "out of memory or descriptors starting the server");
         ps_server_close(s);
         return PS_ENOMEM;
     }
-    s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
-    int64_t maxmsg = (int64_t)PS_MAX_PAYLOAD_BYTES + PS_HEADER_MAX;
-    if (!s->router || set_int(s->router, ZMQ_LINGER, 1000) ||
-        set_int(s->router, ZMQ_SNDHWM, ROUTER_SNDHWM) ||
-        set_int(s->router, ZMQ_RCVHWM, ROUTER_RCVHWM) ||
-        zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg)) {
-        say(why, why_len, "cannot create the ROUTER socket: %s", zmq_strerror(errno));
-        ps_server_close(s);
-        return PS_EIO;
+    /* checkpoints: with any in sync mode, pushes are acknowledged when their
+     * round is complete; with one every round, rounds are durable */
+    s->ck_on = s->ckpt_dir && (c->checkpoint_every > 0 || c->checkpoint_every_ms > 0);
+    int sync = c->mode == PS_MODE_SYNC;
+    s->defer_acks = s->ck_on && sync;
+    s->durable = s->ck_on && sync && c->checkpoint_every == 1 && c->checkpoint_every_ms == 0;
+    s->report_progress = s->ck_on && sync && c->checkpoint_every > 0;
+    s->ck_seq = 1;
+    if (s->ckpt_dir) {
+        if (make_dirs(s->ckpt_dir) != 0) {
+            say(why, why_len, "--checkpoint-dir %s: cannot create it: %s", s->ckpt_dir,
+                strerror(errno));
+            ps_server_close(s);
+            return PS_EIO;
+        }
+        uint64_t *seqs = NULL;
+        char msg[512];
+        int n = ps_ckpt_list(s->ckpt_dir, c->rank, &seqs, msg, sizeof msg);
+        if (n < 0) {
+            say(why, why_len, "--checkpoint-dir: %s", msg);
+            ps_server_close(s);
+            return PS_EIO;
+        }
+        if (n > 0)
+            s->ck_seq = seqs[0] + 1; /* never reuse a name, even without --restore */
+        free(seqs);
     }
-    if (zmq_bind(s->router, s->bind) != 0) {
-        say(why, why_len, "cannot bind %s: %s", s->bind, zmq_strerror(errno));
-        ps_server_close(s);
-        return PS_EIO;
+    if (s->timeline_path) {
+        char name[64];
+        snprintf(name, sizeof name, "ps_server[%d]", c->rank);
+        if (ps_trace_open(s->timeline_path, 2000 + c->rank, name, &s->trace) != 0) {
+            say(why, why_len, "--timeline %s: cannot create the file: %s", s->timeline_path,
+                strerror(errno));
+            ps_server_close(s);
+            return PS_EIO;
+        }
+        for (int i = 0; i < T; i++) {
+            snprintf(name, sizeof name, "update-%d", i);
+            ps_trace_thread_name(s->trace, 1 + i, name);
+        }
+        if (s->ck_on)
+            ps_trace_thread_name(s->trace, TID_CKPT, "checkpoint-writer");
     }
-    size_t len = sizeof s->endpoint;
-    if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &len) != 0)
-        snprintf(s->endpoint, sizeof s->endpoint, "%s", s->bind);
 
     ps_shard_config sc;
     memset(&sc, 0, sizeof sc);
@@ -2041,6 +2336,63 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
             ps_server_close(s);
             return rc;
         }
+        ps_shard_set_trace(u->shard, s->trace, 1 + i);
+        ps_shard_set_merge(u->shard, hook_merge);
+    }
+    if (c->restore && (rc = restore(s, why, why_len)) != 0) {
+        ps_server_close(s);
+        return rc;
+    }
+
+    s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
+    int64_t maxmsg = (int64_t)PS_MAX_PAYLOAD_BYTES + PS_HEADER_MAX;
+    if (!s->router || set_int(s->router, ZMQ_LINGER, 1000) ||
+        set_int(s->router, ZMQ_SNDHWM, ROUTER_SNDHWM) ||
+        set_int(s->router, ZMQ_RCVHWM, ROUTER_RCVHWM) ||
+        zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg)) {
+        say(why, why_len, "cannot create the ROUTER socket: %s", zmq_strerror(errno));
+        ps_server_close(s);
+        return PS_EIO;
+    }
+    if (s->curve_dir) {
+        /* before bind: no connection may come in before the ZAP handler is up */
+        char msg[512];
+        rc = ps_curve_server_setup(s->ctx, s->router, s->curve_dir, c->rank, &s->auth, msg,
+                                   sizeof msg);
+        if (rc) {
+            say(why, why_len, "--curve-keys %s: %s", s->curve_dir, msg);
+            ps_server_close(s);
+            return rc;
+        }
+        /* handshake failures the ZAP handler never sees (plaintext peers) */
+        char ep[64];
+        snprintf(ep, sizeof ep, "inproc://ps-monitor-%p", (void *)s);
+        if (zmq_socket_monitor(s->router, ep, ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                                  ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
+            s->mon = zmq_socket(s->ctx, ZMQ_PAIR);
+            if (s->mon && (set_int(s->mon, ZMQ_LINGER, 0) || zmq_connect(s->mon, ep) != 0)) {
+                zmq_close(s->mon);
+                s->mon = NULL;
+            }
+        }
+    }
+    if (zmq_bind(s->router, s->bind) != 0) {
+        say(why, why_len, "cannot bind %s: %s", s->bind, zmq_strerror(errno));
+        ps_server_close(s);
+        return PS_EIO;
+    }
+    size_t len = sizeof s->endpoint;
+    if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &len) != 0)
+        snprintf(s->endpoint, sizeof s->endpoint, "%s", s->bind);
+
+    if (s->ck_on) {
+        s->wr.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (s->wr.efd < 0) {
+            say(why, why_len, "cannot create an eventfd: %s", strerror(errno));
+            ps_server_close(s);
+            return PS_EIO;
+        }
+        s->ck_last_ns = ps_now_ns();
     }
     /* update threads take no signals: SIGINT/SIGTERM land on the I/O thread */
     sigset_t all, old;
@@ -2061,6 +2413,18 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
             return PS_ENOMEM;
         }
         s->upd[i].started = 1;
+    }
+    if (s->ck_on) {
+        pthread_mutex_init(&s->wr.mu, NULL);
+        pthread_cond_init(&s->wr.cv, NULL);
+        if (pthread_create(&s->wr.tid, NULL, writer_main, s) != 0) {
+            pthread_mutex_destroy(&s->wr.mu);
+            pthread_cond_destroy(&s->wr.cv);
+            ps_warn("cannot start the checkpoint writer thread: checkpoints are written on the "
+                    "I/O thread");
+        } else {
+            s->wr.started = 1;
+        }
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     s->threads_running = 1;

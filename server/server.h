@@ -43,7 +43,9 @@
  *    CMD_CKPT to every owner; each serializes its chunks between two messages
  *    (a memory copy, so the hot path stalls only that long) and sends the
  *    buffer back; a writer thread writes the file (tmp, fsync, rename, fsync
- *    dir) while training goes on.  In sync mode with checkpoints, a push is
+ *    dir) while training goes on.  An init is acknowledged once a checkpoint
+ *    holds its chunk (so a restored server has every chunk its workers use).
+ *    In sync mode with checkpoints, a push is
  *    acknowledged only when its round is complete (so pushes of a round that
  *    a crash lost are resent by the workers), and with a checkpoint every
  *    round ("durable rounds") the replies that reveal a version (pull replies,

@@ -52,6 +52,7 @@ struct ps_shard {
     uint64_t ff_rounds;
     ps_trace *trace;
     int trace_tid;
+    int (*merge)(void *user, void *queued, void *incoming);
 };
 
 static void say(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -490,9 +491,10 @@ int ps_shard_push(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t step,
         }
         ch->pend[ch->npend++] = (pending){rank, g, hold};
         *kept = 1;
-        return 0;
+    } else {
+        accumulate(ch, g);
     }
-    accumulate(ch, g);
+    /* also when kept: the ranks before it may all be out of the live set */
     advance(s, ch);
     *version = ch->version;
     return 0;
@@ -505,6 +507,11 @@ static int answer_or_queue(ps_shard *s, chunk *ch, int64_t want, void *ctx, int 
     *queued = 0;
     if (can_answer(s, ch, want))
         return 0;
+    for (size_t i = 0; s->merge && i < ch->nwait; i++)
+        if (ch->wait[i].want == want && s->merge(s->hooks.user, ch->wait[i].ctx, ctx)) {
+            *queued = 2;
+            return 0;
+        }
     size_t limit = PS_SHARD_MAX_WAITERS(s->cfg.num_workers);
     if (ch->nwait >= limit) {
         say(why, why_len, "%zu requests already wait on key %llu chunk %u (limit %zu)", ch->nwait,
@@ -691,6 +698,11 @@ int64_t ps_shard_min_version(const ps_shard *s, int *have)
 }
 
 uint64_t ps_shard_fast_forwards(const ps_shard *s) { return s->ff_rounds; }
+
+void ps_shard_set_merge(ps_shard *s, int (*merge)(void *user, void *queued, void *incoming))
+{
+    s->merge = merge;
+}
 
 void ps_shard_set_trace(ps_shard *s, ps_trace *t, int tid)
 {

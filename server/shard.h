@@ -93,6 +93,14 @@ int ps_shard_pull(ps_shard *s, uint64_t key, uint32_t chunk, int rank, int64_t w
 const float *ps_shard_weights(const ps_shard *s, uint64_t key, uint32_t chunk, size_t *n,
                               int64_t *version);
 
+/* Resent requests: when set, a waiter about to be queued is first offered to
+ * merge(user, queued, incoming) for each waiter queued on its chunk; 1 means
+ * it is a resend of that one, which merge has brought up to date (the reply
+ * route): it is not queued again, and pull/await return with *queued = 2 and
+ * leave the incoming waiter to the caller.  So a request resent for as long
+ * as a round stays open takes one place in the queue, not one per resend. */
+void ps_shard_set_merge(ps_shard *s, int (*merge)(void *user, void *queued, void *incoming));
+
 /* Like ps_shard_pull, but for a waiter that wants no weights (a sync push's
  * deferred acknowledgement: "tell me when version `want` exists").  Not
  * counted as a pull; the waiter is answered with hooks.ready like a pull. */

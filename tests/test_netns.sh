@@ -14,6 +14,10 @@ TMP=$(mktemp -d /tmp/ps_test_netns.XXXXXX)
 pids=""
 
 cleanup() {
+    # every process inside the namespaces, not only the `ip netns exec` we started
+    for ns in "$NS_S" "$NS_W"; do
+        for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+    done
     for p in $pids; do kill -9 "$p" 2>/dev/null; done
     wait 2>/dev/null
     ip netns del "$NS_S" 2>/dev/null

@@ -37,6 +37,10 @@
 
 #define DEFAULT_CHUNK_BYTES (4u << 20)
 #define DEFAULT_HELLO_MS 10000
+#define DEFAULT_HEARTBEAT_MS 1000
+/* Request id of heartbeats: never a slot's (generations start at 1), so their
+ * replies are recognised and dropped. */
+#define HEARTBEAT_SEQ 0
 #define RESEND_MAX_BACKOFF_NS (30LL * 1000000000LL)
 #define ERRBUF 512
 
@@ -126,6 +130,8 @@ struct ps_client {
     op *held;
     size_t held_head, held_len, held_cap;
     int64_t next_resend_check;
+    int hb_on;           /* set by start (atomic): heartbeats may go */
+    int64_t next_hb_ns;  /* comm thread: when the next heartbeats are due */
 };
 
 /* ---------- completion ---------- */
@@ -273,11 +279,17 @@ static void sub_send(ps_client *c, uint32_t i)
     size_t len = 0;
     void *sock = c->socks[s->server];
     int err = 0, zerr = 0;
+    int lost = 0;
     if (ps_proto_encode(&h, buf, sizeof buf, &len) != 0) {
         err = PS_EPROTO;
     } else if (zsend(sock, buf, len, payload ? ZMQ_SNDMORE : 0) < 0) {
         err = PS_EIO;
         zerr = errno;
+        /* EAGAIN: ZeroMQ has no connection to queue it on: the server
+         * refused our handshake (CURVE).  A hello is then as good as lost,
+         * and its timeout says why */
+        if (zerr == EAGAIN && s->type == PS_MSG_HELLO)
+            lost = 1;
     }
     if (payload) {
         if (!err) {
@@ -302,9 +314,15 @@ static void sub_send(ps_client *c, uint32_t i)
             part_done(c, r); /* no frame was made: count its release now */
         }
     }
-    if (err) {
-        set_error(r, err, "%s: cannot send %s: %s", c->endpoints[s->server],
-                  ps_msg_type_name(s->type), err == PS_EIO ? zmq_strerror(zerr) : ps_strerror(err));
+    if (err && lost) {
+        ps_debug("libps: %s has no connection for %s (refused?); waiting to resend",
+                 c->endpoints[s->server], ps_msg_type_name(s->type));
+    } else if (err) {
+        set_error(r, err, "%s: cannot send %s: %s%s", c->endpoints[s->server],
+                  ps_msg_type_name(s->type), err == PS_EIO ? zmq_strerror(zerr) : ps_strerror(err),
+                  err == PS_EIO && zerr == EAGAIN
+                      ? " (no connection: did the server refuse this worker's CURVE key?)"
+                      : "");
         sub_finish(c, i);
         return;
     }
@@ -315,12 +333,32 @@ static void sub_send(ps_client *c, uint32_t i)
     }
 }
 
-/* Resending is safe: servers drop duplicate pushes by (rank, key, chunk,
- * step), and a second reply to the same id finds its slot freed. */
-static int resendable(uint32_t type)
+/* Fire-and-forget HEARTBEAT to every server: no slot, no resend; the reply
+ * is dropped.  A server that hears nothing from a worker for its
+ * --worker-timeout treats it as lost. */
+static void send_heartbeats(ps_client *c, int64_t now)
 {
-    return type != PS_MSG_BARRIER && type != PS_MSG_SHUTDOWN;
+    if (c->opt.heartbeat_ms <= 0 || !__atomic_load_n(&c->hb_on, __ATOMIC_ACQUIRE))
+        return;
+    if (now < c->next_hb_ns)
+        return;
+    c->next_hb_ns = now + (int64_t)c->opt.heartbeat_ms * 1000000LL;
+    ps_header h;
+    ps_header_init(&h, PS_MSG_HEARTBEAT);
+    h.seq = HEARTBEAT_SEQ;
+    h.rank = c->opt.rank;
+    char buf[PS_HEADER_MAX];
+    size_t len = 0;
+    if (ps_proto_encode(&h, buf, sizeof buf, &len) != 0)
+        return;
+    for (int s = 0; s < c->nservers; s++)
+        zsend(c->socks[s], buf, len, 0); /* queued while a server is away; fine */
 }
+
+/* Resending is safe: servers drop duplicate pushes by (rank, key, chunk,
+ * step), queue a resent pull or barrier once (and answer a barrier that has
+ * completed), and a second reply to the same id finds its slot freed. */
+static int resendable(uint32_t type) { return type != PS_MSG_SHUTDOWN; }
 
 static void check_resends(ps_client *c)
 {
@@ -445,6 +483,8 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
         ps_warn("libps: dropped a message from %s: %s", ep, why);
         return;
     }
+    if (h.type == PS_MSG_HEARTBEAT || (h.type == PS_MSG_ERROR && h.seq == HEARTBEAT_SEQ))
+        return; /* an answer to a heartbeat (an error one: the server does not know us) */
     uint32_t i = (uint32_t)(h.seq & 0xffffffffu);
     if (i >= c->nsubs || !c->subs[i].req || sub_id(c, i) != h.seq || c->subs[i].server != server) {
         ps_debug("libps: ignored a %s reply from %s for request %llu (already complete)",
@@ -669,9 +709,16 @@ static void *comm_main(void *arg)
     int stop = items == NULL;
     while (!stop) {
         long timeout = -1;
+        int64_t now = ps_now_ns();
         if (c->opt.request_timeout_ms > 0 && c->live) {
-            int64_t d = c->next_resend_check - ps_now_ns();
+            int64_t d = c->next_resend_check - now;
             timeout = d <= 0 ? 0 : d / 1000000 + 1;
+        }
+        if (c->opt.heartbeat_ms > 0 && __atomic_load_n(&c->hb_on, __ATOMIC_ACQUIRE)) {
+            int64_t d = c->next_hb_ns - now;
+            long t = d <= 0 ? 0 : (long)(d / 1000000 + 1);
+            if (timeout < 0 || t < timeout)
+                timeout = t;
         }
         if (c->held_len) {
             /* a device copy is in flight: look again in 20 us, not 1 ms */
@@ -718,6 +765,7 @@ static void *comm_main(void *arg)
         for (int s = 0; s < c->nservers; s++)
             drain_socket(c, s);
         check_resends(c);
+        send_heartbeats(c, ps_now_ns());
     }
     /* closing: whatever is still queued or in flight completes with
      * PS_ECLOSED; payload frames still queued in ZeroMQ are released (and
@@ -948,6 +996,7 @@ void ps_client_options_default(ps_client_options *o)
     o->hello_timeout_ms = 0;
     o->request_timeout_ms = 0;
     o->curve_dir = NULL;
+    o->heartbeat_ms = DEFAULT_HEARTBEAT_MS;
 }
 
 static int split_endpoints(ps_client *c)
@@ -1029,7 +1078,7 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
         return PS_EINVAL;
     }
     if (o->expect.kind < PS_OPT_NONE || o->expect.kind > PS_OPT_KIND_MAX ||
-        o->hello_timeout_ms < 0 || o->request_timeout_ms < 0) {
+        o->hello_timeout_ms < 0 || o->request_timeout_ms < 0 || o->heartbeat_ms < 0) {
         ps_error("libps: bad optimizer kind %d or negative timeout", o->expect.kind);
         return PS_EINVAL;
     }
@@ -1188,6 +1237,11 @@ static int check_hellos(ps_client *c, ps_request *reqs, ps_hello *reps)
         snprintf(c->last_error + off, sizeof c->last_error - off,
                  " (CURVE is on: a server that does not accept this worker's key never answers; "
                  "check --curve-keys and %s)", c->curve_dir);
+    } else if (missing) {
+        off = strlen(c->last_error);
+        snprintf(c->last_error + off, sizeof c->last_error - off,
+                 " (is it running and reachable? a server started with --curve-keys never "
+                 "answers a plaintext worker: give this worker --curve-keys too)");
     }
     if (missing)
         return PS_ETIMEDOUT;
@@ -1285,6 +1339,8 @@ int ps_client_start(ps_client *c)
         return rc;
     }
     c->started = 1;
+    __atomic_store_n(&c->hb_on, 1, __ATOMIC_RELEASE);
+    kick(c); /* the comm thread may be asleep with no timeout: start the heartbeats */
     return 0;
 }
 

@@ -26,7 +26,13 @@ static const char *usage =
     "                        slowest (default -1 = unbounded); must match the servers\n"
     "  --curve-keys DIR      encrypt and authenticate with CURVE keys from ps_keygen\n"
     "  --chunk-size BYTES    tensors are cut into chunks of at most this (default 4M)\n"
-    "  --request-timeout MS  resend an unanswered request after MS (default 0: never)\n"
+    "  --request-timeout MS  resend an unanswered request after MS, then after 2x, 4x..\n"
+    "                        up to 30 s (default 5000; 0: never).  Servers drop the\n"
+    "                        duplicates, so a restarted server gets what it lost\n"
+    "  --hello-timeout MS    give up when a server does not answer hello within MS\n"
+    "                        (default 10000)\n"
+    "  --heartbeat MS        tell every server this often that the worker is alive,\n"
+    "                        for their --worker-timeout (default 1000; 0: never)\n"
     "model and training:\n"
     "  --model SPEC          mlp:784-256-128-10 (sizes) or cnn (default mlp:784-256-128-10)\n"
     "  --batch B             samples per step per worker (default 64)\n"
@@ -144,6 +150,8 @@ int main(int argc, char **argv)
             continue;
         }
         INT("--request-timeout", 0, 3600000, c.request_timeout_ms)
+        INT("--hello-timeout", 1, 3600000, c.hello_timeout_ms)
+        INT("--heartbeat", 0, 3600000, c.heartbeat_ms)
         STR("--model", c.model)
         INT("--batch", 1, 65536, c.batch)
         INT("--epochs", 1, 100000, c.epochs)

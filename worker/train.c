@@ -50,6 +50,9 @@ void ps_train_config_default(ps_train_config *c)
     c->threads = 1;
     c->seed = 1;
     c->log_every = 100;
+    /* a restarted server is reconnected by ZeroMQ; what it lost is resent */
+    c->request_timeout_ms = 5000;
+    c->heartbeat_ms = 1000;
 }
 
 /* One parameter tensor's communication state. */
@@ -317,6 +320,8 @@ static int connect_servers(worker *w)
     o.max_staleness = c->max_staleness;
     o.chunk_bytes = c->chunk_bytes;
     o.request_timeout_ms = c->request_timeout_ms;
+    o.hello_timeout_ms = c->hello_timeout_ms;
+    o.heartbeat_ms = c->heartbeat_ms;
     o.curve_dir = c->curve_dir;
     /* check what the user asked for: the optimizer with --optimizer, the
      * learning rate with --lr; the servers' settings are used either way */
@@ -436,6 +441,9 @@ static int pull_final(worker *w)
         ps_error("final barrier failed: %s", ps_client_last_error(w->client));
         return rc;
     }
+    /* host_pull may still feed an h2d copy issued when the last pull landed */
+    if (!w->on_host && (rc = w->b->stream_sync(w->b, PS_STREAM_COPY)))
+        return rc;
     for (int i = 0; i < w->nparams && !rc; i++) {
         slot *s = &w->slots[i];
         float *dst = w->on_host ? w->params[i].w : s->host_pull;

@@ -28,7 +28,9 @@ typedef struct ps_train_config {
     const char *log_csv, *timeline, *save_path, *load_path;
     const char *curve_dir;
     size_t chunk_bytes;
-    int request_timeout_ms;
+    int request_timeout_ms; /* resend unanswered requests after this (0: never) */
+    int hello_timeout_ms;   /* how long start waits for every server (0: 10 s) */
+    int heartbeat_ms;       /* heartbeats to the servers (0: none) */
 } ps_train_config;
 
 void ps_train_config_default(ps_train_config *c);

@@ -1,0 +1,530 @@
+#include "checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "optimizer.h"
+#include "ps_error.h"
+
+#define MAGIC "PSCKPT1\n"
+#define FORMAT 1
+/* fixed part of the header, before the per-worker hello flags */
+#define HDR_FIXED (8 + 4 + 4 + 8 + 8 + 6 * 4 + 6 * 4 + 8 + 8 + 8 + 8 + 6 * 8)
+/* fixed part of a chunk record, before the clocks */
+#define REC_FIXED (8 + 4 + 4 + 8 + 8 + 8)
+
+static void say(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(char *why, size_t len, const char *fmt, ...)
+{
+    if (!why || !len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, len, fmt, ap);
+    va_end(ap);
+}
+
+static size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
+
+static size_t header_bytes(int num_workers) { return pad8(HDR_FIXED + (size_t)num_workers); }
+
+static size_t record_bytes(int num_workers, size_t n, int nstate)
+{
+    return pad8(REC_FIXED + 8 * (size_t)num_workers + 4 * n * (size_t)(1 + nstate));
+}
+
+/* ---- little-endian put/get (the hosts we build for are little-endian; memcpy
+ * keeps unaligned access defined) ---- */
+#define PUT(p, v) do { __typeof__(v) put_v_ = (v); memcpy((p), &put_v_, sizeof put_v_); \
+                       (p) += sizeof put_v_; } while (0)
+#define GET(p, v) do { memcpy(&(v), (p), sizeof(v)); (p) += sizeof(v); } while (0)
+
+static uint32_t crc_update(uint32_t crc, const void *buf, size_t len)
+{
+    const unsigned char *p = buf;
+    while (len) {
+        uInt n = len > (1u << 30) ? (1u << 30) : (uInt)len;
+        crc = (uint32_t)crc32(crc, p, n);
+        p += n;
+        len -= n;
+    }
+    return crc;
+}
+
+uint64_t ps_ckpt_config_fp(int rank, int num_servers, int num_workers, int mode,
+                           int max_staleness, const ps_opt_config *opt)
+{
+    unsigned char b[64], *p = b;
+    PUT(p, (int32_t)rank);
+    PUT(p, (int32_t)num_servers);
+    PUT(p, (int32_t)num_workers);
+    PUT(p, (int32_t)mode);
+    PUT(p, (int32_t)max_staleness);
+    PUT(p, (int32_t)opt->kind);
+    PUT(p, opt->lr);
+    PUT(p, opt->momentum);
+    PUT(p, opt->beta1);
+    PUT(p, opt->beta2);
+    PUT(p, opt->eps);
+    PUT(p, opt->weight_decay);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (unsigned char *q = b; q < p; q++) {
+        h ^= *q;
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+/* ---- serializing one update thread's chunks ---- */
+
+typedef struct ser {
+    int mode, num_workers;
+    size_t need;
+    unsigned char *p;
+    ps_ckpt_part *out;
+} ser;
+
+static void count_chunk(void *arg, const ps_shard_chunk_view *v)
+{
+    ser *z = arg;
+    z->need += record_bytes(z->num_workers, v->n, v->nstate);
+}
+
+static void put_chunk(void *arg, const ps_shard_chunk_view *v)
+{
+    ser *z = arg;
+    unsigned char *start = z->p, *p = z->p;
+    PUT(p, v->key);
+    PUT(p, v->chunk);
+    PUT(p, (uint32_t)v->nstate);
+    PUT(p, (uint64_t)v->n);
+    PUT(p, v->total);
+    PUT(p, v->version);
+    for (int r = 0; r < z->num_workers; r++) {
+        int64_t c = v->clock[r];
+        /* sync: pushes of the open round are not in the weights; store the
+         * clock as if they had not come, so they are applied after a restore */
+        if (z->mode == PS_MODE_SYNC && c > v->version)
+            c = v->version;
+        PUT(p, c);
+    }
+    memcpy(p, v->w, v->n * sizeof(float));
+    p += v->n * sizeof(float);
+    for (int k = 0; k < v->nstate; k++) {
+        memcpy(p, v->state[k], v->n * sizeof(float));
+        p += v->n * sizeof(float);
+    }
+    size_t used = (size_t)(p - start), rec = record_bytes(z->num_workers, v->n, v->nstate);
+    memset(p, 0, rec - used);
+    z->p = start + rec;
+    ps_ckpt_part *o = z->out;
+    if (!o->nchunks || v->version < o->min_version)
+        o->min_version = v->version;
+    if (!o->nchunks || v->version > o->max_version)
+        o->max_version = v->version;
+    o->nchunks++;
+}
+
+int ps_ckpt_serialize(const ps_shard *s, int mode, int num_workers, ps_ckpt_part *out)
+{
+    memset(out, 0, sizeof *out);
+    ser z = {mode, num_workers, 0, NULL, out};
+    ps_shard_foreach(s, count_chunk, &z);
+    out->buf = malloc(z.need ? z.need : 1);
+    if (!out->buf)
+        return PS_ENOMEM;
+    z.p = out->buf;
+    ps_shard_foreach(s, put_chunk, &z);
+    out->len = z.need;
+    ps_shard_stats(s, &out->counters);
+    return 0;
+}
+
+/* ---- file names ---- */
+
+void ps_ckpt_path(const char *dir, int rank, uint64_t seq, char *out, size_t len)
+{
+    snprintf(out, len, "%s/shard-%d-%012llu.ckpt", dir, rank, (unsigned long long)seq);
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int ps_ckpt_list(const char *dir, int rank, uint64_t **seqs, char *why, size_t why_len)
+{
+    *seqs = NULL;
+    DIR *d = opendir(dir);
+    if (!d) {
+        say(why, why_len, "cannot read the checkpoint directory %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "shard-%d-", rank);
+    size_t plen = strlen(prefix), n = 0, cap = 0;
+    uint64_t *v = NULL;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *name = e->d_name;
+        size_t len = strlen(name);
+        if (len != plen + 12 + 5 || strncmp(name, prefix, plen) != 0 ||
+            strcmp(name + len - 5, ".ckpt") != 0)
+            continue;
+        uint64_t seq = 0;
+        int ok = 1;
+        for (size_t i = plen; i < plen + 12; i++) {
+            if (name[i] < '0' || name[i] > '9')
+                ok = 0;
+            else
+                seq = seq * 10 + (uint64_t)(name[i] - '0');
+        }
+        if (!ok)
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 8;
+            uint64_t *nv = realloc(v, cap * sizeof *nv);
+            if (!nv) {
+                free(v);
+                closedir(d);
+                say(why, why_len, "out of memory listing %s", dir);
+                return -1;
+            }
+            v = nv;
+        }
+        v[n++] = seq;
+    }
+    closedir(d);
+    if (n)
+        qsort(v, n, sizeof *v, cmp_desc);
+    *seqs = v;
+    return (int)n;
+}
+
+/* ---- writing ---- */
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+static void prune(const char *dir, int rank, int keep)
+{
+    uint64_t *seqs;
+    int n = ps_ckpt_list(dir, rank, &seqs, NULL, 0);
+    char path[1024];
+    for (int i = keep; i < n; i++) {
+        ps_ckpt_path(dir, rank, seqs[i], path, sizeof path);
+        unlink(path);
+    }
+    free(seqs);
+}
+
+int ps_ckpt_write(const char *dir, const ps_ckpt_meta *m, const ps_ckpt_part *parts, int nparts,
+                  int keep, char *path, size_t path_len, uint64_t *bytes, char *why,
+                  size_t why_len)
+{
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s/shard-%d.tmp", dir, m->rank);
+    ps_ckpt_path(dir, m->rank, m->seq, path, path_len);
+    size_t hb = header_bytes(m->num_workers);
+    unsigned char *h = calloc(1, hb), *p = h;
+    if (!h) {
+        say(why, why_len, "out of memory writing %s", path);
+        return PS_ENOMEM;
+    }
+    memcpy(p, MAGIC, 8);
+    p += 8;
+    PUT(p, (uint32_t)FORMAT);
+    PUT(p, (uint32_t)hb);
+    PUT(p, m->seq);
+    PUT(p, m->config_fp);
+    PUT(p, (int32_t)m->rank);
+    PUT(p, (int32_t)m->num_servers);
+    PUT(p, (int32_t)m->num_workers);
+    PUT(p, (int32_t)m->mode);
+    PUT(p, (int32_t)m->max_staleness);
+    PUT(p, (int32_t)m->opt.kind);
+    PUT(p, m->opt.lr);
+    PUT(p, m->opt.momentum);
+    PUT(p, m->opt.beta1);
+    PUT(p, m->opt.beta2);
+    PUT(p, m->opt.eps);
+    PUT(p, m->opt.weight_decay);
+    PUT(p, m->model_fp);
+    PUT(p, m->nchunks);
+    PUT(p, m->min_version);
+    PUT(p, m->max_version);
+    PUT(p, m->counters.pushes);
+    PUT(p, m->counters.pulls);
+    PUT(p, m->counters.inits);
+    PUT(p, m->counters.updates);
+    PUT(p, m->counters.dup_dropped);
+    PUT(p, m->counters.bytes_in);
+    for (int r = 0; r < m->num_workers; r++)
+        *p++ = m->hello ? m->hello[r] : 0;
+    uint32_t crc = crc_update(0, h, hb);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const char *step = "create";
+    int ok = fd >= 0 && (step = "write", write_all(fd, h, hb) == 0);
+    free(h);
+    uint64_t total = hb;
+    for (int i = 0; ok && i < nparts; i++) {
+        crc = crc_update(crc, parts[i].buf, parts[i].len);
+        ok = write_all(fd, parts[i].buf, parts[i].len) == 0;
+        total += parts[i].len;
+    }
+    unsigned char tail[4];
+    memcpy(tail, &crc, 4);
+    if (ok)
+        ok = write_all(fd, tail, 4) == 0;
+    total += 4;
+    if (ok && (step = "fsync", fsync(fd) != 0))
+        ok = 0;
+    int e = errno;
+    if (fd >= 0 && close(fd) != 0 && ok) {
+        ok = 0;
+        step = "close";
+        e = errno;
+    }
+    if (ok && (step = "rename", rename(tmp, path) != 0)) {
+        ok = 0;
+        e = errno;
+    }
+    if (!ok) {
+        say(why, why_len, "cannot %s %s: %s", step, strcmp(step, "rename") ? tmp : path,
+            strerror(e));
+        unlink(tmp);
+        return PS_EIO;
+    }
+    /* the rename is durable only once the directory is */
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || fsync(dfd) != 0) {
+        e = errno;
+        if (dfd >= 0)
+            close(dfd);
+        say(why, why_len, "cannot fsync the directory %s: %s", dir, strerror(e));
+        return PS_EIO;
+    }
+    close(dfd);
+    if (bytes)
+        *bytes = total;
+    prune(dir, m->rank, keep);
+    return 0;
+}
+
+/* ---- reading ---- */
+
+void ps_ckpt_file_free(ps_ckpt_file *f)
+{
+    free(f->data);
+    memset(f, 0, sizeof *f);
+}
+
+int ps_ckpt_next_chunk(const ps_ckpt_file *f, size_t *off, ps_shard_chunk_view *v)
+{
+    int W = f->meta.num_workers;
+    size_t end = f->size - 4;
+    if (*off >= end)
+        return 0;
+    const unsigned char *p = f->data + *off;
+    uint32_t nstate;
+    uint64_t n;
+    memset(v, 0, sizeof *v);
+    GET(p, v->key);
+    GET(p, v->chunk);
+    GET(p, nstate);
+    GET(p, n);
+    GET(p, v->total);
+    GET(p, v->version);
+    v->n = (size_t)n;
+    v->nstate = (int)nstate;
+    v->clock = (const int64_t *)(const void *)p; /* 8-aligned: records are padded */
+    p += 8 * (size_t)W;
+    v->w = (const float *)(const void *)p;
+    p += v->n * sizeof(float);
+    for (uint32_t k = 0; k < nstate && k < 2; k++) {
+        v->state[k] = (const float *)(const void *)p;
+        p += v->n * sizeof(float);
+    }
+    *off += record_bytes(W, v->n, v->nstate);
+    return 1;
+}
+
+int ps_ckpt_read(const char *path, ps_ckpt_file *f, char *why, size_t why_len)
+{
+    memset(f, 0, sizeof *f);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        say(why, why_len, "cannot open: %s", strerror(errno));
+        return PS_EIO;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        say(why, why_len, "cannot stat: %s", strerror(errno));
+        close(fd);
+        return PS_EIO;
+    }
+    size_t size = (size_t)st.st_size;
+    if (size < HDR_FIXED + 4) {
+        close(fd);
+        say(why, why_len, "truncated: %zu bytes, a checkpoint has at least %d", size,
+            HDR_FIXED + 4);
+        return PS_EDATA;
+    }
+    unsigned char *d = malloc(size);
+    if (!d) {
+        close(fd);
+        say(why, why_len, "out of memory reading %zu bytes", size);
+        return PS_ENOMEM;
+    }
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = read(fd, d + got, size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != size) {
+        free(d);
+        say(why, why_len, "read %zu of %zu bytes", got, size);
+        return PS_EIO;
+    }
+#define CORRUPT(...) do { say(why, why_len, __VA_ARGS__); free(d); return PS_EDATA; } while (0)
+    if (memcmp(d, MAGIC, 8) != 0)
+        CORRUPT("not a checkpoint (bad magic)");
+    uint32_t crc_file;
+    memcpy(&crc_file, d + size - 4, 4);
+    uint32_t crc = crc_update(0, d, size - 4);
+    if (crc != crc_file)
+        CORRUPT("CRC-32 mismatch (file says %08x, contents give %08x): damaged or truncated",
+                crc_file, crc);
+    const unsigned char *p = d + 8;
+    uint32_t format, hb;
+    int32_t i32[6];
+    ps_ckpt_meta *m = &f->meta;
+    GET(p, format);
+    GET(p, hb);
+    if (format != FORMAT)
+        CORRUPT("format %u, this server reads format %d", format, FORMAT);
+    GET(p, m->seq);
+    GET(p, m->config_fp);
+    for (int i = 0; i < 6; i++)
+        GET(p, i32[i]);
+    m->rank = i32[0];
+    m->num_servers = i32[1];
+    m->num_workers = i32[2];
+    m->mode = i32[3];
+    m->max_staleness = i32[4];
+    m->opt.kind = i32[5];
+    GET(p, m->opt.lr);
+    GET(p, m->opt.momentum);
+    GET(p, m->opt.beta1);
+    GET(p, m->opt.beta2);
+    GET(p, m->opt.eps);
+    GET(p, m->opt.weight_decay);
+    GET(p, m->model_fp);
+    GET(p, m->nchunks);
+    GET(p, m->min_version);
+    GET(p, m->max_version);
+    GET(p, m->counters.pushes);
+    GET(p, m->counters.pulls);
+    GET(p, m->counters.inits);
+    GET(p, m->counters.updates);
+    GET(p, m->counters.dup_dropped);
+    GET(p, m->counters.bytes_in);
+    if (m->num_workers < 1 || m->num_workers > PS_MAX_RANK + 1 ||
+        hb != header_bytes(m->num_workers) || hb > size - 4)
+        CORRUPT("bad header (%d workers, %u header bytes)", m->num_workers, hb);
+    m->hello = p;
+    /* every record in bounds, as many as the header says */
+    int W = m->num_workers, nstate = ps_opt_state_arrays(m->opt.kind);
+    size_t off = hb, end = size - 4;
+    uint64_t count = 0;
+    while (off < end) {
+        if (end - off < REC_FIXED + 8 * (size_t)W)
+            CORRUPT("chunk record %llu is cut short", (unsigned long long)count);
+        uint32_t ns;
+        uint64_t n;
+        memcpy(&ns, d + off + 12, 4);
+        memcpy(&n, d + off + 16, 8);
+        if ((int)ns != nstate || n == 0 || n > (end - off) / 4)
+            CORRUPT("chunk record %llu: %u state arrays (want %d), %llu elements",
+                    (unsigned long long)count, ns, nstate, (unsigned long long)n);
+        size_t rb = record_bytes(W, (size_t)n, nstate);
+        if (rb > end - off)
+            CORRUPT("chunk record %llu is cut short", (unsigned long long)count);
+        off += rb;
+        count++;
+    }
+    if (count != m->nchunks)
+        CORRUPT("%llu chunk records, the header says %llu", (unsigned long long)count,
+                (unsigned long long)m->nchunks);
+#undef CORRUPT
+    f->data = d;
+    f->size = size;
+    f->first = hb;
+    return 0;
+}
+
+int ps_ckpt_check_config(const ps_ckpt_meta *m, int rank, int num_servers, int num_workers,
+                         int mode, int max_staleness, const ps_opt_config *opt, char *why,
+                         size_t why_len)
+{
+#define DIFF(flag, fmt, a, b) do { say(why, why_len, "it was written with " flag " " fmt \
+    ", this server has " flag " " fmt, a, b); return PS_EMISMATCH; } while (0)
+    if (m->rank != rank)
+        DIFF("--rank", "%d", m->rank, rank);
+    if (m->num_servers != num_servers)
+        DIFF("--num-servers", "%d", m->num_servers, num_servers);
+    if (m->num_workers != num_workers)
+        DIFF("--num-workers", "%d", m->num_workers, num_workers);
+    if (m->mode != mode)
+        DIFF("--mode", "%s", ps_mode_name(m->mode), ps_mode_name(mode));
+    if (m->max_staleness != max_staleness)
+        DIFF("--max-staleness", "%d", m->max_staleness, max_staleness);
+    if (m->opt.kind != opt->kind)
+        DIFF("--optimizer", "%s", ps_opt_name(m->opt.kind), ps_opt_name(opt->kind));
+    if (m->opt.lr != opt->lr)
+        DIFF("--lr", "%g", (double)m->opt.lr, (double)opt->lr);
+    if (m->opt.momentum != opt->momentum)
+        DIFF("--momentum", "%g", (double)m->opt.momentum, (double)opt->momentum);
+    if (m->opt.beta1 != opt->beta1)
+        DIFF("--beta1", "%g", (double)m->opt.beta1, (double)opt->beta1);
+    if (m->opt.beta2 != opt->beta2)
+        DIFF("--beta2", "%g", (double)m->opt.beta2, (double)opt->beta2);
+    if (m->opt.eps != opt->eps)
+        DIFF("--eps", "%g", (double)m->opt.eps, (double)opt->eps);
+    if (m->opt.weight_decay != opt->weight_decay)
+        DIFF("--weight-decay", "%g", (double)m->opt.weight_decay, (double)opt->weight_decay);
+#undef DIFF
+    if (m->config_fp !=
+        ps_ckpt_config_fp(rank, num_servers, num_workers, mode, max_staleness, opt)) {
+        say(why, why_len, "its configuration fingerprint differs from this server's");
+        return PS_EMISMATCH;
+    }
+    return 0;
+}

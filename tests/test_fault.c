@@ -1,0 +1,887 @@
+/* Faults, with real bin/ps_server and bin/ps_worker processes (and raw
+ * DEALER sockets where exact values are wanted): a worker killed in sync mode
+ * is dropped and the others finish; a dropped worker is refused until it says
+ * hello again; a server killed with -9 and restarted with --restore finishes
+ * the run with bitwise the same model as a run without the crash (checkpoint
+ * every round), and applies every push exactly once; a corrupt checkpoint is
+ * skipped for the previous one; a restore that cannot be trusted exits 2.
+ * Every wait is bounded; every process is killed at the end (ps_test.c). */
+#include <dirent.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "ps_error.h"
+#include "ps_proto.h"
+#include "ps_test.h"
+#include "shard.h"
+
+#define RPC_MS 5000
+#define RUN_MS 120000 /* bound on a whole training run (SAN builds are slow) */
+
+/* ---------------- processes ---------------- */
+
+typedef struct proc {
+    int pid, port;
+    char log[512];
+} proc;
+
+/* argv from a format with spaces between words (no word has a space) */
+static int spawn_words(proc *p, const char *prog, const char *words, const char *log_name)
+{
+    static char store[64][512];
+    char *argv[65], bin[256], tmp[4200];
+    int n = 0;
+    snprintf(store[n], sizeof store[n], "%s", ps_test_bin(prog, bin, sizeof bin));
+    argv[n] = store[n];
+    n++;
+    snprintf(tmp, sizeof tmp, "%s", words);
+    char *save = NULL;
+    for (char *w = strtok_r(tmp, " ", &save); w && n < 64; w = strtok_r(NULL, " ", &save)) {
+        snprintf(store[n], sizeof store[n], "%s", w);
+        argv[n] = store[n];
+        n++;
+    }
+    argv[n] = NULL;
+    snprintf(p->log, sizeof p->log, "%s/%s", ps_test_tmpdir(), log_name);
+    p->pid = ps_test_spawn(argv, p->log);
+    return p->pid > 0 ? 0 : -1;
+}
+
+/* ps_server on 127.0.0.1:port (a free one when port is 0) */
+static int server_start(proc *p, int port, const char *flags, const char *log_name)
+{
+    char words[4096];
+    p->port = port ? port : ps_test_free_port();
+    snprintf(words, sizeof words, "--bind tcp://127.0.0.1:%d %s", p->port, flags);
+    return spawn_words(p, "ps_server", words, log_name);
+}
+
+static char *read_all(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b) {
+        size_t got = fread(b, 1, (size_t)n, f);
+        b[got] = 0;
+    }
+    fclose(f);
+    return b;
+}
+
+static int has(const char *path, const char *needle)
+{
+    char *t = read_all(path);
+    int found = t && strstr(t, needle);
+    free(t);
+    return found;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Wait until path contains needle; 0, or -1 after timeout_ms (or when pid,
+ * if > 0, has exited). */
+static int wait_for(const char *path, const char *needle, int timeout_ms, int pid)
+{
+    for (int t = 0; t < timeout_ms; t += 10) {
+        if (has(path, needle))
+            return 0;
+        if (pid > 0 && kill(pid, 0) != 0)
+            return -1;
+        sleep_ms(10);
+    }
+    return -1;
+}
+
+static int files_equal(const char *a, const char *b, long *size)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int same = fa && fb;
+    long n = 0;
+    while (same) {
+        int x = fgetc(fa), y = fgetc(fb);
+        if (x != y)
+            same = 0;
+        if (x == EOF || y == EOF)
+            break;
+        n++;
+    }
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+    *size = n;
+    return same && n > 0;
+}
+
+/* ---------------- raw protocol ---------------- */
+
+static void *g_ctx;
+
+static void *dealer(int port)
+{
+    if (!g_ctx)
+        g_ctx = zmq_ctx_new();
+    void *s = zmq_socket(g_ctx, ZMQ_DEALER);
+    int zero = 0, ivl = 20;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    zmq_connect(s, ep);
+    return s;
+}
+
+static ps_header mk(uint32_t type, int rank, uint64_t seq, uint64_t key, int64_t step)
+{
+    ps_header h;
+    ps_header_init(&h, type);
+    h.rank = rank;
+    h.seq = seq;
+    h.key = key;
+    h.step = step;
+    return h;
+}
+
+static int send_hdr(void *s, const ps_header *h, const float *payload, size_t n)
+{
+    char buf[PS_HEADER_MAX];
+    size_t len;
+    ps_header c = *h;
+    if (payload) {
+        c.count = n;
+        c.dtype = PS_DTYPE_F32;
+    }
+    if (ps_proto_encode(&c, buf, sizeof buf, &len) != 0 ||
+        zmq_send(s, buf, len, payload ? ZMQ_SNDMORE : 0) < 0)
+        return -1;
+    if (payload && zmq_send(s, payload, n * sizeof(float), 0) < 0)
+        return -1;
+    return 0;
+}
+
+/* 0: a reply other than a heartbeat's; 1: none within timeout_ms. */
+static int recv_hdr(void *s, int timeout_ms, ps_header *h, float *out, size_t cap)
+{
+    for (;;) {
+        zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, timeout_ms) <= 0)
+            return 1;
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        zmq_msg_recv(&m, s, 0);
+        int bad = ps_proto_decode(zmq_msg_data(&m), zmq_msg_size(&m), h, NULL, 0) != 0;
+        int more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+        while (more) {
+            zmq_msg_init(&m);
+            zmq_msg_recv(&m, s, 0);
+            if (out && zmq_msg_size(&m) <= cap * sizeof(float))
+                memcpy(out, zmq_msg_data(&m), zmq_msg_size(&m));
+            more = zmq_msg_more(&m);
+            zmq_msg_close(&m);
+        }
+        if (bad)
+            return -1;
+        if (h->type != PS_MSG_HEARTBEAT)
+            return 0;
+    }
+}
+
+static int rpc(void *s, const ps_header *h, const float *pl, size_t n, ps_header *r, float *out,
+               size_t cap)
+{
+    if (send_hdr(s, h, pl, n) != 0)
+        return -1;
+    return recv_hdr(s, RPC_MS, r, out, cap);
+}
+
+static int hello(void *s, int rank, int mode, int nw)
+{
+    ps_header h = mk(PS_MSG_HELLO, rank, 900 + (uint64_t)rank, 0, 0), r;
+    h.hello.mode = mode;
+    h.hello.max_staleness = mode == PS_MODE_SYNC ? 0 : -1;
+    h.hello.num_workers = (uint32_t)nw;
+    h.hello.num_servers = 1;
+    h.hello.server_rank = 0;
+    return rpc(s, &h, NULL, 0, &r, NULL, 0) == 0 && r.type == PS_MSG_HELLO ? 0 : -1;
+}
+
+static int stats(int port, ps_stats *st)
+{
+    void *d = dealer(port);
+    ps_header h = mk(PS_MSG_STATS, -1, 77, 0, 0), r;
+    int rc = rpc(d, &h, NULL, 0, &r, NULL, 0) == 0 && r.type == PS_MSG_STATS ? 0 : -1;
+    if (!rc)
+        *st = r.stats;
+    zmq_close(d);
+    return rc;
+}
+
+static int heartbeat(void *s, int rank)
+{
+    ps_header h = mk(PS_MSG_HEARTBEAT, rank, 0, 0, 0);
+    return send_hdr(s, &h, NULL, 0);
+}
+
+/* ---------------- worker loss ---------------- */
+
+PS_TEST(sync_killed_worker_is_dropped_and_the_other_finishes)
+{
+    proc sv, w0, w1;
+    CHECK_OK(server_start(&sv, 0, "--num-workers 2 --mode sync --lr 0.1 --worker-timeout 2 "
+                                  "--on-worker-loss drop", "drop-server.log"));
+    char flags[1024];
+    const char *common = "--num-workers 2 --mode sync --lr 0.1 --model mlp:784-32-10 --batch 16 "
+                         "--steps 300 --epochs 1000 --data synthetic:512 --log-every 20";
+    snprintf(flags, sizeof flags, "--servers tcp://127.0.0.1:%d --rank 0 %s", sv.port, common);
+    CHECK_OK(spawn_words(&w0, "ps_worker", flags, "drop-w0.log"));
+    snprintf(flags, sizeof flags, "--servers tcp://127.0.0.1:%d --rank 1 %s", sv.port, common);
+    CHECK_OK(spawn_words(&w1, "ps_worker", flags, "drop-w1.log"));
+    CHECK_MSG(wait_for(w1.log, "iter 40/", RUN_MS, w1.pid) == 0, "worker 1 did not get to step 40");
+    kill(w1.pid, SIGKILL);
+    CHECK_EQ_INT(ps_test_wait(w1.pid, RPC_MS), 128 + SIGKILL);
+    int rc = ps_test_wait(w0.pid, RUN_MS);
+    CHECK_MSG(rc == 0, "worker 0 exit status %d (log %s)", rc, w0.log);
+    CHECK(has(w0.log, "iter 300/300"));
+    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    CHECK_MSG(has(sv.log, "worker 1 silent for") &&
+                  has(sv.log, "dropped; rounds continue with 1 of 2 workers"),
+              "no drop line in %s", sv.log);
+    /* worker 0 kept talking (heartbeats while it waited for the round) */
+    CHECK_MSG(!has(sv.log, "worker 0 silent"), "worker 0 was taken for lost: %s", sv.log);
+}
+
+PS_TEST(dropped_worker_is_refused_until_hello_then_rounds_average_the_live_workers)
+{
+    proc sv;
+    CHECK_OK(server_start(&sv, 0, "--num-workers 2 --mode sync --lr 1 --worker-timeout 1.5 "
+                                  "--on-worker-loss drop", "rejoin-server.log"));
+    void *a = dealer(sv.port), *b = dealer(sv.port);
+    CHECK_OK(hello(a, 0, PS_MODE_SYNC, 2));
+    CHECK_OK(hello(b, 1, PS_MODE_SYNC, 2));
+    float w[4] = {1, 2, 3, 4}, out[4];
+    float g0[4] = {0.5f, 0.25f, -1, 2}, g1[4] = {1.5f, -0.75f, 3, 0.125f};
+    ps_header h = mk(PS_MSG_INIT, 0, 1, 5, 0), r;
+    h.total = 4;
+    CHECK_OK(rpc(a, &h, w, 4, &r, NULL, 0));
+    /* round 0 with both */
+    h = mk(PS_MSG_PUSH, 0, 2, 5, 0);
+    CHECK_OK(rpc(a, &h, g0, 4, &r, NULL, 0));
+    h = mk(PS_MSG_PUSH, 1, 3, 5, 0);
+    CHECK_OK(rpc(b, &h, g1, 4, &r, NULL, 0));
+    for (int i = 0; i < 4; i++)
+        w[i] = w[i] - 1.0f * ((g0[i] + g1[i]) / 2.0f + 0.0f * w[i]);
+    /* round 1: worker 1 goes silent; worker 0 pushes, asks for version 2 and
+     * keeps sending heartbeats until the server drops worker 1 */
+    h = mk(PS_MSG_PUSH, 0, 4, 5, 1);
+    CHECK_OK(rpc(a, &h, g0, 4, &r, NULL, 0));
+    h = mk(PS_MSG_PULL, 0, 5, 5, 2);
+    CHECK_OK(send_hdr(a, &h, NULL, 0));
+    int got = 1;
+    for (int t = 0; t < 50 && got == 1; t++) {
+        CHECK_OK(heartbeat(a, 0));
+        got = recv_hdr(a, 200, &r, out, 4);
+    }
+    CHECK_MSG(got == 0, "no pull reply after the drop timeout");
+    CHECK_EQ_INT(r.type, PS_MSG_PULL);
+    CHECK_EQ_INT(r.step, 2);
+    for (int i = 0; i < 4; i++)
+        w[i] = w[i] - 1.0f * (g0[i] / 1.0f + 0.0f * w[i]); /* the mean over the live one */
+    CHECK(memcmp(out, w, sizeof w) == 0);
+    CHECK(has(sv.log, "worker 1 silent for") &&
+          has(sv.log, "dropped; rounds continue with 1 of 2 workers"));
+    /* a barrier counts the live worker only */
+    h = mk(PS_MSG_BARRIER, 0, 6, 0, 7);
+    CHECK_OK(rpc(a, &h, NULL, 0, &r, NULL, 0));
+    CHECK_EQ_INT(r.type, PS_MSG_BARRIER);
+    /* the dropped worker is refused until it says hello again */
+    h = mk(PS_MSG_PUSH, 1, 7, 5, 2);
+    CHECK_OK(rpc(b, &h, g1, 4, &r, NULL, 0));
+    CHECK_EQ_INT(r.type, PS_MSG_ERROR);
+    CHECK_EQ_INT(r.err_code, PS_ESTATE);
+    CHECK_MSG(strstr(r.err_text, "say hello again"), "error text: %s", r.err_text);
+    CHECK_OK(hello(b, 1, PS_MODE_SYNC, 2));
+    CHECK(has(sv.log, "worker 1 said hello again") && has(sv.log, "rejoined"));
+    /* round 2 waits for both again: the mean of two */
+    h = mk(PS_MSG_PUSH, 1, 8, 5, 2);
+    CHECK_OK(rpc(b, &h, g1, 4, &r, NULL, 0));
+    h = mk(PS_MSG_PULL, 0, 9, 5, 3);
+    CHECK_OK(send_hdr(a, &h, NULL, 0));
+    CHECK_OK(heartbeat(a, 0));
+    CHECK_EQ_INT(recv_hdr(a, 300, &r, out, 4), 1);
+    h = mk(PS_MSG_PUSH, 0, 10, 5, 2);
+    CHECK_OK(send_hdr(a, &h, g0, 4));
+    int pulls = 0, acks = 0;
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(recv_hdr(a, RPC_MS, &r, out, 4));
+        if (r.type == PS_MSG_PULL) {
+            pulls++;
+            CHECK_EQ_INT(r.step, 3);
+            for (int i = 0; i < 4; i++)
+                w[i] = w[i] - 1.0f * ((g0[i] + g1[i]) / 2.0f + 0.0f * w[i]);
+            CHECK(memcmp(out, w, sizeof w) == 0);
+        } else {
+            acks += r.type == PS_MSG_PUSH;
+        }
+    }
+    CHECK_EQ_INT(pulls, 1);
+    CHECK_EQ_INT(acks, 1);
+    h = mk(PS_MSG_SHUTDOWN, -1, 11, 0, 0);
+    CHECK_OK(rpc(a, &h, NULL, 0, &r, NULL, 0));
+    CHECK_EQ_INT(ps_test_wait(sv.pid, RPC_MS), 0);
+    zmq_close(a);
+    zmq_close(b);
+}
+
+/* ---- the shard alone: rounds over the live set ---- */
+
+typedef struct got {
+    int ready, released;
+    float w[2];
+    int64_t version;
+} got;
+
+static void g_release(void *u, void *hold)
+{
+    (void)hold;
+    ((got *)u)->released++;
+}
+static void g_ready(void *u, void *waiter, const float *w, size_t n, int64_t version)
+{
+    (void)waiter;
+    got *g = u;
+    g->ready++;
+    memcpy(g->w, w, (n < 2 ? n : 2) * sizeof(float));
+    g->version = version;
+}
+static void g_cancel(void *u, void *waiter)
+{
+    (void)u;
+    (void)waiter;
+}
+
+PS_TEST(shard_round_skips_a_dropped_lowest_rank_and_takes_it_back)
+{
+    got log;
+    memset(&log, 0, sizeof log);
+    ps_shard_hooks hk = {&log, g_release, g_ready, g_cancel};
+    ps_shard_config sc;
+    memset(&sc, 0, sizeof sc);
+    sc.mode = PS_MODE_SYNC;
+    sc.num_workers = 3;
+    sc.opt.kind = PS_OPT_SGD;
+    sc.opt.lr = 1.0f;
+    sc.opt.eps = 1e-8f;
+    sc.max_memory = 1 << 20;
+    ps_shard *s;
+    CHECK_OK(ps_shard_create(&sc, &hk, &s));
+    float w[2] = {10, 20}, g[3][2] = {{1e8f, 1}, {1, -1e8f}, {-1e8f, 3}};
+    int64_t v;
+    char why[256];
+    CHECK_OK(ps_shard_init(s, 1, 0, w, 2, 2, &v, why, sizeof why));
+    int kept, dup, queued;
+    const float *pw;
+    size_t n;
+    ps_shard_set_live(s, 0, 0);
+    CHECK_OK(ps_shard_pull(s, 1, 0, 1, 1, (void *)1, &queued, &pw, &n, &v, why, sizeof why));
+    CHECK_EQ_INT(queued, 1);
+    /* rank 2 first: kept, then rank 1 completes the round of the two live */
+    CHECK_OK(ps_shard_push(s, 1, 0, 2, 0, g[2], 2, (void *)2, &kept, &dup, &v, why, sizeof why));
+    CHECK_EQ_INT(kept, 1);
+    CHECK_EQ_INT(log.ready, 0);
+    CHECK_OK(ps_shard_push(s, 1, 0, 1, 0, g[1], 2, (void *)3, &kept, &dup, &v, why, sizeof why));
+    CHECK_EQ_INT(log.ready, 1);
+    CHECK_EQ_INT(log.version, 1);
+    for (int i = 0; i < 2; i++)
+        w[i] = w[i] - 1.0f * ((g[1][i] + g[2][i]) / 2.0f + 0.0f * w[i]);
+    CHECK(memcmp(log.w, w, sizeof w) == 0);
+    /* round 1 opens with rank 0 still out: the sum skips it, waits for rank 1 */
+    CHECK_OK(ps_shard_push(s, 1, 0, 2, 1, g[2], 2, (void *)4, &kept, &dup, &v, why, sizeof why));
+    CHECK_EQ_INT(v, 1);
+    /* rank 0 comes back after the sum passed it: it joins the next round */
+    ps_shard_set_live(s, 0, 1);
+    CHECK_OK(ps_shard_push(s, 1, 0, 1, 1, g[1], 2, (void *)5, &kept, &dup, &v, why, sizeof why));
+    CHECK_EQ_INT(v, 2);
+    CHECK_OK(ps_shard_push(s, 1, 0, 0, 1, g[0], 2, (void *)6, &kept, &dup, &v, why, sizeof why));
+    CHECK_EQ_INT(dup, 1);
+    for (int i = 0; i < 2; i++)
+        w[i] = w[i] - 1.0f * ((g[1][i] + g[2][i]) / 2.0f + 0.0f * w[i]);
+    /* round 2 waits for all three again, summed in rank order */
+    for (int k = 2; k >= 0; k--) {
+        CHECK_OK(ps_shard_push(s, 1, 0, k, 2, g[k], 2, (void *)7, &kept, &dup, &v, why,
+                               sizeof why));
+        CHECK_EQ_INT(dup, 0);
+        CHECK_EQ_INT(v, k == 0 ? 3 : 2);
+    }
+    CHECK_OK(ps_shard_pull(s, 1, 0, 0, 3, (void *)8, &queued, &pw, &n, &v, why, sizeof why));
+    CHECK_EQ_INT(queued, 0);
+    for (int i = 0; i < 2; i++) {
+        float sum = g[0][i];
+        sum = sum + g[1][i];
+        sum = sum + g[2][i];
+        w[i] = w[i] - 1.0f * (sum / 3.0f + 0.0f * w[i]);
+    }
+    CHECK(memcmp(pw, w, sizeof w) == 0);
+    ps_shard_destroy(s);
+    CHECK_EQ_INT(log.released, 4); /* every kept gradient given back */
+}
+
+PS_TEST(wait_policy_logs_a_silent_worker_and_keeps_its_round_open)
+{
+    proc sv;
+    CHECK_OK(server_start(&sv, 0, "--num-workers 2 --mode sync --lr 1 --worker-timeout 0.5",
+                          "wait-server.log"));
+    void *a = dealer(sv.port), *b = dealer(sv.port);
+    CHECK_OK(hello(a, 0, PS_MODE_SYNC, 2));
+    CHECK_OK(hello(b, 1, PS_MODE_SYNC, 2));
+    float w[2] = {1, 2}, g[2] = {1, 1}, out[2];
+    ps_header h = mk(PS_MSG_INIT, 0, 1, 3, 0), r;
+    h.total = 2;
+    CHECK_OK(rpc(a, &h, w, 2, &r, NULL, 0));
+    h = mk(PS_MSG_PUSHPULL, 0, 2, 3, 0);
+    CHECK_OK(send_hdr(a, &h, g, 2));
+    CHECK_OK(wait_for(sv.log, "worker 1 silent for", 5000, sv.pid));
+    CHECK(has(sv.log, "keep waiting for it (--on-worker-loss wait)"));
+    CHECK_EQ_INT(recv_hdr(a, 100, &r, out, 2), 1); /* the round still waits */
+    h = mk(PS_MSG_PUSH, 1, 3, 3, 0);
+    CHECK_OK(send_hdr(b, &h, g, 2));
+    CHECK_OK(recv_hdr(a, RPC_MS, &r, out, 2));
+    CHECK_EQ_INT(r.type, PS_MSG_PUSHPULL);
+    CHECK_EQ_INT(r.step, 1);
+    CHECK(out[0] == 0.0f && out[1] == 1.0f);
+    CHECK(has(sv.log, "worker 1 is heard from again"));
+    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    zmq_close(a);
+    zmq_close(b);
+}
+
+PS_TEST(resent_pulls_and_barriers_wait_once_and_are_answered_once)
+{
+    proc sv;
+    CHECK_OK(server_start(&sv, 0, "--num-workers 2 --mode sync --lr 1", "resend-server.log"));
+    void *a = dealer(sv.port), *b = dealer(sv.port);
+    CHECK_OK(hello(a, 0, PS_MODE_SYNC, 2));
+    CHECK_OK(hello(b, 1, PS_MODE_SYNC, 2));
+    float w[2] = {1, 2}, g[2] = {1, 1}, out[2];
+    ps_header h = mk(PS_MSG_INIT, 0, 1, 3, 0), r;
+    h.total = 2;
+    CHECK_OK(rpc(a, &h, w, 2, &r, NULL, 0));
+    /* far more resends than the queue of a chunk takes (4 W + 16) */
+    for (int k = 0; k < 40; k++) {
+        h = mk(PS_MSG_PULL, 0, 50, 3, 1);
+        CHECK_OK(send_hdr(a, &h, NULL, 0));
+        h = mk(PS_MSG_BARRIER, 0, 60, 0, 9);
+        CHECK_OK(send_hdr(a, &h, NULL, 0));
+    }
+    CHECK_EQ_INT(recv_hdr(a, 200, &r, out, 2), 1);
+    for (int k = 0; k < 2; k++) {
+        h = mk(PS_MSG_PUSH, k, 70, 3, 0);
+        CHECK_OK(rpc(k ? b : a, &h, g, 2, &r, NULL, 0));
+        CHECK_EQ_INT(r.type, PS_MSG_PUSH);
+    }
+    h = mk(PS_MSG_BARRIER, 1, 61, 0, 9);
+    CHECK_OK(rpc(b, &h, NULL, 0, &r, NULL, 0));
+    CHECK_EQ_INT(r.type, PS_MSG_BARRIER);
+    int pulls = 0, barriers = 0, other = 0;
+    while (recv_hdr(a, 300, &r, out, 2) == 0) {
+        pulls += r.type == PS_MSG_PULL && r.seq == 50;
+        barriers += r.type == PS_MSG_BARRIER && r.seq == 60;
+        other += r.type != PS_MSG_PULL && r.type != PS_MSG_BARRIER;
+    }
+    CHECK_EQ_INT(pulls, 1);
+    CHECK_EQ_INT(barriers, 1);
+    CHECK_EQ_INT(other, 0);
+    /* a barrier resent after it completed is answered at once */
+    h = mk(PS_MSG_BARRIER, 0, 60, 0, 9);
+    CHECK_OK(rpc(a, &h, NULL, 0, &r, NULL, 0));
+    CHECK_EQ_INT(r.type, PS_MSG_BARRIER);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    zmq_close(a);
+    zmq_close(b);
+}
+
+/* ---------------- server crash and restore ---------------- */
+
+/* Two sync servers with a checkpoint every round and two workers; with
+ * kill_at > 0, server 1 is killed with -9 once worker 0 logged that step and
+ * restarted with --restore on the same port.  Worker 0 saves the model. */
+static void crash_run(const char *tag, int steps, int kill_at, const char *save, ps_stats st[2],
+                      int *restored_version)
+{
+    proc sv[2], w[2];
+    char flags[2048], dir[512], log[64], list[128];
+    const char *srv = "--num-servers 2 --num-workers 2 --mode sync --lr 0.1 --optimizer momentum "
+                      "--checkpoint-every 1";
+    for (int k = 0; k < 2; k++) {
+        char timeline[600] = "";
+        if (k == 0)
+            snprintf(timeline, sizeof timeline, " --timeline %s/%s-server0.json",
+                     ps_test_tmpdir(), tag);
+        snprintf(dir, sizeof dir, "%s/%s-ck%d", ps_test_tmpdir(), tag, k);
+        snprintf(flags, sizeof flags, "--rank %d %s --checkpoint-dir %s%s", k, srv, dir,
+                 timeline);
+        snprintf(log, sizeof log, "%s-server%d.log", tag, k);
+        CHECK_OK(server_start(&sv[k], 0, flags, log));
+    }
+    snprintf(list, sizeof list, "tcp://127.0.0.1:%d,tcp://127.0.0.1:%d", sv[0].port, sv[1].port);
+    for (int r = 0; r < 2; r++) {
+        snprintf(flags, sizeof flags,
+                 "--servers %s --rank %d --num-workers 2 --mode sync --lr 0.1 --optimizer "
+                 "momentum --model mlp:784-32-10 --batch 16 --steps %d --epochs 1000 --data "
+                 "synthetic:512 --log-every 20 --chunk-size 32K --request-timeout 300%s%s",
+                 list, r, steps, r == 0 ? " --save " : "", r == 0 ? save : "");
+        snprintf(log, sizeof log, "%s-w%d.log", tag, r);
+        CHECK_OK(spawn_words(&w[r], "ps_worker", flags, log));
+    }
+    if (kill_at > 0) {
+        char needle[32];
+        snprintf(needle, sizeof needle, "iter %d/", kill_at);
+        CHECK_MSG(wait_for(w[0].log, needle, RUN_MS, w[0].pid) == 0, "no step %d in %s", kill_at,
+                  w[0].log);
+        kill(sv[1].pid, SIGKILL);
+        CHECK_EQ_INT(ps_test_wait(sv[1].pid, RPC_MS), 128 + SIGKILL);
+        snprintf(dir, sizeof dir, "%s/%s-ck1", ps_test_tmpdir(), tag);
+        snprintf(flags, sizeof flags, "--rank 1 %s --checkpoint-dir %s --restore", srv, dir);
+        CHECK_OK(server_start(&sv[1], sv[1].port, flags, "crash-server1-restarted.log"));
+        CHECK_MSG(wait_for(sv[1].log, "restored ", RPC_MS, sv[1].pid) == 0,
+                  "the restarted server did not restore: %s", sv[1].log);
+        char *t = read_all(sv[1].log);
+        const char *p = t ? strstr(t, "versions ") : NULL;
+        *restored_version = p ? atoi(p + 9) : -1;
+        free(t);
+    }
+    for (int r = 0; r < 2; r++) {
+        int rc = ps_test_wait(w[r].pid, RUN_MS);
+        CHECK_MSG(rc == 0, "worker %d exit status %d (log %s)", r, rc, w[r].log);
+    }
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(stats(sv[k].port, &st[k]));
+        CHECK_EQ_INT(ps_test_stop(sv[k].pid, RPC_MS), 0);
+    }
+}
+
+PS_TEST(killed_server_restored_from_checkpoints_gives_bitwise_the_same_model)
+{
+    enum { STEPS = 240, KILL_AT = 60 };
+    char ref[512], got[512];
+    snprintf(ref, sizeof ref, "%s/ref.model", ps_test_tmpdir());
+    snprintf(got, sizeof got, "%s/crash.model", ps_test_tmpdir());
+    ps_stats a[2], b[2];
+    int restored = -1;
+    crash_run("ref", STEPS, 0, ref, a, &restored);
+    if (ps_test_stopped())
+        return;
+    crash_run("crash", STEPS, KILL_AT, got, b, &restored);
+    if (ps_test_stopped())
+        return;
+    /* the crash happened mid-run, and the workers had to resend */
+    CHECK_MSG(restored > 0 && restored < STEPS, "restored version %d", restored);
+    char log[512];
+    snprintf(log, sizeof log, "%s/crash-w0.log", ps_test_tmpdir());
+    CHECK(has(log, "resending"));
+    long size;
+    CHECK_MSG(files_equal(ref, got, &size), "the model after the crash differs from the "
+                                           "uninterrupted run's (%s vs %s)", got, ref);
+    /* exactly once: every chunk went through every round exactly once, so the
+     * updates applied are the rounds times the chunks, as without the crash */
+    uint64_t chunks = 0, upd = 0;
+    for (int k = 0; k < 2; k++) {
+        CHECK_EQ_INT(b[k].min_version, STEPS);
+        CHECK_EQ_INT(b[k].max_version, STEPS);
+        CHECK_EQ_INT(b[k].updates, (uint64_t)STEPS * b[k].chunks);
+        CHECK_EQ_INT(b[k].chunks, a[k].chunks);
+        CHECK_EQ_INT(b[k].updates, a[k].updates);
+        chunks += b[k].chunks;
+        upd += b[k].updates;
+    }
+    CHECK(chunks >= 4);
+    CHECK_EQ_INT(upd, (uint64_t)STEPS * chunks);
+    printf("# %ld-byte models equal; server 1 restored at round %d of %d; %llu updates = %d "
+           "rounds x %llu chunks\n",
+           size, restored, STEPS, (unsigned long long)upd, STEPS, (unsigned long long)chunks);
+    /* the uninterrupted run's server 0 wrote a timeline */
+    snprintf(log, sizeof log, "%s/ref-server0.json", ps_test_tmpdir());
+    char *tl = read_all(log);
+    int ok = tl && strstr(tl, "\"traceEvents\"") && strstr(tl, "\"name\":\"apply\"") &&
+             strstr(tl, "\"name\":\"pull\"") && strstr(tl, "\"name\":\"update-0\"") &&
+             strstr(tl, "\"step\":240") && strstr(tl, "]}");
+    free(tl);
+    CHECK_MSG(ok, "timeline %s lacks apply/pull events or is not finished", log);
+}
+
+/* Restart a server on the same port from its checkpoints. */
+static int restart(proc *sv, const char *flags, const char *log)
+{
+    return server_start(sv, sv->port, flags, log);
+}
+
+PS_TEST(restored_sync_server_applies_the_open_round_once_and_drops_older_resends)
+{
+    char flags[1024];
+    snprintf(flags, sizeof flags, "--num-workers 2 --mode sync --lr 1 --checkpoint-dir %s/sync-ck "
+             "--checkpoint-every 1", ps_test_tmpdir());
+    proc sv;
+    CHECK_OK(server_start(&sv, 0, flags, "sync-once-1.log"));
+    void *a = dealer(sv.port), *b = dealer(sv.port);
+    CHECK_OK(hello(a, 0, PS_MODE_SYNC, 2));
+    CHECK_OK(hello(b, 1, PS_MODE_SYNC, 2));
+    float w[3] = {1, 2, 3}, out[3];
+    float g0[3] = {0.5f, 1, -2}, g1[3] = {0.25f, -1, 4};
+    ps_header h = mk(PS_MSG_INIT, 0, 1, 9, 0), r;
+    h.total = 3;
+    CHECK_OK(rpc(a, &h, w, 3, &r, NULL, 0));
+    /* round 0; each acknowledgement comes once the round is on disk */
+    h = mk(PS_MSG_PUSH, 0, 2, 9, 0);
+    CHECK_OK(send_hdr(a, &h, g0, 3));
+    h = mk(PS_MSG_PUSH, 1, 3, 9, 0);
+    CHECK_OK(send_hdr(b, &h, g1, 3));
+    CHECK_OK(recv_hdr(a, RPC_MS, &r, NULL, 0));
+    CHECK_EQ_INT(r.step, 1);
+    CHECK_OK(recv_hdr(b, RPC_MS, &r, NULL, 0));
+    CHECK_EQ_INT(r.step, 1);
+    for (int i = 0; i < 3; i++)
+        w[i] = w[i] - 1.0f * ((g0[i] + g1[i]) / 2.0f + 0.0f * w[i]);
+    /* round 1: worker 0's push is in; its acknowledgement waits for the
+     * round, so when the server dies the push is still unanswered */
+    h = mk(PS_MSG_PUSH, 0, 4, 9, 1);
+    CHECK_OK(send_hdr(a, &h, g0, 3));
+    CHECK_EQ_INT(recv_hdr(a, 300, &r, NULL, 0), 1);
+    kill(sv.pid, SIGKILL);
+    CHECK_EQ_INT(ps_test_wait(sv.pid, RPC_MS), 128 + SIGKILL);
+    char rflags[1100];
+    snprintf(rflags, sizeof rflags, "%s --restore", flags);
+    CHECK_OK(restart(&sv, rflags, "sync-once-2.log"));
+    /* the worker resends it (same request id), and an old one of round 0 */
+    h = mk(PS_MSG_PUSH, 0, 4, 9, 1);
+    CHECK_OK(send_hdr(a, &h, g0, 3));
+    h = mk(PS_MSG_PUSH, 0, 2, 9, 0);
+    CHECK_OK(rpc(a, &h, g0, 3, &r, NULL, 0));
+    CHECK_EQ_INT(r.type, PS_MSG_PUSH); /* a duplicate: acknowledged at once */
+    CHECK_EQ_INT(r.seq, 2);
+    h = mk(PS_MSG_PUSHPULL, 1, 5, 9, 1);
+    CHECK_OK(send_hdr(b, &h, g1, 3));
+    CHECK_OK(recv_hdr(b, RPC_MS, &r, out, 3));
+    CHECK_EQ_INT(r.type, PS_MSG_PUSHPULL);
+    CHECK_EQ_INT(r.step, 2);
+    for (int i = 0; i < 3; i++)
+        w[i] = w[i] - 1.0f * ((g0[i] + g1[i]) / 2.0f + 0.0f * w[i]);
+    CHECK(memcmp(out, w, sizeof w) == 0);
+    CHECK_OK(recv_hdr(a, RPC_MS, &r, NULL, 0));
+    CHECK_EQ_INT(r.seq, 4);
+    CHECK_EQ_INT(r.step, 2);
+    ps_stats st;
+    CHECK_OK(stats(sv.port, &st));
+    CHECK_EQ_INT(st.updates, 2); /* round 0 (restored) and round 1: each once */
+    CHECK_EQ_INT(st.min_version, 2);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    zmq_close(a);
+    zmq_close(b);
+}
+
+PS_TEST(restored_async_server_drops_resent_pushes_below_the_restored_clock)
+{
+    char flags[1024];
+    snprintf(flags, sizeof flags, "--num-workers 1 --mode async --lr 0.5 --optimizer adam "
+             "--checkpoint-dir %s/async-ck --checkpoint-every 1", ps_test_tmpdir());
+    proc sv;
+    CHECK_OK(server_start(&sv, 0, flags, "async-once-1.log"));
+    void *a = dealer(sv.port);
+    CHECK_OK(hello(a, 0, PS_MODE_ASYNC, 1));
+    float w[2] = {1, -1}, g[4][2] = {{1, 2}, {-3, 0.5f}, {0.25f, 0.25f}, {2, -2}}, out[2];
+    ps_header h = mk(PS_MSG_INIT, 0, 1, 4, 0), r;
+    h.total = 2;
+    CHECK_OK(rpc(a, &h, w, 2, &r, NULL, 0));
+    for (int t = 0; t < 3; t++) {
+        h = mk(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 4, t);
+        CHECK_OK(rpc(a, &h, g[t], 2, &r, NULL, 0));
+        CHECK_EQ_INT(r.step, t + 1);
+    }
+    /* a clean stop writes a last checkpoint */
+    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    char rflags[1100];
+    snprintf(rflags, sizeof rflags, "%s --restore", flags);
+    CHECK_OK(restart(&sv, rflags, "async-once-2.log"));
+    /* resends of steps 1 and 2 are duplicates; step 3 is new */
+    for (int t = 1; t < 4; t++) {
+        h = mk(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 4, t);
+        CHECK_OK(rpc(a, &h, g[t], 2, &r, NULL, 0));
+        CHECK_EQ_INT(r.type, PS_MSG_PUSH);
+    }
+    ps_stats st;
+    CHECK_OK(stats(sv.port, &st));
+    CHECK_EQ_INT(st.updates, 4);
+    CHECK_EQ_INT(st.max_version, 4);
+    CHECK_EQ_INT(st.dup_dropped, 2);
+    /* the weights are those of four adam steps in a row (the optimizer state
+     * was restored too): compare with a server that never stopped */
+    proc ref;
+    CHECK_OK(server_start(&ref, 0, "--num-workers 1 --mode async --lr 0.5 --optimizer adam",
+                          "async-once-ref.log"));
+    void *c = dealer(ref.port);
+    CHECK_OK(hello(c, 0, PS_MODE_ASYNC, 1));
+    h = mk(PS_MSG_INIT, 0, 1, 4, 0);
+    h.total = 2;
+    CHECK_OK(rpc(c, &h, w, 2, &r, NULL, 0));
+    for (int t = 0; t < 4; t++) {
+        h = mk(PS_MSG_PUSH, 0, 20 + (uint64_t)t, 4, t);
+        CHECK_OK(rpc(c, &h, g[t], 2, &r, NULL, 0));
+    }
+    float want[2];
+    h = mk(PS_MSG_PULL, 0, 30, 4, 0);
+    CHECK_OK(rpc(c, &h, NULL, 0, &r, want, 2));
+    h = mk(PS_MSG_PULL, 0, 31, 4, 0);
+    CHECK_OK(rpc(a, &h, NULL, 0, &r, out, 2));
+    CHECK_EQ_INT(r.step, 4);
+    CHECK(memcmp(out, want, sizeof want) == 0);
+    CHECK_EQ_INT(ps_test_stop(ref.pid, RPC_MS), 0);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    zmq_close(a);
+    zmq_close(c);
+}
+
+PS_TEST(restored_sync_server_fast_forwards_a_worker_that_got_further)
+{
+    /* a checkpoint every 3 rounds: a crash at round 5 rolls back to round 3,
+     * but the worker is at step 5; the server goes on from there */
+    char flags[1024];
+    snprintf(flags, sizeof flags, "--num-workers 1 --mode sync --lr 1 --checkpoint-dir %s/ff-ck "
+             "--checkpoint-every 3", ps_test_tmpdir());
+    proc sv;
+    CHECK_OK(server_start(&sv, 0, flags, "ff-1.log"));
+    void *a = dealer(sv.port);
+    CHECK_OK(hello(a, 0, PS_MODE_SYNC, 1));
+    float w[2] = {1, 2}, g[2] = {0.5f, -0.5f}, out[2];
+    ps_header h = mk(PS_MSG_INIT, 0, 1, 4, 0), r;
+    h.total = 2;
+    CHECK_OK(rpc(a, &h, w, 2, &r, NULL, 0));
+    char path[700];
+    /* checkpoint 1 holds the new chunk (its init is acknowledged after it);
+     * checkpoint 2 is round 3 */
+    snprintf(path, sizeof path, "%s/ff-ck/shard-0-000000000002.ckpt", ps_test_tmpdir());
+    for (int t = 0; t < 5; t++) {
+        h = mk(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 4, t);
+        CHECK_OK(rpc(a, &h, g, 2, &r, NULL, 0));
+        CHECK_EQ_INT(r.step, t + 1);
+        /* the checkpoint of round 3 is on disk before round 4 starts */
+        for (int k = 0; t == 2 && k < 500 && access(path, F_OK) != 0; k++)
+            sleep_ms(10);
+    }
+    kill(sv.pid, SIGKILL);
+    CHECK_EQ_INT(ps_test_wait(sv.pid, RPC_MS), 128 + SIGKILL);
+    char rflags[1100];
+    snprintf(rflags, sizeof rflags, "%s --restore", flags);
+    CHECK_OK(restart(&sv, rflags, "ff-2.log"));
+    h = mk(PS_MSG_PUSHPULL, 0, 20, 4, 5);
+    CHECK_OK(rpc(a, &h, g, 2, &r, out, 2));
+    CHECK_EQ_INT(r.type, PS_MSG_PUSHPULL);
+    CHECK_EQ_INT(r.step, 6);
+    /* the weights of round 3 (restored), then this one gradient */
+    for (int t = 0; t < 4; t++)
+        for (int i = 0; i < 2; i++)
+            w[i] = w[i] - 1.0f * (g[i] / 1.0f + 0.0f * w[i]);
+    CHECK(memcmp(out, w, sizeof w) == 0);
+    ps_stats st;
+    CHECK_OK(stats(sv.port, &st));
+    CHECK_EQ_INT(st.updates, 4);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    CHECK_MSG(has(sv.log, "beyond the round of the restored checkpoint; skipped to it (2 round(s)"),
+              "no fast-forward line in %s", sv.log);
+    zmq_close(a);
+}
+
+/* Flip one byte in the middle of a file. */
+static int corrupt(const char *path)
+{
+    FILE *f = fopen(path, "r+b");
+    if (!f)
+        return -1;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, n / 2, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, n / 2, SEEK_SET);
+    fputc(c ^ 0x5a, f);
+    fclose(f);
+    return 0;
+}
+
+PS_TEST(corrupt_newest_checkpoint_is_skipped_and_untrusted_restores_exit_2)
+{
+    char dir[512], flags[1024], rflags[1100], path[700];
+    snprintf(dir, sizeof dir, "%s/corrupt-ck", ps_test_tmpdir());
+    snprintf(flags, sizeof flags, "--num-workers 1 --mode sync --lr 1 --checkpoint-dir %s "
+             "--checkpoint-every 1", dir);
+    snprintf(rflags, sizeof rflags, "%s --restore", flags);
+    proc sv;
+    CHECK_OK(server_start(&sv, 0, flags, "corrupt-1.log"));
+    void *a = dealer(sv.port);
+    CHECK_OK(hello(a, 0, PS_MODE_SYNC, 1));
+    float w[2] = {1, 2}, g[2] = {0.5f, 0.5f};
+    ps_header h = mk(PS_MSG_INIT, 0, 1, 4, 0), r;
+    h.total = 2;
+    CHECK_OK(rpc(a, &h, w, 2, &r, NULL, 0));
+    /* durable rounds: each acknowledgement comes after its checkpoint */
+    for (int t = 0; t < 5; t++) {
+        h = mk(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 4, t);
+        CHECK_OK(rpc(a, &h, g, 2, &r, NULL, 0));
+        CHECK_EQ_INT(r.step, t + 1);
+    }
+    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    zmq_close(a);
+    /* checkpoint 1 holds the new chunk, 2..6 rounds 1..5; the newest two
+     * are kept: rounds 4 and 5 */
+    snprintf(path, sizeof path, "%s/shard-0-000000000006.ckpt", dir);
+    CHECK_MSG(access(path, F_OK) == 0, "no %s", path);
+    snprintf(path, sizeof path, "%s/shard-0-000000000004.ckpt", dir);
+    CHECK_MSG(access(path, F_OK) != 0, "%s was not removed", path);
+    snprintf(path, sizeof path, "%s/shard-0-000000000006.ckpt", dir);
+    CHECK_OK(corrupt(path));
+    CHECK_OK(restart(&sv, rflags, "corrupt-2.log"));
+    CHECK_OK(wait_for(sv.log, "listening", RPC_MS, sv.pid));
+    ps_stats st;
+    CHECK_OK(stats(sv.port, &st));
+    CHECK_EQ_INT(st.min_version, 4);
+    CHECK_EQ_INT(st.updates, 4);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    CHECK_MSG(has(sv.log, "shard-0-000000000006.ckpt is corrupt or unreadable (CRC-32 mismatch") &&
+                  has(sv.log, "skipped; trying the one before it") &&
+                  has(sv.log, "restored ") && has(sv.log, "shard-0-000000000005.ckpt"),
+              "no clear lines about the corrupt checkpoint in %s", sv.log);
+    /* another configuration: refused */
+    char other[1200];
+    snprintf(other, sizeof other, "--num-workers 2 --mode sync --lr 1 --checkpoint-dir %s "
+             "--checkpoint-every 1 --restore", dir);
+    CHECK_OK(restart(&sv, other, "corrupt-3.log"));
+    CHECK_EQ_INT(ps_test_wait(sv.pid, RPC_MS), 2);
+    CHECK_MSG(has(sv.log, "does not fit this server: it was written with --num-workers 1, this "
+                          "server has --num-workers 2"), "no clear refusal in %s", sv.log);
+    /* nothing valid left: refused */
+    snprintf(path, sizeof path, "%s/shard-0-000000000005.ckpt", dir);
+    CHECK(truncate(path, 100) == 0);
+    CHECK_OK(restart(&sv, rflags, "corrupt-4.log"));
+    CHECK_EQ_INT(ps_test_wait(sv.pid, RPC_MS), 2);
+    CHECK_MSG(has(sv.log, "truncated") && has(sv.log, "none of the 2 checkpoint(s) of server 0"),
+              "no clear refusal in %s", sv.log);
+    /* no checkpoint at all */
+    snprintf(other, sizeof other, "--num-workers 1 --mode sync --checkpoint-dir %s/empty-ck "
+             "--restore", ps_test_tmpdir());
+    CHECK_OK(restart(&sv, other, "corrupt-5.log"));
+    CHECK_EQ_INT(ps_test_wait(sv.pid, RPC_MS), 2);
+    CHECK_MSG(has(sv.log, "--restore: no checkpoint of server 0"), "no clear refusal in %s",
+              sv.log);
+}
