@@ -103,8 +103,8 @@ $(BIN)/ps_keygen: $(BUILD)/common/ps_keygen_main.o $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/ps_test.o $(ALL_LIBS)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(ALL_LIBS) $(LDLIBS)
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
 	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS)
 

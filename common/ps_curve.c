@@ -25,17 +25,6 @@
 #define QUIET_SLOTS 32
 #define KEY_FILE_MAX 128          /* a key file is 40 characters and a newline */
 
-static void say(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void say(char *why, size_t len, const char *fmt, ...)
-{
-    if (!why || !len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, len, fmt, ap);
-    va_end(ap);
-}
-
 static void wipe(void *p, size_t n) { explicit_bzero(p, n); }
 
 int ps_curve_available(char *why, size_t why_len)
@@ -43,7 +32,7 @@ int ps_curve_available(char *why, size_t why_len)
     if (!zmq_has("curve")) {
         int maj, min, pat;
         zmq_version(&maj, &min, &pat);
-        say(why, why_len,
+        ps_errorf(why, why_len,
             "this libzmq (%d.%d.%d) was built without CURVE support (needs libsodium); "
             "--curve-keys cannot be used with it",
             maj, min, pat);
@@ -68,7 +57,7 @@ int ps_curve_read_key(const char *path, char key[PS_CURVE_KEY_LEN + 1], char *wh
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
-        say(why, why_len, "%s: cannot open key file: %s%s", path, strerror(e),
+        ps_errorf(why, why_len, "%s: cannot open key file: %s%s", path, strerror(e),
             e == ENOENT ? " (make keys with ps_keygen --dir DIR --servers S --workers W)" : "");
         return e == ENOENT ? PS_ENOTFOUND : PS_EIO;
     }
@@ -81,7 +70,7 @@ int ps_curve_read_key(const char *path, char key[PS_CURVE_KEY_LEN + 1], char *wh
         if (r < 0) {
             int e = errno;
             close(fd);
-            say(why, why_len, "%s: cannot read key file: %s", path, strerror(e));
+            ps_errorf(why, why_len, "%s: cannot read key file: %s", path, strerror(e));
             return PS_EIO;
         }
         if (r == 0 || (n += (size_t)r) == sizeof buf)
@@ -97,14 +86,14 @@ int ps_curve_read_key(const char *path, char key[PS_CURVE_KEY_LEN + 1], char *wh
     uint8_t bin[32];
     if (n > KEY_FILE_MAX || len != PS_CURVE_KEY_LEN || bad != len) {
         if (n > KEY_FILE_MAX)
-            say(why, why_len, "%s: not a CURVE key file: more than %d bytes (expected %d Z85 "
+            ps_errorf(why, why_len, "%s: not a CURVE key file: more than %d bytes (expected %d Z85 "
                 "characters and a newline)", path, KEY_FILE_MAX, PS_CURVE_KEY_LEN);
         else if (bad != len)
-            say(why, why_len, "%s: not a CURVE key file: byte %zu (0x%02x) is not a Z85 "
+            ps_errorf(why, why_len, "%s: not a CURVE key file: byte %zu (0x%02x) is not a Z85 "
                 "character (expected %d Z85 characters)", path, bad + 1,
                 (unsigned char)buf[bad], PS_CURVE_KEY_LEN);
         else
-            say(why, why_len, "%s: not a CURVE key file: %zu characters, expected %d Z85 "
+            ps_errorf(why, why_len, "%s: not a CURVE key file: %zu characters, expected %d Z85 "
                 "characters", path, len, PS_CURVE_KEY_LEN);
         wipe(buf, sizeof buf);
         return PS_EINVAL;
@@ -113,7 +102,7 @@ int ps_curve_read_key(const char *path, char key[PS_CURVE_KEY_LEN + 1], char *wh
     key[PS_CURVE_KEY_LEN] = 0;
     wipe(buf, sizeof buf);
     if (!zmq_z85_decode(bin, key)) {
-        say(why, why_len, "%s: not a CURVE key file: not valid Z85", path);
+        ps_errorf(why, why_len, "%s: not a CURVE key file: not valid Z85", path);
         wipe(key, PS_CURVE_KEY_LEN + 1);
         return PS_EINVAL;
     }
@@ -121,22 +110,27 @@ int ps_curve_read_key(const char *path, char key[PS_CURVE_KEY_LEN + 1], char *wh
     return 0;
 }
 
+/* CURVE can be used with the key directory dir: libzmq has it and dir is a
+ * directory.  0, or a PS_E* code with why saying what is wrong. */
 static int check_dir(const char *dir, char *why, size_t why_len)
 {
+    int rc = ps_curve_available(why, why_len);
+    if (rc)
+        return rc;
     struct stat st;
     if (!dir || !*dir) {
-        say(why, why_len, "no CURVE key directory given");
+        ps_errorf(why, why_len, "no CURVE key directory given");
         return PS_EINVAL;
     }
     if (stat(dir, &st) != 0) {
         int e = errno;
-        say(why, why_len, "%s: cannot use as CURVE key directory: %s%s", dir, strerror(e),
+        ps_errorf(why, why_len, "%s: cannot use as CURVE key directory: %s%s", dir, strerror(e),
             e == ENOENT ? " (make it with ps_keygen --dir DIR --servers S --workers W)" : "");
         return e == ENOENT ? PS_ENOTFOUND : PS_EIO;
     }
     if (!S_ISDIR(st.st_mode)) {
-        say(why, why_len, "%s: not a directory (--curve-keys wants the directory ps_keygen made)",
-            dir);
+        ps_errorf(why, why_len,
+            "%s: not a directory (--curve-keys wants the directory ps_keygen made)", dir);
         return PS_EINVAL;
     }
     return 0;
@@ -159,7 +153,7 @@ static int read_pair(const char *dir, const char *role, int rank, char pub[41], 
         ps_warn("%s: secret key is readable by other users (mode %03o); chmod 600 it", path,
                 (unsigned)(st.st_mode & 0777));
     if (zmq_curve_public(derived, sec) != 0 || memcmp(derived, pub, PS_CURVE_KEY_LEN) != 0) {
-        say(why, why_len, "%s/%s-%d.pub is not the public key of %s (keys from two ps_keygen "
+        ps_errorf(why, why_len, "%s/%s-%d.pub is not the public key of %s (keys from two ps_keygen "
             "runs mixed?)", dir, role, rank, path);
         wipe(sec, 41);
         return PS_EINVAL;
@@ -204,7 +198,8 @@ static int load_authorized(const char *adir, int strict, keylist *l, char *why, 
     DIR *d = opendir(adir);
     if (!d) {
         int e = errno;
-        say(why, why_len, "%s: cannot read the authorized worker keys: %s", adir, strerror(e));
+        ps_errorf(why, why_len, "%s: cannot read the authorized worker keys: %s", adir,
+            strerror(e));
         return e == ENOENT ? PS_ENOTFOUND : PS_EIO;
     }
     int rc = 0;
@@ -218,7 +213,7 @@ static int load_authorized(const char *adir, int strict, keylist *l, char *why, 
         int r = ps_curve_read_key(path, ak.key, msg, sizeof msg);
         if (r) {
             if (strict) {
-                say(why, why_len, "%s", msg);
+                ps_errorf(why, why_len, "%s", msg);
                 rc = r;
                 break;
             }
@@ -244,9 +239,9 @@ static int load_authorized(const char *adir, int strict, keylist *l, char *why, 
     }
     closedir(d);
     if (rc == PS_ENOMEM)
-        say(why, why_len, "out of memory reading %s", adir);
+        ps_errorf(why, why_len, "out of memory reading %s", adir);
     if (!rc && strict && l->n == 0) {
-        say(why, why_len, "%s holds no *.pub key: every worker would be refused", adir);
+        ps_errorf(why, why_len, "%s holds no *.pub key: every worker would be refused", adir);
         rc = PS_ENOTFOUND;
     }
     if (rc)
@@ -483,16 +478,15 @@ int ps_curve_server_setup(void *zmq_ctx, void *router_socket, const char *dir, i
 {
     *out = NULL;
     if (!zmq_ctx || !router_socket || server_rank < 0 || server_rank >= PS_CURVE_MAX_KEYS) {
-        say(why, why_len, "ps_curve_server_setup: bad argument (server rank %d)", server_rank);
+        ps_errorf(why, why_len, "ps_curve_server_setup: bad argument (server rank %d)",
+            server_rank);
         return PS_EINVAL;
     }
-    int rc = ps_curve_available(why, why_len);
-    if (!rc)
-        rc = check_dir(dir, why, why_len);
+    int rc = check_dir(dir, why, why_len);
     if (rc)
         return rc;
     if (strlen(dir) >= 4000) {
-        say(why, why_len, "CURVE key directory path is too long");
+        ps_errorf(why, why_len, "CURVE key directory path is too long");
         return PS_EINVAL;
     }
     char pub[41], sec[41];
@@ -501,7 +495,7 @@ int ps_curve_server_setup(void *zmq_ctx, void *router_socket, const char *dir, i
     ps_curve_auth *a = calloc(1, sizeof *a);
     if (!a) {
         wipe(sec, sizeof sec);
-        say(why, why_len, "out of memory");
+        ps_errorf(why, why_len, "out of memory");
         return PS_ENOMEM;
     }
     a->ctx = zmq_ctx;
@@ -519,7 +513,7 @@ int ps_curve_server_setup(void *zmq_ctx, void *router_socket, const char *dir, i
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
     if (pthread_create(&a->thread, NULL, zap_main, a) != 0) {
-        say(why, why_len, "cannot start the ZAP handler thread");
+        ps_errorf(why, why_len, "cannot start the ZAP handler thread");
         rc = PS_ENOMEM;
         goto fail_nothread;
     }
@@ -528,7 +522,7 @@ int ps_curve_server_setup(void *zmq_ctx, void *router_socket, const char *dir, i
         pthread_cond_wait(&a->cv, &a->mu);
     pthread_mutex_unlock(&a->mu);
     if (a->bind_errno) {
-        say(why, why_len, "cannot bind the ZAP handler to %s: %s%s", ZAP_ENDPOINT,
+        ps_errorf(why, why_len, "cannot bind the ZAP handler to %s: %s%s", ZAP_ENDPOINT,
             zmq_strerror(a->bind_errno),
             a->bind_errno == EADDRINUSE ? " (one CURVE server per zmq context)" : "");
         pthread_join(a->thread, NULL);
@@ -540,7 +534,8 @@ int ps_curve_server_setup(void *zmq_ctx, void *router_socket, const char *dir, i
         zmq_setsockopt(router_socket, ZMQ_CURVE_SECRETKEY, sec, PS_CURVE_KEY_LEN + 1) ||
         zmq_setsockopt(router_socket, ZMQ_ZAP_DOMAIN, PS_CURVE_ZAP_DOMAIN,
                        strlen(PS_CURVE_ZAP_DOMAIN))) {
-        say(why, why_len, "cannot make the socket a CURVE server: %s", zmq_strerror(zmq_errno()));
+        ps_errorf(why, why_len, "cannot make the socket a CURVE server: %s",
+            zmq_strerror(zmq_errno()));
         wipe(sec, sizeof sec);
         ps_curve_auth_stop(a);
         return PS_EIO;
@@ -588,13 +583,11 @@ int ps_curve_client_setup(void *dealer_socket, const char *dir, int worker_rank,
 {
     if (!dealer_socket || worker_rank < 0 || worker_rank >= PS_CURVE_MAX_KEYS ||
         server_rank < 0 || server_rank >= PS_CURVE_MAX_KEYS) {
-        say(why, why_len, "ps_curve_client_setup: bad argument (worker %d, server %d)",
+        ps_errorf(why, why_len, "ps_curve_client_setup: bad argument (worker %d, server %d)",
             worker_rank, server_rank);
         return PS_EINVAL;
     }
-    int rc = ps_curve_available(why, why_len);
-    if (!rc)
-        rc = check_dir(dir, why, why_len);
+    int rc = check_dir(dir, why, why_len);
     if (rc)
         return rc;
     char server_pub[41], pub[41], sec[41], path[4096];
@@ -606,7 +599,8 @@ int ps_curve_client_setup(void *dealer_socket, const char *dir, int worker_rank,
     if (zmq_setsockopt(dealer_socket, ZMQ_CURVE_SERVERKEY, server_pub, PS_CURVE_KEY_LEN + 1) ||
         zmq_setsockopt(dealer_socket, ZMQ_CURVE_PUBLICKEY, pub, PS_CURVE_KEY_LEN + 1) ||
         zmq_setsockopt(dealer_socket, ZMQ_CURVE_SECRETKEY, sec, PS_CURVE_KEY_LEN + 1)) {
-        say(why, why_len, "cannot make the socket a CURVE client: %s", zmq_strerror(zmq_errno()));
+        ps_errorf(why, why_len, "cannot make the socket a CURVE client: %s",
+            zmq_strerror(zmq_errno()));
         rc = PS_EIO;
     }
     wipe(sec, sizeof sec);
@@ -665,7 +659,7 @@ static int clear_old_keys(const char *dir, int authorized, int force, char *why,
 {
     DIR *d = opendir(dir);
     if (!d) {
-        say(why, why_len, "%s: cannot read: %s", dir, strerror(errno));
+        ps_errorf(why, why_len, "%s: cannot read: %s", dir, strerror(errno));
         return PS_EIO;
     }
     int rc = 0;
@@ -677,13 +671,13 @@ static int clear_old_keys(const char *dir, int authorized, int force, char *why,
         char path[4200];
         snprintf(path, sizeof path, "%s/%s", dir, n);
         if (!force) {
-            say(why, why_len, "%s already exists; not overwriting keys (--force replaces the "
+            ps_errorf(why, why_len, "%s already exists; not overwriting keys (--force replaces the "
                 "whole key set)", path);
             rc = PS_ESTATE;
             break;
         }
         if (unlink(path) != 0) {
-            say(why, why_len, "%s: cannot remove: %s", path, strerror(errno));
+            ps_errorf(why, why_len, "%s: cannot remove: %s", path, strerror(errno));
             rc = PS_EIO;
             break;
         }
@@ -707,7 +701,7 @@ static int write_key(const char *path, const char *key, mode_t mode, char *why, 
         e = errno;
     }
     if (!ok) {
-        say(why, why_len, "%s: cannot write key file: %s", path, strerror(e));
+        ps_errorf(why, why_len, "%s: cannot write key file: %s", path, strerror(e));
         return PS_EIO;
     }
     return 0;
@@ -718,12 +712,12 @@ int ps_curve_keygen(const char *dir, int servers, int workers, int force, char *
 {
     if (!dir || !*dir || servers < 1 || servers > PS_CURVE_MAX_KEYS || workers < 1 ||
         workers > PS_CURVE_MAX_KEYS) {
-        say(why, why_len, "ps_curve_keygen: need a directory and 1..%d servers and workers",
+        ps_errorf(why, why_len, "ps_curve_keygen: need a directory and 1..%d servers and workers",
             PS_CURVE_MAX_KEYS);
         return PS_EINVAL;
     }
     if (strlen(dir) >= 4000) {
-        say(why, why_len, "%s: path too long", dir);
+        ps_errorf(why, why_len, "%s: path too long", dir);
         return PS_EINVAL;
     }
     int rc = ps_curve_available(why, why_len);
@@ -736,7 +730,7 @@ int ps_curve_keygen(const char *dir, int servers, int workers, int force, char *
                          : mkdir_p(adir, 0700, &created) != 0 ? adir
                                                                : NULL;
     if (failed) {
-        say(why, why_len, "%s: cannot create key directory: %s", failed, strerror(errno));
+        ps_errorf(why, why_len, "%s: cannot create key directory: %s", failed, strerror(errno));
         return PS_EIO;
     }
     if ((rc = clear_old_keys(dir, 0, force, why, why_len)) ||
@@ -748,7 +742,7 @@ int ps_curve_keygen(const char *dir, int servers, int workers, int force, char *
         for (int i = 0; i < count && !rc; i++) {
             char pub[41], sec[41];
             if (zmq_curve_keypair(pub, sec) != 0) {
-                say(why, why_len, "zmq_curve_keypair failed: %s", zmq_strerror(zmq_errno()));
+                ps_errorf(why, why_len, "zmq_curve_keypair failed: %s", zmq_strerror(zmq_errno()));
                 return PS_EIO;
             }
             snprintf(path, sizeof path, "%s/%s-%d.key", dir, name, i);

@@ -1,5 +1,8 @@
 #include "ps_error.h"
 
+#include <stdarg.h>
+#include <stdio.h>
+
 const char *ps_strerror(int code)
 {
     switch (code) {
@@ -20,4 +23,14 @@ const char *ps_strerror(int code)
     case PS_EDATA: return "bad data file";
     default: return "unknown error";
     }
+}
+
+void ps_errorf(char *why, size_t why_len, const char *fmt, ...)
+{
+    if (!why || !why_len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, why_len, fmt, ap);
+    va_end(ap);
 }

@@ -3,6 +3,8 @@
 #ifndef PS_ERROR_H
 #define PS_ERROR_H
 
+#include <stddef.h>
+
 enum {
     PS_OK = 0,
     PS_EINVAL = 1,     /* bad argument or flag value */
@@ -24,5 +26,11 @@ enum {
 
 /* Short, static description of a PS_E* code; never NULL. */
 const char *ps_strerror(int code);
+
+/* printf into a caller's `why` buffer (truncated to why_len, always
+ * terminated).  why may be NULL or why_len 0: then it writes nothing, so
+ * callers can pass their own optional buffer straight through. */
+void ps_errorf(char *why, size_t why_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #endif

@@ -37,12 +37,6 @@ static const char usage[] =
     "example:\n"
     "  ps_keygen --dir keys --servers 2 --workers 4\n";
 
-static int usage_error(const char *msg)
-{
-    fprintf(stderr, "%s\n", msg);
-    return 2;
-}
-
 int main(int argc, char **argv)
 {
     const char *dir = NULL;
@@ -52,52 +46,39 @@ int main(int argc, char **argv)
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(usage, stdout);
+        if (ps_flag_help_version(P, usage, a))
             return 0;
-        }
-        if (!strcmp(a, "--version")) {
-            printf(P " %s\n", PS_VERSION);
-            return 0;
-        }
         if (!strcmp(a, "--force")) {
             force = 1;
             continue;
         }
-        /* "--flag value" or "--flag=value" */
         static const char *const valued[] = {"--dir", "--servers", "--workers", NULL};
-        const char *eq = strchr(a, '=');
-        size_t nlen = eq ? (size_t)(eq - a) : strlen(a);
-        const char *name = NULL;
-        for (int k = 0; valued[k]; k++)
-            if (strlen(valued[k]) == nlen && !strncmp(a, valued[k], nlen))
-                name = valued[k];
+        const char *val, *name = ps_flag_value(argc, argv, &i, valued, &val);
         if (!name) {
             snprintf(why, sizeof why, P ": unknown %s '%s' (see --help)",
                      a[0] == '-' ? "flag" : "argument", a);
-            return usage_error(why);
+            return ps_flag_error(why);
         }
-        const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!val) {
             snprintf(why, sizeof why, P ": %s needs a value (see --help)", name);
-            return usage_error(why);
+            return ps_flag_error(why);
         }
         if (!strcmp(name, "--dir")) {
             if (!*val)
-                return usage_error(P ": --dir needs a non-empty path");
+                return ps_flag_error(P ": --dir needs a non-empty path");
             dir = val;
         } else if (ps_parse_int(P, name, val, 1, PS_CURVE_MAX_KEYS,
                                 !strcmp(name, "--servers") ? &servers : &workers, why,
                                 sizeof why)) {
-            return usage_error(why);
+            return ps_flag_error(why);
         }
     }
     if (!dir)
-        return usage_error(P ": --dir is required (see --help)");
+        return ps_flag_error(P ": --dir is required (see --help)");
     if (!servers)
-        return usage_error(P ": --servers is required (see --help)");
+        return ps_flag_error(P ": --servers is required (see --help)");
     if (!workers)
-        return usage_error(P ": --workers is required (see --help)");
+        return ps_flag_error(P ": --workers is required (see --help)");
 
     int rc = ps_curve_keygen(dir, (int)servers, (int)workers, force, why, sizeof why);
     if (rc) {

@@ -1351,12 +1351,6 @@ static const char usage[] =
     "  ps_launch --hostfile hosts.txt --dry-run -- --model cnn --epochs 5\n"
     "See docs/LAUNCH.md (ssh, Slurm and mpirun).\n";
 
-static int usage_error(const char *msg)
-{
-    fprintf(stderr, "%s\n", msg);
-    return 2;
-}
-
 /* Directory holding this program. */
 static char *self_dir(const char *argv0)
 {
@@ -1439,14 +1433,8 @@ int main(int argc, char **argv)
             i++;
             break;
         }
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(usage, stdout);
+        if (ps_flag_help_version(P, usage, a))
             return 0;
-        }
-        if (!strcmp(a, "--version")) {
-            printf("ps_launch %s\n", PS_VERSION);
-            return 0;
-        }
         if (!strcmp(a, "--dry-run")) {
             o.dry_run = 1;
             continue;
@@ -1454,52 +1442,40 @@ int main(int argc, char **argv)
         static const char *const valued[] = {
             "--servers",  "--workers",  "--gpus",     "--mode",       "--server-threads",
             "--timeline-dir", "--bin-dir", "--hostfile", "--base-port", "--server-arg", NULL};
-        /* "--flag value" or "--flag=value" */
-        char name[64];
-        const char *val = NULL, *eq = strchr(a, '=');
-        if (eq && (size_t)(eq - a) < sizeof name && !strncmp(a, "--", 2)) {
-            memcpy(name, a, (size_t)(eq - a));
-            name[eq - a] = 0;
-            val = eq + 1;
-        } else {
-            snprintf(name, sizeof name, "%s", a);
-        }
-        if (!in_list(valued, name)) {
+        const char *val, *name = ps_flag_value(argc, argv, &i, valued, &val);
+        if (!name) {
             if (strncmp(a, "--", 2) == 0)
                 snprintf(why, sizeof why,
                          P ": unknown flag '%s' (see --help; worker flags go after --)", a);
             else
                 snprintf(why, sizeof why,
                          P ": unexpected argument '%s' (worker flags go after --)", a);
-            return usage_error(why);
+            return ps_flag_error(why);
         }
         if (!val) {
-            if (i + 1 >= argc) {
-                snprintf(why, sizeof why, P ": %s needs a value (see --help)", name);
-                return usage_error(why);
-            }
-            val = argv[++i];
+            snprintf(why, sizeof why, P ": %s needs a value (see --help)", name);
+            return ps_flag_error(why);
         }
         if (!strcmp(name, "--servers")) {
             if (ps_parse_int(P, name, val, 1, MAX_SERVERS, &v, why, sizeof why))
-                return usage_error(why);
+                return ps_flag_error(why);
             o.servers = (int)v, servers_given = 1;
         } else if (!strcmp(name, "--workers")) {
             if (ps_parse_int(P, name, val, 1, MAX_WORKERS, &v, why, sizeof why))
-                return usage_error(why);
+                return ps_flag_error(why);
             o.workers = (int)v, workers_given = 1;
         } else if (!strcmp(name, "--server-threads")) {
             if (ps_parse_int(P, name, val, 1, 256, &v, why, sizeof why))
-                return usage_error(why);
+                return ps_flag_error(why);
             o.server_threads = (int)v;
         } else if (!strcmp(name, "--base-port")) {
             if (ps_parse_int(P, name, val, 1, 65535, &v, why, sizeof why))
-                return usage_error(why);
+                return ps_flag_error(why);
             o.base_port = (int)v;
         } else if (!strcmp(name, "--mode")) {
             if (strcmp(val, "sync") && strcmp(val, "async")) {
                 snprintf(why, sizeof why, P ": --mode must be sync or async, got '%s'", val);
-                return usage_error(why);
+                return ps_flag_error(why);
             }
             o.mode = val;
         } else if (!strcmp(name, "--gpus")) {
@@ -1508,7 +1484,7 @@ int main(int argc, char **argv)
                    !strcmp(name, "--hostfile")) {
             if (!*val) {
                 snprintf(why, sizeof why, P ": %s must not be empty", name);
-                return usage_error(why);
+                return ps_flag_error(why);
             }
             if (!strcmp(name, "--timeline-dir"))
                 o.timeline_dir = val;
@@ -1524,11 +1500,11 @@ int main(int argc, char **argv)
     o.nwflags = argc > i ? argc - i : 0;
 
     if (!o.hostfile && !servers_given)
-        return usage_error(P ": --servers is required (see --help)");
+        return ps_flag_error(P ": --servers is required (see --help)");
     if (!o.hostfile && !workers_given)
-        return usage_error(P ": --workers is required (see --help)");
+        return ps_flag_error(P ": --workers is required (see --help)");
     if (check_worker_flags(&o, why, sizeof why))
-        return usage_error(why);
+        return ps_flag_error(why);
 
     int rc = 0;
     strvec gpus = {0};
@@ -1539,11 +1515,11 @@ int main(int argc, char **argv)
     char cwd[PATH_MAX];
     int gpus_auto = !strcmp(o.gpus, "auto");
     if (strcmp(o.gpus, "none") && !gpus_auto && parse_gpu_list(o.gpus, &gpus, why, sizeof why)) {
-        rc = usage_error(why);
+        rc = ps_flag_error(why);
         goto out;
     }
     if (o.hostfile && hostfile_read(o.hostfile, &hf, why, sizeof why)) {
-        rc = usage_error(why);
+        rc = ps_flag_error(why);
         goto out;
     }
     if (!getcwd(cwd, sizeof cwd)) {
@@ -1581,7 +1557,7 @@ int main(int argc, char **argv)
     }
     if (plan_build(&o, o.hostfile ? &hf : NULL, ports, &gpus, bin_dir, cwd, &plan, why,
                    sizeof why)) {
-        rc = usage_error(why);
+        rc = ps_flag_error(why);
         goto out;
     }
     for (int k = 0; k < o.nwflags; k++)

@@ -1,7 +1,6 @@
 #include "ps_proto.h"
 
 #include <msgpack.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -69,17 +68,6 @@ void ps_header_init(ps_header *h, uint32_t type)
     h->version = PS_PROTO_VERSION;
     h->type = type;
     h->rank = -1;
-}
-
-static void say(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void say(char *why, size_t len, const char *fmt, ...)
-{
-    if (!why || !len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, len, fmt, ap);
-    va_end(ap);
 }
 
 /* ---------- encode ---------- */
@@ -307,7 +295,7 @@ static int field_u(const msgpack_object *o, const char *name, uint64_t lo, uint6
 {
     uint64_t v;
     if (get_u64(o, &v) < 0 || v < lo || v > hi) {
-        say(why, why_len, "field '%s' must be an unsigned integer in [%llu, %llu]", name,
+        ps_errorf(why, why_len, "field '%s' must be an unsigned integer in [%llu, %llu]", name,
             (unsigned long long)lo, (unsigned long long)hi);
         return PS_EPROTO;
     }
@@ -320,8 +308,8 @@ static int field_i(const msgpack_object *o, const char *name, int64_t lo, int64_
 {
     int64_t v;
     if (get_i64(o, &v) < 0 || v < lo || v > hi) {
-        say(why, why_len, "field '%s' must be an integer in [%lld, %lld]", name, (long long)lo,
-            (long long)hi);
+        ps_errorf(why, why_len, "field '%s' must be an integer in [%lld, %lld]", name,
+            (long long)lo, (long long)hi);
         return PS_EPROTO;
     }
     *out = v;
@@ -346,7 +334,7 @@ static int field_i(const msgpack_object *o, const char *name, int64_t lo, int64_
     do {                                                                          \
         float v_;                                                                 \
         if (get_f32(obj, &v_) < 0 || v_ != v_) {                                  \
-            say(why, why_len, "field '%s' must be a number", name);               \
+            ps_errorf(why, why_len, "field '%s' must be a number", name);          \
             return PS_EPROTO;                                                     \
         }                                                                         \
         (dst) = v_;                                                               \
@@ -355,7 +343,7 @@ static int field_i(const msgpack_object *o, const char *name, int64_t lo, int64_
 static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t why_len)
 {
     if (m->type != MSGPACK_OBJECT_MAP) {
-        say(why, why_len, "field 'h' must be a map");
+        ps_errorf(why, why_len, "field 'h' must be a map");
         return PS_EPROTO;
     }
     for (uint32_t i = 0; i < m->via.map.size; i++) {
@@ -390,7 +378,7 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
             FIELD_F(v, "h.wd", o->opt.weight_decay);
     }
     if (o->mode == 0 || o->num_workers == 0 || o->num_servers == 0) {
-        say(why, why_len, "hello needs mode, nw and ns");
+        ps_errorf(why, why_len, "hello needs mode, nw and ns");
         return PS_EPROTO;
     }
     return 0;
@@ -399,7 +387,7 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
 static int decode_stats(const msgpack_object *m, ps_stats *s, char *why, size_t why_len)
 {
     if (m->type != MSGPACK_OBJECT_MAP) {
-        say(why, why_len, "field 'st' must be a map");
+        ps_errorf(why, why_len, "field 'st' must be a map");
         return PS_EPROTO;
     }
     struct { const char *name; uint64_t *dst; } u[] = {
@@ -427,7 +415,7 @@ static int decode_map(const msgpack_object *root, ps_header *h, char *why, size_
     int have_v = 0, have_t = 0, have_h = 0;
     uint64_t version = 0;
     if (root->type != MSGPACK_OBJECT_MAP) {
-        say(why, why_len, "header must be a msgpack map");
+        ps_errorf(why, why_len, "header must be a msgpack map");
         return PS_EPROTO;
     }
     /* version first, so a peer of another version gets the right error */
@@ -435,18 +423,18 @@ static int decode_map(const msgpack_object *root, ps_header *h, char *why, size_
         const msgpack_object *k = &root->via.map.ptr[i].key;
         if (k->type == MSGPACK_OBJECT_STR && key_is(k, "v")) {
             if (get_u64(&root->via.map.ptr[i].val, &version) < 0) {
-                say(why, why_len, "field 'v' must be an unsigned integer");
+                ps_errorf(why, why_len, "field 'v' must be an unsigned integer");
                 return PS_EPROTO;
             }
             have_v = 1;
         }
     }
     if (!have_v) {
-        say(why, why_len, "header has no protocol version field 'v'");
+        ps_errorf(why, why_len, "header has no protocol version field 'v'");
         return PS_EPROTO;
     }
     if (version != PS_PROTO_VERSION) {
-        say(why, why_len, "protocol version %llu, this side speaks %d",
+        ps_errorf(why, why_len, "protocol version %llu, this side speaks %d",
             (unsigned long long)version, PS_PROTO_VERSION);
         return PS_EVERSION;
     }
@@ -454,7 +442,7 @@ static int decode_map(const msgpack_object *root, ps_header *h, char *why, size_
     for (uint32_t i = 0; i < root->via.map.size; i++) {
         const msgpack_object *k = &root->via.map.ptr[i].key, *v = &root->via.map.ptr[i].val;
         if (k->type != MSGPACK_OBJECT_STR) {
-            say(why, why_len, "header keys must be strings");
+            ps_errorf(why, why_len, "header keys must be strings");
             return PS_EPROTO;
         }
         if (key_is(k, "v"))
@@ -484,7 +472,7 @@ static int decode_map(const msgpack_object *root, ps_header *h, char *why, size_
             FIELD_I(v, "ec", h->err_code, 0, 1000);
         else if (key_is(k, "et")) {
             if (v->type != MSGPACK_OBJECT_STR) {
-                say(why, why_len, "field 'et' must be a string");
+                ps_errorf(why, why_len, "field 'et' must be a string");
                 return PS_EPROTO;
             }
             size_t n = v->via.str.size < PS_ERR_TEXT_MAX ? v->via.str.size : PS_ERR_TEXT_MAX;
@@ -503,15 +491,15 @@ static int decode_map(const msgpack_object *root, ps_header *h, char *why, size_
         /* other keys: a newer peer's optional fields, ignored */
     }
     if (!have_t) {
-        say(why, why_len, "header has no message type field 't'");
+        ps_errorf(why, why_len, "header has no message type field 't'");
         return PS_EPROTO;
     }
     if (h->type == PS_MSG_HELLO && !have_h) {
-        say(why, why_len, "hello without its 'h' map");
+        ps_errorf(why, why_len, "hello without its 'h' map");
         return PS_EPROTO;
     }
     if (h->dtype && h->count * ps_dtype_size(h->dtype) > PS_MAX_PAYLOAD_BYTES) {
-        say(why, why_len, "count %llu elements is more than the %llu-byte payload limit",
+        ps_errorf(why, why_len, "count %llu elements is more than the %llu-byte payload limit",
             (unsigned long long)h->count, (unsigned long long)PS_MAX_PAYLOAD_BYTES);
         return PS_ETOOBIG;
     }
@@ -523,17 +511,17 @@ int ps_proto_decode(const void *buf, size_t len, ps_header *h, char *why, size_t
     ps_header_init(h, 0);
     h->version = 0;
     if (len == 0) {
-        say(why, why_len, "empty header frame");
+        ps_errorf(why, why_len, "empty header frame");
         return PS_EPROTO;
     }
     if (len > PS_HEADER_MAX) {
-        say(why, why_len, "header frame of %zu bytes is over the %d-byte limit", len,
+        ps_errorf(why, why_len, "header frame of %zu bytes is over the %d-byte limit", len,
             PS_HEADER_MAX);
         return PS_ETOOBIG;
     }
     size_t pos = 0;
     if (scan(buf, len, &pos, 0) < 0 || pos != len) {
-        say(why, why_len, "header is not one well-formed msgpack value (%zu bytes)", len);
+        ps_errorf(why, why_len, "header is not one well-formed msgpack value (%zu bytes)", len);
         return PS_EPROTO;
     }
     msgpack_unpacked u;
@@ -541,7 +529,7 @@ int ps_proto_decode(const void *buf, size_t len, ps_header *h, char *why, size_t
     size_t off = 0;
     int rc;
     if (msgpack_unpack_next(&u, buf, len, &off) != MSGPACK_UNPACK_SUCCESS || off != len) {
-        say(why, why_len, "header is not valid msgpack");
+        ps_errorf(why, why_len, "header is not valid msgpack");
         rc = PS_EPROTO;
     } else {
         rc = decode_map(&u.data, h, why, why_len);
@@ -557,24 +545,24 @@ int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes
     int needs = reply ? ps_msg_reply_has_payload(h->type) : ps_msg_request_has_payload(h->type);
     if (!needs) {
         if (nframes != 0) {
-            say(why, why_len, "%s %s carries no payload, got %d extra frame(s)",
+            ps_errorf(why, why_len, "%s %s carries no payload, got %d extra frame(s)",
                 ps_msg_type_name(h->type), reply ? "reply" : "request", nframes);
             return PS_EPROTO;
         }
         return 0;
     }
     if (nframes != 1) {
-        say(why, why_len, "%s %s needs exactly one payload frame, got %d",
+        ps_errorf(why, why_len, "%s %s needs exactly one payload frame, got %d",
             ps_msg_type_name(h->type), reply ? "reply" : "request", nframes);
         return PS_EPROTO;
     }
     size_t es = ps_dtype_size(h->dtype);
     if (es == 0) {
-        say(why, why_len, "unknown dtype %u", h->dtype);
+        ps_errorf(why, why_len, "unknown dtype %u", h->dtype);
         return PS_EPROTO;
     }
     if (h->count == 0 || h->count * es != payload_bytes) {
-        say(why, why_len, "payload of %zu bytes does not match count %llu x %zu bytes",
+        ps_errorf(why, why_len, "payload of %zu bytes does not match count %llu x %zu bytes",
             payload_bytes, (unsigned long long)h->count, es);
         return PS_EPROTO;
     }
@@ -587,27 +575,27 @@ int ps_hello_compare(const ps_hello *a, const char *an, const ps_hello *b, const
                      int check_opt, char *why, size_t why_len)
 {
     if (a->mode != b->mode) {
-        say(why, why_len, "mode: %s has %s, %s has %s", an, ps_mode_name(a->mode), bn,
+        ps_errorf(why, why_len, "mode: %s has %s, %s has %s", an, ps_mode_name(a->mode), bn,
             ps_mode_name(b->mode));
         return PS_EMISMATCH;
     }
     if (a->max_staleness != b->max_staleness) {
-        say(why, why_len, "max-staleness: %s has %d, %s has %d", an, a->max_staleness, bn,
+        ps_errorf(why, why_len, "max-staleness: %s has %d, %s has %d", an, a->max_staleness, bn,
             b->max_staleness);
         return PS_EMISMATCH;
     }
     if (a->num_workers != b->num_workers) {
-        say(why, why_len, "num-workers: %s has %u, %s has %u", an, a->num_workers, bn,
+        ps_errorf(why, why_len, "num-workers: %s has %u, %s has %u", an, a->num_workers, bn,
             b->num_workers);
         return PS_EMISMATCH;
     }
     if (a->num_servers != b->num_servers) {
-        say(why, why_len, "num-servers: %s has %u, %s has %u", an, a->num_servers, bn,
+        ps_errorf(why, why_len, "num-servers: %s has %u, %s has %u", an, a->num_servers, bn,
             b->num_servers);
         return PS_EMISMATCH;
     }
     if (a->model_fp && b->model_fp && a->model_fp != b->model_fp) {
-        say(why, why_len,
+        ps_errorf(why, why_len,
             "model: %s has fingerprint %016llx, %s has %016llx (different tensors or chunk size)",
             an, (unsigned long long)a->model_fp, bn, (unsigned long long)b->model_fp);
         return PS_EMISMATCH;
@@ -616,7 +604,7 @@ int ps_hello_compare(const ps_hello *a, const char *an, const ps_hello *b, const
         return 0;
     const ps_opt_config *x = &a->opt, *y = &b->opt;
     if (x->kind != y->kind) {
-        say(why, why_len, "optimizer: %s has %s, %s has %s", an, ps_opt_name(x->kind), bn,
+        ps_errorf(why, why_len, "optimizer: %s has %s, %s has %s", an, ps_opt_name(x->kind), bn,
             ps_opt_name(y->kind));
         return PS_EMISMATCH;
     }
@@ -631,7 +619,7 @@ int ps_hello_compare(const ps_hello *a, const char *an, const ps_hello *b, const
         {"weight-decay", x->weight_decay, y->weight_decay, 1}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].used && fcmp(f[i].p, f[i].q)) {
-            say(why, why_len, "%s: %s has %g, %s has %g", f[i].n, an, (double)f[i].p, bn,
+            ps_errorf(why, why_len, "%s: %s has %g, %s has %g", f[i].n, an, (double)f[i].p, bn,
                 (double)f[i].q);
             return PS_EMISMATCH;
         }

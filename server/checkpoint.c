@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,17 +20,6 @@
 /* fixed part of a chunk record, before the clocks */
 #define REC_FIXED (8 + 4 + 4 + 8 + 8 + 8)
 
-static void say(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void say(char *why, size_t len, const char *fmt, ...)
-{
-    if (!why || !len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, len, fmt, ap);
-    va_end(ap);
-}
-
 static size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
 
 static size_t header_bytes(int num_workers) { return pad8(HDR_FIXED + (size_t)num_workers); }
@@ -46,6 +34,17 @@ static size_t record_bytes(int num_workers, size_t n, int nstate)
 #define PUT(p, v) do { __typeof__(v) put_v_ = (v); memcpy((p), &put_v_, sizeof put_v_); \
                        (p) += sizeof put_v_; } while (0)
 #define GET(p, v) do { memcpy(&(v), (p), sizeof(v)); (p) += sizeof(v); } while (0)
+
+/* The header fields of a ps_ckpt_meta after the magic, the format and the
+ * header size, in file order: one list for the writer and the reader, so the
+ * two cannot disagree.  I(f): stored as an int32; F(f): as the field is. */
+#define HEADER_FIELDS(I, F)                                                              \
+    F(seq) F(config_fp)                                                                  \
+    I(rank) I(num_servers) I(num_workers) I(mode) I(max_staleness) I(opt.kind)           \
+    F(opt.lr) F(opt.momentum) F(opt.beta1) F(opt.beta2) F(opt.eps) F(opt.weight_decay)   \
+    F(model_fp) F(nchunks) F(min_version) F(max_version)                                 \
+    F(counters.pushes) F(counters.pulls) F(counters.inits) F(counters.updates)           \
+    F(counters.dup_dropped) F(counters.bytes_in)
 
 static uint32_t crc_update(uint32_t crc, const void *buf, size_t len)
 {
@@ -166,7 +165,8 @@ int ps_ckpt_list(const char *dir, int rank, uint64_t **seqs, char *why, size_t w
     *seqs = NULL;
     DIR *d = opendir(dir);
     if (!d) {
-        say(why, why_len, "cannot read the checkpoint directory %s: %s", dir, strerror(errno));
+        ps_errorf(why, why_len, "cannot read the checkpoint directory %s: %s", dir,
+            strerror(errno));
         return -1;
     }
     char prefix[32];
@@ -196,7 +196,7 @@ int ps_ckpt_list(const char *dir, int rank, uint64_t **seqs, char *why, size_t w
             if (!nv) {
                 free(v);
                 closedir(d);
-                say(why, why_len, "out of memory listing %s", dir);
+                ps_errorf(why, why_len, "out of memory listing %s", dir);
                 return -1;
             }
             v = nv;
@@ -250,37 +250,18 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_meta *m, const ps_ckpt_part *pa
     size_t hb = header_bytes(m->num_workers);
     unsigned char *h = calloc(1, hb), *p = h;
     if (!h) {
-        say(why, why_len, "out of memory writing %s", path);
+        ps_errorf(why, why_len, "out of memory writing %s", path);
         return PS_ENOMEM;
     }
     memcpy(p, MAGIC, 8);
     p += 8;
     PUT(p, (uint32_t)FORMAT);
     PUT(p, (uint32_t)hb);
-    PUT(p, m->seq);
-    PUT(p, m->config_fp);
-    PUT(p, (int32_t)m->rank);
-    PUT(p, (int32_t)m->num_servers);
-    PUT(p, (int32_t)m->num_workers);
-    PUT(p, (int32_t)m->mode);
-    PUT(p, (int32_t)m->max_staleness);
-    PUT(p, (int32_t)m->opt.kind);
-    PUT(p, m->opt.lr);
-    PUT(p, m->opt.momentum);
-    PUT(p, m->opt.beta1);
-    PUT(p, m->opt.beta2);
-    PUT(p, m->opt.eps);
-    PUT(p, m->opt.weight_decay);
-    PUT(p, m->model_fp);
-    PUT(p, m->nchunks);
-    PUT(p, m->min_version);
-    PUT(p, m->max_version);
-    PUT(p, m->counters.pushes);
-    PUT(p, m->counters.pulls);
-    PUT(p, m->counters.inits);
-    PUT(p, m->counters.updates);
-    PUT(p, m->counters.dup_dropped);
-    PUT(p, m->counters.bytes_in);
+#define PUT_INT32(f) PUT(p, (int32_t)m->f);
+#define PUT_FIELD(f) PUT(p, m->f);
+    HEADER_FIELDS(PUT_INT32, PUT_FIELD)
+#undef PUT_INT32
+#undef PUT_FIELD
     for (int r = 0; r < m->num_workers; r++)
         *p++ = m->hello ? m->hello[r] : 0;
     uint32_t crc = crc_update(0, h, hb);
@@ -312,7 +293,7 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_meta *m, const ps_ckpt_part *pa
         e = errno;
     }
     if (!ok) {
-        say(why, why_len, "cannot %s %s: %s", step, strcmp(step, "rename") ? tmp : path,
+        ps_errorf(why, why_len, "cannot %s %s: %s", step, strcmp(step, "rename") ? tmp : path,
             strerror(e));
         unlink(tmp);
         return PS_EIO;
@@ -323,7 +304,7 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_meta *m, const ps_ckpt_part *pa
         e = errno;
         if (dfd >= 0)
             close(dfd);
-        say(why, why_len, "cannot fsync the directory %s: %s", dir, strerror(e));
+        ps_errorf(why, why_len, "cannot fsync the directory %s: %s", dir, strerror(e));
         return PS_EIO;
     }
     close(dfd);
@@ -376,26 +357,26 @@ int ps_ckpt_read(const char *path, ps_ckpt_file *f, char *why, size_t why_len)
     memset(f, 0, sizeof *f);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        say(why, why_len, "cannot open: %s", strerror(errno));
+        ps_errorf(why, why_len, "cannot open: %s", strerror(errno));
         return PS_EIO;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        say(why, why_len, "cannot stat: %s", strerror(errno));
+        ps_errorf(why, why_len, "cannot stat: %s", strerror(errno));
         close(fd);
         return PS_EIO;
     }
     size_t size = (size_t)st.st_size;
     if (size < HDR_FIXED + 4) {
         close(fd);
-        say(why, why_len, "truncated: %zu bytes, a checkpoint has at least %d", size,
+        ps_errorf(why, why_len, "truncated: %zu bytes, a checkpoint has at least %d", size,
             HDR_FIXED + 4);
         return PS_EDATA;
     }
     unsigned char *d = malloc(size);
     if (!d) {
         close(fd);
-        say(why, why_len, "out of memory reading %zu bytes", size);
+        ps_errorf(why, why_len, "out of memory reading %zu bytes", size);
         return PS_ENOMEM;
     }
     size_t got = 0;
@@ -410,10 +391,11 @@ int ps_ckpt_read(const char *path, ps_ckpt_file *f, char *why, size_t why_len)
     close(fd);
     if (got != size) {
         free(d);
-        say(why, why_len, "read %zu of %zu bytes", got, size);
+        ps_errorf(why, why_len, "read %zu of %zu bytes", got, size);
         return PS_EIO;
     }
-#define CORRUPT(...) do { say(why, why_len, __VA_ARGS__); free(d); return PS_EDATA; } while (0)
+#define CORRUPT(...) \
+    do { ps_errorf(why, why_len, __VA_ARGS__); free(d); return PS_EDATA; } while (0)
     if (memcmp(d, MAGIC, 8) != 0)
         CORRUPT("not a checkpoint (bad magic)");
     uint32_t crc_file;
@@ -424,38 +406,16 @@ int ps_ckpt_read(const char *path, ps_ckpt_file *f, char *why, size_t why_len)
                 crc_file, crc);
     const unsigned char *p = d + 8;
     uint32_t format, hb;
-    int32_t i32[6];
     ps_ckpt_meta *m = &f->meta;
     GET(p, format);
     GET(p, hb);
     if (format != FORMAT)
         CORRUPT("format %u, this server reads format %d", format, FORMAT);
-    GET(p, m->seq);
-    GET(p, m->config_fp);
-    for (int i = 0; i < 6; i++)
-        GET(p, i32[i]);
-    m->rank = i32[0];
-    m->num_servers = i32[1];
-    m->num_workers = i32[2];
-    m->mode = i32[3];
-    m->max_staleness = i32[4];
-    m->opt.kind = i32[5];
-    GET(p, m->opt.lr);
-    GET(p, m->opt.momentum);
-    GET(p, m->opt.beta1);
-    GET(p, m->opt.beta2);
-    GET(p, m->opt.eps);
-    GET(p, m->opt.weight_decay);
-    GET(p, m->model_fp);
-    GET(p, m->nchunks);
-    GET(p, m->min_version);
-    GET(p, m->max_version);
-    GET(p, m->counters.pushes);
-    GET(p, m->counters.pulls);
-    GET(p, m->counters.inits);
-    GET(p, m->counters.updates);
-    GET(p, m->counters.dup_dropped);
-    GET(p, m->counters.bytes_in);
+#define GET_INT32(f) do { int32_t v_; GET(p, v_); m->f = v_; } while (0);
+#define GET_FIELD(f) GET(p, m->f);
+    HEADER_FIELDS(GET_INT32, GET_FIELD)
+#undef GET_INT32
+#undef GET_FIELD
     if (m->num_workers < 1 || m->num_workers > PS_MAX_RANK + 1 ||
         hb != header_bytes(m->num_workers) || hb > size - 4)
         CORRUPT("bad header (%d workers, %u header bytes)", m->num_workers, hb);
@@ -494,7 +454,7 @@ int ps_ckpt_check_config(const ps_ckpt_meta *m, int rank, int num_servers, int n
                          int mode, int max_staleness, const ps_opt_config *opt, char *why,
                          size_t why_len)
 {
-#define DIFF(flag, fmt, a, b) do { say(why, why_len, "it was written with " flag " " fmt \
+#define DIFF(flag, fmt, a, b) do { ps_errorf(why, why_len, "it was written with " flag " " fmt \
     ", this server has " flag " " fmt, a, b); return PS_EMISMATCH; } while (0)
     if (m->rank != rank)
         DIFF("--rank", "%d", m->rank, rank);
@@ -523,7 +483,7 @@ int ps_ckpt_check_config(const ps_ckpt_meta *m, int rank, int num_servers, int n
 #undef DIFF
     if (m->config_fp !=
         ps_ckpt_config_fp(rank, num_servers, num_workers, mode, max_staleness, opt)) {
-        say(why, why_len, "its configuration fingerprint differs from this server's");
+        ps_errorf(why, why_len, "its configuration fingerprint differs from this server's");
         return PS_EMISMATCH;
     }
     return 0;

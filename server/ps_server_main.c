@@ -86,12 +86,6 @@ static void usage(FILE *f)
         PS_SERVER_MAX_THREADS);
 }
 
-static int bad(const char *msg)
-{
-    fprintf(stderr, "%s\n", msg);
-    return 2;
-}
-
 /* Parse argv into c.  Returns -1 to go on, or the exit status. */
 static int parse(int argc, char **argv, ps_server_config *c, int *log_level)
 {
@@ -121,7 +115,7 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level)
         }
         if (strncmp(arg, "--", 2) != 0) {
             snprintf(why, sizeof why, "%s: unexpected argument '%s' (see --help)", PROG, arg);
-            return bad(why);
+            return ps_flag_error(why);
         }
         /* --flag value or --flag=value */
         char name[64];
@@ -149,11 +143,11 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level)
                 is_known = 1;
         if (!is_known) {
             snprintf(why, sizeof why, "%s: unknown flag '%s' (see --help)", PROG, name);
-            return bad(why);
+            return ps_flag_error(why);
         }
         if (!val) {
             snprintf(why, sizeof why, "%s: %s needs a value (see --help)", PROG, name);
-            return bad(why);
+            return ps_flag_error(why);
         }
         if (!eq)
             i++;
@@ -166,7 +160,7 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level)
                 snprintf(why, sizeof why,
                          "%s: --bind must be a ZeroMQ endpoint like tcp://*:5555 or "
                          "ipc:///tmp/ps0, got '%s'", PROG, val);
-                return bad(why);
+                return ps_flag_error(why);
             }
             c->bind = val;
         } else if (strcmp(name, "--rank") == 0) {
@@ -181,7 +175,7 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level)
         } else if (strcmp(name, "--mode") == 0) {
             if (ps_mode_parse(val, &c->mode) != 0) {
                 snprintf(why, sizeof why, "%s: --mode must be sync or async, got '%s'", PROG, val);
-                return bad(why);
+                return ps_flag_error(why);
             }
         } else if (strcmp(name, "--max-staleness") == 0) {
             if (!(rc = ps_parse_int(PROG, name, val, -1, 1000000, &iv, why, sizeof why))) {
@@ -193,7 +187,7 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level)
                 snprintf(why, sizeof why,
                          "%s: --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
                          "got '%s'", PROG, val);
-                return bad(why);
+                return ps_flag_error(why);
             }
         } else if (strcmp(name, "--lr") == 0) {
             if (!(rc = ps_parse_float(PROG, name, val, 0, 1e6, &fv, why, sizeof why)))
@@ -235,7 +229,7 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level)
                    strcmp(name, "--checkpoint-dir") == 0) {
             if (!*val || strlen(val) > 900) {
                 snprintf(why, sizeof why, "%s: %s needs a path of 1..900 characters", PROG, name);
-                return bad(why);
+                return ps_flag_error(why);
             }
             if (name[2] == 't')
                 c->timeline = val;
@@ -272,31 +266,31 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level)
             } else {
                 snprintf(why, sizeof why, "%s: --on-worker-loss must be wait or drop, got '%s'",
                          PROG, val);
-                return bad(why);
+                return ps_flag_error(why);
             }
         }
         if (rc)
-            return bad(why);
+            return ps_flag_error(why);
     }
     if (!c->bind)
-        return bad(PROG ": --bind is required, e.g. --bind tcp://*:5555 (see --help)");
+        return ps_flag_error(PROG ": --bind is required, e.g. --bind tcp://*:5555 (see --help)");
     if (c->rank >= c->num_servers) {
         snprintf(why, sizeof why, "%s: --rank must be an integer in [0, %d] (--num-servers %d), "
                  "got '%d'", PROG, c->num_servers - 1, c->num_servers, c->rank);
-        return bad(why);
+        return ps_flag_error(why);
     }
     if (!c->checkpoint_dir && (every_given || c->restore))
-        return bad(PROG ": --checkpoint-every and --restore need --checkpoint-dir DIR "
-                   "(see --help)");
+        return ps_flag_error(PROG ": --checkpoint-every and --restore need --checkpoint-dir "
+                             "DIR (see --help)");
     if (c->checkpoint_dir && !every_given)
         c->checkpoint_every_ms = 60000;
     if (c->on_worker_loss == PS_LOSS_DROP && c->worker_timeout_ms == 0)
-        return bad(PROG ": --on-worker-loss drop needs --worker-timeout S (see --help)");
+        return ps_flag_error(PROG ": --on-worker-loss drop needs --worker-timeout S (see --help)");
     if (c->mode == PS_MODE_SYNC) {
         if (staleness_given && c->max_staleness != 0) {
             snprintf(why, sizeof why, "%s: --max-staleness must be 0 in sync mode, got '%d'",
                      PROG, c->max_staleness);
-            return bad(why);
+            return ps_flag_error(why);
         }
         c->max_staleness = 0;
     }

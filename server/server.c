@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -287,17 +286,6 @@ struct ps_server {
     ckpt_writer wr;
 };
 
-static void say(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void say(char *why, size_t len, const char *fmt, ...)
-{
-    if (!why || !len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, len, fmt, ap);
-    va_end(ap);
-}
-
 int ps_server_owner(uint64_t key, uint32_t chunk, int threads)
 {
     uint64_t x = key * 0x9e3779b97f4a7c15ull ^ ((uint64_t)chunk + 0x632be59bd9b4e019ull);
@@ -329,7 +317,7 @@ void ps_server_config_default(ps_server_config *c)
 
 int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
 {
-#define BAD(...) do { say(why, why_len, __VA_ARGS__); return PS_EINVAL; } while (0)
+#define BAD(...) do { ps_errorf(why, why_len, __VA_ARGS__); return PS_EINVAL; } while (0)
     if (!c->bind || !*c->bind || strlen(c->bind) >= 256)
         BAD("bind endpoint is missing or longer than 255 characters");
     if (c->num_servers < 1 || c->num_servers > PS_MAX_RANK + 1)
@@ -717,15 +705,26 @@ static void upd_progress(updater *u)
     zmq_send(u->pair, &pf, sizeof pf, 0);
 }
 
+/* Receive the next frame from sock into m (initialized here).  0, or -1
+ * with m closed again and errno as zmq_msg_recv left it. */
+static int recv_frame(void *sock, zmq_msg_t *m, int flags)
+{
+    zmq_msg_init(m);
+    if (zmq_msg_recv(m, sock, flags) >= 0)
+        return 0;
+    int e = errno;
+    zmq_msg_close(m);
+    errno = e;
+    return -1;
+}
+
 static void *upd_main(void *arg)
 {
     updater *u = arg;
     int stop = 0;
     while (!stop) {
         zmq_msg_t m, id, pl;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, u->pair, 0) < 0) {
-            zmq_msg_close(&m);
+        if (recv_frame(u->pair, &m, 0) < 0) {
             if (errno == EINTR)
                 continue;
             ps_error("update thread %d: receive failed: %s", u->idx, zmq_strerror(errno));
@@ -842,6 +841,27 @@ static void close_frames(zmq_msg_t *f, int nf)
         zmq_msg_close(&f[i]);
 }
 
+/* Receive the frames left of a message on sock (more: zmq_msg_more of the
+ * last one received).  The first ones go to f[*nf], f[*nf + 1], ... while
+ * *nf < max; the others are dropped.  Returns how many frames came. */
+static int recv_rest(void *sock, int more, zmq_msg_t *f, int *nf, int max)
+{
+    int n = 0;
+    while (more) {
+        zmq_msg_t x;
+        if (recv_frame(sock, &x, 0) < 0)
+            break;
+        more = zmq_msg_more(&x);
+        n++;
+        if (nf && *nf < max) {
+            zmq_msg_init(&f[*nf]);
+            zmq_msg_move(&f[(*nf)++], &x);
+        }
+        zmq_msg_close(&x);
+    }
+    return n;
+}
+
 static void to_owner(ps_server *s, int owner, zmq_msg_t *f, int nf)
 {
     outbox *ob = &s->out[owner];
@@ -932,14 +952,14 @@ static void io_hello(ps_server *s, zmq_msg_t *id, const ps_header *h)
     snprintf(who, sizeof who, h->rank >= 0 ? "worker %d" : "rank %d", h->rank);
     int rc = ps_hello_compare(&mine, "server", &h->hello, who, 1, why, sizeof why);
     if (rc == 0 && h->hello.server_rank >= 0 && h->hello.server_rank != s->cfg.rank) {
-        say(why, sizeof why,
+        ps_errorf(why, sizeof why,
             "server-rank: server has %d, %s has %d (check the order of the server list)",
             s->cfg.rank, who, h->hello.server_rank);
         rc = PS_EMISMATCH;
     }
     if (rc == 0 && h->rank >= s->cfg.num_workers) {
-        say(why, sizeof why, "rank %d is out of range: this server has --num-workers %d", h->rank,
-            s->cfg.num_workers);
+        ps_errorf(why, sizeof why, "rank %d is out of range: this server has --num-workers %d",
+            h->rank, s->cfg.num_workers);
         rc = PS_EPROTO;
     }
     if (rc) {
@@ -1240,7 +1260,8 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         return;
     }
     if (h.flags & PS_FLAG_REPLY) {
-        say(why, sizeof why, "the server takes requests; got a %s reply", ps_msg_type_name(h.type));
+        ps_errorf(why, sizeof why, "the server takes requests; got a %s reply",
+            ps_msg_type_name(h.type));
         io_error(s, &f[0], &h, PS_EPROTO, why);
         return;
     }
@@ -1259,24 +1280,25 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         return;
     }
     if (h.rank >= s->cfg.num_workers) {
-        say(why, sizeof why, "rank %d is out of range: this server has --num-workers %d", h.rank,
-            s->cfg.num_workers);
+        ps_errorf(why, sizeof why, "rank %d is out of range: this server has --num-workers %d",
+            h.rank, s->cfg.num_workers);
         io_error(s, &f[0], &h, PS_EPROTO, why);
         return;
     }
     if (h.rank < 0) {
         if (h.type != PS_MSG_STATS && h.type != PS_MSG_SHUTDOWN && h.type != PS_MSG_HEARTBEAT) {
-            say(why, sizeof why, "%s needs a worker rank; rank -1 may send only hello, stats, "
-                "heartbeat and shutdown", ps_msg_type_name(h.type));
+            ps_errorf(why, sizeof why,
+                "%s needs a worker rank; rank -1 may send only hello, stats, heartbeat and shutdown",
+                ps_msg_type_name(h.type));
             io_error(s, &f[0], &h, PS_ESTATE, why);
             return;
         }
     } else if (!s->workers[h.rank] || s->workers[h.rank]->dropped) {
         if (!s->workers[h.rank])
-            say(why, sizeof why, "worker %d sent %s before hello; say hello first", h.rank,
+            ps_errorf(why, sizeof why, "worker %d sent %s before hello; say hello first", h.rank,
                 ps_msg_type_name(h.type));
         else
-            say(why, sizeof why, "worker %d was dropped after %d ms without a message "
+            ps_errorf(why, sizeof why, "worker %d was dropped after %d ms without a message "
                 "(--on-worker-loss drop); say hello again to rejoin", h.rank,
                 s->cfg.worker_timeout_ms);
         if (h.type == PS_MSG_HEARTBEAT) {
@@ -1333,31 +1355,15 @@ static int io_read_router(ps_server *s)
 {
     for (int b = 0; b < IO_BATCH && !s->out_total && !s->stopping; b++) {
         zmq_msg_t f[3];
-        zmq_msg_init(&f[0]);
-        if (zmq_msg_recv(&f[0], s->router, ZMQ_DONTWAIT) < 0) {
+        if (recv_frame(s->router, &f[0], ZMQ_DONTWAIT) < 0) {
             int e = errno;
-            zmq_msg_close(&f[0]);
             if (e == EAGAIN || e == EINTR)
                 return 0;
             ps_error("receive on %s failed: %s", s->endpoint, zmq_strerror(e));
             return -1;
         }
-        int nf = 1, total = 1, more = zmq_msg_more(&f[0]);
-        while (more) {
-            zmq_msg_t x;
-            zmq_msg_init(&x);
-            if (zmq_msg_recv(&x, s->router, 0) < 0) {
-                zmq_msg_close(&x);
-                break;
-            }
-            more = zmq_msg_more(&x);
-            total++;
-            if (nf < 3) {
-                zmq_msg_init(&f[nf]);
-                zmq_msg_move(&f[nf++], &x);
-            }
-            zmq_msg_close(&x);
-        }
+        int nf = 1;
+        int total = 1 + recv_rest(s->router, zmq_msg_more(&f[0]), f, &nf, 3);
         io_message(s, f, nf, total);
         close_frames(f, nf);
     }
@@ -1633,11 +1639,8 @@ static void io_read_pair(ps_server *s, int i)
 {
     for (int b = 0; b < IO_BATCH * 4; b++) {
         zmq_msg_t tag;
-        zmq_msg_init(&tag);
-        if (zmq_msg_recv(&tag, s->pairs[i], ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&tag);
+        if (recv_frame(s->pairs[i], &tag, ZMQ_DONTWAIT) < 0)
             break;
-        }
         size_t tlen = zmq_msg_size(&tag);
         const char *td = zmq_msg_data(&tag);
         char t = tlen >= 1 ? td[0] : 0;
@@ -1653,20 +1656,7 @@ static void io_read_pair(ps_server *s, int i)
             /* durable rounds: keep [identity, header, payload?] until a checkpoint
              * holds this version */
             heldmsg *m = calloc(1, sizeof *m);
-            while (more) {
-                zmq_msg_t x;
-                zmq_msg_init(&x);
-                if (zmq_msg_recv(&x, s->pairs[i], 0) < 0) {
-                    zmq_msg_close(&x);
-                    break;
-                }
-                more = zmq_msg_more(&x);
-                if (m && m->nf < 3) {
-                    zmq_msg_init(&m->f[m->nf]);
-                    zmq_msg_move(&m->f[m->nf++], &x);
-                }
-                zmq_msg_close(&x);
-            }
+            recv_rest(s->pairs[i], more, m ? m->f : NULL, m ? &m->nf : NULL, 3);
             if (!m) {
                 ps_error("out of memory holding a reply; dropped (the worker resends)");
                 continue;
@@ -1686,11 +1676,8 @@ static void io_read_pair(ps_server *s, int i)
             /* forward [identity, header, payload?] to the ROUTER as they are */
             while (more) {
                 zmq_msg_t m;
-                zmq_msg_init(&m);
-                if (zmq_msg_recv(&m, s->pairs[i], 0) < 0) {
-                    zmq_msg_close(&m);
+                if (recv_frame(s->pairs[i], &m, 0) < 0)
                     break;
-                }
                 more = zmq_msg_more(&m);
                 zmq_msg_send(&m, s->router, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
                 zmq_msg_close(&m);
@@ -1707,11 +1694,8 @@ static void io_read_pair(ps_server *s, int i)
         int got = 0;
         while (more) {
             zmq_msg_t m;
-            zmq_msg_init(&m);
-            if (zmq_msg_recv(&m, s->pairs[i], 0) < 0) {
-                zmq_msg_close(&m);
+            if (recv_frame(s->pairs[i], &m, 0) < 0)
                 break;
-            }
             more = zmq_msg_more(&m);
             if (!got && zmq_msg_size(&m) == want) {
                 memcpy(&u, zmq_msg_data(&m), want);
@@ -1740,11 +1724,19 @@ static void io_read_pair(ps_server *s, int i)
     }
 }
 
-static void drain_eventfd(ps_server *s)
+static void drain_eventfd(int fd)
 {
     uint64_t v;
-    ssize_t r = read(s->efd, &v, sizeof v);
+    ssize_t r = read(fd, &v, sizeof v);
     (void)r;
+}
+
+/* The checkpoint writer thread posted its eventfd: a file is written. */
+static void ck_writer_signalled(ps_server *s)
+{
+    drain_eventfd(s->wr.efd);
+    if (s->ck_state == CK_WRITE)
+        ck_done(s);
 }
 
 /* Stop the update threads: they answer their queued pulls (PS_ECLOSED) and
@@ -1831,11 +1823,8 @@ static void io_read_monitor(ps_server *s)
 {
     for (;;) {
         zmq_msg_t ev, addr;
-        zmq_msg_init(&ev);
-        if (zmq_msg_recv(&ev, s->mon, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&ev);
+        if (recv_frame(s->mon, &ev, ZMQ_DONTWAIT) < 0)
             return;
-        }
         zmq_msg_init(&addr);
         if (zmq_msg_more(&ev))
             zmq_msg_recv(&addr, s->mon, 0);
@@ -1900,13 +1889,8 @@ static void ck_wait_idle(ps_server *s)
             ps_error("poll failed while writing a checkpoint: %s", zmq_strerror(errno));
             return;
         }
-        if (items[T].revents & ZMQ_POLLIN) {
-            uint64_t v;
-            ssize_t r = read(s->wr.efd, &v, sizeof v);
-            (void)r;
-            if (s->ck_state == CK_WRITE)
-                ck_done(s);
-        }
+        if (items[T].revents & ZMQ_POLLIN)
+            ck_writer_signalled(s);
         for (int i = 0; i < T; i++) {
             if (s->out[i].head)
                 flush_outbox(s, i);
@@ -1963,17 +1947,12 @@ int ps_server_run(ps_server *s)
             break;
         }
         if (items[1].revents & ZMQ_POLLIN) {
-            drain_eventfd(s);
+            drain_eventfd(s->efd);
             ps_info("stop requested");
             break;
         }
-        if (items[2].revents & ZMQ_POLLIN) {
-            uint64_t v;
-            ssize_t r = read(s->wr.efd, &v, sizeof v);
-            (void)r;
-            if (s->ck_state == CK_WRITE)
-                ck_done(s);
-        }
+        if (items[2].revents & ZMQ_POLLIN)
+            ck_writer_signalled(s);
         for (int i = 0; i < T; i++) {
             if (items[3 + i].revents & ZMQ_POLLIN)
                 io_read_pair(s, i);
@@ -2133,12 +2112,13 @@ static int restore(ps_server *s, char *why, size_t why_len)
     char msg[512], path[1024];
     int n = ps_ckpt_list(dir, rank, &seqs, msg, sizeof msg);
     if (n < 0) {
-        say(why, why_len, "--restore: %s", msg);
+        ps_errorf(why, why_len, "--restore: %s", msg);
         return PS_EDATA;
     }
     if (n == 0) {
-        say(why, why_len, "--restore: no checkpoint of server %d in %s (start without --restore "
-            "to begin afresh)", rank, dir);
+        ps_errorf(why, why_len,
+            "--restore: no checkpoint of server %d in %s (start without --restore to begin afresh)",
+            rank, dir);
         free(seqs);
         return PS_EDATA;
     }
@@ -2156,7 +2136,7 @@ static int restore(ps_server *s, char *why, size_t why_len)
         rc = ps_ckpt_check_config(m, rank, s->cfg.num_servers, s->cfg.num_workers, s->cfg.mode,
                                   s->cfg.max_staleness, &s->cfg.opt, msg, sizeof msg);
         if (rc) {
-            say(why, why_len, "--restore: checkpoint %s does not fit this server: %s (start "
+            ps_errorf(why, why_len, "--restore: checkpoint %s does not fit this server: %s (start "
                 "with the flags it was written with, or without --restore)", path, msg);
             ps_ckpt_file_free(&f);
             free(seqs);
@@ -2168,7 +2148,7 @@ static int restore(ps_server *s, char *why, size_t why_len)
             int owner = ps_server_owner(v.key, v.chunk, T);
             rc = ps_shard_restore_chunk(s->upd[owner].shard, &v, msg, sizeof msg);
             if (rc) {
-                say(why, why_len, "--restore: %s: %s", path, msg);
+                ps_errorf(why, why_len, "--restore: %s: %s", path, msg);
                 ps_ckpt_file_free(&f);
                 free(seqs);
                 return rc == PS_EMISMATCH ? PS_EDATA : rc;
@@ -2211,8 +2191,9 @@ static int restore(ps_server *s, char *why, size_t why_len)
         free(seqs);
         return 0;
     }
-    say(why, why_len, "--restore: none of the %d checkpoint(s) of server %d in %s is valid (see "
-        "the lines above); refusing to start from an unknown state", n, rank, dir);
+    ps_errorf(why, why_len,
+        "--restore: none of the %d checkpoint(s) of server %d in %s is valid (see the lines above); "
+        "refusing to start from an unknown state", n, rank, dir);
     free(seqs);
     return PS_EDATA;
 }
@@ -2257,7 +2238,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     s->ctx = zmq_ctx_new();
     if (fail || !s->workers || !s->upd || !s->pairs || !s->out || s->efd < 0 || !s->ctx) {
-        say(why, why_len, "out of memory or descriptors starting the server");
+        ps_errorf(why, why_len, "out of memory or descriptors starting the server");
         ps_server_close(s);
         return PS_ENOMEM;
     }
@@ -2271,7 +2252,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     s->ck_seq = 1;
     if (s->ckpt_dir) {
         if (make_dirs(s->ckpt_dir) != 0) {
-            say(why, why_len, "--checkpoint-dir %s: cannot create it: %s", s->ckpt_dir,
+            ps_errorf(why, why_len, "--checkpoint-dir %s: cannot create it: %s", s->ckpt_dir,
                 strerror(errno));
             ps_server_close(s);
             return PS_EIO;
@@ -2280,7 +2261,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         char msg[512];
         int n = ps_ckpt_list(s->ckpt_dir, c->rank, &seqs, msg, sizeof msg);
         if (n < 0) {
-            say(why, why_len, "--checkpoint-dir: %s", msg);
+            ps_errorf(why, why_len, "--checkpoint-dir: %s", msg);
             ps_server_close(s);
             return PS_EIO;
         }
@@ -2292,7 +2273,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         char name[64];
         snprintf(name, sizeof name, "ps_server[%d]", c->rank);
         if (ps_trace_open(s->timeline_path, 2000 + c->rank, name, &s->trace) != 0) {
-            say(why, why_len, "--timeline %s: cannot create the file: %s", s->timeline_path,
+            ps_errorf(why, why_len, "--timeline %s: cannot create the file: %s", s->timeline_path,
                 strerror(errno));
             ps_server_close(s);
             return PS_EIO;
@@ -2327,12 +2308,12 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
             set_int(s->pairs[i], ZMQ_RCVHWM, PAIR_HWM) || set_int(u->pair, ZMQ_SNDHWM, PAIR_HWM) ||
             set_int(u->pair, ZMQ_RCVHWM, PAIR_HWM) || zmq_bind(s->pairs[i], ep) != 0 ||
             zmq_connect(u->pair, ep) != 0) {
-            say(why, why_len, "cannot set up %s: %s", ep, zmq_strerror(errno));
+            ps_errorf(why, why_len, "cannot set up %s: %s", ep, zmq_strerror(errno));
             ps_server_close(s);
             return PS_EIO;
         }
         if ((rc = ps_shard_create(&sc, &hk, &u->shard)) != 0) {
-            say(why, why_len, "cannot create the shard store: %s", ps_strerror(rc));
+            ps_errorf(why, why_len, "cannot create the shard store: %s", ps_strerror(rc));
             ps_server_close(s);
             return rc;
         }
@@ -2350,7 +2331,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         set_int(s->router, ZMQ_SNDHWM, ROUTER_SNDHWM) ||
         set_int(s->router, ZMQ_RCVHWM, ROUTER_RCVHWM) ||
         zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg)) {
-        say(why, why_len, "cannot create the ROUTER socket: %s", zmq_strerror(errno));
+        ps_errorf(why, why_len, "cannot create the ROUTER socket: %s", zmq_strerror(errno));
         ps_server_close(s);
         return PS_EIO;
     }
@@ -2360,7 +2341,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         rc = ps_curve_server_setup(s->ctx, s->router, s->curve_dir, c->rank, &s->auth, msg,
                                    sizeof msg);
         if (rc) {
-            say(why, why_len, "--curve-keys %s: %s", s->curve_dir, msg);
+            ps_errorf(why, why_len, "--curve-keys %s: %s", s->curve_dir, msg);
             ps_server_close(s);
             return rc;
         }
@@ -2377,7 +2358,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         }
     }
     if (zmq_bind(s->router, s->bind) != 0) {
-        say(why, why_len, "cannot bind %s: %s", s->bind, zmq_strerror(errno));
+        ps_errorf(why, why_len, "cannot bind %s: %s", s->bind, zmq_strerror(errno));
         ps_server_close(s);
         return PS_EIO;
     }
@@ -2388,7 +2369,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     if (s->ck_on) {
         s->wr.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
         if (s->wr.efd < 0) {
-            say(why, why_len, "cannot create an eventfd: %s", strerror(errno));
+            ps_errorf(why, why_len, "cannot create an eventfd: %s", strerror(errno));
             ps_server_close(s);
             return PS_EIO;
         }
@@ -2404,7 +2385,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     for (int i = 0; i < T; i++) {
         if (pthread_create(&s->upd[i].tid, NULL, upd_main, &s->upd[i]) != 0) {
             pthread_sigmask(SIG_SETMASK, &old, NULL);
-            say(why, why_len, "cannot start update thread %d", i);
+            ps_errorf(why, why_len, "cannot start update thread %d", i);
             s->threads_running = 1;
             s->cfg.threads = i; /* stop the ones that started */
             stop_threads(s);

@@ -1,6 +1,5 @@
 #include "shard.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,17 +54,6 @@ struct ps_shard {
     int (*merge)(void *user, void *queued, void *incoming);
 };
 
-static void say(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void say(char *why, size_t len, const char *fmt, ...)
-{
-    if (!why || !len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, len, fmt, ap);
-    va_end(ap);
-}
-
 static uint64_t mix(uint64_t key, uint32_t c)
 {
     uint64_t x = key ^ ((uint64_t)c * 0x9e3779b97f4a7c15ull);
@@ -88,6 +76,18 @@ static chunk *find(const ps_shard *s, uint64_t key, uint32_t c)
         if (ch->key == key && ch->chunk == c)
             return ch;
     }
+}
+
+/* find(), or NULL with why saying the chunk is not here. */
+static chunk *find_initialized(const ps_shard *s, uint64_t key, uint32_t c, char *why,
+                               size_t why_len)
+{
+    chunk *ch = find(s, key, c);
+    if (!ch)
+        ps_errorf(why, why_len,
+            "key %llu chunk %u is not initialized on this server (init it first)",
+            (unsigned long long)key, c);
+    return ch;
 }
 
 static int insert(ps_shard *s, chunk *ch)
@@ -227,7 +227,7 @@ static int create_chunk(ps_shard *s, uint64_t key, uint32_t c, size_t n, uint64_
     uint64_t before = atomic_fetch_add(mem(s), charge);
     if (before + charge > s->cfg.max_memory) {
         atomic_fetch_sub(mem(s), charge);
-        say(why, why_len,
+        ps_errorf(why, why_len,
             "init of key %llu chunk %u needs %llu bytes; %llu of %llu bytes (--max-memory) in use",
             (unsigned long long)key, c, (unsigned long long)charge, (unsigned long long)before,
             (unsigned long long)s->cfg.max_memory);
@@ -245,7 +245,7 @@ static int create_chunk(ps_shard *s, uint64_t key, uint32_t c, size_t n, uint64_
         free(block);
         free(clock);
         atomic_fetch_sub(mem(s), charge);
-        say(why, why_len, "out of memory registering key %llu chunk %u (%zu elements)",
+        ps_errorf(why, why_len, "out of memory registering key %llu chunk %u (%zu elements)",
             (unsigned long long)key, c, n);
         return PS_ENOMEM;
     }
@@ -271,7 +271,7 @@ int ps_shard_init(ps_shard *s, uint64_t key, uint32_t c, const void *vals, size_
     chunk *ch = find(s, key, c);
     if (ch) {
         if (ch->n != n || ch->total != total) {
-            say(why, why_len,
+            ps_errorf(why, why_len,
                 "key %llu chunk %u is registered with n=%zu tot=%llu; this init has n=%zu "
                 "tot=%llu",
                 (unsigned long long)key, c, ch->n, (unsigned long long)ch->total, n,
@@ -282,7 +282,7 @@ int ps_shard_init(ps_shard *s, uint64_t key, uint32_t c, const void *vals, size_
         return 0;
     }
     if (n == 0 || (total && n > total)) {
-        say(why, why_len, "init of key %llu chunk %u: n=%zu must be in [1, tot=%llu]",
+        ps_errorf(why, why_len, "init of key %llu chunk %u: n=%zu must be in [1, tot=%llu]",
             (unsigned long long)key, c, n, (unsigned long long)total);
         return PS_EPROTO;
     }
@@ -427,20 +427,17 @@ int ps_shard_push(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t step,
     *dup = 0;
     s->st.pushes++;
     s->st.bytes_in += n * sizeof(float);
-    chunk *ch = find(s, key, c);
-    if (!ch) {
-        say(why, why_len, "key %llu chunk %u is not initialized on this server (init it first)",
-            (unsigned long long)key, c);
+    chunk *ch = find_initialized(s, key, c, why, why_len);
+    if (!ch)
         return PS_ENOTFOUND;
-    }
     *version = ch->version;
     if (n != ch->n) {
-        say(why, why_len, "push of %zu elements to key %llu chunk %u, which has %zu", n,
+        ps_errorf(why, why_len, "push of %zu elements to key %llu chunk %u, which has %zu", n,
             (unsigned long long)key, c, ch->n);
         return PS_EPROTO;
     }
     if (rank < 0 || rank >= s->cfg.num_workers || step < 0) {
-        say(why, why_len,
+        ps_errorf(why, why_len,
             "push needs a worker rank in [0, %d) and a step >= 0, got rank %d step %lld",
             s->cfg.num_workers, rank, (long long)step);
         return PS_EPROTO;
@@ -462,7 +459,7 @@ int ps_shard_push(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t step,
     if (step > ch->version && ch->ff_ok)
         fast_forward(s, ch, step);
     if (step > ch->version) {
-        say(why, why_len,
+        ps_errorf(why, why_len,
             "push for step %lld of key %llu chunk %u, but round %lld is still open (wait for it)",
             (long long)step, (unsigned long long)key, c, (long long)ch->version);
         return PS_ESTATE;
@@ -483,7 +480,7 @@ int ps_shard_push(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t step,
             pending *p = realloc(ch->pend, ncap * sizeof *p);
             if (!p) {
                 ch->clock[rank] = step;
-                say(why, why_len, "out of memory buffering a push");
+                ps_errorf(why, why_len, "out of memory buffering a push");
                 return PS_ENOMEM;
             }
             ch->pend = p;
@@ -514,15 +511,15 @@ static int answer_or_queue(ps_shard *s, chunk *ch, int64_t want, void *ctx, int 
         }
     size_t limit = PS_SHARD_MAX_WAITERS(s->cfg.num_workers);
     if (ch->nwait >= limit) {
-        say(why, why_len, "%zu requests already wait on key %llu chunk %u (limit %zu)", ch->nwait,
-            (unsigned long long)ch->key, ch->chunk, limit);
+        ps_errorf(why, why_len, "%zu requests already wait on key %llu chunk %u (limit %zu)",
+            ch->nwait, (unsigned long long)ch->key, ch->chunk, limit);
         return PS_ETOOBIG;
     }
     if (ch->nwait == ch->cap_wait) {
         size_t ncap = ch->cap_wait ? ch->cap_wait * 2 : 4;
         waiter *p = realloc(ch->wait, ncap * sizeof *p);
         if (!p) {
-            say(why, why_len, "out of memory queueing a pull");
+            ps_errorf(why, why_len, "out of memory queueing a pull");
             return PS_ENOMEM;
         }
         ch->wait = p;
@@ -540,12 +537,9 @@ int ps_shard_pull(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t want,
     (void)rank;
     *queued = 0;
     s->st.pulls++;
-    chunk *ch = find(s, key, c);
-    if (!ch) {
-        say(why, why_len, "key %llu chunk %u is not initialized on this server (init it first)",
-            (unsigned long long)key, c);
+    chunk *ch = find_initialized(s, key, c, why, why_len);
+    if (!ch)
         return PS_ENOTFOUND;
-    }
     int rc = answer_or_queue(s, ch, want, ctx, queued, why, why_len);
     if (rc || *queued)
         return rc;
@@ -559,12 +553,9 @@ int ps_shard_await(ps_shard *s, uint64_t key, uint32_t c, int64_t want, void *ct
                    int64_t *version, char *why, size_t why_len)
 {
     *queued = 0;
-    chunk *ch = find(s, key, c);
-    if (!ch) {
-        say(why, why_len, "key %llu chunk %u is not initialized on this server (init it first)",
-            (unsigned long long)key, c);
+    chunk *ch = find_initialized(s, key, c, why, why_len);
+    if (!ch)
         return PS_ENOTFOUND;
-    }
     int rc = answer_or_queue(s, ch, want, ctx, queued, why, why_len);
     *version = ch->version;
     return rc;
@@ -650,18 +641,18 @@ int ps_shard_restore_chunk(ps_shard *s, const ps_shard_chunk_view *v, char *why,
 {
     int nstate = ps_opt_state_arrays(s->cfg.opt.kind);
     if (v->nstate != nstate) {
-        say(why, why_len, "key %llu chunk %u has %d optimizer state arrays; %s needs %d",
+        ps_errorf(why, why_len, "key %llu chunk %u has %d optimizer state arrays; %s needs %d",
             (unsigned long long)v->key, v->chunk, v->nstate, ps_opt_name(s->cfg.opt.kind), nstate);
         return PS_EMISMATCH;
     }
     if (find(s, v->key, v->chunk)) {
-        say(why, why_len, "key %llu chunk %u is there twice", (unsigned long long)v->key,
+        ps_errorf(why, why_len, "key %llu chunk %u is there twice", (unsigned long long)v->key,
             v->chunk);
         return PS_EMISMATCH;
     }
     if (v->n == 0 || v->version < 0) {
-        say(why, why_len, "key %llu chunk %u: n=%zu, version %lld", (unsigned long long)v->key,
-            v->chunk, v->n, (long long)v->version);
+        ps_errorf(why, why_len, "key %llu chunk %u: n=%zu, version %lld",
+            (unsigned long long)v->key, v->chunk, v->n, (long long)v->version);
         return PS_EMISMATCH;
     }
     chunk *ch;

@@ -109,6 +109,107 @@ int ps_test_spawn(char *const argv[], const char *log_path)
     return pid;
 }
 
+int ps_test_spawn_args(const char *prog, const char *const *args, const char *log_path)
+{
+    char bin[256];
+    char *argv[64];
+    int n = 0;
+    argv[n++] = (char *)ps_test_bin(prog, bin, sizeof bin);
+    for (; args && *args && n < 63; args++)
+        argv[n++] = (char *)*args;
+    argv[n] = NULL;
+    return ps_test_spawn(argv, log_path);
+}
+
+int ps_test_spawn_words(const char *prog, const char *words, const char *log_path)
+{
+    char *copy = strdup(words), *save = NULL;
+    if (!copy)
+        return -1;
+    const char *args[64];
+    int n = 0;
+    for (char *w = strtok_r(copy, " ", &save); w && n < 63; w = strtok_r(NULL, " ", &save))
+        args[n++] = w;
+    args[n] = NULL;
+    int pid = ps_test_spawn_args(prog, args, log_path);
+    free(copy);
+    return pid;
+}
+
+void ps_test_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+char *ps_test_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    /* read until EOF rather than trust the size: /proc files say 0 */
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    for (size_t r; buf && (r = fread(buf + n, 1, cap - n, f)) > 0;) {
+        n += r;
+        if (n == cap) {
+            char *more = realloc(buf, 2 * cap + 1);
+            if (!more)
+                free(buf);
+            buf = more;
+            cap *= 2;
+        }
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    if (len)
+        *len = n;
+    return buf;
+}
+
+int ps_test_file_has(const char *path, const char *needle)
+{
+    char *text = ps_test_read_file(path, NULL);
+    int found = text && strstr(text, needle);
+    free(text);
+    return found;
+}
+
+int ps_test_wait_for_text(const char *path, const char *needle, int timeout_ms, int pid)
+{
+    for (int t = 0; t < timeout_ms; t += 10) {
+        if (ps_test_file_has(path, needle))
+            return 0;
+        if (pid > 0 && kill(pid, 0) != 0)
+            return -1;
+        ps_test_sleep_ms(10);
+    }
+    return -1;
+}
+
+long ps_test_status_kb(int pid, const char *field)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    char *text = ps_test_read_file(path, NULL);
+    if (!text)
+        return -1;
+    size_t flen = strlen(field);
+    long kb = -1;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+        if (strncmp(line, field, flen) == 0 && line[flen] == ':')
+            kb = strtol(line + flen + 1, NULL, 10);
+    free(text);
+    return kb;
+}
+
 static void forget_child(int pid)
 {
     for (int i = 0; i < g_nchildren; i++)

@@ -94,5 +94,27 @@ int ps_test_stop(int pid, int timeout_ms);
 /* A scratch directory unique to this test program (created, removed at exit
  * unless PS_TEST_KEEP is set). */
 const char *ps_test_tmpdir(void);
+/* Start bin/<prog> (see ps_test_bin) with the NULL-terminated args; output to
+ * log_path as ps_test_spawn.  Returns the pid, or -1. */
+int ps_test_spawn_args(const char *prog, const char *const *args, const char *log_path);
+/* The same with the arguments split from words at spaces (so no argument
+ * may hold a space or be empty; at most 63 of them). */
+int ps_test_spawn_words(const char *prog, const char *words, const char *log_path);
+/* Sleep ms milliseconds (resumed after a signal). */
+void ps_test_sleep_ms(int ms);
+
+/* Helpers for tests that read what programs wrote. */
+/* The whole of a file (also /proc files, which have no size), with a NUL
+ * after it; *len (when len is not NULL) is its length without the NUL.
+ * NULL when it cannot be opened or read.  The caller frees it. */
+char *ps_test_read_file(const char *path, size_t *len);
+/* 1 when the file at path contains needle, else 0 (also when unreadable). */
+int ps_test_file_has(const char *path, const char *needle);
+/* Wait until the file at path contains needle: 0, or -1 after timeout_ms or
+ * as soon as pid (when > 0) has exited. */
+int ps_test_wait_for_text(const char *path, const char *needle, int timeout_ms, int pid);
+/* A "<field>: N kB" line of /proc/<pid>/status (field "VmRSS", "VmHWM"):
+ * N, or -1. */
+long ps_test_status_kb(int pid, const char *field);
 
 #endif

@@ -7,11 +7,9 @@
  *  - the real bin/ps_server, for the sync / async / staleness semantics.
  *    Those cases SKIP when bin/ps_server is not built.
  * Every wait is bounded. */
-#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -23,20 +21,13 @@
 
 #define WAIT_MS 5000
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
-
 /* 1 when r completed within ms */
 static int wait_ms(ps_request *r, int ms)
 {
     for (int t = 0; t < ms; t++) {
         if (ps_request_test(r))
             return 1;
-        sleep_ms(1);
+        ps_test_sleep_ms(1);
     }
     return ps_request_test(r);
 }
@@ -146,7 +137,7 @@ static void *fake_main(void *arg)
             have_held = 0;
         }
         if (!f->sock) {
-            sleep_ms(5);
+            ps_test_sleep_ms(5);
             continue;
         }
         zmq_pollitem_t it = {f->sock, 0, ZMQ_POLLIN, 0};
@@ -310,7 +301,7 @@ static int fake_wait(fake *f, const int *field, int want)
     for (int t = 0; t < WAIT_MS; t++) {
         if (fake_get(f, field) >= want)
             return 1;
-        sleep_ms(1);
+        ps_test_sleep_ms(1);
     }
     return 0;
 }
@@ -350,6 +341,23 @@ static int connect_one(ps_client_options *o, uint64_t key, size_t n, ps_client *
     }
     *out = c;
     return 0;
+}
+
+/* Run f and connect a client to it as the one worker of an async job, with
+ * tensor `key` of n elements registered (request_timeout_ms 0 keeps the
+ * default).  When that fails, f is stopped again and why says why. */
+static int fake_connect(fake *f, uint64_t key, size_t n, int request_timeout_ms, ps_client **c,
+                        char *why, size_t why_len)
+{
+    fake_run(f);
+    ps_client_options o;
+    opts(&o, f->ep, 0, 1, PS_MODE_ASYNC);
+    if (request_timeout_ms)
+        o.request_timeout_ms = request_timeout_ms;
+    int rc = connect_one(&o, key, n, c, why, why_len);
+    if (rc)
+        fake_stop(f);
+    return rc;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -462,22 +470,16 @@ PS_TEST(zero_copy_push_is_not_done_before_the_reply)
     CHECK_OK(fake_start(&f, 0, 1, 1, PS_MODE_ASYNC, 0.5f));
     f.hold = 1;
     f.version = 41;
-    fake_run(&f);
-    ps_client_options o;
-    opts(&o, f.ep, 0, 1, PS_MODE_ASYNC);
     ps_client *c;
     char why[512];
-    int rc = connect_one(&o, 9, 10, &c, why, sizeof why);
-    if (rc)
-        fake_stop(&f);
-    CHECK_MSG(rc == 0, "start: %s", why);
+    CHECK_MSG(fake_connect(&f, 9, 10, 0, &c, why, sizeof why) == 0, "start: %s", why);
     float grad[10];
     for (int i = 0; i < 10; i++)
         grad[i] = (float)i * 0.25f;
     ps_request r;
     CHECK_OK(ps_client_push(c, 9, grad, 3, &r));
     int got = fake_wait(&f, &f.ndata, 1);
-    sleep_ms(50);
+    ps_test_sleep_ms(50);
     int early = ps_request_test(&r);
     pthread_mutex_lock(&f.mu);
     ps_header seen = f.last;
@@ -565,15 +567,9 @@ PS_TEST(error_reply_sets_status_and_server_text)
     fake f;
     CHECK_OK(fake_start(&f, 0, 1, 1, PS_MODE_ASYNC, 0.5f));
     f.data_err = PS_ENOTFOUND;
-    fake_run(&f);
-    ps_client_options o;
-    opts(&o, f.ep, 0, 1, PS_MODE_ASYNC);
     ps_client *c;
     char why[512];
-    int rc = connect_one(&o, 5, 10, &c, why, sizeof why);
-    if (rc)
-        fake_stop(&f);
-    CHECK_MSG(rc == 0, "start: %s", why);
+    CHECK_MSG(fake_connect(&f, 5, 10, 0, &c, why, sizeof why) == 0, "start: %s", why);
     float g[10] = {0};
     ps_request r;
     CHECK_OK(ps_client_push(c, 5, g, 0, &r));
@@ -592,15 +588,9 @@ PS_TEST(bad_replies_are_refused_or_dropped)
     CHECK_OK(fake_start(&f, 0, 1, 1, PS_MODE_ASYNC, 0.5f));
     f.bad_count = 1;
     f.garbage_first = 1; /* a garbage frame before the hello reply: dropped */
-    fake_run(&f);
-    ps_client_options o;
-    opts(&o, f.ep, 0, 1, PS_MODE_ASYNC);
     ps_client *c;
     char why[512];
-    int rc = connect_one(&o, 5, 10, &c, why, sizeof why);
-    if (rc)
-        fake_stop(&f);
-    CHECK_MSG(rc == 0, "start: %s", why);
+    CHECK_MSG(fake_connect(&f, 5, 10, 0, &c, why, sizeof why) == 0, "start: %s", why);
     float dst[10];
     ps_request r;
     CHECK_OK(ps_client_pull(c, 5, dst, 0, &r));
@@ -617,16 +607,9 @@ PS_TEST(unanswered_request_is_resent_and_duplicate_reply_ignored)
     f.drop_first = 1;
     f.dup_reply = 1;
     f.version = 3;
-    fake_run(&f);
-    ps_client_options o;
-    opts(&o, f.ep, 0, 1, PS_MODE_ASYNC);
-    o.request_timeout_ms = 100;
     ps_client *c;
     char why[512];
-    int rc = connect_one(&o, 5, 10, &c, why, sizeof why);
-    if (rc)
-        fake_stop(&f);
-    CHECK_MSG(rc == 0, "start: %s", why);
+    CHECK_MSG(fake_connect(&f, 5, 10, 100, &c, why, sizeof why) == 0, "start: %s", why);
     float g[10];
     for (int i = 0; i < 10; i++)
         g[i] = (float)i;
@@ -661,21 +644,15 @@ PS_TEST(close_completes_pending_requests_with_eclosed)
     fake f;
     CHECK_OK(fake_start(&f, 0, 1, 1, PS_MODE_ASYNC, 0.5f));
     f.close_after_hello = 1; /* the push stays queued in ZeroMQ, zero-copy */
-    fake_run(&f);
-    ps_client_options o;
-    opts(&o, f.ep, 0, 1, PS_MODE_ASYNC);
+    size_t n = 1 << 18;
     ps_client *c;
     char why[512];
-    size_t n = 1 << 18;
-    int rc = connect_one(&o, 5, n, &c, why, sizeof why);
-    if (rc)
-        fake_stop(&f);
-    CHECK_MSG(rc == 0, "start: %s", why);
+    CHECK_MSG(fake_connect(&f, 5, n, 0, &c, why, sizeof why) == 0, "start: %s", why);
     float *g = calloc(n, sizeof *g), *dst = calloc(n, sizeof *dst);
     ps_request r1, r2;
     CHECK_OK(ps_client_push(c, 5, g, 0, &r1));
     CHECK_OK(ps_client_pull(c, 5, dst, 1, &r2));
-    sleep_ms(100);
+    ps_test_sleep_ms(100);
     int early = ps_request_test(&r1) || ps_request_test(&r2);
     ps_client_close(c);
     int d1 = ps_request_test(&r1), d2 = ps_request_test(&r2);
@@ -799,29 +776,15 @@ static int have_server(void)
 /* stal < -1: no --max-staleness flag */
 static int srv_start(srv *s, int rank, int ns, int nw, const char *mode, int stal, const char *lr)
 {
-    char bin[256], a_rank[16], a_ns[16], a_nw[16], a_stal[16];
-    ps_test_bin("ps_server", bin, sizeof bin);
+    char words[512], staleness[40] = "";
     snprintf(s->ep, sizeof s->ep, "tcp://127.0.0.1:%d", ps_test_free_port());
-    snprintf(a_rank, sizeof a_rank, "%d", rank);
-    snprintf(a_ns, sizeof a_ns, "%d", ns);
-    snprintf(a_nw, sizeof a_nw, "%d", nw);
-    snprintf(a_stal, sizeof a_stal, "%d", stal);
     snprintf(s->log, sizeof s->log, "%s/server-%s.log", ps_test_tmpdir(), strrchr(s->ep, ':') + 1);
-    char *argv[32];
-    int n = 0;
-    argv[n++] = bin;
-    argv[n++] = "--bind", argv[n++] = s->ep;
-    argv[n++] = "--rank", argv[n++] = a_rank;
-    argv[n++] = "--num-servers", argv[n++] = a_ns;
-    argv[n++] = "--num-workers", argv[n++] = a_nw;
-    argv[n++] = "--mode", argv[n++] = (char *)mode;
     if (stal >= -1)
-        argv[n++] = "--max-staleness", argv[n++] = a_stal;
-    argv[n++] = "--optimizer", argv[n++] = "sgd";
-    argv[n++] = "--lr", argv[n++] = (char *)lr;
-    argv[n++] = "--threads", argv[n++] = "1";
-    argv[n] = NULL;
-    s->pid = ps_test_spawn(argv, s->log);
+        snprintf(staleness, sizeof staleness, " --max-staleness %d", stal);
+    snprintf(words, sizeof words, "--bind %s --rank %d --num-servers %d --num-workers %d "
+             "--mode %s%s --optimizer sgd --lr %s --threads 1", s->ep, rank, ns, nw, mode,
+             staleness, lr);
+    s->pid = ps_test_spawn_words("ps_server", words, s->log);
     return s->pid > 0 ? 0 : -1;
 }
 
@@ -924,7 +887,7 @@ static int sync_rounds(int W)
             break;
         /* the round is not complete: a pull of version t+1 must wait */
         ps_client_pull(c[ord[0]], 7, dst[ord[0]], t + 1, &pull);
-        sleep_ms(100);
+        ps_test_sleep_ms(100);
         if (ps_request_test(&pull)) {
             ps_test_fail(__FILE__, __LINE__, "step %d: pull of version %d completed before all "
                          "%d workers pushed (status %d)", t, t + 1, W, pull.status);
@@ -1138,7 +1101,7 @@ static int staleness_case(int K)
     if (!rc) {
         /* K+1 ahead: waits until worker 1 pushes once */
         ps_client_pull(a, 1, dst, K + 1, &far);
-        sleep_ms(150);
+        ps_test_sleep_ms(150);
         if (ps_request_test(&far)) {
             ps_test_fail(__FILE__, __LINE__, "K=%d: pull at step %d did not wait for the slowest "
                          "worker (status %d %s)", K, K + 1, far.status, far.err);

@@ -16,12 +16,6 @@
 #include "ps_error.h"
 #include "ps_test.h"
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* A fresh key directory under the test's scratch directory. */
 static const char *make_keys(const char *name, int servers, int workers, char *dir, size_t len)
 {
@@ -62,18 +56,12 @@ static int file_mode(const char *path)
 
 /* ---- ps_keygen ---------------------------------------------------------- */
 
-static int run_keygen(char *const args[], const char *log)
+static int run_keygen(const char *const args[], const char *log)
 {
     char bin[512];
-    char *argv[16];
-    int n = 0;
-    argv[n++] = (char *)ps_test_bin("ps_keygen", bin, sizeof bin);
-    for (int i = 0; args[i] && n < 15; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
-    if (access(bin, X_OK) != 0)
+    if (access(ps_test_bin("ps_keygen", bin, sizeof bin), X_OK) != 0)
         return -2;
-    int pid = ps_test_spawn(argv, log);
+    int pid = ps_test_spawn_args("ps_keygen", args, log);
     return pid < 0 ? -1 : ps_test_wait(pid, 20000);
 }
 
@@ -97,7 +85,7 @@ PS_TEST(keygen_writes_key_pairs_with_private_modes)
     char dir[512], log[600], path[700], pub[41], sec[41], derived[41], copy[41];
     snprintf(dir, sizeof dir, "%s/kg/keys", ps_test_tmpdir());
     snprintf(log, sizeof log, "%s/kg.log", ps_test_tmpdir());
-    char *args[] = {"--dir", dir, "--servers", "2", "--workers", "3", NULL};
+    const char *args[] = {"--dir", dir, "--servers", "2", "--workers", "3", NULL};
     int rc = run_keygen(args, log);
     CHECK_MSG(rc != -2, "bin/ps_keygen is missing: run `make bin/ps_keygen` first");
     CHECK_EQ_INT(rc, 0);
@@ -145,7 +133,7 @@ PS_TEST(keygen_refuses_to_overwrite_keys_without_force)
     char dir[512], log[600], path[700], before[41], after[41];
     snprintf(dir, sizeof dir, "%s/kg2", ps_test_tmpdir());
     snprintf(log, sizeof log, "%s/kg2.log", ps_test_tmpdir());
-    char *args[] = {"--dir", dir, "--servers", "1", "--workers", "3", NULL};
+    const char *args[] = {"--dir", dir, "--servers", "1", "--workers", "3", NULL};
     int rc = run_keygen(args, log);
     CHECK_MSG(rc != -2, "bin/ps_keygen is missing: run `make bin/ps_keygen` first");
     CHECK_EQ_INT(rc, 0);
@@ -161,7 +149,7 @@ PS_TEST(keygen_refuses_to_overwrite_keys_without_force)
               "no clear refusal in the output: %s", text);
 
     /* --force replaces the whole set: fewer workers leave no stale key */
-    char *force[] = {"--dir", dir, "--servers", "1", "--workers", "1", "--force", NULL};
+    const char *force[] = {"--dir", dir, "--servers", "1", "--workers", "1", "--force", NULL};
     CHECK_EQ_INT(run_keygen(force, log), 0);
     CHECK_OK(check_key_file(path, after));
     CHECK(strcmp(before, after) != 0);
@@ -178,13 +166,13 @@ PS_TEST(keygen_bad_flags_exit_2)
     char dir[512], log[600];
     snprintf(dir, sizeof dir, "%s/kg3", ps_test_tmpdir());
     snprintf(log, sizeof log, "%s/kg3.log", ps_test_tmpdir());
-    char *zero[] = {"--dir", dir, "--servers", "0", "--workers", "1", NULL};
-    char *junk[] = {"--dir", dir, "--servers", "1x", "--workers", "1", NULL};
-    char *unknown[] = {"--dir", dir, "--servers", "1", "--workers", "1", "--bogus", NULL};
-    char *nodir[] = {"--servers", "1", "--workers", "1", NULL};
-    char *noval[] = {"--servers", "1", "--workers", "1", "--dir", NULL};
-    char *help[] = {"--help", NULL};
-    char *version[] = {"--version", NULL};
+    const char *zero[] = {"--dir", dir, "--servers", "0", "--workers", "1", NULL};
+    const char *junk[] = {"--dir", dir, "--servers", "1x", "--workers", "1", NULL};
+    const char *unknown[] = {"--dir", dir, "--servers", "1", "--workers", "1", "--bogus", NULL};
+    const char *nodir[] = {"--servers", "1", "--workers", "1", NULL};
+    const char *noval[] = {"--servers", "1", "--workers", "1", "--dir", NULL};
+    const char *help[] = {"--help", NULL};
+    const char *version[] = {"--version", NULL};
     int rc = run_keygen(zero, log);
     CHECK_MSG(rc != -2, "bin/ps_keygen is missing: run `make bin/ps_keygen` first");
     CHECK_EQ_INT(rc, 2);
@@ -363,7 +351,7 @@ static int wait_refused(ps_curve_auth *a, uint64_t want, int timeout_ms)
     for (int t = 0; t < timeout_ms; t += 10) {
         if (ps_curve_auth_refused(a) >= want)
             return 1;
-        sleep_ms(10);
+        ps_test_sleep_ms(10);
     }
     return ps_curve_auth_refused(a) >= want;
 }
@@ -536,105 +524,75 @@ PS_TEST(repeated_refusals_of_one_peer_are_logged_once)
 }
 
 /* The handler refuses any mechanism but CURVE, even for a socket of the
- * same context that asks it (here a PLAIN server in domain "ps"). */
+ * same context that asks it: here a ROUTER in ZAP domain "ps" that is a
+ * PLAIN server (mechanism "PLAIN") or has no mechanism at all ("NULL", which
+ * makes libzmq ask the handler too), and a DEALER of another context trying
+ * it.  The handler must say no, count it and log it. */
+static void check_zap_refuses(const char *mechanism)
+{
+    int plain = strcmp(mechanism, "PLAIN") == 0;
+    char dir[512], why[512], log[600];
+    CHECK(make_keys(plain ? "zapplain" : "zapnull", 1, 1, dir, sizeof dir));
+    snprintf(log, sizeof log, "%s/%s.log", ps_test_tmpdir(), plain ? "zapplain" : "zapnull");
+    void *ctx = zmq_ctx_new();
+    void *curve = zmq_socket(ctx, ZMQ_ROUTER);
+    ps_curve_auth *auth = NULL;
+    int rc = ps_curve_server_setup(ctx, curve, dir, 0, &auth, why, sizeof why);
+    void *other = zmq_socket(ctx, ZMQ_ROUTER);
+    int one = 1, linger = 0, port = ps_test_free_port();
+    zmq_setsockopt(other, ZMQ_LINGER, &linger, sizeof linger);
+    if (plain)
+        zmq_setsockopt(other, ZMQ_PLAIN_SERVER, &one, sizeof one);
+    zmq_setsockopt(other, ZMQ_ZAP_DOMAIN, "ps", 2);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    int bound = rc == 0 ? zmq_bind(other, ep) : -1;
+
+    int saved = stderr_to(log);
+    void *cctx = zmq_ctx_new();
+    void *d = zmq_socket(cctx, ZMQ_DEALER);
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+    if (plain) {
+        zmq_setsockopt(d, ZMQ_PLAIN_USERNAME, "admin", 5);
+        zmq_setsockopt(d, ZMQ_PLAIN_PASSWORD, "secret", 6);
+    }
+    zmq_connect(d, ep);
+    zmq_send(d, "x", 1, 0);
+    int refused = auth && wait_refused(auth, 1, 3000);
+    stderr_restore(saved);
+    char buf[8];
+    ps_test_sleep_ms(100);
+    int n = zmq_recv(other, buf, sizeof buf, ZMQ_DONTWAIT);
+    zmq_close(d);
+    zmq_ctx_term(cctx);
+    zmq_close(other);
+    zmq_close(curve);
+    uint64_t acc = ps_curve_auth_accepted(auth);
+    ps_curve_auth_stop(auth);
+    zmq_ctx_term(ctx);
+    CHECK_MSG(rc == 0, "server setup: %s", why);
+    CHECK_EQ_INT(bound, 0);
+    CHECK_MSG(refused, "the %s attempt was not refused", mechanism);
+    CHECK_EQ_INT(acc, 0);
+    CHECK_EQ_INT(n, -1);
+    char text[8192], want[64];
+    CHECK(read_text(log, text, sizeof text) > 0);
+    snprintf(want, sizeof want, "refused %s client from 127.0.0.1", mechanism);
+    CHECK_MSG(strstr(text, want), "%s", text);
+}
+
 PS_TEST(zap_handler_refuses_plain_mechanism)
 {
     if (!zmq_has("curve"))
         SKIP("libzmq without CURVE");
-    char dir[512], why[512], log[600];
-    CHECK(make_keys("zapplain", 1, 1, dir, sizeof dir));
-    snprintf(log, sizeof log, "%s/zapplain.log", ps_test_tmpdir());
-    void *ctx = zmq_ctx_new();
-    void *curve = zmq_socket(ctx, ZMQ_ROUTER);
-    ps_curve_auth *auth = NULL;
-    int rc = ps_curve_server_setup(ctx, curve, dir, 0, &auth, why, sizeof why);
-    void *plain = zmq_socket(ctx, ZMQ_ROUTER);
-    int one = 1, linger = 0, port = ps_test_free_port();
-    zmq_setsockopt(plain, ZMQ_LINGER, &linger, sizeof linger);
-    zmq_setsockopt(plain, ZMQ_PLAIN_SERVER, &one, sizeof one);
-    zmq_setsockopt(plain, ZMQ_ZAP_DOMAIN, "ps", 2);
-    char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
-    int bound = rc == 0 ? zmq_bind(plain, ep) : -1;
-
-    int saved = stderr_to(log);
-    void *cctx = zmq_ctx_new();
-    void *d = zmq_socket(cctx, ZMQ_DEALER);
-    int tmo = 500;
-    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
-    zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
-    zmq_setsockopt(d, ZMQ_PLAIN_USERNAME, "admin", 5);
-    zmq_setsockopt(d, ZMQ_PLAIN_PASSWORD, "secret", 6);
-    zmq_connect(d, ep);
-    zmq_send(d, "x", 1, 0);
-    int refused = auth && wait_refused(auth, 1, 3000);
-    stderr_restore(saved);
-    char buf[8];
-    int n = zmq_recv(plain, buf, sizeof buf, ZMQ_DONTWAIT);
-    zmq_close(d);
-    zmq_ctx_term(cctx);
-    zmq_close(plain);
-    zmq_close(curve);
-    uint64_t acc = ps_curve_auth_accepted(auth);
-    ps_curve_auth_stop(auth);
-    zmq_ctx_term(ctx);
-    CHECK_MSG(rc == 0, "server setup: %s", why);
-    CHECK_EQ_INT(bound, 0);
-    CHECK_MSG(refused, "the PLAIN attempt was not refused");
-    CHECK_EQ_INT(acc, 0);
-    CHECK_EQ_INT(n, -1);
-    char text[8192];
-    CHECK(read_text(log, text, sizeof text) > 0);
-    CHECK_MSG(strstr(text, "refused PLAIN client from 127.0.0.1"), "%s", text);
+    check_zap_refuses("PLAIN");
 }
 
-/* A NULL-mechanism socket of the same context that sets domain "ps" makes
- * libzmq ask the handler too; it must say no. */
 PS_TEST(zap_handler_refuses_null_mechanism)
 {
     if (!zmq_has("curve"))
         SKIP("libzmq without CURVE");
-    char dir[512], why[512], log[600];
-    CHECK(make_keys("zapnull", 1, 1, dir, sizeof dir));
-    snprintf(log, sizeof log, "%s/zapnull.log", ps_test_tmpdir());
-    void *ctx = zmq_ctx_new();
-    void *curve = zmq_socket(ctx, ZMQ_ROUTER);
-    ps_curve_auth *auth = NULL;
-    int rc = ps_curve_server_setup(ctx, curve, dir, 0, &auth, why, sizeof why);
-    void *null = zmq_socket(ctx, ZMQ_ROUTER);
-    int linger = 0, port = ps_test_free_port();
-    zmq_setsockopt(null, ZMQ_LINGER, &linger, sizeof linger);
-    zmq_setsockopt(null, ZMQ_ZAP_DOMAIN, "ps", 2);
-    char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
-    int bound = rc == 0 ? zmq_bind(null, ep) : -1;
-
-    int saved = stderr_to(log);
-    void *cctx = zmq_ctx_new();
-    void *d = zmq_socket(cctx, ZMQ_DEALER);
-    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
-    zmq_connect(d, ep);
-    zmq_send(d, "x", 1, 0);
-    int refused = auth && wait_refused(auth, 1, 3000);
-    stderr_restore(saved);
-    char buf[8];
-    sleep_ms(100);
-    int n = zmq_recv(null, buf, sizeof buf, ZMQ_DONTWAIT);
-    zmq_close(d);
-    zmq_ctx_term(cctx);
-    zmq_close(null);
-    zmq_close(curve);
-    uint64_t acc = ps_curve_auth_accepted(auth);
-    ps_curve_auth_stop(auth);
-    zmq_ctx_term(ctx);
-    CHECK_MSG(rc == 0, "server setup: %s", why);
-    CHECK_EQ_INT(bound, 0);
-    CHECK_MSG(refused, "the NULL attempt was not refused");
-    CHECK_EQ_INT(acc, 0);
-    CHECK_EQ_INT(n, -1);
-    char text[8192];
-    CHECK(read_text(log, text, sizeof text) > 0);
-    CHECK_MSG(strstr(text, "refused NULL client from 127.0.0.1"), "%s", text);
+    check_zap_refuses("NULL");
 }
 
 PS_TEST(curve_setup_errors_are_clear)

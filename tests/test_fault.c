@@ -12,16 +12,15 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "ps_error.h"
 #include "ps_proto.h"
 #include "ps_test.h"
+#include "ps_test_server.h"
 #include "shard.h"
 
-#define RPC_MS 5000
 #define RUN_MS 120000 /* bound on a whole training run (SAN builds are slow) */
 
 /* ---------------- processes ---------------- */
@@ -31,25 +30,12 @@ typedef struct proc {
     char log[512];
 } proc;
 
-/* argv from a format with spaces between words (no word has a space) */
+/* Start bin/<prog> with words; its output goes to log_name in the scratch
+ * directory (p->log). */
 static int spawn_words(proc *p, const char *prog, const char *words, const char *log_name)
 {
-    static char store[64][512];
-    char *argv[65], bin[256], tmp[4200];
-    int n = 0;
-    snprintf(store[n], sizeof store[n], "%s", ps_test_bin(prog, bin, sizeof bin));
-    argv[n] = store[n];
-    n++;
-    snprintf(tmp, sizeof tmp, "%s", words);
-    char *save = NULL;
-    for (char *w = strtok_r(tmp, " ", &save); w && n < 64; w = strtok_r(NULL, " ", &save)) {
-        snprintf(store[n], sizeof store[n], "%s", w);
-        argv[n] = store[n];
-        n++;
-    }
-    argv[n] = NULL;
     snprintf(p->log, sizeof p->log, "%s/%s", ps_test_tmpdir(), log_name);
-    p->pid = ps_test_spawn(argv, p->log);
+    p->pid = ps_test_spawn_words(prog, words, p->log);
     return p->pid > 0 ? 0 : -1;
 }
 
@@ -60,51 +46,6 @@ static int server_start(proc *p, int port, const char *flags, const char *log_na
     p->port = port ? port : ps_test_free_port();
     snprintf(words, sizeof words, "--bind tcp://127.0.0.1:%d %s", p->port, flags);
     return spawn_words(p, "ps_server", words, log_name);
-}
-
-static char *read_all(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b) {
-        size_t got = fread(b, 1, (size_t)n, f);
-        b[got] = 0;
-    }
-    fclose(f);
-    return b;
-}
-
-static int has(const char *path, const char *needle)
-{
-    char *t = read_all(path);
-    int found = t && strstr(t, needle);
-    free(t);
-    return found;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* Wait until path contains needle; 0, or -1 after timeout_ms (or when pid,
- * if > 0, has exited). */
-static int wait_for(const char *path, const char *needle, int timeout_ms, int pid)
-{
-    for (int t = 0; t < timeout_ms; t += 10) {
-        if (has(path, needle))
-            return 0;
-        if (pid > 0 && kill(pid, 0) != 0)
-            return -1;
-        sleep_ms(10);
-    }
-    return -1;
 }
 
 static int files_equal(const char *a, const char *b, long *size)
@@ -130,112 +71,30 @@ static int files_equal(const char *a, const char *b, long *size)
 
 /* ---------------- raw protocol ---------------- */
 
-static void *g_ctx;
-
-static void *dealer(int port)
-{
-    if (!g_ctx)
-        g_ctx = zmq_ctx_new();
-    void *s = zmq_socket(g_ctx, ZMQ_DEALER);
-    int zero = 0, ivl = 20;
-    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
-    char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
-    zmq_connect(s, ep);
-    return s;
-}
-
-static ps_header mk(uint32_t type, int rank, uint64_t seq, uint64_t key, int64_t step)
-{
-    ps_header h;
-    ps_header_init(&h, type);
-    h.rank = rank;
-    h.seq = seq;
-    h.key = key;
-    h.step = step;
-    return h;
-}
-
-static int send_hdr(void *s, const ps_header *h, const float *payload, size_t n)
-{
-    char buf[PS_HEADER_MAX];
-    size_t len;
-    ps_header c = *h;
-    if (payload) {
-        c.count = n;
-        c.dtype = PS_DTYPE_F32;
-    }
-    if (ps_proto_encode(&c, buf, sizeof buf, &len) != 0 ||
-        zmq_send(s, buf, len, payload ? ZMQ_SNDMORE : 0) < 0)
-        return -1;
-    if (payload && zmq_send(s, payload, n * sizeof(float), 0) < 0)
-        return -1;
-    return 0;
-}
-
-/* 0: a reply other than a heartbeat's; 1: none within timeout_ms. */
+/* Like ps_test_recv, but passing over the replies to heartbeats: 0 a reply
+ * other than a heartbeat's, 1 none within timeout_ms, -1 one that does not
+ * decode. */
 static int recv_hdr(void *s, int timeout_ms, ps_header *h, float *out, size_t cap)
 {
-    for (;;) {
-        zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, timeout_ms) <= 0)
-            return 1;
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        zmq_msg_recv(&m, s, 0);
-        int bad = ps_proto_decode(zmq_msg_data(&m), zmq_msg_size(&m), h, NULL, 0) != 0;
-        int more = zmq_msg_more(&m);
-        zmq_msg_close(&m);
-        while (more) {
-            zmq_msg_init(&m);
-            zmq_msg_recv(&m, s, 0);
-            if (out && zmq_msg_size(&m) <= cap * sizeof(float))
-                memcpy(out, zmq_msg_data(&m), zmq_msg_size(&m));
-            more = zmq_msg_more(&m);
-            zmq_msg_close(&m);
-        }
-        if (bad)
-            return -1;
-        if (h->type != PS_MSG_HEARTBEAT)
-            return 0;
-    }
+    int rc;
+    do
+        rc = ps_test_recv(s, timeout_ms, h, out, cap, NULL);
+    while (rc == 0 && h->type == PS_MSG_HEARTBEAT);
+    return rc;
 }
 
 static int rpc(void *s, const ps_header *h, const float *pl, size_t n, ps_header *r, float *out,
                size_t cap)
 {
-    if (send_hdr(s, h, pl, n) != 0)
+    if (ps_test_send(s, h, pl, n) != 0)
         return -1;
-    return recv_hdr(s, RPC_MS, r, out, cap);
-}
-
-static int hello(void *s, int rank, int mode, int nw)
-{
-    ps_header h = mk(PS_MSG_HELLO, rank, 900 + (uint64_t)rank, 0, 0), r;
-    h.hello.mode = mode;
-    h.hello.max_staleness = mode == PS_MODE_SYNC ? 0 : -1;
-    h.hello.num_workers = (uint32_t)nw;
-    h.hello.num_servers = 1;
-    h.hello.server_rank = 0;
-    return rpc(s, &h, NULL, 0, &r, NULL, 0) == 0 && r.type == PS_MSG_HELLO ? 0 : -1;
-}
-
-static int stats(int port, ps_stats *st)
-{
-    void *d = dealer(port);
-    ps_header h = mk(PS_MSG_STATS, -1, 77, 0, 0), r;
-    int rc = rpc(d, &h, NULL, 0, &r, NULL, 0) == 0 && r.type == PS_MSG_STATS ? 0 : -1;
-    if (!rc)
-        *st = r.stats;
-    zmq_close(d);
-    return rc;
+    return recv_hdr(s, PS_TEST_RPC_MS, r, out, cap);
 }
 
 static int heartbeat(void *s, int rank)
 {
-    ps_header h = mk(PS_MSG_HEARTBEAT, rank, 0, 0, 0);
-    return send_hdr(s, &h, NULL, 0);
+    ps_header h = ps_test_header(PS_MSG_HEARTBEAT, rank, 0, 0, 0, 0);
+    return ps_test_send(s, &h, NULL, 0);
 }
 
 /* ---------------- worker loss ---------------- */
@@ -252,18 +111,20 @@ PS_TEST(sync_killed_worker_is_dropped_and_the_other_finishes)
     CHECK_OK(spawn_words(&w0, "ps_worker", flags, "drop-w0.log"));
     snprintf(flags, sizeof flags, "--servers tcp://127.0.0.1:%d --rank 1 %s", sv.port, common);
     CHECK_OK(spawn_words(&w1, "ps_worker", flags, "drop-w1.log"));
-    CHECK_MSG(wait_for(w1.log, "iter 40/", RUN_MS, w1.pid) == 0, "worker 1 did not get to step 40");
+    CHECK_MSG(ps_test_wait_for_text(w1.log, "iter 40/", RUN_MS, w1.pid) == 0,
+              "worker 1 did not get to step 40");
     kill(w1.pid, SIGKILL);
-    CHECK_EQ_INT(ps_test_wait(w1.pid, RPC_MS), 128 + SIGKILL);
+    CHECK_EQ_INT(ps_test_wait(w1.pid, PS_TEST_RPC_MS), 128 + SIGKILL);
     int rc = ps_test_wait(w0.pid, RUN_MS);
     CHECK_MSG(rc == 0, "worker 0 exit status %d (log %s)", rc, w0.log);
-    CHECK(has(w0.log, "iter 300/300"));
-    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
-    CHECK_MSG(has(sv.log, "worker 1 silent for") &&
-                  has(sv.log, "dropped; rounds continue with 1 of 2 workers"),
+    CHECK(ps_test_file_has(w0.log, "iter 300/300"));
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
+    CHECK_MSG(ps_test_file_has(sv.log, "worker 1 silent for") &&
+                  ps_test_file_has(sv.log, "dropped; rounds continue with 1 of 2 workers"),
               "no drop line in %s", sv.log);
     /* worker 0 kept talking (heartbeats while it waited for the round) */
-    CHECK_MSG(!has(sv.log, "worker 0 silent"), "worker 0 was taken for lost: %s", sv.log);
+    CHECK_MSG(!ps_test_file_has(sv.log, "worker 0 silent"), "worker 0 was taken for lost: %s",
+              sv.log);
 }
 
 PS_TEST(dropped_worker_is_refused_until_hello_then_rounds_average_the_live_workers)
@@ -271,27 +132,27 @@ PS_TEST(dropped_worker_is_refused_until_hello_then_rounds_average_the_live_worke
     proc sv;
     CHECK_OK(server_start(&sv, 0, "--num-workers 2 --mode sync --lr 1 --worker-timeout 1.5 "
                                   "--on-worker-loss drop", "rejoin-server.log"));
-    void *a = dealer(sv.port), *b = dealer(sv.port);
-    CHECK_OK(hello(a, 0, PS_MODE_SYNC, 2));
-    CHECK_OK(hello(b, 1, PS_MODE_SYNC, 2));
+    void *a = ps_test_dealer(sv.port), *b = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(a, 0, PS_MODE_SYNC, 2, 0));
+    CHECK_OK(ps_test_hello(b, 1, PS_MODE_SYNC, 2, 0));
     float w[4] = {1, 2, 3, 4}, out[4];
     float g0[4] = {0.5f, 0.25f, -1, 2}, g1[4] = {1.5f, -0.75f, 3, 0.125f};
-    ps_header h = mk(PS_MSG_INIT, 0, 1, 5, 0), r;
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 5, 0, 0), r;
     h.total = 4;
     CHECK_OK(rpc(a, &h, w, 4, &r, NULL, 0));
     /* round 0 with both */
-    h = mk(PS_MSG_PUSH, 0, 2, 5, 0);
+    h = ps_test_header(PS_MSG_PUSH, 0, 2, 5, 0, 0);
     CHECK_OK(rpc(a, &h, g0, 4, &r, NULL, 0));
-    h = mk(PS_MSG_PUSH, 1, 3, 5, 0);
+    h = ps_test_header(PS_MSG_PUSH, 1, 3, 5, 0, 0);
     CHECK_OK(rpc(b, &h, g1, 4, &r, NULL, 0));
     for (int i = 0; i < 4; i++)
         w[i] = w[i] - 1.0f * ((g0[i] + g1[i]) / 2.0f + 0.0f * w[i]);
     /* round 1: worker 1 goes silent; worker 0 pushes, asks for version 2 and
      * keeps sending heartbeats until the server drops worker 1 */
-    h = mk(PS_MSG_PUSH, 0, 4, 5, 1);
+    h = ps_test_header(PS_MSG_PUSH, 0, 4, 5, 0, 1);
     CHECK_OK(rpc(a, &h, g0, 4, &r, NULL, 0));
-    h = mk(PS_MSG_PULL, 0, 5, 5, 2);
-    CHECK_OK(send_hdr(a, &h, NULL, 0));
+    h = ps_test_header(PS_MSG_PULL, 0, 5, 5, 0, 2);
+    CHECK_OK(ps_test_send(a, &h, NULL, 0));
     int got = 1;
     for (int t = 0; t < 50 && got == 1; t++) {
         CHECK_OK(heartbeat(a, 0));
@@ -303,32 +164,33 @@ PS_TEST(dropped_worker_is_refused_until_hello_then_rounds_average_the_live_worke
     for (int i = 0; i < 4; i++)
         w[i] = w[i] - 1.0f * (g0[i] / 1.0f + 0.0f * w[i]); /* the mean over the live one */
     CHECK(memcmp(out, w, sizeof w) == 0);
-    CHECK(has(sv.log, "worker 1 silent for") &&
-          has(sv.log, "dropped; rounds continue with 1 of 2 workers"));
+    CHECK(ps_test_file_has(sv.log, "worker 1 silent for") &&
+          ps_test_file_has(sv.log, "dropped; rounds continue with 1 of 2 workers"));
     /* a barrier counts the live worker only */
-    h = mk(PS_MSG_BARRIER, 0, 6, 0, 7);
+    h = ps_test_header(PS_MSG_BARRIER, 0, 6, 0, 0, 7);
     CHECK_OK(rpc(a, &h, NULL, 0, &r, NULL, 0));
     CHECK_EQ_INT(r.type, PS_MSG_BARRIER);
     /* the dropped worker is refused until it says hello again */
-    h = mk(PS_MSG_PUSH, 1, 7, 5, 2);
+    h = ps_test_header(PS_MSG_PUSH, 1, 7, 5, 0, 2);
     CHECK_OK(rpc(b, &h, g1, 4, &r, NULL, 0));
     CHECK_EQ_INT(r.type, PS_MSG_ERROR);
     CHECK_EQ_INT(r.err_code, PS_ESTATE);
     CHECK_MSG(strstr(r.err_text, "say hello again"), "error text: %s", r.err_text);
-    CHECK_OK(hello(b, 1, PS_MODE_SYNC, 2));
-    CHECK(has(sv.log, "worker 1 said hello again") && has(sv.log, "rejoined"));
+    CHECK_OK(ps_test_hello(b, 1, PS_MODE_SYNC, 2, 0));
+    CHECK(ps_test_file_has(sv.log, "worker 1 said hello again") &&
+          ps_test_file_has(sv.log, "rejoined"));
     /* round 2 waits for both again: the mean of two */
-    h = mk(PS_MSG_PUSH, 1, 8, 5, 2);
+    h = ps_test_header(PS_MSG_PUSH, 1, 8, 5, 0, 2);
     CHECK_OK(rpc(b, &h, g1, 4, &r, NULL, 0));
-    h = mk(PS_MSG_PULL, 0, 9, 5, 3);
-    CHECK_OK(send_hdr(a, &h, NULL, 0));
+    h = ps_test_header(PS_MSG_PULL, 0, 9, 5, 0, 3);
+    CHECK_OK(ps_test_send(a, &h, NULL, 0));
     CHECK_OK(heartbeat(a, 0));
     CHECK_EQ_INT(recv_hdr(a, 300, &r, out, 4), 1);
-    h = mk(PS_MSG_PUSH, 0, 10, 5, 2);
-    CHECK_OK(send_hdr(a, &h, g0, 4));
+    h = ps_test_header(PS_MSG_PUSH, 0, 10, 5, 0, 2);
+    CHECK_OK(ps_test_send(a, &h, g0, 4));
     int pulls = 0, acks = 0;
     for (int k = 0; k < 2; k++) {
-        CHECK_OK(recv_hdr(a, RPC_MS, &r, out, 4));
+        CHECK_OK(recv_hdr(a, PS_TEST_RPC_MS, &r, out, 4));
         if (r.type == PS_MSG_PULL) {
             pulls++;
             CHECK_EQ_INT(r.step, 3);
@@ -341,45 +203,19 @@ PS_TEST(dropped_worker_is_refused_until_hello_then_rounds_average_the_live_worke
     }
     CHECK_EQ_INT(pulls, 1);
     CHECK_EQ_INT(acks, 1);
-    h = mk(PS_MSG_SHUTDOWN, -1, 11, 0, 0);
+    h = ps_test_header(PS_MSG_SHUTDOWN, -1, 11, 0, 0, 0);
     CHECK_OK(rpc(a, &h, NULL, 0, &r, NULL, 0));
-    CHECK_EQ_INT(ps_test_wait(sv.pid, RPC_MS), 0);
+    CHECK_EQ_INT(ps_test_wait(sv.pid, PS_TEST_RPC_MS), 0);
     zmq_close(a);
     zmq_close(b);
 }
 
 /* ---- the shard alone: rounds over the live set ---- */
 
-typedef struct got {
-    int ready, released;
-    float w[2];
-    int64_t version;
-} got;
-
-static void g_release(void *u, void *hold)
-{
-    (void)hold;
-    ((got *)u)->released++;
-}
-static void g_ready(void *u, void *waiter, const float *w, size_t n, int64_t version)
-{
-    (void)waiter;
-    got *g = u;
-    g->ready++;
-    memcpy(g->w, w, (n < 2 ? n : 2) * sizeof(float));
-    g->version = version;
-}
-static void g_cancel(void *u, void *waiter)
-{
-    (void)u;
-    (void)waiter;
-}
-
 PS_TEST(shard_round_skips_a_dropped_lowest_rank_and_takes_it_back)
 {
-    got log;
-    memset(&log, 0, sizeof log);
-    ps_shard_hooks hk = {&log, g_release, g_ready, g_cancel};
+    ps_test_hook_log log;
+    ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
     ps_shard_config sc;
     memset(&sc, 0, sizeof sc);
     sc.mode = PS_MODE_SYNC;
@@ -446,26 +282,26 @@ PS_TEST(wait_policy_logs_a_silent_worker_and_keeps_its_round_open)
     proc sv;
     CHECK_OK(server_start(&sv, 0, "--num-workers 2 --mode sync --lr 1 --worker-timeout 0.5",
                           "wait-server.log"));
-    void *a = dealer(sv.port), *b = dealer(sv.port);
-    CHECK_OK(hello(a, 0, PS_MODE_SYNC, 2));
-    CHECK_OK(hello(b, 1, PS_MODE_SYNC, 2));
+    void *a = ps_test_dealer(sv.port), *b = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(a, 0, PS_MODE_SYNC, 2, 0));
+    CHECK_OK(ps_test_hello(b, 1, PS_MODE_SYNC, 2, 0));
     float w[2] = {1, 2}, g[2] = {1, 1}, out[2];
-    ps_header h = mk(PS_MSG_INIT, 0, 1, 3, 0), r;
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 3, 0, 0), r;
     h.total = 2;
     CHECK_OK(rpc(a, &h, w, 2, &r, NULL, 0));
-    h = mk(PS_MSG_PUSHPULL, 0, 2, 3, 0);
-    CHECK_OK(send_hdr(a, &h, g, 2));
-    CHECK_OK(wait_for(sv.log, "worker 1 silent for", 5000, sv.pid));
-    CHECK(has(sv.log, "keep waiting for it (--on-worker-loss wait)"));
+    h = ps_test_header(PS_MSG_PUSHPULL, 0, 2, 3, 0, 0);
+    CHECK_OK(ps_test_send(a, &h, g, 2));
+    CHECK_OK(ps_test_wait_for_text(sv.log, "worker 1 silent for", 5000, sv.pid));
+    CHECK(ps_test_file_has(sv.log, "keep waiting for it (--on-worker-loss wait)"));
     CHECK_EQ_INT(recv_hdr(a, 100, &r, out, 2), 1); /* the round still waits */
-    h = mk(PS_MSG_PUSH, 1, 3, 3, 0);
-    CHECK_OK(send_hdr(b, &h, g, 2));
-    CHECK_OK(recv_hdr(a, RPC_MS, &r, out, 2));
+    h = ps_test_header(PS_MSG_PUSH, 1, 3, 3, 0, 0);
+    CHECK_OK(ps_test_send(b, &h, g, 2));
+    CHECK_OK(recv_hdr(a, PS_TEST_RPC_MS, &r, out, 2));
     CHECK_EQ_INT(r.type, PS_MSG_PUSHPULL);
     CHECK_EQ_INT(r.step, 1);
     CHECK(out[0] == 0.0f && out[1] == 1.0f);
-    CHECK(has(sv.log, "worker 1 is heard from again"));
-    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    CHECK(ps_test_file_has(sv.log, "worker 1 is heard from again"));
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
     zmq_close(a);
     zmq_close(b);
 }
@@ -474,27 +310,27 @@ PS_TEST(resent_pulls_and_barriers_wait_once_and_are_answered_once)
 {
     proc sv;
     CHECK_OK(server_start(&sv, 0, "--num-workers 2 --mode sync --lr 1", "resend-server.log"));
-    void *a = dealer(sv.port), *b = dealer(sv.port);
-    CHECK_OK(hello(a, 0, PS_MODE_SYNC, 2));
-    CHECK_OK(hello(b, 1, PS_MODE_SYNC, 2));
+    void *a = ps_test_dealer(sv.port), *b = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(a, 0, PS_MODE_SYNC, 2, 0));
+    CHECK_OK(ps_test_hello(b, 1, PS_MODE_SYNC, 2, 0));
     float w[2] = {1, 2}, g[2] = {1, 1}, out[2];
-    ps_header h = mk(PS_MSG_INIT, 0, 1, 3, 0), r;
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 3, 0, 0), r;
     h.total = 2;
     CHECK_OK(rpc(a, &h, w, 2, &r, NULL, 0));
     /* far more resends than the queue of a chunk takes (4 W + 16) */
     for (int k = 0; k < 40; k++) {
-        h = mk(PS_MSG_PULL, 0, 50, 3, 1);
-        CHECK_OK(send_hdr(a, &h, NULL, 0));
-        h = mk(PS_MSG_BARRIER, 0, 60, 0, 9);
-        CHECK_OK(send_hdr(a, &h, NULL, 0));
+        h = ps_test_header(PS_MSG_PULL, 0, 50, 3, 0, 1);
+        CHECK_OK(ps_test_send(a, &h, NULL, 0));
+        h = ps_test_header(PS_MSG_BARRIER, 0, 60, 0, 0, 9);
+        CHECK_OK(ps_test_send(a, &h, NULL, 0));
     }
     CHECK_EQ_INT(recv_hdr(a, 200, &r, out, 2), 1);
     for (int k = 0; k < 2; k++) {
-        h = mk(PS_MSG_PUSH, k, 70, 3, 0);
+        h = ps_test_header(PS_MSG_PUSH, k, 70, 3, 0, 0);
         CHECK_OK(rpc(k ? b : a, &h, g, 2, &r, NULL, 0));
         CHECK_EQ_INT(r.type, PS_MSG_PUSH);
     }
-    h = mk(PS_MSG_BARRIER, 1, 61, 0, 9);
+    h = ps_test_header(PS_MSG_BARRIER, 1, 61, 0, 0, 9);
     CHECK_OK(rpc(b, &h, NULL, 0, &r, NULL, 0));
     CHECK_EQ_INT(r.type, PS_MSG_BARRIER);
     int pulls = 0, barriers = 0, other = 0;
@@ -507,10 +343,10 @@ PS_TEST(resent_pulls_and_barriers_wait_once_and_are_answered_once)
     CHECK_EQ_INT(barriers, 1);
     CHECK_EQ_INT(other, 0);
     /* a barrier resent after it completed is answered at once */
-    h = mk(PS_MSG_BARRIER, 0, 60, 0, 9);
+    h = ps_test_header(PS_MSG_BARRIER, 0, 60, 0, 0, 9);
     CHECK_OK(rpc(a, &h, NULL, 0, &r, NULL, 0));
     CHECK_EQ_INT(r.type, PS_MSG_BARRIER);
-    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
     zmq_close(a);
     zmq_close(b);
 }
@@ -551,16 +387,16 @@ static void crash_run(const char *tag, int steps, int kill_at, const char *save,
     if (kill_at > 0) {
         char needle[32];
         snprintf(needle, sizeof needle, "iter %d/", kill_at);
-        CHECK_MSG(wait_for(w[0].log, needle, RUN_MS, w[0].pid) == 0, "no step %d in %s", kill_at,
-                  w[0].log);
+        CHECK_MSG(ps_test_wait_for_text(w[0].log, needle, RUN_MS, w[0].pid) == 0,
+                  "no step %d in %s", kill_at, w[0].log);
         kill(sv[1].pid, SIGKILL);
-        CHECK_EQ_INT(ps_test_wait(sv[1].pid, RPC_MS), 128 + SIGKILL);
+        CHECK_EQ_INT(ps_test_wait(sv[1].pid, PS_TEST_RPC_MS), 128 + SIGKILL);
         snprintf(dir, sizeof dir, "%s/%s-ck1", ps_test_tmpdir(), tag);
         snprintf(flags, sizeof flags, "--rank 1 %s --checkpoint-dir %s --restore", srv, dir);
         CHECK_OK(server_start(&sv[1], sv[1].port, flags, "crash-server1-restarted.log"));
-        CHECK_MSG(wait_for(sv[1].log, "restored ", RPC_MS, sv[1].pid) == 0,
+        CHECK_MSG(ps_test_wait_for_text(sv[1].log, "restored ", PS_TEST_RPC_MS, sv[1].pid) == 0,
                   "the restarted server did not restore: %s", sv[1].log);
-        char *t = read_all(sv[1].log);
+        char *t = ps_test_read_file(sv[1].log, NULL);
         const char *p = t ? strstr(t, "versions ") : NULL;
         *restored_version = p ? atoi(p + 9) : -1;
         free(t);
@@ -570,8 +406,8 @@ static void crash_run(const char *tag, int steps, int kill_at, const char *save,
         CHECK_MSG(rc == 0, "worker %d exit status %d (log %s)", r, rc, w[r].log);
     }
     for (int k = 0; k < 2; k++) {
-        CHECK_OK(stats(sv[k].port, &st[k]));
-        CHECK_EQ_INT(ps_test_stop(sv[k].pid, RPC_MS), 0);
+        CHECK_OK(ps_test_stats(sv[k].port, &st[k]));
+        CHECK_EQ_INT(ps_test_stop(sv[k].pid, PS_TEST_RPC_MS), 0);
     }
 }
 
@@ -593,7 +429,7 @@ PS_TEST(killed_server_restored_from_checkpoints_gives_bitwise_the_same_model)
     CHECK_MSG(restored > 0 && restored < STEPS, "restored version %d", restored);
     char log[512];
     snprintf(log, sizeof log, "%s/crash-w0.log", ps_test_tmpdir());
-    CHECK(has(log, "resending"));
+    CHECK(ps_test_file_has(log, "resending"));
     long size;
     CHECK_MSG(files_equal(ref, got, &size), "the model after the crash differs from the "
                                            "uninterrupted run's (%s vs %s)", got, ref);
@@ -616,7 +452,7 @@ PS_TEST(killed_server_restored_from_checkpoints_gives_bitwise_the_same_model)
            size, restored, STEPS, (unsigned long long)upd, STEPS, (unsigned long long)chunks);
     /* the uninterrupted run's server 0 wrote a timeline */
     snprintf(log, sizeof log, "%s/ref-server0.json", ps_test_tmpdir());
-    char *tl = read_all(log);
+    char *tl = ps_test_read_file(log, NULL);
     int ok = tl && strstr(tl, "\"traceEvents\"") && strstr(tl, "\"name\":\"apply\"") &&
              strstr(tl, "\"name\":\"pull\"") && strstr(tl, "\"name\":\"update-0\"") &&
              strstr(tl, "\"step\":240") && strstr(tl, "]}");
@@ -637,58 +473,58 @@ PS_TEST(restored_sync_server_applies_the_open_round_once_and_drops_older_resends
              "--checkpoint-every 1", ps_test_tmpdir());
     proc sv;
     CHECK_OK(server_start(&sv, 0, flags, "sync-once-1.log"));
-    void *a = dealer(sv.port), *b = dealer(sv.port);
-    CHECK_OK(hello(a, 0, PS_MODE_SYNC, 2));
-    CHECK_OK(hello(b, 1, PS_MODE_SYNC, 2));
+    void *a = ps_test_dealer(sv.port), *b = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(a, 0, PS_MODE_SYNC, 2, 0));
+    CHECK_OK(ps_test_hello(b, 1, PS_MODE_SYNC, 2, 0));
     float w[3] = {1, 2, 3}, out[3];
     float g0[3] = {0.5f, 1, -2}, g1[3] = {0.25f, -1, 4};
-    ps_header h = mk(PS_MSG_INIT, 0, 1, 9, 0), r;
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 9, 0, 0), r;
     h.total = 3;
     CHECK_OK(rpc(a, &h, w, 3, &r, NULL, 0));
     /* round 0; each acknowledgement comes once the round is on disk */
-    h = mk(PS_MSG_PUSH, 0, 2, 9, 0);
-    CHECK_OK(send_hdr(a, &h, g0, 3));
-    h = mk(PS_MSG_PUSH, 1, 3, 9, 0);
-    CHECK_OK(send_hdr(b, &h, g1, 3));
-    CHECK_OK(recv_hdr(a, RPC_MS, &r, NULL, 0));
+    h = ps_test_header(PS_MSG_PUSH, 0, 2, 9, 0, 0);
+    CHECK_OK(ps_test_send(a, &h, g0, 3));
+    h = ps_test_header(PS_MSG_PUSH, 1, 3, 9, 0, 0);
+    CHECK_OK(ps_test_send(b, &h, g1, 3));
+    CHECK_OK(recv_hdr(a, PS_TEST_RPC_MS, &r, NULL, 0));
     CHECK_EQ_INT(r.step, 1);
-    CHECK_OK(recv_hdr(b, RPC_MS, &r, NULL, 0));
+    CHECK_OK(recv_hdr(b, PS_TEST_RPC_MS, &r, NULL, 0));
     CHECK_EQ_INT(r.step, 1);
     for (int i = 0; i < 3; i++)
         w[i] = w[i] - 1.0f * ((g0[i] + g1[i]) / 2.0f + 0.0f * w[i]);
     /* round 1: worker 0's push is in; its acknowledgement waits for the
      * round, so when the server dies the push is still unanswered */
-    h = mk(PS_MSG_PUSH, 0, 4, 9, 1);
-    CHECK_OK(send_hdr(a, &h, g0, 3));
+    h = ps_test_header(PS_MSG_PUSH, 0, 4, 9, 0, 1);
+    CHECK_OK(ps_test_send(a, &h, g0, 3));
     CHECK_EQ_INT(recv_hdr(a, 300, &r, NULL, 0), 1);
     kill(sv.pid, SIGKILL);
-    CHECK_EQ_INT(ps_test_wait(sv.pid, RPC_MS), 128 + SIGKILL);
+    CHECK_EQ_INT(ps_test_wait(sv.pid, PS_TEST_RPC_MS), 128 + SIGKILL);
     char rflags[1100];
     snprintf(rflags, sizeof rflags, "%s --restore", flags);
     CHECK_OK(restart(&sv, rflags, "sync-once-2.log"));
     /* the worker resends it (same request id), and an old one of round 0 */
-    h = mk(PS_MSG_PUSH, 0, 4, 9, 1);
-    CHECK_OK(send_hdr(a, &h, g0, 3));
-    h = mk(PS_MSG_PUSH, 0, 2, 9, 0);
+    h = ps_test_header(PS_MSG_PUSH, 0, 4, 9, 0, 1);
+    CHECK_OK(ps_test_send(a, &h, g0, 3));
+    h = ps_test_header(PS_MSG_PUSH, 0, 2, 9, 0, 0);
     CHECK_OK(rpc(a, &h, g0, 3, &r, NULL, 0));
     CHECK_EQ_INT(r.type, PS_MSG_PUSH); /* a duplicate: acknowledged at once */
     CHECK_EQ_INT(r.seq, 2);
-    h = mk(PS_MSG_PUSHPULL, 1, 5, 9, 1);
-    CHECK_OK(send_hdr(b, &h, g1, 3));
-    CHECK_OK(recv_hdr(b, RPC_MS, &r, out, 3));
+    h = ps_test_header(PS_MSG_PUSHPULL, 1, 5, 9, 0, 1);
+    CHECK_OK(ps_test_send(b, &h, g1, 3));
+    CHECK_OK(recv_hdr(b, PS_TEST_RPC_MS, &r, out, 3));
     CHECK_EQ_INT(r.type, PS_MSG_PUSHPULL);
     CHECK_EQ_INT(r.step, 2);
     for (int i = 0; i < 3; i++)
         w[i] = w[i] - 1.0f * ((g0[i] + g1[i]) / 2.0f + 0.0f * w[i]);
     CHECK(memcmp(out, w, sizeof w) == 0);
-    CHECK_OK(recv_hdr(a, RPC_MS, &r, NULL, 0));
+    CHECK_OK(recv_hdr(a, PS_TEST_RPC_MS, &r, NULL, 0));
     CHECK_EQ_INT(r.seq, 4);
     CHECK_EQ_INT(r.step, 2);
     ps_stats st;
-    CHECK_OK(stats(sv.port, &st));
+    CHECK_OK(ps_test_stats(sv.port, &st));
     CHECK_EQ_INT(st.updates, 2); /* round 0 (restored) and round 1: each once */
     CHECK_EQ_INT(st.min_version, 2);
-    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
     zmq_close(a);
     zmq_close(b);
 }
@@ -700,30 +536,30 @@ PS_TEST(restored_async_server_drops_resent_pushes_below_the_restored_clock)
              "--checkpoint-dir %s/async-ck --checkpoint-every 1", ps_test_tmpdir());
     proc sv;
     CHECK_OK(server_start(&sv, 0, flags, "async-once-1.log"));
-    void *a = dealer(sv.port);
-    CHECK_OK(hello(a, 0, PS_MODE_ASYNC, 1));
+    void *a = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(a, 0, PS_MODE_ASYNC, 1, -1));
     float w[2] = {1, -1}, g[4][2] = {{1, 2}, {-3, 0.5f}, {0.25f, 0.25f}, {2, -2}}, out[2];
-    ps_header h = mk(PS_MSG_INIT, 0, 1, 4, 0), r;
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 4, 0, 0), r;
     h.total = 2;
     CHECK_OK(rpc(a, &h, w, 2, &r, NULL, 0));
     for (int t = 0; t < 3; t++) {
-        h = mk(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 4, t);
+        h = ps_test_header(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 4, 0, t);
         CHECK_OK(rpc(a, &h, g[t], 2, &r, NULL, 0));
         CHECK_EQ_INT(r.step, t + 1);
     }
     /* a clean stop writes a last checkpoint */
-    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
     char rflags[1100];
     snprintf(rflags, sizeof rflags, "%s --restore", flags);
     CHECK_OK(restart(&sv, rflags, "async-once-2.log"));
     /* resends of steps 1 and 2 are duplicates; step 3 is new */
     for (int t = 1; t < 4; t++) {
-        h = mk(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 4, t);
+        h = ps_test_header(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 4, 0, t);
         CHECK_OK(rpc(a, &h, g[t], 2, &r, NULL, 0));
         CHECK_EQ_INT(r.type, PS_MSG_PUSH);
     }
     ps_stats st;
-    CHECK_OK(stats(sv.port, &st));
+    CHECK_OK(ps_test_stats(sv.port, &st));
     CHECK_EQ_INT(st.updates, 4);
     CHECK_EQ_INT(st.max_version, 4);
     CHECK_EQ_INT(st.dup_dropped, 2);
@@ -732,24 +568,24 @@ PS_TEST(restored_async_server_drops_resent_pushes_below_the_restored_clock)
     proc ref;
     CHECK_OK(server_start(&ref, 0, "--num-workers 1 --mode async --lr 0.5 --optimizer adam",
                           "async-once-ref.log"));
-    void *c = dealer(ref.port);
-    CHECK_OK(hello(c, 0, PS_MODE_ASYNC, 1));
-    h = mk(PS_MSG_INIT, 0, 1, 4, 0);
+    void *c = ps_test_dealer(ref.port);
+    CHECK_OK(ps_test_hello(c, 0, PS_MODE_ASYNC, 1, -1));
+    h = ps_test_header(PS_MSG_INIT, 0, 1, 4, 0, 0);
     h.total = 2;
     CHECK_OK(rpc(c, &h, w, 2, &r, NULL, 0));
     for (int t = 0; t < 4; t++) {
-        h = mk(PS_MSG_PUSH, 0, 20 + (uint64_t)t, 4, t);
+        h = ps_test_header(PS_MSG_PUSH, 0, 20 + (uint64_t)t, 4, 0, t);
         CHECK_OK(rpc(c, &h, g[t], 2, &r, NULL, 0));
     }
     float want[2];
-    h = mk(PS_MSG_PULL, 0, 30, 4, 0);
+    h = ps_test_header(PS_MSG_PULL, 0, 30, 4, 0, 0);
     CHECK_OK(rpc(c, &h, NULL, 0, &r, want, 2));
-    h = mk(PS_MSG_PULL, 0, 31, 4, 0);
+    h = ps_test_header(PS_MSG_PULL, 0, 31, 4, 0, 0);
     CHECK_OK(rpc(a, &h, NULL, 0, &r, out, 2));
     CHECK_EQ_INT(r.step, 4);
     CHECK(memcmp(out, want, sizeof want) == 0);
-    CHECK_EQ_INT(ps_test_stop(ref.pid, RPC_MS), 0);
-    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    CHECK_EQ_INT(ps_test_stop(ref.pid, PS_TEST_RPC_MS), 0);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
     zmq_close(a);
     zmq_close(c);
 }
@@ -763,10 +599,10 @@ PS_TEST(restored_sync_server_fast_forwards_a_worker_that_got_further)
              "--checkpoint-every 3", ps_test_tmpdir());
     proc sv;
     CHECK_OK(server_start(&sv, 0, flags, "ff-1.log"));
-    void *a = dealer(sv.port);
-    CHECK_OK(hello(a, 0, PS_MODE_SYNC, 1));
+    void *a = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(a, 0, PS_MODE_SYNC, 1, 0));
     float w[2] = {1, 2}, g[2] = {0.5f, -0.5f}, out[2];
-    ps_header h = mk(PS_MSG_INIT, 0, 1, 4, 0), r;
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 4, 0, 0), r;
     h.total = 2;
     CHECK_OK(rpc(a, &h, w, 2, &r, NULL, 0));
     char path[700];
@@ -774,19 +610,19 @@ PS_TEST(restored_sync_server_fast_forwards_a_worker_that_got_further)
      * checkpoint 2 is round 3 */
     snprintf(path, sizeof path, "%s/ff-ck/shard-0-000000000002.ckpt", ps_test_tmpdir());
     for (int t = 0; t < 5; t++) {
-        h = mk(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 4, t);
+        h = ps_test_header(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 4, 0, t);
         CHECK_OK(rpc(a, &h, g, 2, &r, NULL, 0));
         CHECK_EQ_INT(r.step, t + 1);
         /* the checkpoint of round 3 is on disk before round 4 starts */
         for (int k = 0; t == 2 && k < 500 && access(path, F_OK) != 0; k++)
-            sleep_ms(10);
+            ps_test_sleep_ms(10);
     }
     kill(sv.pid, SIGKILL);
-    CHECK_EQ_INT(ps_test_wait(sv.pid, RPC_MS), 128 + SIGKILL);
+    CHECK_EQ_INT(ps_test_wait(sv.pid, PS_TEST_RPC_MS), 128 + SIGKILL);
     char rflags[1100];
     snprintf(rflags, sizeof rflags, "%s --restore", flags);
     CHECK_OK(restart(&sv, rflags, "ff-2.log"));
-    h = mk(PS_MSG_PUSHPULL, 0, 20, 4, 5);
+    h = ps_test_header(PS_MSG_PUSHPULL, 0, 20, 4, 0, 5);
     CHECK_OK(rpc(a, &h, g, 2, &r, out, 2));
     CHECK_EQ_INT(r.type, PS_MSG_PUSHPULL);
     CHECK_EQ_INT(r.step, 6);
@@ -796,10 +632,11 @@ PS_TEST(restored_sync_server_fast_forwards_a_worker_that_got_further)
             w[i] = w[i] - 1.0f * (g[i] / 1.0f + 0.0f * w[i]);
     CHECK(memcmp(out, w, sizeof w) == 0);
     ps_stats st;
-    CHECK_OK(stats(sv.port, &st));
+    CHECK_OK(ps_test_stats(sv.port, &st));
     CHECK_EQ_INT(st.updates, 4);
-    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
-    CHECK_MSG(has(sv.log, "beyond the round of the restored checkpoint; skipped to it (2 round(s)"),
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
+    CHECK_MSG(ps_test_file_has(sv.log, "beyond the round of the restored checkpoint; "
+                                       "skipped to it (2 round(s)"),
               "no fast-forward line in %s", sv.log);
     zmq_close(a);
 }
@@ -829,19 +666,19 @@ PS_TEST(corrupt_newest_checkpoint_is_skipped_and_untrusted_restores_exit_2)
     snprintf(rflags, sizeof rflags, "%s --restore", flags);
     proc sv;
     CHECK_OK(server_start(&sv, 0, flags, "corrupt-1.log"));
-    void *a = dealer(sv.port);
-    CHECK_OK(hello(a, 0, PS_MODE_SYNC, 1));
+    void *a = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(a, 0, PS_MODE_SYNC, 1, 0));
     float w[2] = {1, 2}, g[2] = {0.5f, 0.5f};
-    ps_header h = mk(PS_MSG_INIT, 0, 1, 4, 0), r;
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 4, 0, 0), r;
     h.total = 2;
     CHECK_OK(rpc(a, &h, w, 2, &r, NULL, 0));
     /* durable rounds: each acknowledgement comes after its checkpoint */
     for (int t = 0; t < 5; t++) {
-        h = mk(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 4, t);
+        h = ps_test_header(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 4, 0, t);
         CHECK_OK(rpc(a, &h, g, 2, &r, NULL, 0));
         CHECK_EQ_INT(r.step, t + 1);
     }
-    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
     zmq_close(a);
     /* checkpoint 1 holds the new chunk, 2..6 rounds 1..5; the newest two
      * are kept: rounds 4 and 5 */
@@ -852,36 +689,40 @@ PS_TEST(corrupt_newest_checkpoint_is_skipped_and_untrusted_restores_exit_2)
     snprintf(path, sizeof path, "%s/shard-0-000000000006.ckpt", dir);
     CHECK_OK(corrupt(path));
     CHECK_OK(restart(&sv, rflags, "corrupt-2.log"));
-    CHECK_OK(wait_for(sv.log, "listening", RPC_MS, sv.pid));
+    CHECK_OK(ps_test_wait_for_text(sv.log, "listening", PS_TEST_RPC_MS, sv.pid));
     ps_stats st;
-    CHECK_OK(stats(sv.port, &st));
+    CHECK_OK(ps_test_stats(sv.port, &st));
     CHECK_EQ_INT(st.min_version, 4);
     CHECK_EQ_INT(st.updates, 4);
-    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
-    CHECK_MSG(has(sv.log, "shard-0-000000000006.ckpt is corrupt or unreadable (CRC-32 mismatch") &&
-                  has(sv.log, "skipped; trying the one before it") &&
-                  has(sv.log, "restored ") && has(sv.log, "shard-0-000000000005.ckpt"),
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
+    CHECK_MSG(ps_test_file_has(sv.log, "shard-0-000000000006.ckpt is corrupt or unreadable "
+                                       "(CRC-32 mismatch") &&
+                  ps_test_file_has(sv.log, "skipped; trying the one before it") &&
+                  ps_test_file_has(sv.log, "restored ") &&
+                  ps_test_file_has(sv.log, "shard-0-000000000005.ckpt"),
               "no clear lines about the corrupt checkpoint in %s", sv.log);
     /* another configuration: refused */
     char other[1200];
     snprintf(other, sizeof other, "--num-workers 2 --mode sync --lr 1 --checkpoint-dir %s "
              "--checkpoint-every 1 --restore", dir);
     CHECK_OK(restart(&sv, other, "corrupt-3.log"));
-    CHECK_EQ_INT(ps_test_wait(sv.pid, RPC_MS), 2);
-    CHECK_MSG(has(sv.log, "does not fit this server: it was written with --num-workers 1, this "
-                          "server has --num-workers 2"), "no clear refusal in %s", sv.log);
+    CHECK_EQ_INT(ps_test_wait(sv.pid, PS_TEST_RPC_MS), 2);
+    CHECK_MSG(ps_test_file_has(sv.log, "does not fit this server: it was written with "
+                                       "--num-workers 1, this server has --num-workers 2"),
+              "no clear refusal in %s", sv.log);
     /* nothing valid left: refused */
     snprintf(path, sizeof path, "%s/shard-0-000000000005.ckpt", dir);
     CHECK(truncate(path, 100) == 0);
     CHECK_OK(restart(&sv, rflags, "corrupt-4.log"));
-    CHECK_EQ_INT(ps_test_wait(sv.pid, RPC_MS), 2);
-    CHECK_MSG(has(sv.log, "truncated") && has(sv.log, "none of the 2 checkpoint(s) of server 0"),
+    CHECK_EQ_INT(ps_test_wait(sv.pid, PS_TEST_RPC_MS), 2);
+    CHECK_MSG(ps_test_file_has(sv.log, "truncated") &&
+                  ps_test_file_has(sv.log, "none of the 2 checkpoint(s) of server 0"),
               "no clear refusal in %s", sv.log);
     /* no checkpoint at all */
     snprintf(other, sizeof other, "--num-workers 1 --mode sync --checkpoint-dir %s/empty-ck "
              "--restore", ps_test_tmpdir());
     CHECK_OK(restart(&sv, other, "corrupt-5.log"));
-    CHECK_EQ_INT(ps_test_wait(sv.pid, RPC_MS), 2);
-    CHECK_MSG(has(sv.log, "--restore: no checkpoint of server 0"), "no clear refusal in %s",
-              sv.log);
+    CHECK_EQ_INT(ps_test_wait(sv.pid, PS_TEST_RPC_MS), 2);
+    CHECK_MSG(ps_test_file_has(sv.log, "--restore: no checkpoint of server 0"),
+              "no clear refusal in %s", sv.log);
 }

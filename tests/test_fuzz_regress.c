@@ -62,28 +62,8 @@ static const char *fuzz_dir(void)
 
 static int read_all(const char *path, uint8_t **data, size_t *size)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return -1;
-    size_t cap = 4096, n = 0;
-    uint8_t *p = malloc(cap);
-    for (size_t r; p && (r = fread(p + n, 1, cap - n, f)) > 0;) {
-        n += r;
-        if (n == cap) {
-            uint8_t *q = realloc(p, cap *= 2);
-            if (!q) {
-                free(p);
-                p = NULL;
-            }
-            p = q;
-        }
-    }
-    fclose(f);
-    if (!p)
-        return -1;
-    *data = p;
-    *size = n;
-    return 0;
+    *data = (uint8_t *)ps_test_read_file(path, size);
+    return *data ? 0 : -1;
 }
 
 /* Run check on every regular file of dir; returns files replayed, or -1 on

@@ -732,16 +732,8 @@ PS_TEST(model_hooks_order_and_weight_swap)
 
 static int read_file(const char *path, unsigned char **buf, size_t *n)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return -1;
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    *buf = malloc(*n);
-    size_t got = fread(*buf, 1, *n, f);
-    fclose(f);
-    return got == *n ? 0 : -1;
+    *buf = (unsigned char *)ps_test_read_file(path, n);
+    return *buf ? 0 : -1;
 }
 
 static int write_file(const char *path, const unsigned char *buf, size_t n)

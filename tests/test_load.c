@@ -6,79 +6,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zmq.h>
 
 #include "ps_proto.h"
 #include "ps_test.h"
+#include "ps_test_server.h"
 
 #define WORKERS 16
 #define STEPS 100
 #define RUN_MS 240000
-
-static int spawn(const char *prog, const char *words, const char *log)
-{
-    static char store[64][600];
-    char *argv[65], bin[256], tmp[4096];
-    int n = 0;
-    snprintf(store[n], sizeof store[n], "%s", ps_test_bin(prog, bin, sizeof bin));
-    argv[n] = store[n];
-    n++;
-    snprintf(tmp, sizeof tmp, "%s", words);
-    char *save = NULL;
-    for (char *w = strtok_r(tmp, " ", &save); w && n < 64; w = strtok_r(NULL, " ", &save)) {
-        snprintf(store[n], sizeof store[n], "%s", w);
-        argv[n] = store[n];
-        n++;
-    }
-    argv[n] = NULL;
-    return ps_test_spawn(argv, log);
-}
-
-/* VmHWM (peak resident set) of pid in kB, or -1. */
-static long peak_rss_kb(int pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    long kb = -1;
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, "VmHWM:", 6) == 0)
-            kb = strtol(line + 6, NULL, 10);
-    fclose(f);
-    return kb;
-}
-
-static int stats(int port, ps_stats *st)
-{
-    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
-    int zero = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-    char ep[64], buf[PS_HEADER_MAX];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
-    zmq_connect(s, ep);
-    ps_header h;
-    ps_header_init(&h, PS_MSG_STATS);
-    h.seq = 1;
-    size_t len;
-    int rc = -1;
-    if (ps_proto_encode(&h, buf, sizeof buf, &len) == 0 && zmq_send(s, buf, len, 0) >= 0) {
-        zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, 10000) > 0) {
-            int n = zmq_recv(s, buf, sizeof buf, 0);
-            ps_header r;
-            if (n > 0 && ps_proto_decode(buf, (size_t)n, &r, NULL, 0) == 0 &&
-                r.type == PS_MSG_STATS) {
-                *st = r.stats;
-                rc = 0;
-            }
-        }
-    }
-    zmq_close(s);
-    zmq_ctx_term(ctx);
-    return rc;
-}
 
 PS_TEST(sixteen_async_workers_lose_no_request_and_server_memory_stays_bounded)
 {
@@ -100,7 +35,7 @@ PS_TEST(sixteen_async_workers_lose_no_request_and_server_memory_stays_bounded)
         snprintf(words, sizeof words, "--bind tcp://127.0.0.1:%d --rank %d --num-servers 2 "
                  "--num-workers %d --mode async --lr 0.05 --threads 2", port[k], k, WORKERS);
         snprintf(log, sizeof log, "%s/server%d.log", ps_test_tmpdir(), k);
-        srv[k] = spawn("ps_server", words, log);
+        srv[k] = ps_test_spawn_words("ps_server", words, log);
         CHECK(srv[k] > 0);
     }
     if (asan_old)
@@ -116,7 +51,7 @@ PS_TEST(sixteen_async_workers_lose_no_request_and_server_memory_stays_bounded)
                  "--steps %d --epochs 1000 --data synthetic:2048 --log-every 50 "
                  "--chunk-size 64K", port[0], port[1], r, WORKERS, STEPS);
         snprintf(log, sizeof log, "%s/worker%d.log", ps_test_tmpdir(), r);
-        pid[r] = spawn("ps_worker", words, log);
+        pid[r] = ps_test_spawn_words("ps_worker", words, log);
         CHECK(pid[r] > 0);
     }
     int failed = -1, status = 0;
@@ -133,8 +68,8 @@ PS_TEST(sixteen_async_workers_lose_no_request_and_server_memory_stays_bounded)
     long rss[2];
     for (int k = 0; k < 2; k++) {
         ps_stats st;
-        CHECK_OK(stats(port[k], &st));
-        rss[k] = peak_rss_kb(srv[k]);
+        CHECK_OK(ps_test_stats(port[k], &st));
+        rss[k] = ps_test_status_kb(srv[k], "VmHWM"); /* peak resident set */
         upd += st.updates;
         chunks += st.chunks;
         dup += st.dup_dropped;

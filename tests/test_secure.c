@@ -15,54 +15,10 @@
 
 #define RUN_MS 120000
 
-static int spawn(const char *prog, const char *words, const char *log)
-{
-    static char store[64][600];
-    char *argv[65], bin[256], tmp[4096];
-    int n = 0;
-    snprintf(store[n], sizeof store[n], "%s", ps_test_bin(prog, bin, sizeof bin));
-    argv[n] = store[n];
-    n++;
-    snprintf(tmp, sizeof tmp, "%s", words);
-    char *save = NULL;
-    for (char *w = strtok_r(tmp, " ", &save); w && n < 64; w = strtok_r(NULL, " ", &save)) {
-        snprintf(store[n], sizeof store[n], "%s", w);
-        argv[n] = store[n];
-        n++;
-    }
-    argv[n] = NULL;
-    return ps_test_spawn(argv, log);
-}
-
-static char *read_all(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b) {
-        size_t got = fread(b, 1, (size_t)n, f);
-        b[got] = 0;
-    }
-    fclose(f);
-    return b;
-}
-
-static int has(const char *path, const char *needle)
-{
-    char *t = read_all(path);
-    int found = t && strstr(t, needle);
-    free(t);
-    return found;
-}
-
 /* The number after `key` in the last line of path that contains `line`. */
 static long long number_after(const char *path, const char *line, const char *key)
 {
-    char *t = read_all(path);
+    char *t = ps_test_read_file(path, NULL);
     long long v = -1;
     for (char *p = t; p && (p = strstr(p, line)); p++) {
         char *q = strstr(p, key);
@@ -75,7 +31,7 @@ static long long number_after(const char *path, const char *line, const char *ke
 
 static int copy_file(const char *from, const char *to, mode_t mode)
 {
-    char *t = read_all(from);
+    char *t = ps_test_read_file(from, NULL);
     FILE *f = t ? fopen(to, "w") : NULL;
     int ok = f && fputs(t, f) >= 0;
     if (f)
@@ -96,9 +52,9 @@ PS_TEST(only_listed_workers_train_over_curve_and_refusals_are_logged)
     char log[512];
     snprintf(log, sizeof log, "%s/keygen.log", tmp);
     snprintf(words, sizeof words, "--dir %s --servers 1 --workers 1", keys);
-    CHECK_EQ_INT(ps_test_wait(spawn("ps_keygen", words, log), 10000), 0);
+    CHECK_EQ_INT(ps_test_wait(ps_test_spawn_words("ps_keygen", words, log), 10000), 0);
     snprintf(words, sizeof words, "--dir %s --servers 1 --workers 1", other);
-    CHECK_EQ_INT(ps_test_wait(spawn("ps_keygen", words, log), 10000), 0);
+    CHECK_EQ_INT(ps_test_wait(ps_test_spawn_words("ps_keygen", words, log), 10000), 0);
     /* the unlisted worker has the real server's public key but its own pair,
      * which is not in keys/authorized */
     CHECK(mkdir(bad, 0700) == 0);
@@ -120,7 +76,7 @@ PS_TEST(only_listed_workers_train_over_curve_and_refusals_are_logged)
     snprintf(plog, sizeof plog, "%s/plaintext.log", tmp);
     snprintf(words, sizeof words, "--bind tcp://127.0.0.1:%d --num-workers 1 --mode async "
              "--lr 0.1 --curve-keys %s", port, keys);
-    int srv = spawn("ps_server", words, slog);
+    int srv = ps_test_spawn_words("ps_server", words, slog);
     CHECK(srv > 0);
     enum { STEPS = 40 };
     char common[512];
@@ -128,34 +84,36 @@ PS_TEST(only_listed_workers_train_over_curve_and_refusals_are_logged)
              "--mode async --lr 0.1 --model mlp:784-32-10 --batch 16 --steps %d --epochs 1000 "
              "--data synthetic:512 --log-every 10 --hello-timeout 2000", port, STEPS);
     /* one refused worker at a time, so each refusal line is known to be its */
-    int plain = spawn("ps_worker", common, plog);
+    int plain = ps_test_spawn_words("ps_worker", common, plog);
     snprintf(words, sizeof words, "%s --curve-keys %s", common, keys);
-    int listed = spawn("ps_worker", words, glog);
+    int listed = ps_test_spawn_words("ps_worker", words, glog);
     CHECK(plain > 0 && listed > 0);
     int rp = ps_test_wait(plain, RUN_MS);
-    CHECK_MSG(rp != 0 && has(plog, "no hello reply within 2000 ms") &&
-                  has(plog, "give this worker --curve-keys too"),
+    CHECK_MSG(rp != 0 && ps_test_file_has(plog, "no hello reply within 2000 ms") &&
+                  ps_test_file_has(plog, "give this worker --curve-keys too"),
               "the plaintext worker exited %d without a clear error (%s)", rp, plog);
-    CHECK_MSG(has(slog, "refused a connection on ") && has(slog, "CURVE handshake failed: the peer"),
+    CHECK_MSG(ps_test_file_has(slog, "refused a connection on ") &&
+                  ps_test_file_has(slog, "CURVE handshake failed: the peer"),
               "no refusal of the plaintext worker in %s", slog);
     snprintf(words, sizeof words, "%s --curve-keys %s", common, bad);
-    int unlisted = spawn("ps_worker", words, blog);
+    int unlisted = ps_test_spawn_words("ps_worker", words, blog);
     CHECK(unlisted > 0);
     int ru = ps_test_wait(unlisted, RUN_MS);
-    CHECK_MSG(ru != 0 && has(blog, "no hello reply within 2000 ms") &&
-                  has(blog, "check --curve-keys"),
+    CHECK_MSG(ru != 0 && ps_test_file_has(blog, "no hello reply within 2000 ms") &&
+                  ps_test_file_has(blog, "check --curve-keys"),
               "the unlisted worker exited %d without a clear error (%s)", ru, blog);
-    CHECK_MSG(has(slog, "refused CURVE client from 127.0.0.1: key ") &&
-                  has(slog, "/authorized"), "no refusal of the unlisted key in %s", slog);
+    CHECK_MSG(ps_test_file_has(slog, "refused CURVE client from 127.0.0.1: key ") &&
+                  ps_test_file_has(slog, "/authorized"),
+              "no refusal of the unlisted key in %s", slog);
     int rl = ps_test_wait(listed, RUN_MS);
     CHECK_MSG(rl == 0, "the listed worker exited %d (%s)", rl, glog);
-    CHECK(has(glog, "iter 40/40"));
+    CHECK(ps_test_file_has(glog, "iter 40/40"));
     CHECK_EQ_INT(ps_test_stop(srv, 10000), 0);
     /* and counted only the listed worker: 4 tensors, one push each per step */
     long long pushes = number_after(slog, "stopped:", "stopped: ");
     CHECK_MSG(pushes == STEPS * 4, "the server counted %lld pushes; the listed worker made %d",
               pushes, STEPS * 4);
-    CHECK(has(slog, "1 of 1 workers said hello"));
+    CHECK(ps_test_file_has(slog, "1 of 1 workers said hello"));
     long long refused = number_after(slog, "stopped:", "workers said hello, ");
     CHECK_MSG(refused >= 2, "%lld CURVE handshakes refused", refused);
 }

@@ -12,131 +12,13 @@
 #include "ps_error.h"
 #include "ps_proto.h"
 #include "ps_test.h"
+#include "ps_test_server.h"
 #include "server.h"
 #include "shard.h"
 
-#define RPC_MS 5000  /* bound on every wait for a reply that must come */
 #define QUIET_MS 250 /* how long "no reply yet" is watched */
 
-/* ---------------- helpers: server process and raw DEALER ---------------- */
-
-static void *g_ctx;
-static void *zctx(void)
-{
-    if (!g_ctx)
-        g_ctx = zmq_ctx_new();
-    return g_ctx;
-}
-
-typedef struct server {
-    int pid, port;
-    char log[512];
-} server;
-
-#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
-
-static int server_start(server *sv, const char *const *args)
-{
-    static int count;
-    char bind[64], bin[256];
-    sv->port = ps_test_free_port();
-    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", sv->port);
-    char *argv[64];
-    int n = 0;
-    argv[n++] = (char *)ps_test_bin("ps_server", bin, sizeof bin);
-    argv[n++] = "--bind";
-    argv[n++] = bind;
-    for (; args && *args && n < 62; args++)
-        argv[n++] = (char *)*args;
-    argv[n] = NULL;
-    snprintf(sv->log, sizeof sv->log, "%s/server%d.log", ps_test_tmpdir(), count++);
-    sv->pid = ps_test_spawn(argv, sv->log);
-    return sv->pid > 0 ? 0 : -1;
-}
-
-static void *dealer(const server *sv)
-{
-    void *s = zmq_socket(zctx(), ZMQ_DEALER);
-    int zero = 0, ivl = 10; /* reconnect fast: the server may still be starting */
-    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
-    char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", sv->port);
-    zmq_connect(s, ep);
-    return s;
-}
-
-static ps_header mk(uint32_t type, int rank, uint64_t seq, uint64_t key, uint32_t chunk,
-                    int64_t step)
-{
-    ps_header h;
-    ps_header_init(&h, type);
-    h.rank = rank;
-    h.seq = seq;
-    h.key = key;
-    h.chunk = chunk;
-    h.step = step;
-    return h;
-}
-
-static int send_hdr(void *s, const ps_header *h, const float *payload, size_t n)
-{
-    char buf[PS_HEADER_MAX];
-    size_t len;
-    ps_header c = *h;
-    if (payload) {
-        c.count = n;
-        c.dtype = PS_DTYPE_F32;
-    }
-    if (ps_proto_encode(&c, buf, sizeof buf, &len) != 0)
-        return -1;
-    if (zmq_send(s, buf, len, payload ? ZMQ_SNDMORE : 0) < 0)
-        return -1;
-    if (payload && zmq_send(s, payload, n * sizeof(float), 0) < 0)
-        return -1;
-    return 0;
-}
-
-/* 0: a reply (decoded into h, payload into out); 1: none within timeout_ms;
- * -1: a reply that does not decode. */
-static int recv_hdr(void *s, int timeout_ms, ps_header *h, float *out, size_t cap, size_t *got)
-{
-    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
-    if (got)
-        *got = 0;
-    if (zmq_poll(&it, 1, timeout_ms) <= 0)
-        return 1;
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, s, 0) < 0) {
-        zmq_msg_close(&m);
-        return -1;
-    }
-    int rc = ps_proto_decode(zmq_msg_data(&m), zmq_msg_size(&m), h, NULL, 0) ? -1 : 0;
-    int more = zmq_msg_more(&m);
-    zmq_msg_close(&m);
-    while (more) {
-        zmq_msg_init(&m);
-        zmq_msg_recv(&m, s, 0);
-        size_t bytes = zmq_msg_size(&m);
-        if (out && bytes <= cap * sizeof(float)) {
-            memcpy(out, zmq_msg_data(&m), bytes);
-            if (got)
-                *got = bytes / sizeof(float);
-        }
-        more = zmq_msg_more(&m);
-        zmq_msg_close(&m);
-    }
-    return rc;
-}
-
-static int rpc(void *s, const ps_header *h, const float *payload, size_t n, ps_header *r,
-               float *out, size_t cap, size_t *got)
-{
-    if (send_hdr(s, h, payload, n) != 0)
-        return -1;
-    return recv_hdr(s, RPC_MS, r, out, cap, got);
-}
+/* ---------------- helpers ---------------- */
 
 static ps_hello hello_cfg(int mode, int nw, int opt, float lr)
 {
@@ -158,35 +40,17 @@ static ps_hello hello_cfg(int mode, int nw, int opt, float lr)
 
 static int hello_with(void *s, int rank, const ps_hello *cfg, ps_header *r)
 {
-    ps_header h = mk(PS_MSG_HELLO, rank, 1000 + (uint64_t)rank, 0, 0, 0);
+    ps_header h = ps_test_header(PS_MSG_HELLO, rank, 1000 + (uint64_t)rank, 0, 0, 0);
     h.hello = *cfg;
-    return rpc(s, &h, NULL, 0, r, NULL, 0, NULL);
+    return ps_test_rpc(s, &h, NULL, 0, r, NULL, 0, NULL);
 }
 
-/* hello without an optimizer check; 0 when accepted */
-static int hello_ok(void *s, int rank, int mode, int nw, int stal)
+static int shutdown_server(const ps_test_server *sv, void *s)
 {
-    ps_hello c = hello_cfg(mode, nw, PS_OPT_NONE, 0);
-    c.max_staleness = stal;
-    ps_header r;
-    return hello_with(s, rank, &c, &r) == 0 && r.type == PS_MSG_HELLO ? 0 : -1;
-}
-
-static int stats_of(void *s, ps_stats *st)
-{
-    ps_header h = mk(PS_MSG_STATS, -1, 77, 0, 0, 0), r;
-    if (rpc(s, &h, NULL, 0, &r, NULL, 0, NULL) != 0 || r.type != PS_MSG_STATS)
+    ps_header h = ps_test_header(PS_MSG_SHUTDOWN, -1, 99, 0, 0, 0), r;
+    if (ps_test_rpc(s, &h, NULL, 0, &r, NULL, 0, NULL) != 0 || r.type != PS_MSG_SHUTDOWN)
         return -1;
-    *st = r.stats;
-    return 0;
-}
-
-static int shutdown_server(server *sv, void *s)
-{
-    ps_header h = mk(PS_MSG_SHUTDOWN, -1, 99, 0, 0, 0), r;
-    if (rpc(s, &h, NULL, 0, &r, NULL, 0, NULL) != 0 || r.type != PS_MSG_SHUTDOWN)
-        return -1;
-    return ps_test_wait(sv->pid, RPC_MS);
+    return ps_test_wait(sv->pid, PS_TEST_RPC_MS);
 }
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
@@ -202,20 +66,19 @@ static float frand(void)
 
 PS_TEST(async_push_applied_on_arrival_and_pull_returns_exact_values)
 {
-    server sv;
-    CHECK_OK(server_start(&sv, ARGS("--num-workers", "2", "--mode", "async", "--lr", "0.5",
-                                    "--quiet")));
-    void *a = dealer(&sv), *b = dealer(&sv);
-    CHECK_OK(hello_ok(a, 0, PS_MODE_ASYNC, 2, -1));
-    CHECK_OK(hello_ok(b, 1, PS_MODE_ASYNC, 2, -1));
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --mode async --lr 0.5 --quiet"));
+    void *a = ps_test_dealer(sv.port), *b = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(a, 0, PS_MODE_ASYNC, 2, -1));
+    CHECK_OK(ps_test_hello(b, 1, PS_MODE_ASYNC, 2, -1));
     enum { N = 37 };
     float w[N], g[N], out[N], exp[N];
     for (int i = 0; i < N; i++)
         w[i] = frand();
-    ps_header h = mk(PS_MSG_INIT, 0, 1, 42, 3, 0), r;
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 42, 3, 0), r;
     h.total = N;
     size_t got;
-    CHECK_OK(rpc(a, &h, w, N, &r, NULL, 0, NULL));
+    CHECK_OK(ps_test_rpc(a, &h, w, N, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_INIT);
     CHECK_EQ_INT(r.seq, 1);
     CHECK_EQ_INT(r.step, 0);
@@ -225,15 +88,15 @@ PS_TEST(async_push_applied_on_arrival_and_pull_returns_exact_values)
     for (int k = 0; k < 3; k++) {
         for (int i = 0; i < N; i++)
             g[i] = frand();
-        h = mk(PS_MSG_PUSH, rank[k], 10 + (uint64_t)k, 42, 3, step[k]);
-        CHECK_OK(rpc(who[k], &h, g, N, &r, NULL, 0, NULL));
+        h = ps_test_header(PS_MSG_PUSH, rank[k], 10 + (uint64_t)k, 42, 3, step[k]);
+        CHECK_OK(ps_test_rpc(who[k], &h, g, N, &r, NULL, 0, NULL));
         CHECK_EQ_INT(r.type, PS_MSG_PUSH);
         CHECK_EQ_INT(r.seq, 10 + k);
         CHECK_EQ_INT(r.step, k + 1);
         for (int i = 0; i < N; i++)
             w[i] = w[i] - 0.5f * (g[i] + 0.0f * w[i]);
-        h = mk(PS_MSG_PULL, rank[k], 20 + (uint64_t)k, 42, 3, 0);
-        CHECK_OK(rpc(who[(k + 1) % 3], &h, NULL, 0, &r, out, N, &got));
+        h = ps_test_header(PS_MSG_PULL, rank[k], 20 + (uint64_t)k, 42, 3, 0);
+        CHECK_OK(ps_test_rpc(who[(k + 1) % 3], &h, NULL, 0, &r, out, N, &got));
         CHECK_EQ_INT(r.type, PS_MSG_PULL);
         CHECK_EQ_INT(r.step, k + 1);
         CHECK_EQ_INT(r.count, N);
@@ -242,12 +105,12 @@ PS_TEST(async_push_applied_on_arrival_and_pull_returns_exact_values)
         CHECK(memcmp(out, exp, sizeof out) == 0);
     }
     /* a push below the worker's clock is a duplicate: acked, not applied */
-    h = mk(PS_MSG_PUSH, 0, 30, 42, 3, 1);
-    CHECK_OK(rpc(a, &h, g, N, &r, NULL, 0, NULL));
+    h = ps_test_header(PS_MSG_PUSH, 0, 30, 42, 3, 1);
+    CHECK_OK(ps_test_rpc(a, &h, g, N, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_PUSH);
     CHECK_EQ_INT(r.step, 3);
     ps_stats st;
-    CHECK_OK(stats_of(a, &st));
+    CHECK_OK(ps_test_stats(sv.port, &st));
     CHECK_EQ_INT(st.dup_dropped, 1);
     CHECK_EQ_INT(st.updates, 3);
     CHECK_EQ_INT(st.pushes, 4);
@@ -266,21 +129,20 @@ PS_TEST(async_push_applied_on_arrival_and_pull_returns_exact_values)
 
 PS_TEST(sync_pull_waits_for_all_workers_then_mean_in_rank_order)
 {
-    server sv;
-    CHECK_OK(server_start(&sv, ARGS("--num-workers", "3", "--mode", "sync", "--lr", "0.25",
-                                    "--quiet")));
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 3 --mode sync --lr 0.25 --quiet"));
     void *d[3];
     for (int k = 0; k < 3; k++) {
-        d[k] = dealer(&sv);
-        CHECK_OK(hello_ok(d[k], k, PS_MODE_SYNC, 3, 0));
+        d[k] = ps_test_dealer(sv.port);
+        CHECK_OK(ps_test_hello(d[k], k, PS_MODE_SYNC, 3, 0));
     }
     enum { N = 64 };
     float w[N], g[3][N], out[N];
     for (int i = 0; i < N; i++)
         w[i] = frand();
-    ps_header h = mk(PS_MSG_INIT, 1, 1, 5, 0, 0), r;
+    ps_header h = ps_test_header(PS_MSG_INIT, 1, 1, 5, 0, 0), r;
     h.total = N;
-    CHECK_OK(rpc(d[1], &h, w, N, &r, NULL, 0, NULL));
+    CHECK_OK(ps_test_rpc(d[1], &h, w, N, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_INIT);
     for (int round = 0; round < 2; round++) {
         /* magnitudes far apart, so another summation order gives other bits */
@@ -288,21 +150,21 @@ PS_TEST(sync_pull_waits_for_all_workers_then_mean_in_rank_order)
             for (int i = 0; i < N; i++)
                 g[k][i] = frand() * (k == 1 ? 1e-3f : 1e4f);
         /* worker 0 asks for version round+1: no answer until the round is done */
-        h = mk(PS_MSG_PULL, 0, 50, 5, 0, round + 1);
-        CHECK_OK(send_hdr(d[0], &h, NULL, 0));
+        h = ps_test_header(PS_MSG_PULL, 0, 50, 5, 0, round + 1);
+        CHECK_OK(ps_test_send(d[0], &h, NULL, 0));
         size_t got;
-        CHECK_EQ_INT(recv_hdr(d[0], QUIET_MS, &r, out, N, &got), 1);
+        CHECK_EQ_INT(ps_test_recv(d[0], QUIET_MS, &r, out, N, &got), 1);
         int order[3] = {2, 0, 1}; /* rank 2 first: the sum must still go 0, 1, 2 */
         for (int j = 0; j < 3; j++) {
             int k = order[j];
-            h = mk(PS_MSG_PUSH, k, 60 + (uint64_t)k, 5, 0, round);
-            CHECK_OK(rpc(d[k], &h, g[k], N, &r, NULL, 0, NULL));
+            h = ps_test_header(PS_MSG_PUSH, k, 60 + (uint64_t)k, 5, 0, round);
+            CHECK_OK(ps_test_rpc(d[k], &h, g[k], N, &r, NULL, 0, NULL));
             CHECK_EQ_INT(r.type, PS_MSG_PUSH);
             CHECK_EQ_INT(r.step, j < 2 ? round : round + 1);
             if (j < 2)
-                CHECK_EQ_INT(recv_hdr(d[0], 50, &r, out, N, &got), 1);
+                CHECK_EQ_INT(ps_test_recv(d[0], 50, &r, out, N, &got), 1);
         }
-        CHECK_OK(recv_hdr(d[0], RPC_MS, &r, out, N, &got));
+        CHECK_OK(ps_test_recv(d[0], PS_TEST_RPC_MS, &r, out, N, &got));
         CHECK_EQ_INT(r.type, PS_MSG_PULL);
         CHECK_EQ_INT(r.seq, 50);
         CHECK_EQ_INT(r.step, round + 1);
@@ -321,8 +183,8 @@ PS_TEST(sync_pull_waits_for_all_workers_then_mean_in_rank_order)
         for (int i = 0; i < N; i++)
             g[k][i] = frand();
     for (int k = 2; k >= 0; k--) {
-        h = mk(PS_MSG_PUSHPULL, k, 70 + (uint64_t)k, 5, 0, 2);
-        CHECK_OK(send_hdr(d[k], &h, g[k], N));
+        h = ps_test_header(PS_MSG_PUSHPULL, k, 70 + (uint64_t)k, 5, 0, 2);
+        CHECK_OK(ps_test_send(d[k], &h, g[k], N));
     }
     for (int i = 0; i < N; i++) {
         float sum = g[0][i];
@@ -332,7 +194,7 @@ PS_TEST(sync_pull_waits_for_all_workers_then_mean_in_rank_order)
     }
     for (int k = 0; k < 3; k++) {
         size_t got;
-        CHECK_OK(recv_hdr(d[k], RPC_MS, &r, out, N, &got));
+        CHECK_OK(ps_test_recv(d[k], PS_TEST_RPC_MS, &r, out, N, &got));
         CHECK_EQ_INT(r.type, PS_MSG_PUSHPULL);
         CHECK_EQ_INT(r.seq, 70 + k);
         CHECK_EQ_INT(r.step, 3);
@@ -345,48 +207,47 @@ PS_TEST(sync_pull_waits_for_all_workers_then_mean_in_rank_order)
 
 PS_TEST(sync_duplicate_push_dropped_and_counted_future_push_refused)
 {
-    server sv;
-    CHECK_OK(server_start(&sv, ARGS("--num-workers", "2", "--mode", "sync", "--lr", "1",
-                                    "--quiet")));
-    void *a = dealer(&sv), *b = dealer(&sv);
-    CHECK_OK(hello_ok(a, 0, PS_MODE_SYNC, 2, 0));
-    CHECK_OK(hello_ok(b, 1, PS_MODE_SYNC, 2, 0));
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --mode sync --lr 1 --quiet"));
+    void *a = ps_test_dealer(sv.port), *b = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(a, 0, PS_MODE_SYNC, 2, 0));
+    CHECK_OK(ps_test_hello(b, 1, PS_MODE_SYNC, 2, 0));
     float w[4] = {1, 2, 3, 4}, g0[4] = {1, 1, 1, 1}, g1[4] = {3, 3, 3, 3};
     float junk[4] = {100, 100, 100, 100};
     float out[4];
-    ps_header h = mk(PS_MSG_INIT, 0, 1, 9, 0, 0), r;
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 9, 0, 0), r;
     h.total = 4;
-    CHECK_OK(rpc(a, &h, w, 4, &r, NULL, 0, NULL));
-    h = mk(PS_MSG_PUSH, 0, 2, 9, 0, 0);
-    CHECK_OK(rpc(a, &h, g0, 4, &r, NULL, 0, NULL));
+    CHECK_OK(ps_test_rpc(a, &h, w, 4, &r, NULL, 0, NULL));
+    h = ps_test_header(PS_MSG_PUSH, 0, 2, 9, 0, 0);
+    CHECK_OK(ps_test_rpc(a, &h, g0, 4, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_PUSH);
     /* same rank, same round: a duplicate (a resend), acknowledged, not applied */
-    h = mk(PS_MSG_PUSH, 0, 3, 9, 0, 0);
-    CHECK_OK(rpc(a, &h, junk, 4, &r, NULL, 0, NULL));
+    h = ps_test_header(PS_MSG_PUSH, 0, 3, 9, 0, 0);
+    CHECK_OK(ps_test_rpc(a, &h, junk, 4, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_PUSH);
     CHECK_EQ_INT(r.step, 0);
     /* a round that is not open yet is refused */
-    h = mk(PS_MSG_PUSH, 0, 4, 9, 0, 5);
-    CHECK_OK(rpc(a, &h, junk, 4, &r, NULL, 0, NULL));
+    h = ps_test_header(PS_MSG_PUSH, 0, 4, 9, 0, 5);
+    CHECK_OK(ps_test_rpc(a, &h, junk, 4, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_ERROR);
     CHECK_EQ_INT(r.err_code, PS_ESTATE);
     CHECK_EQ_INT(r.seq, 4);
-    h = mk(PS_MSG_PUSH, 1, 5, 9, 0, 0);
-    CHECK_OK(rpc(b, &h, g1, 4, &r, NULL, 0, NULL));
+    h = ps_test_header(PS_MSG_PUSH, 1, 5, 9, 0, 0);
+    CHECK_OK(ps_test_rpc(b, &h, g1, 4, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.step, 1);
     /* a step below the version: duplicate again */
-    h = mk(PS_MSG_PUSH, 1, 6, 9, 0, 0);
-    CHECK_OK(rpc(b, &h, junk, 4, &r, NULL, 0, NULL));
+    h = ps_test_header(PS_MSG_PUSH, 1, 6, 9, 0, 0);
+    CHECK_OK(ps_test_rpc(b, &h, junk, 4, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_PUSH);
     CHECK_EQ_INT(r.step, 1);
-    h = mk(PS_MSG_PULL, 1, 7, 9, 0, 1);
+    h = ps_test_header(PS_MSG_PULL, 1, 7, 9, 0, 1);
     size_t got;
-    CHECK_OK(rpc(b, &h, NULL, 0, &r, out, 4, &got));
+    CHECK_OK(ps_test_rpc(b, &h, NULL, 0, &r, out, 4, &got));
     CHECK_EQ_INT(r.step, 1);
     for (int i = 0; i < 4; i++)
         CHECK(out[i] == w[i] - 1.0f * ((g0[i] + g1[i]) / 2.0f)); /* = w - 2 */
     ps_stats st;
-    CHECK_OK(stats_of(a, &st));
+    CHECK_OK(ps_test_stats(sv.port, &st));
     CHECK_EQ_INT(st.dup_dropped, 2);
     CHECK_EQ_INT(st.updates, 1);
     CHECK_EQ_INT(st.errors, 1);
@@ -398,37 +259,37 @@ PS_TEST(sync_duplicate_push_dropped_and_counted_future_push_refused)
 
 PS_TEST(ssp_pull_waits_for_the_slowest_worker)
 {
-    server sv;
-    CHECK_OK(server_start(&sv, ARGS("--num-workers", "2", "--mode", "async", "--max-staleness",
-                                    "1", "--quiet")));
-    void *a = dealer(&sv), *b = dealer(&sv);
-    CHECK_OK(hello_ok(a, 0, PS_MODE_ASYNC, 2, 1));
-    CHECK_OK(hello_ok(b, 1, PS_MODE_ASYNC, 2, 1));
+    ps_test_server sv;
+    CHECK_OK(
+        ps_test_server_start(&sv, 1, "--num-workers 2 --mode async --max-staleness 1 --quiet"));
+    void *a = ps_test_dealer(sv.port), *b = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(a, 0, PS_MODE_ASYNC, 2, 1));
+    CHECK_OK(ps_test_hello(b, 1, PS_MODE_ASYNC, 2, 1));
     float w[3] = {0, 0, 0}, g[3] = {1, 1, 1}, out[3];
-    ps_header h = mk(PS_MSG_INIT, 0, 1, 1, 0, 0), r;
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 1, 0, 0), r;
     h.total = 3;
-    CHECK_OK(rpc(a, &h, w, 3, &r, NULL, 0, NULL));
+    CHECK_OK(ps_test_rpc(a, &h, w, 3, &r, NULL, 0, NULL));
     for (int t = 0; t < 3; t++) {
-        h = mk(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 1, 0, t);
-        CHECK_OK(rpc(a, &h, g, 3, &r, NULL, 0, NULL));
+        h = ps_test_header(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 1, 0, t);
+        CHECK_OK(ps_test_rpc(a, &h, g, 3, &r, NULL, 0, NULL));
         CHECK_EQ_INT(r.step, t + 1);
     }
     size_t got;
     /* t = 1: slowest clock 0 >= 1 - 1, answered at once */
-    h = mk(PS_MSG_PULL, 0, 20, 1, 0, 1);
-    CHECK_OK(rpc(a, &h, NULL, 0, &r, out, 3, &got));
+    h = ps_test_header(PS_MSG_PULL, 0, 20, 1, 0, 1);
+    CHECK_OK(ps_test_rpc(a, &h, NULL, 0, &r, out, 3, &got));
     CHECK_EQ_INT(r.type, PS_MSG_PULL);
     /* t = 3 needs worker 1 at clock 2 */
-    h = mk(PS_MSG_PULL, 0, 21, 1, 0, 3);
-    CHECK_OK(send_hdr(a, &h, NULL, 0));
-    CHECK_EQ_INT(recv_hdr(a, QUIET_MS, &r, out, 3, &got), 1);
-    h = mk(PS_MSG_PUSH, 1, 30, 1, 0, 0);
-    CHECK_OK(rpc(b, &h, g, 3, &r, NULL, 0, NULL));
-    CHECK_EQ_INT(recv_hdr(a, 100, &r, out, 3, &got), 1);
-    h = mk(PS_MSG_PUSH, 1, 31, 1, 0, 1);
-    CHECK_OK(rpc(b, &h, g, 3, &r, NULL, 0, NULL));
+    h = ps_test_header(PS_MSG_PULL, 0, 21, 1, 0, 3);
+    CHECK_OK(ps_test_send(a, &h, NULL, 0));
+    CHECK_EQ_INT(ps_test_recv(a, QUIET_MS, &r, out, 3, &got), 1);
+    h = ps_test_header(PS_MSG_PUSH, 1, 30, 1, 0, 0);
+    CHECK_OK(ps_test_rpc(b, &h, g, 3, &r, NULL, 0, NULL));
+    CHECK_EQ_INT(ps_test_recv(a, 100, &r, out, 3, &got), 1);
+    h = ps_test_header(PS_MSG_PUSH, 1, 31, 1, 0, 1);
+    CHECK_OK(ps_test_rpc(b, &h, g, 3, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.step, 5);
-    CHECK_OK(recv_hdr(a, RPC_MS, &r, out, 3, &got));
+    CHECK_OK(ps_test_recv(a, PS_TEST_RPC_MS, &r, out, 3, &got));
     CHECK_EQ_INT(r.type, PS_MSG_PULL);
     CHECK_EQ_INT(r.seq, 21);
     CHECK_EQ_INT(r.step, 5);
@@ -443,10 +304,10 @@ PS_TEST(ssp_pull_waits_for_the_slowest_worker)
 
 PS_TEST(hello_mismatch_refused_naming_both_values)
 {
-    server sv;
-    CHECK_OK(server_start(&sv, ARGS("--num-workers", "2", "--mode", "sync", "--optimizer",
-                                    "momentum", "--lr", "0.05", "--quiet")));
-    void *s = dealer(&sv);
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --mode sync --optimizer momentum "
+                                          "--lr 0.05 --quiet"));
+    void *s = ps_test_dealer(sv.port);
     ps_header r;
     struct {
         ps_hello cfg;
@@ -476,8 +337,8 @@ PS_TEST(hello_mismatch_refused_naming_both_values)
     }
     /* refused hellos do not count: a push is still "before hello" */
     float v[2] = {1, 2};
-    ps_header h = mk(PS_MSG_INIT, 0, 5, 1, 0, 0);
-    CHECK_OK(rpc(s, &h, v, 2, &r, NULL, 0, NULL));
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 5, 1, 0, 0);
+    CHECK_OK(ps_test_rpc(s, &h, v, 2, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.err_code, PS_ESTATE);
     /* a matching hello (optimizer named) gets the server's config back */
     ps_hello ok = hello_cfg(PS_MODE_SYNC, 2, PS_OPT_MOMENTUM, 0.05f);
@@ -492,7 +353,7 @@ PS_TEST(hello_mismatch_refused_naming_both_values)
     CHECK(r.hello.opt.lr == 0.05f);
     CHECK_EQ_INT(r.hello.model_fp, 0x1234);
     /* the first fingerprint accepted sticks */
-    void *s2 = dealer(&sv);
+    void *s2 = ps_test_dealer(sv.port);
     ps_hello other = hello_cfg(PS_MODE_SYNC, 2, PS_OPT_NONE, 0);
     other.model_fp = 0x9999;
     CHECK_OK(hello_with(s2, 1, &other, &r));
@@ -505,40 +366,40 @@ PS_TEST(hello_mismatch_refused_naming_both_values)
 
 PS_TEST(barrier_answers_when_every_worker_arrived)
 {
-    server sv;
-    CHECK_OK(server_start(&sv, ARGS("--num-workers", "3", "--quiet")));
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 3 --quiet"));
     void *d[3];
     for (int k = 0; k < 3; k++) {
-        d[k] = dealer(&sv);
-        CHECK_OK(hello_ok(d[k], k, PS_MODE_ASYNC, 3, -1));
+        d[k] = ps_test_dealer(sv.port);
+        CHECK_OK(ps_test_hello(d[k], k, PS_MODE_ASYNC, 3, -1));
     }
     ps_header h, r;
     for (int k = 0; k < 2; k++) {
-        h = mk(PS_MSG_BARRIER, k, 40 + (uint64_t)k, 0, 0, 7);
-        CHECK_OK(send_hdr(d[k], &h, NULL, 0));
+        h = ps_test_header(PS_MSG_BARRIER, k, 40 + (uint64_t)k, 0, 0, 7);
+        CHECK_OK(ps_test_send(d[k], &h, NULL, 0));
     }
     /* a second barrier id in flight does not disturb the first */
-    h = mk(PS_MSG_BARRIER, 0, 49, 0, 0, 8);
-    CHECK_OK(send_hdr(d[0], &h, NULL, 0));
-    CHECK_EQ_INT(recv_hdr(d[0], QUIET_MS, &r, NULL, 0, NULL), 1);
-    CHECK_EQ_INT(recv_hdr(d[1], 10, &r, NULL, 0, NULL), 1);
-    h = mk(PS_MSG_BARRIER, 2, 42, 0, 0, 7);
-    CHECK_OK(send_hdr(d[2], &h, NULL, 0));
+    h = ps_test_header(PS_MSG_BARRIER, 0, 49, 0, 0, 8);
+    CHECK_OK(ps_test_send(d[0], &h, NULL, 0));
+    CHECK_EQ_INT(ps_test_recv(d[0], QUIET_MS, &r, NULL, 0, NULL), 1);
+    CHECK_EQ_INT(ps_test_recv(d[1], 10, &r, NULL, 0, NULL), 1);
+    h = ps_test_header(PS_MSG_BARRIER, 2, 42, 0, 0, 7);
+    CHECK_OK(ps_test_send(d[2], &h, NULL, 0));
     for (int k = 0; k < 3; k++) {
-        CHECK_OK(recv_hdr(d[k], RPC_MS, &r, NULL, 0, NULL));
+        CHECK_OK(ps_test_recv(d[k], PS_TEST_RPC_MS, &r, NULL, 0, NULL));
         CHECK_EQ_INT(r.type, PS_MSG_BARRIER);
         CHECK_EQ_INT(r.seq, 40 + k);
         CHECK_EQ_INT(r.step, 7);
     }
-    CHECK_EQ_INT(recv_hdr(d[0], 50, &r, NULL, 0, NULL), 1); /* barrier 8 still open */
+    CHECK_EQ_INT(ps_test_recv(d[0], 50, &r, NULL, 0, NULL), 1); /* barrier 8 still open */
     /* heartbeat is answered by the I/O thread at once */
-    h = mk(PS_MSG_HEARTBEAT, 1, 55, 0, 0, 0);
-    CHECK_OK(rpc(d[1], &h, NULL, 0, &r, NULL, 0, NULL));
+    h = ps_test_header(PS_MSG_HEARTBEAT, 1, 55, 0, 0, 0);
+    CHECK_OK(ps_test_rpc(d[1], &h, NULL, 0, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_HEARTBEAT);
     CHECK_EQ_INT(r.seq, 55);
     /* shutdown answers the open barrier with PS_ECLOSED */
     CHECK_EQ_INT(shutdown_server(&sv, d[2]), 0);
-    CHECK_OK(recv_hdr(d[0], RPC_MS, &r, NULL, 0, NULL));
+    CHECK_OK(ps_test_recv(d[0], PS_TEST_RPC_MS, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_ERROR);
     CHECK_EQ_INT(r.err_code, PS_ECLOSED);
     CHECK_EQ_INT(r.seq, 49);
@@ -561,25 +422,27 @@ static size_t total_elems(void)
 
 static int workload(const char *threads, float *out)
 {
-    server sv;
-    if (server_start(&sv, ARGS("--num-workers", "2", "--mode", "sync", "--optimizer", "nesterov",
-                               "--lr", "0.1", "--momentum", "0.8", "--weight-decay", "0.01",
-                               "--threads", threads, "--quiet")) != 0)
+    ps_test_server sv;
+    char flags[256];
+    snprintf(flags, sizeof flags, "--num-workers 2 --mode sync --optimizer nesterov --lr 0.1 "
+             "--momentum 0.8 --weight-decay 0.01 --threads %s --quiet", threads);
+    if (ps_test_server_start(&sv, 1, flags) != 0)
         return -1;
-    void *d[2] = {dealer(&sv), dealer(&sv)};
+    void *d[2] = {ps_test_dealer(sv.port), ps_test_dealer(sv.port)};
     int rc = -1;
     float buf[1000];
     ps_header h, r;
     uint64_t rng = 12345;
-    if (hello_ok(d[0], 0, PS_MODE_SYNC, 2, 0) || hello_ok(d[1], 1, PS_MODE_SYNC, 2, 0))
+    if (ps_test_hello(d[0], 0, PS_MODE_SYNC, 2, 0) || ps_test_hello(d[1], 1, PS_MODE_SYNC, 2, 0))
         goto out;
     for (int k = 0; k < NKEYS; k++)
         for (int c = 0; c < NCH; c++) {
             for (size_t i = 0; i < g_sizes[k]; i++)
                 buf[i] = (float)(k + 1) * 0.1f + (float)i * 0.001f - (float)c;
-            h = mk(PS_MSG_INIT, k % 2, 1, 100 + (uint64_t)k, (uint32_t)c, 0);
+            h = ps_test_header(PS_MSG_INIT, k % 2, 1, 100 + (uint64_t)k, (uint32_t)c, 0);
             h.total = g_sizes[k] * NCH;
-            if (rpc(d[k % 2], &h, buf, g_sizes[k], &r, NULL, 0, NULL) || r.type != PS_MSG_INIT)
+            if (ps_test_rpc(d[k % 2], &h, buf, g_sizes[k], &r, NULL, 0, NULL) ||
+                r.type != PS_MSG_INIT)
                 goto out;
         }
     for (int t = 0; t < 4; t++)
@@ -590,17 +453,17 @@ static int workload(const char *threads, float *out)
                         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
                         buf[i] = (float)(int64_t)(rng >> 40) / (float)(1 << 22) - 1.0f;
                     }
-                    h = mk(PS_MSG_PUSH, w, 2, 100 + (uint64_t)k, (uint32_t)c, t);
-                    if (rpc(d[w], &h, buf, g_sizes[k], &r, NULL, 0, NULL) ||
+                    h = ps_test_header(PS_MSG_PUSH, w, 2, 100 + (uint64_t)k, (uint32_t)c, t);
+                    if (ps_test_rpc(d[w], &h, buf, g_sizes[k], &r, NULL, 0, NULL) ||
                         r.type != PS_MSG_PUSH)
                         goto out;
                 }
     size_t o = 0, got;
     for (int k = 0; k < NKEYS; k++)
         for (int c = 0; c < NCH; c++) {
-            h = mk(PS_MSG_PULL, 0, 3, 100 + (uint64_t)k, (uint32_t)c, 4);
-            if (rpc(d[0], &h, NULL, 0, &r, out + o, g_sizes[k], &got) || r.type != PS_MSG_PULL ||
-                got != g_sizes[k] || r.step != 4)
+            h = ps_test_header(PS_MSG_PULL, 0, 3, 100 + (uint64_t)k, (uint32_t)c, 4);
+            if (ps_test_rpc(d[0], &h, NULL, 0, &r, out + o, g_sizes[k], &got) ||
+                r.type != PS_MSG_PULL || got != g_sizes[k] || r.step != 4)
                 goto out;
             o += got;
         }
@@ -633,26 +496,26 @@ PS_TEST(two_update_threads_give_the_same_weights_as_one)
 
 PS_TEST(init_beyond_max_memory_refused_with_etoobig)
 {
-    server sv;
-    CHECK_OK(server_start(&sv, ARGS("--max-memory", "64K", "--optimizer", "adam", "--quiet")));
-    void *s = dealer(&sv);
-    CHECK_OK(hello_ok(s, 0, PS_MODE_ASYNC, 1, -1));
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--max-memory 64K --optimizer adam --quiet"));
+    void *s = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 1, -1));
     static float v[8192];
-    ps_header h = mk(PS_MSG_INIT, 0, 1, 1, 0, 0), r;
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 1, 0, 0), r;
     /* 1000 floats x 3 arrays (weights, m, v) fit in 64 KiB */
-    CHECK_OK(rpc(s, &h, v, 1000, &r, NULL, 0, NULL));
+    CHECK_OK(ps_test_rpc(s, &h, v, 1000, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_INIT);
     h.chunk = 1;
-    CHECK_OK(rpc(s, &h, v, 8192, &r, NULL, 0, NULL)); /* 96 KiB of state */
+    CHECK_OK(ps_test_rpc(s, &h, v, 8192, &r, NULL, 0, NULL)); /* 96 KiB of state */
     CHECK_EQ_INT(r.type, PS_MSG_ERROR);
     CHECK_EQ_INT(r.err_code, PS_ETOOBIG);
     CHECK(strstr(r.err_text, "max-memory") != NULL);
     /* the refused chunk does not exist; the first one still works */
-    h = mk(PS_MSG_PUSH, 0, 2, 1, 1, 0);
-    CHECK_OK(rpc(s, &h, v, 8192, &r, NULL, 0, NULL));
+    h = ps_test_header(PS_MSG_PUSH, 0, 2, 1, 1, 0);
+    CHECK_OK(ps_test_rpc(s, &h, v, 8192, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.err_code, PS_ENOTFOUND);
-    h = mk(PS_MSG_PUSH, 0, 3, 1, 0, 0);
-    CHECK_OK(rpc(s, &h, v, 1000, &r, NULL, 0, NULL));
+    h = ps_test_header(PS_MSG_PUSH, 0, 3, 1, 0, 0);
+    CHECK_OK(ps_test_rpc(s, &h, v, 1000, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_PUSH);
     CHECK_EQ_INT(shutdown_server(&sv, s), 0);
     zmq_close(s);
@@ -660,22 +523,22 @@ PS_TEST(init_beyond_max_memory_refused_with_etoobig)
 
 PS_TEST(waiting_pull_gets_eclosed_on_sigterm_and_server_exits_0)
 {
-    server sv;
-    CHECK_OK(server_start(&sv, ARGS("--num-workers", "2", "--mode", "sync", "--threads", "2")));
-    void *s = dealer(&sv);
-    CHECK_OK(hello_ok(s, 0, PS_MODE_SYNC, 2, 0));
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --mode sync --threads 2"));
+    void *s = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(s, 0, PS_MODE_SYNC, 2, 0));
     float v[3] = {1, 2, 3};
-    ps_header h = mk(PS_MSG_INIT, 0, 1, 3, 0, 0), r;
-    CHECK_OK(rpc(s, &h, v, 3, &r, NULL, 0, NULL));
-    h = mk(PS_MSG_PULL, 0, 2, 3, 0, 1);
-    CHECK_OK(send_hdr(s, &h, NULL, 0));
-    CHECK_EQ_INT(recv_hdr(s, 100, &r, NULL, 0, NULL), 1);
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 3, 0, 0), r;
+    CHECK_OK(ps_test_rpc(s, &h, v, 3, &r, NULL, 0, NULL));
+    h = ps_test_header(PS_MSG_PULL, 0, 2, 3, 0, 1);
+    CHECK_OK(ps_test_send(s, &h, NULL, 0));
+    CHECK_EQ_INT(ps_test_recv(s, 100, &r, NULL, 0, NULL), 1);
     kill(sv.pid, SIGTERM);
-    CHECK_OK(recv_hdr(s, RPC_MS, &r, NULL, 0, NULL));
+    CHECK_OK(ps_test_recv(s, PS_TEST_RPC_MS, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_ERROR);
     CHECK_EQ_INT(r.err_code, PS_ECLOSED);
     CHECK_EQ_INT(r.seq, 2);
-    CHECK_EQ_INT(ps_test_wait(sv.pid, RPC_MS), 0);
+    CHECK_EQ_INT(ps_test_wait(sv.pid, PS_TEST_RPC_MS), 0);
     zmq_close(s);
 }
 
@@ -684,29 +547,29 @@ PS_TEST(burst_of_pushes_all_applied_under_back_pressure_and_4mib_chunks_work)
     /* far more pushes than the internal queues hold: the server must pause
      * reading, not drop or block, and apply every one of them */
     enum { N = 16, CHUNKS = 4, PUSHES = 20000, BIG = 1 << 20 };
-    server sv;
-    CHECK_OK(server_start(&sv, ARGS("--optimizer", "adam", "--threads", "2", "--verbose")));
-    void *s = dealer(&sv);
-    CHECK_OK(hello_ok(s, 0, PS_MODE_ASYNC, 1, -1));
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--optimizer adam --threads 2 --verbose"));
+    void *s = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 1, -1));
     float buf[N] = {0}, out[N], expect[N] = {0}, m[N] = {0}, v[N] = {0}, ones[N];
     ps_header h, r;
     for (uint32_t c = 0; c < CHUNKS; c++) {
-        h = mk(PS_MSG_INIT, 0, 1, 8, c, 0);
-        CHECK_OK(rpc(s, &h, buf, N, &r, NULL, 0, NULL));
+        h = ps_test_header(PS_MSG_INIT, 0, 1, 8, c, 0);
+        CHECK_OK(ps_test_rpc(s, &h, buf, N, &r, NULL, 0, NULL));
         CHECK_EQ_INT(r.type, PS_MSG_INIT);
     }
     for (int i = 0; i < N; i++)
         ones[i] = 1.0f;
     int acks = 0, bad = 0;
     for (int i = 0; i < PUSHES; i++) {
-        h = mk(PS_MSG_PUSH, 0, (uint64_t)i, 8, (uint32_t)(i % CHUNKS), i / CHUNKS);
-        CHECK_OK(send_hdr(s, &h, ones, N));
-        while (recv_hdr(s, 0, &r, NULL, 0, NULL) == 0) {
+        h = ps_test_header(PS_MSG_PUSH, 0, (uint64_t)i, 8, (uint32_t)(i % CHUNKS), i / CHUNKS);
+        CHECK_OK(ps_test_send(s, &h, ones, N));
+        while (ps_test_recv(s, 0, &r, NULL, 0, NULL) == 0) {
             acks++;
             bad += r.type != PS_MSG_PUSH;
         }
     }
-    while (acks < PUSHES && recv_hdr(s, RPC_MS, &r, NULL, 0, NULL) == 0) {
+    while (acks < PUSHES && ps_test_recv(s, PS_TEST_RPC_MS, &r, NULL, 0, NULL) == 0) {
         acks++;
         bad += r.type != PS_MSG_PUSH;
     }
@@ -717,8 +580,8 @@ PS_TEST(burst_of_pushes_all_applied_under_back_pressure_and_4mib_chunks_work)
         ps_opt_adam(expect, m, v, ones, N, 0.01f, 0.9f, 0.999f, 1e-8f, 0.0f, t);
     size_t got;
     for (uint32_t c = 0; c < CHUNKS; c++) {
-        h = mk(PS_MSG_PULL, 0, 9, 8, c, 0);
-        CHECK_OK(rpc(s, &h, NULL, 0, &r, out, N, &got));
+        h = ps_test_header(PS_MSG_PULL, 0, 9, 8, c, 0);
+        CHECK_OK(ps_test_rpc(s, &h, NULL, 0, &r, out, N, &got));
         CHECK_EQ_INT(r.step, PUSHES / CHUNKS);
         CHECK_EQ_INT(got, N);
         CHECK(memcmp(out, expect, sizeof out) == 0);
@@ -728,14 +591,14 @@ PS_TEST(burst_of_pushes_all_applied_under_back_pressure_and_4mib_chunks_work)
     CHECK(big && bout);
     for (int i = 0; i < BIG; i++)
         big[i] = (float)i;
-    h = mk(PS_MSG_INIT, 0, 1, 9, 0, 0);
-    int ok = rpc(s, &h, big, BIG, &r, NULL, 0, NULL) == 0 && r.type == PS_MSG_INIT;
+    h = ps_test_header(PS_MSG_INIT, 0, 1, 9, 0, 0);
+    int ok = ps_test_rpc(s, &h, big, BIG, &r, NULL, 0, NULL) == 0 && r.type == PS_MSG_INIT;
     for (int k = 0; k < 2 && ok; k++) {
-        h = mk(PS_MSG_PUSH, 0, 2, 9, 0, k);
-        ok = rpc(s, &h, big, BIG, &r, NULL, 0, NULL) == 0 && r.type == PS_MSG_PUSH;
+        h = ps_test_header(PS_MSG_PUSH, 0, 2, 9, 0, k);
+        ok = ps_test_rpc(s, &h, big, BIG, &r, NULL, 0, NULL) == 0 && r.type == PS_MSG_PUSH;
     }
-    h = mk(PS_MSG_PULL, 0, 3, 9, 0, 0);
-    ok = ok && rpc(s, &h, NULL, 0, &r, bout, BIG, &got) == 0 && got == BIG && r.step == 2;
+    h = ps_test_header(PS_MSG_PULL, 0, 3, 9, 0, 0);
+    ok = ok && ps_test_rpc(s, &h, NULL, 0, &r, bout, BIG, &got) == 0 && got == BIG && r.step == 2;
     float b0 = bout[0], b1 = bout[BIG - 1];
     free(big);
     free(bout);
@@ -743,7 +606,7 @@ PS_TEST(burst_of_pushes_all_applied_under_back_pressure_and_4mib_chunks_work)
     CHECK(b0 == 0.0f);
     CHECK_NEAR(b1, (double)(BIG - 1) - 0.02, 1e-6);
     ps_stats st;
-    CHECK_OK(stats_of(s, &st));
+    CHECK_OK(ps_test_stats(sv.port, &st));
     CHECK_EQ_INT(st.updates, PUSHES + 2);
     CHECK_EQ_INT(st.errors, 0);
     CHECK_EQ_INT(st.chunks, CHUNKS + 1);
@@ -761,31 +624,6 @@ PS_TEST(burst_of_pushes_all_applied_under_back_pressure_and_4mib_chunks_work)
 
 /* ---------------- the shard store alone ---------------- */
 
-typedef struct hook_log {
-    int released, ready, cancelled;
-    float w[8];
-    int64_t version;
-} hook_log;
-
-static void t_release(void *u, void *hold)
-{
-    (void)hold;
-    ((hook_log *)u)->released++;
-}
-static void t_ready(void *u, void *waiter, const float *w, size_t n, int64_t version)
-{
-    (void)waiter;
-    hook_log *l = u;
-    l->ready++;
-    memcpy(l->w, w, (n < 8 ? n : 8) * sizeof(float));
-    l->version = version;
-}
-static void t_cancel(void *u, void *waiter)
-{
-    (void)waiter;
-    ((hook_log *)u)->cancelled++;
-}
-
 PS_TEST(shard_sync_sum_is_rank_order_whatever_the_arrival_order)
 {
     enum { W = 4 };
@@ -800,9 +638,8 @@ PS_TEST(shard_sync_sum_is_rank_order_whatever_the_arrival_order)
     }
     static const int orders[4][W] = {{0, 1, 2, 3}, {3, 2, 1, 0}, {2, 0, 3, 1}, {1, 3, 0, 2}};
     for (int o = 0; o < 4; o++) {
-        hook_log log;
-        memset(&log, 0, sizeof log);
-        ps_shard_hooks hk = {&log, t_release, t_ready, t_cancel};
+        ps_test_hook_log log;
+        ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
         ps_shard_config sc = {PS_MODE_SYNC, 0, W, {PS_OPT_SGD, 1.0f, 0, 0, 0, 1e-8f, 0}, 1 << 20,
                               NULL};
         ps_shard *s;
@@ -837,9 +674,8 @@ PS_TEST(shard_sync_sum_is_rank_order_whatever_the_arrival_order)
 PS_TEST(shard_memory_charge_is_bounded_and_returned)
 {
     _Atomic uint64_t used = 0;
-    hook_log log;
-    memset(&log, 0, sizeof log);
-    ps_shard_hooks hk = {&log, t_release, t_ready, t_cancel};
+    ps_test_hook_log log;
+    ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
     ps_shard_config sc = {PS_MODE_ASYNC, -1, 2, {PS_OPT_ADAM, 0.1f, 0, 0.9f, 0.999f, 1e-8f, 0},
                           100000, &used};
     ps_shard *a, *b;
@@ -863,9 +699,8 @@ PS_TEST(shard_memory_charge_is_bounded_and_returned)
 
 PS_TEST(shard_destroy_cancels_queued_pulls_and_releases_kept_pushes)
 {
-    hook_log log;
-    memset(&log, 0, sizeof log);
-    ps_shard_hooks hk = {&log, t_release, t_ready, t_cancel};
+    ps_test_hook_log log;
+    ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
     ps_shard_config sc = {PS_MODE_SYNC, 0, 3, {PS_OPT_SGD, 0.1f, 0, 0, 0, 1e-8f, 0}, 1 << 20, NULL};
     ps_shard *s;
     CHECK_OK(ps_shard_create(&sc, &hk, &s));

@@ -15,90 +15,9 @@
 #include "ps_error.h"
 #include "ps_proto.h"
 #include "ps_test.h"
+#include "ps_test_server.h"
 
-#define RPC_MS 5000
-
-/* ---------------- helpers (as in test_server.c) ---------------- */
-
-static void *g_ctx;
-static void *zctx(void)
-{
-    if (!g_ctx)
-        g_ctx = zmq_ctx_new();
-    return g_ctx;
-}
-
-typedef struct server {
-    int pid, port;
-    char log[512];
-} server;
-
-#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
-
-static int spawn(server *sv, int with_bind, const char *const *args)
-{
-    static int count;
-    char bind[64], bin[256];
-    sv->port = ps_test_free_port();
-    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", sv->port);
-    char *argv[64];
-    int n = 0;
-    argv[n++] = (char *)ps_test_bin("ps_server", bin, sizeof bin);
-    if (with_bind) {
-        argv[n++] = "--bind";
-        argv[n++] = bind;
-    }
-    for (; args && *args && n < 62; args++)
-        argv[n++] = (char *)*args;
-    argv[n] = NULL;
-    snprintf(sv->log, sizeof sv->log, "%s/server%d.log", ps_test_tmpdir(), count++);
-    sv->pid = ps_test_spawn(argv, sv->log);
-    return sv->pid > 0 ? 0 : -1;
-}
-
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    while (buf && n < cap) {
-        size_t r = fread(buf + n, 1, cap - n, f);
-        if (r == 0)
-            break;
-        n += r;
-    }
-    fclose(f);
-    if (buf)
-        buf[n] = 0;
-    return buf;
-}
-
-static void *dealer(const server *sv)
-{
-    void *s = zmq_socket(zctx(), ZMQ_DEALER);
-    int zero = 0, ivl = 10; /* reconnect fast: the server may still be starting */
-    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
-    char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", sv->port);
-    zmq_connect(s, ep);
-    return s;
-}
-
-static ps_header mk(uint32_t type, int rank, uint64_t seq, uint64_t key, uint32_t chunk,
-                    int64_t step)
-{
-    ps_header h;
-    ps_header_init(&h, type);
-    h.rank = rank;
-    h.seq = seq;
-    h.key = key;
-    h.chunk = chunk;
-    h.step = step;
-    return h;
-}
+/* ---------------- helpers ---------------- */
 
 static size_t enc(const ps_header *h, char *buf)
 {
@@ -116,7 +35,9 @@ static int send_frames(void *s, int n, const void *const *data, const size_t *le
     return 0;
 }
 
-static int send_hdr(void *s, const ps_header *h, const void *payload, size_t bytes)
+/* Send h and, when not NULL, a payload of any length as it is: count and
+ * dtype are what h says, so the two may disagree. */
+static int send_raw(void *s, const ps_header *h, const void *payload, size_t bytes)
 {
     char buf[PS_HEADER_MAX];
     size_t len = enc(h, buf);
@@ -125,84 +46,34 @@ static int send_hdr(void *s, const ps_header *h, const void *payload, size_t byt
     return send_frames(s, payload ? 2 : 1, d, l);
 }
 
-static int recv_hdr(void *s, int timeout_ms, ps_header *h, float *out, size_t cap, size_t *got)
-{
-    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
-    if (got)
-        *got = 0;
-    if (zmq_poll(&it, 1, timeout_ms) <= 0)
-        return 1;
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, s, 0) < 0) {
-        zmq_msg_close(&m);
-        return -1;
-    }
-    int rc = ps_proto_decode(zmq_msg_data(&m), zmq_msg_size(&m), h, NULL, 0) ? -1 : 0;
-    int more = zmq_msg_more(&m);
-    zmq_msg_close(&m);
-    while (more) {
-        zmq_msg_init(&m);
-        zmq_msg_recv(&m, s, 0);
-        size_t bytes = zmq_msg_size(&m);
-        if (out && bytes <= cap * sizeof(float)) {
-            memcpy(out, zmq_msg_data(&m), bytes);
-            if (got)
-                *got = bytes / sizeof(float);
-        }
-        more = zmq_msg_more(&m);
-        zmq_msg_close(&m);
-    }
-    return rc;
-}
-
-static int hello(void *s, int rank, int nw)
-{
-    ps_header h = mk(PS_MSG_HELLO, rank, 1, 0, 0, 0), r;
-    h.hello.mode = PS_MODE_ASYNC;
-    h.hello.max_staleness = -1;
-    h.hello.num_workers = (uint32_t)nw;
-    h.hello.num_servers = 1;
-    h.hello.server_rank = 0;
-    if (send_hdr(s, &h, NULL, 0) || recv_hdr(s, RPC_MS, &r, NULL, 0, NULL))
-        return -1;
-    return r.type == PS_MSG_HELLO ? 0 : -1;
-}
-
 /* The next reply on s must be the heartbeat we send now: nothing came back
  * for whatever was sent before it.  0 when so. */
 static int only_heartbeat_follows(void *s, int rank, uint64_t seq)
 {
-    ps_header h = mk(PS_MSG_HEARTBEAT, rank, seq, 0, 0, 0), r;
-    if (send_hdr(s, &h, NULL, 0) || recv_hdr(s, RPC_MS, &r, NULL, 0, NULL))
+    ps_header h = ps_test_header(PS_MSG_HEARTBEAT, rank, seq, 0, 0, 0), r;
+    if (send_raw(s, &h, NULL, 0) || ps_test_recv(s, PS_TEST_RPC_MS, &r, NULL, 0, NULL))
         return -1;
     return r.type == PS_MSG_HEARTBEAT && r.seq == seq ? 0 : -1;
 }
 
 /* A correct client's whole round trip still works. */
-static int correct_client_works(const server *sv, uint64_t key)
+static int correct_client_works(const ps_test_server *sv, uint64_t key)
 {
-    void *s = dealer(sv);
+    void *s = ps_test_dealer(sv->port);
     int ok = 0;
     float w[5] = {1, 2, 3, 4, 5}, g[5] = {1, 1, 1, 1, 1}, out[5];
     ps_header h, r;
     size_t got;
-    if (hello(s, 0, 2) == 0) {
-        h = mk(PS_MSG_INIT, 0, 2, key, 0, 0);
-        h.count = 5;
-        h.dtype = PS_DTYPE_F32;
+    if (ps_test_hello(s, 0, PS_MODE_ASYNC, 2, -1) == 0) {
+        h = ps_test_header(PS_MSG_INIT, 0, 2, key, 0, 0);
         h.total = 5;
-        send_hdr(s, &h, w, sizeof w);
-        if (recv_hdr(s, RPC_MS, &r, NULL, 0, NULL) == 0 && r.type == PS_MSG_INIT) {
-            h = mk(PS_MSG_PUSH, 0, 3, key, 0, 1000000);
-            h.count = 5;
-            h.dtype = PS_DTYPE_F32;
-            send_hdr(s, &h, g, sizeof g);
-            if (recv_hdr(s, RPC_MS, &r, NULL, 0, NULL) == 0 && r.type == PS_MSG_PUSH) {
-                h = mk(PS_MSG_PULL, 0, 4, key, 0, 0);
-                send_hdr(s, &h, NULL, 0);
-                ok = recv_hdr(s, RPC_MS, &r, out, 5, &got) == 0 && r.type == PS_MSG_PULL &&
-                     got == 5 && out[0] == 1.0f - 0.01f * 1.0f && out[4] == 5.0f - 0.01f;
+        if (ps_test_rpc(s, &h, w, 5, &r, NULL, 0, NULL) == 0 && r.type == PS_MSG_INIT) {
+            h = ps_test_header(PS_MSG_PUSH, 0, 3, key, 0, 1000000);
+            if (ps_test_rpc(s, &h, g, 5, &r, NULL, 0, NULL) == 0 && r.type == PS_MSG_PUSH) {
+                h = ps_test_header(PS_MSG_PULL, 0, 4, key, 0, 0);
+                ok = ps_test_rpc(s, &h, NULL, 0, &r, out, 5, &got) == 0 &&
+                     r.type == PS_MSG_PULL && got == 5 && out[0] == 1.0f - 0.01f * 1.0f &&
+                     out[4] == 5.0f - 0.01f;
             }
         }
     }
@@ -244,29 +115,16 @@ static size_t pack(char *buf, size_t cap, const kv *f, int n)
     return len;
 }
 
-static long rss_kb(int pid)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/status", pid);
-    char *s = read_file(path);
-    if (!s)
-        return -1;
-    char *p = strstr(s, "VmRSS:");
-    long kb = p ? strtol(p + 6, NULL, 10) : -1;
-    free(s);
-    return kb;
-}
-
 /* ---------------- cases ---------------- */
 
 PS_TEST(undecodable_headers_are_dropped_without_reply)
 {
-    server sv;
-    CHECK_OK(spawn(&sv, 1, ARGS("--num-workers", "2", "--quiet")));
-    void *s = dealer(&sv);
-    CHECK_OK(hello(s, 0, 2));
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --quiet"));
+    void *s = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 2, -1));
     char good[PS_HEADER_MAX];
-    ps_header gh = mk(PS_MSG_PULL, 0, 5, 1, 0, 0);
+    ps_header gh = ps_test_header(PS_MSG_PULL, 0, 5, 1, 0, 0);
     size_t glen = enc(&gh, good);
     static char big[1 << 20];
     memset(big, 0x81, sizeof big);
@@ -303,36 +161,36 @@ PS_TEST(undecodable_headers_are_dropped_without_reply)
         CHECK_OK(only_heartbeat_follows(s, 0, 200));
     }
     CHECK_OK(correct_client_works(&sv, 77));
-    char *log = read_file(sv.log);
+    char *log = ps_test_read_file(sv.log, NULL);
     CHECK(log && strstr(log, "dropped a message with no usable header"));
     free(log);
-    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
     zmq_close(s);
 }
 
 PS_TEST(bad_requests_get_error_replies_with_the_right_code)
 {
-    server sv;
-    CHECK_OK(spawn(&sv, 1, ARGS("--num-workers", "2", "--quiet")));
-    void *s = dealer(&sv);
-    CHECK_OK(hello(s, 0, 2));
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --quiet"));
+    void *s = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 2, -1));
     ps_header r;
     char buf[PS_HEADER_MAX];
     float pay[4] = {1, 2, 3, 4};
     size_t len;
 
     /* a registered chunk to aim at */
-    ps_header h = mk(PS_MSG_INIT, 0, 1, 10, 0, 0);
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 10, 0, 0);
     h.count = 4;
     h.dtype = PS_DTYPE_F32;
     h.total = 4;
-    CHECK_OK(send_hdr(s, &h, pay, sizeof pay));
-    CHECK_OK(recv_hdr(s, RPC_MS, &r, NULL, 0, NULL));
+    CHECK_OK(send_raw(s, &h, pay, sizeof pay));
+    CHECK_OK(ps_test_recv(s, PS_TEST_RPC_MS, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_INIT);
 
 #define EXPECT_ERROR(code, seqv)                                                       \
     do {                                                                               \
-        CHECK_OK(recv_hdr(s, RPC_MS, &r, NULL, 0, NULL));                              \
+        CHECK_OK(ps_test_recv(s, PS_TEST_RPC_MS, &r, NULL, 0, NULL));                  \
         CHECK_MSG(r.type == PS_MSG_ERROR && r.err_code == (code) && r.seq == (seqv),   \
                   "expected error %d for q=%d, got type %u code %d q=%llu (%s)",       \
                   (int)(code), (int)(seqv), r.type, r.err_code,                        \
@@ -368,7 +226,7 @@ PS_TEST(bad_requests_get_error_replies_with_the_right_code)
     kv f3[] = {{"v", 'u', 2, 0, 0}, {"t", 'u', 4, 0, 0}, {"q", 'u', 15, 0, 0}};
     len = pack(buf, sizeof buf, f3, 3);
     CHECK_OK(send_frames(s, 1, (const void *[]){buf}, (size_t[]){len}));
-    CHECK_OK(recv_hdr(s, RPC_MS, &r, NULL, 0, NULL));
+    CHECK_OK(ps_test_recv(s, PS_TEST_RPC_MS, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_ERROR);
     CHECK_EQ_INT(r.err_code, PS_EVERSION);
     /* absurd count: 2^40 elements (out of the field's range) */
@@ -386,90 +244,91 @@ PS_TEST(bad_requests_get_error_replies_with_the_right_code)
     EXPECT_ERROR(PS_ETOOBIG, 17);
 
     /* frames that do not match the header */
-    h = mk(PS_MSG_PUSH, 0, 20, 10, 0, 0);
+    h = ps_test_header(PS_MSG_PUSH, 0, 20, 10, 0, 0);
     h.count = 4;
     h.dtype = PS_DTYPE_F32;
-    CHECK_OK(send_hdr(s, &h, pay, 12)); /* 12 bytes for 4 floats */
+    CHECK_OK(send_raw(s, &h, pay, 12)); /* 12 bytes for 4 floats */
     EXPECT_ERROR(PS_EPROTO, 20);
     h.seq = 21;
-    CHECK_OK(send_hdr(s, &h, NULL, 0)); /* missing payload frame */
+    CHECK_OK(send_raw(s, &h, NULL, 0)); /* missing payload frame */
     EXPECT_ERROR(PS_EPROTO, 21);
     h.seq = 22;
     len = enc(&h, buf);
     CHECK_OK(send_frames(s, 3, (const void *[]){buf, pay, pay}, (size_t[]){len, 16, 16}));
     EXPECT_ERROR(PS_EPROTO, 22); /* two payload frames */
-    ps_header p = mk(PS_MSG_PULL, 0, 23, 10, 0, 0);
-    CHECK_OK(send_hdr(s, &p, pay, 16)); /* a pull carries no payload */
+    ps_header p = ps_test_header(PS_MSG_PULL, 0, 23, 10, 0, 0);
+    CHECK_OK(send_raw(s, &p, pay, 16)); /* a pull carries no payload */
     EXPECT_ERROR(PS_EPROTO, 23);
     h.seq = 24;
     h.dtype = 0;
-    CHECK_OK(send_hdr(s, &h, pay, 16)); /* payload without a dtype */
+    CHECK_OK(send_raw(s, &h, pay, 16)); /* payload without a dtype */
     EXPECT_ERROR(PS_EPROTO, 24);
 
     /* semantics */
-    h = mk(PS_MSG_PUSH, 0, 30, 999, 0, 0); /* unknown key */
+    h = ps_test_header(PS_MSG_PUSH, 0, 30, 999, 0, 0); /* unknown key */
     h.count = 4;
     h.dtype = PS_DTYPE_F32;
-    CHECK_OK(send_hdr(s, &h, pay, 16));
+    CHECK_OK(send_raw(s, &h, pay, 16));
     EXPECT_ERROR(PS_ENOTFOUND, 30);
     CHECK_EQ_INT(r.key, 999);
-    h = mk(PS_MSG_PULL, 0, 31, 10, 5, 0); /* unknown chunk */
-    CHECK_OK(send_hdr(s, &h, NULL, 0));
+    h = ps_test_header(PS_MSG_PULL, 0, 31, 10, 5, 0); /* unknown chunk */
+    CHECK_OK(send_raw(s, &h, NULL, 0));
     EXPECT_ERROR(PS_ENOTFOUND, 31);
-    h = mk(PS_MSG_PUSH, 0, 32, 10, 0, 0); /* consistent frames, wrong length for the chunk */
+    /* consistent frames, wrong length for the chunk */
+    h = ps_test_header(PS_MSG_PUSH, 0, 32, 10, 0, 0);
     h.count = 3;
     h.dtype = PS_DTYPE_F32;
-    CHECK_OK(send_hdr(s, &h, pay, 12));
+    CHECK_OK(send_raw(s, &h, pay, 12));
     EXPECT_ERROR(PS_EPROTO, 32);
-    h = mk(PS_MSG_INIT, 0, 33, 10, 0, 0); /* init of an existing chunk, other length */
+    h = ps_test_header(PS_MSG_INIT, 0, 33, 10, 0, 0); /* init of an existing chunk, other length */
     h.count = 3;
     h.dtype = PS_DTYPE_F32;
     h.total = 3;
-    CHECK_OK(send_hdr(s, &h, pay, 12));
+    CHECK_OK(send_raw(s, &h, pay, 12));
     EXPECT_ERROR(PS_EMISMATCH, 33);
-    h = mk(PS_MSG_PUSH, 2, 34, 10, 0, 0); /* rank >= num-workers */
+    h = ps_test_header(PS_MSG_PUSH, 2, 34, 10, 0, 0); /* rank >= num-workers */
     h.count = 4;
     h.dtype = PS_DTYPE_F32;
-    CHECK_OK(send_hdr(s, &h, pay, 16));
+    CHECK_OK(send_raw(s, &h, pay, 16));
     EXPECT_ERROR(PS_EPROTO, 34);
     CHECK(strstr(r.err_text, "num-workers"));
     h.rank = -1; /* not a worker */
     h.seq = 35;
-    CHECK_OK(send_hdr(s, &h, pay, 16));
+    CHECK_OK(send_raw(s, &h, pay, 16));
     EXPECT_ERROR(PS_ESTATE, 35);
     h.rank = 0; /* a negative step */
     h.step = -1;
     h.seq = 36;
-    CHECK_OK(send_hdr(s, &h, pay, 16));
+    CHECK_OK(send_raw(s, &h, pay, 16));
     EXPECT_ERROR(PS_EPROTO, 36);
-    ps_header e = mk(PS_MSG_ERROR, 0, 37, 0, 0, 0); /* error is reply-only */
-    CHECK_OK(send_hdr(s, &e, NULL, 0));
+    ps_header e = ps_test_header(PS_MSG_ERROR, 0, 37, 0, 0, 0); /* error is reply-only */
+    CHECK_OK(send_raw(s, &e, NULL, 0));
     EXPECT_ERROR(PS_EPROTO, 37);
-    ps_header rep = mk(PS_MSG_PULL, 0, 38, 10, 0, 0); /* a reply sent to the server */
+    ps_header rep = ps_test_header(PS_MSG_PULL, 0, 38, 10, 0, 0); /* a reply sent to the server */
     rep.flags = PS_FLAG_REPLY;
-    CHECK_OK(send_hdr(s, &rep, NULL, 0));
+    CHECK_OK(send_raw(s, &rep, NULL, 0));
     EXPECT_ERROR(PS_EPROTO, 38);
 
     /* before hello, from another connection and rank */
-    void *s2 = dealer(&sv);
-    h = mk(PS_MSG_PUSH, 1, 40, 10, 0, 0);
+    void *s2 = ps_test_dealer(sv.port);
+    h = ps_test_header(PS_MSG_PUSH, 1, 40, 10, 0, 0);
     h.count = 4;
     h.dtype = PS_DTYPE_F32;
-    CHECK_OK(send_hdr(s2, &h, pay, 16));
-    CHECK_OK(recv_hdr(s2, RPC_MS, &r, NULL, 0, NULL));
+    CHECK_OK(send_raw(s2, &h, pay, 16));
+    CHECK_OK(ps_test_recv(s2, PS_TEST_RPC_MS, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_ERROR);
     CHECK_EQ_INT(r.err_code, PS_ESTATE);
     CHECK(strstr(r.err_text, "hello"));
     zmq_close(s2);
 
     CHECK_OK(correct_client_works(&sv, 78));
-    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
     zmq_close(s);
 }
 
 PS_TEST(garbage_flood_keeps_rss_bounded_and_logs_rate_limited)
 {
-    server sv;
+    ps_test_server sv;
     /* under AddressSanitizer freed memory sits in a 256 MiB quarantine and
      * would read as growth; keep it small for the server (ignored otherwise) */
     const char *asan = getenv("ASAN_OPTIONS");
@@ -477,16 +336,16 @@ PS_TEST(garbage_flood_keeps_rss_bounded_and_logs_rate_limited)
     snprintf(opts, sizeof opts, "%s%squarantine_size_mb=4:thread_local_quarantine_size_kb=64",
              asan ? asan : "", asan && *asan ? ":" : "");
     setenv("ASAN_OPTIONS", opts, 1);
-    int spawned = spawn(&sv, 1, ARGS("--num-workers", "2", "--threads", "2"));
+    int spawned = ps_test_server_start(&sv, 1, "--num-workers 2 --threads 2");
     if (saved)
         setenv("ASAN_OPTIONS", saved, 1);
     else
         unsetenv("ASAN_OPTIONS");
     free(saved);
     CHECK_OK(spawned);
-    void *s = dealer(&sv);
-    CHECK_OK(hello(s, 0, 2));
-    ps_header bad = mk(PS_MSG_PUSH, 0, 1, 4242, 0, 0); /* unknown key: an error reply */
+    void *s = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 2, -1));
+    ps_header bad = ps_test_header(PS_MSG_PUSH, 0, 1, 4242, 0, 0); /* unknown key: an error reply */
     bad.count = 8;
     bad.dtype = PS_DTYPE_F32;
     char bh[PS_HEADER_MAX], junk[512];
@@ -514,29 +373,29 @@ PS_TEST(garbage_flood_keeps_rss_bounded_and_logs_rate_limited)
             if (i % 500 == 499) /* drain the error replies as we go */
                 while (replies > 0) {
                     ps_header r;
-                    CHECK_OK(recv_hdr(s, RPC_MS, &r, NULL, 0, NULL));
+                    CHECK_OK(ps_test_recv(s, PS_TEST_RPC_MS, &r, NULL, 0, NULL));
                     CHECK_EQ_INT(r.err_code, PS_ENOTFOUND);
                     replies--;
                 }
         }
         while (replies > 0) {
             ps_header r;
-            CHECK_OK(recv_hdr(s, RPC_MS, &r, NULL, 0, NULL));
+            CHECK_OK(ps_test_recv(s, PS_TEST_RPC_MS, &r, NULL, 0, NULL));
             replies--;
         }
         CHECK_OK(only_heartbeat_follows(s, 0, 500 + (uint64_t)round));
         if (round == 0)
-            rss0 = rss_kb(sv.pid);
+            rss0 = ps_test_status_kb(sv.pid, "VmRSS");
     }
-    long rss1 = rss_kb(sv.pid);
+    long rss1 = ps_test_status_kb(sv.pid, "VmRSS");
     CHECK(rss0 > 0 && rss1 > 0);
     printf("# server RSS %ld kB after 2000 bad messages, %ld kB after 20000 more\n", rss0, rss1);
     CHECK_MSG(rss1 - rss0 < 8 * 1024, "RSS grew from %ld kB to %ld kB over 20000 bad messages",
               rss0, rss1);
     CHECK_OK(correct_client_works(&sv, 79));
-    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
     /* one line per refused message would be 22000 lines */
-    char *log = read_file(sv.log);
+    char *log = ps_test_read_file(sv.log, NULL);
     CHECK(log);
     int lines = 0;
     for (char *p = log; *p; p++)
@@ -550,13 +409,13 @@ PS_TEST(garbage_flood_keeps_rss_bounded_and_logs_rate_limited)
     zmq_close(s);
 }
 
-static int flag_case(const char *const *args, int with_bind, const char *expect)
+static int flag_case(const char *words, int with_bind, const char *expect)
 {
-    server sv;
-    if (spawn(&sv, with_bind, args) != 0)
+    ps_test_server sv;
+    if (ps_test_server_start(&sv, with_bind, words) != 0)
         return -1;
-    int rc = ps_test_wait(sv.pid, RPC_MS);
-    char *out = read_file(sv.log);
+    int rc = ps_test_wait(sv.pid, PS_TEST_RPC_MS);
+    char *out = ps_test_read_file(sv.log, NULL);
     int ok = rc == 2 && out && strstr(out, expect);
     if (!ok)
         printf("# flag case: exit %d, output '%s', expected '%s'\n", rc, out ? out : "",
@@ -567,32 +426,32 @@ static int flag_case(const char *const *args, int with_bind, const char *expect)
 
 PS_TEST(bad_flags_exit_2_with_a_clear_message)
 {
-    CHECK_OK(flag_case(ARGS("--num-workers", "0"), 1,
+    CHECK_OK(flag_case("--num-workers 0", 1,
                        "ps_server: --num-workers must be an integer in [1, 65536], got '0'"));
-    CHECK_OK(flag_case(ARGS("--mode", "bsp"), 1, "--mode must be sync or async, got 'bsp'"));
-    CHECK_OK(flag_case(ARGS("--lr", "fast"), 1, "--lr must be a number in"));
-    CHECK_OK(flag_case(ARGS("--lr", "-1"), 1, "got '-1'"));
-    CHECK_OK(flag_case(ARGS("--threads", "0"), 1, "--threads must be an integer in [1, 64]"));
-    CHECK_OK(flag_case(ARGS("--optimizer", "rmsprop"), 1, "got 'rmsprop'"));
-    CHECK_OK(flag_case(ARGS("--frobnicate"), 1, "unknown flag '--frobnicate'"));
-    CHECK_OK(flag_case(ARGS("--num-workers", "2"), 0, "--bind is required"));
-    CHECK_OK(flag_case(ARGS("--rank", "2", "--num-servers", "2"), 1, "--rank must be"));
-    CHECK_OK(flag_case(ARGS("--max-memory", "12Q"), 1, "--max-memory must be a size"));
-    CHECK_OK(flag_case(ARGS("--beta2", "1"), 1, "--beta2 must be a number in [0, 1)"));
-    CHECK_OK(flag_case(ARGS("--eps", "0"), 1, "--eps must be a number in (0, 1]"));
-    CHECK_OK(flag_case(ARGS("--mode", "sync", "--max-staleness", "3"), 1,
+    CHECK_OK(flag_case("--mode bsp", 1, "--mode must be sync or async, got 'bsp'"));
+    CHECK_OK(flag_case("--lr fast", 1, "--lr must be a number in"));
+    CHECK_OK(flag_case("--lr -1", 1, "got '-1'"));
+    CHECK_OK(flag_case("--threads 0", 1, "--threads must be an integer in [1, 64]"));
+    CHECK_OK(flag_case("--optimizer rmsprop", 1, "got 'rmsprop'"));
+    CHECK_OK(flag_case("--frobnicate", 1, "unknown flag '--frobnicate'"));
+    CHECK_OK(flag_case("--num-workers 2", 0, "--bind is required"));
+    CHECK_OK(flag_case("--rank 2 --num-servers 2", 1, "--rank must be"));
+    CHECK_OK(flag_case("--max-memory 12Q", 1, "--max-memory must be a size"));
+    CHECK_OK(flag_case("--beta2 1", 1, "--beta2 must be a number in [0, 1)"));
+    CHECK_OK(flag_case("--eps 0", 1, "--eps must be a number in (0, 1]"));
+    CHECK_OK(flag_case("--mode sync --max-staleness 3", 1,
                        "--max-staleness must be 0 in sync mode"));
-    CHECK_OK(flag_case(ARGS("--max-staleness", "-2"), 1, "--max-staleness must be an integer"));
-    CHECK_OK(flag_case(ARGS("--lr"), 1, "--lr needs a value"));
-    CHECK_OK(flag_case(ARGS("stray"), 1, "unexpected argument 'stray'"));
+    CHECK_OK(flag_case("--max-staleness -2", 1, "--max-staleness must be an integer"));
+    CHECK_OK(flag_case("--lr", 1, "--lr needs a value"));
+    CHECK_OK(flag_case("stray", 1, "unexpected argument 'stray'"));
 }
 
 PS_TEST(help_documents_every_flag_and_version_prints)
 {
-    server sv;
-    CHECK_OK(spawn(&sv, 0, ARGS("--help")));
-    CHECK_EQ_INT(ps_test_wait(sv.pid, RPC_MS), 0);
-    char *out = read_file(sv.log);
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 0, "--help"));
+    CHECK_EQ_INT(ps_test_wait(sv.pid, PS_TEST_RPC_MS), 0);
+    char *out = ps_test_read_file(sv.log, NULL);
     CHECK(out);
     static const char *flags[] = {"--bind", "--rank", "--num-servers", "--num-workers", "--mode",
                                   "--max-staleness", "--optimizer", "--lr", "--momentum",
@@ -607,9 +466,9 @@ PS_TEST(help_documents_every_flag_and_version_prints)
     free(out);
     CHECK_MSG(missing < 0, "--help does not mention %s", flags[missing]);
     CHECK(defaults);
-    CHECK_OK(spawn(&sv, 0, ARGS("--version")));
-    CHECK_EQ_INT(ps_test_wait(sv.pid, RPC_MS), 0);
-    out = read_file(sv.log);
+    CHECK_OK(ps_test_server_start(&sv, 0, "--version"));
+    CHECK_EQ_INT(ps_test_wait(sv.pid, PS_TEST_RPC_MS), 0);
+    out = ps_test_read_file(sv.log, NULL);
     int has = out && strstr(out, "ps_server " PS_VERSION);
     free(out);
     CHECK(has);
@@ -617,12 +476,12 @@ PS_TEST(help_documents_every_flag_and_version_prints)
 
 PS_TEST(exits_0_on_sigterm)
 {
-    server sv;
-    CHECK_OK(spawn(&sv, 1, ARGS("--threads", "3")));
-    void *s = dealer(&sv);
-    CHECK_OK(hello(s, 0, 1));
-    CHECK_EQ_INT(ps_test_stop(sv.pid, RPC_MS), 0);
-    char *log = read_file(sv.log);
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--threads 3"));
+    void *s = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 1, -1));
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
+    char *log = ps_test_read_file(sv.log, NULL);
     int ok = log && strstr(log, "stop requested") && strstr(log, "stopped:") &&
              strstr(log, "listening on tcp://127.0.0.1:");
     free(log);
@@ -632,35 +491,33 @@ PS_TEST(exits_0_on_sigterm)
 
 PS_TEST(exits_0_after_acking_a_shutdown_message)
 {
-    server sv;
-    CHECK_OK(spawn(&sv, 1, ARGS("--threads", "2", "--quiet")));
-    void *s = dealer(&sv);
-    ps_header h = mk(PS_MSG_SHUTDOWN, -1, 9, 0, 0, 0), r; /* a tool: no hello needed */
-    CHECK_OK(send_hdr(s, &h, NULL, 0));
-    CHECK_OK(recv_hdr(s, RPC_MS, &r, NULL, 0, NULL));
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--threads 2 --quiet"));
+    void *s = ps_test_dealer(sv.port);
+    ps_header h = ps_test_header(PS_MSG_SHUTDOWN, -1, 9, 0, 0, 0), r; /* a tool: no hello needed */
+    CHECK_OK(send_raw(s, &h, NULL, 0));
+    CHECK_OK(ps_test_recv(s, PS_TEST_RPC_MS, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_SHUTDOWN);
     CHECK_EQ_INT(r.seq, 9);
     CHECK(r.flags & PS_FLAG_REPLY);
-    CHECK_EQ_INT(ps_test_wait(sv.pid, RPC_MS), 0);
+    CHECK_EQ_INT(ps_test_wait(sv.pid, PS_TEST_RPC_MS), 0);
     zmq_close(s);
 }
 
 PS_TEST(bind_failure_exits_1)
 {
-    server a, b;
-    CHECK_OK(spawn(&a, 1, ARGS("--quiet")));
-    void *s = dealer(&a);
+    ps_test_server a, b;
+    CHECK_OK(ps_test_server_start(&a, 1, "--quiet"));
+    void *s = ps_test_dealer(a.port);
     CHECK_OK(only_heartbeat_follows(s, -1, 1)); /* a is up and bound */
-    char bind[64], bin[256];
-    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", a.port);
-    char *argv[] = {(char *)ps_test_bin("ps_server", bin, sizeof bin), "--bind", bind, NULL};
-    snprintf(b.log, sizeof b.log, "%s/bindfail.log", ps_test_tmpdir());
-    b.pid = ps_test_spawn(argv, b.log);
-    CHECK_EQ_INT(ps_test_wait(b.pid, RPC_MS), 1);
-    char *log = read_file(b.log);
+    char words[64];
+    snprintf(words, sizeof words, "--bind tcp://127.0.0.1:%d", a.port);
+    CHECK_OK(ps_test_server_start(&b, 0, words));
+    CHECK_EQ_INT(ps_test_wait(b.pid, PS_TEST_RPC_MS), 1);
+    char *log = ps_test_read_file(b.log, NULL);
     int ok = log && strstr(log, "cannot bind");
     free(log);
     CHECK(ok);
-    CHECK_EQ_INT(ps_test_stop(a.pid, RPC_MS), 0);
+    CHECK_EQ_INT(ps_test_stop(a.pid, PS_TEST_RPC_MS), 0);
     zmq_close(s);
 }

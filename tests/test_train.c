@@ -9,67 +9,20 @@
 #include "model.h"
 #include "ps_test.h"
 
-#define MAX_ARGS 64
-
-typedef struct argv_buf {
-    char *v[MAX_ARGS];
-    int n;
-    char store[MAX_ARGS][256];
-} argv_buf;
-
-static void add(argv_buf *a, const char *fmt, const char *s)
-{
-    snprintf(a->store[a->n], sizeof a->store[a->n], fmt, s);
-    a->v[a->n] = a->store[a->n];
-    a->v[++a->n] = NULL;
-}
-
-static void add_words(argv_buf *a, const char *words)
-{
-    char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s", words);
-    for (char *save, *w = strtok_r(tmp, " ", &save); w; w = strtok_r(NULL, " ", &save))
-        add(a, "%s", w);
-}
-
 /* Start a server on a free port; writes its endpoint into ep. */
 static int start_server(const char *flags, char *ep, size_t eplen, const char *log)
 {
-    argv_buf a = {0};
-    char bin[256];
-    add(&a, "%s", ps_test_bin("ps_server", bin, sizeof bin));
+    char words[1024];
     snprintf(ep, eplen, "tcp://127.0.0.1:%d", ps_test_free_port());
-    add(&a, "--bind", "");
-    add(&a, "%s", ep);
-    add_words(&a, flags);
-    return ps_test_spawn(a.v, log);
+    snprintf(words, sizeof words, "--bind %s %s", ep, flags);
+    return ps_test_spawn_words("ps_server", words, log);
 }
 
 static int start_worker(const char *ep, int rank, const char *flags, const char *log)
 {
-    argv_buf a = {0};
-    char bin[256], r[16];
-    add(&a, "%s", ps_test_bin("ps_worker", bin, sizeof bin));
-    add(&a, "--servers", "");
-    add(&a, "%s", ep ? ep : "none");
-    snprintf(r, sizeof r, "%d", rank);
-    add(&a, "--rank", "");
-    add(&a, "%s", r);
-    add_words(&a, flags);
-    return ps_test_spawn(a.v, log);
-}
-
-static int grep_file(const char *path, const char *needle)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    char line[2048];
-    int found = 0;
-    while (!found && fgets(line, sizeof line, f))
-        found = strstr(line, needle) != NULL;
-    fclose(f);
-    return found;
+    char words[1200];
+    snprintf(words, sizeof words, "--servers %s --rank %d %s", ep ? ep : "none", rank, flags);
+    return ps_test_spawn_words("ps_worker", words, log);
 }
 
 /* Last "test accuracy X" in a worker log, or -1. */
@@ -214,7 +167,7 @@ static void expect_refusal(const char *flags, const char *message)
     int pid = start_worker(NULL, 0, flags, log);
     int rc = ps_test_wait(pid, 20000);
     CHECK_MSG(rc == 2, "'%s' exited %d, expected 2", flags, rc);
-    CHECK_MSG(grep_file(log, message), "'%s' did not say '%s'", flags, message);
+    CHECK_MSG(ps_test_file_has(log, message), "'%s' did not say '%s'", flags, message);
 }
 
 PS_TEST(bad_data_and_model_are_refused)

@@ -181,14 +181,23 @@ static int cpu_softmax_xent(ps_backend *b, const float *logits, const int32_t *l
     return 0;
 }
 
+/* The output size of a k x k, stride 1 convolution over C x H x W padded
+ * by pad on each side: 0, or PS_EINVAL when there is no such output. */
+static int conv_out_size(int C, int H, int W, int k, int pad, int *OH, int *OW)
+{
+    if (C <= 0 || H <= 0 || W <= 0 || k <= 0 || pad < 0)
+        return PS_EINVAL;
+    *OH = H + 2 * pad - k + 1;
+    *OW = W + 2 * pad - k + 1;
+    return *OH > 0 && *OW > 0 ? 0 : PS_EINVAL;
+}
+
 static int cpu_im2col(ps_backend *b, const float *x, int C, int H, int W, int k, int pad,
                       float *col)
 {
     (void)b;
-    if (C <= 0 || H <= 0 || W <= 0 || k <= 0 || pad < 0)
-        return PS_EINVAL;
-    int OH = H + 2 * pad - k + 1, OW = W + 2 * pad - k + 1;
-    if (OH <= 0 || OW <= 0)
+    int OH, OW;
+    if (conv_out_size(C, H, W, k, pad, &OH, &OW) != 0)
         return PS_EINVAL;
     size_t plane = (size_t)OH * OW;
     for (int c = 0; c < C; c++)
@@ -217,10 +226,8 @@ static int cpu_col2im(ps_backend *b, const float *col, int C, int H, int W, int 
                       float *dx)
 {
     (void)b;
-    if (C <= 0 || H <= 0 || W <= 0 || k <= 0 || pad < 0)
-        return PS_EINVAL;
-    int OH = H + 2 * pad - k + 1, OW = W + 2 * pad - k + 1;
-    if (OH <= 0 || OW <= 0)
+    int OH, OW;
+    if (conv_out_size(C, H, W, k, pad, &OH, &OW) != 0)
         return PS_EINVAL;
     size_t plane = (size_t)OH * OW;
     memset(dx, 0, (size_t)C * H * W * sizeof *dx);

@@ -638,6 +638,24 @@ static void close_sockets(ps_client *c)
     c->socks = NULL;
 }
 
+/* Double a ring buffer of ops (*head: the oldest; len ops in it; capacity
+ * *cap, which len has reached), unrolled so the oldest is at 0.  PS_ENOMEM
+ * leaves it as it was. */
+static int ring_grow(op **ring, size_t *head, size_t len, size_t *cap)
+{
+    size_t ncap = *cap ? *cap * 2 : 64;
+    op *r = malloc(ncap * sizeof *r);
+    if (!r)
+        return PS_ENOMEM;
+    for (size_t k = 0; k < len; k++)
+        r[k] = (*ring)[(*head + k) % *cap];
+    free(*ring);
+    *ring = r;
+    *head = 0;
+    *cap = ncap;
+    return 0;
+}
+
 /* A push_when op waits until its data is ready (e.g. a device-to-host copy
  * has finished); every op posted after it waits behind it, so a tensor's pull
  * never overtakes its push. */
@@ -647,20 +665,11 @@ static void take_op(ps_client *c, const op *o)
         do_op(c, o);
         return;
     }
-    if (c->held_len == c->held_cap) {
-        size_t ncap = c->held_cap ? c->held_cap * 2 : 64;
-        op *h = malloc(ncap * sizeof *h);
-        if (!h) {
-            set_error(o->req, PS_ENOMEM, "out of memory holding a request");
-            fail_unsent(c, o);
-            return;
-        }
-        for (size_t k = 0; k < c->held_len; k++)
-            h[k] = c->held[(c->held_head + k) % c->held_cap];
-        free(c->held);
-        c->held = h;
-        c->held_head = 0;
-        c->held_cap = ncap;
+    if (c->held_len == c->held_cap &&
+        ring_grow(&c->held, &c->held_head, c->held_len, &c->held_cap) != 0) {
+        set_error(o->req, PS_ENOMEM, "out of memory holding a request");
+        fail_unsent(c, o);
+        return;
     }
     c->held[(c->held_head + c->held_len++) % c->held_cap] = *o;
 }
@@ -830,19 +839,9 @@ static int post(ps_client *c, const op *o)
         pthread_mutex_unlock(&c->qmu);
         return PS_ECLOSED;
     }
-    if (c->qlen == c->qcap) {
-        size_t ncap = c->qcap ? c->qcap * 2 : 64;
-        op *q = malloc(ncap * sizeof *q);
-        if (!q) {
-            pthread_mutex_unlock(&c->qmu);
-            return PS_ENOMEM;
-        }
-        for (size_t k = 0; k < c->qlen; k++)
-            q[k] = c->queue[(c->qhead + k) % c->qcap];
-        free(c->queue);
-        c->queue = q;
-        c->qhead = 0;
-        c->qcap = ncap;
+    if (c->qlen == c->qcap && ring_grow(&c->queue, &c->qhead, c->qlen, &c->qcap) != 0) {
+        pthread_mutex_unlock(&c->qmu);
+        return PS_ENOMEM;
     }
     c->queue[(c->qhead + c->qlen) % c->qcap] = *o;
     int was_empty = c->qlen++ == 0;

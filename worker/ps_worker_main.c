@@ -66,12 +66,6 @@ static const char *env_first(const char *const *names)
     return NULL;
 }
 
-static int die(const char *msg)
-{
-    fprintf(stderr, "%s\n", msg);
-    return 2;
-}
-
 int main(int argc, char **argv)
 {
     ps_train_config c;
@@ -92,37 +86,31 @@ int main(int argc, char **argv)
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(usage, stdout);
+        if (ps_flag_help_version(P, usage, a))
             return 0;
-        }
-        if (!strcmp(a, "--version")) {
-            printf("ps_worker %s\n", PS_VERSION);
-            return 0;
-        }
         if (!strcmp(a, "--verbose")) { verbose = 1; continue; }
         if (!strcmp(a, "--quiet")) { quiet = 1; continue; }
         if (!strcmp(a, "--eval-all")) { c.eval_all = 1; continue; }
         if (strncmp(a, "--", 2) != 0) {
             snprintf(why, sizeof why, "%s: unexpected argument '%s' (see --help)", P, a);
-            return die(why);
+            return ps_flag_error(why);
         }
         if (i + 1 >= argc) {
             snprintf(why, sizeof why, "%s: %s needs a value (see --help)", P, a);
-            return die(why);
+            return ps_flag_error(why);
         }
         const char *v = argv[++i];
 #define INT(flag, lo, hi, dst)                                                   \
     if (!strcmp(a, flag)) {                                                      \
         if (ps_parse_int(P, flag, v, lo, hi, &iv, why, sizeof why))              \
-            return die(why);                                                     \
+            return ps_flag_error(why);                                           \
         dst = iv;                                                                \
         continue;                                                                \
     }
 #define FLT(flag, lo, hi, dst)                                                   \
     if (!strcmp(a, flag)) {                                                      \
         if (ps_parse_float(P, flag, v, lo, hi, &fv, why, sizeof why))            \
-            return die(why);                                                     \
+            return ps_flag_error(why);                                           \
         dst = (float)fv;                                                         \
         continue;                                                                \
     }
@@ -137,7 +125,7 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--mode")) {
             if (ps_mode_parse(v, &c.mode)) {
                 snprintf(why, sizeof why, "%s: --mode must be sync or async, got '%s'", P, v);
-                return die(why);
+                return ps_flag_error(why);
             }
             continue;
         }
@@ -145,7 +133,7 @@ int main(int argc, char **argv)
         STR("--curve-keys", c.curve_dir)
         if (!strcmp(a, "--chunk-size")) {
             if (ps_parse_size(P, a, v, 1024, 1ull << 30, &sv, why, sizeof why))
-                return die(why);
+                return ps_flag_error(why);
             c.chunk_bytes = sv;
             continue;
         }
@@ -158,7 +146,7 @@ int main(int argc, char **argv)
         INT("--steps", 0, 1ll << 40, c.max_steps)
         if (!strcmp(a, "--lr")) {
             if (ps_parse_float(P, a, v, 1e-12, 1e6, &fv, why, sizeof why))
-                return die(why);
+                return ps_flag_error(why);
             c.opt.lr = (float)fv;
             c.lr_given = 1;
             continue;
@@ -168,7 +156,7 @@ int main(int argc, char **argv)
                 snprintf(why, sizeof why,
                          "%s: --optimizer must be sgd, momentum, nesterov, adagrad or adam, "
                          "got '%s'", P, v);
-                return die(why);
+                return ps_flag_error(why);
             }
             c.opt_given = 1;
             continue;
@@ -180,7 +168,7 @@ int main(int argc, char **argv)
         FLT("--weight-decay", 0, 1, c.opt.weight_decay)
         if (!strcmp(a, "--seed")) {
             if (ps_parse_int(P, a, v, 0, (long long)1 << 62, &iv, why, sizeof why))
-                return die(why);
+                return ps_flag_error(why);
             c.seed = (uint64_t)iv;
             continue;
         }
@@ -197,25 +185,25 @@ int main(int argc, char **argv)
 #undef FLT
 #undef STR
         snprintf(why, sizeof why, "%s: unknown flag '%s' (see --help)", P, a);
-        return die(why);
+        return ps_flag_error(why);
     }
     if (c.servers && !strcmp(c.servers, "none"))
         c.servers = NULL;
     else if (!c.servers) {
-        return die("ps_worker: no servers: give --servers tcp://HOST:PORT,... (or PS_SERVERS), "
-                   "or --servers none to train alone");
+        return ps_flag_error("ps_worker: no servers: give --servers tcp://HOST:PORT,... "
+                             "(or PS_SERVERS), or --servers none to train alone");
     }
     if (size_s && ps_parse_int(P, "--num-workers", size_s, 1, 65536, &iv, why, sizeof why) == 0)
         c.num_workers = (int)iv;
     else if (size_s)
-        return die(why);
+        return ps_flag_error(why);
     if (rank_s && ps_parse_int(P, "--rank", rank_s, 0, c.num_workers - 1, &iv, why, sizeof why))
-        return die(why);
+        return ps_flag_error(why);
     c.rank = rank_s ? (int)iv : 0;
     if (c.mode == PS_MODE_SYNC) {
         if (c.max_staleness > 0)
-            return die("ps_worker: --max-staleness applies to --mode async only "
-                       "(sync is staleness 0)");
+            return ps_flag_error("ps_worker: --max-staleness applies to --mode async only "
+                                 "(sync is staleness 0)");
         c.max_staleness = 0;
     }
     ps_log_init("ps_worker", c.rank);

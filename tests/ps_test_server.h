@@ -1,0 +1,69 @@
+/* Helpers for the tests of ps_server and its parts: a live bin/ps_server,
+ * a raw ZeroMQ DEALER that speaks the protocol below libps (so a test sees
+ * exactly what the server answers), and shard hooks that record their calls.
+ * Every test program links this module (see the Makefile). */
+#ifndef PS_TEST_SERVER_H
+#define PS_TEST_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps_proto.h"
+#include "shard.h"
+
+#define PS_TEST_RPC_MS 5000 /* bound on every wait for a reply that must come */
+
+typedef struct ps_test_server {
+    int pid, port;
+    char log[512];
+} ps_test_server;
+
+/* Start bin/ps_server with the arguments in words (split at spaces, as
+ * ps_test_spawn_words), first adding --bind on a free 127.0.0.1 port
+ * (sv->port) when bind is set; its output goes to serverN.log in the scratch
+ * directory (sv->log).  0, or -1 when it cannot be started. */
+int ps_test_server_start(ps_test_server *sv, int bind, const char *words);
+
+/* A DEALER connected to tcp://127.0.0.1:port, on a context the test
+ * program shares (never terminated); linger 0, and reconnecting every 10 ms
+ * because the server may still be starting.  The caller zmq_close()s it. */
+void *ps_test_dealer(int port);
+
+/* A request header (ps_header_init) with these fields set. */
+ps_header ps_test_header(uint32_t type, int rank, uint64_t seq, uint64_t key, uint32_t chunk,
+                         int64_t step);
+
+/* Send h; with a payload, n floats follow as a second frame and the count
+ * and dtype sent are n and f32 whatever h says.  0, or -1. */
+int ps_test_send(void *s, const ps_header *h, const float *payload, size_t n);
+
+/* Receive one reply.  0: decoded into h, its payload copied into out when
+ * it fits in cap floats (*got, when got is not NULL, is then its length,
+ * else 0); 1: nothing within timeout_ms; -1: a reply that does not decode. */
+int ps_test_recv(void *s, int timeout_ms, ps_header *h, float *out, size_t cap, size_t *got);
+
+/* ps_test_send, then ps_test_recv within PS_TEST_RPC_MS. */
+int ps_test_rpc(void *s, const ps_header *h, const float *payload, size_t n, ps_header *r,
+                float *out, size_t cap, size_t *got);
+
+/* Hello as worker `rank` of nw to server 0 of 1 in `mode` with that
+ * max-staleness, leaving the optimizer unchecked.  0 when accepted. */
+int ps_test_hello(void *s, int rank, int mode, int nw, int max_staleness);
+
+/* The counters of the server on port, asked for as a tool (rank -1) on a
+ * DEALER of its own.  0, or -1 when no STATS reply came within 10 s. */
+int ps_test_stats(int port, ps_stats *st);
+
+/* What shard hooks were called with: how many kept gradients were
+ * released, waiting pulls made ready and cancelled, and the first (up to 8)
+ * weights and the version of the last ready one. */
+typedef struct ps_test_hook_log {
+    int released, ready, cancelled;
+    float w[8];
+    int64_t version;
+} ps_test_hook_log;
+
+/* Hooks for ps_shard_create that record into log (zeroed here). */
+ps_shard_hooks ps_test_hook_log_hooks(ps_test_hook_log *log);
+
+#endif
