@@ -1,0 +1,172 @@
+#!/bin/sh
+# gpu_bench: for a machine with an NVIDIA GPU (run by tests/gpu/check.sh).
+# Samples/s of the MLP and the CNN on cuda:0: compute only (ps_worker
+# --servers none) against through 1 server, async and sync, with 1 worker and
+# with 2 workers sharing the GPU; the overlap ratio is compute-only samples/s
+# over through-servers samples/s (1.00 = communication fully hidden).  With
+# PyTorch installed, the same models in PyTorch (same layers, batch, SGD,
+# FP32 without TF32, timed steps after warm-up) and ours over PyTorch.
+# Exits 0 with "skipped: no CUDA device" where nvidia-smi finds no GPU.
+#   GPU_MLP_STEPS (2000)  GPU_CNN_STEPS (600)  GPU_REPS (2)  GPU_DATA (Fashion-MNIST dir)
+#   GPU_DEVICE (cuda:0; "cpu" only to try the script itself on a machine without a GPU)
+cd "$(dirname "$0")/.." || exit 1
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1 ||
+    [ -z "$(nvidia-smi -L 2>/dev/null)" ]; then
+    echo "gpu_bench: skipped: no CUDA device"
+    exit 0
+fi
+. bench/lib.sh
+bench_init
+
+MLP=mlp:784-256-128-10
+MLP_STEPS=${GPU_MLP_STEPS:-2000}
+CNN_STEPS=${GPU_CNN_STEPS:-600}
+REPS=${GPU_REPS:-2}
+DATA=${GPU_DATA:-/usr/share/datasets/fashion-mnist}
+DEVICE=${GPU_DEVICE:-cuda:0}
+BATCH=64
+LR=0.05
+if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ] && [ ! -f "$DATA/train-images-idx3-ubyte" ]; then
+    DATA=synthetic:60000
+fi
+echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1)"
+echo "host: $(machine_line)"
+echo "data: $DATA, batch $BATCH, MLP $MLP_STEPS steps, CNN $CNN_STEPS steps, best of $REPS"
+
+# no evaluation inside the timed loop: enough epochs, evaluation never due
+FLAGS="--device $DEVICE --batch $BATCH --lr $LR --epochs 1000 --eval-every 1000000000 --log-every 1000000"
+
+# measure KIND W MODEL STEPS: samples/s per worker; KIND none|async|sync
+measure() {
+    if [ "$1" = none ]; then
+        run_workers "$2" none --model "$3" --data "$DATA" --steps "$4" $FLAGS
+        return
+    fi
+    start_servers 1 "$2" "$1" --lr "$LR" || return 1
+    _v=$(run_workers "$2" "$1" --model "$3" --data "$DATA" --steps "$4" $FLAGS)
+    _rc=$?
+    stop_servers
+    [ "$_rc" -eq 0 ] && echo "$_v"
+    return $_rc
+}
+
+fail=0
+best() { eval "echo \${R_$1:-0}"; }
+record() {
+    if [ -z "$2" ]; then
+        fail=1
+        return
+    fi
+    eval "R_$1=\$(fmax \"\$(best $1)\" \"$2\")"
+}
+
+if ! out=$(measure none 1 $MLP 20); then
+    echo "gpu_bench: ps_worker cannot train on $DEVICE (built without CUDA? run make CUDA=1):" >&2
+    tail -n 5 "$WORK/worker0.log" >&2
+    exit 1
+fi
+
+for model in mlp cnn; do
+    if [ "$model" = mlp ]; then spec=$MLP steps=$MLP_STEPS; else spec=cnn steps=$CNN_STEPS; fi
+    r=0
+    while [ "$r" -lt "$REPS" ]; do
+        for w in 1 2; do
+            for kind in none async sync; do
+                record "${model}_${kind}_$w" "$(measure $kind $w $spec $steps)"
+            done
+        done
+        r=$((r + 1))
+    done
+done
+
+echo
+echo "| model | workers on $DEVICE | mode | compute-only samples/s per worker | through 1 server samples/s per worker | overlap ratio compute/servers |"
+echo "| --- | ---: | --- | ---: | ---: | ---: |"
+for model in mlp cnn; do
+    for w in 1 2; do
+        for kind in async sync; do
+            awk -v m="$model" -v w="$w" -v k="$kind" -v c="$(best "${model}_none_$w")" \
+                -v s="$(best "${model}_${kind}_$w")" 'BEGIN {
+                printf "| %s | %d | %s | %.0f | %.0f | %s |\n", m, w, k, c, s,
+                    (s > 0 ? sprintf("%.3f", c / s) : "-") }'
+        done
+    done
+done
+
+# PyTorch, when it is there
+if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    python3 - "$BATCH" "$LR" "$MLP_STEPS" "$CNN_STEPS" >"$WORK/torch.out" 2>"$WORK/torch.err" <<'EOF'
+import sys, time
+import torch
+import torch.nn as nn
+batch, lr, mlp_steps, cnn_steps = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cudnn.benchmark = True
+dev = torch.device("cuda:0")
+def mlp():
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
+                         nn.Linear(128, 10))
+def cnn():
+    return nn.Sequential(nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(7 * 7 * 64, 1024), nn.ReLU(), nn.Linear(1024, 10))
+def bench(name, make, steps):
+    torch.manual_seed(1)
+    model = make().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    lossf = nn.CrossEntropyLoss()
+    # batches come from host memory each step, as ps_worker's do
+    xs = [torch.rand(batch, 1, 28, 28).pin_memory() for _ in range(16)]
+    ys = [torch.randint(0, 10, (batch,)).pin_memory() for _ in range(16)]
+    def step(i):
+        x = xs[i % 16].to(dev, non_blocking=True)
+        y = ys[i % 16].to(dev, non_blocking=True)
+        opt.zero_grad(set_to_none=True)
+        loss = lossf(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    for i in range(50):
+        step(i)
+    torch.cuda.synchronize()
+    best = 0.0
+    for rep in range(2):
+        t0 = time.perf_counter()
+        for i in range(steps):
+            loss = step(i)
+        loss.item()
+        torch.cuda.synchronize()
+        best = max(best, steps * batch / (time.perf_counter() - t0))
+    print(f"torch {name} {best:.0f}")
+bench("mlp", mlp, mlp_steps)
+bench("cnn", cnn, cnn_steps)
+EOF
+    if [ $? -eq 0 ]; then
+        echo
+        echo "PyTorch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null), same layers and batch, SGD, FP32 (TF32 off), one process:"
+        echo
+        echo "| model | PyTorch samples/s | ours compute-only samples/s | ours / PyTorch | ours through 1 server (async) | that / PyTorch |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+        for model in mlp cnn; do
+            t=$(sed -n "s/^torch $model \([0-9]*\)$/\1/p" "$WORK/torch.out")
+            awk -v m="$model" -v t="${t:-0}" -v c="$(best "${model}_none_1")" \
+                -v a="$(best "${model}_async_1")" 'BEGIN {
+                if (t <= 0) { printf "| %s | - | %.0f | - | %.0f | - |\n", m, c, a; exit }
+                printf "| %s | %.0f | %.0f | %.2f | %.0f | %.2f |\n", m, t, c, c / t, a, a / t }'
+        done
+    else
+        echo
+        echo "PyTorch run failed:"
+        tail -n 5 "$WORK/torch.err"
+    fi
+else
+    echo
+    echo "PyTorch with CUDA not available (python3 -c 'import torch' failed): no PyTorch comparison."
+fi
+echo
+if [ "$fail" -ne 0 ]; then
+    echo "gpu_bench: some runs failed (see the messages above)"
+    exit 1
+fi
+echo "gpu_bench: done"
