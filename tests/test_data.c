@@ -1,5 +1,6 @@
 /* Data loading: IDX files (real Fashion-MNIST and hand-written ones, gzip and
- * plain), the errors for bad files, synthetic data, shards and shuffles. */
+ * plain), the errors for bad files, synthetic data, and the per-epoch shuffle
+ * and its per-worker slices (data.h "shards and batches"). */
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -302,123 +303,208 @@ static ps_dataset *index_dataset(size_t n)
     return ds;
 }
 
-PS_TEST(shards_are_disjoint_and_cover_everything)
+/* The order of data.h, written out independently: Fisher-Yates of 0..n-1 from
+ * ps_rng seeded with seed * 1000003 + epoch + 1.  Pins the order bit for bit,
+ * so runs (and the W x b == 1 x W*b training test) stay repeatable. */
+static void reference_order(size_t n, uint64_t seed, uint64_t epoch, size_t *out)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = i;
+    ps_rng r;
+    ps_rng_seed(&r, seed * 1000003u + epoch + 1);
+    for (size_t i = n - 1; i > 0; i--) {
+        size_t j = (size_t)ps_rng_below(&r, i + 1);
+        size_t t = out[i];
+        out[i] = out[j];
+        out[j] = t;
+    }
+}
+
+/* Per epoch, for W = 1..4 and b = 1..4 (W*b <= N): every worker's batches are
+ * its slices of the epoch's order, the W shards are disjoint, and together
+ * they cover exactly the first steps_per_epoch*W*b samples of the order. */
+PS_TEST(shards_are_disjoint_and_cover_the_order_prefix)
 {
     enum { N = 23 };
     ps_dataset *ds = index_dataset(N);
     char why[256];
     int bad = 0;
-    for (int W = 1; W <= 3 && !bad; W++) {
-        int seen[N] = {0};
-        for (int rank = 0; rank < W && !bad; rank++) {
-            ps_data_shard *s;
-            if (ps_data_shard_create(ds, rank, W, 99, &s, why, sizeof why)) {
-                bad = 1;
-                break;
-            }
-            /* sizes differ by at most one: ceil or floor of N / W */
-            size_t size = ps_data_shard_size(s);
-            bad |= size != (size_t)(N - rank + W - 1) / W;
-            /* walk one epoch in batches of 4 through the copying iterator */
-            float img[4 * 2];
-            int32_t lab[4];
-            size_t got = 0;
-            while (got < size && !bad) {
-                int n;
-                uint64_t epoch;
-                if (ps_data_shard_next_batch(s, 4, img, lab, &n, &epoch) || epoch != 0 || n < 1) {
-                    bad = 1;
-                    break;
+    for (int W = 1; W <= 4 && !bad; W++)
+        for (int b = 1; b <= 4 && !bad; b++)
+            for (uint64_t e = 0; e < 3 && !bad; e++) {
+                size_t steps = (size_t)N / (size_t)(W * b), order[N];
+                int seen[N] = {0};
+                reference_order(N, 99, e, order);
+                for (int rank = 0; rank < W && !bad; rank++) {
+                    ps_data_shard *s;
+                    if (ps_data_shard_create(ds, rank, W, b, 99, &s, why, sizeof why)) {
+                        printf("# W=%d b=%d rank %d: %s\n", W, b, rank, why);
+                        bad = 1;
+                        break;
+                    }
+                    bad |= ps_data_shard_steps_per_epoch(s) != steps;
+                    bad |= memcmp(ps_data_shard_order(s, e), order, sizeof order) != 0;
+                    for (size_t k = 0; k < steps && !bad; k++) {
+                        float img[4 * 2];
+                        int32_t lab[4];
+                        if (ps_data_shard_fill(s, e, k, img, lab)) {
+                            bad = 1;
+                            break;
+                        }
+                        for (int j = 0; j < b; j++) {
+                            int i = lab[j];
+                            size_t pos = k * (size_t)(W * b) + (size_t)(rank * b + j);
+                            bad |= i < 0 || i >= N || (size_t)i != order[pos] ||
+                                   img[2 * j] != (float)i || img[2 * j + 1] != -(float)i;
+                            if (!bad)
+                                seen[i]++;
+                        }
+                    }
+                    /* one past the last step is refused */
+                    float img[4 * 2];
+                    int32_t lab[4];
+                    bad |= ps_data_shard_fill(s, e, steps, img, lab) != PS_EINVAL;
+                    ps_data_shard_destroy(s);
                 }
-                /* never spans the epoch end: full batches, then the rest */
-                bad |= (size_t)n != (size - got < 4 ? size - got : 4);
-                for (int j = 0; j < n; j++) {
-                    int i = lab[j];
-                    bad |= i < 0 || i >= N || i % W != rank || img[2 * j] != (float)i ||
-                           img[2 * j + 1] != -(float)i;
-                    if (!bad)
-                        seen[i]++;
-                }
-                got += (size_t)n;
+                for (size_t p = 0; p < N && !bad; p++)
+                    if (seen[order[p]] != (p < steps * (size_t)(W * b))) {
+                        printf("# W=%d b=%d epoch %llu: position %zu (sample %zu) seen %d times\n",
+                               W, b, (unsigned long long)e, p, order[p], seen[order[p]]);
+                        bad = 1;
+                    }
             }
-            /* the next batch starts epoch 1 */
-            int n;
-            uint64_t epoch = 0;
-            bad |= ps_data_shard_next_batch(s, 4, img, lab, &n, &epoch) != 0 || epoch != 1;
-            ps_data_shard_destroy(s);
-        }
-        for (int i = 0; i < N; i++)
-            if (seen[i] != 1) {
-                printf("# W=%d: sample %d seen %d times\n", W, i, seen[i]);
-                bad = 1;
-            }
-    }
-    ps_data_shard *s = NULL;
-    int rc_world = ps_data_shard_create(ds, 0, 0, 1, &s, why, sizeof why);
-    int rc_rank = ps_data_shard_create(ds, 3, 3, 1, &s, why, sizeof why);
-    int rc_small = ps_data_shard_create(ds, 30, 40, 1, &s, why, sizeof why);
     ps_dataset_free(ds);
     CHECK(!bad);
-    CHECK_EQ_INT(rc_world, PS_EINVAL);
-    CHECK_EQ_INT(rc_rank, PS_EINVAL);
-    CHECK_EQ_INT(rc_small, PS_EINVAL);
 }
 
-static void order_of(ps_data_shard *s, size_t *out)
+/* W = 2 workers with batch b see exactly what 1 worker with batch 2b sees:
+ * rank 0's slice then rank 1's is the single worker's batch, every step of
+ * several epochs, visited in the training loop's order (and out of order). */
+PS_TEST(two_shards_of_batch_b_equal_one_of_batch_2b)
 {
-    for (size_t j = 0; j < ps_data_shard_size(s); j++)
-        out[j] = ps_data_shard_index(s, j);
+    enum { N = 203, B = 8 };
+    ps_dataset *ds = index_dataset(N);
+    char why[256];
+    ps_data_shard *one, *r0, *r1;
+    CHECK_OK(ps_data_shard_create(ds, 0, 1, 2 * B, 5, &one, why, sizeof why));
+    CHECK_OK(ps_data_shard_create(ds, 0, 2, B, 5, &r0, why, sizeof why));
+    CHECK_OK(ps_data_shard_create(ds, 1, 2, B, 5, &r1, why, sizeof why));
+    size_t steps = ps_data_shard_steps_per_epoch(one);
+    int same_steps = steps == N / (2 * B) && ps_data_shard_steps_per_epoch(r0) == steps &&
+                     ps_data_shard_steps_per_epoch(r1) == steps;
+    int bad = 0, checked = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (uint64_t e = 0; e < 3 && !bad; e++)
+            for (size_t i = 0; i < steps && !bad; i++) {
+                /* pass 1 jumps around: k from the end, epochs interleaved */
+                size_t k = pass == 0 ? i : steps - 1 - i;
+                uint64_t ep = pass == 0 ? e : (e + i) % 3;
+                float x1[2 * B * 2], x2[2 * B * 2];
+                int32_t y1[2 * B], y2[2 * B];
+                bad |= ps_data_shard_fill(one, ep, k, x1, y1) != 0;
+                bad |= ps_data_shard_fill(r0, ep, k, x2, y2) != 0;
+                bad |= ps_data_shard_fill(r1, ep, k, x2 + B * 2, y2 + B) != 0;
+                bad |= memcmp(x1, x2, sizeof x1) != 0 || memcmp(y1, y2, sizeof y1) != 0;
+                checked++;
+            }
+    ps_data_shard_destroy(one), ps_data_shard_destroy(r0), ps_data_shard_destroy(r1);
+    ps_dataset_free(ds);
+    CHECK(same_steps);
+    CHECK(!bad);
+    CHECK_EQ_INT(checked, 2 * 3 * (N / (2 * B)));
 }
 
-PS_TEST(epoch_shuffle_is_deterministic)
+/* The order is a function of (seed, epoch): the same for two shards, for
+ * every rank, whatever epochs were visited before; it is the reference
+ * Fisher-Yates; epochs and seeds differ; and it is a shuffled permutation. */
+PS_TEST(epoch_order_is_deterministic_per_seed_and_epoch)
 {
     enum { N = 200 };
     ps_dataset *ds = index_dataset(N);
     char why[256];
-    ps_data_shard *a, *b, *c;
-    CHECK_OK(ps_data_shard_create(ds, 1, 2, 7, &a, why, sizeof why));
-    CHECK_OK(ps_data_shard_create(ds, 1, 2, 7, &b, why, sizeof why));
-    CHECK_OK(ps_data_shard_create(ds, 1, 2, 8, &c, why, sizeof why));
-    size_t a0[N], a1[N], b0[N], b1[N], c0[N], a1again[N];
-    size_t n = ps_data_shard_size(a);
-    order_of(a, a0);
-    order_of(b, b0);
-    order_of(c, c0);
-    /* reach epoch 1 of b by iterating, of a by jumping */
-    float img[64 * 2];
-    int32_t lab[64];
-    int got;
-    uint64_t epoch = 0;
-    while (epoch == 0)
-        ps_data_shard_next_batch(b, 64, img, lab, &got, &epoch);
-    ps_data_shard_set_epoch(a, 1);
-    order_of(a, a1);
-    order_of(b, b1);
-    /* the first batch of epoch 1 is the start of its order */
-    int first_ok = got == 64;
-    for (int j = 0; j < got; j++)
-        first_ok &= (size_t)lab[j] == b1[j];
-    ps_data_shard_set_epoch(a, 5);
-    ps_data_shard_set_epoch(a, 1);
-    order_of(a, a1again);
-    int is_shuffled = 0, sorted_set = 1;
-    for (size_t j = 0; j < n; j++) {
-        is_shuffled |= a0[j] != 1 + 2 * j;
-        sorted_set &= a0[j] % 2 == 1;
+    ps_data_shard *a, *b, *c, *d;
+    CHECK_OK(ps_data_shard_create(ds, 1, 2, 4, 7, &a, why, sizeof why));
+    CHECK_OK(ps_data_shard_create(ds, 1, 2, 4, 7, &b, why, sizeof why));
+    CHECK_OK(ps_data_shard_create(ds, 1, 2, 4, 8, &c, why, sizeof why));
+    CHECK_OK(ps_data_shard_create(ds, 0, 3, 9, 7, &d, why, sizeof why));
+    size_t a0[N], a1[N], a1again[N], b1[N], c0[N], d1[N], ref0[N], ref1[N];
+    memcpy(a0, ps_data_shard_order(a, 0), sizeof a0);
+    memcpy(c0, ps_data_shard_order(c, 0), sizeof c0);
+    /* a reaches epoch 1 after 0; b jumps there; d (another rank, world and
+     * batch) goes 0, 5, 1; a returns to 1 after 5 */
+    memcpy(a1, ps_data_shard_order(a, 1), sizeof a1);
+    memcpy(b1, ps_data_shard_order(b, 1), sizeof b1);
+    ps_data_shard_order(d, 0);
+    ps_data_shard_order(d, 5);
+    memcpy(d1, ps_data_shard_order(d, 1), sizeof d1);
+    ps_data_shard_order(a, 5);
+    memcpy(a1again, ps_data_shard_order(a, 1), sizeof a1again);
+    reference_order(N, 7, 0, ref0);
+    reference_order(N, 7, 1, ref1);
+    /* filling a batch of epoch 1 after epoch 5 reshuffles back to epoch 1 */
+    ps_data_shard_order(b, 5);
+    float img[4 * 2];
+    int32_t lab[4];
+    int fill_rc = ps_data_shard_fill(b, 1, 3, img, lab), fill_ok = 1;
+    for (int j = 0; j < 4; j++) /* rank 1 of 2, batch 4, step 3: positions 28..31 */
+        fill_ok &= (size_t)lab[j] == ref1[3 * 8 + 4 + j];
+    int count[N] = {0}, is_perm = 1, is_shuffled = 0;
+    for (size_t j = 0; j < N; j++) {
+        is_perm &= a0[j] < N && ++count[a0[j]] == 1;
+        is_shuffled |= a0[j] != j;
     }
-    int same0 = memcmp(a0, b0, n * sizeof(size_t)) == 0;
-    int same1 = memcmp(a1, b1, n * sizeof(size_t)) == 0;
-    int epochs_differ = memcmp(a0, a1, n * sizeof(size_t)) != 0;
-    int seeds_differ = memcmp(a0, c0, n * sizeof(size_t)) != 0;
-    int repeatable = memcmp(a1, a1again, n * sizeof(size_t)) == 0;
     ps_data_shard_destroy(a), ps_data_shard_destroy(b), ps_data_shard_destroy(c);
+    ps_data_shard_destroy(d);
     ps_dataset_free(ds);
-    CHECK(same0);
-    CHECK(same1);
-    CHECK(first_ok);
-    CHECK(epochs_differ);
-    CHECK(seeds_differ);
-    CHECK(repeatable);
+    CHECK(memcmp(a0, ref0, sizeof a0) == 0);
+    CHECK(memcmp(a1, ref1, sizeof a1) == 0);
+    CHECK(memcmp(b1, a1, sizeof b1) == 0);
+    CHECK(memcmp(d1, a1, sizeof d1) == 0);
+    CHECK(memcmp(a1again, a1, sizeof a1) == 0);
+    CHECK(memcmp(a0, a1, sizeof a0) != 0);   /* epochs differ */
+    CHECK(memcmp(a0, c0, sizeof a0) != 0);   /* seeds differ */
+    CHECK_OK(fill_rc);
+    CHECK(fill_ok);
+    CHECK(is_perm);
     CHECK(is_shuffled);
-    CHECK(sorted_set);
+}
+
+/* world < 1, rank out of range, batch < 1, W*b > N and no data are refused
+ * with a message and no shard; W*b == N is one step per epoch. */
+PS_TEST(shard_bad_arguments_are_refused)
+{
+    enum { N = 23 };
+    ps_dataset *ds = index_dataset(N);
+    static const struct {
+        int rank, world, batch;
+        const char *says;
+    } bad[] = {
+        {0, 0, 1, "out of range"},  {0, -1, 1, "out of range"}, {-1, 2, 1, "out of range"},
+        {2, 2, 1, "out of range"},  {0, 1, 0, "batch 0"},       {0, 1, -3, "batch -3"},
+        {0, 4, 6, "more than the 23 samples"}, {3, 2, 12, "out of range"},
+        {0, 1, 24, "more than the 23 samples"},
+    };
+    char why[256];
+    int failures = 0;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ps_data_shard *s = (ps_data_shard *)1;
+        why[0] = '\0';
+        int rc = ps_data_shard_create(ds, bad[i].rank, bad[i].world, bad[i].batch, 1, &s, why,
+                                      sizeof why);
+        if (rc != PS_EINVAL || s != NULL || !strstr(why, bad[i].says)) {
+            printf("# rank %d world %d batch %d: rc %d, '%s'\n", bad[i].rank, bad[i].world,
+                   bad[i].batch, rc, why);
+            failures++;
+        }
+    }
+    ps_data_shard *s = NULL;
+    int rc_null = ps_data_shard_create(NULL, 0, 1, 1, 1, &s, why, sizeof why);
+    int rc_exact = ps_data_shard_create(ds, 0, 1, N, 1, &s, why, sizeof why);
+    size_t steps_exact = rc_exact ? 0 : ps_data_shard_steps_per_epoch(s);
+    ps_data_shard_destroy(s);
+    ps_dataset_free(ds);
+    CHECK_EQ_INT(failures, 0);
+    CHECK_EQ_INT(rc_null, PS_EINVAL);
+    CHECK_OK(rc_exact);
+    CHECK_EQ_INT(steps_exact, 1);
 }

@@ -819,21 +819,23 @@ PS_TEST(local_sgd_lowers_the_loss_on_synthetic_data)
     if (!rc)
         rc = ps_model_create("mlp:784-64-10", 1, 28, 28, 10, 32, b, 7, &m, why, sizeof why);
     if (!rc)
-        rc = ps_data_shard_create(ds, 0, 1, 7, &s, why, sizeof why);
+        rc = ps_data_shard_create(ds, 0, 1, 32, 7, &s, why, sizeof why);
     double acc0 = 0, loss0 = 0, acc1 = 0, loss1 = 0;
     if (!rc)
         rc = ps_model_evaluate(m, ds, &acc0, &loss0, why, sizeof why);
     float *x = malloc(32 * 784 * sizeof(float));
     int32_t y[32];
-    uint64_t epoch = 0;
-    while (!rc && epoch < 5) {
-        int n;
-        rc = ps_data_shard_next_batch(s, 32, x, y, &n, &epoch);
-        if (!rc && epoch < 5)
-            rc = ps_model_load_batch(m, x, y, n) ||
-                 ps_model_forward(m, ps_model_input(m), ps_model_labels(m), n, NULL, NULL, NULL) ||
-                 ps_model_backward(m, NULL) || ps_model_sgd_step(m, 0.1f);
-    }
+    /* 5 epochs of 1024 / 32 steps, as the training loop walks them */
+    size_t steps = rc ? 0 : ps_data_shard_steps_per_epoch(s);
+    for (uint64_t epoch = 0; !rc && epoch < 5; epoch++)
+        for (size_t k = 0; !rc && k < steps; k++) {
+            rc = ps_data_shard_fill(s, epoch, k, x, y);
+            if (!rc)
+                rc = ps_model_load_batch(m, x, y, 32) ||
+                     ps_model_forward(m, ps_model_input(m), ps_model_labels(m), 32, NULL, NULL,
+                                      NULL) ||
+                     ps_model_backward(m, NULL) || ps_model_sgd_step(m, 0.1f);
+        }
     double acc_test = 0, loss_test = 0;
     if (!rc)
         rc = ps_model_evaluate(m, ds, &acc1, &loss1, why, sizeof why);

@@ -465,40 +465,53 @@ int ps_dataset_open(const char *spec, int split, uint64_t seed, ps_dataset **out
 
 struct ps_data_shard {
     const ps_dataset *ds;
-    int rank, world;
-    uint64_t seed, epoch;
-    size_t size, pos;
-    size_t *order; /* dataset indices in this epoch's order */
+    int rank, world, batch;
+    uint64_t seed;
+    size_t steps;      /* per epoch */
+    uint64_t epoch;    /* the epoch order[] holds, when have_order */
+    int have_order;
+    size_t *order;     /* that epoch's order of the whole dataset */
 };
 
-int ps_data_shard_create(const ps_dataset *ds, int rank, int world, uint64_t seed,
+int ps_data_shard_create(const ps_dataset *ds, int rank, int world, int batch, uint64_t seed,
                          ps_data_shard **out, char *why, size_t why_len)
 {
     *out = NULL;
+    if (!ds || ds->count == 0) {
+        snprintf(why, why_len, "shard: no samples to shard");
+        return PS_EINVAL;
+    }
     if (world < 1 || rank < 0 || rank >= world) {
         snprintf(why, why_len, "shard: rank %d of %d workers is out of range", rank, world);
         return PS_EINVAL;
     }
-    if (!ds || ds->count <= (size_t)rank) {
-        snprintf(why, why_len, "shard: %s has %zu samples, too few for worker %d of %d",
-                 ds ? ds->name : "(no dataset)", ds ? ds->count : 0, rank, world);
+    if (batch < 1) {
+        snprintf(why, why_len, "shard: batch %d must be at least 1", batch);
+        return PS_EINVAL;
+    }
+    /* both factors are ints, so the product fits in 64 bits */
+    size_t per_step = (size_t)batch * (size_t)world;
+    if (per_step > ds->count) {
+        snprintf(why, why_len,
+                 "batch %d x %d workers is more than the %zu samples of %s: not one step per "
+                 "epoch",
+                 batch, world, ds->count, ds->name);
         return PS_EINVAL;
     }
     ps_data_shard *s = calloc(1, sizeof *s);
-    size_t size = (ds->count - (size_t)rank + (size_t)world - 1) / (size_t)world;
     if (s)
-        s->order = malloc(size * sizeof *s->order);
+        s->order = malloc(ds->count * sizeof *s->order);
     if (!s || !s->order) {
         free(s);
-        snprintf(why, why_len, "shard: out of memory");
+        snprintf(why, why_len, "shard: out of memory for the order of %zu samples", ds->count);
         return PS_ENOMEM;
     }
     s->ds = ds;
     s->rank = rank;
     s->world = world;
+    s->batch = batch;
     s->seed = seed;
-    s->size = size;
-    ps_data_shard_set_epoch(s, 0);
+    s->steps = ds->count / per_step;
     *out = s;
     return 0;
 }
@@ -511,61 +524,44 @@ void ps_data_shard_destroy(ps_data_shard *s)
     free(s);
 }
 
-size_t ps_data_shard_size(const ps_data_shard *s)
+size_t ps_data_shard_steps_per_epoch(const ps_data_shard *s)
 {
-    return s->size;
+    return s->steps;
 }
 
-uint64_t ps_data_shard_epoch(const ps_data_shard *s)
+const size_t *ps_data_shard_order(ps_data_shard *s, uint64_t epoch)
 {
-    return s->epoch;
-}
-
-void ps_data_shard_set_epoch(ps_data_shard *s, uint64_t epoch)
-{
-    /* Rebuild from the sorted shard each time so epoch e's order depends on
-     * (seed, e, rank) only, not on the epochs visited before it. */
-    for (size_t j = 0; j < s->size; j++)
-        s->order[j] = (size_t)s->rank + j * (size_t)s->world;
-    uint64_t st = s->seed ^ 0x5348415244ull; /* "SHARD" */
-    st = ps_splitmix64(&st) ^ epoch;
-    st = ps_splitmix64(&st) ^ (uint64_t)s->rank;
+    if (s->have_order && s->epoch == epoch)
+        return s->order;
+    /* from the identity each time, so the order depends on (seed, epoch) only */
+    size_t n = s->ds->count;
+    for (size_t i = 0; i < n; i++)
+        s->order[i] = i;
     ps_rng r;
-    ps_rng_seed(&r, ps_splitmix64(&st));
-    for (size_t j = s->size; j > 1; j--) { /* Fisher-Yates */
-        size_t k = (size_t)ps_rng_below(&r, j);
-        size_t t = s->order[j - 1];
-        s->order[j - 1] = s->order[k];
-        s->order[k] = t;
+    ps_rng_seed(&r, s->seed * 1000003u + epoch + 1);
+    for (size_t i = n - 1; i > 0; i--) { /* Fisher-Yates; n >= 1 (checked at create) */
+        size_t j = (size_t)ps_rng_below(&r, i + 1);
+        size_t t = s->order[i];
+        s->order[i] = s->order[j];
+        s->order[j] = t;
     }
     s->epoch = epoch;
-    s->pos = 0;
+    s->have_order = 1;
+    return s->order;
 }
 
-size_t ps_data_shard_index(const ps_data_shard *s, size_t j)
+int ps_data_shard_fill(ps_data_shard *s, uint64_t epoch, size_t k, float *images,
+                       int32_t *labels)
 {
-    return j < s->size ? s->order[j] : (size_t)-1;
-}
-
-int ps_data_shard_next_batch(ps_data_shard *s, int max_n, float *images, int32_t *labels,
-                             int *n, uint64_t *epoch)
-{
-    if (max_n <= 0)
+    if (k >= s->steps)
         return PS_EINVAL;
-    if (s->pos >= s->size)
-        ps_data_shard_set_epoch(s, s->epoch + 1);
-    size_t take = s->size - s->pos;
-    if (take > (size_t)max_n)
-        take = (size_t)max_n;
+    const size_t *order = ps_data_shard_order(s, epoch);
     size_t ss = ps_dataset_sample_size(s->ds);
-    for (size_t j = 0; j < take; j++) {
-        size_t i = s->order[s->pos + j];
-        memcpy(images + j * ss, s->ds->images + i * ss, ss * sizeof(float));
-        labels[j] = s->ds->labels[i];
+    size_t base = k * (size_t)s->batch * (size_t)s->world + (size_t)s->rank * (size_t)s->batch;
+    for (int j = 0; j < s->batch; j++) {
+        size_t idx = order[base + (size_t)j];
+        memcpy(images + (size_t)j * ss, s->ds->images + idx * ss, ss * sizeof(float));
+        labels[j] = s->ds->labels[idx];
     }
-    s->pos += take;
-    *n = (int)take;
-    if (epoch)
-        *epoch = s->epoch;
     return 0;
 }

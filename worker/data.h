@@ -1,6 +1,7 @@
 /* Datasets for the worker: MNIST-format IDX files (Fashion-MNIST by default),
- * deterministic synthetic data for benchmarks, per-worker shards with a
- * per-epoch shuffle, and the portable RNG these (and weight init) draw from.
+ * deterministic synthetic data for benchmarks, each worker's slice of the
+ * per-epoch shuffle that training draws its batches from, and the portable
+ * RNG these (and weight init) draw from.
  *
  * Everything here is host memory and plain C: no backend, no threads. */
 #ifndef PS_DATA_H
@@ -83,32 +84,58 @@ int ps_dataset_open(const char *spec, int split, uint64_t seed, ps_dataset **out
 void ps_dataset_free(ps_dataset *ds);
 
 /* ---- shards and batches -------------------------------------------------
- * Worker `rank` of `world` owns the samples i with i % world == rank: shards
- * are disjoint, cover the dataset, and differ in size by at most one.  Each
- * epoch visits the shard in an order shuffled from (seed, epoch, rank), so a
- * run is repeatable and every worker draws a different order. */
+ * The one data order of training, shared by all W workers of a run:
+ *
+ *   - Each epoch e the whole training set is shuffled from (seed, e) alone,
+ *     identically on every worker (no communication needed): order[0..N).
+ *   - Global batch k of the epoch is order[k*W*b .. (k+1)*W*b), and worker r
+ *     (its rank) takes the r-th slice of b samples of it:
+ *         order[k*W*b + r*b .. k*W*b + (r+1)*b).
+ *   - An epoch has steps_per_epoch = floor(N / (W*b)) batches; the last
+ *     N mod W*b samples of the order are left out of that epoch (they are
+ *     elsewhere in the next epoch's order).
+ *
+ * Why this scheme:
+ *   - Disjoint per epoch: within an epoch no sample is used twice, by one
+ *     worker or by two; together the W shards cover exactly the first
+ *     steps_per_epoch*W*b samples of the epoch's order.
+ *   - W x b equals 1 x W*b: the union of the W slices of global batch k is
+ *     the batch k that a single worker with batch W*b would take (the slices
+ *     in rank order, concatenated, are that batch), so a sync run of W
+ *     workers with batch b sees the same samples per step as one worker with
+ *     batch W*b, and (up to float summation order) trains the same model.
+ *   - Equal step counts: every worker makes the same number of steps per
+ *     epoch (dropping the remainder instead of giving some workers a short or
+ *     extra batch), which sync mode needs: each step waits for all W pushes.
+ *
+ * The order is a Fisher-Yates shuffle of 0..N-1 drawn from ps_rng seeded with
+ * seed * 1000003 + epoch + 1, so a run is repeatable on every machine and an
+ * epoch's order depends on (seed, epoch) only, not on the epochs visited
+ * before it. */
 typedef struct ps_data_shard ps_data_shard;
 
-/* The shard keeps a pointer to ds (which must outlive it) and starts at
- * epoch 0, position 0.  PS_EINVAL when world < 1, rank outside [0, world), or
- * the shard would be empty. */
-int ps_data_shard_create(const ps_dataset *ds, int rank, int world, uint64_t seed,
+/* Worker `rank` of `world`, `batch` samples per step.  The shard keeps a
+ * pointer to ds (which must outlive it).  PS_EINVAL (with a message in why)
+ * when ds is NULL, world < 1, rank outside [0, world), batch < 1, or
+ * world * batch > ds->count (not one step per epoch); PS_ENOMEM. */
+int ps_data_shard_create(const ps_dataset *ds, int rank, int world, int batch, uint64_t seed,
                          ps_data_shard **out, char *why, size_t why_len);
 void ps_data_shard_destroy(ps_data_shard *s);
 
-size_t ps_data_shard_size(const ps_data_shard *s);
-uint64_t ps_data_shard_epoch(const ps_data_shard *s);
-/* Jump to the start of epoch e (reshuffles). */
-void ps_data_shard_set_epoch(ps_data_shard *s, uint64_t epoch);
-/* Dataset index of the j-th sample (j < ps_data_shard_size) in this epoch's order. */
-size_t ps_data_shard_index(const ps_data_shard *s, size_t j);
+/* floor(count / (world * batch)), at least 1: the same on every worker. */
+size_t ps_data_shard_steps_per_epoch(const ps_data_shard *s);
 
-/* Copy the next batch of up to max_n samples into host buffers images
- * [max_n x sample_size] floats and labels [max_n] int32, and set *n to the
- * number copied and *epoch (may be NULL) to the epoch they belong to.  A batch
- * never spans two epochs: the last batch of an epoch may be short, and the
- * call after it starts the next epoch (reshuffled).  Never returns 0 samples. */
-int ps_data_shard_next_batch(ps_data_shard *s, int max_n, float *images, int32_t *labels,
-                             int *n, uint64_t *epoch);
+/* Copy this worker's batch k (k < steps_per_epoch) of epoch e into host
+ * buffers images [batch x sample_size] floats and labels [batch] int32.
+ * Reshuffles when e differs from the epoch of the previous call, so walking
+ * k = 0, 1, ... within an epoch shuffles once.  PS_EINVAL when k is out of
+ * range (nothing copied). */
+int ps_data_shard_fill(ps_data_shard *s, uint64_t epoch, size_t k, float *images,
+                       int32_t *labels);
+
+/* Epoch e's order of the whole dataset (count dataset indices; the same for
+ * every rank), reshuffling as ps_data_shard_fill does.  Valid until the next
+ * call with another epoch, or destroy. */
+const size_t *ps_data_shard_order(ps_data_shard *s, uint64_t epoch);
 
 #endif

@@ -84,9 +84,9 @@ typedef struct worker {
     int64_t wait_ns;   /* time blocked on communication in the current window */
     ps_trace *trace;
     ps_dataset *train, *test;
+    ps_data_shard *shard; /* this worker's slice of each global batch (data.h) */
     float *hx;         /* host batch */
     int32_t *hy;
-    size_t *perm;      /* this epoch's global order of the training set */
 } worker;
 
 enum { TID_TRAIN = 1, TID_COMM = 2 };
@@ -368,40 +368,6 @@ static int connect_servers(worker *w)
     return rc;
 }
 
-/* ---------- data order ---------- */
-
-/* The whole training set is shuffled per epoch from (seed, epoch), the same
- * on every worker; global batch k is the W*b samples perm[k*W*b ...], and
- * worker r takes its r-th slice of b.  So shards are disjoint, and W workers
- * with batch b see exactly the samples one worker with batch W*b would. */
-static void shuffle_epoch(worker *w, int64_t epoch)
-{
-    size_t n = w->train->count;
-    for (size_t i = 0; i < n; i++)
-        w->perm[i] = i;
-    ps_rng r;
-    ps_rng_seed(&r, w->cfg->seed * 1000003u + (uint64_t)epoch + 1);
-    for (size_t i = n - 1; i > 0; i--) {
-        size_t j = (size_t)ps_rng_below(&r, i + 1);
-        size_t t = w->perm[i];
-        w->perm[i] = w->perm[j];
-        w->perm[j] = t;
-    }
-}
-
-static void fill_batch(worker *w, int64_t k_in_epoch)
-{
-    const ps_train_config *c = w->cfg;
-    size_t ss = ps_dataset_sample_size(w->train);
-    size_t base = (size_t)k_in_epoch * (size_t)c->batch * (size_t)c->num_workers +
-                  (size_t)c->rank * (size_t)c->batch;
-    for (int j = 0; j < c->batch; j++) {
-        size_t idx = w->perm[base + (size_t)j];
-        memcpy(w->hx + (size_t)j * ss, w->train->images + idx * ss, ss * sizeof(float));
-        w->hy[j] = w->train->labels[idx];
-    }
-}
-
 /* ---------- the loop ---------- */
 
 static int evaluate(worker *w, int64_t epoch, double *acc_out)
@@ -470,15 +436,8 @@ static int train_loop(worker *w)
         }
         fprintf(csv, "time_s,epoch,iter,loss,samples_per_s,comm_wait_pct\n");
     }
-    int64_t per_epoch =
-        (int64_t)(w->train->count / ((size_t)c->batch * (size_t)c->num_workers));
-    if (per_epoch < 1) {
-        ps_error("--batch %d x %d workers is more than the %zu training samples", c->batch,
-                 c->num_workers, w->train->count);
-        if (csv)
-            fclose(csv);
-        return PS_EINVAL;
-    }
+    /* the same on every worker: sync needs equal step counts (data.h) */
+    int64_t per_epoch = (int64_t)ps_data_shard_steps_per_epoch(w->shard);
     int64_t total = per_epoch * c->epochs;
     if (c->max_steps > 0 && c->max_steps < total)
         total = c->max_steps;
@@ -496,9 +455,9 @@ static int train_loop(worker *w)
                                                                           : "");
     for (w->step = 0; w->step < total && !rc && !g_stop; w->step++) {
         int64_t k = w->step % per_epoch, epoch = w->step / per_epoch;
-        if (k == 0)
-            shuffle_epoch(w, epoch);
-        fill_batch(w, k);
+        /* our slice of global batch k of the epoch's shuffle, the same on every worker */
+        if ((rc = ps_data_shard_fill(w->shard, (uint64_t)epoch, (size_t)k, w->hx, w->hy)))
+            break;
         int64_t t0 = ps_now_ns();
         float loss = 0;
         if ((rc = ps_model_load_batch(w->m, w->hx, w->hy, c->batch)) ||
@@ -584,6 +543,12 @@ int ps_train_run(const ps_train_config *c)
         ps_error("--data: %s", why);
         goto out;
     }
+    /* refuses a batch x workers larger than the training set, before anything starts */
+    if ((rc = ps_data_shard_create(w.train, c->rank, c->num_workers, c->batch, c->seed, &w.shard,
+                                   why, sizeof why))) {
+        ps_error("%s", why);
+        goto out;
+    }
     if ((rc = ps_backend_create(c->device, c->threads, &w.b, why, sizeof why))) {
         ps_error("%s", why);
         goto out;
@@ -604,8 +569,7 @@ int ps_train_run(const ps_train_config *c)
     size_t ss = ps_dataset_sample_size(w.train);
     w.hx = malloc((size_t)c->batch * ss * sizeof(float));
     w.hy = malloc((size_t)c->batch * sizeof(int32_t));
-    w.perm = malloc(w.train->count * sizeof(size_t));
-    if (!w.hx || !w.hy || !w.perm) {
+    if (!w.hx || !w.hy) {
         rc = PS_ENOMEM;
         goto out;
     }
@@ -643,7 +607,7 @@ out:
     free(w.slots);
     free(w.hx);
     free(w.hy);
-    free(w.perm);
+    ps_data_shard_destroy(w.shard);
     ps_dataset_free(w.train);
     ps_dataset_free(w.test);
     return rc;
