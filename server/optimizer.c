@@ -17,6 +17,15 @@
  * the same as one fused loop, operation for operation. */
 #define BLOCK 256
 
+/* In place and out of place: each kernel's loop is written once, as a macro
+ * over WI (the weights read) and WO (the weights written), and instantiated
+ * twice: in place with WI and WO the same restrict pointer, out of place with
+ * two restrict pointers.  One function cannot serve both (two restrict
+ * pointers to the same array, one of them written, is undefined behaviour),
+ * and a plain pointer pair would make gcc vectorize behind a run-time overlap
+ * check that w_in == w_out fails.  Both instances do the same float
+ * operations in the same order, so their results are bitwise identical. */
+
 static void sqrt_block(float *restrict x, size_t n)
 {
     size_t i = 0;
@@ -39,31 +48,104 @@ int ps_opt_state_arrays(int kind)
     }
 }
 
+/* ---- sgd ---- */
+
+#define SGD_LOOP(WI, WO)                            \
+    for (size_t i = 0; i < n; i++)                  \
+        WO[i] = WI[i] - lr * (g[i] + wd * WI[i]);
+
 void ps_opt_sgd(float *restrict w, const float *restrict g, size_t n, float lr, float wd)
 {
-    for (size_t i = 0; i < n; i++)
-        w[i] = w[i] - lr * (g[i] + wd * w[i]);
+    SGD_LOOP(w, w)
 }
+
+static void sgd_out(const float *restrict wi, float *restrict wo, const float *restrict g,
+                    size_t n, float lr, float wd)
+{
+    SGD_LOOP(wi, wo)
+}
+
+void ps_opt_sgd_to(const float *w_in, float *w_out, const float *g, size_t n, float lr, float wd)
+{
+    if (w_in == w_out)
+        ps_opt_sgd(w_out, g, n, lr, wd);
+    else
+        sgd_out(w_in, w_out, g, n, lr, wd);
+}
+
+/* ---- momentum ---- */
+
+#define MOMENTUM_LOOP(WI, WO)                       \
+    for (size_t i = 0; i < n; i++) {                \
+        float gp = g[i] + wd * WI[i];               \
+        v[i] = mu * v[i] + gp;                      \
+        WO[i] = WI[i] - lr * v[i];                  \
+    }
 
 void ps_opt_momentum(float *restrict w, float *restrict v, const float *restrict g, size_t n,
                      float lr, float mu, float wd)
 {
-    for (size_t i = 0; i < n; i++) {
-        float gp = g[i] + wd * w[i];
-        v[i] = mu * v[i] + gp;
-        w[i] = w[i] - lr * v[i];
-    }
+    MOMENTUM_LOOP(w, w)
 }
+
+static void momentum_out(const float *restrict wi, float *restrict wo, float *restrict v,
+                         const float *restrict g, size_t n, float lr, float mu, float wd)
+{
+    MOMENTUM_LOOP(wi, wo)
+}
+
+void ps_opt_momentum_to(const float *w_in, float *w_out, float *v, const float *g, size_t n,
+                        float lr, float mu, float wd)
+{
+    if (w_in == w_out)
+        ps_opt_momentum(w_out, v, g, n, lr, mu, wd);
+    else
+        momentum_out(w_in, w_out, v, g, n, lr, mu, wd);
+}
+
+/* ---- nesterov ---- */
+
+#define NESTEROV_LOOP(WI, WO)                       \
+    for (size_t i = 0; i < n; i++) {                \
+        float gp = g[i] + wd * WI[i];               \
+        v[i] = mu * v[i] + gp;                      \
+        WO[i] = WI[i] - lr * (gp + mu * v[i]);      \
+    }
 
 void ps_opt_nesterov(float *restrict w, float *restrict v, const float *restrict g, size_t n,
                      float lr, float mu, float wd)
 {
-    for (size_t i = 0; i < n; i++) {
-        float gp = g[i] + wd * w[i];
-        v[i] = mu * v[i] + gp;
-        w[i] = w[i] - lr * (gp + mu * v[i]);
-    }
+    NESTEROV_LOOP(w, w)
 }
+
+static void nesterov_out(const float *restrict wi, float *restrict wo, float *restrict v,
+                         const float *restrict g, size_t n, float lr, float mu, float wd)
+{
+    NESTEROV_LOOP(wi, wo)
+}
+
+void ps_opt_nesterov_to(const float *w_in, float *w_out, float *v, const float *g, size_t n,
+                        float lr, float mu, float wd)
+{
+    if (w_in == w_out)
+        ps_opt_nesterov(w_out, v, g, n, lr, mu, wd);
+    else
+        nesterov_out(w_in, w_out, v, g, n, lr, mu, wd);
+}
+
+/* ---- adagrad: one block of b elements at offset o (gb, hb: g, h + o) ---- */
+
+#define ADAGRAD_BLOCK(WI, WO)                                   \
+    for (size_t i = 0; i < b; i++) {                            \
+        float gp = gb[i] + wd * WI[i];                          \
+        hb[i] = hb[i] + gp * gp;                                \
+        d[i] = hb[i];                                           \
+    }                                                           \
+    sqrt_block(d, b);                                           \
+    for (size_t i = 0; i < b; i++) {                            \
+        float gp = gb[i] + wd * WI[i]; /* WI is not written */  \
+        WO[i] = WI[i] - lr * gp / (d[i] + eps);                 \
+    }
 
 void ps_opt_adagrad(float *restrict w, float *restrict h, const float *restrict g, size_t n,
                     float lr, float eps, float wd)
@@ -73,58 +155,109 @@ void ps_opt_adagrad(float *restrict w, float *restrict h, const float *restrict 
         size_t b = n - o < BLOCK ? n - o : BLOCK;
         float *restrict wb = w + o, *restrict hb = h + o;
         const float *restrict gb = g + o;
-        for (size_t i = 0; i < b; i++) {
-            float gp = gb[i] + wd * wb[i];
-            hb[i] = hb[i] + gp * gp;
-            d[i] = hb[i];
-        }
-        sqrt_block(d, b);
-        for (size_t i = 0; i < b; i++) {
-            float gp = gb[i] + wd * wb[i]; /* w is unchanged since the first loop */
-            wb[i] = wb[i] - lr * gp / (d[i] + eps);
-        }
+        ADAGRAD_BLOCK(wb, wb)
     }
 }
+
+static void adagrad_out(const float *restrict wi, float *restrict wo, float *restrict h,
+                        const float *restrict g, size_t n, float lr, float eps, float wd)
+{
+    float d[BLOCK];
+    for (size_t o = 0; o < n; o += BLOCK) {
+        size_t b = n - o < BLOCK ? n - o : BLOCK;
+        const float *restrict wib = wi + o, *restrict gb = g + o;
+        float *restrict wob = wo + o, *restrict hb = h + o;
+        ADAGRAD_BLOCK(wib, wob)
+    }
+}
+
+void ps_opt_adagrad_to(const float *w_in, float *w_out, float *h, const float *g, size_t n,
+                       float lr, float eps, float wd)
+{
+    if (w_in == w_out)
+        ps_opt_adagrad(w_out, h, g, n, lr, eps, wd);
+    else
+        adagrad_out(w_in, w_out, h, g, n, lr, eps, wd);
+}
+
+/* ---- adam: one block, as adagrad's ---- */
+
+#define ADAM_BLOCK(WI, WO)                                      \
+    for (size_t i = 0; i < b; i++) {                            \
+        float gp = gb[i] + wd * WI[i];                          \
+        mb[i] = b1 * mb[i] + c1 * gp;                           \
+        vb[i] = b2 * vb[i] + c2 * (gp * gp);                    \
+        d[i] = vb[i] / bc2;                                     \
+    }                                                           \
+    sqrt_block(d, b);                                           \
+    for (size_t i = 0; i < b; i++)                              \
+        WO[i] = WI[i] - lr * (mb[i] / bc1) / (d[i] + eps);
+
+/* bias corrections once per step, in double, then rounded to float */
+#define ADAM_PROLOGUE                                           \
+    float bc1 = (float)(1.0 - pow((double)b1, (double)t));      \
+    float bc2 = (float)(1.0 - pow((double)b2, (double)t));      \
+    float c1 = 1.0f - b1, c2 = 1.0f - b2;                       \
+    float d[BLOCK];
 
 void ps_opt_adam(float *restrict w, float *restrict m, float *restrict v, const float *restrict g,
                  size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t)
 {
-    /* bias corrections once per step, in double, then rounded to float */
-    float bc1 = (float)(1.0 - pow((double)b1, (double)t));
-    float bc2 = (float)(1.0 - pow((double)b2, (double)t));
-    float c1 = 1.0f - b1, c2 = 1.0f - b2;
-    float d[BLOCK];
+    ADAM_PROLOGUE
     for (size_t o = 0; o < n; o += BLOCK) {
         size_t b = n - o < BLOCK ? n - o : BLOCK;
         float *restrict wb = w + o, *restrict mb = m + o, *restrict vb = v + o;
         const float *restrict gb = g + o;
-        for (size_t i = 0; i < b; i++) {
-            float gp = gb[i] + wd * wb[i];
-            mb[i] = b1 * mb[i] + c1 * gp;
-            vb[i] = b2 * vb[i] + c2 * (gp * gp);
-            d[i] = vb[i] / bc2;
-        }
-        sqrt_block(d, b);
-        for (size_t i = 0; i < b; i++)
-            wb[i] = wb[i] - lr * (mb[i] / bc1) / (d[i] + eps);
+        ADAM_BLOCK(wb, wb)
+    }
+}
+
+static void adam_out(const float *restrict wi, float *restrict wo, float *restrict m,
+                     float *restrict v, const float *restrict g, size_t n, float lr, float b1,
+                     float b2, float eps, float wd, int64_t t)
+{
+    ADAM_PROLOGUE
+    for (size_t o = 0; o < n; o += BLOCK) {
+        size_t b = n - o < BLOCK ? n - o : BLOCK;
+        const float *restrict wib = wi + o, *restrict gb = g + o;
+        float *restrict wob = wo + o, *restrict mb = m + o, *restrict vb = v + o;
+        ADAM_BLOCK(wib, wob)
+    }
+}
+
+void ps_opt_adam_to(const float *w_in, float *w_out, float *m, float *v, const float *g,
+                    size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t)
+{
+    if (w_in == w_out)
+        ps_opt_adam(w_out, m, v, g, n, lr, b1, b2, eps, wd, t);
+    else
+        adam_out(w_in, w_out, m, v, g, n, lr, b1, b2, eps, wd, t);
+}
+
+int ps_opt_apply_to(const ps_opt_config *c, const float *w_in, float *w_out, float *s0,
+                    float *s1, const float *g, size_t n, int64_t t)
+{
+    switch (c->kind) {
+    case PS_OPT_SGD: ps_opt_sgd_to(w_in, w_out, g, n, c->lr, c->weight_decay); return 0;
+    case PS_OPT_MOMENTUM:
+        ps_opt_momentum_to(w_in, w_out, s0, g, n, c->lr, c->momentum, c->weight_decay);
+        return 0;
+    case PS_OPT_NESTEROV:
+        ps_opt_nesterov_to(w_in, w_out, s0, g, n, c->lr, c->momentum, c->weight_decay);
+        return 0;
+    case PS_OPT_ADAGRAD:
+        ps_opt_adagrad_to(w_in, w_out, s0, g, n, c->lr, c->eps, c->weight_decay);
+        return 0;
+    case PS_OPT_ADAM:
+        ps_opt_adam_to(w_in, w_out, s0, s1, g, n, c->lr, c->beta1, c->beta2, c->eps,
+                       c->weight_decay, t);
+        return 0;
+    default: return PS_EINVAL;
     }
 }
 
 int ps_opt_apply(const ps_opt_config *c, float *w, float *s0, float *s1, const float *g, size_t n,
                  int64_t t)
 {
-    switch (c->kind) {
-    case PS_OPT_SGD: ps_opt_sgd(w, g, n, c->lr, c->weight_decay); return 0;
-    case PS_OPT_MOMENTUM:
-        ps_opt_momentum(w, s0, g, n, c->lr, c->momentum, c->weight_decay);
-        return 0;
-    case PS_OPT_NESTEROV:
-        ps_opt_nesterov(w, s0, g, n, c->lr, c->momentum, c->weight_decay);
-        return 0;
-    case PS_OPT_ADAGRAD: ps_opt_adagrad(w, s0, g, n, c->lr, c->eps, c->weight_decay); return 0;
-    case PS_OPT_ADAM:
-        ps_opt_adam(w, s0, s1, g, n, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay, t);
-        return 0;
-    default: return PS_EINVAL;
-    }
+    return ps_opt_apply_to(c, w, w, s0, s1, g, n, t);
 }

@@ -10,9 +10,17 @@
  *             w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
  * where t (adam only) is the chunk's update count including this step (1, 2, ...).
  *
+ * In place or out of place: the *_to kernels and ps_opt_apply_to read the
+ * weights from w_in and write the new weights to w_out in the same single
+ * pass (w_in is left alone when they differ).  w_in == w_out is the in-place
+ * update; otherwise the two must not overlap.  Both run the same arithmetic,
+ * operation for operation, so the results are bitwise identical (the server
+ * updates out of place while a pull reply still sends the old weights).
+ *
  * State: the caller owns every array.  ps_opt_state_arrays() says how many
  * state arrays of n floats a kind needs (0, 1 or 2); they must start zeroed
- * and stay with the chunk between steps (s0 = v / h / m, s1 = adam's v). */
+ * and stay with the chunk between steps (s0 = v / h / m, s1 = adam's v).
+ * State is always updated in place. */
 #ifndef PS_OPTIMIZER_H
 #define PS_OPTIMIZER_H
 
@@ -30,7 +38,13 @@ int ps_opt_state_arrays(int kind);
 int ps_opt_apply(const ps_opt_config *cfg, float *w, float *s0, float *s1, const float *g,
                  size_t n, int64_t t);
 
-/* The kernels themselves, for tests and benchmarks. */
+/* The same step reading w_in and writing w_out (equal: in place, exactly
+ * ps_opt_apply; different: they must not overlap, and w_in is unchanged).
+ * No other pointer may alias another or w_in / w_out. */
+int ps_opt_apply_to(const ps_opt_config *cfg, const float *w_in, float *w_out, float *s0,
+                    float *s1, const float *g, size_t n, int64_t t);
+
+/* The kernels themselves, for tests and benchmarks: in place ... */
 void ps_opt_sgd(float *restrict w, const float *restrict g, size_t n, float lr, float wd);
 void ps_opt_momentum(float *restrict w, float *restrict v, const float *restrict g, size_t n,
                      float lr, float mu, float wd);
@@ -40,5 +54,17 @@ void ps_opt_adagrad(float *restrict w, float *restrict h, const float *restrict 
                     float lr, float eps, float wd);
 void ps_opt_adam(float *restrict w, float *restrict m, float *restrict v, const float *restrict g,
                  size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t);
+
+/* ... and from w_in to w_out (which may be equal; see above). */
+void ps_opt_sgd_to(const float *w_in, float *w_out, const float *g, size_t n, float lr,
+                   float wd);
+void ps_opt_momentum_to(const float *w_in, float *w_out, float *v, const float *g, size_t n,
+                        float lr, float mu, float wd);
+void ps_opt_nesterov_to(const float *w_in, float *w_out, float *v, const float *g, size_t n,
+                        float lr, float mu, float wd);
+void ps_opt_adagrad_to(const float *w_in, float *w_out, float *h, const float *g, size_t n,
+                       float lr, float eps, float wd);
+void ps_opt_adam_to(const float *w_in, float *w_out, float *m, float *v, const float *g,
+                    size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t);
 
 #endif

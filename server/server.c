@@ -38,6 +38,11 @@
 #define RL_LINES 10
 /* Barrier ids remembered after completion, so a resent barrier is answered. */
 #define DONE_BARRIERS 16
+/* Pull replies of at least this many bytes are sent from the chunk's weight
+ * buffer itself (zero-copy, ps_shard_pin); smaller ones are copied, which
+ * costs less than the pin (ZeroMQ copies frames under 8 KiB into its send
+ * batch anyway) and needs no spare buffer. */
+#define ZC_MIN_BYTES 8192
 /* Trace lanes: update thread i is 1 + i; the checkpoint writer has its own. */
 #define TID_CKPT 999
 /* After a failed checkpoint write, wait this long before the next try. */
@@ -446,16 +451,37 @@ static void upd_ack(updater *u, req_ctx *r, int64_t version)
     upd_send(u, &r->id, &h, NULL);
 }
 
-/* Copy the weights once, into the reply message. */
+/* ZeroMQ's free callback of a zero-copy reply: runs on whichever thread
+ * closes the last copy of the message (a ZeroMQ I/O thread once the bytes
+ * are written, or the I/O thread when it drops the reply). */
+static void zc_release(void *data, void *ref)
+{
+    (void)data;
+    ps_shard_unpin(ref);
+}
+
+/* Answer a pull with the weights w of `version`: zero-copy from the chunk's
+ * weight buffer, which no update writes until the reply is gone (updates in
+ * the meantime go out of place), else copied into the reply message. */
 static void upd_weights(updater *u, req_ctx *r, const float *w, size_t n, int64_t version)
 {
     zmq_msg_t pl;
     size_t bytes = n * sizeof(float);
-    if (zmq_msg_init_size(&pl, bytes) != 0) {
-        upd_error(u, r, PS_ENOMEM, "out of memory building the pull reply");
-        return;
+    void *ref = NULL;
+    const float *pinned = bytes >= ZC_MIN_BYTES
+                              ? ps_shard_pin(u->shard, r->key, r->chunk, w, &ref)
+                              : NULL;
+    if (pinned && zmq_msg_init_data(&pl, (void *)pinned, bytes, zc_release, ref) != 0) {
+        ps_shard_unpin(ref); /* ZeroMQ did not take it */
+        pinned = NULL;
     }
-    memcpy(zmq_msg_data(&pl), w, bytes);
+    if (!pinned) {
+        if (zmq_msg_init_size(&pl, bytes) != 0) {
+            upd_error(u, r, PS_ENOMEM, "out of memory building the pull reply");
+            return;
+        }
+        memcpy(zmq_msg_data(&pl), w, bytes);
+    }
     ps_header h;
     reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
     h.count = n;
@@ -770,7 +796,16 @@ static void *upd_main(void *arg)
     }
     ps_stats st;
     upd_stats(u, &st);
-    /* answers queued pulls with PS_ECLOSED, frees kept gradients */
+    uint64_t spares, spare_bytes, copies;
+    ps_shard_buffer_counts(u->shard, &spares, &spare_bytes, &copies);
+    if (spares || copies)
+        ps_debug("update thread %d: %llu spare weight buffers (%.1f MiB) let updates go out of "
+                 "place while pull replies were in flight; %llu replies were copies (every "
+                 "buffer of their chunk held, or --max-memory reached)", u->idx,
+                 (unsigned long long)spares, (double)spare_bytes / 1048576.0,
+                 (unsigned long long)copies);
+    /* answers queued pulls with PS_ECLOSED, frees kept gradients; a weight
+     * buffer a reply in flight still holds is freed when ZeroMQ releases it */
     ps_shard_destroy(u->shard);
     u->shard = NULL;
     st.errors = u->errors;

@@ -23,7 +23,13 @@
  *    ROUTER identity and the payload frame, moved with zmq_msg_send (no copy).
  *  - The owner answers over the same PAIR: [tag, identity, header, payload];
  *    the I/O thread forwards those frames on the ROUTER as they are.  A pull's
- *    weights are copied once, into the reply's zmq message.
+ *    weights are not copied: the reply's payload is the chunk's weight buffer
+ *    itself (zmq_msg_init_data), pinned by a reference count that ZeroMQ's
+ *    free callback drops once the bytes are sent, from whichever thread that
+ *    is.  An update of a chunk whose weights a reply still holds is applied
+ *    out of place into another of its buffers (shard.h), so every reply
+ *    carries exactly the version it names.  Replies under 8 KiB, and those of
+ *    a chunk whose buffers are all held (or past --max-memory), are copies.
  *  - A pull that cannot be answered yet (sync: its round is not complete;
  *    SSP: the slowest worker is too far behind) is queued on its chunk and
  *    answered by the push that makes it true.
@@ -56,7 +62,9 @@
  *  - Stop (SHUTDOWN message, ps_server_stop, SIGINT/SIGTERM in main): owners
  *    answer their queued pulls with PS_ECLOSED, send their final counters and
  *    exit; the I/O thread answers waiting barriers and stats with PS_ECLOSED,
- *    joins the threads, logs the totals and closes every socket.
+ *    joins the threads, logs the totals and closes every socket.  A weight
+ *    buffer that replies still hold outlives its shard: the last reply that
+ *    ZeroMQ closes (zmq_ctx_term closes what is left) frees it.
  *
  * Thread-safety: ps_server_stop may be called from any thread or a signal
  * handler; everything else from one thread. */

@@ -6,6 +6,7 @@
 
 #include "optimizer.h"
 #include "ps_error.h"
+#include "ps_log.h"
 #include "ps_time.h"
 
 typedef struct pending {
@@ -19,13 +20,52 @@ typedef struct waiter {
     int64_t want;
 } waiter;
 
+/* A weight buffer: this header, then the data at WBUF_HDR (64-byte aligned).
+ * refs is 1 for the chunk that holds it plus 1 per pin (a pull reply in
+ * flight, ps_shard_pin); whoever drops the last reference frees it, on any
+ * thread.  Buffer 0 of a chunk also holds the optimizer state and the sync
+ * sum after the weights (never sent, so only the weights are ever pinned). */
+typedef struct wbuf {
+    _Atomic unsigned refs;
+} wbuf;
+
+#define WBUF_HDR 64
+
+static float *wbuf_data(wbuf *b) { return (float *)((char *)b + WBUF_HDR); }
+
+static wbuf *wbuf_new(size_t bytes)
+{
+    /* C11 aligned_alloc: the size must be a multiple of the alignment */
+    wbuf *b = aligned_alloc(64, (WBUF_HDR + bytes + 63) & ~(size_t)63);
+    if (b)
+        atomic_init(&b->refs, 1);
+    return b;
+}
+
+static void wbuf_unref(wbuf *b)
+{
+    if (b && atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1)
+        free(b);
+}
+
+/* Does a reply still hold b?  Only the owner thread adds references, so a
+ * buffer seen unpinned stays unpinned until it pins it; acquire: the reply's
+ * reads of the data happen before the owner writes it again. */
+static int wbuf_pinned(wbuf *b)
+{
+    return atomic_load_explicit(&b->refs, memory_order_acquire) > 1;
+}
+
 typedef struct chunk {
     uint64_t key;
     uint32_t chunk;
     size_t n;
     uint64_t total;
     int64_t version;   /* updates applied: sync rounds done, async pushes applied */
-    float *w, *s0, *s1; /* weights and optimizer state, in one aligned block */
+    float *w;          /* the current weights: wbuf_data(buf[cur]) */
+    float *s0, *s1;    /* optimizer state, in buf[0] after its weights */
+    wbuf *buf[PS_SHARD_MAX_WBUF]; /* weight buffers: buf[0] at creation, spares on demand */
+    int nbuf, cur;
     float *sum;        /* sync: rank-order sum of the open round */
     int next_rank;     /* sync: ranks below it are in sum or were skipped (not live) */
     int ncontrib;      /* sync: gradients in sum */
@@ -52,6 +92,7 @@ struct ps_shard {
     ps_trace *trace;
     int trace_tid;
     int (*merge)(void *user, void *queued, void *incoming);
+    uint64_t spares, spare_bytes, pin_copies; /* see ps_shard_buffer_counts */
 };
 
 static uint64_t mix(uint64_t key, uint32_t c)
@@ -156,7 +197,9 @@ static void free_chunk(ps_shard *s, chunk *ch)
         if (s->hooks.release)
             s->hooks.release(s->hooks.user, ch->pend[i].hold);
     atomic_fetch_sub(mem(s), ch->charge);
-    free(ch->w);
+    /* a buffer a reply in flight still holds is freed by that reply's release */
+    for (int i = 0; i < ch->nbuf; i++)
+        wbuf_unref(ch->buf[i]);
     free(ch->clock);
     free(ch->pend);
     free(ch->wait);
@@ -214,6 +257,97 @@ static void chunk_added(ps_shard *s, int64_t v)
     }
 }
 
+/* Charge bytes to the shared memory count unless that passes max_memory:
+ * 1 charged, 0 not (*before: what was in use). */
+static int charge_mem(ps_shard *s, uint64_t bytes, uint64_t *before)
+{
+    *before = atomic_fetch_add(mem(s), bytes);
+    if (*before + bytes <= s->cfg.max_memory)
+        return 1;
+    atomic_fetch_sub(mem(s), bytes);
+    return 0;
+}
+
+static size_t spare_charge(const chunk *ch) { return WBUF_HDR + round64(ch->n * sizeof(float)); }
+
+/* A buffer of ch other than the current one that no reply holds, or -1. */
+static int free_buffer(const chunk *ch)
+{
+    for (int i = 0; i < ch->nbuf; i++)
+        if (i != ch->cur && !wbuf_pinned(ch->buf[i]))
+            return i;
+    return -1;
+}
+
+/* One more weight buffer for ch (at most PS_SHARD_MAX_WBUF), charged like
+ * the rest of the chunk.  force: even past max_memory (the last resort of
+ * apply).  Its index, or -1 when it cannot have one. */
+static int add_spare(ps_shard *s, chunk *ch, int force)
+{
+    if (ch->nbuf == PS_SHARD_MAX_WBUF)
+        return -1;
+    uint64_t bytes = spare_charge(ch), before;
+    if (force)
+        atomic_fetch_add(mem(s), bytes);
+    else if (!charge_mem(s, bytes, &before))
+        return -1;
+    wbuf *b = wbuf_new(ch->n * sizeof(float));
+    if (!b) {
+        atomic_fetch_sub(mem(s), bytes);
+        return -1;
+    }
+    ch->charge += bytes;
+    ch->buf[ch->nbuf] = b;
+    s->spares++;
+    s->spare_bytes += bytes;
+    ps_debug("key %llu chunk %u: weight buffer %d of at most %d allocated (%llu bytes), "
+             "as pull replies in flight hold the others (%llu spare buffers so far on this "
+             "thread)", (unsigned long long)ch->key, ch->chunk, ch->nbuf + 1, PS_SHARD_MAX_WBUF,
+             (unsigned long long)bytes, (unsigned long long)s->spares);
+    return ch->nbuf++;
+}
+
+/* Give back the spare weight buffers no reply holds (an init is short of
+ * memory).  buf[0] stays (it holds the optimizer state); when the current
+ * weights are in a spare and no reply holds buf[0], they are copied back into
+ * it first.  While a reply holds the current weights, one free buffer stays
+ * for the next update.  1 when anything was freed. */
+static int reclaim_spares(ps_shard *s)
+{
+    int freed = 0;
+    for (size_t t = 0; t < s->cap; t++) {
+        chunk *ch = s->table[t];
+        if (!ch || ch->nbuf == 1)
+            continue;
+        if (ch->cur != 0 && !wbuf_pinned(ch->buf[0])) {
+            float *w0 = wbuf_data(ch->buf[0]);
+            memcpy(w0, ch->w, ch->n * sizeof(float));
+            ch->w = w0;
+            ch->cur = 0;
+        }
+        int keep = wbuf_pinned(ch->buf[ch->cur]);
+        for (int i = ch->nbuf - 1; i >= 1; i--) {
+            if (i == ch->cur || wbuf_pinned(ch->buf[i]))
+                continue;
+            if (keep) {
+                keep = 0;
+                continue;
+            }
+            uint64_t bytes = spare_charge(ch);
+            wbuf_unref(ch->buf[i]);
+            for (int k = i; k + 1 < ch->nbuf; k++)
+                ch->buf[k] = ch->buf[k + 1];
+            ch->nbuf--;
+            if (ch->cur > i)
+                ch->cur--;
+            ch->charge -= bytes;
+            atomic_fetch_sub(mem(s), bytes);
+            freed = 1;
+        }
+    }
+    return freed;
+}
+
 /* Allocate, charge and insert a chunk of n elements (values not set). */
 static int create_chunk(ps_shard *s, uint64_t key, uint32_t c, size_t n, uint64_t total,
                         chunk **out, char *why, size_t why_len)
@@ -223,10 +357,10 @@ static int create_chunk(ps_shard *s, uint64_t key, uint32_t c, size_t n, uint64_
     size_t seg = round64(n * sizeof(float));
     size_t arrays = (size_t)(1 + nstate + sync);
     uint64_t charge = sizeof(chunk) + 2 * sizeof(chunk *) + (uint64_t)s->cfg.num_workers * 8 +
-                      (uint64_t)seg * arrays;
-    uint64_t before = atomic_fetch_add(mem(s), charge);
-    if (before + charge > s->cfg.max_memory) {
-        atomic_fetch_sub(mem(s), charge);
+                      WBUF_HDR + (uint64_t)seg * arrays;
+    uint64_t before;
+    if (!charge_mem(s, charge, &before) &&
+        !(reclaim_spares(s) && charge_mem(s, charge, &before))) {
         ps_errorf(why, why_len,
             "init of key %llu chunk %u needs %llu bytes; %llu of %llu bytes (--max-memory) in use",
             (unsigned long long)key, c, (unsigned long long)charge, (unsigned long long)before,
@@ -234,7 +368,8 @@ static int create_chunk(ps_shard *s, uint64_t key, uint32_t c, size_t n, uint64_
         return PS_ETOOBIG;
     }
     chunk *ch = calloc(1, sizeof *ch);
-    float *block = aligned_alloc(64, seg * arrays);
+    wbuf *b0 = wbuf_new(seg * arrays);
+    float *block = b0 ? wbuf_data(b0) : NULL;
     int64_t *clock = calloc((size_t)s->cfg.num_workers, sizeof *clock);
     if (ch) {
         ch->key = key;
@@ -242,7 +377,7 @@ static int create_chunk(ps_shard *s, uint64_t key, uint32_t c, size_t n, uint64_
     }
     if (!ch || !block || !clock || insert(s, ch) != 0) {
         free(ch);
-        free(block);
+        free(b0);
         free(clock);
         atomic_fetch_sub(mem(s), charge);
         ps_errorf(why, why_len, "out of memory registering key %llu chunk %u (%zu elements)",
@@ -253,6 +388,9 @@ static int create_chunk(ps_shard *s, uint64_t key, uint32_t c, size_t n, uint64_
     ch->n = n;
     ch->total = total;
     ch->w = block;
+    ch->buf[0] = b0;
+    ch->nbuf = 1;
+    ch->cur = 0;
     size_t per = seg / sizeof(float);
     ch->s0 = nstate >= 1 ? block + per : NULL;
     ch->s1 = nstate >= 2 ? block + 2 * per : NULL;
@@ -329,10 +467,28 @@ static void wake(ps_shard *s, chunk *ch)
     ch->nwait = keep;
 }
 
+/* One update.  In place when no reply holds the current weights; otherwise
+ * out of place, into a buffer no reply holds (ps_shard_pin made sure there is
+ * one), which becomes the current one: a reply in flight keeps exactly the
+ * weights of the version it names. */
 static void apply(ps_shard *s, chunk *ch, const float *g)
 {
     int64_t t0 = s->trace ? ps_now_ns() : 0;
-    ps_opt_apply(&s->cfg.opt, ch->w, ch->s0, ch->s1, g, ch->n, ch->version + 1);
+    int dst = ch->cur;
+    if (wbuf_pinned(ch->buf[ch->cur])) {
+        dst = free_buffer(ch);
+        if (dst < 0) /* not reached: a pin leaves a free buffer */
+            dst = add_spare(s, ch, 1);
+        if (dst < 0) {
+            ps_error("key %llu chunk %u: out of memory for a weight buffer; updating the "
+                     "weights a pull reply is sending", (unsigned long long)ch->key, ch->chunk);
+            dst = ch->cur;
+        }
+    }
+    float *out = wbuf_data(ch->buf[dst]);
+    ps_opt_apply_to(&s->cfg.opt, ch->w, out, ch->s0, ch->s1, g, ch->n, ch->version + 1);
+    ch->cur = dst;
+    ch->w = out;
     ch->version++;
     s->st.updates++;
     version_raised(s, ch->version - 1);
@@ -572,6 +728,38 @@ const float *ps_shard_weights(const ps_shard *s, uint64_t key, uint32_t c, size_
     if (version)
         *version = ch->version;
     return ch->w;
+}
+
+const float *ps_shard_pin(ps_shard *s, uint64_t key, uint32_t c, const float *w, void **ref)
+{
+    *ref = NULL;
+    chunk *ch = find(s, key, c);
+    if (!ch || w != ch->w)
+        return NULL;
+    wbuf *cur = ch->buf[ch->cur];
+    /* the first pin of these weights: the next update must find a free buffer */
+    if (!wbuf_pinned(cur) && free_buffer(ch) < 0 && add_spare(s, ch, 0) < 0) {
+        s->pin_copies++;
+        if ((s->pin_copies & (s->pin_copies - 1)) == 0) /* 1, 2, 4, ...: rate-limited */
+            ps_debug("key %llu chunk %u: every weight buffer (%d) is held by pull replies in "
+                     "flight or --max-memory is reached: this reply is a copy (%llu so far on "
+                     "this thread)", (unsigned long long)key, c, ch->nbuf,
+                     (unsigned long long)s->pin_copies);
+        return NULL;
+    }
+    atomic_fetch_add_explicit(&cur->refs, 1, memory_order_relaxed);
+    *ref = cur;
+    return w;
+}
+
+void ps_shard_unpin(void *ref) { wbuf_unref(ref); }
+
+void ps_shard_buffer_counts(const ps_shard *s, uint64_t *spares, uint64_t *spare_bytes,
+                            uint64_t *copies)
+{
+    *spares = s->spares;
+    *spare_bytes = s->spare_bytes;
+    *copies = s->pin_copies;
 }
 
 void ps_shard_stats(const ps_shard *s, ps_stats *out)

@@ -13,14 +13,26 @@
  *  - ps_shard_pull may QUEUE the caller's waiter (sync: the round is not done;
  *    SSP: the slowest worker is too far behind).  It then sets *queued = 1 and
  *    later calls exactly one of hooks.ready(user, waiter, ...) (answer it now;
- *    w is valid only during the call) or hooks.cancel(user, waiter) (at
- *    destroy).  The waiter pointer is opaque to the shard.
+ *    w is valid only during the call unless ps_shard_pin pins it) or
+ *    hooks.cancel(user, waiter) (at destroy).  The waiter pointer is opaque to
+ *    the shard.
+ *  - Weights sent without a copy: ps_shard_pin takes a reference on the
+ *    buffer of a chunk's current weights (a pull reply sends them from there);
+ *    until ps_shard_unpin drops it (from any thread) no update writes that
+ *    buffer.  An update of a chunk whose current buffer is pinned is applied
+ *    out of place into another of its weight buffers (at most
+ *    PS_SHARD_MAX_WBUF; spares are allocated when first needed and kept),
+ *    which becomes the current one.  A pinned buffer outlives
+ *    ps_shard_destroy until its last pin is dropped.
  *  - Hooks run on the calling thread, from inside push or destroy.
  *
  * Memory: each new chunk is charged to *mem_used (shared by every shard of a
  * server, atomically) and refused with PS_ETOOBIG when the total would pass
  * max_memory.  The charge covers the chunk's struct, its per-worker clocks,
- * its weights and optimizer state and, in sync mode, its round sum.  Gradients
+ * its weights and optimizer state and, in sync mode, its round sum, and later
+ * the spare weight buffers ps_shard_pin adds (none when that would pass
+ * max_memory: the pull is then answered with a copy; an init short of memory
+ * first frees the spares no reply holds).  Gradients
  * kept by push stay in the caller's buffers (at most num_workers - 1 per
  * chunk) and queued pulls are capped per chunk (PS_SHARD_MAX_WAITERS). */
 #ifndef PS_SHARD_H
@@ -50,6 +62,10 @@ typedef struct ps_shard_config {
     uint64_t max_memory;         /* bytes, over every shard sharing mem_used */
     _Atomic uint64_t *mem_used;  /* shared charge; NULL: a private counter */
 } ps_shard_config;
+
+/* Weight buffers per chunk at most: the current weights and spares for the
+ * updates that come while pull replies still send older versions. */
+#define PS_SHARD_MAX_WBUF 4
 
 /* Queued pulls per chunk beyond which a pull is refused with PS_ETOOBIG. */
 #define PS_SHARD_MAX_WAITERS(num_workers) (4 * (size_t)(num_workers) + 16)
@@ -83,11 +99,29 @@ int ps_shard_push(ps_shard *s, uint64_t key, uint32_t chunk, int rank, int64_t s
 
 /* A pull of version `want` by `rank`.  When it can be answered now it returns
  * 0 with *queued = 0 and *w, *n, *version set (w valid until the next call on
- * this shard); otherwise it queues waiter (*queued = 1, see above).
+ * this shard, or until ps_shard_unpin when pinned); otherwise it queues
+ * waiter (*queued = 1, see above).
  * Errors: PS_ENOTFOUND, PS_ETOOBIG (too many queued pulls on the chunk). */
 int ps_shard_pull(ps_shard *s, uint64_t key, uint32_t chunk, int rank, int64_t want, void *waiter,
                   int *queued, const float **w, size_t *n, int64_t *version, char *why,
                   size_t why_len);
+
+/* Pin w, the current weights of (key, chunk) as ps_shard_pull or hooks.ready
+ * just gave them, for a reply that sends them without a copy: they stay valid
+ * and unchanged until ps_shard_unpin(*ref), whatever happens to the chunk
+ * (later updates go to another buffer; destroy leaves the buffer to the last
+ * unpin).  Returns w, or NULL (*ref NULL, nothing pinned) when w is not the
+ * chunk's current weights or every buffer is held and no spare may be added
+ * (PS_SHARD_MAX_WBUF, max_memory): then copy the weights instead. */
+const float *ps_shard_pin(ps_shard *s, uint64_t key, uint32_t chunk, const float *w, void **ref);
+
+/* Drop a pin.  Any thread, any time (also after ps_shard_destroy). */
+void ps_shard_unpin(void *ref);
+
+/* Spare weight buffers allocated so far (and their bytes), and pins refused
+ * (replies that had to be copies). */
+void ps_shard_buffer_counts(const ps_shard *s, uint64_t *spares, uint64_t *spare_bytes,
+                            uint64_t *copies);
 
 /* Read-only look at a chunk (tests, checkpoints): NULL when unknown. */
 const float *ps_shard_weights(const ps_shard *s, uint64_t key, uint32_t chunk, size_t *n,

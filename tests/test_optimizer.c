@@ -175,3 +175,96 @@ PS_TEST(short_arrays_and_zero_length)
         }
     }
 }
+
+/* In place (w_in == w_out) and out of place (w_in != w_out, state in place)
+ * must give bitwise the same weights and state, step after step, for every
+ * kind: the server updates out of place while a pull reply still sends the
+ * old weights.  The out-of-place runs ping-pong between two buffers, one of
+ * them misaligned by a float (other vector peeling), and w_in must come out
+ * unchanged. */
+PS_TEST(out_of_place_is_bitwise_the_in_place_update_for_every_kind)
+{
+    static float wa[N], sa0[N], sa1[N];                /* in place */
+    static float wb[2][N + 1], sb0[N], sb1[N], keep[N]; /* out of place */
+    static float g[N];
+    for (int kind = PS_OPT_SGD; kind <= PS_OPT_ADAM; kind++) {
+        for (int wdi = 0; wdi < 2; wdi++) {
+            ps_opt_config c = {kind, 0.05f, 0.9f, 0.9f, 0.999f, 1e-8f, wdi ? 0.01f : 0.0f};
+            memset(sa0, 0, sizeof sa0);
+            memset(sa1, 0, sizeof sa1);
+            memset(sb0, 0, sizeof sb0);
+            memset(sb1, 0, sizeof sb1);
+            float *buf[2] = {wb[0], wb[1] + 1};
+            for (int i = 0; i < N; i++)
+                wa[i] = buf[0][i] = (float)urand();
+            int cur = 0, diff = 0, touched = 0;
+            for (int64_t t = 1; t <= STEPS; t++) {
+                for (int i = 0; i < N; i++)
+                    g[i] = (float)urand();
+                CHECK_OK(ps_opt_apply(&c, wa, sa0, sa1, g, N, t));
+                memcpy(keep, buf[cur], sizeof keep);
+                CHECK_OK(ps_opt_apply_to(&c, buf[cur], buf[1 - cur], sb0, sb1, g, N, t));
+                touched += memcmp(keep, buf[cur], sizeof keep) != 0;
+                cur = 1 - cur;
+                diff += memcmp(wa, buf[cur], sizeof wa) != 0 || memcmp(sa0, sb0, sizeof sa0) != 0 ||
+                        memcmp(sa1, sb1, sizeof sa1) != 0;
+                /* and the in-place form of the _to call is the same too */
+                if (t == STEPS) {
+                    CHECK_OK(ps_opt_apply_to(&c, wa, wa, sa0, sa1, g, N, t + 1));
+                    CHECK_OK(ps_opt_apply(&c, buf[cur], sb0, sb1, g, N, t + 1));
+                    diff += memcmp(wa, buf[cur], sizeof wa) != 0 ||
+                            memcmp(sa0, sb0, sizeof sa0) != 0 || memcmp(sa1, sb1, sizeof sa1) != 0;
+                }
+            }
+            CHECK_MSG(diff == 0, "%s wd=%g: out of place differs from in place in %d steps",
+                      ps_opt_name(kind), (double)c.weight_decay, diff);
+            CHECK_MSG(touched == 0, "%s: out of place changed w_in in %d steps",
+                      ps_opt_name(kind), touched);
+        }
+    }
+}
+
+PS_TEST(out_of_place_kernels_match_the_in_place_kernels)
+{
+    /* the kernels themselves, called directly, short lengths included */
+    static float w[N], w2[N], out[N], v[N], v2[N], m[N], m2[N], g[N];
+    for (size_t n = 0; n <= N; n = n < 9 ? n + 1 : n * 4 + 3) {
+        for (int kind = PS_OPT_SGD; kind <= PS_OPT_ADAM; kind++) {
+            for (size_t i = 0; i < N; i++) {
+                w[i] = w2[i] = (float)urand();
+                g[i] = (float)urand();
+                v[i] = v2[i] = (float)(urand() * urand());
+                m[i] = m2[i] = (float)urand();
+            }
+            v[0] = v2[0] = 0.25f; /* adagrad / adam state must stay >= 0 */
+            for (size_t i = 0; i < N; i++)
+                v[i] = v2[i] = v[i] < 0 ? -v[i] : v[i];
+            memcpy(out, w2, sizeof out);
+            switch (kind) {
+            case PS_OPT_SGD:
+                ps_opt_sgd(w, g, n, 0.05f, 0.01f);
+                ps_opt_sgd_to(w2, out, g, n, 0.05f, 0.01f);
+                break;
+            case PS_OPT_MOMENTUM:
+                ps_opt_momentum(w, v, g, n, 0.05f, 0.9f, 0.01f);
+                ps_opt_momentum_to(w2, out, v2, g, n, 0.05f, 0.9f, 0.01f);
+                break;
+            case PS_OPT_NESTEROV:
+                ps_opt_nesterov(w, v, g, n, 0.05f, 0.9f, 0.01f);
+                ps_opt_nesterov_to(w2, out, v2, g, n, 0.05f, 0.9f, 0.01f);
+                break;
+            case PS_OPT_ADAGRAD:
+                ps_opt_adagrad(w, v, g, n, 0.05f, 1e-8f, 0.01f);
+                ps_opt_adagrad_to(w2, out, v2, g, n, 0.05f, 1e-8f, 0.01f);
+                break;
+            case PS_OPT_ADAM:
+                ps_opt_adam(w, m, v, g, n, 0.05f, 0.9f, 0.999f, 1e-8f, 0.01f, 3);
+                ps_opt_adam_to(w2, out, m2, v2, g, n, 0.05f, 0.9f, 0.999f, 1e-8f, 0.01f, 3);
+                break;
+            }
+            CHECK_MSG(memcmp(w, out, sizeof w) == 0 && memcmp(v, v2, sizeof v) == 0 &&
+                          memcmp(m, m2, sizeof m) == 0,
+                      "%s n=%zu: the out-of-place kernel differs", ps_opt_name(kind), n);
+        }
+    }
+}

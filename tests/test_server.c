@@ -727,3 +727,264 @@ PS_TEST(shard_destroy_cancels_queued_pulls_and_releases_kept_pushes)
     CHECK_EQ_INT(log.cancelled, 1);
     CHECK_EQ_INT(log.ready, 0);
 }
+
+/* ---------------- zero-copy pull replies ---------------- */
+
+PS_TEST(pulls_in_flight_with_pushes_on_one_chunk_each_carry_exactly_their_version)
+{
+    /* pull replies are sent from the chunk's weight buffer (no copy); an
+     * update while replies still hold it goes out of place.  Pushes of known
+     * values (exact in float: lr 0.5, small integers), many pulls and
+     * push-pulls in flight between them, replies read while the server keeps
+     * updating: every reply must be w0 - lr * (sum of the first v pushes)
+     * for the v it names, every element (a reply torn by a later update
+     * would mix two versions). */
+    enum { N = 16384, P = 240, R = 3 };
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--mode async --lr 0.5 --verbose"));
+    void *s = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 1, -1));
+    static float w0[N], g[N], out[N];
+    static double sum[P + 1]; /* sum of the per-push constants of the first v pushes */
+    for (int i = 0; i < N; i++)
+        w0[i] = (float)(i % 1000);
+    sum[0] = 0;
+    for (int k = 0; k < P; k++)
+        sum[k + 1] = sum[k] + (double)(1 + k % 5);
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 5, 0, 0), r;
+    CHECK_OK(ps_test_rpc(s, &h, w0, N, &r, NULL, 0, NULL));
+    CHECK_EQ_INT(r.type, PS_MSG_INIT);
+    int replies = 0, weights = 0, bad_type = 0, bad_version = 0, bad_values = 0, first_bad = -1;
+    int sent = 0;
+    const int want = P * (1 + R);
+    for (int k = 0; k <= P; k++) {
+        if (k < P) {
+            /* push k: g[i] = 1 + k % 5 + i % 3; every 4th is a push-pull */
+            for (int i = 0; i < N; i++)
+                g[i] = (float)(1 + k % 5 + i % 3);
+            uint32_t type = k % 4 == 3 ? PS_MSG_PUSHPULL : PS_MSG_PUSH;
+            h = ps_test_header(type, 0, 100000 + (uint64_t)k, 5, 0, k);
+            CHECK_OK(ps_test_send(s, &h, g, N));
+            for (int j = 0; j < R; j++) {
+                h = ps_test_header(PS_MSG_PULL, 0, (uint64_t)k * R + (uint64_t)j, 5, 0, 0);
+                CHECK_OK(ps_test_send(s, &h, NULL, 0));
+            }
+            sent += 1 + R;
+        }
+        /* read what has come, while pushes go on: in the first half with at
+         * most three pushes' requests in flight (a few versions held by
+         * replies: zero-copy, updates out of place), then with no limit
+         * (every buffer held: replies are copies); at the end, everything */
+        int window = k < P / 2 ? 3 * (1 + R) : want;
+        size_t got;
+        while (replies < want) {
+            int wait = k == P || sent - replies > window;
+            if (ps_test_recv(s, wait ? PS_TEST_RPC_MS : 0, &r, out, N, &got) != 0)
+                break;
+            replies++;
+            if (r.type == PS_MSG_PUSH)
+                continue;
+            if (r.type != PS_MSG_PULL && r.type != PS_MSG_PUSHPULL) {
+                bad_type++;
+                continue;
+            }
+            /* one socket, one owner: requests are served in order, so a
+             * reply names the version right after the push sent before it */
+            int64_t k_of = r.type == PS_MSG_PUSHPULL ? (int64_t)r.seq - 100000
+                                                     : (int64_t)(r.seq / R);
+            int64_t v = r.step;
+            bad_version += v != k_of + 1 || got != N;
+            if (v < 0 || v > P || got != N)
+                continue;
+            weights++;
+            for (int i = 0; i < N; i++) {
+                double e = (double)w0[i] - 0.5 * (sum[v] + (double)v * (double)(i % 3));
+                if (out[i] != (float)e) {
+                    bad_values++;
+                    if (first_bad < 0)
+                        first_bad = (int)v;
+                    break;
+                }
+            }
+        }
+    }
+    CHECK_EQ_INT(replies, want);
+    CHECK_EQ_INT(weights, P * R + P / 4);
+    CHECK_EQ_INT(bad_type, 0);
+    CHECK_EQ_INT(bad_version, 0);
+    CHECK_MSG(bad_values == 0, "%d replies do not hold the weights of their version (first: %d)",
+              bad_values, first_bad);
+    ps_stats st;
+    CHECK_OK(ps_test_stats(sv.port, &st));
+    CHECK_EQ_INT(st.updates, P);
+    CHECK_EQ_INT(st.bytes_out, (uint64_t)(P * R + P / 4) * N * 4);
+    CHECK_EQ_INT(shutdown_server(&sv, s), 0);
+    /* the zero-copy path ran: updates went out of place into a spare buffer */
+    CHECK(ps_test_file_has(sv.log, "weight buffer 2 of at most"));
+    zmq_close(s);
+}
+
+/* The shard side: a pinned buffer keeps its version through later updates,
+ * spares are charged to the memory count, and a pinned buffer outlives the
+ * shard until its last unpin. */
+PS_TEST(shard_pinned_weights_survive_updates_and_destroy)
+{
+    enum { N = 1001 }; /* not a multiple of 16 floats */
+    _Atomic uint64_t used = 0;
+    ps_test_hook_log log;
+    ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
+    ps_shard_config sc = {PS_MODE_ASYNC, -1, 1, {PS_OPT_SGD, 0.5f, 0, 0, 0, 1e-8f, 0}, 1 << 20,
+                          &used};
+    ps_shard *s;
+    CHECK_OK(ps_shard_create(&sc, &hk, &s));
+    static float w[N], g[N], expect[PS_SHARD_MAX_WBUF + 3][N];
+    for (int i = 0; i < N; i++) {
+        w[i] = (float)i;
+        g[i] = 1.0f;
+    }
+    int64_t v;
+    char why[256];
+    CHECK_OK(ps_shard_init(s, 3, 0, w, N, 0, &v, why, sizeof why));
+    uint64_t base = used;
+    size_t spare = 64 + ((N * sizeof(float) + 63) & ~(size_t)63); /* header + weights */
+    void *ref[PS_SHARD_MAX_WBUF + 3] = {0};
+    const float *pinned[PS_SHARD_MAX_WBUF + 3] = {0};
+    int kept, dup, queued;
+    size_t n;
+    const float *pw;
+    /* pin version k, push: version k + 1 goes to another buffer */
+    for (int k = 0; k < PS_SHARD_MAX_WBUF; k++) {
+        CHECK_OK(ps_shard_pull(s, 3, 0, 0, 0, NULL, &queued, &pw, &n, &v, why, sizeof why));
+        CHECK_EQ_INT(v, k);
+        memcpy(expect[k], pw, sizeof w);
+        pinned[k] = ps_shard_pin(s, 3, 0, pw, &ref[k]);
+        if (k < PS_SHARD_MAX_WBUF - 1) {
+            CHECK(pinned[k] == pw && ref[k] != NULL);
+            CHECK_EQ_INT(used, base + (uint64_t)(k + 1) * spare); /* a spare each */
+        } else {
+            /* every other buffer is held: no free one would be left, so no pin */
+            CHECK(pinned[k] == NULL && ref[k] == NULL);
+            CHECK_EQ_INT(used, base + (uint64_t)k * spare);
+        }
+        CHECK_OK(ps_shard_push(s, 3, 0, 0, k, g, N, NULL, &kept, &dup, &v, why, sizeof why));
+        CHECK_EQ_INT(v, k + 1);
+        const float *now = ps_shard_weights(s, 3, 0, &n, &v);
+        CHECK(k == PS_SHARD_MAX_WBUF - 1 ? now == pw : now != pw); /* unpinned: in place */
+        for (int j = 0; j <= k; j++)
+            if (pinned[j])
+                CHECK(memcmp(pinned[j], expect[j], sizeof w) == 0);
+        for (int i = 0; i < N; i++)
+            CHECK(now[i] == (float)i - 0.5f * (float)(k + 1));
+    }
+    uint64_t spares, bytes, copies;
+    ps_shard_buffer_counts(s, &spares, &bytes, &copies);
+    CHECK_EQ_INT(spares, PS_SHARD_MAX_WBUF - 1);
+    CHECK_EQ_INT(copies, 1);
+    /* a pin that is not of the current weights is refused */
+    CHECK(ps_shard_pin(s, 3, 0, pinned[0], &ref[PS_SHARD_MAX_WBUF]) == NULL);
+    /* one reply gone: its buffer takes the next out-of-place update */
+    ps_shard_unpin(ref[0]);
+    pw = ps_shard_weights(s, 3, 0, &n, &v);
+    CHECK(ps_shard_pin(s, 3, 0, pw, &ref[PS_SHARD_MAX_WBUF]) == pw);
+    CHECK_OK(ps_shard_push(s, 3, 0, 0, PS_SHARD_MAX_WBUF, g, N, NULL, &kept, &dup, &v, why,
+                           sizeof why));
+    CHECK(ps_shard_weights(s, 3, 0, &n, &v) == pinned[0]);
+    CHECK(pw[0] == 0.0f - 0.5f * (float)PS_SHARD_MAX_WBUF);
+    CHECK(pinned[0][0] == 0.0f - 0.5f * (float)(PS_SHARD_MAX_WBUF + 1));
+    /* destroy with pins held: the charge is returned, the buffers live on */
+    ps_shard_destroy(s);
+    CHECK_EQ_INT(used, 0);
+    for (int k = 1; k < PS_SHARD_MAX_WBUF - 1; k++)
+        CHECK(memcmp(pinned[k], expect[k], sizeof w) == 0);
+    for (int k = 1; k <= PS_SHARD_MAX_WBUF; k++)
+        ps_shard_unpin(ref[k]); /* frees them (ASan: no leak, no use after free) */
+}
+
+PS_TEST(shard_spares_respect_max_memory_and_give_way_to_inits)
+{
+    enum { N = 4096 };
+    _Atomic uint64_t used = 0;
+    ps_test_hook_log log;
+    ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
+    /* room for three chunks of N weights, or two and a spare, not two and two spares */
+    ps_shard_config sc = {PS_MODE_ASYNC, -1, 1, {PS_OPT_SGD, 0.5f, 0, 0, 0, 1e-8f, 0},
+                          3 * (N * 4 + 64) + 1024, &used};
+    ps_shard *s;
+    CHECK_OK(ps_shard_create(&sc, &hk, &s));
+    static float w[N], g[N];
+    for (int i = 0; i < N; i++)
+        g[i] = 1.0f;
+    int64_t v;
+    char why[256];
+    CHECK_OK(ps_shard_init(s, 1, 0, w, N, 0, &v, why, sizeof why));
+    CHECK_OK(ps_shard_init(s, 1, 1, w, N, 0, &v, why, sizeof why));
+    size_t n;
+    void *r0, *r1;
+    const float *p0 = ps_shard_weights(s, 1, 0, &n, &v);
+    CHECK(ps_shard_pin(s, 1, 0, p0, &r0) == p0);
+    /* no room for a second spare: chunk 1's reply is a copy */
+    const float *p1 = ps_shard_weights(s, 1, 1, &n, &v);
+    CHECK(ps_shard_pin(s, 1, 1, p1, &r1) == NULL);
+    int kept, dup;
+    CHECK_OK(ps_shard_push(s, 1, 0, 0, 0, g, N, NULL, &kept, &dup, &v, why, sizeof why));
+    CHECK(ps_shard_weights(s, 1, 0, &n, &v) != p0);
+    /* chunk 0's spare is current, its first buffer still pinned: no room */
+    CHECK_EQ_INT(ps_shard_init(s, 1, 2, w, N, 0, &v, why, sizeof why), PS_ETOOBIG);
+    ps_shard_unpin(r0);
+    /* now the weights move back to the first buffer and the spare is given
+     * back for the init */
+    CHECK_OK(ps_shard_init(s, 1, 2, w, N, 0, &v, why, sizeof why));
+    const float *p = ps_shard_weights(s, 1, 0, &n, &v);
+    CHECK(p == p0);
+    CHECK_EQ_INT(v, 1);
+    for (int i = 0; i < N; i++)
+        CHECK(p[i] == -0.5f);
+    ps_shard_destroy(s);
+    CHECK_EQ_INT(used, 0);
+}
+
+PS_TEST(stop_with_zero_copy_replies_still_queued_frees_them_and_exits_0)
+{
+    /* a worker that stops reading: zero-copy replies (and their weight
+     * buffers) pile up in the server's ROUTER while pushes keep updating the
+     * chunk; a shutdown then must free every buffer after the last reply is
+     * dropped, with nothing used after free (the SAN=1 server checks) */
+    enum { N = 1 << 18, K = 24 };
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--mode async --lr 0.5 --quiet"));
+    void *ctx = zmq_ctx_new();
+    void *a = zmq_socket(ctx, ZMQ_DEALER);
+    int one = 1, zero = 0, small = 64 * 1024;
+    zmq_setsockopt(a, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(a, ZMQ_RCVHWM, &one, sizeof one);
+    zmq_setsockopt(a, ZMQ_RCVBUF, &small, sizeof small);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", sv.port);
+    CHECK_OK(zmq_connect(a, ep));
+    CHECK_OK(ps_test_hello(a, 0, PS_MODE_ASYNC, 1, -1));
+    static float w[N];
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 6, 0, 0), r;
+    CHECK_OK(ps_test_rpc(a, &h, w, N, &r, NULL, 0, NULL));
+    CHECK_EQ_INT(r.type, PS_MSG_INIT);
+    for (int k = 0; k < K; k++) {
+        h = ps_test_header(k % 2 ? PS_MSG_PUSHPULL : PS_MSG_PUSH, 0, 10 + (uint64_t)k, 6, 0, k);
+        CHECK_OK(ps_test_send(a, &h, w, N));
+        h = ps_test_header(PS_MSG_PULL, 0, 100 + (uint64_t)k, 6, 0, 0);
+        CHECK_OK(ps_test_send(a, &h, NULL, 0));
+    }
+    /* every request served; most replies cannot leave the server */
+    ps_stats st;
+    memset(&st, 0, sizeof st);
+    for (int i = 0; i < 500 && (st.updates < K || st.pulls < K + K / 2); i++) {
+        CHECK_OK(ps_test_stats(sv.port, &st));
+        if (st.updates < K || st.pulls < K + K / 2)
+            ps_test_sleep_ms(10);
+    }
+    CHECK_EQ_INT(st.updates, K);
+    CHECK_EQ_INT(st.pulls, K + K / 2);
+    void *t = ps_test_dealer(sv.port);
+    CHECK_EQ_INT(shutdown_server(&sv, t), 0);
+    zmq_close(t);
+    zmq_close(a);
+    zmq_ctx_term(ctx);
+}
