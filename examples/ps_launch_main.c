@@ -260,7 +260,8 @@ static void hostfile_free(hostfile *h)
  * the servers at hello, so both sides get the same value). */
 static const char *const shared_flags[] = {"--lr",   "--optimizer",    "--momentum",
                                            "--beta1", "--beta2",       "--eps",
-                                           "--weight-decay", "--max-staleness", "--curve-keys",
+                                           "--weight-decay", "--lr-decay", "--lr-decay-every",
+                                           "--max-staleness", "--curve-keys",
                                            NULL};
 /* Worker flags the launcher sets itself, per worker. */
 static const char *const reserved_flags[] = {"--servers", "--rank", "--num-workers", "--mode",
@@ -1341,7 +1342,7 @@ static const char usage[] =
     "rank.  --log-csv, --timeline and --save without {rank} go to worker 0 only.\n"
     "These worker flags also go to the servers, which must agree with the workers:\n"
     "  --lr --optimizer --momentum --beta1 --beta2 --eps --weight-decay --max-staleness\n"
-    "  --curve-keys\n"
+    "  --lr-decay --lr-decay-every --curve-keys\n"
     "ps_launch itself sets --servers --rank --num-workers --mode --device.\n"
     "\n"
     "examples:\n"

@@ -143,7 +143,7 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     if (is_hello) {
         const ps_hello *o = &h->hello;
         pk_key(&pk, "h");
-        msgpack_pack_map(&pk, 13);
+        msgpack_pack_map(&pk, 15);
         pk_i64(&pk, "mode", o->mode);
         pk_i64(&pk, "stal", o->max_staleness);
         pk_u64(&pk, "nw", o->num_workers);
@@ -157,6 +157,8 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
         pk_f32(&pk, "b2", o->opt.beta2);
         pk_f32(&pk, "eps", o->opt.eps);
         pk_f32(&pk, "wd", o->opt.weight_decay);
+        pk_f32(&pk, "lrd", o->opt.lr_decay);
+        pk_u64(&pk, "lrde", o->opt.lr_decay_every);
     }
     if (is_stats) {
         const ps_stats *s = &h->stats;
@@ -376,6 +378,10 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
             FIELD_F(v, "h.eps", o->opt.eps);
         else if (key_is(k, "wd"))
             FIELD_F(v, "h.wd", o->opt.weight_decay);
+        else if (key_is(k, "lrd"))
+            FIELD_F(v, "h.lrd", o->opt.lr_decay);
+        else if (key_is(k, "lrde"))
+            FIELD_U(v, "h.lrde", o->opt.lr_decay_every, 0, UINT32_MAX);
     }
     if (o->mode == 0 || o->num_workers == 0 || o->num_servers == 0) {
         ps_errorf(why, why_len, "hello needs mode, nw and ns");
@@ -616,7 +622,11 @@ int ps_hello_compare(const ps_hello *a, const char *an, const ps_hello *b, const
         {"beta1", x->beta1, y->beta1, k == PS_OPT_ADAM},
         {"beta2", x->beta2, y->beta2, k == PS_OPT_ADAM},
         {"eps", x->eps, y->eps, k == PS_OPT_ADAM || k == PS_OPT_ADAGRAD},
-        {"weight-decay", x->weight_decay, y->weight_decay, 1}};
+        {"weight-decay", x->weight_decay, y->weight_decay, 1},
+        /* a worker that names no decay sends 0: not checked */
+        {"lr-decay", x->lr_decay, y->lr_decay, x->lr_decay != 0 && y->lr_decay != 0},
+        {"lr-decay-every", (float)x->lr_decay_every, (float)y->lr_decay_every,
+         x->lr_decay != 0 && y->lr_decay != 0}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].used && fcmp(f[i].p, f[i].q)) {
             ps_errorf(why, why_len, "%s: %s has %g, %s has %g", f[i].n, an, (double)f[i].p, bn,

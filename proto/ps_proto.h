@@ -54,6 +54,11 @@ enum ps_opt_kind {
 typedef struct ps_opt_config {
     int kind; /* enum ps_opt_kind */
     float lr, momentum, beta1, beta2, eps, weight_decay;
+    /* learning-rate decay: update t (1, 2, ...) uses
+     * lr * lr_decay^floor((t - 1) / lr_decay_every); every 0: no decay.
+     * lr_decay 0 in a worker's hello: do not check. */
+    float lr_decay;
+    uint32_t lr_decay_every;
 } ps_opt_config;
 
 /* HELLO body.  Request: the worker's view.  Reply: the server's config. */

@@ -234,9 +234,20 @@ void ps_opt_adam_to(const float *w_in, float *w_out, float *m, float *v, const f
         adam_out(w_in, w_out, m, v, g, n, lr, b1, b2, eps, wd, t);
 }
 
-int ps_opt_apply_to(const ps_opt_config *c, const float *w_in, float *w_out, float *s0,
+/* The learning rate of update t (1, 2, ...) under the step decay schedule. */
+float ps_opt_lr_at(const ps_opt_config *c, int64_t t)
+{
+    if (c->lr_decay_every == 0 || c->lr_decay == 1.0f || t < 1)
+        return c->lr;
+    return (float)((double)c->lr * pow((double)c->lr_decay, (double)((t - 1) / c->lr_decay_every)));
+}
+
+int ps_opt_apply_to(const ps_opt_config *cfg, const float *w_in, float *w_out, float *s0,
                     float *s1, const float *g, size_t n, int64_t t)
 {
+    ps_opt_config at = *cfg;
+    at.lr = ps_opt_lr_at(cfg, t);
+    const ps_opt_config *c = &at;
     switch (c->kind) {
     case PS_OPT_SGD: ps_opt_sgd_to(w_in, w_out, g, n, c->lr, c->weight_decay); return 0;
     case PS_OPT_MOMENTUM:

@@ -8,7 +8,8 @@
  *   adagrad   h += g'^2;                   w -= lr * g' / (sqrt(h) + eps)
  *   adam      m = b1 * m + (1 - b1) * g';  v = b2 * v + (1 - b2) * g'^2
  *             w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
- * where t (adam only) is the chunk's update count including this step (1, 2, ...).
+ * where t is the chunk's update count including this step (1, 2, ...): adam's
+ * bias correction uses it, and with --lr-decay the rate is ps_opt_lr_at(t).
  *
  * In place or out of place: the *_to kernels and ps_opt_apply_to read the
  * weights from w_in and write the new weights to w_out in the same single
@@ -28,6 +29,10 @@
 #include <stdint.h>
 
 #include "ps_proto.h"
+
+/* Learning rate of update t (1, 2, ...): lr * lr_decay^floor((t-1)/lr_decay_every),
+ * or lr when lr_decay_every is 0. */
+float ps_opt_lr_at(const ps_opt_config *cfg, int64_t t);
 
 /* Number of n-float state arrays the optimizer kind keeps per chunk. */
 int ps_opt_state_arrays(int kind);

@@ -53,6 +53,9 @@ static void usage(FILE *f)
         "  --beta2 B2             adam: second-moment decay, [0, 1) (default 0.999)\n"
         "  --eps E                adagrad and adam: denominator term, (0, 1] (default 1e-8)\n"
         "  --weight-decay WD      L2 term added to every gradient, 0..1 (default 0)\n"
+        "  --lr-decay F           multiply the learning rate by F in (0, 1] every\n"
+        "  --lr-decay-every N     N updates of a chunk (sync: rounds; async: pushes);\n"
+        "                         N = 0: constant rate (default F 1, N 0)\n"
         "  --threads T            update threads, 1..%d; chunks are split among them\n"
         "                         by hash (default 1)\n"
         "  --max-memory BYTES     cap on weights + optimizer state; inits beyond it are\n"
@@ -135,7 +138,7 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level)
         static const char *const known[] = {
             "--bind", "--rank", "--num-servers", "--num-workers", "--mode", "--max-staleness",
             "--optimizer", "--lr", "--momentum", "--beta1", "--beta2", "--eps",
-            "--weight-decay", "--threads", "--max-memory", "--timeline", "--curve-keys",
+            "--weight-decay", "--lr-decay", "--lr-decay-every", "--threads", "--max-memory", "--timeline", "--curve-keys",
             "--checkpoint-dir", "--checkpoint-every", "--worker-timeout", "--on-worker-loss"};
         int is_known = 0;
         for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
@@ -218,6 +221,18 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level)
         } else if (strcmp(name, "--weight-decay") == 0) {
             if (!(rc = ps_parse_float(PROG, name, val, 0, 1, &fv, why, sizeof why)))
                 c->opt.weight_decay = (float)fv;
+        } else if (strcmp(name, "--lr-decay") == 0) {
+            rc = ps_parse_float(PROG, name, val, 0, 1, &fv, why, sizeof why);
+            if (!rc && !((float)fv > 0.0f)) {
+                snprintf(why, sizeof why, "%s: --lr-decay must be a number in (0, 1], got '%s'",
+                         PROG, val);
+                rc = PS_EINVAL;
+            }
+            if (!rc)
+                c->opt.lr_decay = (float)fv;
+        } else if (strcmp(name, "--lr-decay-every") == 0) {
+            if (!(rc = ps_parse_int(PROG, name, val, 0, UINT32_MAX, &iv, why, sizeof why)))
+                c->opt.lr_decay_every = (uint32_t)iv;
         } else if (strcmp(name, "--threads") == 0) {
             if (!(rc = ps_parse_int(PROG, name, val, 1, PS_SERVER_MAX_THREADS, &iv, why,
                                     sizeof why)))
@@ -319,12 +334,12 @@ int main(int argc, char **argv)
 
     const ps_opt_config *o = &cfg.opt;
     ps_info("%s %s starting: rank %d of %d servers, %d workers, mode %s (max-staleness %d), "
-            "optimizer %s (lr %g, momentum %g, beta1 %g, beta2 %g, eps %g, weight-decay %g), "
-            "%d update threads, max memory %llu bytes",
+            "optimizer %s (lr %g, momentum %g, beta1 %g, beta2 %g, eps %g, weight-decay %g, "
+            "lr-decay %g every %u), %d update threads, max memory %llu bytes",
             PROG, PS_VERSION, cfg.rank, cfg.num_servers, cfg.num_workers, ps_mode_name(cfg.mode),
             cfg.max_staleness, ps_opt_name(o->kind), (double)o->lr, (double)o->momentum,
             (double)o->beta1, (double)o->beta2, (double)o->eps, (double)o->weight_decay,
-            cfg.threads, (unsigned long long)cfg.max_memory);
+            (double)o->lr_decay, o->lr_decay_every, cfg.threads, (unsigned long long)cfg.max_memory);
     if (cfg.checkpoint_dir) {
         if (cfg.checkpoint_every_ms)
             ps_info("checkpoints: %s every %.1f s%s", cfg.checkpoint_dir,

@@ -315,6 +315,8 @@ void ps_server_config_default(ps_server_config *c)
     c->opt.beta2 = 0.999f;
     c->opt.eps = 1e-8f;
     c->opt.weight_decay = 0.0f;
+    c->opt.lr_decay = 1.0f;
+    c->opt.lr_decay_every = 0;
     c->threads = 1;
     c->max_memory = PS_SERVER_DEFAULT_MAX_MEMORY;
     c->on_worker_loss = PS_LOSS_WAIT;

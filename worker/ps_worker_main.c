@@ -42,6 +42,7 @@ static const char *usage =
     "                        used for local SGD with --servers none (default 0.05)\n"
     "  --optimizer NAME      sgd|momentum|nesterov|adagrad|adam: check the servers run it\n"
     "  --momentum/--beta1/--beta2/--eps/--weight-decay X   checked with --optimizer\n"
+    "  --lr-decay F --lr-decay-every N  the servers' step decay, checked with --optimizer\n"
     "  --seed S              weight init and data shuffling (default 1)\n"
     "  --device cpu|cuda:N   compute device (default cpu)\n"
     "  --threads T           BLAS threads on the CPU (default 1)\n"
@@ -166,6 +167,8 @@ int main(int argc, char **argv)
         FLT("--beta2", 0, 1, c.opt.beta2)
         FLT("--eps", 0, 1, c.opt.eps)
         FLT("--weight-decay", 0, 1, c.opt.weight_decay)
+        FLT("--lr-decay", 1e-12, 1, c.opt.lr_decay)
+        INT("--lr-decay-every", 0, UINT32_MAX, c.opt.lr_decay_every)
         if (!strcmp(a, "--seed")) {
             if (ps_parse_int(P, a, v, 0, (long long)1 << 62, &iv, why, sizeof why))
                 return ps_flag_error(why);
