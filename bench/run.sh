@@ -165,44 +165,37 @@ cat <<'EOF'
 
 Every variant here is CPU-bound: two cores run both ends, and the raw
 baseline already spends nearly all its CPU in the kernel copying bytes into
-and out of the sockets.  For every byte pushed and pulled, ours makes three
+and out of the sockets.  For every byte pushed and pulled, ours makes two
 more passes over the data in user space that raw ZeroMQ does not:
 
 1. the server applies the optimizer (sgd reads the gradient and the weights
-   and writes the weights: `ps_opt_apply`, in the update thread);
-2. the server copies the weights into a freshly allocated reply message
-   (`upd_weights` in `server/server.c`: `zmq_msg_init_size` + `memcpy`), and
-   those fresh 4 MiB buffers cost page faults as well;
-3. the client copies each reply frame into the caller's buffer
+   and writes the weights: `ps_opt_apply_to`, in the update thread);
+2. the client copies each reply frame into the caller's buffer
    (`handle_reply` in `worker/client.c`), which ZeroMQ forces: it cannot
    receive into a buffer the caller gives it.
 
-The "raw+work" column makes exactly those passes with raw ZeroMQ (sgd on the
-raw server's weights, a copy into a fresh reply, a copy on the client);
-ours/(raw+work) near 1 from 1 MiB up means the machinery around the data (msgpack headers,
-the inproc hop from the I/O thread to the update thread, chunk bookkeeping,
-the comm thread's queue) costs little: header encode/decode is well under 1%
-of the CPU in the profile.  The gap to raw is the passes over the data, and
-on two shared cores their CPU time adds up instead of overlapping.  At 64 KiB
-the per-message costs show instead: each request crosses two more threads
-than in raw ZeroMQ (the client's comm thread, and the server's I/O thread to
-its update thread over inproc), so small tensors are better grouped into
-larger keys.
+The server no longer copies the weights into its replies: a pull reply is
+sent zero-copy from the chunk's reference-counted weight buffer, and an
+update that arrives while a reply still holds that buffer is written out of
+place into a spare (the same single pass), so "server: memcpy" above is ~0.
 
-What would close most of it (server/ and worker/client.c, not changed here):
+The "raw+work" column makes the passes of the earlier design with raw
+ZeroMQ (sgd on the raw server's weights, a copy into a fresh reply, a copy on
+the client); ours/(raw+work) near or above 1 from 1 MiB up means the
+machinery around the data (msgpack headers, the inproc hop from the I/O
+thread to the update thread, chunk bookkeeping, the comm thread's queue)
+costs little: header encode/decode is well under 1% of the CPU in the
+profile.  The gap to raw is the passes over the data, and on two shared
+cores their CPU time adds up instead of overlapping.  At 64 KiB the
+per-message costs show instead: each request crosses two more threads than
+in raw ZeroMQ (the client's comm thread, and the server's I/O thread to its
+update thread over inproc), so small tensors are better grouped into larger
+keys.
 
-- zero-copy pull replies: keep each chunk's weights in a reference-counted
-  buffer and send it with `zmq_msg_init_data` and a free callback that drops
-  the reference; when an update arrives while a reply still holds the buffer,
-  write the update out of place into a new buffer (w' = w - lr*g reads w and g
-  and writes w', the same traffic as in place) and swap.  That removes pass 2
-  and its page faults, and for a push-pull the apply writes the very bytes
-  that are sent;
-- failing that, a per-thread pool of chunk-sized reply buffers instead of a
-  malloc per reply (no page faults);
-- on the client, an API that lends the caller the received frames (or lets
-  the worker's back buffer be them) instead of copying, or at least a copy
-  with non-temporal stores (the destination is not read until the swap).
+What would close more of it: on the client, an API that lends the caller the
+received frames (or lets the worker's back buffer be them) instead of
+copying, or at least a copy with non-temporal stores (the destination is not
+read until the swap).
 
 The optimizer pass itself is the server's job and runs at memory bandwidth
 (section 2), so against a baseline that does nothing with the bytes ours
