@@ -48,6 +48,7 @@ typedef struct ps_request {
     int status;            /* first error seen, 0 when none */
     int done;
     int64_t version;       /* pull: smallest version returned over all chunks */
+    int64_t done_ns;       /* when it completed (CLOCK_MONOTONIC ns), for timelines */
     char err[PS_ERR_TEXT_MAX + 1];
     void *priv;            /* comm-thread bookkeeping */
 } ps_request;

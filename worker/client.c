@@ -142,6 +142,7 @@ struct ps_client {
  * saw done == 0 is always counted before we look. */
 static void complete(ps_client *c, ps_request *r)
 {
+    r->done_ns = ps_now_ns(); /* published by the store of done below */
     __atomic_store_n(&r->done, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&c->nwaiters, __ATOMIC_SEQ_CST) == 0)
         return;
@@ -818,6 +819,7 @@ static void req_reset(ps_client *c, ps_request *r, int pending)
     r->status = 0;
     r->done = 0;
     r->version = -1;
+    r->done_ns = 0;
     r->err[0] = 0;
     r->priv = c;
 }
@@ -829,6 +831,7 @@ static void req_fail(ps_request *r, int code, const char *text)
     r->version = -1;
     snprintf(r->err, sizeof r->err, "%s", text);
     r->priv = NULL;
+    r->done_ns = ps_now_ns();
     __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
 }
 

@@ -113,8 +113,7 @@ static int landed(worker *w, int i)
                  s->push.status ? s->push.err : s->pull.err);
         return rc;
     }
-    int64_t now = ps_now_ns();
-    ps_trace_event(w->trace, "pull", "comm", TID_COMM, s->posted_ns, now, w->step,
+    ps_trace_event(w->trace, "pull", "comm", TID_COMM, s->posted_ns, s->pull.done_ns, w->step,
                    w->params[i].layer);
     if (!w->on_host) {
         size_t bytes = w->params[i].count * sizeof(float);
@@ -126,14 +125,14 @@ static int landed(worker *w, int i)
     return 0;
 }
 
-/* The push of slot i was acknowledged (seen now): put it on the timeline. */
+/* The push of slot i was acknowledged: put it on the timeline (post to reply). */
 static void push_seen(worker *w, int i)
 {
     slot *s = &w->slots[i];
     if (s->push_logged)
         return;
     s->push_logged = 1;
-    ps_trace_event(w->trace, "push", "comm", TID_COMM, s->posted_ns, ps_now_ns(), w->step,
+    ps_trace_event(w->trace, "push", "comm", TID_COMM, s->posted_ns, s->push.done_ns, w->step,
                    w->params[i].layer);
 }
 
