@@ -425,11 +425,21 @@ PS_TEST(killed_server_restored_from_checkpoints_gives_bitwise_the_same_model)
     crash_run("crash", STEPS, KILL_AT, got, b, &restored);
     if (ps_test_stopped())
         return;
-    /* the crash happened mid-run, and the workers had to resend */
+    /* the crash happened mid-run */
     CHECK_MSG(restored > 0 && restored < STEPS, "restored version %d", restored);
-    char log[512];
-    snprintf(log, sizeof log, "%s/crash-w0.log", ps_test_tmpdir());
-    CHECK(ps_test_file_has(log, "resending"));
+    /* Whether a worker had to resend depends on timing: requests a worker
+     * posts while the server is down wait in its DEALER and reach the
+     * restarted server without a resend; only those the dead server had
+     * already taken are resent.  So it is reported, not required; the
+     * bitwise model and the exact update counts below are the proof that
+     * nothing was lost or applied twice. */
+    int resent = 0;
+    for (int r = 0; r < 2; r++) {
+        char log[512];
+        snprintf(log, sizeof log, "%s/crash-w%d.log", ps_test_tmpdir(), r);
+        resent += ps_test_file_has(log, "resending");
+    }
+    printf("# %d of 2 workers resent requests after the crash\n", resent);
     long size;
     CHECK_MSG(files_equal(ref, got, &size), "the model after the crash differs from the "
                                            "uninterrupted run's (%s vs %s)", got, ref);
@@ -451,6 +461,7 @@ PS_TEST(killed_server_restored_from_checkpoints_gives_bitwise_the_same_model)
            "rounds x %llu chunks\n",
            size, restored, STEPS, (unsigned long long)upd, STEPS, (unsigned long long)chunks);
     /* the uninterrupted run's server 0 wrote a timeline */
+    char log[512];
     snprintf(log, sizeof log, "%s/ref-server0.json", ps_test_tmpdir());
     char *tl = ps_test_read_file(log, NULL);
     int ok = tl && strstr(tl, "\"traceEvents\"") && strstr(tl, "\"name\":\"apply\"") &&
