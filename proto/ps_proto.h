@@ -9,14 +9,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ps_limits.h"
+
 #define PS_PROTO_VERSION 1
 
 /* Largest header we ever encode or accept (bytes). */
 #define PS_HEADER_MAX 1024
-/* Largest payload one message may carry: 1 GiB of elements. */
-#define PS_MAX_PAYLOAD_BYTES (1ull << 30)
-#define PS_MAX_RANK 65535
-#define PS_MAX_CHUNK (1u << 24)
 #define PS_ERR_TEXT_MAX 200
 
 enum ps_msg_type {

@@ -74,9 +74,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ps_limits.h"
 #include "ps_proto.h"
 
-#define PS_SERVER_MAX_THREADS 64
 #define PS_SERVER_DEFAULT_MAX_MEMORY (8ull << 30)
 
 /* What to do about a worker silent for worker_timeout_ms. */

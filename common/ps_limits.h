@@ -1,0 +1,21 @@
+/* Ranges that more than one program or layer checks: one place, so a value
+ * ps_launch accepts is one ps_server and ps_worker accept too. */
+#ifndef PS_LIMITS_H
+#define PS_LIMITS_H
+
+/* ranks: workers and servers are numbered 0..PS_MAX_RANK */
+#define PS_MAX_RANK 65535
+#define PS_MAX_WORKERS (PS_MAX_RANK + 1)
+#define PS_MAX_SERVERS (PS_MAX_RANK + 1)
+/* --max-staleness: -1 (unbounded) or 0..PS_MAX_STALENESS */
+#define PS_MAX_STALENESS 1000000
+/* ps_server --threads: update threads per server */
+#define PS_SERVER_MAX_THREADS 64
+/* Largest payload one message may carry: 1 GiB. */
+#define PS_MAX_PAYLOAD_BYTES (1ull << 30)
+/* Chunks per tensor at most, and the --chunk-size range in bytes. */
+#define PS_MAX_CHUNK (1u << 24)
+#define PS_MIN_CHUNK_BYTES 1024ull
+#define PS_MAX_CHUNK_BYTES PS_MAX_PAYLOAD_BYTES
+
+#endif
