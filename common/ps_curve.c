@@ -15,6 +15,7 @@
 #include <zmq.h>
 
 #include "ps_error.h"
+#include "ps_fs.h"
 #include "ps_log.h"
 #include "ps_time.h"
 
@@ -609,38 +610,6 @@ int ps_curve_client_setup(void *dealer_socket, const char *dir, int worker_rank,
 
 /* ---- key generation ---------------------------------------------------- */
 
-static int mkdir_p(const char *path, mode_t last_mode, int *created)
-{
-    char p[4096];
-    *created = 0;
-    if (snprintf(p, sizeof p, "%s", path) >= (int)sizeof p) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    for (char *s = p + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = 0;
-        if (mkdir(p, 0755) != 0 && errno != EEXIST)
-            return -1;
-        *s = '/';
-    }
-    if (mkdir(p, last_mode) == 0) {
-        *created = 1;
-        return chmod(p, last_mode); /* exact mode whatever the umask */
-    }
-    if (errno != EEXIST)
-        return -1;
-    struct stat st;
-    if (stat(p, &st) != 0)
-        return -1;
-    if (!S_ISDIR(st.st_mode)) {
-        errno = ENOTDIR;
-        return -1;
-    }
-    return 0;
-}
-
 /* server-N.key, server-N.pub, worker-N.key, worker-N.pub */
 static int is_key_name(const char *s)
 {
@@ -726,8 +695,8 @@ int ps_curve_keygen(const char *dir, int servers, int workers, int force, char *
     char adir[4096], path[4200];
     snprintf(adir, sizeof adir, "%s/authorized", dir);
     int created;
-    const char *failed = mkdir_p(dir, 0700, &created) != 0     ? dir
-                         : mkdir_p(adir, 0700, &created) != 0 ? adir
+    const char *failed = ps_mkdir_p(dir, 0700, &created) != 0     ? dir
+                         : ps_mkdir_p(adir, 0700, &created) != 0 ? adir
                                                                : NULL;
     if (failed) {
         ps_errorf(why, why_len, "%s: cannot create key directory: %s", failed, strerror(errno));
