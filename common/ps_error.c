@@ -6,22 +6,11 @@
 const char *ps_strerror(int code)
 {
     switch (code) {
-    case PS_OK: return "success";
-    case PS_EINVAL: return "invalid argument";
-    case PS_ENOMEM: return "out of memory";
-    case PS_EPROTO: return "malformed or unexpected message";
-    case PS_EIO: return "I/O error";
-    case PS_ETIMEDOUT: return "timed out";
-    case PS_ENOTFOUND: return "not found";
-    case PS_ESTATE: return "not valid in the current state";
-    case PS_EMISMATCH: return "configuration mismatch between peers";
-    case PS_ECLOSED: return "shut down";
-    case PS_EVERSION: return "protocol version mismatch";
-    case PS_ETOOBIG: return "size too large";
-    case PS_EDEVICE: return "compute device unusable";
-    case PS_EAUTH: return "authentication refused";
-    case PS_EDATA: return "bad data file";
-    default: return "unknown error";
+#define PS_ERR_CASE_(name, value, text) case name: return text;
+        PS_ERRORS(PS_ERR_CASE_)
+#undef PS_ERR_CASE_
+    default:
+        return "unknown error";
     }
 }
 
@@ -33,4 +22,22 @@ void ps_errorf(char *why, size_t why_len, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, why_len, fmt, ap);
     va_end(ap);
+}
+
+int ps_exit_status(int rc)
+{
+    switch (rc) {
+    case PS_OK:
+        return 0;
+    case PS_EINVAL:
+    case PS_EMISMATCH:
+    case PS_EVERSION:
+    case PS_EDEVICE:
+    case PS_EAUTH:
+    case PS_EDATA:
+    case PS_ENOTFOUND:
+        return 2;
+    default:
+        return 1;
+    }
 }

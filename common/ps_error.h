@@ -5,32 +5,25 @@
 
 #include <stddef.h>
 
-enum {
-    PS_OK = 0,
-    PS_EINVAL = 1,     /* bad argument or flag value */
-    PS_ENOMEM = 2,     /* allocation failed */
-    PS_EPROTO = 3,     /* malformed or unexpected message */
-    PS_EIO = 4,        /* socket, file or device I/O failed */
-    PS_ETIMEDOUT = 5,  /* a deadline passed */
-    PS_ENOTFOUND = 6,  /* unknown key, chunk or file */
-    PS_ESTATE = 7,     /* operation not valid now (push before init, ...) */
-    PS_EMISMATCH = 8,  /* peers disagree on mode, model or config */
-    PS_ECLOSED = 9,    /* the client or server is shutting down */
-    PS_EVERSION = 10,  /* wire protocol version differs */
-    PS_ETOOBIG = 11,   /* a size is beyond what we accept */
-    PS_EDEVICE = 12,   /* compute device unusable (no GPU, CUDA error) */
-    PS_EAUTH = 13,     /* authentication refused */
-    PS_EDATA = 14,     /* bad data file (magic, truncated, checksum) */
-    PS_ECODE_MAX = 14
-};
-
-/* Short, static description of a PS_E* code; never NULL. */
-const char *ps_strerror(int code);
+/* The codes themselves (PS_OK, PS_EINVAL, ...) and ps_strerror() are public:
+ * include/ps_types.h. */
+#include "ps_types.h"
 
 /* printf into a caller's `why` buffer (truncated to why_len, always
  * terminated).  why may be NULL or why_len 0: then it writes nothing, so
  * callers can pass their own optional buffer straight through. */
 void ps_errorf(char *why, size_t why_len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* The one exit-status rule of every program (ps_server, ps_worker,
+ * ps_launch, ps_keygen):
+ *   0  done;
+ *   1  failed while running (a peer or the network went away, I/O error);
+ *   2  something to fix before running again: a flag or its value, a
+ *      setting that disagrees with the servers (mode, workers, optimizer,
+ *      model), keys, data or checkpoint files, the device;
+ *   128 + N  a worker stopped by signal N before it finished.
+ * Maps a PS_E* code (0: success) to 0, 1 or 2. */
+int ps_exit_status(int rc);
 
 #endif

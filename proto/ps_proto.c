@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ps_error.h"
+#include "ps_opt_table.h"
 
 /* ---------- names ---------- */
 
@@ -31,23 +32,6 @@ int ps_mode_parse(const char *s, int *mode)
     else
         return PS_EINVAL;
     return 0;
-}
-
-static const char *const opt_names[] = {"none", "sgd", "momentum", "nesterov", "adagrad", "adam"};
-
-const char *ps_opt_name(int kind)
-{
-    return kind >= 0 && kind <= PS_OPT_KIND_MAX ? opt_names[kind] : "unknown";
-}
-
-int ps_opt_parse(const char *s, int *kind)
-{
-    for (int i = 1; s && i <= PS_OPT_KIND_MAX; i++)
-        if (strcmp(s, opt_names[i]) == 0) {
-            *kind = i;
-            return 0;
-        }
-    return PS_EINVAL;
 }
 
 size_t ps_dtype_size(uint32_t dtype) { return dtype == PS_DTYPE_F32 ? 4 : 0; }
@@ -143,7 +127,11 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     if (is_hello) {
         const ps_hello *o = &h->hello;
         pk_key(&pk, "h");
-        msgpack_pack_map(&pk, 15);
+        /* a hyper-parameter the sender does not give is left out (not compared) */
+        int nopt = 0;
+        for (int p = 0; p < PS_OPT_NPARAMS; p++)
+            nopt += ps_opt_is_given(&o->opt, p);
+        msgpack_pack_map(&pk, 7 + (size_t)nopt);
         pk_i64(&pk, "mode", o->mode);
         pk_i64(&pk, "stal", o->max_staleness);
         pk_u64(&pk, "nw", o->num_workers);
@@ -151,29 +139,23 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
         pk_i64(&pk, "sr", o->server_rank);
         pk_u64(&pk, "fp", o->model_fp);
         pk_i64(&pk, "opt", o->opt.kind);
-        pk_f32(&pk, "lr", o->opt.lr);
-        pk_f32(&pk, "mom", o->opt.momentum);
-        pk_f32(&pk, "b1", o->opt.beta1);
-        pk_f32(&pk, "b2", o->opt.beta2);
-        pk_f32(&pk, "eps", o->opt.eps);
-        pk_f32(&pk, "wd", o->opt.weight_decay);
-        pk_f32(&pk, "lrd", o->opt.lr_decay);
-        pk_u64(&pk, "lrde", o->opt.lr_decay_every);
+        for (int p = 0; p < PS_OPT_NPARAMS; p++) {
+            if (!ps_opt_is_given(&o->opt, p))
+                continue;
+            const ps_opt_param *r = ps_opt_param_at(p);
+            if (r->is_int)
+                pk_u64(&pk, r->key, (uint64_t)ps_opt_get(&o->opt, p));
+            else
+                pk_f32(&pk, r->key, (float)ps_opt_get(&o->opt, p));
+        }
     }
     if (is_stats) {
         const ps_stats *s = &h->stats;
         pk_key(&pk, "st");
         msgpack_pack_map(&pk, 12);
-        pk_u64(&pk, "push", s->pushes);
-        pk_u64(&pk, "pull", s->pulls);
-        pk_u64(&pk, "init", s->inits);
-        pk_u64(&pk, "upd", s->updates);
-        pk_u64(&pk, "bin", s->bytes_in);
-        pk_u64(&pk, "bout", s->bytes_out);
-        pk_u64(&pk, "dup", s->dup_dropped);
-        pk_u64(&pk, "err", s->errors);
-        pk_u64(&pk, "chunks", s->chunks);
-        pk_u64(&pk, "workers", s->workers_seen);
+#define PK_COUNTER_(f, key) pk_u64(&pk, key, s->f);
+        PS_STATS_COUNTERS(PK_COUNTER_)
+#undef PK_COUNTER_
         pk_i64(&pk, "vmin", s->min_version);
         pk_i64(&pk, "vmax", s->max_version);
     }
@@ -366,22 +348,28 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
             FIELD_U(v, "h.fp", o->model_fp, 0, UINT64_MAX);
         else if (key_is(k, "opt"))
             FIELD_I(v, "h.opt", o->opt.kind, 0, PS_OPT_KIND_MAX);
-        else if (key_is(k, "lr"))
-            FIELD_F(v, "h.lr", o->opt.lr);
-        else if (key_is(k, "mom"))
-            FIELD_F(v, "h.mom", o->opt.momentum);
-        else if (key_is(k, "b1"))
-            FIELD_F(v, "h.b1", o->opt.beta1);
-        else if (key_is(k, "b2"))
-            FIELD_F(v, "h.b2", o->opt.beta2);
-        else if (key_is(k, "eps"))
-            FIELD_F(v, "h.eps", o->opt.eps);
-        else if (key_is(k, "wd"))
-            FIELD_F(v, "h.wd", o->opt.weight_decay);
-        else if (key_is(k, "lrd"))
-            FIELD_F(v, "h.lrd", o->opt.lr_decay);
-        else if (key_is(k, "lrde"))
-            FIELD_U(v, "h.lrde", o->opt.lr_decay_every, 0, UINT32_MAX);
+        else
+            for (int p = 0; p < PS_OPT_NPARAMS; p++) {
+                const ps_opt_param *r = ps_opt_param_at(p);
+                if (!key_is(k, r->key))
+                    continue;
+                char name[16];
+                snprintf(name, sizeof name, "h.%s", r->key);
+                if (r->is_int) {
+                    uint64_t u;
+                    FIELD_U(v, name, u, 0, (uint64_t)r->hi);
+                    ps_opt_set(&o->opt, p, (double)u);
+                } else {
+                    float f;
+                    FIELD_F(v, name, f);
+                    ps_opt_set(&o->opt, p, f);
+                }
+                /* present is given; an older peer's 0 in a "zero means not
+                 * given" row is not */
+                if (!r->zero_unset || ps_opt_get(&o->opt, p) != 0)
+                    o->opt.given |= 1u << p;
+                break;
+            }
     }
     if (o->mode == 0 || o->num_workers == 0 || o->num_servers == 0) {
         ps_errorf(why, why_len, "hello needs mode, nw and ns");
@@ -397,10 +385,10 @@ static int decode_stats(const msgpack_object *m, ps_stats *s, char *why, size_t 
         return PS_EPROTO;
     }
     struct { const char *name; uint64_t *dst; } u[] = {
-        {"push", &s->pushes},      {"pull", &s->pulls},   {"init", &s->inits},
-        {"upd", &s->updates},      {"bin", &s->bytes_in}, {"bout", &s->bytes_out},
-        {"dup", &s->dup_dropped},  {"err", &s->errors},   {"chunks", &s->chunks},
-        {"workers", &s->workers_seen}};
+#define COUNTER_(f, key) {key, &s->f},
+        PS_STATS_COUNTERS(COUNTER_)
+#undef COUNTER_
+    };
     for (uint32_t i = 0; i < m->via.map.size; i++) {
         const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
         if (k->type != MSGPACK_OBJECT_STR)
@@ -575,8 +563,6 @@ int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes
     return 0;
 }
 
-static int fcmp(float a, float b) { return a != b; }
-
 int ps_hello_compare(const ps_hello *a, const char *an, const ps_hello *b, const char *bn,
                      int check_opt, char *why, size_t why_len)
 {
@@ -606,32 +592,7 @@ int ps_hello_compare(const ps_hello *a, const char *an, const ps_hello *b, const
             an, (unsigned long long)a->model_fp, bn, (unsigned long long)b->model_fp);
         return PS_EMISMATCH;
     }
-    if (!check_opt || a->opt.kind == PS_OPT_NONE || b->opt.kind == PS_OPT_NONE)
+    if (!check_opt)
         return 0;
-    const ps_opt_config *x = &a->opt, *y = &b->opt;
-    if (x->kind != y->kind) {
-        ps_errorf(why, why_len, "optimizer: %s has %s, %s has %s", an, ps_opt_name(x->kind), bn,
-            ps_opt_name(y->kind));
-        return PS_EMISMATCH;
-    }
-    /* compare only the hyper-parameters this optimizer uses */
-    int k = x->kind;
-    struct { const char *n; float p, q; int used; } f[] = {
-        {"lr", x->lr, y->lr, 1},
-        {"momentum", x->momentum, y->momentum, k == PS_OPT_MOMENTUM || k == PS_OPT_NESTEROV},
-        {"beta1", x->beta1, y->beta1, k == PS_OPT_ADAM},
-        {"beta2", x->beta2, y->beta2, k == PS_OPT_ADAM},
-        {"eps", x->eps, y->eps, k == PS_OPT_ADAM || k == PS_OPT_ADAGRAD},
-        {"weight-decay", x->weight_decay, y->weight_decay, 1},
-        /* a worker that names no decay sends 0: not checked */
-        {"lr-decay", x->lr_decay, y->lr_decay, x->lr_decay != 0 && y->lr_decay != 0},
-        {"lr-decay-every", (float)x->lr_decay_every, (float)y->lr_decay_every,
-         x->lr_decay != 0 && y->lr_decay != 0}};
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        if (f[i].used && fcmp(f[i].p, f[i].q)) {
-            ps_errorf(why, why_len, "%s: %s has %g, %s has %g", f[i].n, an, (double)f[i].p, bn,
-                (double)f[i].q);
-            return PS_EMISMATCH;
-        }
-    return 0;
+    return ps_opt_compare(&a->opt, an, &b->opt, bn, why, why_len);
 }

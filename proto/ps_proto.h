@@ -10,12 +10,13 @@
 #include <stdint.h>
 
 #include "ps_limits.h"
+#include "ps_opt_table.h"
+#include "ps_types.h"
 
 #define PS_PROTO_VERSION 1
 
 /* Largest header we ever encode or accept (bytes). */
 #define PS_HEADER_MAX 1024
-#define PS_ERR_TEXT_MAX 200
 
 enum ps_msg_type {
     PS_MSG_HELLO = 1,     /* agree on mode, model and config */
@@ -37,28 +38,6 @@ enum ps_msg_type {
 
 enum ps_dtype { PS_DTYPE_F32 = 1 };
 
-enum ps_mode { PS_MODE_SYNC = 1, PS_MODE_ASYNC = 2 };
-
-enum ps_opt_kind {
-    PS_OPT_NONE = 0, /* in a hello request: accept whatever the server runs */
-    PS_OPT_SGD = 1,
-    PS_OPT_MOMENTUM = 2,
-    PS_OPT_NESTEROV = 3,
-    PS_OPT_ADAGRAD = 4,
-    PS_OPT_ADAM = 5
-};
-#define PS_OPT_KIND_MAX 5
-
-typedef struct ps_opt_config {
-    int kind; /* enum ps_opt_kind */
-    float lr, momentum, beta1, beta2, eps, weight_decay;
-    /* learning-rate decay: update t (1, 2, ...) uses
-     * lr * lr_decay^floor((t - 1) / lr_decay_every); every 0: no decay.
-     * lr_decay 0 in a worker's hello: do not check. */
-    float lr_decay;
-    uint32_t lr_decay_every;
-} ps_opt_config;
-
 /* HELLO body.  Request: the worker's view.  Reply: the server's config. */
 typedef struct ps_hello {
     int32_t mode;           /* enum ps_mode */
@@ -67,14 +46,10 @@ typedef struct ps_hello {
     uint32_t num_servers;
     int32_t server_rank;    /* request: which server the client believes it talks to */
     uint64_t model_fp;      /* hash of the registered tensor list + chunk size; 0 = unset */
-    ps_opt_config opt;      /* request: kind PS_OPT_NONE = do not check */
+    ps_opt_config opt;      /* request: what the worker checks (kind PS_OPT_NONE: any
+                               optimizer; hyper-parameters it does not give are left
+                               out of the map); reply: the server's, complete */
 } ps_hello;
-
-typedef struct ps_stats {
-    uint64_t pushes, pulls, inits, updates, bytes_in, bytes_out;
-    uint64_t dup_dropped, errors, chunks, workers_seen;
-    int64_t min_version, max_version;
-} ps_stats;
 
 typedef struct ps_header {
     uint32_t version;  /* PS_PROTO_VERSION */
@@ -124,8 +99,6 @@ int ps_msg_reply_has_payload(uint32_t type);
 const char *ps_msg_type_name(uint32_t type);
 const char *ps_mode_name(int mode);
 int ps_mode_parse(const char *s, int *mode);
-const char *ps_opt_name(int kind);
-int ps_opt_parse(const char *s, int *kind);
 
 /* Compare two configs; on mismatch returns PS_EMISMATCH and writes a message
  * naming the field and both values ("mode: sync vs async"). */

@@ -12,11 +12,16 @@
 
 #include "optimizer.h"
 #include "ps_error.h"
+#include "ps_opt_table.h"
 
 #define MAGIC "PSCKPT1\n"
-#define FORMAT 1
+/* 2: every hyper-parameter of the optimizer table (1 lacked the lr decay) */
+#define FORMAT 2
+/* bytes of the optimizer's hyper-parameters, as their C types */
+#define OPT_BYTES_(f, t, key, flag, def, lo, lob, hi, hib, used, zu, help) +sizeof(t)
+#define OPT_BYTES (0 PS_OPT_PARAMS(OPT_BYTES_))
 /* fixed part of the header, before the per-worker hello flags */
-#define HDR_FIXED (8 + 4 + 4 + 8 + 8 + 6 * 4 + 6 * 4 + 8 + 8 + 8 + 8 + 6 * 8)
+#define HDR_FIXED ((int)(8 + 4 + 4 + 8 + 8 + 6 * 4 + OPT_BYTES + 8 + 8 + 8 + 8 + 6 * 8))
 /* fixed part of a chunk record, before the clocks */
 #define REC_FIXED (8 + 4 + 4 + 8 + 8 + 8)
 
@@ -37,11 +42,12 @@ static size_t record_bytes(int num_workers, size_t n, int nstate)
 
 /* The header fields of a ps_ckpt_meta after the magic, the format and the
  * header size, in file order: one list for the writer and the reader, so the
- * two cannot disagree.  I(f): stored as an int32; F(f): as the field is. */
-#define HEADER_FIELDS(I, F)                                                              \
+ * two cannot disagree.  I(f): stored as an int32; F(f): as the field is.
+ * O is applied to every row of the optimizer table (include/ps_types.h). */
+#define HEADER_FIELDS(I, F, O)                                                           \
     F(seq) F(config_fp)                                                                  \
     I(rank) I(num_servers) I(num_workers) I(mode) I(max_staleness) I(opt.kind)           \
-    F(opt.lr) F(opt.momentum) F(opt.beta1) F(opt.beta2) F(opt.eps) F(opt.weight_decay)   \
+    PS_OPT_PARAMS(O)                                                                     \
     F(model_fp) F(nchunks) F(min_version) F(max_version)                                 \
     F(counters.pushes) F(counters.pulls) F(counters.inits) F(counters.updates)           \
     F(counters.dup_dropped) F(counters.bytes_in)
@@ -61,25 +67,18 @@ static uint32_t crc_update(uint32_t crc, const void *buf, size_t len)
 uint64_t ps_ckpt_config_fp(int rank, int num_servers, int num_workers, int mode,
                            int max_staleness, const ps_opt_config *opt)
 {
-    unsigned char b[64], *p = b;
+    unsigned char b[32], *p = b;
     PUT(p, (int32_t)rank);
     PUT(p, (int32_t)num_servers);
     PUT(p, (int32_t)num_workers);
     PUT(p, (int32_t)mode);
     PUT(p, (int32_t)max_staleness);
-    PUT(p, (int32_t)opt->kind);
-    PUT(p, opt->lr);
-    PUT(p, opt->momentum);
-    PUT(p, opt->beta1);
-    PUT(p, opt->beta2);
-    PUT(p, opt->eps);
-    PUT(p, opt->weight_decay);
     uint64_t h = 0xcbf29ce484222325ull;
     for (unsigned char *q = b; q < p; q++) {
         h ^= *q;
         h *= 0x100000001b3ull;
     }
-    return h;
+    return ps_opt_hash(h, opt);
 }
 
 /* ---- serializing one update thread's chunks ---- */
@@ -259,7 +258,9 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_meta *m, const ps_ckpt_part *pa
     PUT(p, (uint32_t)hb);
 #define PUT_INT32(f) PUT(p, (int32_t)m->f);
 #define PUT_FIELD(f) PUT(p, m->f);
-    HEADER_FIELDS(PUT_INT32, PUT_FIELD)
+#define PUT_OPT(f, t, key, flag, def, lo, lob, hi, hib, used, zu, help) PUT(p, m->opt.f);
+    HEADER_FIELDS(PUT_INT32, PUT_FIELD, PUT_OPT)
+#undef PUT_OPT
 #undef PUT_INT32
 #undef PUT_FIELD
     for (int r = 0; r < m->num_workers; r++)
@@ -410,10 +411,15 @@ int ps_ckpt_read(const char *path, ps_ckpt_file *f, char *why, size_t why_len)
     GET(p, format);
     GET(p, hb);
     if (format != FORMAT)
-        CORRUPT("format %u, this server reads format %d", format, FORMAT);
+        CORRUPT("format %u, this server reads format %d%s", format, FORMAT,
+                format == 1 ? " (format 1 did not record --lr-decay; restore it with the "
+                              "ps_server that wrote it, or start without --restore)"
+                            : "");
 #define GET_INT32(f) do { int32_t v_; GET(p, v_); m->f = v_; } while (0);
 #define GET_FIELD(f) GET(p, m->f);
-    HEADER_FIELDS(GET_INT32, GET_FIELD)
+#define GET_OPT(f, t, key, flag, def, lo, lob, hi, hib, used, zu, help) GET(p, m->opt.f);
+    HEADER_FIELDS(GET_INT32, GET_FIELD, GET_OPT)
+#undef GET_OPT
 #undef GET_INT32
 #undef GET_FIELD
     if (m->num_workers < 1 || m->num_workers > PS_MAX_RANK + 1 ||
@@ -468,18 +474,15 @@ int ps_ckpt_check_config(const ps_ckpt_meta *m, int rank, int num_servers, int n
         DIFF("--max-staleness", "%d", m->max_staleness, max_staleness);
     if (m->opt.kind != opt->kind)
         DIFF("--optimizer", "%s", ps_opt_name(m->opt.kind), ps_opt_name(opt->kind));
-    if (m->opt.lr != opt->lr)
-        DIFF("--lr", "%g", (double)m->opt.lr, (double)opt->lr);
-    if (m->opt.momentum != opt->momentum)
-        DIFF("--momentum", "%g", (double)m->opt.momentum, (double)opt->momentum);
-    if (m->opt.beta1 != opt->beta1)
-        DIFF("--beta1", "%g", (double)m->opt.beta1, (double)opt->beta1);
-    if (m->opt.beta2 != opt->beta2)
-        DIFF("--beta2", "%g", (double)m->opt.beta2, (double)opt->beta2);
-    if (m->opt.eps != opt->eps)
-        DIFF("--eps", "%g", (double)m->opt.eps, (double)opt->eps);
-    if (m->opt.weight_decay != opt->weight_decay)
-        DIFF("--weight-decay", "%g", (double)m->opt.weight_decay, (double)opt->weight_decay);
+    for (int p = 0; p < PS_OPT_NPARAMS; p++) {
+        double a = ps_opt_get(&m->opt, p), b = ps_opt_get(opt, p);
+        if (a != b) {
+            const char *flag = ps_opt_param_at(p)->flag;
+            ps_errorf(why, why_len, "it was written with %s %g, this server has %s %g", flag, a,
+                flag, b);
+            return PS_EMISMATCH;
+        }
+    }
 #undef DIFF
     if (m->config_fp !=
         ps_ckpt_config_fp(rank, num_servers, num_workers, mode, max_staleness, opt)) {

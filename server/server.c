@@ -308,15 +308,7 @@ void ps_server_config_default(ps_server_config *c)
     c->num_workers = 1;
     c->mode = PS_MODE_ASYNC;
     c->max_staleness = -1;
-    c->opt.kind = PS_OPT_SGD;
-    c->opt.lr = 0.01f;
-    c->opt.momentum = 0.9f;
-    c->opt.beta1 = 0.9f;
-    c->opt.beta2 = 0.999f;
-    c->opt.eps = 1e-8f;
-    c->opt.weight_decay = 0.0f;
-    c->opt.lr_decay = 1.0f;
-    c->opt.lr_decay_every = 0;
+    ps_opt_default(&c->opt);
     c->threads = 1;
     c->max_memory = PS_SERVER_DEFAULT_MAX_MEMORY;
     c->on_worker_loss = PS_LOSS_WAIT;
@@ -339,13 +331,10 @@ int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
         BAD("max-staleness must be 0 in sync mode, got %d", c->max_staleness);
     if (c->max_staleness < -1 || c->max_staleness > 1000000)
         BAD("max-staleness must be in [-1, 1000000], got %d", c->max_staleness);
-    if (c->opt.kind < PS_OPT_SGD || c->opt.kind > PS_OPT_KIND_MAX)
-        BAD("unknown optimizer %d", c->opt.kind);
-    const ps_opt_config *o = &c->opt;
-    if (!(o->lr >= 0) || !(o->momentum >= 0 && o->momentum <= 1) ||
-        !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) || !(o->eps > 0) ||
-        !(o->weight_decay >= 0))
-        BAD("optimizer hyper-parameter out of range");
+    ps_opt_config full = c->opt;
+    full.given = PS_OPT_GIVEN_ALL; /* a server's settings are complete: check them all */
+    if (ps_opt_check(&full, 0, why, why_len))
+        return PS_EINVAL;
     if (c->threads < 1 || c->threads > PS_SERVER_MAX_THREADS)
         BAD("threads must be in [1, %d], got %d", PS_SERVER_MAX_THREADS, c->threads);
     if (c->max_memory < 1)
@@ -2255,6 +2244,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     if (!s)
         return PS_ENOMEM;
     s->cfg = *c;
+    s->cfg.opt.given = PS_OPT_GIVEN_ALL;
     s->efd = -1;
     s->wr.efd = -1;
     snprintf(s->bind, sizeof s->bind, "%s", c->bind);

@@ -58,8 +58,14 @@ for r in 0 1; do
     eval "w$r=$!"
     pids="$pids $!"
 done
-# let training start, then cut the link for 3 seconds
-sleep 1
+# let training start (on a loaded machine the workers may take a while to
+# get there), then cut the link for 3 seconds
+n=0
+while [ $n -lt 200 ] && ! grep -q "training " "$TMP/worker0.log" 2>/dev/null; do
+    sleep 0.1
+    n=$((n + 1))
+done
+sleep 0.3
 ip -n "$NS_W" link set "$VW" down
 echo "# link cut at $(date +%T.%N | cut -c1-12)"
 sleep 3

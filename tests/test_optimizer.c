@@ -64,7 +64,7 @@ static void ref_step(const ps_opt_config *c, ref *r, const float *g, int64_t t)
  * returns the worst relative error seen, or a negative value on setup error. */
 static double compare(int kind, float wd)
 {
-    ps_opt_config c = {kind, 0.05f, 0.9f, 0.9f, 0.999f, 1e-8f, wd, 1.0f, 0};
+    ps_opt_config c = {kind, 0.05f, 0.9f, 0.9f, 0.999f, 1e-8f, wd, 1.0f, 0, PS_OPT_GIVEN_ALL};
     static float w[N], s0[N], s1[N], g[N];
     static ref r;
     memset(&r, 0, sizeof r);
@@ -155,7 +155,7 @@ PS_TEST(state_arrays_per_kind_and_unknown_kind_refused)
     CHECK_EQ_INT(ps_opt_state_arrays(PS_OPT_ADAGRAD), 1);
     CHECK_EQ_INT(ps_opt_state_arrays(PS_OPT_ADAM), 2);
     float w[4] = {1, 2, 3, 4}, g[4] = {1, 1, 1, 1};
-    ps_opt_config c = {42, 0.1f, 0, 0, 0, 0, 0, 1.0f, 0};
+    ps_opt_config c = {42, 0.1f, 0, 0, 0, 0, 0, 1.0f, 0, PS_OPT_GIVEN_ALL};
     CHECK_EQ_INT(ps_opt_apply(&c, w, NULL, NULL, g, 4, 1), PS_EINVAL);
     CHECK(w[0] == 1 && w[3] == 4);
 }
@@ -166,7 +166,7 @@ PS_TEST(short_arrays_and_zero_length)
     for (int kind = PS_OPT_SGD; kind <= PS_OPT_ADAM; kind++) {
         for (size_t n = 0; n <= 5; n++) {
             float w[5] = {1, -1, 0.5f, 2, -3}, s0[5] = {0}, s1[5] = {0}, g[5] = {1, 1, -1, 0.5f, 2};
-            ps_opt_config c = {kind, 0.1f, 0.9f, 0.9f, 0.999f, 1e-8f, 0, 1.0f, 0};
+            ps_opt_config c = {kind, 0.1f, 0.9f, 0.9f, 0.999f, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL};
             CHECK_OK(ps_opt_apply(&c, w, s0, s1, g, n, 1));
             for (size_t i = 0; i < 5; i++)
                 CHECK(isfinite(w[i]));
@@ -189,7 +189,7 @@ PS_TEST(out_of_place_is_bitwise_the_in_place_update_for_every_kind)
     static float g[N];
     for (int kind = PS_OPT_SGD; kind <= PS_OPT_ADAM; kind++) {
         for (int wdi = 0; wdi < 2; wdi++) {
-            ps_opt_config c = {kind, 0.05f, 0.9f, 0.9f, 0.999f, 1e-8f, wdi ? 0.01f : 0.0f, 1.0f, 0};
+            ps_opt_config c = {kind, 0.05f, 0.9f, 0.9f, 0.999f, 1e-8f, wdi ? 0.01f : 0.0f, 1.0f, 0, PS_OPT_GIVEN_ALL};
             memset(sa0, 0, sizeof sa0);
             memset(sa1, 0, sizeof sa1);
             memset(sb0, 0, sizeof sb0);
@@ -273,7 +273,7 @@ PS_TEST(out_of_place_kernels_match_the_in_place_kernels)
  * 5 lr/4; SGD with g = 1 then moves w by exactly those amounts (powers of 2). */
 PS_TEST(lr_step_decay_follows_the_schedule)
 {
-    ps_opt_config c = {PS_OPT_SGD, 0.5f, 0, 0, 0, 1e-8f, 0, 0.5f, 2};
+    ps_opt_config c = {PS_OPT_SGD, 0.5f, 0, 0, 0, 1e-8f, 0, 0.5f, 2, PS_OPT_GIVEN_ALL};
     CHECK(ps_opt_lr_at(&c, 1) == 0.5f && ps_opt_lr_at(&c, 2) == 0.5f);
     CHECK(ps_opt_lr_at(&c, 3) == 0.25f && ps_opt_lr_at(&c, 4) == 0.25f);
     CHECK(ps_opt_lr_at(&c, 5) == 0.125f);

@@ -76,12 +76,15 @@ PS_TEST(roundtrip_hello_with_every_config_field)
         a.hello.server_rank = 2;
         a.hello.model_fp = 0x0123456789abcdefull;
         a.hello.opt.kind = PS_OPT_ADAM;
+        a.hello.opt.given = PS_OPT_GIVEN_ALL; /* every field on the wire */
         a.hello.opt.lr = 0.125f;
         a.hello.opt.momentum = 0.9f;
         a.hello.opt.beta1 = 0.8f;
         a.hello.opt.beta2 = 0.999f;
         a.hello.opt.eps = 1e-8f;
         a.hello.opt.weight_decay = 5e-4f;
+        a.hello.opt.lr_decay = 0.5f;
+        a.hello.opt.lr_decay_every = 7;
         CHECK_OK(rt(&a, &b));
         CHECK(same_common(&a, &b));
         CHECK(memcmp(&a.hello, &b.hello, sizeof a.hello) == 0);
@@ -504,6 +507,7 @@ static void hello_base(ps_hello *h)
     h->model_fp = 77;
     h->opt.kind = PS_OPT_SGD;
     h->opt.lr = 0.5f;
+    h->opt.given = PS_OPT_GIVEN_ALL;
 }
 
 PS_TEST(hello_compare_names_field_and_both_values)

@@ -640,7 +640,7 @@ PS_TEST(shard_sync_sum_is_rank_order_whatever_the_arrival_order)
     for (int o = 0; o < 4; o++) {
         ps_test_hook_log log;
         ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
-        ps_shard_config sc = {PS_MODE_SYNC, 0, W, {PS_OPT_SGD, 1.0f, 0, 0, 0, 1e-8f, 0, 1.0f, 0}, 1 << 20,
+        ps_shard_config sc = {PS_MODE_SYNC, 0, W, {PS_OPT_SGD, 1.0f, 0, 0, 0, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL}, 1 << 20,
                               NULL};
         ps_shard *s;
         CHECK_OK(ps_shard_create(&sc, &hk, &s));
@@ -676,7 +676,7 @@ PS_TEST(shard_memory_charge_is_bounded_and_returned)
     _Atomic uint64_t used = 0;
     ps_test_hook_log log;
     ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
-    ps_shard_config sc = {PS_MODE_ASYNC, -1, 2, {PS_OPT_ADAM, 0.1f, 0, 0.9f, 0.999f, 1e-8f, 0, 1.0f, 0},
+    ps_shard_config sc = {PS_MODE_ASYNC, -1, 2, {PS_OPT_ADAM, 0.1f, 0, 0.9f, 0.999f, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL},
                           100000, &used};
     ps_shard *a, *b;
     CHECK_OK(ps_shard_create(&sc, &hk, &a));
@@ -701,7 +701,7 @@ PS_TEST(shard_destroy_cancels_queued_pulls_and_releases_kept_pushes)
 {
     ps_test_hook_log log;
     ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
-    ps_shard_config sc = {PS_MODE_SYNC, 0, 3, {PS_OPT_SGD, 0.1f, 0, 0, 0, 1e-8f, 0, 1.0f, 0}, 1 << 20, NULL};
+    ps_shard_config sc = {PS_MODE_SYNC, 0, 3, {PS_OPT_SGD, 0.1f, 0, 0, 0, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL}, 1 << 20, NULL};
     ps_shard *s;
     CHECK_OK(ps_shard_create(&sc, &hk, &s));
     float w[2] = {1, 2};
@@ -833,7 +833,7 @@ PS_TEST(shard_pinned_weights_survive_updates_and_destroy)
     _Atomic uint64_t used = 0;
     ps_test_hook_log log;
     ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
-    ps_shard_config sc = {PS_MODE_ASYNC, -1, 1, {PS_OPT_SGD, 0.5f, 0, 0, 0, 1e-8f, 0, 1.0f, 0}, 1 << 20,
+    ps_shard_config sc = {PS_MODE_ASYNC, -1, 1, {PS_OPT_SGD, 0.5f, 0, 0, 0, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL}, 1 << 20,
                           &used};
     ps_shard *s;
     CHECK_OK(ps_shard_create(&sc, &hk, &s));
@@ -907,7 +907,7 @@ PS_TEST(shard_spares_respect_max_memory_and_give_way_to_inits)
     ps_test_hook_log log;
     ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
     /* room for three chunks of N weights, or two and a spare, not two and two spares */
-    ps_shard_config sc = {PS_MODE_ASYNC, -1, 1, {PS_OPT_SGD, 0.5f, 0, 0, 0, 1e-8f, 0, 1.0f, 0},
+    ps_shard_config sc = {PS_MODE_ASYNC, -1, 1, {PS_OPT_SGD, 0.5f, 0, 0, 0, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL},
                           3 * (N * 4 + 64) + 1024, &used};
     ps_shard *s;
     CHECK_OK(ps_shard_create(&sc, &hk, &s));

@@ -1253,18 +1253,11 @@ static int check_hellos(ps_client *c, ps_request *reqs, ps_hello *reps)
                            reps[s].server_rank, s);
             return PS_EMISMATCH;
         }
-        /* the server should have refused a mismatch itself; check anyway */
+        /* the server should have refused a mismatch itself; check anyway, by
+         * the same rule (ps_opt_compare: what this worker gives) */
         ps_hello mine = c->hello_req;
-        if (ps_hello_compare(&mine, "this worker", &reps[s], c->endpoints[s], 0, why, sizeof why)) {
+        if (ps_hello_compare(&mine, "this worker", &reps[s], c->endpoints[s], 1, why, sizeof why)) {
             set_last_error(c, "%s", why);
-            return PS_EMISMATCH;
-        }
-        /* expect.kind NONE with lr > 0: check the learning rate alone */
-        if ((mine.opt.kind != PS_OPT_NONE && reps[s].opt.kind != mine.opt.kind) ||
-            (mine.opt.lr > 0 && reps[s].opt.lr != mine.opt.lr)) {
-            set_last_error(c, "optimizer: this worker expects %s lr %g, %s has %s lr %g",
-                           ps_opt_name(mine.opt.kind), (double)mine.opt.lr, c->endpoints[s],
-                           ps_opt_name(reps[s].opt.kind), (double)reps[s].opt.lr);
             return PS_EMISMATCH;
         }
         if (s > 0 &&

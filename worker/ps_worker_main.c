@@ -5,7 +5,9 @@
 
 #include "ps_error.h"
 #include "ps_flags.h"
+#include "ps_limits.h"
 #include "ps_log.h"
+#include "ps_opt_table.h"
 #include "train.h"
 
 static const char *usage =
@@ -18,9 +20,10 @@ static const char *usage =
     "  --servers LIST        server endpoints in server-rank order (env PS_SERVERS);\n"
     "                        'none' trains alone with local SGD (compute-only baseline)\n"
     "  --rank R              this worker's rank (env PS_RANK, SLURM_PROCID,\n"
-    "                        OMPI_COMM_WORLD_RANK, PMI_RANK)\n"
+    "                        OMPI_COMM_WORLD_RANK, PMI_RANK; default 0)\n"
     "  --num-workers W       number of workers (env PS_NUM_WORKERS, SLURM_NTASKS,\n"
-    "                        OMPI_COMM_WORLD_SIZE, PMI_SIZE)\n"
+    "                        OMPI_COMM_WORLD_SIZE, PMI_SIZE; default 1: give it for a\n"
+    "                        cluster; the servers refuse a worker whose count differs)\n"
     "  --mode sync|async     consistency (default async); must match the servers\n"
     "  --max-staleness K     async: how many steps a worker may run ahead of the\n"
     "                        slowest (default -1 = unbounded); must match the servers\n"
@@ -38,11 +41,12 @@ static const char *usage =
     "  --batch B             samples per step per worker (default 64)\n"
     "  --epochs E            passes over this worker's shard (default 1)\n"
     "  --steps N             stop after N iterations (default 0: run all epochs)\n"
-    "  --lr X                learning rate: checked against the servers' when given;\n"
-    "                        used for local SGD with --servers none (default 0.05)\n"
-    "  --optimizer NAME      sgd|momentum|nesterov|adagrad|adam: check the servers run it\n"
-    "  --momentum/--beta1/--beta2/--eps/--weight-decay X   checked with --optimizer\n"
-    "  --lr-decay F --lr-decay-every N  the servers' step decay, checked with --optimizer\n"
+    "  --optimizer NAME, --lr X, --momentum X, --beta1 X, --beta2 X, --eps X,\n"
+    "  --weight-decay X, --lr-decay X, --lr-decay-every N\n"
+    "                        the servers apply the optimizer; each of these that is\n"
+    "                        given is checked against the servers' at start, the\n"
+    "                        others are not (ranges as in ps_server --help).  --lr is\n"
+    "                        also the local-SGD rate with --servers none (default 0.05)\n"
     "  --seed S              weight init and data shuffling (default 1)\n"
     "  --device cpu|cuda:N   compute device (default cpu)\n"
     "  --threads T           BLAS threads on the CPU (default 1)\n"
@@ -55,7 +59,12 @@ static const char *usage =
     "  --timeline FILE       Chrome trace-event JSON of forward/backward/push/pull/wait\n"
     "  --save FILE           write the final model;  --load FILE  start from one\n"
     "  --verbose | --quiet   more or fewer log lines\n"
-    "  --help | --version\n";
+    "  --help | --version\n"
+    "\n"
+    "Exit status: 0 trained (and, on rank 0, evaluated and saved); 1 failed while\n"
+    "running (a server went away, I/O error); 2 something to fix first: a bad flag,\n"
+    "a setting the servers do not share (mode, worker count, server order, model,\n"
+    "optimizer), unusable data, device or keys; 128+N stopped by signal N.\n";
 
 static const char *env_first(const char *const *names)
 {
@@ -73,7 +82,6 @@ int main(int argc, char **argv)
     ps_train_config_default(&c);
     char why[512];
     long long iv;
-    double fv;
     uint64_t sv;
     static const char *rank_env[] = {"PS_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
                                      "PMI_RANK", NULL};
@@ -108,13 +116,6 @@ int main(int argc, char **argv)
         dst = iv;                                                                \
         continue;                                                                \
     }
-#define FLT(flag, lo, hi, dst)                                                   \
-    if (!strcmp(a, flag)) {                                                      \
-        if (ps_parse_float(P, flag, v, lo, hi, &fv, why, sizeof why))            \
-            return ps_flag_error(why);                                           \
-        dst = (float)fv;                                                         \
-        continue;                                                                \
-    }
 #define STR(flag, dst)                                                           \
     if (!strcmp(a, flag)) {                                                      \
         dst = v;                                                                 \
@@ -130,10 +131,10 @@ int main(int argc, char **argv)
             }
             continue;
         }
-        INT("--max-staleness", -1, 1000000, c.max_staleness)
+        INT("--max-staleness", -1, PS_MAX_STALENESS, c.max_staleness)
         STR("--curve-keys", c.curve_dir)
         if (!strcmp(a, "--chunk-size")) {
-            if (ps_parse_size(P, a, v, 1024, 1ull << 30, &sv, why, sizeof why))
+            if (ps_parse_size(P, a, v, PS_MIN_CHUNK_BYTES, PS_MAX_CHUNK_BYTES, &sv, why, sizeof why))
                 return ps_flag_error(why);
             c.chunk_bytes = sv;
             continue;
@@ -145,30 +146,16 @@ int main(int argc, char **argv)
         INT("--batch", 1, 65536, c.batch)
         INT("--epochs", 1, 100000, c.epochs)
         INT("--steps", 0, 1ll << 40, c.max_steps)
-        if (!strcmp(a, "--lr")) {
-            if (ps_parse_float(P, a, v, 1e-12, 1e6, &fv, why, sizeof why))
-                return ps_flag_error(why);
-            c.opt.lr = (float)fv;
-            c.lr_given = 1;
+        /* the optimizer's flags (include/ps_types.h): each is checked against
+         * the servers when given, and only then */
+        int handled = 0;
+        if (ps_opt_flag(P, a, v, &c.opt, &handled, why, sizeof why))
+            return ps_flag_error(why);
+        if (handled) {
+            c.opt_given |= !strcmp(a, "--optimizer");
+            c.lr_given |= !strcmp(a, "--lr");
             continue;
         }
-        if (!strcmp(a, "--optimizer")) {
-            if (ps_opt_parse(v, &c.opt.kind)) {
-                snprintf(why, sizeof why,
-                         "%s: --optimizer must be sgd, momentum, nesterov, adagrad or adam, "
-                         "got '%s'", P, v);
-                return ps_flag_error(why);
-            }
-            c.opt_given = 1;
-            continue;
-        }
-        FLT("--momentum", 0, 1, c.opt.momentum)
-        FLT("--beta1", 0, 1, c.opt.beta1)
-        FLT("--beta2", 0, 1, c.opt.beta2)
-        FLT("--eps", 0, 1, c.opt.eps)
-        FLT("--weight-decay", 0, 1, c.opt.weight_decay)
-        FLT("--lr-decay", 1e-12, 1, c.opt.lr_decay)
-        INT("--lr-decay-every", 0, UINT32_MAX, c.opt.lr_decay_every)
         if (!strcmp(a, "--seed")) {
             if (ps_parse_int(P, a, v, 0, (long long)1 << 62, &iv, why, sizeof why))
                 return ps_flag_error(why);
@@ -185,7 +172,6 @@ int main(int argc, char **argv)
         STR("--save", c.save_path)
         STR("--load", c.load_path)
 #undef INT
-#undef FLT
 #undef STR
         snprintf(why, sizeof why, "%s: unknown flag '%s' (see --help)", P, a);
         return ps_flag_error(why);
@@ -196,7 +182,7 @@ int main(int argc, char **argv)
         return ps_flag_error("ps_worker: no servers: give --servers tcp://HOST:PORT,... "
                              "(or PS_SERVERS), or --servers none to train alone");
     }
-    if (size_s && ps_parse_int(P, "--num-workers", size_s, 1, 65536, &iv, why, sizeof why) == 0)
+    if (size_s && ps_parse_int(P, "--num-workers", size_s, 1, PS_MAX_WORKERS, &iv, why, sizeof why) == 0)
         c.num_workers = (int)iv;
     else if (size_s)
         return ps_flag_error(why);
@@ -211,8 +197,8 @@ int main(int argc, char **argv)
     }
     ps_log_init("ps_worker", c.rank);
     ps_log_set_level(quiet ? PS_LOG_WARN : verbose ? PS_LOG_DEBUG : PS_LOG_INFO);
-    int rc = ps_train_run(&c);
-    if (rc == PS_EINVAL || rc == PS_EDEVICE || rc == PS_EDATA)
-        return 2;
-    return rc ? 1 : 0;
+    if (!rank_s && !size_s && c.servers)
+        ps_info("no --rank/--num-workers (nor PS_RANK/PS_NUM_WORKERS, Slurm or MPI "
+                "variables): training as worker 0 of 1");
+    return ps_exit_status(ps_train_run(&c));
 }

@@ -1,0 +1,143 @@
+/* Public types of libps: error codes, consistency modes, the optimizer and
+ * its hyper-parameters, server counters.  The wire format (proto/) and every
+ * program use these same definitions; a C or Python user needs only this
+ * header and ps_client.h.
+ *
+ * Tables, not lists: each enumerated thing is one X-macro here, and the
+ * code that encodes, decodes, compares, parses flags, prints help or writes
+ * checkpoints walks the table.  Adding a hyper-parameter is one row of
+ * PS_OPT_PARAMS (and, if a new optimizer uses it, the kernel). */
+#ifndef PS_TYPES_H
+#define PS_TYPES_H
+
+#include <stdint.h>
+
+/* ---- error codes: X(name, value, text) ----
+ * Functions that can fail return 0 or one of these (always positive); the
+ * values travel in ERROR replies (docs/PROTOCOL.md), so they never change. */
+#define PS_ERRORS(X)                                                         \
+    X(PS_OK, 0, "success")                                                   \
+    X(PS_EINVAL, 1, "invalid argument")                                      \
+    X(PS_ENOMEM, 2, "out of memory")                                         \
+    X(PS_EPROTO, 3, "malformed or unexpected message")                       \
+    X(PS_EIO, 4, "I/O error")                                                \
+    X(PS_ETIMEDOUT, 5, "timed out")                                          \
+    X(PS_ENOTFOUND, 6, "not found")                                          \
+    X(PS_ESTATE, 7, "not valid in the current state")                        \
+    X(PS_EMISMATCH, 8, "configuration mismatch between peers")               \
+    X(PS_ECLOSED, 9, "shut down")                                            \
+    X(PS_EVERSION, 10, "protocol version mismatch")                          \
+    X(PS_ETOOBIG, 11, "size too large")                                      \
+    X(PS_EDEVICE, 12, "compute device unusable")                             \
+    X(PS_EAUTH, 13, "authentication refused")                                \
+    X(PS_EDATA, 14, "bad data file")
+
+enum {
+#define PS_ERR_ENUM_(name, value, text) name = value,
+    PS_ERRORS(PS_ERR_ENUM_)
+#undef PS_ERR_ENUM_
+    PS_ECODE_MAX = 14
+};
+
+/* Short, static description of a PS_E* code; never NULL. */
+const char *ps_strerror(int code);
+
+/* Longest error text a reply carries (bytes, without the terminator). */
+#define PS_ERR_TEXT_MAX 200
+
+/* ---- consistency ---- */
+enum ps_mode { PS_MODE_SYNC = 1, PS_MODE_ASYNC = 2 };
+
+/* ---- the optimizer the servers run ---- */
+enum ps_opt_kind {
+    PS_OPT_NONE = 0, /* in a worker's expectation: accept whatever the server runs */
+    PS_OPT_SGD = 1,
+    PS_OPT_MOMENTUM = 2,
+    PS_OPT_NESTEROV = 3,
+    PS_OPT_ADAGRAD = 4,
+    PS_OPT_ADAM = 5
+};
+#define PS_OPT_KIND_MAX 5
+
+/* Which optimizers use a hyper-parameter (bit 1 << kind). */
+#define PS_OPT_USED_SGD (1u << PS_OPT_SGD)
+#define PS_OPT_USED_MOMENTUM (1u << PS_OPT_MOMENTUM)
+#define PS_OPT_USED_NESTEROV (1u << PS_OPT_NESTEROV)
+#define PS_OPT_USED_ADAGRAD (1u << PS_OPT_ADAGRAD)
+#define PS_OPT_USED_ADAM (1u << PS_OPT_ADAM)
+#define PS_OPT_USED_ALL 0x3eu
+
+/* Bounds of a hyper-parameter's range. */
+#define PS_OPT_CLOSED 0 /* the bound is allowed */
+#define PS_OPT_OPEN 1   /* the bound itself is not */
+
+/* The hyper-parameters, one row each:
+ *   X(field, C type (float | uint32_t), wire key, flag, default,
+ *     lo, lo bound, hi, hi bound, used by, zero means "not given", help)
+ * "zero means not given": for rows where 0 is outside the range (or means
+ * "off"), a 0 in a worker's expectation or hello is "do not check".
+ * The wire keys are those of the hello map (docs/PROTOCOL.md). */
+#define PS_OPT_PARAMS(X)                                                                    \
+    X(lr, float, "lr", "--lr", 0.01, 0, PS_OPT_OPEN, 1e6, PS_OPT_CLOSED, PS_OPT_USED_ALL, 1,  \
+      "learning rate")                                                                      \
+    X(momentum, float, "mom", "--momentum", 0.9, 0, PS_OPT_CLOSED, 1, PS_OPT_CLOSED,        \
+      PS_OPT_USED_MOMENTUM | PS_OPT_USED_NESTEROV, 0, "momentum and nesterov: momentum")    \
+    X(beta1, float, "b1", "--beta1", 0.9, 0, PS_OPT_CLOSED, 1, PS_OPT_OPEN, PS_OPT_USED_ADAM, \
+      0, "adam: first-moment decay")                                                        \
+    X(beta2, float, "b2", "--beta2", 0.999, 0, PS_OPT_CLOSED, 1, PS_OPT_OPEN,               \
+      PS_OPT_USED_ADAM, 0, "adam: second-moment decay")                                     \
+    X(eps, float, "eps", "--eps", 1e-8, 0, PS_OPT_OPEN, 1, PS_OPT_CLOSED,                   \
+      PS_OPT_USED_ADAGRAD | PS_OPT_USED_ADAM, 1, "adagrad and adam: denominator term")      \
+    X(weight_decay, float, "wd", "--weight-decay", 0, 0, PS_OPT_CLOSED, 1, PS_OPT_CLOSED,   \
+      PS_OPT_USED_ALL, 0, "L2 term added to every gradient")                                \
+    X(lr_decay, float, "lrd", "--lr-decay", 1, 0, PS_OPT_OPEN, 1, PS_OPT_CLOSED,            \
+      PS_OPT_USED_ALL, 1, "step decay: multiply the rate by this")                 \
+    X(lr_decay_every, uint32_t, "lrde", "--lr-decay-every", 0, 0, PS_OPT_CLOSED, 4294967295.0, \
+      PS_OPT_CLOSED, PS_OPT_USED_ALL, 0,                                                    \
+      "decay every N updates (rounds/pushes), 0: never")
+
+/* Index of each hyper-parameter in the table: PS_OPT_P_lr, ... */
+enum {
+#define PS_OPT_INDEX_(f, t, key, flag, def, lo, lob, hi, hib, used, zu, help) PS_OPT_P_##f,
+    PS_OPT_PARAMS(PS_OPT_INDEX_)
+#undef PS_OPT_INDEX_
+    PS_OPT_NPARAMS
+};
+/* Bit of a hyper-parameter in ps_opt_config.given: PS_OPT_GIVEN(lr). */
+#define PS_OPT_GIVEN(field) (1u << PS_OPT_P_##field)
+#define PS_OPT_GIVEN_ALL ((1u << PS_OPT_NPARAMS) - 1u)
+
+/* An optimizer with its hyper-parameters.  Learning-rate decay: update t
+ * (1, 2, ...) uses lr * lr_decay^floor((t - 1) / lr_decay_every).
+ * `given`: which hyper-parameters a worker's expectation checks
+ * (PS_OPT_GIVEN bits); a row marked "zero means not given" also counts as
+ * given when it is non-zero.  A server's own configuration is complete. */
+typedef struct ps_opt_config {
+    int kind; /* enum ps_opt_kind */
+#define PS_OPT_FIELD_(f, t, key, flag, def, lo, lob, hi, hib, used, zu, help) t f;
+    PS_OPT_PARAMS(PS_OPT_FIELD_)
+#undef PS_OPT_FIELD_
+    uint32_t given;
+} ps_opt_config;
+
+/* ---- a server's counters (STATS): X(field, wire key) ---- */
+#define PS_STATS_COUNTERS(X)                                                  \
+    X(pushes, "push")                                                         \
+    X(pulls, "pull")                                                          \
+    X(inits, "init")                                                          \
+    X(updates, "upd")                                                         \
+    X(bytes_in, "bin")                                                        \
+    X(bytes_out, "bout")                                                      \
+    X(dup_dropped, "dup")                                                     \
+    X(errors, "err")                                                          \
+    X(chunks, "chunks")                                                       \
+    X(workers_seen, "workers")
+
+typedef struct ps_stats {
+#define PS_STATS_FIELD_(f, key) uint64_t f;
+    PS_STATS_COUNTERS(PS_STATS_FIELD_)
+#undef PS_STATS_FIELD_
+    int64_t min_version, max_version; /* over the server's chunks (wire keys vmin, vmax) */
+} ps_stats;
+
+#endif
