@@ -10,6 +10,7 @@
 #include "model.h"
 #include "ps_error.h"
 #include "ps_test.h"
+#include "rng.h"
 
 /* Finite differences run on float32 layers, so the numeric gradient carries
  * rounding noise of about ulp(y) * sqrt(#outputs) / (2 eps) ~ 1e-4 with
