@@ -552,7 +552,7 @@ int ps_train_run(const ps_train_config *c)
         ps_error("%s", why);
         goto out;
     }
-    w.on_host = strcmp(w.b->name, "cpu") == 0;
+    w.on_host = w.b->host_memory;
     if ((rc = ps_model_create(c->model, w.train->channels, w.train->height, w.train->width,
                               w.train->num_classes, c->batch, w.b, c->seed, &w.m, why,
                               sizeof why))) {
