@@ -9,6 +9,7 @@
  * loop trains alone with local SGD, the compute-only baseline. */
 #include "train.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include "exchange.h"
 #include "model.h"
 #include "ps_error.h"
+#include "ps_fs.h"
 #include "ps_log.h"
 #include "ps_time.h"
 #include "ps_trace.h"
@@ -114,12 +116,27 @@ static int finish_requests(worker *w)
 
 /* ---------- set-up ---------- */
 
+/* Before anything starts: the files we will write can be created (their
+ * directories are made here), so a bad path fails now, not after training. */
+static int check_outputs(const ps_train_config *c)
+{
+    const char *flag[] = {"--log-csv", "--timeline", "--save"};
+    const char *path[] = {c->log_csv, c->timeline, c->rank == 0 ? c->save_path : NULL};
+    char why[1024];
+    for (int k = 0; k < 3; k++)
+        if (path[k] && ps_check_output_file(flag[k], path[k], why, sizeof why)) {
+            ps_error("%s", why);
+            return PS_EINVAL; /* a flag to fix, like any other bad flag */
+        }
+    return 0;
+}
+
 static int open_outputs(worker *w)
 {
     const ps_train_config *c = w->cfg;
     if (c->log_csv) {
         if (!(w->csv = fopen(c->log_csv, "w"))) {
-            ps_error("--log-csv %s: cannot create the file", c->log_csv);
+            ps_error("--log-csv %s: cannot create the file: %s", c->log_csv, strerror(errno));
             return PS_EIO;
         }
         fprintf(w->csv, "time_s,epoch,iter,loss,samples_per_s,comm_wait_pct\n");
@@ -129,7 +146,7 @@ static int open_outputs(worker *w)
         snprintf(name, sizeof name, "ps_worker[%d]", c->rank);
         int rc = ps_trace_open(c->timeline, 1000 + c->rank, name, &w->trace);
         if (rc) {
-            ps_error("--timeline %s: cannot create the file", c->timeline);
+            ps_error("--timeline %s: cannot create the file: %s", c->timeline, strerror(errno));
             return rc;
         }
         ps_trace_thread_name(w->trace, TID_TRAIN, "train");
@@ -296,6 +313,8 @@ int ps_train_run(const ps_train_config *c)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
+    if ((rc = check_outputs(c)))
+        return rc;
     if ((rc = ps_dataset_open(c->data, PS_SPLIT_TRAIN, c->seed, &w.train, why, sizeof why)) ||
         (rc = ps_dataset_open(c->data, PS_SPLIT_TEST, c->seed, &w.test, why, sizeof why))) {
         ps_error("--data: %s", why);
