@@ -316,6 +316,10 @@ int ps_exchange_before_use(ps_exchange *x, int i)
     return rc ? rc : swap_in(x, &x->t[i]);
 }
 
+/* Async accumulation (DESIGN.md) goes here: when the previous push is still
+ * on the wire, add the gradient into a per-tensor sum instead of waiting,
+ * and post the sum with the next gradient that finds the wire free; the
+ * callers would not change. */
 int ps_exchange_grad_ready(ps_exchange *x, int i, int64_t step)
 {
     /* the previous step's requests hold the back buffer: finish them */

@@ -18,13 +18,14 @@
  * (the front may have been swapped) and ps_exchange_grad (the next backward
  * writes the other buffer).
  *
- *   sync:  before_use waits for the tensor's version t+1 (the pull posted
- *          with step t's push), then swaps it in; so early layers compute
+ *   both:  grad_ready first waits for the tensor's previous push and pull
+ *          (they hold the back buffer and the other gradient buffer), swaps
+ *          in what they pulled, then posts the push of this step and the
+ *          pull of the next version.
+ *   sync:  before_use waits for that pull (version t+1 before step t+1
+ *          reads the tensor), then swaps it in; so early layers compute
  *          while later layers' pulls are in flight.
  *   async: before_use never waits: it swaps in a pull that has landed.
- *          grad_ready waits for the tensor's previous push and pull (they
- *          hold the back buffer and the other gradient buffer) before it
- *          posts the next.
  *
  * Staging (two helpers in exchange.c): on a device whose memory is not host
  * memory (ps_backend.host_memory == 0) the gradient goes to pinned host memory
@@ -72,11 +73,12 @@ int ps_exchange_open(const ps_client_options *o, ps_backend *b, ps_exchange **ou
  * requests on lane request_tid.  t must outlive the exchange. */
 void ps_exchange_set_trace(ps_exchange *x, ps_trace *t, int wait_tid, int request_tid);
 
-/* Add tensor number ps_exchange_num_tensors() (before the call): key and
- * count (registered with the client), its front weights w and gradient
- * buffer g (device memory of count floats, the caller's), and tag, its
+/* Add a tensor; its index is the number added before it.  key and count are
+ * registered with the client; w (its front weights) and g (its gradient
+ * buffer) are the caller's device memory of count floats; tag is its
  * timeline args.layer (-1: none).  Allocates the exchange's buffers for it.
- * Same tensors in the same order on every worker.  PS_ESTATE after start. */
+ * The same tensors in the same order on every worker.  PS_ESTATE after
+ * ps_exchange_start. */
 int ps_exchange_add(ps_exchange *x, uint64_t key, size_t count, float *w, float *g, int tag);
 
 /* Say hello to every server, init every tensor with its current front
