@@ -616,6 +616,14 @@ PS_TEST(copies_across_streams_ordered_by_events)
     CHECK_EXACT(dst2, src, n);
 }
 
+/* The exchange stages through pinned host memory exactly when this is 0. */
+PS_TEST(device_memory_is_not_host_memory)
+{
+    NEED_GPU();
+    CHECK_EQ_INT(g_gpu->host_memory, 0);
+    CHECK_EQ_INT(g_cpu->host_memory, 1);
+}
+
 PS_TEST(bad_device_index_is_a_clear_error)
 {
     NEED_GPU();

@@ -11,6 +11,7 @@
 #include "data.h"
 #include "ps_error.h"
 #include "ps_test.h"
+#include "rng.h"
 
 static void be32(unsigned char *p, uint32_t v)
 {

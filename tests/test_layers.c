@@ -10,6 +10,7 @@
 #include "model.h"
 #include "ps_error.h"
 #include "ps_test.h"
+#include "rng.h"
 
 /* Finite differences run on float32 layers, so the numeric gradient carries
  * rounding noise of about ulp(y) * sqrt(#outputs) / (2 eps) ~ 1e-4 with
@@ -51,7 +52,7 @@ PS_TEST(backend_create_parses_device_strings)
     char why[256];
     ps_backend *b = NULL;
     CHECK_OK(ps_backend_create("cpu", 1, &b, why, sizeof why));
-    CHECK(b && strcmp(b->name, "cpu") == 0);
+    CHECK(b && strcmp(b->name, "cpu") == 0 && b->host_memory == 1);
     b->destroy(b);
     const char *bad[] = {"", "gpu", "CPU", "cuda", "cuda:", "cuda:-1", "cuda:1x", "cuda: 0",
                          "cuda:99999999999"};

@@ -1,6 +1,7 @@
 /* End-to-end training through real ps_server and ps_worker processes:
  * sync W=2 x batch b equals W=1 x batch 2b, async converges, a short
- * Fashion-MNIST run learns, bad input exits non-zero with a clear message. */
+ * Fashion-MNIST run learns, bad input exits non-zero with a clear message,
+ * output files are checked (and their directories made) before the run. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -202,6 +203,46 @@ PS_TEST(bad_data_and_model_are_refused)
     if (ps_test_stopped())
         return;
     expect_refusal("--batch 0", "--batch must be");
+}
+
+/* Output files are checked before anything starts: a --log-csv, --timeline
+ * or --save whose directory cannot be made is refused with the reason (the
+ * errno text) and exit status 2, before the data is read (--data names a
+ * directory that does not exist) or a server is asked (nobody listens at the
+ * endpoint, and the hello would wait 10 s for it). */
+PS_TEST(unwritable_output_is_refused_before_anything_starts)
+{
+    char blocker[256], ep[64], flags[768], log[512];
+    snprintf(blocker, sizeof blocker, "%s/blocker", ps_test_tmpdir());
+    FILE *f = fopen(blocker, "w"); /* a file where a directory should be: fails as root too */
+    CHECK(f && fclose(f) == 0);
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ps_test_free_port());
+    const char *flag[] = {"--log-csv", "--timeline", "--save"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(flags, sizeof flags, "--data /nonexistent/dir %s %s/out/x", flag[k], blocker);
+        snprintf(log, sizeof log, "%s/unwritable-%d.log", ps_test_tmpdir(), k);
+        int rc = ps_test_wait(start_worker(ep, 0, flags, log), 20000);
+        CHECK_MSG(rc == 2, "'%s' exited %d, expected 2", flags, rc);
+        char want[1024];
+        snprintf(want, sizeof want, "%s %s/out/x: cannot create the directory '%s/out': Not a "
+                 "directory", flag[k], blocker, blocker);
+        CHECK_MSG(ps_test_file_has(log, want), "%s does not say \"%s\"", log, want);
+        CHECK_MSG(!ps_test_file_has(log, "/nonexistent/dir"), "%s: the data was read first", log);
+    }
+}
+
+/* The directory of an output file is created: --log-csv out/w.csv works in a
+ * fresh directory (it used to fail after the whole run had started). */
+PS_TEST(output_directories_are_created)
+{
+    char csv[256], flags[768], log[512];
+    snprintf(csv, sizeof csv, "%s/new/out/w.csv", ps_test_tmpdir());
+    snprintf(flags, sizeof flags, "--data synthetic:256 --model mlp:784-16-10 --steps 2 "
+             "--log-every 1 --log-csv %s", csv);
+    snprintf(log, sizeof log, "%s/newdir.log", ps_test_tmpdir());
+    CHECK_EQ_INT(ps_test_wait(start_worker(NULL, 0, flags, log), 20000), 0);
+    CHECK_MSG(ps_test_file_has(csv, "time_s,epoch,iter,loss"), "%s has no CSV header", csv);
+    CHECK_MSG(ps_test_file_has(csv, ",1,2,"), "%s has no row for iteration 2", csv);
 }
 
 /* The same sync run on the CPU and on cuda:0 (1 worker, same seed and data)

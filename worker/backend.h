@@ -25,8 +25,12 @@ typedef struct ps_event ps_event;
 typedef struct ps_backend ps_backend;
 
 struct ps_backend {
-    const char *name; /* "cpu" or "cuda:N" */
+    const char *name; /* "cpu" or "cuda:N": for messages; test host_memory, not the name */
     void *ctx;        /* backend-private state */
+    /* 1 when alloc returns plain host memory (CPU): the host can read and
+     * write device buffers directly, so data bound for or coming from the
+     * network needs no staging copy.  0 for device memory (CUDA). */
+    int host_memory;
 
     /* memory */
     int (*alloc)(ps_backend *b, size_t bytes, void **out);

@@ -382,6 +382,7 @@ int ps_backend_cpu_create(int threads, ps_backend **out)
     openblas_set_num_threads(threads > 0 ? threads : 1);
     b->name = "cpu";
     b->ctx = NULL;
+    b->host_memory = 1;
     b->alloc = cpu_alloc;
     b->free = cpu_free;
     /* host memory is already what the "device" copies from */

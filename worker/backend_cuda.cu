@@ -946,6 +946,7 @@ extern "C" int ps_backend_cuda_create(int device, ps_backend **out, char *why, s
 
     b->name = c->name;
     b->ctx = c;
+    b->host_memory = 0;
     b->alloc = cu_alloc;
     b->free = cu_free;
     b->alloc_host = cu_alloc_host;

@@ -1,7 +1,7 @@
 /* Datasets for the worker: MNIST-format IDX files (Fashion-MNIST by default),
  * deterministic synthetic data for benchmarks, each worker's slice of the
- * per-epoch shuffle that training draws its batches from, and the portable
- * RNG these (and weight init) draw from.
+ * per-epoch shuffle that training draws its batches from (drawn from the
+ * portable RNG of rng.h).
  *
  * Everything here is host memory and plain C: no backend, no threads. */
 #ifndef PS_DATA_H
@@ -9,28 +9,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-
-/* ---- portable RNG ------------------------------------------------------
- * xoshiro256** seeded through splitmix64, uniform doubles from the top 53
- * bits, normals by the Marsaglia polar method with our own log (only +,-,*,/
- * and sqrt, which IEEE-754 rounds exactly), so a seed gives the same stream,
- * bit for bit, on every machine and libm. */
-typedef struct ps_rng {
-    uint64_t s[4];
-    double spare; /* second normal of the last polar pair */
-    int has_spare;
-} ps_rng;
-
-/* splitmix64 step: mixes *state and advances it; also a good 64-bit hash. */
-uint64_t ps_splitmix64(uint64_t *state);
-void ps_rng_seed(ps_rng *r, uint64_t seed);
-uint64_t ps_rng_next(ps_rng *r);
-/* uniform in [0, 1) */
-double ps_rng_uniform(ps_rng *r);
-/* uniform integer in [0, n), unbiased; n > 0 */
-uint64_t ps_rng_below(ps_rng *r, uint64_t n);
-/* standard normal */
-double ps_rng_normal(ps_rng *r);
 
 /* ---- datasets ----------------------------------------------------------- */
 

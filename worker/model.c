@@ -9,7 +9,9 @@
 
 #include <zlib.h>
 
+#include "data.h"
 #include "ps_error.h"
+#include "rng.h"
 
 #define MAX_MLP_SIZES 64
 #define MAX_WIDTH 1000000

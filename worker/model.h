@@ -34,10 +34,10 @@
 #include <stdint.h>
 
 #include "backend.h"
-#include "data.h"
 #include "layers.h"
 
 typedef struct ps_model ps_model;
+typedef struct ps_dataset ps_dataset; /* data.h */
 
 /* Called by ps_model_forward and ps_model_backward for each layer that has
  * parameters (params first_param .. first_param+num_params-1).  A non-zero

@@ -35,7 +35,10 @@ typedef struct ps_train_config {
 
 void ps_train_config_default(ps_train_config *c);
 
-/* Run training; returns 0 or a PS_E* code (message already logged). */
+/* Run training; returns 0 or a PS_E* code (message already logged).  The
+ * output files (log_csv, timeline, and save_path on rank 0) are checked first,
+ * before the data is read or a server is asked, and their directories made:
+ * one that cannot be written is PS_EINVAL, a flag to fix like a bad value. */
 int ps_train_run(const ps_train_config *c);
 
 #endif

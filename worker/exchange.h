@@ -1,0 +1,124 @@
+/* The exchange: double buffering and staging between a training loop and
+ * libps (DESIGN.md "Overlap on the worker").  The loop talks to the exchange
+ * about tensors, by index; the exchange talks to the servers through libps
+ * and to the device through the ps_backend's memory, copy, stream and event
+ * functions (never its kernels), so it serves any caller that has a list of
+ * tensors: ps_worker's layers, or parameter hooks of another framework.
+ *
+ * A tensor is a key, a count of float32 elements, a front weight buffer (what
+ * compute reads) and a gradient buffer (what compute writes), both device
+ * memory of the backend.  The exchange adds a back weight buffer that pulls
+ * fill and a second gradient buffer, so step t+1's backward can write while
+ * step t's push is still read in place.  Per step the caller calls, for each
+ * tensor i:
+ *   ps_exchange_before_use(x, i)       before compute reads the weights
+ *   ps_exchange_grad_ready(x, i, step) once the gradient has been issued
+ *                                      on PS_STREAM_COMPUTE
+ * and after each call takes the buffers it names anew: ps_exchange_weights
+ * (the front may have been swapped) and ps_exchange_grad (the next backward
+ * writes the other buffer).
+ *
+ *   both:  grad_ready first waits for the tensor's previous push and pull
+ *          (they hold the back buffer and the other gradient buffer), swaps
+ *          in what they pulled, then posts the push of this step and the
+ *          pull of the next version.
+ *   sync:  before_use waits for that pull (version t+1 before step t+1
+ *          reads the tensor), then swaps it in; so early layers compute
+ *          while later layers' pulls are in flight.
+ *   async: before_use never waits: it swaps in a pull that has landed.
+ *
+ * Staging (two helpers in exchange.c): on a device whose memory is not host
+ * memory (ps_backend.host_memory == 0) the gradient goes to pinned host memory
+ * on PS_STREAM_COPY after an event on PS_STREAM_COMPUTE, and the comm thread
+ * sends it once that copy's event has happened; a pull lands in pinned host
+ * memory and goes to the back buffer on PS_STREAM_COPY, and PS_STREAM_COMPUTE
+ * waits on an event before the swap.  On host memory both are no-ops: pushes
+ * read the gradient in place and pulls land in the back buffer.
+ *
+ * Timeline (ps_exchange_set_trace): a "push" event per push and a "pull" per
+ * pull, from post to completion by the comm thread, on the request lane
+ * (args.step: the gradient's step for a push, the version asked for for a
+ * pull); a "wait" event on the caller's lane for each wait over 20 us
+ * (args.step: the version waited for).  args.layer is the tensor's tag.
+ *
+ * Ownership: the caller owns the weight and gradient buffers it passes to
+ * ps_exchange_add (and frees them after ps_exchange_close, wherever the
+ * front and the current gradient point then); the exchange owns the client,
+ * the buffers it allocates (one weight and one gradient buffer per tensor,
+ * pinned staging on a device), the events, and frees them all in
+ * ps_exchange_close.  Pointers from ps_exchange_weights/ps_exchange_grad stay
+ * valid until then.
+ *
+ * Threads: one thread (the training thread) makes every call; the comm
+ * thread only reads and writes the staging or back buffers of requests in
+ * flight and queries events.  Functions that can fail return 0 or a PS_E*
+ * code; request failures are also logged with the tensor's index. */
+#ifndef PS_EXCHANGE_H
+#define PS_EXCHANGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "ps_client.h"
+#include "ps_trace.h"
+
+typedef struct ps_exchange ps_exchange;
+
+/* Open the client with o (o->mode picks sync or async behaviour) on backend
+ * b, which must outlive the exchange.  Nothing is sent yet. */
+int ps_exchange_open(const ps_client_options *o, ps_backend *b, ps_exchange **out);
+
+/* Write the timeline events above to t (NULL: none): waits on lane wait_tid,
+ * requests on lane request_tid.  t must outlive the exchange. */
+void ps_exchange_set_trace(ps_exchange *x, ps_trace *t, int wait_tid, int request_tid);
+
+/* Add a tensor; its index is the number added before it.  key and count are
+ * registered with the client; w (its front weights) and g (its gradient
+ * buffer) are the caller's device memory of count floats; tag is its
+ * timeline args.layer (-1: none).  Allocates the exchange's buffers for it.
+ * The same tensors in the same order on every worker.  PS_ESTATE after
+ * ps_exchange_start. */
+int ps_exchange_add(ps_exchange *x, uint64_t key, size_t count, float *w, float *g, int tag);
+
+/* Say hello to every server, init every tensor with its current front
+ * weights (the first init of a chunk wins; every worker's are identical from
+ * the same seed anyway), and pull the servers' current weights into the
+ * fronts, so a worker that joins late starts from them.  Blocks. */
+int ps_exchange_start(ps_exchange *x);
+
+int ps_exchange_num_tensors(const ps_exchange *x);
+/* Tensor i's front weights: what compute reads now. */
+float *ps_exchange_weights(const ps_exchange *x, int i);
+/* Tensor i's gradient buffer: what the next backward writes. */
+float *ps_exchange_grad(const ps_exchange *x, int i);
+
+/* Before compute reads tensor i: sync: wait for its version t+1 and swap it
+ * in; async: swap it in if it has landed.  Then take ps_exchange_weights. */
+int ps_exchange_before_use(ps_exchange *x, int i);
+
+/* Tensor i's gradient of step `step` (the number of pushes made before) has
+ * been issued on PS_STREAM_COMPUTE: wait for the tensor's previous requests,
+ * swap in what they pulled, post the push of `step` and the pull of version
+ * step+1.  Then take ps_exchange_grad (and ps_exchange_weights). */
+int ps_exchange_grad_ready(ps_exchange *x, int i, int64_t step);
+
+/* Wait for every request in flight and swap in what landed, e.g. before an
+ * evaluation or at the end.  The first error is returned; every tensor is
+ * waited for anyway. */
+int ps_exchange_finish(ps_exchange *x);
+
+/* After the last step and ps_exchange_finish: wait at a barrier for every
+ * worker, then pull the servers' final weights into the fronts (complete
+ * when this returns), so evaluation and saving see the trained model. */
+int ps_exchange_pull_final(ps_exchange *x);
+
+/* Time the caller was blocked in the calls above since the last call of this
+ * (the "comm-wait" figure), in ns; starts the next window. */
+int64_t ps_exchange_take_wait_ns(ps_exchange *x);
+
+/* Close the client (requests in flight complete with PS_ECLOSED) and free
+ * what the exchange owns.  NULL is fine. */
+void ps_exchange_close(ps_exchange *x);
+
+#endif
