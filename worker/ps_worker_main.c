@@ -149,11 +149,11 @@ int main(int argc, char **argv)
         /* the optimizer's flags (include/ps_types.h): each is checked against
          * the servers when given, and only then */
         int handled = 0;
-        if (ps_opt_flag(P, a, v, &c.opt, &handled, why, sizeof why))
+        if (ps_opt_flag(P, a, v, &c.expect, &handled, why, sizeof why))
             return ps_flag_error(why);
         if (handled) {
-            c.opt_given |= !strcmp(a, "--optimizer");
-            c.lr_given |= !strcmp(a, "--lr");
+            if (!strcmp(a, "--lr"))
+                c.local_lr = c.expect.lr;
             continue;
         }
         if (!strcmp(a, "--seed")) {
@@ -200,5 +200,8 @@ int main(int argc, char **argv)
     if (!rank_s && !size_s && c.servers)
         ps_info("no --rank/--num-workers (nor PS_RANK/PS_NUM_WORKERS, Slurm or MPI "
                 "variables): training as worker 0 of 1");
-    return ps_exit_status(ps_train_run(&c));
+    int rc = ps_train_run(&c);
+    if (rc == PS_ECLOSED && ps_train_stop_signal())
+        return 128 + ps_train_stop_signal();
+    return ps_exit_status(rc);
 }

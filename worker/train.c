@@ -34,12 +34,8 @@ void ps_train_config_default(ps_train_config *c)
     c->model = "mlp:784-256-128-10";
     c->batch = 64;
     c->epochs = 1;
-    c->opt.kind = PS_OPT_SGD;
-    c->opt.lr = 0.05f;
-    c->opt.momentum = 0.9f;
-    c->opt.beta1 = 0.9f;
-    c->opt.beta2 = 0.999f;
-    c->opt.eps = 1e-8f;
+    c->expect.kind = PS_OPT_NONE; /* check nothing unless told */
+    c->local_lr = 0.05f;
     c->device = "cpu";
     c->threads = 1;
     c->seed = 1;
@@ -67,12 +63,10 @@ typedef struct worker {
 
 enum { TID_TRAIN = 1, TID_COMM = 2 };
 
-static volatile sig_atomic_t g_stop;
-static void on_signal(int sig)
-{
-    (void)sig;
-    g_stop = 1;
-}
+static volatile sig_atomic_t g_stop; /* the signal that asked us to stop */
+static void on_signal(int sig) { g_stop = sig; }
+
+int ps_train_stop_signal(void) { return g_stop; }
 
 /* ---------- hooks: a layer's params are the exchange's tensors first..first+n-1 ---------- */
 
@@ -171,13 +165,8 @@ static int connect_servers(worker *w)
     o.hello_timeout_ms = c->hello_timeout_ms;
     o.heartbeat_ms = c->heartbeat_ms;
     o.curve_dir = c->curve_dir;
-    /* check what the user asked for: the optimizer with --optimizer, the
-     * learning rate with --lr; the servers' settings are used either way */
-    o.expect = c->opt;
-    if (!c->opt_given)
-        o.expect.kind = PS_OPT_NONE;
-    if (!c->lr_given)
-        o.expect.lr = 0;
+    /* check what the user gave; the servers' settings are used either way */
+    o.expect = c->expect;
     int rc = ps_exchange_open(&o, w->b, &w->x);
     if (rc)
         return rc;
@@ -244,7 +233,7 @@ static int train_loop(worker *w)
         int64_t t1 = ps_now_ns();
         if ((rc = ps_model_backward(w->m, &hooks)))
             break;
-        if (!w->x && (rc = ps_model_sgd_step(w->m, c->opt.lr)))
+        if (!w->x && (rc = ps_model_sgd_step(w->m, c->local_lr)))
             break;
         int64_t t2 = ps_now_ns();
         ps_trace_event(w->trace, "forward", "compute", TID_TRAIN, t0, t1, w->step, -1);

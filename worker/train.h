@@ -16,9 +16,9 @@ typedef struct ps_train_config {
     const char *model;     /* "mlp:784-256-128-10", "cnn" */
     int batch, epochs;
     long long max_steps;   /* stop after this many iterations (0: no limit) */
-    ps_opt_config opt;     /* expected server optimizer; lr also used for local SGD */
-    int opt_given;         /* --optimizer given: check it at hello */
-    int lr_given;          /* --lr given: check it at hello */
+    ps_opt_config expect;  /* what to check of the servers' optimizer: kind PS_OPT_NONE
+                              and no hyper-parameter given checks nothing */
+    float local_lr;        /* the local-SGD rate without servers */
     const char *device;    /* "cpu", "cuda:N" */
     int threads;           /* BLAS threads */
     uint64_t seed;
@@ -40,5 +40,9 @@ void ps_train_config_default(ps_train_config *c);
  * before the data is read or a server is asked, and their directories made:
  * one that cannot be written is PS_EINVAL, a flag to fix like a bad value. */
 int ps_train_run(const ps_train_config *c);
+
+/* The signal (SIGINT, SIGTERM) that stopped the last ps_train_run early, or 0;
+ * ps_train_run then returned PS_ECLOSED. */
+int ps_train_stop_signal(void);
 
 #endif
