@@ -1,0 +1,97 @@
+#!/bin/sh
+# The one exit-status rule (docs/OPERATIONS.md "Exit statuses") for every
+# program: 0 done, 1 failed while running, 2 something to fix first, 128+N a
+# worker stopped by signal N.  One PASS/FAIL line per program; every process
+# is bounded by `timeout` and started with the temp dir in its argv, so the
+# exit trap finds and kills leftovers.
+
+BIN=$(cd "${PS_BIN_DIR:-bin}" 2>/dev/null && pwd -P) || BIN=$(pwd -P)/bin
+T=$(mktemp -d "${TMPDIR:-/tmp}/ps_test_exit.XXXXXX") || exit 1
+cleanup() {
+    pids=$(pgrep -f "$T")
+    [ -n "$pids" ] && kill -9 $pids 2>/dev/null
+    rm -rf "$T"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+# expect NAME WANT GOT: remembers a mismatch for the program's line
+bad=""
+expect() {
+    [ "$2" = "$3" ] || bad="$bad $1: exit $3, expected $2;"
+}
+# wait_for FILE STRING SECONDS
+wait_for() {
+    i=0
+    while [ "$i" -lt $(($3 * 10)) ]; do
+        grep -qF -- "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1
+        i=$((i + 1))
+    done
+    return 1
+}
+result() {
+    if [ -z "$bad" ]; then echo "PASS $1"; else echo "FAIL $1:$bad"; fi
+    bad=""
+}
+
+# ---- ps_server
+timeout 10 "$BIN/ps_server" --bind tcp://127.0.0.1:0 --threads 0 --timeline "$T/a.json" 2>/dev/null
+expect "bad flag" 2 $?
+timeout 10 "$BIN/ps_server" --bind 127.0.0.1:5555 --timeline "$T/b.json" 2>/dev/null
+expect "bad endpoint" 2 $?
+P=$(free_port)
+timeout 30 "$BIN/ps_server" --bind "tcp://127.0.0.1:$P" --timeline "$T/s.json" >"$T/s1.log" 2>&1 &
+S1=$!
+wait_for "$T/s1.log" "listening" 10
+timeout 10 "$BIN/ps_server" --bind "tcp://127.0.0.1:$P" --timeline "$T/s2.json" >"$T/s2.log" 2>&1
+expect "port taken" 1 $?
+kill -TERM "$S1"
+wait "$S1"
+expect "SIGTERM" 0 $?
+result exit_status_ps_server_0_1_2
+
+# ---- ps_worker
+timeout 10 "$BIN/ps_worker" --servers none --batch 0 --data "$T" 2>/dev/null
+expect "bad flag" 2 $?
+P=$(free_port)
+timeout 60 "$BIN/ps_server" --bind "tcp://127.0.0.1:$P" --mode sync --num-workers 1 \
+    --timeline "$T/s3.json" >"$T/s3.log" 2>&1 &
+S=$!
+wait_for "$T/s3.log" "listening" 10
+timeout 30 "$BIN/ps_worker" --servers "tcp://127.0.0.1:$P" --mode async --data synthetic:256 \
+    --log-csv "$T/w1.csv" >"$T/w1.log" 2>&1
+expect "mode mismatch" 2 $?
+grep -q "mode: server has sync, worker 0 has async" "$T/w1.log" || bad="$bad no mismatch message;"
+timeout 60 "$BIN/ps_worker" --servers "tcp://127.0.0.1:$P" --mode sync --data synthetic:4096 \
+    --epochs 1000 --batch 16 --log-every 10 --log-csv "$T/w2.csv" >"$T/w2.log" 2>&1 &
+W=$!
+wait_for "$T/w2.log" "iter 10/" 20
+kill -TERM "$W"
+wait "$W"
+expect "SIGTERM" 143 $?
+kill -TERM "$S"
+wait "$S"
+Q=$(free_port)
+timeout 30 "$BIN/ps_worker" --servers "tcp://127.0.0.1:$Q" --hello-timeout 300 \
+    --data synthetic:256 --log-csv "$T/w3.csv" >"$T/w3.log" 2>&1
+expect "no server" 1 $?
+result exit_status_ps_worker_1_2_143
+
+# ---- ps_keygen
+timeout 10 "$BIN/ps_keygen" --dir "$T/keys" --servers 0 --workers 1 2>/dev/null
+expect "bad flag" 2 $?
+timeout 10 "$BIN/ps_keygen" --dir "$T/keys" --servers 1 --workers 1 >/dev/null 2>&1
+expect "keys made" 0 $?
+timeout 10 "$BIN/ps_keygen" --dir "$T/keys" --servers 1 --workers 1 >/dev/null 2>&1
+expect "keys exist" 1 $?
+result exit_status_ps_keygen_0_1_2
+
+# ---- ps_launch (bad flags before anything starts)
+timeout 10 "$BIN/ps_launch" --servers 0 --workers 1 --timeline-dir "$T/tl" -- --data "$T" 2>/dev/null
+expect "bad flag" 2 $?
+result exit_status_ps_launch_2
+exit 0
