@@ -8,13 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "checkpoint.h"
 #include "ps_curve.h"
 #include "ps_error.h"
+#include "ps_fs.h"
 #include "ps_log.h"
 #include "ps_time.h"
 #include "ps_trace.h"
@@ -2123,22 +2123,6 @@ void ps_server_close(ps_server *s)
 
 static int set_int(void *sock, int opt, int v) { return zmq_setsockopt(sock, opt, &v, sizeof v); }
 
-/* mkdir -p */
-static int make_dirs(const char *path)
-{
-    char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-            return -1;
-        *p = '/';
-    }
-    return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 /* --restore: the newest checkpoint that reads back whole, else an older one;
  * its chunks go to their owners' shards (threads not started yet). */
 static int restore(ps_server *s, char *why, size_t why_len)
@@ -2288,7 +2272,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     s->report_progress = s->ck_on && sync && c->checkpoint_every > 0;
     s->ck_seq = 1;
     if (s->ckpt_dir) {
-        if (make_dirs(s->ckpt_dir) != 0) {
+        if (ps_mkdir_p(s->ckpt_dir, 0755, NULL) != 0) {
             ps_errorf(why, why_len, "--checkpoint-dir %s: cannot create it: %s", s->ckpt_dir,
                 strerror(errno));
             ps_server_close(s);
@@ -2307,6 +2291,12 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         free(seqs);
     }
     if (s->timeline_path) {
+        /* its directory is made here and an unwritable place named with errno,
+         * before anything runs */
+        if ((rc = ps_check_output_file("--timeline", s->timeline_path, why, why_len)) != 0) {
+            ps_server_close(s);
+            return rc;
+        }
         char name[64];
         snprintf(name, sizeof name, "ps_server[%d]", c->rank);
         if (ps_trace_open(s->timeline_path, 2000 + c->rank, name, &s->trace) != 0) {
