@@ -18,7 +18,11 @@
 #include "ps_log.h"
 #include "ps_time.h"
 #include "ps_trace.h"
+#include "ratelimit.h"
+#include "reply.h"
 #include "shard.h"
+#include "updater_frames.h"
+#include "zmsg.h"
 
 /* ROUTER messages handled per poll round before looking at replies again. */
 #define IO_BATCH 256
@@ -34,8 +38,6 @@
  * back on TCP; the update threads cannot go faster anyway. */
 #define ROUTER_RCVHWM 256
 #define PAIR_HWM 128
-/* Log lines about bad messages per second and thread; the rest are counted. */
-#define RL_LINES 10
 /* Barrier ids remembered after completion, so a resent barrier is answered. */
 #define DONE_BARRIERS 16
 /* Pull replies of at least this many bytes are sent from the chunk's weight
@@ -47,77 +49,6 @@
 #define TID_CKPT 999
 /* After a failed checkpoint write, wait this long before the next try. */
 #define CKPT_RETRY_NS 1000000000LL
-
-/* ---- frames between the I/O thread and an update thread ----
- * I/O -> owner: [cmd_frame] [identity] [payload]   (CMD_REQ)
- *               [cmd_frame]                         (CMD_STATS, CMD_STOP, CMD_CKPT,
- *                                                    CMD_LIVE: h.rank, token = live)
- * owner -> I/O: ['R'] [identity] [header] [payload] (a reply for the ROUTER)
- *               ['H' + int64 version] [identity] [header] [payload]
- *                                                   (durable rounds: forward once a
- *                                                    checkpoint holds that version)
- *               ['I'] [identity] [header]           (an init acknowledgement, with
- *                                                    checkpoints: forward once a
- *                                                    checkpoint holds the chunk)
- *               ['S' or 'X'] [out_frame]            (stats; final stats on stop)
- *               ['C'] [ckpt_frame]                  (CMD_CKPT: the serialized chunks)
- *               ['P'] [progress_frame]              (lowest chunk version changed) */
-enum { CMD_REQ = 1, CMD_STATS = 2, CMD_STOP = 3, CMD_CKPT = 4, CMD_LIVE = 5 };
-enum { OUT_REPLY = 'R', OUT_HELD = 'H', OUT_INIT = 'I', OUT_STATS = 'S', OUT_STOPPED = 'X',
-       OUT_CKPT = 'C', OUT_PROGRESS = 'P' };
-
-typedef struct cmd_frame {
-    int cmd;
-    uint64_t token;
-    ps_header h;
-} cmd_frame;
-
-typedef struct out_frame {
-    uint64_t token;
-    ps_stats st;
-} out_frame;
-
-typedef struct ckpt_frame {
-    uint64_t token; /* the checkpoint's sequence number */
-    int rc;
-    ps_ckpt_part part; /* the buffer now belongs to the I/O thread */
-} ckpt_frame;
-
-typedef struct progress_frame {
-    int64_t min_version;
-    int have;
-} progress_frame;
-
-/* ---- rate-limited logging of bad messages ---- */
-typedef struct rlimit {
-    int64_t win;
-    unsigned n;
-    unsigned long long suppressed;
-} rlimit;
-
-/* Start a new one-second window, first saying how many lines the last
- * window swallowed; `force` does it now (at exit). */
-static void rl_flush(rlimit *r, int64_t now, int force)
-{
-    if (!force && now - r->win < 1000000000LL)
-        return;
-    if (r->suppressed)
-        ps_warn("%llu more refused or dropped messages not logged", r->suppressed);
-    r->win = now;
-    r->n = 0;
-    r->suppressed = 0;
-}
-
-static int rl_allow(rlimit *r)
-{
-    rl_flush(r, ps_now_ns(), 0);
-    if (r->n < RL_LINES) {
-        r->n++;
-        return 1;
-    }
-    r->suppressed++;
-    return 0;
-}
 
 /* ---- update threads ---- */
 
@@ -150,7 +81,7 @@ typedef struct updater {
     ps_shard *shard;
     req_ctx *spare;
     uint64_t bytes_out, errors;
-    rlimit rl;
+    ps_rlimit rl;
     int64_t reported_min;  /* progress last sent to the I/O thread */
     int reported_have;
     uint64_t ff_seen;      /* fast-forwarded rounds already logged */
@@ -256,7 +187,7 @@ struct ps_server {
     int nsreq;
     uint64_t next_token;
     uint64_t io_errors, dropped;
-    rlimit rl;
+    ps_rlimit rl;
     ps_stats totals;
     int threads_running, run_called, stopping, io_failed;
     /* options */
@@ -379,28 +310,6 @@ static ps_hello my_hello(const ps_server *s)
     return h;
 }
 
-static void reply_header(ps_header *r, uint32_t type, uint64_t seq, int32_t rank, uint64_t key,
-                         uint32_t chunk, int64_t step)
-{
-    ps_header_init(r, type);
-    r->flags = PS_FLAG_REPLY;
-    r->seq = seq;
-    r->rank = rank;
-    r->key = key;
-    r->chunk = chunk;
-    r->step = step;
-}
-
-static void error_header(ps_header *r, uint64_t seq, int32_t rank, uint64_t key, uint32_t chunk,
-                         int code, const char *text)
-{
-    reply_header(r, PS_MSG_ERROR, seq, rank, key, chunk, 0);
-    r->err_code = code;
-    size_t n = strnlen(text, sizeof r->err_text - 1); /* cut to what the protocol carries */
-    memcpy(r->err_text, text, n);
-    r->err_text[n] = 0;
-}
-
 /* ================= update threads ================= */
 
 /* Send [tag, identity, header, payload?] to the I/O thread.  Blocking: the I/O
@@ -415,15 +324,15 @@ static void upd_send(updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *p
         ps_error("update thread %d: cannot encode a %s reply", u->idx, ps_msg_type_name(h->type));
         return;
     }
-    char tag[1 + sizeof(int64_t)] = {OUT_REPLY};
+    char tag[1 + sizeof(int64_t)] = {PS_OUT_REPLY};
     size_t tlen = 1;
     /* with checkpoints, a chunk a worker was told exists is in one first, so
      * a restored server never lacks a chunk its workers use */
     if (u->srv->ck_on && h->type == PS_MSG_INIT)
-        tag[0] = OUT_INIT;
+        tag[0] = PS_OUT_INIT;
     if (u->srv->durable && (h->type == PS_MSG_PUSH || h->type == PS_MSG_PULL ||
                             h->type == PS_MSG_PUSHPULL)) {
-        tag[0] = OUT_HELD;
+        tag[0] = PS_OUT_HELD;
         memcpy(tag + 1, &h->step, sizeof h->step);
         tlen = sizeof tag;
     }
@@ -437,9 +346,9 @@ static void upd_send(updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *p
 static void upd_error(updater *u, req_ctx *r, int code, const char *why)
 {
     ps_header h;
-    error_header(&h, r->seq, r->rank, r->key, r->chunk, code, why);
+    ps_reply_error(&h, r->seq, r->rank, r->key, r->chunk, code, why);
     u->errors++;
-    if (rl_allow(&u->rl))
+    if (ps_rlimit_allow(&u->rl))
         ps_warn("refused %s from worker %d (key %llu chunk %u): %s: %s",
                 ps_msg_type_name(r->type), r->rank, (unsigned long long)r->key, r->chunk,
                 ps_strerror(code), why);
@@ -449,7 +358,7 @@ static void upd_error(updater *u, req_ctx *r, int code, const char *why)
 static void upd_ack(updater *u, req_ctx *r, int64_t version)
 {
     ps_header h;
-    reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
+    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
     upd_send(u, &r->id, &h, NULL);
 }
 
@@ -485,7 +394,7 @@ static void upd_weights(updater *u, req_ctx *r, const float *w, size_t n, int64_
         memcpy(zmq_msg_data(&pl), w, bytes);
     }
     ps_header h;
-    reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
+    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
     h.count = n;
     h.dtype = PS_DTYPE_F32;
     u->bytes_out += bytes;
@@ -657,7 +566,7 @@ static void upd_request(updater *u, const ps_header *h, zmq_msg_t *id, zmq_msg_t
             ps_debug("duplicate push from worker %d, key %llu chunk %u step %lld: dropped",
                      h->rank, (unsigned long long)h->key, h->chunk, (long long)h->step);
         uint64_t ff = ps_shard_fast_forwards(u->shard);
-        if (ff != u->ff_seen && rl_allow(&u->rl)) {
+        if (ff != u->ff_seen && ps_rlimit_allow(&u->rl)) {
             ps_warn("key %llu chunk %u: worker %d pushed step %lld, beyond the round of the "
                     "restored checkpoint; skipped to it (%llu round(s) in all were lost with "
                     "the old process; a checkpoint every round loses none)",
@@ -695,21 +604,21 @@ static void upd_stats(updater *u, ps_stats *st)
 
 static void upd_send_stats(updater *u, char tag, uint64_t token, const ps_stats *st)
 {
-    out_frame of = {token, *st};
+    ps_stats_frame of = {token, *st};
     zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
     zmq_send(u->pair, &of, sizeof of, 0);
 }
 
-/* CMD_CKPT: serialize every chunk now, between two requests, so each chunk is
+/* PS_CMD_CKPT: serialize every chunk now, between two requests, so each chunk is
  * in the checkpoint with whole updates only; the I/O thread takes the buffer. */
 static void upd_checkpoint(updater *u, uint64_t token)
 {
     int64_t t0 = ps_now_ns();
-    ckpt_frame cf;
+    ps_ckpt_frame cf;
     memset(&cf, 0, sizeof cf);
     cf.token = token;
     cf.rc = ps_ckpt_serialize(u->shard, u->srv->cfg.mode, u->srv->cfg.num_workers, &cf.part);
-    char tag = OUT_CKPT;
+    char tag = PS_OUT_CKPT;
     zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
     zmq_send(u->pair, &cf, sizeof cf, 0);
     if (u->srv->trace)
@@ -727,23 +636,10 @@ static void upd_progress(updater *u)
         return;
     u->reported_min = m;
     u->reported_have = have;
-    progress_frame pf = {m, have};
-    char tag = OUT_PROGRESS;
+    ps_progress_frame pf = {m, have};
+    char tag = PS_OUT_PROGRESS;
     zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
     zmq_send(u->pair, &pf, sizeof pf, 0);
-}
-
-/* Receive the next frame from sock into m (initialized here).  0, or -1
- * with m closed again and errno as zmq_msg_recv left it. */
-static int recv_frame(void *sock, zmq_msg_t *m, int flags)
-{
-    zmq_msg_init(m);
-    if (zmq_msg_recv(m, sock, flags) >= 0)
-        return 0;
-    int e = errno;
-    zmq_msg_close(m);
-    errno = e;
-    return -1;
 }
 
 static void *upd_main(void *arg)
@@ -752,7 +648,7 @@ static void *upd_main(void *arg)
     int stop = 0;
     while (!stop) {
         zmq_msg_t m, id, pl;
-        if (recv_frame(u->pair, &m, 0) < 0) {
+        if (ps_zmsg_recv(u->pair, &m, 0) < 0) {
             if (errno == EINTR)
                 continue;
             ps_error("update thread %d: receive failed: %s", u->idx, zmq_strerror(errno));
@@ -773,20 +669,20 @@ static void *upd_main(void *arg)
             if (i >= 2)
                 zmq_msg_close(&extra);
         }
-        cmd_frame cf;
+        ps_cmd_frame cf;
         if (zmq_msg_size(&m) == sizeof cf) {
             memcpy(&cf, zmq_msg_data(&m), sizeof cf);
-            if (cf.cmd == CMD_REQ) {
+            if (cf.cmd == PS_CMD_REQ) {
                 upd_request(u, &cf.h, &id, &pl);
-            } else if (cf.cmd == CMD_STATS) {
+            } else if (cf.cmd == PS_CMD_STATS) {
                 ps_stats st;
                 upd_stats(u, &st);
-                upd_send_stats(u, OUT_STATS, cf.token, &st);
-            } else if (cf.cmd == CMD_STOP) {
+                upd_send_stats(u, PS_OUT_STATS, cf.token, &st);
+            } else if (cf.cmd == PS_CMD_STOP) {
                 stop = 1;
-            } else if (cf.cmd == CMD_CKPT) {
+            } else if (cf.cmd == PS_CMD_CKPT) {
                 upd_checkpoint(u, cf.token);
-            } else if (cf.cmd == CMD_LIVE) {
+            } else if (cf.cmd == PS_CMD_LIVE) {
                 ps_shard_set_live(u->shard, cf.h.rank, (int)cf.token);
             }
             if (u->srv->report_progress && !stop)
@@ -813,8 +709,8 @@ static void *upd_main(void *arg)
     st.errors = u->errors;
     req_free(u->spare);
     u->spare = NULL;
-    rl_flush(&u->rl, ps_now_ns(), 1);
-    upd_send_stats(u, OUT_STOPPED, 0, &st);
+    ps_rlimit_flush(&u->rl, ps_now_ns(), 1);
+    upd_send_stats(u, PS_OUT_STOPPED, 0, &st);
     return NULL;
 }
 
@@ -836,9 +732,9 @@ static void io_send(ps_server *s, zmq_msg_t *id, const ps_header *h)
 static void io_error(ps_server *s, zmq_msg_t *id, const ps_header *req, int code, const char *why)
 {
     ps_header h;
-    error_header(&h, req->seq, req->rank, req->key, req->chunk, code, why);
+    ps_reply_error(&h, req->seq, req->rank, req->key, req->chunk, code, why);
     s->io_errors++;
-    if (rl_allow(&s->rl))
+    if (ps_rlimit_allow(&s->rl))
         ps_warn("refused %s from rank %d: %s: %s", ps_msg_type_name(req->type), req->rank,
                 ps_strerror(code), why);
     io_send(s, id, &h);
@@ -847,7 +743,7 @@ static void io_error(ps_server *s, zmq_msg_t *id, const ps_header *req, int code
 static void io_drop(ps_server *s, const char *why)
 {
     s->dropped++;
-    if (rl_allow(&s->rl))
+    if (ps_rlimit_allow(&s->rl))
         ps_warn("dropped a message with no usable header: %s", why);
 }
 
@@ -872,46 +768,19 @@ static int pair_try(void *sock, zmq_msg_t *f, int nf)
     return 0;
 }
 
-static void close_frames(zmq_msg_t *f, int nf)
-{
-    for (int i = 0; i < nf; i++)
-        zmq_msg_close(&f[i]);
-}
-
-/* Receive the frames left of a message on sock (more: zmq_msg_more of the
- * last one received).  The first ones go to f[*nf], f[*nf + 1], ... while
- * *nf < max; the others are dropped.  Returns how many frames came. */
-static int recv_rest(void *sock, int more, zmq_msg_t *f, int *nf, int max)
-{
-    int n = 0;
-    while (more) {
-        zmq_msg_t x;
-        if (recv_frame(sock, &x, 0) < 0)
-            break;
-        more = zmq_msg_more(&x);
-        n++;
-        if (nf && *nf < max) {
-            zmq_msg_init(&f[*nf]);
-            zmq_msg_move(&f[(*nf)++], &x);
-        }
-        zmq_msg_close(&x);
-    }
-    return n;
-}
-
 static void to_owner(ps_server *s, int owner, zmq_msg_t *f, int nf)
 {
     outbox *ob = &s->out[owner];
     if (!ob->head) {
         int rc = pair_try(s->pairs[owner], f, nf);
         if (rc == 0) {
-            close_frames(f, nf);
+            ps_zmsg_close_all(f, nf);
             return;
         }
         if (rc < 0) {
             ps_error("handing a message to update thread %d failed: %s", owner,
                      zmq_strerror(errno));
-            close_frames(f, nf);
+            ps_zmsg_close_all(f, nf);
             return;
         }
     }
@@ -921,7 +790,7 @@ static void to_owner(ps_server *s, int owner, zmq_msg_t *f, int nf)
     outmsg *m = calloc(1, sizeof *m);
     if (!m) {
         ps_error("out of memory queueing a message for update thread %d; dropped", owner);
-        close_frames(f, nf);
+        ps_zmsg_close_all(f, nf);
         return;
     }
     m->nf = nf;
@@ -949,7 +818,7 @@ static void flush_outbox(ps_server *s, int owner)
         if (rc < 0)
             ps_error("handing a message to update thread %d failed: %s", owner,
                      zmq_strerror(errno));
-        close_frames(m->f, m->nf);
+        ps_zmsg_close_all(m->f, m->nf);
         ob->head = m->next;
         if (!ob->head)
             ob->tail = NULL;
@@ -964,8 +833,8 @@ static void send_cmd(ps_server *s, int owner, int cmd, uint64_t token, const ps_
 {
     zmq_msg_t f[3];
     int nf = 1;
-    zmq_msg_init_size(&f[0], sizeof(cmd_frame));
-    cmd_frame *cf = zmq_msg_data(&f[0]);
+    zmq_msg_init_size(&f[0], sizeof(ps_cmd_frame));
+    ps_cmd_frame *cf = zmq_msg_data(&f[0]);
     memset(cf, 0, sizeof *cf);
     cf->cmd = cmd;
     cf->token = token;
@@ -1032,7 +901,7 @@ static void io_hello(ps_server *s, zmq_msg_t *id, const ps_header *h)
             ps_header_init(&lh, PS_MSG_HELLO);
             lh.rank = h->rank;
             for (int i = 0; i < s->cfg.threads; i++)
-                send_cmd(s, i, CMD_LIVE, 1, &lh, NULL, NULL);
+                send_cmd(s, i, PS_CMD_LIVE, 1, &lh, NULL, NULL);
             ps_info("worker %d said hello again (identity %s): rejoined at the current "
                     "version; rounds and barriers wait for %d of %d workers again",
                     h->rank, hex, s->cfg.num_workers - s->ndropped, s->cfg.num_workers);
@@ -1050,7 +919,7 @@ static void io_hello(ps_server *s, zmq_msg_t *id, const ps_header *h)
         ps_debug("hello from a tool (rank -1)");
     }
     ps_header r;
-    reply_header(&r, PS_MSG_HELLO, h->seq, h->rank, h->key, h->chunk, h->step);
+    ps_reply_header(&r, PS_MSG_HELLO, h->seq, h->rank, h->key, h->chunk, h->step);
     r.hello = my_hello(s);
     io_send(s, id, &r);
 }
@@ -1082,7 +951,7 @@ static int barrier_try(ps_server *s, int i)
     ps_debug("barrier %lld: all %d live workers arrived", (long long)b->id, W - s->ndropped);
     for (size_t k = 0; k < b->nw; k++) {
         ps_header r;
-        reply_header(&r, PS_MSG_BARRIER, b->w[k].seq, b->w[k].rank, 0, 0, b->id);
+        ps_reply_header(&r, PS_MSG_BARRIER, b->w[k].seq, b->w[k].rank, 0, 0, b->id);
         io_send(s, &b->w[k].id, &r);
     }
     /* remembered, so a worker's resend of it is answered, not a new barrier */
@@ -1101,7 +970,7 @@ static void io_barrier(ps_server *s, zmq_msg_t *id, const ps_header *h)
     for (int i = 0; i < s->ndone_barriers; i++)
         if (s->done_barriers[i] == h->step) {
             ps_header r;
-            reply_header(&r, PS_MSG_BARRIER, h->seq, h->rank, 0, 0, h->step);
+            ps_reply_header(&r, PS_MSG_BARRIER, h->seq, h->rank, 0, 0, h->step);
             io_send(s, id, &r);
             return;
         }
@@ -1175,7 +1044,7 @@ static void drop_worker(ps_server *s, int r, double silent_s)
     ps_header_init(&lh, PS_MSG_HELLO);
     lh.rank = r;
     for (int i = 0; i < s->cfg.threads; i++)
-        send_cmd(s, i, CMD_LIVE, 0, &lh, NULL, NULL);
+        send_cmd(s, i, PS_CMD_LIVE, 0, &lh, NULL, NULL);
     ps_warn("worker %d silent for %.1f s: dropped; rounds continue with %d of %d workers", r,
             silent_s, s->cfg.num_workers - s->ndropped, s->cfg.num_workers);
     for (int i = 0; i < s->nbarriers;)
@@ -1231,7 +1100,7 @@ static void io_stats(ps_server *s, zmq_msg_t *id, const ps_header *h)
     q->rank = h->rank;
     q->remaining = s->cfg.threads;
     for (int i = 0; i < s->cfg.threads; i++)
-        send_cmd(s, i, CMD_STATS, q->token, NULL, NULL, NULL);
+        send_cmd(s, i, PS_CMD_STATS, q->token, NULL, NULL, NULL);
 }
 
 static void add_stats(ps_stats *acc, int *have_versions, const ps_stats *p)
@@ -1254,7 +1123,7 @@ static void add_stats(ps_stats *acc, int *have_versions, const ps_stats *p)
     acc->chunks += p->chunks;
 }
 
-static void stats_part(ps_server *s, const out_frame *of)
+static void stats_part(ps_server *s, const ps_stats_frame *of)
 {
     for (int i = 0; i < s->nsreq; i++) {
         stats_req *q = &s->sreq[i];
@@ -1264,7 +1133,7 @@ static void stats_part(ps_server *s, const out_frame *of)
         if (--q->remaining > 0)
             return;
         ps_header r;
-        reply_header(&r, PS_MSG_STATS, q->seq, q->rank, 0, 0, 0);
+        ps_reply_header(&r, PS_MSG_STATS, q->seq, q->rank, 0, 0, 0);
         r.stats = q->acc;
         r.stats.errors += s->io_errors;
         r.stats.workers_seen = (uint64_t)s->workers_seen;
@@ -1341,7 +1210,7 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         if (h.type == PS_MSG_HEARTBEAT) {
             /* once a second from every such worker: answered, not logged */
             ps_header r;
-            error_header(&r, h.seq, h.rank, h.key, h.chunk, PS_ESTATE, why);
+            ps_reply_error(&r, h.seq, h.rank, h.key, h.chunk, PS_ESTATE, why);
             s->io_errors++;
             io_send(s, &f[0], &r);
         } else {
@@ -1358,7 +1227,7 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
     case PS_MSG_PUSHPULL:
         if (h.type != PS_MSG_PULL)
             s->mut++;
-        send_cmd(s, ps_server_owner(h.key, h.chunk, s->cfg.threads), CMD_REQ, 0, &h, &f[0],
+        send_cmd(s, ps_server_owner(h.key, h.chunk, s->cfg.threads), PS_CMD_REQ, 0, &h, &f[0],
                  nf >= 3 ? &f[2] : NULL);
         return;
     case PS_MSG_BARRIER:
@@ -1369,13 +1238,13 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         return;
     case PS_MSG_HEARTBEAT: {
         ps_header r;
-        reply_header(&r, PS_MSG_HEARTBEAT, h.seq, h.rank, h.key, h.chunk, h.step);
+        ps_reply_header(&r, PS_MSG_HEARTBEAT, h.seq, h.rank, h.key, h.chunk, h.step);
         io_send(s, &f[0], &r);
         return;
     }
     case PS_MSG_SHUTDOWN: {
         ps_header r;
-        reply_header(&r, PS_MSG_SHUTDOWN, h.seq, h.rank, h.key, h.chunk, h.step);
+        ps_reply_header(&r, PS_MSG_SHUTDOWN, h.seq, h.rank, h.key, h.chunk, h.step);
         io_send(s, &f[0], &r);
         ps_info("shutdown requested by rank %d", h.rank);
         s->stopping = 1;
@@ -1392,7 +1261,7 @@ static int io_read_router(ps_server *s)
 {
     for (int b = 0; b < IO_BATCH && !s->out_total && !s->stopping; b++) {
         zmq_msg_t f[3];
-        if (recv_frame(s->router, &f[0], ZMQ_DONTWAIT) < 0) {
+        if (ps_zmsg_recv(s->router, &f[0], ZMQ_DONTWAIT) < 0) {
             int e = errno;
             if (e == EAGAIN || e == EINTR)
                 return 0;
@@ -1400,9 +1269,9 @@ static int io_read_router(ps_server *s)
             return -1;
         }
         int nf = 1;
-        int total = 1 + recv_rest(s->router, zmq_msg_more(&f[0]), f, &nf, 3);
+        int total = 1 + ps_zmsg_recv_rest(s->router, zmq_msg_more(&f[0]), f, &nf, 3);
         io_message(s, f, nf, total);
-        close_frames(f, nf);
+        ps_zmsg_close_all(f, nf);
     }
     return 0;
 }
@@ -1411,9 +1280,8 @@ static int io_read_router(ps_server *s)
 
 static void held_send(ps_server *s, heldmsg *m)
 {
-    for (int k = 0; k < m->nf; k++)
-        zmq_msg_send(&m->f[k], s->router, (k < m->nf - 1 ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
-    close_frames(m->f, m->nf);
+    ps_zmsg_send_all(s->router, m->f, m->nf, ZMQ_DONTWAIT);
+    ps_zmsg_close_all(m->f, m->nf);
     free(m);
 }
 
@@ -1442,7 +1310,7 @@ static void drop_held(ps_server *s)
     while (s->held_head) {
         heldmsg *m = s->held_head;
         s->held_head = m->next;
-        close_frames(m->f, m->nf);
+        ps_zmsg_close_all(m->f, m->nf);
         free(m);
     }
     s->held_tail = NULL;
@@ -1459,7 +1327,7 @@ static void ck_free_parts(ps_ckpt_part *parts, int n)
     free(parts);
 }
 
-/* Take a snapshot: every owner serializes its chunks when CMD_CKPT reaches it. */
+/* Take a snapshot: every owner serializes its chunks when PS_CMD_CKPT reaches it. */
 static void ck_start(ps_server *s, int64_t now)
 {
     int T = s->cfg.threads;
@@ -1476,7 +1344,7 @@ static void ck_start(ps_server *s, int64_t now)
     s->ck_last_mut = s->mut;
     s->ck_last_ns = now;
     for (int i = 0; i < T; i++)
-        send_cmd(s, i, CMD_CKPT, s->ck_token, NULL, NULL, NULL);
+        send_cmd(s, i, PS_CMD_CKPT, s->ck_token, NULL, NULL, NULL);
 }
 
 /* The writer's work: runs on the writer thread, or on the I/O thread for the
@@ -1602,7 +1470,7 @@ static void ck_submit(ps_server *s)
     pthread_mutex_unlock(&w->mu);
 }
 
-static void ck_part(ps_server *s, int i, ckpt_frame *cf)
+static void ck_part(ps_server *s, int i, ps_ckpt_frame *cf)
 {
     if (s->ck_state != CK_SNAP || cf->token != s->ck_token || s->ck_parts[i].buf) {
         free(cf->part.buf); /* not the snapshot being collected */
@@ -1676,24 +1544,24 @@ static void io_read_pair(ps_server *s, int i)
 {
     for (int b = 0; b < IO_BATCH * 4; b++) {
         zmq_msg_t tag;
-        if (recv_frame(s->pairs[i], &tag, ZMQ_DONTWAIT) < 0)
+        if (ps_zmsg_recv(s->pairs[i], &tag, ZMQ_DONTWAIT) < 0)
             break;
         size_t tlen = zmq_msg_size(&tag);
         const char *td = zmq_msg_data(&tag);
         char t = tlen >= 1 ? td[0] : 0;
         int64_t version = 0;
-        if (t == OUT_HELD && tlen == 1 + sizeof version)
+        if (t == PS_OUT_HELD && tlen == 1 + sizeof version)
             memcpy(&version, td + 1, sizeof version);
         int more = zmq_msg_more(&tag);
         zmq_msg_close(&tag);
-        int by_seq = t == OUT_INIT;
+        int by_seq = t == PS_OUT_INIT;
         if (by_seq)
             version = (int64_t)s->ck_seq; /* the next snapshot holds the chunk */
-        if (by_seq || (t == OUT_HELD && version > s->durable_round)) {
+        if (by_seq || (t == PS_OUT_HELD && version > s->durable_round)) {
             /* durable rounds: keep [identity, header, payload?] until a checkpoint
              * holds this version */
             heldmsg *m = calloc(1, sizeof *m);
-            recv_rest(s->pairs[i], more, m ? m->f : NULL, m ? &m->nf : NULL, 3);
+            ps_zmsg_recv_rest(s->pairs[i], more, m ? m->f : NULL, m ? &m->nf : NULL, 3);
             if (!m) {
                 ps_error("out of memory holding a reply; dropped (the worker resends)");
                 continue;
@@ -1709,11 +1577,11 @@ static void io_read_pair(ps_server *s, int i)
             s->nheld++;
             continue;
         }
-        if (t == OUT_REPLY || t == OUT_HELD || t == OUT_INIT) {
+        if (t == PS_OUT_REPLY || t == PS_OUT_HELD || t == PS_OUT_INIT) {
             /* forward [identity, header, payload?] to the ROUTER as they are */
             while (more) {
                 zmq_msg_t m;
-                if (recv_frame(s->pairs[i], &m, 0) < 0)
+                if (ps_zmsg_recv(s->pairs[i], &m, 0) < 0)
                     break;
                 more = zmq_msg_more(&m);
                 zmq_msg_send(&m, s->router, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
@@ -1722,16 +1590,16 @@ static void io_read_pair(ps_server *s, int i)
             continue;
         }
         union {
-            out_frame of;
-            ckpt_frame cf;
-            progress_frame pf;
+            ps_stats_frame of;
+            ps_ckpt_frame cf;
+            ps_progress_frame pf;
         } u;
         memset(&u, 0, sizeof u);
-        size_t want = t == OUT_CKPT ? sizeof u.cf : t == OUT_PROGRESS ? sizeof u.pf : sizeof u.of;
+        size_t want = t == PS_OUT_CKPT ? sizeof u.cf : t == PS_OUT_PROGRESS ? sizeof u.pf : sizeof u.of;
         int got = 0;
         while (more) {
             zmq_msg_t m;
-            if (recv_frame(s->pairs[i], &m, 0) < 0)
+            if (ps_zmsg_recv(s->pairs[i], &m, 0) < 0)
                 break;
             more = zmq_msg_more(&m);
             if (!got && zmq_msg_size(&m) == want) {
@@ -1740,15 +1608,15 @@ static void io_read_pair(ps_server *s, int i)
             }
             zmq_msg_close(&m);
         }
-        if (t == OUT_CKPT) {
+        if (t == PS_OUT_CKPT) {
             if (got)
                 ck_part(s, i, &u.cf);
-        } else if (t == OUT_PROGRESS) {
+        } else if (t == PS_OUT_PROGRESS) {
             s->upd[i].min_version = u.pf.min_version;
             s->upd[i].have_min = u.pf.have;
-        } else if (t == OUT_STATS) {
+        } else if (t == PS_OUT_STATS) {
             stats_part(s, &u.of);
-        } else if (t == OUT_STOPPED) {
+        } else if (t == PS_OUT_STOPPED) {
             s->upd[i].final = u.of.st;
             s->upd[i].stopped = 1;
             if (!s->stopping) {
@@ -1791,7 +1659,7 @@ static void stop_threads(ps_server *s)
     }
     for (int i = 0; i < T; i++)
         if (!s->upd[i].stopped)
-            send_cmd(s, i, CMD_STOP, 0, NULL, NULL, NULL);
+            send_cmd(s, i, PS_CMD_STOP, 0, NULL, NULL, NULL);
     for (;;) {
         int left = 0;
         for (int i = 0; i < T; i++) {
@@ -1836,7 +1704,7 @@ static void close_waiters(ps_server *s)
         barrier *b = &s->barriers[i];
         for (size_t j = 0; j < b->nw; j++) {
             ps_header r;
-            error_header(&r, b->w[j].seq, b->w[j].rank, 0, 0, PS_ECLOSED,
+            ps_reply_error(&r, b->w[j].seq, b->w[j].rank, 0, 0, PS_ECLOSED,
                          "the server is shutting down; the barrier was not complete");
             io_send(s, &b->w[j].id, &r);
         }
@@ -1845,7 +1713,7 @@ static void close_waiters(ps_server *s)
     s->nbarriers = 0;
     for (int i = 0; i < s->nsreq; i++) {
         ps_header r;
-        error_header(&r, s->sreq[i].seq, s->sreq[i].rank, 0, 0, PS_ECLOSED,
+        ps_reply_error(&r, s->sreq[i].seq, s->sreq[i].rank, 0, 0, PS_ECLOSED,
                      "the server is shutting down");
         io_send(s, &s->sreq[i].id, &r);
         zmq_msg_close(&s->sreq[i].id);
@@ -1860,7 +1728,7 @@ static void io_read_monitor(ps_server *s)
 {
     for (;;) {
         zmq_msg_t ev, addr;
-        if (recv_frame(s->mon, &ev, ZMQ_DONTWAIT) < 0)
+        if (ps_zmsg_recv(s->mon, &ev, ZMQ_DONTWAIT) < 0)
             return;
         zmq_msg_init(&addr);
         if (zmq_msg_more(&ev))
@@ -2005,7 +1873,7 @@ int ps_server_run(ps_server *s)
         int64_t now = ps_now_ns();
         check_workers(s, now);
         ck_maybe(s, now);
-        rl_flush(&s->rl, now, 0);
+        ps_rlimit_flush(&s->rl, now, 0);
     }
     free(items);
     ck_final(s);
@@ -2013,7 +1881,7 @@ int ps_server_run(ps_server *s)
     close_waiters(s);
     if (s->io_failed)
         rc = PS_EIO;
-    rl_flush(&s->rl, ps_now_ns(), 1);
+    ps_rlimit_flush(&s->rl, ps_now_ns(), 1);
     const ps_stats *t = &s->totals;
     char extra[256] = "";
     size_t off = 0;
@@ -2079,7 +1947,7 @@ void ps_server_close(ps_server *s)
         while (s->out[i].head) {
             outmsg *m = s->out[i].head;
             s->out[i].head = m->next;
-            close_frames(m->f, m->nf);
+            ps_zmsg_close_all(m->f, m->nf);
             free(m);
         }
     }
