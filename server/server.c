@@ -21,7 +21,7 @@
 #include "ratelimit.h"
 #include "reply.h"
 #include "shard.h"
-#include "updater_frames.h"
+#include "updater.h"
 #include "zmsg.h"
 
 /* ROUTER messages handled per poll round before looking at replies again. */
@@ -40,58 +40,22 @@
 #define PAIR_HWM 128
 /* Barrier ids remembered after completion, so a resent barrier is answered. */
 #define DONE_BARRIERS 16
-/* Pull replies of at least this many bytes are sent from the chunk's weight
- * buffer itself (zero-copy, ps_shard_pin); smaller ones are copied, which
- * costs less than the pin (ZeroMQ copies frames under 8 KiB into its send
- * batch anyway) and needs no spare buffer. */
-#define ZC_MIN_BYTES 8192
 /* Trace lanes: update thread i is 1 + i; the checkpoint writer has its own. */
 #define TID_CKPT 999
 /* After a failed checkpoint write, wait this long before the next try. */
 #define CKPT_RETRY_NS 1000000000LL
 
-/* ---- update threads ---- */
-
-/* A request an update thread answers now or, for a queued pull, later. */
-typedef struct req_ctx {
-    zmq_msg_t id;
-    uint64_t seq;
-    int32_t rank;
-    uint32_t type;    /* PS_MSG_PUSH here: a deferred acknowledgement (no weights) */
-    uint64_t key;
-    uint32_t chunk;
-    int64_t step;
-    int64_t t_arrive; /* for the timeline */
-} req_ctx;
-
-/* A received gradient the shard may keep: the message itself, or an aligned
- * copy when ZeroMQ handed us a buffer that is not 4-byte aligned. */
-typedef struct hold {
-    zmq_msg_t msg;
-    float *copy;
-    const float *g;
-} hold;
-
-typedef struct updater {
-    ps_server *srv;
-    int idx;
-    pthread_t tid;
+/* The I/O thread's side of one update thread. */
+typedef struct owner {
+    ps_updater *upd;
     int started;
-    void *pair;   /* owner end; used only by this thread once started */
-    ps_shard *shard;
-    req_ctx *spare;
-    uint64_t bytes_out, errors;
-    ps_rlimit rl;
-    int64_t reported_min;  /* progress last sent to the I/O thread */
-    int reported_have;
-    uint64_t ff_seen;      /* fast-forwarded rounds already logged */
-    /* written by the I/O thread when the thread's final counters arrive */
+    /* set when the thread's final counters arrive */
     int stopped;
     ps_stats final;
-    /* I/O thread: this owner's lowest chunk version, as last reported */
+    /* this owner's lowest chunk version, as last reported */
     int64_t min_version;
     int have_min;
-} updater;
+} owner;
 
 /* ---- I/O thread state ---- */
 typedef struct outmsg {
@@ -173,7 +137,7 @@ struct ps_server {
     char bind[256], endpoint[256];
     void *ctx, *router;
     void **pairs; /* I/O ends */
-    updater *upd;
+    owner *own;
     outbox *out;
     size_t out_total;
     int efd;
@@ -308,410 +272,6 @@ static ps_hello my_hello(const ps_server *s)
     h.model_fp = s->model_fp;
     h.opt = s->cfg.opt;
     return h;
-}
-
-/* ================= update threads ================= */
-
-/* Send [tag, identity, header, payload?] to the I/O thread.  Blocking: the I/O
- * thread always drains replies, so this never waits for long.  With durable
- * rounds, a reply naming a version (push ack, pull) is tagged to wait in the
- * I/O thread until a checkpoint holds that version. */
-static void upd_send(updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload)
-{
-    char buf[PS_HEADER_MAX];
-    size_t len;
-    if (ps_proto_encode(h, buf, sizeof buf, &len) != 0) {
-        ps_error("update thread %d: cannot encode a %s reply", u->idx, ps_msg_type_name(h->type));
-        return;
-    }
-    char tag[1 + sizeof(int64_t)] = {PS_OUT_REPLY};
-    size_t tlen = 1;
-    /* with checkpoints, a chunk a worker was told exists is in one first, so
-     * a restored server never lacks a chunk its workers use */
-    if (u->srv->ck_on && h->type == PS_MSG_INIT)
-        tag[0] = PS_OUT_INIT;
-    if (u->srv->durable && (h->type == PS_MSG_PUSH || h->type == PS_MSG_PULL ||
-                            h->type == PS_MSG_PUSHPULL)) {
-        tag[0] = PS_OUT_HELD;
-        memcpy(tag + 1, &h->step, sizeof h->step);
-        tlen = sizeof tag;
-    }
-    zmq_send(u->pair, tag, tlen, ZMQ_SNDMORE);
-    zmq_msg_send(id, u->pair, ZMQ_SNDMORE);
-    zmq_send(u->pair, buf, len, payload ? ZMQ_SNDMORE : 0);
-    if (payload)
-        zmq_msg_send(payload, u->pair, 0);
-}
-
-static void upd_error(updater *u, req_ctx *r, int code, const char *why)
-{
-    ps_header h;
-    ps_reply_error(&h, r->seq, r->rank, r->key, r->chunk, code, why);
-    u->errors++;
-    if (ps_rlimit_allow(&u->rl))
-        ps_warn("refused %s from worker %d (key %llu chunk %u): %s: %s",
-                ps_msg_type_name(r->type), r->rank, (unsigned long long)r->key, r->chunk,
-                ps_strerror(code), why);
-    upd_send(u, &r->id, &h, NULL);
-}
-
-static void upd_ack(updater *u, req_ctx *r, int64_t version)
-{
-    ps_header h;
-    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
-    upd_send(u, &r->id, &h, NULL);
-}
-
-/* ZeroMQ's free callback of a zero-copy reply: runs on whichever thread
- * closes the last copy of the message (a ZeroMQ I/O thread once the bytes
- * are written, or the I/O thread when it drops the reply). */
-static void zc_release(void *data, void *ref)
-{
-    (void)data;
-    ps_shard_unpin(ref);
-}
-
-/* Answer a pull with the weights w of `version`: zero-copy from the chunk's
- * weight buffer, which no update writes until the reply is gone (updates in
- * the meantime go out of place), else copied into the reply message. */
-static void upd_weights(updater *u, req_ctx *r, const float *w, size_t n, int64_t version)
-{
-    zmq_msg_t pl;
-    size_t bytes = n * sizeof(float);
-    void *ref = NULL;
-    const float *pinned = bytes >= ZC_MIN_BYTES
-                              ? ps_shard_pin(u->shard, r->key, r->chunk, w, &ref)
-                              : NULL;
-    if (pinned && zmq_msg_init_data(&pl, (void *)pinned, bytes, zc_release, ref) != 0) {
-        ps_shard_unpin(ref); /* ZeroMQ did not take it */
-        pinned = NULL;
-    }
-    if (!pinned) {
-        if (zmq_msg_init_size(&pl, bytes) != 0) {
-            upd_error(u, r, PS_ENOMEM, "out of memory building the pull reply");
-            return;
-        }
-        memcpy(zmq_msg_data(&pl), w, bytes);
-    }
-    ps_header h;
-    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
-    h.count = n;
-    h.dtype = PS_DTYPE_F32;
-    u->bytes_out += bytes;
-    upd_send(u, &r->id, &h, &pl);
-    zmq_msg_close(&pl);
-    if (u->srv->trace)
-        ps_trace_event(u->srv->trace, "pull", "serve", 1 + u->idx, r->t_arrive, ps_now_ns(),
-                       version, -1);
-}
-
-static void req_free(req_ctx *r)
-{
-    if (!r)
-        return;
-    zmq_msg_close(&r->id);
-    free(r);
-}
-
-static void hook_ready(void *user, void *waiter, const float *w, size_t n, int64_t version)
-{
-    req_ctx *r = waiter;
-    if (r->type == PS_MSG_PUSH) /* a deferred acknowledgement: its round is complete */
-        upd_ack(user, r, version);
-    else
-        upd_weights(user, r, w, n, version);
-    req_free(r);
-}
-
-static void hook_cancel(void *user, void *waiter)
-{
-    req_ctx *r = waiter;
-    upd_error(user, r, PS_ECLOSED, "the server is shutting down; this pull was still waiting");
-    req_free(r);
-}
-
-/* A resend of a queued request (same rank, id and type): answer it on the
- * newest route, once. */
-static int hook_merge(void *user, void *queued, void *incoming)
-{
-    (void)user;
-    req_ctx *q = queued, *n = incoming;
-    if (q->rank != n->rank || q->seq != n->seq || q->type != n->type)
-        return 0;
-    zmq_msg_close(&q->id);
-    zmq_msg_init(&q->id);
-    zmq_msg_move(&q->id, &n->id);
-    return 1;
-}
-
-static void hold_free(hold *h)
-{
-    if (!h)
-        return;
-    zmq_msg_close(&h->msg);
-    free(h->copy);
-    free(h);
-}
-
-static void hook_release(void *user, void *h)
-{
-    (void)user;
-    hold_free(h);
-}
-
-static void upd_pull(updater *u, req_ctx *r, int64_t want)
-{
-    char why[256];
-    const float *w = NULL;
-    size_t n = 0;
-    int64_t version = 0;
-    int queued = 0;
-    int rc = ps_shard_pull(u->shard, r->key, r->chunk, r->rank, want, r, &queued, &w, &n, &version,
-                           why, sizeof why);
-    if (rc)
-        upd_error(u, r, rc, why);
-    else if (queued == 1)
-        u->spare = NULL; /* the shard holds r until hook_ready or hook_cancel */
-    else if (queued == 0)
-        upd_weights(u, r, w, n, version);
-    /* 2: a resend of a queued pull, which now answers on r's route */
-}
-
-/* Sync with checkpoints: acknowledge a push of step t only once version t+1
- * exists, so a push whose round a crash lost is still unanswered and the
- * worker resends it to the restored server. */
-static void upd_await(updater *u, req_ctx *r, int64_t want)
-{
-    char why[256];
-    int64_t version = 0;
-    int queued = 0;
-    int rc = ps_shard_await(u->shard, r->key, r->chunk, want, r, &queued, &version, why,
-                            sizeof why);
-    if (rc)
-        upd_error(u, r, rc, why);
-    else if (queued == 1)
-        u->spare = NULL;
-    else if (queued == 0)
-        upd_ack(u, r, version);
-}
-
-static void upd_request(updater *u, const ps_header *h, zmq_msg_t *id, zmq_msg_t *pl)
-{
-    if (!u->spare) {
-        u->spare = calloc(1, sizeof *u->spare);
-        if (!u->spare) {
-            ps_error("update thread %d: out of memory; dropped a %s", u->idx,
-                     ps_msg_type_name(h->type));
-            return;
-        }
-        zmq_msg_init(&u->spare->id);
-    }
-    req_ctx *r = u->spare;
-    zmq_msg_move(&r->id, id);
-    r->seq = h->seq;
-    r->rank = h->rank;
-    r->type = h->type;
-    r->key = h->key;
-    r->chunk = h->chunk;
-    r->step = h->step;
-    r->t_arrive = u->srv->trace ? ps_now_ns() : 0;
-    char why[256];
-    int64_t version = 0;
-    int rc;
-    switch (h->type) {
-    case PS_MSG_INIT:
-        rc = ps_shard_init(u->shard, h->key, h->chunk, zmq_msg_data(pl), (size_t)h->count,
-                           h->total, &version, why, sizeof why);
-        if (rc)
-            upd_error(u, r, rc, why);
-        else
-            upd_ack(u, r, version);
-        break;
-    case PS_MSG_PUSH:
-    case PS_MSG_PUSHPULL: {
-        hold *g = calloc(1, sizeof *g);
-        if (!g) {
-            upd_error(u, r, PS_ENOMEM, "out of memory receiving a push");
-            break;
-        }
-        zmq_msg_init(&g->msg);
-        zmq_msg_move(&g->msg, pl);
-        void *data = zmq_msg_data(&g->msg);
-        size_t bytes = zmq_msg_size(&g->msg);
-        if ((uintptr_t)data % sizeof(float)) {
-            /* small frames can sit unaligned in ZeroMQ's receive buffer */
-            g->copy = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-            if (!g->copy) {
-                hold_free(g);
-                upd_error(u, r, PS_ENOMEM, "out of memory receiving a push");
-                break;
-            }
-            memcpy(g->copy, data, bytes);
-            zmq_msg_close(&g->msg);
-            zmq_msg_init(&g->msg);
-            g->g = g->copy;
-        } else {
-            g->g = data;
-        }
-        int kept = 0, dup = 0;
-        rc = ps_shard_push(u->shard, h->key, h->chunk, h->rank, h->step, g->g, (size_t)h->count,
-                           g, &kept, &dup, &version, why, sizeof why);
-        if (!kept)
-            hold_free(g);
-        if (rc) {
-            upd_error(u, r, rc, why);
-            break;
-        }
-        if (dup)
-            ps_debug("duplicate push from worker %d, key %llu chunk %u step %lld: dropped",
-                     h->rank, (unsigned long long)h->key, h->chunk, (long long)h->step);
-        uint64_t ff = ps_shard_fast_forwards(u->shard);
-        if (ff != u->ff_seen && ps_rlimit_allow(&u->rl)) {
-            ps_warn("key %llu chunk %u: worker %d pushed step %lld, beyond the round of the "
-                    "restored checkpoint; skipped to it (%llu round(s) in all were lost with "
-                    "the old process; a checkpoint every round loses none)",
-                    (unsigned long long)h->key, h->chunk, h->rank, (long long)h->step,
-                    (unsigned long long)ff);
-            u->ff_seen = ff;
-        }
-        if (h->type == PS_MSG_PUSHPULL)
-            upd_pull(u, r, h->step + 1);
-        else if (u->srv->defer_acks)
-            upd_await(u, r, h->step + 1);
-        else
-            upd_ack(u, r, version);
-        break;
-    }
-    case PS_MSG_PULL:
-        upd_pull(u, r, h->step);
-        break;
-    default:
-        upd_error(u, r, PS_EPROTO, "internal: request type not handled by update threads");
-        break;
-    }
-    if (u->spare) { /* not queued: ready for the next request */
-        zmq_msg_close(&u->spare->id);
-        zmq_msg_init(&u->spare->id);
-    }
-}
-
-static void upd_stats(updater *u, ps_stats *st)
-{
-    ps_shard_stats(u->shard, st);
-    st->bytes_out = u->bytes_out;
-    st->errors = u->errors;
-}
-
-static void upd_send_stats(updater *u, char tag, uint64_t token, const ps_stats *st)
-{
-    ps_stats_frame of = {token, *st};
-    zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
-    zmq_send(u->pair, &of, sizeof of, 0);
-}
-
-/* PS_CMD_CKPT: serialize every chunk now, between two requests, so each chunk is
- * in the checkpoint with whole updates only; the I/O thread takes the buffer. */
-static void upd_checkpoint(updater *u, uint64_t token)
-{
-    int64_t t0 = ps_now_ns();
-    ps_ckpt_frame cf;
-    memset(&cf, 0, sizeof cf);
-    cf.token = token;
-    cf.rc = ps_ckpt_serialize(u->shard, u->srv->cfg.mode, u->srv->cfg.num_workers, &cf.part);
-    char tag = PS_OUT_CKPT;
-    zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
-    zmq_send(u->pair, &cf, sizeof cf, 0);
-    if (u->srv->trace)
-        ps_trace_event(u->srv->trace, "snapshot", "checkpoint", 1 + u->idx, t0, ps_now_ns(),
-                       (int64_t)token, -1);
-}
-
-/* Tell the I/O thread when this thread's lowest chunk version moved (it
- * decides on round-based checkpoints from the lowest over all threads). */
-static void upd_progress(updater *u)
-{
-    int have;
-    int64_t m = ps_shard_min_version(u->shard, &have);
-    if (m == u->reported_min && have == u->reported_have)
-        return;
-    u->reported_min = m;
-    u->reported_have = have;
-    ps_progress_frame pf = {m, have};
-    char tag = PS_OUT_PROGRESS;
-    zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
-    zmq_send(u->pair, &pf, sizeof pf, 0);
-}
-
-static void *upd_main(void *arg)
-{
-    updater *u = arg;
-    int stop = 0;
-    while (!stop) {
-        zmq_msg_t m, id, pl;
-        if (ps_zmsg_recv(u->pair, &m, 0) < 0) {
-            if (errno == EINTR)
-                continue;
-            ps_error("update thread %d: receive failed: %s", u->idx, zmq_strerror(errno));
-            break;
-        }
-        zmq_msg_init(&id);
-        zmq_msg_init(&pl);
-        int more = zmq_msg_more(&m);
-        for (int i = 0; more; i++) {
-            zmq_msg_t *dst = i == 0 ? &id : &pl, extra;
-            if (i >= 2) {
-                zmq_msg_init(&extra);
-                dst = &extra;
-            }
-            if (zmq_msg_recv(dst, u->pair, 0) < 0)
-                break;
-            more = zmq_msg_more(dst);
-            if (i >= 2)
-                zmq_msg_close(&extra);
-        }
-        ps_cmd_frame cf;
-        if (zmq_msg_size(&m) == sizeof cf) {
-            memcpy(&cf, zmq_msg_data(&m), sizeof cf);
-            if (cf.cmd == PS_CMD_REQ) {
-                upd_request(u, &cf.h, &id, &pl);
-            } else if (cf.cmd == PS_CMD_STATS) {
-                ps_stats st;
-                upd_stats(u, &st);
-                upd_send_stats(u, PS_OUT_STATS, cf.token, &st);
-            } else if (cf.cmd == PS_CMD_STOP) {
-                stop = 1;
-            } else if (cf.cmd == PS_CMD_CKPT) {
-                upd_checkpoint(u, cf.token);
-            } else if (cf.cmd == PS_CMD_LIVE) {
-                ps_shard_set_live(u->shard, cf.h.rank, (int)cf.token);
-            }
-            if (u->srv->report_progress && !stop)
-                upd_progress(u);
-        }
-        zmq_msg_close(&m);
-        zmq_msg_close(&id);
-        zmq_msg_close(&pl);
-    }
-    ps_stats st;
-    upd_stats(u, &st);
-    uint64_t spares, spare_bytes, copies;
-    ps_shard_buffer_counts(u->shard, &spares, &spare_bytes, &copies);
-    if (spares || copies)
-        ps_debug("update thread %d: %llu spare weight buffers (%.1f MiB) let updates go out of "
-                 "place while pull replies were in flight; %llu replies were copies (every "
-                 "buffer of their chunk held, or --max-memory reached)", u->idx,
-                 (unsigned long long)spares, (double)spare_bytes / 1048576.0,
-                 (unsigned long long)copies);
-    /* answers queued pulls with PS_ECLOSED, frees kept gradients; a weight
-     * buffer a reply in flight still holds is freed when ZeroMQ releases it */
-    ps_shard_destroy(u->shard);
-    u->shard = NULL;
-    st.errors = u->errors;
-    req_free(u->spare);
-    u->spare = NULL;
-    ps_rlimit_flush(&u->rl, ps_now_ns(), 1);
-    upd_send_stats(u, PS_OUT_STOPPED, 0, &st);
-    return NULL;
 }
 
 /* ================= I/O thread ================= */
@@ -1518,8 +1078,8 @@ static void ck_maybe(ps_server *s, int64_t now)
         int have = 0;
         int64_t gmin = 0;
         for (int i = 0; i < s->cfg.threads; i++)
-            if (s->upd[i].have_min && (!have || s->upd[i].min_version < gmin)) {
-                gmin = s->upd[i].min_version;
+            if (s->own[i].have_min && (!have || s->own[i].min_version < gmin)) {
+                gmin = s->own[i].min_version;
                 have = 1;
             }
         if (have && gmin >= s->ck_last_round + s->cfg.checkpoint_every) {
@@ -1539,7 +1099,7 @@ static void ck_maybe(ps_server *s, int64_t now)
 }
 
 /* Take everything update thread i has sent.  Its last message (its final
- * counters) sets upd[i].stopped. */
+ * counters) sets own[i].stopped. */
 static void io_read_pair(ps_server *s, int i)
 {
     for (int b = 0; b < IO_BATCH * 4; b++) {
@@ -1612,13 +1172,13 @@ static void io_read_pair(ps_server *s, int i)
             if (got)
                 ck_part(s, i, &u.cf);
         } else if (t == PS_OUT_PROGRESS) {
-            s->upd[i].min_version = u.pf.min_version;
-            s->upd[i].have_min = u.pf.have;
+            s->own[i].min_version = u.pf.min_version;
+            s->own[i].have_min = u.pf.have;
         } else if (t == PS_OUT_STATS) {
             stats_part(s, &u.of);
         } else if (t == PS_OUT_STOPPED) {
-            s->upd[i].final = u.of.st;
-            s->upd[i].stopped = 1;
+            s->own[i].final = u.of.st;
+            s->own[i].stopped = 1;
             if (!s->stopping) {
                 ps_error("update thread %d stopped unexpectedly; shutting down", i);
                 s->stopping = 1;
@@ -1658,14 +1218,14 @@ static void stop_threads(ps_server *s)
         abort();
     }
     for (int i = 0; i < T; i++)
-        if (!s->upd[i].stopped)
+        if (!s->own[i].stopped)
             send_cmd(s, i, PS_CMD_STOP, 0, NULL, NULL, NULL);
     for (;;) {
         int left = 0;
         for (int i = 0; i < T; i++) {
-            left += !s->upd[i].stopped;
+            left += !s->own[i].stopped;
             items[i].socket = s->pairs[i];
-            items[i].events = (short)(s->upd[i].stopped ? 0
+            items[i].events = (short)(s->own[i].stopped ? 0
                                       : ZMQ_POLLIN | (s->out[i].head ? ZMQ_POLLOUT : 0));
             items[i].revents = 0;
         }
@@ -1676,7 +1236,7 @@ static void stop_threads(ps_server *s)
             abort();
         }
         for (int i = 0; i < T; i++) {
-            if (s->upd[i].stopped)
+            if (s->own[i].stopped)
                 continue;
             if (s->out[i].head)
                 flush_outbox(s, i);
@@ -1684,15 +1244,14 @@ static void stop_threads(ps_server *s)
         }
     }
     for (int i = 0; i < T; i++) {
-        if (s->upd[i].started)
-            pthread_join(s->upd[i].tid, NULL);
-        s->upd[i].started = 0;
+        ps_updater_join(s->own[i].upd);
+        s->own[i].started = 0;
     }
     s->threads_running = 0;
     int have = 0;
     memset(&s->totals, 0, sizeof s->totals);
     for (int i = 0; i < T; i++)
-        add_stats(&s->totals, &have, &s->upd[i].final);
+        add_stats(&s->totals, &have, &s->own[i].final);
     s->totals.errors += s->io_errors;
     s->totals.workers_seen = (uint64_t)s->workers_seen;
     free(items);
@@ -1777,7 +1336,7 @@ static void ck_wait_idle(ps_server *s)
     zmq_pollitem_t items[PS_SERVER_MAX_THREADS + 1];
     while (s->ck_state != CK_IDLE) {
         for (int i = 0; i < T; i++) {
-            if (s->upd[i].stopped && s->ck_state == CK_SNAP) {
+            if (s->own[i].stopped && s->ck_state == CK_SNAP) {
                 ps_error("checkpoint %llu abandoned: update thread %d is gone",
                          (unsigned long long)s->ck_token, i);
                 ck_free_parts(s->ck_parts, T);
@@ -1813,7 +1372,7 @@ static void ck_final(ps_server *s)
     s->stopping = 1;
     ck_wait_idle(s);
     for (int i = 0; i < s->cfg.threads; i++)
-        if (s->upd[i].stopped)
+        if (s->own[i].stopped)
             return;
     if (s->mut == s->ck_last_mut)
         return;
@@ -1951,11 +1510,8 @@ void ps_server_close(ps_server *s)
             free(m);
         }
     }
-    for (int i = 0; i < s->cfg.threads && s->upd; i++) {
-        if (s->upd[i].pair)
-            zmq_close(s->upd[i].pair);
-        ps_shard_destroy(s->upd[i].shard);
-    }
+    for (int i = 0; i < s->cfg.threads && s->own; i++)
+        ps_updater_destroy(s->own[i].upd);
     for (int i = 0; i < s->cfg.threads && s->pairs; i++)
         if (s->pairs[i])
             zmq_close(s->pairs[i]);
@@ -1980,7 +1536,7 @@ void ps_server_close(ps_server *s)
         for (int i = 0; i < s->cfg.num_workers; i++)
             free(s->workers[i]);
     free(s->workers);
-    free(s->upd);
+    free(s->own);
     free(s->pairs);
     free(s->out);
     free(s->timeline_path);
@@ -2035,7 +1591,7 @@ static int restore(ps_server *s, char *why, size_t why_len)
         ps_shard_chunk_view v;
         while (ps_ckpt_next_chunk(&f, &off, &v)) {
             int owner = ps_server_owner(v.key, v.chunk, T);
-            rc = ps_shard_restore_chunk(s->upd[owner].shard, &v, msg, sizeof msg);
+            rc = ps_shard_restore_chunk(ps_updater_shard(s->own[owner].upd), &v, msg, sizeof msg);
             if (rc) {
                 ps_errorf(why, why_len, "--restore: %s: %s", path, msg);
                 ps_ckpt_file_free(&f);
@@ -2043,7 +1599,7 @@ static int restore(ps_server *s, char *why, size_t why_len)
                 return rc == PS_EMISMATCH ? PS_EDATA : rc;
             }
         }
-        ps_shard_add_counters(s->upd[0].shard, &m->counters);
+        ps_shard_add_counters(ps_updater_shard(s->own[0].upd), &m->counters);
         s->model_fp = m->model_fp;
         int64_t now = ps_now_ns();
         for (int r = 0; r < s->cfg.num_workers; r++) {
@@ -2062,9 +1618,8 @@ static int restore(ps_server *s, char *why, size_t why_len)
         }
         for (int t = 0; t < T; t++) {
             int have;
-            int64_t mv = ps_shard_min_version(s->upd[t].shard, &have);
-            s->upd[t].min_version = s->upd[t].reported_min = mv;
-            s->upd[t].have_min = s->upd[t].reported_have = have;
+            s->own[t].min_version = ps_shard_min_version(ps_updater_shard(s->own[t].upd), &have);
+            s->own[t].have_min = have;
         }
         s->ck_last_round = s->ck_prev_round = m->min_version;
         s->durable_round = m->min_version;
@@ -2121,12 +1676,12 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     atomic_init(&s->mem_used, 0);
     int T = c->threads;
     s->workers = calloc((size_t)c->num_workers, sizeof *s->workers);
-    s->upd = calloc((size_t)T, sizeof *s->upd);
+    s->own = calloc((size_t)T, sizeof *s->own);
     s->pairs = calloc((size_t)T, sizeof *s->pairs);
     s->out = calloc((size_t)T, sizeof *s->out);
     s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     s->ctx = zmq_ctx_new();
-    if (fail || !s->workers || !s->upd || !s->pairs || !s->out || s->efd < 0 || !s->ctx) {
+    if (fail || !s->workers || !s->own || !s->pairs || !s->out || s->efd < 0 || !s->ctx) {
         ps_errorf(why, why_len, "out of memory or descriptors starting the server");
         ps_server_close(s);
         return PS_ENOMEM;
@@ -2189,31 +1744,38 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     sc.opt = c->opt;
     sc.max_memory = c->max_memory;
     sc.mem_used = &s->mem_used;
+    ps_updater_config uc;
+    memset(&uc, 0, sizeof uc);
+    uc.mode = c->mode;
+    uc.num_workers = c->num_workers;
+    uc.trace = s->trace;
+    uc.hold_inits = s->ck_on;
+    uc.durable = s->durable;
+    uc.defer_acks = s->defer_acks;
+    uc.report_progress = s->report_progress;
     for (int i = 0; i < T; i++) {
-        updater *u = &s->upd[i];
-        u->srv = s;
-        u->idx = i;
-        ps_shard_hooks hk = {u, hook_release, hook_ready, hook_cancel};
         char ep[64];
         snprintf(ep, sizeof ep, "inproc://ps-update-%d", i);
         s->pairs[i] = zmq_socket(s->ctx, ZMQ_PAIR);
-        u->pair = zmq_socket(s->ctx, ZMQ_PAIR);
-        if (!s->pairs[i] || !u->pair || set_int(s->pairs[i], ZMQ_LINGER, 0) ||
-            set_int(u->pair, ZMQ_LINGER, 0) || set_int(s->pairs[i], ZMQ_SNDHWM, PAIR_HWM) ||
-            set_int(s->pairs[i], ZMQ_RCVHWM, PAIR_HWM) || set_int(u->pair, ZMQ_SNDHWM, PAIR_HWM) ||
-            set_int(u->pair, ZMQ_RCVHWM, PAIR_HWM) || zmq_bind(s->pairs[i], ep) != 0 ||
-            zmq_connect(u->pair, ep) != 0) {
+        void *pair = zmq_socket(s->ctx, ZMQ_PAIR);
+        if (!s->pairs[i] || !pair || set_int(s->pairs[i], ZMQ_LINGER, 0) ||
+            set_int(pair, ZMQ_LINGER, 0) || set_int(s->pairs[i], ZMQ_SNDHWM, PAIR_HWM) ||
+            set_int(s->pairs[i], ZMQ_RCVHWM, PAIR_HWM) || set_int(pair, ZMQ_SNDHWM, PAIR_HWM) ||
+            set_int(pair, ZMQ_RCVHWM, PAIR_HWM) || zmq_bind(s->pairs[i], ep) != 0 ||
+            zmq_connect(pair, ep) != 0) {
             ps_errorf(why, why_len, "cannot set up %s: %s", ep, zmq_strerror(errno));
+            if (pair)
+                zmq_close(pair);
             ps_server_close(s);
             return PS_EIO;
         }
-        if ((rc = ps_shard_create(&sc, &hk, &u->shard)) != 0) {
+        uc.idx = i;
+        if ((rc = ps_updater_create(&uc, &sc, pair, &s->own[i].upd)) != 0) {
             ps_errorf(why, why_len, "cannot create the shard store: %s", ps_strerror(rc));
+            zmq_close(pair);
             ps_server_close(s);
             return rc;
         }
-        ps_shard_set_trace(u->shard, s->trace, 1 + i);
-        ps_shard_set_merge(u->shard, hook_merge);
     }
     if (c->restore && (rc = restore(s, why, why_len)) != 0) {
         ps_server_close(s);
@@ -2278,7 +1840,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         sigaddset(&all, sigs[k]);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     for (int i = 0; i < T; i++) {
-        if (pthread_create(&s->upd[i].tid, NULL, upd_main, &s->upd[i]) != 0) {
+        if (ps_updater_start(s->own[i].upd) != 0) {
             pthread_sigmask(SIG_SETMASK, &old, NULL);
             ps_errorf(why, why_len, "cannot start update thread %d", i);
             s->threads_running = 1;
@@ -2288,7 +1850,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
             ps_server_close(s);
             return PS_ENOMEM;
         }
-        s->upd[i].started = 1;
+        s->own[i].started = 1;
     }
     if (s->ck_on) {
         pthread_mutex_init(&s->wr.mu, NULL);
