@@ -11,7 +11,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "checkpoint.h"
+#include "ckpt_coord.h"
 #include "ps_curve.h"
 #include "ps_error.h"
 #include "ps_fs.h"
@@ -40,10 +40,6 @@
 #define PAIR_HWM 128
 /* Barrier ids remembered after completion, so a resent barrier is answered. */
 #define DONE_BARRIERS 16
-/* Trace lanes: update thread i is 1 + i; the checkpoint writer has its own. */
-#define TID_CKPT 999
-/* After a failed checkpoint write, wait this long before the next try. */
-#define CKPT_RETRY_NS 1000000000LL
 
 /* The I/O thread's side of one update thread. */
 typedef struct owner {
@@ -52,9 +48,6 @@ typedef struct owner {
     /* set when the thread's final counters arrive */
     int stopped;
     ps_stats final;
-    /* this owner's lowest chunk version, as last reported */
-    int64_t min_version;
-    int have_min;
 } owner;
 
 /* ---- I/O thread state ---- */
@@ -76,37 +69,6 @@ typedef struct worker_info {
     int silent;      /* PS_LOSS_WAIT: its silence was logged */
     int dropped;     /* PS_LOSS_DROP: out of the live set until it says hello */
 } worker_info;
-
-/* A reply held until a checkpoint makes it durable: a version (durable
- * rounds), or a new chunk (init: `version` is then the sequence number of the
- * first checkpoint that will hold it). */
-typedef struct heldmsg {
-    struct heldmsg *next;
-    int by_seq;
-    int64_t version;
-    int nf;
-    zmq_msg_t f[3];
-} heldmsg;
-
-enum { CK_IDLE = 0, CK_SNAP = 1, CK_WRITE = 2 };
-
-/* The checkpoint writer thread and the one job it may have. */
-typedef struct ckpt_writer {
-    pthread_t tid;
-    int started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int stop, have_job, efd;
-    /* the job (owned by the writer while have_job) and its result */
-    ps_ckpt_meta meta;
-    uint8_t *hello;
-    ps_ckpt_part *parts;
-    int nparts;
-    int rc;
-    uint64_t bytes;
-    int64_t t0, t1;
-    char path[1024], why[512];
-} ckpt_writer;
 
 typedef struct bwait {
     zmq_msg_t id;
@@ -167,23 +129,9 @@ struct ps_server {
     int64_t done_barriers[DONE_BARRIERS];
     int ndone_barriers, done_next;
     /* checkpoints */
-    int ck_on, defer_acks, durable, report_progress;
-    int ck_state;
-    uint64_t ck_seq;          /* sequence number of the next checkpoint */
-    uint64_t ck_token;        /* the snapshot being collected */
-    ps_ckpt_part *ck_parts;
-    int ck_got, ck_failed;
-    int64_t ck_last_round;    /* sync: lowest version when the last one was taken */
-    int64_t ck_prev_round;    /* ck_last_round before that, to try again after a failure */
-    uint64_t mut, ck_last_mut;/* inits and pushes forwarded: now, at the last one */
-    int ck_written;
-    uint64_t ck_count;
-    int64_t ck_last_ns, ck_retry_ns, ck_info_ns;
-    int64_t durable_round;    /* durable rounds: versions up to it are on disk */
-    heldmsg *held_head, *held_tail;
-    size_t nheld, nheld_init;
-    uint64_t ck_written_seq;  /* the last checkpoint written */
-    ckpt_writer wr;
+    ps_ckpt_coord *ck;
+    uint8_t *hello;          /* per rank: said hello (to this process, or the restored one) */
+    uint64_t mut;            /* inits and pushes forwarded to the owners */
 };
 
 int ps_server_owner(uint64_t key, uint32_t chunk, int threads)
@@ -275,6 +223,16 @@ static ps_hello my_hello(const ps_server *s)
 }
 
 /* ================= I/O thread ================= */
+
+/* From here on no checkpoint is started by schedule, and one that completes
+ * is written at once (the last one at stop). */
+static void set_stopping(ps_server *s)
+{
+    s->stopping = 1;
+    if (s->ck)
+        ps_ckpt_coord_stopping(s->ck);
+}
+
 
 static void io_send(ps_server *s, zmq_msg_t *id, const ps_header *h)
 {
@@ -449,6 +407,7 @@ static void io_hello(ps_server *s, zmq_msg_t *id, const ps_header *h)
                 return;
             }
             s->workers[h->rank] = wi;
+            s->hello[h->rank] = 1;
             s->workers_seen++;
             ps_info("hello from worker %d (identity %s), %d of %d workers", h->rank, hex,
                     s->workers_seen, s->cfg.num_workers);
@@ -807,7 +766,7 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         ps_reply_header(&r, PS_MSG_SHUTDOWN, h.seq, h.rank, h.key, h.chunk, h.step);
         io_send(s, &f[0], &r);
         ps_info("shutdown requested by rank %d", h.rank);
-        s->stopping = 1;
+        set_stopping(s);
         return;
     }
     default:
@@ -836,266 +795,32 @@ static int io_read_router(ps_server *s)
     return 0;
 }
 
-/* ================= durable rounds: held replies ================= */
+/* ================= checkpoints: what the coordinator asks to send ================= */
 
-static void held_send(ps_server *s, heldmsg *m)
+
+/* Put the replies a checkpoint made durable on the ROUTER, in arrival order. */
+static void send_released(ps_server *s, ps_held_reply *m)
 {
-    ps_zmsg_send_all(s->router, m->f, m->nf, ZMQ_DONTWAIT);
-    ps_zmsg_close_all(m->f, m->nf);
-    free(m);
+    while (m) {
+        ps_held_reply *next = m->next;
+        ps_zmsg_send_all(s->router, m->f, m->nf, ZMQ_DONTWAIT);
+        ps_held_reply_free(m);
+        m = next;
+    }
 }
 
-/* Send, in arrival order, every held reply that is now on disk. */
-static void flush_held(ps_server *s)
+/* A snapshot starts: every owner serializes its chunks when this reaches it. */
+static void send_ckpt(ps_server *s, uint64_t token)
 {
-    heldmsg **pp = &s->held_head, *last = NULL;
-    while (*pp) {
-        heldmsg *m = *pp;
-        if (m->by_seq ? (uint64_t)m->version <= s->ck_written_seq
-                      : m->version <= s->durable_round) {
-            *pp = m->next;
-            s->nheld--;
-            s->nheld_init -= (size_t)m->by_seq;
-            held_send(s, m);
-        } else {
-            last = m;
-            pp = &m->next;
-        }
-    }
-    s->held_tail = last;
+    for (int i = 0; i < s->cfg.threads; i++)
+        send_cmd(s, i, PS_CMD_CKPT, token, NULL, NULL, NULL);
 }
 
-static void drop_held(ps_server *s)
-{
-    while (s->held_head) {
-        heldmsg *m = s->held_head;
-        s->held_head = m->next;
-        ps_zmsg_close_all(m->f, m->nf);
-        free(m);
-    }
-    s->held_tail = NULL;
-    s->nheld = 0;
-    s->nheld_init = 0;
-}
-
-/* ================= checkpoints (I/O thread side) ================= */
-
-static void ck_free_parts(ps_ckpt_part *parts, int n)
-{
-    for (int i = 0; parts && i < n; i++)
-        free(parts[i].buf);
-    free(parts);
-}
-
-/* Take a snapshot: every owner serializes its chunks when PS_CMD_CKPT reaches it. */
-static void ck_start(ps_server *s, int64_t now)
-{
-    int T = s->cfg.threads;
-    s->ck_parts = calloc((size_t)T, sizeof *s->ck_parts);
-    if (!s->ck_parts) {
-        ps_error("out of memory starting checkpoint %llu", (unsigned long long)s->ck_seq);
-        s->ck_retry_ns = now + CKPT_RETRY_NS;
-        return;
-    }
-    s->ck_state = CK_SNAP;
-    s->ck_token = s->ck_seq++;
-    s->ck_got = 0;
-    s->ck_failed = 0;
-    s->ck_last_mut = s->mut;
-    s->ck_last_ns = now;
-    for (int i = 0; i < T; i++)
-        send_cmd(s, i, PS_CMD_CKPT, s->ck_token, NULL, NULL, NULL);
-}
-
-/* The writer's work: runs on the writer thread, or on the I/O thread for the
- * last checkpoint at stop. */
-static void ck_write_job(ps_server *s)
-{
-    ckpt_writer *w = &s->wr;
-    w->t0 = ps_now_ns();
-    w->why[0] = 0;
-    w->rc = ps_ckpt_write(s->ckpt_dir, &w->meta, w->parts, w->nparts, PS_CKPT_KEEP, w->path,
-                          sizeof w->path, &w->bytes, w->why, sizeof w->why);
-    w->t1 = ps_now_ns();
-}
-
-/* A write finished: log it, and with durable rounds let the replies go. */
-static void ck_done(ps_server *s)
-{
-    ckpt_writer *w = &s->wr;
-    if (w->started) { /* the writer's results happen-before this read */
-        pthread_mutex_lock(&w->mu);
-        pthread_mutex_unlock(&w->mu);
-    }
-    int64_t now = ps_now_ns();
-    if (w->rc) {
-        ps_error("checkpoint %llu failed: %s; training goes on, the next try is in 1 s",
-                 (unsigned long long)w->meta.seq, w->why);
-        s->ck_retry_ns = now + CKPT_RETRY_NS;
-        s->ck_last_mut = 0; /* still to do */
-        s->ck_last_round = s->ck_prev_round;
-    } else {
-        s->ck_written = 1;
-        s->ck_count++;
-        double ms = (double)(w->t1 - w->t0) * 1e-6;
-        /* one info line per 10 s at most: a checkpoint per round is common */
-        if (now - s->ck_info_ns >= 10000000000LL || s->stopping) {
-            ps_info("checkpoint %llu written: %s, %llu chunks, versions %lld..%lld, %.1f MiB "
-                    "in %.1f ms (%llu written so far)",
-                    (unsigned long long)w->meta.seq, w->path,
-                    (unsigned long long)w->meta.nchunks, (long long)w->meta.min_version,
-                    (long long)w->meta.max_version, (double)w->bytes / 1048576.0, ms,
-                    (unsigned long long)s->ck_count);
-            s->ck_info_ns = now;
-        } else {
-            ps_debug("checkpoint %llu written: %s (%.1f ms)", (unsigned long long)w->meta.seq,
-                     w->path, ms);
-        }
-        if (s->trace)
-            ps_trace_event(s->trace, "write", "checkpoint", TID_CKPT, w->t0, w->t1,
-                           (int64_t)w->meta.seq, -1);
-        if (w->meta.nchunks && w->meta.min_version > s->durable_round)
-            s->durable_round = w->meta.min_version;
-        s->ck_written_seq = w->meta.seq;
-        flush_held(s);
-    }
-    ck_free_parts(w->parts, w->nparts);
-    free(w->hello);
-    w->parts = NULL;
-    w->hello = NULL;
-    s->ck_state = CK_IDLE;
-}
-
-/* Every owner's part is in: describe the server and hand it all to the writer
- * (at stop, write it here and now). */
-static void ck_submit(ps_server *s)
-{
-    int T = s->cfg.threads, W = s->cfg.num_workers;
-    ckpt_writer *w = &s->wr;
-    if (s->ck_failed) {
-        ps_error("checkpoint %llu: out of memory serializing the chunks; the next try is in 1 s",
-                 (unsigned long long)s->ck_token);
-        ck_free_parts(s->ck_parts, T);
-        s->ck_parts = NULL;
-        s->ck_state = CK_IDLE;
-        s->ck_retry_ns = ps_now_ns() + CKPT_RETRY_NS;
-        s->ck_last_mut = 0;
-        s->ck_last_round = s->ck_prev_round;
-        return;
-    }
-    ps_ckpt_meta *m = &w->meta;
-    memset(m, 0, sizeof *m);
-    m->seq = s->ck_token;
-    m->rank = s->cfg.rank;
-    m->num_servers = s->cfg.num_servers;
-    m->num_workers = W;
-    m->mode = s->cfg.mode;
-    m->max_staleness = s->cfg.max_staleness;
-    m->opt = s->cfg.opt;
-    m->config_fp = ps_ckpt_config_fp(m->rank, m->num_servers, W, m->mode, m->max_staleness,
-                                     &m->opt);
-    m->model_fp = s->model_fp;
-    w->hello = calloc((size_t)W, 1);
-    for (int r = 0; w->hello && r < W; r++)
-        w->hello[r] = s->workers[r] != NULL;
-    m->hello = w->hello;
-    for (int i = 0; i < T; i++) {
-        const ps_ckpt_part *p = &s->ck_parts[i];
-        if (p->nchunks) {
-            if (!m->nchunks || p->min_version < m->min_version)
-                m->min_version = p->min_version;
-            if (!m->nchunks || p->max_version > m->max_version)
-                m->max_version = p->max_version;
-        }
-        m->nchunks += p->nchunks;
-        m->counters.pushes += p->counters.pushes;
-        m->counters.pulls += p->counters.pulls;
-        m->counters.inits += p->counters.inits;
-        m->counters.updates += p->counters.updates;
-        m->counters.dup_dropped += p->counters.dup_dropped;
-        m->counters.bytes_in += p->counters.bytes_in;
-    }
-    w->parts = s->ck_parts;
-    w->nparts = T;
-    s->ck_parts = NULL;
-    s->ck_state = CK_WRITE;
-    if (s->stopping || !w->started) {
-        ck_write_job(s);
-        ck_done(s);
-        return;
-    }
-    pthread_mutex_lock(&w->mu);
-    w->have_job = 1;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
-static void ck_part(ps_server *s, int i, ps_ckpt_frame *cf)
-{
-    if (s->ck_state != CK_SNAP || cf->token != s->ck_token || s->ck_parts[i].buf) {
-        free(cf->part.buf); /* not the snapshot being collected */
-        return;
-    }
-    if (cf->rc)
-        s->ck_failed = 1;
-    s->ck_parts[i] = cf->part;
-    if (++s->ck_got == s->cfg.threads)
-        ck_submit(s);
-}
-
-static void *writer_main(void *arg)
-{
-    ps_server *s = arg;
-    ckpt_writer *w = &s->wr;
-    pthread_mutex_lock(&w->mu);
-    for (;;) {
-        while (!w->have_job && !w->stop)
-            pthread_cond_wait(&w->cv, &w->mu);
-        if (w->stop)
-            break;
-        pthread_mutex_unlock(&w->mu);
-        ck_write_job(s);
-        pthread_mutex_lock(&w->mu);
-        w->have_job = 0;
-        uint64_t one = 1;
-        ssize_t r = write(w->efd, &one, sizeof one); /* wakes the I/O thread: ck_done */
-        (void)r;
-    }
-    pthread_mutex_unlock(&w->mu);
-    return NULL;
-}
-
-/* Is a checkpoint due?  Round-based (sync): the lowest version over every
- * owner went up checkpoint_every since the last one; count-based (async):
- * that many pushes came in; time-based: that long passed and something
- * changed. */
 static void ck_maybe(ps_server *s, int64_t now)
 {
-    if (!s->ck_on || s->ck_state != CK_IDLE || s->stopping || now < s->ck_retry_ns)
-        return;
-    int due = s->nheld_init > 0; /* new chunks: their init acknowledgements wait */
-    if (s->cfg.checkpoint_every > 0 && s->cfg.mode == PS_MODE_SYNC) {
-        int have = 0;
-        int64_t gmin = 0;
-        for (int i = 0; i < s->cfg.threads; i++)
-            if (s->own[i].have_min && (!have || s->own[i].min_version < gmin)) {
-                gmin = s->own[i].min_version;
-                have = 1;
-            }
-        if (have && gmin >= s->ck_last_round + s->cfg.checkpoint_every) {
-            s->ck_prev_round = s->ck_last_round;
-            s->ck_last_round = gmin;
-            due = 1;
-        }
-    } else if (s->cfg.checkpoint_every > 0 &&
-               s->mut - s->ck_last_mut >= (uint64_t)s->cfg.checkpoint_every) {
-        due = 1;
-    }
-    if (!due && s->cfg.checkpoint_every_ms > 0 && s->mut != s->ck_last_mut &&
-        now - s->ck_last_ns >= (int64_t)s->cfg.checkpoint_every_ms * 1000000LL)
-        due = 1;
-    if (due)
-        ck_start(s, now);
+    uint64_t token;
+    if (!s->stopping && ps_ckpt_coord_due(s->ck, now, s->mut, &token))
+        send_ckpt(s, token);
 }
 
 /* Take everything update thread i has sent.  Its last message (its final
@@ -1114,27 +839,12 @@ static void io_read_pair(ps_server *s, int i)
             memcpy(&version, td + 1, sizeof version);
         int more = zmq_msg_more(&tag);
         zmq_msg_close(&tag);
-        int by_seq = t == PS_OUT_INIT;
-        if (by_seq)
-            version = (int64_t)s->ck_seq; /* the next snapshot holds the chunk */
-        if (by_seq || (t == PS_OUT_HELD && version > s->durable_round)) {
-            /* durable rounds: keep [identity, header, payload?] until a checkpoint
-             * holds this version */
-            heldmsg *m = calloc(1, sizeof *m);
+        ps_held_reply *m;
+        if ((t == PS_OUT_HELD || t == PS_OUT_INIT) && ps_ckpt_coord_hold(s->ck, t, version, &m)) {
+            /* [identity, header, payload?] wait until a checkpoint holds them */
             ps_zmsg_recv_rest(s->pairs[i], more, m ? m->f : NULL, m ? &m->nf : NULL, 3);
-            if (!m) {
+            if (!m)
                 ps_error("out of memory holding a reply; dropped (the worker resends)");
-                continue;
-            }
-            m->version = version;
-            m->by_seq = by_seq;
-            s->nheld_init += (size_t)by_seq;
-            if (s->held_tail)
-                s->held_tail->next = m;
-            else
-                s->held_head = m;
-            s->held_tail = m;
-            s->nheld++;
             continue;
         }
         if (t == PS_OUT_REPLY || t == PS_OUT_HELD || t == PS_OUT_INIT) {
@@ -1170,10 +880,9 @@ static void io_read_pair(ps_server *s, int i)
         }
         if (t == PS_OUT_CKPT) {
             if (got)
-                ck_part(s, i, &u.cf);
+                send_released(s, ps_ckpt_coord_part(s->ck, i, &u.cf, s->model_fp, s->hello));
         } else if (t == PS_OUT_PROGRESS) {
-            s->own[i].min_version = u.pf.min_version;
-            s->own[i].have_min = u.pf.have;
+            ps_ckpt_coord_progress(s->ck, i, u.pf.min_version, u.pf.have);
         } else if (t == PS_OUT_STATS) {
             stats_part(s, &u.of);
         } else if (t == PS_OUT_STOPPED) {
@@ -1181,7 +890,7 @@ static void io_read_pair(ps_server *s, int i)
             s->own[i].stopped = 1;
             if (!s->stopping) {
                 ps_error("update thread %d stopped unexpectedly; shutting down", i);
-                s->stopping = 1;
+                set_stopping(s);
                 s->io_failed = 1;
             }
             break;
@@ -1199,9 +908,7 @@ static void drain_eventfd(int fd)
 /* The checkpoint writer thread posted its eventfd: a file is written. */
 static void ck_writer_signalled(ps_server *s)
 {
-    drain_eventfd(s->wr.efd);
-    if (s->ck_state == CK_WRITE)
-        ck_done(s);
+    send_released(s, ps_ckpt_coord_written(s->ck));
 }
 
 /* Stop the update threads: they answer their queued pulls (PS_ECLOSED) and
@@ -1211,7 +918,7 @@ static void stop_threads(ps_server *s)
     int T = s->cfg.threads;
     if (!s->threads_running || T == 0)
         return;
-    s->stopping = 1;
+    set_stopping(s);
     zmq_pollitem_t *items = calloc((size_t)T, sizeof *items);
     if (!items) {
         ps_error("out of memory stopping the update threads");
@@ -1334,21 +1041,18 @@ static void ck_wait_idle(ps_server *s)
 {
     int T = s->cfg.threads;
     zmq_pollitem_t items[PS_SERVER_MAX_THREADS + 1];
-    while (s->ck_state != CK_IDLE) {
+    while (!ps_ckpt_coord_idle(s->ck)) {
         for (int i = 0; i < T; i++) {
-            if (s->own[i].stopped && s->ck_state == CK_SNAP) {
+            if (s->own[i].stopped && ps_ckpt_coord_collecting(s->ck)) {
                 ps_error("checkpoint %llu abandoned: update thread %d is gone",
-                         (unsigned long long)s->ck_token, i);
-                ck_free_parts(s->ck_parts, T);
-                s->ck_parts = NULL;
-                s->ck_state = CK_IDLE;
+                         (unsigned long long)ps_ckpt_coord_abandon(s->ck), i);
                 return;
             }
             items[i] = (zmq_pollitem_t){s->pairs[i], 0,
                                         (short)(ZMQ_POLLIN | (s->out[i].head ? ZMQ_POLLOUT : 0)),
                                         0};
         }
-        items[T] = (zmq_pollitem_t){NULL, s->wr.efd, ZMQ_POLLIN, 0};
+        items[T] = (zmq_pollitem_t){NULL, ps_ckpt_coord_fd(s->ck), ZMQ_POLLIN, 0};
         if (zmq_poll(items, T + 1, 100) < 0 && errno != EINTR) {
             ps_error("poll failed while writing a checkpoint: %s", zmq_strerror(errno));
             return;
@@ -1367,16 +1071,17 @@ static void ck_wait_idle(ps_server *s)
  * a clean stop and --restore lose nothing. */
 static void ck_final(ps_server *s)
 {
-    if (!s->ck_on || !s->threads_running)
+    if (!ps_ckpt_coord_policy(s->ck)->on || !s->threads_running)
         return;
-    s->stopping = 1;
+    set_stopping(s);
     ck_wait_idle(s);
     for (int i = 0; i < s->cfg.threads; i++)
         if (s->own[i].stopped)
             return;
-    if (s->mut == s->ck_last_mut)
+    uint64_t token;
+    if (!ps_ckpt_coord_final(s->ck, ps_now_ns(), s->mut, &token))
         return;
-    ck_start(s, ps_now_ns());
+    send_ckpt(s, token);
     ck_wait_idle(s);
 }
 
@@ -1390,12 +1095,13 @@ int ps_server_run(ps_server *s)
     if (!items)
         return PS_ENOMEM;
     /* a short poll when something is timed: worker silence, checkpoints */
-    long tick = s->cfg.worker_timeout_ms > 0 || s->ck_on ? 100 : 1000;
+    int ck_on = ps_ckpt_coord_policy(s->ck)->on, ck_fd = ps_ckpt_coord_fd(s->ck);
+    long tick = s->cfg.worker_timeout_ms > 0 || ck_on ? 100 : 1000;
     int rc = 0;
     while (!s->stopping) {
         items[0] = (zmq_pollitem_t){s->router, 0, (short)(s->out_total ? 0 : ZMQ_POLLIN), 0};
         items[1] = (zmq_pollitem_t){NULL, s->efd, ZMQ_POLLIN, 0};
-        items[2] = (zmq_pollitem_t){NULL, s->wr.efd, (short)(s->wr.efd >= 0 ? ZMQ_POLLIN : 0), 0};
+        items[2] = (zmq_pollitem_t){NULL, ck_fd, (short)(ck_fd >= 0 ? ZMQ_POLLIN : 0), 0};
         for (int i = 0; i < T; i++) {
             short ev = (short)(ZMQ_POLLIN | (s->out[i].head ? ZMQ_POLLOUT : 0));
             items[3 + i] = (zmq_pollitem_t){s->pairs[i], 0, ev, 0};
@@ -1453,9 +1159,9 @@ int ps_server_run(ps_server *s)
         off += (size_t)snprintf(extra + off, sizeof extra - off,
                                 ", %llu workers lost, %llu rejoined",
                                 (unsigned long long)s->nlost, (unsigned long long)s->nrejoined);
-    if (s->ck_on && off < sizeof extra)
+    if (ck_on && off < sizeof extra)
         snprintf(extra + off, sizeof extra - off, ", %llu checkpoints written",
-                 (unsigned long long)s->ck_count);
+                 (unsigned long long)ps_ckpt_coord_count(s->ck));
     ps_info("stopped: %llu pushes, %llu pulls, %llu inits, %llu updates, %llu duplicates dropped, "
             "%llu error replies, %llu undecodable messages dropped, %llu chunks, versions "
             "%lld..%lld, %llu MiB in, %llu MiB out, %d of %d workers said hello%s",
@@ -1487,21 +1193,7 @@ void ps_server_close(ps_server *s)
     if (s->threads_running)
         stop_threads(s);
     close_waiters(s);
-    drop_held(s);
-    if (s->wr.started) {
-        pthread_mutex_lock(&s->wr.mu);
-        s->wr.stop = 1;
-        pthread_cond_signal(&s->wr.cv);
-        pthread_mutex_unlock(&s->wr.mu);
-        pthread_join(s->wr.tid, NULL);
-        pthread_mutex_destroy(&s->wr.mu);
-        pthread_cond_destroy(&s->wr.cv);
-    }
-    ck_free_parts(s->wr.parts, s->wr.nparts);
-    free(s->wr.hello);
-    ck_free_parts(s->ck_parts, s->cfg.threads);
-    if (s->wr.efd >= 0)
-        close(s->wr.efd);
+    ps_ckpt_coord_destroy(s->ck); /* held replies go before the context */
     for (int i = 0; i < s->cfg.threads && s->out; i++) {
         while (s->out[i].head) {
             outmsg *m = s->out[i].head;
@@ -1536,6 +1228,7 @@ void ps_server_close(ps_server *s)
         for (int i = 0; i < s->cfg.num_workers; i++)
             free(s->workers[i]);
     free(s->workers);
+    free(s->hello);
     free(s->own);
     free(s->pairs);
     free(s->out);
@@ -1547,99 +1240,28 @@ void ps_server_close(ps_server *s)
 
 static int set_int(void *sock, int opt, int v) { return zmq_setsockopt(sock, opt, &v, sizeof v); }
 
-/* --restore: the newest checkpoint that reads back whole, else an older one;
- * its chunks go to their owners' shards (threads not started yet). */
+/* --restore: the coordinator fills the shards (threads not started yet); the
+ * workers the checkpoint knows are served without a new hello. */
 static int restore(ps_server *s, char *why, size_t why_len)
 {
-    const char *dir = s->ckpt_dir;
-    int rank = s->cfg.rank, T = s->cfg.threads;
-    uint64_t *seqs = NULL;
-    char msg[512], path[1024];
-    int n = ps_ckpt_list(dir, rank, &seqs, msg, sizeof msg);
-    if (n < 0) {
-        ps_errorf(why, why_len, "--restore: %s", msg);
-        return PS_EDATA;
-    }
-    if (n == 0) {
-        ps_errorf(why, why_len,
-            "--restore: no checkpoint of server %d in %s (start without --restore to begin afresh)",
-            rank, dir);
-        free(seqs);
-        return PS_EDATA;
-    }
-    s->ck_seq = seqs[0] + 1;
-    for (int i = 0; i < n; i++) {
-        ps_ckpt_file f;
-        ps_ckpt_path(dir, rank, seqs[i], path, sizeof path);
-        int rc = ps_ckpt_read(path, &f, msg, sizeof msg);
-        if (rc) {
-            ps_warn("checkpoint %s is corrupt or unreadable (%s): skipped%s", path, msg,
-                    i + 1 < n ? "; trying the one before it" : "");
+    ps_shard *shards[PS_SERVER_MAX_THREADS];
+    for (int i = 0; i < s->cfg.threads; i++)
+        shards[i] = ps_updater_shard(s->own[i].upd);
+    int rc = ps_ckpt_coord_restore(s->ck, shards, s->cfg.threads, s->hello, &s->model_fp, why,
+                                   why_len);
+    if (rc)
+        return rc;
+    int64_t now = ps_now_ns();
+    for (int r = 0; r < s->cfg.num_workers; r++) {
+        if (!s->hello[r])
             continue;
-        }
-        const ps_ckpt_meta *m = &f.meta;
-        rc = ps_ckpt_check_config(m, rank, s->cfg.num_servers, s->cfg.num_workers, s->cfg.mode,
-                                  s->cfg.max_staleness, &s->cfg.opt, msg, sizeof msg);
-        if (rc) {
-            ps_errorf(why, why_len, "--restore: checkpoint %s does not fit this server: %s (start "
-                "with the flags it was written with, or without --restore)", path, msg);
-            ps_ckpt_file_free(&f);
-            free(seqs);
-            return PS_EMISMATCH;
-        }
-        size_t off = f.first;
-        ps_shard_chunk_view v;
-        while (ps_ckpt_next_chunk(&f, &off, &v)) {
-            int owner = ps_server_owner(v.key, v.chunk, T);
-            rc = ps_shard_restore_chunk(ps_updater_shard(s->own[owner].upd), &v, msg, sizeof msg);
-            if (rc) {
-                ps_errorf(why, why_len, "--restore: %s: %s", path, msg);
-                ps_ckpt_file_free(&f);
-                free(seqs);
-                return rc == PS_EMISMATCH ? PS_EDATA : rc;
-            }
-        }
-        ps_shard_add_counters(ps_updater_shard(s->own[0].upd), &m->counters);
-        s->model_fp = m->model_fp;
-        int64_t now = ps_now_ns();
-        for (int r = 0; r < s->cfg.num_workers; r++) {
-            if (!m->hello[r])
-                continue;
-            /* it said hello to the old process: its requests (resends
-             * included) are served without a new hello */
-            s->workers[r] = calloc(1, sizeof *s->workers[r]);
-            if (!s->workers[r]) {
-                ps_ckpt_file_free(&f);
-                free(seqs);
-                return PS_ENOMEM;
-            }
-            s->workers[r]->last_ns = now;
-            s->workers_seen++;
-        }
-        for (int t = 0; t < T; t++) {
-            int have;
-            s->own[t].min_version = ps_shard_min_version(ps_updater_shard(s->own[t].upd), &have);
-            s->own[t].have_min = have;
-        }
-        s->ck_last_round = s->ck_prev_round = m->min_version;
-        s->durable_round = m->min_version;
-        s->ck_written_seq = m->seq;
-        s->ck_written = 1;
-        ps_info("restored %s: checkpoint %llu, %llu chunks, versions %lld..%lld, %llu updates, "
-                "%d of %d workers known, model fingerprint %016llx", path,
-                (unsigned long long)m->seq, (unsigned long long)m->nchunks,
-                (long long)m->min_version, (long long)m->max_version,
-                (unsigned long long)m->counters.updates, s->workers_seen, s->cfg.num_workers,
-                (unsigned long long)m->model_fp);
-        ps_ckpt_file_free(&f);
-        free(seqs);
-        return 0;
+        s->workers[r] = calloc(1, sizeof *s->workers[r]);
+        if (!s->workers[r])
+            return PS_ENOMEM;
+        s->workers[r]->last_ns = now;
+        s->workers_seen++;
     }
-    ps_errorf(why, why_len,
-        "--restore: none of the %d checkpoint(s) of server %d in %s is valid (see the lines above); "
-        "refusing to start from an unknown state", n, rank, dir);
-    free(seqs);
-    return PS_EDATA;
+    return 0;
 }
 
 static char *dup_opt(const char *p, int *fail)
@@ -1663,7 +1285,6 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         return PS_ENOMEM;
     s->cfg = *c;
     s->efd = -1;
-    s->wr.efd = -1;
     snprintf(s->bind, sizeof s->bind, "%s", c->bind);
     s->cfg.bind = s->bind;
     int fail = 0;
@@ -1676,43 +1297,22 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     atomic_init(&s->mem_used, 0);
     int T = c->threads;
     s->workers = calloc((size_t)c->num_workers, sizeof *s->workers);
+    s->hello = calloc((size_t)c->num_workers, 1);
     s->own = calloc((size_t)T, sizeof *s->own);
     s->pairs = calloc((size_t)T, sizeof *s->pairs);
     s->out = calloc((size_t)T, sizeof *s->out);
     s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     s->ctx = zmq_ctx_new();
-    if (fail || !s->workers || !s->own || !s->pairs || !s->out || s->efd < 0 || !s->ctx) {
+    if (fail || !s->workers || !s->hello || !s->own || !s->pairs || !s->out || s->efd < 0 || !s->ctx) {
         ps_errorf(why, why_len, "out of memory or descriptors starting the server");
         ps_server_close(s);
         return PS_ENOMEM;
     }
-    /* checkpoints: with any in sync mode, pushes are acknowledged when their
-     * round is complete; with one every round, rounds are durable */
-    s->ck_on = s->ckpt_dir && (c->checkpoint_every > 0 || c->checkpoint_every_ms > 0);
-    int sync = c->mode == PS_MODE_SYNC;
-    s->defer_acks = s->ck_on && sync;
-    s->durable = s->ck_on && sync && c->checkpoint_every == 1 && c->checkpoint_every_ms == 0;
-    s->report_progress = s->ck_on && sync && c->checkpoint_every > 0;
-    s->ck_seq = 1;
-    if (s->ckpt_dir) {
-        if (ps_mkdir_p(s->ckpt_dir, 0755, NULL) != 0) {
-            ps_errorf(why, why_len, "--checkpoint-dir %s: cannot create it: %s", s->ckpt_dir,
-                strerror(errno));
-            ps_server_close(s);
-            return PS_EIO;
-        }
-        uint64_t *seqs = NULL;
-        char msg[512];
-        int n = ps_ckpt_list(s->ckpt_dir, c->rank, &seqs, msg, sizeof msg);
-        if (n < 0) {
-            ps_errorf(why, why_len, "--checkpoint-dir: %s", msg);
-            ps_server_close(s);
-            return PS_EIO;
-        }
-        if (n > 0)
-            s->ck_seq = seqs[0] + 1; /* never reuse a name, even without --restore */
-        free(seqs);
+    if ((rc = ps_ckpt_coord_create(&s->cfg, &s->ck, why, why_len)) != 0) {
+        ps_server_close(s);
+        return rc;
     }
+    const ps_ckpt_policy *pol = ps_ckpt_coord_policy(s->ck);
     if (s->timeline_path) {
         /* its directory is made here and an unwritable place named with errno,
          * before anything runs */
@@ -1732,8 +1332,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
             snprintf(name, sizeof name, "update-%d", i);
             ps_trace_thread_name(s->trace, 1 + i, name);
         }
-        if (s->ck_on)
-            ps_trace_thread_name(s->trace, TID_CKPT, "checkpoint-writer");
+        ps_ckpt_coord_set_trace(s->ck, s->trace);
     }
 
     ps_shard_config sc;
@@ -1749,10 +1348,10 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     uc.mode = c->mode;
     uc.num_workers = c->num_workers;
     uc.trace = s->trace;
-    uc.hold_inits = s->ck_on;
-    uc.durable = s->durable;
-    uc.defer_acks = s->defer_acks;
-    uc.report_progress = s->report_progress;
+    uc.hold_inits = pol->on;
+    uc.durable = pol->durable;
+    uc.defer_acks = pol->defer_acks;
+    uc.report_progress = pol->report_progress;
     for (int i = 0; i < T; i++) {
         char ep[64];
         snprintf(ep, sizeof ep, "inproc://ps-update-%d", i);
@@ -1823,15 +1422,6 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &len) != 0)
         snprintf(s->endpoint, sizeof s->endpoint, "%s", s->bind);
 
-    if (s->ck_on) {
-        s->wr.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (s->wr.efd < 0) {
-            ps_errorf(why, why_len, "cannot create an eventfd: %s", strerror(errno));
-            ps_server_close(s);
-            return PS_EIO;
-        }
-        s->ck_last_ns = ps_now_ns();
-    }
     /* update threads take no signals: SIGINT/SIGTERM land on the I/O thread */
     sigset_t all, old;
     sigemptyset(&all);
@@ -1852,18 +1442,9 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         }
         s->own[i].started = 1;
     }
-    if (s->ck_on) {
-        pthread_mutex_init(&s->wr.mu, NULL);
-        pthread_cond_init(&s->wr.cv, NULL);
-        if (pthread_create(&s->wr.tid, NULL, writer_main, s) != 0) {
-            pthread_mutex_destroy(&s->wr.mu);
-            pthread_cond_destroy(&s->wr.cv);
-            ps_warn("cannot start the checkpoint writer thread: checkpoints are written on the "
-                    "I/O thread");
-        } else {
-            s->wr.started = 1;
-        }
-    }
+    if (ps_ckpt_coord_run_writer(s->ck) != 0)
+        ps_warn("cannot start the checkpoint writer thread: checkpoints are written on the "
+                "I/O thread");
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     s->threads_running = 1;
     *out = s;
