@@ -911,59 +911,6 @@ static void ck_writer_signalled(ps_server *s)
     send_released(s, ps_ckpt_coord_written(s->ck));
 }
 
-/* Stop the update threads: they answer their queued pulls (PS_ECLOSED) and
- * send their final counters, which go into s->totals. */
-static void stop_threads(ps_server *s)
-{
-    int T = s->cfg.threads;
-    if (!s->threads_running || T == 0)
-        return;
-    set_stopping(s);
-    zmq_pollitem_t *items = calloc((size_t)T, sizeof *items);
-    if (!items) {
-        ps_error("out of memory stopping the update threads");
-        abort();
-    }
-    for (int i = 0; i < T; i++)
-        if (!s->own[i].stopped)
-            send_cmd(s, i, PS_CMD_STOP, 0, NULL, NULL, NULL);
-    for (;;) {
-        int left = 0;
-        for (int i = 0; i < T; i++) {
-            left += !s->own[i].stopped;
-            items[i].socket = s->pairs[i];
-            items[i].events = (short)(s->own[i].stopped ? 0
-                                      : ZMQ_POLLIN | (s->out[i].head ? ZMQ_POLLOUT : 0));
-            items[i].revents = 0;
-        }
-        if (!left)
-            break;
-        if (zmq_poll(items, T, 100) < 0 && errno != EINTR) {
-            ps_error("poll failed while stopping: %s", zmq_strerror(errno));
-            abort();
-        }
-        for (int i = 0; i < T; i++) {
-            if (s->own[i].stopped)
-                continue;
-            if (s->out[i].head)
-                flush_outbox(s, i);
-            io_read_pair(s, i);
-        }
-    }
-    for (int i = 0; i < T; i++) {
-        ps_updater_join(s->own[i].upd);
-        s->own[i].started = 0;
-    }
-    s->threads_running = 0;
-    int have = 0;
-    memset(&s->totals, 0, sizeof s->totals);
-    for (int i = 0; i < T; i++)
-        add_stats(&s->totals, &have, &s->own[i].final);
-    s->totals.errors += s->io_errors;
-    s->totals.workers_seen = (uint64_t)s->workers_seen;
-    free(items);
-}
-
 static void close_waiters(ps_server *s)
 {
     for (int i = 0; i < s->nbarriers; i++) {
@@ -1035,34 +982,127 @@ static void io_read_monitor(ps_server *s)
     }
 }
 
+/* ================= the I/O loop ================= */
+
+/* What one io_pump round listens to, besides the PAIRs of the running owners. */
+enum {
+    PUMP_ROUTER = 1, /* requests (while no outbox is backed up) and CURVE handshake events */
+    PUMP_STOP = 2,   /* ps_server_stop's eventfd */
+    PUMP_WRITER = 4  /* the checkpoint writer's eventfd */
+};
+/* io_pump's results */
+enum { PUMP_OK = 0, PUMP_STOP_ASKED = 1, PUMP_EINTR = 2, PUMP_EPOLL = -1, PUMP_EROUTER = -2 };
+
+static int owner_running(const ps_server *s, int i)
+{
+    return s->own[i].started && !s->own[i].stopped;
+}
+
+/* One round of the I/O loop: poll for up to timeout_ms and dispatch what is
+ * ready.  A stop request wins over everything else (nothing more is handled
+ * in that round); then the writer's wake-up, each running owner's replies
+ * and its outbox, the ROUTER's requests and the monitor's events.  Returns
+ * PUMP_OK, PUMP_STOP_ASKED, PUMP_EINTR (a signal: nothing dispatched),
+ * PUMP_EPOLL (errno says) or PUMP_EROUTER (logged). */
+static int io_pump(ps_server *s, int what, long timeout_ms)
+{
+    zmq_pollitem_t it[PS_SERVER_MAX_THREADS + 4];
+    int who[PS_SERVER_MAX_THREADS]; /* it[first + k] is owner who[k] */
+    int n = 0, np = 0, stop_at = -1, writer_at = -1, router_at = -1, mon_at = -1;
+    if (what & PUMP_STOP) {
+        stop_at = n;
+        it[n++] = (zmq_pollitem_t){NULL, s->efd, ZMQ_POLLIN, 0};
+    }
+    if ((what & PUMP_WRITER) && ps_ckpt_coord_fd(s->ck) >= 0) {
+        writer_at = n;
+        it[n++] = (zmq_pollitem_t){NULL, ps_ckpt_coord_fd(s->ck), ZMQ_POLLIN, 0};
+    }
+    if (what & PUMP_ROUTER) {
+        router_at = n;
+        it[n++] = (zmq_pollitem_t){s->router, 0, (short)(s->out_total ? 0 : ZMQ_POLLIN), 0};
+        if (s->mon) {
+            mon_at = n;
+            it[n++] = (zmq_pollitem_t){s->mon, 0, ZMQ_POLLIN, 0};
+        }
+    }
+    int first = n;
+    for (int i = 0; i < s->cfg.threads; i++)
+        if (owner_running(s, i)) {
+            who[np++] = i;
+            short ev = (short)(ZMQ_POLLIN | (s->out[i].head ? ZMQ_POLLOUT : 0));
+            it[n++] = (zmq_pollitem_t){s->pairs[i], 0, ev, 0};
+        }
+    if (zmq_poll(it, n, timeout_ms) < 0)
+        return errno == EINTR ? PUMP_EINTR : PUMP_EPOLL;
+    if (stop_at >= 0 && (it[stop_at].revents & ZMQ_POLLIN)) {
+        drain_eventfd(s->efd);
+        return PUMP_STOP_ASKED;
+    }
+    if (writer_at >= 0 && (it[writer_at].revents & ZMQ_POLLIN))
+        ck_writer_signalled(s);
+    for (int k = 0; k < np; k++) {
+        int i = who[k];
+        if (it[first + k].revents & ZMQ_POLLIN)
+            io_read_pair(s, i);
+        if (s->out[i].head)
+            flush_outbox(s, i);
+    }
+    if (router_at >= 0 && (it[router_at].revents & ZMQ_POLLIN) && io_read_router(s) < 0)
+        return PUMP_EROUTER;
+    if (mon_at >= 0 && (it[mon_at].revents & ZMQ_POLLIN))
+        io_read_monitor(s);
+    return PUMP_OK;
+}
+
+/* Stop the update threads: they answer their queued pulls (PS_ECLOSED) and
+ * send their final counters, which go into s->totals. */
+static void stop_threads(ps_server *s)
+{
+    int T = s->cfg.threads;
+    if (!s->threads_running)
+        return;
+    set_stopping(s);
+    for (int i = 0; i < T; i++)
+        if (owner_running(s, i))
+            send_cmd(s, i, PS_CMD_STOP, 0, NULL, NULL, NULL);
+    for (;;) {
+        int left = 0;
+        for (int i = 0; i < T; i++)
+            left += owner_running(s, i);
+        if (!left)
+            break;
+        if (io_pump(s, 0, 100) == PUMP_EPOLL) {
+            ps_error("poll failed while stopping: %s", zmq_strerror(errno));
+            abort();
+        }
+    }
+    for (int i = 0; i < T; i++) {
+        ps_updater_join(s->own[i].upd);
+        s->own[i].started = 0;
+    }
+    s->threads_running = 0;
+    int have = 0;
+    memset(&s->totals, 0, sizeof s->totals);
+    for (int i = 0; i < T; i++)
+        add_stats(&s->totals, &have, &s->own[i].final);
+    s->totals.errors += s->io_errors;
+    s->totals.workers_seen = (uint64_t)s->workers_seen;
+}
+
 /* Pump the owners' messages and the writer's wake-up until no checkpoint is
  * being taken or written (at stop).  Gives a snapshot up if an owner died. */
 static void ck_wait_idle(ps_server *s)
 {
-    int T = s->cfg.threads;
-    zmq_pollitem_t items[PS_SERVER_MAX_THREADS + 1];
     while (!ps_ckpt_coord_idle(s->ck)) {
-        for (int i = 0; i < T; i++) {
+        for (int i = 0; i < s->cfg.threads; i++)
             if (s->own[i].stopped && ps_ckpt_coord_collecting(s->ck)) {
                 ps_error("checkpoint %llu abandoned: update thread %d is gone",
                          (unsigned long long)ps_ckpt_coord_abandon(s->ck), i);
                 return;
             }
-            items[i] = (zmq_pollitem_t){s->pairs[i], 0,
-                                        (short)(ZMQ_POLLIN | (s->out[i].head ? ZMQ_POLLOUT : 0)),
-                                        0};
-        }
-        items[T] = (zmq_pollitem_t){NULL, ps_ckpt_coord_fd(s->ck), ZMQ_POLLIN, 0};
-        if (zmq_poll(items, T + 1, 100) < 0 && errno != EINTR) {
+        if (io_pump(s, PUMP_WRITER, 100) == PUMP_EPOLL) {
             ps_error("poll failed while writing a checkpoint: %s", zmq_strerror(errno));
             return;
-        }
-        if (items[T].revents & ZMQ_POLLIN)
-            ck_writer_signalled(s);
-        for (int i = 0; i < T; i++) {
-            if (s->out[i].head)
-                flush_outbox(s, i);
-            io_read_pair(s, i);
         }
     }
 }
@@ -1090,57 +1130,29 @@ int ps_server_run(ps_server *s)
     if (s->run_called)
         return PS_ESTATE;
     s->run_called = 1;
-    int T = s->cfg.threads;
-    zmq_pollitem_t *items = calloc((size_t)T + 4, sizeof *items);
-    if (!items)
-        return PS_ENOMEM;
     /* a short poll when something is timed: worker silence, checkpoints */
-    int ck_on = ps_ckpt_coord_policy(s->ck)->on, ck_fd = ps_ckpt_coord_fd(s->ck);
+    int ck_on = ps_ckpt_coord_policy(s->ck)->on;
     long tick = s->cfg.worker_timeout_ms > 0 || ck_on ? 100 : 1000;
     int rc = 0;
     while (!s->stopping) {
-        items[0] = (zmq_pollitem_t){s->router, 0, (short)(s->out_total ? 0 : ZMQ_POLLIN), 0};
-        items[1] = (zmq_pollitem_t){NULL, s->efd, ZMQ_POLLIN, 0};
-        items[2] = (zmq_pollitem_t){NULL, ck_fd, (short)(ck_fd >= 0 ? ZMQ_POLLIN : 0), 0};
-        for (int i = 0; i < T; i++) {
-            short ev = (short)(ZMQ_POLLIN | (s->out[i].head ? ZMQ_POLLOUT : 0));
-            items[3 + i] = (zmq_pollitem_t){s->pairs[i], 0, ev, 0};
-        }
-        int n = T + 3;
-        if (s->mon)
-            items[n++] = (zmq_pollitem_t){s->mon, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(items, n, tick) < 0) {
-            if (errno == EINTR)
-                continue;
-            ps_error("poll failed: %s", zmq_strerror(errno));
-            rc = PS_EIO;
-            break;
-        }
-        if (items[1].revents & ZMQ_POLLIN) {
-            drain_eventfd(s->efd);
+        int r = io_pump(s, PUMP_ROUTER | PUMP_STOP | PUMP_WRITER, tick);
+        if (r == PUMP_EINTR)
+            continue;
+        if (r == PUMP_STOP_ASKED) {
             ps_info("stop requested");
             break;
         }
-        if (items[2].revents & ZMQ_POLLIN)
-            ck_writer_signalled(s);
-        for (int i = 0; i < T; i++) {
-            if (items[3 + i].revents & ZMQ_POLLIN)
-                io_read_pair(s, i);
-            if (s->out[i].head)
-                flush_outbox(s, i);
-        }
-        if ((items[0].revents & ZMQ_POLLIN) && io_read_router(s) < 0) {
+        if (r == PUMP_EPOLL)
+            ps_error("poll failed: %s", zmq_strerror(errno));
+        if (r < 0) {
             rc = PS_EIO;
             break;
         }
-        if (s->mon && (items[T + 3].revents & ZMQ_POLLIN))
-            io_read_monitor(s);
         int64_t now = ps_now_ns();
         check_workers(s, now);
         ck_maybe(s, now);
         ps_rlimit_flush(&s->rl, now, 0);
     }
-    free(items);
     ck_final(s);
     stop_threads(s);
     close_waiters(s);
@@ -1434,9 +1446,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
             pthread_sigmask(SIG_SETMASK, &old, NULL);
             ps_errorf(why, why_len, "cannot start update thread %d", i);
             s->threads_running = 1;
-            s->cfg.threads = i; /* stop the ones that started */
-            stop_threads(s);
-            s->cfg.threads = T;
+            stop_threads(s); /* the ones that started */
             ps_server_close(s);
             return PS_ENOMEM;
         }
