@@ -4,8 +4,17 @@
 #define PS_REPLY_H
 
 #include <stdint.h>
+#include <zmq.h>
 
 #include "ps_proto.h"
+
+/* Where a module that answers requests later (barriers, stats) sends its
+ * replies: send(user, id, h) puts [id, h] on the ROUTER.  id is the route the
+ * request came by; send may empty it, the module closes it afterwards. */
+typedef struct ps_reply_to {
+    void *user;
+    void (*send)(void *user, zmq_msg_t *id, const ps_header *h);
+} ps_reply_to;
 
 /* A reply of `type` (PS_FLAG_REPLY set) naming step (a version, a barrier id). */
 void ps_reply_header(ps_header *r, uint32_t type, uint64_t seq, int32_t rank, uint64_t key,

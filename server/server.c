@@ -11,7 +11,10 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "barrier.h"
 #include "ckpt_coord.h"
+#include "hs_monitor.h"
+#include "outbox.h"
 #include "ps_curve.h"
 #include "ps_error.h"
 #include "ps_fs.h"
@@ -21,14 +24,12 @@
 #include "ratelimit.h"
 #include "reply.h"
 #include "shard.h"
+#include "stats_req.h"
 #include "updater.h"
 #include "zmsg.h"
 
 /* ROUTER messages handled per poll round before looking at replies again. */
 #define IO_BATCH 256
-/* Open barriers (distinct ids waiting) and STATS requests in flight. */
-#define MAX_BARRIERS 64
-#define MAX_STATS_INFLIGHT 64
 /* Replies queued per worker on the ROUTER before ZeroMQ drops (the client
  * resends on timeout).  Covers a pull burst over thousands of chunks. */
 #define ROUTER_SNDHWM 10000
@@ -38,12 +39,12 @@
  * back on TCP; the update threads cannot go faster anyway. */
 #define ROUTER_RCVHWM 256
 #define PAIR_HWM 128
-/* Barrier ids remembered after completion, so a resent barrier is answered. */
-#define DONE_BARRIERS 16
 
 /* The I/O thread's side of one update thread. */
 typedef struct owner {
     ps_updater *upd;
+    void *pair;    /* the I/O end */
+    ps_outbox out; /* what the PAIR did not take yet */
     int started;
     /* set when the thread's final counters arrive */
     int stopped;
@@ -51,17 +52,6 @@ typedef struct owner {
 } owner;
 
 /* ---- I/O thread state ---- */
-typedef struct outmsg {
-    struct outmsg *next;
-    int nf;
-    zmq_msg_t f[3];
-} outmsg;
-
-typedef struct outbox { /* messages for an owner whose PAIR was full */
-    outmsg *head, *tail;
-    size_t n;
-} outbox;
-
 typedef struct worker_info {
     unsigned char id[256];
     size_t id_len;
@@ -70,48 +60,19 @@ typedef struct worker_info {
     int dropped;     /* PS_LOSS_DROP: out of the live set until it says hello */
 } worker_info;
 
-typedef struct bwait {
-    zmq_msg_t id;
-    uint64_t seq;
-    int32_t rank;
-} bwait;
-
-typedef struct barrier {
-    int64_t id;
-    uint8_t *arrived; /* per rank */
-    int count;
-    bwait *w;
-    size_t nw, capw;
-} barrier;
-
-typedef struct stats_req {
-    uint64_t token;
-    zmq_msg_t id;
-    uint64_t seq;
-    int32_t rank;
-    int remaining;
-    int have_versions;
-    ps_stats acc;
-} stats_req;
-
 struct ps_server {
     ps_server_config cfg;
     char bind[256], endpoint[256];
     void *ctx, *router;
-    void **pairs; /* I/O ends */
     owner *own;
-    outbox *out;
-    size_t out_total;
+    size_t out_total;        /* messages waiting in every owner's outbox */
     int efd;
     _Atomic uint64_t mem_used;
     uint64_t model_fp;
     worker_info **workers; /* per rank, NULL until its hello */
     int workers_seen;
-    barrier barriers[MAX_BARRIERS];
-    int nbarriers;
-    stats_req sreq[MAX_STATS_INFLIGHT];
-    int nsreq;
-    uint64_t next_token;
+    ps_barriers *barriers;
+    ps_stats_reqs *stats;
     uint64_t io_errors, dropped;
     ps_rlimit rl;
     ps_stats totals;
@@ -120,14 +81,10 @@ struct ps_server {
     char *timeline_path, *curve_dir, *ckpt_dir;
     ps_trace *trace;
     ps_curve_auth *auth;
-    void *mon;               /* CURVE: the ROUTER's handshake events */
-    uint64_t hs_failed, hs_unlogged;
-    int64_t hs_log_ns;
+    ps_hs_monitor *mon;      /* CURVE: handshakes the ZAP handler never sees */
     /* liveness */
     int ndropped;
     uint64_t nlost, nrejoined;
-    int64_t done_barriers[DONE_BARRIERS];
-    int ndone_barriers, done_next;
     /* checkpoints */
     ps_ckpt_coord *ck;
     uint8_t *hello;          /* per rank: said hello (to this process, or the restored one) */
@@ -247,6 +204,9 @@ static void io_send(ps_server *s, zmq_msg_t *id, const ps_header *h)
     zmq_send(s->router, buf, len, ZMQ_DONTWAIT);
 }
 
+/* ps_reply_to for the barriers and stats requests */
+static void reply_hook(void *user, zmq_msg_t *id, const ps_header *h) { io_send(user, id, h); }
+
 static void io_error(ps_server *s, zmq_msg_t *id, const ps_header *req, int code, const char *why)
 {
     ps_header h;
@@ -274,76 +234,30 @@ static void id_hex(const zmq_msg_t *id, char *out, size_t len)
         o += (size_t)snprintf(out + o, len - o, "%02x", p[i]);
 }
 
-/* Try to hand frames to an owner without blocking: 0 sent, 1 full (frames
- * untouched), -1 failed. */
-static int pair_try(void *sock, zmq_msg_t *f, int nf)
+/* Hand a message to an owner, or queue it while its PAIR is full (reads from
+ * the ROUTER pause meanwhile: out_total). */
+static void to_owner(ps_server *s, int i, zmq_msg_t *f, int nf)
 {
-    if (zmq_msg_send(&f[0], sock, ZMQ_DONTWAIT | (nf > 1 ? ZMQ_SNDMORE : 0)) < 0)
-        return errno == EAGAIN ? 1 : -1;
-    /* the rest of a multipart message is never refused once its first frame went */
-    for (int i = 1; i < nf; i++)
-        zmq_msg_send(&f[i], sock, i < nf - 1 ? ZMQ_SNDMORE : 0);
-    return 0;
-}
-
-static void to_owner(ps_server *s, int owner, zmq_msg_t *f, int nf)
-{
-    outbox *ob = &s->out[owner];
-    if (!ob->head) {
-        int rc = pair_try(s->pairs[owner], f, nf);
-        if (rc == 0) {
-            ps_zmsg_close_all(f, nf);
-            return;
-        }
-        if (rc < 0) {
-            ps_error("handing a message to update thread %d failed: %s", owner,
-                     zmq_strerror(errno));
-            ps_zmsg_close_all(f, nf);
-            return;
-        }
-    }
-    if (!ob->head)
+    owner *o = &s->own[i];
+    size_t before = o->out.n;
+    int rc = ps_outbox_put(&o->out, o->pair, f, nf);
+    if (rc == PS_EIO)
+        ps_error("handing a message to update thread %d failed: %s", i, zmq_strerror(errno));
+    else if (rc)
+        ps_error("out of memory queueing a message for update thread %d; dropped", i);
+    else if (!before && o->out.n)
         ps_debug("update thread %d is behind: reads from the ROUTER pause until it catches up",
-                 owner);
-    outmsg *m = calloc(1, sizeof *m);
-    if (!m) {
-        ps_error("out of memory queueing a message for update thread %d; dropped", owner);
-        ps_zmsg_close_all(f, nf);
-        return;
-    }
-    m->nf = nf;
-    for (int i = 0; i < nf; i++) {
-        zmq_msg_init(&m->f[i]);
-        zmq_msg_move(&m->f[i], &f[i]);
-    }
-    if (ob->tail)
-        ob->tail->next = m;
-    else
-        ob->head = m;
-    ob->tail = m;
-    ob->n++;
-    s->out_total++;
+                 i);
+    s->out_total += o->out.n - before;
 }
 
-static void flush_outbox(ps_server *s, int owner)
+static void flush_outbox(ps_server *s, int i)
 {
-    outbox *ob = &s->out[owner];
-    while (ob->head) {
-        outmsg *m = ob->head;
-        int rc = pair_try(s->pairs[owner], m->f, m->nf);
-        if (rc == 1)
-            return;
-        if (rc < 0)
-            ps_error("handing a message to update thread %d failed: %s", owner,
-                     zmq_strerror(errno));
-        ps_zmsg_close_all(m->f, m->nf);
-        ob->head = m->next;
-        if (!ob->head)
-            ob->tail = NULL;
-        ob->n--;
-        s->out_total--;
-        free(m);
-    }
+    owner *o = &s->own[i];
+    size_t before = o->out.n;
+    while (ps_outbox_flush(&o->out, o->pair) != 0)
+        ps_error("handing a message to update thread %d failed: %s", i, zmq_strerror(errno));
+    s->out_total -= before - o->out.n;
 }
 
 static void send_cmd(ps_server *s, int owner, int cmd, uint64_t token, const ps_header *h,
@@ -367,6 +281,16 @@ static void send_cmd(ps_server *s, int owner, int cmd, uint64_t token, const ps_
         zmq_msg_move(&f[nf++], payload);
     }
     to_owner(s, owner, f, nf);
+}
+
+/* Rank r joins (live 1) or leaves (0) the live set of every owner's shard. */
+static void send_live(ps_server *s, int r, int live)
+{
+    ps_header lh;
+    ps_header_init(&lh, PS_MSG_HELLO);
+    lh.rank = r;
+    for (int i = 0; i < s->cfg.threads; i++)
+        send_cmd(s, i, PS_CMD_LIVE, (uint64_t)live, &lh, NULL, NULL);
 }
 
 static void io_hello(ps_server *s, zmq_msg_t *id, const ps_header *h)
@@ -416,11 +340,8 @@ static void io_hello(ps_server *s, zmq_msg_t *id, const ps_header *h)
             wi->dropped = 0;
             s->ndropped--;
             s->nrejoined++;
-            ps_header lh;
-            ps_header_init(&lh, PS_MSG_HELLO);
-            lh.rank = h->rank;
-            for (int i = 0; i < s->cfg.threads; i++)
-                send_cmd(s, i, PS_CMD_LIVE, 1, &lh, NULL, NULL);
+            send_live(s, h->rank, 1);
+            ps_barriers_set_live(s->barriers, h->rank, 1);
             ps_info("worker %d said hello again (identity %s): rejoined at the current "
                     "version; rounds and barriers wait for %d of %d workers again",
                     h->rank, hex, s->cfg.num_workers - s->ndropped, s->cfg.num_workers);
@@ -443,112 +364,12 @@ static void io_hello(ps_server *s, zmq_msg_t *id, const ps_header *h)
     io_send(s, id, &r);
 }
 
-static void barrier_free(barrier *b)
-{
-    for (size_t i = 0; i < b->nw; i++)
-        zmq_msg_close(&b->w[i].id);
-    free(b->w);
-    free(b->arrived);
-    memset(b, 0, sizeof *b);
-}
-
-static int rank_dropped(const ps_server *s, int r)
-{
-    return s->workers[r] && s->workers[r]->dropped;
-}
-
-/* Answer barrier i when every live worker has arrived; 1 when it did (the
- * barrier is then gone and its slot holds another). */
-static int barrier_try(ps_server *s, int i)
-{
-    barrier *b = &s->barriers[i];
-    int W = s->cfg.num_workers, arrived = 0;
-    for (int r = 0; r < W; r++)
-        arrived += b->arrived[r] && !rank_dropped(s, r);
-    if (arrived < W - s->ndropped)
-        return 0;
-    ps_debug("barrier %lld: all %d live workers arrived", (long long)b->id, W - s->ndropped);
-    for (size_t k = 0; k < b->nw; k++) {
-        ps_header r;
-        ps_reply_header(&r, PS_MSG_BARRIER, b->w[k].seq, b->w[k].rank, 0, 0, b->id);
-        io_send(s, &b->w[k].id, &r);
-    }
-    /* remembered, so a worker's resend of it is answered, not a new barrier */
-    s->done_barriers[s->done_next] = b->id;
-    s->done_next = (s->done_next + 1) % DONE_BARRIERS;
-    if (s->ndone_barriers < DONE_BARRIERS)
-        s->ndone_barriers++;
-    barrier_free(b);
-    *b = s->barriers[--s->nbarriers];
-    memset(&s->barriers[s->nbarriers], 0, sizeof(barrier));
-    return 1;
-}
-
 static void io_barrier(ps_server *s, zmq_msg_t *id, const ps_header *h)
 {
-    for (int i = 0; i < s->ndone_barriers; i++)
-        if (s->done_barriers[i] == h->step) {
-            ps_header r;
-            ps_reply_header(&r, PS_MSG_BARRIER, h->seq, h->rank, 0, 0, h->step);
-            io_send(s, id, &r);
-            return;
-        }
-    barrier *b = NULL;
-    int bi = -1;
-    for (int i = 0; i < s->nbarriers; i++)
-        if (s->barriers[i].id == h->step) {
-            b = &s->barriers[i];
-            bi = i;
-        }
-    if (!b) {
-        if (s->nbarriers == MAX_BARRIERS) {
-            io_error(s, id, h, PS_ETOOBIG, "too many barriers open at once");
-            return;
-        }
-        bi = s->nbarriers;
-        b = &s->barriers[bi];
-        memset(b, 0, sizeof *b);
-        b->id = h->step;
-        b->arrived = calloc((size_t)s->cfg.num_workers, 1);
-        if (!b->arrived) {
-            io_error(s, id, h, PS_ENOMEM, "out of memory opening a barrier");
-            return;
-        }
-        s->nbarriers++;
-    }
-    for (size_t k = 0; k < b->nw; k++)
-        if (b->w[k].rank == h->rank && b->w[k].seq == h->seq) {
-            /* a resend: answer it once, on the newest route */
-            zmq_msg_close(&b->w[k].id);
-            zmq_msg_init(&b->w[k].id);
-            zmq_msg_move(&b->w[k].id, id);
-            return;
-        }
-    size_t limit = 4 * (size_t)s->cfg.num_workers + 16;
-    if (b->nw >= limit) {
-        io_error(s, id, h, PS_ETOOBIG, "too many requests wait on this barrier");
-        return;
-    }
-    if (b->nw == b->capw) {
-        size_t ncap = b->capw ? 2 * b->capw : 8;
-        bwait *w = realloc(b->w, ncap * sizeof *w);
-        if (!w) {
-            io_error(s, id, h, PS_ENOMEM, "out of memory waiting on a barrier");
-            return;
-        }
-        b->w = w;
-        b->capw = ncap;
-    }
-    bwait *w = &b->w[b->nw++];
-    zmq_msg_init(&w->id);
-    zmq_msg_move(&w->id, id);
-    w->seq = h->seq;
-    w->rank = h->rank;
-    if (!b->arrived[h->rank]) {
-        b->arrived[h->rank] = 1;
-        b->count++;
-    }
-    barrier_try(s, bi);
+    const char *why;
+    int rc = ps_barriers_arrive(s->barriers, id, h, &why);
+    if (rc)
+        io_error(s, id, h, rc, why);
 }
 
 /* ---- liveness ---- */
@@ -559,16 +380,10 @@ static void drop_worker(ps_server *s, int r, double silent_s)
     wi->dropped = 1;
     s->ndropped++;
     s->nlost++;
-    ps_header lh;
-    ps_header_init(&lh, PS_MSG_HELLO);
-    lh.rank = r;
-    for (int i = 0; i < s->cfg.threads; i++)
-        send_cmd(s, i, PS_CMD_LIVE, 0, &lh, NULL, NULL);
+    send_live(s, r, 0);
     ps_warn("worker %d silent for %.1f s: dropped; rounds continue with %d of %d workers", r,
             silent_s, s->cfg.num_workers - s->ndropped, s->cfg.num_workers);
-    for (int i = 0; i < s->nbarriers;)
-        if (!barrier_try(s, i))
-            i++;
+    ps_barriers_set_live(s->barriers, r, 0);
 }
 
 /* Apply --on-worker-loss to every worker silent for longer than the timeout. */
@@ -606,61 +421,15 @@ static void heard_from(ps_server *s, int r, int64_t now)
 
 static void io_stats(ps_server *s, zmq_msg_t *id, const ps_header *h)
 {
-    if (s->nsreq == MAX_STATS_INFLIGHT) {
-        io_error(s, id, h, PS_ETOOBIG, "too many stats requests in flight");
+    const char *why;
+    uint64_t token;
+    int rc = ps_stats_reqs_begin(s->stats, id, h, &token, &why);
+    if (rc) {
+        io_error(s, id, h, rc, why);
         return;
     }
-    stats_req *q = &s->sreq[s->nsreq++];
-    memset(q, 0, sizeof *q);
-    q->token = ++s->next_token;
-    zmq_msg_init(&q->id);
-    zmq_msg_move(&q->id, id);
-    q->seq = h->seq;
-    q->rank = h->rank;
-    q->remaining = s->cfg.threads;
     for (int i = 0; i < s->cfg.threads; i++)
-        send_cmd(s, i, PS_CMD_STATS, q->token, NULL, NULL, NULL);
-}
-
-static void add_stats(ps_stats *acc, int *have_versions, const ps_stats *p)
-{
-    acc->pushes += p->pushes;
-    acc->pulls += p->pulls;
-    acc->inits += p->inits;
-    acc->updates += p->updates;
-    acc->bytes_in += p->bytes_in;
-    acc->bytes_out += p->bytes_out;
-    acc->dup_dropped += p->dup_dropped;
-    acc->errors += p->errors;
-    if (p->chunks) {
-        if (!*have_versions || p->min_version < acc->min_version)
-            acc->min_version = p->min_version;
-        if (!*have_versions || p->max_version > acc->max_version)
-            acc->max_version = p->max_version;
-        *have_versions = 1;
-    }
-    acc->chunks += p->chunks;
-}
-
-static void stats_part(ps_server *s, const ps_stats_frame *of)
-{
-    for (int i = 0; i < s->nsreq; i++) {
-        stats_req *q = &s->sreq[i];
-        if (q->token != of->token)
-            continue;
-        add_stats(&q->acc, &q->have_versions, &of->st);
-        if (--q->remaining > 0)
-            return;
-        ps_header r;
-        ps_reply_header(&r, PS_MSG_STATS, q->seq, q->rank, 0, 0, 0);
-        r.stats = q->acc;
-        r.stats.errors += s->io_errors;
-        r.stats.workers_seen = (uint64_t)s->workers_seen;
-        io_send(s, &q->id, &r);
-        zmq_msg_close(&q->id);
-        *q = s->sreq[--s->nsreq];
-        return;
-    }
+        send_cmd(s, i, PS_CMD_STATS, token, NULL, NULL, NULL);
 }
 
 /* One message from the ROUTER: f[0] identity, f[1] header, f[2] payload;
@@ -829,7 +598,7 @@ static void io_read_pair(ps_server *s, int i)
 {
     for (int b = 0; b < IO_BATCH * 4; b++) {
         zmq_msg_t tag;
-        if (ps_zmsg_recv(s->pairs[i], &tag, ZMQ_DONTWAIT) < 0)
+        if (ps_zmsg_recv(s->own[i].pair, &tag, ZMQ_DONTWAIT) < 0)
             break;
         size_t tlen = zmq_msg_size(&tag);
         const char *td = zmq_msg_data(&tag);
@@ -842,7 +611,7 @@ static void io_read_pair(ps_server *s, int i)
         ps_held_reply *m;
         if ((t == PS_OUT_HELD || t == PS_OUT_INIT) && ps_ckpt_coord_hold(s->ck, t, version, &m)) {
             /* [identity, header, payload?] wait until a checkpoint holds them */
-            ps_zmsg_recv_rest(s->pairs[i], more, m ? m->f : NULL, m ? &m->nf : NULL, 3);
+            ps_zmsg_recv_rest(s->own[i].pair, more, m ? m->f : NULL, m ? &m->nf : NULL, 3);
             if (!m)
                 ps_error("out of memory holding a reply; dropped (the worker resends)");
             continue;
@@ -851,7 +620,7 @@ static void io_read_pair(ps_server *s, int i)
             /* forward [identity, header, payload?] to the ROUTER as they are */
             while (more) {
                 zmq_msg_t m;
-                if (ps_zmsg_recv(s->pairs[i], &m, 0) < 0)
+                if (ps_zmsg_recv(s->own[i].pair, &m, 0) < 0)
                     break;
                 more = zmq_msg_more(&m);
                 zmq_msg_send(&m, s->router, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
@@ -869,7 +638,7 @@ static void io_read_pair(ps_server *s, int i)
         int got = 0;
         while (more) {
             zmq_msg_t m;
-            if (ps_zmsg_recv(s->pairs[i], &m, 0) < 0)
+            if (ps_zmsg_recv(s->own[i].pair, &m, 0) < 0)
                 break;
             more = zmq_msg_more(&m);
             if (!got && zmq_msg_size(&m) == want) {
@@ -884,7 +653,7 @@ static void io_read_pair(ps_server *s, int i)
         } else if (t == PS_OUT_PROGRESS) {
             ps_ckpt_coord_progress(s->ck, i, u.pf.min_version, u.pf.have);
         } else if (t == PS_OUT_STATS) {
-            stats_part(s, &u.of);
+            ps_stats_reqs_part(s->stats, &u.of, s->io_errors, (uint64_t)s->workers_seen);
         } else if (t == PS_OUT_STOPPED) {
             s->own[i].final = u.of.st;
             s->own[i].stopped = 1;
@@ -911,75 +680,13 @@ static void ck_writer_signalled(ps_server *s)
     send_released(s, ps_ckpt_coord_written(s->ck));
 }
 
+/* At stop: what waits for a barrier or for counters gets PS_ECLOSED. */
 static void close_waiters(ps_server *s)
 {
-    for (int i = 0; i < s->nbarriers; i++) {
-        barrier *b = &s->barriers[i];
-        for (size_t j = 0; j < b->nw; j++) {
-            ps_header r;
-            ps_reply_error(&r, b->w[j].seq, b->w[j].rank, 0, 0, PS_ECLOSED,
-                         "the server is shutting down; the barrier was not complete");
-            io_send(s, &b->w[j].id, &r);
-        }
-        barrier_free(b);
-    }
-    s->nbarriers = 0;
-    for (int i = 0; i < s->nsreq; i++) {
-        ps_header r;
-        ps_reply_error(&r, s->sreq[i].seq, s->sreq[i].rank, 0, 0, PS_ECLOSED,
-                     "the server is shutting down");
-        io_send(s, &s->sreq[i].id, &r);
-        zmq_msg_close(&s->sreq[i].id);
-    }
-    s->nsreq = 0;
-}
-
-/* CURVE: a connection whose handshake failed before the ZAP handler saw it
- * (a plaintext worker: mechanism mismatch) is logged here; ZAP refusals are
- * logged by the handler.  One line per 5 s at most, the rest counted. */
-static void io_read_monitor(ps_server *s)
-{
-    for (;;) {
-        zmq_msg_t ev, addr;
-        if (ps_zmsg_recv(s->mon, &ev, ZMQ_DONTWAIT) < 0)
-            return;
-        zmq_msg_init(&addr);
-        if (zmq_msg_more(&ev))
-            zmq_msg_recv(&addr, s->mon, 0);
-        uint16_t event = 0;
-        uint32_t value = 0;
-        if (zmq_msg_size(&ev) >= 6) {
-            memcpy(&event, zmq_msg_data(&ev), 2);
-            memcpy(&value, (char *)zmq_msg_data(&ev) + 2, 4);
-        }
-        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
-            event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
-            s->hs_failed++;
-            int64_t now = ps_now_ns();
-            if (now - s->hs_log_ns >= 5000000000LL || !s->hs_log_ns) {
-                char more[96] = "";
-                if (s->hs_unlogged)
-                    snprintf(more, sizeof more, " (%llu more since the last such line)",
-                             (unsigned long long)s->hs_unlogged);
-                const char *what =
-                    event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                        ? "the peer hung up (a worker without --curve-keys, or one that does "
-                          "not have this server's public key?)"
-                    : value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
-                        ? "the peer does not use CURVE (a worker without --curve-keys?)"
-                        : "protocol error (not a ps worker, or a damaged connection)";
-                ps_warn("refused a connection on %.*s: CURVE handshake failed: %s%s",
-                        (int)zmq_msg_size(&addr), (const char *)zmq_msg_data(&addr), what,
-                        more);
-                s->hs_log_ns = now;
-                s->hs_unlogged = 0;
-            } else {
-                s->hs_unlogged++;
-            }
-        }
-        zmq_msg_close(&ev);
-        zmq_msg_close(&addr);
-    }
+    if (s->barriers)
+        ps_barriers_close(s->barriers);
+    if (s->stats)
+        ps_stats_reqs_close(s->stats);
 }
 
 /* ================= the I/O loop ================= */
@@ -1022,15 +729,15 @@ static int io_pump(ps_server *s, int what, long timeout_ms)
         it[n++] = (zmq_pollitem_t){s->router, 0, (short)(s->out_total ? 0 : ZMQ_POLLIN), 0};
         if (s->mon) {
             mon_at = n;
-            it[n++] = (zmq_pollitem_t){s->mon, 0, ZMQ_POLLIN, 0};
+            it[n++] = (zmq_pollitem_t){ps_hs_monitor_socket(s->mon), 0, ZMQ_POLLIN, 0};
         }
     }
     int first = n;
     for (int i = 0; i < s->cfg.threads; i++)
         if (owner_running(s, i)) {
             who[np++] = i;
-            short ev = (short)(ZMQ_POLLIN | (s->out[i].head ? ZMQ_POLLOUT : 0));
-            it[n++] = (zmq_pollitem_t){s->pairs[i], 0, ev, 0};
+            short ev = (short)(ZMQ_POLLIN | (s->own[i].out.n ? ZMQ_POLLOUT : 0));
+            it[n++] = (zmq_pollitem_t){s->own[i].pair, 0, ev, 0};
         }
     if (zmq_poll(it, n, timeout_ms) < 0)
         return errno == EINTR ? PUMP_EINTR : PUMP_EPOLL;
@@ -1044,13 +751,13 @@ static int io_pump(ps_server *s, int what, long timeout_ms)
         int i = who[k];
         if (it[first + k].revents & ZMQ_POLLIN)
             io_read_pair(s, i);
-        if (s->out[i].head)
+        if (s->own[i].out.n)
             flush_outbox(s, i);
     }
     if (router_at >= 0 && (it[router_at].revents & ZMQ_POLLIN) && io_read_router(s) < 0)
         return PUMP_EROUTER;
     if (mon_at >= 0 && (it[mon_at].revents & ZMQ_POLLIN))
-        io_read_monitor(s);
+        ps_hs_monitor_read(s->mon);
     return PUMP_OK;
 }
 
@@ -1084,7 +791,7 @@ static void stop_threads(ps_server *s)
     int have = 0;
     memset(&s->totals, 0, sizeof s->totals);
     for (int i = 0; i < T; i++)
-        add_stats(&s->totals, &have, &s->own[i].final);
+        ps_stats_add(&s->totals, &have, &s->own[i].final);
     s->totals.errors += s->io_errors;
     s->totals.workers_seen = (uint64_t)s->workers_seen;
 }
@@ -1166,7 +873,7 @@ int ps_server_run(ps_server *s)
         off += (size_t)snprintf(extra + off, sizeof extra - off,
                                 ", %llu CURVE handshakes refused",
                                 (unsigned long long)(ps_curve_auth_refused(s->auth) +
-                                                     s->hs_failed));
+                                                     ps_hs_monitor_failed(s->mon)));
     if (s->nlost && off < sizeof extra)
         off += (size_t)snprintf(extra + off, sizeof extra - off,
                                 ", %llu workers lost, %llu rejoined",
@@ -1205,24 +912,18 @@ void ps_server_close(ps_server *s)
     if (s->threads_running)
         stop_threads(s);
     close_waiters(s);
-    ps_ckpt_coord_destroy(s->ck); /* held replies go before the context */
-    for (int i = 0; i < s->cfg.threads && s->out; i++) {
-        while (s->out[i].head) {
-            outmsg *m = s->out[i].head;
-            s->out[i].head = m->next;
-            ps_zmsg_close_all(m->f, m->nf);
-            free(m);
-        }
-    }
+    /* every frame still held goes before the context */
+    ps_barriers_destroy(s->barriers);
+    ps_stats_reqs_destroy(s->stats);
+    ps_ckpt_coord_destroy(s->ck);
+    for (int i = 0; i < s->cfg.threads && s->own; i++)
+        ps_outbox_clear(&s->own[i].out);
     for (int i = 0; i < s->cfg.threads && s->own; i++)
         ps_updater_destroy(s->own[i].upd);
-    for (int i = 0; i < s->cfg.threads && s->pairs; i++)
-        if (s->pairs[i])
-            zmq_close(s->pairs[i]);
-    if (s->mon) {
-        zmq_socket_monitor(s->router, NULL, 0);
-        zmq_close(s->mon);
-    }
+    for (int i = 0; i < s->cfg.threads && s->own; i++)
+        if (s->own[i].pair)
+            zmq_close(s->own[i].pair);
+    ps_hs_monitor_close(s->mon);
     if (s->router)
         zmq_close(s->router);
     /* the ZAP handler outlives the ROUTER and goes before the context */
@@ -1242,8 +943,6 @@ void ps_server_close(ps_server *s)
     free(s->workers);
     free(s->hello);
     free(s->own);
-    free(s->pairs);
-    free(s->out);
     free(s->timeline_path);
     free(s->curve_dir);
     free(s->ckpt_dir);
@@ -1311,11 +1010,12 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     s->workers = calloc((size_t)c->num_workers, sizeof *s->workers);
     s->hello = calloc((size_t)c->num_workers, 1);
     s->own = calloc((size_t)T, sizeof *s->own);
-    s->pairs = calloc((size_t)T, sizeof *s->pairs);
-    s->out = calloc((size_t)T, sizeof *s->out);
     s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     s->ctx = zmq_ctx_new();
-    if (fail || !s->workers || !s->hello || !s->own || !s->pairs || !s->out || s->efd < 0 || !s->ctx) {
+    ps_reply_to to = {s, reply_hook};
+    if (fail || !s->workers || !s->hello || !s->own || s->efd < 0 || !s->ctx ||
+        ps_barriers_create(c->num_workers, to, &s->barriers) != 0 ||
+        ps_stats_reqs_create(T, to, &s->stats) != 0) {
         ps_errorf(why, why_len, "out of memory or descriptors starting the server");
         ps_server_close(s);
         return PS_ENOMEM;
@@ -1367,12 +1067,12 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     for (int i = 0; i < T; i++) {
         char ep[64];
         snprintf(ep, sizeof ep, "inproc://ps-update-%d", i);
-        s->pairs[i] = zmq_socket(s->ctx, ZMQ_PAIR);
+        s->own[i].pair = zmq_socket(s->ctx, ZMQ_PAIR);
         void *pair = zmq_socket(s->ctx, ZMQ_PAIR);
-        if (!s->pairs[i] || !pair || set_int(s->pairs[i], ZMQ_LINGER, 0) ||
-            set_int(pair, ZMQ_LINGER, 0) || set_int(s->pairs[i], ZMQ_SNDHWM, PAIR_HWM) ||
-            set_int(s->pairs[i], ZMQ_RCVHWM, PAIR_HWM) || set_int(pair, ZMQ_SNDHWM, PAIR_HWM) ||
-            set_int(pair, ZMQ_RCVHWM, PAIR_HWM) || zmq_bind(s->pairs[i], ep) != 0 ||
+        if (!s->own[i].pair || !pair || set_int(s->own[i].pair, ZMQ_LINGER, 0) ||
+            set_int(pair, ZMQ_LINGER, 0) || set_int(s->own[i].pair, ZMQ_SNDHWM, PAIR_HWM) ||
+            set_int(s->own[i].pair, ZMQ_RCVHWM, PAIR_HWM) || set_int(pair, ZMQ_SNDHWM, PAIR_HWM) ||
+            set_int(pair, ZMQ_RCVHWM, PAIR_HWM) || zmq_bind(s->own[i].pair, ep) != 0 ||
             zmq_connect(pair, ep) != 0) {
             ps_errorf(why, why_len, "cannot set up %s: %s", ep, zmq_strerror(errno));
             if (pair)
@@ -1414,16 +1114,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
             return rc;
         }
         /* handshake failures the ZAP handler never sees (plaintext peers) */
-        char ep[64];
-        snprintf(ep, sizeof ep, "inproc://ps-monitor-%p", (void *)s);
-        if (zmq_socket_monitor(s->router, ep, ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                                  ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
-            s->mon = zmq_socket(s->ctx, ZMQ_PAIR);
-            if (s->mon && (set_int(s->mon, ZMQ_LINGER, 0) || zmq_connect(s->mon, ep) != 0)) {
-                zmq_close(s->mon);
-                s->mon = NULL;
-            }
-        }
+        s->mon = ps_hs_monitor_open(s->ctx, s->router);
     }
     if (zmq_bind(s->router, s->bind) != 0) {
         ps_errorf(why, why_len, "cannot bind %s: %s", s->bind, zmq_strerror(errno));
