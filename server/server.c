@@ -26,6 +26,7 @@
 #include "shard.h"
 #include "stats_req.h"
 #include "updater.h"
+#include "workers.h"
 #include "zmsg.h"
 
 /* ROUTER messages handled per poll round before looking at replies again. */
@@ -52,14 +53,6 @@ typedef struct owner {
 } owner;
 
 /* ---- I/O thread state ---- */
-typedef struct worker_info {
-    unsigned char id[256];
-    size_t id_len;
-    int64_t last_ns; /* when anything last came from this rank */
-    int silent;      /* PS_LOSS_WAIT: its silence was logged */
-    int dropped;     /* PS_LOSS_DROP: out of the live set until it says hello */
-} worker_info;
-
 struct ps_server {
     ps_server_config cfg;
     char bind[256], endpoint[256];
@@ -69,8 +62,7 @@ struct ps_server {
     int efd;
     _Atomic uint64_t mem_used;
     uint64_t model_fp;
-    worker_info **workers; /* per rank, NULL until its hello */
-    int workers_seen;
+    ps_workers *workers;
     ps_barriers *barriers;
     ps_stats_reqs *stats;
     uint64_t io_errors, dropped;
@@ -82,88 +74,10 @@ struct ps_server {
     ps_trace *trace;
     ps_curve_auth *auth;
     ps_hs_monitor *mon;      /* CURVE: handshakes the ZAP handler never sees */
-    /* liveness */
-    int ndropped;
-    uint64_t nlost, nrejoined;
     /* checkpoints */
     ps_ckpt_coord *ck;
-    uint8_t *hello;          /* per rank: said hello (to this process, or the restored one) */
     uint64_t mut;            /* inits and pushes forwarded to the owners */
 };
-
-int ps_server_owner(uint64_t key, uint32_t chunk, int threads)
-{
-    uint64_t x = key * 0x9e3779b97f4a7c15ull ^ ((uint64_t)chunk + 0x632be59bd9b4e019ull);
-    x ^= x >> 31;
-    x *= 0xd6e8feb86659fd93ull;
-    x ^= x >> 32;
-    return threads > 1 ? (int)(x % (uint64_t)threads) : 0;
-}
-
-void ps_server_config_default(ps_server_config *c)
-{
-    memset(c, 0, sizeof *c);
-    c->rank = 0;
-    c->num_servers = 1;
-    c->num_workers = 1;
-    c->mode = PS_MODE_ASYNC;
-    c->max_staleness = -1;
-    c->opt.kind = PS_OPT_SGD;
-    c->opt.lr = 0.01f;
-    c->opt.momentum = 0.9f;
-    c->opt.beta1 = 0.9f;
-    c->opt.beta2 = 0.999f;
-    c->opt.eps = 1e-8f;
-    c->opt.weight_decay = 0.0f;
-    c->opt.lr_decay = 1.0f;
-    c->opt.lr_decay_every = 0;
-    c->threads = 1;
-    c->max_memory = PS_SERVER_DEFAULT_MAX_MEMORY;
-    c->on_worker_loss = PS_LOSS_WAIT;
-}
-
-int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
-{
-#define BAD(...) do { ps_errorf(why, why_len, __VA_ARGS__); return PS_EINVAL; } while (0)
-    if (!c->bind || !*c->bind || strlen(c->bind) >= 256)
-        BAD("bind endpoint is missing or longer than 255 characters");
-    if (c->num_servers < 1 || c->num_servers > PS_MAX_RANK + 1)
-        BAD("num-servers must be in [1, %d], got %d", PS_MAX_RANK + 1, c->num_servers);
-    if (c->rank < 0 || c->rank >= c->num_servers)
-        BAD("rank must be in [0, num-servers - 1 = %d], got %d", c->num_servers - 1, c->rank);
-    if (c->num_workers < 1 || c->num_workers > PS_MAX_RANK + 1)
-        BAD("num-workers must be in [1, %d], got %d", PS_MAX_RANK + 1, c->num_workers);
-    if (c->mode != PS_MODE_SYNC && c->mode != PS_MODE_ASYNC)
-        BAD("mode must be sync or async");
-    if (c->mode == PS_MODE_SYNC && c->max_staleness != 0)
-        BAD("max-staleness must be 0 in sync mode, got %d", c->max_staleness);
-    if (c->max_staleness < -1 || c->max_staleness > 1000000)
-        BAD("max-staleness must be in [-1, 1000000], got %d", c->max_staleness);
-    if (c->opt.kind < PS_OPT_SGD || c->opt.kind > PS_OPT_KIND_MAX)
-        BAD("unknown optimizer %d", c->opt.kind);
-    const ps_opt_config *o = &c->opt;
-    if (!(o->lr >= 0) || !(o->momentum >= 0 && o->momentum <= 1) ||
-        !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) || !(o->eps > 0) ||
-        !(o->weight_decay >= 0))
-        BAD("optimizer hyper-parameter out of range");
-    if (c->threads < 1 || c->threads > PS_SERVER_MAX_THREADS)
-        BAD("threads must be in [1, %d], got %d", PS_SERVER_MAX_THREADS, c->threads);
-    if (c->max_memory < 1)
-        BAD("max-memory must be at least 1 byte");
-    if (c->checkpoint_every < 0 || c->checkpoint_every_ms < 0)
-        BAD("checkpoint-every must be positive");
-    if ((c->checkpoint_every || c->checkpoint_every_ms || c->restore) &&
-        (!c->checkpoint_dir || !*c->checkpoint_dir))
-        BAD("checkpoint-every and restore need a checkpoint directory (--checkpoint-dir)");
-    if (c->worker_timeout_ms < 0)
-        BAD("worker-timeout must be >= 0, got %d ms", c->worker_timeout_ms);
-    if (c->on_worker_loss != PS_LOSS_WAIT && c->on_worker_loss != PS_LOSS_DROP)
-        BAD("on-worker-loss must be wait or drop");
-    if (c->on_worker_loss == PS_LOSS_DROP && c->worker_timeout_ms == 0)
-        BAD("on-worker-loss drop needs a worker timeout (--worker-timeout)");
-    return 0;
-#undef BAD
-}
 
 static ps_hello my_hello(const ps_server *s)
 {
@@ -189,7 +103,6 @@ static void set_stopping(ps_server *s)
     if (s->ck)
         ps_ckpt_coord_stopping(s->ck);
 }
-
 
 static void io_send(ps_server *s, zmq_msg_t *id, const ps_header *h)
 {
@@ -223,15 +136,6 @@ static void io_drop(ps_server *s, const char *why)
     s->dropped++;
     if (ps_rlimit_allow(&s->rl))
         ps_warn("dropped a message with no usable header: %s", why);
-}
-
-static void id_hex(const zmq_msg_t *id, char *out, size_t len)
-{
-    const unsigned char *p = zmq_msg_data((zmq_msg_t *)id);
-    size_t n = zmq_msg_size((zmq_msg_t *)id), o = 0;
-    out[0] = 0;
-    for (size_t i = 0; i < n && o + 3 < len && i < 8; i++)
-        o += (size_t)snprintf(out + o, len - o, "%02x", p[i]);
 }
 
 /* Hand a message to an owner, or queue it while its PAIR is full (reads from
@@ -319,42 +223,16 @@ static void io_hello(ps_server *s, zmq_msg_t *id, const ps_header *h)
         ps_info("model fingerprint %016llx (from %s)", (unsigned long long)s->model_fp, who);
     }
     if (h->rank >= 0) {
-        worker_info *wi = s->workers[h->rank];
-        size_t n = zmq_msg_size(id);
-        const void *p = zmq_msg_data(id);
-        char hex[40];
-        id_hex(id, hex, sizeof hex);
-        if (!wi) {
-            wi = calloc(1, sizeof *wi);
-            if (!wi) {
-                io_error(s, id, h, PS_ENOMEM, "out of memory recording the worker");
-                return;
-            }
-            s->workers[h->rank] = wi;
-            s->hello[h->rank] = 1;
-            s->workers_seen++;
-            ps_info("hello from worker %d (identity %s), %d of %d workers", h->rank, hex,
-                    s->workers_seen, s->cfg.num_workers);
-        } else if (wi->dropped) {
-            /* back in the live set before any of its requests reach an owner */
-            wi->dropped = 0;
-            s->ndropped--;
-            s->nrejoined++;
+        int rejoined;
+        if (ps_workers_hello(s->workers, h->rank, zmq_msg_data(id), zmq_msg_size(id),
+                             ps_now_ns(), &rejoined) != 0) {
+            io_error(s, id, h, PS_ENOMEM, "out of memory recording the worker");
+            return;
+        }
+        if (rejoined) { /* back in the live set before any of its requests reach an owner */
             send_live(s, h->rank, 1);
             ps_barriers_set_live(s->barriers, h->rank, 1);
-            ps_info("worker %d said hello again (identity %s): rejoined at the current "
-                    "version; rounds and barriers wait for %d of %d workers again",
-                    h->rank, hex, s->cfg.num_workers - s->ndropped, s->cfg.num_workers);
-        } else if (wi->id_len != n || memcmp(wi->id, p, n) != 0) {
-            ps_info("hello again from worker %d with a new connection (identity %s)", h->rank,
-                    hex);
-        } else {
-            ps_debug("hello again from worker %d", h->rank);
         }
-        wi->id_len = n < sizeof wi->id ? n : sizeof wi->id;
-        memcpy(wi->id, p, wi->id_len);
-        wi->last_ns = ps_now_ns();
-        wi->silent = 0;
     } else {
         ps_debug("hello from a tool (rank -1)");
     }
@@ -372,51 +250,13 @@ static void io_barrier(ps_server *s, zmq_msg_t *id, const ps_header *h)
         io_error(s, id, h, rc, why);
 }
 
-/* ---- liveness ---- */
-
-static void drop_worker(ps_server *s, int r, double silent_s)
-{
-    worker_info *wi = s->workers[r];
-    wi->dropped = 1;
-    s->ndropped++;
-    s->nlost++;
-    send_live(s, r, 0);
-    ps_warn("worker %d silent for %.1f s: dropped; rounds continue with %d of %d workers", r,
-            silent_s, s->cfg.num_workers - s->ndropped, s->cfg.num_workers);
-    ps_barriers_set_live(s->barriers, r, 0);
-}
-
 /* Apply --on-worker-loss to every worker silent for longer than the timeout. */
 static void check_workers(ps_server *s, int64_t now)
 {
-    if (s->cfg.worker_timeout_ms <= 0)
-        return;
-    int64_t limit = (int64_t)s->cfg.worker_timeout_ms * 1000000LL;
-    for (int r = 0; r < s->cfg.num_workers; r++) {
-        worker_info *wi = s->workers[r];
-        if (!wi || wi->dropped || wi->silent || now - wi->last_ns <= limit)
-            continue;
-        double silent_s = (double)(now - wi->last_ns) * 1e-9;
-        if (s->cfg.on_worker_loss == PS_LOSS_DROP) {
-            drop_worker(s, r, silent_s);
-        } else {
-            wi->silent = 1;
-            s->nlost++;
-            ps_warn("worker %d silent for %.1f s; rounds and barriers keep waiting for it "
-                    "(--on-worker-loss wait)", r, silent_s);
-        }
+    for (int r; (r = ps_workers_check(s->workers, now)) >= 0;) {
+        send_live(s, r, 0);
+        ps_barriers_set_live(s->barriers, r, 0);
     }
-}
-
-/* Anything from rank r counts as a sign of life. */
-static void heard_from(ps_server *s, int r, int64_t now)
-{
-    worker_info *wi = s->workers[r];
-    if (wi->silent)
-        ps_info("worker %d is heard from again after %.1f s", r,
-                (double)(now - wi->last_ns) * 1e-9);
-    wi->silent = 0;
-    wi->last_ns = now;
 }
 
 static void io_stats(ps_server *s, zmq_msg_t *id, const ps_header *h)
@@ -479,6 +319,7 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         io_error(s, &f[0], &h, PS_EPROTO, why);
         return;
     }
+    int ws; /* anything from a live worker counts as a sign of life */
     if (h.rank < 0) {
         if (h.type != PS_MSG_STATS && h.type != PS_MSG_SHUTDOWN && h.type != PS_MSG_HEARTBEAT) {
             ps_errorf(why, sizeof why,
@@ -487,8 +328,8 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
             io_error(s, &f[0], &h, PS_ESTATE, why);
             return;
         }
-    } else if (!s->workers[h.rank] || s->workers[h.rank]->dropped) {
-        if (!s->workers[h.rank])
+    } else if ((ws = ps_workers_heard(s->workers, h.rank, ps_now_ns())) != PS_WORKER_LIVE) {
+        if (ws == PS_WORKER_UNKNOWN)
             ps_errorf(why, sizeof why, "worker %d sent %s before hello; say hello first", h.rank,
                 ps_msg_type_name(h.type));
         else
@@ -505,8 +346,6 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
             io_error(s, &f[0], &h, PS_ESTATE, why);
         }
         return;
-    } else {
-        heard_from(s, h.rank, ps_now_ns());
     }
     switch (h.type) {
     case PS_MSG_INIT:
@@ -565,7 +404,6 @@ static int io_read_router(ps_server *s)
 }
 
 /* ================= checkpoints: what the coordinator asks to send ================= */
-
 
 /* Put the replies a checkpoint made durable on the ROUTER, in arrival order. */
 static void send_released(ps_server *s, ps_held_reply *m)
@@ -634,7 +472,9 @@ static void io_read_pair(ps_server *s, int i)
             ps_progress_frame pf;
         } u;
         memset(&u, 0, sizeof u);
-        size_t want = t == PS_OUT_CKPT ? sizeof u.cf : t == PS_OUT_PROGRESS ? sizeof u.pf : sizeof u.of;
+        size_t want = t == PS_OUT_CKPT       ? sizeof u.cf
+                      : t == PS_OUT_PROGRESS ? sizeof u.pf
+                                             : sizeof u.of;
         int got = 0;
         while (more) {
             zmq_msg_t m;
@@ -649,11 +489,13 @@ static void io_read_pair(ps_server *s, int i)
         }
         if (t == PS_OUT_CKPT) {
             if (got)
-                send_released(s, ps_ckpt_coord_part(s->ck, i, &u.cf, s->model_fp, s->hello));
+                send_released(s, ps_ckpt_coord_part(s->ck, i, &u.cf, s->model_fp,
+                                                  ps_workers_hello_flags(s->workers)));
         } else if (t == PS_OUT_PROGRESS) {
             ps_ckpt_coord_progress(s->ck, i, u.pf.min_version, u.pf.have);
         } else if (t == PS_OUT_STATS) {
-            ps_stats_reqs_part(s->stats, &u.of, s->io_errors, (uint64_t)s->workers_seen);
+            ps_stats_reqs_part(s->stats, &u.of, s->io_errors,
+                               (uint64_t)ps_workers_seen(s->workers));
         } else if (t == PS_OUT_STOPPED) {
             s->own[i].final = u.of.st;
             s->own[i].stopped = 1;
@@ -793,7 +635,7 @@ static void stop_threads(ps_server *s)
     for (int i = 0; i < T; i++)
         ps_stats_add(&s->totals, &have, &s->own[i].final);
     s->totals.errors += s->io_errors;
-    s->totals.workers_seen = (uint64_t)s->workers_seen;
+    s->totals.workers_seen = (uint64_t)ps_workers_seen(s->workers);
 }
 
 /* Pump the owners' messages and the writer's wake-up until no checkpoint is
@@ -874,10 +716,12 @@ int ps_server_run(ps_server *s)
                                 ", %llu CURVE handshakes refused",
                                 (unsigned long long)(ps_curve_auth_refused(s->auth) +
                                                      ps_hs_monitor_failed(s->mon)));
-    if (s->nlost && off < sizeof extra)
+    uint64_t nlost = ps_workers_lost(s->workers);
+    if (nlost && off < sizeof extra)
         off += (size_t)snprintf(extra + off, sizeof extra - off,
                                 ", %llu workers lost, %llu rejoined",
-                                (unsigned long long)s->nlost, (unsigned long long)s->nrejoined);
+                                (unsigned long long)nlost,
+                                (unsigned long long)ps_workers_rejoined(s->workers));
     if (ck_on && off < sizeof extra)
         snprintf(extra + off, sizeof extra - off, ", %llu checkpoints written",
                  (unsigned long long)ps_ckpt_coord_count(s->ck));
@@ -890,7 +734,7 @@ int ps_server_run(ps_server *s)
             (unsigned long long)s->dropped, (unsigned long long)t->chunks,
             (long long)t->min_version, (long long)t->max_version,
             (unsigned long long)(t->bytes_in >> 20), (unsigned long long)(t->bytes_out >> 20),
-            s->workers_seen, s->cfg.num_workers, extra);
+            ps_workers_seen(s->workers), s->cfg.num_workers, extra);
     return rc;
 }
 
@@ -937,11 +781,7 @@ void ps_server_close(ps_server *s)
         unlink(s->endpoint + 6);
     if (s->trace && ps_trace_close(s->trace) != 0)
         ps_error("--timeline %s: cannot finish the file", s->timeline_path);
-    if (s->workers)
-        for (int i = 0; i < s->cfg.num_workers; i++)
-            free(s->workers[i]);
-    free(s->workers);
-    free(s->hello);
+    ps_workers_destroy(s->workers);
     free(s->own);
     free(s->timeline_path);
     free(s->curve_dir);
@@ -958,21 +798,15 @@ static int restore(ps_server *s, char *why, size_t why_len)
     ps_shard *shards[PS_SERVER_MAX_THREADS];
     for (int i = 0; i < s->cfg.threads; i++)
         shards[i] = ps_updater_shard(s->own[i].upd);
-    int rc = ps_ckpt_coord_restore(s->ck, shards, s->cfg.threads, s->hello, &s->model_fp, why,
+    uint8_t *hello = calloc((size_t)s->cfg.num_workers, 1);
+    if (!hello)
+        return PS_ENOMEM;
+    int rc = ps_ckpt_coord_restore(s->ck, shards, s->cfg.threads, hello, &s->model_fp, why,
                                    why_len);
-    if (rc)
-        return rc;
-    int64_t now = ps_now_ns();
-    for (int r = 0; r < s->cfg.num_workers; r++) {
-        if (!s->hello[r])
-            continue;
-        s->workers[r] = calloc(1, sizeof *s->workers[r]);
-        if (!s->workers[r])
-            return PS_ENOMEM;
-        s->workers[r]->last_ns = now;
-        s->workers_seen++;
-    }
-    return 0;
+    if (!rc)
+        rc = ps_workers_restore(s->workers, hello, ps_now_ns());
+    free(hello);
+    return rc;
 }
 
 static char *dup_opt(const char *p, int *fail)
@@ -983,6 +817,124 @@ static char *dup_opt(const char *p, int *fail)
     if (!d)
         *fail = 1;
     return d;
+}
+
+/* --timeline: a lane per update thread and one for the checkpoint writer. */
+static int open_timeline(ps_server *s, char *why, size_t why_len)
+{
+    if (!s->timeline_path)
+        return 0;
+    /* its directory is made here and an unwritable place named with errno,
+     * before anything runs */
+    int rc = ps_check_output_file("--timeline", s->timeline_path, why, why_len);
+    if (rc)
+        return rc;
+    char name[64];
+    snprintf(name, sizeof name, "ps_server[%d]", s->cfg.rank);
+    if (ps_trace_open(s->timeline_path, 2000 + s->cfg.rank, name, &s->trace) != 0) {
+        ps_errorf(why, why_len, "--timeline %s: cannot create the file: %s", s->timeline_path,
+            strerror(errno));
+        return PS_EIO;
+    }
+    for (int i = 0; i < s->cfg.threads; i++) {
+        snprintf(name, sizeof name, "update-%d", i);
+        ps_trace_thread_name(s->trace, 1 + i, name);
+    }
+    ps_ckpt_coord_set_trace(s->ck, s->trace);
+    return 0;
+}
+
+/* One end of an inproc PAIR: no linger, PAIR_HWM messages each way.  NULL
+ * with errno set on failure. */
+static void *pair_socket(void *ctx)
+{
+    void *p = zmq_socket(ctx, ZMQ_PAIR);
+    if (p && (set_int(p, ZMQ_LINGER, 0) || set_int(p, ZMQ_SNDHWM, PAIR_HWM) ||
+              set_int(p, ZMQ_RCVHWM, PAIR_HWM))) {
+        int e = errno;
+        zmq_close(p);
+        errno = e;
+        return NULL;
+    }
+    return p;
+}
+
+/* The update threads' shards and PAIRs (threads not started yet). */
+static int open_owners(ps_server *s, char *why, size_t why_len)
+{
+    const ps_server_config *c = &s->cfg;
+    const ps_ckpt_policy *pol = ps_ckpt_coord_policy(s->ck);
+    ps_shard_config sc;
+    memset(&sc, 0, sizeof sc);
+    sc.mode = c->mode;
+    sc.max_staleness = c->max_staleness;
+    sc.num_workers = c->num_workers;
+    sc.opt = c->opt;
+    sc.max_memory = c->max_memory;
+    sc.mem_used = &s->mem_used;
+    ps_updater_config uc;
+    memset(&uc, 0, sizeof uc);
+    uc.mode = c->mode;
+    uc.num_workers = c->num_workers;
+    uc.trace = s->trace;
+    uc.hold_inits = pol->on;
+    uc.durable = pol->durable;
+    uc.defer_acks = pol->defer_acks;
+    uc.report_progress = pol->report_progress;
+    for (int i = 0; i < c->threads; i++) {
+        char ep[64];
+        snprintf(ep, sizeof ep, "inproc://ps-update-%d", i);
+        s->own[i].pair = pair_socket(s->ctx);
+        void *pair = s->own[i].pair ? pair_socket(s->ctx) : NULL;
+        if (!pair || zmq_bind(s->own[i].pair, ep) != 0 || zmq_connect(pair, ep) != 0) {
+            ps_errorf(why, why_len, "cannot set up %s: %s", ep, zmq_strerror(errno));
+            if (pair)
+                zmq_close(pair);
+            return PS_EIO;
+        }
+        uc.idx = i;
+        int rc = ps_updater_create(&uc, &sc, pair, &s->own[i].upd);
+        if (rc) {
+            ps_errorf(why, why_len, "cannot create the shard store: %s", ps_strerror(rc));
+            zmq_close(pair);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* The ROUTER, as a CURVE server with --curve-keys, bound. */
+static int open_router(ps_server *s, char *why, size_t why_len)
+{
+    s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
+    int64_t maxmsg = (int64_t)PS_MAX_PAYLOAD_BYTES + PS_HEADER_MAX;
+    if (!s->router || set_int(s->router, ZMQ_LINGER, 1000) ||
+        set_int(s->router, ZMQ_SNDHWM, ROUTER_SNDHWM) ||
+        set_int(s->router, ZMQ_RCVHWM, ROUTER_RCVHWM) ||
+        zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg)) {
+        ps_errorf(why, why_len, "cannot create the ROUTER socket: %s", zmq_strerror(errno));
+        return PS_EIO;
+    }
+    if (s->curve_dir) {
+        /* before bind: no connection may come in before the ZAP handler is up */
+        char msg[512];
+        int rc = ps_curve_server_setup(s->ctx, s->router, s->curve_dir, s->cfg.rank, &s->auth,
+                                       msg, sizeof msg);
+        if (rc) {
+            ps_errorf(why, why_len, "--curve-keys %s: %s", s->curve_dir, msg);
+            return rc;
+        }
+        /* handshake failures the ZAP handler never sees (plaintext peers) */
+        s->mon = ps_hs_monitor_open(s->ctx, s->router);
+    }
+    if (zmq_bind(s->router, s->bind) != 0) {
+        ps_errorf(why, why_len, "cannot bind %s: %s", s->bind, zmq_strerror(errno));
+        return PS_EIO;
+    }
+    size_t len = sizeof s->endpoint;
+    if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &len) != 0)
+        snprintf(s->endpoint, sizeof s->endpoint, "%s", s->bind);
+    return 0;
 }
 
 int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t why_len)
@@ -1007,13 +959,13 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     s->cfg.checkpoint_dir = s->ckpt_dir;
     atomic_init(&s->mem_used, 0);
     int T = c->threads;
-    s->workers = calloc((size_t)c->num_workers, sizeof *s->workers);
-    s->hello = calloc((size_t)c->num_workers, 1);
     s->own = calloc((size_t)T, sizeof *s->own);
     s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     s->ctx = zmq_ctx_new();
     ps_reply_to to = {s, reply_hook};
-    if (fail || !s->workers || !s->hello || !s->own || s->efd < 0 || !s->ctx ||
+    if (fail || !s->own || s->efd < 0 || !s->ctx ||
+        ps_workers_create(c->num_workers, c->worker_timeout_ms, c->on_worker_loss,
+                          &s->workers) != 0 ||
         ps_barriers_create(c->num_workers, to, &s->barriers) != 0 ||
         ps_stats_reqs_create(T, to, &s->stats) != 0) {
         ps_errorf(why, why_len, "out of memory or descriptors starting the server");
@@ -1024,107 +976,12 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         ps_server_close(s);
         return rc;
     }
-    const ps_ckpt_policy *pol = ps_ckpt_coord_policy(s->ck);
-    if (s->timeline_path) {
-        /* its directory is made here and an unwritable place named with errno,
-         * before anything runs */
-        if ((rc = ps_check_output_file("--timeline", s->timeline_path, why, why_len)) != 0) {
-            ps_server_close(s);
-            return rc;
-        }
-        char name[64];
-        snprintf(name, sizeof name, "ps_server[%d]", c->rank);
-        if (ps_trace_open(s->timeline_path, 2000 + c->rank, name, &s->trace) != 0) {
-            ps_errorf(why, why_len, "--timeline %s: cannot create the file: %s", s->timeline_path,
-                strerror(errno));
-            ps_server_close(s);
-            return PS_EIO;
-        }
-        for (int i = 0; i < T; i++) {
-            snprintf(name, sizeof name, "update-%d", i);
-            ps_trace_thread_name(s->trace, 1 + i, name);
-        }
-        ps_ckpt_coord_set_trace(s->ck, s->trace);
-    }
-
-    ps_shard_config sc;
-    memset(&sc, 0, sizeof sc);
-    sc.mode = c->mode;
-    sc.max_staleness = c->max_staleness;
-    sc.num_workers = c->num_workers;
-    sc.opt = c->opt;
-    sc.max_memory = c->max_memory;
-    sc.mem_used = &s->mem_used;
-    ps_updater_config uc;
-    memset(&uc, 0, sizeof uc);
-    uc.mode = c->mode;
-    uc.num_workers = c->num_workers;
-    uc.trace = s->trace;
-    uc.hold_inits = pol->on;
-    uc.durable = pol->durable;
-    uc.defer_acks = pol->defer_acks;
-    uc.report_progress = pol->report_progress;
-    for (int i = 0; i < T; i++) {
-        char ep[64];
-        snprintf(ep, sizeof ep, "inproc://ps-update-%d", i);
-        s->own[i].pair = zmq_socket(s->ctx, ZMQ_PAIR);
-        void *pair = zmq_socket(s->ctx, ZMQ_PAIR);
-        if (!s->own[i].pair || !pair || set_int(s->own[i].pair, ZMQ_LINGER, 0) ||
-            set_int(pair, ZMQ_LINGER, 0) || set_int(s->own[i].pair, ZMQ_SNDHWM, PAIR_HWM) ||
-            set_int(s->own[i].pair, ZMQ_RCVHWM, PAIR_HWM) || set_int(pair, ZMQ_SNDHWM, PAIR_HWM) ||
-            set_int(pair, ZMQ_RCVHWM, PAIR_HWM) || zmq_bind(s->own[i].pair, ep) != 0 ||
-            zmq_connect(pair, ep) != 0) {
-            ps_errorf(why, why_len, "cannot set up %s: %s", ep, zmq_strerror(errno));
-            if (pair)
-                zmq_close(pair);
-            ps_server_close(s);
-            return PS_EIO;
-        }
-        uc.idx = i;
-        if ((rc = ps_updater_create(&uc, &sc, pair, &s->own[i].upd)) != 0) {
-            ps_errorf(why, why_len, "cannot create the shard store: %s", ps_strerror(rc));
-            zmq_close(pair);
-            ps_server_close(s);
-            return rc;
-        }
-    }
-    if (c->restore && (rc = restore(s, why, why_len)) != 0) {
+    if ((rc = open_timeline(s, why, why_len)) != 0 || (rc = open_owners(s, why, why_len)) != 0 ||
+        (c->restore && (rc = restore(s, why, why_len)) != 0) ||
+        (rc = open_router(s, why, why_len)) != 0) {
         ps_server_close(s);
         return rc;
     }
-
-    s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
-    int64_t maxmsg = (int64_t)PS_MAX_PAYLOAD_BYTES + PS_HEADER_MAX;
-    if (!s->router || set_int(s->router, ZMQ_LINGER, 1000) ||
-        set_int(s->router, ZMQ_SNDHWM, ROUTER_SNDHWM) ||
-        set_int(s->router, ZMQ_RCVHWM, ROUTER_RCVHWM) ||
-        zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg)) {
-        ps_errorf(why, why_len, "cannot create the ROUTER socket: %s", zmq_strerror(errno));
-        ps_server_close(s);
-        return PS_EIO;
-    }
-    if (s->curve_dir) {
-        /* before bind: no connection may come in before the ZAP handler is up */
-        char msg[512];
-        rc = ps_curve_server_setup(s->ctx, s->router, s->curve_dir, c->rank, &s->auth, msg,
-                                   sizeof msg);
-        if (rc) {
-            ps_errorf(why, why_len, "--curve-keys %s: %s", s->curve_dir, msg);
-            ps_server_close(s);
-            return rc;
-        }
-        /* handshake failures the ZAP handler never sees (plaintext peers) */
-        s->mon = ps_hs_monitor_open(s->ctx, s->router);
-    }
-    if (zmq_bind(s->router, s->bind) != 0) {
-        ps_errorf(why, why_len, "cannot bind %s: %s", s->bind, zmq_strerror(errno));
-        ps_server_close(s);
-        return PS_EIO;
-    }
-    size_t len = sizeof s->endpoint;
-    if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &len) != 0)
-        snprintf(s->endpoint, sizeof s->endpoint, "%s", s->bind);
-
     /* update threads take no signals: SIGINT/SIGTERM land on the I/O thread */
     sigset_t all, old;
     sigemptyset(&all);

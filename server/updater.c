@@ -63,7 +63,8 @@ static void upd_send(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t
     char buf[PS_HEADER_MAX];
     size_t len;
     if (ps_proto_encode(h, buf, sizeof buf, &len) != 0) {
-        ps_error("update thread %d: cannot encode a %s reply", u->cfg.idx, ps_msg_type_name(h->type));
+        ps_error("update thread %d: cannot encode a %s reply", u->cfg.idx,
+                 ps_msg_type_name(h->type));
         return;
     }
     char tag[1 + sizeof(int64_t)] = {PS_OUT_REPLY};
