@@ -30,9 +30,9 @@
 #include <stdint.h>
 #include <zmq.h>
 
+#include "ps_trace.h"
 #include "server.h"
 #include "shard.h"
-#include "ps_trace.h"
 #include "updater_frames.h"
 
 typedef struct ps_ckpt_coord ps_ckpt_coord;
