@@ -1,6 +1,6 @@
 /* Checkpoints of one server's shard: the file format, writing it atomically,
  * finding and checking the newest valid one.  No sockets and no threads here;
- * server.c decides when (docs/OPERATIONS.md "Checkpoints").
+ * server/ckpt_coord.c decides when (docs/OPERATIONS.md "Checkpoints").
  *
  * File DIR/shard-<rank>-<seq>.ckpt (seq: 12 decimal digits, growing), all
  * integers and floats little-endian:
@@ -26,7 +26,7 @@
  * its messages (ps_ckpt_serialize), so no update is half in a checkpoint.  In
  * sync mode a chunk's clocks are stored as at most its version: gradients of
  * a round that was still open are not in the weights, so their pushes must be
- * applied again after a restore (server.c defers their acknowledgements until
+ * applied again after a restore (updater.c defers their acknowledgements until
  * the round is complete for exactly that reason). */
 #ifndef PS_CHECKPOINT_H
 #define PS_CHECKPOINT_H

@@ -8,23 +8,29 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
 
-#include "checkpoint.h"
+#include "barrier.h"
+#include "ckpt_coord.h"
+#include "hs_monitor.h"
+#include "outbox.h"
 #include "ps_curve.h"
 #include "ps_error.h"
+#include "ps_fs.h"
 #include "ps_log.h"
 #include "ps_time.h"
 #include "ps_trace.h"
+#include "ratelimit.h"
+#include "reply.h"
 #include "shard.h"
+#include "stats_req.h"
+#include "updater.h"
+#include "workers.h"
+#include "zmsg.h"
 
 /* ROUTER messages handled per poll round before looking at replies again. */
 #define IO_BATCH 256
-/* Open barriers (distinct ids waiting) and STATS requests in flight. */
-#define MAX_BARRIERS 64
-#define MAX_STATS_INFLIGHT 64
 /* Replies queued per worker on the ROUTER before ZeroMQ drops (the client
  * resends on timeout).  Covers a pull burst over thousands of chunks. */
 #define ROUTER_SNDHWM 10000
@@ -34,325 +40,44 @@
  * back on TCP; the update threads cannot go faster anyway. */
 #define ROUTER_RCVHWM 256
 #define PAIR_HWM 128
-/* Log lines about bad messages per second and thread; the rest are counted. */
-#define RL_LINES 10
-/* Barrier ids remembered after completion, so a resent barrier is answered. */
-#define DONE_BARRIERS 16
-/* Pull replies of at least this many bytes are sent from the chunk's weight
- * buffer itself (zero-copy, ps_shard_pin); smaller ones are copied, which
- * costs less than the pin (ZeroMQ copies frames under 8 KiB into its send
- * batch anyway) and needs no spare buffer. */
-#define ZC_MIN_BYTES 8192
-/* Trace lanes: update thread i is 1 + i; the checkpoint writer has its own. */
-#define TID_CKPT 999
-/* After a failed checkpoint write, wait this long before the next try. */
-#define CKPT_RETRY_NS 1000000000LL
 
-/* ---- frames between the I/O thread and an update thread ----
- * I/O -> owner: [cmd_frame] [identity] [payload]   (CMD_REQ)
- *               [cmd_frame]                         (CMD_STATS, CMD_STOP, CMD_CKPT,
- *                                                    CMD_LIVE: h.rank, token = live)
- * owner -> I/O: ['R'] [identity] [header] [payload] (a reply for the ROUTER)
- *               ['H' + int64 version] [identity] [header] [payload]
- *                                                   (durable rounds: forward once a
- *                                                    checkpoint holds that version)
- *               ['I'] [identity] [header]           (an init acknowledgement, with
- *                                                    checkpoints: forward once a
- *                                                    checkpoint holds the chunk)
- *               ['S' or 'X'] [out_frame]            (stats; final stats on stop)
- *               ['C'] [ckpt_frame]                  (CMD_CKPT: the serialized chunks)
- *               ['P'] [progress_frame]              (lowest chunk version changed) */
-enum { CMD_REQ = 1, CMD_STATS = 2, CMD_STOP = 3, CMD_CKPT = 4, CMD_LIVE = 5 };
-enum { OUT_REPLY = 'R', OUT_HELD = 'H', OUT_INIT = 'I', OUT_STATS = 'S', OUT_STOPPED = 'X',
-       OUT_CKPT = 'C', OUT_PROGRESS = 'P' };
-
-typedef struct cmd_frame {
-    int cmd;
-    uint64_t token;
-    ps_header h;
-} cmd_frame;
-
-typedef struct out_frame {
-    uint64_t token;
-    ps_stats st;
-} out_frame;
-
-typedef struct ckpt_frame {
-    uint64_t token; /* the checkpoint's sequence number */
-    int rc;
-    ps_ckpt_part part; /* the buffer now belongs to the I/O thread */
-} ckpt_frame;
-
-typedef struct progress_frame {
-    int64_t min_version;
-    int have;
-} progress_frame;
-
-/* ---- rate-limited logging of bad messages ---- */
-typedef struct rlimit {
-    int64_t win;
-    unsigned n;
-    unsigned long long suppressed;
-} rlimit;
-
-/* Start a new one-second window, first saying how many lines the last
- * window swallowed; `force` does it now (at exit). */
-static void rl_flush(rlimit *r, int64_t now, int force)
-{
-    if (!force && now - r->win < 1000000000LL)
-        return;
-    if (r->suppressed)
-        ps_warn("%llu more refused or dropped messages not logged", r->suppressed);
-    r->win = now;
-    r->n = 0;
-    r->suppressed = 0;
-}
-
-static int rl_allow(rlimit *r)
-{
-    rl_flush(r, ps_now_ns(), 0);
-    if (r->n < RL_LINES) {
-        r->n++;
-        return 1;
-    }
-    r->suppressed++;
-    return 0;
-}
-
-/* ---- update threads ---- */
-
-/* A request an update thread answers now or, for a queued pull, later. */
-typedef struct req_ctx {
-    zmq_msg_t id;
-    uint64_t seq;
-    int32_t rank;
-    uint32_t type;    /* PS_MSG_PUSH here: a deferred acknowledgement (no weights) */
-    uint64_t key;
-    uint32_t chunk;
-    int64_t step;
-    int64_t t_arrive; /* for the timeline */
-} req_ctx;
-
-/* A received gradient the shard may keep: the message itself, or an aligned
- * copy when ZeroMQ handed us a buffer that is not 4-byte aligned. */
-typedef struct hold {
-    zmq_msg_t msg;
-    float *copy;
-    const float *g;
-} hold;
-
-typedef struct updater {
-    ps_server *srv;
-    int idx;
-    pthread_t tid;
+/* The I/O thread's side of one update thread. */
+typedef struct owner {
+    ps_updater *upd;
+    void *pair;    /* the I/O end */
+    ps_outbox out; /* what the PAIR did not take yet */
     int started;
-    void *pair;   /* owner end; used only by this thread once started */
-    ps_shard *shard;
-    req_ctx *spare;
-    uint64_t bytes_out, errors;
-    rlimit rl;
-    int64_t reported_min;  /* progress last sent to the I/O thread */
-    int reported_have;
-    uint64_t ff_seen;      /* fast-forwarded rounds already logged */
-    /* written by the I/O thread when the thread's final counters arrive */
+    /* set when the thread's final counters arrive */
     int stopped;
     ps_stats final;
-    /* I/O thread: this owner's lowest chunk version, as last reported */
-    int64_t min_version;
-    int have_min;
-} updater;
+} owner;
 
 /* ---- I/O thread state ---- */
-typedef struct outmsg {
-    struct outmsg *next;
-    int nf;
-    zmq_msg_t f[3];
-} outmsg;
-
-typedef struct outbox { /* messages for an owner whose PAIR was full */
-    outmsg *head, *tail;
-    size_t n;
-} outbox;
-
-typedef struct worker_info {
-    unsigned char id[256];
-    size_t id_len;
-    int64_t last_ns; /* when anything last came from this rank */
-    int silent;      /* PS_LOSS_WAIT: its silence was logged */
-    int dropped;     /* PS_LOSS_DROP: out of the live set until it says hello */
-} worker_info;
-
-/* A reply held until a checkpoint makes it durable: a version (durable
- * rounds), or a new chunk (init: `version` is then the sequence number of the
- * first checkpoint that will hold it). */
-typedef struct heldmsg {
-    struct heldmsg *next;
-    int by_seq;
-    int64_t version;
-    int nf;
-    zmq_msg_t f[3];
-} heldmsg;
-
-enum { CK_IDLE = 0, CK_SNAP = 1, CK_WRITE = 2 };
-
-/* The checkpoint writer thread and the one job it may have. */
-typedef struct ckpt_writer {
-    pthread_t tid;
-    int started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int stop, have_job, efd;
-    /* the job (owned by the writer while have_job) and its result */
-    ps_ckpt_meta meta;
-    uint8_t *hello;
-    ps_ckpt_part *parts;
-    int nparts;
-    int rc;
-    uint64_t bytes;
-    int64_t t0, t1;
-    char path[1024], why[512];
-} ckpt_writer;
-
-typedef struct bwait {
-    zmq_msg_t id;
-    uint64_t seq;
-    int32_t rank;
-} bwait;
-
-typedef struct barrier {
-    int64_t id;
-    uint8_t *arrived; /* per rank */
-    int count;
-    bwait *w;
-    size_t nw, capw;
-} barrier;
-
-typedef struct stats_req {
-    uint64_t token;
-    zmq_msg_t id;
-    uint64_t seq;
-    int32_t rank;
-    int remaining;
-    int have_versions;
-    ps_stats acc;
-} stats_req;
-
 struct ps_server {
     ps_server_config cfg;
     char bind[256], endpoint[256];
     void *ctx, *router;
-    void **pairs; /* I/O ends */
-    updater *upd;
-    outbox *out;
-    size_t out_total;
+    owner *own;
+    size_t out_total;        /* messages waiting in every owner's outbox */
     int efd;
     _Atomic uint64_t mem_used;
     uint64_t model_fp;
-    worker_info **workers; /* per rank, NULL until its hello */
-    int workers_seen;
-    barrier barriers[MAX_BARRIERS];
-    int nbarriers;
-    stats_req sreq[MAX_STATS_INFLIGHT];
-    int nsreq;
-    uint64_t next_token;
+    ps_workers *workers;
+    ps_barriers *barriers;
+    ps_stats_reqs *stats;
     uint64_t io_errors, dropped;
-    rlimit rl;
+    ps_rlimit rl;
     ps_stats totals;
     int threads_running, run_called, stopping, io_failed;
     /* options */
     char *timeline_path, *curve_dir, *ckpt_dir;
     ps_trace *trace;
     ps_curve_auth *auth;
-    void *mon;               /* CURVE: the ROUTER's handshake events */
-    uint64_t hs_failed, hs_unlogged;
-    int64_t hs_log_ns;
-    /* liveness */
-    int ndropped;
-    uint64_t nlost, nrejoined;
-    int64_t done_barriers[DONE_BARRIERS];
-    int ndone_barriers, done_next;
+    ps_hs_monitor *mon;      /* CURVE: handshakes the ZAP handler never sees */
     /* checkpoints */
-    int ck_on, defer_acks, durable, report_progress;
-    int ck_state;
-    uint64_t ck_seq;          /* sequence number of the next checkpoint */
-    uint64_t ck_token;        /* the snapshot being collected */
-    ps_ckpt_part *ck_parts;
-    int ck_got, ck_failed;
-    int64_t ck_last_round;    /* sync: lowest version when the last one was taken */
-    int64_t ck_prev_round;    /* ck_last_round before that, to try again after a failure */
-    uint64_t mut, ck_last_mut;/* inits and pushes forwarded: now, at the last one */
-    int ck_written;
-    uint64_t ck_count;
-    int64_t ck_last_ns, ck_retry_ns, ck_info_ns;
-    int64_t durable_round;    /* durable rounds: versions up to it are on disk */
-    heldmsg *held_head, *held_tail;
-    size_t nheld, nheld_init;
-    uint64_t ck_written_seq;  /* the last checkpoint written */
-    ckpt_writer wr;
+    ps_ckpt_coord *ck;
+    uint64_t mut;            /* inits and pushes forwarded to the owners */
 };
-
-int ps_server_owner(uint64_t key, uint32_t chunk, int threads)
-{
-    uint64_t x = key * 0x9e3779b97f4a7c15ull ^ ((uint64_t)chunk + 0x632be59bd9b4e019ull);
-    x ^= x >> 31;
-    x *= 0xd6e8feb86659fd93ull;
-    x ^= x >> 32;
-    return threads > 1 ? (int)(x % (uint64_t)threads) : 0;
-}
-
-void ps_server_config_default(ps_server_config *c)
-{
-    memset(c, 0, sizeof *c);
-    c->rank = 0;
-    c->num_servers = 1;
-    c->num_workers = 1;
-    c->mode = PS_MODE_ASYNC;
-    c->max_staleness = -1;
-    ps_opt_default(&c->opt);
-    c->threads = 1;
-    c->max_memory = PS_SERVER_DEFAULT_MAX_MEMORY;
-    c->on_worker_loss = PS_LOSS_WAIT;
-}
-
-int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
-{
-#define BAD(...) do { ps_errorf(why, why_len, __VA_ARGS__); return PS_EINVAL; } while (0)
-    if (!c->bind || !*c->bind || strlen(c->bind) >= 256)
-        BAD("bind endpoint is missing or longer than 255 characters");
-    if (c->num_servers < 1 || c->num_servers > PS_MAX_RANK + 1)
-        BAD("num-servers must be in [1, %d], got %d", PS_MAX_RANK + 1, c->num_servers);
-    if (c->rank < 0 || c->rank >= c->num_servers)
-        BAD("rank must be in [0, num-servers - 1 = %d], got %d", c->num_servers - 1, c->rank);
-    if (c->num_workers < 1 || c->num_workers > PS_MAX_RANK + 1)
-        BAD("num-workers must be in [1, %d], got %d", PS_MAX_RANK + 1, c->num_workers);
-    if (c->mode != PS_MODE_SYNC && c->mode != PS_MODE_ASYNC)
-        BAD("mode must be sync or async");
-    if (c->mode == PS_MODE_SYNC && c->max_staleness != 0)
-        BAD("max-staleness must be 0 in sync mode, got %d", c->max_staleness);
-    if (c->max_staleness < -1 || c->max_staleness > 1000000)
-        BAD("max-staleness must be in [-1, 1000000], got %d", c->max_staleness);
-    ps_opt_config full = c->opt;
-    full.given = PS_OPT_GIVEN_ALL; /* a server's settings are complete: check them all */
-    if (ps_opt_check(&full, 0, why, why_len))
-        return PS_EINVAL;
-    if (c->threads < 1 || c->threads > PS_SERVER_MAX_THREADS)
-        BAD("threads must be in [1, %d], got %d", PS_SERVER_MAX_THREADS, c->threads);
-    if (c->max_memory < 1)
-        BAD("max-memory must be at least 1 byte");
-    if (c->checkpoint_every < 0 || c->checkpoint_every_ms < 0)
-        BAD("checkpoint-every must be positive");
-    if ((c->checkpoint_every || c->checkpoint_every_ms || c->restore) &&
-        (!c->checkpoint_dir || !*c->checkpoint_dir))
-        BAD("checkpoint-every and restore need a checkpoint directory (--checkpoint-dir)");
-    if (c->worker_timeout_ms < 0)
-        BAD("worker-timeout must be >= 0, got %d ms", c->worker_timeout_ms);
-    if (c->on_worker_loss != PS_LOSS_WAIT && c->on_worker_loss != PS_LOSS_DROP)
-        BAD("on-worker-loss must be wait or drop");
-    if (c->on_worker_loss == PS_LOSS_DROP && c->worker_timeout_ms == 0)
-        BAD("on-worker-loss drop needs a worker timeout (--worker-timeout)");
-    return 0;
-#undef BAD
-}
 
 static ps_hello my_hello(const ps_server *s)
 {
@@ -368,446 +93,16 @@ static ps_hello my_hello(const ps_server *s)
     return h;
 }
 
-static void reply_header(ps_header *r, uint32_t type, uint64_t seq, int32_t rank, uint64_t key,
-                         uint32_t chunk, int64_t step)
-{
-    ps_header_init(r, type);
-    r->flags = PS_FLAG_REPLY;
-    r->seq = seq;
-    r->rank = rank;
-    r->key = key;
-    r->chunk = chunk;
-    r->step = step;
-}
-
-static void error_header(ps_header *r, uint64_t seq, int32_t rank, uint64_t key, uint32_t chunk,
-                         int code, const char *text)
-{
-    reply_header(r, PS_MSG_ERROR, seq, rank, key, chunk, 0);
-    r->err_code = code;
-    size_t n = strnlen(text, sizeof r->err_text - 1); /* cut to what the protocol carries */
-    memcpy(r->err_text, text, n);
-    r->err_text[n] = 0;
-}
-
-/* ================= update threads ================= */
-
-/* Send [tag, identity, header, payload?] to the I/O thread.  Blocking: the I/O
- * thread always drains replies, so this never waits for long.  With durable
- * rounds, a reply naming a version (push ack, pull) is tagged to wait in the
- * I/O thread until a checkpoint holds that version. */
-static void upd_send(updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload)
-{
-    char buf[PS_HEADER_MAX];
-    size_t len;
-    if (ps_proto_encode(h, buf, sizeof buf, &len) != 0) {
-        ps_error("update thread %d: cannot encode a %s reply", u->idx, ps_msg_type_name(h->type));
-        return;
-    }
-    char tag[1 + sizeof(int64_t)] = {OUT_REPLY};
-    size_t tlen = 1;
-    /* with checkpoints, a chunk a worker was told exists is in one first, so
-     * a restored server never lacks a chunk its workers use */
-    if (u->srv->ck_on && h->type == PS_MSG_INIT)
-        tag[0] = OUT_INIT;
-    if (u->srv->durable && (h->type == PS_MSG_PUSH || h->type == PS_MSG_PULL ||
-                            h->type == PS_MSG_PUSHPULL)) {
-        tag[0] = OUT_HELD;
-        memcpy(tag + 1, &h->step, sizeof h->step);
-        tlen = sizeof tag;
-    }
-    zmq_send(u->pair, tag, tlen, ZMQ_SNDMORE);
-    zmq_msg_send(id, u->pair, ZMQ_SNDMORE);
-    zmq_send(u->pair, buf, len, payload ? ZMQ_SNDMORE : 0);
-    if (payload)
-        zmq_msg_send(payload, u->pair, 0);
-}
-
-static void upd_error(updater *u, req_ctx *r, int code, const char *why)
-{
-    ps_header h;
-    error_header(&h, r->seq, r->rank, r->key, r->chunk, code, why);
-    u->errors++;
-    if (rl_allow(&u->rl))
-        ps_warn("refused %s from worker %d (key %llu chunk %u): %s: %s",
-                ps_msg_type_name(r->type), r->rank, (unsigned long long)r->key, r->chunk,
-                ps_strerror(code), why);
-    upd_send(u, &r->id, &h, NULL);
-}
-
-static void upd_ack(updater *u, req_ctx *r, int64_t version)
-{
-    ps_header h;
-    reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
-    upd_send(u, &r->id, &h, NULL);
-}
-
-/* ZeroMQ's free callback of a zero-copy reply: runs on whichever thread
- * closes the last copy of the message (a ZeroMQ I/O thread once the bytes
- * are written, or the I/O thread when it drops the reply). */
-static void zc_release(void *data, void *ref)
-{
-    (void)data;
-    ps_shard_unpin(ref);
-}
-
-/* Answer a pull with the weights w of `version`: zero-copy from the chunk's
- * weight buffer, which no update writes until the reply is gone (updates in
- * the meantime go out of place), else copied into the reply message. */
-static void upd_weights(updater *u, req_ctx *r, const float *w, size_t n, int64_t version)
-{
-    zmq_msg_t pl;
-    size_t bytes = n * sizeof(float);
-    void *ref = NULL;
-    const float *pinned = bytes >= ZC_MIN_BYTES
-                              ? ps_shard_pin(u->shard, r->key, r->chunk, w, &ref)
-                              : NULL;
-    if (pinned && zmq_msg_init_data(&pl, (void *)pinned, bytes, zc_release, ref) != 0) {
-        ps_shard_unpin(ref); /* ZeroMQ did not take it */
-        pinned = NULL;
-    }
-    if (!pinned) {
-        if (zmq_msg_init_size(&pl, bytes) != 0) {
-            upd_error(u, r, PS_ENOMEM, "out of memory building the pull reply");
-            return;
-        }
-        memcpy(zmq_msg_data(&pl), w, bytes);
-    }
-    ps_header h;
-    reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
-    h.count = n;
-    h.dtype = PS_DTYPE_F32;
-    u->bytes_out += bytes;
-    upd_send(u, &r->id, &h, &pl);
-    zmq_msg_close(&pl);
-    if (u->srv->trace)
-        ps_trace_event(u->srv->trace, "pull", "serve", 1 + u->idx, r->t_arrive, ps_now_ns(),
-                       version, -1);
-}
-
-static void req_free(req_ctx *r)
-{
-    if (!r)
-        return;
-    zmq_msg_close(&r->id);
-    free(r);
-}
-
-static void hook_ready(void *user, void *waiter, const float *w, size_t n, int64_t version)
-{
-    req_ctx *r = waiter;
-    if (r->type == PS_MSG_PUSH) /* a deferred acknowledgement: its round is complete */
-        upd_ack(user, r, version);
-    else
-        upd_weights(user, r, w, n, version);
-    req_free(r);
-}
-
-static void hook_cancel(void *user, void *waiter)
-{
-    req_ctx *r = waiter;
-    upd_error(user, r, PS_ECLOSED, "the server is shutting down; this pull was still waiting");
-    req_free(r);
-}
-
-/* A resend of a queued request (same rank, id and type): answer it on the
- * newest route, once. */
-static int hook_merge(void *user, void *queued, void *incoming)
-{
-    (void)user;
-    req_ctx *q = queued, *n = incoming;
-    if (q->rank != n->rank || q->seq != n->seq || q->type != n->type)
-        return 0;
-    zmq_msg_close(&q->id);
-    zmq_msg_init(&q->id);
-    zmq_msg_move(&q->id, &n->id);
-    return 1;
-}
-
-static void hold_free(hold *h)
-{
-    if (!h)
-        return;
-    zmq_msg_close(&h->msg);
-    free(h->copy);
-    free(h);
-}
-
-static void hook_release(void *user, void *h)
-{
-    (void)user;
-    hold_free(h);
-}
-
-static void upd_pull(updater *u, req_ctx *r, int64_t want)
-{
-    char why[256];
-    const float *w = NULL;
-    size_t n = 0;
-    int64_t version = 0;
-    int queued = 0;
-    int rc = ps_shard_pull(u->shard, r->key, r->chunk, r->rank, want, r, &queued, &w, &n, &version,
-                           why, sizeof why);
-    if (rc)
-        upd_error(u, r, rc, why);
-    else if (queued == 1)
-        u->spare = NULL; /* the shard holds r until hook_ready or hook_cancel */
-    else if (queued == 0)
-        upd_weights(u, r, w, n, version);
-    /* 2: a resend of a queued pull, which now answers on r's route */
-}
-
-/* Sync with checkpoints: acknowledge a push of step t only once version t+1
- * exists, so a push whose round a crash lost is still unanswered and the
- * worker resends it to the restored server. */
-static void upd_await(updater *u, req_ctx *r, int64_t want)
-{
-    char why[256];
-    int64_t version = 0;
-    int queued = 0;
-    int rc = ps_shard_await(u->shard, r->key, r->chunk, want, r, &queued, &version, why,
-                            sizeof why);
-    if (rc)
-        upd_error(u, r, rc, why);
-    else if (queued == 1)
-        u->spare = NULL;
-    else if (queued == 0)
-        upd_ack(u, r, version);
-}
-
-static void upd_request(updater *u, const ps_header *h, zmq_msg_t *id, zmq_msg_t *pl)
-{
-    if (!u->spare) {
-        u->spare = calloc(1, sizeof *u->spare);
-        if (!u->spare) {
-            ps_error("update thread %d: out of memory; dropped a %s", u->idx,
-                     ps_msg_type_name(h->type));
-            return;
-        }
-        zmq_msg_init(&u->spare->id);
-    }
-    req_ctx *r = u->spare;
-    zmq_msg_move(&r->id, id);
-    r->seq = h->seq;
-    r->rank = h->rank;
-    r->type = h->type;
-    r->key = h->key;
-    r->chunk = h->chunk;
-    r->step = h->step;
-    r->t_arrive = u->srv->trace ? ps_now_ns() : 0;
-    char why[256];
-    int64_t version = 0;
-    int rc;
-    switch (h->type) {
-    case PS_MSG_INIT:
-        rc = ps_shard_init(u->shard, h->key, h->chunk, zmq_msg_data(pl), (size_t)h->count,
-                           h->total, &version, why, sizeof why);
-        if (rc)
-            upd_error(u, r, rc, why);
-        else
-            upd_ack(u, r, version);
-        break;
-    case PS_MSG_PUSH:
-    case PS_MSG_PUSHPULL: {
-        hold *g = calloc(1, sizeof *g);
-        if (!g) {
-            upd_error(u, r, PS_ENOMEM, "out of memory receiving a push");
-            break;
-        }
-        zmq_msg_init(&g->msg);
-        zmq_msg_move(&g->msg, pl);
-        void *data = zmq_msg_data(&g->msg);
-        size_t bytes = zmq_msg_size(&g->msg);
-        if ((uintptr_t)data % sizeof(float)) {
-            /* small frames can sit unaligned in ZeroMQ's receive buffer */
-            g->copy = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-            if (!g->copy) {
-                hold_free(g);
-                upd_error(u, r, PS_ENOMEM, "out of memory receiving a push");
-                break;
-            }
-            memcpy(g->copy, data, bytes);
-            zmq_msg_close(&g->msg);
-            zmq_msg_init(&g->msg);
-            g->g = g->copy;
-        } else {
-            g->g = data;
-        }
-        int kept = 0, dup = 0;
-        rc = ps_shard_push(u->shard, h->key, h->chunk, h->rank, h->step, g->g, (size_t)h->count,
-                           g, &kept, &dup, &version, why, sizeof why);
-        if (!kept)
-            hold_free(g);
-        if (rc) {
-            upd_error(u, r, rc, why);
-            break;
-        }
-        if (dup)
-            ps_debug("duplicate push from worker %d, key %llu chunk %u step %lld: dropped",
-                     h->rank, (unsigned long long)h->key, h->chunk, (long long)h->step);
-        uint64_t ff = ps_shard_fast_forwards(u->shard);
-        if (ff != u->ff_seen && rl_allow(&u->rl)) {
-            ps_warn("key %llu chunk %u: worker %d pushed step %lld, beyond the round of the "
-                    "restored checkpoint; skipped to it (%llu round(s) in all were lost with "
-                    "the old process; a checkpoint every round loses none)",
-                    (unsigned long long)h->key, h->chunk, h->rank, (long long)h->step,
-                    (unsigned long long)ff);
-            u->ff_seen = ff;
-        }
-        if (h->type == PS_MSG_PUSHPULL)
-            upd_pull(u, r, h->step + 1);
-        else if (u->srv->defer_acks)
-            upd_await(u, r, h->step + 1);
-        else
-            upd_ack(u, r, version);
-        break;
-    }
-    case PS_MSG_PULL:
-        upd_pull(u, r, h->step);
-        break;
-    default:
-        upd_error(u, r, PS_EPROTO, "internal: request type not handled by update threads");
-        break;
-    }
-    if (u->spare) { /* not queued: ready for the next request */
-        zmq_msg_close(&u->spare->id);
-        zmq_msg_init(&u->spare->id);
-    }
-}
-
-static void upd_stats(updater *u, ps_stats *st)
-{
-    ps_shard_stats(u->shard, st);
-    st->bytes_out = u->bytes_out;
-    st->errors = u->errors;
-}
-
-static void upd_send_stats(updater *u, char tag, uint64_t token, const ps_stats *st)
-{
-    out_frame of = {token, *st};
-    zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
-    zmq_send(u->pair, &of, sizeof of, 0);
-}
-
-/* CMD_CKPT: serialize every chunk now, between two requests, so each chunk is
- * in the checkpoint with whole updates only; the I/O thread takes the buffer. */
-static void upd_checkpoint(updater *u, uint64_t token)
-{
-    int64_t t0 = ps_now_ns();
-    ckpt_frame cf;
-    memset(&cf, 0, sizeof cf);
-    cf.token = token;
-    cf.rc = ps_ckpt_serialize(u->shard, u->srv->cfg.mode, u->srv->cfg.num_workers, &cf.part);
-    char tag = OUT_CKPT;
-    zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
-    zmq_send(u->pair, &cf, sizeof cf, 0);
-    if (u->srv->trace)
-        ps_trace_event(u->srv->trace, "snapshot", "checkpoint", 1 + u->idx, t0, ps_now_ns(),
-                       (int64_t)token, -1);
-}
-
-/* Tell the I/O thread when this thread's lowest chunk version moved (it
- * decides on round-based checkpoints from the lowest over all threads). */
-static void upd_progress(updater *u)
-{
-    int have;
-    int64_t m = ps_shard_min_version(u->shard, &have);
-    if (m == u->reported_min && have == u->reported_have)
-        return;
-    u->reported_min = m;
-    u->reported_have = have;
-    progress_frame pf = {m, have};
-    char tag = OUT_PROGRESS;
-    zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
-    zmq_send(u->pair, &pf, sizeof pf, 0);
-}
-
-/* Receive the next frame from sock into m (initialized here).  0, or -1
- * with m closed again and errno as zmq_msg_recv left it. */
-static int recv_frame(void *sock, zmq_msg_t *m, int flags)
-{
-    zmq_msg_init(m);
-    if (zmq_msg_recv(m, sock, flags) >= 0)
-        return 0;
-    int e = errno;
-    zmq_msg_close(m);
-    errno = e;
-    return -1;
-}
-
-static void *upd_main(void *arg)
-{
-    updater *u = arg;
-    int stop = 0;
-    while (!stop) {
-        zmq_msg_t m, id, pl;
-        if (recv_frame(u->pair, &m, 0) < 0) {
-            if (errno == EINTR)
-                continue;
-            ps_error("update thread %d: receive failed: %s", u->idx, zmq_strerror(errno));
-            break;
-        }
-        zmq_msg_init(&id);
-        zmq_msg_init(&pl);
-        int more = zmq_msg_more(&m);
-        for (int i = 0; more; i++) {
-            zmq_msg_t *dst = i == 0 ? &id : &pl, extra;
-            if (i >= 2) {
-                zmq_msg_init(&extra);
-                dst = &extra;
-            }
-            if (zmq_msg_recv(dst, u->pair, 0) < 0)
-                break;
-            more = zmq_msg_more(dst);
-            if (i >= 2)
-                zmq_msg_close(&extra);
-        }
-        cmd_frame cf;
-        if (zmq_msg_size(&m) == sizeof cf) {
-            memcpy(&cf, zmq_msg_data(&m), sizeof cf);
-            if (cf.cmd == CMD_REQ) {
-                upd_request(u, &cf.h, &id, &pl);
-            } else if (cf.cmd == CMD_STATS) {
-                ps_stats st;
-                upd_stats(u, &st);
-                upd_send_stats(u, OUT_STATS, cf.token, &st);
-            } else if (cf.cmd == CMD_STOP) {
-                stop = 1;
-            } else if (cf.cmd == CMD_CKPT) {
-                upd_checkpoint(u, cf.token);
-            } else if (cf.cmd == CMD_LIVE) {
-                ps_shard_set_live(u->shard, cf.h.rank, (int)cf.token);
-            }
-            if (u->srv->report_progress && !stop)
-                upd_progress(u);
-        }
-        zmq_msg_close(&m);
-        zmq_msg_close(&id);
-        zmq_msg_close(&pl);
-    }
-    ps_stats st;
-    upd_stats(u, &st);
-    uint64_t spares, spare_bytes, copies;
-    ps_shard_buffer_counts(u->shard, &spares, &spare_bytes, &copies);
-    if (spares || copies)
-        ps_debug("update thread %d: %llu spare weight buffers (%.1f MiB) let updates go out of "
-                 "place while pull replies were in flight; %llu replies were copies (every "
-                 "buffer of their chunk held, or --max-memory reached)", u->idx,
-                 (unsigned long long)spares, (double)spare_bytes / 1048576.0,
-                 (unsigned long long)copies);
-    /* answers queued pulls with PS_ECLOSED, frees kept gradients; a weight
-     * buffer a reply in flight still holds is freed when ZeroMQ releases it */
-    ps_shard_destroy(u->shard);
-    u->shard = NULL;
-    st.errors = u->errors;
-    req_free(u->spare);
-    u->spare = NULL;
-    rl_flush(&u->rl, ps_now_ns(), 1);
-    upd_send_stats(u, OUT_STOPPED, 0, &st);
-    return NULL;
-}
-
 /* ================= I/O thread ================= */
+
+/* From here on no checkpoint is started by schedule, and one that completes
+ * is written at once (the last one at stop). */
+static void set_stopping(ps_server *s)
+{
+    s->stopping = 1;
+    if (s->ck)
+        ps_ckpt_coord_stopping(s->ck);
+}
 
 static void io_send(ps_server *s, zmq_msg_t *id, const ps_header *h)
 {
@@ -822,12 +117,15 @@ static void io_send(ps_server *s, zmq_msg_t *id, const ps_header *h)
     zmq_send(s->router, buf, len, ZMQ_DONTWAIT);
 }
 
+/* ps_reply_to for the barriers and stats requests */
+static void reply_hook(void *user, zmq_msg_t *id, const ps_header *h) { io_send(user, id, h); }
+
 static void io_error(ps_server *s, zmq_msg_t *id, const ps_header *req, int code, const char *why)
 {
     ps_header h;
-    error_header(&h, req->seq, req->rank, req->key, req->chunk, code, why);
+    ps_reply_error(&h, req->seq, req->rank, req->key, req->chunk, code, why);
     s->io_errors++;
-    if (rl_allow(&s->rl))
+    if (ps_rlimit_allow(&s->rl))
         ps_warn("refused %s from rank %d: %s: %s", ps_msg_type_name(req->type), req->rank,
                 ps_strerror(code), why);
     io_send(s, id, &h);
@@ -836,116 +134,34 @@ static void io_error(ps_server *s, zmq_msg_t *id, const ps_header *req, int code
 static void io_drop(ps_server *s, const char *why)
 {
     s->dropped++;
-    if (rl_allow(&s->rl))
+    if (ps_rlimit_allow(&s->rl))
         ps_warn("dropped a message with no usable header: %s", why);
 }
 
-static void id_hex(const zmq_msg_t *id, char *out, size_t len)
+/* Hand a message to an owner, or queue it while its PAIR is full (reads from
+ * the ROUTER pause meanwhile: out_total). */
+static void to_owner(ps_server *s, int i, zmq_msg_t *f, int nf)
 {
-    const unsigned char *p = zmq_msg_data((zmq_msg_t *)id);
-    size_t n = zmq_msg_size((zmq_msg_t *)id), o = 0;
-    out[0] = 0;
-    for (size_t i = 0; i < n && o + 3 < len && i < 8; i++)
-        o += (size_t)snprintf(out + o, len - o, "%02x", p[i]);
-}
-
-/* Try to hand frames to an owner without blocking: 0 sent, 1 full (frames
- * untouched), -1 failed. */
-static int pair_try(void *sock, zmq_msg_t *f, int nf)
-{
-    if (zmq_msg_send(&f[0], sock, ZMQ_DONTWAIT | (nf > 1 ? ZMQ_SNDMORE : 0)) < 0)
-        return errno == EAGAIN ? 1 : -1;
-    /* the rest of a multipart message is never refused once its first frame went */
-    for (int i = 1; i < nf; i++)
-        zmq_msg_send(&f[i], sock, i < nf - 1 ? ZMQ_SNDMORE : 0);
-    return 0;
-}
-
-static void close_frames(zmq_msg_t *f, int nf)
-{
-    for (int i = 0; i < nf; i++)
-        zmq_msg_close(&f[i]);
-}
-
-/* Receive the frames left of a message on sock (more: zmq_msg_more of the
- * last one received).  The first ones go to f[*nf], f[*nf + 1], ... while
- * *nf < max; the others are dropped.  Returns how many frames came. */
-static int recv_rest(void *sock, int more, zmq_msg_t *f, int *nf, int max)
-{
-    int n = 0;
-    while (more) {
-        zmq_msg_t x;
-        if (recv_frame(sock, &x, 0) < 0)
-            break;
-        more = zmq_msg_more(&x);
-        n++;
-        if (nf && *nf < max) {
-            zmq_msg_init(&f[*nf]);
-            zmq_msg_move(&f[(*nf)++], &x);
-        }
-        zmq_msg_close(&x);
-    }
-    return n;
-}
-
-static void to_owner(ps_server *s, int owner, zmq_msg_t *f, int nf)
-{
-    outbox *ob = &s->out[owner];
-    if (!ob->head) {
-        int rc = pair_try(s->pairs[owner], f, nf);
-        if (rc == 0) {
-            close_frames(f, nf);
-            return;
-        }
-        if (rc < 0) {
-            ps_error("handing a message to update thread %d failed: %s", owner,
-                     zmq_strerror(errno));
-            close_frames(f, nf);
-            return;
-        }
-    }
-    if (!ob->head)
+    owner *o = &s->own[i];
+    size_t before = o->out.n;
+    int rc = ps_outbox_put(&o->out, o->pair, f, nf);
+    if (rc == PS_EIO)
+        ps_error("handing a message to update thread %d failed: %s", i, zmq_strerror(errno));
+    else if (rc)
+        ps_error("out of memory queueing a message for update thread %d; dropped", i);
+    else if (!before && o->out.n)
         ps_debug("update thread %d is behind: reads from the ROUTER pause until it catches up",
-                 owner);
-    outmsg *m = calloc(1, sizeof *m);
-    if (!m) {
-        ps_error("out of memory queueing a message for update thread %d; dropped", owner);
-        close_frames(f, nf);
-        return;
-    }
-    m->nf = nf;
-    for (int i = 0; i < nf; i++) {
-        zmq_msg_init(&m->f[i]);
-        zmq_msg_move(&m->f[i], &f[i]);
-    }
-    if (ob->tail)
-        ob->tail->next = m;
-    else
-        ob->head = m;
-    ob->tail = m;
-    ob->n++;
-    s->out_total++;
+                 i);
+    s->out_total += o->out.n - before;
 }
 
-static void flush_outbox(ps_server *s, int owner)
+static void flush_outbox(ps_server *s, int i)
 {
-    outbox *ob = &s->out[owner];
-    while (ob->head) {
-        outmsg *m = ob->head;
-        int rc = pair_try(s->pairs[owner], m->f, m->nf);
-        if (rc == 1)
-            return;
-        if (rc < 0)
-            ps_error("handing a message to update thread %d failed: %s", owner,
-                     zmq_strerror(errno));
-        close_frames(m->f, m->nf);
-        ob->head = m->next;
-        if (!ob->head)
-            ob->tail = NULL;
-        ob->n--;
-        s->out_total--;
-        free(m);
-    }
+    owner *o = &s->own[i];
+    size_t before = o->out.n;
+    while (ps_outbox_flush(&o->out, o->pair) != 0)
+        ps_error("handing a message to update thread %d failed: %s", i, zmq_strerror(errno));
+    s->out_total -= before - o->out.n;
 }
 
 static void send_cmd(ps_server *s, int owner, int cmd, uint64_t token, const ps_header *h,
@@ -953,8 +169,8 @@ static void send_cmd(ps_server *s, int owner, int cmd, uint64_t token, const ps_
 {
     zmq_msg_t f[3];
     int nf = 1;
-    zmq_msg_init_size(&f[0], sizeof(cmd_frame));
-    cmd_frame *cf = zmq_msg_data(&f[0]);
+    zmq_msg_init_size(&f[0], sizeof(ps_cmd_frame));
+    ps_cmd_frame *cf = zmq_msg_data(&f[0]);
     memset(cf, 0, sizeof *cf);
     cf->cmd = cmd;
     cf->token = token;
@@ -969,6 +185,16 @@ static void send_cmd(ps_server *s, int owner, int cmd, uint64_t token, const ps_
         zmq_msg_move(&f[nf++], payload);
     }
     to_owner(s, owner, f, nf);
+}
+
+/* Rank r joins (live 1) or leaves (0) the live set of every owner's shard. */
+static void send_live(ps_server *s, int r, int live)
+{
+    ps_header lh;
+    ps_header_init(&lh, PS_MSG_HELLO);
+    lh.rank = r;
+    for (int i = 0; i < s->cfg.threads; i++)
+        send_cmd(s, i, PS_CMD_LIVE, (uint64_t)live, &lh, NULL, NULL);
 }
 
 static void io_hello(ps_server *s, zmq_msg_t *id, const ps_header *h)
@@ -997,271 +223,53 @@ static void io_hello(ps_server *s, zmq_msg_t *id, const ps_header *h)
         ps_info("model fingerprint %016llx (from %s)", (unsigned long long)s->model_fp, who);
     }
     if (h->rank >= 0) {
-        worker_info *wi = s->workers[h->rank];
-        size_t n = zmq_msg_size(id);
-        const void *p = zmq_msg_data(id);
-        char hex[40];
-        id_hex(id, hex, sizeof hex);
-        if (!wi) {
-            wi = calloc(1, sizeof *wi);
-            if (!wi) {
-                io_error(s, id, h, PS_ENOMEM, "out of memory recording the worker");
-                return;
-            }
-            s->workers[h->rank] = wi;
-            s->workers_seen++;
-            ps_info("hello from worker %d (identity %s), %d of %d workers", h->rank, hex,
-                    s->workers_seen, s->cfg.num_workers);
-        } else if (wi->dropped) {
-            /* back in the live set before any of its requests reach an owner */
-            wi->dropped = 0;
-            s->ndropped--;
-            s->nrejoined++;
-            ps_header lh;
-            ps_header_init(&lh, PS_MSG_HELLO);
-            lh.rank = h->rank;
-            for (int i = 0; i < s->cfg.threads; i++)
-                send_cmd(s, i, CMD_LIVE, 1, &lh, NULL, NULL);
-            ps_info("worker %d said hello again (identity %s): rejoined at the current "
-                    "version; rounds and barriers wait for %d of %d workers again",
-                    h->rank, hex, s->cfg.num_workers - s->ndropped, s->cfg.num_workers);
-        } else if (wi->id_len != n || memcmp(wi->id, p, n) != 0) {
-            ps_info("hello again from worker %d with a new connection (identity %s)", h->rank,
-                    hex);
-        } else {
-            ps_debug("hello again from worker %d", h->rank);
+        int rejoined;
+        if (ps_workers_hello(s->workers, h->rank, zmq_msg_data(id), zmq_msg_size(id),
+                             ps_now_ns(), &rejoined) != 0) {
+            io_error(s, id, h, PS_ENOMEM, "out of memory recording the worker");
+            return;
         }
-        wi->id_len = n < sizeof wi->id ? n : sizeof wi->id;
-        memcpy(wi->id, p, wi->id_len);
-        wi->last_ns = ps_now_ns();
-        wi->silent = 0;
+        if (rejoined) { /* back in the live set before any of its requests reach an owner */
+            send_live(s, h->rank, 1);
+            ps_barriers_set_live(s->barriers, h->rank, 1);
+        }
     } else {
         ps_debug("hello from a tool (rank -1)");
     }
     ps_header r;
-    reply_header(&r, PS_MSG_HELLO, h->seq, h->rank, h->key, h->chunk, h->step);
+    ps_reply_header(&r, PS_MSG_HELLO, h->seq, h->rank, h->key, h->chunk, h->step);
     r.hello = my_hello(s);
     io_send(s, id, &r);
 }
 
-static void barrier_free(barrier *b)
-{
-    for (size_t i = 0; i < b->nw; i++)
-        zmq_msg_close(&b->w[i].id);
-    free(b->w);
-    free(b->arrived);
-    memset(b, 0, sizeof *b);
-}
-
-static int rank_dropped(const ps_server *s, int r)
-{
-    return s->workers[r] && s->workers[r]->dropped;
-}
-
-/* Answer barrier i when every live worker has arrived; 1 when it did (the
- * barrier is then gone and its slot holds another). */
-static int barrier_try(ps_server *s, int i)
-{
-    barrier *b = &s->barriers[i];
-    int W = s->cfg.num_workers, arrived = 0;
-    for (int r = 0; r < W; r++)
-        arrived += b->arrived[r] && !rank_dropped(s, r);
-    if (arrived < W - s->ndropped)
-        return 0;
-    ps_debug("barrier %lld: all %d live workers arrived", (long long)b->id, W - s->ndropped);
-    for (size_t k = 0; k < b->nw; k++) {
-        ps_header r;
-        reply_header(&r, PS_MSG_BARRIER, b->w[k].seq, b->w[k].rank, 0, 0, b->id);
-        io_send(s, &b->w[k].id, &r);
-    }
-    /* remembered, so a worker's resend of it is answered, not a new barrier */
-    s->done_barriers[s->done_next] = b->id;
-    s->done_next = (s->done_next + 1) % DONE_BARRIERS;
-    if (s->ndone_barriers < DONE_BARRIERS)
-        s->ndone_barriers++;
-    barrier_free(b);
-    *b = s->barriers[--s->nbarriers];
-    memset(&s->barriers[s->nbarriers], 0, sizeof(barrier));
-    return 1;
-}
-
 static void io_barrier(ps_server *s, zmq_msg_t *id, const ps_header *h)
 {
-    for (int i = 0; i < s->ndone_barriers; i++)
-        if (s->done_barriers[i] == h->step) {
-            ps_header r;
-            reply_header(&r, PS_MSG_BARRIER, h->seq, h->rank, 0, 0, h->step);
-            io_send(s, id, &r);
-            return;
-        }
-    barrier *b = NULL;
-    int bi = -1;
-    for (int i = 0; i < s->nbarriers; i++)
-        if (s->barriers[i].id == h->step) {
-            b = &s->barriers[i];
-            bi = i;
-        }
-    if (!b) {
-        if (s->nbarriers == MAX_BARRIERS) {
-            io_error(s, id, h, PS_ETOOBIG, "too many barriers open at once");
-            return;
-        }
-        bi = s->nbarriers;
-        b = &s->barriers[bi];
-        memset(b, 0, sizeof *b);
-        b->id = h->step;
-        b->arrived = calloc((size_t)s->cfg.num_workers, 1);
-        if (!b->arrived) {
-            io_error(s, id, h, PS_ENOMEM, "out of memory opening a barrier");
-            return;
-        }
-        s->nbarriers++;
-    }
-    for (size_t k = 0; k < b->nw; k++)
-        if (b->w[k].rank == h->rank && b->w[k].seq == h->seq) {
-            /* a resend: answer it once, on the newest route */
-            zmq_msg_close(&b->w[k].id);
-            zmq_msg_init(&b->w[k].id);
-            zmq_msg_move(&b->w[k].id, id);
-            return;
-        }
-    size_t limit = 4 * (size_t)s->cfg.num_workers + 16;
-    if (b->nw >= limit) {
-        io_error(s, id, h, PS_ETOOBIG, "too many requests wait on this barrier");
-        return;
-    }
-    if (b->nw == b->capw) {
-        size_t ncap = b->capw ? 2 * b->capw : 8;
-        bwait *w = realloc(b->w, ncap * sizeof *w);
-        if (!w) {
-            io_error(s, id, h, PS_ENOMEM, "out of memory waiting on a barrier");
-            return;
-        }
-        b->w = w;
-        b->capw = ncap;
-    }
-    bwait *w = &b->w[b->nw++];
-    zmq_msg_init(&w->id);
-    zmq_msg_move(&w->id, id);
-    w->seq = h->seq;
-    w->rank = h->rank;
-    if (!b->arrived[h->rank]) {
-        b->arrived[h->rank] = 1;
-        b->count++;
-    }
-    barrier_try(s, bi);
-}
-
-/* ---- liveness ---- */
-
-static void drop_worker(ps_server *s, int r, double silent_s)
-{
-    worker_info *wi = s->workers[r];
-    wi->dropped = 1;
-    s->ndropped++;
-    s->nlost++;
-    ps_header lh;
-    ps_header_init(&lh, PS_MSG_HELLO);
-    lh.rank = r;
-    for (int i = 0; i < s->cfg.threads; i++)
-        send_cmd(s, i, CMD_LIVE, 0, &lh, NULL, NULL);
-    ps_warn("worker %d silent for %.1f s: dropped; rounds continue with %d of %d workers", r,
-            silent_s, s->cfg.num_workers - s->ndropped, s->cfg.num_workers);
-    for (int i = 0; i < s->nbarriers;)
-        if (!barrier_try(s, i))
-            i++;
+    const char *why;
+    int rc = ps_barriers_arrive(s->barriers, id, h, &why);
+    if (rc)
+        io_error(s, id, h, rc, why);
 }
 
 /* Apply --on-worker-loss to every worker silent for longer than the timeout. */
 static void check_workers(ps_server *s, int64_t now)
 {
-    if (s->cfg.worker_timeout_ms <= 0)
-        return;
-    int64_t limit = (int64_t)s->cfg.worker_timeout_ms * 1000000LL;
-    for (int r = 0; r < s->cfg.num_workers; r++) {
-        worker_info *wi = s->workers[r];
-        if (!wi || wi->dropped || wi->silent || now - wi->last_ns <= limit)
-            continue;
-        double silent_s = (double)(now - wi->last_ns) * 1e-9;
-        if (s->cfg.on_worker_loss == PS_LOSS_DROP) {
-            drop_worker(s, r, silent_s);
-        } else {
-            wi->silent = 1;
-            s->nlost++;
-            ps_warn("worker %d silent for %.1f s; rounds and barriers keep waiting for it "
-                    "(--on-worker-loss wait)", r, silent_s);
-        }
+    for (int r; (r = ps_workers_check(s->workers, now)) >= 0;) {
+        send_live(s, r, 0);
+        ps_barriers_set_live(s->barriers, r, 0);
     }
-}
-
-/* Anything from rank r counts as a sign of life. */
-static void heard_from(ps_server *s, int r, int64_t now)
-{
-    worker_info *wi = s->workers[r];
-    if (wi->silent)
-        ps_info("worker %d is heard from again after %.1f s", r,
-                (double)(now - wi->last_ns) * 1e-9);
-    wi->silent = 0;
-    wi->last_ns = now;
 }
 
 static void io_stats(ps_server *s, zmq_msg_t *id, const ps_header *h)
 {
-    if (s->nsreq == MAX_STATS_INFLIGHT) {
-        io_error(s, id, h, PS_ETOOBIG, "too many stats requests in flight");
+    const char *why;
+    uint64_t token;
+    int rc = ps_stats_reqs_begin(s->stats, id, h, &token, &why);
+    if (rc) {
+        io_error(s, id, h, rc, why);
         return;
     }
-    stats_req *q = &s->sreq[s->nsreq++];
-    memset(q, 0, sizeof *q);
-    q->token = ++s->next_token;
-    zmq_msg_init(&q->id);
-    zmq_msg_move(&q->id, id);
-    q->seq = h->seq;
-    q->rank = h->rank;
-    q->remaining = s->cfg.threads;
     for (int i = 0; i < s->cfg.threads; i++)
-        send_cmd(s, i, CMD_STATS, q->token, NULL, NULL, NULL);
-}
-
-static void add_stats(ps_stats *acc, int *have_versions, const ps_stats *p)
-{
-    acc->pushes += p->pushes;
-    acc->pulls += p->pulls;
-    acc->inits += p->inits;
-    acc->updates += p->updates;
-    acc->bytes_in += p->bytes_in;
-    acc->bytes_out += p->bytes_out;
-    acc->dup_dropped += p->dup_dropped;
-    acc->errors += p->errors;
-    if (p->chunks) {
-        if (!*have_versions || p->min_version < acc->min_version)
-            acc->min_version = p->min_version;
-        if (!*have_versions || p->max_version > acc->max_version)
-            acc->max_version = p->max_version;
-        *have_versions = 1;
-    }
-    acc->chunks += p->chunks;
-}
-
-static void stats_part(ps_server *s, const out_frame *of)
-{
-    for (int i = 0; i < s->nsreq; i++) {
-        stats_req *q = &s->sreq[i];
-        if (q->token != of->token)
-            continue;
-        add_stats(&q->acc, &q->have_versions, &of->st);
-        if (--q->remaining > 0)
-            return;
-        ps_header r;
-        reply_header(&r, PS_MSG_STATS, q->seq, q->rank, 0, 0, 0);
-        r.stats = q->acc;
-        r.stats.errors += s->io_errors;
-        r.stats.workers_seen = (uint64_t)s->workers_seen;
-        io_send(s, &q->id, &r);
-        zmq_msg_close(&q->id);
-        *q = s->sreq[--s->nsreq];
-        return;
-    }
+        send_cmd(s, i, PS_CMD_STATS, token, NULL, NULL, NULL);
 }
 
 /* One message from the ROUTER: f[0] identity, f[1] header, f[2] payload;
@@ -1311,6 +319,7 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         io_error(s, &f[0], &h, PS_EPROTO, why);
         return;
     }
+    int ws; /* anything from a live worker counts as a sign of life */
     if (h.rank < 0) {
         if (h.type != PS_MSG_STATS && h.type != PS_MSG_SHUTDOWN && h.type != PS_MSG_HEARTBEAT) {
             ps_errorf(why, sizeof why,
@@ -1319,8 +328,8 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
             io_error(s, &f[0], &h, PS_ESTATE, why);
             return;
         }
-    } else if (!s->workers[h.rank] || s->workers[h.rank]->dropped) {
-        if (!s->workers[h.rank])
+    } else if ((ws = ps_workers_heard(s->workers, h.rank, ps_now_ns())) != PS_WORKER_LIVE) {
+        if (ws == PS_WORKER_UNKNOWN)
             ps_errorf(why, sizeof why, "worker %d sent %s before hello; say hello first", h.rank,
                 ps_msg_type_name(h.type));
         else
@@ -1330,15 +339,13 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         if (h.type == PS_MSG_HEARTBEAT) {
             /* once a second from every such worker: answered, not logged */
             ps_header r;
-            error_header(&r, h.seq, h.rank, h.key, h.chunk, PS_ESTATE, why);
+            ps_reply_error(&r, h.seq, h.rank, h.key, h.chunk, PS_ESTATE, why);
             s->io_errors++;
             io_send(s, &f[0], &r);
         } else {
             io_error(s, &f[0], &h, PS_ESTATE, why);
         }
         return;
-    } else {
-        heard_from(s, h.rank, ps_now_ns());
     }
     switch (h.type) {
     case PS_MSG_INIT:
@@ -1347,7 +354,7 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
     case PS_MSG_PUSHPULL:
         if (h.type != PS_MSG_PULL)
             s->mut++;
-        send_cmd(s, ps_server_owner(h.key, h.chunk, s->cfg.threads), CMD_REQ, 0, &h, &f[0],
+        send_cmd(s, ps_server_owner(h.key, h.chunk, s->cfg.threads), PS_CMD_REQ, 0, &h, &f[0],
                  nf >= 3 ? &f[2] : NULL);
         return;
     case PS_MSG_BARRIER:
@@ -1358,16 +365,16 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         return;
     case PS_MSG_HEARTBEAT: {
         ps_header r;
-        reply_header(&r, PS_MSG_HEARTBEAT, h.seq, h.rank, h.key, h.chunk, h.step);
+        ps_reply_header(&r, PS_MSG_HEARTBEAT, h.seq, h.rank, h.key, h.chunk, h.step);
         io_send(s, &f[0], &r);
         return;
     }
     case PS_MSG_SHUTDOWN: {
         ps_header r;
-        reply_header(&r, PS_MSG_SHUTDOWN, h.seq, h.rank, h.key, h.chunk, h.step);
+        ps_reply_header(&r, PS_MSG_SHUTDOWN, h.seq, h.rank, h.key, h.chunk, h.step);
         io_send(s, &f[0], &r);
         ps_info("shutdown requested by rank %d", h.rank);
-        s->stopping = 1;
+        set_stopping(s);
         return;
     }
     default:
@@ -1381,7 +388,7 @@ static int io_read_router(ps_server *s)
 {
     for (int b = 0; b < IO_BATCH && !s->out_total && !s->stopping; b++) {
         zmq_msg_t f[3];
-        if (recv_frame(s->router, &f[0], ZMQ_DONTWAIT) < 0) {
+        if (ps_zmsg_recv(s->router, &f[0], ZMQ_DONTWAIT) < 0) {
             int e = errno;
             if (e == EAGAIN || e == EINTR)
                 return 0;
@@ -1389,320 +396,69 @@ static int io_read_router(ps_server *s)
             return -1;
         }
         int nf = 1;
-        int total = 1 + recv_rest(s->router, zmq_msg_more(&f[0]), f, &nf, 3);
+        int total = 1 + ps_zmsg_recv_rest(s->router, zmq_msg_more(&f[0]), f, &nf, 3);
         io_message(s, f, nf, total);
-        close_frames(f, nf);
+        ps_zmsg_close_all(f, nf);
     }
     return 0;
 }
 
-/* ================= durable rounds: held replies ================= */
+/* ================= checkpoints: what the coordinator asks to send ================= */
 
-static void held_send(ps_server *s, heldmsg *m)
+/* Put the replies a checkpoint made durable on the ROUTER, in arrival order. */
+static void send_released(ps_server *s, ps_held_reply *m)
 {
-    for (int k = 0; k < m->nf; k++)
-        zmq_msg_send(&m->f[k], s->router, (k < m->nf - 1 ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
-    close_frames(m->f, m->nf);
-    free(m);
+    while (m) {
+        ps_held_reply *next = m->next;
+        ps_zmsg_send_all(s->router, m->f, m->nf, ZMQ_DONTWAIT);
+        ps_held_reply_free(m);
+        m = next;
+    }
 }
 
-/* Send, in arrival order, every held reply that is now on disk. */
-static void flush_held(ps_server *s)
+/* A snapshot starts: every owner serializes its chunks when this reaches it. */
+static void send_ckpt(ps_server *s, uint64_t token)
 {
-    heldmsg **pp = &s->held_head, *last = NULL;
-    while (*pp) {
-        heldmsg *m = *pp;
-        if (m->by_seq ? (uint64_t)m->version <= s->ck_written_seq
-                      : m->version <= s->durable_round) {
-            *pp = m->next;
-            s->nheld--;
-            s->nheld_init -= (size_t)m->by_seq;
-            held_send(s, m);
-        } else {
-            last = m;
-            pp = &m->next;
-        }
-    }
-    s->held_tail = last;
+    for (int i = 0; i < s->cfg.threads; i++)
+        send_cmd(s, i, PS_CMD_CKPT, token, NULL, NULL, NULL);
 }
 
-static void drop_held(ps_server *s)
-{
-    while (s->held_head) {
-        heldmsg *m = s->held_head;
-        s->held_head = m->next;
-        close_frames(m->f, m->nf);
-        free(m);
-    }
-    s->held_tail = NULL;
-    s->nheld = 0;
-    s->nheld_init = 0;
-}
-
-/* ================= checkpoints (I/O thread side) ================= */
-
-static void ck_free_parts(ps_ckpt_part *parts, int n)
-{
-    for (int i = 0; parts && i < n; i++)
-        free(parts[i].buf);
-    free(parts);
-}
-
-/* Take a snapshot: every owner serializes its chunks when CMD_CKPT reaches it. */
-static void ck_start(ps_server *s, int64_t now)
-{
-    int T = s->cfg.threads;
-    s->ck_parts = calloc((size_t)T, sizeof *s->ck_parts);
-    if (!s->ck_parts) {
-        ps_error("out of memory starting checkpoint %llu", (unsigned long long)s->ck_seq);
-        s->ck_retry_ns = now + CKPT_RETRY_NS;
-        return;
-    }
-    s->ck_state = CK_SNAP;
-    s->ck_token = s->ck_seq++;
-    s->ck_got = 0;
-    s->ck_failed = 0;
-    s->ck_last_mut = s->mut;
-    s->ck_last_ns = now;
-    for (int i = 0; i < T; i++)
-        send_cmd(s, i, CMD_CKPT, s->ck_token, NULL, NULL, NULL);
-}
-
-/* The writer's work: runs on the writer thread, or on the I/O thread for the
- * last checkpoint at stop. */
-static void ck_write_job(ps_server *s)
-{
-    ckpt_writer *w = &s->wr;
-    w->t0 = ps_now_ns();
-    w->why[0] = 0;
-    w->rc = ps_ckpt_write(s->ckpt_dir, &w->meta, w->parts, w->nparts, PS_CKPT_KEEP, w->path,
-                          sizeof w->path, &w->bytes, w->why, sizeof w->why);
-    w->t1 = ps_now_ns();
-}
-
-/* A write finished: log it, and with durable rounds let the replies go. */
-static void ck_done(ps_server *s)
-{
-    ckpt_writer *w = &s->wr;
-    if (w->started) { /* the writer's results happen-before this read */
-        pthread_mutex_lock(&w->mu);
-        pthread_mutex_unlock(&w->mu);
-    }
-    int64_t now = ps_now_ns();
-    if (w->rc) {
-        ps_error("checkpoint %llu failed: %s; training goes on, the next try is in 1 s",
-                 (unsigned long long)w->meta.seq, w->why);
-        s->ck_retry_ns = now + CKPT_RETRY_NS;
-        s->ck_last_mut = 0; /* still to do */
-        s->ck_last_round = s->ck_prev_round;
-    } else {
-        s->ck_written = 1;
-        s->ck_count++;
-        double ms = (double)(w->t1 - w->t0) * 1e-6;
-        /* one info line per 10 s at most: a checkpoint per round is common */
-        if (now - s->ck_info_ns >= 10000000000LL || s->stopping) {
-            ps_info("checkpoint %llu written: %s, %llu chunks, versions %lld..%lld, %.1f MiB "
-                    "in %.1f ms (%llu written so far)",
-                    (unsigned long long)w->meta.seq, w->path,
-                    (unsigned long long)w->meta.nchunks, (long long)w->meta.min_version,
-                    (long long)w->meta.max_version, (double)w->bytes / 1048576.0, ms,
-                    (unsigned long long)s->ck_count);
-            s->ck_info_ns = now;
-        } else {
-            ps_debug("checkpoint %llu written: %s (%.1f ms)", (unsigned long long)w->meta.seq,
-                     w->path, ms);
-        }
-        if (s->trace)
-            ps_trace_event(s->trace, "write", "checkpoint", TID_CKPT, w->t0, w->t1,
-                           (int64_t)w->meta.seq, -1);
-        if (w->meta.nchunks && w->meta.min_version > s->durable_round)
-            s->durable_round = w->meta.min_version;
-        s->ck_written_seq = w->meta.seq;
-        flush_held(s);
-    }
-    ck_free_parts(w->parts, w->nparts);
-    free(w->hello);
-    w->parts = NULL;
-    w->hello = NULL;
-    s->ck_state = CK_IDLE;
-}
-
-/* Every owner's part is in: describe the server and hand it all to the writer
- * (at stop, write it here and now). */
-static void ck_submit(ps_server *s)
-{
-    int T = s->cfg.threads, W = s->cfg.num_workers;
-    ckpt_writer *w = &s->wr;
-    if (s->ck_failed) {
-        ps_error("checkpoint %llu: out of memory serializing the chunks; the next try is in 1 s",
-                 (unsigned long long)s->ck_token);
-        ck_free_parts(s->ck_parts, T);
-        s->ck_parts = NULL;
-        s->ck_state = CK_IDLE;
-        s->ck_retry_ns = ps_now_ns() + CKPT_RETRY_NS;
-        s->ck_last_mut = 0;
-        s->ck_last_round = s->ck_prev_round;
-        return;
-    }
-    ps_ckpt_meta *m = &w->meta;
-    memset(m, 0, sizeof *m);
-    m->seq = s->ck_token;
-    m->rank = s->cfg.rank;
-    m->num_servers = s->cfg.num_servers;
-    m->num_workers = W;
-    m->mode = s->cfg.mode;
-    m->max_staleness = s->cfg.max_staleness;
-    m->opt = s->cfg.opt;
-    m->config_fp = ps_ckpt_config_fp(m->rank, m->num_servers, W, m->mode, m->max_staleness,
-                                     &m->opt);
-    m->model_fp = s->model_fp;
-    w->hello = calloc((size_t)W, 1);
-    for (int r = 0; w->hello && r < W; r++)
-        w->hello[r] = s->workers[r] != NULL;
-    m->hello = w->hello;
-    for (int i = 0; i < T; i++) {
-        const ps_ckpt_part *p = &s->ck_parts[i];
-        if (p->nchunks) {
-            if (!m->nchunks || p->min_version < m->min_version)
-                m->min_version = p->min_version;
-            if (!m->nchunks || p->max_version > m->max_version)
-                m->max_version = p->max_version;
-        }
-        m->nchunks += p->nchunks;
-        m->counters.pushes += p->counters.pushes;
-        m->counters.pulls += p->counters.pulls;
-        m->counters.inits += p->counters.inits;
-        m->counters.updates += p->counters.updates;
-        m->counters.dup_dropped += p->counters.dup_dropped;
-        m->counters.bytes_in += p->counters.bytes_in;
-    }
-    w->parts = s->ck_parts;
-    w->nparts = T;
-    s->ck_parts = NULL;
-    s->ck_state = CK_WRITE;
-    if (s->stopping || !w->started) {
-        ck_write_job(s);
-        ck_done(s);
-        return;
-    }
-    pthread_mutex_lock(&w->mu);
-    w->have_job = 1;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
-static void ck_part(ps_server *s, int i, ckpt_frame *cf)
-{
-    if (s->ck_state != CK_SNAP || cf->token != s->ck_token || s->ck_parts[i].buf) {
-        free(cf->part.buf); /* not the snapshot being collected */
-        return;
-    }
-    if (cf->rc)
-        s->ck_failed = 1;
-    s->ck_parts[i] = cf->part;
-    if (++s->ck_got == s->cfg.threads)
-        ck_submit(s);
-}
-
-static void *writer_main(void *arg)
-{
-    ps_server *s = arg;
-    ckpt_writer *w = &s->wr;
-    pthread_mutex_lock(&w->mu);
-    for (;;) {
-        while (!w->have_job && !w->stop)
-            pthread_cond_wait(&w->cv, &w->mu);
-        if (w->stop)
-            break;
-        pthread_mutex_unlock(&w->mu);
-        ck_write_job(s);
-        pthread_mutex_lock(&w->mu);
-        w->have_job = 0;
-        uint64_t one = 1;
-        ssize_t r = write(w->efd, &one, sizeof one); /* wakes the I/O thread: ck_done */
-        (void)r;
-    }
-    pthread_mutex_unlock(&w->mu);
-    return NULL;
-}
-
-/* Is a checkpoint due?  Round-based (sync): the lowest version over every
- * owner went up checkpoint_every since the last one; count-based (async):
- * that many pushes came in; time-based: that long passed and something
- * changed. */
 static void ck_maybe(ps_server *s, int64_t now)
 {
-    if (!s->ck_on || s->ck_state != CK_IDLE || s->stopping || now < s->ck_retry_ns)
-        return;
-    int due = s->nheld_init > 0; /* new chunks: their init acknowledgements wait */
-    if (s->cfg.checkpoint_every > 0 && s->cfg.mode == PS_MODE_SYNC) {
-        int have = 0;
-        int64_t gmin = 0;
-        for (int i = 0; i < s->cfg.threads; i++)
-            if (s->upd[i].have_min && (!have || s->upd[i].min_version < gmin)) {
-                gmin = s->upd[i].min_version;
-                have = 1;
-            }
-        if (have && gmin >= s->ck_last_round + s->cfg.checkpoint_every) {
-            s->ck_prev_round = s->ck_last_round;
-            s->ck_last_round = gmin;
-            due = 1;
-        }
-    } else if (s->cfg.checkpoint_every > 0 &&
-               s->mut - s->ck_last_mut >= (uint64_t)s->cfg.checkpoint_every) {
-        due = 1;
-    }
-    if (!due && s->cfg.checkpoint_every_ms > 0 && s->mut != s->ck_last_mut &&
-        now - s->ck_last_ns >= (int64_t)s->cfg.checkpoint_every_ms * 1000000LL)
-        due = 1;
-    if (due)
-        ck_start(s, now);
+    uint64_t token;
+    if (!s->stopping && ps_ckpt_coord_due(s->ck, now, s->mut, &token))
+        send_ckpt(s, token);
 }
 
 /* Take everything update thread i has sent.  Its last message (its final
- * counters) sets upd[i].stopped. */
+ * counters) sets own[i].stopped. */
 static void io_read_pair(ps_server *s, int i)
 {
     for (int b = 0; b < IO_BATCH * 4; b++) {
         zmq_msg_t tag;
-        if (recv_frame(s->pairs[i], &tag, ZMQ_DONTWAIT) < 0)
+        if (ps_zmsg_recv(s->own[i].pair, &tag, ZMQ_DONTWAIT) < 0)
             break;
         size_t tlen = zmq_msg_size(&tag);
         const char *td = zmq_msg_data(&tag);
         char t = tlen >= 1 ? td[0] : 0;
         int64_t version = 0;
-        if (t == OUT_HELD && tlen == 1 + sizeof version)
+        if (t == PS_OUT_HELD && tlen == 1 + sizeof version)
             memcpy(&version, td + 1, sizeof version);
         int more = zmq_msg_more(&tag);
         zmq_msg_close(&tag);
-        int by_seq = t == OUT_INIT;
-        if (by_seq)
-            version = (int64_t)s->ck_seq; /* the next snapshot holds the chunk */
-        if (by_seq || (t == OUT_HELD && version > s->durable_round)) {
-            /* durable rounds: keep [identity, header, payload?] until a checkpoint
-             * holds this version */
-            heldmsg *m = calloc(1, sizeof *m);
-            recv_rest(s->pairs[i], more, m ? m->f : NULL, m ? &m->nf : NULL, 3);
-            if (!m) {
+        ps_held_reply *m;
+        if ((t == PS_OUT_HELD || t == PS_OUT_INIT) && ps_ckpt_coord_hold(s->ck, t, version, &m)) {
+            /* [identity, header, payload?] wait until a checkpoint holds them */
+            ps_zmsg_recv_rest(s->own[i].pair, more, m ? m->f : NULL, m ? &m->nf : NULL, 3);
+            if (!m)
                 ps_error("out of memory holding a reply; dropped (the worker resends)");
-                continue;
-            }
-            m->version = version;
-            m->by_seq = by_seq;
-            s->nheld_init += (size_t)by_seq;
-            if (s->held_tail)
-                s->held_tail->next = m;
-            else
-                s->held_head = m;
-            s->held_tail = m;
-            s->nheld++;
             continue;
         }
-        if (t == OUT_REPLY || t == OUT_HELD || t == OUT_INIT) {
+        if (t == PS_OUT_REPLY || t == PS_OUT_HELD || t == PS_OUT_INIT) {
             /* forward [identity, header, payload?] to the ROUTER as they are */
             while (more) {
                 zmq_msg_t m;
-                if (recv_frame(s->pairs[i], &m, 0) < 0)
+                if (ps_zmsg_recv(s->own[i].pair, &m, 0) < 0)
                     break;
                 more = zmq_msg_more(&m);
                 zmq_msg_send(&m, s->router, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
@@ -1711,16 +467,18 @@ static void io_read_pair(ps_server *s, int i)
             continue;
         }
         union {
-            out_frame of;
-            ckpt_frame cf;
-            progress_frame pf;
+            ps_stats_frame of;
+            ps_ckpt_frame cf;
+            ps_progress_frame pf;
         } u;
         memset(&u, 0, sizeof u);
-        size_t want = t == OUT_CKPT ? sizeof u.cf : t == OUT_PROGRESS ? sizeof u.pf : sizeof u.of;
+        size_t want = t == PS_OUT_CKPT       ? sizeof u.cf
+                      : t == PS_OUT_PROGRESS ? sizeof u.pf
+                                             : sizeof u.of;
         int got = 0;
         while (more) {
             zmq_msg_t m;
-            if (recv_frame(s->pairs[i], &m, 0) < 0)
+            if (ps_zmsg_recv(s->own[i].pair, &m, 0) < 0)
                 break;
             more = zmq_msg_more(&m);
             if (!got && zmq_msg_size(&m) == want) {
@@ -1729,20 +487,21 @@ static void io_read_pair(ps_server *s, int i)
             }
             zmq_msg_close(&m);
         }
-        if (t == OUT_CKPT) {
+        if (t == PS_OUT_CKPT) {
             if (got)
-                ck_part(s, i, &u.cf);
-        } else if (t == OUT_PROGRESS) {
-            s->upd[i].min_version = u.pf.min_version;
-            s->upd[i].have_min = u.pf.have;
-        } else if (t == OUT_STATS) {
-            stats_part(s, &u.of);
-        } else if (t == OUT_STOPPED) {
-            s->upd[i].final = u.of.st;
-            s->upd[i].stopped = 1;
+                send_released(s, ps_ckpt_coord_part(s->ck, i, &u.cf, s->model_fp,
+                                                  ps_workers_hello_flags(s->workers)));
+        } else if (t == PS_OUT_PROGRESS) {
+            ps_ckpt_coord_progress(s->ck, i, u.pf.min_version, u.pf.have);
+        } else if (t == PS_OUT_STATS) {
+            ps_stats_reqs_part(s->stats, &u.of, s->io_errors,
+                               (uint64_t)ps_workers_seen(s->workers));
+        } else if (t == PS_OUT_STOPPED) {
+            s->own[i].final = u.of.st;
+            s->own[i].stopped = 1;
             if (!s->stopping) {
                 ps_error("update thread %d stopped unexpectedly; shutting down", i);
-                s->stopping = 1;
+                set_stopping(s);
                 s->io_failed = 1;
             }
             break;
@@ -1760,9 +519,88 @@ static void drain_eventfd(int fd)
 /* The checkpoint writer thread posted its eventfd: a file is written. */
 static void ck_writer_signalled(ps_server *s)
 {
-    drain_eventfd(s->wr.efd);
-    if (s->ck_state == CK_WRITE)
-        ck_done(s);
+    send_released(s, ps_ckpt_coord_written(s->ck));
+}
+
+/* At stop: what waits for a barrier or for counters gets PS_ECLOSED. */
+static void close_waiters(ps_server *s)
+{
+    if (s->barriers)
+        ps_barriers_close(s->barriers);
+    if (s->stats)
+        ps_stats_reqs_close(s->stats);
+}
+
+/* ================= the I/O loop ================= */
+
+/* What one io_pump round listens to, besides the PAIRs of the running owners. */
+enum {
+    PUMP_ROUTER = 1, /* requests (while no outbox is backed up) and CURVE handshake events */
+    PUMP_STOP = 2,   /* ps_server_stop's eventfd */
+    PUMP_WRITER = 4  /* the checkpoint writer's eventfd */
+};
+/* io_pump's results */
+enum { PUMP_OK = 0, PUMP_STOP_ASKED = 1, PUMP_EINTR = 2, PUMP_EPOLL = -1, PUMP_EROUTER = -2 };
+
+static int owner_running(const ps_server *s, int i)
+{
+    return s->own[i].started && !s->own[i].stopped;
+}
+
+/* One round of the I/O loop: poll for up to timeout_ms and dispatch what is
+ * ready.  A stop request wins over everything else (nothing more is handled
+ * in that round); then the writer's wake-up, each running owner's replies
+ * and its outbox, the ROUTER's requests and the monitor's events.  Returns
+ * PUMP_OK, PUMP_STOP_ASKED, PUMP_EINTR (a signal: nothing dispatched),
+ * PUMP_EPOLL (errno says) or PUMP_EROUTER (logged). */
+static int io_pump(ps_server *s, int what, long timeout_ms)
+{
+    zmq_pollitem_t it[PS_SERVER_MAX_THREADS + 4];
+    int who[PS_SERVER_MAX_THREADS]; /* it[first + k] is owner who[k] */
+    int n = 0, np = 0, stop_at = -1, writer_at = -1, router_at = -1, mon_at = -1;
+    if (what & PUMP_STOP) {
+        stop_at = n;
+        it[n++] = (zmq_pollitem_t){NULL, s->efd, ZMQ_POLLIN, 0};
+    }
+    if ((what & PUMP_WRITER) && ps_ckpt_coord_fd(s->ck) >= 0) {
+        writer_at = n;
+        it[n++] = (zmq_pollitem_t){NULL, ps_ckpt_coord_fd(s->ck), ZMQ_POLLIN, 0};
+    }
+    if (what & PUMP_ROUTER) {
+        router_at = n;
+        it[n++] = (zmq_pollitem_t){s->router, 0, (short)(s->out_total ? 0 : ZMQ_POLLIN), 0};
+        if (s->mon) {
+            mon_at = n;
+            it[n++] = (zmq_pollitem_t){ps_hs_monitor_socket(s->mon), 0, ZMQ_POLLIN, 0};
+        }
+    }
+    int first = n;
+    for (int i = 0; i < s->cfg.threads; i++)
+        if (owner_running(s, i)) {
+            who[np++] = i;
+            short ev = (short)(ZMQ_POLLIN | (s->own[i].out.n ? ZMQ_POLLOUT : 0));
+            it[n++] = (zmq_pollitem_t){s->own[i].pair, 0, ev, 0};
+        }
+    if (zmq_poll(it, n, timeout_ms) < 0)
+        return errno == EINTR ? PUMP_EINTR : PUMP_EPOLL;
+    if (stop_at >= 0 && (it[stop_at].revents & ZMQ_POLLIN)) {
+        drain_eventfd(s->efd);
+        return PUMP_STOP_ASKED;
+    }
+    if (writer_at >= 0 && (it[writer_at].revents & ZMQ_POLLIN))
+        ck_writer_signalled(s);
+    for (int k = 0; k < np; k++) {
+        int i = who[k];
+        if (it[first + k].revents & ZMQ_POLLIN)
+            io_read_pair(s, i);
+        if (s->own[i].out.n)
+            flush_outbox(s, i);
+    }
+    if (router_at >= 0 && (it[router_at].revents & ZMQ_POLLIN) && io_read_router(s) < 0)
+        return PUMP_EROUTER;
+    if (mon_at >= 0 && (it[mon_at].revents & ZMQ_POLLIN))
+        ps_hs_monitor_read(s->mon);
+    return PUMP_OK;
 }
 
 /* Stop the update threads: they answer their queued pulls (PS_ECLOSED) and
@@ -1770,157 +608,50 @@ static void ck_writer_signalled(ps_server *s)
 static void stop_threads(ps_server *s)
 {
     int T = s->cfg.threads;
-    if (!s->threads_running || T == 0)
+    if (!s->threads_running)
         return;
-    s->stopping = 1;
-    zmq_pollitem_t *items = calloc((size_t)T, sizeof *items);
-    if (!items) {
-        ps_error("out of memory stopping the update threads");
-        abort();
-    }
+    set_stopping(s);
     for (int i = 0; i < T; i++)
-        if (!s->upd[i].stopped)
-            send_cmd(s, i, CMD_STOP, 0, NULL, NULL, NULL);
+        if (owner_running(s, i))
+            send_cmd(s, i, PS_CMD_STOP, 0, NULL, NULL, NULL);
     for (;;) {
         int left = 0;
-        for (int i = 0; i < T; i++) {
-            left += !s->upd[i].stopped;
-            items[i].socket = s->pairs[i];
-            items[i].events = (short)(s->upd[i].stopped ? 0
-                                      : ZMQ_POLLIN | (s->out[i].head ? ZMQ_POLLOUT : 0));
-            items[i].revents = 0;
-        }
+        for (int i = 0; i < T; i++)
+            left += owner_running(s, i);
         if (!left)
             break;
-        if (zmq_poll(items, T, 100) < 0 && errno != EINTR) {
+        if (io_pump(s, 0, 100) == PUMP_EPOLL) {
             ps_error("poll failed while stopping: %s", zmq_strerror(errno));
             abort();
         }
-        for (int i = 0; i < T; i++) {
-            if (s->upd[i].stopped)
-                continue;
-            if (s->out[i].head)
-                flush_outbox(s, i);
-            io_read_pair(s, i);
-        }
     }
     for (int i = 0; i < T; i++) {
-        if (s->upd[i].started)
-            pthread_join(s->upd[i].tid, NULL);
-        s->upd[i].started = 0;
+        ps_updater_join(s->own[i].upd);
+        s->own[i].started = 0;
     }
     s->threads_running = 0;
     int have = 0;
     memset(&s->totals, 0, sizeof s->totals);
     for (int i = 0; i < T; i++)
-        add_stats(&s->totals, &have, &s->upd[i].final);
+        ps_stats_add(&s->totals, &have, &s->own[i].final);
     s->totals.errors += s->io_errors;
-    s->totals.workers_seen = (uint64_t)s->workers_seen;
-    free(items);
-}
-
-static void close_waiters(ps_server *s)
-{
-    for (int i = 0; i < s->nbarriers; i++) {
-        barrier *b = &s->barriers[i];
-        for (size_t j = 0; j < b->nw; j++) {
-            ps_header r;
-            error_header(&r, b->w[j].seq, b->w[j].rank, 0, 0, PS_ECLOSED,
-                         "the server is shutting down; the barrier was not complete");
-            io_send(s, &b->w[j].id, &r);
-        }
-        barrier_free(b);
-    }
-    s->nbarriers = 0;
-    for (int i = 0; i < s->nsreq; i++) {
-        ps_header r;
-        error_header(&r, s->sreq[i].seq, s->sreq[i].rank, 0, 0, PS_ECLOSED,
-                     "the server is shutting down");
-        io_send(s, &s->sreq[i].id, &r);
-        zmq_msg_close(&s->sreq[i].id);
-    }
-    s->nsreq = 0;
-}
-
-/* CURVE: a connection whose handshake failed before the ZAP handler saw it
- * (a plaintext worker: mechanism mismatch) is logged here; ZAP refusals are
- * logged by the handler.  One line per 5 s at most, the rest counted. */
-static void io_read_monitor(ps_server *s)
-{
-    for (;;) {
-        zmq_msg_t ev, addr;
-        if (recv_frame(s->mon, &ev, ZMQ_DONTWAIT) < 0)
-            return;
-        zmq_msg_init(&addr);
-        if (zmq_msg_more(&ev))
-            zmq_msg_recv(&addr, s->mon, 0);
-        uint16_t event = 0;
-        uint32_t value = 0;
-        if (zmq_msg_size(&ev) >= 6) {
-            memcpy(&event, zmq_msg_data(&ev), 2);
-            memcpy(&value, (char *)zmq_msg_data(&ev) + 2, 4);
-        }
-        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
-            event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
-            s->hs_failed++;
-            int64_t now = ps_now_ns();
-            if (now - s->hs_log_ns >= 5000000000LL || !s->hs_log_ns) {
-                char more[96] = "";
-                if (s->hs_unlogged)
-                    snprintf(more, sizeof more, " (%llu more since the last such line)",
-                             (unsigned long long)s->hs_unlogged);
-                const char *what =
-                    event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                        ? "the peer hung up (a worker without --curve-keys, or one that does "
-                          "not have this server's public key?)"
-                    : value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
-                        ? "the peer does not use CURVE (a worker without --curve-keys?)"
-                        : "protocol error (not a ps worker, or a damaged connection)";
-                ps_warn("refused a connection on %.*s: CURVE handshake failed: %s%s",
-                        (int)zmq_msg_size(&addr), (const char *)zmq_msg_data(&addr), what,
-                        more);
-                s->hs_log_ns = now;
-                s->hs_unlogged = 0;
-            } else {
-                s->hs_unlogged++;
-            }
-        }
-        zmq_msg_close(&ev);
-        zmq_msg_close(&addr);
-    }
+    s->totals.workers_seen = (uint64_t)ps_workers_seen(s->workers);
 }
 
 /* Pump the owners' messages and the writer's wake-up until no checkpoint is
  * being taken or written (at stop).  Gives a snapshot up if an owner died. */
 static void ck_wait_idle(ps_server *s)
 {
-    int T = s->cfg.threads;
-    zmq_pollitem_t items[PS_SERVER_MAX_THREADS + 1];
-    while (s->ck_state != CK_IDLE) {
-        for (int i = 0; i < T; i++) {
-            if (s->upd[i].stopped && s->ck_state == CK_SNAP) {
+    while (!ps_ckpt_coord_idle(s->ck)) {
+        for (int i = 0; i < s->cfg.threads; i++)
+            if (s->own[i].stopped && ps_ckpt_coord_collecting(s->ck)) {
                 ps_error("checkpoint %llu abandoned: update thread %d is gone",
-                         (unsigned long long)s->ck_token, i);
-                ck_free_parts(s->ck_parts, T);
-                s->ck_parts = NULL;
-                s->ck_state = CK_IDLE;
+                         (unsigned long long)ps_ckpt_coord_abandon(s->ck), i);
                 return;
             }
-            items[i] = (zmq_pollitem_t){s->pairs[i], 0,
-                                        (short)(ZMQ_POLLIN | (s->out[i].head ? ZMQ_POLLOUT : 0)),
-                                        0};
-        }
-        items[T] = (zmq_pollitem_t){NULL, s->wr.efd, ZMQ_POLLIN, 0};
-        if (zmq_poll(items, T + 1, 100) < 0 && errno != EINTR) {
+        if (io_pump(s, PUMP_WRITER, 100) == PUMP_EPOLL) {
             ps_error("poll failed while writing a checkpoint: %s", zmq_strerror(errno));
             return;
-        }
-        if (items[T].revents & ZMQ_POLLIN)
-            ck_writer_signalled(s);
-        for (int i = 0; i < T; i++) {
-            if (s->out[i].head)
-                flush_outbox(s, i);
-            io_read_pair(s, i);
         }
     }
 }
@@ -1929,16 +660,17 @@ static void ck_wait_idle(ps_server *s)
  * a clean stop and --restore lose nothing. */
 static void ck_final(ps_server *s)
 {
-    if (!s->ck_on || !s->threads_running)
+    if (!ps_ckpt_coord_policy(s->ck)->on || !s->threads_running)
         return;
-    s->stopping = 1;
+    set_stopping(s);
     ck_wait_idle(s);
     for (int i = 0; i < s->cfg.threads; i++)
-        if (s->upd[i].stopped)
+        if (s->own[i].stopped)
             return;
-    if (s->mut == s->ck_last_mut)
+    uint64_t token;
+    if (!ps_ckpt_coord_final(s->ck, ps_now_ns(), s->mut, &token))
         return;
-    ck_start(s, ps_now_ns());
+    send_ckpt(s, token);
     ck_wait_idle(s);
 }
 
@@ -1947,62 +679,35 @@ int ps_server_run(ps_server *s)
     if (s->run_called)
         return PS_ESTATE;
     s->run_called = 1;
-    int T = s->cfg.threads;
-    zmq_pollitem_t *items = calloc((size_t)T + 4, sizeof *items);
-    if (!items)
-        return PS_ENOMEM;
     /* a short poll when something is timed: worker silence, checkpoints */
-    long tick = s->cfg.worker_timeout_ms > 0 || s->ck_on ? 100 : 1000;
+    int ck_on = ps_ckpt_coord_policy(s->ck)->on;
+    long tick = s->cfg.worker_timeout_ms > 0 || ck_on ? 100 : 1000;
     int rc = 0;
     while (!s->stopping) {
-        items[0] = (zmq_pollitem_t){s->router, 0, (short)(s->out_total ? 0 : ZMQ_POLLIN), 0};
-        items[1] = (zmq_pollitem_t){NULL, s->efd, ZMQ_POLLIN, 0};
-        items[2] = (zmq_pollitem_t){NULL, s->wr.efd, (short)(s->wr.efd >= 0 ? ZMQ_POLLIN : 0), 0};
-        for (int i = 0; i < T; i++) {
-            short ev = (short)(ZMQ_POLLIN | (s->out[i].head ? ZMQ_POLLOUT : 0));
-            items[3 + i] = (zmq_pollitem_t){s->pairs[i], 0, ev, 0};
-        }
-        int n = T + 3;
-        if (s->mon)
-            items[n++] = (zmq_pollitem_t){s->mon, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(items, n, tick) < 0) {
-            if (errno == EINTR)
-                continue;
-            ps_error("poll failed: %s", zmq_strerror(errno));
-            rc = PS_EIO;
-            break;
-        }
-        if (items[1].revents & ZMQ_POLLIN) {
-            drain_eventfd(s->efd);
+        int r = io_pump(s, PUMP_ROUTER | PUMP_STOP | PUMP_WRITER, tick);
+        if (r == PUMP_EINTR)
+            continue;
+        if (r == PUMP_STOP_ASKED) {
             ps_info("stop requested");
             break;
         }
-        if (items[2].revents & ZMQ_POLLIN)
-            ck_writer_signalled(s);
-        for (int i = 0; i < T; i++) {
-            if (items[3 + i].revents & ZMQ_POLLIN)
-                io_read_pair(s, i);
-            if (s->out[i].head)
-                flush_outbox(s, i);
-        }
-        if ((items[0].revents & ZMQ_POLLIN) && io_read_router(s) < 0) {
+        if (r == PUMP_EPOLL)
+            ps_error("poll failed: %s", zmq_strerror(errno));
+        if (r < 0) {
             rc = PS_EIO;
             break;
         }
-        if (s->mon && (items[T + 3].revents & ZMQ_POLLIN))
-            io_read_monitor(s);
         int64_t now = ps_now_ns();
         check_workers(s, now);
         ck_maybe(s, now);
-        rl_flush(&s->rl, now, 0);
+        ps_rlimit_flush(&s->rl, now, 0);
     }
-    free(items);
     ck_final(s);
     stop_threads(s);
     close_waiters(s);
     if (s->io_failed)
         rc = PS_EIO;
-    rl_flush(&s->rl, ps_now_ns(), 1);
+    ps_rlimit_flush(&s->rl, ps_now_ns(), 1);
     const ps_stats *t = &s->totals;
     char extra[256] = "";
     size_t off = 0;
@@ -2010,14 +715,16 @@ int ps_server_run(ps_server *s)
         off += (size_t)snprintf(extra + off, sizeof extra - off,
                                 ", %llu CURVE handshakes refused",
                                 (unsigned long long)(ps_curve_auth_refused(s->auth) +
-                                                     s->hs_failed));
-    if (s->nlost && off < sizeof extra)
+                                                     ps_hs_monitor_failed(s->mon)));
+    uint64_t nlost = ps_workers_lost(s->workers);
+    if (nlost && off < sizeof extra)
         off += (size_t)snprintf(extra + off, sizeof extra - off,
                                 ", %llu workers lost, %llu rejoined",
-                                (unsigned long long)s->nlost, (unsigned long long)s->nrejoined);
-    if (s->ck_on && off < sizeof extra)
+                                (unsigned long long)nlost,
+                                (unsigned long long)ps_workers_rejoined(s->workers));
+    if (ck_on && off < sizeof extra)
         snprintf(extra + off, sizeof extra - off, ", %llu checkpoints written",
-                 (unsigned long long)s->ck_count);
+                 (unsigned long long)ps_ckpt_coord_count(s->ck));
     ps_info("stopped: %llu pushes, %llu pulls, %llu inits, %llu updates, %llu duplicates dropped, "
             "%llu error replies, %llu undecodable messages dropped, %llu chunks, versions "
             "%lld..%lld, %llu MiB in, %llu MiB out, %d of %d workers said hello%s",
@@ -2027,7 +734,7 @@ int ps_server_run(ps_server *s)
             (unsigned long long)s->dropped, (unsigned long long)t->chunks,
             (long long)t->min_version, (long long)t->max_version,
             (unsigned long long)(t->bytes_in >> 20), (unsigned long long)(t->bytes_out >> 20),
-            s->workers_seen, s->cfg.num_workers, extra);
+            ps_workers_seen(s->workers), s->cfg.num_workers, extra);
     return rc;
 }
 
@@ -2049,41 +756,18 @@ void ps_server_close(ps_server *s)
     if (s->threads_running)
         stop_threads(s);
     close_waiters(s);
-    drop_held(s);
-    if (s->wr.started) {
-        pthread_mutex_lock(&s->wr.mu);
-        s->wr.stop = 1;
-        pthread_cond_signal(&s->wr.cv);
-        pthread_mutex_unlock(&s->wr.mu);
-        pthread_join(s->wr.tid, NULL);
-        pthread_mutex_destroy(&s->wr.mu);
-        pthread_cond_destroy(&s->wr.cv);
-    }
-    ck_free_parts(s->wr.parts, s->wr.nparts);
-    free(s->wr.hello);
-    ck_free_parts(s->ck_parts, s->cfg.threads);
-    if (s->wr.efd >= 0)
-        close(s->wr.efd);
-    for (int i = 0; i < s->cfg.threads && s->out; i++) {
-        while (s->out[i].head) {
-            outmsg *m = s->out[i].head;
-            s->out[i].head = m->next;
-            close_frames(m->f, m->nf);
-            free(m);
-        }
-    }
-    for (int i = 0; i < s->cfg.threads && s->upd; i++) {
-        if (s->upd[i].pair)
-            zmq_close(s->upd[i].pair);
-        ps_shard_destroy(s->upd[i].shard);
-    }
-    for (int i = 0; i < s->cfg.threads && s->pairs; i++)
-        if (s->pairs[i])
-            zmq_close(s->pairs[i]);
-    if (s->mon) {
-        zmq_socket_monitor(s->router, NULL, 0);
-        zmq_close(s->mon);
-    }
+    /* every frame still held goes before the context */
+    ps_barriers_destroy(s->barriers);
+    ps_stats_reqs_destroy(s->stats);
+    ps_ckpt_coord_destroy(s->ck);
+    for (int i = 0; i < s->cfg.threads && s->own; i++)
+        ps_outbox_clear(&s->own[i].out);
+    for (int i = 0; i < s->cfg.threads && s->own; i++)
+        ps_updater_destroy(s->own[i].upd);
+    for (int i = 0; i < s->cfg.threads && s->own; i++)
+        if (s->own[i].pair)
+            zmq_close(s->own[i].pair);
+    ps_hs_monitor_close(s->mon);
     if (s->router)
         zmq_close(s->router);
     /* the ZAP handler outlives the ROUTER and goes before the context */
@@ -2097,13 +781,8 @@ void ps_server_close(ps_server *s)
         unlink(s->endpoint + 6);
     if (s->trace && ps_trace_close(s->trace) != 0)
         ps_error("--timeline %s: cannot finish the file", s->timeline_path);
-    if (s->workers)
-        for (int i = 0; i < s->cfg.num_workers; i++)
-            free(s->workers[i]);
-    free(s->workers);
-    free(s->upd);
-    free(s->pairs);
-    free(s->out);
+    ps_workers_destroy(s->workers);
+    free(s->own);
     free(s->timeline_path);
     free(s->curve_dir);
     free(s->ckpt_dir);
@@ -2112,116 +791,22 @@ void ps_server_close(ps_server *s)
 
 static int set_int(void *sock, int opt, int v) { return zmq_setsockopt(sock, opt, &v, sizeof v); }
 
-/* mkdir -p */
-static int make_dirs(const char *path)
-{
-    char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-            return -1;
-        *p = '/';
-    }
-    return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
-}
-
-/* --restore: the newest checkpoint that reads back whole, else an older one;
- * its chunks go to their owners' shards (threads not started yet). */
+/* --restore: the coordinator fills the shards (threads not started yet); the
+ * workers the checkpoint knows are served without a new hello. */
 static int restore(ps_server *s, char *why, size_t why_len)
 {
-    const char *dir = s->ckpt_dir;
-    int rank = s->cfg.rank, T = s->cfg.threads;
-    uint64_t *seqs = NULL;
-    char msg[512], path[1024];
-    int n = ps_ckpt_list(dir, rank, &seqs, msg, sizeof msg);
-    if (n < 0) {
-        ps_errorf(why, why_len, "--restore: %s", msg);
-        return PS_EDATA;
-    }
-    if (n == 0) {
-        ps_errorf(why, why_len,
-            "--restore: no checkpoint of server %d in %s (start without --restore to begin afresh)",
-            rank, dir);
-        free(seqs);
-        return PS_EDATA;
-    }
-    s->ck_seq = seqs[0] + 1;
-    for (int i = 0; i < n; i++) {
-        ps_ckpt_file f;
-        ps_ckpt_path(dir, rank, seqs[i], path, sizeof path);
-        int rc = ps_ckpt_read(path, &f, msg, sizeof msg);
-        if (rc) {
-            ps_warn("checkpoint %s is corrupt or unreadable (%s): skipped%s", path, msg,
-                    i + 1 < n ? "; trying the one before it" : "");
-            continue;
-        }
-        const ps_ckpt_meta *m = &f.meta;
-        rc = ps_ckpt_check_config(m, rank, s->cfg.num_servers, s->cfg.num_workers, s->cfg.mode,
-                                  s->cfg.max_staleness, &s->cfg.opt, msg, sizeof msg);
-        if (rc) {
-            ps_errorf(why, why_len, "--restore: checkpoint %s does not fit this server: %s (start "
-                "with the flags it was written with, or without --restore)", path, msg);
-            ps_ckpt_file_free(&f);
-            free(seqs);
-            return PS_EMISMATCH;
-        }
-        size_t off = f.first;
-        ps_shard_chunk_view v;
-        while (ps_ckpt_next_chunk(&f, &off, &v)) {
-            int owner = ps_server_owner(v.key, v.chunk, T);
-            rc = ps_shard_restore_chunk(s->upd[owner].shard, &v, msg, sizeof msg);
-            if (rc) {
-                ps_errorf(why, why_len, "--restore: %s: %s", path, msg);
-                ps_ckpt_file_free(&f);
-                free(seqs);
-                return rc == PS_EMISMATCH ? PS_EDATA : rc;
-            }
-        }
-        ps_shard_add_counters(s->upd[0].shard, &m->counters);
-        s->model_fp = m->model_fp;
-        int64_t now = ps_now_ns();
-        for (int r = 0; r < s->cfg.num_workers; r++) {
-            if (!m->hello[r])
-                continue;
-            /* it said hello to the old process: its requests (resends
-             * included) are served without a new hello */
-            s->workers[r] = calloc(1, sizeof *s->workers[r]);
-            if (!s->workers[r]) {
-                ps_ckpt_file_free(&f);
-                free(seqs);
-                return PS_ENOMEM;
-            }
-            s->workers[r]->last_ns = now;
-            s->workers_seen++;
-        }
-        for (int t = 0; t < T; t++) {
-            int have;
-            int64_t mv = ps_shard_min_version(s->upd[t].shard, &have);
-            s->upd[t].min_version = s->upd[t].reported_min = mv;
-            s->upd[t].have_min = s->upd[t].reported_have = have;
-        }
-        s->ck_last_round = s->ck_prev_round = m->min_version;
-        s->durable_round = m->min_version;
-        s->ck_written_seq = m->seq;
-        s->ck_written = 1;
-        ps_info("restored %s: checkpoint %llu, %llu chunks, versions %lld..%lld, %llu updates, "
-                "%d of %d workers known, model fingerprint %016llx", path,
-                (unsigned long long)m->seq, (unsigned long long)m->nchunks,
-                (long long)m->min_version, (long long)m->max_version,
-                (unsigned long long)m->counters.updates, s->workers_seen, s->cfg.num_workers,
-                (unsigned long long)m->model_fp);
-        ps_ckpt_file_free(&f);
-        free(seqs);
-        return 0;
-    }
-    ps_errorf(why, why_len,
-        "--restore: none of the %d checkpoint(s) of server %d in %s is valid (see the lines above); "
-        "refusing to start from an unknown state", n, rank, dir);
-    free(seqs);
-    return PS_EDATA;
+    ps_shard *shards[PS_SERVER_MAX_THREADS];
+    for (int i = 0; i < s->cfg.threads; i++)
+        shards[i] = ps_updater_shard(s->own[i].upd);
+    uint8_t *hello = calloc((size_t)s->cfg.num_workers, 1);
+    if (!hello)
+        return PS_ENOMEM;
+    int rc = ps_ckpt_coord_restore(s->ck, shards, s->cfg.threads, hello, &s->model_fp, why,
+                                   why_len);
+    if (!rc)
+        rc = ps_workers_restore(s->workers, hello, ps_now_ns());
+    free(hello);
+    return rc;
 }
 
 static char *dup_opt(const char *p, int *fail)
@@ -2232,6 +817,124 @@ static char *dup_opt(const char *p, int *fail)
     if (!d)
         *fail = 1;
     return d;
+}
+
+/* --timeline: a lane per update thread and one for the checkpoint writer. */
+static int open_timeline(ps_server *s, char *why, size_t why_len)
+{
+    if (!s->timeline_path)
+        return 0;
+    /* its directory is made here and an unwritable place named with errno,
+     * before anything runs */
+    int rc = ps_check_output_file("--timeline", s->timeline_path, why, why_len);
+    if (rc)
+        return rc;
+    char name[64];
+    snprintf(name, sizeof name, "ps_server[%d]", s->cfg.rank);
+    if (ps_trace_open(s->timeline_path, 2000 + s->cfg.rank, name, &s->trace) != 0) {
+        ps_errorf(why, why_len, "--timeline %s: cannot create the file: %s", s->timeline_path,
+            strerror(errno));
+        return PS_EIO;
+    }
+    for (int i = 0; i < s->cfg.threads; i++) {
+        snprintf(name, sizeof name, "update-%d", i);
+        ps_trace_thread_name(s->trace, 1 + i, name);
+    }
+    ps_ckpt_coord_set_trace(s->ck, s->trace);
+    return 0;
+}
+
+/* One end of an inproc PAIR: no linger, PAIR_HWM messages each way.  NULL
+ * with errno set on failure. */
+static void *pair_socket(void *ctx)
+{
+    void *p = zmq_socket(ctx, ZMQ_PAIR);
+    if (p && (set_int(p, ZMQ_LINGER, 0) || set_int(p, ZMQ_SNDHWM, PAIR_HWM) ||
+              set_int(p, ZMQ_RCVHWM, PAIR_HWM))) {
+        int e = errno;
+        zmq_close(p);
+        errno = e;
+        return NULL;
+    }
+    return p;
+}
+
+/* The update threads' shards and PAIRs (threads not started yet). */
+static int open_owners(ps_server *s, char *why, size_t why_len)
+{
+    const ps_server_config *c = &s->cfg;
+    const ps_ckpt_policy *pol = ps_ckpt_coord_policy(s->ck);
+    ps_shard_config sc;
+    memset(&sc, 0, sizeof sc);
+    sc.mode = c->mode;
+    sc.max_staleness = c->max_staleness;
+    sc.num_workers = c->num_workers;
+    sc.opt = c->opt;
+    sc.max_memory = c->max_memory;
+    sc.mem_used = &s->mem_used;
+    ps_updater_config uc;
+    memset(&uc, 0, sizeof uc);
+    uc.mode = c->mode;
+    uc.num_workers = c->num_workers;
+    uc.trace = s->trace;
+    uc.hold_inits = pol->on;
+    uc.durable = pol->durable;
+    uc.defer_acks = pol->defer_acks;
+    uc.report_progress = pol->report_progress;
+    for (int i = 0; i < c->threads; i++) {
+        char ep[64];
+        snprintf(ep, sizeof ep, "inproc://ps-update-%d", i);
+        s->own[i].pair = pair_socket(s->ctx);
+        void *pair = s->own[i].pair ? pair_socket(s->ctx) : NULL;
+        if (!pair || zmq_bind(s->own[i].pair, ep) != 0 || zmq_connect(pair, ep) != 0) {
+            ps_errorf(why, why_len, "cannot set up %s: %s", ep, zmq_strerror(errno));
+            if (pair)
+                zmq_close(pair);
+            return PS_EIO;
+        }
+        uc.idx = i;
+        int rc = ps_updater_create(&uc, &sc, pair, &s->own[i].upd);
+        if (rc) {
+            ps_errorf(why, why_len, "cannot create the shard store: %s", ps_strerror(rc));
+            zmq_close(pair);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* The ROUTER, as a CURVE server with --curve-keys, bound. */
+static int open_router(ps_server *s, char *why, size_t why_len)
+{
+    s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
+    int64_t maxmsg = (int64_t)PS_MAX_PAYLOAD_BYTES + PS_HEADER_MAX;
+    if (!s->router || set_int(s->router, ZMQ_LINGER, 1000) ||
+        set_int(s->router, ZMQ_SNDHWM, ROUTER_SNDHWM) ||
+        set_int(s->router, ZMQ_RCVHWM, ROUTER_RCVHWM) ||
+        zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg)) {
+        ps_errorf(why, why_len, "cannot create the ROUTER socket: %s", zmq_strerror(errno));
+        return PS_EIO;
+    }
+    if (s->curve_dir) {
+        /* before bind: no connection may come in before the ZAP handler is up */
+        char msg[512];
+        int rc = ps_curve_server_setup(s->ctx, s->router, s->curve_dir, s->cfg.rank, &s->auth,
+                                       msg, sizeof msg);
+        if (rc) {
+            ps_errorf(why, why_len, "--curve-keys %s: %s", s->curve_dir, msg);
+            return rc;
+        }
+        /* handshake failures the ZAP handler never sees (plaintext peers) */
+        s->mon = ps_hs_monitor_open(s->ctx, s->router);
+    }
+    if (zmq_bind(s->router, s->bind) != 0) {
+        ps_errorf(why, why_len, "cannot bind %s: %s", s->bind, zmq_strerror(errno));
+        return PS_EIO;
+    }
+    size_t len = sizeof s->endpoint;
+    if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &len) != 0)
+        snprintf(s->endpoint, sizeof s->endpoint, "%s", s->bind);
+    return 0;
 }
 
 int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t why_len)
@@ -2246,7 +949,6 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     s->cfg = *c;
     s->cfg.opt.given = PS_OPT_GIVEN_ALL;
     s->efd = -1;
-    s->wr.efd = -1;
     snprintf(s->bind, sizeof s->bind, "%s", c->bind);
     s->cfg.bind = s->bind;
     int fail = 0;
@@ -2258,149 +960,28 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     s->cfg.checkpoint_dir = s->ckpt_dir;
     atomic_init(&s->mem_used, 0);
     int T = c->threads;
-    s->workers = calloc((size_t)c->num_workers, sizeof *s->workers);
-    s->upd = calloc((size_t)T, sizeof *s->upd);
-    s->pairs = calloc((size_t)T, sizeof *s->pairs);
-    s->out = calloc((size_t)T, sizeof *s->out);
+    s->own = calloc((size_t)T, sizeof *s->own);
     s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     s->ctx = zmq_ctx_new();
-    if (fail || !s->workers || !s->upd || !s->pairs || !s->out || s->efd < 0 || !s->ctx) {
+    ps_reply_to to = {s, reply_hook};
+    if (fail || !s->own || s->efd < 0 || !s->ctx ||
+        ps_workers_create(c->num_workers, c->worker_timeout_ms, c->on_worker_loss,
+                          &s->workers) != 0 ||
+        ps_barriers_create(c->num_workers, to, &s->barriers) != 0 ||
+        ps_stats_reqs_create(T, to, &s->stats) != 0) {
         ps_errorf(why, why_len, "out of memory or descriptors starting the server");
         ps_server_close(s);
         return PS_ENOMEM;
     }
-    /* checkpoints: with any in sync mode, pushes are acknowledged when their
-     * round is complete; with one every round, rounds are durable */
-    s->ck_on = s->ckpt_dir && (c->checkpoint_every > 0 || c->checkpoint_every_ms > 0);
-    int sync = c->mode == PS_MODE_SYNC;
-    s->defer_acks = s->ck_on && sync;
-    s->durable = s->ck_on && sync && c->checkpoint_every == 1 && c->checkpoint_every_ms == 0;
-    s->report_progress = s->ck_on && sync && c->checkpoint_every > 0;
-    s->ck_seq = 1;
-    if (s->ckpt_dir) {
-        if (make_dirs(s->ckpt_dir) != 0) {
-            ps_errorf(why, why_len, "--checkpoint-dir %s: cannot create it: %s", s->ckpt_dir,
-                strerror(errno));
-            ps_server_close(s);
-            return PS_EIO;
-        }
-        uint64_t *seqs = NULL;
-        char msg[512];
-        int n = ps_ckpt_list(s->ckpt_dir, c->rank, &seqs, msg, sizeof msg);
-        if (n < 0) {
-            ps_errorf(why, why_len, "--checkpoint-dir: %s", msg);
-            ps_server_close(s);
-            return PS_EIO;
-        }
-        if (n > 0)
-            s->ck_seq = seqs[0] + 1; /* never reuse a name, even without --restore */
-        free(seqs);
-    }
-    if (s->timeline_path) {
-        char name[64];
-        snprintf(name, sizeof name, "ps_server[%d]", c->rank);
-        if (ps_trace_open(s->timeline_path, 2000 + c->rank, name, &s->trace) != 0) {
-            ps_errorf(why, why_len, "--timeline %s: cannot create the file: %s", s->timeline_path,
-                strerror(errno));
-            ps_server_close(s);
-            return PS_EIO;
-        }
-        for (int i = 0; i < T; i++) {
-            snprintf(name, sizeof name, "update-%d", i);
-            ps_trace_thread_name(s->trace, 1 + i, name);
-        }
-        if (s->ck_on)
-            ps_trace_thread_name(s->trace, TID_CKPT, "checkpoint-writer");
-    }
-
-    ps_shard_config sc;
-    memset(&sc, 0, sizeof sc);
-    sc.mode = c->mode;
-    sc.max_staleness = c->max_staleness;
-    sc.num_workers = c->num_workers;
-    sc.opt = c->opt;
-    sc.max_memory = c->max_memory;
-    sc.mem_used = &s->mem_used;
-    for (int i = 0; i < T; i++) {
-        updater *u = &s->upd[i];
-        u->srv = s;
-        u->idx = i;
-        ps_shard_hooks hk = {u, hook_release, hook_ready, hook_cancel};
-        char ep[64];
-        snprintf(ep, sizeof ep, "inproc://ps-update-%d", i);
-        s->pairs[i] = zmq_socket(s->ctx, ZMQ_PAIR);
-        u->pair = zmq_socket(s->ctx, ZMQ_PAIR);
-        if (!s->pairs[i] || !u->pair || set_int(s->pairs[i], ZMQ_LINGER, 0) ||
-            set_int(u->pair, ZMQ_LINGER, 0) || set_int(s->pairs[i], ZMQ_SNDHWM, PAIR_HWM) ||
-            set_int(s->pairs[i], ZMQ_RCVHWM, PAIR_HWM) || set_int(u->pair, ZMQ_SNDHWM, PAIR_HWM) ||
-            set_int(u->pair, ZMQ_RCVHWM, PAIR_HWM) || zmq_bind(s->pairs[i], ep) != 0 ||
-            zmq_connect(u->pair, ep) != 0) {
-            ps_errorf(why, why_len, "cannot set up %s: %s", ep, zmq_strerror(errno));
-            ps_server_close(s);
-            return PS_EIO;
-        }
-        if ((rc = ps_shard_create(&sc, &hk, &u->shard)) != 0) {
-            ps_errorf(why, why_len, "cannot create the shard store: %s", ps_strerror(rc));
-            ps_server_close(s);
-            return rc;
-        }
-        ps_shard_set_trace(u->shard, s->trace, 1 + i);
-        ps_shard_set_merge(u->shard, hook_merge);
-    }
-    if (c->restore && (rc = restore(s, why, why_len)) != 0) {
+    if ((rc = ps_ckpt_coord_create(&s->cfg, &s->ck, why, why_len)) != 0) {
         ps_server_close(s);
         return rc;
     }
-
-    s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
-    int64_t maxmsg = (int64_t)PS_MAX_PAYLOAD_BYTES + PS_HEADER_MAX;
-    if (!s->router || set_int(s->router, ZMQ_LINGER, 1000) ||
-        set_int(s->router, ZMQ_SNDHWM, ROUTER_SNDHWM) ||
-        set_int(s->router, ZMQ_RCVHWM, ROUTER_RCVHWM) ||
-        zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg)) {
-        ps_errorf(why, why_len, "cannot create the ROUTER socket: %s", zmq_strerror(errno));
+    if ((rc = open_timeline(s, why, why_len)) != 0 || (rc = open_owners(s, why, why_len)) != 0 ||
+        (c->restore && (rc = restore(s, why, why_len)) != 0) ||
+        (rc = open_router(s, why, why_len)) != 0) {
         ps_server_close(s);
-        return PS_EIO;
-    }
-    if (s->curve_dir) {
-        /* before bind: no connection may come in before the ZAP handler is up */
-        char msg[512];
-        rc = ps_curve_server_setup(s->ctx, s->router, s->curve_dir, c->rank, &s->auth, msg,
-                                   sizeof msg);
-        if (rc) {
-            ps_errorf(why, why_len, "--curve-keys %s: %s", s->curve_dir, msg);
-            ps_server_close(s);
-            return rc;
-        }
-        /* handshake failures the ZAP handler never sees (plaintext peers) */
-        char ep[64];
-        snprintf(ep, sizeof ep, "inproc://ps-monitor-%p", (void *)s);
-        if (zmq_socket_monitor(s->router, ep, ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                                  ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
-            s->mon = zmq_socket(s->ctx, ZMQ_PAIR);
-            if (s->mon && (set_int(s->mon, ZMQ_LINGER, 0) || zmq_connect(s->mon, ep) != 0)) {
-                zmq_close(s->mon);
-                s->mon = NULL;
-            }
-        }
-    }
-    if (zmq_bind(s->router, s->bind) != 0) {
-        ps_errorf(why, why_len, "cannot bind %s: %s", s->bind, zmq_strerror(errno));
-        ps_server_close(s);
-        return PS_EIO;
-    }
-    size_t len = sizeof s->endpoint;
-    if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &len) != 0)
-        snprintf(s->endpoint, sizeof s->endpoint, "%s", s->bind);
-
-    if (s->ck_on) {
-        s->wr.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (s->wr.efd < 0) {
-            ps_errorf(why, why_len, "cannot create an eventfd: %s", strerror(errno));
-            ps_server_close(s);
-            return PS_EIO;
-        }
-        s->ck_last_ns = ps_now_ns();
+        return rc;
     }
     /* update threads take no signals: SIGINT/SIGTERM land on the I/O thread */
     sigset_t all, old;
@@ -2410,30 +991,19 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         sigaddset(&all, sigs[k]);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     for (int i = 0; i < T; i++) {
-        if (pthread_create(&s->upd[i].tid, NULL, upd_main, &s->upd[i]) != 0) {
+        if (ps_updater_start(s->own[i].upd) != 0) {
             pthread_sigmask(SIG_SETMASK, &old, NULL);
             ps_errorf(why, why_len, "cannot start update thread %d", i);
             s->threads_running = 1;
-            s->cfg.threads = i; /* stop the ones that started */
-            stop_threads(s);
-            s->cfg.threads = T;
+            stop_threads(s); /* the ones that started */
             ps_server_close(s);
             return PS_ENOMEM;
         }
-        s->upd[i].started = 1;
+        s->own[i].started = 1;
     }
-    if (s->ck_on) {
-        pthread_mutex_init(&s->wr.mu, NULL);
-        pthread_cond_init(&s->wr.cv, NULL);
-        if (pthread_create(&s->wr.tid, NULL, writer_main, s) != 0) {
-            pthread_mutex_destroy(&s->wr.mu);
-            pthread_cond_destroy(&s->wr.cv);
-            ps_warn("cannot start the checkpoint writer thread: checkpoints are written on the "
-                    "I/O thread");
-        } else {
-            s->wr.started = 1;
-        }
-    }
+    if (ps_ckpt_coord_run_writer(s->ck) != 0)
+        ps_warn("cannot start the checkpoint writer thread: checkpoints are written on the "
+                "I/O thread");
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     s->threads_running = 1;
     *out = s;

@@ -9,6 +9,38 @@
  *                                            ├── ...
  *                                            └── update thread T-1
  *
+ * Modules (each a .c with its .h, which states the contract and who owns
+ * what):
+ *   server.c          the I/O thread: owns the ROUTER, the I/O ends of the
+ *                     PAIRs and every module below except the updaters'
+ *                     insides; one pump (io_pump) polls and dispatches for the
+ *                     run loop, the stop and the wait for a last checkpoint
+ *   server_config.c   ps_server_config_default/check, ps_server_owner
+ *   updater.c         an update thread: its ps_shard and the owner end of its
+ *                     PAIR, and an immutable ps_updater_config copied before
+ *                     it starts (it never sees struct ps_server)
+ *   updater_frames.h  every frame on a PAIR, both directions (the tags, the
+ *                     command, stats, checkpoint and progress frames)
+ *   shard.c           the chunks of one update thread and the consistency rules
+ *   optimizer.c       the update kernels
+ *   ckpt_coord.c      checkpoint coordination: when one is due, collecting
+ *                     the parts, the writer thread, the replies held until a
+ *                     checkpoint makes them durable, --restore.  It sends
+ *                     nothing: it returns the token to send as PS_CMD_CKPT and
+ *                     the replies to put on the ROUTER
+ *   checkpoint.c      the checkpoint file: format, atomic write, read, check
+ *   workers.c         the worker table: hello, identity, last heard from, the
+ *                     --on-worker-loss rule
+ *   barrier.c         barriers waiting for every live worker
+ *   stats_req.c       STATS requests waiting for every owner's counters
+ *   outbox.c          messages for a PAIR whose owner is behind
+ *   hs_monitor.c      CURVE handshake failures the ZAP handler never sees
+ *   ratelimit.c, reply.c, zmsg.c
+ *                     rate-limited logging, reply headers, multipart frames
+ * Apart from the updaters and the checkpoint writer, every module runs on
+ * the I/O thread and none of them touches a socket it does not own: barriers
+ * and stats requests answer through a ps_reply_to the I/O thread provides.
+ *
  *  - The I/O thread alone owns the ROUTER.  It receives every message,
  *    decodes and checks the header (ps_proto_decode, ps_proto_check_payload,
  *    rank < num_workers, hello first), and answers control messages itself:
@@ -41,17 +73,17 @@
  *  - Liveness: the I/O thread notes when it last heard from each worker (any
  *    message; the client library sends HEARTBEATs).  A worker silent for
  *    worker_timeout_ms is lost: with PS_LOSS_WAIT this is logged and everything
- *    keeps waiting for it; with PS_LOSS_DROP it leaves the live set (CMD_LIVE to
- *    every owner: sync rounds and the SSP rule skip it, ps_shard_set_live) and
- *    barriers stop counting it; its requests are refused until it says hello
- *    again, which puts it back.
- *  - Checkpoints (server/checkpoint.h): when one is due, the I/O thread sends
- *    CMD_CKPT to every owner; each serializes its chunks between two messages
- *    (a memory copy, so the hot path stalls only that long) and sends the
- *    buffer back; a writer thread writes the file (tmp, fsync, rename, fsync
- *    dir) while training goes on.  An init is acknowledged once a checkpoint
- *    holds its chunk (so a restored server has every chunk its workers use).
- *    In sync mode with checkpoints, a push is
+ *    keeps waiting for it; with PS_LOSS_DROP it leaves the live set
+ *    (PS_CMD_LIVE to every owner: sync rounds and the SSP rule skip it,
+ *    ps_shard_set_live; ps_barriers_set_live: barriers stop counting it); its
+ *    requests are refused until it says hello again, which puts it back.
+ *  - Checkpoints (server/ckpt_coord.h, server/checkpoint.h): when one is due,
+ *    the I/O thread sends PS_CMD_CKPT to every owner; each serializes its
+ *    chunks between two messages (a memory copy, so the hot path stalls only
+ *    that long) and sends the buffer back; a writer thread writes the file
+ *    (tmp, fsync, rename, fsync dir) while training goes on.  An init is
+ *    acknowledged once a checkpoint holds its chunk (so a restored server has
+ *    every chunk its workers use).  In sync mode with checkpoints, a push is
  *    acknowledged only when its round is complete (so pushes of a round that
  *    a crash lost are resent by the workers), and with a checkpoint every
  *    round ("durable rounds") the replies that reveal a version (pull replies,

@@ -1,0 +1,150 @@
+/* Checkpoint coordination: the I/O thread's side of server/checkpoint.h.
+ * When a checkpoint is due, collecting every update thread's serialized
+ * part, the writer thread that writes the file while training goes on, the
+ * replies held until a checkpoint makes them durable, and --restore.
+ * docs/OPERATIONS.md "Checkpoints and restore" is the policy in words.
+ *
+ * It sends nothing: it says what to send and the I/O thread sends it.
+ *  - ps_ckpt_coord_due / ps_ckpt_coord_final return a token: send
+ *    PS_CMD_CKPT with it to every update thread; each PS_OUT_CKPT that comes
+ *    back goes to ps_ckpt_coord_part.  The last part hands the snapshot to
+ *    the writer thread, which posts ps_ckpt_coord_fd when the file is on disk:
+ *    then call ps_ckpt_coord_written.
+ *  - Replies an update thread tagged PS_OUT_INIT or PS_OUT_HELD are offered
+ *    to ps_ckpt_coord_hold; those it keeps come back, in arrival order, from
+ *    the call that made them durable (ps_ckpt_coord_written, or
+ *    ps_ckpt_coord_part when the file was written right there) as a list of
+ *    ps_held_reply for the I/O thread to put on the ROUTER.
+ *
+ * Threads: every function runs on the I/O thread.  The writer thread only
+ * writes the job it was handed and posts the eventfd.
+ *
+ * Ownership: the coordinator owns the parts it collects (until the writer
+ * is done with them), the replies it holds, the writer thread and its
+ * eventfd.  A released ps_held_reply belongs to the caller
+ * (ps_held_reply_free). */
+#ifndef PS_CKPT_COORD_H
+#define PS_CKPT_COORD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <zmq.h>
+
+#include "ps_trace.h"
+#include "server.h"
+#include "shard.h"
+#include "updater_frames.h"
+
+typedef struct ps_ckpt_coord ps_ckpt_coord;
+
+/* What checkpoints ask of the update threads and the I/O loop. */
+typedef struct ps_ckpt_policy {
+    int on;              /* checkpoints are taken: a directory and an interval */
+    int defer_acks;      /* sync: a push is acknowledged when its round is complete, so
+                            the pushes of a round a crash lost are resent by the workers */
+    int durable;         /* sync, one per round ("durable rounds"): replies that reveal a
+                            version wait until a checkpoint holding it is on disk */
+    int report_progress; /* sync, by rounds: update threads report their lowest version */
+} ps_ckpt_policy;
+
+/* A reply held until a checkpoint makes it durable: frames
+ * [identity, header, payload?] for the ROUTER. */
+typedef struct ps_held_reply {
+    struct ps_held_reply *next;
+    int by_seq;      /* an init acknowledgement: `version` is the sequence number of
+                        the first checkpoint that holds its chunk */
+    int64_t version; /* else the version a checkpoint must hold */
+    int nf;
+    zmq_msg_t f[3];
+} ps_held_reply;
+
+/* From the server's config: the policy, and with a checkpoint directory,
+ * that directory created if missing (ps_mkdir_p) and the next sequence number
+ * above every checkpoint already there.  Errors: PS_EIO (directory not
+ * usable, no eventfd), PS_ENOMEM; why says. */
+int ps_ckpt_coord_create(const ps_server_config *cfg, ps_ckpt_coord **out, char *why,
+                         size_t why_len);
+
+/* Stop the writer thread, drop held replies and collected parts, free.  NULL
+ * is fine. */
+void ps_ckpt_coord_destroy(ps_ckpt_coord *c);
+
+const ps_ckpt_policy *ps_ckpt_coord_policy(const ps_ckpt_coord *c);
+
+/* Trace the writer's "write" events on a lane of their own, named
+ * "checkpoint-writer" here when checkpoints are on.  t outlives c. */
+void ps_ckpt_coord_set_trace(ps_ckpt_coord *c, ps_trace *t);
+
+/* --restore, before any update thread runs: the newest checkpoint of this
+ * rank that reads back whole, else an older one.  Its chunks go to the shard
+ * of their owner, shards[ps_server_owner(key, chunk, nshards)], its counters
+ * to shards[0]; hello[r] (num_workers flags) is set for every worker that had
+ * said hello, *model_fp to the model's fingerprint.  Checkpoints continue
+ * from it (sequence numbers, rounds on disk, each owner's lowest version).
+ * Errors: PS_EDATA (none valid), PS_EMISMATCH (written with another
+ * configuration); why says. */
+int ps_ckpt_coord_restore(ps_ckpt_coord *c, ps_shard *const *shards, int nshards,
+                          uint8_t *hello, uint64_t *model_fp, char *why, size_t why_len);
+
+/* Start the writer thread (once the update threads run; checkpoints are on).
+ * The time between checkpoints counts from here.  PS_ENOMEM when no thread
+ * could be made: files are then written on the I/O thread, in
+ * ps_ckpt_coord_part. */
+int ps_ckpt_coord_run_writer(ps_ckpt_coord *c);
+
+/* The eventfd the writer posts when a file is written; -1 when off. */
+int ps_ckpt_coord_fd(const ps_ckpt_coord *c);
+
+/* The server is stopping: no periodic checkpoint starts any more, and a
+ * snapshot completed from now on is written at once on the I/O thread. */
+void ps_ckpt_coord_stopping(ps_ckpt_coord *c);
+
+/* Is a checkpoint due?  Round-based (sync): every owner's lowest version
+ * went up checkpoint_every since the last one; count-based (async): that
+ * many of `mut` (inits and pushes forwarded so far) came in; time-based:
+ * that long passed and mut moved; and always when init acknowledgements
+ * wait.  1 with *token: send PS_CMD_CKPT(token) to every owner. */
+int ps_ckpt_coord_due(ps_ckpt_coord *c, int64_t now, uint64_t mut, uint64_t *token);
+
+/* At stop, once idle: 1 with *token as above when mut moved since the last
+ * checkpoint, so a clean stop and --restore lose nothing. */
+int ps_ckpt_coord_final(ps_ckpt_coord *c, int64_t now, uint64_t mut, uint64_t *token);
+
+/* Owner i's lowest chunk version moved (PS_OUT_PROGRESS). */
+void ps_ckpt_coord_progress(ps_ckpt_coord *c, int i, int64_t min_version, int have);
+
+/* Owner i's part (PS_OUT_CKPT); cf->part.buf is taken (freed when it is not
+ * the snapshot being collected).  With the last part the snapshot is
+ * described (model_fp, hello: num_workers flags, read now) and handed to the
+ * writer, or written here when stopping or without a writer thread: then the
+ * replies it made durable are returned (NULL: none). */
+ps_held_reply *ps_ckpt_coord_part(ps_ckpt_coord *c, int i, ps_ckpt_frame *cf, uint64_t model_fp,
+                                  const uint8_t *hello);
+
+/* The writer posted ps_ckpt_coord_fd: log the write, or schedule a retry in
+ * 1 s after a failure.  Returns the replies it made durable (NULL: none). */
+ps_held_reply *ps_ckpt_coord_written(ps_ckpt_coord *c);
+
+/* No snapshot being collected or written. */
+int ps_ckpt_coord_idle(const ps_ckpt_coord *c);
+
+/* A snapshot is being collected (some parts still missing). */
+int ps_ckpt_coord_collecting(const ps_ckpt_coord *c);
+
+/* Give up the snapshot being collected (an owner is gone); returns its
+ * token. */
+uint64_t ps_ckpt_coord_abandon(ps_ckpt_coord *c);
+
+/* A reply an owner tagged PS_OUT_INIT or PS_OUT_HELD (version: the tag's).
+ * 0: send it now.  1: it waits for a checkpoint; *slot is where its frames go
+ * (f[], nf), already queued, or NULL when out of memory (drop the frames:
+ * the worker resends). */
+int ps_ckpt_coord_hold(ps_ckpt_coord *c, int tag, int64_t version, ps_held_reply **slot);
+
+/* Close a held reply's frames (those not sent) and free it. */
+void ps_held_reply_free(ps_held_reply *m);
+
+/* Checkpoints written so far. */
+uint64_t ps_ckpt_coord_count(const ps_ckpt_coord *c);
+
+#endif

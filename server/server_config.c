@@ -1,0 +1,70 @@
+/* The pure functions of server.h: the configuration's defaults and checks,
+ * and which update thread owns a chunk.  No state, no threads. */
+#include "server.h"
+
+#include <string.h>
+
+#include "ps_error.h"
+
+int ps_server_owner(uint64_t key, uint32_t chunk, int threads)
+{
+    uint64_t x = key * 0x9e3779b97f4a7c15ull ^ ((uint64_t)chunk + 0x632be59bd9b4e019ull);
+    x ^= x >> 31;
+    x *= 0xd6e8feb86659fd93ull;
+    x ^= x >> 32;
+    return threads > 1 ? (int)(x % (uint64_t)threads) : 0;
+}
+
+void ps_server_config_default(ps_server_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->rank = 0;
+    c->num_servers = 1;
+    c->num_workers = 1;
+    c->mode = PS_MODE_ASYNC;
+    c->max_staleness = -1;
+    ps_opt_default(&c->opt);
+    c->threads = 1;
+    c->max_memory = PS_SERVER_DEFAULT_MAX_MEMORY;
+    c->on_worker_loss = PS_LOSS_WAIT;
+}
+
+int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
+{
+#define BAD(...) do { ps_errorf(why, why_len, __VA_ARGS__); return PS_EINVAL; } while (0)
+    if (!c->bind || !*c->bind || strlen(c->bind) >= 256)
+        BAD("bind endpoint is missing or longer than 255 characters");
+    if (c->num_servers < 1 || c->num_servers > PS_MAX_SERVERS)
+        BAD("num-servers must be in [1, %d], got %d", PS_MAX_SERVERS, c->num_servers);
+    if (c->rank < 0 || c->rank >= c->num_servers)
+        BAD("rank must be in [0, num-servers - 1 = %d], got %d", c->num_servers - 1, c->rank);
+    if (c->num_workers < 1 || c->num_workers > PS_MAX_WORKERS)
+        BAD("num-workers must be in [1, %d], got %d", PS_MAX_WORKERS, c->num_workers);
+    if (c->mode != PS_MODE_SYNC && c->mode != PS_MODE_ASYNC)
+        BAD("mode must be sync or async");
+    if (c->mode == PS_MODE_SYNC && c->max_staleness != 0)
+        BAD("max-staleness must be 0 in sync mode, got %d", c->max_staleness);
+    if (c->max_staleness < -1 || c->max_staleness > PS_MAX_STALENESS)
+        BAD("max-staleness must be in [-1, %d], got %d", PS_MAX_STALENESS, c->max_staleness);
+    ps_opt_config full = c->opt;
+    full.given = PS_OPT_GIVEN_ALL; /* a server's settings are complete: check them all */
+    if (ps_opt_check(&full, 0, why, why_len))
+        return PS_EINVAL;
+    if (c->threads < 1 || c->threads > PS_SERVER_MAX_THREADS)
+        BAD("threads must be in [1, %d], got %d", PS_SERVER_MAX_THREADS, c->threads);
+    if (c->max_memory < 1)
+        BAD("max-memory must be at least 1 byte");
+    if (c->checkpoint_every < 0 || c->checkpoint_every_ms < 0)
+        BAD("checkpoint-every must be positive");
+    if ((c->checkpoint_every || c->checkpoint_every_ms || c->restore) &&
+        (!c->checkpoint_dir || !*c->checkpoint_dir))
+        BAD("checkpoint-every and restore need a checkpoint directory (--checkpoint-dir)");
+    if (c->worker_timeout_ms < 0)
+        BAD("worker-timeout must be >= 0, got %d ms", c->worker_timeout_ms);
+    if (c->on_worker_loss != PS_LOSS_WAIT && c->on_worker_loss != PS_LOSS_DROP)
+        BAD("on-worker-loss must be wait or drop");
+    if (c->on_worker_loss == PS_LOSS_DROP && c->worker_timeout_ms == 0)
+        BAD("on-worker-loss drop needs a worker timeout (--worker-timeout)");
+    return 0;
+#undef BAD
+}

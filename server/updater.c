@@ -1,0 +1,508 @@
+#include "updater.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "checkpoint.h"
+#include "ps_error.h"
+#include "ps_log.h"
+#include "ps_time.h"
+#include "ratelimit.h"
+#include "reply.h"
+#include "zmsg.h"
+
+/* Pull replies of at least this many bytes are sent from the chunk's weight
+ * buffer itself (zero-copy, ps_shard_pin); smaller ones are copied, which
+ * costs less than the pin (ZeroMQ copies frames under 8 KiB into its send
+ * batch anyway) and needs no spare buffer. */
+#define ZC_MIN_BYTES 8192
+
+/* A request an update thread answers now or, for a queued pull, later. */
+typedef struct req_ctx {
+    zmq_msg_t id;
+    uint64_t seq;
+    int32_t rank;
+    uint32_t type;    /* PS_MSG_PUSH here: a deferred acknowledgement (no weights) */
+    uint64_t key;
+    uint32_t chunk;
+    int64_t step;
+    int64_t t_arrive; /* for the timeline */
+} req_ctx;
+
+/* A received gradient the shard may keep: the message itself, or an aligned
+ * copy when ZeroMQ handed us a buffer that is not 4-byte aligned. */
+typedef struct hold {
+    zmq_msg_t msg;
+    float *copy;
+    const float *g;
+} hold;
+
+struct ps_updater {
+    ps_updater_config cfg; /* set at create, read-only after */
+    pthread_t tid;
+    int started;
+    void *pair;            /* owner end; used only by this thread once started */
+    ps_shard *shard;
+    req_ctx *spare;
+    uint64_t bytes_out, errors;
+    ps_rlimit rl;
+    int64_t reported_min;  /* progress last sent to the I/O thread */
+    int reported_have;
+    uint64_t ff_seen;      /* fast-forwarded rounds already logged */
+};
+
+/* Send [tag, identity, header, payload?] to the I/O thread.  Blocking: the I/O
+ * thread always drains replies, so this never waits for long.  With durable
+ * rounds, a reply naming a version (push ack, pull) is tagged to wait in the
+ * I/O thread until a checkpoint holds that version. */
+static void upd_send(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload)
+{
+    char buf[PS_HEADER_MAX];
+    size_t len;
+    if (ps_proto_encode(h, buf, sizeof buf, &len) != 0) {
+        ps_error("update thread %d: cannot encode a %s reply", u->cfg.idx,
+                 ps_msg_type_name(h->type));
+        return;
+    }
+    char tag[1 + sizeof(int64_t)] = {PS_OUT_REPLY};
+    size_t tlen = 1;
+    /* with checkpoints, a chunk a worker was told exists is in one first, so
+     * a restored server never lacks a chunk its workers use */
+    if (u->cfg.hold_inits && h->type == PS_MSG_INIT)
+        tag[0] = PS_OUT_INIT;
+    if (u->cfg.durable && (h->type == PS_MSG_PUSH || h->type == PS_MSG_PULL ||
+                            h->type == PS_MSG_PUSHPULL)) {
+        tag[0] = PS_OUT_HELD;
+        memcpy(tag + 1, &h->step, sizeof h->step);
+        tlen = sizeof tag;
+    }
+    zmq_send(u->pair, tag, tlen, ZMQ_SNDMORE);
+    zmq_msg_send(id, u->pair, ZMQ_SNDMORE);
+    zmq_send(u->pair, buf, len, payload ? ZMQ_SNDMORE : 0);
+    if (payload)
+        zmq_msg_send(payload, u->pair, 0);
+}
+
+static void upd_error(ps_updater *u, req_ctx *r, int code, const char *why)
+{
+    ps_header h;
+    ps_reply_error(&h, r->seq, r->rank, r->key, r->chunk, code, why);
+    u->errors++;
+    if (ps_rlimit_allow(&u->rl))
+        ps_warn("refused %s from worker %d (key %llu chunk %u): %s: %s",
+                ps_msg_type_name(r->type), r->rank, (unsigned long long)r->key, r->chunk,
+                ps_strerror(code), why);
+    upd_send(u, &r->id, &h, NULL);
+}
+
+static void upd_ack(ps_updater *u, req_ctx *r, int64_t version)
+{
+    ps_header h;
+    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
+    upd_send(u, &r->id, &h, NULL);
+}
+
+/* ZeroMQ's free callback of a zero-copy reply: runs on whichever thread
+ * closes the last copy of the message (a ZeroMQ I/O thread once the bytes
+ * are written, or the I/O thread when it drops the reply). */
+static void zc_release(void *data, void *ref)
+{
+    (void)data;
+    ps_shard_unpin(ref);
+}
+
+/* Answer a pull with the weights w of `version`: zero-copy from the chunk's
+ * weight buffer, which no update writes until the reply is gone (updates in
+ * the meantime go out of place), else copied into the reply message. */
+static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int64_t version)
+{
+    zmq_msg_t pl;
+    size_t bytes = n * sizeof(float);
+    void *ref = NULL;
+    const float *pinned = bytes >= ZC_MIN_BYTES
+                              ? ps_shard_pin(u->shard, r->key, r->chunk, w, &ref)
+                              : NULL;
+    if (pinned && zmq_msg_init_data(&pl, (void *)pinned, bytes, zc_release, ref) != 0) {
+        ps_shard_unpin(ref); /* ZeroMQ did not take it */
+        pinned = NULL;
+    }
+    if (!pinned) {
+        if (zmq_msg_init_size(&pl, bytes) != 0) {
+            upd_error(u, r, PS_ENOMEM, "out of memory building the pull reply");
+            return;
+        }
+        memcpy(zmq_msg_data(&pl), w, bytes);
+    }
+    ps_header h;
+    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
+    h.count = n;
+    h.dtype = PS_DTYPE_F32;
+    u->bytes_out += bytes;
+    upd_send(u, &r->id, &h, &pl);
+    zmq_msg_close(&pl);
+    if (u->cfg.trace)
+        ps_trace_event(u->cfg.trace, "pull", "serve", 1 + u->cfg.idx, r->t_arrive, ps_now_ns(),
+                       version, -1);
+}
+
+static void req_free(req_ctx *r)
+{
+    if (!r)
+        return;
+    zmq_msg_close(&r->id);
+    free(r);
+}
+
+static void hook_ready(void *user, void *waiter, const float *w, size_t n, int64_t version)
+{
+    req_ctx *r = waiter;
+    if (r->type == PS_MSG_PUSH) /* a deferred acknowledgement: its round is complete */
+        upd_ack(user, r, version);
+    else
+        upd_weights(user, r, w, n, version);
+    req_free(r);
+}
+
+static void hook_cancel(void *user, void *waiter)
+{
+    req_ctx *r = waiter;
+    upd_error(user, r, PS_ECLOSED, "the server is shutting down; this pull was still waiting");
+    req_free(r);
+}
+
+/* A resend of a queued request (same rank, id and type): answer it on the
+ * newest route, once. */
+static int hook_merge(void *user, void *queued, void *incoming)
+{
+    (void)user;
+    req_ctx *q = queued, *n = incoming;
+    if (q->rank != n->rank || q->seq != n->seq || q->type != n->type)
+        return 0;
+    zmq_msg_close(&q->id);
+    zmq_msg_init(&q->id);
+    zmq_msg_move(&q->id, &n->id);
+    return 1;
+}
+
+static void hold_free(hold *h)
+{
+    if (!h)
+        return;
+    zmq_msg_close(&h->msg);
+    free(h->copy);
+    free(h);
+}
+
+static void hook_release(void *user, void *h)
+{
+    (void)user;
+    hold_free(h);
+}
+
+static void upd_pull(ps_updater *u, req_ctx *r, int64_t want)
+{
+    char why[256];
+    const float *w = NULL;
+    size_t n = 0;
+    int64_t version = 0;
+    int queued = 0;
+    int rc = ps_shard_pull(u->shard, r->key, r->chunk, r->rank, want, r, &queued, &w, &n, &version,
+                           why, sizeof why);
+    if (rc)
+        upd_error(u, r, rc, why);
+    else if (queued == 1)
+        u->spare = NULL; /* the shard holds r until hook_ready or hook_cancel */
+    else if (queued == 0)
+        upd_weights(u, r, w, n, version);
+    /* 2: a resend of a queued pull, which now answers on r's route */
+}
+
+/* Sync with checkpoints: acknowledge a push of step t only once version t+1
+ * exists, so a push whose round a crash lost is still unanswered and the
+ * worker resends it to the restored server. */
+static void upd_await(ps_updater *u, req_ctx *r, int64_t want)
+{
+    char why[256];
+    int64_t version = 0;
+    int queued = 0;
+    int rc = ps_shard_await(u->shard, r->key, r->chunk, want, r, &queued, &version, why,
+                            sizeof why);
+    if (rc)
+        upd_error(u, r, rc, why);
+    else if (queued == 1)
+        u->spare = NULL;
+    else if (queued == 0)
+        upd_ack(u, r, version);
+}
+
+static void upd_request(ps_updater *u, const ps_header *h, zmq_msg_t *id, zmq_msg_t *pl)
+{
+    if (!u->spare) {
+        u->spare = calloc(1, sizeof *u->spare);
+        if (!u->spare) {
+            ps_error("update thread %d: out of memory; dropped a %s", u->cfg.idx,
+                     ps_msg_type_name(h->type));
+            return;
+        }
+        zmq_msg_init(&u->spare->id);
+    }
+    req_ctx *r = u->spare;
+    zmq_msg_move(&r->id, id);
+    r->seq = h->seq;
+    r->rank = h->rank;
+    r->type = h->type;
+    r->key = h->key;
+    r->chunk = h->chunk;
+    r->step = h->step;
+    r->t_arrive = u->cfg.trace ? ps_now_ns() : 0;
+    char why[256];
+    int64_t version = 0;
+    int rc;
+    switch (h->type) {
+    case PS_MSG_INIT:
+        rc = ps_shard_init(u->shard, h->key, h->chunk, zmq_msg_data(pl), (size_t)h->count,
+                           h->total, &version, why, sizeof why);
+        if (rc)
+            upd_error(u, r, rc, why);
+        else
+            upd_ack(u, r, version);
+        break;
+    case PS_MSG_PUSH:
+    case PS_MSG_PUSHPULL: {
+        hold *g = calloc(1, sizeof *g);
+        if (!g) {
+            upd_error(u, r, PS_ENOMEM, "out of memory receiving a push");
+            break;
+        }
+        zmq_msg_init(&g->msg);
+        zmq_msg_move(&g->msg, pl);
+        void *data = zmq_msg_data(&g->msg);
+        size_t bytes = zmq_msg_size(&g->msg);
+        if ((uintptr_t)data % sizeof(float)) {
+            /* small frames can sit unaligned in ZeroMQ's receive buffer */
+            g->copy = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+            if (!g->copy) {
+                hold_free(g);
+                upd_error(u, r, PS_ENOMEM, "out of memory receiving a push");
+                break;
+            }
+            memcpy(g->copy, data, bytes);
+            zmq_msg_close(&g->msg);
+            zmq_msg_init(&g->msg);
+            g->g = g->copy;
+        } else {
+            g->g = data;
+        }
+        int kept = 0, dup = 0;
+        rc = ps_shard_push(u->shard, h->key, h->chunk, h->rank, h->step, g->g, (size_t)h->count,
+                           g, &kept, &dup, &version, why, sizeof why);
+        if (!kept)
+            hold_free(g);
+        if (rc) {
+            upd_error(u, r, rc, why);
+            break;
+        }
+        if (dup)
+            ps_debug("duplicate push from worker %d, key %llu chunk %u step %lld: dropped",
+                     h->rank, (unsigned long long)h->key, h->chunk, (long long)h->step);
+        uint64_t ff = ps_shard_fast_forwards(u->shard);
+        if (ff != u->ff_seen && ps_rlimit_allow(&u->rl)) {
+            ps_warn("key %llu chunk %u: worker %d pushed step %lld, beyond the round of the "
+                    "restored checkpoint; skipped to it (%llu round(s) in all were lost with "
+                    "the old process; a checkpoint every round loses none)",
+                    (unsigned long long)h->key, h->chunk, h->rank, (long long)h->step,
+                    (unsigned long long)ff);
+            u->ff_seen = ff;
+        }
+        if (h->type == PS_MSG_PUSHPULL)
+            upd_pull(u, r, h->step + 1);
+        else if (u->cfg.defer_acks)
+            upd_await(u, r, h->step + 1);
+        else
+            upd_ack(u, r, version);
+        break;
+    }
+    case PS_MSG_PULL:
+        upd_pull(u, r, h->step);
+        break;
+    default:
+        upd_error(u, r, PS_EPROTO, "internal: request type not handled by update threads");
+        break;
+    }
+    if (u->spare) { /* not queued: ready for the next request */
+        zmq_msg_close(&u->spare->id);
+        zmq_msg_init(&u->spare->id);
+    }
+}
+
+static void upd_stats(ps_updater *u, ps_stats *st)
+{
+    ps_shard_stats(u->shard, st);
+    st->bytes_out = u->bytes_out;
+    st->errors = u->errors;
+}
+
+static void upd_send_stats(ps_updater *u, char tag, uint64_t token, const ps_stats *st)
+{
+    ps_stats_frame of = {token, *st};
+    zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
+    zmq_send(u->pair, &of, sizeof of, 0);
+}
+
+/* PS_CMD_CKPT: serialize every chunk now, between two requests, so each chunk is
+ * in the checkpoint with whole updates only; the I/O thread takes the buffer. */
+static void upd_checkpoint(ps_updater *u, uint64_t token)
+{
+    int64_t t0 = ps_now_ns();
+    ps_ckpt_frame cf;
+    memset(&cf, 0, sizeof cf);
+    cf.token = token;
+    cf.rc = ps_ckpt_serialize(u->shard, u->cfg.mode, u->cfg.num_workers, &cf.part);
+    char tag = PS_OUT_CKPT;
+    zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
+    zmq_send(u->pair, &cf, sizeof cf, 0);
+    if (u->cfg.trace)
+        ps_trace_event(u->cfg.trace, "snapshot", "checkpoint", 1 + u->cfg.idx, t0, ps_now_ns(),
+                       (int64_t)token, -1);
+}
+
+/* Tell the I/O thread when this thread's lowest chunk version moved (it
+ * decides on round-based checkpoints from the lowest over all threads). */
+static void upd_progress(ps_updater *u)
+{
+    int have;
+    int64_t m = ps_shard_min_version(u->shard, &have);
+    if (m == u->reported_min && have == u->reported_have)
+        return;
+    u->reported_min = m;
+    u->reported_have = have;
+    ps_progress_frame pf = {m, have};
+    char tag = PS_OUT_PROGRESS;
+    zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
+    zmq_send(u->pair, &pf, sizeof pf, 0);
+}
+
+static void *upd_main(void *arg)
+{
+    ps_updater *u = arg;
+    int stop = 0;
+    while (!stop) {
+        zmq_msg_t m, id, pl;
+        if (ps_zmsg_recv(u->pair, &m, 0) < 0) {
+            if (errno == EINTR)
+                continue;
+            ps_error("update thread %d: receive failed: %s", u->cfg.idx, zmq_strerror(errno));
+            break;
+        }
+        zmq_msg_init(&id);
+        zmq_msg_init(&pl);
+        int more = zmq_msg_more(&m);
+        for (int i = 0; more; i++) {
+            zmq_msg_t *dst = i == 0 ? &id : &pl, extra;
+            if (i >= 2) {
+                zmq_msg_init(&extra);
+                dst = &extra;
+            }
+            if (zmq_msg_recv(dst, u->pair, 0) < 0)
+                break;
+            more = zmq_msg_more(dst);
+            if (i >= 2)
+                zmq_msg_close(&extra);
+        }
+        ps_cmd_frame cf;
+        if (zmq_msg_size(&m) == sizeof cf) {
+            memcpy(&cf, zmq_msg_data(&m), sizeof cf);
+            if (cf.cmd == PS_CMD_REQ) {
+                upd_request(u, &cf.h, &id, &pl);
+            } else if (cf.cmd == PS_CMD_STATS) {
+                ps_stats st;
+                upd_stats(u, &st);
+                upd_send_stats(u, PS_OUT_STATS, cf.token, &st);
+            } else if (cf.cmd == PS_CMD_STOP) {
+                stop = 1;
+            } else if (cf.cmd == PS_CMD_CKPT) {
+                upd_checkpoint(u, cf.token);
+            } else if (cf.cmd == PS_CMD_LIVE) {
+                ps_shard_set_live(u->shard, cf.h.rank, (int)cf.token);
+            }
+            if (u->cfg.report_progress && !stop)
+                upd_progress(u);
+        }
+        zmq_msg_close(&m);
+        zmq_msg_close(&id);
+        zmq_msg_close(&pl);
+    }
+    ps_stats st;
+    upd_stats(u, &st);
+    uint64_t spares, spare_bytes, copies;
+    ps_shard_buffer_counts(u->shard, &spares, &spare_bytes, &copies);
+    if (spares || copies)
+        ps_debug("update thread %d: %llu spare weight buffers (%.1f MiB) let updates go out of "
+                 "place while pull replies were in flight; %llu replies were copies (every "
+                 "buffer of their chunk held, or --max-memory reached)", u->cfg.idx,
+                 (unsigned long long)spares, (double)spare_bytes / 1048576.0,
+                 (unsigned long long)copies);
+    /* answers queued pulls with PS_ECLOSED, frees kept gradients; a weight
+     * buffer a reply in flight still holds is freed when ZeroMQ releases it */
+    ps_shard_destroy(u->shard);
+    u->shard = NULL;
+    st.errors = u->errors;
+    req_free(u->spare);
+    u->spare = NULL;
+    ps_rlimit_flush(&u->rl, ps_now_ns(), 1);
+    upd_send_stats(u, PS_OUT_STOPPED, 0, &st);
+    return NULL;
+}
+
+int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, void *pair,
+                      ps_updater **out)
+{
+    *out = NULL;
+    ps_updater *u = calloc(1, sizeof *u);
+    if (!u)
+        return PS_ENOMEM;
+    u->cfg = *cfg;
+    ps_shard_hooks hk = {u, hook_release, hook_ready, hook_cancel};
+    int rc = ps_shard_create(sc, &hk, &u->shard);
+    if (rc) {
+        free(u);
+        return rc;
+    }
+    ps_shard_set_trace(u->shard, cfg->trace, 1 + cfg->idx);
+    ps_shard_set_merge(u->shard, hook_merge);
+    u->pair = pair;
+    *out = u;
+    return 0;
+}
+
+ps_shard *ps_updater_shard(ps_updater *u) { return u->shard; }
+
+int ps_updater_start(ps_updater *u)
+{
+    /* what a restore put in the shard is known to the I/O thread already */
+    u->reported_min = ps_shard_min_version(u->shard, &u->reported_have);
+    if (pthread_create(&u->tid, NULL, upd_main, u) != 0)
+        return PS_ENOMEM;
+    u->started = 1;
+    return 0;
+}
+
+void ps_updater_join(ps_updater *u)
+{
+    if (u->started)
+        pthread_join(u->tid, NULL);
+    u->started = 0;
+}
+
+void ps_updater_destroy(ps_updater *u)
+{
+    if (!u)
+        return;
+    if (u->pair)
+        zmq_close(u->pair);
+    ps_shard_destroy(u->shard);
+    free(u);
+}

@@ -1,0 +1,73 @@
+/* The frames between the I/O thread and an update thread (the "owner" of a
+ * set of chunks), over the inproc PAIR the two share; server.h has the
+ * picture.  One ZeroMQ multipart message per item below.
+ *
+ * Both ends are one process, so the structs travel as raw bytes, one struct
+ * per frame, and a receiver ignores a frame whose size is not the struct's.
+ * Identity, header and payload frames are ZeroMQ messages moved with
+ * zmq_msg_send (no copy): whoever sends one no longer owns it.
+ *
+ * I/O thread -> owner: the first frame is a ps_cmd_frame.
+ *   PS_CMD_REQ    [cmd] [identity] [payload?]  an init, push, pull or pushpull;
+ *                                              cmd.h is its decoded and checked header
+ *   PS_CMD_STATS  [cmd]   answer PS_OUT_STATS with cmd.token
+ *   PS_CMD_STOP   [cmd]   answer queued pulls with PS_ECLOSED, send PS_OUT_STOPPED, exit
+ *   PS_CMD_CKPT   [cmd]   serialize every chunk now; answer PS_OUT_CKPT with cmd.token
+ *                         (the checkpoint's sequence number)
+ *   PS_CMD_LIVE   [cmd]   rank cmd.h.rank joins (cmd.token 1) or leaves (0) the live set
+ *
+ * owner -> I/O thread: the first frame is a tag, one byte (PS_OUT_HELD: the
+ * byte and an int64 version, native byte order).
+ *   PS_OUT_REPLY    [tag] [identity] [header] [payload?]   for the ROUTER, as it is
+ *   PS_OUT_HELD     [tag version] [identity] [header] [payload?]
+ *                   durable rounds: for the ROUTER once a checkpoint holds `version`
+ *   PS_OUT_INIT     [tag] [identity] [header]   an init acknowledgement with
+ *                   checkpoints: for the ROUTER once a checkpoint holds the chunk
+ *   PS_OUT_STATS    [tag] [ps_stats_frame]      the counters PS_CMD_STATS asked for
+ *   PS_OUT_STOPPED  [tag] [ps_stats_frame]      final counters; the owner's last message
+ *   PS_OUT_CKPT     [tag] [ps_ckpt_frame]       the chunks PS_CMD_CKPT asked for
+ *   PS_OUT_PROGRESS [tag] [ps_progress_frame]   the owner's lowest chunk version moved
+ *                   (only with ps_updater_config.report_progress) */
+#ifndef PS_UPDATER_FRAMES_H
+#define PS_UPDATER_FRAMES_H
+
+#include <stdint.h>
+
+#include "checkpoint.h"
+#include "ps_proto.h"
+
+enum { PS_CMD_REQ = 1, PS_CMD_STATS = 2, PS_CMD_STOP = 3, PS_CMD_CKPT = 4, PS_CMD_LIVE = 5 };
+
+enum {
+    PS_OUT_REPLY = 'R',
+    PS_OUT_HELD = 'H',
+    PS_OUT_INIT = 'I',
+    PS_OUT_STATS = 'S',
+    PS_OUT_STOPPED = 'X',
+    PS_OUT_CKPT = 'C',
+    PS_OUT_PROGRESS = 'P'
+};
+
+typedef struct ps_cmd_frame {
+    int cmd;        /* PS_CMD_* */
+    uint64_t token; /* STATS: the request; CKPT: the sequence number; LIVE: 1 live, 0 not */
+    ps_header h;    /* REQ: the request's header; LIVE: h.rank */
+} ps_cmd_frame;
+
+typedef struct ps_stats_frame {
+    uint64_t token; /* PS_CMD_STATS's; 0 in PS_OUT_STOPPED */
+    ps_stats st;    /* the shard's counters, bytes_out and errors of the thread */
+} ps_stats_frame;
+
+typedef struct ps_ckpt_frame {
+    uint64_t token;    /* the checkpoint's sequence number */
+    int rc;            /* 0, or PS_ENOMEM: part is empty */
+    ps_ckpt_part part; /* part.buf now belongs to the I/O thread */
+} ps_ckpt_frame;
+
+typedef struct ps_progress_frame {
+    int64_t min_version; /* ps_shard_min_version */
+    int have;            /* 0: the shard has no chunk yet */
+} ps_progress_frame;
+
+#endif

@@ -1,0 +1,212 @@
+/* The I/O thread's modules on their own, without sockets: barriers, STATS
+ * requests, the worker table, the checkpoint coordinator (server.h lists
+ * them).  Replies are caught by a ps_reply_to that records them. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zmq.h>
+
+#include "barrier.h"
+#include "checkpoint.h"
+#include "ckpt_coord.h"
+#include "ps_error.h"
+#include "ps_test.h"
+#include "ps_time.h"
+#include "server.h"
+#include "stats_req.h"
+#include "workers.h"
+
+/* What a module asked the I/O thread to send. */
+typedef struct sent {
+    int n;
+    ps_header h[16];
+} sent;
+
+static void record(void *user, zmq_msg_t *id, const ps_header *h)
+{
+    (void)id;
+    sent *s = user;
+    if (s->n < 16)
+        s->h[s->n] = *h;
+    s->n++;
+}
+
+static zmq_msg_t route(void)
+{
+    zmq_msg_t m;
+    zmq_msg_init_size(&m, 5);
+    memcpy(zmq_msg_data(&m), "peer1", 5);
+    return m;
+}
+
+static ps_header request(uint32_t type, int32_t rank, uint64_t seq, int64_t step)
+{
+    ps_header h;
+    ps_header_init(&h, type);
+    h.rank = rank;
+    h.seq = seq;
+    h.step = step;
+    return h;
+}
+
+PS_TEST(barrier_waits_for_live_workers_only)
+{
+    sent got = {0};
+    ps_barriers *b;
+    CHECK_OK(ps_barriers_create(3, (ps_reply_to){&got, record}, &b));
+    const char *why = NULL;
+    for (int r = 0; r < 2; r++) {
+        ps_header h = request(PS_MSG_BARRIER, r, 10 + (uint64_t)r, 7);
+        zmq_msg_t id = route();
+        CHECK_OK(ps_barriers_arrive(b, &id, &h, &why));
+        zmq_msg_close(&id);
+    }
+    CHECK_EQ_INT(got.n, 0);
+    /* rank 2 is dropped: the barrier no longer waits for it */
+    ps_barriers_set_live(b, 2, 0);
+    CHECK_EQ_INT(got.n, 2);
+    CHECK_EQ_INT(got.h[0].type, PS_MSG_BARRIER);
+    CHECK_EQ_INT(got.h[0].step, 7);
+    CHECK_EQ_INT(got.h[1].seq, 11);
+    /* a resend of a completed barrier is answered at once */
+    ps_header h = request(PS_MSG_BARRIER, 0, 10, 7);
+    zmq_msg_t id = route();
+    CHECK_OK(ps_barriers_arrive(b, &id, &h, &why));
+    zmq_msg_close(&id);
+    CHECK_EQ_INT(got.n, 3);
+    /* back in the live set: a new barrier waits for rank 2 again */
+    ps_barriers_set_live(b, 2, 1);
+    for (int r = 0; r < 2; r++) {
+        h = request(PS_MSG_BARRIER, r, 20 + (uint64_t)r, 8);
+        id = route();
+        CHECK_OK(ps_barriers_arrive(b, &id, &h, &why));
+        zmq_msg_close(&id);
+    }
+    CHECK_EQ_INT(got.n, 3);
+    ps_barriers_close(b);
+    CHECK_EQ_INT(got.n, 5);
+    CHECK_EQ_INT(got.h[4].type, PS_MSG_ERROR);
+    CHECK_EQ_INT(got.h[4].err_code, PS_ECLOSED);
+    ps_barriers_destroy(b);
+}
+
+PS_TEST(stats_answered_when_every_owner_replied)
+{
+    sent got = {0};
+    ps_stats_reqs *q;
+    CHECK_OK(ps_stats_reqs_create(2, (ps_reply_to){&got, record}, &q));
+    ps_header h = request(PS_MSG_STATS, -1, 5, 0);
+    zmq_msg_t id = route();
+    uint64_t token = 0;
+    const char *why = NULL;
+    CHECK_OK(ps_stats_reqs_begin(q, &id, &h, &token, &why));
+    zmq_msg_close(&id);
+    ps_stats_frame of;
+    memset(&of, 0, sizeof of);
+    of.token = token;
+    of.st.pushes = 3;
+    of.st.chunks = 1;
+    of.st.min_version = 4;
+    of.st.max_version = 9;
+    ps_stats_reqs_part(q, &of, 2, 1);
+    CHECK_EQ_INT(got.n, 0);
+    of.st.min_version = 2;
+    of.st.max_version = 6;
+    ps_stats_reqs_part(q, &of, 2, 1);
+    CHECK_EQ_INT(got.n, 1);
+    CHECK_EQ_INT(got.h[0].type, PS_MSG_STATS);
+    CHECK_EQ_INT(got.h[0].seq, 5);
+    CHECK_EQ_INT(got.h[0].stats.pushes, 6);
+    CHECK_EQ_INT(got.h[0].stats.errors, 2);
+    CHECK_EQ_INT(got.h[0].stats.workers_seen, 1);
+    CHECK_EQ_INT(got.h[0].stats.min_version, 2);
+    CHECK_EQ_INT(got.h[0].stats.max_version, 9);
+    ps_stats_reqs_destroy(q);
+}
+
+PS_TEST(silent_worker_dropped_then_rejoins_on_hello)
+{
+    ps_workers *w;
+    CHECK_OK(ps_workers_create(2, 100, PS_LOSS_DROP, &w));
+    int rejoined = -1;
+    CHECK_EQ_INT(ps_workers_heard(w, 0, 0), PS_WORKER_UNKNOWN);
+    CHECK_OK(ps_workers_hello(w, 0, "id0", 3, 0, &rejoined));
+    CHECK_EQ_INT(rejoined, 0);
+    CHECK_EQ_INT(ps_workers_seen(w), 1);
+    CHECK_EQ_INT(ps_workers_hello_flags(w)[0], 1);
+    CHECK_EQ_INT(ps_workers_check(w, 50000000LL), -1);
+    CHECK_EQ_INT(ps_workers_heard(w, 0, 60000000LL), PS_WORKER_LIVE);
+    CHECK_EQ_INT(ps_workers_check(w, 150000000LL), -1); /* heard at 60 ms */
+    CHECK_EQ_INT(ps_workers_check(w, 200000000LL), 0);
+    CHECK_EQ_INT(ps_workers_check(w, 300000000LL), -1); /* once */
+    CHECK_EQ_INT(ps_workers_heard(w, 0, 300000000LL), PS_WORKER_DROPPED);
+    CHECK_OK(ps_workers_hello(w, 0, "id1", 3, 310000000LL, &rejoined));
+    CHECK_EQ_INT(rejoined, 1);
+    CHECK_EQ_INT(ps_workers_heard(w, 0, 320000000LL), PS_WORKER_LIVE);
+    CHECK_EQ_INT(ps_workers_lost(w), 1);
+    CHECK_EQ_INT(ps_workers_rejoined(w), 1);
+    ps_workers_destroy(w);
+}
+
+/* Durable rounds: an init acknowledgement waits for the checkpoint holding
+ * its chunk, and the coordinator hands it back, it does not send it. */
+PS_TEST(ckpt_coord_releases_held_replies_once_written)
+{
+    char dir[512], why[256];
+    snprintf(dir, sizeof dir, "%s/coord-ck", ps_test_tmpdir());
+    ps_server_config cfg;
+    ps_server_config_default(&cfg);
+    cfg.bind = "inproc://unused";
+    cfg.mode = PS_MODE_SYNC;
+    cfg.max_staleness = 0;
+    cfg.checkpoint_dir = dir;
+    cfg.checkpoint_every = 1;
+    ps_ckpt_coord *c;
+    CHECK_OK(ps_ckpt_coord_create(&cfg, &c, why, sizeof why));
+    const ps_ckpt_policy *pol = ps_ckpt_coord_policy(c);
+    CHECK(pol->on && pol->defer_acks && pol->durable && pol->report_progress);
+    struct stat st;
+    CHECK(stat(dir, &st) == 0 && S_ISDIR(st.st_mode));
+
+    ps_held_reply *m = NULL;
+    CHECK_EQ_INT(ps_ckpt_coord_hold(c, PS_OUT_HELD, 0, &m), 0); /* version 0 is on disk */
+    CHECK_EQ_INT(ps_ckpt_coord_hold(c, PS_OUT_INIT, 0, &m), 1);
+    CHECK(m != NULL);
+    m->nf = 1;
+    zmq_msg_init_size(&m->f[0], 4);
+    ps_held_reply *later = NULL;
+    CHECK_EQ_INT(ps_ckpt_coord_hold(c, PS_OUT_HELD, 3, &later), 1);
+    later->nf = 1;
+    zmq_msg_init_size(&later->f[0], 4);
+
+    /* a waiting init acknowledgement makes a checkpoint due */
+    uint64_t token = 0;
+    CHECK_EQ_INT(ps_ckpt_coord_due(c, ps_now_ns(), 1, &token), 1);
+    CHECK(!ps_ckpt_coord_idle(c) && ps_ckpt_coord_collecting(c));
+
+    ps_shard_config sc = {PS_MODE_SYNC, 0, 1, {PS_OPT_SGD, 1.0f, 0, 0, 0, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL},
+                          1 << 20, NULL};
+    ps_shard_hooks hk = {0};
+    ps_shard *sh;
+    CHECK_OK(ps_shard_create(&sc, &hk, &sh));
+    ps_ckpt_frame cf;
+    memset(&cf, 0, sizeof cf);
+    cf.token = token;
+    cf.rc = ps_ckpt_serialize(sh, PS_MODE_SYNC, 1, &cf.part);
+    ps_shard_destroy(sh);
+    CHECK_OK(cf.rc);
+    uint8_t hello[1] = {1};
+    /* no writer thread: the file is written in ps_ckpt_coord_part */
+    ps_held_reply *out = ps_ckpt_coord_part(c, 0, &cf, 0x1234, hello);
+    CHECK(ps_ckpt_coord_idle(c));
+    CHECK_EQ_INT(ps_ckpt_coord_count(c), 1);
+    CHECK(out == m);
+    CHECK(out->next == NULL); /* version 3 is not on disk yet */
+    ps_held_reply_free(out);
+    uint64_t *seqs = NULL;
+    CHECK_EQ_INT(ps_ckpt_list(dir, 0, &seqs, why, sizeof why), 1);
+    CHECK_EQ_INT(seqs[0], token);
+    free(seqs);
+    ps_ckpt_coord_destroy(c); /* frees the reply still held */
+}
