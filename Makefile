@@ -56,6 +56,9 @@ endif
 LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c proto/*.c worker/client.c))
 SERVER_SRCS := $(filter-out %_main.c,$(wildcard server/*.c))
 WORKER_SRCS := $(filter-out %_main.c worker/client.c,$(wildcard worker/*.c))
+# ps_launch: the plan and the supervisor (launch/ may include only common/
+# and include/, which its objects' include path enforces)
+LAUNCH_SRCS := $(filter-out %_main.c,$(wildcard launch/*.c))
 TEST_SRCS   := $(wildcard tests/test_*.c)
 BENCH_SRCS  := $(wildcard bench/*_bench.c)
 
@@ -63,6 +66,7 @@ obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
 LIB_OBJS    := $(call obj,$(LIB_SRCS))
 SERVER_OBJS := $(call obj,$(SERVER_SRCS))
 WORKER_OBJS := $(call obj,$(WORKER_SRCS)) $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRCS))
+LAUNCH_OBJS := $(call obj,$(LAUNCH_SRCS))
 
 PROGRAMS := $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch $(BIN)/ps_keygen
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
@@ -87,8 +91,11 @@ $(BUILD)/libserver.a: $(SERVER_OBJS)
 $(BUILD)/libworker.a: $(WORKER_OBJS)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
+$(BUILD)/liblaunch.a: $(LAUNCH_OBJS)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
 
-ALL_LIBS := $(BUILD)/libserver.a $(BUILD)/libworker.a $(LIB)/libps.a
+ALL_LIBS := $(BUILD)/libserver.a $(BUILD)/libworker.a $(BUILD)/liblaunch.a $(LIB)/libps.a
 
 $(BIN)/ps_server: $(BUILD)/server/ps_server_main.o $(BUILD)/libserver.a $(LIB)/libps.a
 	@mkdir -p $(@D)
@@ -96,7 +103,7 @@ $(BIN)/ps_server: $(BUILD)/server/ps_server_main.o $(BUILD)/libserver.a $(LIB)/l
 $(BIN)/ps_worker: $(BUILD)/worker/ps_worker_main.o $(BUILD)/libworker.a $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-$(BIN)/ps_launch: $(BUILD)/examples/ps_launch_main.o $(LIB)/libps.a
+$(BIN)/ps_launch: $(BUILD)/launch/ps_launch_main.o $(BUILD)/liblaunch.a $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BIN)/ps_keygen: $(BUILD)/common/ps_keygen_main.o $(LIB)/libps.a
@@ -107,6 +114,10 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
 	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS)
+
+# launch/ sees only common/ and include/; tests see launch/ too
+$(BUILD)/launch/%.o: CFLAGS := $(CFLAGS_BASE) -Iinclude -Icommon -Ilaunch $(EXTRA_CFLAGS)
+$(BUILD)/tests/%.o: CFLAGS += -Ilaunch
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
