@@ -41,7 +41,7 @@ typedef struct ps_launch_opts {
     const char *mode;         /* "sync" (default) or "async" */
     const char *gpus;         /* "auto" (default), "none" or a list as given */
     ps_strvec gpu_ids;        /* --gpus LIST: its ids, in order */
-    int server_threads;       /* default 1 */
+    int server_threads;       /* 1..PS_SERVER_MAX_THREADS (default 1) */
     const char *timeline_dir; /* NULL: no timelines */
     const char *bin_dir;      /* NULL: found by ps_launch_bin_dir */
     const char *hostfile;     /* NULL: run on this host */
@@ -54,13 +54,18 @@ typedef struct ps_launch_opts {
 } ps_launch_opts;
 
 /* Parse ps_launch's command line (argv[0] is the program) and check every
- * value before anything starts: ranges, and the worker flags ps_launch sets
- * itself.  When an argument is --help, -h or --version, parsing stops
+ * value before anything starts: ranges (common/ps_limits.h), the worker flags
+ * ps_launch sets itself, and the values of the worker flags that go to the
+ * servers too.  When an argument is --help, -h or --version, parsing stops
  * there with 0 and o->help_arg set (main prints).  0, PS_EINVAL with the
  * message in why, or PS_ENOMEM.  o keeps pointers into argv; free it with
  * ps_launch_opts_free (also after an error). */
 int ps_launch_parse(int argc, char **argv, ps_launch_opts *o, char *why, size_t len);
 void ps_launch_opts_free(ps_launch_opts *o);
+
+/* The i-th worker flag that the servers get too (i from 0), NULL past the
+ * last: for --help. */
+const char *ps_launch_shared_flag(int i);
 
 /* ------------------------------------------------------------ hostfile */
 

@@ -29,7 +29,7 @@
 #define STR_(x) #x
 #define STR(x) STR_(x)
 
-static const char usage[] =
+static const char usage_head[] =
     "usage: ps_launch --servers S --workers W [flags] -- <worker flags>\n"
     "       ps_launch --hostfile FILE [flags] -- <worker flags>\n"
     "\n"
@@ -37,8 +37,8 @@ static const char usage[] =
     "on other hosts over ssh), prints every line they write prefixed with its role\n"
     "and rank ([server 0] ..., [worker 1] ...), forwards SIGINT/SIGTERM to them, and\n"
     "stops them all when one fails.  Exit status: 0 when every worker exited 0;\n"
-    "1 when a process died (the others are stopped); 2 for bad flags; 130/143\n"
-    "after SIGINT/SIGTERM.\n"
+    "1 when a process died (the others are stopped); 2 for bad flags (nothing is\n"
+    "started); 130/143 after SIGINT/SIGTERM.\n"
     "\n"
     "flags:\n"
     "  --servers S           ps_server processes, 1.." STR(PS_LAUNCH_MAX_SERVERS)
@@ -52,7 +52,8 @@ static const char usage[] =
     "                        cuda:0.  No GPU, or none: --device cpu.  e.g. --gpus 0,1\n"
     "  --mode sync|async     consistency, given to servers and workers (default sync)\n"
     "                                                              e.g. --mode async\n"
-    "  --server-threads T    update threads per server, 1..256 (default 1)\n"
+    "  --server-threads T    update threads per server, 1.." STR(PS_SERVER_MAX_THREADS)
+    " (default 1)\n"
     "                                                              e.g. --server-threads 4\n"
     "  --timeline-dir DIR    Chrome trace of each process: DIR/server-i.json,\n"
     "                        DIR/worker-i.json (created)    e.g. --timeline-dir out/tl\n"
@@ -70,9 +71,10 @@ static const char usage[] =
     "\n"
     "Worker flags (after --) go to every worker; \"{rank}\" in them becomes the worker's\n"
     "rank.  --log-csv, --timeline and --save without {rank} go to worker 0 only.\n"
-    "These worker flags also go to the servers, which must agree with the workers:\n"
-    "  --lr --optimizer --momentum --beta1 --beta2 --eps --weight-decay --max-staleness\n"
-    "  --lr-decay --lr-decay-every --curve-keys\n"
+    "These worker flags also go to the servers, which must agree with the workers\n"
+    "(ps_launch checks their values first):\n";
+
+static const char usage_tail[] =
     "ps_launch itself sets --servers --rank --num-workers --mode --device.\n"
     "\n"
     "examples:\n"
@@ -81,6 +83,30 @@ static const char usage[] =
     "  ps_launch --servers 1 --workers 2 --gpus none --timeline-dir out/tl -- --steps 300\n"
     "  ps_launch --hostfile hosts.txt --dry-run -- --model cnn --epochs 5\n"
     "See docs/LAUNCH.md (ssh, Slurm and mpirun).\n";
+
+/* --help or --version; the list of shared flags comes from the plan. */
+static int help(const char *arg)
+{
+    ps_strbuf u = {0};
+    ps_strbuf_add(&u, usage_head);
+    size_t col = 0;
+    for (int i = 0; ps_launch_shared_flag(i); i++) {
+        const char *f = ps_launch_shared_flag(i);
+        if (col && col + 1 + strlen(f) > 80) {
+            ps_strbuf_add(&u, "\n");
+            col = 0;
+        }
+        const char *sep = col ? " " : "  ";
+        ps_strbuf_add(&u, sep);
+        ps_strbuf_add(&u, f);
+        col += strlen(sep) + strlen(f);
+    }
+    ps_strbuf_add(&u, "\n");
+    ps_strbuf_add(&u, usage_tail);
+    ps_flag_help_version(P, ps_strbuf_str(&u), arg);
+    ps_strbuf_free(&u);
+    return 0;
+}
 
 /* The exit status for a failure before anything started: 2 for bad flags
  * and paths (the message is in why), 1 when out of memory. */
@@ -198,7 +224,7 @@ int main(int argc, char **argv)
 
     int rc = ps_launch_parse(argc, argv, &o, why, sizeof why);
     if (!rc && o.help_arg) {
-        ps_flag_help_version(P, usage, o.help_arg);
+        rc = help(o.help_arg);
         goto out;
     }
     if (!rc && o.hostfile)

@@ -112,8 +112,10 @@ static const struct {
      {"--servers", "1", "--workers", "0"}},
     {"ps_launch: --servers must be an integer in [1, 256], got '257'",
      {"--servers", "257", "--workers", "1"}},
-    {"ps_launch: --server-threads must be an integer in [1, 256], got '257'",
-     {"--servers", "1", "--workers", "1", "--server-threads", "257"}},
+    {"ps_launch: --server-threads must be an integer in [1, 64], got '65'",
+     {"--servers", "1", "--workers", "1", "--server-threads", "65"}},
+    {"ps_launch: --server-threads must be an integer in [1, 64], got '256'",
+     {"--servers", "1", "--workers", "1", "--server-threads", "256"}},
     {"ps_launch: --base-port must be an integer in [1, 65535], got '0'",
      {"--servers", "1", "--workers", "1", "--base-port", "0"}},
     {"ps_launch: --mode must be sync or async, got 'bsp'",
@@ -140,6 +142,47 @@ static const struct {
      {"--servers", "1", "--workers", "1", "--", "--mode", "sync"}},
     {"ps_launch: --timeline in the worker flags conflicts with --timeline-dir; give one of them",
      {"--servers", "1", "--workers", "1", "--timeline-dir", "t", "--", "--timeline", "a.json"}},
+    /* worker flags the servers get too: refused before anything starts */
+    {"ps_launch: worker flag --lr must be a number in [1e-12, 1e+06], got 'abc'",
+     {"--servers", "1", "--workers", "1", "--", "--lr", "abc"}},
+    {"ps_launch: worker flag --lr must be a number in [1e-12, 1e+06], got '0'",
+     {"--servers", "1", "--workers", "1", "--", "--lr", "0"}},
+    {"ps_launch: worker flag --momentum must be a number in [0, 1], got '1.5'",
+     {"--servers", "1", "--workers", "1", "--", "--momentum", "1.5"}},
+    {"ps_launch: worker flag --beta1 must be a number in [0, 1), got '1'",
+     {"--servers", "1", "--workers", "1", "--", "--beta1", "1"}},
+    {"ps_launch: worker flag --beta2 must be a number in [0, 1), got '0.9999999999'",
+     {"--servers", "1", "--workers", "1", "--", "--beta2", "0.9999999999"}},
+    {"ps_launch: worker flag --eps must be a number in (0, 1], got '0'",
+     {"--servers", "1", "--workers", "1", "--", "--eps", "0"}},
+    {"ps_launch: worker flag --weight-decay must be a number in [0, 1], got '-0.1'",
+     {"--servers", "1", "--workers", "1", "--", "--weight-decay", "-0.1"}},
+    {"ps_launch: worker flag --lr-decay must be a number in [1e-12, 1], got '0'",
+     {"--servers", "1", "--workers", "1", "--", "--lr-decay", "0"}},
+    {"ps_launch: worker flag --lr-decay-every must be an integer in [0, 4294967295], got '-1'",
+     {"--servers", "1", "--workers", "1", "--", "--lr-decay-every", "-1"}},
+    {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
+     "got 'rmsprop'",
+     {"--servers", "1", "--workers", "1", "--", "--optimizer", "rmsprop"}},
+    {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
+     "got 'mom'",
+     {"--servers", "1", "--workers", "1", "--", "--optimizer", "mom"}},
+    {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
+     "got 'sgd, momentum'",
+     {"--servers", "1", "--workers", "1", "--", "--optimizer", "sgd, momentum"}},
+    {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
+     "got ''",
+     {"--servers", "1", "--workers", "1", "--", "--optimizer", ""}},
+    {"ps_launch: worker flag --max-staleness must be an integer in [-1, 1000000], got '-2'",
+     {"--servers", "1", "--workers", "1", "--mode", "async", "--", "--max-staleness", "-2"}},
+    {"ps_launch: worker flag --max-staleness must be 0 with --mode sync, got '3'",
+     {"--servers", "1", "--workers", "1", "--", "--max-staleness", "3"}},
+    {"ps_launch: worker flag --curve-keys needs a path of 1..900 characters, got ''",
+     {"--servers", "1", "--workers", "1", "--", "--curve-keys", ""}},
+    {"ps_launch: worker flag --lr needs a value",
+     {"--servers", "1", "--workers", "1", "--", "--model", "cnn", "--lr"}},
+    {"ps_launch: worker flag --log-csv needs a value",
+     {"--servers", "1", "--workers", "1", "--", "--log-csv"}},
 };
 
 PS_TEST(parse_refuses_bad_flags_and_values_with_a_message)
@@ -174,6 +217,20 @@ PS_TEST(parse_accepts_the_values_the_programs_accept)
     CHECK_OK(parse(&o, ARGV("--servers", "1", "--workers", "1", "--", "--eval-all", "--lr",
                             "0.5", "--verbose")));
     ps_launch_opts_free(&o);
+}
+
+PS_TEST(shared_flags_list_every_flag_forwarded)
+{
+    static const char *const want[] = {"--lr", "--optimizer", "--momentum", "--beta1",
+                                       "--beta2", "--eps", "--weight-decay", "--max-staleness",
+                                       "--lr-decay", "--lr-decay-every", "--curve-keys"};
+    int n = 0;
+    while (ps_launch_shared_flag(n))
+        n++;
+    CHECK_EQ_INT(n, (int)(sizeof want / sizeof want[0]));
+    for (int i = 0; i < n; i++)
+        CHECK_STR(ps_launch_shared_flag(i), want[i]);
+    CHECK(ps_launch_shared_flag(-1) == NULL);
 }
 
 /* ------------------------------------------------------------ hostfile */
