@@ -866,3 +866,19 @@ int ps_launch_plan_print(const ps_launch_plan *p, ps_strbuf *out)
     }
     return out->failed ? PS_ENOMEM : 0;
 }
+
+int ps_launch_plan_outputs(const ps_launch_plan *p, ps_strvec *out)
+{
+    for (int i = 0; i < p->n; i++) {
+        const ps_launch_cmd *c = &p->cmds[i];
+        if (c->host || c->role != PS_LAUNCH_WORKER)
+            continue;
+        /* after the program; a file flag takes the next word, as in worker_args */
+        for (int k = 1; k + 1 < c->argv.n; k++)
+            if (in_list(per_worker_file_flags, c->argv.v[k])) {
+                ps_strvec_push(out, c->argv.v[k]);
+                ps_strvec_push(out, c->argv.v[++k]);
+            }
+    }
+    return out->failed ? PS_ENOMEM : 0;
+}

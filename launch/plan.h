@@ -157,4 +157,9 @@ int ps_launch_plan_notes(const ps_launch_opts *o, const ps_launch_site *site,
  * command line per process.  Appends to out; 0 or PS_ENOMEM. */
 int ps_launch_plan_print(const ps_launch_plan *p, ps_strbuf *out);
 
+/* The files the workers on this host will write, named by --log-csv,
+ * --timeline and --save in their argv: pairs flag, path appended to out, so
+ * main can check their directories before starting.  0 or PS_ENOMEM. */
+int ps_launch_plan_outputs(const ps_launch_plan *p, ps_strvec *out);
+
 #endif

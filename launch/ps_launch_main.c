@@ -4,9 +4,9 @@
  * soon as one fails.
  *
  * main() only joins the parts: it asks this host what the plan needs (free
- * ports, GPUs, where the programs are), has plan.c decide what runs, and
- * hands the plan to supervisor.c.  Nothing starts before every flag has been
- * checked (exit 2 otherwise). */
+ * ports, GPUs, where the programs are), has plan.c decide what runs, checks
+ * the output paths, and hands the plan to supervisor.c.  Nothing starts
+ * before every flag and path has been checked (exit 2 otherwise). */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
@@ -70,7 +70,8 @@ static const char usage_head[] =
     "  --help, --version\n"
     "\n"
     "Worker flags (after --) go to every worker; \"{rank}\" in them becomes the worker's\n"
-    "rank.  --log-csv, --timeline and --save without {rank} go to worker 0 only.\n"
+    "rank.  --log-csv, --timeline and --save without {rank} go to worker 0 only; on\n"
+    "this host their directories are created before anything starts.\n"
     "These worker flags also go to the servers, which must agree with the workers\n"
     "(ps_launch checks their values first):\n";
 
@@ -189,9 +190,10 @@ static int pick_ports(int n, int *ports, char *why, size_t len)
     return rc;
 }
 
-/* Before a local run: the programs are there, and --timeline-dir exists
- * (created here).  0, or the exit status after a message. */
-static int check_local(const ps_launch_opts *o, const char *bin_dir)
+/* Before a local run: the programs are there, and every directory the
+ * processes write into exists (created here) and is writable.  0, or the
+ * exit status after a message. */
+static int check_local(const ps_launch_opts *o, const ps_launch_plan *plan, const char *bin_dir)
 {
     static const char *const progs[] = {"ps_server", "ps_worker"};
     for (int k = 0; k < 2; k++) {
@@ -203,12 +205,21 @@ static int check_local(const ps_launch_opts *o, const char *bin_dir)
             return 2;
         }
     }
-    if (o->timeline_dir && ps_mkdir_p(o->timeline_dir, 0755, NULL)) {
-        fprintf(stderr, P ": cannot create --timeline-dir '%s': %s\n", o->timeline_dir,
-                strerror(errno));
-        return 1;
+    char why[2 * PATH_MAX];
+    if (o->timeline_dir &&
+        ps_check_output_dir("--timeline-dir", o->timeline_dir, why, sizeof why)) {
+        fprintf(stderr, P ": %s\n", why);
+        return 2;
     }
-    return 0;
+    ps_strvec out = {0};
+    int rc = ps_launch_plan_outputs(plan, &out) ? refuse(PS_ENOMEM, "") : 0;
+    for (int k = 0; !rc && k + 1 < out.n; k += 2)
+        if (ps_check_output_file(out.v[k], out.v[k + 1], why, sizeof why)) {
+            fprintf(stderr, P ": %s\n", why);
+            rc = 2;
+        }
+    ps_strvec_free(&out);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -277,7 +288,7 @@ int main(int argc, char **argv)
             fputs(ps_strbuf_str(&text), stdout);
         goto out;
     }
-    if (!o.hostfile && (rc = check_local(&o, bin_dir)))
+    if (!o.hostfile && (rc = check_local(&o, &plan, bin_dir)))
         goto out;
     fflush(stdout);
     rc = ps_launch_supervise(&plan);

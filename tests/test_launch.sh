@@ -223,6 +223,7 @@ for p in ps_server ps_worker; do
     printf '#!/bin/sh\ntouch "%s/mark/ran-$$"\nexit 0\n' "$T" >"$T/mark/$p"
     chmod +x "$T/mark/$p"
 done
+: >"$T/afile"
 refused_early() { # expected-message args...
     msg=$1
     shift
@@ -247,6 +248,13 @@ refused_early "ps_launch: worker flag --optimizer must be one of sgd, momentum, 
     --servers 1 --workers 1 -- --optimizer rmsprop
 refused_early "ps_launch: worker flag --max-staleness must be 0 with --mode sync, got '2'" \
     --servers 1 --workers 1 -- --max-staleness 2
+# output paths whose directory cannot be made
+refused_early "ps_launch: --timeline-dir $T/afile/tl: cannot create the directory: Not a directory" \
+    --servers 1 --workers 1 --timeline-dir "$T/afile/tl"
+refused_early "ps_launch: --log-csv $T/afile/w.csv: cannot create the directory '$T/afile': Not a directory" \
+    --servers 1 --workers 1 -- --log-csv "$T/afile/w.csv"
+refused_early "ps_launch: --save $T/afile/sub/m.bin: cannot create the directory '$T/afile/sub'" \
+    --servers 1 --workers 2 -- --save "$T/afile/sub/m.bin"
 if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/early.out"; fi
 
 case=launch_prefix_and_success
@@ -448,6 +456,32 @@ train_case sync
 train_case async
 timeline_case sync
 timeline_case async
+
+# --log-csv into a directory that does not exist yet: ps_launch creates it
+# before starting (the docs' first command, on a fresh checkout)
+case=launch_log_csv_dir_created
+if [ -n "$missing" ]; then
+    skip $case "$missing not built"
+else
+    why=""
+    out=$T/csvdir.out
+    csv=$T/fresh/out/w0.csv
+    timeout 90 "$LAUNCH" --servers 1 --workers 1 --gpus none --bin-dir "$BIN" \
+        -- --model mlp:784-64-10 --batch 32 --steps 20 --lr 0.05 --log-every 10 \
+        --data "$DATA" --log-csv "$csv" >"$out" 2>&1
+    rc=$?
+    [ "$rc" -eq 0 ] || why="exit status $rc ($(grep '^ps_launch: ' "$out" | tail -n 1))"
+    if [ ! -f "$csv" ]; then
+        why="$why; no CSV at $csv"
+    else
+        [ "$(head -n 1 "$csv")" = "time_s,epoch,iter,loss,samples_per_s,comm_wait_pct" ] ||
+            why="$why; CSV header is '$(head -n 1 "$csv")'"
+        [ "$(wc -l <"$csv")" -ge 2 ] || why="$why; CSV has no rows"
+    fi
+    { no_leftovers && pids_gone "$out"; } || why="$why; processes left behind"
+    if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$out"; fi
+    kill_leftovers
+fi
 
 case=launch_worker_killed
 if [ -n "$missing" ]; then

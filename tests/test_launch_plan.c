@@ -616,3 +616,20 @@ PS_TEST(plan_notes_say_which_gpus_and_what_only_worker_0_gets)
     ps_strbuf_free(&out);
     ps_strvec_free(&found);
 }
+
+PS_TEST(plan_outputs_are_the_files_local_workers_write)
+{
+    ps_launch_opts o;
+    ps_launch_plan p;
+    CHECK_OK(local_plan(&o, &p, NULL,
+                        ARGV("--servers", "1", "--workers", "2", "--gpus", "none",
+                             "--timeline-dir", "tl", "--", "--eval-all", "--log-csv",
+                             "out/w{rank}.csv", "--save", "m/final.bin")));
+    ps_strvec files = {0};
+    CHECK_OK(ps_launch_plan_outputs(&p, &files));
+    CHECK_STR(joined(&files), "--log-csv out/w0.csv --save m/final.bin --timeline "
+                              "tl/worker-0.json --log-csv out/w1.csv --timeline tl/worker-1.json");
+    ps_strvec_free(&files);
+    ps_launch_plan_free(&p);
+    ps_launch_opts_free(&o);
+}
