@@ -60,6 +60,9 @@ WORKER_SRCS := $(filter-out %_main.c worker/client.c,$(wildcard worker/*.c))
 # and include/, which its objects' include path enforces)
 LAUNCH_SRCS := $(filter-out %_main.c,$(wildcard launch/*.c))
 TEST_SRCS   := $(wildcard tests/test_*.c)
+# examples/*.c: programs on the public header and lib/libps.a alone, built
+# into $(BUILD)/examples/ (tests/test_example_*.c run them)
+EXAMPLE_SRCS := $(wildcard examples/*.c)
 BENCH_SRCS  := $(wildcard bench/*_bench.c)
 
 obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
@@ -71,9 +74,10 @@ LAUNCH_OBJS := $(call obj,$(LAUNCH_SRCS))
 PROGRAMS := $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch $(BIN)/ps_keygen
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS))
 
 .PHONY: all test bench deps clean run
-all: $(PROGRAMS) $(LIB)/libps.a tests-build
+all: $(PROGRAMS) $(LIB)/libps.a $(EXAMPLES) tests-build
 	@if [ "$(BUILD_CUDA)" != 1 ]; then echo "make: CUDA backend skipped (no nvcc at $(NVCC), or CUDA=0)"; fi
 
 tests-build: $(TESTS)
@@ -112,11 +116,16 @@ $(BIN)/ps_keygen: $(BUILD)/common/ps_keygen_main.o $(LIB)/libps.a
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS)
+$(BUILD)/examples/%: $(BUILD)/examples/%.o $(LIB)/libps.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
 	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS)
 
-# launch/ sees only common/ and include/; tests see launch/ too
+# launch/ sees only common/ and include/; examples/ only include/ (and, until
+# include/ps_client.h stands alone, the proto/ and common/ headers it
+# includes); tests see launch/ too
 $(BUILD)/launch/%.o: CFLAGS := $(CFLAGS_BASE) -Iinclude -Icommon -Ilaunch $(EXTRA_CFLAGS)
+$(BUILD)/examples/%.o: CFLAGS := $(CFLAGS_BASE) -Iinclude -Iproto -Icommon $(EXTRA_CFLAGS)
 $(BUILD)/tests/%.o: CFLAGS += -Ilaunch
 
 $(BUILD)/%.o: %.c
