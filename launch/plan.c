@@ -618,8 +618,9 @@ static int plan_sizes(const ps_launch_opts *o, const ps_launch_hostfile *hf, int
         return PS_EINVAL;
     }
     if (s > PS_LAUNCH_MAX_SERVERS || w > PS_LAUNCH_MAX_WORKERS) {
-        snprintf(why, len, P ": the hostfile asks for %d servers and %d workers (at most %d and %d)",
-                 s, w, PS_LAUNCH_MAX_SERVERS, PS_LAUNCH_MAX_WORKERS);
+        snprintf(why, len,
+                 P ": the hostfile asks for %d servers and %d workers (at most %d and %d)", s, w,
+                 PS_LAUNCH_MAX_SERVERS, PS_LAUNCH_MAX_WORKERS);
         return PS_EINVAL;
     }
     if (o->base_port + s - 1 > 65535) {
@@ -788,7 +789,8 @@ int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
         else
             worker_args(o, p, c, ps_strbuf_str(&list), &a);
         cmd_finish(c, &a, site->remote_dir, hf ? o->timeline_dir : NULL);
-        oom = a.failed || c->argv.failed || (c->role == PS_LAUNCH_SERVER ? !c->endpoint : !c->device);
+        oom = a.failed || c->argv.failed ||
+              (c->role == PS_LAUNCH_SERVER ? !c->endpoint : !c->device);
         ps_strvec_free(&a);
     }
     ps_strbuf_free(&list);

@@ -115,11 +115,12 @@ static void describe_status(int st, char *out, size_t n)
 
 static void child_name(const child *c, char *out, size_t n)
 {
+    const char *role = ps_launch_role_name(c->cmd->role);
     if (c->cmd->host)
-        snprintf(out, n, "%s %d (pid %ld, ssh to %s)", ps_launch_role_name(c->cmd->role), c->cmd->rank,
-                 (long)c->pid, c->cmd->host);
+        snprintf(out, n, "%s %d (pid %ld, ssh to %s)", role, c->cmd->rank, (long)c->pid,
+                 c->cmd->host);
     else
-        snprintf(out, n, "%s %d (pid %ld)", ps_launch_role_name(c->cmd->role), c->cmd->rank, (long)c->pid);
+        snprintf(out, n, "%s %d (pid %ld)", role, c->cmd->rank, (long)c->pid);
 }
 
 static void write_all(int fd, const char *p, size_t n)

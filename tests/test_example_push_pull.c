@@ -85,7 +85,8 @@ PS_TEST(push_pull_without_a_server_fails_within_the_hello_timeout)
               out ? out : "(none)");
     /* the example waits 3 s for hello */
     CHECK_MSG(secs < 8.0, "took %.1f s", secs);
-    CHECK_MSG(out && strstr(out, "push_pull: ps_client_start failed (error ") && !strstr(out, "w1:"),
+    CHECK_MSG(out && strstr(out, "push_pull: ps_client_start failed (error ") &&
+                  !strstr(out, "w1:"),
               "output: %s", out ? out : "(none)");
     free(out);
 }

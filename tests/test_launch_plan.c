@@ -428,7 +428,8 @@ PS_TEST(local_plan_uses_the_gpus_found_or_the_cpu)
     ps_launch_plan_free(&p);
     ps_launch_opts_free(&o);
     /* --gpus none ignores what was found */
-    CHECK_OK(local_plan(&o, &p, &found, ARGV("--servers", "1", "--workers", "2", "--gpus", "none")));
+    CHECK_OK(local_plan(&o, &p, &found,
+                        ARGV("--servers", "1", "--workers", "2", "--gpus", "none")));
     for (int i = 1; i < 3; i++) {
         CHECK(p.cmds[i].env == NULL);
         CHECK_STR(p.cmds[i].device, "cpu");
@@ -608,7 +609,8 @@ PS_TEST(plan_notes_say_which_gpus_and_what_only_worker_0_gets)
     ps_launch_plan_free(&p);
     ps_launch_opts_free(&o);
     ps_strbuf_reset(&out);
-    CHECK_OK(local_plan(&o, &p, &found, ARGV("--servers", "1", "--workers", "1", "--gpus", "none")));
+    CHECK_OK(local_plan(&o, &p, &found,
+                        ARGV("--servers", "1", "--workers", "1", "--gpus", "none")));
     CHECK_OK(ps_launch_plan_notes(&o, &site, &p, &out));
     CHECK_STR(ps_strbuf_str(&out), "ps_launch: --gpus none, running 1 CPU workers\n");
     ps_launch_plan_free(&p);
