@@ -56,20 +56,28 @@ endif
 LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c proto/*.c worker/client.c))
 SERVER_SRCS := $(filter-out %_main.c,$(wildcard server/*.c))
 WORKER_SRCS := $(filter-out %_main.c worker/client.c,$(wildcard worker/*.c))
+# ps_launch: the plan and the supervisor (launch/ may include only common/
+# and include/, which its objects' include path enforces)
+LAUNCH_SRCS := $(filter-out %_main.c,$(wildcard launch/*.c))
 TEST_SRCS   := $(wildcard tests/test_*.c)
+# examples/*.c: programs on the public header and lib/libps.a alone, built
+# into $(BUILD)/examples/ (tests/test_example_*.c run them)
+EXAMPLE_SRCS := $(wildcard examples/*.c)
 BENCH_SRCS  := $(wildcard bench/*_bench.c)
 
 obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
 LIB_OBJS    := $(call obj,$(LIB_SRCS))
 SERVER_OBJS := $(call obj,$(SERVER_SRCS))
 WORKER_OBJS := $(call obj,$(WORKER_SRCS)) $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRCS))
+LAUNCH_OBJS := $(call obj,$(LAUNCH_SRCS))
 
 PROGRAMS := $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch $(BIN)/ps_keygen
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS))
 
 .PHONY: all test bench deps clean run
-all: $(PROGRAMS) $(LIB)/libps.a tests-build
+all: $(PROGRAMS) $(LIB)/libps.a $(EXAMPLES) tests-build
 	@if [ "$(BUILD_CUDA)" != 1 ]; then echo "make: CUDA backend skipped (no nvcc at $(NVCC), or CUDA=0)"; fi
 
 tests-build: $(TESTS)
@@ -87,8 +95,11 @@ $(BUILD)/libserver.a: $(SERVER_OBJS)
 $(BUILD)/libworker.a: $(WORKER_OBJS)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
+$(BUILD)/liblaunch.a: $(LAUNCH_OBJS)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
 
-ALL_LIBS := $(BUILD)/libserver.a $(BUILD)/libworker.a $(LIB)/libps.a
+ALL_LIBS := $(BUILD)/libserver.a $(BUILD)/libworker.a $(BUILD)/liblaunch.a $(LIB)/libps.a
 
 $(BIN)/ps_server: $(BUILD)/server/ps_server_main.o $(BUILD)/libserver.a $(LIB)/libps.a
 	@mkdir -p $(@D)
@@ -96,7 +107,7 @@ $(BIN)/ps_server: $(BUILD)/server/ps_server_main.o $(BUILD)/libserver.a $(LIB)/l
 $(BIN)/ps_worker: $(BUILD)/worker/ps_worker_main.o $(BUILD)/libworker.a $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-$(BIN)/ps_launch: $(BUILD)/examples/ps_launch_main.o $(LIB)/libps.a
+$(BIN)/ps_launch: $(BUILD)/launch/ps_launch_main.o $(BUILD)/liblaunch.a $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BIN)/ps_keygen: $(BUILD)/common/ps_keygen_main.o $(LIB)/libps.a
@@ -105,8 +116,17 @@ $(BIN)/ps_keygen: $(BUILD)/common/ps_keygen_main.o $(LIB)/libps.a
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS)
+$(BUILD)/examples/%: $(BUILD)/examples/%.o $(LIB)/libps.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
 	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS)
+
+# launch/ sees only common/ and include/; examples/ only include/ (and, until
+# include/ps_client.h stands alone, the proto/ and common/ headers it
+# includes); tests see launch/ too
+$(BUILD)/launch/%.o: CFLAGS := $(CFLAGS_BASE) -Iinclude -Icommon -Ilaunch $(EXTRA_CFLAGS)
+$(BUILD)/examples/%.o: CFLAGS := $(CFLAGS_BASE) -Iinclude -Iproto -Icommon $(EXTRA_CFLAGS)
+$(BUILD)/tests/%.o: CFLAGS += -Ilaunch
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)

@@ -214,6 +214,49 @@ EOF
 chmod +x "$T/fake/ps_server" "$T/fake/ps_worker"
 FAKE="--bin-dir $T/fake --gpus none"
 
+# Bad values are refused with exit 2 before anything starts: stand-ins that
+# leave a mark when run show that none ran.
+case=launch_bad_values_start_nothing
+why=""
+mkdir -p "$T/mark"
+for p in ps_server ps_worker; do
+    printf '#!/bin/sh\ntouch "%s/mark/ran-$$"\nexit 0\n' "$T" >"$T/mark/$p"
+    chmod +x "$T/mark/$p"
+done
+: >"$T/afile"
+refused_early() { # expected-message args...
+    msg=$1
+    shift
+    timeout 10 "$LAUNCH" --bin-dir "$T/mark" --gpus none "$@" >"$T/early.out" 2>&1
+    rc=$?
+    if [ "$rc" -ne 2 ]; then
+        why="$why; '$*' exited $rc, expected 2"
+    elif ! has "$T/early.out" "$msg"; then
+        why="$why; '$*' did not say \"$msg\" (said: $(head -c 200 "$T/early.out"))"
+    fi
+    has "$T/early.out" "ps_launch: started" && why="$why; '$*' started processes"
+    ls "$T/mark" | grep -q '^ran-' && why="$why; '$*' ran a program"
+    rm -f "$T"/mark/ran-*
+}
+# ps_server --threads takes at most 64: ps_launch used to start the cluster
+refused_early "ps_launch: --server-threads must be an integer in [1, 64], got '65'" \
+    --servers 1 --workers 1 --server-threads 65
+# worker flags that go to the servers too are checked first
+refused_early "ps_launch: worker flag --lr must be a number in [1e-12, 1e+06], got 'fast'" \
+    --servers 1 --workers 2 -- --model mlp:784-10 --lr fast
+refused_early "ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, got 'rmsprop'" \
+    --servers 1 --workers 1 -- --optimizer rmsprop
+refused_early "ps_launch: worker flag --max-staleness must be 0 with --mode sync, got '2'" \
+    --servers 1 --workers 1 -- --max-staleness 2
+# output paths whose directory cannot be made
+refused_early "ps_launch: --timeline-dir $T/afile/tl: cannot create the directory: Not a directory" \
+    --servers 1 --workers 1 --timeline-dir "$T/afile/tl"
+refused_early "ps_launch: --log-csv $T/afile/w.csv: cannot create the directory '$T/afile': Not a directory" \
+    --servers 1 --workers 1 -- --log-csv "$T/afile/w.csv"
+refused_early "ps_launch: --save $T/afile/sub/m.bin: cannot create the directory '$T/afile/sub'" \
+    --servers 1 --workers 2 -- --save "$T/afile/sub/m.bin"
+if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/early.out"; fi
+
 case=launch_prefix_and_success
 why=""
 timeout 30 "$LAUNCH" --servers 2 --workers 2 $FAKE -- --lr 0.5 >"$T/f1.out" 2>&1
@@ -413,6 +456,32 @@ train_case sync
 train_case async
 timeline_case sync
 timeline_case async
+
+# --log-csv into a directory that does not exist yet: ps_launch creates it
+# before starting (the docs' first command, on a fresh checkout)
+case=launch_log_csv_dir_created
+if [ -n "$missing" ]; then
+    skip $case "$missing not built"
+else
+    why=""
+    out=$T/csvdir.out
+    csv=$T/fresh/out/w0.csv
+    timeout 90 "$LAUNCH" --servers 1 --workers 1 --gpus none --bin-dir "$BIN" \
+        -- --model mlp:784-64-10 --batch 32 --steps 20 --lr 0.05 --log-every 10 \
+        --data "$DATA" --log-csv "$csv" >"$out" 2>&1
+    rc=$?
+    [ "$rc" -eq 0 ] || why="exit status $rc ($(grep '^ps_launch: ' "$out" | tail -n 1))"
+    if [ ! -f "$csv" ]; then
+        why="$why; no CSV at $csv"
+    else
+        [ "$(head -n 1 "$csv")" = "time_s,epoch,iter,loss,samples_per_s,comm_wait_pct" ] ||
+            why="$why; CSV header is '$(head -n 1 "$csv")'"
+        [ "$(wc -l <"$csv")" -ge 2 ] || why="$why; CSV has no rows"
+    fi
+    { no_leftovers && pids_gone "$out"; } || why="$why; processes left behind"
+    if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$out"; fi
+    kill_leftovers
+fi
 
 case=launch_worker_killed
 if [ -n "$missing" ]; then

@@ -1,0 +1,886 @@
+#include "plan.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_error.h"
+#include "ps_flags.h"
+
+#define P "ps_launch"
+
+const char *ps_launch_role_name(int role)
+{
+    return role == PS_LAUNCH_SERVER ? "server" : "worker";
+}
+
+/* ------------------------------------------------------------ worker flags */
+
+enum { SF_FLOAT, SF_INT, SF_CHOICE, SF_PATH };
+
+/* Worker flags that the servers get too, with the same value (the worker
+ * checks them against the servers at hello, so both sides must be given the
+ * same).  This is the ONE list: ps_launch_parse checks the values before
+ * anything starts, ps_launch_plan_build forwards them, --help lists them.
+ * A range is what ps_server and ps_worker both accept (the narrower of the
+ * two where they differ), so a value ps_launch passes on starts both.
+ * To be replaced by the table of the optimizer hyper-parameters. */
+static const struct shared_flag {
+    const char *flag;
+    int kind;
+    double lo, hi;
+    int lo_open, hi_open;     /* lo / hi itself excluded (compared as float) */
+    const char *choices;      /* SF_CHOICE: the words, ", "-separated */
+} shared_flags[] = {
+    {"--lr", SF_FLOAT, 1e-12, 1e6, 0, 0, NULL}, /* ps_server takes 0, ps_worker not */
+    {"--optimizer", SF_CHOICE, 0, 0, 0, 0, "sgd, momentum, nesterov, adagrad, adam"},
+    {"--momentum", SF_FLOAT, 0, 1, 0, 0, NULL},
+    {"--beta1", SF_FLOAT, 0, 1, 0, 1, NULL},
+    {"--beta2", SF_FLOAT, 0, 1, 0, 1, NULL},
+    {"--eps", SF_FLOAT, 0, 1, 1, 0, NULL},
+    {"--weight-decay", SF_FLOAT, 0, 1, 0, 0, NULL},
+    {"--max-staleness", SF_INT, -1, PS_MAX_STALENESS, 0, 0, NULL},
+    {"--lr-decay", SF_FLOAT, 1e-12, 1, 0, 0, NULL},
+    {"--lr-decay-every", SF_INT, 0, UINT32_MAX, 0, 0, NULL},
+    {"--curve-keys", SF_PATH, 1, 900, 0, 0, NULL}, /* path length, as ps_server */
+};
+#define NSHARED (int)(sizeof shared_flags / sizeof shared_flags[0])
+
+/* Worker flags the launcher sets itself, per worker. */
+static const char *const reserved_flags[] = {"--servers", "--rank", "--num-workers", "--mode",
+                                             "--device", NULL};
+/* Worker flags naming an output file: without {rank} in the value, only
+ * worker 0 gets them, so W workers do not write over one file. */
+static const char *const per_worker_file_flags[] = {"--log-csv", "--timeline", "--save", NULL};
+
+const char *ps_launch_shared_flag(int i)
+{
+    return i >= 0 && i < NSHARED ? shared_flags[i].flag : NULL;
+}
+
+static const struct shared_flag *shared_flag(const char *s)
+{
+    for (int i = 0; i < NSHARED; i++)
+        if (!strcmp(shared_flags[i].flag, s))
+            return &shared_flags[i];
+    return NULL;
+}
+
+static int in_list(const char *const *list, const char *s)
+{
+    for (; *list; list++)
+        if (!strcmp(*list, s))
+            return 1;
+    return 0;
+}
+
+/* 1 when word is one of the ", "-separated words of list. */
+static int one_of(const char *list, const char *word)
+{
+    size_t n = strlen(word);
+    for (const char *p = list; *p; p += strspn(p, ", ")) {
+        size_t k = strcspn(p, ",");
+        if (k == n && !strncmp(p, word, n))
+            return 1;
+        p += k;
+    }
+    return 0;
+}
+
+/* A shared flag's value, as ps_server and ps_worker would check it. */
+static int check_shared(const ps_launch_opts *o, const struct shared_flag *f, const char *val,
+                        char *why, size_t len)
+{
+    char what[64];
+    snprintf(what, sizeof what, "worker flag %s", f->flag);
+    long long iv;
+    double fv;
+    switch (f->kind) {
+    case SF_INT:
+        if (ps_parse_int(P, what, val, (long long)f->lo, (long long)f->hi, &iv, why, len))
+            return PS_EINVAL;
+        /* ps_server refuses any other staleness in sync mode */
+        if (!strcmp(f->flag, "--max-staleness") && iv != 0 && !strcmp(o->mode, "sync")) {
+            snprintf(why, len, P ": %s must be 0 with --mode sync, got '%s'", what, val);
+            return PS_EINVAL;
+        }
+        return 0;
+    case SF_FLOAT:
+        if (ps_parse_float(P, what, val, f->lo, f->hi, &fv, why, len) ||
+            (f->lo_open && !((float)fv > (float)f->lo)) ||
+            (f->hi_open && !((float)fv < (float)f->hi))) {
+            snprintf(why, len, P ": %s must be a number in %c%g, %g%c, got '%s'", what,
+                     f->lo_open ? '(' : '[', f->lo, f->hi, f->hi_open ? ')' : ']', val);
+            return PS_EINVAL;
+        }
+        return 0;
+    case SF_CHOICE:
+        if (!one_of(f->choices, val)) {
+            snprintf(why, len, P ": %s must be one of %s, got '%s'", what, f->choices, val);
+            return PS_EINVAL;
+        }
+        return 0;
+    default:
+        if (strlen(val) < (size_t)f->lo || strlen(val) > (size_t)f->hi) {
+            snprintf(why, len, P ": %s needs a path of %g..%g characters, got '%s'", what,
+                     f->lo, f->hi, val);
+            return PS_EINVAL;
+        }
+        return 0;
+    }
+}
+
+/* The worker flags: none that the launcher sets, and every value that the
+ * servers get too is one they accept, so a bad one stops ps_launch before it
+ * starts a cluster that would die of it. */
+static int check_worker_flags(const ps_launch_opts *o, char *why, size_t len)
+{
+    for (int i = 0; i < o->nwflags; i++) {
+        const char *a = o->wflags[i];
+        if (in_list(reserved_flags, a)) {
+            snprintf(why, len,
+                     P ": %s is set by ps_launch for each worker; remove it from the worker "
+                       "flags%s",
+                     a,
+                     !strcmp(a, "--mode")     ? " (use ps_launch --mode)"
+                     : !strcmp(a, "--device") ? " (use ps_launch --gpus)"
+                                              : "");
+            return PS_EINVAL;
+        }
+        if (o->timeline_dir && !strcmp(a, "--timeline")) {
+            snprintf(why, len,
+                     P ": --timeline in the worker flags conflicts with --timeline-dir; "
+                       "give one of them");
+            return PS_EINVAL;
+        }
+    }
+    /* the values the servers get, taken as server_args forwards them */
+    for (int i = 0; i < o->nwflags; i++) {
+        const char *a = o->wflags[i];
+        const struct shared_flag *f = shared_flag(a);
+        if (!f && !in_list(per_worker_file_flags, a))
+            continue;
+        if (i + 1 >= o->nwflags) {
+            snprintf(why, len, P ": worker flag %s needs a value", a);
+            return PS_EINVAL;
+        }
+        if (f && check_shared(o, f, o->wflags[++i], why, len))
+            return PS_EINVAL;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ ps_launch flags */
+
+static int parse_gpu_list(const char *spec, ps_strvec *ids, char *why, size_t len)
+{
+    const char *p = spec;
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t n = comma ? (size_t)(comma - p) : strlen(p);
+        char id[32] = "", tmp[8];
+        long long v;
+        if (n < sizeof id)
+            memcpy(id, p, n), id[n] = 0;
+        if (n >= sizeof id ||
+            ps_parse_int(P, "--gpus", id, 0, PS_LAUNCH_MAX_GPU_ID, &v, tmp, sizeof tmp)) {
+            snprintf(why, len,
+                     P ": --gpus must be auto, none or a list of GPU ids in [0, %d] like 0,1, "
+                       "got '%s'",
+                     PS_LAUNCH_MAX_GPU_ID, spec);
+            return PS_EINVAL;
+        }
+        if (ps_strvec_pushf(ids, "%lld", v))
+            return PS_ENOMEM;
+        if (!comma)
+            return 0;
+        p = comma + 1;
+    }
+}
+
+int ps_launch_parse(int argc, char **argv, ps_launch_opts *o, char *why, size_t len)
+{
+    memset(o, 0, sizeof *o);
+    o->mode = "sync";
+    o->gpus = "auto";
+    o->server_threads = 1;
+    o->base_port = 29500;
+    long long v;
+
+    int i;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) {
+            i++;
+            break;
+        }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h") || !strcmp(a, "--version")) {
+            o->help_arg = a;
+            return 0;
+        }
+        if (!strcmp(a, "--dry-run")) {
+            o->dry_run = 1;
+            continue;
+        }
+        static const char *const valued[] = {
+            "--servers",  "--workers",  "--gpus",     "--mode",       "--server-threads",
+            "--timeline-dir", "--bin-dir", "--hostfile", "--base-port", "--server-arg", NULL};
+        const char *val, *name = ps_flag_value(argc, argv, &i, valued, &val);
+        if (!name) {
+            if (strncmp(a, "--", 2) == 0)
+                snprintf(why, len, P ": unknown flag '%s' (see --help; worker flags go after --)",
+                         a);
+            else
+                snprintf(why, len, P ": unexpected argument '%s' (worker flags go after --)", a);
+            return PS_EINVAL;
+        }
+        if (!val) {
+            snprintf(why, len, P ": %s needs a value (see --help)", name);
+            return PS_EINVAL;
+        }
+        if (!strcmp(name, "--servers")) {
+            if (ps_parse_int(P, name, val, 1, PS_LAUNCH_MAX_SERVERS, &v, why, len))
+                return PS_EINVAL;
+            o->servers = (int)v;
+        } else if (!strcmp(name, "--workers")) {
+            if (ps_parse_int(P, name, val, 1, PS_LAUNCH_MAX_WORKERS, &v, why, len))
+                return PS_EINVAL;
+            o->workers = (int)v;
+        } else if (!strcmp(name, "--server-threads")) {
+            /* ps_server --threads takes no more */
+            if (ps_parse_int(P, name, val, 1, PS_SERVER_MAX_THREADS, &v, why, len))
+                return PS_EINVAL;
+            o->server_threads = (int)v;
+        } else if (!strcmp(name, "--base-port")) {
+            if (ps_parse_int(P, name, val, 1, 65535, &v, why, len))
+                return PS_EINVAL;
+            o->base_port = (int)v;
+        } else if (!strcmp(name, "--mode")) {
+            if (strcmp(val, "sync") && strcmp(val, "async")) {
+                snprintf(why, len, P ": --mode must be sync or async, got '%s'", val);
+                return PS_EINVAL;
+            }
+            o->mode = val;
+        } else if (!strcmp(name, "--gpus")) {
+            o->gpus = val;
+        } else if (!strcmp(name, "--server-arg")) {
+            if (ps_strvec_push(&o->server_args, val))
+                return PS_ENOMEM;
+        } else { /* --timeline-dir, --bin-dir, --hostfile */
+            if (!*val) {
+                snprintf(why, len, P ": %s must not be empty", name);
+                return PS_EINVAL;
+            }
+            if (!strcmp(name, "--timeline-dir"))
+                o->timeline_dir = val;
+            else if (!strcmp(name, "--bin-dir"))
+                o->bin_dir = val;
+            else
+                o->hostfile = val;
+        }
+    }
+    o->wflags = argv + i;
+    o->nwflags = argc > i ? argc - i : 0;
+
+    if (!o->hostfile && !o->servers) {
+        snprintf(why, len, P ": --servers is required (see --help)");
+        return PS_EINVAL;
+    }
+    if (!o->hostfile && !o->workers) {
+        snprintf(why, len, P ": --workers is required (see --help)");
+        return PS_EINVAL;
+    }
+    int rc = check_worker_flags(o, why, len);
+    if (rc)
+        return rc;
+    if (strcmp(o->gpus, "none") && strcmp(o->gpus, "auto"))
+        return parse_gpu_list(o->gpus, &o->gpu_ids, why, len);
+    return 0;
+}
+
+void ps_launch_opts_free(ps_launch_opts *o)
+{
+    ps_strvec_free(&o->gpu_ids);
+    ps_strvec_free(&o->server_args);
+}
+
+/* ------------------------------------------------------------ hostfile */
+
+static int host_name_ok(const char *s)
+{
+    if (!*s || *s == '-' || *s == '@')
+        return 0;
+    for (; *s; s++)
+        if (!strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-@", *s))
+            return 0;
+    return 1;
+}
+
+/* One line of the hostfile (changed in place).  0, or an error with why. */
+static int hostfile_line(const char *name, int lineno, char *line, ps_launch_hostfile *h,
+                         char *why, size_t len)
+{
+    char *hash = strchr(line, '#');
+    if (hash)
+        *hash = 0;
+    char *save = NULL, *tok = strtok_r(line, " \t\r\n", &save);
+    if (!tok)
+        return 0;
+    if (!host_name_ok(tok)) {
+        snprintf(why, len, P ": %s:%d: bad host name '%s'", name, lineno, tok);
+        return PS_EINVAL;
+    }
+    ps_launch_host *hosts = realloc(h->hosts, (size_t)(h->n + 1) * sizeof *h->hosts);
+    if (!hosts)
+        return PS_ENOMEM;
+    h->hosts = hosts;
+    ps_launch_host *hh = &h->hosts[h->n];
+    hh->name = strdup(tok);
+    if (!hh->name)
+        return PS_ENOMEM;
+    h->n++;
+    hh->servers = hh->workers = 0;
+    hh->gpus = -1;
+    while ((tok = strtok_r(NULL, " \t\r\n", &save))) {
+        char *eq = strchr(tok, '=');
+        int *dst = NULL;
+        long long hi = 0;
+        if (eq) {
+            *eq = 0;
+            if (!strcmp(tok, "servers"))
+                dst = &hh->servers, hi = PS_LAUNCH_MAX_SERVERS;
+            else if (!strcmp(tok, "workers"))
+                dst = &hh->workers, hi = PS_LAUNCH_MAX_WORKERS;
+            else if (!strcmp(tok, "gpus"))
+                dst = &hh->gpus, hi = PS_LAUNCH_MAX_GPU_ID + 1;
+        }
+        if (!dst) {
+            snprintf(why, len,
+                     P ": %s:%d: expected servers=N, workers=M or gpus=G after the host, "
+                       "got '%s'",
+                     name, lineno, tok);
+            return PS_EINVAL;
+        }
+        char flag[32], tmp[256];
+        long long v;
+        snprintf(flag, sizeof flag, "%s=", tok);
+        if (ps_parse_int(name, flag, eq + 1, 0, hi, &v, tmp, sizeof tmp)) {
+            snprintf(why, len, P ": %s (line %d)", tmp, lineno);
+            return PS_EINVAL;
+        }
+        *dst = (int)v;
+    }
+    return 0;
+}
+
+static int hostfile_done(const char *name, const ps_launch_hostfile *h, char *why, size_t len)
+{
+    if (h->n > 0)
+        return 0;
+    snprintf(why, len, P ": --hostfile '%s' lists no hosts", name);
+    return PS_EINVAL;
+}
+
+int ps_launch_hostfile_parse(const char *name, const char *text, ps_launch_hostfile *h,
+                             char *why, size_t len)
+{
+    memset(h, 0, sizeof *h);
+    int lineno = 0, rc = 0;
+    while (!rc && *text) {
+        size_t n = strcspn(text, "\n");
+        char *line = strndup(text, n);
+        if (!line)
+            return PS_ENOMEM;
+        rc = hostfile_line(name, ++lineno, line, h, why, len);
+        free(line);
+        text += n + (text[n] == '\n');
+    }
+    return rc ? rc : hostfile_done(name, h, why, len);
+}
+
+int ps_launch_hostfile_read(const char *path, ps_launch_hostfile *h, char *why, size_t len)
+{
+    memset(h, 0, sizeof *h);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(why, len, P ": cannot read --hostfile '%s': %s", path, strerror(errno));
+        return PS_EIO;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    int lineno = 0, rc = 0;
+    while (!rc && getline(&line, &cap, f) >= 0)
+        rc = hostfile_line(path, ++lineno, line, h, why, len);
+    if (!rc && ferror(f)) {
+        snprintf(why, len, P ": error reading --hostfile '%s'", path);
+        rc = PS_EIO;
+    }
+    free(line);
+    fclose(f);
+    return rc ? rc : hostfile_done(path, h, why, len);
+}
+
+void ps_launch_hostfile_free(ps_launch_hostfile *h)
+{
+    for (int i = 0; i < h->n; i++)
+        free(h->hosts[i].name);
+    free(h->hosts);
+    memset(h, 0, sizeof *h);
+}
+
+/* ------------------------------------------------------------ this host */
+
+int ps_launch_gpus_auto(const char *cvd, int count, ps_strvec *ids)
+{
+    if (!cvd) {
+        for (int i = 0; i < count; i++)
+            if (ps_strvec_pushf(ids, "%d", i))
+                return PS_ENOMEM;
+        return 0;
+    }
+    for (const char *t = cvd; *t;) {
+        size_t n = strcspn(t, ",");
+        /* "-1" or "NoDevFiles" hide every GPU */
+        if ((n == 2 && !strncmp(t, "-1", 2)) || (n == 10 && !strncmp(t, "NoDevFiles", 10))) {
+            ps_strvec_free(ids);
+            return 0;
+        }
+        if (n > 0 && ps_strvec_pushf(ids, "%.*s", (int)n, t))
+            return PS_ENOMEM;
+        t += n + (t[n] == ',');
+    }
+    return 0;
+}
+
+char *ps_launch_bin_dir(const ps_launch_opts *o, const char *exe_dir, const char *cwd)
+{
+    size_t n = strlen(cwd);
+    if (o->bin_dir)
+        return strdup(o->bin_dir);
+    if (o->hostfile && !strcmp(exe_dir, cwd))
+        return strdup(".");
+    if (o->hostfile && !strncmp(exe_dir, cwd, n) && exe_dir[n] == '/' && n > 1)
+        return strdup(exe_dir + n + 1);
+    return strdup(exe_dir);
+}
+
+/* ------------------------------------------------------------ quoting */
+
+static int shell_safe(const char *s)
+{
+    if (!*s)
+        return 0;
+    for (; *s; s++)
+        if (!strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-",
+                    *s))
+            return 0;
+    return 1;
+}
+
+/* Quote for a POSIX shell: bare when safe, else '...' with ' as '\''. */
+static void sh_quote(ps_strbuf *b, const char *s)
+{
+    if (shell_safe(s)) {
+        ps_strbuf_add(b, s);
+        return;
+    }
+    ps_strbuf_add(b, "'");
+    for (; *s; s++) {
+        if (*s == '\'')
+            ps_strbuf_add(b, "'\\''");
+        else
+            ps_strbuf_addn(b, s, 1);
+    }
+    ps_strbuf_add(b, "'");
+}
+
+/* Quote inside the command string ssh hands to the remote shell.  Double
+ * quotes where they suffice, so the whole command still reads well when it is
+ * itself printed in single quotes (the `*` of a bind address must not be
+ * globbed). */
+static void remote_quote(ps_strbuf *b, const char *s)
+{
+    if (shell_safe(s)) {
+        ps_strbuf_add(b, s);
+    } else if (!strpbrk(s, "\"$`\\!")) {
+        ps_strbuf_add(b, "\"");
+        ps_strbuf_add(b, s);
+        ps_strbuf_add(b, "\"");
+    } else {
+        sh_quote(b, s);
+    }
+}
+
+/* ------------------------------------------------------------ the plan */
+
+/* The host part of "user@host". */
+static const char *host_addr(const char *name)
+{
+    const char *at = strrchr(name, '@');
+    return at ? at + 1 : name;
+}
+
+/* s with every "{rank}" replaced, pushed onto a. */
+static void push_subst_rank(ps_strvec *a, const char *s, int rank)
+{
+    ps_strbuf b = {0};
+    for (;;) {
+        const char *m = strstr(s, "{rank}");
+        if (!m) {
+            ps_strbuf_add(&b, s);
+            break;
+        }
+        ps_strbuf_addn(&b, s, (size_t)(m - s));
+        ps_strbuf_addf(&b, "%d", rank);
+        s = m + 6;
+    }
+    if (b.failed)
+        a->failed = 1;
+    else
+        ps_strvec_push(a, ps_strbuf_str(&b));
+    ps_strbuf_free(&b);
+}
+
+/* The GPU ids workers on this host take round-robin (none: empty). */
+static const ps_strvec *gpu_list(const ps_launch_opts *o, const ps_launch_site *site)
+{
+    static const ps_strvec none;
+    if (!strcmp(o->gpus, "auto"))
+        return site->gpus ? site->gpus : &none;
+    return strcmp(o->gpus, "none") ? &o->gpu_ids : &none;
+}
+
+/* Set cmd's argv to args: as they are here, or on its host as ssh's
+ * `cd DIR && [mkdir -p MKDIR && ]exec [env VAR=x] args...`. */
+static void cmd_finish(ps_launch_cmd *cmd, const ps_strvec *args, const char *remote_dir,
+                       const char *remote_mkdir)
+{
+    if (!cmd->host) {
+        for (int i = 0; i < args->n; i++)
+            ps_strvec_push(&cmd->argv, args->v[i]);
+        return;
+    }
+    ps_strbuf r = {0};
+    ps_strbuf_add(&r, "cd ");
+    remote_quote(&r, remote_dir);
+    ps_strbuf_add(&r, " && ");
+    if (remote_mkdir) {
+        ps_strbuf_add(&r, "mkdir -p ");
+        remote_quote(&r, remote_mkdir);
+        ps_strbuf_add(&r, " && ");
+    }
+    ps_strbuf_add(&r, "exec ");
+    if (cmd->env) {
+        ps_strbuf_add(&r, "env ");
+        remote_quote(&r, cmd->env);
+        ps_strbuf_add(&r, " ");
+    }
+    for (int i = 0; i < args->n; i++) {
+        if (i)
+            ps_strbuf_add(&r, " ");
+        remote_quote(&r, args->v[i]);
+    }
+    ps_strvec_push(&cmd->argv, "ssh");
+    ps_strvec_push(&cmd->argv, "-o");
+    ps_strvec_push(&cmd->argv, "BatchMode=yes");
+    ps_strvec_push(&cmd->argv, cmd->host);
+    if (r.failed)
+        cmd->argv.failed = 1;
+    else
+        ps_strvec_push(&cmd->argv, ps_strbuf_str(&r));
+    ps_strbuf_free(&r);
+}
+
+/* S and W from the flags and the hostfile, checked against each other. */
+static int plan_sizes(const ps_launch_opts *o, const ps_launch_hostfile *hf, int *S, int *W,
+                      char *why, size_t len)
+{
+    *S = o->servers, *W = o->workers;
+    if (!hf)
+        return 0;
+    int s = 0, w = 0;
+    for (int i = 0; i < hf->n; i++)
+        s += hf->hosts[i].servers, w += hf->hosts[i].workers;
+    if (s == 0 || w == 0) {
+        snprintf(why, len,
+                 P ": the hostfile places %d server(s) and %d worker(s); give servers=N "
+                   "and workers=M on some hosts",
+                 s, w);
+        return PS_EINVAL;
+    }
+    if ((*S && *S != s) || (*W && *W != w)) {
+        snprintf(why, len,
+                 P ": --servers %d --workers %d disagree with the hostfile (%d servers, %d "
+                   "workers); leave them out or make them match",
+                 *S ? *S : s, *W ? *W : w, s, w);
+        return PS_EINVAL;
+    }
+    if (s > PS_LAUNCH_MAX_SERVERS || w > PS_LAUNCH_MAX_WORKERS) {
+        snprintf(why, len,
+                 P ": the hostfile asks for %d servers and %d workers (at most %d and %d)", s, w,
+                 PS_LAUNCH_MAX_SERVERS, PS_LAUNCH_MAX_WORKERS);
+        return PS_EINVAL;
+    }
+    if (o->base_port + s - 1 > 65535) {
+        snprintf(why, len, P ": --base-port %d + %d servers goes past port 65535", o->base_port,
+                 s);
+        return PS_EINVAL;
+    }
+    *S = s, *W = w;
+    return 0;
+}
+
+/* Place ranks on hosts in hostfile order (host 1's servers= take the first
+ * server ranks, and so on; the same for workers), then give every process its
+ * endpoint or device. */
+static void plan_place(const ps_launch_opts *o, const ps_launch_site *site, ps_launch_plan *p)
+{
+    const ps_launch_hostfile *hf = site->hostfile;
+    int S = p->num_servers, W = p->num_workers;
+    int local_idx[PS_LAUNCH_MAX_WORKERS]; /* a worker's index among those on its host */
+    const ps_launch_host *whost[PS_LAUNCH_MAX_WORKERS];
+    for (int r = 0; r < S; r++)
+        p->cmds[r].role = PS_LAUNCH_SERVER, p->cmds[r].rank = r;
+    for (int r = 0; r < W; r++) {
+        p->cmds[S + r].role = PS_LAUNCH_WORKER, p->cmds[S + r].rank = r;
+        whost[r] = NULL, local_idx[r] = r;
+    }
+    if (hf) {
+        int s = 0, w = 0;
+        for (int h = 0; h < hf->n; h++) {
+            for (int j = 0; j < hf->hosts[h].servers; j++)
+                p->cmds[s++].host = hf->hosts[h].name;
+            for (int j = 0; j < hf->hosts[h].workers; j++, w++) {
+                p->cmds[S + w].host = hf->hosts[h].name;
+                whost[w] = &hf->hosts[h];
+                local_idx[w] = j;
+            }
+        }
+    }
+    for (int r = 0; r < S; r++) {
+        ps_launch_cmd *c = &p->cmds[r];
+        ps_strbuf e = {0};
+        if (hf)
+            ps_strbuf_addf(&e, "tcp://%s:%d", host_addr(c->host), o->base_port + r);
+        else
+            ps_strbuf_addf(&e, "tcp://127.0.0.1:%d", site->ports[r]);
+        c->endpoint = ps_strbuf_take(&e);
+    }
+    const ps_strvec *gpus = gpu_list(o, site);
+    for (int r = 0; r < W; r++) {
+        ps_launch_cmd *c = &p->cmds[S + r];
+        /* one worker per GPU, round-robin; each sees only its GPU, as cuda:0 */
+        char gpu[64] = "";
+        if (!strcmp(o->gpus, "auto") && whost[r]) {
+            if (whost[r]->gpus > 0)
+                snprintf(gpu, sizeof gpu, "%d", local_idx[r] % whost[r]->gpus);
+        } else if (gpus->n > 0) {
+            snprintf(gpu, sizeof gpu, "%s", gpus->v[local_idx[r] % gpus->n]);
+        }
+        if (*gpu) {
+            ps_strbuf e = {0};
+            ps_strbuf_addf(&e, "CUDA_VISIBLE_DEVICES=%s", gpu);
+            c->env = ps_strbuf_take(&e);
+            c->device = strdup("cuda:0");
+        } else {
+            c->device = strdup("cpu");
+        }
+    }
+}
+
+/* "--flag value" onto a. */
+static void push_flag(ps_strvec *a, const char *flag, const char *value)
+{
+    ps_strvec_push(a, flag);
+    ps_strvec_push(a, value);
+}
+
+static void push_flag_int(ps_strvec *a, const char *flag, int value)
+{
+    ps_strvec_push(a, flag);
+    ps_strvec_pushf(a, "%d", value);
+}
+
+/* --timeline DIR/<role>-<rank>.json under --timeline-dir */
+static void push_timeline(const ps_launch_opts *o, const ps_launch_cmd *c, ps_strvec *a)
+{
+    if (!o->timeline_dir)
+        return;
+    ps_strvec_push(a, "--timeline");
+    ps_strvec_pushf(a, "%s/%s-%d.json", o->timeline_dir, ps_launch_role_name(c->role), c->rank);
+}
+
+static void server_args(const ps_launch_opts *o, const ps_launch_plan *p, const ps_launch_cmd *c,
+                        int hostfile, ps_strvec *a)
+{
+    if (hostfile) {
+        ps_strvec_push(a, "--bind");
+        ps_strvec_pushf(a, "tcp://*:%d", o->base_port + c->rank);
+    } else {
+        push_flag(a, "--bind", c->endpoint);
+    }
+    push_flag_int(a, "--rank", c->rank);
+    push_flag_int(a, "--num-servers", p->num_servers);
+    push_flag_int(a, "--num-workers", p->num_workers);
+    push_flag(a, "--mode", o->mode);
+    push_flag_int(a, "--threads", o->server_threads);
+    push_timeline(o, c, a);
+    for (int k = 0; k + 1 < o->nwflags; k++)
+        if (shared_flag(o->wflags[k])) {
+            push_flag(a, o->wflags[k], o->wflags[k + 1]);
+            k++;
+        }
+    for (int k = 0; k < o->server_args.n; k++)
+        ps_strvec_push(a, o->server_args.v[k]);
+}
+
+static void worker_args(const ps_launch_opts *o, const ps_launch_plan *p, const ps_launch_cmd *c,
+                        const char *servers, ps_strvec *a)
+{
+    push_flag(a, "--servers", servers);
+    push_flag_int(a, "--rank", c->rank);
+    push_flag_int(a, "--num-workers", p->num_workers);
+    push_flag(a, "--mode", o->mode);
+    for (int k = 0; k < o->nwflags; k++) {
+        const char *f = o->wflags[k];
+        if (in_list(per_worker_file_flags, f) && k + 1 < o->nwflags) {
+            const char *v = o->wflags[++k];
+            if (c->rank == 0 || strstr(v, "{rank}")) {
+                ps_strvec_push(a, f);
+                push_subst_rank(a, v, c->rank);
+            }
+            continue;
+        }
+        push_subst_rank(a, f, c->rank);
+    }
+    push_flag(a, "--device", c->device);
+    push_timeline(o, c, a);
+}
+
+int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
+                         ps_launch_plan *p, char *why, size_t len)
+{
+    memset(p, 0, sizeof *p);
+    const ps_launch_hostfile *hf = site->hostfile;
+    int S, W, rc = plan_sizes(o, hf, &S, &W, why, len);
+    if (rc)
+        return rc;
+    p->cmds = calloc((size_t)(S + W), sizeof *p->cmds);
+    if (!p->cmds)
+        return PS_ENOMEM;
+    p->num_servers = S;
+    p->num_workers = W;
+    p->n = S + W;
+    p->mode = o->mode;
+    plan_place(o, site, p);
+
+    ps_strbuf list = {0};
+    for (int r = 0; r < S; r++)
+        ps_strbuf_addf(&list, "%s%s", r ? "," : "", p->cmds[r].endpoint ? p->cmds[r].endpoint : "");
+    int oom = list.failed;
+    for (int i = 0; i < p->n && !oom; i++) {
+        ps_launch_cmd *c = &p->cmds[i];
+        ps_strvec a = {0};
+        ps_strvec_pushf(&a, "%s/ps_%s", site->bin_dir, ps_launch_role_name(c->role));
+        if (c->role == PS_LAUNCH_SERVER)
+            server_args(o, p, c, hf != NULL, &a);
+        else
+            worker_args(o, p, c, ps_strbuf_str(&list), &a);
+        cmd_finish(c, &a, site->remote_dir, hf ? o->timeline_dir : NULL);
+        oom = a.failed || c->argv.failed ||
+              (c->role == PS_LAUNCH_SERVER ? !c->endpoint : !c->device);
+        ps_strvec_free(&a);
+    }
+    ps_strbuf_free(&list);
+    if (oom) {
+        snprintf(why, len, P ": out of memory");
+        return PS_ENOMEM;
+    }
+    return 0;
+}
+
+void ps_launch_plan_free(ps_launch_plan *p)
+{
+    for (int i = 0; i < p->n; i++) {
+        free(p->cmds[i].endpoint);
+        free(p->cmds[i].device);
+        free(p->cmds[i].env);
+        ps_strvec_free(&p->cmds[i].argv);
+    }
+    free(p->cmds);
+    memset(p, 0, sizeof *p);
+}
+
+/* ------------------------------------------------------------ what it says */
+
+int ps_launch_plan_notes(const ps_launch_opts *o, const ps_launch_site *site,
+                         const ps_launch_plan *p, ps_strbuf *out)
+{
+    for (int k = 0; k + 1 < o->nwflags; k++)
+        if (in_list(per_worker_file_flags, o->wflags[k]) && !strstr(o->wflags[k + 1], "{rank}") &&
+            p->num_workers > 1 && (strcmp(o->wflags[k], "--timeline") || !o->timeline_dir))
+            ps_strbuf_addf(out,
+                           P ": %s '%s' goes to worker 0 only (put {rank} in the path for one "
+                             "file per worker)\n",
+                           o->wflags[k], o->wflags[k + 1]);
+    if (site->hostfile)
+        return out->failed ? PS_ENOMEM : 0;
+    const ps_strvec *gpus = gpu_list(o, site);
+    int W = p->num_workers;
+    if (!strcmp(o->gpus, "none")) {
+        ps_strbuf_addf(out, P ": --gpus none, running %d CPU workers\n", W);
+    } else if (gpus->n == 0) {
+        ps_strbuf_addf(out, P ": no GPU found, running %d CPU workers\n", W);
+    } else {
+        ps_strbuf_addf(out, P ": %d GPU%s (", gpus->n, gpus->n == 1 ? "" : "s");
+        for (int k = 0; k < gpus->n; k++)
+            ps_strbuf_addf(out, "%s%s", k ? "," : "", gpus->v[k]);
+        ps_strbuf_addf(out, "), %d worker%s, one per GPU round-robin\n", W, W == 1 ? "" : "s");
+    }
+    return out->failed ? PS_ENOMEM : 0;
+}
+
+int ps_launch_plan_print(const ps_launch_plan *p, ps_strbuf *out)
+{
+    ps_strbuf_addf(out, "# ps_launch plan: %d server%s, %d worker%s, mode %s\n", p->num_servers,
+                   p->num_servers == 1 ? "" : "s", p->num_workers, p->num_workers == 1 ? "" : "s",
+                   p->mode);
+    for (int i = 0; i < p->n; i++) {
+        const ps_launch_cmd *c = &p->cmds[i];
+        ps_strbuf_addf(out, "# %s %d on %s", ps_launch_role_name(c->role), c->rank,
+                       c->host ? c->host : "this host");
+        if (c->role == PS_LAUNCH_SERVER)
+            ps_strbuf_addf(out, ", reached at %s\n", c->endpoint);
+        else
+            ps_strbuf_addf(out, ", device %s\n", c->device);
+        if (!c->host && c->env) {
+            ps_strbuf_add(out, c->env);
+            ps_strbuf_add(out, " ");
+        }
+        for (int k = 0; k < c->argv.n; k++) {
+            if (k)
+                ps_strbuf_add(out, " ");
+            sh_quote(out, c->argv.v[k]);
+        }
+        ps_strbuf_add(out, "\n");
+    }
+    return out->failed ? PS_ENOMEM : 0;
+}
+
+int ps_launch_plan_outputs(const ps_launch_plan *p, ps_strvec *out)
+{
+    for (int i = 0; i < p->n; i++) {
+        const ps_launch_cmd *c = &p->cmds[i];
+        if (c->host || c->role != PS_LAUNCH_WORKER)
+            continue;
+        /* after the program; a file flag takes the next word, as in worker_args */
+        for (int k = 1; k + 1 < c->argv.n; k++)
+            if (in_list(per_worker_file_flags, c->argv.v[k])) {
+                ps_strvec_push(out, c->argv.v[k]);
+                ps_strvec_push(out, c->argv.v[++k]);
+            }
+    }
+    return out->failed ? PS_ENOMEM : 0;
+}

@@ -1,0 +1,165 @@
+/* The plan of ps_launch: who runs where with which argv and environment.
+ *
+ * Pure: it starts nothing, opens no socket, sends no signal, and reads no
+ * file but the hostfile.  What it needs from this host (free ports, the GPUs
+ * found, the directory of the programs) comes in as arguments, so `--dry-run`
+ * prints exactly what would run and tests/test_launch_plan.c builds plans
+ * from argv arrays.
+ *
+ * Errors: functions return 0 or a PS_E* code (ps_error.h) with a one-line
+ * "ps_launch: ..." message in `why`; PS_EINVAL means bad flags (ps_launch
+ * then exits 2 before starting anything).
+ *
+ * Ownership: every struct here owns what its *_free releases; pointers noted
+ * as "into argv" or "into the hostfile" are borrowed and must outlive it. */
+#ifndef PS_LAUNCH_PLAN_H
+#define PS_LAUNCH_PLAN_H
+
+#include <stddef.h>
+
+#include "ps_limits.h"
+#include "ps_strbuf.h"
+
+/* How many processes one ps_launch supervises (each has two pipes in one
+ * poll loop): its own limits, within what the programs accept. */
+#define PS_LAUNCH_MAX_SERVERS 256
+#define PS_LAUNCH_MAX_WORKERS 1024
+/* --gpus ids are 0..PS_LAUNCH_MAX_GPU_ID; a hostfile's gpus= at most one more */
+#define PS_LAUNCH_MAX_GPU_ID 1023
+_Static_assert(PS_LAUNCH_MAX_SERVERS <= PS_MAX_SERVERS, "more servers than ps_server accepts");
+_Static_assert(PS_LAUNCH_MAX_WORKERS <= PS_MAX_WORKERS, "more workers than ps_worker accepts");
+
+enum { PS_LAUNCH_SERVER = 0, PS_LAUNCH_WORKER = 1 };
+
+/* "server" or "worker". */
+const char *ps_launch_role_name(int role);
+
+/* ------------------------------------------------------------ flags */
+
+typedef struct ps_launch_opts {
+    int servers, workers;     /* 0: not given (then the hostfile decides) */
+    const char *mode;         /* "sync" (default) or "async" */
+    const char *gpus;         /* "auto" (default), "none" or a list as given */
+    ps_strvec gpu_ids;        /* --gpus LIST: its ids, in order */
+    int server_threads;       /* 1..PS_SERVER_MAX_THREADS (default 1) */
+    const char *timeline_dir; /* NULL: no timelines */
+    const char *bin_dir;      /* NULL: found by ps_launch_bin_dir */
+    const char *hostfile;     /* NULL: run on this host */
+    int base_port;            /* hostfile: server i listens on base_port + i */
+    int dry_run;
+    ps_strvec server_args;    /* --server-arg values, in order */
+    char **wflags;            /* the worker flags after "--" (into argv) */
+    int nwflags;
+    const char *help_arg;     /* --help, -h or --version when one was given */
+} ps_launch_opts;
+
+/* Parse ps_launch's command line (argv[0] is the program) and check every
+ * value before anything starts: ranges (common/ps_limits.h), the worker flags
+ * ps_launch sets itself, and the values of the worker flags that go to the
+ * servers too.  When an argument is --help, -h or --version, parsing stops
+ * there with 0 and o->help_arg set (main prints).  0, PS_EINVAL with the
+ * message in why, or PS_ENOMEM.  o keeps pointers into argv; free it with
+ * ps_launch_opts_free (also after an error). */
+int ps_launch_parse(int argc, char **argv, ps_launch_opts *o, char *why, size_t len);
+void ps_launch_opts_free(ps_launch_opts *o);
+
+/* The i-th worker flag that the servers get too (i from 0), NULL past the
+ * last: for --help. */
+const char *ps_launch_shared_flag(int i);
+
+/* ------------------------------------------------------------ hostfile */
+
+typedef struct ps_launch_host {
+    char *name;               /* as written: "host" or "user@host" */
+    int servers, workers;
+    int gpus;                 /* gpus=G; -1 when not given */
+} ps_launch_host;
+
+typedef struct ps_launch_hostfile {
+    ps_launch_host *hosts;
+    int n;
+} ps_launch_hostfile;
+
+/* Lines "host [servers=N] [workers=M] [gpus=G]"; '#' starts a comment.
+ * _parse reads text (name is the file's name in messages), _read the file
+ * at path.  0, PS_EINVAL (a bad line, no host) or PS_EIO (cannot read), with
+ * why; PS_ENOMEM.  Free h with ps_launch_hostfile_free (also after an
+ * error). */
+int ps_launch_hostfile_parse(const char *name, const char *text, ps_launch_hostfile *h,
+                             char *why, size_t len);
+int ps_launch_hostfile_read(const char *path, ps_launch_hostfile *h, char *why, size_t len);
+void ps_launch_hostfile_free(ps_launch_hostfile *h);
+
+/* ------------------------------------------------------------ this host */
+
+/* The GPUs --gpus auto uses on this host: the entries of
+ * cuda_visible_devices when it is not NULL (a scheduler already chose them;
+ * "-1" or "NoDevFiles" hide every GPU), else ids 0..count-1 (count: the GPUs
+ * main found).  Appends to ids; 0 or PS_ENOMEM. */
+int ps_launch_gpus_auto(const char *cuda_visible_devices, int count, ps_strvec *ids);
+
+/* Where ps_server and ps_worker are: --bin-dir when given; else, with a
+ * hostfile, exe_dir (the directory of ps_launch) relative to cwd when it is
+ * below it ("." when it is cwd), so remote commands read
+ * `cd DIR && exec bin/ps_server ...`; else exe_dir.  The caller frees it;
+ * NULL when out of memory. */
+char *ps_launch_bin_dir(const ps_launch_opts *o, const char *exe_dir, const char *cwd);
+
+/* ------------------------------------------------------------ the plan */
+
+/* One process to start. */
+typedef struct ps_launch_cmd {
+    int role, rank;
+    const char *host;         /* hostfile host name (into the hostfile); NULL: this host */
+    char *endpoint;           /* servers: what workers connect to */
+    char *device;             /* workers: "cpu" or "cuda:0" */
+    char *env;                /* "NAME=value" to add to the environment, or NULL */
+    ps_strvec argv;           /* argv[0]: program path, or "ssh" */
+} ps_launch_cmd;
+
+typedef struct ps_launch_plan {
+    ps_launch_cmd *cmds;      /* servers in rank order, then workers */
+    int n, num_servers, num_workers;
+    const char *mode;         /* o->mode */
+} ps_launch_plan;
+
+/* What the plan takes from where it runs. */
+typedef struct ps_launch_site {
+    const ps_launch_hostfile *hostfile; /* NULL: everything on this host */
+    const int *ports;         /* this host: server i binds 127.0.0.1:ports[i] */
+    const ps_strvec *gpus;    /* this host, --gpus auto: ps_launch_gpus_auto's ids */
+    const char *bin_dir;      /* ps_launch_bin_dir */
+    const char *remote_dir;   /* hostfile: the directory remote commands cd to */
+} ps_launch_site;
+
+/* Build the plan.  This host: server i binds tcp://127.0.0.1:ports[i];
+ * workers take the GPUs (site->gpus under auto, else the --gpus list)
+ * round-robin, each seeing only its own as cuda:0.  Hostfile: ranks follow
+ * the file; server i binds port base_port+i on every interface of its host;
+ * under auto a host's workers use its gpus=; every command is
+ * `ssh -o BatchMode=yes HOST 'cd DIR && exec ...'`.  Worker flags go to every
+ * worker with {rank} replaced; --log-csv, --timeline and --save without
+ * {rank} go to worker 0 only; the shared flags go to the servers too.
+ * 0, PS_EINVAL (the hostfile disagrees with the flags, ports run out) with
+ * why, or PS_ENOMEM.  Free p with ps_launch_plan_free (also after an error);
+ * p keeps pointers into o's mode and the hostfile. */
+int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
+                         ps_launch_plan *p, char *why, size_t len);
+void ps_launch_plan_free(ps_launch_plan *p);
+
+/* What ps_launch says on stderr before it starts or prints the plan: the
+ * output flags that only worker 0 gets, and for this host which GPUs the
+ * workers use.  Appends lines ending in "\n" to out; 0 or PS_ENOMEM. */
+int ps_launch_plan_notes(const ps_launch_opts *o, const ps_launch_site *site,
+                         const ps_launch_plan *p, ps_strbuf *out);
+
+/* What --dry-run prints: a "# role rank on HOST, ..." line and a shell
+ * command line per process.  Appends to out; 0 or PS_ENOMEM. */
+int ps_launch_plan_print(const ps_launch_plan *p, ps_strbuf *out);
+
+/* The files the workers on this host will write, named by --log-csv,
+ * --timeline and --save in their argv: pairs flag, path appended to out, so
+ * main can check their directories before starting.  0 or PS_ENOMEM. */
+int ps_launch_plan_outputs(const ps_launch_plan *p, ps_strvec *out);
+
+#endif

@@ -1,0 +1,304 @@
+/* ps_launch: start S ps_server and W ps_worker processes on this host (or on
+ * the hosts of a hostfile, over ssh), print every line they write prefixed
+ * with role and rank, forward SIGINT/SIGTERM to them, and stop them all as
+ * soon as one fails.
+ *
+ * main() only joins the parts: it asks this host what the plan needs (free
+ * ports, GPUs, where the programs are), has plan.c decide what runs, checks
+ * the output paths, and hands the plan to supervisor.c.  Nothing starts
+ * before every flag and path has been checked (exit 2 otherwise). */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "plan.h"
+#include "ps_error.h"
+#include "ps_flags.h"
+#include "ps_fs.h"
+#include "ps_strbuf.h"
+#include "supervisor.h"
+
+#define P "ps_launch"
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+static const char usage_head[] =
+    "usage: ps_launch --servers S --workers W [flags] -- <worker flags>\n"
+    "       ps_launch --hostfile FILE [flags] -- <worker flags>\n"
+    "\n"
+    "Starts S ps_server and W ps_worker processes on this host (or, with --hostfile,\n"
+    "on other hosts over ssh), prints every line they write prefixed with its role\n"
+    "and rank ([server 0] ..., [worker 1] ...), forwards SIGINT/SIGTERM to them, and\n"
+    "stops them all when one fails.  Exit status: 0 when every worker exited 0;\n"
+    "1 when a process died (the others are stopped); 2 for bad flags (nothing is\n"
+    "started); 130/143 after SIGINT/SIGTERM.\n"
+    "\n"
+    "flags:\n"
+    "  --servers S           ps_server processes, 1.." STR(PS_LAUNCH_MAX_SERVERS)
+    "           e.g. --servers 2\n"
+    "  --workers W           ps_worker processes, 1.." STR(PS_LAUNCH_MAX_WORKERS)
+    "          e.g. --workers 4\n"
+    "  --gpus auto|none|IDS  auto (default): one worker per GPU found (the entries of\n"
+    "                        CUDA_VISIBLE_DEVICES, else /proc/driver/nvidia/gpus or\n"
+    "                        nvidia-smi -L), round-robin when W > GPUs; worker i sees\n"
+    "                        only its GPU (CUDA_VISIBLE_DEVICES) and gets --device\n"
+    "                        cuda:0.  No GPU, or none: --device cpu.  e.g. --gpus 0,1\n"
+    "  --mode sync|async     consistency, given to servers and workers (default sync)\n"
+    "                                                              e.g. --mode async\n"
+    "  --server-threads T    update threads per server, 1.." STR(PS_SERVER_MAX_THREADS)
+    " (default 1)\n"
+    "                                                              e.g. --server-threads 4\n"
+    "  --timeline-dir DIR    Chrome trace of each process: DIR/server-i.json,\n"
+    "                        DIR/worker-i.json (created)    e.g. --timeline-dir out/tl\n"
+    "  --bin-dir DIR         where ps_server and ps_worker are (default: the directory\n"
+    "                        of ps_launch)                  e.g. --bin-dir build/bin\n"
+    "  --server-arg ARG      one more argument for every server (repeat it)\n"
+    "                                          e.g. --server-arg --verbose\n"
+    "  --hostfile FILE       run over ssh: lines 'host [servers=N] [workers=M] [gpus=G]'\n"
+    "                        (# comments); --servers/--workers may then be left out\n"
+    "                                                              e.g. --hostfile hosts.txt\n"
+    "  --base-port P         with --hostfile: server i listens on P+i (default 29500)\n"
+    "                                                              e.g. --base-port 40000\n"
+    "  --dry-run             print the commands (and their hosts) and start nothing\n"
+    "  --help, --version\n"
+    "\n"
+    "Worker flags (after --) go to every worker; \"{rank}\" in them becomes the worker's\n"
+    "rank.  --log-csv, --timeline and --save without {rank} go to worker 0 only; on\n"
+    "this host their directories are created before anything starts.\n"
+    "These worker flags also go to the servers, which must agree with the workers\n"
+    "(ps_launch checks their values first):\n";
+
+static const char usage_tail[] =
+    "ps_launch itself sets --servers --rank --num-workers --mode --device.\n"
+    "\n"
+    "examples:\n"
+    "  ps_launch --servers 2 --workers 4 --mode async -- --model mlp:784-256-128-10 \\\n"
+    "      --epochs 2 --lr 0.05 --log-csv out/async-worker0.csv\n"
+    "  ps_launch --servers 1 --workers 2 --gpus none --timeline-dir out/tl -- --steps 300\n"
+    "  ps_launch --hostfile hosts.txt --dry-run -- --model cnn --epochs 5\n"
+    "See docs/LAUNCH.md (ssh, Slurm and mpirun).\n";
+
+/* --help or --version; the list of shared flags comes from the plan. */
+static int help(const char *arg)
+{
+    ps_strbuf u = {0};
+    ps_strbuf_add(&u, usage_head);
+    size_t col = 0;
+    for (int i = 0; ps_launch_shared_flag(i); i++) {
+        const char *f = ps_launch_shared_flag(i);
+        if (col && col + 1 + strlen(f) > 80) {
+            ps_strbuf_add(&u, "\n");
+            col = 0;
+        }
+        const char *sep = col ? " " : "  ";
+        ps_strbuf_add(&u, sep);
+        ps_strbuf_add(&u, f);
+        col += strlen(sep) + strlen(f);
+    }
+    ps_strbuf_add(&u, "\n");
+    ps_strbuf_add(&u, usage_tail);
+    ps_flag_help_version(P, ps_strbuf_str(&u), arg);
+    ps_strbuf_free(&u);
+    return 0;
+}
+
+/* The exit status for a failure before anything started: 2 for bad flags
+ * and paths (the message is in why), 1 when out of memory. */
+static int refuse(int rc, const char *why)
+{
+    if (rc == PS_ENOMEM) {
+        fprintf(stderr, P ": out of memory\n");
+        return 1;
+    }
+    return ps_flag_error(why);
+}
+
+/* ------------------------------------------------------------ this host */
+
+/* Directory holding this program. */
+static char *self_dir(const char *argv0)
+{
+    char buf[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n > 0)
+        buf[n] = 0;
+    else
+        snprintf(buf, sizeof buf, "%s", strchr(argv0, '/') ? argv0 : "./ps_launch");
+    char *slash = strrchr(buf, '/');
+    if (slash == buf)
+        slash[1] = 0;
+    else if (slash)
+        *slash = 0;
+    return strdup(buf);
+}
+
+/* GPUs on this host: the entries of /proc/driver/nvidia/gpus, else the
+ * "GPU " lines of `nvidia-smi -L`. */
+static int count_gpus(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/driver/nvidia/gpus");
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (e->d_name[0] != '.')
+                n++;
+        closedir(d);
+    }
+    if (n == 0) {
+        FILE *f = popen("nvidia-smi -L 2>/dev/null", "r");
+        if (f) {
+            char line[512];
+            while (fgets(line, sizeof line, f))
+                if (!strncmp(line, "GPU ", 4))
+                    n++;
+            pclose(f);
+        }
+    }
+    return n;
+}
+
+/* Free ports on 127.0.0.1: bind port 0, read it back; every socket stays
+ * open until all are read, so the ports differ. */
+static int pick_ports(int n, int *ports, char *why, size_t len)
+{
+    int fds[PS_LAUNCH_MAX_SERVERS], rc = 0, i;
+    for (i = 0; i < n; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t al = sizeof a;
+        if (fds[i] < 0 || bind(fds[i], (struct sockaddr *)&a, sizeof a) ||
+            getsockname(fds[i], (struct sockaddr *)&a, &al)) {
+            snprintf(why, len, P ": cannot find a free port on 127.0.0.1: %s", strerror(errno));
+            rc = 1;
+            if (fds[i] >= 0)
+                close(fds[i]);
+            break;
+        }
+        ports[i] = ntohs(a.sin_port);
+    }
+    while (i-- > 0)
+        close(fds[i]);
+    return rc;
+}
+
+/* Before a local run: the programs are there, and every directory the
+ * processes write into exists (created here) and is writable.  0, or the
+ * exit status after a message. */
+static int check_local(const ps_launch_opts *o, const ps_launch_plan *plan, const char *bin_dir)
+{
+    static const char *const progs[] = {"ps_server", "ps_worker"};
+    for (int k = 0; k < 2; k++) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", bin_dir, progs[k]);
+        if (access(path, X_OK)) {
+            fprintf(stderr, P ": cannot run %s: %s (build it with make, or give --bin-dir)\n",
+                    path, strerror(errno));
+            return 2;
+        }
+    }
+    char why[2 * PATH_MAX];
+    if (o->timeline_dir &&
+        ps_check_output_dir("--timeline-dir", o->timeline_dir, why, sizeof why)) {
+        fprintf(stderr, P ": %s\n", why);
+        return 2;
+    }
+    ps_strvec out = {0};
+    int rc = ps_launch_plan_outputs(plan, &out) ? refuse(PS_ENOMEM, "") : 0;
+    for (int k = 0; !rc && k + 1 < out.n; k += 2)
+        if (ps_check_output_file(out.v[k], out.v[k + 1], why, sizeof why)) {
+            fprintf(stderr, P ": %s\n", why);
+            rc = 2;
+        }
+    ps_strvec_free(&out);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    ps_launch_opts o;
+    ps_launch_hostfile hf = {0};
+    ps_launch_plan plan = {0};
+    ps_strvec gpus = {0};
+    ps_strbuf text = {0};
+    int ports[PS_LAUNCH_MAX_SERVERS];
+    char *exe_dir = NULL, *bin_dir = NULL;
+    char why[1024] = "", cwd[PATH_MAX];
+
+    int rc = ps_launch_parse(argc, argv, &o, why, sizeof why);
+    if (!rc && o.help_arg) {
+        rc = help(o.help_arg);
+        goto out;
+    }
+    if (!rc && o.hostfile)
+        rc = ps_launch_hostfile_read(o.hostfile, &hf, why, sizeof why);
+    if (rc) {
+        rc = refuse(rc, why);
+        goto out;
+    }
+    if (!getcwd(cwd, sizeof cwd)) {
+        fprintf(stderr, P ": getcwd: %s\n", strerror(errno));
+        rc = 1;
+        goto out;
+    }
+    exe_dir = self_dir(argv[0]);
+    bin_dir = exe_dir ? ps_launch_bin_dir(&o, exe_dir, cwd) : NULL;
+    if (!bin_dir) {
+        rc = refuse(PS_ENOMEM, why);
+        goto out;
+    }
+    if (!o.hostfile) {
+        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        if (!strcmp(o.gpus, "auto") && ps_launch_gpus_auto(cvd, cvd ? 0 : count_gpus(), &gpus)) {
+            rc = refuse(PS_ENOMEM, why);
+            goto out;
+        }
+        if (pick_ports(o.servers, ports, why, sizeof why)) {
+            fprintf(stderr, "%s\n", why);
+            rc = 1;
+            goto out;
+        }
+    }
+    /* On other hosts, the programs are at the same path as here, and the
+     * commands run in this working directory. */
+    ps_launch_site site = {.hostfile = o.hostfile ? &hf : NULL, .ports = ports, .gpus = &gpus,
+                           .bin_dir = bin_dir, .remote_dir = cwd};
+    rc = ps_launch_plan_build(&o, &site, &plan, why, sizeof why);
+    if (!rc)
+        rc = ps_launch_plan_notes(&o, &site, &plan, &text);
+    if (rc) {
+        rc = refuse(rc, why);
+        goto out;
+    }
+    fputs(ps_strbuf_str(&text), stderr);
+    if (o.dry_run) {
+        fflush(stderr);
+        ps_strbuf_reset(&text);
+        if ((rc = ps_launch_plan_print(&plan, &text)))
+            rc = refuse(rc, why);
+        else
+            fputs(ps_strbuf_str(&text), stdout);
+        goto out;
+    }
+    if (!o.hostfile && (rc = check_local(&o, &plan, bin_dir)))
+        goto out;
+    fflush(stdout);
+    rc = ps_launch_supervise(&plan);
+out:
+    ps_strbuf_free(&text);
+    ps_launch_plan_free(&plan);
+    ps_launch_hostfile_free(&hf);
+    ps_launch_opts_free(&o);
+    ps_strvec_free(&gpus);
+    free(bin_dir);
+    free(exe_dir);
+    return rc;
+}

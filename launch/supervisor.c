@@ -1,0 +1,606 @@
+/* The supervisor: fork/exec with pipes, one poll loop over the children's
+ * output and a self-pipe fed by the signal handlers. */
+#include "supervisor.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include "ps_strbuf.h"
+
+#define P "ps_launch"
+#define STOP_GRACE_MS 5000  /* SIGTERM -> SIGKILL */
+#define KILL_GRACE_MS 5000  /* SIGKILL -> give up waiting */
+#define DRAIN_MS 1000       /* after the last exit, wait this long for pipe EOFs */
+#define MAX_LINE 65536      /* a longer line is cut and printed in pieces */
+
+typedef struct supervisor supervisor;
+
+typedef struct {
+    const ps_launch_cmd *cmd;
+    supervisor *sv;
+    pid_t pid;
+    int fd[2];       /* read ends of stdout, stderr; -1 once closed */
+    ps_strbuf lb[2]; /* what came after the last newline */
+    int reaped, status;
+} child;
+
+enum { ST_RUN, ST_STOP_SERVERS, ST_STOP_FAIL, ST_STOP_SIGNAL };
+
+struct supervisor {
+    child *ch;
+    int n;
+    int state;
+    int exit_code;
+    int64_t deadline;     /* 0: none */
+    int killed;           /* SIGKILL sent */
+    int workers_ok, workers;
+    char failure[512];    /* what made us stop, for the last line */
+    int64_t t0;
+    /* worker summaries seen in the output, for the closing line */
+    double sum_rate;
+    int nrate;
+    double acc0;          /* worker 0's test accuracy, -1 when not seen */
+};
+
+/* for the signal handler, which only writes the signal's number here */
+static int g_sigpipe[2] = {-1, -1};
+static int g_out_broken[3];
+
+static void on_signal(int sig)
+{
+    int e = errno;
+    unsigned char b = (unsigned char)sig;
+    if (write(g_sigpipe[1], &b, 1) < 0) {
+    }
+    errno = e;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static const char *sig_name(int sig)
+{
+    switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    default: return "signal";
+    }
+}
+
+static void describe_status(int st, char *out, size_t n)
+{
+    if (WIFEXITED(st)) {
+        snprintf(out, n, "exited with status %d", WEXITSTATUS(st));
+    } else if (WIFSIGNALED(st)) {
+        int core = 0;
+#ifdef WCOREDUMP
+        core = WCOREDUMP(st) != 0;
+#endif
+        snprintf(out, n, "was killed by signal %d (%s)%s", WTERMSIG(st), sig_name(WTERMSIG(st)),
+                 core ? ", core dumped" : "");
+    } else {
+        snprintf(out, n, "ended with wait status 0x%x", (unsigned)st);
+    }
+}
+
+static void child_name(const child *c, char *out, size_t n)
+{
+    const char *role = ps_launch_role_name(c->cmd->role);
+    if (c->cmd->host)
+        snprintf(out, n, "%s %d (pid %ld, ssh to %s)", role, c->cmd->rank, (long)c->pid,
+                 c->cmd->host);
+    else
+        snprintf(out, n, "%s %d (pid %ld)", role, c->cmd->rank, (long)c->pid);
+}
+
+static void write_all(int fd, const char *p, size_t n)
+{
+    if (g_out_broken[fd])
+        return;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno == EAGAIN) {
+            struct pollfd pf = {.fd = fd, .events = POLLOUT};
+            poll(&pf, 1, 100);
+            continue;
+        }
+        if (w <= 0) {
+            g_out_broken[fd] = 1; /* our stdout went away: drop, keep supervising */
+            return;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+/* Pick up "summary: time 12.3 s, 4567 samples/s per worker, test accuracy 0.88". */
+static void note_summary(const child *c, const char *line)
+{
+    const char *s = strstr(line, "summary:");
+    if (!s)
+        return;
+    const char *r = strstr(s, " samples/s");
+    if (r) {
+        const char *b = r;
+        while (b > s && (b[-1] == '.' || (b[-1] >= '0' && b[-1] <= '9')))
+            b--;
+        if (b < r) {
+            c->sv->sum_rate += strtod(b, NULL);
+            c->sv->nrate++;
+        }
+    }
+    const char *a = strstr(s, "test accuracy ");
+    if (a && c->cmd->rank == 0)
+        c->sv->acc0 = strtod(a + 14, NULL);
+}
+
+static void emit_line(const child *c, int stream, const char *line, size_t n)
+{
+    static ps_strbuf b;
+    int fd = stream == 0 ? STDOUT_FILENO : STDERR_FILENO;
+    while (n > 0 && line[n - 1] == '\r')
+        n--;
+    ps_strbuf_reset(&b);
+    ps_strbuf_addf(&b, "[%s %d] ", ps_launch_role_name(c->cmd->role), c->cmd->rank);
+    size_t head = b.n;
+    ps_strbuf_addn(&b, line, n);
+    ps_strbuf_add(&b, "\n");
+    if (b.failed) { /* out of memory: the line all the same, in pieces */
+        char pre[64];
+        snprintf(pre, sizeof pre, "[%s %d] ", ps_launch_role_name(c->cmd->role), c->cmd->rank);
+        write_all(fd, pre, strlen(pre));
+        write_all(fd, line, n);
+        write_all(fd, "\n", 1);
+        return;
+    }
+    if (c->cmd->role == PS_LAUNCH_WORKER)
+        note_summary(c, b.p + head);
+    /* one write per line, so lines of different children never mix */
+    write_all(fd, b.p, b.n);
+}
+
+static void feed(child *c, int s, const char *data, size_t n)
+{
+    ps_strbuf *lb = &c->lb[s];
+    if (ps_strbuf_addn(lb, data, n)) { /* out of memory: what there is, as one line */
+        emit_line(c, s, lb->p ? lb->p : "", lb->p ? lb->n : 0);
+        emit_line(c, s, data, n);
+        ps_strbuf_reset(lb);
+        return;
+    }
+    size_t start = 0;
+    for (size_t i = lb->n - n; i < lb->n; i++) {
+        if (lb->p[i] == '\n') {
+            emit_line(c, s, lb->p + start, i - start);
+            start = i + 1;
+        } else if (i + 1 - start >= MAX_LINE) {
+            emit_line(c, s, lb->p + start, i + 1 - start);
+            start = i + 1;
+        }
+    }
+    memmove(lb->p, lb->p + start, lb->n - start + 1); /* with the NUL */
+    lb->n -= start;
+}
+
+static void close_stream(child *c, int s)
+{
+    if (c->fd[s] < 0)
+        return;
+    if (c->lb[s].n > 0)
+        emit_line(c, s, c->lb[s].p, c->lb[s].n); /* last line had no newline */
+    ps_strbuf_reset(&c->lb[s]);
+    close(c->fd[s]);
+    c->fd[s] = -1;
+}
+
+/* Read what is there now.  Returns 1 when it stopped early with more maybe
+ * left (so one busy child cannot starve the others), else 0. */
+static int read_stream(child *c, int s)
+{
+    char tmp[16384];
+    for (int rounds = 0; rounds < 16; rounds++) {
+        if (c->fd[s] < 0)
+            return 0;
+        ssize_t r = read(c->fd[s], tmp, sizeof tmp);
+        if (r > 0) {
+            feed(c, s, tmp, (size_t)r);
+            continue;
+        }
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && errno == EAGAIN)
+            return 0;
+        close_stream(c, s); /* EOF or error */
+        return 0;
+    }
+    return 1;
+}
+
+/* Everything a child wrote before it ended, so its last words come out
+ * before ps_launch's verdict on it. */
+static void drain_child(child *c)
+{
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < 64 && read_stream(c, s); i++) {
+        }
+}
+
+/* Start one process with stdout/stderr on pipes.  The child gets its own
+ * process group (so ps_launch alone decides which signals reach it, and a
+ * stop reaches anything it forked) and, on Linux, SIGTERM if ps_launch dies. */
+static int spawn(child *c, char *why, size_t len)
+{
+    int out[2], err[2];
+    if (pipe(out) || pipe(err)) {
+        snprintf(why, len, P ": pipe: %s", strerror(errno));
+        return 1;
+    }
+    for (int i = 0; i < 2; i++) {
+        fcntl(out[i], F_SETFD, FD_CLOEXEC);
+        fcntl(err[i], F_SETFD, FD_CLOEXEC);
+    }
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+#ifdef __linux__
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent)
+            _exit(1);
+#else
+        (void)parent;
+#endif
+        static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD, SIGQUIT};
+        for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++)
+            signal(sigs[i], SIG_DFL);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        int devnull = open("/dev/null", O_RDONLY);
+        if (devnull >= 0 && devnull != STDIN_FILENO) {
+            dup2(devnull, STDIN_FILENO);
+            close(devnull);
+        }
+        dup2(out[1], STDOUT_FILENO);
+        dup2(err[1], STDERR_FILENO);
+        if (c->cmd->env && !c->cmd->host)
+            putenv(c->cmd->env);
+        char *const *argv = c->cmd->argv.v;
+        if (strchr(argv[0], '/'))
+            execv(argv[0], argv);
+        else
+            execvp(argv[0], argv);
+        dprintf(STDERR_FILENO, P ": cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    int fork_errno = errno;
+    if (pid > 0)
+        setpgid(pid, pid); /* also here: no race with a signal sent right away */
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    close(out[1]);
+    close(err[1]);
+    if (pid < 0) {
+        close(out[0]);
+        close(err[0]);
+        snprintf(why, len, P ": fork: %s", strerror(fork_errno));
+        return 1;
+    }
+    fcntl(out[0], F_SETFL, fcntl(out[0], F_GETFL) | O_NONBLOCK);
+    fcntl(err[0], F_SETFL, fcntl(err[0], F_GETFL) | O_NONBLOCK);
+    c->pid = pid;
+    c->fd[0] = out[0];
+    c->fd[1] = err[0];
+    return 0;
+}
+
+static void signal_child(const child *c, int sig)
+{
+    if (c->reaped || c->pid <= 0)
+        return;
+    kill(-c->pid, sig);
+    kill(c->pid, sig);
+}
+
+static void stop_all(supervisor *sv, int sig, int servers_only)
+{
+    for (int i = 0; i < sv->n; i++)
+        if (!servers_only || sv->ch[i].cmd->role == PS_LAUNCH_SERVER)
+            signal_child(&sv->ch[i], sig);
+    sv->deadline = now_ms() + STOP_GRACE_MS;
+}
+
+static void on_exit_child(supervisor *sv, child *c)
+{
+    char name[300], how[128];
+    child_name(c, name, sizeof name);
+    describe_status(c->status, how, sizeof how);
+    int ok = WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0;
+    if (sv->state == ST_RUN) {
+        if (c->cmd->role == PS_LAUNCH_WORKER && ok) {
+            if (++sv->workers_ok == sv->workers) {
+                fprintf(stderr, P ": %s finished; stopping the servers\n",
+                        sv->workers == 1 ? "the worker" : "all workers");
+                sv->state = ST_STOP_SERVERS;
+                stop_all(sv, SIGTERM, 1);
+            }
+            return;
+        }
+        fprintf(stderr, P ": %s %s%s; stopping the others\n", name, how,
+                c->cmd->role == PS_LAUNCH_SERVER ? " before the workers finished" : "");
+        snprintf(sv->failure, sizeof sv->failure, "%s %s", name, how);
+        sv->state = ST_STOP_FAIL;
+        sv->exit_code = 1;
+        stop_all(sv, SIGTERM, 0);
+        return;
+    }
+    if (sv->state == ST_STOP_SERVERS && c->cmd->role == PS_LAUNCH_SERVER && !ok &&
+        !(WIFSIGNALED(c->status) && WTERMSIG(c->status) == SIGTERM))
+        fprintf(stderr, P ": warning: %s %s while stopping\n", name, how);
+}
+
+static void reap(supervisor *sv)
+{
+    for (;;) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid <= 0)
+            return;
+        for (int i = 0; i < sv->n; i++) {
+            child *c = &sv->ch[i];
+            if (c->pid == pid && !c->reaped) {
+                c->reaped = 1;
+                c->status = st;
+                drain_child(c);
+                on_exit_child(sv, c);
+                break;
+            }
+        }
+    }
+}
+
+static void on_launcher_signal(supervisor *sv, int sig)
+{
+    int fwd = sig == SIGHUP ? SIGTERM : sig;
+    if (sv->state == ST_RUN) {
+        int live = 0;
+        for (int i = 0; i < sv->n; i++)
+            live += !sv->ch[i].reaped;
+        fprintf(stderr, P ": got %s; sending %s to the %d running processes\n", sig_name(sig),
+                sig_name(fwd), live);
+        snprintf(sv->failure, sizeof sv->failure, "interrupted by %s", sig_name(sig));
+        sv->state = ST_STOP_SIGNAL;
+        sv->exit_code = 128 + sig;
+        stop_all(sv, fwd, 0);
+        return;
+    }
+    /* a second signal while stopping: do not wait any longer */
+    fprintf(stderr, P ": got %s again; killing what is left\n", sig_name(sig));
+    if (sv->state == ST_STOP_SERVERS) {
+        sv->exit_code = 128 + sig;
+        snprintf(sv->failure, sizeof sv->failure, "interrupted by %s", sig_name(sig));
+    }
+    for (int i = 0; i < sv->n; i++)
+        signal_child(&sv->ch[i], SIGKILL);
+    sv->killed = 1;
+    sv->deadline = now_ms() + KILL_GRACE_MS;
+}
+
+static int install_signals(void)
+{
+    if (pipe(g_sigpipe))
+        return 1;
+    for (int i = 0; i < 2; i++) {
+        fcntl(g_sigpipe[i], F_SETFD, FD_CLOEXEC);
+        fcntl(g_sigpipe[i], F_SETFL, fcntl(g_sigpipe[i], F_GETFL) | O_NONBLOCK);
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    return 0;
+}
+
+int ps_launch_supervise(const ps_launch_plan *plan)
+{
+    supervisor sv = {0};
+    sv.n = plan->n;
+    sv.workers = plan->num_workers;
+    sv.acc0 = -1;
+    sv.ch = calloc((size_t)sv.n, sizeof *sv.ch);
+    struct pollfd *pfd = calloc((size_t)(2 * sv.n + 1), sizeof *pfd);
+    if (!sv.ch || !pfd) {
+        fprintf(stderr, P ": out of memory\n");
+        free(sv.ch);
+        free(pfd);
+        return 1;
+    }
+    sv.t0 = now_ms();
+    if (install_signals()) {
+        fprintf(stderr, P ": pipe: %s\n", strerror(errno));
+        free(sv.ch);
+        free(pfd);
+        return 1;
+    }
+    char why[512];
+    for (int i = 0; i < sv.n; i++) {
+        child *c = &sv.ch[i];
+        c->cmd = &plan->cmds[i];
+        c->sv = &sv;
+        c->fd[0] = c->fd[1] = -1;
+        c->reaped = 1; /* until started */
+    }
+    /* servers first: workers connect to them (ZeroMQ retries until they bind) */
+    for (int i = 0; i < sv.n && sv.state == ST_RUN; i++) {
+        child *c = &sv.ch[i];
+        if (spawn(c, why, sizeof why)) {
+            fprintf(stderr, "%s; stopping the others\n", why);
+            snprintf(sv.failure, sizeof sv.failure, "could not start %s %d",
+                     ps_launch_role_name(c->cmd->role), c->cmd->rank);
+            sv.state = ST_STOP_FAIL;
+            sv.exit_code = 1;
+            stop_all(&sv, SIGTERM, 0);
+            break;
+        }
+        c->reaped = 0;
+        const ps_launch_cmd *k = c->cmd;
+        if (k->role == PS_LAUNCH_SERVER)
+            fprintf(stderr, P ": started server %d (pid %ld)%s%s at %s\n", k->rank, (long)c->pid,
+                    k->host ? " on " : "", k->host ? k->host : "", k->endpoint);
+        else
+            fprintf(stderr, P ": started worker %d (pid %ld)%s%s, device %s%s%s\n", k->rank,
+                    (long)c->pid, k->host ? " on " : "", k->host ? k->host : "", k->device,
+                    k->env ? " with " : "", k->env ? k->env : "");
+        /* a signal or an early exit during start-up is handled right away */
+        unsigned char sigs[64];
+        ssize_t r = read(g_sigpipe[0], sigs, sizeof sigs);
+        for (ssize_t j = 0; j < r; j++)
+            if (sigs[j] != SIGCHLD)
+                on_launcher_signal(&sv, sigs[j]);
+        reap(&sv);
+    }
+
+    int64_t drain_deadline = 0;
+    for (;;) {
+        reap(&sv);
+        int all_reaped = 1, open_fds = 0;
+        for (int i = 0; i < sv.n; i++) {
+            all_reaped &= sv.ch[i].reaped;
+            open_fds += (sv.ch[i].fd[0] >= 0) + (sv.ch[i].fd[1] >= 0);
+        }
+        int64_t now = now_ms();
+        if (all_reaped) {
+            if (!open_fds)
+                break;
+            if (!drain_deadline)
+                drain_deadline = now + DRAIN_MS;
+            if (now >= drain_deadline) { /* something the child forked holds the pipe */
+                for (int i = 0; i < sv.n; i++)
+                    close_stream(&sv.ch[i], 0), close_stream(&sv.ch[i], 1);
+                break;
+            }
+        } else if (sv.deadline && now >= sv.deadline) {
+            if (!sv.killed) {
+                for (int i = 0; i < sv.n; i++) {
+                    child *c = &sv.ch[i];
+                    if (c->reaped)
+                        continue;
+                    char name[300];
+                    child_name(c, name, sizeof name);
+                    fprintf(stderr, P ": %s did not stop within %d s; sending SIGKILL\n", name,
+                            STOP_GRACE_MS / 1000);
+                    signal_child(c, SIGKILL);
+                }
+                sv.killed = 1;
+                sv.deadline = now + KILL_GRACE_MS;
+            } else {
+                fprintf(stderr, P ": some processes did not exit even after SIGKILL; giving up\n");
+                if (!sv.exit_code)
+                    sv.exit_code = 1;
+                break;
+            }
+        }
+        int np = 0;
+        pfd[np++] = (struct pollfd){.fd = g_sigpipe[0], .events = POLLIN};
+        for (int i = 0; i < sv.n; i++)
+            for (int s = 0; s < 2; s++)
+                if (sv.ch[i].fd[s] >= 0)
+                    pfd[np++] = (struct pollfd){.fd = sv.ch[i].fd[s], .events = POLLIN};
+        int64_t until = all_reaped ? drain_deadline : sv.deadline;
+        int timeout = -1;
+        if (until) {
+            int64_t d = until - now;
+            timeout = d < 0 ? 0 : d > 1000 ? 1000 : (int)d;
+        }
+        int rc = poll(pfd, (nfds_t)np, timeout);
+        if (rc < 0 && errno != EINTR) {
+            fprintf(stderr, P ": poll: %s\n", strerror(errno));
+            break;
+        }
+        if (rc <= 0)
+            continue;
+        if (pfd[0].revents) {
+            unsigned char sigs[64];
+            ssize_t r;
+            while ((r = read(g_sigpipe[0], sigs, sizeof sigs)) > 0)
+                for (ssize_t j = 0; j < r; j++)
+                    if (sigs[j] != SIGCHLD)
+                        on_launcher_signal(&sv, sigs[j]);
+        }
+        for (int k = 1; k < np; k++) {
+            if (!pfd[k].revents)
+                continue;
+            for (int i = 0; i < sv.n; i++)
+                for (int s = 0; s < 2; s++)
+                    if (sv.ch[i].fd[s] == pfd[k].fd)
+                        read_stream(&sv.ch[i], s);
+        }
+    }
+    free(pfd);
+
+    double secs = (double)(now_ms() - sv.t0) / 1000.0;
+    if (sv.exit_code == 0) {
+        ps_strbuf b = {0};
+        ps_strbuf_addf(&b, P ": done in %.1f s: %d worker%s finished (mode %s), %d server%s "
+                             "stopped",
+                       secs, sv.workers, sv.workers == 1 ? "" : "s", plan->mode,
+                       plan->num_servers, plan->num_servers == 1 ? "" : "s");
+        if (sv.nrate)
+            ps_strbuf_addf(&b, "; %.0f samples/s over all workers", sv.sum_rate);
+        if (sv.acc0 >= 0)
+            ps_strbuf_addf(&b, ", test accuracy %.4f (worker 0)", sv.acc0);
+        fprintf(stderr, "%s\n", ps_strbuf_str(&b));
+        ps_strbuf_free(&b);
+    } else {
+        fprintf(stderr, P ": %s after %.1f s: %s\n", sv.exit_code > 128 ? "stopped" : "failed",
+                secs, sv.failure);
+    }
+    for (int i = 0; i < sv.n; i++) {
+        close_stream(&sv.ch[i], 0);
+        close_stream(&sv.ch[i], 1);
+        ps_strbuf_free(&sv.ch[i].lb[0]);
+        ps_strbuf_free(&sv.ch[i].lb[1]);
+    }
+    free(sv.ch);
+    return sv.exit_code;
+}

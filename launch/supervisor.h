@@ -1,0 +1,28 @@
+/* The supervisor of ps_launch: starts the processes of a plan, prints every
+ * line they write prefixed with role and rank, forwards signals, stops them
+ * all when one fails, and reaps them.  The plan (plan.h) decides what runs;
+ * this module only runs it. */
+#ifndef PS_LAUNCH_SUPERVISOR_H
+#define PS_LAUNCH_SUPERVISOR_H
+
+#include "plan.h"
+
+/* Start every process of the plan, servers first, each in its own process
+ * group with stdin from /dev/null and stdout/stderr on pipes (on Linux it
+ * gets SIGTERM when ps_launch dies), and supervise them until all have ended:
+ *  - every line a child writes goes to the same stream of ps_launch as
+ *    "[server 0] line", one write per line, so lines never mix;
+ *  - when every worker has exited 0, the servers get SIGTERM;
+ *  - when a process fails (a worker exits non-zero or is killed, a server
+ *    exits before the workers are done), the others get SIGTERM;
+ *  - SIGINT/SIGTERM (SIGHUP as SIGTERM) to ps_launch go to every child; a
+ *    second one kills what is left;
+ *  - SIGKILL follows SIGTERM after 5 s.
+ * ps_launch's own lines ("ps_launch: started ...", the closing summary) go
+ * to stderr.  Installs handlers for SIGCHLD, SIGINT, SIGTERM, SIGHUP and
+ * ignores SIGPIPE for the rest of the process: call it once, from main.
+ * Returns ps_launch's exit status: 0 when every worker exited 0, 1 when a
+ * process failed or could not be started, 128 + the signal after one. */
+int ps_launch_supervise(const ps_launch_plan *plan);
+
+#endif
