@@ -8,6 +8,7 @@
 
 #include "ps_error.h"
 #include "ps_flags.h"
+#include "ps_opt_table.h"
 
 #define P "ps_launch"
 
@@ -18,35 +19,20 @@ const char *ps_launch_role_name(int role)
 
 /* ------------------------------------------------------------ worker flags */
 
-enum { SF_FLOAT, SF_INT, SF_CHOICE, SF_PATH };
-
 /* Worker flags that the servers get too, with the same value (the worker
  * checks them against the servers at hello, so both sides must be given the
- * same).  This is the ONE list: ps_launch_parse checks the values before
- * anything starts, ps_launch_plan_build forwards them, --help lists them.
- * A range is what ps_server and ps_worker both accept (the narrower of the
- * two where they differ), so a value ps_launch passes on starts both.
- * To be replaced by the table of the optimizer hyper-parameters. */
-static const struct shared_flag {
-    const char *flag;
-    int kind;
-    double lo, hi;
-    int lo_open, hi_open;     /* lo / hi itself excluded (compared as float) */
-    const char *choices;      /* SF_CHOICE: the words, ", "-separated */
-} shared_flags[] = {
-    {"--lr", SF_FLOAT, 1e-12, 1e6, 0, 0, NULL}, /* ps_server takes 0, ps_worker not */
-    {"--optimizer", SF_CHOICE, 0, 0, 0, 0, "sgd, momentum, nesterov, adagrad, adam"},
-    {"--momentum", SF_FLOAT, 0, 1, 0, 0, NULL},
-    {"--beta1", SF_FLOAT, 0, 1, 0, 1, NULL},
-    {"--beta2", SF_FLOAT, 0, 1, 0, 1, NULL},
-    {"--eps", SF_FLOAT, 0, 1, 1, 0, NULL},
-    {"--weight-decay", SF_FLOAT, 0, 1, 0, 0, NULL},
-    {"--max-staleness", SF_INT, -1, PS_MAX_STALENESS, 0, 0, NULL},
-    {"--lr-decay", SF_FLOAT, 1e-12, 1, 0, 0, NULL},
-    {"--lr-decay-every", SF_INT, 0, UINT32_MAX, 0, 0, NULL},
-    {"--curve-keys", SF_PATH, 1, 900, 0, 0, NULL}, /* path length, as ps_server */
-};
-#define NSHARED (int)(sizeof shared_flags / sizeof shared_flags[0])
+ * same): the optimizer's, from its table (include/ps_types.h, one row per
+ * hyper-parameter), then these.  ps_launch_parse checks the values before
+ * anything starts, ps_launch_plan_build forwards them, --help lists them. */
+static const char *const other_shared_flags[] = {"--max-staleness", "--curve-keys", NULL};
+
+static int nopt_flags(void)
+{
+    int n = 0;
+    while (ps_opt_flag_names()[n])
+        n++;
+    return n;
+}
 
 /* Worker flags the launcher sets itself, per worker. */
 static const char *const reserved_flags[] = {"--servers", "--rank", "--num-workers", "--mode",
@@ -57,15 +43,23 @@ static const char *const per_worker_file_flags[] = {"--log-csv", "--timeline", "
 
 const char *ps_launch_shared_flag(int i)
 {
-    return i >= 0 && i < NSHARED ? shared_flags[i].flag : NULL;
+    int n = nopt_flags();
+    if (i < 0)
+        return NULL;
+    if (i < n)
+        return ps_opt_flag_names()[i];
+    for (int k = 0; other_shared_flags[k]; k++)
+        if (i - n == k)
+            return other_shared_flags[k];
+    return NULL;
 }
 
-static const struct shared_flag *shared_flag(const char *s)
+static int shared_flag(const char *s)
 {
-    for (int i = 0; i < NSHARED; i++)
-        if (!strcmp(shared_flags[i].flag, s))
-            return &shared_flags[i];
-    return NULL;
+    for (int i = 0; ps_launch_shared_flag(i); i++)
+        if (!strcmp(ps_launch_shared_flag(i), s))
+            return 1;
+    return 0;
 }
 
 static int in_list(const char *const *list, const char *s)
@@ -76,60 +70,40 @@ static int in_list(const char *const *list, const char *s)
     return 0;
 }
 
-/* 1 when word is one of the ", "-separated words of list. */
-static int one_of(const char *list, const char *word)
-{
-    size_t n = strlen(word);
-    for (const char *p = list; *p; p += strspn(p, ", ")) {
-        size_t k = strcspn(p, ",");
-        if (k == n && !strncmp(p, word, n))
-            return 1;
-        p += k;
-    }
-    return 0;
-}
-
-/* A shared flag's value, as ps_server and ps_worker would check it. */
-static int check_shared(const ps_launch_opts *o, const struct shared_flag *f, const char *val,
-                        char *why, size_t len)
+/* A shared flag's value, checked as ps_server and ps_worker check it. */
+static int check_shared(const ps_launch_opts *o, const char *flag, const char *val, char *why,
+                        size_t len)
 {
     char what[64];
-    snprintf(what, sizeof what, "worker flag %s", f->flag);
-    long long iv;
-    double fv;
-    switch (f->kind) {
-    case SF_INT:
-        if (ps_parse_int(P, what, val, (long long)f->lo, (long long)f->hi, &iv, why, len))
+    snprintf(what, sizeof what, "worker flag %s", flag);
+    if (!strcmp(flag, "--max-staleness")) {
+        long long iv;
+        if (ps_parse_int(P, what, val, -1, PS_MAX_STALENESS, &iv, why, len))
             return PS_EINVAL;
         /* ps_server refuses any other staleness in sync mode */
-        if (!strcmp(f->flag, "--max-staleness") && iv != 0 && !strcmp(o->mode, "sync")) {
+        if (iv != 0 && !strcmp(o->mode, "sync")) {
             snprintf(why, len, P ": %s must be 0 with --mode sync, got '%s'", what, val);
             return PS_EINVAL;
         }
         return 0;
-    case SF_FLOAT:
-        if (ps_parse_float(P, what, val, f->lo, f->hi, &fv, why, len) ||
-            (f->lo_open && !((float)fv > (float)f->lo)) ||
-            (f->hi_open && !((float)fv < (float)f->hi))) {
-            snprintf(why, len, P ": %s must be a number in %c%g, %g%c, got '%s'", what,
-                     f->lo_open ? '(' : '[', f->lo, f->hi, f->hi_open ? ')' : ']', val);
-            return PS_EINVAL;
-        }
-        return 0;
-    case SF_CHOICE:
-        if (!one_of(f->choices, val)) {
-            snprintf(why, len, P ": %s must be one of %s, got '%s'", what, f->choices, val);
-            return PS_EINVAL;
-        }
-        return 0;
-    default:
-        if (strlen(val) < (size_t)f->lo || strlen(val) > (size_t)f->hi) {
-            snprintf(why, len, P ": %s needs a path of %g..%g characters, got '%s'", what,
-                     f->lo, f->hi, val);
+    }
+    if (!strcmp(flag, "--curve-keys")) {
+        if (!*val || strlen(val) > 900) {
+            snprintf(why, len, P ": %s needs a path of 1..900 characters, got '%s'", what, val);
             return PS_EINVAL;
         }
         return 0;
     }
+    /* the optimizer's: its table's ranges, its message after "worker flag" */
+    ps_opt_config scratch;
+    memset(&scratch, 0, sizeof scratch);
+    char msg[512];
+    int handled = 0;
+    if (ps_opt_flag(P, flag, val, &scratch, &handled, msg, sizeof msg) == 0)
+        return 0;
+    const char *rest = strncmp(msg, P ": ", strlen(P ": ")) == 0 ? msg + strlen(P ": ") : msg;
+    snprintf(why, len, P ": worker flag %s", rest);
+    return PS_EINVAL;
 }
 
 /* The worker flags: none that the launcher sets, and every value that the
@@ -159,14 +133,14 @@ static int check_worker_flags(const ps_launch_opts *o, char *why, size_t len)
     /* the values the servers get, taken as server_args forwards them */
     for (int i = 0; i < o->nwflags; i++) {
         const char *a = o->wflags[i];
-        const struct shared_flag *f = shared_flag(a);
+        int f = shared_flag(a);
         if (!f && !in_list(per_worker_file_flags, a))
             continue;
         if (i + 1 >= o->nwflags) {
             snprintf(why, len, P ": worker flag %s needs a value", a);
             return PS_EINVAL;
         }
-        if (f && check_shared(o, f, o->wflags[++i], why, len))
+        if (f && check_shared(o, a, o->wflags[++i], why, len))
             return PS_EINVAL;
     }
     return 0;

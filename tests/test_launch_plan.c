@@ -143,9 +143,9 @@ static const struct {
     {"ps_launch: --timeline in the worker flags conflicts with --timeline-dir; give one of them",
      {"--servers", "1", "--workers", "1", "--timeline-dir", "t", "--", "--timeline", "a.json"}},
     /* worker flags the servers get too: refused before anything starts */
-    {"ps_launch: worker flag --lr must be a number in [1e-12, 1e+06], got 'abc'",
+    {"ps_launch: worker flag --lr must be a number in (0, 1e+06], got 'abc'",
      {"--servers", "1", "--workers", "1", "--", "--lr", "abc"}},
-    {"ps_launch: worker flag --lr must be a number in [1e-12, 1e+06], got '0'",
+    {"ps_launch: worker flag --lr must be a number in (0, 1e+06], got '0'",
      {"--servers", "1", "--workers", "1", "--", "--lr", "0"}},
     {"ps_launch: worker flag --momentum must be a number in [0, 1], got '1.5'",
      {"--servers", "1", "--workers", "1", "--", "--momentum", "1.5"}},
@@ -157,9 +157,9 @@ static const struct {
      {"--servers", "1", "--workers", "1", "--", "--eps", "0"}},
     {"ps_launch: worker flag --weight-decay must be a number in [0, 1], got '-0.1'",
      {"--servers", "1", "--workers", "1", "--", "--weight-decay", "-0.1"}},
-    {"ps_launch: worker flag --lr-decay must be a number in [1e-12, 1], got '0'",
+    {"ps_launch: worker flag --lr-decay must be a number in (0, 1], got '0'",
      {"--servers", "1", "--workers", "1", "--", "--lr-decay", "0"}},
-    {"ps_launch: worker flag --lr-decay-every must be an integer in [0, 4294967295], got '-1'",
+    {"ps_launch: worker flag --lr-decay-every must be a whole number in [0, 4294967295], got '-1'",
      {"--servers", "1", "--workers", "1", "--", "--lr-decay-every", "-1"}},
     {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
      "got 'rmsprop'",
@@ -221,9 +221,10 @@ PS_TEST(parse_accepts_the_values_the_programs_accept)
 
 PS_TEST(shared_flags_list_every_flag_forwarded)
 {
-    static const char *const want[] = {"--lr", "--optimizer", "--momentum", "--beta1",
-                                       "--beta2", "--eps", "--weight-decay", "--max-staleness",
-                                       "--lr-decay", "--lr-decay-every", "--curve-keys"};
+    /* the optimizer table's flags, then staleness and keys */
+    static const char *const want[] = {"--optimizer", "--lr", "--momentum", "--beta1",
+                                       "--beta2", "--eps", "--weight-decay", "--lr-decay",
+                                       "--lr-decay-every", "--max-staleness", "--curve-keys"};
     int n = 0;
     while (ps_launch_shared_flag(n))
         n++;
