@@ -37,8 +37,9 @@ static const char usage_head[] =
     "on other hosts over ssh), prints every line they write prefixed with its role\n"
     "and rank ([server 0] ..., [worker 1] ...), forwards SIGINT/SIGTERM to them, and\n"
     "stops them all when one fails.  Exit status: 0 when every worker exited 0;\n"
-    "1 when a process died (the others are stopped); 2 for bad flags (nothing is\n"
-    "started); 130/143 after SIGINT/SIGTERM.\n"
+    "1 when a process failed (the others are stopped); 2 for something to fix: bad\n"
+    "flags (nothing is started), or a process that exited 2 (a flag or setting it\n"
+    "refused); 130/143 after SIGINT/SIGTERM.\n"
     "\n"
     "flags:\n"
     "  --servers S           ps_server processes, 1.." STR(PS_LAUNCH_MAX_SERVERS)

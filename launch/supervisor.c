@@ -364,7 +364,9 @@ static void on_exit_child(supervisor *sv, child *c)
                 c->cmd->role == PS_LAUNCH_SERVER ? " before the workers finished" : "");
         snprintf(sv->failure, sizeof sv->failure, "%s %s", name, how);
         sv->state = ST_STOP_FAIL;
-        sv->exit_code = 1;
+        /* the one exit rule: a process that found something to fix (2) makes
+         * the whole run one to fix; any other failure is 1 */
+        sv->exit_code = WIFEXITED(c->status) && WEXITSTATUS(c->status) == 2 ? 2 : 1;
         stop_all(sv, SIGTERM, 0);
         return;
     }

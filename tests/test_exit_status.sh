@@ -93,5 +93,10 @@ result exit_status_ps_keygen_0_1_2
 # ---- ps_launch (bad flags before anything starts)
 timeout 10 "$BIN/ps_launch" --servers 0 --workers 1 --timeline-dir "$T/tl" -- --data "$T" 2>/dev/null
 expect "bad flag" 2 $?
+# a worker that exits 2 (here: a mode the servers do not share is impossible
+# under ps_launch, so an unreadable --data) makes the whole run exit 2
+timeout 60 "$BIN/ps_launch" --servers 1 --workers 1 --timeline-dir "$T/tl2" -- \
+    --data "$T/no-such-data" >"$T/l2.log" 2>&1
+expect "worker exited 2" 2 $?
 result exit_status_ps_launch_2
 exit 0
