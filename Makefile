@@ -52,10 +52,11 @@ ifeq ($(BUILD_CUDA),1)
   CUDA_SRCS := $(wildcard worker/*.cu)
 endif
 
-# --- sources.  Files named *_main.c hold a program's main().
-LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c proto/*.c worker/client.c))
+# --- sources.  Files named *_main.c hold a program's main().  libps is
+# common/, proto/ and every worker/client*.c (the client library's modules).
+LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c proto/*.c worker/client*.c))
 SERVER_SRCS := $(filter-out %_main.c,$(wildcard server/*.c))
-WORKER_SRCS := $(filter-out %_main.c worker/client.c,$(wildcard worker/*.c))
+WORKER_SRCS := $(filter-out %_main.c worker/client%.c,$(wildcard worker/*.c))
 TEST_SRCS   := $(wildcard tests/test_*.c)
 BENCH_SRCS  := $(wildcard bench/*_bench.c)
 
