@@ -73,7 +73,7 @@ BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 all: $(PROGRAMS) $(LIB)/libps.a tests-build
 	@if [ "$(BUILD_CUDA)" != 1 ]; then echo "make: CUDA backend skipped (no nvcc at $(NVCC), or CUDA=0)"; fi
 
-tests-build: $(TESTS)
+tests-build: $(TESTS) $(BUILD)/tests/public_header.o
 .PHONY: tests-build
 # keep test objects between builds (they are intermediate files of a chain)
 .SECONDARY:
@@ -108,6 +108,11 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
 	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS)
+
+# libps's public headers stand alone: -Iinclude and nothing else
+$(BUILD)/tests/public_header.o: tests/public_header.c include/ps_client.h include/ps_types.h
+	@mkdir -p $(@D)
+	$(CC) -std=c99 -pedantic-errors -Wall -Wextra -Werror -Iinclude -c -o $@ $<
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)

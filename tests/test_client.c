@@ -17,6 +17,7 @@
 #include "ps_curve.h"
 #include "ps_error.h"
 #include "ps_placement.h"
+#include "ps_proto.h"
 #include "ps_test.h"
 
 #define WAIT_MS 5000
@@ -500,7 +501,7 @@ PS_TEST(zero_copy_push_is_not_done_before_the_reply)
     CHECK(done);
     CHECK_EQ_INT(r.status, 0);
     CHECK_EQ_INT(r.version, 41);
-    CHECK_EQ_INT(r.pending, 0);
+    CHECK_EQ_INT(r._priv.pending, 0);
 }
 
 PS_TEST(pull_fills_every_chunk_and_reports_min_version)
@@ -663,7 +664,7 @@ PS_TEST(close_completes_pending_requests_with_eclosed)
     CHECK(d1 && d2);
     CHECK_EQ_INT(r1.status, PS_ECLOSED);
     CHECK_EQ_INT(r2.status, PS_ECLOSED);
-    CHECK_EQ_INT(r1.pending, 0);
+    CHECK_EQ_INT(r1._priv.pending, 0);
 }
 
 PS_TEST(barrier_stats_and_shutdown_reach_the_right_servers)

@@ -454,7 +454,7 @@ int ps_client_start(ps_client *c)
     int timeout = c->opt.hello_timeout_ms ? c->opt.hello_timeout_ms : PSC_DEFAULT_HELLO_MS;
     int64_t deadline = ps_now_ns() + (int64_t)timeout * 1000000LL;
     for (int s = 0; s < ns; s++) {
-        if (reqs[s].priv && !psc_wait_until(&reqs[s], deadline))
+        if (reqs[s]._priv.client && !psc_wait_until(&reqs[s], deadline))
             cancel(c, &reqs[s], PS_ETIMEDOUT);
     }
     if (rc)

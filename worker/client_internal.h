@@ -25,7 +25,7 @@
  *  - ZeroMQ's I/O thread calls psc_release_cb when it no longer needs a
  *    zero-copy payload frame.
  *
- * A ps_request's `pending` counts what must still happen before the
+ * A ps_request's _priv.pending counts what must still happen before the
  * caller may touch its buffers again: one per chunk reply, plus one per
  * zero-copy frame not yet released.  Whoever takes it to zero (comm thread or
  * I/O thread) marks the request done and wakes waiters.  The public results
@@ -92,7 +92,7 @@ struct ps_client {
     ps_client_options opt; /* servers and curve_dir NULL: our copies below */
     char *servers_str;
     char *curve_dir;       /* NULL: plaintext */
-    char **endpoints;      /* into servers_str, checked by ps_endpoint_check */
+    char **endpoints;      /* into servers_str */
     int nservers;
     size_t chunk_elems;
 

@@ -2,7 +2,7 @@
  *
  * A ps_request is posted by the training thread (psc_req_reset), split by the
  * comm thread into one sub-request slot per message, and completed when its
- * pending parts are done: each slot's reply (psc_slot_finish) and each
+ * _priv.pending parts are done: each slot's reply (psc_slot_finish) and each
  * zero-copy frame's release (psc_release_cb, on ZeroMQ's I/O thread).
  * Waiters sleep on the client's done_cv; the condition variable is touched
  * only when somebody waits, so completing costs no lock when communication
@@ -28,7 +28,7 @@
 static void complete(ps_client *c, ps_request *r)
 {
     r->done_ns = ps_now_ns(); /* published by the store of done below */
-    __atomic_store_n(&r->done, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&r->_priv.done, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&c->nwaiters, __ATOMIC_SEQ_CST) == 0)
         return;
     pthread_mutex_lock(&c->done_mu);
@@ -38,7 +38,7 @@ static void complete(ps_client *c, ps_request *r)
 
 void psc_part_done(ps_client *c, ps_request *r)
 {
-    if (__atomic_sub_fetch(&r->pending, 1, __ATOMIC_ACQ_REL) == 0)
+    if (__atomic_sub_fetch(&r->_priv.pending, 1, __ATOMIC_ACQ_REL) == 0)
         complete(c, r);
 }
 
@@ -46,7 +46,7 @@ void psc_release_cb(void *data, void *hint)
 {
     (void)data;
     ps_request *r = hint;
-    psc_part_done(r->priv, r);
+    psc_part_done(r->_priv.client, r);
 }
 
 void psc_set_error(ps_request *r, int code, const char *fmt, ...)
@@ -66,9 +66,9 @@ void psc_req_reset(ps_client *c, ps_request *r, int pending)
     r->version = -1;
     r->done_ns = 0;
     r->err[0] = 0;
-    r->pending = pending;
-    r->done = 0;
-    r->priv = c;
+    r->_priv.pending = pending;
+    r->_priv.done = 0;
+    r->_priv.client = c;
 }
 
 void psc_req_fail(ps_request *r, int code, const char *text)
@@ -76,10 +76,10 @@ void psc_req_fail(ps_request *r, int code, const char *text)
     r->status = code;
     r->version = -1;
     snprintf(r->err, sizeof r->err, "%s", text);
-    r->pending = 0;
-    r->priv = NULL;
+    r->_priv.pending = 0;
+    r->_priv.client = NULL;
     r->done_ns = ps_now_ns();
-    __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&r->_priv.done, 1, __ATOMIC_RELEASE);
 }
 
 void psc_fail_unsent(ps_client *c, const psc_op *o)
@@ -88,24 +88,24 @@ void psc_fail_unsent(ps_client *c, const psc_op *o)
     if (o->type == 0)
         return;
     psc_set_error(r, PS_ECLOSED, "client closed before the request was sent");
-    __atomic_store_n(&r->pending, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&r->_priv.pending, 0, __ATOMIC_RELEASE);
     complete(c, r);
 }
 
 /* ---------- waiting (any thread) ---------- */
 
-int ps_request_test(ps_request *req) { return __atomic_load_n(&req->done, __ATOMIC_ACQUIRE); }
+int ps_request_test(ps_request *req) { return __atomic_load_n(&req->_priv.done, __ATOMIC_ACQUIRE); }
 
 int psc_wait_until(ps_request *r, int64_t deadline_ns)
 {
-    if (__atomic_load_n(&r->done, __ATOMIC_ACQUIRE))
+    if (__atomic_load_n(&r->_priv.done, __ATOMIC_ACQUIRE))
         return 1;
-    ps_client *c = r->priv;
+    ps_client *c = r->_priv.client;
     if (!c)
         return 0;
     pthread_mutex_lock(&c->done_mu);
     __atomic_add_fetch(&c->nwaiters, 1, __ATOMIC_SEQ_CST);
-    while (!__atomic_load_n(&r->done, __ATOMIC_SEQ_CST)) {
+    while (!__atomic_load_n(&r->_priv.done, __ATOMIC_SEQ_CST)) {
         if (deadline_ns == INT64_MAX) {
             pthread_cond_wait(&c->done_cv, &c->done_mu);
         } else {
@@ -117,7 +117,7 @@ int psc_wait_until(ps_request *r, int64_t deadline_ns)
     }
     __atomic_sub_fetch(&c->nwaiters, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&c->done_mu);
-    return __atomic_load_n(&r->done, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(&r->_priv.done, __ATOMIC_ACQUIRE);
 }
 
 int ps_request_wait(ps_request *req)

@@ -47,7 +47,7 @@ void psc_resend_due(ps_client *c, int64_t now)
             s->backoff_ns = s->backoff_ns * 2 < RESEND_MAX_BACKOFF_NS ? s->backoff_ns * 2
                                                                        : RESEND_MAX_BACKOFF_NS;
             if (ps_msg_request_has_payload(s->type))
-                __atomic_add_fetch(&s->req->pending, 1, __ATOMIC_ACQ_REL);
+                __atomic_add_fetch(&s->req->_priv.pending, 1, __ATOMIC_ACQ_REL);
             psc_sub_send(c, i); /* may finish the slot on error */
             if (!c->subs[i].req)
                 continue;
