@@ -86,8 +86,11 @@ typedef struct ps_request {
 
 void ps_client_options_default(ps_client_options *o);
 
-/* Create the client and its comm thread and connect to every server.
- * Nothing is sent yet.  On failure *out is NULL and a message is logged. */
+/* Check the options and every endpoint, create the client and its comm
+ * thread and connect to every server.  Nothing is sent yet.  On failure *out
+ * is NULL, the reason is logged and ps_client_last_error(NULL) returns it
+ * (e.g. PS_EINVAL: "'127.0.0.1:5555' is not an endpoint: write
+ * tcp://HOST:PORT, e.g. tcp://127.0.0.1:5555"). */
 int ps_client_open(const ps_client_options *o, ps_client **out);
 
 /* Declare a tensor of `count` float32 elements.  Call for every tensor, in the
@@ -101,7 +104,9 @@ int ps_client_start(ps_client *c);
 
 /* Why the last of register, start, barrier, stats or shutdown_servers on c
  * failed (the calls that take no ps_request; requests carry their own text
- * in ps_request.err). */
+ * in ps_request.err).  c NULL: why the calling thread's last ps_client_open
+ * failed ("" when it succeeded), so after `if (ps_client_open(&o, &c))`
+ * ps_client_last_error(c) says why. */
 const char *ps_client_last_error(const ps_client *c);
 
 /* Post requests.  Return 0 when posted (then wait on req) or an error code.

@@ -21,10 +21,26 @@
 #include <zmq.h>
 
 #include "client_internal.h"
+#include "ps_endpoint.h"
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_placement.h"
 #include "ps_time.h"
+
+/* Why this thread's last ps_client_open failed (ps_client_last_error(NULL)):
+ * there is no client to hold it. */
+static _Thread_local char open_error[PSC_ERRBUF];
+
+static int open_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int open_fail(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(open_error, sizeof open_error, fmt, ap);
+    va_end(ap);
+    ps_error("libps: %s", open_error);
+    return code;
+}
 
 static void set_last_error(ps_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void set_last_error(ps_client *c, const char *fmt, ...)
@@ -146,17 +162,21 @@ void ps_client_options_default(ps_client_options *o)
     o->heartbeat_ms = PSC_DEFAULT_HEARTBEAT_MS;
 }
 
-static int split_endpoints(ps_client *c)
+/* Split `servers` at commas into c->endpoints (blanks around each trimmed)
+ * and check each one, so a mistake reads "'127.0.0.1:5555' is not an
+ * endpoint: write tcp://HOST:PORT, ..." instead of ZeroMQ's "Invalid
+ * argument" from the comm thread. */
+static int split_endpoints(ps_client *c, const char *servers)
 {
-    c->servers_str = strdup(c->opt.servers);
+    c->servers_str = strdup(servers);
     if (!c->servers_str)
-        return PS_ENOMEM;
+        return open_fail(PS_ENOMEM, "out of memory");
     size_t cap = 1;
     for (const char *p = c->servers_str; *p; p++)
         cap += *p == ',';
     c->endpoints = calloc(cap, sizeof *c->endpoints);
     if (!c->endpoints)
-        return PS_ENOMEM;
+        return open_fail(PS_ENOMEM, "out of memory");
     char *save = NULL;
     for (char *tok = strtok_r(c->servers_str, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         while (*tok == ' ' || *tok == '\t')
@@ -166,9 +186,15 @@ static int split_endpoints(ps_client *c)
             *--e = 0;
         if (!*tok)
             continue;
+        /* for a connect (bind 0) the form to hand to ZeroMQ is the one given */
+        char form[PS_ENDPOINT_MAX], why[PSC_ERRBUF];
+        if (ps_endpoint_check(tok, 0, form, sizeof form, why, sizeof why) != 0)
+            return open_fail(PS_EINVAL, "%s", why);
         c->endpoints[c->nservers++] = tok;
     }
-    return c->nservers > 0 ? 0 : PS_EINVAL;
+    if (c->nservers == 0)
+        return open_fail(PS_EINVAL, "no server endpoint in '%s'", servers);
+    return 0;
 }
 
 static void client_free(ps_client *c)
@@ -197,46 +223,40 @@ static void client_free(ps_client *c)
 
 int ps_client_open(const ps_client_options *o, ps_client **out)
 {
+    open_error[0] = 0;
+    if (!out)
+        return open_fail(PS_EINVAL, "ps_client_open: out is NULL");
     *out = NULL;
-    if (!o || !o->servers || !*o->servers) {
-        ps_error("libps: no server endpoints given");
-        return PS_EINVAL;
-    }
+    if (!o || !o->servers || !*o->servers)
+        return open_fail(PS_EINVAL, "no server endpoints given");
     if (o->num_workers < 1 || o->num_workers > PS_MAX_RANK + 1 || o->rank < 0 ||
-        o->rank >= o->num_workers) {
-        ps_error("libps: rank %d must be in [0, num_workers %d), num_workers in [1, %d]", o->rank,
-                 o->num_workers, PS_MAX_RANK + 1);
-        return PS_EINVAL;
-    }
-    if (o->mode != PS_MODE_SYNC && o->mode != PS_MODE_ASYNC) {
-        ps_error("libps: mode must be sync (%d) or async (%d), got %d", PS_MODE_SYNC,
-                 PS_MODE_ASYNC, o->mode);
-        return PS_EINVAL;
-    }
-    if (o->mode == PS_MODE_ASYNC && (o->max_staleness < -1 || o->max_staleness > 1000000)) {
-        ps_error("libps: max_staleness must be -1 (unbounded) or 0..1000000, got %d",
-                 o->max_staleness);
-        return PS_EINVAL;
-    }
+        o->rank >= o->num_workers)
+        return open_fail(PS_EINVAL, "rank %d must be in [0, num_workers %d), num_workers in "
+                         "[1, %d]", o->rank, o->num_workers, PS_MAX_RANK + 1);
+    if (o->mode != PS_MODE_SYNC && o->mode != PS_MODE_ASYNC)
+        return open_fail(PS_EINVAL, "mode must be sync (%d) or async (%d), got %d",
+                         PS_MODE_SYNC, PS_MODE_ASYNC, o->mode);
+    if (o->mode == PS_MODE_ASYNC && (o->max_staleness < -1 || o->max_staleness > 1000000))
+        return open_fail(PS_EINVAL, "max_staleness must be -1 (unbounded) or 0..1000000, "
+                         "got %d", o->max_staleness);
     size_t cb = o->chunk_bytes ? o->chunk_bytes : PSC_DEFAULT_CHUNK_BYTES;
-    if (cb < sizeof(float) || cb > PS_MAX_PAYLOAD_BYTES) {
-        ps_error("libps: chunk_bytes must be in [4, %llu], got %zu",
-                 (unsigned long long)PS_MAX_PAYLOAD_BYTES, cb);
-        return PS_EINVAL;
-    }
+    if (cb < sizeof(float) || cb > PS_MAX_PAYLOAD_BYTES)
+        return open_fail(PS_EINVAL, "chunk_bytes must be in [4, %llu], got %zu",
+                         (unsigned long long)PS_MAX_PAYLOAD_BYTES, cb);
     if (o->expect.kind < PS_OPT_NONE || o->expect.kind > PS_OPT_KIND_MAX ||
-        o->hello_timeout_ms < 0 || o->request_timeout_ms < 0 || o->heartbeat_ms < 0) {
-        ps_error("libps: bad optimizer kind %d or negative timeout", o->expect.kind);
-        return PS_EINVAL;
-    }
+        o->hello_timeout_ms < 0 || o->request_timeout_ms < 0 || o->heartbeat_ms < 0)
+        return open_fail(PS_EINVAL, "bad optimizer kind %d or negative timeout",
+                         o->expect.kind);
     ps_client *c = calloc(1, sizeof *c);
     if (!c)
-        return PS_ENOMEM;
+        return open_fail(PS_ENOMEM, "out of memory");
     c->opt = *o;
-    c->opt.curve_dir = NULL; /* the caller's string may go away; we keep a copy */
+    /* the caller's strings may go away; we keep copies */
+    c->opt.servers = NULL;
+    c->opt.curve_dir = NULL;
     if (o->curve_dir && !(c->curve_dir = strdup(o->curve_dir))) {
         free(c);
-        return PS_ENOMEM;
+        return open_fail(PS_ENOMEM, "out of memory");
     }
     c->chunk_elems = cb / sizeof(float);
     c->efd = -1;
@@ -248,22 +268,19 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&c->done_cv, &ca);
     pthread_condattr_destroy(&ca);
-    int rc = split_endpoints(c);
-    if (rc) {
-        ps_error("libps: no server endpoint in '%s'", o->servers);
+    int rc = split_endpoints(c, o->servers);
+    if (rc)
         goto fail;
-    }
-    c->opt.servers = NULL; /* the caller's string may go away; we keep our copy */
     c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     c->zctx = zmq_ctx_new();
     if (c->efd < 0 || !c->zctx) {
-        ps_error("libps: cannot create the wake-up eventfd or ZeroMQ context: %s", strerror(errno));
-        rc = PS_EIO;
+        rc = open_fail(PS_EIO, "cannot create the wake-up eventfd or ZeroMQ context: %s",
+                       strerror(errno));
         goto fail;
     }
     rc = psc_comm_start(c);
     if (rc) {
-        ps_error("libps: %s", c->last_error);
+        open_fail(rc, "%s", c->last_error);
         goto fail;
     }
     *out = c;
@@ -473,7 +490,7 @@ int ps_client_start(ps_client *c)
     return 0;
 }
 
-const char *ps_client_last_error(const ps_client *c) { return c ? c->last_error : ""; }
+const char *ps_client_last_error(const ps_client *c) { return c ? c->last_error : open_error; }
 
 /* Post `type` to each server in [lo, hi) and wait for every reply. */
 static int ctl_all(ps_client *c, uint32_t type, int lo, int hi, int64_t step, void *out)

@@ -92,7 +92,7 @@ struct ps_client {
     ps_client_options opt; /* servers and curve_dir NULL: our copies below */
     char *servers_str;
     char *curve_dir;       /* NULL: plaintext */
-    char **endpoints;      /* into servers_str */
+    char **endpoints;      /* into servers_str, checked by ps_endpoint_check */
     int nservers;
     size_t chunk_elems;
 
