@@ -73,7 +73,7 @@ BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 all: $(PROGRAMS) $(LIB)/libps.a tests-build
 	@if [ "$(BUILD_CUDA)" != 1 ]; then echo "make: CUDA backend skipped (no nvcc at $(NVCC), or CUDA=0)"; fi
 
-tests-build: $(TESTS) $(BUILD)/tests/public_header.o
+tests-build: $(TESTS) $(BUILD)/tests/public_header.o $(BUILD)/tests/readme_client
 .PHONY: tests-build
 # keep test objects between builds (they are intermediate files of a chain)
 .SECONDARY:
@@ -113,6 +113,18 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
 $(BUILD)/tests/public_header.o: tests/public_header.c include/ps_client.h include/ps_types.h
 	@mkdir -p $(@D)
 	$(CC) -std=c99 -pedantic-errors -Wall -Wextra -Werror -Iinclude -c -o $@ $<
+
+# README.md's C program (the ```c block under "## The client library"),
+# built the way the README says: -Iinclude and libps, nothing else.  A README
+# that stops compiling stops the build; tests/test_readme.c runs it.
+README_CFLAGS := $(filter-out -D% -fno-strict-aliasing,$(CFLAGS_BASE)) -Iinclude
+$(BUILD)/tests/readme_client.c: README.md
+	@mkdir -p $(@D)
+	awk '/^## The client library/ {s = 1} s && /^```c$$/ {p = 1; next} p && /^```$$/ {exit} p' $< >$@.tmp
+	@test -s $@.tmp || { echo "README.md: no C block under '## The client library'" >&2; rm -f $@.tmp; exit 1; }
+	mv $@.tmp $@
+$(BUILD)/tests/readme_client: $(BUILD)/tests/readme_client.c $(LIB)/libps.a
+	$(CC) $(README_CFLAGS) -o $@ $< $(LIB)/libps.a $(PKG_LIBS) -lm -pthread $(LDSAN)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
