@@ -5,9 +5,9 @@
  * Everything here runs on the caller's (training) thread: checking options
  * and opening, registering tensors and starting (placement, hello), posting
  * requests to the comm thread (psc_post) and the blocking helpers built on
- * them (barrier, stats, shutdown), and closing.  Posting allocates nothing
- * and takes only the queue mutex: it fills the caller's ps_request and one
- * op. */
+ * them (barrier, stats, shutdown), and closing.  Posting a request fills
+ * the caller's ps_request and one op in the queue, under the queue mutex
+ * alone; it allocates only when the queue must grow. */
 #include "ps_client.h"
 
 #include <errno.h>
