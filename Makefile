@@ -52,10 +52,11 @@ ifeq ($(BUILD_CUDA),1)
   CUDA_SRCS := $(wildcard worker/*.cu)
 endif
 
-# --- sources.  Files named *_main.c hold a program's main().
-LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c proto/*.c worker/client.c))
+# --- sources.  Files named *_main.c hold a program's main().  libps is
+# common/, proto/ and every worker/client*.c (the client library's modules).
+LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c proto/*.c worker/client*.c))
 SERVER_SRCS := $(filter-out %_main.c,$(wildcard server/*.c))
-WORKER_SRCS := $(filter-out %_main.c worker/client.c,$(wildcard worker/*.c))
+WORKER_SRCS := $(filter-out %_main.c worker/client%.c,$(wildcard worker/*.c))
 # ps_launch: the plan and the supervisor (launch/ may include only common/
 # and include/, which its objects' include path enforces)
 LAUNCH_SRCS := $(filter-out %_main.c,$(wildcard launch/*.c))
@@ -80,7 +81,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS))
 all: $(PROGRAMS) $(LIB)/libps.a $(EXAMPLES) tests-build
 	@if [ "$(BUILD_CUDA)" != 1 ]; then echo "make: CUDA backend skipped (no nvcc at $(NVCC), or CUDA=0)"; fi
 
-tests-build: $(TESTS)
+tests-build: $(TESTS) $(BUILD)/tests/public_header.o $(BUILD)/tests/readme_client
 .PHONY: tests-build
 # keep test objects between builds (they are intermediate files of a chain)
 .SECONDARY:
@@ -121,12 +122,28 @@ $(BUILD)/examples/%: $(BUILD)/examples/%.o $(LIB)/libps.a
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
 	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS)
 
-# launch/ sees only common/ and include/; examples/ only include/ (and, until
-# include/ps_client.h stands alone, the proto/ and common/ headers it
-# includes); tests see launch/ too
+# launch/ sees only common/ and include/; examples/ only include/ (the
+# public headers); tests see launch/ too
 $(BUILD)/launch/%.o: CFLAGS := $(CFLAGS_BASE) -Iinclude -Icommon -Ilaunch $(EXTRA_CFLAGS)
-$(BUILD)/examples/%.o: CFLAGS := $(CFLAGS_BASE) -Iinclude -Iproto -Icommon $(EXTRA_CFLAGS)
+$(BUILD)/examples/%.o: CFLAGS := $(CFLAGS_BASE) -Iinclude $(EXTRA_CFLAGS)
 $(BUILD)/tests/%.o: CFLAGS += -Ilaunch
+
+# libps's public headers stand alone: -Iinclude and nothing else
+$(BUILD)/tests/public_header.o: tests/public_header.c include/ps_client.h include/ps_types.h
+	@mkdir -p $(@D)
+	$(CC) -std=c99 -pedantic-errors -Wall -Wextra -Werror -Iinclude -c -o $@ $<
+
+# README.md's C program (the ```c block under "## The client library"),
+# built the way the README says: -Iinclude and libps, nothing else.  A README
+# that stops compiling stops the build; tests/test_readme.c runs it.
+README_CFLAGS := $(filter-out -D% -fno-strict-aliasing,$(CFLAGS_BASE)) -Iinclude
+$(BUILD)/tests/readme_client.c: README.md
+	@mkdir -p $(@D)
+	awk '/^## The client library/ {s = 1} s && /^```c$$/ {p = 1; next} p && /^```$$/ {exit} p' $< >$@.tmp
+	@test -s $@.tmp || { echo "README.md: no C block under '## The client library'" >&2; rm -f $@.tmp; exit 1; }
+	mv $@.tmp $@
+$(BUILD)/tests/readme_client: $(BUILD)/tests/readme_client.c $(LIB)/libps.a
+	$(CC) $(README_CFLAGS) -o $@ $< $(LIB)/libps.a $(PKG_LIBS) -lm -pthread $(LDSAN)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)

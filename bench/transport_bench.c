@@ -274,6 +274,7 @@ static double op_bytes(int op, size_t bytes) { return op == OP_PUSHPULL ? 2.0 * 
 static void run_ours(client_ctx *c, const cmd *m, result *res)
 {
     ps_request req[MAX_DEPTH];
+    memset(req, 0, sizeof req); /* never posted: ps_request_wait returns at once */
     int d = m->depth;
     size_t bytes = c->cfg->sizes[m->size_idx];
     /* one untimed operation: first-touch and connection warm-up */
@@ -308,8 +309,7 @@ static void run_ours(client_ctx *c, const cmd *m, result *res)
     if (rc) {
         /* let anything still posted finish before the buffers are reused */
         for (int i = 0; i < d; i++)
-            if (req[i].priv)
-                ps_request_wait(&req[i]);
+            ps_request_wait(&req[i]);
         if (!res->err[0])
             snprintf(res->err, sizeof res->err, "post %s: %s", op_name[m->op], ps_strerror(rc));
         return;

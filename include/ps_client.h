@@ -5,35 +5,54 @@
  * client (placement + hello with every server), then posts non-blocking
  * requests and waits on each request's completion.
  *
+ * This header needs only ps_types.h (error codes, modes, the optimizer,
+ * server counters) and standard headers: a program builds against it with
+ * -Iinclude alone and links lib/libps.a (README.md, "The client library").
+ *
  * Ownership:
+ *  - ps_client_open allocates the client and ps_client_close frees it; open
+ *    copies the strings in ps_client_options, so they need not outlive it.
  *  - push/pushpull/init read the caller's source buffer IN PLACE (zero-copy
  *    send); the buffer must stay valid and unchanged until the request
  *    completes.
  *  - pull/pushpull write the weights directly into the caller's destination
  *    buffer (one copy from the received frame); the buffer must stay valid until
  *    the request completes and must not be read before then.
- *  - ps_request is caller-allocated and must not move or be reused while
- *    pending.
- * Thread-safety: post and wait from one thread (the training thread); other
- * threads may only call ps_request_test/ps_request_wait on their own requests. */
+ *  - ps_request is caller-allocated (on the stack, in an array, in a struct)
+ *    and must not move or be reused while pending; libps keeps no pointer to
+ *    it once it is complete.
+ *  - ps_client_last_error's text is libps's, valid until the next call that
+ *    sets it.
+ * Threads: post and wait from one thread (the training thread); other
+ * threads may only call ps_request_test/ps_request_wait on their own
+ * requests.  Nothing in libps calls back into the caller except ready()
+ * (ps_client_push_when), on the comm thread. */
 #ifndef PS_CLIENT_H
 #define PS_CLIENT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ps_proto.h"
+#include "ps_types.h"
 
 typedef struct ps_client ps_client;
 
 typedef struct ps_client_options {
-    const char *servers;   /* comma-separated ZeroMQ endpoints, server rank order */
+    const char *servers;   /* comma-separated endpoints, server rank order:
+                              tcp://HOST:PORT, ipc://PATH or inproc://NAME */
     int rank;              /* this worker's rank, 0..num_workers-1 */
     int num_workers;
     int mode;              /* PS_MODE_SYNC or PS_MODE_ASYNC */
     int max_staleness;     /* async only: -1 unbounded, k >= 0 SSP */
     size_t chunk_bytes;    /* tensors are cut into chunks of at most this; 0: 4 MiB */
-    ps_opt_config expect;  /* expected server optimizer; kind PS_OPT_NONE: don't check */
+    /* The optimizer this worker expects the servers to run; start refuses a
+     * server that disagrees (PS_EMISMATCH).  Checked: the kind, unless
+     * PS_OPT_NONE; and each hyper-parameter the servers' optimizer uses that
+     * this expectation gives: its PS_OPT_GIVEN(x) bit is set in
+     * expect.given, or, for lr, eps and lr_decay (where 0 is out of range),
+     * it is non-zero.  The default (all zero, kind PS_OPT_NONE) checks
+     * nothing.  The table is PS_OPT_PARAMS in ps_types.h. */
+    ps_opt_config expect;
     int hello_timeout_ms;  /* how long start waits for every server; 0: 10000 */
     int request_timeout_ms;/* resend an unanswered request after this; 0: never */
     const char *curve_dir; /* CURVE keys directory (see ps_keygen); NULL: plaintext */
@@ -42,21 +61,36 @@ typedef struct ps_client_options {
                               (--worker-timeout); 0: never.  Default 1000. */
 } ps_client_options;
 
-/* Internal request state; fields are private to libps. */
+/* One posted operation, allocated by the caller and filled by libps.
+ *
+ * The public fields are the results: valid once ps_request_test returns 1
+ * or ps_request_wait returns, not before (the comm thread writes them while
+ * the request is pending).  A post that fails (non-zero return) completes
+ * the request at once, with that code in status and the reason in err. */
 typedef struct ps_request {
-    int pending;           /* outstanding parts (chunk replies + zero-copy releases) */
-    int status;            /* first error seen, 0 when none */
-    int done;
-    int64_t version;       /* pull: smallest version returned over all chunks */
-    int64_t done_ns;       /* when it completed (CLOCK_MONOTONIC ns), for timelines */
-    char err[PS_ERR_TEXT_MAX + 1];
-    void *priv;            /* comm-thread bookkeeping */
+    int status;            /* 0, or the first error (PS_E*) of any part */
+    int64_t version;       /* the smallest version the servers' replies carried
+                              over all chunks (pull: of the weights written to
+                              dst); -1 when no reply carried one */
+    int64_t done_ns;       /* when the comm thread completed it
+                              (CLOCK_MONOTONIC ns), for timelines */
+    char err[PS_ERR_TEXT_MAX + 1]; /* status != 0: which server and why; else "" */
+
+    /* libps's bookkeeping: private, do not read or write. */
+    struct ps_request_private {
+        int pending;       /* parts outstanding: chunk replies + zero-copy releases */
+        int done;          /* 1 once complete */
+        ps_client *client; /* the client that completes it; NULL: not in flight */
+    } _priv;
 } ps_request;
 
 void ps_client_options_default(ps_client_options *o);
 
-/* Create the client and its comm thread and connect to every server.
- * Nothing is sent yet.  On failure *out is NULL and a message is logged. */
+/* Check the options and every endpoint, create the client and its comm
+ * thread and connect to every server.  Nothing is sent yet.  On failure *out
+ * is NULL, the reason is logged and ps_client_last_error(NULL) returns it
+ * (e.g. PS_EINVAL: "'127.0.0.1:5555' is not an endpoint: write
+ * tcp://HOST:PORT, e.g. tcp://127.0.0.1:5555"). */
 int ps_client_open(const ps_client_options *o, ps_client **out);
 
 /* Declare a tensor of `count` float32 elements.  Call for every tensor, in the
@@ -68,7 +102,11 @@ int ps_client_register(ps_client *c, uint64_t key, size_t count);
  * or with another server, PS_ETIMEDOUT if a server does not answer. */
 int ps_client_start(ps_client *c);
 
-/* Text of the last error of a blocking call (start, barrier, stats). */
+/* Why the last of register, start, barrier, stats or shutdown_servers on c
+ * failed (the calls that take no ps_request; requests carry their own text
+ * in ps_request.err).  c NULL: why the calling thread's last ps_client_open
+ * failed ("" when it succeeded), so after `if (ps_client_open(&o, &c))`
+ * ps_client_last_error(c) says why. */
 const char *ps_client_last_error(const ps_client *c);
 
 /* Post requests.  Return 0 when posted (then wait on req) or an error code.
@@ -96,7 +134,8 @@ int ps_client_push_when(ps_client *c, uint64_t key, const float *grad, int64_t s
 
 /* 1 when complete, 0 while pending. */
 int ps_request_test(ps_request *req);
-/* Block until complete; returns its status (0 or PS_E*). */
+/* Block until complete; returns its status (0 or PS_E*).  A request that
+ * was never posted (zero-initialised) gives PS_EINVAL at once. */
 int ps_request_wait(ps_request *req);
 
 /* Blocking helpers. */

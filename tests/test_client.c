@@ -17,6 +17,7 @@
 #include "ps_curve.h"
 #include "ps_error.h"
 #include "ps_placement.h"
+#include "ps_proto.h"
 #include "ps_test.h"
 
 #define WAIT_MS 5000
@@ -395,6 +396,54 @@ PS_TEST(open_refuses_bad_options)
     ps_client_close(c);
 }
 
+PS_TEST(open_names_the_endpoint_form_when_the_transport_is_missing)
+{
+    ps_client_options o;
+    ps_client *c = (ps_client *)1;
+    opts(&o, "127.0.0.1:5555", 0, 1, PS_MODE_SYNC);
+    CHECK_EQ_INT(ps_client_open(&o, &c), PS_EINVAL);
+    CHECK(c == NULL);
+    /* c is NULL after a failed open: the reason is the thread's */
+    const char *want = "'127.0.0.1:5555' is not an endpoint: write tcp://HOST:PORT, e.g. "
+                       "tcp://127.0.0.1:5555";
+    CHECK_MSG(strcmp(ps_client_last_error(c), want) == 0, "last error '%s'",
+              ps_client_last_error(c));
+    /* the bad one of several is named */
+    opts(&o, "tcp://127.0.0.1:1, localhost:2", 0, 1, PS_MODE_SYNC);
+    CHECK_EQ_INT(ps_client_open(&o, &c), PS_EINVAL);
+    CHECK_MSG(strstr(ps_client_last_error(NULL), "'localhost:2' is not an endpoint") != NULL,
+              "last error '%s'", ps_client_last_error(NULL));
+    opts(&o, "tcp://127.0.0.1:70000", 0, 1, PS_MODE_SYNC);
+    CHECK_EQ_INT(ps_client_open(&o, &c), PS_EINVAL);
+    CHECK_MSG(strstr(ps_client_last_error(NULL), "port '70000'") != NULL, "last error '%s'",
+              ps_client_last_error(NULL));
+    /* options checked before the endpoints say why too */
+    opts(&o, "tcp://127.0.0.1:1", 3, 2, PS_MODE_SYNC);
+    CHECK_EQ_INT(ps_client_open(&o, &c), PS_EINVAL);
+    CHECK_MSG(strstr(ps_client_last_error(NULL), "rank 3") != NULL, "last error '%s'",
+              ps_client_last_error(NULL));
+    /* an open that works clears the reason */
+    opts(&o, "tcp://127.0.0.1:1,ipc:///tmp/ps-test-client-none", 0, 1, PS_MODE_SYNC);
+    CHECK_OK(ps_client_open(&o, &c));
+    CHECK_EQ_INT(ps_client_last_error(NULL)[0], 0);
+    ps_client_close(c);
+}
+
+PS_TEST(open_reports_why_the_comm_thread_could_not_set_up_a_socket)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/no-such-keys", ps_test_tmpdir());
+    ps_client_options o;
+    ps_client *c = (ps_client *)1;
+    opts(&o, "tcp://127.0.0.1:1", 0, 1, PS_MODE_SYNC);
+    o.curve_dir = dir;
+    int rc = ps_client_open(&o, &c);
+    CHECK(rc != 0);
+    CHECK(c == NULL);
+    CHECK_MSG(strstr(ps_client_last_error(NULL), "CURVE for tcp://127.0.0.1:1") != NULL,
+              "last error '%s'", ps_client_last_error(NULL));
+}
+
 PS_TEST(hello_timeout_names_the_silent_endpoint)
 {
     fake f;
@@ -500,7 +549,7 @@ PS_TEST(zero_copy_push_is_not_done_before_the_reply)
     CHECK(done);
     CHECK_EQ_INT(r.status, 0);
     CHECK_EQ_INT(r.version, 41);
-    CHECK_EQ_INT(r.pending, 0);
+    CHECK_EQ_INT(r._priv.pending, 0);
 }
 
 PS_TEST(pull_fills_every_chunk_and_reports_min_version)
@@ -663,7 +712,7 @@ PS_TEST(close_completes_pending_requests_with_eclosed)
     CHECK(d1 && d2);
     CHECK_EQ_INT(r1.status, PS_ECLOSED);
     CHECK_EQ_INT(r2.status, PS_ECLOSED);
-    CHECK_EQ_INT(r1.pending, 0);
+    CHECK_EQ_INT(r1._priv.pending, 0);
 }
 
 PS_TEST(barrier_stats_and_shutdown_reach_the_right_servers)

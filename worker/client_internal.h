@@ -1,0 +1,212 @@
+/* libps internals: the client's state and what its modules call in each
+ * other.  Only worker/client*.c include this; the contract for callers is
+ * include/ps_client.h.  Names here start with psc_ so they cannot clash
+ * with a program that links libps.a.
+ *
+ * Modules, one job each:
+ *  client.c          the public API: options, open, register, start, close;
+ *                    posting requests (training thread); blocking helpers
+ *  client_requests.c a ps_request's life: parts, completion, waiting; the
+ *                    sub-request slots that match replies to requests
+ *  client_comm.c     the comm thread: the queue from the training thread,
+ *                    sockets, sending a sub-request, receiving replies, held
+ *                    push_when ops, the poll loop, closing
+ *  client_resend.c   liveness: resending unanswered sub-requests with
+ *                    backoff, heartbeats, and when the comm thread must wake
+ *                    for them
+ *
+ * Threads:
+ *  - the training thread posts operations (one per API call) into a
+ *    mutex-protected queue and kicks an eventfd;
+ *  - the comm thread (one per client) owns every socket: it creates one DEALER
+ *    per server, turns each operation into one sub-request per chunk, sends
+ *    them, matches replies to sub-requests by request id and completes the
+ *    caller's ps_request;
+ *  - ZeroMQ's I/O thread calls psc_release_cb when it no longer needs a
+ *    zero-copy payload frame.
+ *
+ * A ps_request's _priv.pending counts what must still happen before the
+ * caller may touch its buffers again: one per chunk reply, plus one per
+ * zero-copy frame not yet released.  Whoever takes it to zero (comm thread or
+ * I/O thread) marks the request done and wakes waiters.  The public results
+ * (status, err, version) are written by the comm thread only, before its own
+ * decrement, so a waiter that sees done sees them. */
+#ifndef PS_CLIENT_INTERNAL_H
+#define PS_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps_client.h"
+#include "ps_placement.h"
+#include "ps_proto.h"
+
+#define PSC_DEFAULT_CHUNK_BYTES (4u << 20)
+#define PSC_DEFAULT_HELLO_MS 10000
+#define PSC_DEFAULT_HEARTBEAT_MS 1000
+/* Request id of heartbeats: never a slot's (generations start at 1), so their
+ * replies are recognised and dropped. */
+#define PSC_HEARTBEAT_SEQ 0
+#define PSC_ERRBUF 512
+#define PSC_NO_SLOT UINT32_MAX
+
+/* An operation posted by the training thread.  type 0 is a cancel: fail every
+ * sub-request of `req` with code `step` (used when start gives up waiting). */
+typedef struct psc_op {
+    uint32_t type;    /* PS_MSG_*, or 0 for cancel */
+    int server;       /* control messages: the target server */
+    uint32_t tensor;  /* data messages: index in the placement */
+    const float *src; /* init/push/pushpull payload (read in place) */
+    float *dst;       /* pull/pushpull destination */
+    int64_t step;
+    ps_request *req;
+    void *out;        /* HELLO: ps_hello reply; STATS: ps_stats */
+    ps_ready_fn ready;/* push_when: send once ready(ready_arg) != 0 */
+    void *ready_arg;
+} psc_op;
+
+/* One message in flight to one server.  Indexed by the low 32 bits of the
+ * request id; the high 32 bits are the slot's generation, so a reply to a
+ * slot that was freed (a duplicate after a resend) is recognised and dropped. */
+typedef struct psc_sub {
+    ps_request *req; /* NULL when the slot is free */
+    uint32_t gen;
+    uint32_t next_free;
+    uint32_t type;
+    int server;
+    uint32_t chunk;
+    uint64_t key;
+    size_t count;    /* elements in the payload / expected reply */
+    uint64_t total;  /* INIT: elements of the whole tensor */
+    const float *src;
+    float *dst;
+    int64_t step;
+    void *out;
+    int64_t deadline_ns; /* resend time, when resending is on */
+    int64_t backoff_ns;
+} psc_sub;
+
+struct ps_client {
+    /* set by open, read-only afterwards (both threads read them) */
+    ps_client_options opt; /* servers and curve_dir NULL: our copies below */
+    char *servers_str;
+    char *curve_dir;       /* NULL: plaintext */
+    char **endpoints;      /* into servers_str, checked by ps_endpoint_check */
+    int nservers;
+    size_t chunk_elems;
+
+    /* registration and placement: written by the training thread before
+     * start, read-only afterwards (the queue mutex orders it for the comm
+     * thread) */
+    ps_tensor_spec *specs;
+    size_t nspecs, cap_specs;
+    ps_placement place;
+    int have_place;
+    uint64_t *kmap_keys; /* open addressing: key -> tensor index + 1 */
+    uint32_t *kmap_val;
+    size_t kmap_mask;
+    ps_hello hello_req;  /* template; server_rank filled per server */
+    int started;
+    /* the training thread's, except that the comm thread writes why the
+     * sockets failed before it publishes ready = -1 */
+    char last_error[PSC_ERRBUF];
+
+    /* training thread -> comm thread (client_comm.c) */
+    pthread_mutex_t qmu;
+    psc_op *queue;
+    size_t qhead, qlen, qcap; /* ring buffer */
+    int stopping;
+    int efd;
+
+    /* completions (client_requests.c) */
+    pthread_mutex_t done_mu;
+    pthread_cond_t done_cv;
+    int nwaiters; /* threads in psc_wait_until (atomic) */
+
+    /* the comm thread's own, apart from ready */
+    void *zctx;
+    pthread_t thread;
+    int thread_started;
+    int ready; /* 1 sockets up, -1 failed; guarded by done_mu */
+    void **socks;
+    psc_sub *subs;
+    uint32_t nsubs, cap_subs, free_head, live;
+    psc_op *batch;
+    size_t batch_cap;
+    /* ops held behind a push_when whose data is not ready yet, in post order */
+    psc_op *held;
+    size_t held_head, held_len, held_cap;
+    int64_t next_resend_check;
+    int hb_on;           /* set by start (atomic): heartbeats may go */
+    int64_t next_hb_ns;  /* when the next heartbeats are due */
+};
+
+/* ---- client_requests.c: a request's life ---- */
+
+/* Training thread, before posting r: it completes after `pending` parts. */
+void psc_req_reset(ps_client *c, ps_request *r, int pending);
+/* Training thread: complete r at once with code and text (a post that
+ * failed); r was never handed to the comm thread. */
+void psc_req_fail(ps_request *r, int code, const char *text);
+/* Comm thread only; the first error wins. */
+void psc_set_error(ps_request *r, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* One part of r finished.  After this call the caller must not touch r. */
+void psc_part_done(ps_client *c, ps_request *r);
+/* Comm thread: complete an op that will never be sent, with PS_ECLOSED
+ * unless an error is set already (cancels are ignored). */
+void psc_fail_unsent(ps_client *c, const psc_op *o);
+/* The free function of a zero-copy payload frame whose hint is its request:
+ * counts the release as one part of it (ZeroMQ's I/O thread, or the comm
+ * thread when a send fails). */
+void psc_release_cb(void *data, void *hint);
+/* Wait for r until deadline_ns (INT64_MAX: forever); 1 when done. */
+int psc_wait_until(ps_request *r, int64_t deadline_ns);
+
+/* Comm thread: sub-request slots. */
+/* A new slot for one message of op o to `server`, with o's request, type,
+ * step and out; PSC_NO_SLOT when out of memory. */
+uint32_t psc_slot_new(ps_client *c, const psc_op *o, int server);
+/* The request id of slot i (the header's seq). */
+uint64_t psc_slot_id(const ps_client *c, uint32_t i);
+/* The live slot that a reply with request id `seq` from `server` answers;
+ * PSC_NO_SLOT when there is none (already complete, or not ours). */
+uint32_t psc_slot_find(const ps_client *c, uint64_t seq, int server);
+/* Free slot i and count the reply part of its request as done (any error
+ * was set before). */
+void psc_slot_finish(ps_client *c, uint32_t i);
+
+/* ---- client_comm.c: the comm thread ---- */
+
+/* Start the comm thread and wait until its sockets are up: 0, or a PS_E*
+ * code with the reason in c->last_error (the thread has ended then). */
+int psc_comm_start(ps_client *c);
+/* Training thread: stop the comm thread (what is queued or in flight
+ * completes with PS_ECLOSED) and join it. */
+void psc_comm_stop(ps_client *c);
+/* Training thread: queue an op for the comm thread; PS_ECLOSED once
+ * stopping, PS_ENOMEM. */
+int psc_post(ps_client *c, const psc_op *o);
+/* Wake the comm thread. */
+void psc_kick(ps_client *c);
+/* Comm thread: send sub-request i (first time or a resend).  The caller has
+ * already counted the payload's release in its request's pending.  On
+ * failure the sub-request is finished with the error. */
+void psc_sub_send(ps_client *c, uint32_t i);
+/* Send one frame without blocking (EINTR retried): 0, or -1 with errno. */
+int psc_zsend(void *sock, const void *buf, size_t len, int flags);
+
+/* ---- client_resend.c: resends and heartbeats (comm thread) ---- */
+
+/* Slot i was just sent: when resending is on, set when to resend it. */
+void psc_resend_arm(ps_client *c, uint32_t i);
+/* Resend every sub-request whose deadline has passed, doubling its backoff. */
+void psc_resend_due(ps_client *c, int64_t now);
+/* Send the heartbeats when they are due. */
+void psc_heartbeat_due(ps_client *c, int64_t now);
+/* How long the poll may sleep before resends or heartbeats are due: ms, or
+ * -1 when nothing is due. */
+long psc_liveness_timeout_ms(const ps_client *c, int64_t now);
+
+#endif
