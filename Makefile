@@ -22,7 +22,21 @@ BUILD := build$(if $(filter 1,$(SAN)),-san,)
 # sanitized programs and library live apart so the two builds never mix
 BIN   := $(if $(filter 1,$(SAN)),$(BUILD)/bin,bin)
 LIB   := $(if $(filter 1,$(SAN)),$(BUILD)/lib,lib)
-INCLUDES := -Iinclude -Icommon -Iproto -Iserver -Iworker
+# Each folder's objects see only the headers their layer may include
+# (DESIGN.md "Folders"), so a wrong include fails to compile.
+INC_common := -Iinclude -Icommon
+INC_proto  := $(INC_common) -Iproto
+INC_server := $(INC_proto) -Iserver
+INC_worker := $(INC_proto) -Iworker
+INC_launch := $(INC_common) -Ilaunch
+INCLUDES   := -Iinclude -Icommon -Iproto -Iserver -Iworker -Ilaunch
+INC := $(INCLUDES)
+$(BUILD)/common/%.o: INC := $(INC_common)
+$(BUILD)/proto/%.o:  INC := $(INC_proto)
+$(BUILD)/server/%.o: INC := $(INC_server)
+$(BUILD)/worker/%.o: INC := $(INC_worker)
+$(BUILD)/launch/%.o: INC := $(INC_launch)
+$(BUILD)/examples/%.o: INC := -Iinclude
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -DPS_VERSION=\"$(VERSION)\" -g -O3 \
   -Wall -Wextra -Werror -pthread -fno-strict-aliasing
 ifeq ($(SAN),1)
@@ -30,7 +44,7 @@ ifeq ($(SAN),1)
                  -fno-sanitize-recover=undefined
   LDSAN := -fsanitize=address,undefined
 endif
-CFLAGS  := $(CFLAGS_BASE) $(INCLUDES) $(PKG_CFLAGS) $(BLAS_CFLAGS) $(EXTRA_CFLAGS)
+CFLAGS  := $(CFLAGS_BASE) $(PKG_CFLAGS) $(BLAS_CFLAGS) $(EXTRA_CFLAGS)
 LDLIBS  := $(PKG_LIBS) $(BLAS_LIBS) -lz -lm -pthread $(LDSAN)
 
 # --- CUDA detection: build the backend when nvcc is there, say so when not.
@@ -46,7 +60,7 @@ endif
 ifeq ($(BUILD_CUDA),1)
   NVCCFLAGS := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 \
     -gencode arch=compute_90,code=compute_90 -Xcompiler -Wall,-Wextra,-Werror,-fPIC \
-    -Werror all-warnings $(INCLUDES)
+    -Werror all-warnings $(INC_worker)
   CFLAGS += -DPS_HAVE_CUDA=1 -I$(CUDA_HOME)/include
   LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
   CUDA_SRCS := $(wildcard worker/*.cu)
@@ -122,12 +136,6 @@ $(BUILD)/examples/%: $(BUILD)/examples/%.o $(LIB)/libps.a
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
 	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS)
 
-# launch/ sees only common/ and include/; examples/ only include/ (the
-# public headers); tests see launch/ too
-$(BUILD)/launch/%.o: CFLAGS := $(CFLAGS_BASE) -Iinclude -Icommon -Ilaunch $(EXTRA_CFLAGS)
-$(BUILD)/examples/%.o: CFLAGS := $(CFLAGS_BASE) -Iinclude $(EXTRA_CFLAGS)
-$(BUILD)/tests/%.o: CFLAGS += -Ilaunch
-
 # libps's public headers stand alone: -Iinclude and nothing else
 $(BUILD)/tests/public_header.o: tests/public_header.c include/ps_client.h include/ps_types.h
 	@mkdir -p $(@D)
@@ -147,7 +155,7 @@ $(BUILD)/tests/readme_client: $(BUILD)/tests/readme_client.c $(LIB)/libps.a
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+	$(CC) $(CFLAGS) $(INC) -MMD -MP -c -o $@ $<
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c -o $@ $<

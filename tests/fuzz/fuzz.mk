@@ -28,8 +28,10 @@ FUZZ_LIBS := $(FUZZ_PKG_LIBS) -lm -pthread
 
 # Every target is built from its entry file and these sources (compiled right
 # here, instrumented, rather than taken from lib/).
-FUZZ_SRCS := proto/ps_proto.c worker/data.c worker/rng.c common/ps_error.c common/ps_log.c
-FUZZ_HDRS := tests/fuzz/fuzz_checks.h proto/ps_proto.h worker/data.h worker/rng.h common/ps_error.h
+FUZZ_SRCS := proto/ps_proto.c worker/data.c worker/rng.c common/ps_error.c common/ps_log.c \
+  common/ps_opt_table.c common/ps_flags.c
+FUZZ_HDRS := tests/fuzz/fuzz_checks.h proto/ps_proto.h worker/data.h worker/rng.h common/ps_error.h \
+  common/ps_opt_table.h include/ps_types.h
 
 .PHONY: fuzz fuzz-build fuzz-seeds
 
