@@ -94,7 +94,7 @@ static int setup(void)
 #define NEED_GPU()                                                                   \
     do {                                                                             \
         if (!setup())                                                                \
-            SKIP("no CUDA device");                                                  \
+            SKIP("skipped: no CUDA device");                                                  \
     } while (0)
 
 static void *track(ps_backend *b, int pinned, void *p)

@@ -253,7 +253,7 @@ PS_TEST(cuda_sync_run_matches_cpu)
     ps_backend *gpu = NULL;
     char why[256];
     if (ps_backend_create("cuda:0", 1, &gpu, why, sizeof why) != 0)
-        SKIP("no CUDA device");
+        SKIP("skipped: no CUDA device");
     gpu->destroy(gpu);
     const char *spec = "mlp:784-64-10";
     char cpu_path[512], gpu_path[512], flags[512];
