@@ -59,6 +59,16 @@ typedef struct ps_client_options {
     int heartbeat_ms;      /* after start, the comm thread sends a HEARTBEAT to every server
                               this often, so servers notice a worker that died
                               (--worker-timeout); 0: never.  Default 1000. */
+    /* The same-host data plane.  shm 1 (the default): start creates a
+     * shared-memory arena (ps_client_shm_alloc hands out its buffers) and
+     * offers it to every server in the hello; a server on the same host maps
+     * it, and the payloads of requests whose buffers lie in the arena then
+     * move through it (a push's gradient is read in place by the server, a
+     * pull's weights are written straight into its destination) while
+     * ZeroMQ carries only the headers.  Buffers elsewhere, and servers on
+     * other hosts, use the network as before.  0: no arena. */
+    int shm;
+    size_t shm_bytes;      /* the arena's size; 0: four times the registered tensors */
 } ps_client_options;
 
 /* One posted operation, allocated by the caller and filled by libps.
@@ -144,6 +154,16 @@ int ps_request_wait(ps_request *req);
 int ps_client_barrier(ps_client *c, int64_t id);
 int ps_client_stats(ps_client *c, int server, ps_stats *out);
 int ps_client_shutdown_servers(ps_client *c);
+
+/* The same-host data plane (options.shm).  After ps_client_start: `bytes`
+ * of the client's shared-memory arena, 64-byte aligned and zeroed, valid
+ * until ps_client_close; NULL when there is no arena (shm 0, or it could not
+ * be made) or it is full.  Use them as push sources and pull destinations:
+ * to a server on the same host their payloads then never cross a socket.
+ * Not thread-safe: call from the training thread. */
+void *ps_client_shm_alloc(ps_client *c, size_t bytes);
+/* How many servers move payloads through the arena (0..num servers). */
+int ps_client_shm_servers(const ps_client *c);
 
 /* Placement introspection (for tests and tools). */
 int ps_client_num_servers(const ps_client *c);

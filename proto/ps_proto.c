@@ -90,6 +90,13 @@ static void pk_i64(msgpack_packer *pk, const char *k, int64_t v)
     pk_key(pk, k);
     msgpack_pack_int64(pk, v);
 }
+static void pk_str(msgpack_packer *pk, const char *k, const char *v)
+{
+    size_t n = strlen(v);
+    pk_key(pk, k);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, v, n);
+}
 static void pk_f32(msgpack_packer *pk, const char *k, float v)
 {
     pk_key(pk, k);
@@ -104,7 +111,8 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     int is_hello = h->type == PS_MSG_HELLO;
     int is_stats = h->type == PS_MSG_STATS && (h->flags & PS_FLAG_REPLY);
     int is_error = h->type == PS_MSG_ERROR;
-    size_t n = 11 + (size_t)is_hello + (size_t)is_stats + 2 * (size_t)is_error;
+    int is_shm = (h->flags & PS_FLAG_SHM) != 0;
+    size_t n = 11 + (size_t)is_hello + (size_t)is_stats + 2 * (size_t)is_error + (size_t)is_shm;
     msgpack_pack_map(&pk, n);
     pk_u64(&pk, "v", h->version);
     pk_u64(&pk, "t", h->type);
@@ -117,6 +125,8 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     pk_u64(&pk, "n", h->count);
     pk_u64(&pk, "d", h->dtype);
     pk_u64(&pk, "tot", h->total);
+    if (is_shm) /* the payload's place in the worker's arena */
+        pk_u64(&pk, "o", h->shm_off);
     if (is_error) {
         pk_i64(&pk, "ec", h->err_code);
         size_t tl = strnlen(h->err_text, PS_ERR_TEXT_MAX);
@@ -131,7 +141,10 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
         int nopt = 0;
         for (int p = 0; p < PS_OPT_NPARAMS; p++)
             nopt += ps_opt_is_given(&o->opt, p);
-        msgpack_pack_map(&pk, 7 + (size_t)nopt);
+        /* the same-host data plane: the worker's arena; the server's answer */
+        int reply = (h->flags & PS_FLAG_REPLY) != 0;
+        size_t nshm = (o->shm_name[0] ? 3 : 0) + (reply ? 1 + (o->shm_why[0] != 0) : 0);
+        msgpack_pack_map(&pk, 7 + (size_t)nopt + nshm);
         pk_i64(&pk, "mode", o->mode);
         pk_i64(&pk, "stal", o->max_staleness);
         pk_u64(&pk, "nw", o->num_workers);
@@ -147,6 +160,16 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
                 pk_u64(&pk, r->key, (uint64_t)ps_opt_get(&o->opt, p));
             else
                 pk_f32(&pk, r->key, (float)ps_opt_get(&o->opt, p));
+        }
+        if (o->shm_name[0]) {
+            pk_str(&pk, "sa", o->shm_name);
+            pk_u64(&pk, "sk", o->shm_nonce);
+            pk_u64(&pk, "sz", o->shm_size);
+        }
+        if (reply) {
+            pk_i64(&pk, "sm", o->shm);
+            if (o->shm_why[0])
+                pk_str(&pk, "sw", o->shm_why);
         }
     }
     if (is_stats) {
@@ -324,6 +347,21 @@ static int field_i(const msgpack_object *o, const char *name, int64_t lo, int64_
         (dst) = v_;                                                               \
     } while (0)
 
+/* A string field that must fit (with its terminator) in cap bytes and hold
+ * no NUL. */
+static int field_str(const msgpack_object *o, const char *name, char *out, size_t cap, char *why,
+                     size_t why_len)
+{
+    if (o->type != MSGPACK_OBJECT_STR || o->via.str.size >= cap ||
+        memchr(o->via.str.ptr, 0, o->via.str.size)) {
+        ps_errorf(why, why_len, "field '%s' must be a string of at most %zu bytes", name, cap - 1);
+        return PS_EPROTO;
+    }
+    memcpy(out, o->via.str.ptr, o->via.str.size);
+    out[o->via.str.size] = 0;
+    return 0;
+}
+
 static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t why_len)
 {
     if (m->type != MSGPACK_OBJECT_MAP) {
@@ -348,7 +386,27 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
             FIELD_U(v, "h.fp", o->model_fp, 0, UINT64_MAX);
         else if (key_is(k, "opt"))
             FIELD_I(v, "h.opt", o->opt.kind, 0, PS_OPT_KIND_MAX);
-        else
+        else if (key_is(k, "sa")) {
+            if (field_str(v, "h.sa", o->shm_name, sizeof o->shm_name, why, why_len))
+                return PS_EPROTO;
+        } else if (key_is(k, "sk"))
+            FIELD_U(v, "h.sk", o->shm_nonce, 0, UINT64_MAX);
+        else if (key_is(k, "sz"))
+            FIELD_U(v, "h.sz", o->shm_size, 0, UINT64_MAX);
+        else if (key_is(k, "sm"))
+            FIELD_I(v, "h.sm", o->shm, 0, 1);
+        else if (key_is(k, "sw")) {
+            /* a reason for people: cut to fit rather than refused */
+            size_t n = v->type == MSGPACK_OBJECT_STR ? v->via.str.size : 0;
+            if (v->type != MSGPACK_OBJECT_STR) {
+                ps_errorf(why, why_len, "field 'h.sw' must be a string");
+                return PS_EPROTO;
+            }
+            if (n >= sizeof o->shm_why)
+                n = sizeof o->shm_why - 1;
+            memcpy(o->shm_why, v->via.str.ptr, n);
+            o->shm_why[n] = 0;
+        } else
             for (int p = 0; p < PS_OPT_NPARAMS; p++) {
                 const ps_opt_param *r = ps_opt_param_at(p);
                 if (!key_is(k, r->key))
@@ -462,6 +520,8 @@ static int decode_map(const msgpack_object *root, ps_header *h, char *why, size_
             FIELD_U(v, "d", h->dtype, 0, PS_DTYPE_F32);
         else if (key_is(k, "tot"))
             FIELD_U(v, "tot", h->total, 0, UINT64_MAX / 8);
+        else if (key_is(k, "o"))
+            FIELD_U(v, "o", h->shm_off, 0, UINT64_MAX / 8);
         else if (key_is(k, "ec"))
             FIELD_I(v, "ec", h->err_code, 0, 1000);
         else if (key_is(k, "et")) {
@@ -537,6 +597,26 @@ int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes
 {
     int reply = (h->flags & PS_FLAG_REPLY) != 0;
     int needs = reply ? ps_msg_reply_has_payload(h->type) : ps_msg_request_has_payload(h->type);
+    if (h->flags & PS_FLAG_SHM) {
+        /* the payload (or a pull's destination) is in the worker's arena */
+        if (!ps_msg_request_has_payload(h->type) && !ps_msg_reply_has_payload(h->type)) {
+            ps_errorf(why, why_len, "a %s carries no payload: the shared-memory flag is for "
+                "init, push, pull and pushpull", ps_msg_type_name(h->type));
+            return PS_EPROTO;
+        }
+        if (nframes != 0) {
+            ps_errorf(why, why_len, "%s %s in shared memory takes no payload frame, got %d",
+                ps_msg_type_name(h->type), reply ? "reply" : "request", nframes);
+            return PS_EPROTO;
+        }
+        if ((needs || h->type == PS_MSG_PULL) &&
+            (h->count == 0 || ps_dtype_size(h->dtype) == 0)) {
+            ps_errorf(why, why_len, "%s %s in shared memory needs a count and a dtype",
+                ps_msg_type_name(h->type), reply ? "reply" : "request");
+            return PS_EPROTO;
+        }
+        return 0;
+    }
     if (!needs) {
         if (nframes != 0) {
             ps_errorf(why, why_len, "%s %s carries no payload, got %d extra frame(s)",

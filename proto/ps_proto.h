@@ -34,7 +34,13 @@ enum ps_msg_type {
 
 /* header flags */
 #define PS_FLAG_REPLY 0x1u  /* this message answers request `seq` */
-#define PS_FLAG_MASK 0x1u
+#define PS_FLAG_SHM 0x2u    /* the payload is in the worker's shared-memory arena at
+                               offset `shm_off` (no payload frame): a push's gradient,
+                               a pull's destination (docs/PROTOCOL.md "Same host") */
+#define PS_FLAG_MASK 0x3u
+
+/* A worker's shared-memory arena, announced in its hello (name "" : none). */
+#define PS_SHM_NAME_LEN 48
 
 enum ps_dtype { PS_DTYPE_F32 = 1 };
 
@@ -49,6 +55,13 @@ typedef struct ps_hello {
     ps_opt_config opt;      /* request: what the worker checks (kind PS_OPT_NONE: any
                                optimizer; hyper-parameters it does not give are left
                                out of the map); reply: the server's, complete */
+    /* same-host data plane: request: the worker's arena (name "" when it has
+     * none); reply: shm 1 when the server mapped it and will read and write
+     * payloads there, else 0 with the reason in shm_why */
+    char shm_name[PS_SHM_NAME_LEN];
+    uint64_t shm_nonce, shm_size;
+    int32_t shm;
+    char shm_why[96];
 } ps_hello;
 
 typedef struct ps_header {
@@ -63,6 +76,7 @@ typedef struct ps_header {
     uint64_t count;    /* elements in the payload frame */
     uint32_t dtype;    /* enum ps_dtype; 0 when no payload */
     uint64_t total;    /* INIT: elements of the whole tensor (length check) */
+    uint64_t shm_off;  /* PS_FLAG_SHM: offset of the payload in the worker's arena */
     int32_t err_code;  /* ERROR: PS_E* code */
     char err_text[PS_ERR_TEXT_MAX + 1];
     ps_hello hello;    /* HELLO only */

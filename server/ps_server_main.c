@@ -63,6 +63,9 @@ static void usage(FILE *f)
         "                         'pull' event per served pull, one lane per update thread\n"
         "  --curve-keys DIR       CURVE: encrypt, and serve only workers whose public keys\n"
         "                         are in DIR/authorized (keys from ps_keygen; docs/SECURITY.md)\n"
+        "  --shm auto|off         auto: a worker on this host offers its shared-memory\n"
+        "                         arena at hello and payloads go through it, ZeroMQ carries\n"
+        "                         only headers; off: always over the network (default auto)\n"
         "fault tolerance (docs/OPERATIONS.md):\n"
         "  --checkpoint-dir DIR   write checkpoints of this server's shard to DIR\n"
         "                         (DIR/shard-RANK-SEQ.ckpt, the newest 2 are kept)\n"
@@ -108,7 +111,7 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level, cha
     static const char *const valued[] = {
         "--bind", "--rank", "--num-servers", "--num-workers", "--mode", "--max-staleness",
         "--threads", "--max-memory", "--timeline", "--curve-keys", "--checkpoint-dir",
-        "--checkpoint-every", "--worker-timeout", "--on-worker-loss", NULL};
+        "--checkpoint-every", "--worker-timeout", "--on-worker-loss", "--shm", NULL};
     char why[512];
     int staleness_given = 0, every_given = 0;
     for (int i = 1; i < argc; i++) {
@@ -199,6 +202,10 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level, cha
         } else if (!strcmp(name, "--worker-timeout")) {
             if (!(rc = ps_parse_float(PROG, name, val, 0, 86400, &fv, why, sizeof why)))
                 c->worker_timeout_ms = (int)(fv * 1000.0 + 0.5);
+        } else if (!strcmp(name, "--shm")) {
+            if (strcmp(val, "auto") && strcmp(val, "off"))
+                return bad("%s: --shm must be auto or off, got '%s'", PROG, val);
+            c->shm = val[0] == 'a' ? PS_SHM_AUTO : PS_SHM_OFF;
         } else if (!strcmp(name, "--on-worker-loss")) {
             if (strcmp(val, "wait") && strcmp(val, "drop"))
                 return bad("%s: --on-worker-loss must be wait or drop, got '%s'", PROG, val);

@@ -24,6 +24,7 @@
 #include "ratelimit.h"
 #include "reply.h"
 #include "shard.h"
+#include "shm_table.h"
 #include "stats_req.h"
 #include "updater.h"
 #include "workers.h"
@@ -65,6 +66,7 @@ struct ps_server {
     ps_workers *workers;
     ps_barriers *barriers;
     ps_stats_reqs *stats;
+    ps_shm_table *shm;       /* the workers' arenas this server mapped */
     uint64_t io_errors, dropped;
     ps_rlimit rl;
     ps_stats totals;
@@ -164,8 +166,8 @@ static void flush_outbox(ps_server *s, int i)
     s->out_total -= before - o->out.n;
 }
 
-static void send_cmd(ps_server *s, int owner, int cmd, uint64_t token, const ps_header *h,
-                     zmq_msg_t *id, zmq_msg_t *payload)
+static void send_cmd_shm(ps_server *s, int owner, int cmd, uint64_t token, const ps_header *h,
+                         ps_shm_peer *shm, zmq_msg_t *id, zmq_msg_t *payload)
 {
     zmq_msg_t f[3];
     int nf = 1;
@@ -174,6 +176,7 @@ static void send_cmd(ps_server *s, int owner, int cmd, uint64_t token, const ps_
     memset(cf, 0, sizeof *cf);
     cf->cmd = cmd;
     cf->token = token;
+    cf->shm = shm; /* its reference goes with the frame */
     if (h)
         cf->h = *h;
     if (id) {
@@ -185,6 +188,12 @@ static void send_cmd(ps_server *s, int owner, int cmd, uint64_t token, const ps_
         zmq_msg_move(&f[nf++], payload);
     }
     to_owner(s, owner, f, nf);
+}
+
+static void send_cmd(ps_server *s, int owner, int cmd, uint64_t token, const ps_header *h,
+                     zmq_msg_t *id, zmq_msg_t *payload)
+{
+    send_cmd_shm(s, owner, cmd, token, h, NULL, id, payload);
 }
 
 /* Rank r joins (live 1) or leaves (0) the live set of every owner's shard. */
@@ -239,6 +248,8 @@ static void io_hello(ps_server *s, zmq_msg_t *id, const ps_header *h)
     ps_header r;
     ps_reply_header(&r, PS_MSG_HELLO, h->seq, h->rank, h->key, h->chunk, h->step);
     r.hello = my_hello(s);
+    if (h->rank >= 0)
+        ps_shm_table_hello(s->shm, h->rank, &h->hello, &r.hello);
     io_send(s, id, &r);
 }
 
@@ -352,11 +363,20 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
     case PS_MSG_PUSH:
     case PS_MSG_PULL:
     case PS_MSG_PUSHPULL:
+    {
+        ps_shm_peer *shm = NULL;
+        if ((h.flags & PS_FLAG_SHM) &&
+            !(shm = ps_shm_table_take(s->shm, h.rank, h.shm_off, h.count * sizeof(float), why,
+                                      sizeof why))) {
+            io_error(s, &f[0], &h, PS_ESTATE, why);
+            return;
+        }
         if (h.type != PS_MSG_PULL)
             s->mut++;
-        send_cmd(s, ps_server_owner(h.key, h.chunk, s->cfg.threads), PS_CMD_REQ, 0, &h, &f[0],
-                 nf >= 3 ? &f[2] : NULL);
+        send_cmd_shm(s, ps_server_owner(h.key, h.chunk, s->cfg.threads), PS_CMD_REQ, 0, &h, shm,
+                     &f[0], nf >= 3 ? &f[2] : NULL);
         return;
+    }
     case PS_MSG_BARRIER:
         io_barrier(s, &f[0], &h);
         return;
@@ -764,6 +784,8 @@ void ps_server_close(ps_server *s)
         ps_outbox_clear(&s->own[i].out);
     for (int i = 0; i < s->cfg.threads && s->own; i++)
         ps_updater_destroy(s->own[i].upd);
+    /* the arenas after the update threads, which may hold references */
+    ps_shm_table_destroy(s->shm);
     for (int i = 0; i < s->cfg.threads && s->own; i++)
         if (s->own[i].pair)
             zmq_close(s->own[i].pair);
@@ -968,7 +990,8 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         ps_workers_create(c->num_workers, c->worker_timeout_ms, c->on_worker_loss,
                           &s->workers) != 0 ||
         ps_barriers_create(c->num_workers, to, &s->barriers) != 0 ||
-        ps_stats_reqs_create(T, to, &s->stats) != 0) {
+        ps_stats_reqs_create(T, to, &s->stats) != 0 ||
+        ps_shm_table_create(c->num_workers, c->shm == PS_SHM_AUTO, &s->shm) != 0) {
         ps_errorf(why, why_len, "out of memory or descriptors starting the server");
         ps_server_close(s);
         return PS_ENOMEM;

@@ -111,6 +111,9 @@
 
 #define PS_SERVER_DEFAULT_MAX_MEMORY (8ull << 30)
 
+/* --shm: the same-host data plane (docs/PROTOCOL.md "Same host"). */
+enum { PS_SHM_OFF = 0, PS_SHM_AUTO = 1 };
+
 /* What to do about a worker silent for worker_timeout_ms. */
 enum { PS_LOSS_WAIT = 0, PS_LOSS_DROP = 1 };
 
@@ -138,6 +141,9 @@ typedef struct ps_server_config {
     int restore;                /* load the newest valid checkpoint of checkpoint_dir */
     int worker_timeout_ms;      /* a worker silent this long is lost; 0: never */
     int on_worker_loss;         /* PS_LOSS_WAIT (default) or PS_LOSS_DROP */
+    int shm;                    /* PS_SHM_AUTO (default): map the arena a worker on the
+                                   same host offers and move its payloads through it;
+                                   PS_SHM_OFF: always over the network */
 } ps_server_config;
 
 /* Defaults: rank 0, 1 server, 1 worker, async, staleness -1, sgd lr 0.01,

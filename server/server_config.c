@@ -27,6 +27,7 @@ void ps_server_config_default(ps_server_config *c)
     c->threads = 1;
     c->max_memory = PS_SERVER_DEFAULT_MAX_MEMORY;
     c->on_worker_loss = PS_LOSS_WAIT;
+    c->shm = PS_SHM_AUTO;
 }
 
 int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
@@ -63,6 +64,8 @@ int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
         BAD("worker-timeout must be >= 0, got %d ms", c->worker_timeout_ms);
     if (c->on_worker_loss != PS_LOSS_WAIT && c->on_worker_loss != PS_LOSS_DROP)
         BAD("on-worker-loss must be wait or drop");
+    if (c->shm != PS_SHM_OFF && c->shm != PS_SHM_AUTO)
+        BAD("shm must be auto or off");
     if (c->on_worker_loss == PS_LOSS_DROP && c->worker_timeout_ms == 0)
         BAD("on-worker-loss drop needs a worker timeout (--worker-timeout)");
     return 0;

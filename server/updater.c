@@ -30,14 +30,22 @@ typedef struct req_ctx {
     uint32_t chunk;
     int64_t step;
     int64_t t_arrive; /* for the timeline */
+    ps_shm_peer *shm; /* PS_FLAG_SHM: the worker's arena (a reference) */
+    uint64_t shm_off; /* where a pull's weights go in it */
+    uint64_t count;   /* PS_FLAG_SHM pull: the destination's elements */
 } req_ctx;
 
 /* A received gradient the shard may keep: the message itself, or an aligned
- * copy when ZeroMQ handed us a buffer that is not 4-byte aligned. */
+ * copy when ZeroMQ handed us a buffer that is not 4-byte aligned, or (same
+ * host) the worker's arena, where it stays until released: the worker may
+ * write that buffer again only after its push is acknowledged, so the
+ * acknowledgement of a kept push from the arena waits in `ack` until then. */
 typedef struct hold {
     zmq_msg_t msg;
     float *copy;
     const float *g;
+    ps_shm_peer *shm;
+    req_ctx *ack;
 } hold;
 
 struct ps_updater {
@@ -49,6 +57,7 @@ struct ps_updater {
     req_ctx *spare;
     uint64_t bytes_out, errors;
     ps_rlimit rl;
+    int destroying;        /* the shard is being destroyed: kept pushes were not applied */
     int64_t reported_min;  /* progress last sent to the I/O thread */
     int reported_have;
     uint64_t ff_seen;      /* fast-forwarded rounds already logged */
@@ -119,30 +128,48 @@ static void zc_release(void *data, void *ref)
  * the meantime go out of place), else copied into the reply message. */
 static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int64_t version)
 {
-    zmq_msg_t pl;
     size_t bytes = n * sizeof(float);
-    void *ref = NULL;
-    const float *pinned = bytes >= ZC_MIN_BYTES
-                              ? ps_shard_pin(u->shard, r->key, r->chunk, w, &ref)
-                              : NULL;
-    if (pinned && zmq_msg_init_data(&pl, (void *)pinned, bytes, zc_release, ref) != 0) {
-        ps_shard_unpin(ref); /* ZeroMQ did not take it */
-        pinned = NULL;
-    }
-    if (!pinned) {
-        if (zmq_msg_init_size(&pl, bytes) != 0) {
-            upd_error(u, r, PS_ENOMEM, "out of memory building the pull reply");
-            return;
-        }
-        memcpy(zmq_msg_data(&pl), w, bytes);
-    }
     ps_header h;
     ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
     h.count = n;
     h.dtype = PS_DTYPE_F32;
-    u->bytes_out += bytes;
-    upd_send(u, &r->id, &h, &pl);
-    zmq_msg_close(&pl);
+    if (r->shm) {
+        /* same host: the weights go straight to the worker's buffer */
+        float *dst = r->count == n ? ps_shm_peer_at(r->shm, r->shm_off, bytes) : NULL;
+        if (!dst) {
+            char why[160];
+            snprintf(why, sizeof why, "the pull's destination holds %llu elements, chunk %u of "
+                     "key %llu has %zu", (unsigned long long)r->count, r->chunk,
+                     (unsigned long long)r->key, n);
+            upd_error(u, r, PS_EPROTO, why);
+            return;
+        }
+        memcpy(dst, w, bytes);
+        h.flags |= PS_FLAG_SHM;
+        h.shm_off = r->shm_off;
+        u->bytes_out += bytes;
+        upd_send(u, &r->id, &h, NULL);
+    } else {
+        zmq_msg_t pl;
+        void *ref = NULL;
+        const float *pinned = bytes >= ZC_MIN_BYTES
+                                  ? ps_shard_pin(u->shard, r->key, r->chunk, w, &ref)
+                                  : NULL;
+        if (pinned && zmq_msg_init_data(&pl, (void *)pinned, bytes, zc_release, ref) != 0) {
+            ps_shard_unpin(ref); /* ZeroMQ did not take it */
+            pinned = NULL;
+        }
+        if (!pinned) {
+            if (zmq_msg_init_size(&pl, bytes) != 0) {
+                upd_error(u, r, PS_ENOMEM, "out of memory building the pull reply");
+                return;
+            }
+            memcpy(zmq_msg_data(&pl), w, bytes);
+        }
+        u->bytes_out += bytes;
+        upd_send(u, &r->id, &h, &pl);
+        zmq_msg_close(&pl);
+    }
     if (u->cfg.trace)
         ps_trace_event(u->cfg.trace, "pull", "serve", 1 + u->cfg.idx, r->t_arrive, ps_now_ns(),
                        version, -1);
@@ -153,6 +180,7 @@ static void req_free(req_ctx *r)
     if (!r)
         return;
     zmq_msg_close(&r->id);
+    ps_shm_peer_unref(r->shm);
     free(r);
 }
 
@@ -184,6 +212,12 @@ static int hook_merge(void *user, void *queued, void *incoming)
     zmq_msg_close(&q->id);
     zmq_msg_init(&q->id);
     zmq_msg_move(&q->id, &n->id);
+    /* and to the newest arena: the worker may have said hello with another */
+    ps_shm_peer_unref(q->shm);
+    q->shm = n->shm;
+    q->shm_off = n->shm_off;
+    q->count = n->count;
+    n->shm = NULL;
     return 1;
 }
 
@@ -193,12 +227,31 @@ static void hold_free(hold *h)
         return;
     zmq_msg_close(&h->msg);
     free(h->copy);
+    ps_shm_peer_unref(h->shm);
     free(h);
 }
 
-static void hook_release(void *user, void *h)
+/* The shard is done with a kept gradient.  From the arena, the push's
+ * acknowledgement waited for this: send it now (its round is complete), or
+ * at shutdown say the push was never applied. */
+static void hook_release(void *user, void *v)
 {
-    (void)user;
+    ps_updater *u = user;
+    hold *h = v;
+    if (h->ack) {
+        req_ctx *r = h->ack;
+        if (u->destroying) {
+            upd_error(u, r, PS_ECLOSED, "the server is shutting down; this push's round was not "
+                      "complete");
+        } else {
+            size_t n;
+            int64_t version = 0;
+            ps_shard_weights(u->shard, r->key, r->chunk, &n, &version);
+            upd_ack(u, r, version);
+        }
+        req_free(r);
+        h->ack = NULL;
+    }
     hold_free(h);
 }
 
@@ -238,13 +291,15 @@ static void upd_await(ps_updater *u, req_ctx *r, int64_t want)
         upd_ack(u, r, version);
 }
 
-static void upd_request(ps_updater *u, const ps_header *h, zmq_msg_t *id, zmq_msg_t *pl)
+static void upd_request(ps_updater *u, const ps_header *h, ps_shm_peer *shm, zmq_msg_t *id,
+                        zmq_msg_t *pl)
 {
     if (!u->spare) {
         u->spare = calloc(1, sizeof *u->spare);
         if (!u->spare) {
             ps_error("update thread %d: out of memory; dropped a %s", u->cfg.idx,
                      ps_msg_type_name(h->type));
+            ps_shm_peer_unref(shm);
             return;
         }
         zmq_msg_init(&u->spare->id);
@@ -258,13 +313,20 @@ static void upd_request(ps_updater *u, const ps_header *h, zmq_msg_t *id, zmq_ms
     r->chunk = h->chunk;
     r->step = h->step;
     r->t_arrive = u->cfg.trace ? ps_now_ns() : 0;
+    r->shm = shm; /* the request's reference from here on */
+    r->shm_off = h->shm_off;
+    r->count = h->count;
+    /* the payload in the arena (the I/O thread checked the range) */
+    const void *in_arena = shm && h->type != PS_MSG_PULL
+                               ? ps_shm_peer_at(shm, h->shm_off, h->count * sizeof(float))
+                               : NULL;
     char why[256];
     int64_t version = 0;
     int rc;
     switch (h->type) {
     case PS_MSG_INIT:
-        rc = ps_shard_init(u->shard, h->key, h->chunk, zmq_msg_data(pl), (size_t)h->count,
-                           h->total, &version, why, sizeof why);
+        rc = ps_shard_init(u->shard, h->key, h->chunk, in_arena ? in_arena : zmq_msg_data(pl),
+                           (size_t)h->count, h->total, &version, why, sizeof why);
         if (rc)
             upd_error(u, r, rc, why);
         else
@@ -272,16 +334,30 @@ static void upd_request(ps_updater *u, const ps_header *h, zmq_msg_t *id, zmq_ms
         break;
     case PS_MSG_PUSH:
     case PS_MSG_PUSHPULL: {
+        if (shm && h->type == PS_MSG_PUSHPULL) {
+            /* one offset cannot name both the gradient and the destination */
+            upd_error(u, r, PS_EPROTO, "pushpull cannot use shared memory: send a push and a "
+                      "pull");
+            break;
+        }
         hold *g = calloc(1, sizeof *g);
         if (!g) {
             upd_error(u, r, PS_ENOMEM, "out of memory receiving a push");
             break;
         }
         zmq_msg_init(&g->msg);
-        zmq_msg_move(&g->msg, pl);
+        if (in_arena) {
+            g->g = in_arena;
+            g->shm = shm;
+            ps_shm_peer_ref(shm);
+        } else {
+            zmq_msg_move(&g->msg, pl);
+        }
         void *data = zmq_msg_data(&g->msg);
         size_t bytes = zmq_msg_size(&g->msg);
-        if ((uintptr_t)data % sizeof(float)) {
+        if (in_arena) {
+            /* read in place, from the worker's buffer */
+        } else if ((uintptr_t)data % sizeof(float)) {
             /* small frames can sit unaligned in ZeroMQ's receive buffer */
             g->copy = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
             if (!g->copy) {
@@ -301,6 +377,12 @@ static void upd_request(ps_updater *u, const ps_header *h, zmq_msg_t *id, zmq_ms
                            g, &kept, &dup, &version, why, sizeof why);
         if (!kept)
             hold_free(g);
+        if (!rc && kept && in_arena && h->type == PS_MSG_PUSH && !u->cfg.defer_acks) {
+            /* kept in the worker's arena: acknowledged when released */
+            g->ack = r;
+            u->spare = NULL;
+            break;
+        }
         if (rc) {
             upd_error(u, r, rc, why);
             break;
@@ -335,6 +417,8 @@ static void upd_request(ps_updater *u, const ps_header *h, zmq_msg_t *id, zmq_ms
     if (u->spare) { /* not queued: ready for the next request */
         zmq_msg_close(&u->spare->id);
         zmq_msg_init(&u->spare->id);
+        ps_shm_peer_unref(u->spare->shm);
+        u->spare->shm = NULL;
     }
 }
 
@@ -416,7 +500,7 @@ static void *upd_main(void *arg)
         if (zmq_msg_size(&m) == sizeof cf) {
             memcpy(&cf, zmq_msg_data(&m), sizeof cf);
             if (cf.cmd == PS_CMD_REQ) {
-                upd_request(u, &cf.h, &id, &pl);
+                upd_request(u, &cf.h, cf.shm, &id, &pl);
             } else if (cf.cmd == PS_CMD_STATS) {
                 ps_stats st;
                 upd_stats(u, &st);
@@ -447,6 +531,7 @@ static void *upd_main(void *arg)
                  (unsigned long long)copies);
     /* answers queued pulls with PS_ECLOSED, frees kept gradients; a weight
      * buffer a reply in flight still holds is freed when ZeroMQ releases it */
+    u->destroying = 1;
     ps_shard_destroy(u->shard);
     u->shard = NULL;
     st.errors = u->errors;
@@ -501,8 +586,9 @@ void ps_updater_destroy(ps_updater *u)
 {
     if (!u)
         return;
+    u->destroying = 1;
+    ps_shard_destroy(u->shard); /* before the PAIR: its hooks may still reply */
     if (u->pair)
         zmq_close(u->pair);
-    ps_shard_destroy(u->shard);
     free(u);
 }

@@ -9,7 +9,9 @@
  *
  * I/O thread -> owner: the first frame is a ps_cmd_frame.
  *   PS_CMD_REQ    [cmd] [identity] [payload?]  an init, push, pull or pushpull;
- *                                              cmd.h is its decoded and checked header
+ *                                              cmd.h is its decoded and checked header;
+ *                                              with PS_FLAG_SHM no payload frame: the
+ *                                              payload is in cmd.shm at cmd.h.shm_off
  *   PS_CMD_STATS  [cmd]   answer PS_OUT_STATS with cmd.token
  *   PS_CMD_STOP   [cmd]   answer queued pulls with PS_ECLOSED, send PS_OUT_STOPPED, exit
  *   PS_CMD_CKPT   [cmd]   serialize every chunk now; answer PS_OUT_CKPT with cmd.token
@@ -35,6 +37,7 @@
 
 #include "checkpoint.h"
 #include "ps_proto.h"
+#include "shm_peer.h"
 
 enum { PS_CMD_REQ = 1, PS_CMD_STATS = 2, PS_CMD_STOP = 3, PS_CMD_CKPT = 4, PS_CMD_LIVE = 5 };
 
@@ -52,6 +55,8 @@ typedef struct ps_cmd_frame {
     int cmd;        /* PS_CMD_* */
     uint64_t token; /* STATS: the request; CKPT: the sequence number; LIVE: 1 live, 0 not */
     ps_header h;    /* REQ: the request's header; LIVE: h.rank */
+    ps_shm_peer *shm; /* REQ with PS_FLAG_SHM: the worker's arena, one reference
+                         the receiver owns (the range was checked); else NULL */
 } ps_cmd_frame;
 
 typedef struct ps_stats_frame {

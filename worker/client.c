@@ -160,6 +160,8 @@ void ps_client_options_default(ps_client_options *o)
     o->request_timeout_ms = 0;
     o->curve_dir = NULL;
     o->heartbeat_ms = PSC_DEFAULT_HEARTBEAT_MS;
+    o->shm = 1;
+    o->shm_bytes = 0;
 }
 
 /* Split `servers` at commas into c->endpoints (blanks around each trimmed)
@@ -456,6 +458,10 @@ int ps_client_start(ps_client *c)
     hq->server_rank = -1;
     hq->model_fp = ps_placement_fingerprint(c->specs, c->nspecs, c->chunk_elems);
     hq->opt = c->opt.expect;
+    if ((rc = psc_shm_setup(c)) != 0) {
+        drop_placement(c);
+        return rc;
+    }
 
     int ns = c->nservers;
     ps_request *reqs = calloc((size_t)ns, sizeof *reqs);
@@ -478,6 +484,8 @@ int ps_client_start(ps_client *c)
         set_last_error(c, "cannot post hello: %s", ps_strerror(rc));
     else
         rc = check_hellos(c, reqs, reps);
+    for (int s = 0; s < ns && !rc; s++)
+        psc_shm_hello_reply(c, s, &reps[s]);
     free(reqs);
     free(reps);
     if (rc) {
@@ -561,5 +569,6 @@ void ps_client_close(ps_client *c)
      * holds, which completes the last requests (psc_release_cb) */
     zmq_ctx_term(c->zctx);
     c->zctx = NULL;
+    psc_shm_close(c); /* nothing reads or writes the arena any more */
     client_free(c);
 }

@@ -165,6 +165,17 @@ void psc_sub_send(ps_client *c, uint32_t i)
     ps_header h;
     fill_header(c, i, &h);
     int payload = ps_msg_request_has_payload(s->type);
+    if (psc_shm_use(c, s, &h.shm_off)) {
+        /* same host: the payload (or the pull's destination) is in the
+         * arena; only the header goes, with where it is */
+        h.flags |= PS_FLAG_SHM;
+        h.count = s->count;
+        h.dtype = PS_DTYPE_F32;
+        if (payload) {
+            payload = 0;
+            psc_part_done(c, r); /* no frame holds the buffer: its release is now */
+        }
+    }
     char buf[PS_HEADER_MAX];
     size_t len = 0;
     void *sock = c->socks[s->server];
@@ -345,8 +356,19 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
             psc_slot_finish(c, i);
             return;
         }
-        /* the one copy: received frame -> caller's buffer */
-        memcpy(s->dst, zmq_msg_data(pm), plen);
+        /* the one copy: received frame -> caller's buffer; through shared
+         * memory the server has written the destination already */
+        uint64_t off;
+        if (!(h.flags & PS_FLAG_SHM)) {
+            memcpy(s->dst, zmq_msg_data(pm), plen);
+        } else if (!ps_shm_contains(&c->arena, s->dst, s->count * sizeof(float), &off) ||
+                   off != h.shm_off) {
+            psc_set_error(r, PS_EPROTO, "%s: %s reply says the weights are at offset %llu of "
+                          "the arena, not where this request wanted them", ep,
+                          ps_msg_type_name(h.type), (unsigned long long)h.shm_off);
+            psc_slot_finish(c, i);
+            return;
+        }
     }
     switch (h.type) {
     case PS_MSG_INIT:

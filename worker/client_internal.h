@@ -41,6 +41,7 @@
 #include "ps_client.h"
 #include "ps_placement.h"
 #include "ps_proto.h"
+#include "ps_shm.h"
 
 #define PSC_DEFAULT_CHUNK_BYTES (4u << 20)
 #define PSC_DEFAULT_HELLO_MS 10000
@@ -108,6 +109,11 @@ struct ps_client {
     size_t kmap_mask;
     ps_hello hello_req;  /* template; server_rank filled per server */
     int started;
+    /* the same-host data plane (client_shm.c): set up by start, read-only
+     * afterwards (the comm thread reads them) */
+    ps_shm_arena arena;  /* base NULL: none */
+    unsigned char *shm_on; /* per server: its payloads go through the arena */
+    int shm_servers;
     /* the training thread's, except that the comm thread writes why the
      * sockets failed before it publishes ready = -1 */
     char last_error[PSC_ERRBUF];
@@ -196,6 +202,21 @@ void psc_kick(ps_client *c);
 void psc_sub_send(ps_client *c, uint32_t i);
 /* Send one frame without blocking (EINTR retried): 0, or -1 with errno. */
 int psc_zsend(void *sock, const void *buf, size_t len, int flags);
+
+/* ---- client_shm.c: the same-host data plane ---- */
+
+/* Training thread, in start before the hellos: create the arena (options.shm)
+ * and name it in the hello template.  A failure is logged and the client
+ * goes on without one.  0, or PS_ENOMEM. */
+int psc_shm_setup(ps_client *c);
+/* Server s answered a hello with rep: note whether its payloads go through
+ * the arena, and log which path they take. */
+void psc_shm_hello_reply(ps_client *c, int s, const ps_hello *rep);
+/* Comm thread: does sub-request i's payload (push, init) or destination
+ * (pull) lie in the arena, for a server that maps it?  Then *off is where. */
+int psc_shm_use(const ps_client *c, const psc_sub *s, uint64_t *off);
+/* Unmap and unlink the arena (after the comm thread stopped). */
+void psc_shm_close(ps_client *c);
 
 /* ---- client_resend.c: resends and heartbeats (comm thread) ---- */
 

@@ -1,0 +1,38 @@
+/* Which worker's shared-memory arena this server has mapped: the I/O
+ * thread's table of one ps_shm_peer per rank (server.h; the data plane of
+ * docs/PROTOCOL.md "Same host").  A worker's hello names its arena; the
+ * server maps it (unless started with --shm off) and says in its reply
+ * whether payloads of that rank will travel through it.  Requests that use
+ * the arena take a reference to hand to an update thread.  I/O thread only. */
+#ifndef PS_SHM_TABLE_H
+#define PS_SHM_TABLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps_proto.h"
+#include "shm_peer.h"
+
+typedef struct ps_shm_table ps_shm_table;
+
+/* enabled 0: every arena is refused ("--shm off"). */
+int ps_shm_table_create(int num_workers, int enabled, ps_shm_table **out);
+/* Drop every mapping (the last reference of each unmaps it). */
+void ps_shm_table_destroy(ps_shm_table *t);
+
+/* Rank r said hello with req: map the arena it names (a new one replaces the
+ * old; the same one is kept), or forget the old one when it names none.
+ * Fills reply->shm (1: payloads through the arena) and reply->shm_why, and
+ * logs which path the rank's payloads take. */
+void ps_shm_table_hello(ps_shm_table *t, int r, const ps_hello *req, ps_hello *reply);
+
+/* For a request of rank r with PS_FLAG_SHM naming [off, off + bytes) of its
+ * arena: a new reference to the arena, or NULL with why set (no arena mapped:
+ * a server restarted since the hello; or the range is outside it). */
+ps_shm_peer *ps_shm_table_take(ps_shm_table *t, int r, uint64_t off, uint64_t bytes,
+                               char *why, size_t why_len);
+
+/* Ranks whose payloads go through shared memory now. */
+int ps_shm_table_count(const ps_shm_table *t);
+
+#endif

@@ -1,0 +1,211 @@
+/* The same-host data plane: arenas (common/ps_shm.h), a worker's payloads
+ * through shared memory to live bin/ps_server processes with exactly the
+ * results of the network path, fallbacks, and nothing left in /dev/shm. */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ps_client.h"
+#include "ps_error.h"
+#include "ps_shm.h"
+#include "ps_test.h"
+
+#define WAIT_MS 5000
+
+/* ---------- arenas ---------- */
+
+PS_TEST(arena_create_attach_alloc_and_close_unlinks)
+{
+    ps_shm_arena a, b;
+    char why[256], path[128];
+    CHECK_OK(ps_shm_create(1 << 20, &a, why, sizeof why));
+    snprintf(path, sizeof path, "/dev/shm%s", a.name);
+    CHECK_MSG(access(path, F_OK) == 0, "no %s", path);
+    float *x = ps_shm_alloc(&a, 1000 * sizeof(float));
+    CHECK(x && (uintptr_t)x % PS_SHM_ALIGN == 0);
+    x[999] = 42.0f;
+    uint64_t off;
+    CHECK(ps_shm_contains(&a, x, 1000 * sizeof(float), &off));
+    CHECK(!ps_shm_contains(&a, x, (a.size) , &off)); /* runs past the end */
+    CHECK(!ps_shm_contains(&a, a.base, 4, &off));    /* the header is no buffer */
+    /* another mapping sees the same bytes */
+    CHECK_OK(ps_shm_attach(a.name, a.nonce, a.size, &b, why, sizeof why));
+    float *y = (float *)(b.base + off);
+    CHECK(y[999] == 42.0f);
+    CHECK(ps_shm_range_ok(&b, off, 1000 * sizeof(float)));
+    CHECK(!ps_shm_range_ok(&b, off + 2, 4));      /* misaligned */
+    CHECK(!ps_shm_range_ok(&b, 0, 4));            /* the header */
+    CHECK(!ps_shm_range_ok(&b, b.size - 4, 8));   /* past the end */
+    CHECK(ps_shm_owner_alive(&b));
+    /* a wrong nonce or size is another segment */
+    ps_shm_arena c;
+    CHECK_EQ_INT(ps_shm_attach(a.name, a.nonce + 2, a.size, &c, why, sizeof why), PS_EMISMATCH);
+    CHECK_EQ_INT(ps_shm_attach(a.name, a.nonce, a.size + 4096, &c, why, sizeof why),
+                 PS_EMISMATCH);
+    CHECK_EQ_INT(ps_shm_attach("/ps-1-0000000000000000", 1, 8192, &c, why, sizeof why),
+                 PS_ENOTFOUND);
+    ps_shm_close(&b);
+    ps_shm_close(&a);
+    CHECK_MSG(access(path, F_OK) != 0, "%s left behind", path);
+}
+
+PS_TEST(a_dead_owners_arena_is_swept_by_the_next_one)
+{
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        ps_shm_arena a;
+        char why[256];
+        if (ps_shm_create(4096, &a, why, sizeof why) == 0 &&
+            write(fds[1], a.name, sizeof a.name) == (ssize_t)sizeof a.name)
+            raise(SIGKILL); /* no chance to unlink */
+        _exit(1);
+    }
+    char name[PS_SHM_NAME_MAX] = "";
+    CHECK(read(fds[0], name, sizeof name) == (ssize_t)sizeof name);
+    close(fds[0]);
+    close(fds[1]);
+    int st;
+    waitpid(pid, &st, 0);
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    CHECK_MSG(access(path, F_OK) == 0, "the killed owner's %s is not there to sweep", path);
+    ps_shm_arena b;
+    char why[256];
+    CHECK_OK(ps_shm_create(4096, &b, why, sizeof why)); /* sweeps first */
+    CHECK_MSG(access(path, F_OK) != 0, "%s of a dead owner was not removed", path);
+    ps_shm_close(&b);
+}
+
+/* ---------- through live servers ---------- */
+
+typedef struct srv {
+    int pid;
+    char ep[64], log[300];
+} srv;
+
+static int srv_start(srv *s, const char *flags)
+{
+    char words[512];
+    snprintf(s->ep, sizeof s->ep, "tcp://127.0.0.1:%d", ps_test_free_port());
+    snprintf(s->log, sizeof s->log, "%s/server-%s.log", ps_test_tmpdir(), strrchr(s->ep, ':') + 1);
+    snprintf(words, sizeof words, "--bind %s %s", s->ep, flags);
+    s->pid = ps_test_spawn_words("ps_server", words, s->log);
+    return s->pid > 0 ? 0 : -1;
+}
+
+static void srv_stop(srv *s)
+{
+    if (s->pid > 0)
+        ps_test_stop(s->pid, 3000);
+    s->pid = 0;
+}
+
+static int open_client(const char *eps, int rank, int nw, int mode, int shm, size_t n,
+                       size_t chunk_bytes, ps_client **out, char *why, size_t len)
+{
+    ps_client_options o;
+    ps_client_options_default(&o);
+    o.servers = eps;
+    o.rank = rank;
+    o.num_workers = nw;
+    o.mode = mode;
+    o.hello_timeout_ms = WAIT_MS;
+    o.shm = shm;
+    o.chunk_bytes = chunk_bytes;
+    int rc = ps_client_open(&o, out);
+    if (rc) {
+        snprintf(why, len, "open: %s", ps_client_last_error(NULL));
+        return rc;
+    }
+    if ((rc = ps_client_register(*out, 1, n)) || (rc = ps_client_start(*out))) {
+        snprintf(why, len, "%s", ps_client_last_error(*out));
+        ps_client_close(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+static float gval(int rank, size_t i, int step)
+{
+    uint32_t x = (uint32_t)(rank * 7919 + (int)i * 104729 + step * 1299709) * 2654435761u;
+    return ldexpf(1.0f + (float)(x >> 8) / 16777216.0f, (int)((x >> 3) % 16) - 8) *
+           (x & 1 ? -1.0f : 1.0f);
+}
+
+/* One worker, async, sgd lr 0.5: steps of push then pull on 3 chunks over 2
+ * servers; the weights after `steps` into out.  shm picks the path. */
+static int run_async(int shm, int steps, float *out, size_t n, int *shm_servers, char *why,
+                     size_t len)
+{
+    srv s[2];
+    for (int k = 0; k < 2; k++) {
+        char flags[200];
+        snprintf(flags, sizeof flags, "--rank %d --num-servers 2 --num-workers 1 --mode async "
+                 "--optimizer sgd --lr 0.5", k);
+        if (srv_start(&s[k], flags))
+            return -1;
+    }
+    char eps[160];
+    snprintf(eps, sizeof eps, "%s,%s", s[0].ep, s[1].ep);
+    ps_client *c = NULL;
+    int rc = open_client(eps, 0, 1, PS_MODE_ASYNC, shm, n, 1600, &c, why, len);
+    float *w = NULL, *g = NULL;
+    if (!rc) {
+        *shm_servers = ps_client_shm_servers(c);
+        w = shm ? ps_client_shm_alloc(c, n * sizeof(float)) : NULL;
+        g = shm ? ps_client_shm_alloc(c, n * sizeof(float)) : NULL;
+        if (!w)
+            w = calloc(n, sizeof(float));
+        if (!g)
+            g = calloc(n, sizeof(float));
+        for (size_t i = 0; i < n; i++)
+            w[i] = (float)i * 0.25f;
+        ps_request r;
+        if ((rc = ps_client_init(c, 1, w, &r)) == 0)
+            rc = ps_request_wait(&r);
+        for (int t = 0; t < steps && !rc; t++) {
+            for (size_t i = 0; i < n; i++)
+                g[i] = gval(0, i, t);
+            if ((rc = ps_client_push(c, 1, g, t, &r)) == 0)
+                rc = ps_request_wait(&r);
+            if (!rc && (rc = ps_client_pull(c, 1, w, t + 1, &r)) == 0)
+                rc = ps_request_wait(&r);
+            if (rc)
+                snprintf(why, len, "step %d: %s", t, r.err);
+        }
+        memcpy(out, w, n * sizeof(float));
+        if (!shm || !ps_client_shm_servers(c)) {
+            free(w);
+            free(g);
+        }
+        ps_client_close(c);
+    }
+    srv_stop(&s[0]);
+    srv_stop(&s[1]);
+    return rc;
+}
+
+PS_TEST(async_through_shared_memory_equals_the_network_path_bitwise)
+{
+    enum { N = 1000, STEPS = 25 };
+    static float a[N], b[N];
+    char why[512] = "";
+    int on = -1, off = -1;
+    CHECK_MSG(run_async(1, STEPS, a, N, &on, why, sizeof why) == 0, "shm run: %s", why);
+    CHECK_MSG(run_async(0, STEPS, b, N, &off, why, sizeof why) == 0, "tcp run: %s", why);
+    CHECK_EQ_INT(on, 2);
+    CHECK_EQ_INT(off, 0);
+    CHECK(memcmp(a, b, sizeof a) == 0);
+    /* and the arithmetic: w = w0 - 0.5 * sum of the gradients, in step order */
+    for (size_t i = 0; i < N; i++) {
+        float w = (float)i * 0.25f;
+        for (int t = 0; t < STEPS; t++)
+            w -= 0.5f * gval(0, i, t);
+        CHECK_MSG(a[i] == w, "w[%zu] = %.9g, expected %.9g", i, a[i], w);
+    }
+}
