@@ -68,7 +68,7 @@ typedef struct ps_client_options {
      * ZeroMQ carries only the headers.  Buffers elsewhere, and servers on
      * other hosts, use the network as before.  0: no arena. */
     int shm;
-    size_t shm_bytes;      /* the arena's size; 0: four times the registered tensors */
+    size_t shm_bytes;      /* the arena's size; 0: six times the registered tensors */
 } ps_client_options;
 
 /* One posted operation, allocated by the caller and filled by libps.
@@ -142,6 +142,16 @@ typedef int (*ps_ready_fn)(void *arg);
 int ps_client_push_when(ps_client *c, uint64_t key, const float *grad, int64_t step,
                         ps_ready_fn ready, void *ready_arg, ps_request *req);
 
+/* Async only: push the sum of `count` >= 1 gradients, those of steps step ..
+ * step+count-1, in one message (a worker that kept computing while its last
+ * push was on the wire).  The servers apply it as one update with the mean
+ * of the gradients (computed on the same weights, they are one larger batch)
+ * that counts as `count` pushes: the worker's clock, the chunk's version and
+ * the update counters all go up by count.  ready: as ps_client_push_when
+ * (NULL: send at once).  count 1 is ps_client_push / ps_client_push_when. */
+int ps_client_push_sum(ps_client *c, uint64_t key, const float *sum, int64_t step, int count,
+                       ps_ready_fn ready, void *ready_arg, ps_request *req);
+
 /* 1 when complete, 0 while pending. */
 int ps_request_test(ps_request *req);
 /* Block until complete; returns its status (0 or PS_E*).  A request that
@@ -164,6 +174,9 @@ int ps_client_shutdown_servers(ps_client *c);
 void *ps_client_shm_alloc(ps_client *c, size_t bytes);
 /* How many servers move payloads through the arena (0..num servers). */
 int ps_client_shm_servers(const ps_client *c);
+/* The arena's buffers, [*base, *base + *bytes) (NULL, 0 without an arena):
+ * e.g. to page-lock it for a GPU's copies. */
+void ps_client_shm_region(const ps_client *c, void **base, size_t *bytes);
 
 /* Placement introspection (for tests and tools). */
 int ps_client_num_servers(const ps_client *c);

@@ -112,7 +112,9 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     int is_stats = h->type == PS_MSG_STATS && (h->flags & PS_FLAG_REPLY);
     int is_error = h->type == PS_MSG_ERROR;
     int is_shm = (h->flags & PS_FLAG_SHM) != 0;
-    size_t n = 11 + (size_t)is_hello + (size_t)is_stats + 2 * (size_t)is_error + (size_t)is_shm;
+    int is_sum = h->npush > 1;
+    size_t n = 11 + (size_t)is_hello + (size_t)is_stats + 2 * (size_t)is_error + (size_t)is_shm +
+               (size_t)is_sum;
     msgpack_pack_map(&pk, n);
     pk_u64(&pk, "v", h->version);
     pk_u64(&pk, "t", h->type);
@@ -127,6 +129,8 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     pk_u64(&pk, "tot", h->total);
     if (is_shm) /* the payload's place in the worker's arena */
         pk_u64(&pk, "o", h->shm_off);
+    if (is_sum) /* a sum of that many gradients */
+        pk_u64(&pk, "m", h->npush);
     if (is_error) {
         pk_i64(&pk, "ec", h->err_code);
         size_t tl = strnlen(h->err_text, PS_ERR_TEXT_MAX);
@@ -522,6 +526,8 @@ static int decode_map(const msgpack_object *root, ps_header *h, char *why, size_
             FIELD_U(v, "tot", h->total, 0, UINT64_MAX / 8);
         else if (key_is(k, "o"))
             FIELD_U(v, "o", h->shm_off, 0, UINT64_MAX / 8);
+        else if (key_is(k, "m"))
+            FIELD_U(v, "m", h->npush, 1, 1u << 30);
         else if (key_is(k, "ec"))
             FIELD_I(v, "ec", h->err_code, 0, 1000);
         else if (key_is(k, "et")) {

@@ -77,6 +77,8 @@ typedef struct ps_header {
     uint32_t dtype;    /* enum ps_dtype; 0 when no payload */
     uint64_t total;    /* INIT: elements of the whole tensor (length check) */
     uint64_t shm_off;  /* PS_FLAG_SHM: offset of the payload in the worker's arena */
+    uint32_t npush;    /* async push: how many gradients (of steps step .. step+npush-1)
+                          its payload sums; 0 and 1 both mean one (key "m", sent when > 1) */
     int32_t err_code;  /* ERROR: PS_E* code */
     char err_text[PS_ERR_TEXT_MAX + 1];
     ps_hello hello;    /* HELLO only */

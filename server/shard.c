@@ -93,6 +93,8 @@ struct ps_shard {
     int trace_tid;
     int (*merge)(void *user, void *queued, void *incoming);
     uint64_t spares, spare_bytes, pin_copies; /* see ps_shard_buffer_counts */
+    float *mean;              /* async: the mean of a push that sums several gradients */
+    size_t mean_cap;
 };
 
 static uint64_t mix(uint64_t key, uint32_t c)
@@ -215,6 +217,7 @@ void ps_shard_destroy(ps_shard *s)
             free_chunk(s, s->table[i]);
     free(s->table);
     free(s->live);
+    free(s->mean);
     free(s);
 }
 
@@ -471,7 +474,10 @@ static void wake(ps_shard *s, chunk *ch)
  * out of place, into a buffer no reply holds (ps_shard_pin made sure there is
  * one), which becomes the current one: a reply in flight keeps exactly the
  * weights of the version it names. */
-static void apply(ps_shard *s, chunk *ch, const float *g)
+/* One update with gradient g, which sums m pushes (async: a worker's
+ * accumulated gradients; else 1): the version and the update count go up by
+ * m, and the optimizer's step count t is that of the last of them. */
+static void apply(ps_shard *s, chunk *ch, const float *g, int64_t m)
 {
     int64_t t0 = s->trace ? ps_now_ns() : 0;
     int dst = ch->cur;
@@ -486,12 +492,12 @@ static void apply(ps_shard *s, chunk *ch, const float *g)
         }
     }
     float *out = wbuf_data(ch->buf[dst]);
-    ps_opt_apply_to(&s->cfg.opt, ch->w, out, ch->s0, ch->s1, g, ch->n, ch->version + 1);
+    ps_opt_apply_to(&s->cfg.opt, ch->w, out, ch->s0, ch->s1, g, ch->n, ch->version + m);
     ch->cur = dst;
     ch->w = out;
-    ch->version++;
-    s->st.updates++;
-    version_raised(s, ch->version - 1);
+    ch->version += m;
+    s->st.updates += (uint64_t)m;
+    version_raised(s, ch->version - m);
     if (s->trace)
         ps_trace_event(s->trace, "apply", "update", s->trace_tid, t0, ps_now_ns(), ch->version,
                        -1);
@@ -518,7 +524,7 @@ static void finish_round(ps_shard *s, chunk *ch)
     float nw = (float)ch->ncontrib;
     for (size_t i = 0; i < ch->n; i++)
         sum[i] = sum[i] / nw;
-    apply(s, ch, sum);
+    apply(s, ch, sum, 1);
     ch->next_rank = 0;
     ch->ncontrib = 0;
     ch->ff_ok = 0;
@@ -579,9 +585,22 @@ int ps_shard_push(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t step,
                   size_t n, void *hold, int *kept, int *dup, int64_t *version, char *why,
                   size_t why_len)
 {
+    return ps_shard_push_sum(s, key, c, rank, step, 1, g, n, hold, kept, dup, version, why,
+                             why_len);
+}
+
+int ps_shard_push_sum(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t step, int64_t m,
+                      const float *g, size_t n, void *hold, int *kept, int *dup,
+                      int64_t *version, char *why, size_t why_len)
+{
     *kept = 0;
     *dup = 0;
-    s->st.pushes++;
+    if (m < 1 || (m > 1 && s->cfg.mode != PS_MODE_ASYNC)) {
+        ps_errorf(why, why_len, "a push summing %lld gradients: only async mode takes sums",
+            (long long)m);
+        return PS_EPROTO;
+    }
+    s->st.pushes += (uint64_t)m;
     s->st.bytes_in += n * sizeof(float);
     chunk *ch = find_initialized(s, key, c, why, why_len);
     if (!ch)
@@ -604,8 +623,28 @@ int ps_shard_push(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t step,
             s->st.dup_dropped++;
             return 0;
         }
-        ch->clock[rank] = step + 1;
-        apply(s, ch, g);
+        if (m > 1) {
+            /* gradients a worker computed on the same (stale) weights while
+             * its last push was on the wire: one update with their mean,
+             * like a larger batch (their sum at the same rate diverges as
+             * the sums grow) */
+            if (s->mean_cap < n) {
+                float *p = realloc(s->mean, n * sizeof(float));
+                if (!p) {
+                    ps_errorf(why, why_len, "out of memory for the mean of %lld gradients",
+                        (long long)m);
+                    return PS_ENOMEM;
+                }
+                s->mean = p;
+                s->mean_cap = n;
+            }
+            float inv = 1.0f / (float)m;
+            for (size_t i = 0; i < n; i++)
+                s->mean[i] = g[i] * inv;
+            g = s->mean;
+        }
+        ch->clock[rank] = step + m;
+        apply(s, ch, g, m);
         if (ch->nwait)
             wake(s, ch);
         *version = ch->version;

@@ -97,6 +97,16 @@ int ps_shard_push(ps_shard *s, uint64_t key, uint32_t chunk, int rank, int64_t s
                   const float *g, size_t n, void *hold, int *kept, int *dup, int64_t *version,
                   char *why, size_t why_len);
 
+/* The same for a push whose g sums m >= 1 gradients of the worker's steps
+ * step .. step+m-1 (async only; PS_EPROTO otherwise): one update with their
+ * mean that counts as m pushes and m updates, raising the version and the
+ * worker's clock by m (a worker that accumulated gradients while its last
+ * push was on the wire, so it never waits for a round trip; they were all
+ * computed on the same weights, so they are one larger batch). */
+int ps_shard_push_sum(ps_shard *s, uint64_t key, uint32_t chunk, int rank, int64_t step, int64_t m,
+                      const float *g, size_t n, void *hold, int *kept, int *dup,
+                      int64_t *version, char *why, size_t why_len);
+
 /* A pull of version `want` by `rank`.  When it can be answered now it returns
  * 0 with *queued = 0 and *w, *n, *version set (w valid until the next call on
  * this shard, or until ps_shard_unpin when pinned); otherwise it queues

@@ -373,8 +373,9 @@ static void upd_request(ps_updater *u, const ps_header *h, ps_shm_peer *shm, zmq
             g->g = data;
         }
         int kept = 0, dup = 0;
-        rc = ps_shard_push(u->shard, h->key, h->chunk, h->rank, h->step, g->g, (size_t)h->count,
-                           g, &kept, &dup, &version, why, sizeof why);
+        rc = ps_shard_push_sum(u->shard, h->key, h->chunk, h->rank, h->step,
+                               h->npush > 1 ? h->npush : 1, g->g, (size_t)h->count, g, &kept,
+                               &dup, &version, why, sizeof why);
         if (!kept)
             hold_free(g);
         if (!rc && kept && in_arena && h->type == PS_MSG_PUSH && !u->cfg.defer_acks) {

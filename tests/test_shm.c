@@ -209,3 +209,102 @@ PS_TEST(async_through_shared_memory_equals_the_network_path_bitwise)
         CHECK_MSG(a[i] == w, "w[%zu] = %.9g, expected %.9g", i, a[i], w);
     }
 }
+
+/* Two workers, sync, 2 servers, 3 chunks: each worker's thread pushes its
+ * gradients of step t and pulls version t+1.  The weights worker 0 ends with. */
+typedef struct sync_arg {
+    const char *eps;
+    int rank, shm, steps, rc;
+    size_t n;
+    float *out;
+    char why[256];
+} sync_arg;
+
+#include <pthread.h>
+
+static void *sync_worker(void *p)
+{
+    sync_arg *a = p;
+    ps_client *c = NULL;
+    a->rc = open_client(a->eps, a->rank, 2, PS_MODE_SYNC, a->shm, a->n, 1600, &c, a->why,
+                        sizeof a->why);
+    if (a->rc)
+        return NULL;
+    float *w = a->shm ? ps_client_shm_alloc(c, a->n * sizeof(float)) : NULL;
+    float *g[2] = {a->shm ? ps_client_shm_alloc(c, a->n * sizeof(float)) : NULL,
+                   a->shm ? ps_client_shm_alloc(c, a->n * sizeof(float)) : NULL};
+    int own = !w;
+    if (own) {
+        w = calloc(a->n, sizeof(float));
+        g[0] = calloc(a->n, sizeof(float));
+        g[1] = calloc(a->n, sizeof(float));
+    }
+    for (size_t i = 0; i < a->n; i++)
+        w[i] = (float)i * 0.25f;
+    ps_request r, pr;
+    if ((a->rc = ps_client_init(c, 1, w, &r)) == 0)
+        a->rc = ps_request_wait(&r);
+    for (int t = 0; t < a->steps && !a->rc; t++) {
+        /* the gradient buffers alternate, as the exchange's do */
+        float *gt = g[t & 1];
+        for (size_t i = 0; i < a->n; i++)
+            gt[i] = gval(a->rank, i, t);
+        if ((a->rc = ps_client_push(c, 1, gt, t, &r)) == 0 &&
+            (a->rc = ps_client_pull(c, 1, w, t + 1, &pr)) == 0 &&
+            (a->rc = ps_request_wait(&pr)) == 0)
+            a->rc = ps_request_wait(&r);
+        if (a->rc)
+            snprintf(a->why, sizeof a->why, "step %d: %.100s %.100s", t, r.err, pr.err);
+    }
+    memcpy(a->out, w, a->n * sizeof(float));
+    if (own) {
+        free(w);
+        free(g[0]);
+        free(g[1]);
+    }
+    ps_client_close(c);
+    return NULL;
+}
+
+static int run_sync(int shm, int steps, float *out, size_t n, char *why, size_t len)
+{
+    srv s[2];
+    for (int k = 0; k < 2; k++) {
+        char flags[200];
+        snprintf(flags, sizeof flags, "--rank %d --num-servers 2 --num-workers 2 --mode sync "
+                 "--optimizer momentum --lr 0.125", k);
+        if (srv_start(&s[k], flags))
+            return -1;
+    }
+    char eps[160];
+    snprintf(eps, sizeof eps, "%s,%s", s[0].ep, s[1].ep);
+    static float other[4096];
+    sync_arg a[2] = {{eps, 0, shm, steps, 0, n, out, ""}, {eps, 1, shm, steps, 0, n, other, ""}};
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++)
+        pthread_create(&th[k], NULL, sync_worker, &a[k]);
+    for (int k = 0; k < 2; k++)
+        pthread_join(th[k], NULL);
+    srv_stop(&s[0]);
+    srv_stop(&s[1]);
+    for (int k = 0; k < 2; k++)
+        if (a[k].rc) {
+            snprintf(why, len, "worker %d: %s", k, a[k].why);
+            return a[k].rc;
+        }
+    if (memcmp(out, other, n * sizeof(float)) != 0) {
+        snprintf(why, len, "the two workers ended with different weights");
+        return -1;
+    }
+    return 0;
+}
+
+PS_TEST(sync_two_workers_through_shared_memory_equal_the_network_path_bitwise)
+{
+    enum { N = 1000, STEPS = 20 };
+    static float a[N], b[N];
+    char why[512] = "";
+    CHECK_MSG(run_sync(1, STEPS, a, N, why, sizeof why) == 0, "shm run: %s", why);
+    CHECK_MSG(run_sync(0, STEPS, b, N, why, sizeof why) == 0, "tcp run: %s", why);
+    CHECK(memcmp(a, b, sizeof a) == 0);
+}

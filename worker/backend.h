@@ -37,6 +37,12 @@ struct ps_backend {
     void (*free)(ps_backend *b, void *p);
     int (*alloc_host)(ps_backend *b, size_t bytes, void **out);
     void (*free_host)(ps_backend *b, void *p);
+    /* Page-lock host memory the program mapped itself (the shared-memory
+     * arena), so copies to and from it run by DMA like alloc_host's; undone
+     * by host_unregister before it is unmapped.  NULL on a backend whose
+     * memory is host memory (nothing to do). */
+    int (*host_register)(ps_backend *b, void *p, size_t bytes);
+    void (*host_unregister)(ps_backend *b, void *p);
     /* kind: 0 host->device, 1 device->host, 2 device->device; async on stream */
     int (*copy)(ps_backend *b, void *dst, const void *src, size_t bytes, int kind, int stream);
     int (*fill)(ps_backend *b, float *x, float value, size_t n);

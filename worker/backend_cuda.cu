@@ -454,6 +454,28 @@ static void cu_free_host(ps_backend *b, void *p)
     CUDA_LOG(cudaFreeHost(p));
 }
 
+static int cu_host_register(ps_backend *b, void *p, size_t bytes)
+{
+    cuda_ctx *c = ctx_of(b);
+    SET_DEVICE(c);
+    cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    if (e != cudaSuccess) {
+        ps_error("%s:%d: cudaHostRegister(%zu bytes) on %s: %s", __FILE__, __LINE__, bytes,
+                 c->name, cudaGetErrorString(e));
+        (void)cudaGetLastError();
+        return PS_EDEVICE;
+    }
+    return 0;
+}
+
+static void cu_host_unregister(ps_backend *b, void *p)
+{
+    if (!p)
+        return;
+    CUDA_LOG(cudaSetDevice(ctx_of(b)->device));
+    CUDA_LOG(cudaHostUnregister(p));
+}
+
 static int cu_copy(ps_backend *b, void *dst, const void *src, size_t bytes, int kind, int stream)
 {
     cuda_ctx *c = ctx_of(b);
@@ -951,6 +973,8 @@ extern "C" int ps_backend_cuda_create(int device, ps_backend **out, char *why, s
     b->free = cu_free;
     b->alloc_host = cu_alloc_host;
     b->free_host = cu_free_host;
+    b->host_register = cu_host_register;
+    b->host_unregister = cu_host_unregister;
     b->copy = cu_copy;
     b->fill = cu_fill;
     b->gemm = cu_gemm;

@@ -67,7 +67,7 @@ static long find_tensor(const ps_client *c, uint64_t key)
 }
 
 static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src, float *dst,
-                     int64_t step, ps_ready_fn ready, void *ready_arg, ps_request *req)
+                     int64_t step, int npush, ps_ready_fn ready, void *ready_arg, ps_request *req)
 {
     if (!req)
         return PS_EINVAL;
@@ -78,7 +78,8 @@ static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src
     else if ((t = find_tensor(c, key)) < 0)
         rc = PS_ENOTFOUND;
     else if ((ps_msg_request_has_payload(type) && !src) || (ps_msg_reply_has_payload(type) && !dst) ||
-             step < 0 || step > INT64_MAX / 2)
+             step < 0 || step > INT64_MAX / 2 || npush < 1 || npush > (1 << 30) ||
+             (npush > 1 && c->opt.mode != PS_MODE_ASYNC))
         rc = PS_EINVAL;
     if (rc) {
         psc_req_fail(req, rc, t < 0 && rc == PS_ENOTFOUND ? "key was not registered" : ps_strerror(rc));
@@ -87,7 +88,8 @@ static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src
     int nchunks = (int)c->place.tensor_chunks[t];
     psc_req_reset(c, req, nchunks * (ps_msg_request_has_payload(type) ? 2 : 1));
     psc_op o = {.type = type, .server = -1, .tensor = (uint32_t)t, .src = src, .dst = dst,
-            .step = step, .req = req, .out = NULL, .ready = ready, .ready_arg = ready_arg};
+            .step = step, .req = req, .out = NULL, .ready = ready, .ready_arg = ready_arg,
+            .npush = npush};
     rc = psc_post(c, &o);
     if (rc)
         psc_req_fail(req, rc, ps_strerror(rc));
@@ -96,29 +98,35 @@ static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src
 
 int ps_client_init(ps_client *c, uint64_t key, const float *values, ps_request *req)
 {
-    return post_data(c, PS_MSG_INIT, key, values, NULL, 0, NULL, NULL, req);
+    return post_data(c, PS_MSG_INIT, key, values, NULL, 0, 1, NULL, NULL, req);
 }
 
 int ps_client_push(ps_client *c, uint64_t key, const float *grad, int64_t step, ps_request *req)
 {
-    return post_data(c, PS_MSG_PUSH, key, grad, NULL, step, NULL, NULL, req);
+    return post_data(c, PS_MSG_PUSH, key, grad, NULL, step, 1, NULL, NULL, req);
 }
 
 int ps_client_pull(ps_client *c, uint64_t key, float *dst, int64_t step, ps_request *req)
 {
-    return post_data(c, PS_MSG_PULL, key, NULL, dst, step, NULL, NULL, req);
+    return post_data(c, PS_MSG_PULL, key, NULL, dst, step, 1, NULL, NULL, req);
 }
 
 int ps_client_pushpull(ps_client *c, uint64_t key, const float *grad, float *dst, int64_t step,
                        ps_request *req)
 {
-    return post_data(c, PS_MSG_PUSHPULL, key, grad, dst, step, NULL, NULL, req);
+    return post_data(c, PS_MSG_PUSHPULL, key, grad, dst, step, 1, NULL, NULL, req);
 }
 
 int ps_client_push_when(ps_client *c, uint64_t key, const float *grad, int64_t step,
                         ps_ready_fn ready, void *ready_arg, ps_request *req)
 {
-    return post_data(c, PS_MSG_PUSH, key, grad, NULL, step, ready, ready_arg, req);
+    return post_data(c, PS_MSG_PUSH, key, grad, NULL, step, 1, ready, ready_arg, req);
+}
+
+int ps_client_push_sum(ps_client *c, uint64_t key, const float *sum, int64_t step, int count,
+                       ps_ready_fn ready, void *ready_arg, ps_request *req)
+{
+    return post_data(c, PS_MSG_PUSH, key, sum, NULL, step, count, ready, ready_arg, req);
 }
 
 /* Post a control message to one server. */

@@ -120,6 +120,7 @@ static void fill_header(const ps_client *c, uint32_t i, ps_header *h)
     h->key = s->key;
     h->chunk = s->chunk;
     h->step = s->step;
+    h->npush = s->type == PS_MSG_PUSH ? s->npush : 0;
     if (ps_msg_request_has_payload(s->type)) {
         h->count = s->count;
         h->dtype = PS_DTYPE_F32;

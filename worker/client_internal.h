@@ -65,6 +65,7 @@ typedef struct psc_op {
     void *out;        /* HELLO: ps_hello reply; STATS: ps_stats */
     ps_ready_fn ready;/* push_when: send once ready(ready_arg) != 0 */
     void *ready_arg;
+    int npush;        /* push: how many gradients src sums (ps_client_push_sum) */
 } psc_op;
 
 /* One message in flight to one server.  Indexed by the low 32 bits of the
@@ -83,6 +84,7 @@ typedef struct psc_sub {
     const float *src;
     float *dst;
     int64_t step;
+    uint32_t npush;  /* push: gradients summed in the payload (1 usually) */
     void *out;
     int64_t deadline_ns; /* resend time, when resending is on */
     int64_t backoff_ns;

@@ -180,6 +180,7 @@ uint32_t psc_slot_new(ps_client *c, const psc_op *o, int server)
     s->src = NULL;
     s->dst = NULL;
     s->step = o->step;
+    s->npush = o->npush > 1 ? (uint32_t)o->npush : 1;
     s->out = o->out;
     s->backoff_ns = (int64_t)c->opt.request_timeout_ms * 1000000LL;
     s->deadline_ns = INT64_MAX;

@@ -35,9 +35,10 @@ int psc_shm_setup(ps_client *c)
     if (!c->arena.base) {
         size_t bytes = c->opt.shm_bytes;
         if (!bytes) {
-            /* four buffers a tensor: front and back weights, two gradients */
+            /* six buffers a tensor: front and back weights, three gradients
+             * (the exchange's), one spare; pages not touched cost nothing */
             for (size_t t = 0; t < c->nspecs; t++)
-                bytes += 4 * ((c->specs[t].count * sizeof(float) + PS_SHM_ALIGN - 1) &
+                bytes += 6 * ((c->specs[t].count * sizeof(float) + PS_SHM_ALIGN - 1) &
                               ~(size_t)(PS_SHM_ALIGN - 1));
             bytes += 64 << 10;
         }
@@ -98,3 +99,13 @@ void *ps_client_shm_alloc(ps_client *c, size_t bytes)
 }
 
 int ps_client_shm_servers(const ps_client *c) { return c ? c->shm_servers : 0; }
+
+void ps_client_shm_region(const ps_client *c, void **base, size_t *bytes)
+{
+    *base = NULL;
+    *bytes = 0;
+    if (c && c->started && c->arena.base) {
+        *base = c->arena.base + PS_SHM_HEADER_BYTES;
+        *bytes = c->arena.size - PS_SHM_HEADER_BYTES;
+    }
+}

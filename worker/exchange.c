@@ -3,6 +3,7 @@
 #include "exchange.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "ps_error.h"
 #include "ps_log.h"
@@ -10,6 +11,11 @@
 
 /* A wait shorter than this is not worth a timeline event. */
 #define WAIT_EVENT_NS 20000
+
+/* Gradient buffers per tensor: one on the wire, one backward writes, and in
+ * async mode one more for the sum of the gradients that came while the wire
+ * was busy. */
+#define NGRAD 3
 
 /* One tensor's buffers and requests. */
 typedef struct tensor {
@@ -19,16 +25,23 @@ typedef struct tensor {
     float *front;      /* device: what compute reads */
     float *back;       /* device: what pulls fill */
     float *own_w;      /* the weight buffer we allocated (front or back) */
-    float *grad[2];    /* device: [0] the caller's, [1] ours; alternate per push */
+    float *gbuf[NGRAD];/* device: [0] the caller's, the others ours */
+    int own_g;         /* gbuf[1..] are ours to free (not in the arena) */
     float *g;          /* the one the next backward writes */
+    float *wire;       /* the one the push in flight sends (NULL: none) */
+    float *acc;        /* async: the sum of gradients that waited for the wire */
+    int64_t acc_n;     /* how many it sums */
+    int64_t acc_step;  /* the step of the first of them */
     float *host_grad;  /* pinned host: the gradient the comm thread sends (device only) */
     float *host_pull;  /* pinned host: where pulls land (device only) */
+    int own_host;      /* host_grad/host_pull are ours to free (not in the arena) */
     ps_event *grad_done, *grad_copied, *pull_copied;
     ps_request push, pull;
     int in_flight;     /* push+pull posted, not yet seen complete */
     int landed;        /* the pull completed; back holds newer weights than front */
     int push_logged;   /* the push's timeline event is written */
-    int64_t step;      /* the step of the push in flight (its pull asks for step+1) */
+    int64_t step;      /* the step of the push in flight (its pull asks for step+npush) */
+    int npush;         /* gradients the push in flight sums */
     int64_t posted_ns;
     ps_backend *b;     /* for copy_done on the comm thread */
 } tensor;
@@ -37,10 +50,15 @@ struct ps_exchange {
     ps_backend *b;
     ps_client *client;
     int mode;
+    int accumulate;    /* async: a gradient need not wait for the wire */
+    int64_t max_sum;   /* how many may wait in a sum (--max-staleness; unbounded: max) */
     int started;
+    int in_arena;      /* the buffers live in the client's shared-memory arena */
+    void *registered;  /* the arena as registered with the device (pinned) */
     tensor *t;
     int n, cap;
     int64_t wait_ns;   /* time blocked on requests since ps_exchange_take_wait_ns */
+    uint64_t summed;   /* gradients that went out in a sum instead of waiting */
     ps_trace *trace;
     int wait_tid, request_tid;
 };
@@ -104,6 +122,7 @@ static int landed(ps_exchange *x, int i)
 {
     tensor *t = &x->t[i];
     t->in_flight = 0;
+    t->wire = NULL; /* the server is done with it */
     int rc = t->push.status ? t->push.status : t->pull.status;
     if (rc) {
         ps_error("step %lld: %s of param %d failed: %s (%s)", (long long)t->step,
@@ -112,7 +131,7 @@ static int landed(ps_exchange *x, int i)
         return rc;
     }
     ps_trace_event(x->trace, "pull", "comm", x->request_tid, t->posted_ns, t->pull.done_ns,
-                   t->step + 1, t->tag);
+                   t->step + t->npush, t->tag);
     if ((rc = stage_in(x, t, t->back, PS_STREAM_COPY)))
         return rc;
     t->landed = 1;
@@ -149,7 +168,8 @@ static int settle(ps_exchange *x, int i, int block)
         int64_t t1 = ps_now_ns();
         x->wait_ns += t1 - t0;
         if (t1 - t0 > WAIT_EVENT_NS)
-            ps_trace_event(x->trace, "wait", "comm", x->wait_tid, t0, t1, t->step + 1, t->tag);
+            ps_trace_event(x->trace, "wait", "comm", x->wait_tid, t0, t1, t->step + t->npush,
+                           t->tag);
     }
     return landed(x, i);
 }
@@ -171,27 +191,49 @@ static int swap_in(ps_exchange *x, tensor *t)
     return 0;
 }
 
-/* Post the gradient of tensor t for `step` and the pull of step+1. */
-static int post(ps_exchange *x, tensor *t, int64_t step)
+/* A gradient buffer that nothing holds: not on the wire, not the sum, not
+ * the one backward writes. */
+static float *free_grad(const tensor *t)
+{
+    for (int k = 0; k < NGRAD; k++)
+        if (t->gbuf[k] && t->gbuf[k] != t->wire && t->gbuf[k] != t->acc && t->gbuf[k] != t->g)
+            return t->gbuf[k];
+    return NULL;
+}
+
+/* Post gradient buffer `send` of tensor t, which sums npush gradients from
+ * `step` on, and the pull of the version after them; backward writes
+ * another buffer while this one is on the wire. */
+static int post(ps_exchange *x, tensor *t, float *send_buf, int64_t step, int npush)
 {
     const float *send;
     ps_ready_fn ready;
-    int rc = stage_out(x, t, t->g, &send, &ready);
+    int rc = stage_out(x, t, send_buf, &send, &ready);
     if (rc)
         return rc;
     t->step = step;
+    t->npush = npush;
     t->posted_ns = ps_now_ns();
     /* on a device the comm thread sends once the copy's event has happened;
      * the training thread goes straight on with the backward of earlier layers */
-    if ((rc = ready ? ps_client_push_when(x->client, t->key, send, step, ready, t, &t->push)
-                    : ps_client_push(x->client, t->key, send, step, &t->push)) ||
-        (rc = ps_client_pull(x->client, t->key, landing(x, t, t->back), step + 1, &t->pull)))
+    if ((rc = npush > 1 || ready
+                  ? ps_client_push_sum(x->client, t->key, send, step, npush, ready, t, &t->push)
+                  : ps_client_push(x->client, t->key, send, step, &t->push)) ||
+        (rc = ps_client_pull(x->client, t->key, landing(x, t, t->back), step + npush,
+                             &t->pull)))
         return rc;
     t->in_flight = 1;
     t->push_logged = 0;
-    /* the next backward writes the other buffer while this one is on the wire */
-    t->g = t->g == t->grad[0] ? t->grad[1] : t->grad[0];
+    t->wire = send_buf;
+    if (t->g == send_buf)
+        t->g = free_grad(t);
     return 0;
+}
+
+/* Add gradient g into the sum acc on the compute stream. */
+static int add_into(ps_exchange *x, tensor *t, float *acc, const float *g)
+{
+    return x->b->axpy(x->b, acc, 1.0f, g, t->count);
 }
 
 /* Pull tensor t's current weights on the servers (version 0: whatever they
@@ -214,6 +256,12 @@ int ps_exchange_open(const ps_client_options *o, ps_backend *b, ps_exchange **ou
         return PS_ENOMEM;
     x->b = b;
     x->mode = o->mode;
+    /* async: a gradient that finds the wire busy joins a sum instead of
+     * waiting; with --max-staleness k at most k of them, so the worker never
+     * computes more than k steps past the weights it last pulled (k = 0:
+     * lock-step, it always waits) */
+    x->accumulate = o->mode == PS_MODE_ASYNC && o->max_staleness != 0;
+    x->max_sum = o->max_staleness < 0 ? INT64_MAX : o->max_staleness;
     int rc = ps_client_open(o, &x->client);
     if (rc) {
         free(x);
@@ -228,6 +276,84 @@ void ps_exchange_set_trace(ps_exchange *x, ps_trace *t, int wait_tid, int reques
     x->trace = t;
     x->wait_tid = wait_tid;
     x->request_tid = request_tid;
+}
+
+/* Gradient buffers a tensor needs: the sum is only kept in async mode. */
+static int grad_buffers(const ps_exchange *x) { return x->accumulate ? 3 : 2; }
+
+/* Free what tensor t's buffers came from the backend (not the arena's, not
+ * the caller's). */
+static void free_own(ps_backend *b, tensor *t)
+{
+    if (t->own_w)
+        b->free(b, t->own_w);
+    t->own_w = NULL;
+    for (int k = 1; t->own_g && k < NGRAD; k++)
+        if (t->gbuf[k])
+            b->free(b, t->gbuf[k]);
+    t->own_g = 0;
+    if (t->own_host) {
+        if (t->host_grad)
+            b->free_host(b, t->host_grad);
+        if (t->host_pull)
+            b->free_host(b, t->host_pull);
+    }
+    t->own_host = 0;
+}
+
+/* Same host as a server (ps_client_shm_servers > 0): the buffers the
+ * network would carry move into the client's shared-memory arena, so a
+ * server reads gradients where backward wrote them and writes weights where
+ * forward reads them: on host memory the weights and gradients themselves;
+ * on a device the pinned staging buffers, the arena page-locked for DMA.
+ * Best effort: a tensor the arena has no room for stays where it was. */
+static void to_arena(ps_exchange *x)
+{
+    ps_backend *b = x->b;
+    if (!b->host_memory) {
+        void *base;
+        size_t bytes;
+        ps_client_shm_region(x->client, &base, &bytes);
+        if (!base || (b->host_register && b->host_register(b, base, bytes) != 0))
+            return;
+        x->registered = b->host_register ? base : NULL;
+    }
+    int moved = 0;
+    for (int i = 0; i < x->n; i++) {
+        tensor *t = &x->t[i];
+        size_t bytes = t->count * sizeof(float);
+        float *buf[2 + NGRAD] = {0};
+        int need = b->host_memory ? 2 + grad_buffers(x) : 2, k;
+        for (k = 0; k < need; k++)
+            if (!(buf[k] = ps_client_shm_alloc(x->client, bytes)))
+                break;
+        if (k < need) {
+            ps_warn("the shared-memory arena is full at tensor %d of %d: the rest go over the "
+                    "network", i, x->n);
+            break;
+        }
+        if (b->host_memory) {
+            memcpy(buf[0], t->front, bytes); /* the first weights, before init */
+            free_own(b, t);
+            t->front = buf[0];
+            t->back = buf[1];
+            for (k = 0; k < NGRAD; k++)
+                t->gbuf[k] = k < grad_buffers(x) ? buf[2 + k] : NULL;
+            t->g = t->gbuf[0];
+        } else {
+            if (t->own_host) {
+                b->free_host(b, t->host_grad);
+                b->free_host(b, t->host_pull);
+            }
+            t->own_host = 0;
+            t->host_grad = buf[0];
+            t->host_pull = buf[1];
+        }
+        moved++;
+    }
+    x->in_arena = moved > 0;
+    ps_info("%d of %d tensors in shared memory (%s buffers)", moved, x->n,
+            b->host_memory ? "weight and gradient" : "pinned staging");
 }
 
 int ps_exchange_add(ps_exchange *x, uint64_t key, size_t count, float *w, float *g, int tag)
@@ -245,15 +371,19 @@ int ps_exchange_add(ps_exchange *x, uint64_t key, size_t count, float *w, float 
     }
     tensor *t = &x->t[x->n++];
     *t = (tensor){.key = key, .count = count, .tag = tag, .front = w, .g = g};
-    t->grad[0] = g;
+    t->gbuf[0] = g;
+    t->own_g = 1;
     t->b = x->b;
     ps_backend *b = x->b;
     size_t bytes = count * sizeof(float);
     int rc;
-    if ((rc = b->alloc(b, bytes, (void **)&t->own_w)) ||
-        (rc = b->alloc(b, bytes, (void **)&t->grad[1])))
+    if ((rc = b->alloc(b, bytes, (void **)&t->own_w)))
         return rc;
+    for (int k = 1; k < grad_buffers(x); k++)
+        if ((rc = b->alloc(b, bytes, (void **)&t->gbuf[k])))
+            return rc;
     t->back = t->own_w;
+    t->own_host = 1;
     if (!b->host_memory &&
         ((rc = b->alloc_host(b, bytes, (void **)&t->host_grad)) ||
          (rc = b->alloc_host(b, bytes, (void **)&t->host_pull)) ||
@@ -272,6 +402,8 @@ int ps_exchange_start(ps_exchange *x)
         return rc;
     }
     x->started = 1;
+    if (ps_client_shm_servers(x->client) > 0)
+        to_arena(x);
     for (int i = 0; i < x->n; i++) {
         tensor *t = &x->t[i];
         const float *send;
@@ -316,24 +448,67 @@ int ps_exchange_before_use(ps_exchange *x, int i)
     return rc ? rc : swap_in(x, &x->t[i]);
 }
 
-/* Async accumulation (DESIGN.md) goes here: when the previous push is still
- * on the wire, add the gradient into a per-tensor sum instead of waiting,
- * and post the sum with the next gradient that finds the wire free; the
- * callers would not change. */
 int ps_exchange_grad_ready(ps_exchange *x, int i, int64_t step)
 {
+    tensor *t = &x->t[i];
+    int rc;
+    if (x->accumulate && t->in_flight && t->acc_n < x->max_sum &&
+        !(ps_request_test(&t->push) && ps_request_test(&t->pull))) {
+        /* async: the wire is busy with the previous push; never wait for a
+         * round trip: keep this gradient in the sum, sent when it is free */
+        if (!t->acc) {
+            t->acc = t->g;
+            t->acc_n = 1;
+            t->acc_step = step;
+            t->g = free_grad(t);
+        } else {
+            if ((rc = add_into(x, t, t->acc, t->g)))
+                return rc;
+            t->acc_n++;
+        }
+        return 0;
+    }
     /* the previous step's requests hold the back buffer: finish them */
-    int rc = settle(x, i, 1);
-    if (rc || (rc = swap_in(x, &x->t[i])))
+    if ((rc = settle(x, i, 1)) || (rc = swap_in(x, t)))
         return rc;
-    return post(x, &x->t[i], step);
+    if (!t->acc)
+        return post(x, t, t->g, step, 1);
+    /* this gradient joins the sum, which goes out now */
+    if ((rc = add_into(x, t, t->acc, t->g)))
+        return rc;
+    float *sum = t->acc;
+    int64_t first = t->acc_step, m = t->acc_n + 1;
+    t->acc = NULL;
+    t->acc_n = 0;
+    x->summed += (uint64_t)m;
+    return post(x, t, sum, first, (int)m);
+}
+
+/* A sum still waiting for the wire goes out (at the end, before an
+ * evaluation): wait for the wire, then post it. */
+static int flush_sum(ps_exchange *x, int i)
+{
+    tensor *t = &x->t[i];
+    if (!t->acc)
+        return 0;
+    int rc = settle(x, i, 1);
+    if (rc || (rc = swap_in(x, t)))
+        return rc;
+    float *sum = t->acc;
+    int64_t m = t->acc_n;
+    t->acc = NULL;
+    t->acc_n = 0;
+    x->summed += (uint64_t)m;
+    return post(x, t, sum, t->acc_step, (int)m);
 }
 
 int ps_exchange_finish(ps_exchange *x)
 {
     int rc = 0;
     for (int i = 0; i < x->n; i++) {
-        int r = settle(x, i, 1);
+        int r = flush_sum(x, i);
+        if (!r)
+            r = settle(x, i, 1);
         if (!r)
             r = swap_in(x, &x->t[i]);
         if (!rc)
@@ -370,19 +545,22 @@ void ps_exchange_close(ps_exchange *x)
 {
     if (!x)
         return;
-    /* first the comm thread: it may still read or write our buffers */
-    ps_client_close(x->client);
+    if (x->summed)
+        ps_info("%llu gradients went out in sums with others instead of waiting for the wire",
+                (unsigned long long)x->summed);
     ps_backend *b = x->b;
+    if (x->registered) {
+        /* no copy may still run on the arena when it is unpinned */
+        b->stream_sync(b, PS_STREAM_COPY);
+        b->stream_sync(b, PS_STREAM_COMPUTE);
+        b->host_unregister(b, x->registered);
+    }
+    /* then the comm thread: it may still read or write our buffers; closing
+     * the client unmaps the arena */
+    ps_client_close(x->client);
     for (int i = 0; i < x->n; i++) {
         tensor *t = &x->t[i];
-        if (t->own_w)
-            b->free(b, t->own_w);
-        if (t->grad[1])
-            b->free(b, t->grad[1]);
-        if (t->host_grad)
-            b->free_host(b, t->host_grad);
-        if (t->host_pull)
-            b->free_host(b, t->host_pull);
+        free_own(b, t);
         if (t->grad_done)
             b->event_destroy(b, t->grad_done);
         if (t->grad_copied)

@@ -179,7 +179,11 @@ static int connect_servers(worker *w)
         ps_error("cannot allocate buffers on %s: %s", w->b->name, ps_strerror(rc));
         return rc;
     }
-    return ps_exchange_start(w->x);
+    if ((rc = ps_exchange_start(w->x)))
+        return rc;
+    /* the exchange may have moved the buffers (into shared memory) */
+    take_buffers(w, 0, w->nparams);
+    return 0;
 }
 
 /* ---------- the loop ---------- */
