@@ -24,7 +24,8 @@ const char *ps_launch_role_name(int role)
  * same): the optimizer's, from its table (include/ps_types.h, one row per
  * hyper-parameter), then these.  ps_launch_parse checks the values before
  * anything starts, ps_launch_plan_build forwards them, --help lists them. */
-static const char *const other_shared_flags[] = {"--max-staleness", "--curve-keys", NULL};
+static const char *const other_shared_flags[] = {"--max-staleness", "--curve-keys", "--shm",
+                                                 NULL};
 
 static int nopt_flags(void)
 {
@@ -83,6 +84,13 @@ static int check_shared(const ps_launch_opts *o, const char *flag, const char *v
         /* ps_server refuses any other staleness in sync mode */
         if (iv != 0 && !strcmp(o->mode, "sync")) {
             snprintf(why, len, P ": %s must be 0 with --mode sync, got '%s'", what, val);
+            return PS_EINVAL;
+        }
+        return 0;
+    }
+    if (!strcmp(flag, "--shm")) {
+        if (strcmp(val, "auto") && strcmp(val, "off")) {
+            snprintf(why, len, P ": %s must be auto or off, got '%s'", what, val);
             return PS_EINVAL;
         }
         return 0;

@@ -224,7 +224,8 @@ PS_TEST(shared_flags_list_every_flag_forwarded)
     /* the optimizer table's flags, then staleness and keys */
     static const char *const want[] = {"--optimizer", "--lr", "--momentum", "--beta1",
                                        "--beta2", "--eps", "--weight-decay", "--lr-decay",
-                                       "--lr-decay-every", "--max-staleness", "--curve-keys"};
+                                       "--lr-decay-every", "--max-staleness", "--curve-keys",
+                                       "--shm"};
     int n = 0;
     while (ps_launch_shared_flag(n))
         n++;

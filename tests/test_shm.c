@@ -2,6 +2,8 @@
  * through shared memory to live bin/ps_server processes with exactly the
  * results of the network path, fallbacks, and nothing left in /dev/shm. */
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -220,7 +222,7 @@ typedef struct sync_arg {
     char why[256];
 } sync_arg;
 
-#include <pthread.h>
+
 
 static void *sync_worker(void *p)
 {
@@ -307,4 +309,134 @@ PS_TEST(sync_two_workers_through_shared_memory_equal_the_network_path_bitwise)
     CHECK_MSG(run_sync(1, STEPS, a, N, why, sizeof why) == 0, "shm run: %s", why);
     CHECK_MSG(run_sync(0, STEPS, b, N, why, sizeof why) == 0, "tcp run: %s", why);
     CHECK(memcmp(a, b, sizeof a) == 0);
+}
+
+/* How many arenas are in /dev/shm now whose owner is pid (0: any). */
+static int arenas_of(int pid)
+{
+    char names[64][PS_SHM_NAME_MAX];
+    int n = ps_shm_list(names, 64), count = 0;
+    for (int i = 0; i < n && i < 64; i++) {
+        int p = atoi(names[i] + 4);
+        count += pid == 0 || p == pid;
+    }
+    return count;
+}
+
+/* A worker process (bin/ps_worker) training async against s; its pid. */
+static int start_worker(const srv *s, const char *extra, const char *log)
+{
+    char words[600];
+    snprintf(words, sizeof words, "--servers %s --rank 0 --num-workers 1 --mode async "
+             "--model mlp:784-64-10 --data synthetic:2048 --batch 32 --log-every 20 %s",
+             s->ep, extra);
+    return ps_test_spawn_words("ps_worker", words, log);
+}
+
+PS_TEST(no_arena_is_left_after_a_clean_stop_or_a_kill_of_either_side)
+{
+    srv s;
+    char log[512];
+    /* a clean run: the worker unlinks its arena at exit */
+    CHECK_OK(srv_start(&s, "--num-workers 1 --mode async"));
+    snprintf(log, sizeof log, "%s/clean.log", ps_test_tmpdir());
+    int w = start_worker(&s, "--epochs 1", log);
+    CHECK_EQ_INT(ps_test_wait(w, 60000), 0);
+    CHECK_MSG(ps_test_file_has(s.log, "payloads through shared memory"),
+              "the worker did not use shared memory: %s", s.log);
+    CHECK_EQ_INT(arenas_of(w), 0);
+    /* SIGKILL of the worker: the server unlinks the dead owner's arena when
+     * it lets go of it (here: at its own stop) */
+    snprintf(log, sizeof log, "%s/killed.log", ps_test_tmpdir());
+    w = start_worker(&s, "--epochs 1000", log);
+    CHECK_OK(ps_test_wait_for_text(log, "iter 20/", 20000, w));
+    CHECK_EQ_INT(arenas_of(w), 1);
+    kill(w, SIGKILL);
+    ps_test_wait(w, 5000);
+    srv_stop(&s);
+    CHECK_MSG(arenas_of(w) == 0, "the killed worker's arena is still in /dev/shm");
+    /* SIGKILL of the server: the worker's own close unlinks it */
+    CHECK_OK(srv_start(&s, "--num-workers 1 --mode async"));
+    snprintf(log, sizeof log, "%s/server-killed.log", ps_test_tmpdir());
+    w = start_worker(&s, "--epochs 1000", log);
+    CHECK_OK(ps_test_wait_for_text(log, "iter 20/", 20000, w));
+    kill(s.pid, SIGKILL);
+    ps_test_wait(s.pid, 5000);
+    s.pid = 0;
+    kill(w, SIGTERM);
+    ps_test_wait(w, 10000);
+    CHECK_MSG(arenas_of(w) == 0, "the worker's arena is still in /dev/shm after its server died");
+    /* SIGKILL of both: the next arena made on this host sweeps it */
+    CHECK_OK(srv_start(&s, "--num-workers 1 --mode async"));
+    snprintf(log, sizeof log, "%s/both.log", ps_test_tmpdir());
+    w = start_worker(&s, "--epochs 1000", log);
+    CHECK_OK(ps_test_wait_for_text(log, "iter 20/", 20000, w));
+    kill(w, SIGKILL);
+    kill(s.pid, SIGKILL);
+    ps_test_wait(w, 5000);
+    ps_test_wait(s.pid, 5000);
+    s.pid = 0;
+    CHECK_EQ_INT(arenas_of(w), 1);
+    ps_shm_arena a;
+    char why[256];
+    CHECK_OK(ps_shm_create(4096, &a, why, sizeof why));
+    ps_shm_close(&a);
+    CHECK_MSG(arenas_of(w) == 0, "the next arena did not sweep the dead worker's");
+}
+
+/* A worker killed while it writes a gradient into its arena, before the
+ * push's notification: the server never applies a half-written gradient,
+ * because it reads the arena only for a push it was told about. */
+PS_TEST(a_worker_killed_while_writing_a_gradient_changes_nothing)
+{
+    enum { N = 4096 };
+    srv s;
+    CHECK_OK(srv_start(&s, "--num-workers 1 --mode async --lr 1"));
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        ps_client *c;
+        char why[256];
+        if (open_client(s.ep, 0, 1, PS_MODE_ASYNC, 1, N, 0, &c, why, sizeof why))
+            _exit(2);
+        float *w = ps_client_shm_alloc(c, N * sizeof(float));
+        float *g = ps_client_shm_alloc(c, N * sizeof(float));
+        ps_request r;
+        for (size_t i = 0; i < N; i++)
+            w[i] = 1.0f;
+        if (!w || !g || ps_client_init(c, 1, w, &r) || ps_request_wait(&r))
+            _exit(3);
+        for (size_t i = 0; i < N / 2; i++) /* half a gradient ... */
+            g[i] = 1000.0f;
+        char ok = 1;
+        if (write(fds[1], &ok, 1) != 1)
+            _exit(4);
+        for (;;)
+            pause(); /* ... and then the parent kills us */
+    }
+    close(fds[1]);
+    char ok = 0;
+    CHECK(read(fds[0], &ok, 1) == 1 && ok == 1);
+    close(fds[0]);
+    kill(pid, SIGKILL);
+    int st;
+    waitpid(pid, &st, 0);
+    /* a new worker (the same rank, as after a restart) reads the weights */
+    ps_client *c;
+    char why[256];
+    CHECK_MSG(open_client(s.ep, 0, 1, PS_MODE_ASYNC, 1, N, 0, &c, why, sizeof why) == 0, "%s",
+              why);
+    float *w = ps_client_shm_alloc(c, N * sizeof(float));
+    CHECK(w != NULL);
+    ps_request r;
+    CHECK_OK(ps_client_pull(c, 1, w, 0, &r));
+    CHECK_OK(ps_request_wait(&r));
+    int intact = 1;
+    for (size_t i = 0; i < N; i++)
+        intact &= w[i] == 1.0f;
+    CHECK_EQ_INT(r.version, 0);
+    ps_client_close(c);
+    srv_stop(&s);
+    CHECK_MSG(intact, "the weights changed without a push");
 }

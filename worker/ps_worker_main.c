@@ -29,6 +29,9 @@ static const char *usage =
     "                        slowest (default -1 = unbounded); must match the servers\n"
     "  --curve-keys DIR      encrypt and authenticate with CURVE keys from ps_keygen\n"
     "  --chunk-size BYTES    tensors are cut into chunks of at most this (default 4M)\n"
+    "  --shm auto|off        auto: to servers on this host, weights and gradients move\n"
+    "                        through shared memory (ZeroMQ carries the headers);\n"
+    "                        off: always over the network (default auto)\n"
     "  --request-timeout MS  resend an unanswered request after MS, then after 2x, 4x..\n"
     "                        up to 30 s (default 5000; 0: never).  Servers drop the\n"
     "                        duplicates, so a restarted server gets what it lost\n"
@@ -137,6 +140,14 @@ int main(int argc, char **argv)
             if (ps_parse_size(P, a, v, PS_MIN_CHUNK_BYTES, PS_MAX_CHUNK_BYTES, &sv, why, sizeof why))
                 return ps_flag_error(why);
             c.chunk_bytes = sv;
+            continue;
+        }
+        if (!strcmp(a, "--shm")) {
+            if (strcmp(v, "auto") && strcmp(v, "off")) {
+                snprintf(why, sizeof why, "%s: --shm must be auto or off, got '%s'", P, v);
+                return ps_flag_error(why);
+            }
+            c.shm = v[0] == 'a';
             continue;
         }
         INT("--request-timeout", 0, 3600000, c.request_timeout_ms)

@@ -43,6 +43,7 @@ void ps_train_config_default(ps_train_config *c)
     /* a restarted server is reconnected by ZeroMQ; what it lost is resent */
     c->request_timeout_ms = 5000;
     c->heartbeat_ms = 1000;
+    c->shm = 1;
 }
 
 typedef struct worker {
@@ -165,6 +166,7 @@ static int connect_servers(worker *w)
     o.hello_timeout_ms = c->hello_timeout_ms;
     o.heartbeat_ms = c->heartbeat_ms;
     o.curve_dir = c->curve_dir;
+    o.shm = c->shm;
     /* check what the user gave; the servers' settings are used either way */
     o.expect = c->expect;
     int rc = ps_exchange_open(&o, w->b, &w->x);
