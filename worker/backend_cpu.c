@@ -212,11 +212,17 @@ static int cpu_im2col(ps_backend *b, const float *x, int C, int H, int W, int k,
                             out[ox] = 0.0f;
                         continue;
                     }
+                    /* three runs, no branch per element: zeros left of the
+                     * image, a copy of the row, zeros right of it */
                     const float *in = x + ((size_t)c * H + iy) * W;
-                    for (int ox = 0; ox < OW; ox++) {
-                        int ix = ox + kx - pad;
-                        out[ox] = (ix >= 0 && ix < W) ? in[ix] : 0.0f;
-                    }
+                    int lo = pad - kx, hi = W + pad - kx; /* ox in [lo, hi) reads the image */
+                    lo = lo < 0 ? 0 : lo > OW ? OW : lo;
+                    hi = hi < lo ? lo : hi > OW ? OW : hi;
+                    for (int ox = 0; ox < lo; ox++)
+                        out[ox] = 0.0f;
+                    memcpy(out + lo, in + lo + kx - pad, (size_t)(hi - lo) * sizeof(float));
+                    for (int ox = hi; ox < OW; ox++)
+                        out[ox] = 0.0f;
                 }
             }
     return 0;
@@ -262,18 +268,21 @@ static int cpu_maxpool_fwd(ps_backend *b, const float *x, int NC, int H, int W, 
         const float *in = x + (size_t)p * H * W;
         float *out = y + (size_t)p * OH * OW;
         uint8_t *am = argmax + (size_t)p * OH * OW;
-        for (int oy = 0; oy < OH; oy++)
+        for (int oy = 0; oy < OH; oy++) {
+            const float *r0 = in + (size_t)(2 * oy) * W, *r1 = r0 + W;
+            float *o = out + (size_t)oy * OW;
+            uint8_t *a = am + (size_t)oy * OW;
             for (int ox = 0; ox < OW; ox++) {
-                const float *r0 = in + (size_t)(2 * oy) * W + 2 * ox, *r1 = r0 + W;
-                /* first maximum wins on ties, like the CUDA kernel */
-                float v[4] = {r0[0], r0[1], r1[0], r1[1]};
-                int best = 0;
-                for (int j = 1; j < 4; j++)
-                    if (v[j] > v[best])
-                        best = j;
-                out[oy * OW + ox] = v[best];
-                am[oy * OW + ox] = (uint8_t)best;
+                /* first maximum wins on ties (and a NaN in front stays), like
+                 * the CUDA kernel: the pairs, then the better pair, strictly */
+                float v0 = r0[2 * ox], v1 = r0[2 * ox + 1], v2 = r1[2 * ox], v3 = r1[2 * ox + 1];
+                int i01 = v1 > v0, i23 = v3 > v2;
+                float m01 = i01 ? v1 : v0, m23 = i23 ? v3 : v2;
+                int second = m23 > m01;
+                o[ox] = second ? m23 : m01;
+                a[ox] = (uint8_t)(second ? 2 + i23 : i01);
             }
+        }
     }
     return 0;
 }
