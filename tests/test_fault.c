@@ -174,7 +174,7 @@ PS_TEST(dropped_worker_is_refused_until_hello_then_rounds_average_the_live_worke
     h = ps_test_header(PS_MSG_PUSH, 1, 7, 5, 0, 2);
     CHECK_OK(rpc(b, &h, g1, 4, &r, NULL, 0));
     CHECK_EQ_INT(r.type, PS_MSG_ERROR);
-    CHECK_EQ_INT(r.err_code, PS_ESTATE);
+    CHECK_EQ_INT(r.err_code, PS_EHELLO);
     CHECK_MSG(strstr(r.err_text, "say hello again"), "error text: %s", r.err_text);
     CHECK_OK(ps_test_hello(b, 1, PS_MODE_SYNC, 2, 0));
     CHECK(ps_test_file_has(sv.log, "worker 1 said hello again") &&
