@@ -31,6 +31,7 @@ typedef struct ps_train_config {
     int request_timeout_ms; /* resend unanswered requests after this (0: never) */
     int hello_timeout_ms;   /* how long start waits for every server (0: 10 s) */
     int heartbeat_ms;       /* heartbeats to the servers (0: none) */
+    int server_timeout_ms;  /* give up on a server silent this long while we wait (0: never) */
 } ps_train_config;
 
 void ps_train_config_default(ps_train_config *c);
