@@ -69,6 +69,12 @@ typedef struct ps_client_options {
      * other hosts, use the network as before.  0: no arena. */
     int shm;
     size_t shm_bytes;      /* the arena's size; 0: six times the registered tensors */
+    int server_timeout_ms; /* after start, a server from which nothing (no reply, not even
+                              to a heartbeat) came for this long while requests wait on it
+                              is given up on: those requests complete with PS_ETIMEDOUT
+                              ("no reply from ENDPOINT for N s ..."); 0: never.  Default
+                              60000.  Keep heartbeats on: they are what a live server
+                              answers while a sync round waits for a slow worker. */
 } ps_client_options;
 
 /* One posted operation, allocated by the caller and filled by libps.
@@ -112,8 +118,8 @@ int ps_client_register(ps_client *c, uint64_t key, size_t count);
  * or with another server, PS_ETIMEDOUT if a server does not answer. */
 int ps_client_start(ps_client *c);
 
-/* Why the last of register, start, barrier, stats or shutdown_servers on c
- * failed (the calls that take no ps_request; requests carry their own text
+/* Why the last of register, start, barrier, barrier_info, stats or
+ * shutdown_servers on c failed (the calls that take no ps_request; requests carry their own text
  * in ps_request.err).  c NULL: why the calling thread's last ps_client_open
  * failed ("" when it succeeded), so after `if (ps_client_open(&o, &c))`
  * ps_client_last_error(c) says why. */
@@ -157,6 +163,10 @@ int ps_request_test(ps_request *req);
 /* Block until complete; returns its status (0 or PS_E*).  A request that
  * was never posted (zero-initialised) gives PS_EINVAL at once. */
 int ps_request_wait(ps_request *req);
+/* Like ps_request_wait, for at most timeout_ms (< 0: no limit): its status
+ * once complete, or -1 when it is still pending (it goes on: wait again,
+ * or test it, later). */
+int ps_request_wait_for(ps_request *req, int timeout_ms);
 
 /* Blocking helpers. */
 /* (A barrier is resent like any request when request_timeout_ms is set;
@@ -177,6 +187,14 @@ int ps_client_shm_servers(const ps_client *c);
 /* The arena's buffers, [*base, *base + *bytes) (NULL, 0 without an arena):
  * e.g. to page-lock it for a GPU's copies. */
 void ps_client_shm_region(const ps_client *c, void **base, size_t *bytes);
+/* The barrier as a request: post it and wait on req (ps_request_wait_for
+ * lets the caller say meanwhile whom it waits for, below). */
+int ps_client_barrier_post(ps_client *c, int64_t id, ps_request *req);
+/* Whom the barrier with the lowest id that is open on server 0 (where
+ * barriers are held) still waits for: live ranks that have not reached it
+ * (out->id -1 when none is open).  Asks server 0 (a STATS request) and
+ * waits at most 2 s for the answer (PS_ETIMEDOUT). */
+int ps_client_barrier_info(ps_client *c, ps_barrier_info *out);
 
 /* Placement introspection (for tests and tools). */
 int ps_client_num_servers(const ps_client *c);
@@ -185,5 +203,15 @@ size_t ps_client_chunk_elems(const ps_client *c);
 /* Stop the comm thread, close sockets, free everything.  Pending requests
  * complete with PS_ECLOSED. */
 void ps_client_close(ps_client *c);
+
+/* Abort c from any thread or from a signal handler (it only stores a flag
+ * and writes an eventfd: async-signal-safe).  Within milliseconds every
+ * request queued or in flight completes with PS_ECLOSED (the sockets are
+ * closed, so ZeroMQ lets go of every payload first), so whatever waits
+ * returns: ps_request_wait, ps_client_start, barrier, stats; later posts
+ * fail with PS_ECLOSED.  What is left to do is ps_client_close.  Calling it
+ * again does nothing; it must not be called once ps_client_close began
+ * (a handler needs the caller to guard the pointer). */
+void ps_client_interrupt(ps_client *c);
 
 #endif

@@ -30,13 +30,14 @@
     X(PS_ETOOBIG, 11, "size too large")                                      \
     X(PS_EDEVICE, 12, "compute device unusable")                             \
     X(PS_EAUTH, 13, "authentication refused")                                \
-    X(PS_EDATA, 14, "bad data file")
+    X(PS_EDATA, 14, "bad data file")                                         \
+    X(PS_EHELLO, 15, "say hello (again): the server dropped or does not know this rank")
 
 enum {
 #define PS_ERR_ENUM_(name, value, text) name = value,
     PS_ERRORS(PS_ERR_ENUM_)
 #undef PS_ERR_ENUM_
-    PS_ECODE_MAX = 14
+    PS_ECODE_MAX = 15
 };
 
 /* Short, static description of a PS_E* code; never NULL. */
@@ -139,5 +140,14 @@ typedef struct ps_stats {
 #undef PS_STATS_FIELD_
     int64_t min_version, max_version; /* over the server's chunks (wire keys vmin, vmax) */
 } ps_stats;
+
+/* ---- who a barrier waits for (STATS reply key `bw`, docs/PROTOCOL.md) ---- */
+#define PS_BARRIER_RANKS_MAX 32
+typedef struct ps_barrier_info {
+    int64_t id;       /* the open barrier with the lowest id; -1: none is open */
+    uint32_t missing; /* live workers that have not reached it */
+    uint32_t nranks;  /* how many of them ranks lists: the lowest first */
+    int32_t ranks[PS_BARRIER_RANKS_MAX];
+} ps_barrier_info;
 
 #endif

@@ -52,6 +52,7 @@ void ps_header_init(ps_header *h, uint32_t type)
     h->version = PS_PROTO_VERSION;
     h->type = type;
     h->rank = -1;
+    h->barrier.id = -1;
 }
 
 /* ---------- encode ---------- */
@@ -113,8 +114,9 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     int is_error = h->type == PS_MSG_ERROR;
     int is_shm = (h->flags & PS_FLAG_SHM) != 0;
     int is_sum = h->npush > 1;
+    int has_bw = is_stats && h->barrier.id >= 0;
     size_t n = 11 + (size_t)is_hello + (size_t)is_stats + 2 * (size_t)is_error + (size_t)is_shm +
-               (size_t)is_sum;
+               (size_t)is_sum + (size_t)has_bw;
     msgpack_pack_map(&pk, n);
     pk_u64(&pk, "v", h->version);
     pk_u64(&pk, "t", h->type);
@@ -185,6 +187,18 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
 #undef PK_COUNTER_
         pk_i64(&pk, "vmin", s->min_version);
         pk_i64(&pk, "vmax", s->max_version);
+    }
+    if (has_bw) {
+        const ps_barrier_info *b = &h->barrier;
+        uint32_t nr = b->nranks < PS_BARRIER_RANKS_MAX ? b->nranks : PS_BARRIER_RANKS_MAX;
+        pk_key(&pk, "bw");
+        msgpack_pack_map(&pk, 3);
+        pk_i64(&pk, "id", b->id);
+        pk_u64(&pk, "n", b->missing);
+        pk_key(&pk, "r");
+        msgpack_pack_array(&pk, nr);
+        for (uint32_t k = 0; k < nr; k++)
+            msgpack_pack_int32(&pk, b->ranks[k]);
     }
     if (w.overflow)
         return PS_ETOOBIG;
@@ -466,6 +480,41 @@ static int decode_stats(const msgpack_object *m, ps_stats *s, char *why, size_t 
     return 0;
 }
 
+/* `bw`: {id, n, r: [ranks]}; ranks past PS_BARRIER_RANKS_MAX are ignored. */
+static int decode_barrier(const msgpack_object *m, ps_barrier_info *b, char *why, size_t why_len)
+{
+    if (m->type != MSGPACK_OBJECT_MAP) {
+        ps_errorf(why, why_len, "field 'bw' must be a map");
+        return PS_EPROTO;
+    }
+    int have_id = 0;
+    for (uint32_t i = 0; i < m->via.map.size; i++) {
+        const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
+        if (k->type != MSGPACK_OBJECT_STR)
+            continue;
+        if (key_is(k, "id")) {
+            FIELD_I(v, "bw.id", b->id, 0, INT64_MAX / 2);
+            have_id = 1;
+        } else if (key_is(k, "n")) {
+            FIELD_U(v, "bw.n", b->missing, 0, PS_MAX_RANK + 1);
+        } else if (key_is(k, "r")) {
+            if (v->type != MSGPACK_OBJECT_ARRAY) {
+                ps_errorf(why, why_len, "field 'bw.r' must be an array");
+                return PS_EPROTO;
+            }
+            uint32_t n = v->via.array.size;
+            b->nranks = n < PS_BARRIER_RANKS_MAX ? n : PS_BARRIER_RANKS_MAX;
+            for (uint32_t j = 0; j < b->nranks; j++)
+                FIELD_I(&v->via.array.ptr[j], "bw.r", b->ranks[j], 0, PS_MAX_RANK);
+        }
+    }
+    if (!have_id) {
+        ps_errorf(why, why_len, "field 'bw' has no 'id'");
+        return PS_EPROTO;
+    }
+    return 0;
+}
+
 static int decode_map(const msgpack_object *root, ps_header *h, char *why, size_t why_len)
 {
     int have_v = 0, have_t = 0, have_h = 0;
@@ -545,6 +594,10 @@ static int decode_map(const msgpack_object *root, ps_header *h, char *why, size_
             have_h = 1;
         } else if (key_is(k, "st")) {
             int rc = decode_stats(v, &h->stats, why, why_len);
+            if (rc)
+                return rc;
+        } else if (key_is(k, "bw")) {
+            int rc = decode_barrier(v, &h->barrier, why, why_len);
             if (rc)
                 return rc;
         }

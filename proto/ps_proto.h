@@ -83,9 +83,11 @@ typedef struct ps_header {
     char err_text[PS_ERR_TEXT_MAX + 1];
     ps_hello hello;    /* HELLO only */
     ps_stats stats;    /* STATS reply only */
+    ps_barrier_info barrier; /* STATS reply only, optional: id -1 when absent */
 } ps_header;
 
-/* Fill h with defaults: current version, rank -1, everything else zero. */
+/* Fill h with defaults: current version, rank -1, no barrier info
+ * (barrier.id -1), everything else zero. */
 void ps_header_init(ps_header *h, uint32_t type);
 
 /* Encode h into buf (cap bytes).  Returns 0 and the length in *len,

@@ -187,3 +187,23 @@ void ps_barriers_close(ps_barriers *bs)
     }
     bs->nopen = 0;
 }
+
+void ps_barriers_info(const ps_barriers *bs, ps_barrier_info *out)
+{
+    memset(out, 0, sizeof *out);
+    out->id = -1;
+    const barrier *b = NULL;
+    for (int i = 0; i < bs->nopen; i++)
+        if (!b || bs->open[i].id < b->id)
+            b = &bs->open[i];
+    if (!b)
+        return;
+    out->id = b->id;
+    for (int r = 0; r < bs->num_workers; r++) {
+        if (b->arrived[r] || bs->dropped[r])
+            continue;
+        if (out->nranks < PS_BARRIER_RANKS_MAX)
+            out->ranks[out->nranks++] = r;
+        out->missing++;
+    }
+}

@@ -42,4 +42,9 @@ void ps_barriers_set_live(ps_barriers *b, int rank, int live);
 /* At stop: answer every waiting request with PS_ECLOSED. */
 void ps_barriers_close(ps_barriers *b);
 
+/* Who the open barrier with the lowest id still waits for: the live ranks
+ * that have not arrived, counted, the lowest PS_BARRIER_RANKS_MAX listed
+ * (out->id -1 when none is open).  For the STATS reply's `bw`. */
+void ps_barriers_info(const ps_barriers *b, ps_barrier_info *out);
+
 #endif

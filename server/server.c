@@ -347,14 +347,15 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
             ps_errorf(why, sizeof why, "worker %d was dropped after %d ms without a message "
                 "(--on-worker-loss drop); say hello again to rejoin", h.rank,
                 s->cfg.worker_timeout_ms);
+        /* PS_EHELLO: libps says hello again on it and resends (rejoins) */
         if (h.type == PS_MSG_HEARTBEAT) {
             /* once a second from every such worker: answered, not logged */
             ps_header r;
-            ps_reply_error(&r, h.seq, h.rank, h.key, h.chunk, PS_ESTATE, why);
+            ps_reply_error(&r, h.seq, h.rank, h.key, h.chunk, PS_EHELLO, why);
             s->io_errors++;
             io_send(s, &f[0], &r);
         } else {
-            io_error(s, &f[0], &h, PS_ESTATE, why);
+            io_error(s, &f[0], &h, PS_EHELLO, why);
         }
         return;
     }
@@ -365,10 +366,13 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
     case PS_MSG_PUSHPULL:
     {
         ps_shm_peer *shm = NULL;
+        int src;
+        /* PS_EHELLO: the rank said hello to another process of this server:
+         * it says hello again (with its arena) and resends */
         if ((h.flags & PS_FLAG_SHM) &&
-            !(shm = ps_shm_table_take(s->shm, h.rank, h.shm_off, h.count * sizeof(float), why,
-                                      sizeof why))) {
-            io_error(s, &f[0], &h, PS_ESTATE, why);
+            (src = ps_shm_table_take(s->shm, h.rank, h.shm_off, h.count * sizeof(float), &shm,
+                                     why, sizeof why)) != 0) {
+            io_error(s, &f[0], &h, src, why);
             return;
         }
         if (h.type != PS_MSG_PULL)
@@ -515,7 +519,7 @@ static void io_read_pair(ps_server *s, int i)
             ps_ckpt_coord_progress(s->ck, i, u.pf.min_version, u.pf.have);
         } else if (t == PS_OUT_STATS) {
             ps_stats_reqs_part(s->stats, &u.of, s->io_errors,
-                               (uint64_t)ps_workers_seen(s->workers));
+                               (uint64_t)ps_workers_seen(s->workers), s->barriers);
         } else if (t == PS_OUT_STOPPED) {
             s->own[i].final = u.of.st;
             s->own[i].stopped = 1;

@@ -86,22 +86,24 @@ void ps_shm_table_hello(ps_shm_table *t, int r, const ps_hello *req, ps_hello *r
             (double)req->shm_size / 1048576.0);
 }
 
-ps_shm_peer *ps_shm_table_take(ps_shm_table *t, int r, uint64_t off, uint64_t bytes,
-                               char *why, size_t why_len)
+int ps_shm_table_take(ps_shm_table *t, int r, uint64_t off, uint64_t bytes, ps_shm_peer **out,
+                      char *why, size_t why_len)
 {
+    *out = NULL;
     ps_shm_peer *p = r >= 0 && r < t->n ? t->peer[r] : NULL;
     if (!p) {
         ps_errorf(why, why_len, "worker %d's shared-memory arena is not mapped here (this server "
             "started after its hello, or it said hello without one); say hello again", r);
-        return NULL;
+        return PS_EHELLO;
     }
     if (!ps_shm_peer_at(p, off, bytes)) {
         ps_errorf(why, why_len, "worker %d: bytes [%llu, +%llu) are outside its arena %s", r,
             (unsigned long long)off, (unsigned long long)bytes, ps_shm_peer_name(p));
-        return NULL;
+        return PS_EPROTO;
     }
     ps_shm_peer_ref(p);
-    return p;
+    *out = p;
+    return 0;
 }
 
 int ps_shm_table_count(const ps_shm_table *t)

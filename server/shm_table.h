@@ -27,10 +27,11 @@ void ps_shm_table_destroy(ps_shm_table *t);
 void ps_shm_table_hello(ps_shm_table *t, int r, const ps_hello *req, ps_hello *reply);
 
 /* For a request of rank r with PS_FLAG_SHM naming [off, off + bytes) of its
- * arena: a new reference to the arena, or NULL with why set (no arena mapped:
- * a server restarted since the hello; or the range is outside it). */
-ps_shm_peer *ps_shm_table_take(ps_shm_table *t, int r, uint64_t off, uint64_t bytes,
-                               char *why, size_t why_len);
+ * arena: 0 and a new reference to the arena in *out; PS_EHELLO when no arena
+ * of r is mapped (this server started after r's hello: r says hello again);
+ * PS_EPROTO when the range is not inside it.  why says which. */
+int ps_shm_table_take(ps_shm_table *t, int r, uint64_t off, uint64_t bytes, ps_shm_peer **out,
+                      char *why, size_t why_len);
 
 /* Ranks whose payloads go through shared memory now. */
 int ps_shm_table_count(const ps_shm_table *t);

@@ -82,7 +82,7 @@ void ps_stats_add(ps_stats *acc, int *have_versions, const ps_stats *p)
 }
 
 void ps_stats_reqs_part(ps_stats_reqs *q, const ps_stats_frame *of, uint64_t io_errors,
-                        uint64_t workers_seen)
+                        uint64_t workers_seen, const ps_barriers *bars)
 {
     for (int i = 0; i < q->n; i++) {
         stats_req *r = &q->req[i];
@@ -96,6 +96,7 @@ void ps_stats_reqs_part(ps_stats_reqs *q, const ps_stats_frame *of, uint64_t io_
         h.stats = r->acc;
         h.stats.errors += io_errors;
         h.stats.workers_seen = workers_seen;
+        ps_barriers_info(bars, &h.barrier);
         q->to.send(q->to.user, &r->id, &h);
         zmq_msg_close(&r->id);
         *r = q->req[--q->n];

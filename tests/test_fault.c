@@ -1,7 +1,8 @@
 /* Faults, with real bin/ps_server and bin/ps_worker processes (and raw
  * DEALER sockets where exact values are wanted): a worker killed in sync mode
  * is dropped and the others finish; a dropped worker is refused until it says
- * hello again; a server killed with -9 and restarted with --restore finishes
+ * hello again, and a ps_worker that was only stopped (SIGSTOP) does so and
+ * finishes; a server killed with -9 and restarted with --restore finishes
  * the run with bitwise the same model as a run without the crash (checkpoint
  * every round), and applies every push exactly once; a corrupt checkpoint is
  * skipped for the previous one; a restore that cannot be trusted exits 2.
@@ -127,6 +128,47 @@ PS_TEST(sync_killed_worker_is_dropped_and_the_other_finishes)
               sv.log);
 }
 
+/* Rank 0 stopped (SIGSTOP) long enough to be dropped: when it is continued
+ * its requests are refused with PS_EHELLO, libps says hello again and
+ * resends them, and the worker finishes: it runs through the rounds done
+ * without it (duplicates), evaluates and saves, exit 0. */
+PS_TEST(paused_worker_is_dropped_then_rejoins_and_rank_0_evaluates_and_saves)
+{
+    proc sv, w0, w1;
+    CHECK_OK(server_start(&sv, 0, "--num-workers 2 --mode sync --lr 0.1 --worker-timeout 2 "
+                                  "--on-worker-loss drop", "pause-server.log"));
+    char flags[1024], model[512];
+    snprintf(model, sizeof model, "%s/paused.model", ps_test_tmpdir());
+    const char *common = "--num-workers 2 --mode sync --lr 0.1 --model mlp:784-32-10 --batch 16 "
+                         "--steps 1000 --epochs 1000 --data synthetic:512 --log-every 20";
+    snprintf(flags, sizeof flags, "--servers tcp://127.0.0.1:%d --rank 0 --save %s %s", sv.port,
+             model, common);
+    CHECK_OK(spawn_words(&w0, "ps_worker", flags, "pause-w0.log"));
+    snprintf(flags, sizeof flags, "--servers tcp://127.0.0.1:%d --rank 1 %s", sv.port, common);
+    CHECK_OK(spawn_words(&w1, "ps_worker", flags, "pause-w1.log"));
+    CHECK_MSG(ps_test_wait_for_text(w0.log, "iter 40/", RUN_MS, w0.pid) == 0,
+              "worker 0 did not get to step 40");
+    kill(w0.pid, SIGSTOP);
+    CHECK_MSG(ps_test_wait_for_text(sv.log, "worker 0 silent for", 20000, sv.pid) == 0,
+              "worker 0 was not dropped (%s)", sv.log);
+    ps_test_sleep_ms(2000); /* rounds go on without it */
+    kill(w0.pid, SIGCONT);
+    int rc = ps_test_wait(w0.pid, RUN_MS);
+    CHECK_MSG(rc == 0, "worker 0 exit status %d (log %s)", rc, w0.log);
+    rc = ps_test_wait(w1.pid, RUN_MS);
+    CHECK_MSG(rc == 0, "worker 1 exit status %d (log %s)", rc, w1.log);
+    CHECK_MSG(ps_test_file_has(w0.log, "libps: rejoined tcp://127.0.0.1:"), "no rejoin in %s",
+              w0.log);
+    CHECK_MSG(ps_test_file_has(w0.log, "iter 1000/1000") &&
+                  ps_test_file_has(w0.log, "summary: time") &&
+                  ps_test_file_has(w0.log, ", test accuracy"),
+              "worker 0 did not finish and evaluate (%s)", w0.log);
+    struct stat st;
+    CHECK_MSG(stat(model, &st) == 0 && st.st_size > 0, "no --save file %s", model);
+    CHECK(ps_test_file_has(sv.log, "worker 0 said hello again"));
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
+}
+
 PS_TEST(dropped_worker_is_refused_until_hello_then_rounds_average_the_live_workers)
 {
     proc sv;
@@ -174,7 +216,7 @@ PS_TEST(dropped_worker_is_refused_until_hello_then_rounds_average_the_live_worke
     h = ps_test_header(PS_MSG_PUSH, 1, 7, 5, 0, 2);
     CHECK_OK(rpc(b, &h, g1, 4, &r, NULL, 0));
     CHECK_EQ_INT(r.type, PS_MSG_ERROR);
-    CHECK_EQ_INT(r.err_code, PS_ESTATE);
+    CHECK_EQ_INT(r.err_code, PS_EHELLO);
     CHECK_MSG(strstr(r.err_text, "say hello again"), "error text: %s", r.err_text);
     CHECK_OK(ps_test_hello(b, 1, PS_MODE_SYNC, 2, 0));
     CHECK(ps_test_file_has(sv.log, "worker 1 said hello again") &&

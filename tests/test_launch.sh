@@ -519,4 +519,49 @@ else
     kill_leftovers
 fi
 
+# Ctrl-C or SIGTERM to ps_launch in the middle of a real sync run: every
+# worker stops at once wherever it waits (no SIGKILL after the grace period),
+# ps_launch exits 128+N and leaves nothing behind.
+stop_case() { # SIGNAL WANTED-STATUS
+    sig=$1 want=$2
+    case=launch_sig$(echo "$sig" | tr "A-Z" "a-z")_stops_a_real_run_without_sigkill
+    if [ -n "$missing" ]; then
+        skip $case "$missing not built"
+        return
+    fi
+    why=""
+    out=$T/stop-$sig.out
+    timeout 60 "$LAUNCH" --servers 1 --workers 2 --gpus none --mode sync --bin-dir "$BIN" \
+        -- --model mlp:784-64-10 --batch 32 --epochs 100000 --lr 0.05 --log-every 20 \
+        --data "$DATA" >"$out" 2>&1 &
+    tpid=$!
+    i=0
+    while [ "$i" -lt 300 ] && ! grep -F '[worker 1] ' "$out" 2>/dev/null | grep -qF 'iter 40/'; do
+        kill -0 "$tpid" 2>/dev/null || break
+        sleep 0.1
+        i=$((i + 1))
+    done
+    if grep -F '[worker 1] ' "$out" | grep -qF 'iter 40/'; then
+        t0=$(date +%s%N)
+        kill -"$sig" "$(pgrep -P "$tpid")"
+        wait "$tpid"
+        rc=$?
+        ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+        [ "$rc" -eq "$want" ] || why="exit status $rc, expected $want"
+        has "$out" "sending SIGKILL" && why="$why; $(grep -F 'sending SIGKILL' "$out" | head -n 1)"
+        [ "$ms" -lt 4000 ] || why="$why; ps_launch took $ms ms to stop"
+        echo "# ps_launch stopped by $sig in $ms ms"
+    else
+        kill -TERM "$(pgrep -P "$tpid")" 2>/dev/null
+        wait "$tpid"
+        why="the workers did not get to step 40 ($(grep '^ps_launch: ' "$out" | tail -n 1))"
+    fi
+    { no_leftovers && pids_gone "$out"; } ||
+        why="$why; processes left behind: $(pgrep -af "$T" | head -n 3)"
+    if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$out"; fi
+    kill_leftovers
+}
+stop_case TERM 143
+stop_case INT 130
+
 exit $failed

@@ -110,6 +110,18 @@ PS_TEST(roundtrip_stats_reply_and_error)
     CHECK_OK(rt(&a, &b));
     CHECK(same_common(&a, &b));
     CHECK(memcmp(&a.stats, &b.stats, sizeof a.stats) == 0);
+    CHECK_EQ_INT(b.barrier.id, -1); /* no `bw` unless a barrier is open */
+
+    /* `bw`: who the oldest open barrier waits for, at most
+     * PS_BARRIER_RANKS_MAX ranks listed, the worst case still fits */
+    a.barrier.id = ((int64_t)1 << 62) - 1;
+    a.barrier.missing = 65536;
+    a.barrier.nranks = PS_BARRIER_RANKS_MAX;
+    for (int k = 0; k < PS_BARRIER_RANKS_MAX; k++)
+        a.barrier.ranks[k] = 65535 - k;
+    CHECK_OK(rt(&a, &b));
+    CHECK(memcmp(&a.barrier, &b.barrier, sizeof a.barrier) == 0);
+    CHECK(memcmp(&a.stats, &b.stats, sizeof a.stats) == 0);
 
     full(&a, PS_MSG_ERROR, PS_FLAG_REPLY);
     a.err_code = PS_EMISMATCH;

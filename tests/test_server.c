@@ -339,7 +339,7 @@ PS_TEST(hello_mismatch_refused_naming_both_values)
     float v[2] = {1, 2};
     ps_header h = ps_test_header(PS_MSG_INIT, 0, 5, 1, 0, 0);
     CHECK_OK(ps_test_rpc(s, &h, v, 2, &r, NULL, 0, NULL));
-    CHECK_EQ_INT(r.err_code, PS_ESTATE);
+    CHECK_EQ_INT(r.err_code, PS_EHELLO);
     /* a matching hello (optimizer named) gets the server's config back */
     ps_hello ok = hello_cfg(PS_MODE_SYNC, 2, PS_OPT_MOMENTUM, 0.05f);
     ok.model_fp = 0x1234;

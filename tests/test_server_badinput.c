@@ -317,7 +317,7 @@ PS_TEST(bad_requests_get_error_replies_with_the_right_code)
     CHECK_OK(send_raw(s2, &h, pay, 16));
     CHECK_OK(ps_test_recv(s2, PS_TEST_RPC_MS, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_ERROR);
-    CHECK_EQ_INT(r.err_code, PS_ESTATE);
+    CHECK_EQ_INT(r.err_code, PS_EHELLO);
     CHECK(strstr(r.err_text, "hello"));
     zmq_close(s2);
 

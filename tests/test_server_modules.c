@@ -91,10 +91,58 @@ PS_TEST(barrier_waits_for_live_workers_only)
     ps_barriers_destroy(b);
 }
 
+PS_TEST(barrier_info_lists_live_ranks_missing_from_the_lowest_open_barrier)
+{
+    sent got = {0};
+    ps_barriers *b;
+    CHECK_OK(ps_barriers_create(5, (ps_reply_to){&got, record}, &b));
+    ps_barrier_info bi;
+    ps_barriers_info(b, &bi);
+    CHECK_EQ_INT(bi.id, -1);
+    const char *why = NULL;
+    int arrive[][2] = {{1, 9}, {4, 3}, {2, 9}}; /* rank, barrier id */
+    for (int k = 0; k < 3; k++) {
+        ps_header h = request(PS_MSG_BARRIER, arrive[k][0], 30 + (uint64_t)k, arrive[k][1]);
+        zmq_msg_t id = route();
+        CHECK_OK(ps_barriers_arrive(b, &id, &h, &why));
+        zmq_msg_close(&id);
+    }
+    ps_barriers_set_live(b, 3, 0); /* a dropped rank is not waited for */
+    ps_barriers_info(b, &bi);
+    CHECK_EQ_INT(bi.id, 3);
+    CHECK_EQ_INT(bi.missing, 3);
+    CHECK_EQ_INT(bi.nranks, 3);
+    CHECK_EQ_INT(bi.ranks[0], 0);
+    CHECK_EQ_INT(bi.ranks[1], 1);
+    CHECK_EQ_INT(bi.ranks[2], 2);
+    CHECK_EQ_INT(got.n, 0);
+    ps_barriers_destroy(b);
+    /* more missing ranks than are listed: the lowest, and the count */
+    CHECK_OK(ps_barriers_create(100, (ps_reply_to){&got, record}, &b));
+    ps_header h = request(PS_MSG_BARRIER, 0, 40, 1);
+    zmq_msg_t id = route();
+    CHECK_OK(ps_barriers_arrive(b, &id, &h, &why));
+    zmq_msg_close(&id);
+    ps_barriers_info(b, &bi);
+    CHECK_EQ_INT(bi.id, 1);
+    CHECK_EQ_INT(bi.missing, 99);
+    CHECK_EQ_INT(bi.nranks, PS_BARRIER_RANKS_MAX);
+    CHECK_EQ_INT(bi.ranks[0], 1);
+    CHECK_EQ_INT(bi.ranks[PS_BARRIER_RANKS_MAX - 1], PS_BARRIER_RANKS_MAX);
+    ps_barriers_destroy(b);
+}
+
 PS_TEST(stats_answered_when_every_owner_replied)
 {
     sent got = {0};
     ps_stats_reqs *q;
+    ps_barriers *b; /* one barrier open, reached by rank 1 of 2 */
+    CHECK_OK(ps_barriers_create(2, (ps_reply_to){&got, record}, &b));
+    ps_header bh = request(PS_MSG_BARRIER, 1, 4, 1);
+    zmq_msg_t bid = route();
+    const char *bwhy = NULL;
+    CHECK_OK(ps_barriers_arrive(b, &bid, &bh, &bwhy));
+    zmq_msg_close(&bid);
     CHECK_OK(ps_stats_reqs_create(2, (ps_reply_to){&got, record}, &q));
     ps_header h = request(PS_MSG_STATS, -1, 5, 0);
     zmq_msg_t id = route();
@@ -109,11 +157,11 @@ PS_TEST(stats_answered_when_every_owner_replied)
     of.st.chunks = 1;
     of.st.min_version = 4;
     of.st.max_version = 9;
-    ps_stats_reqs_part(q, &of, 2, 1);
+    ps_stats_reqs_part(q, &of, 2, 1, b);
     CHECK_EQ_INT(got.n, 0);
     of.st.min_version = 2;
     of.st.max_version = 6;
-    ps_stats_reqs_part(q, &of, 2, 1);
+    ps_stats_reqs_part(q, &of, 2, 1, b);
     CHECK_EQ_INT(got.n, 1);
     CHECK_EQ_INT(got.h[0].type, PS_MSG_STATS);
     CHECK_EQ_INT(got.h[0].seq, 5);
@@ -122,7 +170,12 @@ PS_TEST(stats_answered_when_every_owner_replied)
     CHECK_EQ_INT(got.h[0].stats.workers_seen, 1);
     CHECK_EQ_INT(got.h[0].stats.min_version, 2);
     CHECK_EQ_INT(got.h[0].stats.max_version, 9);
+    CHECK_EQ_INT(got.h[0].barrier.id, 1);
+    CHECK_EQ_INT(got.h[0].barrier.missing, 1);
+    CHECK_EQ_INT(got.h[0].barrier.nranks, 1);
+    CHECK_EQ_INT(got.h[0].barrier.ranks[0], 0);
     ps_stats_reqs_destroy(q);
+    ps_barriers_destroy(b);
 }
 
 PS_TEST(silent_worker_dropped_then_rejoins_on_hello)

@@ -143,13 +143,15 @@ static int post_ctl(ps_client *c, uint32_t type, int server, int64_t step, void 
 }
 
 /* Give up on req: fail its outstanding messages with `code` and wait until
- * the comm thread has let go of it. */
+ * the comm thread has let go of it.  A cancel that cannot be posted means
+ * the comm thread is ending (closed or interrupted) and fails everything
+ * itself: waiting is still what makes req safe to free. */
 static void cancel(ps_client *c, ps_request *req, int code)
 {
     psc_op o = {.type = 0, .server = -1, .tensor = 0, .src = NULL, .dst = NULL, .step = code,
             .req = req, .out = NULL};
-    if (psc_post(c, &o) == 0)
-        psc_wait_until(req, INT64_MAX);
+    psc_post(c, &o);
+    psc_wait_until(req, INT64_MAX);
 }
 
 /* ---------- lifecycle ---------- */
@@ -170,6 +172,7 @@ void ps_client_options_default(ps_client_options *o)
     o->heartbeat_ms = PSC_DEFAULT_HEARTBEAT_MS;
     o->shm = 1;
     o->shm_bytes = 0;
+    o->server_timeout_ms = PSC_DEFAULT_SERVER_TIMEOUT_MS;
 }
 
 /* Split `servers` at commas into c->endpoints (blanks around each trimmed)
@@ -225,6 +228,7 @@ static void client_free(ps_client *c)
     free(c->batch);
     free(c->held);
     free(c->subs);
+    free(c->srv);
     free(c->endpoints);
     free(c->servers_str);
     free(c->curve_dir);
@@ -254,7 +258,8 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
         return open_fail(PS_EINVAL, "chunk_bytes must be in [4, %llu], got %zu",
                          (unsigned long long)PS_MAX_PAYLOAD_BYTES, cb);
     if (o->expect.kind < PS_OPT_NONE || o->expect.kind > PS_OPT_KIND_MAX ||
-        o->hello_timeout_ms < 0 || o->request_timeout_ms < 0 || o->heartbeat_ms < 0)
+        o->hello_timeout_ms < 0 || o->request_timeout_ms < 0 || o->heartbeat_ms < 0 ||
+        o->server_timeout_ms < 0)
         return open_fail(PS_EINVAL, "bad optimizer kind %d or negative timeout",
                          o->expect.kind);
     ps_client *c = calloc(1, sizeof *c);
@@ -281,6 +286,10 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
     int rc = split_endpoints(c, o->servers);
     if (rc)
         goto fail;
+    if (!(c->srv = calloc((size_t)c->nservers, sizeof *c->srv))) {
+        rc = open_fail(PS_ENOMEM, "out of memory");
+        goto fail;
+    }
     c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     c->zctx = zmq_ctx_new();
     if (c->efd < 0 || !c->zctx) {
@@ -488,10 +497,14 @@ int ps_client_start(ps_client *c)
         if (reqs[s]._priv.client && !psc_wait_until(&reqs[s], deadline))
             cancel(c, &reqs[s], PS_ETIMEDOUT);
     }
-    if (rc)
+    if (__atomic_load_n(&c->interrupted, __ATOMIC_ACQUIRE)) {
+        set_last_error(c, "interrupted while saying hello to the servers");
+        rc = PS_ECLOSED;
+    } else if (rc) {
         set_last_error(c, "cannot post hello: %s", ps_strerror(rc));
-    else
+    } else {
         rc = check_hellos(c, reqs, reps);
+    }
     for (int s = 0; s < ns && !rc; s++)
         psc_shm_hello_reply(c, s, &reps[s]);
     free(reqs);
@@ -547,13 +560,52 @@ int ps_client_barrier(ps_client *c, int64_t id)
     return ctl_all(c, PS_MSG_BARRIER, 0, 1, id, NULL);
 }
 
+int ps_client_barrier_post(ps_client *c, int64_t id, ps_request *req)
+{
+    if (!req)
+        return PS_EINVAL;
+    int rc = !c || id < 0 || id > INT64_MAX / 2 ? PS_EINVAL : !c->started ? PS_ESTATE : 0;
+    if (rc) {
+        psc_req_fail(req, rc, rc == PS_ESTATE ? "barrier before start" : ps_strerror(rc));
+        return rc;
+    }
+    return post_ctl(c, PS_MSG_BARRIER, 0, id, NULL, req);
+}
+
 int ps_client_stats(ps_client *c, int server, ps_stats *out)
 {
     if (!c || !out || server < 0 || server >= c->nservers)
         return PS_EINVAL;
     c->last_error[0] = 0;
     memset(out, 0, sizeof *out);
-    return ctl_all(c, PS_MSG_STATS, server, server + 1, 0, out);
+    psc_stats_out so = {out, NULL};
+    return ctl_all(c, PS_MSG_STATS, server, server + 1, 0, &so);
+}
+
+/* How long ps_client_barrier_info waits for server 0's answer. */
+#define BARRIER_INFO_MS 2000
+
+int ps_client_barrier_info(ps_client *c, ps_barrier_info *out)
+{
+    if (!c || !out)
+        return PS_EINVAL;
+    memset(out, 0, sizeof *out);
+    out->id = -1;
+    if (!c->started) {
+        set_last_error(c, "barrier_info before start");
+        return PS_ESTATE;
+    }
+    c->last_error[0] = 0;
+    ps_stats st;
+    psc_stats_out so = {&st, out};
+    ps_request req;
+    int rc = post_ctl(c, PS_MSG_STATS, 0, 0, &so, &req);
+    /* a server too busy or gone must not hold up a caller that only reports */
+    if (!rc && !psc_wait_until(&req, ps_now_ns() + BARRIER_INFO_MS * 1000000LL))
+        cancel(c, &req, PS_ETIMEDOUT);
+    if (req.status)
+        set_last_error(c, "%s", req.err);
+    return req.status;
 }
 
 int ps_client_shutdown_servers(ps_client *c)
@@ -567,6 +619,14 @@ int ps_client_shutdown_servers(ps_client *c)
 int ps_client_num_servers(const ps_client *c) { return c ? c->nservers : 0; }
 
 size_t ps_client_chunk_elems(const ps_client *c) { return c ? c->chunk_elems : 0; }
+
+void ps_client_interrupt(ps_client *c)
+{
+    if (!c)
+        return;
+    __atomic_store_n(&c->interrupted, 1, __ATOMIC_RELEASE);
+    psc_kick(c); /* write(2) on the eventfd: async-signal-safe */
+}
 
 void ps_client_close(ps_client *c)
 {

@@ -56,6 +56,8 @@ static int ring_grow(psc_op **ring, size_t *head, size_t len, size_t *cap)
 
 int psc_post(ps_client *c, const psc_op *o)
 {
+    if (__atomic_load_n(&c->interrupted, __ATOMIC_ACQUIRE))
+        return PS_ECLOSED;
     pthread_mutex_lock(&c->qmu);
     if (c->stopping) {
         pthread_mutex_unlock(&c->qmu);
@@ -94,7 +96,7 @@ static size_t take_queue(ps_client *c, int *stop)
         c->batch[k] = c->queue[(c->qhead + k) % c->qcap];
     c->qhead = c->qcap ? (c->qhead + nb) % c->qcap : 0;
     c->qlen -= nb;
-    *stop = c->stopping;
+    *stop = c->stopping || __atomic_load_n(&c->interrupted, __ATOMIC_ACQUIRE);
     pthread_mutex_unlock(&c->qmu);
     return nb;
 }
@@ -320,17 +322,26 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
         ps_warn("libps: dropped a message from %s: %s", ep, why);
         return;
     }
-    if (h.type == PS_MSG_HEARTBEAT || (h.type == PS_MSG_ERROR && h.seq == PSC_HEARTBEAT_SEQ))
-        return; /* an answer to a heartbeat (an error one: the server does not know us) */
+    if (h.type == PS_MSG_HEARTBEAT || (h.type == PS_MSG_ERROR && h.seq == PSC_HEARTBEAT_SEQ)) {
+        /* an answer to a heartbeat; an error one: the server dropped or forgot us */
+        if (h.type == PS_MSG_ERROR && h.err_code == PS_EHELLO)
+            psc_rejoin_heartbeat_refused(c, server, &h);
+        return;
+    }
     uint32_t i = psc_slot_find(c, h.seq, server);
     if (i == PSC_NO_SLOT) {
         ps_debug("libps: ignored a %s reply from %s for request %llu (already complete)",
                  ps_msg_type_name(h.type), ep, (unsigned long long)h.seq);
         return;
     }
+    if (psc_rejoin_reply(c, i, &h))
+        return; /* the answer to a hello that rejoins this server */
     psc_sub *s = &c->subs[i];
     ps_request *r = s->req;
     if (h.type == PS_MSG_ERROR) {
+        /* "say hello again": parked until this server takes us back, then resent */
+        if (h.err_code == PS_EHELLO && psc_rejoin_refused(c, i, &h) == 0)
+            return;
         psc_set_error(r, h.err_code, "%s: %s", ep,
                       h.err_text[0] ? h.err_text : ps_strerror(h.err_code));
         psc_slot_finish(c, i);
@@ -384,8 +395,13 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
             *(ps_hello *)s->out = h.hello;
         break;
     case PS_MSG_STATS:
-        if (s->out)
-            *(ps_stats *)s->out = h.stats;
+        if (s->out) {
+            psc_stats_out *o = s->out;
+            if (o->stats)
+                *o->stats = h.stats;
+            if (o->barrier)
+                *o->barrier = h.barrier;
+        }
         break;
     case PS_MSG_BARRIER:
         r->version = h.step;
@@ -393,19 +409,22 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
     default:
         break;
     }
+    psc_rejoin_served(c, server);
     psc_slot_finish(c, i);
 }
 
 static void drain_socket(ps_client *c, int server)
 {
     void *sock = c->socks[server];
-    for (;;) {
+    for (int got = 0;; got = 1) {
         zmq_msg_t hm, pm, extra;
         zmq_msg_init(&hm);
         if (zmq_msg_recv(&hm, sock, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&hm);
             if (errno == EINTR)
                 continue;
+            if (got) /* any message, even an error or a heartbeat's reply, is a sign of life */
+                psc_server_heard(c, server, ps_now_ns());
             return; /* EAGAIN: nothing more */
         }
         int nframes = 0;
@@ -431,6 +450,39 @@ static void drain_socket(ps_client *c, int server)
 
 /* ---------- sockets ---------- */
 
+/* The DEALER of server s, into c->socks[s]; the reason of a failure goes to
+ * why. */
+static int open_socket(ps_client *c, int s, char *why, size_t why_len)
+{
+    void *z = zmq_socket(c->zctx, ZMQ_DEALER);
+    if (!z) {
+        ps_errorf(why, why_len, "cannot create a socket: %s", zmq_strerror(errno));
+        return PS_EIO;
+    }
+    c->socks[s] = z;
+    int linger = 0, hwm = 0, immediate = 0;
+    /* HWM 0: unlimited, so nothing is ever dropped or blocks; immediate
+     * off: messages queue until the server is up */
+    zmq_setsockopt(z, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(z, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(z, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(z, ZMQ_IMMEDIATE, &immediate, sizeof immediate);
+    if (c->curve_dir) {
+        char cwhy[512];
+        int rc = ps_curve_client_setup(z, c->curve_dir, c->opt.rank, s, cwhy, sizeof cwhy);
+        if (rc) {
+            ps_errorf(why, why_len, "CURVE for %s: %s", c->endpoints[s], cwhy);
+            return rc;
+        }
+    }
+    if (zmq_connect(z, c->endpoints[s]) != 0) {
+        ps_errorf(why, why_len, "cannot connect to '%s': %s", c->endpoints[s],
+                  zmq_strerror(errno));
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
 /* One DEALER per server; the reason of a failure goes to c->last_error. */
 static int open_sockets(ps_client *c)
 {
@@ -440,36 +492,32 @@ static int open_sockets(ps_client *c)
         return PS_ENOMEM;
     }
     for (int s = 0; s < c->nservers; s++) {
-        void *z = zmq_socket(c->zctx, ZMQ_DEALER);
-        if (!z) {
-            ps_errorf(c->last_error, sizeof c->last_error, "cannot create a socket: %s",
-                      zmq_strerror(errno));
-            return PS_EIO;
-        }
-        c->socks[s] = z;
-        int linger = 0, hwm = 0, immediate = 0;
-        /* HWM 0: unlimited, so nothing is ever dropped or blocks; immediate
-         * off: messages queue until the server is up */
-        zmq_setsockopt(z, ZMQ_LINGER, &linger, sizeof linger);
-        zmq_setsockopt(z, ZMQ_SNDHWM, &hwm, sizeof hwm);
-        zmq_setsockopt(z, ZMQ_RCVHWM, &hwm, sizeof hwm);
-        zmq_setsockopt(z, ZMQ_IMMEDIATE, &immediate, sizeof immediate);
-        if (c->curve_dir) {
-            char why[512];
-            int rc = ps_curve_client_setup(z, c->curve_dir, c->opt.rank, s, why, sizeof why);
-            if (rc) {
-                ps_errorf(c->last_error, sizeof c->last_error, "CURVE for %s: %s",
-                          c->endpoints[s], why);
-                return rc;
-            }
-        }
-        if (zmq_connect(z, c->endpoints[s]) != 0) {
-            ps_errorf(c->last_error, sizeof c->last_error, "cannot connect to '%s': %s",
-                      c->endpoints[s], zmq_strerror(errno));
-            return PS_EINVAL;
-        }
+        int rc = open_socket(c, s, c->last_error, sizeof c->last_error);
+        if (rc)
+            return rc;
     }
     return 0;
+}
+
+void psc_socket_reset(ps_client *c, int s)
+{
+    /* linger 0: ZeroMQ discards what it still queues for the server and
+     * releases those payloads (psc_release_cb) on its own threads */
+    zmq_close(c->socks[s]);
+    c->socks[s] = NULL;
+    char why[PSC_ERRBUF];
+    if (open_socket(c, s, why, sizeof why) != 0) {
+        /* it worked at open; if it no longer does, later sends to s fail */
+        ps_error("libps: cannot reconnect to %s: %s", c->endpoints[s], why);
+        if (c->socks[s]) {
+            zmq_close(c->socks[s]);
+            c->socks[s] = NULL;
+        }
+    }
+    if (c->poll_items) {
+        c->poll_items[s].socket = c->socks[s];
+        c->poll_items[s].fd = -1; /* with no socket: ignored by the poll */
+    }
 }
 
 static void close_sockets(ps_client *c)
@@ -485,11 +533,15 @@ static void close_sockets(ps_client *c)
 
 /* ---------- the loop ---------- */
 
-/* Closing: whatever is still queued, held or in flight completes with
- * PS_ECLOSED; payload frames still queued in ZeroMQ are released (and their
- * requests completed) when the context terminates. */
+/* Closing or interrupted: whatever is still queued, held or in flight
+ * completes with PS_ECLOSED; payload frames still queued in ZeroMQ are
+ * released (and their requests completed) when close_sockets discards them
+ * (linger 0). */
 static void fail_everything(ps_client *c)
 {
+    const char *why = __atomic_load_n(&c->interrupted, __ATOMIC_ACQUIRE)
+                          ? "interrupted (ps_client_interrupt, e.g. by a signal)"
+                          : "client closed";
     pthread_mutex_lock(&c->qmu);
     c->stopping = 1;
     while (c->qlen) {
@@ -505,7 +557,7 @@ static void fail_everything(ps_client *c)
         psc_fail_unsent(c, &c->held[c->held_head]);
     for (uint32_t i = 0; i < c->nsubs; i++)
         if (c->subs[i].req) {
-            psc_set_error(c->subs[i].req, PS_ECLOSED, "client closed while waiting for %s",
+            psc_set_error(c->subs[i].req, PS_ECLOSED, "%s while waiting for %s", why,
                           c->endpoints[c->subs[i].server]);
             psc_slot_finish(c, i);
         }
@@ -539,15 +591,18 @@ static void *comm_main(void *arg)
         items[c->nservers].fd = c->efd;
         items[c->nservers].events = ZMQ_POLLIN;
     }
+    c->poll_items = items;
     int stop = items == NULL;
     while (!stop) {
-        long timeout = psc_liveness_timeout_ms(c, ps_now_ns());
+        int64_t now = ps_now_ns();
+        long timeout = psc_liveness_timeout_ms(c, now);
         if (c->held_len) {
             /* a device copy is in flight: look again in 20 us, not 1 ms */
             struct timespec ts = {0, 20000};
             nanosleep(&ts, NULL);
             timeout = 0;
         }
+        c->wake_by_ns = timeout < 0 ? INT64_MAX : now + (int64_t)timeout * 1000000LL;
         if (zmq_poll(items, n, timeout) < 0 && errno != EINTR) {
             ps_error("libps: zmq_poll failed: %s", zmq_strerror(errno));
             break;
@@ -569,10 +624,13 @@ static void *comm_main(void *arg)
         release_held(c);
         for (int s = 0; s < c->nservers; s++)
             drain_socket(c, s);
-        psc_resend_due(c, ps_now_ns());
-        psc_heartbeat_due(c, ps_now_ns());
+        now = ps_now_ns();
+        psc_resend_due(c, now);
+        psc_heartbeat_due(c, now);
+        psc_server_timeout_due(c, now);
     }
     fail_everything(c);
+    c->poll_items = NULL;
     free(items);
     close_sockets(c);
     return NULL;

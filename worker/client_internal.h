@@ -12,8 +12,12 @@
  *                    sockets, sending a sub-request, receiving replies, held
  *                    push_when ops, the poll loop, closing
  *  client_resend.c   liveness: resending unanswered sub-requests with
- *                    backoff, heartbeats, and when the comm thread must wake
+ *                    backoff, heartbeats, giving up on a server silent past
+ *                    server_timeout_ms, and when the comm thread must wake
  *                    for them
+ *  client_rejoin.c   saying hello again to a server that refused a
+ *                    sub-request with PS_EHELLO (it dropped or forgot this
+ *                    rank), then resending what waited on it
  *
  * Threads:
  *  - the training thread posts operations (one per API call) into a
@@ -23,7 +27,10 @@
  *    them, matches replies to sub-requests by request id and completes the
  *    caller's ps_request;
  *  - ZeroMQ's I/O thread calls psc_release_cb when it no longer needs a
- *    zero-copy payload frame.
+ *    zero-copy payload frame;
+ *  - ps_client_interrupt (any thread, or a signal handler) sets interrupted
+ *    and kicks the eventfd: the comm thread then fails everything, closes
+ *    the sockets and ends, as when closing.
  *
  * A ps_request's _priv.pending counts what must still happen before the
  * caller may touch its buffers again: one per chunk reply, plus one per
@@ -37,6 +44,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <zmq.h>
 
 #include "ps_client.h"
 #include "ps_placement.h"
@@ -46,6 +54,7 @@
 #define PSC_DEFAULT_CHUNK_BYTES (4u << 20)
 #define PSC_DEFAULT_HELLO_MS 10000
 #define PSC_DEFAULT_HEARTBEAT_MS 1000
+#define PSC_DEFAULT_SERVER_TIMEOUT_MS 60000
 /* Request id of heartbeats: never a slot's (generations start at 1), so their
  * replies are recognised and dropped. */
 #define PSC_HEARTBEAT_SEQ 0
@@ -62,11 +71,17 @@ typedef struct psc_op {
     float *dst;       /* pull/pushpull destination */
     int64_t step;
     ps_request *req;
-    void *out;        /* HELLO: ps_hello reply; STATS: ps_stats */
+    void *out;        /* HELLO: ps_hello reply; STATS: psc_stats_out */
     ps_ready_fn ready;/* push_when: send once ready(ready_arg) != 0 */
     void *ready_arg;
     int npush;        /* push: how many gradients src sums (ps_client_push_sum) */
 } psc_op;
+
+/* Where a STATS reply goes (psc_op.out of a STATS op); either may be NULL. */
+typedef struct psc_stats_out {
+    ps_stats *stats;
+    ps_barrier_info *barrier;
+} psc_stats_out;
 
 /* One message in flight to one server.  Indexed by the low 32 bits of the
  * request id; the high 32 bits are the slot's generation, so a reply to a
@@ -88,7 +103,22 @@ typedef struct psc_sub {
     void *out;
     int64_t deadline_ns; /* resend time, when resending is on */
     int64_t backoff_ns;
+    int parked;      /* refused with PS_EHELLO: waits for the rejoin of its server */
 } psc_sub;
+
+/* The comm thread's view of one server. */
+typedef struct psc_server {
+    uint32_t nlive;        /* live sub-requests to it */
+    int64_t heard_ns;      /* when anything last came from it (0: never) */
+    int64_t quiet_from_ns; /* silence counts from max(heard_ns, this): when
+                              nlive became non-zero, or the process resumed
+                              after a pause */
+    /* rejoin (client_rejoin.c) */
+    int rejoining;         /* a hello of ours to it is in flight */
+    int rejoins;           /* rejoins since a request of ours was last served */
+    ps_request rj_req;     /* the rejoin hello's request, libps's own */
+    ps_hello rj_reply;
+} psc_server;
 
 struct ps_client {
     /* set by open, read-only afterwards (both threads read them) */
@@ -146,8 +176,16 @@ struct ps_client {
     psc_op *held;
     size_t held_head, held_len, held_cap;
     int64_t next_resend_check;
-    int hb_on;           /* set by start (atomic): heartbeats may go */
+    int hb_on;           /* set by start (atomic): heartbeats may go, silent
+                            servers are given up on, refusals lead to rejoins */
     int64_t next_hb_ns;  /* when the next heartbeats are due */
+    psc_server *srv;     /* per server, nservers of them */
+    zmq_pollitem_t *poll_items; /* the loop's: one per socket, then the eventfd */
+    int64_t wake_by_ns;  /* the latest the poll should have returned (pause check) */
+
+    /* ps_client_interrupt (atomic, any thread or a signal handler): the comm
+     * thread fails everything and ends, as when closing */
+    int interrupted;
 };
 
 /* ---- client_requests.c: a request's life ---- */
@@ -204,6 +242,10 @@ void psc_kick(ps_client *c);
 void psc_sub_send(ps_client *c, uint32_t i);
 /* Send one frame without blocking (EINTR retried): 0, or -1 with errno. */
 int psc_zsend(void *sock, const void *buf, size_t len, int flags);
+/* Close the socket of server s and connect a new one: ZeroMQ drops what it
+ * still queued for s, releasing those payloads, so requests given up on can
+ * complete; a server that comes back later gets a fresh connection. */
+void psc_socket_reset(ps_client *c, int s);
 
 /* ---- client_shm.c: the same-host data plane ---- */
 
@@ -226,10 +268,40 @@ void psc_shm_close(ps_client *c);
 void psc_resend_arm(ps_client *c, uint32_t i);
 /* Resend every sub-request whose deadline has passed, doubling its backoff. */
 void psc_resend_due(ps_client *c, int64_t now);
+/* Something came from server s at now. */
+void psc_server_heard(ps_client *c, int s, int64_t now);
+/* Fail the sub-requests of every server that has been silent for longer than
+ * server_timeout_ms while they waited (PS_ETIMEDOUT, logged once per server
+ * and episode).  First psc_pause_check. */
+void psc_server_timeout_due(ps_client *c, int64_t now);
+/* The loop is at now; its poll was due back by c->wake_by_ns.  Much later
+ * means the process was stopped (SIGSTOP, a suspended VM): silence is
+ * counted afresh from now, so a resumed worker does not give up on servers
+ * whose replies are still on their way. */
+void psc_pause_check(ps_client *c, int64_t now);
 /* Send the heartbeats when they are due. */
 void psc_heartbeat_due(ps_client *c, int64_t now);
 /* How long the poll may sleep before resends or heartbeats are due: ms, or
  * -1 when nothing is due. */
 long psc_liveness_timeout_ms(const ps_client *c, int64_t now);
+
+/* ---- client_rejoin.c: hello again after PS_EHELLO (comm thread) ---- */
+
+/* Sub-request i was refused with PS_EHELLO (its server dropped or forgot
+ * this rank): park it and say hello again to its server, unless a hello is
+ * already on its way; once that is answered the parked sub-requests are
+ * resent.  0 when parked; -1 when the caller should fail it instead (before
+ * start, or the server kept refusing us right after each hello). */
+int psc_rejoin_refused(ps_client *c, uint32_t i, const ps_header *h);
+/* A heartbeat of ours was refused with PS_EHELLO: say hello again to
+ * `server` now, before a request runs into the refusal. */
+void psc_rejoin_heartbeat_refused(ps_client *c, int server, const ps_header *h);
+/* A reply of server `server` to one of our requests was served: the rank
+ * is live there. */
+void psc_rejoin_served(ps_client *c, int server);
+/* Sub-request i is a rejoin hello: take its reply h (NULL: it failed with
+ * the error already set on its request) and finish the slot.  1 when i was
+ * one (handled), 0 otherwise. */
+int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h);
 
 #endif

@@ -129,6 +129,19 @@ int ps_request_wait(ps_request *req)
     return req->status;
 }
 
+int ps_request_wait_for(ps_request *req, int timeout_ms)
+{
+    if (!req)
+        return PS_EINVAL;
+    if (__atomic_load_n(&req->_priv.done, __ATOMIC_ACQUIRE))
+        return req->status;
+    if (!req->_priv.client)
+        return PS_EINVAL; /* never posted */
+    int64_t deadline =
+        timeout_ms < 0 ? INT64_MAX : ps_now_ns() + (int64_t)timeout_ms * 1000000LL;
+    return psc_wait_until(req, deadline) ? req->status : -1;
+}
+
 /* ---------- sub-request slots (comm thread) ---------- */
 
 static uint32_t slot_alloc(ps_client *c)
@@ -157,6 +170,10 @@ static uint32_t slot_alloc(ps_client *c)
 static void slot_free(ps_client *c, uint32_t i)
 {
     psc_sub *s = &c->subs[i];
+    psc_server *sv = &c->srv[s->server];
+    sv->nlive--;
+    if (s->req == &sv->rj_req)
+        sv->rejoining = 0; /* answered, failed or given up: a later refusal may try again */
     s->req = NULL;
     s->gen = s->gen + 1 ? s->gen + 1 : 1;
     s->next_free = c->free_head;
@@ -173,6 +190,10 @@ uint32_t psc_slot_new(ps_client *c, const psc_op *o, int server)
     s->req = o->req;
     s->type = o->type;
     s->server = server;
+    s->parked = 0;
+    /* the server's silence counts from now if nothing else waited on it */
+    if (c->srv[server].nlive++ == 0)
+        c->srv[server].quiet_from_ns = ps_now_ns();
     s->chunk = 0;
     s->key = 0;
     s->count = 0;

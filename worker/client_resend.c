@@ -8,15 +8,27 @@
  *  - Heartbeats: after start, every heartbeat_ms a HEARTBEAT goes to every
  *    server, fire-and-forget (no slot, no resend, the reply is dropped), so a
  *    server notices a worker that died (--worker-timeout).
+ *  - Silent servers: after start, a server from which nothing came (a reply
+ *    to anything, heartbeats included) for server_timeout_ms while
+ *    sub-requests wait on it is given up on: they fail with PS_ETIMEDOUT,
+ *    so the caller sees an error naming the server instead of resends that
+ *    never end.  Silence counts from the later of the last message and the
+ *    moment something began to wait on the server, and afresh after the
+ *    process was stopped (SIGSTOP), whose replies may still be on the way.
  *
  * Everything here runs on the comm thread and touches only its state. */
 #include <stdint.h>
+#include <stdio.h>
 
 #include "client_internal.h"
 #include "ps_log.h"
 #include "ps_time.h"
 
 #define RESEND_MAX_BACKOFF_NS (30LL * 1000000000LL)
+/* A poll that returns this much later than it was due means the process
+ * did not run (stopped, or a suspended machine), not that servers were
+ * silent. */
+#define PAUSE_SLACK_NS (500LL * 1000000LL)
 
 /* Every request but SHUTDOWN may be resent (see the top of this file). */
 static int resendable(uint32_t type) { return type != PS_MSG_SHUTDOWN; }
@@ -41,9 +53,14 @@ void psc_resend_due(ps_client *c, int64_t now)
         if (!s->req || !resendable(s->type))
             continue;
         if (s->deadline_ns <= now) {
-            ps_warn("libps: no reply from %s to %s key %llu chunk %u after %lld ms, resending",
-                    c->endpoints[s->server], ps_msg_type_name(s->type),
-                    (unsigned long long)s->key, s->chunk, (long long)(s->backoff_ns / 1000000));
+            /* a server that answered something since (a heartbeat) is alive and
+             * holds the request (a sync round or a barrier waiting for others):
+             * the resend is a precaution, not news */
+            int heard = c->srv[s->server].heard_ns > s->deadline_ns - s->backoff_ns;
+            ps_log(heard ? PS_LOG_DEBUG : PS_LOG_WARN,
+                   "libps: no reply from %s to %s key %llu chunk %u after %lld ms, resending",
+                   c->endpoints[s->server], ps_msg_type_name(s->type),
+                   (unsigned long long)s->key, s->chunk, (long long)(s->backoff_ns / 1000000));
             s->backoff_ns = s->backoff_ns * 2 < RESEND_MAX_BACKOFF_NS ? s->backoff_ns * 2
                                                                        : RESEND_MAX_BACKOFF_NS;
             if (ps_msg_request_has_payload(s->type))
@@ -77,12 +94,80 @@ void psc_heartbeat_due(ps_client *c, int64_t now)
         psc_zsend(c->socks[s], buf, len, 0); /* queued while a server is away; fine */
 }
 
+void psc_server_heard(ps_client *c, int s, int64_t now) { c->srv[s].heard_ns = now; }
+
+static int server_timeout_on(const ps_client *c)
+{
+    return c->opt.server_timeout_ms > 0 && __atomic_load_n(&c->hb_on, __ATOMIC_ACQUIRE);
+}
+
+/* When server sv's silence began: its last message, or when we began to
+ * wait on it, whichever is later. */
+static int64_t silent_since(const psc_server *sv)
+{
+    return sv->heard_ns > sv->quiet_from_ns ? sv->heard_ns : sv->quiet_from_ns;
+}
+
+/* Fail every sub-request to server s: it has been silent for too long. */
+static void give_up(ps_client *c, int s)
+{
+    char why[PS_ERR_TEXT_MAX + 1];
+    snprintf(why, sizeof why, "no reply from %s for %g s (ps_server down?); giving up",
+             c->endpoints[s], c->opt.server_timeout_ms / 1000.0);
+    ps_error("libps: %s", why);
+    for (uint32_t i = 0; i < c->nsubs && c->srv[s].nlive; i++)
+        if (c->subs[i].req && c->subs[i].server == s) {
+            psc_set_error(c->subs[i].req, PS_ETIMEDOUT, "%s", why);
+            psc_slot_finish(c, i);
+        }
+    /* payloads ZeroMQ still queues for s belong to those requests: only
+     * once they are released are the requests complete */
+    psc_socket_reset(c, s);
+}
+
+void psc_server_timeout_due(ps_client *c, int64_t now)
+{
+    if (!server_timeout_on(c))
+        return;
+    /* here, not only after the poll: a stop anywhere since it was due counts */
+    psc_pause_check(c, now);
+    int64_t limit = (int64_t)c->opt.server_timeout_ms * 1000000LL;
+    for (int s = 0; s < c->nservers; s++)
+        if (c->srv[s].nlive && now - silent_since(&c->srv[s]) > limit)
+            give_up(c, s);
+}
+
+void psc_pause_check(ps_client *c, int64_t now)
+{
+    int64_t late = now - c->wake_by_ns;
+    if (late <= PAUSE_SLACK_NS)
+        return;
+    c->wake_by_ns = now; /* one line per pause */
+    ps_info("libps: this process did not run for %.1f s (stopped?); the servers' silence "
+            "counts from now", (double)late * 1e-9);
+    for (int s = 0; s < c->nservers; s++)
+        c->srv[s].quiet_from_ns = now;
+}
+
 long psc_liveness_timeout_ms(const ps_client *c, int64_t now)
 {
     long timeout = -1;
+    if (server_timeout_on(c)) {
+        int64_t limit = (int64_t)c->opt.server_timeout_ms * 1000000LL;
+        for (int s = 0; s < c->nservers; s++) {
+            if (!c->srv[s].nlive)
+                continue;
+            int64_t d = silent_since(&c->srv[s]) + limit - now;
+            long t = d <= 0 ? 0 : (long)(d / 1000000 + 1);
+            if (timeout < 0 || t < timeout)
+                timeout = t;
+        }
+    }
     if (c->opt.request_timeout_ms > 0 && c->live) {
         int64_t d = c->next_resend_check - now;
-        timeout = d <= 0 ? 0 : (long)(d / 1000000 + 1);
+        long t = d <= 0 ? 0 : (long)(d / 1000000 + 1);
+        if (timeout < 0 || t < timeout)
+            timeout = t;
     }
     if (c->opt.heartbeat_ms > 0 && __atomic_load_n(&c->hb_on, __ATOMIC_ACQUIRE)) {
         int64_t d = c->next_hb_ns - now;

@@ -2,6 +2,7 @@
  * device and host memory, and the requests that move them. */
 #include "exchange.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +12,12 @@
 
 /* A wait shorter than this is not worth a timeline event. */
 #define WAIT_EVENT_NS 20000
+/* The barrier every worker reaches after its last step. */
+#define FINAL_BARRIER_ID 1
+/* While the final barrier waits, say for whom: first after this long, then
+ * this often. */
+#define FINAL_NOTE_FIRST_NS (5LL * 1000000000LL)
+#define FINAL_NOTE_EVERY_NS (10LL * 1000000000LL)
 
 /* Gradient buffers per tensor: one on the wire, one backward writes, and in
  * async mode one more for the sum of the gradients that came while the wire
@@ -52,6 +59,7 @@ struct ps_exchange {
     int mode;
     int accumulate;    /* async: a gradient need not wait for the wire */
     int64_t max_sum;   /* how many may wait in a sum (--max-staleness; unbounded: max) */
+    int num_workers;
     int started;
     int in_arena;      /* the buffers live in the client's shared-memory arena */
     void *registered;  /* the arena as registered with the device (pinned) */
@@ -61,7 +69,15 @@ struct ps_exchange {
     uint64_t summed;   /* gradients that went out in a sum instead of waiting */
     ps_trace *trace;
     int wait_tid, request_tid;
+    int interrupted;   /* ps_exchange_interrupt was called (atomic) */
+    int failed;        /* a request failure was logged */
 };
+
+/* A failure to log: not the PS_ECLOSED that ps_exchange_interrupt causes. */
+static int worth_logging(const ps_exchange *x, int rc)
+{
+    return rc != PS_ECLOSED || !__atomic_load_n(&x->interrupted, __ATOMIC_ACQUIRE);
+}
 
 /* ---------- staging: the only code that differs with the memory kind ---------- */
 
@@ -125,9 +141,13 @@ static int landed(ps_exchange *x, int i)
     t->wire = NULL; /* the server is done with it */
     int rc = t->push.status ? t->push.status : t->pull.status;
     if (rc) {
-        ps_error("step %lld: %s of param %d failed: %s (%s)", (long long)t->step,
-                 t->push.status ? "push" : "pull", i, ps_strerror(rc),
-                 t->push.status ? t->push.err : t->pull.err);
+        /* the first failure says why; the other tensors' (the same cause,
+         * as a rule) only with --verbose */
+        if (worth_logging(x, rc))
+            ps_log(x->failed++ ? PS_LOG_DEBUG : PS_LOG_ERROR,
+                   "step %lld: %s of param %d failed: %s (%s)", (long long)t->step,
+                   t->push.status ? "push" : "pull", i, ps_strerror(rc),
+                   t->push.status ? t->push.err : t->pull.err);
         return rc;
     }
     ps_trace_event(x->trace, "pull", "comm", x->request_tid, t->posted_ns, t->pull.done_ns,
@@ -262,6 +282,7 @@ int ps_exchange_open(const ps_client_options *o, ps_backend *b, ps_exchange **ou
      * lock-step, it always waits) */
     x->accumulate = o->mode == PS_MODE_ASYNC && o->max_staleness != 0;
     x->max_sum = o->max_staleness < 0 ? INT64_MAX : o->max_staleness;
+    x->num_workers = o->num_workers;
     int rc = ps_client_open(o, &x->client);
     if (rc) {
         free(x);
@@ -398,7 +419,8 @@ int ps_exchange_start(ps_exchange *x)
 {
     int rc = ps_client_start(x->client);
     if (rc) {
-        ps_error("cannot start: %s", ps_client_last_error(x->client));
+        if (worth_logging(x, rc))
+            ps_error("cannot start: %s", ps_client_last_error(x->client));
         return rc;
     }
     x->started = 1;
@@ -415,8 +437,9 @@ int ps_exchange_start(ps_exchange *x)
             (rc = ps_request_wait(&t->push)) == 0)
             rc = pull_front(x, t);
         if (rc) {
-            ps_error("init of param %d failed: %s %s", i, ps_strerror(rc),
-                     t->push.status ? t->push.err : t->pull.err);
+            if (worth_logging(x, rc))
+                ps_error("init of param %d failed: %s %s", i, ps_strerror(rc),
+                         t->push.status ? t->push.err : t->pull.err);
             return rc;
         }
         /* host_pull is the next pull's landing: the copy out of it must be done */
@@ -517,11 +540,47 @@ int ps_exchange_finish(ps_exchange *x)
     return rc;
 }
 
+/* The final barrier still waits: say for whom (server 0 knows), so a run
+ * whose other workers never came, or died, does not look hung. */
+static void note_final_wait(ps_exchange *x)
+{
+    const char *why = "every worker waits here for all --num-workers";
+    ps_barrier_info bi;
+    int rc = ps_client_barrier_info(x->client, &bi);
+    if (!worth_logging(x, rc))
+        return;
+    if (rc || bi.id != FINAL_BARRIER_ID || bi.missing == 0) {
+        ps_info("waiting at the final barrier for the other workers (%s %d)", why,
+                x->num_workers);
+        return;
+    }
+    char who[512];
+    size_t off = (size_t)snprintf(who, sizeof who, "worker%s", bi.missing > 1 ? "s" : "");
+    for (uint32_t k = 0; k < bi.nranks && off < sizeof who; k++)
+        off += (size_t)snprintf(who + off, sizeof who - off, "%s %d", k ? "," : "",
+                                (int)bi.ranks[k]);
+    if (bi.missing > bi.nranks && off < sizeof who)
+        snprintf(who + off, sizeof who - off, " and %u more", bi.missing - bi.nranks);
+    ps_info("waiting for %s at the final barrier (%s %d)", who, why, x->num_workers);
+}
+
 int ps_exchange_pull_final(ps_exchange *x)
 {
-    int rc = ps_client_barrier(x->client, 1);
+    ps_request bar;
+    int rc = ps_client_barrier_post(x->client, FINAL_BARRIER_ID, &bar);
+    if (!rc) {
+        int64_t note_at = ps_now_ns() + FINAL_NOTE_FIRST_NS;
+        for (;;) {
+            int64_t ms = (note_at - ps_now_ns()) / 1000000;
+            if ((rc = ps_request_wait_for(&bar, ms > 0 ? (int)ms : 0)) >= 0)
+                break;
+            note_final_wait(x);
+            note_at = ps_now_ns() + FINAL_NOTE_EVERY_NS;
+        }
+    }
     if (rc) {
-        ps_error("final barrier failed: %s", ps_client_last_error(x->client));
+        if (worth_logging(x, rc))
+            ps_error("final barrier failed: %s", bar.err);
         return rc;
     }
     /* host_pull may still feed a copy issued when the last pull landed */
@@ -539,6 +598,12 @@ int64_t ps_exchange_take_wait_ns(ps_exchange *x)
     int64_t ns = x->wait_ns;
     x->wait_ns = 0;
     return ns;
+}
+
+void ps_exchange_interrupt(ps_exchange *x)
+{
+    __atomic_store_n(&x->interrupted, 1, __ATOMIC_RELEASE);
+    ps_client_interrupt(x->client);
 }
 
 void ps_exchange_close(ps_exchange *x)

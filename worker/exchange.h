@@ -49,7 +49,8 @@
  * ps_exchange_close.  Pointers from ps_exchange_weights/ps_exchange_grad stay
  * valid until then.
  *
- * Threads: one thread (the training thread) makes every call; the comm
+ * Threads: one thread (the training thread) makes every call but
+ * ps_exchange_interrupt (any thread, or a signal handler); the comm
  * thread only reads and writes the staging or back buffers of requests in
  * flight and queries events.  Functions that can fail return 0 or a PS_E*
  * code; request failures are also logged with the tensor's index. */
@@ -109,8 +110,10 @@ int ps_exchange_grad_ready(ps_exchange *x, int i, int64_t step);
 int ps_exchange_finish(ps_exchange *x);
 
 /* After the last step and ps_exchange_finish: wait at a barrier for every
- * worker, then pull the servers' final weights into the fronts (complete
- * when this returns), so evaluation and saving see the trained model. */
+ * worker (all num_workers of the options, dropped ones excepted), saying
+ * after 5 s and then every 10 s whom it still waits for, then pull the
+ * servers' final weights into the fronts (complete when this returns), so
+ * evaluation and saving see the trained model. */
 int ps_exchange_pull_final(ps_exchange *x);
 
 /* Time the caller was blocked in the calls above since the last call of this
@@ -120,5 +123,11 @@ int64_t ps_exchange_take_wait_ns(ps_exchange *x);
 /* Close the client (requests in flight complete with PS_ECLOSED) and free
  * what the exchange owns.  NULL is fine. */
 void ps_exchange_close(ps_exchange *x);
+
+/* From a signal handler (async-signal-safe) or another thread: abort the
+ * client (ps_client_interrupt), so whichever call above waits returns
+ * PS_ECLOSED within milliseconds, and so do all later ones; failures
+ * caused by it are not logged.  Not once ps_exchange_close has begun. */
+void ps_exchange_interrupt(ps_exchange *x);
 
 #endif

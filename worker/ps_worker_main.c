@@ -39,6 +39,9 @@ static const char *usage =
     "                        (default 10000)\n"
     "  --heartbeat MS        tell every server this often that the worker is alive,\n"
     "                        for their --worker-timeout (default 1000; 0: never)\n"
+    "  --server-timeout S    exit (status 1) when a server has sent nothing, not even\n"
+    "                        a heartbeat's reply, for S seconds while the worker waits\n"
+    "                        on it (default 60; 0: wait and resend forever)\n"
     "model and training:\n"
     "  --model SPEC          mlp:784-256-128-10 (sizes) or cnn (default mlp:784-256-128-10)\n"
     "  --batch B             samples per step per worker (default 64)\n"
@@ -64,6 +67,7 @@ static const char *usage =
     "  --verbose | --quiet   more or fewer log lines\n"
     "  --help | --version\n"
     "\n"
+    "SIGINT and SIGTERM stop the worker at once, wherever it waits.\n"
     "Exit status: 0 trained (and, on rank 0, evaluated and saved); 1 failed while\n"
     "running (a server went away, I/O error); 2 something to fix first: a bad flag,\n"
     "a setting the servers do not share (mode, worker count, server order, model,\n"
@@ -153,6 +157,15 @@ int main(int argc, char **argv)
         INT("--request-timeout", 0, 3600000, c.request_timeout_ms)
         INT("--hello-timeout", 1, 3600000, c.hello_timeout_ms)
         INT("--heartbeat", 0, 3600000, c.heartbeat_ms)
+        if (!strcmp(a, "--server-timeout")) {
+            double sec;
+            if (ps_parse_float(P, a, v, 0, 86400, &sec, why, sizeof why))
+                return ps_flag_error(why);
+            c.server_timeout_ms = (int)(sec * 1000 + 0.5);
+            if (sec > 0 && c.server_timeout_ms == 0)
+                c.server_timeout_ms = 1;
+            continue;
+        }
         STR("--model", c.model)
         INT("--batch", 1, 65536, c.batch)
         INT("--epochs", 1, 100000, c.epochs)

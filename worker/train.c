@@ -10,6 +10,7 @@
 #include "train.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +45,7 @@ void ps_train_config_default(ps_train_config *c)
     c->request_timeout_ms = 5000;
     c->heartbeat_ms = 1000;
     c->shm = 1;
+    c->server_timeout_ms = 60000;
 }
 
 typedef struct worker {
@@ -64,8 +66,42 @@ typedef struct worker {
 
 enum { TID_TRAIN = 1, TID_COMM = 2 };
 
-static volatile sig_atomic_t g_stop; /* the signal that asked us to stop */
-static void on_signal(int sig) { g_stop = sig; }
+/* SIGINT/SIGTERM: the signal that asked us to stop, and the exchange it
+ * interrupts so that a wait anywhere (hello, a step, the final barrier)
+ * ends at once.  g_x is read and cleared atomically; g_in_handler counts
+ * handlers that may still use the exchange they read, so close_exchange
+ * frees it only once none can. */
+static volatile sig_atomic_t g_stop;
+static ps_exchange *g_x;
+static int g_in_handler;
+
+static void on_signal(int sig)
+{
+    g_stop = sig;
+    __atomic_add_fetch(&g_in_handler, 1, __ATOMIC_SEQ_CST);
+    ps_exchange *x = __atomic_load_n(&g_x, __ATOMIC_SEQ_CST);
+    if (x)
+        ps_exchange_interrupt(x);
+    __atomic_sub_fetch(&g_in_handler, 1, __ATOMIC_SEQ_CST);
+}
+
+/* The exchange is open: from now on a signal interrupts it (also one that
+ * came before). */
+static void watch_exchange(ps_exchange *x)
+{
+    __atomic_store_n(&g_x, x, __ATOMIC_SEQ_CST);
+    if (g_stop)
+        ps_exchange_interrupt(x);
+}
+
+static void close_exchange(worker *w)
+{
+    __atomic_store_n(&g_x, NULL, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&g_in_handler, __ATOMIC_SEQ_CST))
+        sched_yield(); /* a handler on another thread is still using it */
+    ps_exchange_close(w->x);
+    w->x = NULL;
+}
 
 int ps_train_stop_signal(void) { return g_stop; }
 
@@ -165,6 +201,7 @@ static int connect_servers(worker *w)
     o.request_timeout_ms = c->request_timeout_ms;
     o.hello_timeout_ms = c->hello_timeout_ms;
     o.heartbeat_ms = c->heartbeat_ms;
+    o.server_timeout_ms = c->server_timeout_ms;
     o.curve_dir = c->curve_dir;
     o.shm = c->shm;
     /* check what the user gave; the servers' settings are used either way */
@@ -172,6 +209,7 @@ static int connect_servers(worker *w)
     int rc = ps_exchange_open(&o, w->b, &w->x);
     if (rc)
         return rc;
+    watch_exchange(w->x);
     ps_exchange_set_trace(w->x, w->trace, TID_TRAIN, TID_COMM);
     for (int i = 0; i < w->nparams && !rc; i++) {
         ps_param *p = &w->params[i];
@@ -338,15 +376,20 @@ int ps_train_run(const ps_train_config *c)
         rc = PS_ENOMEM;
         goto out;
     }
-    if ((rc = open_outputs(&w)) || (c->servers && (rc = connect_servers(&w))))
+    if ((rc = open_outputs(&w)) || (c->servers && (rc = connect_servers(&w)))) {
+        if (g_stop) {
+            ps_warn("stopped by a signal while connecting to the servers");
+            rc = PS_ECLOSED;
+        }
         goto out;
+    }
     rc = train_loop(&w);
     if (!rc && c->save_path && (c->rank == 0) &&
         (rc = ps_model_save(w.m, c->save_path, why, sizeof why)))
         ps_error("--save: %s", why);
 out:
     /* the exchange first: its comm thread may still use the model's buffers */
-    ps_exchange_close(w.x);
+    close_exchange(&w);
     ps_trace_close(w.trace);
     if (w.csv)
         fclose(w.csv);

@@ -1,0 +1,161 @@
+/* libps: rejoining a server that dropped or forgot this rank, on the comm
+ * thread.
+ *
+ * A server answers PS_EHELLO to any request but hello from a rank it does
+ * not count as live: one it dropped (--on-worker-loss drop, after the worker
+ * was silent, e.g. stopped with SIGSTOP) or one it does not know (it
+ * restarted without a checkpoint that knew us).  Such a sub-request is not
+ * failed.  It is parked (no resends), a hello goes to that server (the one
+ * start sent; one at a time per server) and, once the server accepts it,
+ * every sub-request parked on that server is sent again.  A refused
+ * heartbeat starts the hello before any request runs into the refusal.
+ *
+ * The server takes the rank back at its current version (docs/PROTOCOL.md
+ * "Liveness"), as it does a restarted worker: in sync mode the pushes of
+ * rounds that completed without this worker are acknowledged as
+ * duplicates and its pulls of those versions answered at once, so the
+ * worker runs through them quickly, with the newest weights, until its
+ * step reaches the open round, which then waits for it again.
+ *
+ * A server that refuses us again and again right after accepting our hello
+ * (REJOIN_MAX hellos with no request served in between) is not asked
+ * forever: the refused sub-requests fail with its PS_EHELLO.  A hello that
+ * is refused or gets no answer fails the sub-requests parked on it.
+ *
+ * This is the one place that re-establishes a server's view of this worker;
+ * whatever a server must be told again after it lost us (a per-connection
+ * attachment, say) belongs here, after the hello. */
+#include <stdio.h>
+
+#include "client_internal.h"
+#include "ps_log.h"
+
+#define REJOIN_MAX 3
+
+/* Fail every sub-request parked on server `server` with code and text. */
+static void fail_parked(ps_client *c, int server, int code, const char *text)
+{
+    for (uint32_t i = 0; i < c->nsubs; i++) {
+        psc_sub *s = &c->subs[i];
+        if (s->req && s->server == server && s->parked) {
+            psc_set_error(s->req, code, "%s", text);
+            psc_slot_finish(c, i);
+        }
+    }
+}
+
+/* Send every sub-request parked on server `server` again; how many. */
+static int resend_parked(ps_client *c, int server)
+{
+    int n = 0;
+    for (uint32_t i = 0; i < c->nsubs; i++) {
+        psc_sub *s = &c->subs[i];
+        if (!s->req || s->server != server || !s->parked)
+            continue;
+        s->parked = 0;
+        /* the payload frame of this send is one more release to wait for */
+        if (ps_msg_request_has_payload(s->type))
+            __atomic_add_fetch(&s->req->_priv.pending, 1, __ATOMIC_ACQ_REL);
+        psc_sub_send(c, i); /* may finish the slot on error */
+        n++;
+    }
+    return n;
+}
+
+/* Say hello again to `server`, which refused us with `refusal`, unless a
+ * hello is on its way already. */
+static void start_hello(ps_client *c, int server, const ps_header *refusal)
+{
+    psc_server *sv = &c->srv[server];
+    if (sv->rejoining)
+        return;
+    const char *ep = c->endpoints[server];
+    ps_warn("libps: %s does not count this worker as live (%s); saying hello again to rejoin",
+            ep, refusal->err_text[0] ? refusal->err_text : ps_strerror(refusal->err_code));
+    psc_req_reset(c, &sv->rj_req, 1);
+    psc_op o = {.type = PS_MSG_HELLO, .server = server, .req = &sv->rj_req,
+                .out = &sv->rj_reply};
+    uint32_t i = psc_slot_new(c, &o, server);
+    if (i == PSC_NO_SLOT) {
+        fail_parked(c, server, PS_ENOMEM, "out of memory for a hello to rejoin");
+        return;
+    }
+    sv->rejoining = 1;
+    sv->rejoins++;
+    psc_sub_send(c, i);
+    if (!sv->rejoining) { /* the send failed and finished the slot */
+        char why[2 * PSC_ERRBUF];
+        snprintf(why, sizeof why, "cannot rejoin %s: %s", ep, sv->rj_req.err);
+        fail_parked(c, server, sv->rj_req.status ? sv->rj_req.status : PS_EIO, why);
+    }
+}
+
+int psc_rejoin_refused(ps_client *c, uint32_t i, const ps_header *h)
+{
+    psc_sub *s = &c->subs[i];
+    psc_server *sv = &c->srv[s->server];
+    if (!__atomic_load_n(&c->hb_on, __ATOMIC_ACQUIRE) || s->type == PS_MSG_HELLO)
+        return -1;
+    if (!sv->rejoining && sv->rejoins >= REJOIN_MAX) {
+        if (sv->rejoins++ == REJOIN_MAX) /* once, not per refused request */
+            ps_error("libps: %s refused this worker again after %d hellos in a row; its "
+                     "requests fail", c->endpoints[s->server], REJOIN_MAX);
+        return -1;
+    }
+    s->parked = 1;
+    s->deadline_ns = INT64_MAX; /* no resends while parked */
+    start_hello(c, s->server, h);
+    return 0;
+}
+
+void psc_rejoin_heartbeat_refused(ps_client *c, int server, const ps_header *h)
+{
+    psc_server *sv = &c->srv[server];
+    if (__atomic_load_n(&c->hb_on, __ATOMIC_ACQUIRE) && !sv->rejoining &&
+        sv->rejoins < REJOIN_MAX)
+        start_hello(c, server, h);
+}
+
+void psc_rejoin_served(ps_client *c, int server) { c->srv[server].rejoins = 0; }
+
+int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h)
+{
+    psc_sub *s = &c->subs[i];
+    int server = s->server;
+    psc_server *sv = &c->srv[server];
+    if (s->req != &sv->rj_req)
+        return 0;
+    const char *ep = c->endpoints[server];
+    char why[PSC_ERRBUF] = "";
+    int code = 0;
+    if (h->type == PS_MSG_ERROR) {
+        code = h->err_code ? h->err_code : PS_EPROTO;
+        snprintf(why, sizeof why, "%s", h->err_text[0] ? h->err_text : ps_strerror(code));
+    } else if (h->type != PS_MSG_HELLO || !(h->flags & PS_FLAG_REPLY)) {
+        code = PS_EPROTO;
+        snprintf(why, sizeof why, "answered hello with a %s message", ps_msg_type_name(h->type));
+    } else if (h->hello.server_rank != server) {
+        code = PS_EMISMATCH;
+        snprintf(why, sizeof why, "it is server rank %d now, listed at position %d",
+                 h->hello.server_rank, server);
+    } else {
+        /* start checked the same; a server restarted with other flags fails here */
+        ps_hello mine = c->hello_req;
+        if (ps_hello_compare(&mine, "this worker", &h->hello, ep, 1, why, sizeof why))
+            code = PS_EMISMATCH;
+    }
+    psc_slot_finish(c, i); /* our own request; clears sv->rejoining */
+    if (code) {
+        char text[2 * PSC_ERRBUF];
+        snprintf(text, sizeof text, "cannot rejoin %s: %s", ep, why);
+        ps_error("libps: %s", text);
+        fail_parked(c, server, code, text);
+        return 1;
+    }
+    /* what the server must be told again: whether it (still) maps our arena */
+    psc_shm_hello_reply(c, server, &h->hello);
+    int n = resend_parked(c, server);
+    ps_info("libps: rejoined %s: it counts this worker again (%d waiting request%s sent again)",
+            ep, n, n == 1 ? "" : "s");
+    return 1;
+}
