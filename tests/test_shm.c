@@ -440,3 +440,38 @@ PS_TEST(a_worker_killed_while_writing_a_gradient_changes_nothing)
     srv_stop(&s);
     CHECK_MSG(intact, "the weights changed without a push");
 }
+
+/* A server killed with -9 and restarted with --restore has no mapping of the
+ * worker's arena: the worker says hello again (with the same arena), and the
+ * payloads go through shared memory again. */
+PS_TEST(a_restored_server_serves_shared_memory_again)
+{
+    srv s;
+    char dir[512], flags[700], log[512];
+    snprintf(dir, sizeof dir, "%s/restore-ck", ps_test_tmpdir());
+    snprintf(flags, sizeof flags, "--num-workers 1 --mode async --checkpoint-dir %s "
+             "--checkpoint-every 50", dir);
+    CHECK_OK(srv_start(&s, flags));
+    char first_log[300];
+    snprintf(first_log, sizeof first_log, "%s", s.log);
+    snprintf(log, sizeof log, "%s/restore-worker.log", ps_test_tmpdir());
+    int w = start_worker(&s, "--epochs 1000 --steps 3000 --request-timeout 300", log);
+    CHECK_OK(ps_test_wait_for_text(log, "iter 200/", 20000, w));
+    kill(s.pid, SIGKILL);
+    ps_test_wait(s.pid, 5000);
+    /* the same port, restored */
+    char words[900];
+    snprintf(words, sizeof words, "--bind %s %s --restore", s.ep, flags);
+    snprintf(s.log, sizeof s.log, "%s/restored-server.log", ps_test_tmpdir());
+    s.pid = ps_test_spawn_words("ps_server", words, s.log);
+    CHECK(s.pid > 0);
+    int rc = ps_test_wait(w, 60000);
+    srv_stop(&s);
+    CHECK_MSG(rc == 0, "the worker exited %d (see %s)", rc, log);
+    CHECK_MSG(ps_test_file_has(first_log, "payloads through shared memory"),
+              "no shared memory before the crash: %s", first_log);
+    CHECK_MSG(ps_test_file_has(s.log, "restored ") &&
+                  ps_test_file_has(s.log, "payloads through shared memory"),
+              "the restored server did not take the arena again: %s", s.log);
+    CHECK_MSG(ps_test_file_has(log, "rejoined"), "the worker did not say hello again: %s", log);
+}
