@@ -124,6 +124,7 @@ static void io_error(ps_server *s, zmq_msg_t *id, const ps_header *req, int code
 {
     ps_header h;
     ps_reply_error(&h, req->seq, req->rank, req->key, req->chunk, code, why);
+    h.seq_negative = req->seq_negative;
     s->io_errors++;
     if (ps_rlimit_allow(&s->rl))
         ps_warn("refused %s from rank %d: %s: %s", ps_msg_type_name(req->type), req->rank,

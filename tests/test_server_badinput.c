@@ -326,6 +326,97 @@ PS_TEST(bad_requests_get_error_replies_with_the_right_code)
     zmq_close(s);
 }
 
+/* The next reply's q (as the integer it was sent as), type and error code,
+ * read with msgpack itself: a reply to a negative q does not pass
+ * ps_proto_decode (q is unsigned there).  0, or -1 when none came. */
+static int recv_q(void *s, int64_t *q, uint64_t *type, int64_t *ec)
+{
+    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, PS_TEST_RPC_MS) <= 0)
+        return -1;
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, s, 0) < 0)
+        return -1;
+    while (zmq_msg_more(&m)) { /* only the header counts here */
+        zmq_msg_t x;
+        zmq_msg_init(&x);
+        zmq_msg_recv(&x, s, 0);
+        int more = zmq_msg_more(&x);
+        zmq_msg_close(&x);
+        if (!more)
+            break;
+    }
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    int rc = -1;
+    *q = -1;
+    *type = 0;
+    *ec = 0;
+    if (msgpack_unpack_next(&u, zmq_msg_data(&m), zmq_msg_size(&m), NULL) ==
+            MSGPACK_UNPACK_SUCCESS && u.data.type == MSGPACK_OBJECT_MAP) {
+        rc = 0;
+        for (uint32_t i = 0; i < u.data.via.map.size; i++) {
+            msgpack_object_kv *kv = &u.data.via.map.ptr[i];
+            const char *k = kv->key.via.str.ptr;
+            size_t kl = kv->key.via.str.size;
+            int64_t v = kv->val.type == MSGPACK_OBJECT_NEGATIVE_INTEGER
+                            ? kv->val.via.i64
+                            : (int64_t)kv->val.via.u64;
+            if (kl == 1 && k[0] == 'q')
+                *q = v;
+            else if (kl == 1 && k[0] == 't')
+                *type = (uint64_t)v;
+            else if (kl == 2 && !memcmp(k, "ec", 2))
+                *ec = v;
+        }
+    }
+    msgpack_unpacked_destroy(&u);
+    zmq_msg_close(&m);
+    return rc;
+}
+
+PS_TEST(every_error_reply_echoes_the_requests_q)
+{
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --quiet"));
+    void *s = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 2, -1));
+    char buf[PS_HEADER_MAX];
+    /* each refused for one field, with q after the field that fails (the
+     * decoder used to stop at the first bad field and answer q=0, which a
+     * client drops: it waited for its timeout instead of seeing the error) */
+    struct { kv f[4]; int want; } cases[] = {
+        {{{"v", 'u', 2, 0, 0}, {"t", 'u', 4, 0, 0}, {"r", 'i', 0, 0, 0}, {"q", 'u', 501, 0, 0}},
+         PS_EVERSION},
+        {{{"v", 'u', 1, 0, 0}, {"t", 'u', 0, 0, 0}, {"r", 'i', 0, 0, 0}, {"q", 'u', 502, 0, 0}},
+         PS_EPROTO},
+        {{{"v", 'u', 1, 0, 0}, {"t", 'u', 11, 0, 0}, {"r", 'i', 0, 0, 0}, {"q", 'u', 503, 0, 0}},
+         PS_EPROTO},
+        {{{"v", 'u', 1, 0, 0}, {"t", 'u', 4, 0, 0}, {"f", 'u', 2, 0, 0}, {"q", 'u', 504, 0, 0}},
+         PS_EPROTO},
+        {{{"v", 'u', 1, 0, 0}, {"t", 'u', 4, 0, 0}, {"r", 'i', 0, 0, 0}, {"q", 'i', 0, -505, 0}},
+         PS_EPROTO},
+        {{{"v", 'u', 1, 0, 0}, {"t", 'u', 4, 0, 0}, {"s", 'i', 0, -9, 0}, {"q", 'u', 506, 0, 0}},
+         PS_EPROTO},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t len = pack(buf, sizeof buf, cases[i].f, 4);
+        CHECK_OK(send_frames(s, 1, (const void *[]){buf}, (size_t[]){len}));
+        int64_t q, ec;
+        uint64_t type;
+        CHECK_OK(recv_q(s, &q, &type, &ec));
+        int64_t want_q = cases[i].f[3].kind == 'i' ? cases[i].f[3].i : (int64_t)cases[i].f[3].u;
+        CHECK_MSG(q == want_q && type == PS_MSG_ERROR && ec == cases[i].want,
+                  "case %zu: reply q=%lld type %llu ec %lld, expected q=%lld error %d", i,
+                  (long long)q, (unsigned long long)type, (long long)ec, (long long)want_q,
+                  cases[i].want);
+    }
+    CHECK_OK(only_heartbeat_follows(s, 0, 600));
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
+    zmq_close(s);
+}
+
 PS_TEST(garbage_flood_keeps_rss_bounded_and_logs_rate_limited)
 {
     ps_test_server sv;
