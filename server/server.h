@@ -15,6 +15,10 @@
  *                     PAIRs and every module below except the updaters'
  *                     insides; one pump (io_pump) polls and dispatches for the
  *                     run loop, the stop and the wait for a last checkpoint
+ *   server_msg.c      the I/O thread's side of one ROUTER message: decode,
+ *                     check, answer control messages, hand data to an owner
+ *   server_open.c     ps_server_open and ps_server_close
+ *   server_internal.h struct ps_server, shared by those three files
  *   server_config.c   ps_server_config_default/check, ps_server_owner
  *   updater.c         an update thread: its ps_shard and the owner end of its
  *                     PAIR, and an immutable ps_updater_config copied before
