@@ -59,6 +59,10 @@ typedef struct ps_client_options {
     int heartbeat_ms;      /* after start, the comm thread sends a HEARTBEAT to every server
                               this often, so servers notice a worker that died
                               (--worker-timeout); 0: never.  Default 1000. */
+    const char *admin_token; /* sent with ps_client_shutdown_servers: the token of the
+                              servers' --admin-token-file (16..128 printable characters,
+                              no spaces); NULL: none (servers then refuse, unless this
+                              worker's CURVE key is one of their admin keys) */
 } ps_client_options;
 
 /* One posted operation, allocated by the caller and filled by libps.
@@ -143,6 +147,10 @@ int ps_request_wait(ps_request *req);
  * servers count a rank once per barrier and answer a resent one.) */
 int ps_client_barrier(ps_client *c, int64_t id);
 int ps_client_stats(ps_client *c, int server, ps_stats *out);
+/* Ask every server to stop.  A server obeys only a peer it was told to
+ * (ps_server --admin-token-file, with ps_client_options.admin_token here; or
+ * a CURVE key in its key directory's admin/); otherwise it refuses with
+ * PS_EAUTH and goes on (stop servers with SIGTERM, as ps_launch does). */
 int ps_client_shutdown_servers(ps_client *c);
 
 /* Placement introspection (for tests and tools). */

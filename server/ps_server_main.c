@@ -62,7 +62,11 @@ static void usage(FILE *f)
         "  --timeline FILE        Chrome trace-event JSON: an 'apply' event per update and a\n"
         "                         'pull' event per served pull, one lane per update thread\n"
         "  --curve-keys DIR       CURVE: encrypt, and serve only workers whose public keys\n"
-        "                         are in DIR/authorized (keys from ps_keygen; docs/SECURITY.md)\n"
+        "                         are in DIR/authorized (keys from ps_keygen; docs/SECURITY.md);\n"
+        "                         a key in DIR/admin may also stop the server with a message\n"
+        "  --admin-token-file FILE  a shutdown message carrying the token in FILE (mode 0600,\n"
+        "                         16..128 characters) stops the server; without it (or an\n"
+        "                         admin key) only SIGTERM/SIGINT do (docs/SECURITY.md)\n"
         "fault tolerance (docs/OPERATIONS.md):\n"
         "  --checkpoint-dir DIR   write checkpoints of this server's shard to DIR\n"
         "                         (DIR/shard-RANK-SEQ.ckpt, the newest 2 are kept)\n"
@@ -82,10 +86,10 @@ static void usage(FILE *f)
         "  --help                 print this and exit\n"
         "  --version              print the version and exit\n"
         "\n"
-        "Exit status: 0 after SIGINT, SIGTERM or a SHUTDOWN message; 1 when a socket or\n"
+        "Exit status: 0 after SIGINT, SIGTERM or an allowed SHUTDOWN message; 1 when a socket or\n"
         "the update threads fail while running (or the port is taken); 2 for something to\n"
-        "fix first: a bad flag, unusable CURVE keys, a --restore with no valid checkpoint\n"
-        "or one written with another configuration.\n",
+        "fix first: a bad flag, unusable CURVE keys or admin token file, a --restore with\n"
+        "no valid checkpoint or one written with another configuration.\n",
         PS_SERVER_MAX_THREADS);
 }
 
@@ -108,7 +112,7 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level, cha
     static const char *const valued[] = {
         "--bind", "--rank", "--num-servers", "--num-workers", "--mode", "--max-staleness",
         "--threads", "--max-memory", "--timeline", "--curve-keys", "--checkpoint-dir",
-        "--checkpoint-every", "--worker-timeout", "--on-worker-loss", NULL};
+        "--checkpoint-every", "--worker-timeout", "--on-worker-loss", "--admin-token-file", NULL};
     char why[512];
     int staleness_given = 0, every_given = 0;
     for (int i = 1; i < argc; i++) {
@@ -169,6 +173,10 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level, cha
         } else if (!strcmp(name, "--max-memory")) {
             if (!(rc = ps_parse_size(PROG, name, val, 4096, 1ull << 50, &sv, why, sizeof why)))
                 c->max_memory = sv;
+        } else if (!strcmp(name, "--admin-token-file")) {
+            if (!*val || strlen(val) > 900)
+                return bad("%s: %s needs a path of 1..900 characters", PROG, name);
+            c->admin_token_file = val;
         } else if (!strcmp(name, "--timeline") || !strcmp(name, "--curve-keys") ||
                    !strcmp(name, "--checkpoint-dir")) {
             if (!*val || strlen(val) > 900)

@@ -357,6 +357,9 @@ int ps_server_run(ps_server *s)
                                 ", %llu workers lost, %llu rejoined",
                                 (unsigned long long)nlost,
                                 (unsigned long long)ps_workers_rejoined(s->workers));
+    if (s->shutdowns_refused && off < sizeof extra)
+        off += (size_t)snprintf(extra + off, sizeof extra - off, ", %llu shutdowns refused",
+                                (unsigned long long)s->shutdowns_refused);
     if (ck_on && off < sizeof extra)
         snprintf(extra + off, sizeof extra - off, ", %llu checkpoints written",
                  (unsigned long long)ps_ckpt_coord_count(s->ck));

@@ -142,6 +142,9 @@ typedef struct ps_server_config {
     int restore;                /* load the newest valid checkpoint of checkpoint_dir */
     int worker_timeout_ms;      /* a worker silent this long is lost; 0: never */
     int on_worker_loss;         /* PS_LOSS_WAIT (default) or PS_LOSS_DROP */
+    const char *admin_token_file; /* a SHUTDOWN message carrying this file's token may
+                                     stop the server (server/admin.h); NULL: only
+                                     signals (and, with curve_dir, admin keys) */
 } ps_server_config;
 
 /* Defaults: rank 0, 1 server, 1 worker, async, staleness -1, sgd lr 0.01,

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <zmq.h>
 
+#include "admin.h"
 #include "barrier.h"
 #include "ckpt_coord.h"
 #include "hs_monitor.h"
@@ -54,6 +55,9 @@ struct ps_server {
     uint64_t io_errors, dropped;
     ps_rlimit rl;
     ps_stats totals;
+    ps_admin *admin;         /* who may stop the server with a message */
+    ps_rlimit rl_admin;      /* refused shutdowns: their own log budget */
+    uint64_t shutdowns_refused;
     int threads_running, run_called, stopping, io_failed;
     /* options */
     char *timeline_path, *curve_dir, *ckpt_dir;

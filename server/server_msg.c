@@ -15,6 +15,8 @@
 #include "ckpt_coord.h"
 #include "hs_monitor.h"
 #include "outbox.h"
+#include "admin.h"
+#include "peers.h"
 #include "ps_curve.h"
 #include "ps_error.h"
 #include "ps_fs.h"
@@ -214,6 +216,29 @@ static void io_stats(ps_server *s, zmq_msg_t *id, const ps_header *h)
         srv_send_cmd(s, i, PS_CMD_STATS, token, NULL, NULL, NULL);
 }
 
+/* SHUTDOWN: only from a peer with authority (server/admin.h); every refusal
+ * is logged with the peer (rate-limited) and answered with PS_EAUTH. */
+static void io_shutdown(ps_server *s, zmq_msg_t *f, const ps_header *h)
+{
+    char why[256], who[256];
+    ps_peer_name(&f[0], &f[1], h->rank, who, sizeof who);
+    if (ps_admin_check(s->admin, h, zmq_msg_gets(&f[1], "User-Id"), why, sizeof why)) {
+        ps_header r;
+        ps_reply_error(&r, h->seq, h->rank, h->key, h->chunk, PS_EAUTH, why);
+        s->io_errors++;
+        s->shutdowns_refused++;
+        if (ps_rlimit_allow(&s->rl_admin))
+            ps_warn("refused a shutdown from %s: %s", who, why);
+        srv_send(s, &f[0], &r);
+        return;
+    }
+    ps_header r;
+    ps_reply_header(&r, PS_MSG_SHUTDOWN, h->seq, h->rank, h->key, h->chunk, h->step);
+    srv_send(s, &f[0], &r);
+    ps_info("shutdown requested by %s", who);
+    srv_set_stopping(s);
+}
+
 /* One message from the ROUTER: f[0] identity, f[1] header, f[2] payload;
  * `total` counts every frame received, kept or not. */
 static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
@@ -311,14 +336,9 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         srv_send(s, &f[0], &r);
         return;
     }
-    case PS_MSG_SHUTDOWN: {
-        ps_header r;
-        ps_reply_header(&r, PS_MSG_SHUTDOWN, h.seq, h.rank, h.key, h.chunk, h.step);
-        srv_send(s, &f[0], &r);
-        ps_info("shutdown requested by rank %d", h.rank);
-        srv_set_stopping(s);
+    case PS_MSG_SHUTDOWN:
+        io_shutdown(s, f, &h);
         return;
-    }
     default:
         srv_error(s, &f[0], &h, PS_EPROTO, "unhandled message type");
         return;

@@ -76,6 +76,7 @@ void ps_server_close(ps_server *s)
     free(s->timeline_path);
     free(s->curve_dir);
     free(s->ckpt_dir);
+    ps_admin_close(s->admin);
     free(s);
 }
 
@@ -263,10 +264,13 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         ps_server_close(s);
         return PS_ENOMEM;
     }
-    if ((rc = ps_ckpt_coord_create(&s->cfg, &s->ck, why, why_len)) != 0) {
+    if ((rc = ps_admin_open(c->admin_token_file, c->curve_dir != NULL, &s->admin, why,
+                            why_len)) != 0 ||
+        (rc = ps_ckpt_coord_create(&s->cfg, &s->ck, why, why_len)) != 0) {
         ps_server_close(s);
         return rc;
     }
+    s->cfg.admin_token_file = NULL; /* read; the caller's string need not outlive open */
     if ((rc = open_timeline(s, why, why_len)) != 0 || (rc = open_owners(s, why, why_len)) != 0 ||
         (c->restore && (rc = restore(s, why, why_len)) != 0) ||
         (rc = open_router(s, why, why_len)) != 0) {
@@ -296,6 +300,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
                 "I/O thread");
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     s->threads_running = 1;
+    ps_info("this server stops on %s", ps_admin_describe(s->admin));
     *out = s;
     return 0;
 }

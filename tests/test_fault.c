@@ -203,9 +203,7 @@ PS_TEST(dropped_worker_is_refused_until_hello_then_rounds_average_the_live_worke
     }
     CHECK_EQ_INT(pulls, 1);
     CHECK_EQ_INT(acks, 1);
-    h = ps_test_header(PS_MSG_SHUTDOWN, -1, 11, 0, 0, 0);
-    CHECK_OK(rpc(a, &h, NULL, 0, &r, NULL, 0));
-    CHECK_EQ_INT(ps_test_wait(sv.pid, PS_TEST_RPC_MS), 0);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
     zmq_close(a);
     zmq_close(b);
 }

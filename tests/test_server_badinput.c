@@ -580,19 +580,100 @@ PS_TEST(exits_0_on_sigterm)
     zmq_close(s);
 }
 
-PS_TEST(exits_0_after_acking_a_shutdown_message)
+/* A SHUTDOWN from rank -1 on connection s with token adm ("" none): its reply. */
+static int shutdown_rpc(void *s, uint64_t seq, const char *adm, ps_header *r)
+{
+    ps_header h = ps_test_header(PS_MSG_SHUTDOWN, -1, seq, 0, 0, 0);
+    snprintf(h.admin, sizeof h.admin, "%s", adm);
+    if (send_raw(s, &h, NULL, 0))
+        return -1;
+    return ps_test_recv(s, PS_TEST_RPC_MS, r, NULL, 0, NULL);
+}
+
+PS_TEST(shutdown_is_refused_by_default_and_each_refusal_names_the_peer)
 {
     ps_test_server sv;
-    CHECK_OK(ps_test_server_start(&sv, 1, "--threads 2 --quiet"));
+    CHECK_OK(ps_test_server_start(&sv, 1, "--threads 2"));
     void *s = ps_test_dealer(sv.port);
-    ps_header h = ps_test_header(PS_MSG_SHUTDOWN, -1, 9, 0, 0, 0), r; /* a tool: no hello needed */
+    ps_header r;
+    /* anyone who can connect, no hello needed: used to stop the server */
+    CHECK_OK(shutdown_rpc(s, 9, "", &r));
+    CHECK_EQ_INT(r.type, PS_MSG_ERROR);
+    CHECK_EQ_INT(r.err_code, PS_EAUTH);
+    CHECK_EQ_INT(r.seq, 9);
+    CHECK(strstr(r.err_text, "SIGTERM"));
+    /* a token does not help a server that takes none */
+    CHECK_OK(shutdown_rpc(s, 10, PS_TEST_ADMIN_TOKEN, &r));
+    CHECK_EQ_INT(r.err_code, PS_EAUTH);
+    /* nor does saying hello as a worker first */
+    CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 1, -1));
+    ps_header h = ps_test_header(PS_MSG_SHUTDOWN, 0, 11, 0, 0, 0);
     CHECK_OK(send_raw(s, &h, NULL, 0));
     CHECK_OK(ps_test_recv(s, PS_TEST_RPC_MS, &r, NULL, 0, NULL));
+    CHECK_EQ_INT(r.err_code, PS_EAUTH);
+    CHECK_OK(only_heartbeat_follows(s, -1, 12)); /* still serving */
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0); /* signals do stop it */
+    char *log = ps_test_read_file(sv.log, NULL);
+    CHECK(log);
+    int named = strstr(log, "refused a shutdown from rank -1, routing id ") != NULL &&
+                strstr(log, "refused a shutdown from rank 0, routing id ") != NULL &&
+                strstr(log, "stops on signals only") != NULL;
+    free(log);
+    CHECK(named);
+    zmq_close(s);
+}
+
+PS_TEST(shutdown_with_the_admin_token_stops_the_server_and_a_wrong_one_is_refused)
+{
+    const char *tf = ps_test_token_file("admin.token", PS_TEST_ADMIN_TOKEN, 0600);
+    CHECK(tf);
+    char words[800];
+    snprintf(words, sizeof words, "--threads 2 --admin-token-file %s", tf);
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, words));
+    void *s = ps_test_dealer(sv.port);
+    ps_header r;
+    CHECK_OK(shutdown_rpc(s, 20, "", &r));
+    CHECK_EQ_INT(r.err_code, PS_EAUTH);
+    CHECK_EQ_INT(r.seq, 20);
+    CHECK(strstr(r.err_text, "no admin token"));
+    CHECK_OK(shutdown_rpc(s, 21, "test-admin-token-0123456789abcdeX", &r));
+    CHECK_EQ_INT(r.err_code, PS_EAUTH);
+    CHECK(strstr(r.err_text, "wrong admin token"));
+    CHECK_OK(shutdown_rpc(s, 22, "test-admin-token", &r)); /* a prefix is not the token */
+    CHECK_EQ_INT(r.err_code, PS_EAUTH);
+    CHECK_OK(only_heartbeat_follows(s, -1, 24)); /* still serving */
+    CHECK_OK(shutdown_rpc(s, 23, PS_TEST_ADMIN_TOKEN, &r));
     CHECK_EQ_INT(r.type, PS_MSG_SHUTDOWN);
-    CHECK_EQ_INT(r.seq, 9);
+    CHECK_EQ_INT(r.seq, 23);
     CHECK(r.flags & PS_FLAG_REPLY);
     CHECK_EQ_INT(ps_test_wait(sv.pid, PS_TEST_RPC_MS), 0);
+    char *log = ps_test_read_file(sv.log, NULL);
+    CHECK(log);
+    /* every refusal logged with the peer; the token itself never */
+    int named = strstr(log, "refused a shutdown from rank -1, routing id ") != NULL &&
+                strstr(log, "from 127.0.0.1") != NULL;
+    int leaked = strstr(log, PS_TEST_ADMIN_TOKEN) != NULL;
+    int said = strstr(log, "shutdown requested by rank -1") != NULL &&
+               strstr(log, "3 shutdowns refused") != NULL;
+    free(log);
+    CHECK(named);
+    CHECK(!leaked);
+    CHECK(said);
     zmq_close(s);
+}
+
+PS_TEST(an_admin_token_file_others_can_read_or_a_short_token_exits_2)
+{
+    const char *loose = ps_test_token_file("loose.token", PS_TEST_ADMIN_TOKEN, 0644);
+    const char *shrt = ps_test_token_file("short.token", "abc", 0600);
+    CHECK(loose && shrt);
+    char words[800];
+    snprintf(words, sizeof words, "--admin-token-file %s", loose);
+    CHECK_OK(flag_case(words, 1, "chmod 600"));
+    snprintf(words, sizeof words, "--admin-token-file %s", shrt);
+    CHECK_OK(flag_case(words, 1, "16 to 128 printable characters"));
+    CHECK_OK(flag_case("--admin-token-file /nonexistent/token", 1, "cannot open it"));
 }
 
 PS_TEST(bind_failure_exits_1)
