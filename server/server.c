@@ -231,10 +231,11 @@ static int io_pump(ps_server *s, int what, long timeout_ms)
         if (s->own[i].out.n)
             srv_flush_outbox(s, i);
     }
+    /* disconnects first: a worker restarted at once finds its rank free */
+    if (mon_at >= 0 && (it[mon_at].revents & ZMQ_POLLIN))
+        srv_read_monitor(s);
     if (router_at >= 0 && (it[router_at].revents & ZMQ_POLLIN) && srv_read_router(s) < 0)
         return PUMP_EROUTER;
-    if (mon_at >= 0 && (it[mon_at].revents & ZMQ_POLLIN))
-        ps_hs_monitor_read(s->mon);
     return PUMP_OK;
 }
 
@@ -357,6 +358,10 @@ int ps_server_run(ps_server *s)
                                 ", %llu workers lost, %llu rejoined",
                                 (unsigned long long)nlost,
                                 (unsigned long long)ps_workers_rejoined(s->workers));
+    if (ps_workers_refused(s->workers) && off < sizeof extra)
+        off += (size_t)snprintf(extra + off, sizeof extra - off,
+                                ", %llu hellos refused (rank held by another connection)",
+                                (unsigned long long)ps_workers_refused(s->workers));
     if (s->shutdowns_refused && off < sizeof extra)
         off += (size_t)snprintf(extra + off, sizeof extra - off, ", %llu shutdowns refused",
                                 (unsigned long long)s->shutdowns_refused);

@@ -86,6 +86,8 @@ void srv_flush_outbox(ps_server *s, int i);
 void srv_check_workers(ps_server *s, int64_t now);
 /* Read up to IO_BATCH messages from the ROUTER.  -1 on a socket error. */
 int srv_read_router(ps_server *s);
+/* Take the connection events that came (disconnects, handshake failures). */
+void srv_read_monitor(ps_server *s);
 
 /* ---- server.c ---- */
 

@@ -141,7 +141,7 @@ static void send_live(ps_server *s, int r, int live)
         srv_send_cmd(s, i, PS_CMD_LIVE, (uint64_t)live, &lh, NULL, NULL);
 }
 
-static void io_hello(ps_server *s, zmq_msg_t *id, const ps_header *h)
+static void io_hello(ps_server *s, zmq_msg_t *id, zmq_msg_t *hf, const ps_header *h)
 {
     ps_hello mine = my_hello(s);
     char why[256], who[32];
@@ -162,15 +162,21 @@ static void io_hello(ps_server *s, zmq_msg_t *id, const ps_header *h)
         srv_error(s, id, h, rc, why);
         return;
     }
-    if (h->hello.model_fp && !s->model_fp) {
-        s->model_fp = h->hello.model_fp;
-        ps_info("model fingerprint %016llx (from %s)", (unsigned long long)s->model_fp, who);
-    }
+    uint64_t token = 0;
     if (h->rank >= 0) {
         int rejoined;
-        if (ps_workers_hello(s->workers, h->rank, zmq_msg_data(id), zmq_msg_size(id),
-                             ps_now_ns(), &rejoined) != 0) {
-            srv_error(s, id, h, PS_ENOMEM, "out of memory recording the worker");
+        char peer[256];
+        ps_peer_name(id, hf, h->rank, peer, sizeof peer);
+        /* a holder that just hung up is gone by now, not live */
+        srv_read_monitor(s);
+        rc = ps_workers_hello(s->workers, h->rank, zmq_msg_data(id), zmq_msg_size(id),
+                              zmq_msg_get(hf, ZMQ_SRCFD), h->hello.token, ps_now_ns(), peer,
+                              &token, &rejoined, why, sizeof why);
+        if (rc) { /* logged by the table, rate-limited */
+            ps_header r;
+            ps_reply_error(&r, h->seq, h->rank, h->key, h->chunk, rc, why);
+            s->io_errors++;
+            srv_send(s, id, &r);
             return;
         }
         if (rejoined) { /* back in the live set before any of its requests reach an owner */
@@ -180,9 +186,15 @@ static void io_hello(ps_server *s, zmq_msg_t *id, const ps_header *h)
     } else {
         ps_debug("hello from a tool (rank -1)");
     }
+    /* the first fingerprint an accepted worker gives is the model's */
+    if (h->hello.model_fp && !s->model_fp) {
+        s->model_fp = h->hello.model_fp;
+        ps_info("model fingerprint %016llx (from %s)", (unsigned long long)s->model_fp, who);
+    }
     ps_header r;
     ps_reply_header(&r, PS_MSG_HELLO, h->seq, h->rank, h->key, h->chunk, h->step);
     r.hello = my_hello(s);
+    r.hello.token = token;
     srv_send(s, id, &r);
 }
 
@@ -277,7 +289,7 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         return;
     }
     if (h.type == PS_MSG_HELLO) { /* checks the rank after the config */
-        io_hello(s, &f[0], &h);
+        io_hello(s, &f[0], &f[1], &h);
         return;
     }
     if (h.rank >= s->cfg.num_workers) {
@@ -295,7 +307,8 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
             srv_error(s, &f[0], &h, PS_ESTATE, why);
             return;
         }
-    } else if ((ws = ps_workers_heard(s->workers, h.rank, ps_now_ns())) != PS_WORKER_LIVE) {
+    } else if ((ws = ps_workers_heard(s->workers, h.rank, zmq_msg_data(&f[0]),
+                                      zmq_msg_size(&f[0]), ps_now_ns())) != PS_WORKER_LIVE) {
         if (ws == PS_WORKER_UNKNOWN)
             ps_errorf(why, sizeof why, "worker %d sent %s before hello; say hello first", h.rank,
                 ps_msg_type_name(h.type));
@@ -344,6 +357,15 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         return;
     }
 }
+
+/* A connection closed: what it held goes. */
+static void conn_gone(void *user, int fd)
+{
+    ps_server *s = user;
+    ps_workers_gone(s->workers, fd);
+}
+
+void srv_read_monitor(ps_server *s) { ps_hs_monitor_read(s->mon, conn_gone, s); }
 
 /* Read up to IO_BATCH messages from the ROUTER.  Returns -1 on a socket error. */
 int srv_read_router(ps_server *s)

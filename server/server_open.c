@@ -215,9 +215,10 @@ static int open_router(ps_server *s, char *why, size_t why_len)
             ps_errorf(why, why_len, "--curve-keys %s: %s", s->curve_dir, msg);
             return rc;
         }
-        /* handshake failures the ZAP handler never sees (plaintext peers) */
-        s->mon = ps_hs_monitor_open(s->ctx, s->router);
     }
+    /* disconnects; with CURVE handshake failures the ZAP handler never sees
+     * (plaintext peers) */
+    s->mon = ps_hs_monitor_open(s->ctx, s->router, s->curve_dir != NULL);
     if (zmq_bind(s->router, s->bind) != 0) {
         ps_errorf(why, why_len, "cannot bind %s: %s", s->bind, zmq_strerror(errno));
         return PS_EIO;

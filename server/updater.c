@@ -20,6 +20,30 @@
  * batch anyway) and needs no spare buffer. */
 #define ZC_MIN_BYTES 8192
 
+/* Duplicate pushes are summed over a window of this long per worker and
+ * said in one line (a worker whose pushes are all duplicates is a sign that
+ * another connection pushed in its name, or of a restarted worker catching
+ * up); the first of a quiet spell is said at once. */
+#define DUP_WINDOW_NS 10000000000LL
+#define DUP_WARN 100 /* a window with this many: a warning, else info */
+#define DUP_RANKS 4  /* workers named per window */
+
+typedef struct dup_rank {
+    int rank;
+    uint64_t n, key;
+    uint32_t chunk;
+    int64_t step;
+} dup_rank;
+
+typedef struct dup_log {
+    int64_t win_ns;   /* the window's start; 0: none open */
+    uint64_t n;       /* duplicates in it */
+    int nranks;
+    dup_rank r[DUP_RANKS];
+    uint64_t others;  /* of workers beyond the first DUP_RANKS */
+    int64_t quiet_ns; /* the last one said at once */
+} dup_log;
+
 /* A request an update thread answers now or, for a queued pull, later. */
 typedef struct req_ctx {
     zmq_msg_t id;
@@ -52,7 +76,69 @@ struct ps_updater {
     int64_t reported_min;  /* progress last sent to the I/O thread */
     int reported_have;
     uint64_t ff_seen;      /* fast-forwarded rounds already logged */
+    uint64_t jump_seen;    /* async steps skipped after a restore, already logged */
+    dup_log dup;
 };
+
+/* Say what the duplicate window holds, and close it. */
+static void dup_flush(ps_updater *u, int64_t now)
+{
+    dup_log *d = &u->dup;
+    double secs = (double)(now - d->win_ns) * 1e-9;
+    for (int i = 0; i < d->nranks; i++) {
+        const dup_rank *x = &d->r[i];
+        if (x->n >= DUP_WARN)
+            ps_warn("worker %d: %llu duplicate pushes dropped in the last %.1f s (the last on "
+                    "key %llu chunk %u, step %lld, below its clock there): resends, or pushes "
+                    "another connection made in its name", x->rank, (unsigned long long)x->n,
+                    secs, (unsigned long long)x->key, x->chunk, (long long)x->step);
+        else
+            ps_info("worker %d: %llu duplicate pushes dropped in the last %.1f s (the last on "
+                    "key %llu chunk %u, step %lld)", x->rank, (unsigned long long)x->n, secs,
+                    (unsigned long long)x->key, x->chunk, (long long)x->step);
+    }
+    if (d->others)
+        ps_info("%llu more duplicate pushes of other workers dropped in the last %.1f s",
+                (unsigned long long)d->others, secs);
+    int64_t quiet = d->quiet_ns;
+    memset(d, 0, sizeof *d);
+    d->quiet_ns = quiet;
+}
+
+static void dup_tick(ps_updater *u)
+{
+    if (!u->dup.n)
+        return;
+    int64_t now = ps_now_ns();
+    if (now - u->dup.win_ns >= DUP_WINDOW_NS)
+        dup_flush(u, now);
+}
+
+static void dup_note(ps_updater *u, const ps_header *h)
+{
+    dup_log *d = &u->dup;
+    int64_t now = ps_now_ns();
+    if (!d->n) {
+        d->win_ns = now;
+        if (now - d->quiet_ns >= DUP_WINDOW_NS) {
+            ps_info("worker %d: push of step %lld to key %llu chunk %u is a duplicate (below its "
+                    "clock there): dropped; more are summed up every %d s", h->rank,
+                    (long long)h->step, (unsigned long long)h->key, h->chunk,
+                    (int)(DUP_WINDOW_NS / 1000000000LL));
+            d->quiet_ns = now;
+        }
+    }
+    d->n++;
+    int i = 0;
+    while (i < d->nranks && d->r[i].rank != h->rank)
+        i++;
+    if (i == d->nranks && i < DUP_RANKS)
+        d->r[d->nranks++].rank = h->rank;
+    if (i < d->nranks)
+        d->r[i] = (dup_rank){h->rank, d->r[i].n + 1, h->key, h->chunk, h->step};
+    else
+        d->others++;
+}
 
 /* Send [tag, identity, header, payload?] to the I/O thread.  Blocking: the I/O
  * thread always drains replies, so this never waits for long.  With durable
@@ -306,8 +392,17 @@ static void upd_request(ps_updater *u, const ps_header *h, zmq_msg_t *id, zmq_ms
             break;
         }
         if (dup)
-            ps_debug("duplicate push from worker %d, key %llu chunk %u step %lld: dropped",
-                     h->rank, (unsigned long long)h->key, h->chunk, (long long)h->step);
+            dup_note(u, h);
+        uint64_t jumped = ps_shard_jumped(u->shard);
+        if (jumped != u->jump_seen && ps_rlimit_allow(&u->rl)) {
+            ps_warn("key %llu chunk %u: the first push of worker %d since the restore is step "
+                    "%lld, %llu beyond its clock in the checkpoint: pushes the old process "
+                    "acknowledged after its last checkpoint were lost with it (%llu steps in "
+                    "all so far)", (unsigned long long)h->key, h->chunk, h->rank,
+                    (long long)h->step, (unsigned long long)(jumped - u->jump_seen),
+                    (unsigned long long)jumped);
+            u->jump_seen = jumped;
+        }
         uint64_t ff = ps_shard_fast_forwards(u->shard);
         if (ff != u->ff_seen && ps_rlimit_allow(&u->rl)) {
             ps_warn("key %llu chunk %u: worker %d pushed step %lld, beyond the round of the "
@@ -336,6 +431,7 @@ static void upd_request(ps_updater *u, const ps_header *h, zmq_msg_t *id, zmq_ms
         zmq_msg_close(&u->spare->id);
         zmq_msg_init(&u->spare->id);
     }
+    dup_tick(u);
 }
 
 static void upd_stats(ps_updater *u, ps_stats *st)
@@ -453,6 +549,8 @@ static void *upd_main(void *arg)
     req_free(u->spare);
     u->spare = NULL;
     ps_rlimit_flush(&u->rl, ps_now_ns(), 1);
+    if (u->dup.n)
+        dup_flush(u, ps_now_ns());
     upd_send_stats(u, PS_OUT_STOPPED, 0, &st);
     return NULL;
 }

@@ -56,7 +56,8 @@ static int only_heartbeat_follows(void *s, int rank, uint64_t seq)
     return r.type == PS_MSG_HEARTBEAT && r.seq == seq ? 0 : -1;
 }
 
-/* A correct client's whole round trip still works. */
+/* A correct client's whole round trip still works (as worker 1: the tests
+ * hold rank 0 on a connection of their own). */
 static int correct_client_works(const ps_test_server *sv, uint64_t key)
 {
     void *s = ps_test_dealer(sv->port);
@@ -64,13 +65,13 @@ static int correct_client_works(const ps_test_server *sv, uint64_t key)
     float w[5] = {1, 2, 3, 4, 5}, g[5] = {1, 1, 1, 1, 1}, out[5];
     ps_header h, r;
     size_t got;
-    if (ps_test_hello(s, 0, PS_MODE_ASYNC, 2, -1) == 0) {
-        h = ps_test_header(PS_MSG_INIT, 0, 2, key, 0, 0);
+    if (ps_test_hello(s, 1, PS_MODE_ASYNC, 2, -1) == 0) {
+        h = ps_test_header(PS_MSG_INIT, 1, 2, key, 0, 0);
         h.total = 5;
         if (ps_test_rpc(s, &h, w, 5, &r, NULL, 0, NULL) == 0 && r.type == PS_MSG_INIT) {
-            h = ps_test_header(PS_MSG_PUSH, 0, 3, key, 0, 1000000);
+            h = ps_test_header(PS_MSG_PUSH, 1, 3, key, 0, 0);
             if (ps_test_rpc(s, &h, g, 5, &r, NULL, 0, NULL) == 0 && r.type == PS_MSG_PUSH) {
-                h = ps_test_header(PS_MSG_PULL, 0, 4, key, 0, 0);
+                h = ps_test_header(PS_MSG_PULL, 1, 4, key, 0, 0);
                 ok = ps_test_rpc(s, &h, NULL, 0, &r, out, 5, &got) == 0 &&
                      r.type == PS_MSG_PULL && got == 5 && out[0] == 1.0f - 0.01f * 1.0f &&
                      out[4] == 5.0f - 0.01f;
@@ -498,6 +499,102 @@ PS_TEST(garbage_flood_keeps_rss_bounded_and_logs_rate_limited)
     CHECK(summarized);
     CHECK(totals);
     zmq_close(s);
+}
+
+/* A hello as worker `rank` of 2 (async) carrying `token`: the reply, whose
+ * hello.token is the rank's token when accepted. */
+static int hello_tok(void *s, int rank, uint64_t token, uint64_t seq, ps_header *r)
+{
+    ps_header h = ps_test_header(PS_MSG_HELLO, rank, seq, 0, 0, 0);
+    h.hello.mode = PS_MODE_ASYNC;
+    h.hello.max_staleness = -1;
+    h.hello.num_workers = 2;
+    h.hello.num_servers = 1;
+    h.hello.token = token;
+    if (send_raw(s, &h, NULL, 0))
+        return -1;
+    return ps_test_recv(s, PS_TEST_RPC_MS, r, NULL, 0, NULL);
+}
+
+static int push_step(void *s, int rank, uint64_t seq, uint64_t key, int64_t step, ps_header *r)
+{
+    float g[4] = {0, 0, 0, 0};
+    ps_header h = ps_test_header(PS_MSG_PUSH, rank, seq, key, 0, step);
+    return ps_test_rpc(s, &h, g, 4, r, NULL, 0, NULL);
+}
+
+PS_TEST(a_live_rank_cannot_be_taken_and_an_async_push_cannot_skip_steps)
+{
+    ps_test_server sv; /* a worker timeout of 30 s: the hold window is 30 s */
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --worker-timeout 30"));
+    void *a = ps_test_dealer(sv.port), *b = ps_test_dealer(sv.port);
+    ps_header r;
+    CHECK_OK(hello_tok(a, 0, 0, 1, &r));
+    CHECK_EQ_INT(r.type, PS_MSG_HELLO);
+    uint64_t tok = r.hello.token;
+    CHECK(tok != 0);
+    float w[4] = {1, 2, 3, 4};
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 2, 5, 0, 0);
+    h.total = 4;
+    CHECK_OK(ps_test_rpc(a, &h, w, 4, &r, NULL, 0, NULL));
+    CHECK_EQ_INT(r.type, PS_MSG_INIT);
+    CHECK_OK(push_step(a, 0, 3, 5, 0, &r));
+    CHECK_EQ_INT(r.type, PS_MSG_PUSH);
+    CHECK_EQ_INT(r.step, 1);
+    /* another connection says it is worker 0: refused, with or without a
+     * made-up token */
+    CHECK_OK(hello_tok(b, 0, 0, 10, &r));
+    CHECK_EQ_INT(r.err_code, PS_ESTATE);
+    CHECK_EQ_INT(r.seq, 10);
+    CHECK(strstr(r.err_text, "held by another connection"));
+    CHECK_OK(hello_tok(b, 0, tok ^ 1, 11, &r));
+    CHECK_EQ_INT(r.err_code, PS_ESTATE);
+    /* the spoofed push of the issue: step 2^62-1 would have frozen the chunk */
+    CHECK_OK(push_step(b, 0, 12, 5, ((int64_t)1 << 62) - 1, &r));
+    CHECK_EQ_INT(r.err_code, PS_ESTATE);
+    CHECK(strstr(r.err_text, "next step is 1"));
+    CHECK_OK(push_step(a, 0, 13, 5, 2, &r)); /* one ahead is a skip too */
+    CHECK_EQ_INT(r.err_code, PS_ESTATE);
+    CHECK_OK(push_step(a, 0, 14, 5, 1, &r)); /* the real worker goes on */
+    CHECK_EQ_INT(r.type, PS_MSG_PUSH);
+    CHECK_EQ_INT(r.step, 2);
+    /* duplicates, many: dropped, and said in the log */
+    for (int i = 0; i < 150; i++) {
+        CHECK_OK(push_step(a, 0, 100 + (uint64_t)i, 5, 0, &r));
+        CHECK_EQ_INT(r.type, PS_MSG_PUSH);
+    }
+    /* the same worker on a new connection proves itself with its token */
+    CHECK_OK(hello_tok(b, 0, tok, 15, &r));
+    CHECK_EQ_INT(r.type, PS_MSG_HELLO);
+    CHECK_EQ_INT(r.hello.token, tok);
+    /* a connection that closed frees its rank at once (well inside the 30 s
+     * window): a worker restarted after a crash gets its rank back */
+    CHECK_OK(hello_tok(b, 1, 0, 16, &r));
+    CHECK_EQ_INT(r.type, PS_MSG_HELLO);
+    zmq_close(b);
+    void *c = ps_test_dealer(sv.port);
+    int took = 0;
+    for (int t = 0; t < 40 && !took; t++) { /* the close reaches the server in a few ms */
+        CHECK_OK(hello_tok(c, 1, 0, 20 + (uint64_t)t, &r));
+        took = r.type == PS_MSG_HELLO;
+        if (!took)
+            ps_test_sleep_ms(50);
+    }
+    CHECK_MSG(took, "worker 1's rank was not freed when its connection closed");
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
+    char *log = ps_test_read_file(sv.log, NULL);
+    CHECK(log);
+    int refused = strstr(log, "refused a hello for worker 0 from rank 0, routing id ") != NULL;
+    int first = strstr(log, "worker 0: push of step 0 to key 5 chunk 0 is a duplicate") != NULL;
+    int summed = strstr(log, "worker 0: 150 duplicate pushes dropped in the last") != NULL;
+    int total = strstr(log, "2 hellos refused") != NULL;
+    free(log);
+    CHECK(refused);
+    CHECK(first);
+    CHECK_MSG(summed, "no summary of the duplicates in %s", sv.log);
+    CHECK(total);
+    zmq_close(a);
+    zmq_close(c);
 }
 
 static int flag_case(const char *words, int with_bind, const char *expect)
