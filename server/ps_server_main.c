@@ -57,8 +57,13 @@ static void usage(FILE *f)
     fprintf(f,
         "  --threads T            update threads, 1..%d; chunks are split among them\n"
         "                         by hash (default 1)\n"
-        "  --max-memory BYTES     cap on weights + optimizer state; inits beyond it are\n"
-        "                         refused; suffixes K, M, G (default 8G)\n"
+        "  --max-memory BYTES     cap on weights + optimizer state and on pull replies sent\n"
+        "                         as copies and not yet read; inits (and copies) beyond it\n"
+        "                         are refused; suffixes K, M, G (default 8G)\n"
+        "  --max-peer-replies N   pull replies one connection may leave unread before its\n"
+        "                         pulls are refused (default 10000)\n"
+        "  --max-peer-bytes BYTES their bytes (default: 64M or twice the memory of this\n"
+        "                         server's chunks, whichever is larger)\n"
         "  --timeline FILE        Chrome trace-event JSON: an 'apply' event per update and a\n"
         "                         'pull' event per served pull, one lane per update thread\n"
         "  --curve-keys DIR       CURVE: encrypt, and serve only workers whose public keys\n"
@@ -112,7 +117,8 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level, cha
     static const char *const valued[] = {
         "--bind", "--rank", "--num-servers", "--num-workers", "--mode", "--max-staleness",
         "--threads", "--max-memory", "--timeline", "--curve-keys", "--checkpoint-dir",
-        "--checkpoint-every", "--worker-timeout", "--on-worker-loss", "--admin-token-file", NULL};
+        "--checkpoint-every", "--worker-timeout", "--on-worker-loss", "--admin-token-file",
+        "--max-peer-replies", "--max-peer-bytes", NULL};
     char why[512];
     int staleness_given = 0, every_given = 0;
     for (int i = 1; i < argc; i++) {
@@ -173,6 +179,12 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level, cha
         } else if (!strcmp(name, "--max-memory")) {
             if (!(rc = ps_parse_size(PROG, name, val, 4096, 1ull << 50, &sv, why, sizeof why)))
                 c->max_memory = sv;
+        } else if (!strcmp(name, "--max-peer-replies")) {
+            if (!(rc = ps_parse_int(PROG, name, val, 1, 1000000000, &iv, why, sizeof why)))
+                c->max_peer_replies = (uint64_t)iv;
+        } else if (!strcmp(name, "--max-peer-bytes")) {
+            if (!(rc = ps_parse_size(PROG, name, val, 4096, 1ull << 50, &sv, why, sizeof why)))
+                c->max_peer_bytes = sv;
         } else if (!strcmp(name, "--admin-token-file")) {
             if (!*val || strlen(val) > 900)
                 return bad("%s: %s needs a path of 1..900 characters", PROG, name);

@@ -81,24 +81,32 @@ static void io_read_pair(ps_server *s, int i)
             memcpy(&version, td + 1, sizeof version);
         int more = zmq_msg_more(&tag);
         zmq_msg_close(&tag);
-        ps_held_reply *m;
-        if ((t == PS_OUT_HELD || t == PS_OUT_INIT) && ps_ckpt_coord_hold(s->ck, t, version, &m)) {
-            /* [identity, header, payload?] wait until a checkpoint holds them */
-            ps_zmsg_recv_rest(s->own[i].pair, more, m ? m->f : NULL, m ? &m->nf : NULL, 3);
-            if (!m)
-                ps_error("out of memory holding a reply; dropped (the worker resends)");
-            continue;
-        }
         if (t == PS_OUT_REPLY || t == PS_OUT_HELD || t == PS_OUT_INIT) {
-            /* forward [identity, header, payload?] to the ROUTER as they are */
-            while (more) {
-                zmq_msg_t m;
-                if (ps_zmsg_recv(s->own[i].pair, &m, 0) < 0)
-                    break;
-                more = zmq_msg_more(&m);
-                zmq_msg_send(&m, s->router, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
-                zmq_msg_close(&m);
+            /* [identity, header, payload?]: a payload counts against its peer
+             * (server/peers.h) from here until ZeroMQ has sent it */
+            zmq_msg_t f[3];
+            int nf = 0;
+            ps_zmsg_recv_rest(s->own[i].pair, more, f, &nf, 3);
+            if (nf == 3)
+                ps_peers_count(s->peers, &f[0], &f[2]);
+            ps_held_reply *m;
+            if ((t == PS_OUT_HELD || t == PS_OUT_INIT) &&
+                ps_ckpt_coord_hold(s->ck, t, version, &m)) {
+                /* they wait until a checkpoint holds them */
+                if (m) {
+                    for (int k = 0; k < nf; k++) {
+                        zmq_msg_init(&m->f[k]);
+                        zmq_msg_move(&m->f[k], &f[k]);
+                    }
+                    m->nf = nf;
+                } else {
+                    ps_error("out of memory holding a reply; dropped (the worker resends)");
+                }
+                ps_zmsg_close_all(f, nf);
+                continue;
             }
+            ps_zmsg_send_all(s->router, f, nf, ZMQ_DONTWAIT);
+            ps_zmsg_close_all(f, nf);
             continue;
         }
         union {
@@ -335,6 +343,7 @@ int ps_server_run(ps_server *s)
         }
         int64_t now = ps_now_ns();
         srv_check_workers(s, now);
+        ps_peers_sweep(s->peers, now);
         ck_maybe(s, now);
         ps_rlimit_flush(&s->rl, now, 0);
     }
@@ -362,6 +371,10 @@ int ps_server_run(ps_server *s)
         off += (size_t)snprintf(extra + off, sizeof extra - off,
                                 ", %llu hellos refused (rank held by another connection)",
                                 (unsigned long long)ps_workers_refused(s->workers));
+    if (ps_peers_refused(s->peers) && off < sizeof extra)
+        off += (size_t)snprintf(extra + off, sizeof extra - off,
+                                ", %llu pulls refused to peers not reading their replies",
+                                (unsigned long long)ps_peers_refused(s->peers));
     if (s->shutdowns_refused && off < sizeof extra)
         off += (size_t)snprintf(extra + off, sizeof extra - off, ", %llu shutdowns refused",
                                 (unsigned long long)s->shutdowns_refused);

@@ -38,7 +38,10 @@
  *   barrier.c         barriers waiting for every live worker
  *   stats_req.c       STATS requests waiting for every owner's counters
  *   outbox.c          messages for a PAIR whose owner is behind
- *   hs_monitor.c      CURVE handshake failures the ZAP handler never sees
+ *   hs_monitor.c      the ROUTER's connection events: disconnects, and CURVE
+ *                     handshake failures the ZAP handler never sees
+ *   peers.c           what each peer's unread replies hold, and its name
+ *   admin.c           who may stop the server with a SHUTDOWN message
  *   ratelimit.c, reply.c, zmsg.c
  *                     rate-limited logging, reply headers, multipart frames
  * Apart from the updaters and the checkpoint writer, every module runs on
@@ -58,14 +61,17 @@
  *    thread's PAIR socket: a small command frame (the decoded header), the
  *    ROUTER identity and the payload frame, moved with zmq_msg_send (no copy).
  *  - The owner answers over the same PAIR: [tag, identity, header, payload];
- *    the I/O thread forwards those frames on the ROUTER as they are.  A pull's
+ *    the I/O thread forwards those frames on the ROUTER, a payload counted
+ *    against its peer until ZeroMQ has sent it (server/peers.h: a peer that
+ *    does not read its replies gets no more payloads).  A pull's
  *    weights are not copied: the reply's payload is the chunk's weight buffer
  *    itself (zmq_msg_init_data), pinned by a reference count that ZeroMQ's
  *    free callback drops once the bytes are sent, from whichever thread that
  *    is.  An update of a chunk whose weights a reply still holds is applied
  *    out of place into another of its buffers (shard.h), so every reply
  *    carries exactly the version it names.  Replies under 8 KiB, and those of
- *    a chunk whose buffers are all held (or past --max-memory), are copies.
+ *    a chunk whose buffers are all held (or past --max-memory), are copies;
+ *    a large copy counts against --max-memory until ZeroMQ frees it.
  *  - A pull that cannot be answered yet (sync: its round is not complete;
  *    SSP: the slowest worker is too far behind) is queued on its chunk and
  *    answered by the push that makes it true.
@@ -129,7 +135,8 @@ typedef struct ps_server_config {
     int max_staleness;  /* async: -1 unbounded, k >= 0 SSP; must be 0 in sync */
     ps_opt_config opt;  /* kind PS_OPT_SGD..PS_OPT_ADAM */
     int threads;        /* update threads, 1..PS_SERVER_MAX_THREADS */
-    uint64_t max_memory;/* bytes of chunk state; inits beyond it get PS_ETOOBIG */
+    uint64_t max_memory;/* bytes of chunk state and of pull replies sent as copies and
+                           not yet read; inits (and such copies) beyond it get PS_ETOOBIG */
     /* optional; NULL / 0 is off; strings are copied */
     const char *timeline;       /* Chrome trace JSON: an "apply" per update and a "pull"
                                    per served pull, one lane per update thread */
@@ -142,6 +149,10 @@ typedef struct ps_server_config {
     int restore;                /* load the newest valid checkpoint of checkpoint_dir */
     int worker_timeout_ms;      /* a worker silent this long is lost; 0: never */
     int on_worker_loss;         /* PS_LOSS_WAIT (default) or PS_LOSS_DROP */
+    uint64_t max_peer_replies;  /* payload replies one peer may leave unread before its pulls
+                                   are refused (server/peers.h); default 10000 */
+    uint64_t max_peer_bytes;    /* their bytes; 0 (default): the larger of 64 MiB and twice
+                                   the server's chunk memory */
     const char *admin_token_file; /* a SHUTDOWN message carrying this file's token may
                                      stop the server (server/admin.h); NULL: only
                                      signals (and, with curve_dir, admin keys) */
@@ -150,7 +161,8 @@ typedef struct ps_server_config {
 /* Defaults: rank 0, 1 server, 1 worker, async, staleness -1, sgd lr 0.01,
  * momentum 0.9, beta1 0.9, beta2 0.999, eps 1e-8, weight decay 0, 1 thread,
  * max memory 8 GiB, bind NULL (must be set), no timeline, no CURVE, no
- * checkpoints, worker timeout 0 (never), PS_LOSS_WAIT. */
+ * checkpoints, worker timeout 0 (never), PS_LOSS_WAIT, 10000 unread replies
+ * per peer and bytes "auto", no admin token. */
 void ps_server_config_default(ps_server_config *c);
 
 /* PS_EINVAL with a message naming the field when c is not usable. */

@@ -17,6 +17,7 @@
 #include "ckpt_coord.h"
 #include "hs_monitor.h"
 #include "outbox.h"
+#include "peers.h"
 #include "ps_curve.h"
 #include "ps_trace.h"
 #include "ratelimit.h"
@@ -47,7 +48,9 @@ struct ps_server {
     owner *own;
     size_t out_total;        /* messages waiting in every owner's outbox */
     int efd;
-    _Atomic uint64_t mem_used;
+    _Atomic uint64_t mem_used;   /* chunks and large reply copies (--max-memory) */
+    _Atomic uint64_t copies;     /* of which reply copies */
+    ps_peers *peers;             /* what each peer's unread replies hold */
     uint64_t model_fp;
     ps_workers *workers;
     ps_barriers *barriers;

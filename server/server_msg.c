@@ -328,10 +328,19 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         return;
     }
     switch (h.type) {
-    case PS_MSG_INIT:
-    case PS_MSG_PUSH:
     case PS_MSG_PULL:
     case PS_MSG_PUSHPULL:
+        /* a peer that does not read its replies gets no more payloads */
+        if ((rc = ps_peers_admit(s->peers, &f[0], &f[1], h.rank, why, sizeof why)) != 0) {
+            ps_header r;
+            ps_reply_error(&r, h.seq, h.rank, h.key, h.chunk, rc, why);
+            s->io_errors++;
+            srv_send(s, &f[0], &r);
+            return;
+        }
+        /* fall through */
+    case PS_MSG_INIT:
+    case PS_MSG_PUSH:
         if (h.type != PS_MSG_PULL)
             s->mut++;
         srv_send_cmd(s, ps_server_owner(h.key, h.chunk, s->cfg.threads), PS_CMD_REQ, 0, &h, &f[0],
@@ -363,6 +372,7 @@ static void conn_gone(void *user, int fd)
 {
     ps_server *s = user;
     ps_workers_gone(s->workers, fd);
+    ps_peers_gone(s->peers, fd);
 }
 
 void srv_read_monitor(ps_server *s) { ps_hs_monitor_read(s->mon, conn_gone, s); }

@@ -66,6 +66,8 @@ void ps_server_close(ps_server *s)
         zmq_ctx_term(s->ctx);
     if (s->efd >= 0)
         close(s->efd);
+    /* after the context: no payload counted against a peer is left */
+    ps_peers_destroy(s->peers);
     /* libzmq 4.3 leaves the socket file of an ipc:// endpoint behind */
     if (strncmp(s->endpoint, "ipc://", 6) == 0 && s->endpoint[6] && s->endpoint[6] != '@')
         unlink(s->endpoint + 6);
@@ -165,6 +167,7 @@ static int open_owners(ps_server *s, char *why, size_t why_len)
     sc.mem_used = &s->mem_used;
     ps_updater_config uc;
     memset(&uc, 0, sizeof uc);
+    uc.copies = &s->copies;
     uc.mode = c->mode;
     uc.num_workers = c->num_workers;
     uc.trace = s->trace;
@@ -251,6 +254,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     s->cfg.curve_dir = s->curve_dir;
     s->cfg.checkpoint_dir = s->ckpt_dir;
     atomic_init(&s->mem_used, 0);
+    atomic_init(&s->copies, 0);
     int T = c->threads;
     s->own = calloc((size_t)T, sizeof *s->own);
     s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -260,6 +264,8 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         ps_workers_create(c->num_workers, c->worker_timeout_ms, c->on_worker_loss,
                           &s->workers) != 0 ||
         ps_barriers_create(c->num_workers, to, &s->barriers) != 0 ||
+        ps_peers_create(c->max_peer_replies, c->max_peer_bytes, &s->mem_used, &s->copies,
+                        &s->peers) != 0 ||
         ps_stats_reqs_create(T, to, &s->stats) != 0) {
         ps_errorf(why, why_len, "out of memory or descriptors starting the server");
         ps_server_close(s);

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <zmq.h>
 
 #include "checkpoint.h"
@@ -19,6 +20,10 @@
  * costs less than the pin (ZeroMQ copies frames under 8 KiB into its send
  * batch anyway) and needs no spare buffer. */
 #define ZC_MIN_BYTES 8192
+/* A copy this large gets pages of its own (mmap), which go back to the system
+ * when ZeroMQ frees it: a burst of copies for a slow reader leaves no heap
+ * behind. */
+#define COPY_MAP_BYTES (128u << 10)
 
 /* Duplicate pushes are summed over a window of this long per worker and
  * said in one line (a worker whose pushes are all duplicates is a sign that
@@ -66,6 +71,8 @@ typedef struct hold {
 
 struct ps_updater {
     ps_updater_config cfg; /* set at create, read-only after */
+    _Atomic uint64_t *mem_used; /* the shard config's: chunks and large reply copies */
+    uint64_t max_memory;
     pthread_t tid;
     int started;
     void *pair;            /* owner end; used only by this thread once started */
@@ -200,6 +207,75 @@ static void zc_release(void *data, void *ref)
     ps_shard_unpin(ref);
 }
 
+/* A pull reply's copy of the weights: this header, then the data at
+ * COPY_HDR (64-byte aligned).  A large one is charged to mem_used (and
+ * copies) until ZeroMQ frees it. */
+typedef struct copy_hdr {
+    _Atomic uint64_t *mem_used, *copies;
+    uint64_t charge;  /* bytes charged, 0 for a small copy */
+    size_t map_len;   /* mmap'ed: its length; else 0 (malloc) */
+} copy_hdr;
+#define COPY_HDR 64
+
+static void copy_free(void *data, void *hint)
+{
+    (void)data;
+    copy_hdr *c = hint;
+    if (c->charge) {
+        atomic_fetch_sub(c->mem_used, c->charge);
+        atomic_fetch_sub(c->copies, c->charge);
+    }
+    if (c->map_len)
+        munmap(c, c->map_len);
+    else
+        free(c);
+}
+
+/* Make *pl a copy of w (bytes).  A copy of ZC_MIN_BYTES or more (every
+ * buffer of the chunk is held by replies in flight, or no spare fits in
+ * --max-memory) is memory of its own, counted against --max-memory:
+ * PS_ETOOBIG when it does not fit, PS_ENOMEM; why says. */
+static int copy_payload(ps_updater *u, zmq_msg_t *pl, const float *w, size_t bytes, char *why,
+                        size_t why_len)
+{
+    uint64_t charge = bytes >= ZC_MIN_BYTES ? bytes : 0, before = 0;
+    if (charge) {
+        before = atomic_fetch_add(u->mem_used, charge);
+        if (before + charge > u->max_memory) {
+            atomic_fetch_sub(u->mem_used, charge);
+            ps_errorf(why, why_len, "--max-memory %llu bytes is in use (chunks and pull replies "
+                "not yet read); no room for this reply's %zu-byte copy: retry later",
+                (unsigned long long)u->max_memory, bytes);
+            return PS_ETOOBIG;
+        }
+        atomic_fetch_add(u->cfg.copies, charge);
+    }
+    size_t total = COPY_HDR + bytes, map_len = 0;
+    void *blk;
+    if (total >= COPY_MAP_BYTES) {
+        blk = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (blk == MAP_FAILED)
+            blk = NULL;
+        else
+            map_len = total;
+    } else {
+        blk = malloc(total);
+    }
+    copy_hdr *c = blk;
+    if (c) {
+        *c = (copy_hdr){u->mem_used, u->cfg.copies, charge, map_len};
+        memcpy((char *)blk + COPY_HDR, w, bytes);
+        if (zmq_msg_init_data(pl, (char *)blk + COPY_HDR, bytes, copy_free, c) == 0)
+            return 0;
+        copy_free(NULL, c);
+    } else if (charge) {
+        atomic_fetch_sub(u->mem_used, charge);
+        atomic_fetch_sub(u->cfg.copies, charge);
+    }
+    ps_errorf(why, why_len, "out of memory building the pull reply");
+    return PS_ENOMEM;
+}
+
 /* Answer a pull with the weights w of `version`: zero-copy from the chunk's
  * weight buffer, which no update writes until the reply is gone (updates in
  * the meantime go out of place), else copied into the reply message. */
@@ -216,11 +292,12 @@ static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int
         pinned = NULL;
     }
     if (!pinned) {
-        if (zmq_msg_init_size(&pl, bytes) != 0) {
-            upd_error(u, r, PS_ENOMEM, "out of memory building the pull reply");
+        char why[256];
+        int rc = copy_payload(u, &pl, w, bytes, why, sizeof why);
+        if (rc) {
+            upd_error(u, r, rc, why);
             return;
         }
-        memcpy(zmq_msg_data(&pl), w, bytes);
     }
     ps_header h;
     ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
@@ -559,10 +636,14 @@ int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, v
                       ps_updater **out)
 {
     *out = NULL;
+    if (!sc->mem_used || !cfg->copies)
+        return PS_EINVAL; /* the counters a reply copy drops when it is freed */
     ps_updater *u = calloc(1, sizeof *u);
     if (!u)
         return PS_ENOMEM;
     u->cfg = *cfg;
+    u->mem_used = sc->mem_used;
+    u->max_memory = sc->max_memory;
     ps_shard_hooks hk = {u, hook_release, hook_ready, hook_cancel};
     int rc = ps_shard_create(sc, &hk, &u->shard);
     if (rc) {

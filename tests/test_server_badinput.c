@@ -790,3 +790,131 @@ PS_TEST(bind_failure_exits_1)
     CHECK_EQ_INT(ps_test_stop(a.pid, PS_TEST_RPC_MS), 0);
     zmq_close(s);
 }
+
+/* ---------------- memory a peer can pin ---------------- */
+
+#ifdef __SANITIZE_ADDRESS__
+#define RSS_BOUND_KB (400L << 10) /* AddressSanitizer's shadow and quarantine */
+#else
+#define RSS_BOUND_KB (150L << 10)
+#endif
+
+/* What slow_reader saw. */
+typedef struct slow_run {
+    long rss_idle, rss_busy, hwm, rss_after; /* kB */
+    char log[512];
+} slow_run;
+
+/* A server (flags) with a 784 KB chunk; a peer sends npull pulls of it and
+ * never reads the replies (its side takes one message and a tiny socket
+ * buffer, so what it does not read stays on the server) while another
+ * worker pushes, so the replies cannot all share one pinned buffer and most
+ * would be copies; then the slow peer leaves.  served: the writer's own pull
+ * must be answered meanwhile.  0, or -1 (said). */
+static int slow_reader(const char *flags, int npull, int served, slow_run *out)
+{
+    enum { N = 196000, PUSHES = 200 };
+    ps_test_server sv;
+    if (ps_test_server_start(&sv, 1, flags))
+        return -1;
+    snprintf(out->log, sizeof out->log, "%s", sv.log);
+    void *w = ps_test_dealer(sv.port);
+    float *buf = calloc(N, sizeof *buf);
+    ps_header h = ps_test_header(PS_MSG_INIT, 1, 1, 9, 0, 0), r;
+    h.total = N;
+    int rc = -1;
+    void *ctx = zmq_ctx_new(), *slow = zmq_socket(ctx, ZMQ_DEALER);
+    if (!buf || ps_test_hello(w, 1, PS_MODE_ASYNC, 2, -1) ||
+        ps_test_rpc(w, &h, buf, N, &r, NULL, 0, NULL) || r.type != PS_MSG_INIT)
+        goto out;
+    out->rss_idle = ps_test_status_kb(sv.pid, "VmRSS");
+    int one = 1, small = 4096, zero = 0;
+    zmq_setsockopt(slow, ZMQ_RCVHWM, &one, sizeof one);
+    zmq_setsockopt(slow, ZMQ_RCVBUF, &small, sizeof small);
+    zmq_setsockopt(slow, ZMQ_LINGER, &zero, sizeof zero);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", sv.port);
+    if (zmq_connect(slow, ep) || ps_test_hello(slow, 0, PS_MODE_ASYNC, 2, -1))
+        goto out;
+    int pushes = npull / 25 < PUSHES ? npull / 25 : PUSHES;
+    for (int i = 0; i < npull; i++) {
+        ps_header p = ps_test_header(PS_MSG_PULL, 0, 100 + (uint64_t)i, 9, 0, 0);
+        if (send_raw(slow, &p, NULL, 0))
+            goto out;
+        if (i % 25 == 0 && i / 25 < pushes) { /* the writer goes on meanwhile */
+            h = ps_test_header(PS_MSG_PUSH, 1, 1000 + (uint64_t)i, 9, 0, i / 25);
+            if (ps_test_rpc(w, &h, buf, N, &r, NULL, 0, NULL) || r.type != PS_MSG_PUSH) {
+                printf("# push %d: %s\n", i / 25, r.err_text);
+                goto out;
+            }
+        }
+    }
+    if (only_heartbeat_follows(w, 1, 7)) /* every pull has been taken in */
+        goto out;
+    ps_test_sleep_ms(200);
+    out->rss_busy = ps_test_status_kb(sv.pid, "VmRSS");
+    out->hwm = ps_test_status_kb(sv.pid, "VmHWM");
+    /* the other worker is served all along */
+    h = ps_test_header(PS_MSG_PULL, 1, 8, 9, 0, 0);
+    if (ps_test_rpc(w, &h, NULL, 0, &r, buf, N, NULL) || (served && r.type != PS_MSG_PULL)) {
+        printf("# the writer's pull: %s\n", r.err_text);
+        goto out;
+    }
+    /* the slow peer leaves: ZeroMQ drops what it never read */
+    zmq_close(slow);
+    slow = NULL;
+    out->rss_after = out->rss_busy;
+    for (int t = 0; t < 50 && out->rss_after > out->rss_idle + 40 * 1024; t++) {
+        ps_test_sleep_ms(100);
+        out->rss_after = ps_test_status_kb(sv.pid, "VmRSS");
+    }
+    printf("# %d unread pulls of a %d-byte chunk (%s): server RSS %ld kB idle, %ld kB with "
+           "them queued (peak %ld kB), %ld kB once the peer left\n", npull, N * 4, flags,
+           out->rss_idle, out->rss_busy, out->hwm, out->rss_after);
+    rc = ps_test_stop(sv.pid, PS_TEST_RPC_MS) == 0 ? 0 : -1;
+out:
+    if (slow)
+        zmq_close(slow);
+    zmq_ctx_term(ctx);
+    zmq_close(w);
+    free(buf);
+    if (rc)
+        ps_test_stop(sv.pid, PS_TEST_RPC_MS);
+    return rc;
+}
+
+PS_TEST(a_peer_that_never_reads_its_replies_cannot_grow_the_server)
+{
+    /* the issue's case: 5000 pulls of a 784 KB chunk, never read, took the
+     * server to 1.5-1.9 GB (each unread reply its own copy or pinned buffer) */
+    const int npull = getenv("PS_TEST_NPULL") ? atoi(getenv("PS_TEST_NPULL")) : 5000;
+    slow_run run;
+    CHECK_OK(slow_reader("--num-workers 2 --lr 0.001", npull, 1, &run));
+    char *log = ps_test_read_file(run.log, NULL);
+    int said = log && strstr(log, "rank 0, routing id ") &&
+               strstr(log, "it has not read: refusing its pulls until it reads them") &&
+               strstr(log, "pulls refused to peers not reading their replies");
+    free(log);
+    /* the per-peer default: 64 MiB of unread payloads for a server this small */
+    CHECK_MSG(run.hwm > 0 && run.hwm < RSS_BOUND_KB, "server peak RSS %ld kB, bound %ld kB",
+              run.hwm, RSS_BOUND_KB);
+    CHECK_MSG(run.rss_after < run.rss_idle + 40 * 1024,
+              "RSS %ld kB after the peer left (idle %ld kB)", run.rss_after, run.rss_idle);
+    CHECK_MSG(said, "no refusal in %s", run.log);
+}
+
+PS_TEST(reply_copies_count_against_max_memory)
+{
+    /* a per-peer limit far above --max-memory: the copies stop at the latter
+     * (and so may another worker's pull that needs a copy: memory is full) */
+    slow_run run;
+    CHECK_OK(slow_reader("--num-workers 2 --lr 0.001 --max-memory 6M --max-peer-bytes 1G", 400,
+                         0, &run));
+    char *log = ps_test_read_file(run.log, NULL);
+    int said = log && strstr(log, "--max-memory 6291456 bytes is in use (chunks and pull "
+                                  "replies not yet read)");
+    free(log);
+    CHECK_MSG(said, "no refusal naming --max-memory in %s", run.log);
+    CHECK_MSG(run.rss_busy - run.rss_idle < 24 * 1024, "RSS went from %ld kB to %ld kB",
+              run.rss_idle, run.rss_busy);
+}
