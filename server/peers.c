@@ -34,6 +34,7 @@ struct ps_peers {
     size_t cap, n;
     uint64_t refused;
     ps_rlimit rl;
+    int64_t now; /* as of the last sweep: a coarse clock, read on the hot path for free */
 };
 
 /* The frame that takes a counted payload's place: the payload itself is kept
@@ -67,6 +68,7 @@ int ps_peers_create(uint64_t max_replies, uint64_t max_bytes, _Atomic uint64_t *
     p->max_bytes = max_bytes;
     p->mem_used = mem_used;
     p->copies = copies;
+    p->now = ps_now_ns();
     *out = p;
     return 0;
 }
@@ -167,8 +169,7 @@ int ps_peers_admit(ps_peers *p, const zmq_msg_t *id, const zmq_msg_t *frame, int
             "most, and has no room for this one's", MAX_PEERS);
         return PS_ENOMEM;
     }
-    int64_t now = ps_now_ns();
-    e->last_ns = now;
+    e->last_ns = p->now;
     int64_t r = atomic_load_explicit(&e->replies, memory_order_relaxed);
     int64_t b = atomic_load_explicit(&e->bytes, memory_order_relaxed);
     uint64_t lim = byte_limit(p);
@@ -179,6 +180,7 @@ int ps_peers_admit(ps_peers *p, const zmq_msg_t *id, const zmq_msg_t *frame, int
     ps_errorf(why, why_len, "this connection has %lld replies (%.1f MiB) it has not read; the "
         "server answers more pulls once it reads them (limits: %llu replies, %.1f MiB)",
         (long long)r, mib, (unsigned long long)p->max_replies, lim_mib);
+    int64_t now = ps_now_ns();
     if (now - e->logged_ns >= QUIET_NS && ps_rlimit_allow(&p->rl)) {
         char more[64] = "", who[256];
         ps_peer_name(id, frame, rank, who, sizeof who);
@@ -222,7 +224,7 @@ void ps_peers_count(ps_peers *p, const zmq_msg_t *id, zmq_msg_t *payload)
     t->bytes = (int64_t)n;
     atomic_fetch_add_explicit(&e->replies, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&e->bytes, (int64_t)n, memory_order_relaxed);
-    e->last_ns = ps_now_ns();
+    e->last_ns = p->now;
     if (zmq_msg_init_data(payload, zmq_msg_data(&t->orig), n, ticket_free, t) != 0) {
         atomic_fetch_sub(&e->bytes, (int64_t)n);
         atomic_fetch_sub(&e->replies, 1);
@@ -258,6 +260,7 @@ static void remove_at(ps_peers *p, size_t i)
 
 void ps_peers_sweep(ps_peers *p, int64_t now)
 {
+    p->now = now;
     for (size_t i = 0; i < p->cap;) {
         ps_peer *e = p->slot[i];
         if (e && (e->gone || now - e->last_ns > IDLE_NS) &&

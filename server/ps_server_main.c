@@ -75,12 +75,21 @@ static void usage(FILE *f)
         "fault tolerance (docs/OPERATIONS.md):\n"
         "  --checkpoint-dir DIR   write checkpoints of this server's shard to DIR\n"
         "                         (DIR/shard-RANK-SEQ.ckpt, the newest 2 are kept)\n"
-        "  --checkpoint-every N|Ts  sync: every N rounds; async: every N pushes received;\n"
+        "  --checkpoint-every N|Ts  sync: every N rounds; async: every N pushes received,\n"
+        "                         and no push is acknowledged more than N past the last\n"
+        "                         checkpoint written (a crash loses at most N);\n"
         "                         Ts (e.g. 30s): every T seconds (default 60s with\n"
         "                         --checkpoint-dir).  Sync with N = 1: every round is on\n"
         "                         disk before any worker sees it (exact restarts)\n"
         "  --restore              start from the newest valid checkpoint in --checkpoint-dir\n"
         "                         (exit 2 when there is none or it has another config)\n"
+        "  --on-checkpoint-failure stall[:S]|continue|exit[:S]  while checkpoint writes\n"
+        "                         fail: stall: what waits for a checkpoint (durable rounds,\n"
+        "                         new chunks' inits, async acks past N) waits, and after S s\n"
+        "                         (default 30) its worker gets an error saying why (default);\n"
+        "                         continue: go on without checkpoints; exit: stop (exit 1)\n"
+        "                         when writes still fail S s (default 10) after the first\n"
+        "                         failure\n"
         "  --worker-timeout S     a worker silent this many seconds (no message, no\n"
         "                         heartbeat) is lost (default 0: never)\n"
         "  --on-worker-loss wait|drop  wait: log it and keep waiting (default); drop: go on\n"
@@ -118,7 +127,7 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level, cha
         "--bind", "--rank", "--num-servers", "--num-workers", "--mode", "--max-staleness",
         "--threads", "--max-memory", "--timeline", "--curve-keys", "--checkpoint-dir",
         "--checkpoint-every", "--worker-timeout", "--on-worker-loss", "--admin-token-file",
-        "--max-peer-replies", "--max-peer-bytes", NULL};
+        "--max-peer-replies", "--max-peer-bytes", "--on-checkpoint-failure", NULL};
     char why[512];
     int staleness_given = 0, every_given = 0;
     for (int i = 1; i < argc; i++) {
@@ -179,6 +188,26 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level, cha
         } else if (!strcmp(name, "--max-memory")) {
             if (!(rc = ps_parse_size(PROG, name, val, 4096, 1ull << 50, &sv, why, sizeof why)))
                 c->max_memory = sv;
+        } else if (!strcmp(name, "--on-checkpoint-failure")) {
+            /* stall, continue, exit; stall:S and exit:S set the seconds */
+            size_t k = strcspn(val, ":");
+            double secs = 0;
+            int ok = 1;
+            if (val[k]) {
+                char *end;
+                secs = strtod(val + k + 1, &end);
+                ok = end != val + k + 1 && !*end && secs >= 0.1 && secs <= 86400;
+            }
+            if (ok && k == 5 && !strncmp(val, "stall", 5))
+                c->on_checkpoint_failure = PS_CKPT_FAIL_STALL;
+            else if (ok && !val[k] && !strcmp(val, "continue"))
+                c->on_checkpoint_failure = PS_CKPT_FAIL_CONTINUE;
+            else if (ok && k == 4 && !strncmp(val, "exit", 4))
+                c->on_checkpoint_failure = PS_CKPT_FAIL_EXIT;
+            else
+                return bad("%s: --on-checkpoint-failure must be stall[:S], continue or "
+                           "exit[:S] (S: seconds, 0.1..86400), got '%s'", PROG, val);
+            c->checkpoint_failure_ms = (int)(secs * 1000.0 + 0.5);
         } else if (!strcmp(name, "--max-peer-replies")) {
             if (!(rc = ps_parse_int(PROG, name, val, 1, 1000000000, &iv, why, sizeof why)))
                 c->max_peer_replies = (uint64_t)iv;
@@ -285,8 +314,14 @@ int main(int argc, char **argv)
                     cfg.mode == PS_MODE_SYNC ? "round(s)" : "push(es)",
                     cfg.mode == PS_MODE_SYNC && cfg.checkpoint_every == 1
                         ? " (durable rounds: replies wait for the write)"
+                    : cfg.mode == PS_MODE_ASYNC
+                        ? " (no push is acknowledged more than that past the last one written)"
                         : "",
                     cfg.restore ? ", restoring the newest" : "");
+        static const char *const fail[] = {"stall (what waits for a checkpoint waits)",
+                                           "continue without them", "exit"};
+        ps_info("if checkpoint writes fail: %s (--on-checkpoint-failure)",
+                fail[cfg.on_checkpoint_failure]);
     }
     if (cfg.worker_timeout_ms)
         ps_info("a worker silent for %.1f s is lost; then: %s", cfg.worker_timeout_ms / 1000.0,

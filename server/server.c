@@ -58,11 +58,68 @@ static void send_ckpt(ps_server *s, uint64_t token)
         srv_send_cmd(s, i, PS_CMD_CKPT, token, NULL, NULL, NULL);
 }
 
+/* Answer the request of held reply m with an error (PS_EIO, text: what
+ * happened to checkpoints and what the server does about it, then why). */
+static void answer_held(ps_server *s, const ps_held_reply *m, const char *what, const char *why)
+{
+    ps_header h, r;
+    char text[PS_ERR_TEXT_MAX + 1];
+    if (m->nf < 2 || ps_proto_decode(zmq_msg_data((zmq_msg_t *)&m->f[1]),
+                                     zmq_msg_size((zmq_msg_t *)&m->f[1]), &h, NULL, 0) != 0)
+        return;
+    snprintf(text, sizeof text, "server %d: %s: %s", s->cfg.rank, what, why);
+    ps_reply_error(&r, h.seq, h.rank, h.key, h.chunk, PS_EIO, text);
+    zmq_msg_t id;
+    zmq_msg_init(&id);
+    zmq_msg_copy(&id, (zmq_msg_t *)&m->f[0]);
+    srv_send(s, &id, &r);
+    zmq_msg_close(&id);
+    s->io_errors++;
+}
+
+/* A reply held for a checkpoint while writes fail (stall): its worker is
+ * told why it waits.  The reply itself stays held. */
+static void ck_notice(void *user, const ps_held_reply *m)
+{
+    ps_server *s = user;
+    char why[512], what[160];
+    int64_t since = 0;
+    if (!ps_ckpt_coord_failing(s->ck, why, sizeof why, &since))
+        return;
+    snprintf(what, sizeof what, "checkpoint writes failing for %.0f s, this reply is held "
+             "until one is written (--on-checkpoint-failure stall)",
+             (double)(ps_now_ns() - since) * 1e-9);
+    answer_held(s, m, what, why);
+}
+
+/* --on-checkpoint-failure exit: what waits for a checkpoint is told why the
+ * server goes, and it goes (exit 1). */
+static void ck_give_up(ps_server *s)
+{
+    char why[512];
+    int64_t since = 0;
+    ps_ckpt_coord_failing(s->ck, why, sizeof why, &since);
+    ps_error("checkpoint writes to %s have failed for %.0f s (%s): stopping "
+             "(--on-checkpoint-failure exit)", s->ckpt_dir,
+             (double)(ps_now_ns() - since) * 1e-9, why);
+    for (ps_held_reply *m = ps_ckpt_coord_take_held(s->ck), *next; m; m = next) {
+        next = m->next;
+        answer_held(s, m, "stopping: checkpoint writes keep failing "
+                    "(--on-checkpoint-failure exit)", why);
+        ps_held_reply_free(m);
+    }
+    s->io_failed = 1;
+    srv_set_stopping(s);
+}
+
 static void ck_maybe(ps_server *s, int64_t now)
 {
     uint64_t token;
     if (!s->stopping && ps_ckpt_coord_due(s->ck, now, s->mut, &token))
         send_ckpt(s, token);
+    ps_ckpt_coord_overdue(s->ck, now, ck_notice, s);
+    if (!s->stopping && ps_ckpt_coord_give_up(s->ck, now))
+        ck_give_up(s);
 }
 
 /* Take everything update thread i has sent.  Its last message (its final
@@ -76,12 +133,12 @@ static void io_read_pair(ps_server *s, int i)
         size_t tlen = zmq_msg_size(&tag);
         const char *td = zmq_msg_data(&tag);
         char t = tlen >= 1 ? td[0] : 0;
-        int64_t version = 0;
-        if (t == PS_OUT_HELD && tlen == 1 + sizeof version)
+        int64_t version = 0; /* HELD, INIT, ACK: what a checkpoint must hold */
+        if (tlen == 1 + sizeof version)
             memcpy(&version, td + 1, sizeof version);
         int more = zmq_msg_more(&tag);
         zmq_msg_close(&tag);
-        if (t == PS_OUT_REPLY || t == PS_OUT_HELD || t == PS_OUT_INIT) {
+        if (t == PS_OUT_REPLY || t == PS_OUT_HELD || t == PS_OUT_INIT || t == PS_OUT_ACK) {
             /* [identity, header, payload?]: a payload counts against its peer
              * (server/peers.h) from here until ZeroMQ has sent it */
             zmq_msg_t f[3];
@@ -90,8 +147,7 @@ static void io_read_pair(ps_server *s, int i)
             if (nf == 3)
                 ps_peers_count(s->peers, &f[0], &f[2]);
             ps_held_reply *m;
-            if ((t == PS_OUT_HELD || t == PS_OUT_INIT) &&
-                ps_ckpt_coord_hold(s->ck, t, version, &m)) {
+            if (t != PS_OUT_REPLY && ps_ckpt_coord_hold(s->ck, t, version, ps_now_ns(), &m)) {
                 /* they wait until a checkpoint holds them */
                 if (m) {
                     for (int k = 0; k < nf; k++) {
@@ -379,8 +435,11 @@ int ps_server_run(ps_server *s)
         off += (size_t)snprintf(extra + off, sizeof extra - off, ", %llu shutdowns refused",
                                 (unsigned long long)s->shutdowns_refused);
     if (ck_on && off < sizeof extra)
-        snprintf(extra + off, sizeof extra - off, ", %llu checkpoints written",
-                 (unsigned long long)ps_ckpt_coord_count(s->ck));
+        off += (size_t)snprintf(extra + off, sizeof extra - off, ", %llu checkpoints written",
+                                (unsigned long long)ps_ckpt_coord_count(s->ck));
+    if (ps_ckpt_coord_failures(s->ck) && off < sizeof extra)
+        snprintf(extra + off, sizeof extra - off, ", %llu checkpoint writes failed",
+                 (unsigned long long)ps_ckpt_coord_failures(s->ck));
     ps_info("stopped: %llu pushes, %llu pulls, %llu inits, %llu updates, %llu duplicates dropped, "
             "%llu error replies, %llu undecodable messages dropped, %llu chunks, versions "
             "%lld..%lld, %llu MiB in, %llu MiB out, %d of %d workers said hello%s",

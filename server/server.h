@@ -124,6 +124,16 @@
 /* What to do about a worker silent for worker_timeout_ms. */
 enum { PS_LOSS_WAIT = 0, PS_LOSS_DROP = 1 };
 
+/* What to do while checkpoint writes keep failing (docs/OPERATIONS.md):
+ * STALL holds what waits for a checkpoint until one is written, and a reply
+ * held for checkpoint_failure_ms while writes fail is answered with an error
+ * saying why (the reply stays held); CONTINUE lets it go without one; EXIT
+ * stops the server (exit 1) once writes have failed for
+ * checkpoint_failure_ms. */
+enum { PS_CKPT_FAIL_STALL = 0, PS_CKPT_FAIL_CONTINUE = 1, PS_CKPT_FAIL_EXIT = 2 };
+#define PS_CKPT_STALL_NOTICE_MS 30000 /* default checkpoint_failure_ms for STALL */
+#define PS_CKPT_EXIT_AFTER_MS 10000   /* ... and for EXIT */
+
 typedef struct ps_server ps_server;
 
 typedef struct ps_server_config {
@@ -147,6 +157,8 @@ typedef struct ps_server_config {
                                    N); async: every N pushes received; 0: by time only */
     int checkpoint_every_ms;    /* at most this long between checkpoints; 0: by count */
     int restore;                /* load the newest valid checkpoint of checkpoint_dir */
+    int on_checkpoint_failure;  /* PS_CKPT_FAIL_STALL (default), _CONTINUE or _EXIT */
+    int checkpoint_failure_ms;  /* see above; 0: the policy's default */
     int worker_timeout_ms;      /* a worker silent this long is lost; 0: never */
     int on_worker_loss;         /* PS_LOSS_WAIT (default) or PS_LOSS_DROP */
     uint64_t max_peer_replies;  /* payload replies one peer may leave unread before its pulls
@@ -161,7 +173,7 @@ typedef struct ps_server_config {
 /* Defaults: rank 0, 1 server, 1 worker, async, staleness -1, sgd lr 0.01,
  * momentum 0.9, beta1 0.9, beta2 0.999, eps 1e-8, weight decay 0, 1 thread,
  * max memory 8 GiB, bind NULL (must be set), no timeline, no CURVE, no
- * checkpoints, worker timeout 0 (never), PS_LOSS_WAIT, 10000 unread replies
+ * checkpoints (PS_CKPT_FAIL_STALL), worker timeout 0 (never), PS_LOSS_WAIT, 10000 unread replies
  * per peer and bytes "auto", no admin token. */
 void ps_server_config_default(ps_server_config *c);
 

@@ -67,6 +67,9 @@ int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
         BAD("worker-timeout must be >= 0, got %d ms", c->worker_timeout_ms);
     if (c->on_worker_loss != PS_LOSS_WAIT && c->on_worker_loss != PS_LOSS_DROP)
         BAD("on-worker-loss must be wait or drop");
+    if (c->on_checkpoint_failure < PS_CKPT_FAIL_STALL ||
+        c->on_checkpoint_failure > PS_CKPT_FAIL_EXIT)
+        BAD("on-checkpoint-failure must be stall, continue or exit");
     if (c->on_worker_loss == PS_LOSS_DROP && c->worker_timeout_ms == 0)
         BAD("on-worker-loss drop needs a worker timeout (--worker-timeout)");
     return 0;

@@ -343,8 +343,8 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
     case PS_MSG_PUSH:
         if (h.type != PS_MSG_PULL)
             s->mut++;
-        srv_send_cmd(s, ps_server_owner(h.key, h.chunk, s->cfg.threads), PS_CMD_REQ, 0, &h, &f[0],
-                 nf >= 3 ? &f[2] : NULL);
+        srv_send_cmd(s, ps_server_owner(h.key, h.chunk, s->cfg.threads), PS_CMD_REQ,
+                     h.type != PS_MSG_PULL ? s->mut : 0, &h, &f[0], nf >= 3 ? &f[2] : NULL);
         return;
     case PS_MSG_BARRIER:
         io_barrier(s, &f[0], &h);

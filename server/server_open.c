@@ -175,6 +175,7 @@ static int open_owners(ps_server *s, char *why, size_t why_len)
     uc.durable = pol->durable;
     uc.defer_acks = pol->defer_acks;
     uc.report_progress = pol->report_progress;
+    uc.ack_bound = pol->ack_bound;
     for (int i = 0; i < c->threads; i++) {
         char ep[64];
         snprintf(ep, sizeof ep, "inproc://ps-update-%d", i);

@@ -80,6 +80,7 @@ typedef struct chunk {
     waiter *wait;      /* pulls that cannot be answered yet, in arrival order */
     size_t nwait, cap_wait;
     uint64_t charge;   /* bytes charged to mem_used */
+    uint64_t snap;     /* the first checkpoint snapshot that held it; 0 none yet */
 } chunk;
 
 struct ps_shard {
@@ -408,9 +409,13 @@ static int create_chunk(ps_shard *s, uint64_t key, uint32_t c, size_t n, uint64_
 }
 
 int ps_shard_init(ps_shard *s, uint64_t key, uint32_t c, const void *vals, size_t n,
-                  uint64_t total, int64_t *version, char *why, size_t why_len)
+                  uint64_t total, int64_t *version, uint64_t *snap, char *why, size_t why_len)
 {
+    uint64_t no_snap;
+    if (!snap)
+        snap = &no_snap;
     s->st.inits++;
+    *snap = 0;
     s->st.bytes_in += n * sizeof(float);
     chunk *ch = find(s, key, c);
     if (ch) {
@@ -423,6 +428,7 @@ int ps_shard_init(ps_shard *s, uint64_t key, uint32_t c, const void *vals, size_
             return PS_EMISMATCH;
         }
         *version = ch->version;
+        *snap = ch->snap;
         return 0;
     }
     if (n == 0 || (total && n > total)) {
@@ -879,6 +885,7 @@ int ps_shard_restore_chunk(ps_shard *s, const ps_shard_chunk_view *v, char *why,
         memcpy(ch->s1, v->state[1], v->n * sizeof(float));
     memcpy(ch->clock, v->clock, (size_t)s->cfg.num_workers * sizeof(int64_t));
     ch->version = v->version;
+    ch->snap = 1; /* on disk already */
     ch->ff_ok = s->cfg.mode == PS_MODE_SYNC;
     if (s->cfg.mode == PS_MODE_ASYNC) {
         /* the workers may be ahead of the checkpoint by the pushes the old
@@ -915,6 +922,13 @@ int64_t ps_shard_min_version(const ps_shard *s, int *have)
 uint64_t ps_shard_fast_forwards(const ps_shard *s) { return s->ff_rounds; }
 
 uint64_t ps_shard_jumped(const ps_shard *s) { return s->jumped; }
+
+void ps_shard_mark_snapshot(ps_shard *s, uint64_t seq)
+{
+    for (size_t i = 0; i < s->cap; i++)
+        if (s->table[i] && !s->table[i]->snap)
+            s->table[i]->snap = seq;
+}
 
 void ps_shard_set_merge(ps_shard *s, int (*merge)(void *user, void *queued, void *incoming))
 {

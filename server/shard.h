@@ -83,10 +83,16 @@ void ps_shard_destroy(ps_shard *s);
 /* Register (key, chunk) with n first values (float32, any alignment).  A
  * second init must match n and total (PS_EMISMATCH otherwise) and leaves the
  * values alone.  total may be 0 (unknown); otherwise n <= total.  *version
- * gets the chunk's version.  Errors: PS_ETOOBIG (over max_memory), PS_ENOMEM,
- * PS_EPROTO; why says what was wrong. */
+ * gets the chunk's version, *snap the first checkpoint snapshot that holds
+ * the chunk (ps_shard_mark_snapshot; 1 for a restored chunk; 0 for one in no
+ * snapshot yet, a new one included; snap may be NULL).  Errors: PS_ETOOBIG (over max_memory),
+ * PS_ENOMEM, PS_EPROTO; why says what was wrong. */
 int ps_shard_init(ps_shard *s, uint64_t key, uint32_t chunk, const void *vals, size_t n,
-                  uint64_t total, int64_t *version, char *why, size_t why_len);
+                  uint64_t total, int64_t *version, uint64_t *snap, char *why, size_t why_len);
+
+/* Every chunk is in checkpoint snapshot `seq` (just serialized): those in no
+ * snapshot before note it. */
+void ps_shard_mark_snapshot(ps_shard *s, uint64_t seq);
 
 /* A worker's gradient of step `step` (>= 0).  Errors: PS_ENOTFOUND (no such
  * chunk), PS_EPROTO (length differs, bad rank or step), PS_ESTATE (sync: step

@@ -58,6 +58,7 @@ typedef struct req_ctx {
     uint64_t key;
     uint32_t chunk;
     int64_t step;
+    uint64_t mut;     /* its mutation number (PS_CMD_REQ's token), 0 for a pull */
     int64_t t_arrive; /* for the timeline */
 } req_ctx;
 
@@ -150,8 +151,12 @@ static void dup_note(ps_updater *u, const ps_header *h)
 /* Send [tag, identity, header, payload?] to the I/O thread.  Blocking: the I/O
  * thread always drains replies, so this never waits for long.  With durable
  * rounds, a reply naming a version (push ack, pull) is tagged to wait in the
- * I/O thread until a checkpoint holds that version. */
-static void upd_send(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload)
+ * I/O thread until a checkpoint holds that version; with the async ack
+ * bound, one acknowledging mutation `mut` until a checkpoint is near enough;
+ * an init acknowledgement until a checkpoint holds the chunk (snap: the
+ * first snapshot that held it, 0 none yet). */
+static void upd_send_as(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload,
+                        uint64_t mut, uint64_t snap)
 {
     char buf[PS_HEADER_MAX];
     size_t len;
@@ -162,14 +167,24 @@ static void upd_send(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t
     }
     char tag[1 + sizeof(int64_t)] = {PS_OUT_REPLY};
     size_t tlen = 1;
+    int64_t arg = 0;
     /* with checkpoints, a chunk a worker was told exists is in one first, so
      * a restored server never lacks a chunk its workers use */
-    if (u->cfg.hold_inits && h->type == PS_MSG_INIT)
+    if (u->cfg.hold_inits && h->type == PS_MSG_INIT) {
         tag[0] = PS_OUT_INIT;
+        arg = (int64_t)snap;
+    }
     if (u->cfg.durable && (h->type == PS_MSG_PUSH || h->type == PS_MSG_PULL ||
                             h->type == PS_MSG_PUSHPULL)) {
         tag[0] = PS_OUT_HELD;
-        memcpy(tag + 1, &h->step, sizeof h->step);
+        arg = h->step;
+    }
+    if (u->cfg.ack_bound && mut && (h->type == PS_MSG_PUSH || h->type == PS_MSG_PUSHPULL)) {
+        tag[0] = PS_OUT_ACK;
+        arg = (int64_t)mut;
+    }
+    if (tag[0] != PS_OUT_REPLY) {
+        memcpy(tag + 1, &arg, sizeof arg);
         tlen = sizeof tag;
     }
     zmq_send(u->pair, tag, tlen, ZMQ_SNDMORE);
@@ -177,6 +192,11 @@ static void upd_send(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t
     zmq_send(u->pair, buf, len, payload ? ZMQ_SNDMORE : 0);
     if (payload)
         zmq_msg_send(payload, u->pair, 0);
+}
+
+static void upd_send(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload)
+{
+    upd_send_as(u, id, h, payload, 0, 0);
 }
 
 static void upd_error(ps_updater *u, req_ctx *r, int code, const char *why)
@@ -191,11 +211,11 @@ static void upd_error(ps_updater *u, req_ctx *r, int code, const char *why)
     upd_send(u, &r->id, &h, NULL);
 }
 
-static void upd_ack(ps_updater *u, req_ctx *r, int64_t version)
+static void upd_ack(ps_updater *u, req_ctx *r, int64_t version, uint64_t snap)
 {
     ps_header h;
     ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
-    upd_send(u, &r->id, &h, NULL);
+    upd_send_as(u, &r->id, &h, NULL, r->mut, snap);
 }
 
 /* ZeroMQ's free callback of a zero-copy reply: runs on whichever thread
@@ -304,7 +324,7 @@ static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int
     h.count = n;
     h.dtype = PS_DTYPE_F32;
     u->bytes_out += bytes;
-    upd_send(u, &r->id, &h, &pl);
+    upd_send_as(u, &r->id, &h, &pl, r->mut, 0);
     zmq_msg_close(&pl);
     if (u->cfg.trace)
         ps_trace_event(u->cfg.trace, "pull", "serve", 1 + u->cfg.idx, r->t_arrive, ps_now_ns(),
@@ -323,7 +343,7 @@ static void hook_ready(void *user, void *waiter, const float *w, size_t n, int64
 {
     req_ctx *r = waiter;
     if (r->type == PS_MSG_PUSH) /* a deferred acknowledgement: its round is complete */
-        upd_ack(user, r, version);
+        upd_ack(user, r, version, 0);
     else
         upd_weights(user, r, w, n, version);
     req_free(r);
@@ -398,10 +418,11 @@ static void upd_await(ps_updater *u, req_ctx *r, int64_t want)
     else if (queued == 1)
         u->spare = NULL;
     else if (queued == 0)
-        upd_ack(u, r, version);
+        upd_ack(u, r, version, 0);
 }
 
-static void upd_request(ps_updater *u, const ps_header *h, zmq_msg_t *id, zmq_msg_t *pl)
+static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, zmq_msg_t *id,
+                        zmq_msg_t *pl)
 {
     if (!u->spare) {
         u->spare = calloc(1, sizeof *u->spare);
@@ -420,18 +441,20 @@ static void upd_request(ps_updater *u, const ps_header *h, zmq_msg_t *id, zmq_ms
     r->key = h->key;
     r->chunk = h->chunk;
     r->step = h->step;
+    r->mut = mut;
     r->t_arrive = u->cfg.trace ? ps_now_ns() : 0;
     char why[256];
     int64_t version = 0;
+    uint64_t snap = 0;
     int rc;
     switch (h->type) {
     case PS_MSG_INIT:
         rc = ps_shard_init(u->shard, h->key, h->chunk, zmq_msg_data(pl), (size_t)h->count,
-                           h->total, &version, why, sizeof why);
+                           h->total, &version, &snap, why, sizeof why);
         if (rc)
             upd_error(u, r, rc, why);
         else
-            upd_ack(u, r, version);
+            upd_ack(u, r, version, snap);
         break;
     case PS_MSG_PUSH:
     case PS_MSG_PUSHPULL: {
@@ -494,7 +517,7 @@ static void upd_request(ps_updater *u, const ps_header *h, zmq_msg_t *id, zmq_ms
         else if (u->cfg.defer_acks)
             upd_await(u, r, h->step + 1);
         else
-            upd_ack(u, r, version);
+            upd_ack(u, r, version, 0);
         break;
     }
     case PS_MSG_PULL:
@@ -534,6 +557,8 @@ static void upd_checkpoint(ps_updater *u, uint64_t token)
     memset(&cf, 0, sizeof cf);
     cf.token = token;
     cf.rc = ps_ckpt_serialize(u->shard, u->cfg.mode, u->cfg.num_workers, &cf.part);
+    if (!cf.rc) /* an init of these chunks waits for this checkpoint at most */
+        ps_shard_mark_snapshot(u->shard, token);
     char tag = PS_OUT_CKPT;
     zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
     zmq_send(u->pair, &cf, sizeof cf, 0);
@@ -589,7 +614,7 @@ static void *upd_main(void *arg)
         if (zmq_msg_size(&m) == sizeof cf) {
             memcpy(&cf, zmq_msg_data(&m), sizeof cf);
             if (cf.cmd == PS_CMD_REQ) {
-                upd_request(u, &cf.h, &id, &pl);
+                upd_request(u, &cf.h, cf.token, &id, &pl);
             } else if (cf.cmd == PS_CMD_STATS) {
                 ps_stats st;
                 upd_stats(u, &st);

@@ -33,6 +33,8 @@ typedef struct ps_updater_config {
     int durable;         /* push and pull replies go as PS_OUT_HELD with their version */
     int defer_acks;      /* sync: a push is acknowledged when its round is complete */
     int report_progress; /* PS_OUT_PROGRESS whenever the lowest chunk version moves */
+    int ack_bound;       /* async, by count: push acks and pushpull replies go as
+                            PS_OUT_ACK with their mutation number */
     _Atomic uint64_t *copies; /* bytes of pull replies sent as copies and not yet freed by
                                  ZeroMQ (shared by every updater); they are charged to the
                                  shard config's mem_used too, against max_memory */

@@ -227,7 +227,7 @@ PS_TEST(shard_round_skips_a_dropped_lowest_rank_and_takes_it_back)
     float w[2] = {10, 20}, g[3][2] = {{1e8f, 1}, {1, -1e8f}, {-1e8f, 3}};
     int64_t v;
     char why[256];
-    CHECK_OK(ps_shard_init(s, 1, 0, w, 2, 2, &v, why, sizeof why));
+    CHECK_OK(ps_shard_init(s, 1, 0, w, 2, 2, &v, NULL, why, sizeof why));
     int kept, dup, queued;
     const float *pw;
     size_t n;

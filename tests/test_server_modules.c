@@ -237,13 +237,13 @@ PS_TEST(ckpt_coord_releases_held_replies_once_written)
     CHECK(stat(dir, &st) == 0 && S_ISDIR(st.st_mode));
 
     ps_held_reply *m = NULL;
-    CHECK_EQ_INT(ps_ckpt_coord_hold(c, PS_OUT_HELD, 0, &m), 0); /* version 0 is on disk */
-    CHECK_EQ_INT(ps_ckpt_coord_hold(c, PS_OUT_INIT, 0, &m), 1);
+    CHECK_EQ_INT(ps_ckpt_coord_hold(c, PS_OUT_HELD, 0, 0, &m), 0); /* version 0 is on disk */
+    CHECK_EQ_INT(ps_ckpt_coord_hold(c, PS_OUT_INIT, 0, 0, &m), 1);
     CHECK(m != NULL);
     m->nf = 1;
     zmq_msg_init_size(&m->f[0], 4);
     ps_held_reply *later = NULL;
-    CHECK_EQ_INT(ps_ckpt_coord_hold(c, PS_OUT_HELD, 3, &later), 1);
+    CHECK_EQ_INT(ps_ckpt_coord_hold(c, PS_OUT_HELD, 3, 0, &later), 1);
     later->nf = 1;
     zmq_msg_init_size(&later->f[0], 4);
 
