@@ -277,3 +277,32 @@ PS_TEST(ckpt_coord_releases_held_replies_once_written)
     free(seqs);
     ps_ckpt_coord_destroy(c); /* frees the reply still held */
 }
+
+/* docs/PROTOCOL.md spells out the checkpoint configuration fingerprint. */
+PS_TEST(checkpoint_config_fingerprint_is_the_documented_fnv)
+{
+    ps_opt_config o;
+    ps_opt_default(&o);
+    o.kind = PS_OPT_ADAM;
+    o.lr = 0.125f;
+    o.lr_decay_every = 7;
+    unsigned char b[128], *p = b;
+    int32_t ints[6] = {1, 2, 3, PS_MODE_ASYNC, -1, PS_OPT_ADAM};
+    for (int i = 0; i < 6; i++)
+        for (int k = 0; k < 4; k++)
+            *p++ = (unsigned char)((uint32_t)ints[i] >> (8 * k));
+    float f[7] = {o.lr, o.momentum, o.beta1, o.beta2, o.eps, o.weight_decay, o.lr_decay};
+    for (int i = 0; i < 7; i++) {
+        uint32_t u;
+        memcpy(&u, &f[i], 4);
+        for (int k = 0; k < 4; k++)
+            *p++ = (unsigned char)(u >> (8 * k));
+    }
+    for (int k = 0; k < 4; k++)
+        *p++ = (unsigned char)(o.lr_decay_every >> (8 * k));
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (unsigned char *q = b; q < p; q++)
+        h = (h ^ *q) * 1099511628211ull;
+    CHECK_EQ_INT(PS_OPT_NPARAMS, 8); /* the document lists eight */
+    CHECK_EQ_INT(ps_ckpt_config_fp(1, 2, 3, PS_MODE_ASYNC, -1, &o), h);
+}
