@@ -282,6 +282,22 @@ struct ps_curve_auth {
     quiet_slot quiet[QUIET_SLOTS];
 };
 
+/* Read the keys of dir into *l again (a bad file skipped); when dir cannot
+ * be read, *l is empty, and the warning says `then` until it can. */
+static void reload(const char *dir, const char *prefix, int optional, keylist *l,
+                   const char *then)
+{
+    keylist fresh;
+    char msg[512];
+    if (load_keys(dir, prefix, 0, optional, &fresh, msg, sizeof msg) != 0) {
+        ps_warn("%s; %s until it is readable again", msg, then);
+        fresh.k = NULL;
+        fresh.n = fresh.cap = 0;
+    }
+    keylist_free(l);
+    *l = fresh;
+}
+
 static int same_time(const struct timespec *a, const struct timespec *b)
 {
     return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
@@ -298,24 +314,10 @@ static void maybe_rescan(ps_curve_auth *a)
     if (have && now - a->scanned_ns < RESCAN_NS && same_time(&st.st_mtim, &a->scanned_mtime) &&
         same_time(&ma.st_mtim, &a->admin_mtime))
         return;
-    keylist fresh, admins;
-    char msg[512];
-    if (load_keys(a->mdir, "admin/", 0, 1, &admins, msg, sizeof msg) != 0) {
-        ps_warn("%s; no admin key is accepted until it is readable again", msg);
-        admins.k = NULL;
-        admins.n = admins.cap = 0;
-    }
-    keylist_free(&a->admins);
-    a->admins = admins;
+    reload(a->mdir, "admin/", 1, &a->admins, "no admin key is accepted");
     a->admin_mtime = ma.st_mtim;
-    if (load_keys(a->adir, "", 0, 0, &fresh, msg, sizeof msg) != 0) {
-        /* fail closed: without a readable list nobody gets in */
-        ps_warn("%s; refusing every CURVE client until it is readable again", msg);
-        fresh.k = NULL;
-        fresh.n = fresh.cap = 0;
-    }
-    keylist_free(&a->keys);
-    a->keys = fresh;
+    /* fail closed: without a readable list nobody gets in */
+    reload(a->adir, "", 0, &a->keys, "refusing every CURVE client");
     a->scanned_ns = now;
     if (have)
         a->scanned_mtime = st.st_mtim;

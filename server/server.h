@@ -80,6 +80,9 @@
  *    drains replies, so an owner blocked on sending a reply always resumes.
  *  - Stats: the I/O thread asks every owner for its counters and answers when
  *    all have replied (so a STATS sent after a reply reflects that request).
+ *  - A rank belongs to the connection whose hello was accepted last; another
+ *    connection's hello for it is refused while that one is live, unless it
+ *    carries the rank's token (server/workers.h).
  *  - Liveness: the I/O thread notes when it last heard from each worker (any
  *    message; the client library sends HEARTBEATs).  A worker silent for
  *    worker_timeout_ms is lost: with PS_LOSS_WAIT this is logged and everything
@@ -99,9 +102,14 @@
  *    round ("durable rounds") the replies that reveal a version (pull replies,
  *    push acknowledgements) wait in the I/O thread until a checkpoint holding
  *    that version is on disk: after a kill and --restore no worker is ahead of
- *    the restored state, so the run continues exactly.  A stop writes a last
- *    checkpoint.
- *  - Stop (SHUTDOWN message, ps_server_stop, SIGINT/SIGTERM in main): owners
+ *    the restored state, so the run continues exactly.  In async mode with a
+ *    checkpoint every N pushes, a push is acknowledged only once a written
+ *    checkpoint holds every mutation up to N before it (a crash loses at most
+ *    N acknowledged pushes).  While writes fail, --on-checkpoint-failure
+ *    decides what happens to the replies that wait (ckpt_coord.h).  A stop
+ *    writes a last checkpoint.
+ *  - Stop (ps_server_stop, SIGINT/SIGTERM in main, a SHUTDOWN message from a
+ *    peer with authority: server/admin.h): owners
  *    answer their queued pulls with PS_ECLOSED, send their final counters and
  *    exit; the I/O thread answers waiting barriers and stats with PS_ECLOSED,
  *    joins the threads, logs the totals and closes every socket.  A weight
