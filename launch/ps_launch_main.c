@@ -31,10 +31,12 @@
 
 static const char usage_head[] =
     "usage: ps_launch --servers S --workers W [flags] -- <worker flags>\n"
+    "       ps_launch --servers S --workers W [flags] --exec PROGRAM [ARGS...]\n"
     "       ps_launch --hostfile FILE [flags] -- <worker flags>\n"
     "\n"
     "Starts S ps_server and W ps_worker processes on this host (or, with --hostfile,\n"
-    "on other hosts over ssh), prints every line they write prefixed with its role\n"
+    "on other hosts over ssh), or W copies of any worker program with --exec,\n"
+    "prints every line they write prefixed with its role\n"
     "and rank ([server 0] ..., [worker 1] ...), forwards SIGINT/SIGTERM to them, and\n"
     "stops them all when one fails.  Exit status: 0 when every worker exited 0;\n"
     "1 when a process failed (the others are stopped); 2 for something to fix: bad\n"
@@ -67,14 +69,23 @@ static const char usage_head[] =
     "                                                              e.g. --hostfile hosts.txt\n"
     "  --base-port P         with --hostfile: server i listens on P+i (default 29500)\n"
     "                                                              e.g. --base-port 40000\n"
+    "  --exec PROGRAM ARGS   run PROGRAM ARGS as each worker instead of ps_worker (the\n"
+    "                        rest of the command line; {rank} in ARGS becomes the rank).\n"
+    "                        It finds its settings in its environment: PS_SERVERS,\n"
+    "                        PS_NUM_SERVERS, PS_RANK, PS_NUM_WORKERS, PS_MODE,\n"
+    "                        PS_MAX_STALENESS, PS_DEVICE, PS_TIMELINE (--timeline-dir),\n"
+    "                        and PS_LR, PS_OPTIMIZER, ... for the shared flags given\n"
+    "                        e.g. --exec python3 examples/torch_fashion_mnist.py --epochs 2\n"
     "  --dry-run             print the commands (and their hosts) and start nothing\n"
     "  --help, --version\n"
     "\n"
     "Worker flags (after --) go to every worker; \"{rank}\" in them becomes the worker's\n"
     "rank.  --log-csv, --timeline and --save without {rank} go to worker 0 only; on\n"
     "this host their directories are created before anything starts.\n"
-    "These worker flags also go to the servers, which must agree with the workers\n"
-    "(ps_launch checks their values first):\n";
+    "Shared flags: these go to the servers and to the workers, which must agree;\n"
+    "give them to ps_launch (before -- or --exec) or among the worker flags, once\n"
+    "(ps_launch checks their values first; an --exec worker gets each given one as\n"
+    "PS_<NAME>, --lr-decay-every as PS_LR_DECAY_EVERY):\n";
 
 static const char usage_tail[] =
     "ps_launch itself sets --servers --rank --num-workers --mode --device.\n"
@@ -84,6 +95,8 @@ static const char usage_tail[] =
     "      --epochs 2 --lr 0.05 --log-csv out/async-worker0.csv\n"
     "  ps_launch --servers 1 --workers 2 --gpus none --timeline-dir out/tl -- --steps 300\n"
     "  ps_launch --hostfile hosts.txt --dry-run -- --model cnn --epochs 5\n"
+    "  ps_launch --servers 2 --workers 2 --mode async --lr 0.01 --optimizer adam \\\n"
+    "      --exec python3 examples/torch_fashion_mnist.py --epochs 2\n"
     "See docs/LAUNCH.md (ssh, Slurm and mpirun).\n";
 
 /* --help or --version; the list of shared flags comes from the plan. */
@@ -191,13 +204,39 @@ static int pick_ports(int n, int *ports, char *why, size_t len)
     return rc;
 }
 
+/* Can PROGRAM be run as execvp would: a path with '/' that is executable,
+ * or a name found executable in PATH. */
+static int runnable(const char *prog)
+{
+    if (strchr(prog, '/'))
+        return access(prog, X_OK) == 0;
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    for (const char *d = path;;) {
+        size_t n = strcspn(d, ":");
+        char full[PATH_MAX];
+        snprintf(full, sizeof full, "%.*s/%s", (int)n, n ? d : ".", prog);
+        if (access(full, X_OK) == 0)
+            return 1;
+        if (!d[n])
+            return 0;
+        d += n + 1;
+    }
+}
+
 /* Before a local run: the programs are there, and every directory the
  * processes write into exists (created here) and is writable.  0, or the
  * exit status after a message. */
 static int check_local(const ps_launch_opts *o, const ps_launch_plan *plan, const char *bin_dir)
 {
     static const char *const progs[] = {"ps_server", "ps_worker"};
-    for (int k = 0; k < 2; k++) {
+    if (o->exec && !runnable(o->exec[0])) {
+        fprintf(stderr, P ": --exec: cannot run '%s': %s\n", o->exec[0],
+                strchr(o->exec[0], '/') ? strerror(errno) : "not found in PATH");
+        return 2;
+    }
+    for (int k = 0; k < (o->exec ? 1 : 2); k++) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/%s", bin_dir, progs[k]);
         if (access(path, X_OK)) {

@@ -257,6 +257,16 @@ static void drain_child(child *c)
         }
 }
 
+/* The CUDA_VISIBLE_DEVICES=... entry of a worker's environment, or NULL (the
+ * PS_* entries of an --exec worker are the same for all but the rank). */
+static const char *gpu_env(const ps_launch_cmd *k)
+{
+    for (int i = 0; i < k->env.n; i++)
+        if (!strncmp(k->env.v[i], "CUDA_VISIBLE_DEVICES=", 21))
+            return k->env.v[i];
+    return NULL;
+}
+
 /* Start one process with stdout/stderr on pipes.  The child gets its own
  * process group (so ps_launch alone decides which signals reach it, and a
  * stop reaches anything it forked) and, on Linux, SIGTERM if ps_launch dies. */
@@ -298,8 +308,8 @@ static int spawn(child *c, char *why, size_t len)
         }
         dup2(out[1], STDOUT_FILENO);
         dup2(err[1], STDERR_FILENO);
-        if (c->cmd->env && !c->cmd->host)
-            putenv(c->cmd->env);
+        for (int i = 0; !c->cmd->host && i < c->cmd->env.n; i++)
+            putenv(c->cmd->env.v[i]);
         char *const *argv = c->cmd->argv.v;
         if (strchr(argv[0], '/'))
             execv(argv[0], argv);
@@ -492,7 +502,7 @@ int ps_launch_supervise(const ps_launch_plan *plan)
         else
             fprintf(stderr, P ": started worker %d (pid %ld)%s%s, device %s%s%s\n", k->rank,
                     (long)c->pid, k->host ? " on " : "", k->host ? k->host : "", k->device,
-                    k->env ? " with " : "", k->env ? k->env : "");
+                    gpu_env(k) ? " with " : "", gpu_env(k) ? gpu_env(k) : "");
         /* a signal or an early exit during start-up is handled right away */
         unsigned char sigs[64];
         ssize_t r = read(g_sigpipe[0], sigs, sizeof sigs);
