@@ -9,6 +9,7 @@
 #include "ps_error.h"
 #include "ps_flags.h"
 #include "ps_opt_table.h"
+#include "remote.h"
 
 #define P "ps_launch"
 
@@ -91,6 +92,22 @@ static int in_list(const char *const *list, const char *s)
         if (!strcmp(*list, s))
             return 1;
     return 0;
+}
+
+/* Push the words of s (split at spaces and tabs) onto a. */
+static void push_words(ps_strvec *a, const char *s)
+{
+    for (;;) {
+        s += strspn(s, " \t");
+        size_t n = strcspn(s, " \t");
+        if (!n)
+            return;
+        char *w = strndup(s, n);
+        if (!w || ps_strvec_push(a, w))
+            a->failed = 1;
+        free(w);
+        s += n;
+    }
 }
 
 /* A shared flag's value, checked as ps_server and ps_worker check it; kind
@@ -266,7 +283,8 @@ int ps_launch_parse(int argc, char **argv, ps_launch_opts *o, char *why, size_t 
         }
         static const char *const valued[] = {
             "--servers",  "--workers",  "--gpus",     "--mode",       "--server-threads",
-            "--timeline-dir", "--bin-dir", "--hostfile", "--base-port", "--server-arg", NULL};
+            "--timeline-dir", "--bin-dir", "--hostfile", "--base-port", "--server-arg",
+            "--ssh-opt", NULL};
         if (!strcmp(a, "--exec")) {
             if (i + 1 >= argc || !*argv[i + 1]) {
                 snprintf(why, len,
@@ -327,6 +345,15 @@ int ps_launch_parse(int argc, char **argv, ps_launch_opts *o, char *why, size_t 
         } else if (!strcmp(name, "--server-arg")) {
             if (ps_strvec_push(&o->server_args, val))
                 return PS_ENOMEM;
+        } else if (!strcmp(name, "--ssh-opt")) {
+            int before = o->ssh_opts.n;
+            push_words(&o->ssh_opts, val);
+            if (o->ssh_opts.failed)
+                return PS_ENOMEM;
+            if (o->ssh_opts.n == before) {
+                snprintf(why, len, P ": --ssh-opt needs ssh options, e.g. --ssh-opt '-p 2222'");
+                return PS_EINVAL;
+            }
         } else { /* --timeline-dir, --bin-dir, --hostfile */
             if (!*val) {
                 snprintf(why, len, P ": %s must not be empty", name);
@@ -364,6 +391,7 @@ void ps_launch_opts_free(ps_launch_opts *o)
     ps_strvec_free(&o->gpu_ids);
     ps_strvec_free(&o->server_args);
     ps_strvec_free(&o->shared);
+    ps_strvec_free(&o->ssh_opts);
 }
 
 /* ------------------------------------------------------------ hostfile */
@@ -612,10 +640,13 @@ static const ps_strvec *gpu_list(const ps_launch_opts *o, const ps_launch_site *
     return strcmp(o->gpus, "none") ? &o->gpu_ids : &none;
 }
 
-/* Set cmd's argv to args: as they are here, or on its host as ssh's
- * `cd DIR && [mkdir -p MKDIR && ]exec [env VAR=x...] args...`. */
-static void cmd_finish(ps_launch_cmd *cmd, const ps_strvec *args, const char *remote_dir,
-                       const char *remote_mkdir)
+/* Set cmd's argv to args: as they are here, or on its host as
+ * `SSH [OPTS] -o BatchMode=yes HOST 'cd DIR && [mkdir -p MKDIR && ]exec
+ * BIN/ps_launch --remote-child [env VAR=x...] args...'`: the remote wrapper
+ * (remote.h) takes signals from the ssh channel and stops the program when
+ * the connection ends. */
+static void cmd_finish(ps_launch_cmd *cmd, const ps_strvec *args, const ps_launch_opts *o,
+                       const ps_launch_site *site)
 {
     if (!cmd->host) {
         for (int i = 0; i < args->n; i++)
@@ -624,14 +655,19 @@ static void cmd_finish(ps_launch_cmd *cmd, const ps_strvec *args, const char *re
     }
     ps_strbuf r = {0};
     ps_strbuf_add(&r, "cd ");
-    remote_quote(&r, remote_dir);
+    remote_quote(&r, site->remote_dir);
     ps_strbuf_add(&r, " && ");
-    if (remote_mkdir) {
+    if (o->timeline_dir) {
         ps_strbuf_add(&r, "mkdir -p ");
-        remote_quote(&r, remote_mkdir);
+        remote_quote(&r, o->timeline_dir);
         ps_strbuf_add(&r, " && ");
     }
     ps_strbuf_add(&r, "exec ");
+    ps_strbuf b = {0};
+    ps_strbuf_addf(&b, "%s/ps_launch", site->bin_dir);
+    remote_quote(&r, ps_strbuf_str(&b));
+    ps_strbuf_free(&b);
+    ps_strbuf_add(&r, " " PS_REMOTE_FLAG " ");
     if (cmd->env.n) {
         ps_strbuf_add(&r, "env ");
         for (int i = 0; i < cmd->env.n; i++) {
@@ -644,7 +680,10 @@ static void cmd_finish(ps_launch_cmd *cmd, const ps_strvec *args, const char *re
             ps_strbuf_add(&r, " ");
         remote_quote(&r, args->v[i]);
     }
-    ps_strvec_push(&cmd->argv, "ssh");
+    /* the user's ssh and options first: for ssh the first value given wins */
+    push_words(&cmd->argv, site->ssh && *site->ssh ? site->ssh : "ssh");
+    for (int i = 0; i < o->ssh_opts.n; i++)
+        ps_strvec_push(&cmd->argv, o->ssh_opts.v[i]);
     ps_strvec_push(&cmd->argv, "-o");
     ps_strvec_push(&cmd->argv, "BatchMode=yes");
     ps_strvec_push(&cmd->argv, cmd->host);
@@ -786,6 +825,8 @@ static void server_args(const ps_launch_opts *o, const ps_launch_plan *p, const 
     push_flag_int(a, "--num-workers", p->num_workers);
     push_flag(a, "--mode", o->mode);
     push_flag_int(a, "--threads", o->server_threads);
+    if (hostfile) /* stop with the connection, even if the remote wrapper dies */
+        ps_strvec_push(a, "--exit-on-stdin-eof");
     push_timeline(o, c, a);
     for (int k = 0; k + 1 < o->shared.n; k += 2)
         push_flag(a, o->shared.v[k], o->shared.v[k + 1]);
@@ -896,7 +937,7 @@ int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
             else
                 worker_args(o, p, c, ps_strbuf_str(&list), &a);
         }
-        cmd_finish(c, &a, site->remote_dir, hf ? o->timeline_dir : NULL);
+        cmd_finish(c, &a, o, site);
         oom = a.failed || c->argv.failed || c->env.failed ||
               (c->role == PS_LAUNCH_SERVER ? !c->endpoint : !c->device);
         ps_strvec_free(&a);

@@ -46,6 +46,7 @@ typedef struct ps_launch_opts {
     const char *bin_dir;      /* NULL: found by ps_launch_bin_dir */
     const char *hostfile;     /* NULL: run on this host */
     int base_port;            /* hostfile: server i listens on base_port + i */
+    ps_strvec ssh_opts;       /* --ssh-opt values split into words, in order */
     int dry_run;
     ps_strvec server_args;    /* --server-arg values, in order */
     ps_strvec shared;         /* shared flags given to ps_launch itself: flag, value pairs
@@ -143,6 +144,8 @@ typedef struct ps_launch_site {
     const ps_strvec *gpus;    /* this host, --gpus auto: ps_launch_gpus_auto's ids */
     const char *bin_dir;      /* ps_launch_bin_dir */
     const char *remote_dir;   /* hostfile: the directory remote commands cd to */
+    const char *ssh;          /* hostfile: the ssh command and its options, split at
+                               * spaces ($PS_SSH); NULL or "": ssh */
 } ps_launch_site;
 
 /* Build the plan.  This host: server i binds tcp://127.0.0.1:ports[i];
@@ -150,7 +153,9 @@ typedef struct ps_launch_site {
  * round-robin, each seeing only its own as cuda:0.  Hostfile: ranks follow
  * the file; server i binds port base_port+i on every interface of its host;
  * under auto a host's workers use its gpus=; every command is
- * `ssh -o BatchMode=yes HOST 'cd DIR && exec ...'`.  Worker flags go to every
+ * `ssh [site->ssh's words, --ssh-opt words] -o BatchMode=yes HOST 'cd DIR &&
+ * exec BIN/ps_launch --remote-child ...'` (remote.h), and servers there get
+ * --exit-on-stdin-eof.  Worker flags go to every
  * worker with {rank} replaced; --log-csv, --timeline and --save without
  * {rank} go to worker 0 only; the shared flags go to the servers too.
  * With --exec, worker i runs the program with {rank} replaced in its

@@ -23,6 +23,7 @@
 #include "ps_flags.h"
 #include "ps_fs.h"
 #include "ps_strbuf.h"
+#include "remote.h"
 #include "supervisor.h"
 
 #define P "ps_launch"
@@ -69,6 +70,9 @@ static const char usage_head[] =
     "                                                              e.g. --hostfile hosts.txt\n"
     "  --base-port P         with --hostfile: server i listens on P+i (default 29500)\n"
     "                                                              e.g. --base-port 40000\n"
+    "  --ssh-opt OPTS        with --hostfile: options for every ssh (split at spaces;\n"
+    "                        repeat it); PS_SSH replaces the ssh command itself\n"
+    "                        e.g. --ssh-opt '-p 2222 -i ~/.ssh/cluster' --ssh-opt '-J gw'\n"
     "  --exec PROGRAM ARGS   run PROGRAM ARGS as each worker instead of ps_worker (the\n"
     "                        rest of the command line; {rank} in ARGS becomes the rank).\n"
     "                        It finds its settings in its environment: PS_SERVERS,\n"
@@ -273,6 +277,10 @@ int main(int argc, char **argv)
     char *exe_dir = NULL, *bin_dir = NULL;
     char why[1024] = "", cwd[PATH_MAX];
 
+    /* on a remote host, as the plan's ssh command runs it */
+    if (argc >= 2 && !strcmp(argv[1], PS_REMOTE_FLAG))
+        return ps_launch_remote_child(argc - 2, argv + 2);
+
     int rc = ps_launch_parse(argc, argv, &o, why, sizeof why);
     if (!rc && o.help_arg) {
         rc = help(o.help_arg);
@@ -310,7 +318,7 @@ int main(int argc, char **argv)
     /* On other hosts, the programs are at the same path as here, and the
      * commands run in this working directory. */
     ps_launch_site site = {.hostfile = o.hostfile ? &hf : NULL, .ports = ports, .gpus = &gpus,
-                           .bin_dir = bin_dir, .remote_dir = cwd};
+                           .bin_dir = bin_dir, .remote_dir = cwd, .ssh = getenv("PS_SSH")};
     rc = ps_launch_plan_build(&o, &site, &plan, why, sizeof why);
     if (!rc)
         rc = ps_launch_plan_notes(&o, &site, &plan, &text);

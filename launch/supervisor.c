@@ -19,6 +19,7 @@
 #endif
 
 #include "ps_strbuf.h"
+#include "remote.h"
 
 #define P "ps_launch"
 #define STOP_GRACE_MS 5000  /* SIGTERM -> SIGKILL */
@@ -35,6 +36,12 @@ typedef struct {
     int fd[2];       /* read ends of stdout, stderr; -1 once closed */
     ps_strbuf lb[2]; /* what came after the last newline */
     int reaped, status;
+    int signalled;   /* asked to stop (SIGKILL follows after the grace) */
+    /* over ssh: the write end of ssh's stdin, which reaches the remote
+     * wrapper (remote.h): signals go there as lines, closing it stops the
+     * program; -1 for a local child or once closed */
+    int in_fd;
+    int remote_status; /* the wrapper's report as a wait status; -1: none yet */
 } child;
 
 enum { ST_RUN, ST_STOP_SERVERS, ST_STOP_FAIL, ST_STOP_SIGNAL };
@@ -46,6 +53,7 @@ struct supervisor {
     int exit_code;
     int64_t deadline;     /* 0: none */
     int killed;           /* SIGKILL sent */
+    int servers_sig;      /* the signal the servers get once the workers have ended; 0: none */
     int workers_ok, workers;
     char failure[512];    /* what made us stop, for the last line */
     int64_t t0;
@@ -166,12 +174,23 @@ static void note_summary(const child *c, const char *line)
         c->sv->acc0 = strtod(a + 14, NULL);
 }
 
-static void emit_line(const child *c, int stream, const char *line, size_t n)
+static void emit_line(child *c, int stream, const char *line, size_t n)
 {
     static ps_strbuf b;
     int fd = stream == 0 ? STDOUT_FILENO : STDERR_FILENO;
     while (n > 0 && line[n - 1] == '\r')
         n--;
+    if (c->cmd->host && stream == 1 && n < 64) {
+        /* the remote wrapper's last words: how the program ended */
+        char last[64];
+        int st;
+        memcpy(last, line, n);
+        last[n] = 0;
+        if (ps_launch_remote_status(last, &st)) {
+            c->remote_status = st;
+            return;
+        }
+    }
     ps_strbuf_reset(&b);
     ps_strbuf_addf(&b, "[%s %d] ", ps_launch_role_name(c->cmd->role), c->cmd->rank);
     size_t head = b.n;
@@ -272,14 +291,16 @@ static const char *gpu_env(const ps_launch_cmd *k)
  * stop reaches anything it forked) and, on Linux, SIGTERM if ps_launch dies. */
 static int spawn(child *c, char *why, size_t len)
 {
-    int out[2], err[2];
-    if (pipe(out) || pipe(err)) {
+    int out[2], err[2], in[2] = {-1, -1};
+    if (pipe(out) || pipe(err) || (c->cmd->host && pipe(in))) {
         snprintf(why, len, P ": pipe: %s", strerror(errno));
         return 1;
     }
     for (int i = 0; i < 2; i++) {
         fcntl(out[i], F_SETFD, FD_CLOEXEC);
         fcntl(err[i], F_SETFD, FD_CLOEXEC);
+        if (in[i] >= 0)
+            fcntl(in[i], F_SETFD, FD_CLOEXEC);
     }
     sigset_t all, old;
     sigfillset(&all);
@@ -301,7 +322,8 @@ static int spawn(child *c, char *why, size_t len)
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
-        int devnull = open("/dev/null", O_RDONLY);
+        /* ssh's stdin is our pipe to the remote wrapper; the rest read nothing */
+        int devnull = in[0] >= 0 ? in[0] : open("/dev/null", O_RDONLY);
         if (devnull >= 0 && devnull != STDIN_FILENO) {
             dup2(devnull, STDIN_FILENO);
             close(devnull);
@@ -324,12 +346,19 @@ static int spawn(child *c, char *why, size_t len)
     sigprocmask(SIG_SETMASK, &old, NULL);
     close(out[1]);
     close(err[1]);
+    if (in[0] >= 0)
+        close(in[0]);
     if (pid < 0) {
         close(out[0]);
         close(err[0]);
+        if (in[1] >= 0)
+            close(in[1]);
         snprintf(why, len, P ": fork: %s", strerror(fork_errno));
         return 1;
     }
+    if (in[1] >= 0)
+        fcntl(in[1], F_SETFL, fcntl(in[1], F_GETFL) | O_NONBLOCK);
+    c->in_fd = in[1];
     fcntl(out[0], F_SETFL, fcntl(out[0], F_GETFL) | O_NONBLOCK);
     fcntl(err[0], F_SETFL, fcntl(err[0], F_GETFL) | O_NONBLOCK);
     c->pid = pid;
@@ -338,27 +367,71 @@ static int spawn(child *c, char *why, size_t len)
     return 0;
 }
 
-static void signal_child(const child *c, int sig)
+static void close_input(child *c)
+{
+    if (c->in_fd >= 0)
+        close(c->in_fd);
+    c->in_fd = -1;
+}
+
+static void signal_child(child *c, int sig)
 {
     if (c->reaped || c->pid <= 0)
         return;
+    c->signalled = 1;
+    if (c->cmd->host) {
+        /* over ssh: the remote wrapper signals the program (ssh without a
+         * terminal would not); the local ssh stays up to bring back the
+         * program's last lines and how it ended */
+        char line[16];
+        snprintf(line, sizeof line, "%s\n",
+                 sig == SIGINT ? "INT" : sig == SIGKILL ? "KILL" : sig == SIGHUP ? "HUP" : "TERM");
+        if (c->in_fd >= 0 && write(c->in_fd, line, strlen(line)) < 0)
+            close_input(c); /* ssh is gone; its end will be reaped */
+        return;
+    }
     kill(-c->pid, sig);
     kill(c->pid, sig);
 }
 
+static int live_workers(const supervisor *sv)
+{
+    int n = 0;
+    for (int i = 0; i < sv->n; i++)
+        n += sv->ch[i].cmd->role == PS_LAUNCH_WORKER && !sv->ch[i].reaped;
+    return n;
+}
+
+/* Send sig to the workers (unless servers_only) and then to the servers.
+ * Workers first: while its servers are up a worker finishes its step and
+ * exits at once (without them it would wait on a reply until SIGKILL), and
+ * the servers' last checkpoint comes after the last update.  The servers
+ * get sig when no worker is left (supervise's loop), each group with its own
+ * grace before SIGKILL. */
 static void stop_all(supervisor *sv, int sig, int servers_only)
 {
-    for (int i = 0; i < sv->n; i++)
-        if (!servers_only || sv->ch[i].cmd->role == PS_LAUNCH_SERVER)
+    int workers = servers_only ? 0 : live_workers(sv);
+    for (int i = 0; i < sv->n; i++) {
+        int server = sv->ch[i].cmd->role == PS_LAUNCH_SERVER;
+        if (server ? !workers : !servers_only)
             signal_child(&sv->ch[i], sig);
+    }
+    sv->servers_sig = workers ? sig : 0;
+    sv->killed = 0;
     sv->deadline = now_ms() + STOP_GRACE_MS;
 }
 
 static void on_exit_child(supervisor *sv, child *c)
 {
-    char name[300], how[128];
+    char name[300], how[160];
+    close_input(c);
+    if (c->cmd->host && c->remote_status >= 0)
+        c->status = c->remote_status; /* how the program itself ended, not ssh */
     child_name(c, name, sizeof name);
     describe_status(c->status, how, sizeof how);
+    if (c->cmd->host && c->remote_status < 0) /* ssh failed, or the remote shell */
+        snprintf(how + strlen(how), sizeof how - strlen(how),
+                 " (ssh's status: the remote side did not report)");
     int ok = WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0;
     if (sv->state == ST_RUN) {
         if (c->cmd->role == PS_LAUNCH_WORKER && ok) {
@@ -383,6 +456,23 @@ static void on_exit_child(supervisor *sv, child *c)
     if (sv->state == ST_STOP_SERVERS && c->cmd->role == PS_LAUNCH_SERVER && !ok &&
         !(WIFSIGNALED(c->status) && WTERMSIG(c->status) == SIGTERM))
         fprintf(stderr, P ": warning: %s %s while stopping\n", name, how);
+}
+
+/* SIGKILL to each local ssh still running; 1 when there was one. */
+static int kill_local_ssh(supervisor *sv)
+{
+    int n = 0;
+    for (int i = 0; i < sv->n; i++) {
+        child *c = &sv->ch[i];
+        if (c->cmd->host && !c->reaped && c->pid > 0) {
+            char name[300];
+            child_name(c, name, sizeof name);
+            fprintf(stderr, P ": %s: no answer from its host; ending the ssh connection\n", name);
+            kill(c->pid, SIGKILL);
+            n++;
+        }
+    }
+    return n > 0;
 }
 
 static void reap(supervisor *sv)
@@ -428,6 +518,7 @@ static void on_launcher_signal(supervisor *sv, int sig)
     }
     for (int i = 0; i < sv->n; i++)
         signal_child(&sv->ch[i], SIGKILL);
+    sv->servers_sig = 0;
     sv->killed = 1;
     sv->deadline = now_ms() + KILL_GRACE_MS;
 }
@@ -479,7 +570,8 @@ int ps_launch_supervise(const ps_launch_plan *plan)
         child *c = &sv.ch[i];
         c->cmd = &plan->cmds[i];
         c->sv = &sv;
-        c->fd[0] = c->fd[1] = -1;
+        c->fd[0] = c->fd[1] = c->in_fd = -1;
+        c->remote_status = -1;
         c->reaped = 1; /* until started */
     }
     /* servers first: workers connect to them (ZeroMQ retries until they bind) */
@@ -513,8 +605,11 @@ int ps_launch_supervise(const ps_launch_plan *plan)
     }
 
     int64_t drain_deadline = 0;
+    int ssh_killed = 0;
     for (;;) {
         reap(&sv);
+        if (sv.servers_sig && !live_workers(&sv))
+            stop_all(&sv, sv.servers_sig, 1); /* the workers are gone: now the servers */
         int all_reaped = 1, open_fds = 0;
         for (int i = 0; i < sv.n; i++) {
             all_reaped &= sv.ch[i].reaped;
@@ -535,7 +630,7 @@ int ps_launch_supervise(const ps_launch_plan *plan)
             if (!sv.killed) {
                 for (int i = 0; i < sv.n; i++) {
                     child *c = &sv.ch[i];
-                    if (c->reaped)
+                    if (c->reaped || !c->signalled) /* servers wait for the workers */
                         continue;
                     char name[300];
                     child_name(c, name, sizeof name);
@@ -545,6 +640,11 @@ int ps_launch_supervise(const ps_launch_plan *plan)
                 }
                 sv.killed = 1;
                 sv.deadline = now + KILL_GRACE_MS;
+            } else if (!ssh_killed && kill_local_ssh(&sv)) {
+                /* the remote side did not answer: end its connections, which
+                 * makes each remote wrapper stop its program */
+                ssh_killed = 1;
+                sv.deadline = now + DRAIN_MS;
             } else {
                 fprintf(stderr, P ": some processes did not exit even after SIGKILL; giving up\n");
                 if (!sv.exit_code)
@@ -608,6 +708,7 @@ int ps_launch_supervise(const ps_launch_plan *plan)
                 secs, sv.failure);
     }
     for (int i = 0; i < sv.n; i++) {
+        close_input(&sv.ch[i]);
         close_stream(&sv.ch[i], 0);
         close_stream(&sv.ch[i], 1);
         ps_strbuf_free(&sv.ch[i].lb[0]);

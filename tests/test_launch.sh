@@ -131,12 +131,12 @@ rc=$?
 [ "$rc" -eq 0 ] || why="exit status $rc"
 SL="tcp://h1:30000,tcp://h1:30001,tcp://h3:30002"
 for exp in \
-    "ssh -o BatchMode=yes h1 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_server --bind \"tcp://*:30000\" --rank 0 --num-servers 3 --num-workers 3 --mode async --threads 2 --timeline tl/server-0.json --lr 0.1 --optimizer momentum'" \
-    "ssh -o BatchMode=yes h1 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_server --bind \"tcp://*:30001\" --rank 1 --num-servers 3 --num-workers 3 --mode async --threads 2 --timeline tl/server-1.json --lr 0.1 --optimizer momentum'" \
-    "ssh -o BatchMode=yes h3 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_server --bind \"tcp://*:30002\" --rank 2 --num-servers 3 --num-workers 3 --mode async --threads 2 --timeline tl/server-2.json --lr 0.1 --optimizer momentum'" \
-    "ssh -o BatchMode=yes alice@h2 'cd $T && mkdir -p tl && exec env CUDA_VISIBLE_DEVICES=0 /opt/ps/bin/ps_worker --servers $SL --rank 0 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w0.csv --eval-all --device cuda:0 --timeline tl/worker-0.json'" \
-    "ssh -o BatchMode=yes alice@h2 'cd $T && mkdir -p tl && exec env CUDA_VISIBLE_DEVICES=1 /opt/ps/bin/ps_worker --servers $SL --rank 1 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w1.csv --eval-all --device cuda:0 --timeline tl/worker-1.json'" \
-    "ssh -o BatchMode=yes h3 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_worker --servers $SL --rank 2 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w2.csv --eval-all --device cpu --timeline tl/worker-2.json'"; do
+    "ssh -o BatchMode=yes h1 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child /opt/ps/bin/ps_server --bind \"tcp://*:30000\" --rank 0 --num-servers 3 --num-workers 3 --mode async --threads 2 --exit-on-stdin-eof --timeline tl/server-0.json --lr 0.1 --optimizer momentum'" \
+    "ssh -o BatchMode=yes h1 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child /opt/ps/bin/ps_server --bind \"tcp://*:30001\" --rank 1 --num-servers 3 --num-workers 3 --mode async --threads 2 --exit-on-stdin-eof --timeline tl/server-1.json --lr 0.1 --optimizer momentum'" \
+    "ssh -o BatchMode=yes h3 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child /opt/ps/bin/ps_server --bind \"tcp://*:30002\" --rank 2 --num-servers 3 --num-workers 3 --mode async --threads 2 --exit-on-stdin-eof --timeline tl/server-2.json --lr 0.1 --optimizer momentum'" \
+    "ssh -o BatchMode=yes alice@h2 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child env CUDA_VISIBLE_DEVICES=0 /opt/ps/bin/ps_worker --servers $SL --rank 0 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w0.csv --eval-all --device cuda:0 --timeline tl/worker-0.json'" \
+    "ssh -o BatchMode=yes alice@h2 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child env CUDA_VISIBLE_DEVICES=1 /opt/ps/bin/ps_worker --servers $SL --rank 1 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w1.csv --eval-all --device cuda:0 --timeline tl/worker-1.json'" \
+    "ssh -o BatchMode=yes h3 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child /opt/ps/bin/ps_worker --servers $SL --rank 2 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w2.csv --eval-all --device cpu --timeline tl/worker-2.json'"; do
     grep -qxF -- "$exp" "$T/plan.out" || why="$why; missing command: $exp"
 done
 n=$(grep -c '^ssh ' "$T/plan.out")
@@ -146,8 +146,8 @@ case "$BIN" in
 "$ROOT"/*)
     rel=${BIN#"$ROOT"/}
     timeout 10 "$LAUNCH" --hostfile "$T/hosts" --dry-run -- --lr 0.1 >"$T/plan2.out" 2>&1
-    has "$T/plan2.out" "&& exec $rel/ps_server --bind \"tcp://*:29500\" --rank 0" ||
-        why="$why; default bin dir: no '&& exec $rel/ps_server' with base port 29500"
+    has "$T/plan2.out" "&& exec $rel/ps_launch --remote-child $rel/ps_server --bind \"tcp://*:29500\" --rank 0" ||
+        why="$why; default bin dir: no '&& exec $rel/ps_launch --remote-child $rel/ps_server' with base port 29500"
     ;;
 esac
 has "$T/plan.out" "--log-csv w0.csv" && ! has "$T/plan.out" "{rank}" ||

@@ -7,8 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/wait.h>
+
 #include "plan.h"
 #include "ps_error.h"
+#include "remote.h"
 #include "ps_test.h"
 
 #define ARGV(...) ((char *[]){"ps_launch", __VA_ARGS__, NULL})
@@ -655,25 +658,26 @@ PS_TEST(hostfile_plan_has_the_exact_ssh_commands)
                             "it's here")));
     CHECK(p.num_servers == 3 && p.num_workers == 3);
 #define SL "tcp://h1:30000,tcp://h1:30001,tcp://h3:30002"
+#define RC "exec /opt/ps/bin/ps_launch --remote-child "
     static const char *const want[] = {
-        "ssh -o BatchMode=yes h1 cd /home/a/ps && mkdir -p tl && exec /opt/ps/bin/ps_server "
+        "ssh -o BatchMode=yes h1 cd /home/a/ps && mkdir -p tl && " RC "/opt/ps/bin/ps_server "
         "--bind \"tcp://*:30000\" --rank 0 --num-servers 3 --num-workers 3 --mode async "
-        "--threads 2 --timeline tl/server-0.json --lr 0.1",
-        "ssh -o BatchMode=yes h1 cd /home/a/ps && mkdir -p tl && exec /opt/ps/bin/ps_server "
+        "--threads 2 --exit-on-stdin-eof --timeline tl/server-0.json --lr 0.1",
+        "ssh -o BatchMode=yes h1 cd /home/a/ps && mkdir -p tl && " RC "/opt/ps/bin/ps_server "
         "--bind \"tcp://*:30001\" --rank 1 --num-servers 3 --num-workers 3 --mode async "
-        "--threads 2 --timeline tl/server-1.json --lr 0.1",
-        "ssh -o BatchMode=yes h3 cd /home/a/ps && mkdir -p tl && exec /opt/ps/bin/ps_server "
+        "--threads 2 --exit-on-stdin-eof --timeline tl/server-1.json --lr 0.1",
+        "ssh -o BatchMode=yes h3 cd /home/a/ps && mkdir -p tl && " RC "/opt/ps/bin/ps_server "
         "--bind \"tcp://*:30002\" --rank 2 --num-servers 3 --num-workers 3 --mode async "
-        "--threads 2 --timeline tl/server-2.json --lr 0.1",
-        "ssh -o BatchMode=yes alice@h2 cd /home/a/ps && mkdir -p tl && exec env "
+        "--threads 2 --exit-on-stdin-eof --timeline tl/server-2.json --lr 0.1",
+        "ssh -o BatchMode=yes alice@h2 cd /home/a/ps && mkdir -p tl && " RC "env "
         "CUDA_VISIBLE_DEVICES=0 /opt/ps/bin/ps_worker --servers " SL " --rank 0 --num-workers 3 "
         "--mode async --model cnn --lr 0.1 --log-csv w0.csv --data \"it's here\" --device cuda:0 "
         "--timeline tl/worker-0.json",
-        "ssh -o BatchMode=yes alice@h2 cd /home/a/ps && mkdir -p tl && exec env "
+        "ssh -o BatchMode=yes alice@h2 cd /home/a/ps && mkdir -p tl && " RC "env "
         "CUDA_VISIBLE_DEVICES=1 /opt/ps/bin/ps_worker --servers " SL " --rank 1 --num-workers 3 "
         "--mode async --model cnn --lr 0.1 --log-csv w1.csv --data \"it's here\" --device cuda:0 "
         "--timeline tl/worker-1.json",
-        "ssh -o BatchMode=yes h3 cd /home/a/ps && mkdir -p tl && exec /opt/ps/bin/ps_worker "
+        "ssh -o BatchMode=yes h3 cd /home/a/ps && mkdir -p tl && " RC "/opt/ps/bin/ps_worker "
         "--servers " SL " --rank 2 --num-workers 3 --mode async --model cnn --lr 0.1 --log-csv "
         "w2.csv --data \"it's here\" --device cpu --timeline tl/worker-2.json",
     };
@@ -698,12 +702,42 @@ PS_TEST(hostfile_exec_plan_sets_the_environment_remotely)
                        ARGV("--hostfile", "hosts", "--mode", "async", "--exec", "python3",
                             "t.py", "--out", "r{rank}")));
     CHECK_STR(joined(&p.cmds[4].argv),
-              "ssh -o BatchMode=yes alice@h2 cd /home/a/ps && exec env CUDA_VISIBLE_DEVICES=1 "
+              "ssh -o BatchMode=yes alice@h2 cd /home/a/ps && " RC "env CUDA_VISIBLE_DEVICES=1 "
               "PS_SERVERS=tcp://h1:29500,tcp://h1:29501,tcp://h3:29502 PS_NUM_SERVERS=3 "
               "PS_RANK=1 PS_NUM_WORKERS=3 PS_MODE=async PS_MAX_STALENESS=-1 PS_DEVICE=cuda:0 "
               "python3 t.py --out r1");
     ps_launch_plan_free(&p);
     ps_launch_hostfile_free(&h);
+    ps_launch_opts_free(&o);
+}
+
+PS_TEST(hostfile_plan_passes_the_ssh_command_and_options)
+{
+    ps_launch_opts o;
+    ps_launch_hostfile h;
+    ps_launch_plan p;
+    CHECK_OK(parse(&o, ARGV("--hostfile", "h", "--ssh-opt", " -p  2222 ", "--ssh-opt=-J gw",
+                            "--", "--steps", "3")));
+    CHECK_STR(joined(&o.ssh_opts), "-p 2222 -J gw");
+    CHECK_OK(ps_launch_hostfile_parse("h", "h1 servers=1 workers=1\n", &h, why, sizeof why));
+    ps_launch_site site = {.hostfile = &h, .bin_dir = "bin", .remote_dir = "/w",
+                           .ssh = "ssh -F /etc/ps/ssh_config"};
+    CHECK_OK(ps_launch_plan_build(&o, &site, &p, why, sizeof why));
+    CHECK_STR(joined(&p.cmds[1].argv),
+              "ssh -F /etc/ps/ssh_config -p 2222 -J gw -o BatchMode=yes h1 cd /w && exec "
+              "bin/ps_launch --remote-child bin/ps_worker --servers tcp://h1:29500 --rank 0 "
+              "--num-workers 1 --mode sync --steps 3 --device cpu");
+    ps_launch_plan_free(&p);
+    /* PS_SSH empty: plain ssh */
+    site.ssh = "";
+    CHECK_OK(ps_launch_plan_build(&o, &site, &p, why, sizeof why));
+    CHECK_STR(p.cmds[0].argv.v[0], "ssh");
+    CHECK_STR(p.cmds[0].argv.v[1], "-p");
+    ps_launch_plan_free(&p);
+    ps_launch_hostfile_free(&h);
+    ps_launch_opts_free(&o);
+    CHECK_EQ_INT(parse(&o, ARGV("--hostfile", "h", "--ssh-opt", " ")), PS_EINVAL);
+    CHECK_STR(why, "ps_launch: --ssh-opt needs ssh options, e.g. --ssh-opt '-p 2222'");
     ps_launch_opts_free(&o);
 }
 
@@ -812,4 +846,23 @@ PS_TEST(plan_outputs_are_the_files_local_workers_write)
     ps_strvec_free(&files);
     ps_launch_plan_free(&p);
     ps_launch_opts_free(&o);
+}
+
+/* ------------------------------------------------------------ over ssh */
+
+PS_TEST(remote_status_lines_become_wait_statuses)
+{
+    int st = -1;
+    CHECK(ps_launch_remote_status("ps_launch-remote: exit 3", &st));
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 3);
+    CHECK(ps_launch_remote_status("ps_launch-remote: exit 0", &st));
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CHECK(ps_launch_remote_status("ps_launch-remote: signal 9", &st));
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == 9);
+    static const char *const not_status[] = {
+        "ps_launch-remote: exit", "ps_launch-remote: exit 256", "ps_launch-remote: signal 9x",
+        "ps_launch-remote: killed 9", "[worker 0] ps_launch-remote: exit 1", "exit 1",
+        "ps_launch-remote: signal 128", "ps_launch-remote: exit -1", "ps_launch-remote: exit "};
+    for (size_t i = 0; i < sizeof not_status / sizeof not_status[0]; i++)
+        CHECK_MSG(!ps_launch_remote_status(not_status[i], &st), "'%s' was taken", not_status[i]);
 }
