@@ -112,10 +112,14 @@ static void usage(FILE *f)
         "  --help                 print this and exit\n"
         "  --version              print the version and exit\n"
         "\n"
-        "Exit status: 0 after SIGINT, SIGTERM or a SHUTDOWN message; 1 when a socket or\n"
-        "the update threads fail while running (or the port is taken); 2 for something to\n"
-        "fix first: a bad flag, unusable CURVE keys, a --restore with no valid checkpoint\n"
-        "or one written with another configuration.\n",
+        "SIGINT, SIGTERM and SIGUSR1 stop it: last checkpoint, 'stopped:' line.  SIGUSR1\n"
+        "is the signal mpirun passes on to its processes as it is (on SIGTERM it kills\n"
+        "them within seconds).\n"
+        "\n"
+        "Exit status: 0 after SIGINT, SIGTERM, SIGUSR1 or a SHUTDOWN message; 1 when a\n"
+        "socket or the update threads fail while running (or the port is taken); 2 for\n"
+        "something to fix first: a bad flag, unusable CURVE keys, a --restore with no\n"
+        "valid checkpoint or one written with another configuration.\n",
         PS_SERVER_MAX_THREADS);
 }
 
@@ -281,6 +285,8 @@ int main(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* mpirun forwards SIGUSR1 to its processes, not SIGTERM */
+    sigaction(SIGUSR1, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     char opt[400];
