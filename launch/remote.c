@@ -1,5 +1,5 @@
-/* The remote wrapper: one child, one poll loop over our stdin and a
- * self-pipe fed by the signal handlers. */
+/* The remote wrapper: one child (proc.h starts it), one poll loop over our
+ * stdin and the self-pipe fed by the signal handlers. */
 #include "remote.h"
 
 #include <errno.h>
@@ -12,29 +12,9 @@
 #include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
-#ifdef __linux__
-#include <sys/prctl.h>
-#endif
 
-static int g_sig[2] = {-1, -1};
-
-static void on_signal(int sig)
-{
-    int e = errno;
-    unsigned char b = (unsigned char)sig;
-    if (write(g_sig[1], &b, 1) < 0) {
-    }
-    errno = e;
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+#include "proc.h"
 
 /* "INT" -> SIGINT ...; 0 for anything else. */
 static int sig_of(const char *name)
@@ -69,8 +49,8 @@ int ps_launch_remote_status(const char *line, int *status)
     return 1;
 }
 
-/* Start argv with stdin a pipe we keep the write end of, in its own process
- * group; on Linux it gets SIGTERM when we die. */
+/* Start argv with stdin a pipe we keep the write end of (*keep), in its own
+ * process group; on Linux it gets SIGTERM when we die. */
 static pid_t start(char **argv, int *keep)
 {
     int in[2];
@@ -78,41 +58,10 @@ static pid_t start(char **argv, int *keep)
         fprintf(stderr, "ps_launch: pipe: %s\n", strerror(errno));
         return -1;
     }
+    fcntl(in[0], F_SETFD, FD_CLOEXEC);
     fcntl(in[1], F_SETFD, FD_CLOEXEC);
-    sigset_t all, old;
-    sigfillset(&all);
-    sigprocmask(SIG_BLOCK, &all, &old);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        setpgid(0, 0);
-#ifdef __linux__
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent)
-            _exit(127);
-#else
-        (void)parent;
-#endif
-        static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD};
-        for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++)
-            signal(sigs[i], SIG_DFL);
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        dup2(in[0], STDIN_FILENO);
-        close(in[0]);
-        close(in[1]);
-        if (strchr(argv[0], '/'))
-            execv(argv[0], argv);
-        else
-            execvp(argv[0], argv);
-        dprintf(STDERR_FILENO, "ps_launch: cannot run %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
+    pid_t pid = ps_launch_spawn(argv, in[0], -1, -1, NULL);
     int fork_errno = errno;
-    if (pid > 0)
-        setpgid(pid, pid); /* also here: no race with a signal sent right away */
-    sigprocmask(SIG_SETMASK, &old, NULL);
     close(in[0]);
     if (pid < 0) {
         close(in[1]);
@@ -135,24 +84,11 @@ int ps_launch_remote_child(int argc, char **argv)
         fprintf(stderr, "ps_launch: " PS_REMOTE_FLAG " needs a program to run\n");
         return 2;
     }
-    if (pipe(g_sig)) {
+    int sigfd; /* SIGPIPE is ignored too: the connection may be gone when we report */
+    if (ps_launch_catch_signals(&sigfd)) {
         fprintf(stderr, "ps_launch: pipe: %s\n", strerror(errno));
         return 127;
     }
-    for (int i = 0; i < 2; i++) {
-        fcntl(g_sig[i], F_SETFD, FD_CLOEXEC);
-        fcntl(g_sig[i], F_SETFL, fcntl(g_sig[i], F_GETFL) | O_NONBLOCK);
-    }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-    sigaction(SIGCHLD, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN); /* the connection may be gone when we report */
 
     int child_in = -1;
     pid_t pid = start(argv, &child_in);
@@ -171,25 +107,25 @@ int ps_launch_remote_child(int argc, char **argv)
             status = 127 << 8;
             break;
         }
-        int64_t now = now_ms();
+        int64_t now = ps_launch_now_ms();
         if (kill_at && now >= kill_at) {
             signal_group(pid, SIGKILL);
             kill_at = 0;
         }
-        struct pollfd pf[2] = {{.fd = g_sig[0], .events = POLLIN},
+        struct pollfd pf[2] = {{.fd = sigfd, .events = POLLIN},
                                {.fd = in_open ? STDIN_FILENO : -1, .events = POLLIN}};
         int timeout = kill_at ? (int)(kill_at - now) : -1;
         if (poll(pf, 2, timeout) < 0 && errno != EINTR)
             break;
         if (pf[0].revents) {
             unsigned char sigs[64];
-            ssize_t k;
-            while ((k = read(g_sig[0], sigs, sizeof sigs)) > 0)
-                for (ssize_t j = 0; j < k; j++)
+            int k;
+            while ((k = ps_launch_read_signals(sigs, sizeof sigs)) > 0)
+                for (int j = 0; j < k; j++)
                     if (sigs[j] != SIGCHLD) {
                         signal_group(pid, sigs[j] == SIGHUP ? SIGTERM : sigs[j]);
                         if (!kill_at)
-                            kill_at = now_ms() + PS_REMOTE_GRACE_MS;
+                            kill_at = ps_launch_now_ms() + PS_REMOTE_GRACE_MS;
                     }
         }
         if (in_open && pf[1].revents) {
@@ -202,7 +138,7 @@ int ps_launch_remote_child(int argc, char **argv)
                 in_open = 0;
                 signal_group(pid, SIGTERM);
                 if (!kill_at)
-                    kill_at = now_ms() + PS_REMOTE_GRACE_MS;
+                    kill_at = ps_launch_now_ms() + PS_REMOTE_GRACE_MS;
                 continue;
             }
             for (ssize_t j = 0; j < k; j++) {

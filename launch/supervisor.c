@@ -1,5 +1,5 @@
-/* The supervisor: fork/exec with pipes, one poll loop over the children's
- * output and a self-pipe fed by the signal handlers. */
+/* The supervisor: children on pipes (proc.h starts them), one poll loop
+ * over their output and the self-pipe fed by the signal handlers. */
 #include "supervisor.h"
 
 #include <errno.h>
@@ -12,12 +12,9 @@
 #include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
-#ifdef __linux__
-#include <sys/prctl.h>
-#endif
 
+#include "proc.h"
 #include "ps_strbuf.h"
 #include "remote.h"
 
@@ -63,25 +60,7 @@ struct supervisor {
     double acc0;          /* worker 0's test accuracy, -1 when not seen */
 };
 
-/* for the signal handler, which only writes the signal's number here */
-static int g_sigpipe[2] = {-1, -1};
 static int g_out_broken[3];
-
-static void on_signal(int sig)
-{
-    int e = errno;
-    unsigned char b = (unsigned char)sig;
-    if (write(g_sigpipe[1], &b, 1) < 0) {
-    }
-    errno = e;
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static const char *sig_name(int sig)
 {
@@ -302,48 +281,10 @@ static int spawn(child *c, char *why, size_t len)
         if (in[i] >= 0)
             fcntl(in[i], F_SETFD, FD_CLOEXEC);
     }
-    sigset_t all, old;
-    sigfillset(&all);
-    sigprocmask(SIG_BLOCK, &all, &old);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        setpgid(0, 0);
-#ifdef __linux__
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent)
-            _exit(1);
-#else
-        (void)parent;
-#endif
-        static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD, SIGQUIT};
-        for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++)
-            signal(sigs[i], SIG_DFL);
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        /* ssh's stdin is our pipe to the remote wrapper; the rest read nothing */
-        int devnull = in[0] >= 0 ? in[0] : open("/dev/null", O_RDONLY);
-        if (devnull >= 0 && devnull != STDIN_FILENO) {
-            dup2(devnull, STDIN_FILENO);
-            close(devnull);
-        }
-        dup2(out[1], STDOUT_FILENO);
-        dup2(err[1], STDERR_FILENO);
-        for (int i = 0; !c->cmd->host && i < c->cmd->env.n; i++)
-            putenv(c->cmd->env.v[i]);
-        char *const *argv = c->cmd->argv.v;
-        if (strchr(argv[0], '/'))
-            execv(argv[0], argv);
-        else
-            execvp(argv[0], argv);
-        dprintf(STDERR_FILENO, P ": cannot run %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
+    /* ssh's stdin is our pipe to the remote wrapper; the rest read nothing */
+    pid_t pid = ps_launch_spawn(c->cmd->argv.v, in[0], out[1], err[1],
+                                c->cmd->host ? NULL : c->cmd->env.v);
     int fork_errno = errno;
-    if (pid > 0)
-        setpgid(pid, pid); /* also here: no race with a signal sent right away */
-    sigprocmask(SIG_SETMASK, &old, NULL);
     close(out[1]);
     close(err[1]);
     if (in[0] >= 0)
@@ -418,7 +359,7 @@ static void stop_all(supervisor *sv, int sig, int servers_only)
     }
     sv->servers_sig = workers ? sig : 0;
     sv->killed = 0;
-    sv->deadline = now_ms() + STOP_GRACE_MS;
+    sv->deadline = ps_launch_now_ms() + STOP_GRACE_MS;
 }
 
 static void on_exit_child(supervisor *sv, child *c)
@@ -520,29 +461,9 @@ static void on_launcher_signal(supervisor *sv, int sig)
         signal_child(&sv->ch[i], SIGKILL);
     sv->servers_sig = 0;
     sv->killed = 1;
-    sv->deadline = now_ms() + KILL_GRACE_MS;
+    sv->deadline = ps_launch_now_ms() + KILL_GRACE_MS;
 }
 
-static int install_signals(void)
-{
-    if (pipe(g_sigpipe))
-        return 1;
-    for (int i = 0; i < 2; i++) {
-        fcntl(g_sigpipe[i], F_SETFD, FD_CLOEXEC);
-        fcntl(g_sigpipe[i], F_SETFL, fcntl(g_sigpipe[i], F_GETFL) | O_NONBLOCK);
-    }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-    sigaction(SIGCHLD, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    return 0;
-}
 
 int ps_launch_supervise(const ps_launch_plan *plan)
 {
@@ -558,8 +479,9 @@ int ps_launch_supervise(const ps_launch_plan *plan)
         free(pfd);
         return 1;
     }
-    sv.t0 = now_ms();
-    if (install_signals()) {
+    sv.t0 = ps_launch_now_ms();
+    int sigfd;
+    if (ps_launch_catch_signals(&sigfd)) {
         fprintf(stderr, P ": pipe: %s\n", strerror(errno));
         free(sv.ch);
         free(pfd);
@@ -597,8 +519,8 @@ int ps_launch_supervise(const ps_launch_plan *plan)
                     gpu_env(k) ? " with " : "", gpu_env(k) ? gpu_env(k) : "");
         /* a signal or an early exit during start-up is handled right away */
         unsigned char sigs[64];
-        ssize_t r = read(g_sigpipe[0], sigs, sizeof sigs);
-        for (ssize_t j = 0; j < r; j++)
+        int r = ps_launch_read_signals(sigs, sizeof sigs);
+        for (int j = 0; j < r; j++)
             if (sigs[j] != SIGCHLD)
                 on_launcher_signal(&sv, sigs[j]);
         reap(&sv);
@@ -615,7 +537,7 @@ int ps_launch_supervise(const ps_launch_plan *plan)
             all_reaped &= sv.ch[i].reaped;
             open_fds += (sv.ch[i].fd[0] >= 0) + (sv.ch[i].fd[1] >= 0);
         }
-        int64_t now = now_ms();
+        int64_t now = ps_launch_now_ms();
         if (all_reaped) {
             if (!open_fds)
                 break;
@@ -653,7 +575,7 @@ int ps_launch_supervise(const ps_launch_plan *plan)
             }
         }
         int np = 0;
-        pfd[np++] = (struct pollfd){.fd = g_sigpipe[0], .events = POLLIN};
+        pfd[np++] = (struct pollfd){.fd = sigfd, .events = POLLIN};
         for (int i = 0; i < sv.n; i++)
             for (int s = 0; s < 2; s++)
                 if (sv.ch[i].fd[s] >= 0)
@@ -673,9 +595,9 @@ int ps_launch_supervise(const ps_launch_plan *plan)
             continue;
         if (pfd[0].revents) {
             unsigned char sigs[64];
-            ssize_t r;
-            while ((r = read(g_sigpipe[0], sigs, sizeof sigs)) > 0)
-                for (ssize_t j = 0; j < r; j++)
+            int r;
+            while ((r = ps_launch_read_signals(sigs, sizeof sigs)) > 0)
+                for (int j = 0; j < r; j++)
                     if (sigs[j] != SIGCHLD)
                         on_launcher_signal(&sv, sigs[j]);
         }
@@ -690,7 +612,7 @@ int ps_launch_supervise(const ps_launch_plan *plan)
     }
     free(pfd);
 
-    double secs = (double)(now_ms() - sv.t0) / 1000.0;
+    double secs = (double)(ps_launch_now_ms() - sv.t0) / 1000.0;
     if (sv.exit_code == 0) {
         ps_strbuf b = {0};
         ps_strbuf_addf(&b, P ": done in %.1f s: %d worker%s finished (mode %s), %d server%s "

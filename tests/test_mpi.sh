@@ -15,7 +15,8 @@ ROOT=$(pwd -P)
 BIN=$(cd "${PS_BIN_DIR:-bin}" 2>/dev/null && pwd -P) || BIN=$ROOT/bin
 T=$(mktemp -d "${TMPDIR:-/tmp}/ps_test_mpi.XXXXXX") || exit 1
 CASES="mpi_sync mpi_async_two_servers mpi_sigterm"
-failed=0
+SERVER=$T/bin/ps_server
+. "$(dirname "$0")/engine_lib.sh"
 
 # every process of a run has $T in its argv: mpirun (-x PS_TEST_DIR=$T),
 # the programs (copied to $T/bin)
@@ -27,80 +28,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
-
-pass() { echo "PASS $1"; }
-fail() {
-    echo "FAIL $1: $2"
-    failed=1
-    if [ -n "${3:-}" ] && [ -f "$3" ]; then
-        echo "---- $1: last lines of $3" >&2
-        tail -n 40 "$3" >&2
-    fi
-}
-skip_all() {
-    for c in $CASES; do echo "SKIP $c: skipped: $1"; done
-    exit 0
-}
-has() { grep -qF -- "$2" "$1"; }
-free_port() { # the first of 2 consecutive free ports
-    python3 - <<'EOF'
-import random, socket, sys
-for _ in range(200):
-    base = random.randint(20000, 59990)
-    try:
-        socks = [socket.socket() for _ in range(2)]
-        for k, s in enumerate(socks):
-            s.bind(("127.0.0.1", base + k))
-        print(base)
-        sys.exit(0)
-    except OSError:
-        pass
-sys.exit(1)
-EOF
-}
-wait_for() { # FILE REGEX SECONDS PID
-    i=0
-    while [ "$i" -lt $(($3 * 10)) ]; do
-        grep -Eq -- "$2" "$1" 2>/dev/null && return 0
-        kill -0 "$4" 2>/dev/null || return 1
-        sleep 0.1
-        i=$((i + 1))
-    done
-    return 1
-}
-no_leftovers() {
-    i=0
-    while [ "$i" -lt 50 ]; do
-        [ -z "$(ours)" ] && return 0
-        sleep 0.1
-        i=$((i + 1))
-    done
-    return 1
-}
-servers_stopped() { # OUT CKPT N
-    n=$(grep -c 'ps_server\[[0-9]*\] info .*stopped: ' "$1")
-    [ "$n" -eq "$3" ] || echo "$n 'stopped:' lines, expected $3"
-    r=0
-    while [ "$r" -lt "$3" ]; do
-        awk -v r="$r" 'index($0, "ps_server[" r "] ") && /stop requested/ { s = 1 }
-             s && index($0, "ps_server[" r "] ") && /checkpoint [0-9]+ written/ { c = 1 }
-             END { exit !c }' "$1" || echo "server $r wrote no checkpoint after 'stop requested'"
-        ls "$2"/shard-$r-*.ckpt >/dev/null 2>&1 || echo "no checkpoint of server $r in $2"
-        r=$((r + 1))
-    done
-}
-summaries() { # OUT N
-    r=0
-    while [ "$r" -lt "$2" ]; do
-        grep -q "ps_worker\[$r\] info .*summary: " "$1" || echo "no summary from worker $r"
-        r=$((r + 1))
-    done
-}
-add() { [ -n "$1" ] && why="$why; $(echo "$1" | paste -sd';' -)"; }
-done_case() { # CASE OUT
-    no_leftovers || why="$why; left running: $(ours | head -n 3 | tr '\n' ' ')"
-    if [ -z "$why" ]; then pass "$1"; else fail "$1" "${why#; }" "$2"; fi
-}
 
 command -v mpirun >/dev/null 2>&1 || skip_all "no mpirun (Debian: openmpi-bin)"
 command -v python3 >/dev/null 2>&1 || skip_all "no python3"
@@ -124,7 +51,7 @@ run() {
     name=$1
     shift
     out=$T/$name.out
-    env PS_PORT="$(free_port)" PS_CKPT_DIR="$T/ckpt-$name" "$@" \
+    env PS_PORT="$(free_ports 2)" PS_CKPT_DIR="$T/ckpt-$name" "$@" \
         timeout 90 "$ROOT/examples/mpi/run.sh" >"$out" 2>&1 &
     rpid=$!
 }
@@ -137,7 +64,7 @@ rc=$?
 [ "$rc" -eq 0 ] || why="exit status $rc"
 has "$out" "run.sh: 1 host(s): 1 servers, 2 workers (cpu), sync" || why="$why; no 'run.sh: 1 host(s)' line"
 add "$(summaries "$out" 2)"
-add "$(servers_stopped "$out" "$T/ckpt-sync" 1)"
+add "$(servers_stopped "$out" "$T/ckpt-sync" 1 --num-workers 2 --mode sync --lr 0.05)"
 done_case $case "$out"
 
 case=mpi_async_two_servers
@@ -149,7 +76,7 @@ rc=$?
 grep -q "^run.sh: PS_SERVERS=tcp://127\.0\.0\.1:[0-9]*,tcp://127\.0\.0\.1:[0-9]*$" "$out" ||
     why="$why; no PS_SERVERS line with two servers"
 add "$(summaries "$out" 2)"
-add "$(servers_stopped "$out" "$T/ckpt-async" 2)"
+add "$(servers_stopped "$out" "$T/ckpt-async" 2 --num-workers 2 --mode async --lr 0.05)"
 done_case $case "$out"
 
 # SIGTERM to the script: the workers stop (mpirun passes SIGTERM on to them),
@@ -164,7 +91,7 @@ if wait_for "$out" 'ps_worker\[1\] .* iter ' 60 $rpid && wait_for "$out" 'ps_wor
     [ "$rc" -ne 0 ] || why="exit status 0 after SIGTERM"
     n=$(grep -c 'ps_worker\[[01]\] warn .*stopped by a signal' "$out")
     [ "$n" -eq 2 ] || why="$why; $n of 2 workers stopped by the signal"
-    add "$(servers_stopped "$out" "$T/ckpt-stop" 1)"
+    add "$(servers_stopped "$out" "$T/ckpt-stop" 1 --num-workers 2 --mode async --lr 0.05)"
 else
     why="the workers did not start training"
     kill -TERM "$(pgrep -P $rpid)" 2>/dev/null

@@ -18,7 +18,8 @@ LAUNCH=$BIN/ps_launch
 T=$(mktemp -d "${TMPDIR:-/tmp}/ps_test_ssh.XXXXXX") || exit 1
 CASES="ssh_normal_finish ssh_remote_worker_killed ssh_sigint"
 SSHD_PID=""
-failed=0
+SERVER=$BIN/ps_server
+. "$(dirname "$0")/engine_lib.sh"
 
 # our processes: ps_launch, the ssh commands, the remote wrappers and the
 # programs all have $T in their argv (sshd's own argv does not match)
@@ -36,46 +37,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
-
-pass() { echo "PASS $1"; }
-fail() {
-    echo "FAIL $1: $2"
-    failed=1
-    if [ -n "${3:-}" ] && [ -f "$3" ]; then
-        echo "---- $1: last lines of $3" >&2
-        tail -n 40 "$3" >&2
-    fi
-}
-skip_all() {
-    for c in $CASES; do echo "SKIP $c: skipped: $1"; done
-    exit 0
-}
-has() { grep -qF -- "$2" "$1"; }
-# wait_for FILE REGEX SECONDS PID: until FILE has a line matching REGEX
-# (gives up early when PID has ended)
-wait_for() {
-    i=0
-    while [ "$i" -lt $(($3 * 10)) ]; do
-        grep -Eq -- "$2" "$1" 2>/dev/null && return 0
-        kill -0 "$4" 2>/dev/null || return 1
-        sleep 0.1
-        i=$((i + 1))
-    done
-    return 1
-}
-# nothing of ours runs any more (waits up to 5 s)
-no_leftovers() {
-    i=0
-    while [ "$i" -lt 50 ]; do
-        [ -z "$(ours)" ] && return 0
-        sleep 0.1
-        i=$((i + 1))
-    done
-    return 1
-}
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 
 # ---------------------------------------------------------------- sshd
 [ -x "$LAUNCH" ] && [ -x "$BIN/ps_server" ] && [ -x "$BIN/ps_worker" ] ||
@@ -97,7 +58,7 @@ fi
 ssh-keygen -q -t ed25519 -N '' -f "$T/host_key" &&
     ssh-keygen -q -t ed25519 -N '' -f "$T/user_key" &&
     cp "$T/user_key.pub" "$T/authorized_keys" || skip_all "ssh-keygen failed"
-PORT=$(free_port) && BASE=$(free_port) || skip_all "no free port on 127.0.0.1"
+PORT=$(free_ports 1) && BASE=$(free_ports 1) || skip_all "no free port on 127.0.0.1"
 cat >"$T/sshd_config" <<EOF
 Port $PORT
 ListenAddress 127.0.0.1
@@ -157,14 +118,16 @@ launch() {
     lpid=$!
 }
 
-# the server stopped cleanly: its stopped: line, a checkpoint written after
-# the stop was asked for, the file on disk
-check_server_stop() { # out ckpt-dir
-    has "$1" "[server 0] " || { echo "no server output"; return; }
-    grep -q '^\[server 0\] .*stopped: ' "$1" || echo "no '[server 0] ... stopped:' line"
-    awk '/^\[server 0\] .*stop requested/ { s = 1 } s && /^\[server 0\] .*checkpoint [0-9]+ written/ { c = 1 }
-         END { exit !c }' "$1" || echo "no checkpoint written after 'stop requested'"
-    ls "$2"/shard-0-*.ckpt >/dev/null 2>&1 || echo "no checkpoint file in $2"
+# training OUT: an async run that trains until stopped, once both workers
+# are in their loop (0), or 1 with why set and the run stopped
+training() {
+    launch async "$1" --epochs 100000 --log-every 20
+    wait_for "$1" '^\[worker 1\] .* iter ' 60 "$lpid" &&
+        wait_for "$1" '^\[worker 0\] .* iter ' 30 "$lpid" && return 0
+    why="the workers did not start training ($(grep '^ps_launch: ' "$1" | tail -n 1))"
+    kill -TERM "$(pgrep -P "$lpid")" 2>/dev/null
+    wait "$lpid"
+    return 1
 }
 
 case=ssh_normal_finish
@@ -174,54 +137,38 @@ launch sync "$out" --steps 60 --log-every 30
 wait "$lpid"
 rc=$?
 [ "$rc" -eq 0 ] || why="exit status $rc ($(grep '^ps_launch: ' "$out" | tail -n 1))"
-for w in 0 1; do
-    grep -q "^\[worker $w\] .*summary: " "$out" || why="$why; no summary line from worker $w"
-done
-r=$(check_server_stop "$out" "$T/ckpt-sync")
-[ -z "$r" ] || why="$why; $(echo "$r" | paste -sd';' -)"
+add "$(summaries "$out" 2)"
+add "$(servers_stopped "$out" "$T/ckpt-sync" 1 --num-workers 2 --mode sync)"
 grep -q '^ps_launch: done in .*2 workers finished (mode sync), 1 server stopped' "$out" ||
     why="$why; no closing summary line"
 has "$out" "warning" && why="$why; $(grep -m1 warning "$out")"
-no_leftovers || why="$why; left running: $(ours | head -n 3 | tr '\n' ' ')"
-if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$out"; fi
+done_case $case "$out"
 
 # a worker killed on its host: reported with its signal (not ssh's 255),
 # the others stop at once (no SIGKILL needed), the server cleanly
 case=ssh_remote_worker_killed
 why=""
 out=$T/kill.out
-launch async "$out" --epochs 100000 --log-every 20
-if wait_for "$out" '^\[worker 1\] .* iter ' 60 "$lpid" && wait_for "$out" '^\[worker 0\] .* iter ' 30 "$lpid"; then
+if training "$out"; then
     wpid=$(pgrep -f "^[^ ]*ps_worker .*$T/w1\.csv" | head -n 1)
-    if [ -n "$wpid" ]; then
-        kill -9 "$wpid"
-        wait "$lpid"
-        rc=$?
-        [ "$rc" -eq 1 ] || why="exit status $rc, expected 1"
-        grep -Eq '^ps_launch: worker 1 \(pid [0-9]+, ssh to 127\.0\.0\.2\) was killed by signal 9 \(SIGKILL\); stopping the others$' \
-            "$out" || why="$why; no line saying worker 1 on 127.0.0.2 was killed by signal 9"
-        has "$out" "sending SIGKILL" && why="$why; $(grep -m1 'sending SIGKILL' "$out")"
-        r=$(check_server_stop "$out" "$T/ckpt-async")
-        [ -z "$r" ] || why="$why; $(echo "$r" | paste -sd';' -)"
-    else
-        why="no remote ps_worker for rank 1 found"
-        kill -TERM "$(pgrep -P "$lpid")" 2>/dev/null
-        wait "$lpid"
-    fi
-else
-    why="the workers did not start training ($(grep '^ps_launch: ' "$out" | tail -n 1))"
-    kill -TERM "$(pgrep -P "$lpid")" 2>/dev/null
+    [ -n "$wpid" ] && kill -9 "$wpid"
+    [ -n "$wpid" ] || kill -TERM "$(pgrep -P "$lpid")"
     wait "$lpid"
+    rc=$?
+    [ -n "$wpid" ] || why="no remote ps_worker for rank 1 found"
+    [ "$rc" -eq 1 ] || why="$why; exit status $rc, expected 1"
+    grep -Eq '^ps_launch: worker 1 \(pid [0-9]+, ssh to 127\.0\.0\.2\) was killed by signal 9 \(SIGKILL\); stopping the others$' \
+        "$out" || why="$why; no line saying worker 1 on 127.0.0.2 was killed by signal 9"
+    has "$out" "sending SIGKILL" && why="$why; $(grep -m1 'sending SIGKILL' "$out")"
+    add "$(servers_stopped "$out" "$T/ckpt-async" 1 --num-workers 2 --mode async)"
 fi
-no_leftovers || why="$why; left running: $(ours | head -n 3 | tr '\n' ' ')"
-if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$out"; fi
+done_case $case "$out"
 
 case=ssh_sigint
 why=""
 out=$T/int.out
 rm -rf "$T/ckpt-async"
-launch async "$out" --epochs 100000 --log-every 20
-if wait_for "$out" '^\[worker 1\] .* iter ' 60 "$lpid" && wait_for "$out" '^\[worker 0\] .* iter ' 30 "$lpid"; then
+if training "$out"; then
     kill -INT "$(pgrep -P "$lpid")"
     wait "$lpid"
     rc=$?
@@ -229,14 +176,8 @@ if wait_for "$out" '^\[worker 1\] .* iter ' 60 "$lpid" && wait_for "$out" '^\[wo
     has "$out" "ps_launch: got SIGINT; sending SIGINT to the 3 running processes" ||
         why="$why; no line saying SIGINT was forwarded"
     has "$out" "sending SIGKILL" && why="$why; $(grep -m1 'sending SIGKILL' "$out")"
-    r=$(check_server_stop "$out" "$T/ckpt-async")
-    [ -z "$r" ] || why="$why; $(echo "$r" | paste -sd';' -)"
-else
-    why="the workers did not start training ($(grep '^ps_launch: ' "$out" | tail -n 1))"
-    kill -TERM "$(pgrep -P "$lpid")" 2>/dev/null
-    wait "$lpid"
+    add "$(servers_stopped "$out" "$T/ckpt-async" 1 --num-workers 2 --mode async)"
 fi
-no_leftovers || why="$why; left running: $(ours | head -n 3 | tr '\n' ' ')"
-if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$out"; fi
+done_case $case "$out"
 
 exit $failed
