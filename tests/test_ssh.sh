@@ -2,8 +2,9 @@
 # ps_launch --hostfile over ssh, for real: an sshd this test starts on
 # 127.0.0.1 and 127.0.0.2 (its own host key, config, authorized key and a
 # free port; stopped by PID), a two-line hostfile (a server and a worker on
-# 127.0.0.1, a worker on 127.0.0.2), and three endings: a normal finish, a
-# remote worker killed with SIGKILL, and Ctrl-C (SIGINT to ps_launch).  After
+# 127.0.0.1, a worker on 127.0.0.2), and four endings: a normal finish, a
+# remote worker killed with SIGKILL, Ctrl-C (SIGINT to ps_launch), and
+# ps_launch itself killed with SIGKILL (its connections drop).  After
 # each, no ps_ process of this test is left on either "host" (every one has
 # the temp dir in its argv), and the next case binds the same server port.
 # Prints one PASS/FAIL/SKIP line per case; SKIP with the reason where sshd
@@ -16,7 +17,7 @@ set -u
 BIN=$(cd "${PS_BIN_DIR:-bin}" 2>/dev/null && pwd -P) || BIN=$(pwd -P)/bin
 LAUNCH=$BIN/ps_launch
 T=$(mktemp -d "${TMPDIR:-/tmp}/ps_test_ssh.XXXXXX") || exit 1
-CASES="ssh_normal_finish ssh_remote_worker_killed ssh_sigint"
+CASES="ssh_normal_finish ssh_remote_worker_killed ssh_sigint ssh_launcher_killed"
 SSHD_PID=""
 SERVER=$BIN/ps_server
 . "$(dirname "$0")/engine_lib.sh"
@@ -177,6 +178,20 @@ if training "$out"; then
         why="$why; no line saying SIGINT was forwarded"
     has "$out" "sending SIGKILL" && why="$why; $(grep -m1 'sending SIGKILL' "$out")"
     add "$(servers_stopped "$out" "$T/ckpt-async" 1 --num-workers 2 --mode async)"
+fi
+done_case $case "$out"
+
+# ps_launch killed outright: its ssh processes get SIGTERM (they ask the
+# kernel for it), the connections drop, and each remote wrapper stops its
+# program; the server, its stdin gone, stops too
+case=ssh_launcher_killed
+why=""
+out=$T/kill9.out
+if training "$out"; then
+    kill -9 "$(pgrep -P "$lpid")"
+    wait "$lpid"
+    i=0
+    while [ -n "$(ours)" ] && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 fi
 done_case $case "$out"
 
