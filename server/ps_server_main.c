@@ -1,9 +1,12 @@
 /* ps_server: flags, logging, signals; the work is in server.c. */
+#include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ps_endpoint.h"
 #include "ps_error.h"
@@ -28,6 +31,30 @@ static void on_signal(int sig)
     ps_server *s = g_server;
     if (s)
         ps_server_stop(s);
+}
+
+/* --exit-on-stdin-eof: read stdin until it ends, then stop as on SIGTERM.
+ * A server started over a connection (ps_launch over ssh) ends with it. */
+static pthread_mutex_t g_watch_mu = PTHREAD_MUTEX_INITIALIZER; /* main closes s under it */
+
+static void *watch_stdin(void *arg)
+{
+    (void)arg;
+    char buf[256];
+    for (;;) {
+        ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+        if (n > 0 || (n < 0 && errno == EINTR))
+            continue;
+        break;
+    }
+    pthread_mutex_lock(&g_watch_mu);
+    if (g_server) {
+        ps_info("standard input closed (--exit-on-stdin-eof): stopping");
+        g_stop = 1;
+        ps_server_stop(g_server);
+    }
+    pthread_mutex_unlock(&g_watch_mu);
+    return NULL;
 }
 
 static void usage(FILE *f)
@@ -95,15 +122,23 @@ static void usage(FILE *f)
         "  --on-worker-loss wait|drop  wait: log it and keep waiting (default); drop: go on\n"
         "                         without it (rounds average the live workers, barriers\n"
         "                         count them) until it says hello again\n"
+        "  --exit-on-stdin-eof    stop (as on SIGTERM) when standard input ends: for a\n"
+        "                         server started over a connection that should end with it\n"
+        "                         (ps_launch over ssh gives it)\n"
         "  --verbose              log debug lines too\n"
         "  --quiet                log warnings and errors only\n"
         "  --help                 print this and exit\n"
         "  --version              print the version and exit\n"
         "\n"
-        "Exit status: 0 after SIGINT, SIGTERM or an allowed SHUTDOWN message; 1 when a socket or\n"
-        "the update threads fail while running (or the port is taken); 2 for something to\n"
-        "fix first: a bad flag, unusable CURVE keys or admin token file, a --restore with\n"
-        "no valid checkpoint or one written with another configuration.\n",
+        "SIGINT, SIGTERM and SIGUSR1 stop it: last checkpoint, 'stopped:' line.  SIGUSR1\n"
+        "is the signal mpirun passes on to its processes as it is (on SIGTERM it kills\n"
+        "them within seconds).\n"
+        "\n"
+        "Exit status: 0 after SIGINT, SIGTERM, SIGUSR1 or an allowed SHUTDOWN message; 1\n"
+        "when a socket or the update threads fail while running (or the port is taken);\n"
+        "2 for something to fix first: a bad flag, unusable CURVE keys or admin token\n"
+        "file, a --restore with no valid checkpoint or one written with another\n"
+        "configuration.\n",
         PS_SERVER_MAX_THREADS);
 }
 
@@ -120,8 +155,8 @@ static int bad(const char *fmt, ...)
 
 /* Parse argv into c (bind_buf holds the checked --bind).  Returns -1 to go
  * on, or the exit status. */
-static int parse(int argc, char **argv, ps_server_config *c, int *log_level, char *bind_buf,
-                 size_t bind_cap)
+static int parse(int argc, char **argv, ps_server_config *c, int *log_level, int *stdin_eof,
+                 char *bind_buf, size_t bind_cap)
 {
     static const char *const valued[] = {
         "--bind", "--rank", "--num-servers", "--num-workers", "--mode", "--max-staleness",
@@ -144,6 +179,10 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level, cha
         }
         if (!strcmp(arg, "--restore")) {
             c->restore = 1;
+            continue;
+        }
+        if (!strcmp(arg, "--exit-on-stdin-eof")) {
+            *stdin_eof = 1;
             continue;
         }
         const char *val, *name = ps_flag_value(argc, argv, &i, ps_opt_flag_names(), &val);
@@ -281,10 +320,10 @@ int main(int argc, char **argv)
 {
     ps_server_config cfg;
     ps_server_config_default(&cfg);
-    int level = PS_LOG_INFO;
+    int level = PS_LOG_INFO, stdin_eof = 0;
     ps_log_init(PROG, -1);
     char bind[PS_ENDPOINT_MAX];
-    int rc = parse(argc, argv, &cfg, &level, bind, sizeof bind);
+    int rc = parse(argc, argv, &cfg, &level, &stdin_eof, bind, sizeof bind);
     if (rc >= 0)
         return rc;
     ps_log_init(PROG, cfg.rank);
@@ -296,6 +335,8 @@ int main(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* mpirun forwards SIGUSR1 to its processes, not SIGTERM */
+    sigaction(SIGUSR1, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     char opt[400];
@@ -337,8 +378,15 @@ int main(int argc, char **argv)
     g_server = s;
     if (g_stop) /* a signal that came while starting */
         ps_server_stop(s);
+    pthread_t watcher;
+    if (stdin_eof && pthread_create(&watcher, NULL, watch_stdin, NULL) == 0)
+        pthread_detach(watcher);
+    else if (stdin_eof)
+        ps_warn("--exit-on-stdin-eof: cannot start the thread that watches stdin");
     rc = ps_server_run(s);
+    pthread_mutex_lock(&g_watch_mu);
     g_server = NULL;
+    pthread_mutex_unlock(&g_watch_mu);
     ps_server_close(s);
     ps_info("exit %d", rc ? 1 : 0);
     return rc ? 1 : 0;
