@@ -189,18 +189,23 @@ static int ends_with(const char *s, const char *suffix)
     return a > b && strcmp(s + a - b, suffix) == 0;
 }
 
-/* Read every DIR/authorized/NAME.pub into l.  strict (at setup): a malformed file
- * or an empty list is an error.  Otherwise (re-reads while running) a bad
- * file is skipped with a warning, so one typo does not lock out everyone. */
-static int load_authorized(const char *adir, int strict, keylist *l, char *why, size_t why_len)
+/* Read every ADIR/NAME.pub into l, each named prefix + NAME (the ZAP user
+ * id).  strict (at setup): a malformed file or an empty list is an error.
+ * Otherwise (re-reads while running) a bad file is skipped with a warning, so
+ * one typo does not lock out everyone.  optional (admin/): a directory that
+ * is missing or empty is an empty list. */
+static int load_keys(const char *adir, const char *prefix, int strict, int optional, keylist *l,
+                     char *why, size_t why_len)
 {
     l->k = NULL;
     l->n = l->cap = 0;
     DIR *d = opendir(adir);
     if (!d) {
         int e = errno;
-        ps_errorf(why, why_len, "%s: cannot read the authorized worker keys: %s", adir,
-            strerror(e));
+        if (optional && e == ENOENT)
+            return 0;
+        ps_errorf(why, why_len, "%s: cannot read the %s keys: %s", adir,
+            optional ? "admin" : "authorized worker", strerror(e));
         return e == ENOENT ? PS_ENOTFOUND : PS_EIO;
     }
     int rc = 0;
@@ -232,16 +237,17 @@ static int load_authorized(const char *adir, int strict, keylist *l, char *why, 
             l->cap = cap;
         }
         size_t nl = strlen(de->d_name) - 4;
-        if (!(ak.name = strndup(de->d_name, nl))) {
+        if (!(ak.name = malloc(strlen(prefix) + nl + 1))) {
             rc = PS_ENOMEM;
             break;
         }
+        snprintf(ak.name, strlen(prefix) + nl + 1, "%s%.*s", prefix, (int)nl, de->d_name);
         l->k[l->n++] = ak;
     }
     closedir(d);
     if (rc == PS_ENOMEM)
         ps_errorf(why, why_len, "out of memory reading %s", adir);
-    if (!rc && strict && l->n == 0) {
+    if (!rc && strict && !optional && l->n == 0) {
         ps_errorf(why, why_len, "%s holds no *.pub key: every worker would be refused", adir);
         rc = PS_ENOTFOUND;
     }
@@ -260,7 +266,8 @@ typedef struct quiet_slot {
 
 struct ps_curve_auth {
     void *ctx;
-    char dir[4096], adir[4200];
+    char dir[4096], adir[4200], mdir[4200]; /* DIR, DIR/authorized, DIR/admin */
+    size_t admins_at_setup;
     pthread_t thread;
     atomic_int stop;
     _Atomic uint64_t refused, accepted;
@@ -269,30 +276,48 @@ struct ps_curve_auth {
     pthread_cond_t cv;
     int ready, bind_errno;
     /* owned by the handler thread from here on */
-    keylist keys;
+    keylist keys, admins;
     int64_t scanned_ns;
-    struct timespec scanned_mtime;
+    struct timespec scanned_mtime, admin_mtime;
     quiet_slot quiet[QUIET_SLOTS];
 };
 
-static void maybe_rescan(ps_curve_auth *a)
+/* Read the keys of dir into *l again (a bad file skipped); when dir cannot
+ * be read, *l is empty, and the warning says `then` until it can. */
+static void reload(const char *dir, const char *prefix, int optional, keylist *l,
+                   const char *then)
 {
-    struct stat st;
-    int64_t now = ps_now_ns();
-    int have = stat(a->adir, &st) == 0;
-    if (have && now - a->scanned_ns < RESCAN_NS && st.st_mtim.tv_sec == a->scanned_mtime.tv_sec &&
-        st.st_mtim.tv_nsec == a->scanned_mtime.tv_nsec)
-        return;
     keylist fresh;
     char msg[512];
-    if (load_authorized(a->adir, 0, &fresh, msg, sizeof msg) != 0) {
-        /* fail closed: without a readable list nobody gets in */
-        ps_warn("%s; refusing every CURVE client until it is readable again", msg);
+    if (load_keys(dir, prefix, 0, optional, &fresh, msg, sizeof msg) != 0) {
+        ps_warn("%s; %s until it is readable again", msg, then);
         fresh.k = NULL;
         fresh.n = fresh.cap = 0;
     }
-    keylist_free(&a->keys);
-    a->keys = fresh;
+    keylist_free(l);
+    *l = fresh;
+}
+
+static int same_time(const struct timespec *a, const struct timespec *b)
+{
+    return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
+}
+
+static void maybe_rescan(ps_curve_auth *a)
+{
+    struct stat st, ma;
+    int64_t now = ps_now_ns();
+    int have = stat(a->adir, &st) == 0;
+    int have_admin = stat(a->mdir, &ma) == 0;
+    if (!have_admin)
+        memset(&ma, 0, sizeof ma);
+    if (have && now - a->scanned_ns < RESCAN_NS && same_time(&st.st_mtim, &a->scanned_mtime) &&
+        same_time(&ma.st_mtim, &a->admin_mtime))
+        return;
+    reload(a->mdir, "admin/", 1, &a->admins, "no admin key is accepted");
+    a->admin_mtime = ma.st_mtim;
+    /* fail closed: without a readable list nobody gets in */
+    reload(a->adir, "", 0, &a->keys, "refusing every CURVE client");
     a->scanned_ns = now;
     if (have)
         a->scanned_mtime = st.st_mtim;
@@ -390,6 +415,14 @@ static int zap_decide(ps_curve_auth *a, zmq_msg_t *f, int nf, const char **user)
     char key[PS_CURVE_KEY_LEN + 1];
     zmq_z85_encode(key, zmq_msg_data(&f[6]), 32);
     maybe_rescan(a);
+    /* admin keys first: their user id "admin/NAME" is what lets a peer stop
+     * the server with a shutdown message (server/admin.h) */
+    for (size_t i = 0; i < a->admins.n; i++)
+        if (memcmp(a->admins.k[i].key, key, PS_CURVE_KEY_LEN) == 0) {
+            *user = a->admins.k[i].name;
+            ps_debug("accepted CURVE client from %s: admin key %s (%s)", addr, key, *user);
+            return 1;
+        }
     for (size_t i = 0; i < a->keys.n; i++)
         if (memcmp(a->keys.k[i].key, key, PS_CURVE_KEY_LEN) == 0) {
             *user = a->keys.k[i].name;
@@ -502,14 +535,24 @@ int ps_curve_server_setup(void *zmq_ctx, void *router_socket, const char *dir, i
     a->ctx = zmq_ctx;
     snprintf(a->dir, sizeof a->dir, "%s", dir);
     snprintf(a->adir, sizeof a->adir, "%s/authorized", dir);
+    snprintf(a->mdir, sizeof a->mdir, "%s/admin", dir);
     struct stat st;
     if (stat(a->adir, &st) == 0)
         a->scanned_mtime = st.st_mtim;
-    if ((rc = load_authorized(a->adir, 1, &a->keys, why, why_len))) {
+    if (stat(a->mdir, &st) == 0)
+        a->admin_mtime = st.st_mtim;
+    if ((rc = load_keys(a->adir, "", 1, 0, &a->keys, why, why_len))) {
         wipe(sec, sizeof sec);
         free(a);
         return rc;
     }
+    if ((rc = load_keys(a->mdir, "admin/", 1, 1, &a->admins, why, why_len))) {
+        wipe(sec, sizeof sec);
+        keylist_free(&a->keys);
+        free(a);
+        return rc;
+    }
+    a->admins_at_setup = a->admins.n;
     a->scanned_ns = ps_now_ns();
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
@@ -542,13 +585,14 @@ int ps_curve_server_setup(void *zmq_ctx, void *router_socket, const char *dir, i
         return PS_EIO;
     }
     wipe(sec, sizeof sec);
-    ps_info("CURVE: server %d key %s, %zu authorized worker key(s) in %s", server_rank, pub,
-            a->keys.n, a->adir);
+    ps_info("CURVE: server %d key %s, %zu authorized worker key(s) in %s, %zu admin key(s) in %s",
+            server_rank, pub, a->keys.n, a->adir, a->admins.n, a->mdir);
     *out = a;
     return 0;
 fail_nothread:
     wipe(sec, sizeof sec);
     keylist_free(&a->keys);
+    keylist_free(&a->admins);
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->cv);
     free(a);
@@ -562,6 +606,7 @@ void ps_curve_auth_stop(ps_curve_auth *a)
     atomic_store(&a->stop, 1);
     pthread_join(a->thread, NULL);
     keylist_free(&a->keys);
+    keylist_free(&a->admins);
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->cv);
     free(a);
@@ -571,6 +616,8 @@ uint64_t ps_curve_auth_refused(const ps_curve_auth *a)
 {
     return a ? atomic_load(&((ps_curve_auth *)a)->refused) : 0;
 }
+
+size_t ps_curve_auth_admin_keys(const ps_curve_auth *a) { return a ? a->admins_at_setup : 0; }
 
 uint64_t ps_curve_auth_accepted(const ps_curve_auth *a)
 {

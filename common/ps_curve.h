@@ -10,6 +10,9 @@
  *   DIR/authorized/NAME.pub  a public key the servers accept (ps_keygen puts
  *                     every worker-W.pub there); removing the file revokes
  *                     that key for every later handshake
+ *   DIR/admin/NAME.pub  optional: a key the servers accept as an admin's,
+ *                     which may stop a server with a SHUTDOWN message
+ *                     (server/admin.h); ps_keygen makes none
  * Each key file holds the 40-character Z85 text of a 32-byte key, optionally
  * followed by a newline.  A server host needs its server-R.key/.pub and
  * authorized/; a worker host needs its worker-W.key/.pub and every
@@ -79,7 +82,10 @@ typedef struct ps_curve_auth ps_curve_auth;
  * flood the log).
  * An accepted connection's messages carry the key's file name without ".pub"
  * ("worker-3") as ZAP user id: zmq_msg_gets(&msg, "User-Id") on a received
- * frame tells the server which key the peer proved it holds.
+ * frame tells the server which key the peer proved it holds.  Keys in
+ * DIR/admin (optional, re-read like authorized/) are accepted too, and
+ * looked up first: their user id is "admin/" and the file name ("admin/ops"),
+ * which no file in authorized/ can give (a name has no '/').
  * The caller keeps owning router_socket and zmq_ctx; on success *out is the
  * handler, which the caller must stop with ps_curve_auth_stop.  On failure
  * *out is NULL and nothing is left running. */
@@ -91,6 +97,9 @@ int ps_curve_server_setup(void *zmq_ctx, void *router_socket, const char *dir, i
  * (If the context is terminated first, the thread notices and exits on its
  * own; stop then only joins and frees.) */
 void ps_curve_auth_stop(ps_curve_auth *a);
+
+/* Admin keys in DIR/admin at setup (the handler re-reads it later). */
+size_t ps_curve_auth_admin_keys(const ps_curve_auth *a);
 
 /* Handshakes refused / accepted so far.  Any thread may call these. */
 uint64_t ps_curve_auth_refused(const ps_curve_auth *a);

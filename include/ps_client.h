@@ -75,6 +75,10 @@ typedef struct ps_client_options {
                               ("no reply from ENDPOINT for N s ..."); 0: never.  Default
                               60000.  Keep heartbeats on: they are what a live server
                               answers while a sync round waits for a slow worker. */
+    const char *admin_token; /* sent with ps_client_shutdown_servers: the token of the
+                              servers' --admin-token-file (16..128 printable characters,
+                              no spaces); NULL: none (servers then refuse, unless this
+                              worker's CURVE key is one of their admin keys) */
 } ps_client_options;
 
 /* One posted operation, allocated by the caller and filled by libps.
@@ -173,6 +177,10 @@ int ps_request_wait_for(ps_request *req, int timeout_ms);
  * servers count a rank once per barrier and answer a resent one.) */
 int ps_client_barrier(ps_client *c, int64_t id);
 int ps_client_stats(ps_client *c, int server, ps_stats *out);
+/* Ask every server to stop.  A server obeys only a peer it was told to
+ * (ps_server --admin-token-file, with ps_client_options.admin_token here; or
+ * a CURVE key in its key directory's admin/); otherwise it refuses with
+ * PS_EAUTH and goes on (stop servers with SIGTERM, as ps_launch does). */
 int ps_client_shutdown_servers(ps_client *c);
 
 /* The same-host data plane (options.shm).  After ps_client_start: `bytes`

@@ -9,6 +9,7 @@
 #include "ps_error.h"
 #include "ps_flags.h"
 #include "ps_opt_table.h"
+#include "remote.h"
 
 #define P "ps_launch"
 
@@ -55,12 +56,35 @@ const char *ps_launch_shared_flag(int i)
     return NULL;
 }
 
+/* The shared flags as a NULL-terminated list, for ps_flag_value. */
+static const char *const *shared_flag_list(void)
+{
+    static const char *list[64];
+    if (!list[0])
+        for (int i = 0; i < 63 && ps_launch_shared_flag(i); i++)
+            list[i] = ps_launch_shared_flag(i);
+    return list;
+}
+
 static int shared_flag(const char *s)
 {
     for (int i = 0; ps_launch_shared_flag(i); i++)
         if (!strcmp(ps_launch_shared_flag(i), s))
             return 1;
     return 0;
+}
+
+void ps_launch_shared_env_name(const char *flag, char *out, size_t len)
+{
+    size_t n = 0;
+    while (*flag == '-')
+        flag++;
+    for (const char *p = "PS_"; *p && n + 1 < len; p++)
+        out[n++] = *p;
+    for (; *flag && n + 1 < len; flag++)
+        out[n++] = *flag == '-' ? '_' : (char)(*flag >= 'a' && *flag <= 'z' ? *flag - 32 : *flag);
+    if (len)
+        out[n < len ? n : len - 1] = 0;
 }
 
 static int in_list(const char *const *list, const char *s)
@@ -71,12 +95,29 @@ static int in_list(const char *const *list, const char *s)
     return 0;
 }
 
-/* A shared flag's value, checked as ps_server and ps_worker check it. */
-static int check_shared(const ps_launch_opts *o, const char *flag, const char *val, char *why,
-                        size_t len)
+/* Push the words of s (split at spaces and tabs) onto a. */
+static void push_words(ps_strvec *a, const char *s)
+{
+    for (;;) {
+        s += strspn(s, " \t");
+        size_t n = strcspn(s, " \t");
+        if (!n)
+            return;
+        char *w = strndup(s, n);
+        if (!w || ps_strvec_push(a, w))
+            a->failed = 1;
+        free(w);
+        s += n;
+    }
+}
+
+/* A shared flag's value, checked as ps_server and ps_worker check it; kind
+ * is "worker flag " for one among the worker flags, else "". */
+static int check_shared(const ps_launch_opts *o, const char *kind, const char *flag,
+                        const char *val, char *why, size_t len)
 {
     char what[64];
-    snprintf(what, sizeof what, "worker flag %s", flag);
+    snprintf(what, sizeof what, "%s%s", kind, flag);
     if (!strcmp(flag, "--max-staleness")) {
         long long iv;
         if (ps_parse_int(P, what, val, -1, PS_MAX_STALENESS, &iv, why, len))
@@ -110,17 +151,59 @@ static int check_shared(const ps_launch_opts *o, const char *flag, const char *v
     if (ps_opt_flag(P, flag, val, &scratch, &handled, msg, sizeof msg) == 0)
         return 0;
     const char *rest = strncmp(msg, P ": ", strlen(P ": ")) == 0 ? msg + strlen(P ": ") : msg;
-    snprintf(why, len, P ": worker flag %s", rest);
+    snprintf(why, len, P ": %s%s", kind, rest);
     return PS_EINVAL;
 }
 
-/* The worker flags: none that the launcher sets, and every value that the
- * servers get too is one they accept, so a bad one stops ps_launch before it
- * starts a cluster that would die of it. */
+/* The value of shared flag `flag` given to ps_launch itself, or NULL. */
+static const char *own_shared(const ps_launch_opts *o, const char *flag)
+{
+    for (int k = 0; k + 1 < o->shared.n; k += 2)
+        if (!strcmp(o->shared.v[k], flag))
+            return o->shared.v[k + 1];
+    return NULL;
+}
+
+/* Record a shared flag given to ps_launch itself (a later one replaces the
+ * value of an earlier one, as the programs take the last). */
+static int set_own_shared(ps_launch_opts *o, const char *flag, const char *val)
+{
+    for (int k = 0; k + 1 < o->shared.n; k += 2)
+        if (!strcmp(o->shared.v[k], flag)) {
+            char *v = strdup(val);
+            if (!v)
+                return PS_ENOMEM;
+            free(o->shared.v[k + 1]);
+            o->shared.v[k + 1] = v;
+            return 0;
+        }
+    if (ps_strvec_push(&o->shared, flag) || ps_strvec_push(&o->shared, val))
+        return PS_ENOMEM;
+    return 0;
+}
+
+/* The shared flags and the worker flags: none that the launcher sets, a
+ * shared flag given once, and every value that the servers get too is one
+ * they accept, so a bad one stops ps_launch before it starts a cluster that
+ * would die of it. */
 static int check_worker_flags(const ps_launch_opts *o, char *why, size_t len)
 {
+    for (int k = 0; k + 1 < o->shared.n; k += 2)
+        if (check_shared(o, "", o->shared.v[k], o->shared.v[k + 1], why, len))
+            return PS_EINVAL;
     for (int i = 0; i < o->nwflags; i++) {
         const char *a = o->wflags[i];
+        if (!strcmp(a, "--exec")) {
+            snprintf(why, len,
+                     P ": --exec goes before -- (the flags after -- are ps_worker's); "
+                       "e.g. ps_launch --servers 1 --workers 2 --exec python3 train.py");
+            return PS_EINVAL;
+        }
+        if (shared_flag(a) && own_shared(o, a)) {
+            snprintf(why, len,
+                     P ": %s is given to ps_launch and among the worker flags; give it once", a);
+            return PS_EINVAL;
+        }
         if (in_list(reserved_flags, a)) {
             snprintf(why, len,
                      P ": %s is set by ps_launch for each worker; remove it from the worker "
@@ -148,7 +231,7 @@ static int check_worker_flags(const ps_launch_opts *o, char *why, size_t len)
             snprintf(why, len, P ": worker flag %s needs a value", a);
             return PS_EINVAL;
         }
-        if (f && check_shared(o, a, o->wflags[++i], why, len))
+        if (f && check_shared(o, "worker flag ", a, o->wflags[++i], why, len))
             return PS_EINVAL;
     }
     return 0;
@@ -208,8 +291,24 @@ int ps_launch_parse(int argc, char **argv, ps_launch_opts *o, char *why, size_t 
         }
         static const char *const valued[] = {
             "--servers",  "--workers",  "--gpus",     "--mode",       "--server-threads",
-            "--timeline-dir", "--bin-dir", "--hostfile", "--base-port", "--server-arg", NULL};
+            "--timeline-dir", "--bin-dir", "--hostfile", "--base-port", "--server-arg",
+            "--ssh-opt", NULL};
+        if (!strcmp(a, "--exec")) {
+            if (i + 1 >= argc || !*argv[i + 1]) {
+                snprintf(why, len,
+                         P ": --exec needs a program and its arguments, e.g. --exec python3 "
+                           "train.py --epochs 2");
+                return PS_EINVAL;
+            }
+            o->exec = argv + i + 1;
+            o->nexec = argc - i - 1;
+            i = argc;
+            break;
+        }
         const char *val, *name = ps_flag_value(argc, argv, &i, valued, &val);
+        int shared = 0;
+        if (!name)
+            shared = (name = ps_flag_value(argc, argv, &i, shared_flag_list(), &val)) != NULL;
         if (!name) {
             if (strncmp(a, "--", 2) == 0)
                 snprintf(why, len, P ": unknown flag '%s' (see --help; worker flags go after --)",
@@ -222,7 +321,11 @@ int ps_launch_parse(int argc, char **argv, ps_launch_opts *o, char *why, size_t 
             snprintf(why, len, P ": %s needs a value (see --help)", name);
             return PS_EINVAL;
         }
-        if (!strcmp(name, "--servers")) {
+        if (shared) {
+            /* checked after the loop: --max-staleness depends on --mode */
+            if (set_own_shared(o, name, val))
+                return PS_ENOMEM;
+        } else if (!strcmp(name, "--servers")) {
             if (ps_parse_int(P, name, val, 1, PS_LAUNCH_MAX_SERVERS, &v, why, len))
                 return PS_EINVAL;
             o->servers = (int)v;
@@ -250,6 +353,15 @@ int ps_launch_parse(int argc, char **argv, ps_launch_opts *o, char *why, size_t 
         } else if (!strcmp(name, "--server-arg")) {
             if (ps_strvec_push(&o->server_args, val))
                 return PS_ENOMEM;
+        } else if (!strcmp(name, "--ssh-opt")) {
+            int before = o->ssh_opts.n;
+            push_words(&o->ssh_opts, val);
+            if (o->ssh_opts.failed)
+                return PS_ENOMEM;
+            if (o->ssh_opts.n == before) {
+                snprintf(why, len, P ": --ssh-opt needs ssh options, e.g. --ssh-opt '-p 2222'");
+                return PS_EINVAL;
+            }
         } else { /* --timeline-dir, --bin-dir, --hostfile */
             if (!*val) {
                 snprintf(why, len, P ": %s must not be empty", name);
@@ -286,6 +398,8 @@ void ps_launch_opts_free(ps_launch_opts *o)
 {
     ps_strvec_free(&o->gpu_ids);
     ps_strvec_free(&o->server_args);
+    ps_strvec_free(&o->shared);
+    ps_strvec_free(&o->ssh_opts);
 }
 
 /* ------------------------------------------------------------ hostfile */
@@ -534,10 +648,13 @@ static const ps_strvec *gpu_list(const ps_launch_opts *o, const ps_launch_site *
     return strcmp(o->gpus, "none") ? &o->gpu_ids : &none;
 }
 
-/* Set cmd's argv to args: as they are here, or on its host as ssh's
- * `cd DIR && [mkdir -p MKDIR && ]exec [env VAR=x] args...`. */
-static void cmd_finish(ps_launch_cmd *cmd, const ps_strvec *args, const char *remote_dir,
-                       const char *remote_mkdir)
+/* Set cmd's argv to args: as they are here, or on its host as
+ * `SSH [OPTS] -o BatchMode=yes HOST 'cd DIR && [mkdir -p MKDIR && ]exec
+ * BIN/ps_launch --remote-child [env VAR=x...] args...'`: the remote wrapper
+ * (remote.h) takes signals from the ssh channel and stops the program when
+ * the connection ends. */
+static void cmd_finish(ps_launch_cmd *cmd, const ps_strvec *args, const ps_launch_opts *o,
+                       const ps_launch_site *site)
 {
     if (!cmd->host) {
         for (int i = 0; i < args->n; i++)
@@ -546,25 +663,35 @@ static void cmd_finish(ps_launch_cmd *cmd, const ps_strvec *args, const char *re
     }
     ps_strbuf r = {0};
     ps_strbuf_add(&r, "cd ");
-    remote_quote(&r, remote_dir);
+    remote_quote(&r, site->remote_dir);
     ps_strbuf_add(&r, " && ");
-    if (remote_mkdir) {
+    if (o->timeline_dir) {
         ps_strbuf_add(&r, "mkdir -p ");
-        remote_quote(&r, remote_mkdir);
+        remote_quote(&r, o->timeline_dir);
         ps_strbuf_add(&r, " && ");
     }
     ps_strbuf_add(&r, "exec ");
-    if (cmd->env) {
+    ps_strbuf b = {0};
+    ps_strbuf_addf(&b, "%s/ps_launch", site->bin_dir);
+    remote_quote(&r, ps_strbuf_str(&b));
+    ps_strbuf_free(&b);
+    ps_strbuf_add(&r, " " PS_REMOTE_FLAG " ");
+    if (cmd->env.n) {
         ps_strbuf_add(&r, "env ");
-        remote_quote(&r, cmd->env);
-        ps_strbuf_add(&r, " ");
+        for (int i = 0; i < cmd->env.n; i++) {
+            remote_quote(&r, cmd->env.v[i]);
+            ps_strbuf_add(&r, " ");
+        }
     }
     for (int i = 0; i < args->n; i++) {
         if (i)
             ps_strbuf_add(&r, " ");
         remote_quote(&r, args->v[i]);
     }
-    ps_strvec_push(&cmd->argv, "ssh");
+    /* the user's ssh and options first: for ssh the first value given wins */
+    push_words(&cmd->argv, site->ssh && *site->ssh ? site->ssh : "ssh");
+    for (int i = 0; i < o->ssh_opts.n; i++)
+        ps_strvec_push(&cmd->argv, o->ssh_opts.v[i]);
     ps_strvec_push(&cmd->argv, "-o");
     ps_strvec_push(&cmd->argv, "BatchMode=yes");
     ps_strvec_push(&cmd->argv, cmd->host);
@@ -662,9 +789,7 @@ static void plan_place(const ps_launch_opts *o, const ps_launch_site *site, ps_l
             snprintf(gpu, sizeof gpu, "%s", gpus->v[local_idx[r] % gpus->n]);
         }
         if (*gpu) {
-            ps_strbuf e = {0};
-            ps_strbuf_addf(&e, "CUDA_VISIBLE_DEVICES=%s", gpu);
-            c->env = ps_strbuf_take(&e);
+            ps_strvec_pushf(&c->env, "CUDA_VISIBLE_DEVICES=%s", gpu);
             c->device = strdup("cuda:0");
         } else {
             c->device = strdup("cpu");
@@ -708,7 +833,11 @@ static void server_args(const ps_launch_opts *o, const ps_launch_plan *p, const 
     push_flag_int(a, "--num-workers", p->num_workers);
     push_flag(a, "--mode", o->mode);
     push_flag_int(a, "--threads", o->server_threads);
+    if (hostfile) /* stop with the connection, even if the remote wrapper dies */
+        ps_strvec_push(a, "--exit-on-stdin-eof");
     push_timeline(o, c, a);
+    for (int k = 0; k + 1 < o->shared.n; k += 2)
+        push_flag(a, o->shared.v[k], o->shared.v[k + 1]);
     for (int k = 0; k + 1 < o->nwflags; k++)
         if (shared_flag(o->wflags[k])) {
             push_flag(a, o->wflags[k], o->wflags[k + 1]);
@@ -725,6 +854,8 @@ static void worker_args(const ps_launch_opts *o, const ps_launch_plan *p, const 
     push_flag_int(a, "--rank", c->rank);
     push_flag_int(a, "--num-workers", p->num_workers);
     push_flag(a, "--mode", o->mode);
+    for (int k = 0; k + 1 < o->shared.n; k += 2)
+        push_flag(a, o->shared.v[k], o->shared.v[k + 1]);
     for (int k = 0; k < o->nwflags; k++) {
         const char *f = o->wflags[k];
         if (in_list(per_worker_file_flags, f) && k + 1 < o->nwflags) {
@@ -739,6 +870,45 @@ static void worker_args(const ps_launch_opts *o, const ps_launch_plan *p, const 
     }
     push_flag(a, "--device", c->device);
     push_timeline(o, c, a);
+}
+
+/* The staleness the servers run with: 0 in sync, else the one given
+ * (to ps_launch or among the worker flags), else -1 (unbounded). */
+static const char *servers_staleness(const ps_launch_opts *o)
+{
+    if (!strcmp(o->mode, "sync"))
+        return "0";
+    const char *v = own_shared(o, "--max-staleness");
+    for (int k = 0; !v && k + 1 < o->nwflags; k++)
+        if (!strcmp(o->wflags[k], "--max-staleness"))
+            v = o->wflags[k + 1];
+    return v ? v : "-1";
+}
+
+/* An --exec worker: the program with {rank} replaced in its arguments, and
+ * what ps_worker would get as flags in its environment. */
+static void exec_args(const ps_launch_opts *o, const ps_launch_plan *p, ps_launch_cmd *c,
+                      const char *servers, ps_strvec *a)
+{
+    for (int k = 0; k < o->nexec; k++)
+        push_subst_rank(a, o->exec[k], c->rank);
+    ps_strvec *e = &c->env;
+    ps_strvec_pushf(e, "PS_SERVERS=%s", servers);
+    ps_strvec_pushf(e, "PS_NUM_SERVERS=%d", p->num_servers);
+    ps_strvec_pushf(e, "PS_RANK=%d", c->rank);
+    ps_strvec_pushf(e, "PS_NUM_WORKERS=%d", p->num_workers);
+    ps_strvec_pushf(e, "PS_MODE=%s", o->mode);
+    ps_strvec_pushf(e, "PS_MAX_STALENESS=%s", servers_staleness(o));
+    ps_strvec_pushf(e, "PS_DEVICE=%s", c->device);
+    if (o->timeline_dir)
+        ps_strvec_pushf(e, "PS_TIMELINE=%s/worker-%d.json", o->timeline_dir, c->rank);
+    for (int k = 0; k + 1 < o->shared.n; k += 2) {
+        char name[64];
+        if (!strcmp(o->shared.v[k], "--max-staleness"))
+            continue; /* PS_MAX_STALENESS above */
+        ps_launch_shared_env_name(o->shared.v[k], name, sizeof name);
+        ps_strvec_pushf(e, "%s=%s", name, o->shared.v[k + 1]);
+    }
 }
 
 int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
@@ -756,6 +926,7 @@ int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
     p->num_workers = W;
     p->n = S + W;
     p->mode = o->mode;
+    p->exec = o->exec != NULL;
     plan_place(o, site, p);
 
     ps_strbuf list = {0};
@@ -765,13 +936,17 @@ int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
     for (int i = 0; i < p->n && !oom; i++) {
         ps_launch_cmd *c = &p->cmds[i];
         ps_strvec a = {0};
-        ps_strvec_pushf(&a, "%s/ps_%s", site->bin_dir, ps_launch_role_name(c->role));
-        if (c->role == PS_LAUNCH_SERVER)
-            server_args(o, p, c, hf != NULL, &a);
-        else
-            worker_args(o, p, c, ps_strbuf_str(&list), &a);
-        cmd_finish(c, &a, site->remote_dir, hf ? o->timeline_dir : NULL);
-        oom = a.failed || c->argv.failed ||
+        if (c->role == PS_LAUNCH_WORKER && o->exec) {
+            exec_args(o, p, c, ps_strbuf_str(&list), &a);
+        } else {
+            ps_strvec_pushf(&a, "%s/ps_%s", site->bin_dir, ps_launch_role_name(c->role));
+            if (c->role == PS_LAUNCH_SERVER)
+                server_args(o, p, c, hf != NULL, &a);
+            else
+                worker_args(o, p, c, ps_strbuf_str(&list), &a);
+        }
+        cmd_finish(c, &a, o, site);
+        oom = a.failed || c->argv.failed || c->env.failed ||
               (c->role == PS_LAUNCH_SERVER ? !c->endpoint : !c->device);
         ps_strvec_free(&a);
     }
@@ -788,7 +963,7 @@ void ps_launch_plan_free(ps_launch_plan *p)
     for (int i = 0; i < p->n; i++) {
         free(p->cmds[i].endpoint);
         free(p->cmds[i].device);
-        free(p->cmds[i].env);
+        ps_strvec_free(&p->cmds[i].env);
         ps_strvec_free(&p->cmds[i].argv);
     }
     free(p->cmds);
@@ -837,8 +1012,12 @@ int ps_launch_plan_print(const ps_launch_plan *p, ps_strbuf *out)
             ps_strbuf_addf(out, ", reached at %s\n", c->endpoint);
         else
             ps_strbuf_addf(out, ", device %s\n", c->device);
-        if (!c->host && c->env) {
-            ps_strbuf_add(out, c->env);
+        for (int k = 0; !c->host && k < c->env.n; k++) {
+            /* NAME=value with the value quoted, so it stays an assignment */
+            const char *eq = strchr(c->env.v[k], '=');
+            size_t n = eq ? (size_t)(eq - c->env.v[k]) + 1 : 0;
+            ps_strbuf_addn(out, c->env.v[k], n);
+            sh_quote(out, c->env.v[k] + n);
             ps_strbuf_add(out, " ");
         }
         for (int k = 0; k < c->argv.n; k++) {
@@ -855,8 +1034,8 @@ int ps_launch_plan_outputs(const ps_launch_plan *p, ps_strvec *out)
 {
     for (int i = 0; i < p->n; i++) {
         const ps_launch_cmd *c = &p->cmds[i];
-        if (c->host || c->role != PS_LAUNCH_WORKER)
-            continue;
+        if (c->host || c->role != PS_LAUNCH_WORKER || p->exec)
+            continue; /* the flags of an --exec program are its own */
         /* after the program; a file flag takes the next word, as in worker_args */
         for (int k = 1; k + 1 < c->argv.n; k++)
             if (in_list(per_worker_file_flags, c->argv.v[k])) {

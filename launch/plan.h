@@ -46,26 +46,39 @@ typedef struct ps_launch_opts {
     const char *bin_dir;      /* NULL: found by ps_launch_bin_dir */
     const char *hostfile;     /* NULL: run on this host */
     int base_port;            /* hostfile: server i listens on base_port + i */
+    ps_strvec ssh_opts;       /* --ssh-opt values split into words, in order */
     int dry_run;
     ps_strvec server_args;    /* --server-arg values, in order */
+    ps_strvec shared;         /* shared flags given to ps_launch itself: flag, value pairs
+                               * (one pair per flag; a later one replaces its value) */
     char **wflags;            /* the worker flags after "--" (into argv) */
     int nwflags;
+    char **exec;              /* --exec PROGRAM ARGS...: the worker program (into argv);
+                               * NULL: ps_worker */
+    int nexec;
     const char *help_arg;     /* --help, -h or --version when one was given */
 } ps_launch_opts;
 
 /* Parse ps_launch's command line (argv[0] is the program) and check every
  * value before anything starts: ranges (common/ps_limits.h), the worker flags
- * ps_launch sets itself, and the values of the worker flags that go to the
- * servers too.  When an argument is --help, -h or --version, parsing stops
+ * ps_launch sets itself, and the values of the shared flags (the settings
+ * servers and workers must agree on: the optimizer's, --max-staleness,
+ * --curve-keys), given to ps_launch itself or among the worker flags.
+ * `--exec PROGRAM ARGS...` ends ps_launch's flags: the rest is the worker
+ * program's command line.  When an argument is --help, -h or --version, parsing stops
  * there with 0 and o->help_arg set (main prints).  0, PS_EINVAL with the
  * message in why, or PS_ENOMEM.  o keeps pointers into argv; free it with
  * ps_launch_opts_free (also after an error). */
 int ps_launch_parse(int argc, char **argv, ps_launch_opts *o, char *why, size_t len);
 void ps_launch_opts_free(ps_launch_opts *o);
 
-/* The i-th worker flag that the servers get too (i from 0), NULL past the
- * last: for --help. */
+/* The i-th shared flag (i from 0), NULL past the last: the flags servers and
+ * workers must agree on, which ps_launch gives to both (for --help). */
 const char *ps_launch_shared_flag(int i);
+
+/* The environment variable an --exec worker finds a shared flag's value in:
+ * "--lr-decay-every" -> "PS_LR_DECAY_EVERY" (written to out, len bytes). */
+void ps_launch_shared_env_name(const char *flag, char *out, size_t len);
 
 /* ------------------------------------------------------------ hostfile */
 
@@ -113,7 +126,7 @@ typedef struct ps_launch_cmd {
     const char *host;         /* hostfile host name (into the hostfile); NULL: this host */
     char *endpoint;           /* servers: what workers connect to */
     char *device;             /* workers: "cpu" or "cuda:0" */
-    char *env;                /* "NAME=value" to add to the environment, or NULL */
+    ps_strvec env;            /* "NAME=value" entries to add to the environment */
     ps_strvec argv;           /* argv[0]: program path, or "ssh" */
 } ps_launch_cmd;
 
@@ -121,6 +134,7 @@ typedef struct ps_launch_plan {
     ps_launch_cmd *cmds;      /* servers in rank order, then workers */
     int n, num_servers, num_workers;
     const char *mode;         /* o->mode */
+    int exec;                 /* the workers run --exec's program, not ps_worker */
 } ps_launch_plan;
 
 /* What the plan takes from where it runs. */
@@ -130,6 +144,8 @@ typedef struct ps_launch_site {
     const ps_strvec *gpus;    /* this host, --gpus auto: ps_launch_gpus_auto's ids */
     const char *bin_dir;      /* ps_launch_bin_dir */
     const char *remote_dir;   /* hostfile: the directory remote commands cd to */
+    const char *ssh;          /* hostfile: the ssh command and its options, split at
+                               * spaces ($PS_SSH); NULL or "": ssh */
 } ps_launch_site;
 
 /* Build the plan.  This host: server i binds tcp://127.0.0.1:ports[i];
@@ -137,9 +153,16 @@ typedef struct ps_launch_site {
  * round-robin, each seeing only its own as cuda:0.  Hostfile: ranks follow
  * the file; server i binds port base_port+i on every interface of its host;
  * under auto a host's workers use its gpus=; every command is
- * `ssh -o BatchMode=yes HOST 'cd DIR && exec ...'`.  Worker flags go to every
+ * `ssh [site->ssh's words, --ssh-opt words] -o BatchMode=yes HOST 'cd DIR &&
+ * exec BIN/ps_launch --remote-child ...'` (remote.h), and servers there get
+ * --exit-on-stdin-eof.  Worker flags go to every
  * worker with {rank} replaced; --log-csv, --timeline and --save without
  * {rank} go to worker 0 only; the shared flags go to the servers too.
+ * With --exec, worker i runs the program with {rank} replaced in its
+ * arguments and learns the rest from its environment: PS_SERVERS,
+ * PS_NUM_SERVERS, PS_RANK, PS_NUM_WORKERS, PS_MODE, PS_MAX_STALENESS (the
+ * servers' value), PS_DEVICE, PS_TIMELINE with --timeline-dir, and
+ * PS_<FLAG> for each shared flag given (ps_launch_shared_env_name).
  * 0, PS_EINVAL (the hostfile disagrees with the flags, ports run out) with
  * why, or PS_ENOMEM.  Free p with ps_launch_plan_free (also after an error);
  * p keeps pointers into o's mode and the hostfile. */

@@ -23,6 +23,7 @@
 #include "ps_flags.h"
 #include "ps_fs.h"
 #include "ps_strbuf.h"
+#include "remote.h"
 #include "supervisor.h"
 
 #define P "ps_launch"
@@ -31,10 +32,12 @@
 
 static const char usage_head[] =
     "usage: ps_launch --servers S --workers W [flags] -- <worker flags>\n"
+    "       ps_launch --servers S --workers W [flags] --exec PROGRAM [ARGS...]\n"
     "       ps_launch --hostfile FILE [flags] -- <worker flags>\n"
     "\n"
     "Starts S ps_server and W ps_worker processes on this host (or, with --hostfile,\n"
-    "on other hosts over ssh), prints every line they write prefixed with its role\n"
+    "on other hosts over ssh), or W copies of any worker program with --exec,\n"
+    "prints every line they write prefixed with its role\n"
     "and rank ([server 0] ..., [worker 1] ...), forwards SIGINT/SIGTERM to them, and\n"
     "stops them all when one fails.  Exit status: 0 when every worker exited 0;\n"
     "1 when a process failed (the others are stopped); 2 for something to fix: bad\n"
@@ -67,14 +70,26 @@ static const char usage_head[] =
     "                                                              e.g. --hostfile hosts.txt\n"
     "  --base-port P         with --hostfile: server i listens on P+i (default 29500)\n"
     "                                                              e.g. --base-port 40000\n"
+    "  --ssh-opt OPTS        with --hostfile: options for every ssh (split at spaces;\n"
+    "                        repeat it); PS_SSH replaces the ssh command itself\n"
+    "                        e.g. --ssh-opt '-p 2222 -i ~/.ssh/key' --ssh-opt '-J gw'\n"
+    "  --exec PROGRAM ARGS   run PROGRAM ARGS as each worker instead of ps_worker\n"
+    "                        (the rest of the command line; {rank} in ARGS becomes\n"
+    "                        the rank).  It finds its settings in its environment:\n"
+    "                        PS_SERVERS, PS_NUM_SERVERS, PS_RANK, PS_NUM_WORKERS,\n"
+    "                        PS_MODE, PS_MAX_STALENESS, PS_DEVICE, PS_TIMELINE\n"
+    "                        (--timeline-dir), and PS_LR, PS_OPTIMIZER, ... for the\n"
+    "                        shared flags given     e.g. --exec python3 train.py\n"
     "  --dry-run             print the commands (and their hosts) and start nothing\n"
     "  --help, --version\n"
     "\n"
     "Worker flags (after --) go to every worker; \"{rank}\" in them becomes the worker's\n"
     "rank.  --log-csv, --timeline and --save without {rank} go to worker 0 only; on\n"
     "this host their directories are created before anything starts.\n"
-    "These worker flags also go to the servers, which must agree with the workers\n"
-    "(ps_launch checks their values first):\n";
+    "Shared flags: these go to the servers and to the workers, which must agree;\n"
+    "give them to ps_launch (before -- or --exec) or among the worker flags, once\n"
+    "(ps_launch checks their values first; an --exec worker gets each given one as\n"
+    "PS_<NAME>, --lr-decay-every as PS_LR_DECAY_EVERY):\n";
 
 static const char usage_tail[] =
     "ps_launch itself sets --servers --rank --num-workers --mode --device.\n"
@@ -84,6 +99,11 @@ static const char usage_tail[] =
     "      --epochs 2 --lr 0.05 --log-csv out/async-worker0.csv\n"
     "  ps_launch --servers 1 --workers 2 --gpus none --timeline-dir out/tl -- --steps 300\n"
     "  ps_launch --hostfile hosts.txt --dry-run -- --model cnn --epochs 5\n"
+    "  ps_launch --servers 2 --workers 2 --mode async --lr 0.01 --optimizer adam \\\n"
+    "      --exec python3 examples/torch_fashion_mnist.py --epochs 2\n"
+    "Over ssh each remote command runs under 'ps_launch --remote-child PROGRAM ARGS',\n"
+    "which takes ps_launch's signals from the connection, stops PROGRAM when the\n"
+    "connection ends, and reports how it ended.\n"
     "See docs/LAUNCH.md (ssh, Slurm and mpirun).\n";
 
 /* --help or --version; the list of shared flags comes from the plan. */
@@ -191,13 +211,39 @@ static int pick_ports(int n, int *ports, char *why, size_t len)
     return rc;
 }
 
+/* Can PROGRAM be run as execvp would: a path with '/' that is executable,
+ * or a name found executable in PATH. */
+static int runnable(const char *prog)
+{
+    if (strchr(prog, '/'))
+        return access(prog, X_OK) == 0;
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    for (const char *d = path;;) {
+        size_t n = strcspn(d, ":");
+        char full[PATH_MAX];
+        snprintf(full, sizeof full, "%.*s/%s", (int)n, n ? d : ".", prog);
+        if (access(full, X_OK) == 0)
+            return 1;
+        if (!d[n])
+            return 0;
+        d += n + 1;
+    }
+}
+
 /* Before a local run: the programs are there, and every directory the
  * processes write into exists (created here) and is writable.  0, or the
  * exit status after a message. */
 static int check_local(const ps_launch_opts *o, const ps_launch_plan *plan, const char *bin_dir)
 {
     static const char *const progs[] = {"ps_server", "ps_worker"};
-    for (int k = 0; k < 2; k++) {
+    if (o->exec && !runnable(o->exec[0])) {
+        fprintf(stderr, P ": --exec: cannot run '%s': %s\n", o->exec[0],
+                strchr(o->exec[0], '/') ? strerror(errno) : "not found in PATH");
+        return 2;
+    }
+    for (int k = 0; k < (o->exec ? 1 : 2); k++) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/%s", bin_dir, progs[k]);
         if (access(path, X_OK)) {
@@ -233,6 +279,10 @@ int main(int argc, char **argv)
     int ports[PS_LAUNCH_MAX_SERVERS];
     char *exe_dir = NULL, *bin_dir = NULL;
     char why[1024] = "", cwd[PATH_MAX];
+
+    /* on a remote host, as the plan's ssh command runs it */
+    if (argc >= 2 && !strcmp(argv[1], PS_REMOTE_FLAG))
+        return ps_launch_remote_child(argc - 2, argv + 2);
 
     int rc = ps_launch_parse(argc, argv, &o, why, sizeof why);
     if (!rc && o.help_arg) {
@@ -271,7 +321,7 @@ int main(int argc, char **argv)
     /* On other hosts, the programs are at the same path as here, and the
      * commands run in this working directory. */
     ps_launch_site site = {.hostfile = o.hostfile ? &hf : NULL, .ports = ports, .gpus = &gpus,
-                           .bin_dir = bin_dir, .remote_dir = cwd};
+                           .bin_dir = bin_dir, .remote_dir = cwd, .ssh = getenv("PS_SSH")};
     rc = ps_launch_plan_build(&o, &site, &plan, why, sizeof why);
     if (!rc)
         rc = ps_launch_plan_notes(&o, &site, &plan, &text);

@@ -1,5 +1,5 @@
-/* The supervisor: fork/exec with pipes, one poll loop over the children's
- * output and a self-pipe fed by the signal handlers. */
+/* The supervisor: children on pipes (proc.h starts them), one poll loop
+ * over their output and the self-pipe fed by the signal handlers. */
 #include "supervisor.h"
 
 #include <errno.h>
@@ -12,13 +12,11 @@
 #include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
-#ifdef __linux__
-#include <sys/prctl.h>
-#endif
 
+#include "proc.h"
 #include "ps_strbuf.h"
+#include "remote.h"
 
 #define P "ps_launch"
 #define STOP_GRACE_MS 5000  /* SIGTERM -> SIGKILL */
@@ -35,6 +33,12 @@ typedef struct {
     int fd[2];       /* read ends of stdout, stderr; -1 once closed */
     ps_strbuf lb[2]; /* what came after the last newline */
     int reaped, status;
+    int signalled;   /* asked to stop (SIGKILL follows after the grace) */
+    /* over ssh: the write end of ssh's stdin, which reaches the remote
+     * wrapper (remote.h): signals go there as lines, closing it stops the
+     * program; -1 for a local child or once closed */
+    int in_fd;
+    int remote_status; /* the wrapper's report as a wait status; -1: none yet */
 } child;
 
 enum { ST_RUN, ST_STOP_SERVERS, ST_STOP_FAIL, ST_STOP_SIGNAL };
@@ -46,6 +50,7 @@ struct supervisor {
     int exit_code;
     int64_t deadline;     /* 0: none */
     int killed;           /* SIGKILL sent */
+    int servers_sig;      /* the signal the servers get once the workers have ended; 0: none */
     int workers_ok, workers;
     char failure[512];    /* what made us stop, for the last line */
     int64_t t0;
@@ -55,25 +60,7 @@ struct supervisor {
     double acc0;          /* worker 0's test accuracy, -1 when not seen */
 };
 
-/* for the signal handler, which only writes the signal's number here */
-static int g_sigpipe[2] = {-1, -1};
 static int g_out_broken[3];
-
-static void on_signal(int sig)
-{
-    int e = errno;
-    unsigned char b = (unsigned char)sig;
-    if (write(g_sigpipe[1], &b, 1) < 0) {
-    }
-    errno = e;
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static const char *sig_name(int sig)
 {
@@ -166,12 +153,23 @@ static void note_summary(const child *c, const char *line)
         c->sv->acc0 = strtod(a + 14, NULL);
 }
 
-static void emit_line(const child *c, int stream, const char *line, size_t n)
+static void emit_line(child *c, int stream, const char *line, size_t n)
 {
     static ps_strbuf b;
     int fd = stream == 0 ? STDOUT_FILENO : STDERR_FILENO;
     while (n > 0 && line[n - 1] == '\r')
         n--;
+    if (c->cmd->host && stream == 1 && n < 64) {
+        /* the remote wrapper's last words: how the program ended */
+        char last[64];
+        int st;
+        memcpy(last, line, n);
+        last[n] = 0;
+        if (ps_launch_remote_status(last, &st)) {
+            c->remote_status = st;
+            return;
+        }
+    }
     ps_strbuf_reset(&b);
     ps_strbuf_addf(&b, "[%s %d] ", ps_launch_role_name(c->cmd->role), c->cmd->rank);
     size_t head = b.n;
@@ -257,69 +255,51 @@ static void drain_child(child *c)
         }
 }
 
+/* The CUDA_VISIBLE_DEVICES=... entry of a worker's environment, or NULL (the
+ * PS_* entries of an --exec worker are the same for all but the rank). */
+static const char *gpu_env(const ps_launch_cmd *k)
+{
+    for (int i = 0; i < k->env.n; i++)
+        if (!strncmp(k->env.v[i], "CUDA_VISIBLE_DEVICES=", 21))
+            return k->env.v[i];
+    return NULL;
+}
+
 /* Start one process with stdout/stderr on pipes.  The child gets its own
  * process group (so ps_launch alone decides which signals reach it, and a
  * stop reaches anything it forked) and, on Linux, SIGTERM if ps_launch dies. */
 static int spawn(child *c, char *why, size_t len)
 {
-    int out[2], err[2];
-    if (pipe(out) || pipe(err)) {
+    int out[2], err[2], in[2] = {-1, -1};
+    if (pipe(out) || pipe(err) || (c->cmd->host && pipe(in))) {
         snprintf(why, len, P ": pipe: %s", strerror(errno));
         return 1;
     }
     for (int i = 0; i < 2; i++) {
         fcntl(out[i], F_SETFD, FD_CLOEXEC);
         fcntl(err[i], F_SETFD, FD_CLOEXEC);
+        if (in[i] >= 0)
+            fcntl(in[i], F_SETFD, FD_CLOEXEC);
     }
-    sigset_t all, old;
-    sigfillset(&all);
-    sigprocmask(SIG_BLOCK, &all, &old);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        setpgid(0, 0);
-#ifdef __linux__
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent)
-            _exit(1);
-#else
-        (void)parent;
-#endif
-        static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD, SIGQUIT};
-        for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++)
-            signal(sigs[i], SIG_DFL);
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        int devnull = open("/dev/null", O_RDONLY);
-        if (devnull >= 0 && devnull != STDIN_FILENO) {
-            dup2(devnull, STDIN_FILENO);
-            close(devnull);
-        }
-        dup2(out[1], STDOUT_FILENO);
-        dup2(err[1], STDERR_FILENO);
-        if (c->cmd->env && !c->cmd->host)
-            putenv(c->cmd->env);
-        char *const *argv = c->cmd->argv.v;
-        if (strchr(argv[0], '/'))
-            execv(argv[0], argv);
-        else
-            execvp(argv[0], argv);
-        dprintf(STDERR_FILENO, P ": cannot run %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
+    /* ssh's stdin is our pipe to the remote wrapper; the rest read nothing */
+    pid_t pid = ps_launch_spawn(c->cmd->argv.v, in[0], out[1], err[1],
+                                c->cmd->host ? NULL : c->cmd->env.v);
     int fork_errno = errno;
-    if (pid > 0)
-        setpgid(pid, pid); /* also here: no race with a signal sent right away */
-    sigprocmask(SIG_SETMASK, &old, NULL);
     close(out[1]);
     close(err[1]);
+    if (in[0] >= 0)
+        close(in[0]);
     if (pid < 0) {
         close(out[0]);
         close(err[0]);
+        if (in[1] >= 0)
+            close(in[1]);
         snprintf(why, len, P ": fork: %s", strerror(fork_errno));
         return 1;
     }
+    if (in[1] >= 0)
+        fcntl(in[1], F_SETFL, fcntl(in[1], F_GETFL) | O_NONBLOCK);
+    c->in_fd = in[1];
     fcntl(out[0], F_SETFL, fcntl(out[0], F_GETFL) | O_NONBLOCK);
     fcntl(err[0], F_SETFL, fcntl(err[0], F_GETFL) | O_NONBLOCK);
     c->pid = pid;
@@ -328,27 +308,71 @@ static int spawn(child *c, char *why, size_t len)
     return 0;
 }
 
-static void signal_child(const child *c, int sig)
+static void close_input(child *c)
+{
+    if (c->in_fd >= 0)
+        close(c->in_fd);
+    c->in_fd = -1;
+}
+
+static void signal_child(child *c, int sig)
 {
     if (c->reaped || c->pid <= 0)
         return;
+    c->signalled = 1;
+    if (c->cmd->host) {
+        /* over ssh: the remote wrapper signals the program (ssh without a
+         * terminal would not); the local ssh stays up to bring back the
+         * program's last lines and how it ended */
+        char line[16];
+        snprintf(line, sizeof line, "%s\n",
+                 sig == SIGINT ? "INT" : sig == SIGKILL ? "KILL" : sig == SIGHUP ? "HUP" : "TERM");
+        if (c->in_fd >= 0 && write(c->in_fd, line, strlen(line)) < 0)
+            close_input(c); /* ssh is gone; its end will be reaped */
+        return;
+    }
     kill(-c->pid, sig);
     kill(c->pid, sig);
 }
 
+static int live_workers(const supervisor *sv)
+{
+    int n = 0;
+    for (int i = 0; i < sv->n; i++)
+        n += sv->ch[i].cmd->role == PS_LAUNCH_WORKER && !sv->ch[i].reaped;
+    return n;
+}
+
+/* Send sig to the workers (unless servers_only) and then to the servers.
+ * Workers first: while its servers are up a worker finishes its step and
+ * exits at once (without them it would wait on a reply until SIGKILL), and
+ * the servers' last checkpoint comes after the last update.  The servers
+ * get sig when no worker is left (supervise's loop), each group with its own
+ * grace before SIGKILL. */
 static void stop_all(supervisor *sv, int sig, int servers_only)
 {
-    for (int i = 0; i < sv->n; i++)
-        if (!servers_only || sv->ch[i].cmd->role == PS_LAUNCH_SERVER)
+    int workers = servers_only ? 0 : live_workers(sv);
+    for (int i = 0; i < sv->n; i++) {
+        int server = sv->ch[i].cmd->role == PS_LAUNCH_SERVER;
+        if (server ? !workers : !servers_only)
             signal_child(&sv->ch[i], sig);
-    sv->deadline = now_ms() + STOP_GRACE_MS;
+    }
+    sv->servers_sig = workers ? sig : 0;
+    sv->killed = 0;
+    sv->deadline = ps_launch_now_ms() + STOP_GRACE_MS;
 }
 
 static void on_exit_child(supervisor *sv, child *c)
 {
-    char name[300], how[128];
+    char name[300], how[160];
+    close_input(c);
+    if (c->cmd->host && c->remote_status >= 0)
+        c->status = c->remote_status; /* how the program itself ended, not ssh */
     child_name(c, name, sizeof name);
     describe_status(c->status, how, sizeof how);
+    if (c->cmd->host && c->remote_status < 0) /* ssh failed, or the remote shell */
+        snprintf(how + strlen(how), sizeof how - strlen(how),
+                 " (ssh's status: the remote side did not report)");
     int ok = WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0;
     if (sv->state == ST_RUN) {
         if (c->cmd->role == PS_LAUNCH_WORKER && ok) {
@@ -373,6 +397,23 @@ static void on_exit_child(supervisor *sv, child *c)
     if (sv->state == ST_STOP_SERVERS && c->cmd->role == PS_LAUNCH_SERVER && !ok &&
         !(WIFSIGNALED(c->status) && WTERMSIG(c->status) == SIGTERM))
         fprintf(stderr, P ": warning: %s %s while stopping\n", name, how);
+}
+
+/* SIGKILL to each local ssh still running; 1 when there was one. */
+static int kill_local_ssh(supervisor *sv)
+{
+    int n = 0;
+    for (int i = 0; i < sv->n; i++) {
+        child *c = &sv->ch[i];
+        if (c->cmd->host && !c->reaped && c->pid > 0) {
+            char name[300];
+            child_name(c, name, sizeof name);
+            fprintf(stderr, P ": %s: no answer from its host; ending the ssh connection\n", name);
+            kill(c->pid, SIGKILL);
+            n++;
+        }
+    }
+    return n > 0;
 }
 
 static void reap(supervisor *sv)
@@ -418,30 +459,11 @@ static void on_launcher_signal(supervisor *sv, int sig)
     }
     for (int i = 0; i < sv->n; i++)
         signal_child(&sv->ch[i], SIGKILL);
+    sv->servers_sig = 0;
     sv->killed = 1;
-    sv->deadline = now_ms() + KILL_GRACE_MS;
+    sv->deadline = ps_launch_now_ms() + KILL_GRACE_MS;
 }
 
-static int install_signals(void)
-{
-    if (pipe(g_sigpipe))
-        return 1;
-    for (int i = 0; i < 2; i++) {
-        fcntl(g_sigpipe[i], F_SETFD, FD_CLOEXEC);
-        fcntl(g_sigpipe[i], F_SETFL, fcntl(g_sigpipe[i], F_GETFL) | O_NONBLOCK);
-    }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-    sigaction(SIGCHLD, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    return 0;
-}
 
 int ps_launch_supervise(const ps_launch_plan *plan)
 {
@@ -457,8 +479,9 @@ int ps_launch_supervise(const ps_launch_plan *plan)
         free(pfd);
         return 1;
     }
-    sv.t0 = now_ms();
-    if (install_signals()) {
+    sv.t0 = ps_launch_now_ms();
+    int sigfd;
+    if (ps_launch_catch_signals(&sigfd)) {
         fprintf(stderr, P ": pipe: %s\n", strerror(errno));
         free(sv.ch);
         free(pfd);
@@ -469,7 +492,8 @@ int ps_launch_supervise(const ps_launch_plan *plan)
         child *c = &sv.ch[i];
         c->cmd = &plan->cmds[i];
         c->sv = &sv;
-        c->fd[0] = c->fd[1] = -1;
+        c->fd[0] = c->fd[1] = c->in_fd = -1;
+        c->remote_status = -1;
         c->reaped = 1; /* until started */
     }
     /* servers first: workers connect to them (ZeroMQ retries until they bind) */
@@ -492,25 +516,28 @@ int ps_launch_supervise(const ps_launch_plan *plan)
         else
             fprintf(stderr, P ": started worker %d (pid %ld)%s%s, device %s%s%s\n", k->rank,
                     (long)c->pid, k->host ? " on " : "", k->host ? k->host : "", k->device,
-                    k->env ? " with " : "", k->env ? k->env : "");
+                    gpu_env(k) ? " with " : "", gpu_env(k) ? gpu_env(k) : "");
         /* a signal or an early exit during start-up is handled right away */
         unsigned char sigs[64];
-        ssize_t r = read(g_sigpipe[0], sigs, sizeof sigs);
-        for (ssize_t j = 0; j < r; j++)
+        int r = ps_launch_read_signals(sigs, sizeof sigs);
+        for (int j = 0; j < r; j++)
             if (sigs[j] != SIGCHLD)
                 on_launcher_signal(&sv, sigs[j]);
         reap(&sv);
     }
 
     int64_t drain_deadline = 0;
+    int ssh_killed = 0;
     for (;;) {
         reap(&sv);
+        if (sv.servers_sig && !live_workers(&sv))
+            stop_all(&sv, sv.servers_sig, 1); /* the workers are gone: now the servers */
         int all_reaped = 1, open_fds = 0;
         for (int i = 0; i < sv.n; i++) {
             all_reaped &= sv.ch[i].reaped;
             open_fds += (sv.ch[i].fd[0] >= 0) + (sv.ch[i].fd[1] >= 0);
         }
-        int64_t now = now_ms();
+        int64_t now = ps_launch_now_ms();
         if (all_reaped) {
             if (!open_fds)
                 break;
@@ -525,7 +552,7 @@ int ps_launch_supervise(const ps_launch_plan *plan)
             if (!sv.killed) {
                 for (int i = 0; i < sv.n; i++) {
                     child *c = &sv.ch[i];
-                    if (c->reaped)
+                    if (c->reaped || !c->signalled) /* servers wait for the workers */
                         continue;
                     char name[300];
                     child_name(c, name, sizeof name);
@@ -535,6 +562,11 @@ int ps_launch_supervise(const ps_launch_plan *plan)
                 }
                 sv.killed = 1;
                 sv.deadline = now + KILL_GRACE_MS;
+            } else if (!ssh_killed && kill_local_ssh(&sv)) {
+                /* the remote side did not answer: end its connections, which
+                 * makes each remote wrapper stop its program */
+                ssh_killed = 1;
+                sv.deadline = now + DRAIN_MS;
             } else {
                 fprintf(stderr, P ": some processes did not exit even after SIGKILL; giving up\n");
                 if (!sv.exit_code)
@@ -543,7 +575,7 @@ int ps_launch_supervise(const ps_launch_plan *plan)
             }
         }
         int np = 0;
-        pfd[np++] = (struct pollfd){.fd = g_sigpipe[0], .events = POLLIN};
+        pfd[np++] = (struct pollfd){.fd = sigfd, .events = POLLIN};
         for (int i = 0; i < sv.n; i++)
             for (int s = 0; s < 2; s++)
                 if (sv.ch[i].fd[s] >= 0)
@@ -563,9 +595,9 @@ int ps_launch_supervise(const ps_launch_plan *plan)
             continue;
         if (pfd[0].revents) {
             unsigned char sigs[64];
-            ssize_t r;
-            while ((r = read(g_sigpipe[0], sigs, sizeof sigs)) > 0)
-                for (ssize_t j = 0; j < r; j++)
+            int r;
+            while ((r = ps_launch_read_signals(sigs, sizeof sigs)) > 0)
+                for (int j = 0; j < r; j++)
                     if (sigs[j] != SIGCHLD)
                         on_launcher_signal(&sv, sigs[j]);
         }
@@ -580,7 +612,7 @@ int ps_launch_supervise(const ps_launch_plan *plan)
     }
     free(pfd);
 
-    double secs = (double)(now_ms() - sv.t0) / 1000.0;
+    double secs = (double)(ps_launch_now_ms() - sv.t0) / 1000.0;
     if (sv.exit_code == 0) {
         ps_strbuf b = {0};
         ps_strbuf_addf(&b, P ": done in %.1f s: %d worker%s finished (mode %s), %d server%s "
@@ -598,6 +630,7 @@ int ps_launch_supervise(const ps_launch_plan *plan)
                 secs, sv.failure);
     }
     for (int i = 0; i < sv.n; i++) {
+        close_input(&sv.ch[i]);
         close_stream(&sv.ch[i], 0);
         close_stream(&sv.ch[i], 1);
         ps_strbuf_free(&sv.ch[i].lb[0]);

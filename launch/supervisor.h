@@ -17,7 +17,13 @@
  *    exits before the workers are done), the others get SIGTERM;
  *  - SIGINT/SIGTERM (SIGHUP as SIGTERM) to ps_launch go to every child; a
  *    second one kills what is left;
- *  - SIGKILL follows SIGTERM after 5 s.
+ *  - when stopping everything, the workers get the signal first and the
+ *    servers once no worker is left (a worker ends its step only while its
+ *    servers answer);
+ *  - SIGKILL follows the signal after 5 s (for the servers, 5 s after theirs);
+ *  - over ssh (cmd->host) a signal is a line to the remote wrapper on ssh's
+ *    stdin (remote.h), which reports how the program ended; that, not ssh's
+ *    status, is what ps_launch says and counts.
  * ps_launch's own lines ("ps_launch: started ...", the closing summary) go
  * to stderr.  Installs handlers for SIGCHLD, SIGINT, SIGTERM, SIGHUP and
  * ignores SIGPIPE for the rest of the process: call it once, from main.

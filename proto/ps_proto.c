@@ -112,16 +112,20 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     int is_hello = h->type == PS_MSG_HELLO;
     int is_stats = h->type == PS_MSG_STATS && (h->flags & PS_FLAG_REPLY);
     int is_error = h->type == PS_MSG_ERROR;
+    int has_bw = is_stats && h->barrier.id >= 0;
     int is_shm = (h->flags & PS_FLAG_SHM) != 0;
     int is_sum = h->npush > 1;
-    int has_bw = is_stats && h->barrier.id >= 0;
-    size_t n = 11 + (size_t)is_hello + (size_t)is_stats + 2 * (size_t)is_error + (size_t)is_shm +
-               (size_t)is_sum + (size_t)has_bw;
+    size_t alen = h->type == PS_MSG_SHUTDOWN ? strnlen(h->admin, PS_ADMIN_TOKEN_MAX) : 0;
+    size_t n = 11 + (size_t)is_hello + (size_t)is_stats + 2 * (size_t)is_error + (alen > 0) +
+               (size_t)has_bw + (size_t)is_shm + (size_t)is_sum;
     msgpack_pack_map(&pk, n);
     pk_u64(&pk, "v", h->version);
     pk_u64(&pk, "t", h->type);
     pk_u64(&pk, "f", h->flags);
-    pk_u64(&pk, "q", h->seq);
+    if (h->seq_negative) /* echo a refused negative q as the client sent it */
+        pk_i64(&pk, "q", (int64_t)h->seq);
+    else
+        pk_u64(&pk, "q", h->seq);
     pk_i64(&pk, "r", h->rank);
     pk_u64(&pk, "k", h->key);
     pk_u64(&pk, "c", h->chunk);
@@ -140,6 +144,11 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
         msgpack_pack_str(&pk, tl);
         msgpack_pack_str_body(&pk, h->err_text, tl);
     }
+    if (alen) {
+        pk_key(&pk, "adm");
+        msgpack_pack_str(&pk, alen);
+        msgpack_pack_str_body(&pk, h->admin, alen);
+    }
     if (is_hello) {
         const ps_hello *o = &h->hello;
         pk_key(&pk, "h");
@@ -150,7 +159,7 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
         /* the same-host data plane: the worker's arena; the server's answer */
         int reply = (h->flags & PS_FLAG_REPLY) != 0;
         size_t nshm = (o->shm_name[0] ? 3 : 0) + (reply ? 1 + (o->shm_why[0] != 0) : 0);
-        msgpack_pack_map(&pk, 7 + (size_t)nopt + nshm);
+        msgpack_pack_map(&pk, 7 + (size_t)nopt + (o->token != 0) + nshm);
         pk_i64(&pk, "mode", o->mode);
         pk_i64(&pk, "stal", o->max_staleness);
         pk_u64(&pk, "nw", o->num_workers);
@@ -158,6 +167,8 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
         pk_i64(&pk, "sr", o->server_rank);
         pk_u64(&pk, "fp", o->model_fp);
         pk_i64(&pk, "opt", o->opt.kind);
+        if (o->token)
+            pk_u64(&pk, "tok", o->token);
         for (int p = 0; p < PS_OPT_NPARAMS; p++) {
             if (!ps_opt_is_given(&o->opt, p))
                 continue;
@@ -380,72 +391,102 @@ static int field_str(const msgpack_object *o, const char *name, char *out, size_
     return 0;
 }
 
+/* Index of k in names[0..n), or -1 (not a string, or a key this side does
+ * not know). */
+static int key_index(const msgpack_object *k, const char *const *names, int n)
+{
+    if (k->type != MSGPACK_OBJECT_STR)
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (key_is(k, names[i]))
+            return i;
+    return -1;
+}
+
+/* A known key may come once: which of two values would count is not for the
+ * receiver to guess (a checker and a user of the header could pick
+ * differently), so a second one is refused. */
+static int once(uint64_t *seen, int i, const char *where, const char *name, char *why,
+                size_t why_len)
+{
+    if (*seen & (1ull << i)) {
+        ps_errorf(why, why_len, "key '%s' appears twice in %s", name, where);
+        return PS_EPROTO;
+    }
+    *seen |= 1ull << i;
+    return 0;
+}
+
+static const char *const hello_keys[] = {"mode", "stal", "nw", "ns", "sr", "fp", "opt", "tok",
+                                         "sa", "sk", "sz", "sm", "sw"};
+enum { HK_N = sizeof hello_keys / sizeof hello_keys[0] };
+
 static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t why_len)
 {
     if (m->type != MSGPACK_OBJECT_MAP) {
         ps_errorf(why, why_len, "field 'h' must be a map");
         return PS_EPROTO;
     }
+    uint64_t seen = 0;
     for (uint32_t i = 0; i < m->via.map.size; i++) {
         const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
-        if (k->type != MSGPACK_OBJECT_STR)
-            continue;
-        if (key_is(k, "mode"))
-            FIELD_I(v, "h.mode", o->mode, PS_MODE_SYNC, PS_MODE_ASYNC);
-        else if (key_is(k, "stal"))
-            FIELD_I(v, "h.stal", o->max_staleness, -1, 1000000);
-        else if (key_is(k, "nw"))
-            FIELD_U(v, "h.nw", o->num_workers, 1, PS_MAX_RANK + 1);
-        else if (key_is(k, "ns"))
-            FIELD_U(v, "h.ns", o->num_servers, 1, PS_MAX_RANK + 1);
-        else if (key_is(k, "sr"))
-            FIELD_I(v, "h.sr", o->server_rank, -1, PS_MAX_RANK);
-        else if (key_is(k, "fp"))
-            FIELD_U(v, "h.fp", o->model_fp, 0, UINT64_MAX);
-        else if (key_is(k, "opt"))
-            FIELD_I(v, "h.opt", o->opt.kind, 0, PS_OPT_KIND_MAX);
-        else if (key_is(k, "sa")) {
+        int ki = key_index(k, hello_keys, HK_N), p = -1;
+        for (int j = 0; ki < 0 && k->type == MSGPACK_OBJECT_STR && j < PS_OPT_NPARAMS; j++)
+            if (key_is(k, ps_opt_param_at(j)->key))
+                p = j;
+        if (ki < 0 && p < 0)
+            continue; /* a newer peer's field, or a non-string key: ignored */
+        int bit = ki >= 0 ? ki : HK_N + p;
+        if (once(&seen, bit, "'h'", ki >= 0 ? hello_keys[ki] : ps_opt_param_at(p)->key, why,
+                 why_len))
+            return PS_EPROTO;
+        switch (ki) {
+        case 0: FIELD_I(v, "h.mode", o->mode, PS_MODE_SYNC, PS_MODE_ASYNC); continue;
+        case 1: FIELD_I(v, "h.stal", o->max_staleness, -1, 1000000); continue;
+        case 2: FIELD_U(v, "h.nw", o->num_workers, 1, PS_MAX_RANK + 1); continue;
+        case 3: FIELD_U(v, "h.ns", o->num_servers, 1, PS_MAX_RANK + 1); continue;
+        case 4: FIELD_I(v, "h.sr", o->server_rank, -1, PS_MAX_RANK); continue;
+        case 5: FIELD_U(v, "h.fp", o->model_fp, 0, UINT64_MAX); continue;
+        case 6: FIELD_I(v, "h.opt", o->opt.kind, 0, PS_OPT_KIND_MAX); continue;
+        case 7: FIELD_U(v, "h.tok", o->token, 0, UINT64_MAX); continue;
+        /* the same-host data plane */
+        case 8:
             if (field_str(v, "h.sa", o->shm_name, sizeof o->shm_name, why, why_len))
                 return PS_EPROTO;
-        } else if (key_is(k, "sk"))
-            FIELD_U(v, "h.sk", o->shm_nonce, 0, UINT64_MAX);
-        else if (key_is(k, "sz"))
-            FIELD_U(v, "h.sz", o->shm_size, 0, UINT64_MAX);
-        else if (key_is(k, "sm"))
-            FIELD_I(v, "h.sm", o->shm, 0, 1);
-        else if (key_is(k, "sw")) {
+            continue;
+        case 9: FIELD_U(v, "h.sk", o->shm_nonce, 0, UINT64_MAX); continue;
+        case 10: FIELD_U(v, "h.sz", o->shm_size, 0, UINT64_MAX); continue;
+        case 11: FIELD_I(v, "h.sm", o->shm, 0, 1); continue;
+        case 12: {
             /* a reason for people: cut to fit rather than refused */
-            size_t n = v->type == MSGPACK_OBJECT_STR ? v->via.str.size : 0;
             if (v->type != MSGPACK_OBJECT_STR) {
                 ps_errorf(why, why_len, "field 'h.sw' must be a string");
                 return PS_EPROTO;
             }
-            if (n >= sizeof o->shm_why)
-                n = sizeof o->shm_why - 1;
+            size_t n = v->via.str.size < sizeof o->shm_why ? v->via.str.size
+                                                            : sizeof o->shm_why - 1;
             memcpy(o->shm_why, v->via.str.ptr, n);
             o->shm_why[n] = 0;
-        } else
-            for (int p = 0; p < PS_OPT_NPARAMS; p++) {
-                const ps_opt_param *r = ps_opt_param_at(p);
-                if (!key_is(k, r->key))
-                    continue;
-                char name[16];
-                snprintf(name, sizeof name, "h.%s", r->key);
-                if (r->is_int) {
-                    uint64_t u;
-                    FIELD_U(v, name, u, 0, (uint64_t)r->hi);
-                    ps_opt_set(&o->opt, p, (double)u);
-                } else {
-                    float f;
-                    FIELD_F(v, name, f);
-                    ps_opt_set(&o->opt, p, f);
-                }
-                /* present is given; an older peer's 0 in a "zero means not
-                 * given" row is not */
-                if (!r->zero_unset || ps_opt_get(&o->opt, p) != 0)
-                    o->opt.given |= 1u << p;
-                break;
-            }
+            continue;
+        }
+        default: break;
+        }
+        const ps_opt_param *r = ps_opt_param_at(p);
+        char name[16];
+        snprintf(name, sizeof name, "h.%s", r->key);
+        if (r->is_int) {
+            uint64_t u;
+            FIELD_U(v, name, u, 0, (uint64_t)r->hi);
+            ps_opt_set(&o->opt, p, (double)u);
+        } else {
+            float f;
+            FIELD_F(v, name, f);
+            ps_opt_set(&o->opt, p, f);
+        }
+        /* present is given; an older peer's 0 in a "zero means not given" row
+         * is not */
+        if (!r->zero_unset || ps_opt_get(&o->opt, p) != 0)
+            o->opt.given |= 1u << p;
     }
     if (o->mode == 0 || o->num_workers == 0 || o->num_servers == 0) {
         ps_errorf(why, why_len, "hello needs mode, nw and ns");
@@ -465,16 +506,26 @@ static int decode_stats(const msgpack_object *m, ps_stats *s, char *why, size_t 
         PS_STATS_COUNTERS(COUNTER_)
 #undef COUNTER_
     };
+    const int nu = (int)(sizeof u / sizeof u[0]);
+    uint64_t seen = 0;
     for (uint32_t i = 0; i < m->via.map.size; i++) {
         const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
         if (k->type != MSGPACK_OBJECT_STR)
             continue;
-        for (size_t j = 0; j < sizeof u / sizeof u[0]; j++)
-            if (key_is(k, u[j].name))
-                FIELD_U(v, u[j].name, *u[j].dst, 0, UINT64_MAX);
-        if (key_is(k, "vmin"))
+        int j = 0;
+        while (j < nu && !key_is(k, u[j].name))
+            j++;
+        int bit = j < nu ? j : key_is(k, "vmin") ? nu : key_is(k, "vmax") ? nu + 1 : -1;
+        if (bit < 0)
+            continue;
+        if (once(&seen, bit, "'st'", j < nu ? u[j].name : bit == nu ? "vmin" : "vmax", why,
+                 why_len))
+            return PS_EPROTO;
+        if (j < nu)
+            FIELD_U(v, u[j].name, *u[j].dst, 0, UINT64_MAX);
+        else if (bit == nu)
             FIELD_I(v, "vmin", s->min_version, INT64_MIN, INT64_MAX);
-        else if (key_is(k, "vmax"))
+        else
             FIELD_I(v, "vmax", s->max_version, INT64_MIN, INT64_MAX);
     }
     return 0;
@@ -515,16 +566,137 @@ static int decode_barrier(const msgpack_object *m, ps_barrier_info *b, char *why
     return 0;
 }
 
+static const char *const hdr_keys[] = {"v", "t", "f", "q", "r", "k", "c", "s",
+                                       "n", "d", "tot", "ec", "et", "h", "st", "adm", "bw",
+                                       "o", "m"};
+enum { K_V, K_T, K_F, K_Q, K_R, K_K, K_C, K_S, K_N, K_D, K_TOT, K_EC, K_ET, K_H, K_ST, K_ADM,
+       K_BW, K_O, K_M, K_COUNT };
+
+/* What an error reply echoes, read from the first occurrence of each key
+ * before anything is checked: a request refused for one field is still
+ * answered to its q (a client drops a reply whose q is not one of its
+ * requests, and would wait for its timeout instead of seeing the error). */
+static void recover_echo(const msgpack_object *root, ps_header *h)
+{
+    uint64_t seen = 0;
+    for (uint32_t i = 0; i < root->via.map.size; i++) {
+        const msgpack_object *v = &root->via.map.ptr[i].val;
+        int ki = key_index(&root->via.map.ptr[i].key, hdr_keys, K_COUNT);
+        if (ki < 0 || (seen & (1ull << ki)))
+            continue;
+        seen |= 1ull << ki;
+        uint64_t u;
+        int64_t x;
+        if (ki == K_Q && get_u64(v, &u) == 0) {
+            h->seq = u;
+        } else if (ki == K_Q && v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+            h->seq = (uint64_t)v->via.i64;
+            h->seq_negative = 1;
+        } else if (ki == K_R && get_i64(v, &x) == 0 && x >= -1 && x <= PS_MAX_RANK) {
+            h->rank = (int32_t)x;
+        } else if (ki == K_K && get_u64(v, &u) == 0) {
+            h->key = u;
+        } else if (ki == K_C && get_u64(v, &u) == 0 && u < PS_MAX_CHUNK) {
+            h->chunk = (uint32_t)u;
+        } else if (ki == K_S && get_i64(v, &x) == 0 && x >= -1 && x <= INT64_MAX / 2) {
+            h->step = x;
+        } else if (ki == K_T && get_u64(v, &u) == 0 && u >= 1 && u <= PS_MSG_TYPE_MAX) {
+            h->type = (uint32_t)u;
+        }
+    }
+}
+
+/* One known header field, checked into h. */
+static int decode_field(int ki, const msgpack_object *v, ps_header *h, char *why, size_t why_len)
+{
+    switch (ki) {
+    case K_T: FIELD_U(v, "t", h->type, 1, PS_MSG_TYPE_MAX); break;
+    case K_F: FIELD_U(v, "f", h->flags, 0, PS_FLAG_MASK); break;
+    case K_Q: FIELD_U(v, "q", h->seq, 0, UINT64_MAX); break;
+    case K_R: FIELD_I(v, "r", h->rank, -1, PS_MAX_RANK); break;
+    case K_K: FIELD_U(v, "k", h->key, 0, UINT64_MAX); break;
+    case K_C: FIELD_U(v, "c", h->chunk, 0, PS_MAX_CHUNK - 1); break;
+    case K_S: FIELD_I(v, "s", h->step, -1, INT64_MAX / 2); break;
+    case K_N: FIELD_U(v, "n", h->count, 0, PS_MAX_PAYLOAD_BYTES); break;
+    case K_D: FIELD_U(v, "d", h->dtype, 0, PS_DTYPE_F32); break;
+    case K_TOT: FIELD_U(v, "tot", h->total, 0, UINT64_MAX / 8); break;
+    case K_O: FIELD_U(v, "o", h->shm_off, 0, UINT64_MAX / 8); break;
+    case K_M: FIELD_U(v, "m", h->npush, 1, 1u << 30); break;
+    case K_EC: FIELD_I(v, "ec", h->err_code, 0, 1000); break;
+    case K_ET: {
+        if (v->type != MSGPACK_OBJECT_STR) {
+            ps_errorf(why, why_len, "field 'et' must be a string");
+            return PS_EPROTO;
+        }
+        size_t n = v->via.str.size < PS_ERR_TEXT_MAX ? v->via.str.size : PS_ERR_TEXT_MAX;
+        memcpy(h->err_text, v->via.str.ptr, n);
+        h->err_text[n] = 0;
+        break;
+    }
+    case K_ADM: {
+        int ok = v->type == MSGPACK_OBJECT_STR && v->via.str.size <= PS_ADMIN_TOKEN_MAX;
+        for (uint32_t j = 0; ok && j < v->via.str.size; j++)
+            ok = v->via.str.ptr[j] > 0x20 && v->via.str.ptr[j] < 0x7f;
+        if (!ok) {
+            ps_errorf(why, why_len, "field 'adm' must be a string of at most %d printable "
+                "characters", PS_ADMIN_TOKEN_MAX);
+            return PS_EPROTO;
+        }
+        memcpy(h->admin, v->via.str.ptr, v->via.str.size);
+        h->admin[v->via.str.size] = 0;
+        break;
+    }
+    case K_H: return decode_hello(v, &h->hello, why, why_len);
+    case K_ST: return decode_stats(v, &h->stats, why, why_len);
+    case K_BW: return decode_barrier(v, &h->barrier, why, why_len);
+    default: break; /* K_V: checked first */
+    }
+    return 0;
+}
+
+/* The checked header of a map with v = 1, into d (ps_header_init'ed). */
+static int decode_fields(const msgpack_object *root, ps_header *d, char *why, size_t why_len)
+{
+    uint64_t seen = 0;
+    for (uint32_t i = 0; i < root->via.map.size; i++) {
+        const msgpack_object *k = &root->via.map.ptr[i].key, *v = &root->via.map.ptr[i].val;
+        if (k->type != MSGPACK_OBJECT_STR) {
+            ps_errorf(why, why_len, "header keys must be strings");
+            return PS_EPROTO;
+        }
+        int ki = key_index(k, hdr_keys, K_COUNT), rc;
+        if (ki < 0)
+            continue; /* a newer peer's optional field, ignored */
+        if ((rc = once(&seen, ki, "the header", hdr_keys[ki], why, why_len)) ||
+            (rc = decode_field(ki, v, d, why, why_len)))
+            return rc;
+    }
+    if (!(seen & (1ull << K_T))) {
+        ps_errorf(why, why_len, "header has no message type field 't'");
+        return PS_EPROTO;
+    }
+    if (d->type == PS_MSG_HELLO && !(seen & (1ull << K_H))) {
+        ps_errorf(why, why_len, "hello without its 'h' map");
+        return PS_EPROTO;
+    }
+    if (d->dtype && d->count * ps_dtype_size(d->dtype) > PS_MAX_PAYLOAD_BYTES) {
+        ps_errorf(why, why_len, "count %llu elements is more than the %llu-byte payload limit",
+            (unsigned long long)d->count, (unsigned long long)PS_MAX_PAYLOAD_BYTES);
+        return PS_ETOOBIG;
+    }
+    return 0;
+}
+
 static int decode_map(const msgpack_object *root, ps_header *h, char *why, size_t why_len)
 {
-    int have_v = 0, have_t = 0, have_h = 0;
+    int have_v = 0;
     uint64_t version = 0;
     if (root->type != MSGPACK_OBJECT_MAP) {
         ps_errorf(why, why_len, "header must be a msgpack map");
         return PS_EPROTO;
     }
     /* version first, so a peer of another version gets the right error */
-    for (uint32_t i = 0; i < root->via.map.size; i++) {
+    for (uint32_t i = 0; i < root->via.map.size && !have_v; i++) {
         const msgpack_object *k = &root->via.map.ptr[i].key;
         if (k->type == MSGPACK_OBJECT_STR && key_is(k, "v")) {
             if (get_u64(&root->via.map.ptr[i].val, &version) < 0) {
@@ -538,84 +710,19 @@ static int decode_map(const msgpack_object *root, ps_header *h, char *why, size_
         ps_errorf(why, why_len, "header has no protocol version field 'v'");
         return PS_EPROTO;
     }
+    recover_echo(root, h);
     if (version != PS_PROTO_VERSION) {
         ps_errorf(why, why_len, "protocol version %llu, this side speaks %d",
             (unsigned long long)version, PS_PROTO_VERSION);
         return PS_EVERSION;
     }
-    h->version = (uint32_t)version;
-    for (uint32_t i = 0; i < root->via.map.size; i++) {
-        const msgpack_object *k = &root->via.map.ptr[i].key, *v = &root->via.map.ptr[i].val;
-        if (k->type != MSGPACK_OBJECT_STR) {
-            ps_errorf(why, why_len, "header keys must be strings");
-            return PS_EPROTO;
-        }
-        if (key_is(k, "v"))
-            continue;
-        else if (key_is(k, "t")) {
-            FIELD_U(v, "t", h->type, 1, PS_MSG_TYPE_MAX);
-            have_t = 1;
-        } else if (key_is(k, "f"))
-            FIELD_U(v, "f", h->flags, 0, PS_FLAG_MASK);
-        else if (key_is(k, "q"))
-            FIELD_U(v, "q", h->seq, 0, UINT64_MAX);
-        else if (key_is(k, "r"))
-            FIELD_I(v, "r", h->rank, -1, PS_MAX_RANK);
-        else if (key_is(k, "k"))
-            FIELD_U(v, "k", h->key, 0, UINT64_MAX);
-        else if (key_is(k, "c"))
-            FIELD_U(v, "c", h->chunk, 0, PS_MAX_CHUNK - 1);
-        else if (key_is(k, "s"))
-            FIELD_I(v, "s", h->step, -1, INT64_MAX / 2);
-        else if (key_is(k, "n"))
-            FIELD_U(v, "n", h->count, 0, PS_MAX_PAYLOAD_BYTES);
-        else if (key_is(k, "d"))
-            FIELD_U(v, "d", h->dtype, 0, PS_DTYPE_F32);
-        else if (key_is(k, "tot"))
-            FIELD_U(v, "tot", h->total, 0, UINT64_MAX / 8);
-        else if (key_is(k, "o"))
-            FIELD_U(v, "o", h->shm_off, 0, UINT64_MAX / 8);
-        else if (key_is(k, "m"))
-            FIELD_U(v, "m", h->npush, 1, 1u << 30);
-        else if (key_is(k, "ec"))
-            FIELD_I(v, "ec", h->err_code, 0, 1000);
-        else if (key_is(k, "et")) {
-            if (v->type != MSGPACK_OBJECT_STR) {
-                ps_errorf(why, why_len, "field 'et' must be a string");
-                return PS_EPROTO;
-            }
-            size_t n = v->via.str.size < PS_ERR_TEXT_MAX ? v->via.str.size : PS_ERR_TEXT_MAX;
-            memcpy(h->err_text, v->via.str.ptr, n);
-            h->err_text[n] = 0;
-        } else if (key_is(k, "h")) {
-            int rc = decode_hello(v, &h->hello, why, why_len);
-            if (rc)
-                return rc;
-            have_h = 1;
-        } else if (key_is(k, "st")) {
-            int rc = decode_stats(v, &h->stats, why, why_len);
-            if (rc)
-                return rc;
-        } else if (key_is(k, "bw")) {
-            int rc = decode_barrier(v, &h->barrier, why, why_len);
-            if (rc)
-                return rc;
-        }
-        /* other keys: a newer peer's optional fields, ignored */
-    }
-    if (!have_t) {
-        ps_errorf(why, why_len, "header has no message type field 't'");
-        return PS_EPROTO;
-    }
-    if (h->type == PS_MSG_HELLO && !have_h) {
-        ps_errorf(why, why_len, "hello without its 'h' map");
-        return PS_EPROTO;
-    }
-    if (h->dtype && h->count * ps_dtype_size(h->dtype) > PS_MAX_PAYLOAD_BYTES) {
-        ps_errorf(why, why_len, "count %llu elements is more than the %llu-byte payload limit",
-            (unsigned long long)h->count, (unsigned long long)PS_MAX_PAYLOAD_BYTES);
-        return PS_ETOOBIG;
-    }
+    h->version = PS_PROTO_VERSION; /* answerable from here on */
+    ps_header d;
+    ps_header_init(&d, 0);
+    int rc = decode_fields(root, &d, why, why_len);
+    if (rc)
+        return rc; /* h keeps what recover_echo found */
+    *h = d;
     return 0;
 }
 

@@ -18,6 +18,10 @@
 /* Largest header we ever encode or accept (bytes). */
 #define PS_HEADER_MAX 1024
 
+/* Longest admin token a SHUTDOWN request carries (bytes, printable ASCII;
+ * server/admin.h). */
+#define PS_ADMIN_TOKEN_MAX 128
+
 enum ps_msg_type {
     PS_MSG_HELLO = 1,     /* agree on mode, model and config */
     PS_MSG_INIT = 2,      /* register a chunk with its first values (payload) */
@@ -62,6 +66,9 @@ typedef struct ps_hello {
     uint64_t shm_nonce, shm_size;
     int32_t shm;
     char shm_why[96];
+    uint64_t token;         /* reply: the rank's token for this run; request: the token
+                               an earlier reply gave this worker (proves it is the same
+                               worker); 0 = none, left out of the map */
 } ps_hello;
 
 typedef struct ps_header {
@@ -69,6 +76,8 @@ typedef struct ps_header {
     uint32_t type;     /* enum ps_msg_type */
     uint32_t flags;    /* PS_FLAG_* */
     uint64_t seq;      /* request id chosen by the client, echoed in the reply */
+    uint8_t seq_negative; /* a refused request's q was a negative integer: seq holds it
+                             (two's complement) and the error reply echoes it as one */
     int32_t rank;      /* worker rank, -1 when not a worker */
     uint64_t key;      /* tensor id */
     uint32_t chunk;    /* chunk index within the tensor */
@@ -84,6 +93,7 @@ typedef struct ps_header {
     ps_hello hello;    /* HELLO only */
     ps_stats stats;    /* STATS reply only */
     ps_barrier_info barrier; /* STATS reply only, optional: id -1 when absent */
+    char admin[PS_ADMIN_TOKEN_MAX + 1]; /* SHUTDOWN request: the admin token; "" none */
 } ps_header;
 
 /* Fill h with defaults: current version, rank -1, no barrier info
@@ -97,7 +107,12 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len);
 /* Decode and validate a header frame.  Every field is type- and range-checked;
  * on failure returns PS_EPROTO / PS_EVERSION / PS_ETOOBIG and writes a
  * human-readable reason into why (may be NULL).  Unknown map keys are ignored
- * (forward compatible); a different protocol version is refused. */
+ * (forward compatible); a key this side knows given twice (in the header, `h`
+ * or `st`) is refused; a different protocol version is refused.
+ * Even on failure h holds what an error reply echoes, as far as the frame
+ * gives it: seq (seq_negative for a negative q), and rank, key, chunk, step
+ * and type when they are in range; version is PS_PROTO_VERSION once the
+ * frame was a map with v = 1 (so the request can be answered), else 0. */
 int ps_proto_decode(const void *buf, size_t len, ps_header *h, char *why, size_t why_len);
 
 /* Check that a message of type h->type came with the frames it needs:

@@ -1,7 +1,9 @@
 #include "ckpt_coord.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -18,6 +20,9 @@
 #define TID_CKPT 999
 /* After a failed checkpoint write, wait this long before the next try. */
 #define CKPT_RETRY_NS 1000000000LL
+/* While writes keep failing: one error line per this long, the tries in
+ * between counted in it. */
+#define FAIL_LOG_NS 30000000000LL
 
 enum { CK_IDLE = 0, CK_SNAP = 1, CK_WRITE = 2 };
 
@@ -33,7 +38,9 @@ typedef struct ckpt_writer {
     uint8_t *hello;
     ps_ckpt_part *parts;
     int nparts;
+    uint64_t mut;      /* the mutations the snapshot holds (the I/O thread's count) */
     int rc;
+    int recreated;     /* the directory was gone and made again */
     uint64_t bytes;
     int64_t t0, t1;
     char path[1024], why[512];
@@ -63,6 +70,14 @@ struct ps_ckpt_coord {
     int64_t last_ns, retry_ns, info_ns;
     int64_t durable_round;    /* durable rounds: versions up to it are on disk */
     uint64_t written_seq;     /* the last checkpoint written */
+    uint64_t snap_mut;        /* the mutations of the snapshot being collected */
+    uint64_t written_mut;     /* ... and of the last one written (this process's count) */
+    int on_failure;           /* PS_CKPT_FAIL_* */
+    int64_t failure_ns;       /* stall: notice after; exit: give up after */
+    int64_t fail_since;       /* writes failing since then; 0: the last one worked */
+    int64_t fail_log_ns;      /* the last failure line */
+    uint64_t nfail, fail_unlogged, fail_streak;
+    char fail_why[512];
     ps_held_reply *held_head, *held_tail;
     size_t nheld_init;
     ckpt_writer wr;
@@ -90,6 +105,7 @@ static int start(ps_ckpt_coord *c, int64_t now, uint64_t mut, uint64_t *token)
     c->got = 0;
     c->failed = 0;
     c->last_mut = mut;
+    c->snap_mut = mut;
     c->last_ns = now;
     *token = c->token;
     return 1;
@@ -102,21 +118,40 @@ static void write_job(ps_ckpt_coord *c)
     ckpt_writer *w = &c->wr;
     w->t0 = ps_now_ns();
     w->why[0] = 0;
+    /* a directory removed under the server is made again */
+    w->recreated = 0;
+    if (ps_mkdir_p(c->dir, 0755, &w->recreated) != 0) {
+        snprintf(w->why, sizeof w->why, "cannot create the directory %s: %s", c->dir,
+                 strerror(errno));
+        w->rc = PS_EIO;
+        w->t1 = ps_now_ns();
+        return;
+    }
     w->rc = ps_ckpt_write(c->dir, &w->meta, w->parts, w->nparts, PS_CKPT_KEEP, w->path,
                           sizeof w->path, &w->bytes, w->why, sizeof w->why);
     w->t1 = ps_now_ns();
 }
 
-/* Take out, in arrival order, every held reply that is now on disk. */
-static ps_held_reply *release_held(ps_ckpt_coord *c)
+/* Is a reply of this kind and version durable by now? */
+static int durable(const ps_ckpt_coord *c, int kind, int64_t version)
+{
+    if (kind == PS_OUT_INIT)
+        return version > 0 && (uint64_t)version <= c->written_seq;
+    if (kind == PS_OUT_ACK)
+        return (uint64_t)version <= c->written_mut + (uint64_t)c->every;
+    return version <= c->durable_round;
+}
+
+/* Take out, in arrival order, every held reply that is now on disk (all:
+ * every one). */
+static ps_held_reply *release_held(ps_ckpt_coord *c, int all)
 {
     ps_held_reply **pp = &c->held_head, *last = NULL, *out = NULL, **tail = &out;
     while (*pp) {
         ps_held_reply *m = *pp;
-        if (m->by_seq ? (uint64_t)m->version <= c->written_seq
-                      : m->version <= c->durable_round) {
+        if (all || durable(c, m->kind, m->version)) {
             *pp = m->next;
-            c->nheld_init -= (size_t)m->by_seq;
+            c->nheld_init -= (size_t)(m->kind == PS_OUT_INIT);
             m->next = NULL;
             *tail = m;
             tail = &m->next;
@@ -129,6 +164,31 @@ static ps_held_reply *release_held(ps_ckpt_coord *c)
     return out;
 }
 
+/* Say that write `seq` failed: the first failure at once, then one line per
+ * FAIL_LOG_NS with the tries in between. */
+static void failure_said(ps_ckpt_coord *c, int64_t now, uint64_t seq)
+{
+    if (c->fail_log_ns && now - c->fail_log_ns < FAIL_LOG_NS) {
+        c->fail_unlogged++;
+        return;
+    }
+    const char *then =
+        c->on_failure == PS_CKPT_FAIL_CONTINUE
+            ? "replies that waited for a checkpoint go without one (--on-checkpoint-failure "
+              "continue): a crash now loses more than --checkpoint-every says"
+        : c->on_failure == PS_CKPT_FAIL_EXIT
+            ? "the server exits if writes still fail a while after the first failure "
+              "(--on-checkpoint-failure exit)"
+            : "replies that wait for a checkpoint are held until one is written, so training "
+              "may stall, and their workers are told so after a while (--on-checkpoint-failure "
+              "stall); free space or fix the directory";
+    ps_error("checkpoint %llu failed: %s (%llu failed tries in %.0f s); %s; the next try is in "
+             "1 s", (unsigned long long)seq, c->fail_why, (unsigned long long)c->fail_streak,
+             (double)(now - c->fail_since) * 1e-9, then);
+    c->fail_log_ns = now;
+    c->fail_unlogged = 0;
+}
+
 /* A write finished: log it, and with durable rounds let the replies go. */
 static ps_held_reply *done(ps_ckpt_coord *c)
 {
@@ -139,27 +199,50 @@ static ps_held_reply *done(ps_ckpt_coord *c)
         pthread_mutex_unlock(&w->mu);
     }
     int64_t now = ps_now_ns();
+    if (w->recreated)
+        ps_warn("--checkpoint-dir %s was gone: made it again", c->dir);
     if (w->rc) {
-        ps_error("checkpoint %llu failed: %s; training goes on, the next try is in 1 s",
-                 (unsigned long long)w->meta.seq, w->why);
+        c->nfail++;
+        c->fail_streak++;
+        snprintf(c->fail_why, sizeof c->fail_why, "%s", w->why);
+        if (!c->fail_since)
+            c->fail_since = now;
         c->retry_ns = now + CKPT_RETRY_NS;
         c->last_mut = 0; /* still to do */
         c->last_round = c->prev_round;
+        failure_said(c, now, w->meta.seq);
+        /* continue: what waits for a checkpoint goes without one */
+        if (c->on_failure == PS_CKPT_FAIL_CONTINUE)
+            released = release_held(c, 1);
     } else {
+        if (c->fail_since)
+            ps_warn("checkpoint %llu written to %s after %llu failed tries over %.1f s: "
+                    "checkpoints work again", (unsigned long long)w->meta.seq, c->dir,
+                    (unsigned long long)c->fail_streak, (double)(now - c->fail_since) * 1e-9);
+        c->fail_since = 0;
+        c->fail_unlogged = 0;
+        c->fail_streak = 0;
+        c->fail_log_ns = 0;
         c->count++;
         double ms = (double)(w->t1 - w->t0) * 1e-6;
-        /* one info line per 10 s at most: a checkpoint per round is common */
-        if (now - c->info_ns >= 10000000000LL || c->stopping) {
-            ps_info("checkpoint %llu written: %s, %llu chunks, versions %lld..%lld, %.1f MiB "
-                    "in %.1f ms (%llu written so far)",
-                    (unsigned long long)w->meta.seq, w->path,
+        /* each says what it holds, so the loss of a crash can be counted: the
+         * updates in it, and the inits and pushes of this process it holds
+         * (of how many received); one info line per second at most, as a
+         * checkpoint per round is common */
+        if (now - c->info_ns >= 1000000000LL || c->stopping) {
+            ps_info("checkpoint %llu written: %s, %llu chunks, versions %lld..%lld, %llu updates, "
+                    "%llu inits and pushes of this process, %.1f MiB in %.1f ms (%llu written "
+                    "so far)", (unsigned long long)w->meta.seq, w->path,
                     (unsigned long long)w->meta.nchunks, (long long)w->meta.min_version,
-                    (long long)w->meta.max_version, (double)w->bytes / 1048576.0, ms,
-                    (unsigned long long)c->count);
+                    (long long)w->meta.max_version,
+                    (unsigned long long)w->meta.counters.updates, (unsigned long long)w->mut,
+                    (double)w->bytes / 1048576.0, ms, (unsigned long long)c->count);
             c->info_ns = now;
         } else {
-            ps_debug("checkpoint %llu written: %s (%.1f ms)", (unsigned long long)w->meta.seq,
-                     w->path, ms);
+            ps_debug("checkpoint %llu written: %s, %llu updates, %llu inits and pushes of this "
+                     "process (%.1f ms)", (unsigned long long)w->meta.seq, w->path,
+                     (unsigned long long)w->meta.counters.updates, (unsigned long long)w->mut,
+                     ms);
         }
         if (c->trace)
             ps_trace_event(c->trace, "write", "checkpoint", TID_CKPT, w->t0, w->t1,
@@ -167,7 +250,8 @@ static ps_held_reply *done(ps_ckpt_coord *c)
         if (w->meta.nchunks && w->meta.min_version > c->durable_round)
             c->durable_round = w->meta.min_version;
         c->written_seq = w->meta.seq;
-        released = release_held(c);
+        c->written_mut = w->mut;
+        released = release_held(c, 0);
     }
     free_parts(w->parts, w->nparts);
     free(w->hello);
@@ -228,6 +312,7 @@ static ps_held_reply *submit(ps_ckpt_coord *c, uint64_t model_fp, const uint8_t 
     }
     w->parts = c->parts;
     w->nparts = T;
+    w->mut = c->snap_mut;
     c->parts = NULL;
     c->state = CK_WRITE;
     if (c->stopping || !w->started) {
@@ -338,20 +423,27 @@ uint64_t ps_ckpt_coord_abandon(ps_ckpt_coord *c)
     return c->token;
 }
 
-int ps_ckpt_coord_hold(ps_ckpt_coord *c, int tag, int64_t version, ps_held_reply **slot)
+int ps_ckpt_coord_hold(ps_ckpt_coord *c, int tag, int64_t version, int64_t now,
+                       ps_held_reply **slot)
 {
     *slot = NULL;
-    int by_seq = tag == PS_OUT_INIT;
-    if (by_seq)
-        version = (int64_t)c->seq; /* the next snapshot holds the chunk */
-    if (!by_seq && !(tag == PS_OUT_HELD && version > c->durable_round))
+    if (tag != PS_OUT_INIT && tag != PS_OUT_HELD && tag != PS_OUT_ACK)
         return 0;
+    /* a chunk in a snapshot already waits for that one only; a new one for
+     * the next */
+    if (tag == PS_OUT_INIT && version <= 0)
+        version = (int64_t)c->seq;
+    if (durable(c, tag, version))
+        return 0;
+    if (c->fail_since && c->on_failure == PS_CKPT_FAIL_CONTINUE)
+        return 0; /* writes fail and the operator chose to go on without them */
     ps_held_reply *m = calloc(1, sizeof *m);
     if (!m)
         return 1;
     m->version = version;
-    m->by_seq = by_seq;
-    c->nheld_init += (size_t)by_seq;
+    m->kind = tag;
+    m->held_ns = now;
+    c->nheld_init += (size_t)(tag == PS_OUT_INIT);
     if (c->held_tail)
         c->held_tail->next = m;
     else
@@ -368,6 +460,38 @@ void ps_held_reply_free(ps_held_reply *m)
 }
 
 uint64_t ps_ckpt_coord_count(const ps_ckpt_coord *c) { return c->count; }
+
+uint64_t ps_ckpt_coord_failures(const ps_ckpt_coord *c) { return c->nfail; }
+
+int ps_ckpt_coord_failing(const ps_ckpt_coord *c, char *why, size_t why_len, int64_t *since_ns)
+{
+    if (!c->fail_since)
+        return 0;
+    ps_errorf(why, why_len, "%s", c->fail_why);
+    *since_ns = c->fail_since;
+    return 1;
+}
+
+void ps_ckpt_coord_overdue(ps_ckpt_coord *c, int64_t now,
+                           void (*fn)(void *user, const ps_held_reply *m), void *user)
+{
+    if (!c->fail_since || c->on_failure != PS_CKPT_FAIL_STALL)
+        return;
+    for (ps_held_reply *m = c->held_head; m; m = m->next)
+        if (!m->noticed && now - m->held_ns >= c->failure_ns &&
+            now - c->fail_since >= c->failure_ns) {
+            m->noticed = 1;
+            fn(user, m);
+        }
+}
+
+int ps_ckpt_coord_give_up(const ps_ckpt_coord *c, int64_t now)
+{
+    return c->on_failure == PS_CKPT_FAIL_EXIT && c->fail_since &&
+           now - c->fail_since >= c->failure_ns;
+}
+
+ps_held_reply *ps_ckpt_coord_take_held(ps_ckpt_coord *c) { return release_held(c, 1); }
 
 const ps_ckpt_policy *ps_ckpt_coord_policy(const ps_ckpt_coord *c) { return &c->pol; }
 
@@ -467,6 +591,34 @@ int ps_ckpt_coord_restore(ps_ckpt_coord *c, ps_shard *const *shards, int nshards
     return PS_EDATA;
 }
 
+/* A checkpoint directory that cannot be made, or written (read-only, full,
+ * no permission: even root's writes fail on a read-only mount), is refused
+ * before the server runs: a file is written, synced and removed. */
+static int try_write(const char *dir, int rank, char *why, size_t why_len)
+{
+    if (ps_mkdir_p(dir, 0755, NULL) != 0) {
+        ps_errorf(why, why_len, "--checkpoint-dir %s: cannot create it: %s", dir,
+            strerror(errno));
+        return PS_EINVAL;
+    }
+    char path[1200];
+    snprintf(path, sizeof path, "%s/.write-test-%d", dir, rank);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const char *step = "create a file in";
+    int ok = fd >= 0 && (step = "write a file in", write(fd, "ps\n", 3) == 3) &&
+             (step = "sync a file in", fsync(fd) == 0);
+    int e = errno;
+    if (fd >= 0)
+        close(fd);
+    unlink(path);
+    if (!ok) {
+        ps_errorf(why, why_len, "--checkpoint-dir %s: cannot %s it: %s", dir, step,
+            strerror(e));
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
 int ps_ckpt_coord_create(const ps_server_config *cfg, ps_ckpt_coord **out, char *why,
                          size_t why_len)
 {
@@ -486,6 +638,11 @@ int ps_ckpt_coord_create(const ps_server_config *cfg, ps_ckpt_coord **out, char 
     c->opt = cfg->opt;
     c->every = cfg->checkpoint_every;
     c->every_ms = cfg->checkpoint_every_ms;
+    c->on_failure = cfg->on_checkpoint_failure;
+    c->failure_ns = (int64_t)(cfg->checkpoint_failure_ms ? cfg->checkpoint_failure_ms
+                              : c->on_failure == PS_CKPT_FAIL_EXIT ? PS_CKPT_EXIT_AFTER_MS
+                                                                   : PS_CKPT_STALL_NOTICE_MS) *
+                    1000000LL;
     c->seq = 1;
     c->dir = cfg->checkpoint_dir ? strdup(cfg->checkpoint_dir) : NULL;
     c->min_version = calloc((size_t)c->threads, sizeof *c->min_version);
@@ -502,12 +659,12 @@ int ps_ckpt_coord_create(const ps_server_config *cfg, ps_ckpt_coord **out, char 
     c->pol.defer_acks = c->pol.on && sync;
     c->pol.durable = c->pol.on && sync && c->every == 1 && c->every_ms == 0;
     c->pol.report_progress = c->pol.on && sync && c->every > 0;
+    c->pol.ack_bound = c->pol.on && !sync && c->every > 0;
     if (c->dir) {
-        if (ps_mkdir_p(c->dir, 0755, NULL) != 0) {
-            ps_errorf(why, why_len, "--checkpoint-dir %s: cannot create it: %s", c->dir,
-                strerror(errno));
+        int rc = try_write(c->dir, c->rank, why, why_len);
+        if (rc) {
             ps_ckpt_coord_destroy(c);
-            return PS_EIO;
+            return rc;
         }
         uint64_t *seqs = NULL;
         char msg[512];

@@ -10,11 +10,15 @@
  *    back goes to ps_ckpt_coord_part.  The last part hands the snapshot to
  *    the writer thread, which posts ps_ckpt_coord_fd when the file is on disk:
  *    then call ps_ckpt_coord_written.
- *  - Replies an update thread tagged PS_OUT_INIT or PS_OUT_HELD are offered
- *    to ps_ckpt_coord_hold; those it keeps come back, in arrival order, from
- *    the call that made them durable (ps_ckpt_coord_written, or
+ *  - Replies an update thread tagged PS_OUT_INIT, PS_OUT_HELD or PS_OUT_ACK
+ *    are offered to ps_ckpt_coord_hold; those it keeps come back, in arrival
+ *    order, from the call that made them durable (ps_ckpt_coord_written, or
  *    ps_ckpt_coord_part when the file was written right there) as a list of
  *    ps_held_reply for the I/O thread to put on the ROUTER.
+ *  - When writes fail, --on-checkpoint-failure decides (server.h): stall
+ *    keeps holding (ps_ckpt_coord_overdue names the replies held so long
+ *    that their workers should be told why), continue releases them from
+ *    the failed write on, exit makes ps_ckpt_coord_give_up true.
  *
  * Threads: every function runs on the I/O thread.  The writer thread only
  * writes the job it was handed and posts the eventfd.
@@ -45,23 +49,31 @@ typedef struct ps_ckpt_policy {
     int durable;         /* sync, one per round ("durable rounds"): replies that reveal a
                             version wait until a checkpoint holding it is on disk */
     int report_progress; /* sync, by rounds: update threads report their lowest version */
+    int ack_bound;       /* async, every N pushes: a push is acknowledged only once a
+                            written checkpoint holds every mutation up to N before it,
+                            so a crash loses at most N acknowledged pushes */
 } ps_ckpt_policy;
+
 
 /* A reply held until a checkpoint makes it durable: frames
  * [identity, header, payload?] for the ROUTER. */
 typedef struct ps_held_reply {
     struct ps_held_reply *next;
-    int by_seq;      /* an init acknowledgement: `version` is the sequence number of
-                        the first checkpoint that holds its chunk */
-    int64_t version; /* else the version a checkpoint must hold */
+    int kind;        /* PS_OUT_INIT: `version` is the sequence number of the first
+                        checkpoint that holds its chunk; PS_OUT_HELD: the version a
+                        checkpoint must hold; PS_OUT_ACK: the mutation number */
+    int64_t version;
+    int64_t held_ns; /* when it was held */
+    int noticed;     /* named by ps_ckpt_coord_overdue already */
     int nf;
     zmq_msg_t f[3];
 } ps_held_reply;
 
 /* From the server's config: the policy, and with a checkpoint directory,
- * that directory created if missing (ps_mkdir_p) and the next sequence number
- * above every checkpoint already there.  Errors: PS_EIO (directory not
- * usable, no eventfd), PS_ENOMEM; why says. */
+ * that directory created if missing (ps_mkdir_p), checked by writing a file
+ * in it, and the next sequence number above every checkpoint already there.
+ * Errors: PS_EINVAL (the directory cannot be made or written: why names it
+ * and the errno), PS_EIO (no eventfd), PS_ENOMEM; why says. */
 int ps_ckpt_coord_create(const ps_server_config *cfg, ps_ckpt_coord **out, char *why,
                          size_t why_len);
 
@@ -135,16 +147,36 @@ int ps_ckpt_coord_collecting(const ps_ckpt_coord *c);
  * token. */
 uint64_t ps_ckpt_coord_abandon(ps_ckpt_coord *c);
 
-/* A reply an owner tagged PS_OUT_INIT or PS_OUT_HELD (version: the tag's).
- * 0: send it now.  1: it waits for a checkpoint; *slot is where its frames go
- * (f[], nf), already queued, or NULL when out of memory (drop the frames:
- * the worker resends). */
-int ps_ckpt_coord_hold(ps_ckpt_coord *c, int tag, int64_t version, ps_held_reply **slot);
+/* A reply an owner tagged PS_OUT_INIT, PS_OUT_HELD or PS_OUT_ACK (version:
+ * the tag's), at now.  0: send it now.  1: it waits for a checkpoint; *slot
+ * is where its frames go (f[], nf), already queued, or NULL when out of
+ * memory (drop the frames: the worker resends). */
+int ps_ckpt_coord_hold(ps_ckpt_coord *c, int tag, int64_t version, int64_t now,
+                       ps_held_reply **slot);
+
+/* Checkpoint writes are failing: 1 with the last reason (why) and since
+ * when (*since_ns); 0 when the last one was written (or none was tried). */
+int ps_ckpt_coord_failing(const ps_ckpt_coord *c, char *why, size_t why_len, int64_t *since_ns);
+
+/* While writes fail (stall): call fn(user, m) for each held reply held for
+ * the config's checkpoint_failure_ms (while writes failed) and not named
+ * before (m stays held). */
+void ps_ckpt_coord_overdue(ps_ckpt_coord *c, int64_t now,
+                           void (*fn)(void *user, const ps_held_reply *m), void *user);
+
+/* --on-checkpoint-failure exit: writes have failed for checkpoint_failure_ms
+ * (1: stop the server). */
+int ps_ckpt_coord_give_up(const ps_ckpt_coord *c, int64_t now);
+
+/* Take every held reply out (the server stops without another checkpoint:
+ * the caller answers them). */
+ps_held_reply *ps_ckpt_coord_take_held(ps_ckpt_coord *c);
 
 /* Close a held reply's frames (those not sent) and free it. */
 void ps_held_reply_free(ps_held_reply *m);
 
-/* Checkpoints written so far. */
+/* Checkpoints written so far, and writes that failed. */
 uint64_t ps_ckpt_coord_count(const ps_ckpt_coord *c);
+uint64_t ps_ckpt_coord_failures(const ps_ckpt_coord *c);
 
 #endif

@@ -11,23 +11,27 @@
 
 struct ps_hs_monitor {
     void *router, *sock;
+    int curve;
     uint64_t failed, unlogged;
     int64_t log_ns;
 };
 
-ps_hs_monitor *ps_hs_monitor_open(void *ctx, void *router)
+ps_hs_monitor *ps_hs_monitor_open(void *ctx, void *router, int curve)
 {
     ps_hs_monitor *m = calloc(1, sizeof *m);
     if (!m)
         return NULL;
     char ep[64];
     snprintf(ep, sizeof ep, "inproc://ps-monitor-%p", (void *)m);
-    if (zmq_socket_monitor(router, ep, ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                           ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0) {
+    int events = ZMQ_EVENT_DISCONNECTED;
+    if (curve)
+        events |= ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+    if (zmq_socket_monitor(router, ep, events) != 0) {
         free(m);
         return NULL;
     }
     m->router = router;
+    m->curve = curve;
     m->sock = zmq_socket(ctx, ZMQ_PAIR);
     int zero = 0;
     if (!m->sock || zmq_setsockopt(m->sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
@@ -42,9 +46,9 @@ void *ps_hs_monitor_socket(const ps_hs_monitor *m) { return m->sock; }
 
 uint64_t ps_hs_monitor_failed(const ps_hs_monitor *m) { return m ? m->failed : 0; }
 
-void ps_hs_monitor_read(ps_hs_monitor *m)
+void ps_hs_monitor_read(ps_hs_monitor *m, void (*gone)(void *user, int fd), void *user)
 {
-    for (;;) {
+    while (m) {
         zmq_msg_t ev, addr;
         if (ps_zmsg_recv(m->sock, &ev, ZMQ_DONTWAIT) < 0)
             return;
@@ -57,6 +61,8 @@ void ps_hs_monitor_read(ps_hs_monitor *m)
             memcpy(&event, zmq_msg_data(&ev), 2);
             memcpy(&value, (char *)zmq_msg_data(&ev) + 2, 4);
         }
+        if (event == ZMQ_EVENT_DISCONNECTED && gone)
+            gone(user, (int)value);
         if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
             event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
             m->failed++;

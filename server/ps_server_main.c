@@ -1,9 +1,12 @@
 /* ps_server: flags, logging, signals; the work is in server.c. */
+#include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ps_endpoint.h"
 #include "ps_error.h"
@@ -28,6 +31,30 @@ static void on_signal(int sig)
     ps_server *s = g_server;
     if (s)
         ps_server_stop(s);
+}
+
+/* --exit-on-stdin-eof: read stdin until it ends, then stop as on SIGTERM.
+ * A server started over a connection (ps_launch over ssh) ends with it. */
+static pthread_mutex_t g_watch_mu = PTHREAD_MUTEX_INITIALIZER; /* main closes s under it */
+
+static void *watch_stdin(void *arg)
+{
+    (void)arg;
+    char buf[256];
+    for (;;) {
+        ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+        if (n > 0 || (n < 0 && errno == EINTR))
+            continue;
+        break;
+    }
+    pthread_mutex_lock(&g_watch_mu);
+    if (g_server) {
+        ps_info("standard input closed (--exit-on-stdin-eof): stopping");
+        g_stop = 1;
+        ps_server_stop(g_server);
+    }
+    pthread_mutex_unlock(&g_watch_mu);
+    return NULL;
 }
 
 static void usage(FILE *f)
@@ -57,38 +84,64 @@ static void usage(FILE *f)
     fprintf(f,
         "  --threads T            update threads, 1..%d; chunks are split among them\n"
         "                         by hash (default 1)\n"
-        "  --max-memory BYTES     cap on weights + optimizer state; inits beyond it are\n"
-        "                         refused; suffixes K, M, G (default 8G)\n"
+        "  --max-memory BYTES     cap on weights + optimizer state and on pull replies sent\n"
+        "                         as copies and not yet read; inits (and copies) beyond it\n"
+        "                         are refused; suffixes K, M, G (default 8G)\n"
+        "  --max-peer-replies N   pull replies one connection may leave unread before its\n"
+        "                         pulls are refused (default 10000)\n"
+        "  --max-peer-bytes BYTES their bytes (default: 64M or twice the memory of this\n"
+        "                         server's chunks, whichever is larger)\n"
         "  --timeline FILE        Chrome trace-event JSON: an 'apply' event per update and a\n"
         "                         'pull' event per served pull, one lane per update thread\n"
         "  --curve-keys DIR       CURVE: encrypt, and serve only workers whose public keys\n"
-        "                         are in DIR/authorized (keys from ps_keygen; docs/SECURITY.md)\n"
+        "                         are in DIR/authorized (keys from ps_keygen; docs/SECURITY.md);\n"
+        "                         a key in DIR/admin may also stop the server with a message\n"
+        "  --admin-token-file FILE  a shutdown message carrying the token in FILE (mode 0600,\n"
+        "                         16..128 characters) stops the server; without it (or an\n"
+        "                         admin key) only SIGTERM/SIGINT do (docs/SECURITY.md)\n"
         "  --shm auto|off         auto: a worker on this host offers its shared-memory\n"
         "                         arena at hello and payloads go through it, ZeroMQ carries\n"
         "                         only headers; off: always over the network (default auto)\n"
         "fault tolerance (docs/OPERATIONS.md):\n"
         "  --checkpoint-dir DIR   write checkpoints of this server's shard to DIR\n"
         "                         (DIR/shard-RANK-SEQ.ckpt, the newest 2 are kept)\n"
-        "  --checkpoint-every N|Ts  sync: every N rounds; async: every N pushes received;\n"
+        "  --checkpoint-every N|Ts  sync: every N rounds; async: every N pushes received,\n"
+        "                         and no push is acknowledged more than N past the last\n"
+        "                         checkpoint written (a crash loses at most N);\n"
         "                         Ts (e.g. 30s): every T seconds (default 60s with\n"
         "                         --checkpoint-dir).  Sync with N = 1: every round is on\n"
         "                         disk before any worker sees it (exact restarts)\n"
         "  --restore              start from the newest valid checkpoint in --checkpoint-dir\n"
         "                         (exit 2 when there is none or it has another config)\n"
+        "  --on-checkpoint-failure stall[:S]|continue|exit[:S]  while checkpoint writes\n"
+        "                         fail: stall: what waits for a checkpoint (durable rounds,\n"
+        "                         new chunks' inits, async acks past N) waits, and after S s\n"
+        "                         (default 30) its worker gets an error saying why (default);\n"
+        "                         continue: go on without checkpoints; exit: stop (exit 1)\n"
+        "                         when writes still fail S s (default 10) after the first\n"
+        "                         failure\n"
         "  --worker-timeout S     a worker silent this many seconds (no message, no\n"
         "                         heartbeat) is lost (default 0: never)\n"
         "  --on-worker-loss wait|drop  wait: log it and keep waiting (default); drop: go on\n"
         "                         without it (rounds average the live workers, barriers\n"
         "                         count them) until it says hello again\n"
+        "  --exit-on-stdin-eof    stop (as on SIGTERM) when standard input ends: for a\n"
+        "                         server started over a connection that should end with it\n"
+        "                         (ps_launch over ssh gives it)\n"
         "  --verbose              log debug lines too\n"
         "  --quiet                log warnings and errors only\n"
         "  --help                 print this and exit\n"
         "  --version              print the version and exit\n"
         "\n"
-        "Exit status: 0 after SIGINT, SIGTERM or a SHUTDOWN message; 1 when a socket or\n"
-        "the update threads fail while running (or the port is taken); 2 for something to\n"
-        "fix first: a bad flag, unusable CURVE keys, a --restore with no valid checkpoint\n"
-        "or one written with another configuration.\n",
+        "SIGINT, SIGTERM and SIGUSR1 stop it: last checkpoint, 'stopped:' line.  SIGUSR1\n"
+        "is the signal mpirun passes on to its processes as it is (on SIGTERM it kills\n"
+        "them within seconds).\n"
+        "\n"
+        "Exit status: 0 after SIGINT, SIGTERM, SIGUSR1 or an allowed SHUTDOWN message; 1\n"
+        "when a socket or the update threads fail while running (or the port is taken);\n"
+        "2 for something to fix first: a bad flag, unusable CURVE keys or admin token\n"
+        "file, a --restore with no valid checkpoint or one written with another\n"
+        "configuration.\n",
         PS_SERVER_MAX_THREADS);
 }
 
@@ -105,13 +158,14 @@ static int bad(const char *fmt, ...)
 
 /* Parse argv into c (bind_buf holds the checked --bind).  Returns -1 to go
  * on, or the exit status. */
-static int parse(int argc, char **argv, ps_server_config *c, int *log_level, char *bind_buf,
-                 size_t bind_cap)
+static int parse(int argc, char **argv, ps_server_config *c, int *log_level, int *stdin_eof,
+                 char *bind_buf, size_t bind_cap)
 {
     static const char *const valued[] = {
         "--bind", "--rank", "--num-servers", "--num-workers", "--mode", "--max-staleness",
         "--threads", "--max-memory", "--timeline", "--curve-keys", "--checkpoint-dir",
-        "--checkpoint-every", "--worker-timeout", "--on-worker-loss", "--shm", NULL};
+        "--checkpoint-every", "--worker-timeout", "--on-worker-loss", "--admin-token-file",
+        "--max-peer-replies", "--max-peer-bytes", "--on-checkpoint-failure", "--shm", NULL};
     char why[512];
     int staleness_given = 0, every_given = 0;
     for (int i = 1; i < argc; i++) {
@@ -128,6 +182,10 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level, cha
         }
         if (!strcmp(arg, "--restore")) {
             c->restore = 1;
+            continue;
+        }
+        if (!strcmp(arg, "--exit-on-stdin-eof")) {
+            *stdin_eof = 1;
             continue;
         }
         const char *val, *name = ps_flag_value(argc, argv, &i, ps_opt_flag_names(), &val);
@@ -172,6 +230,36 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level, cha
         } else if (!strcmp(name, "--max-memory")) {
             if (!(rc = ps_parse_size(PROG, name, val, 4096, 1ull << 50, &sv, why, sizeof why)))
                 c->max_memory = sv;
+        } else if (!strcmp(name, "--on-checkpoint-failure")) {
+            /* stall, continue, exit; stall:S and exit:S set the seconds */
+            size_t k = strcspn(val, ":");
+            double secs = 0;
+            int ok = 1;
+            if (val[k]) {
+                char *end;
+                secs = strtod(val + k + 1, &end);
+                ok = end != val + k + 1 && !*end && secs >= 0.1 && secs <= 86400;
+            }
+            if (ok && k == 5 && !strncmp(val, "stall", 5))
+                c->on_checkpoint_failure = PS_CKPT_FAIL_STALL;
+            else if (ok && !val[k] && !strcmp(val, "continue"))
+                c->on_checkpoint_failure = PS_CKPT_FAIL_CONTINUE;
+            else if (ok && k == 4 && !strncmp(val, "exit", 4))
+                c->on_checkpoint_failure = PS_CKPT_FAIL_EXIT;
+            else
+                return bad("%s: --on-checkpoint-failure must be stall[:S], continue or "
+                           "exit[:S] (S: seconds, 0.1..86400), got '%s'", PROG, val);
+            c->checkpoint_failure_ms = (int)(secs * 1000.0 + 0.5);
+        } else if (!strcmp(name, "--max-peer-replies")) {
+            if (!(rc = ps_parse_int(PROG, name, val, 1, 1000000000, &iv, why, sizeof why)))
+                c->max_peer_replies = (uint64_t)iv;
+        } else if (!strcmp(name, "--max-peer-bytes")) {
+            if (!(rc = ps_parse_size(PROG, name, val, 4096, 1ull << 50, &sv, why, sizeof why)))
+                c->max_peer_bytes = sv;
+        } else if (!strcmp(name, "--admin-token-file")) {
+            if (!*val || strlen(val) > 900)
+                return bad("%s: %s needs a path of 1..900 characters", PROG, name);
+            c->admin_token_file = val;
         } else if (!strcmp(name, "--timeline") || !strcmp(name, "--curve-keys") ||
                    !strcmp(name, "--checkpoint-dir")) {
             if (!*val || strlen(val) > 900)
@@ -239,10 +327,10 @@ int main(int argc, char **argv)
 {
     ps_server_config cfg;
     ps_server_config_default(&cfg);
-    int level = PS_LOG_INFO;
+    int level = PS_LOG_INFO, stdin_eof = 0;
     ps_log_init(PROG, -1);
     char bind[PS_ENDPOINT_MAX];
-    int rc = parse(argc, argv, &cfg, &level, bind, sizeof bind);
+    int rc = parse(argc, argv, &cfg, &level, &stdin_eof, bind, sizeof bind);
     if (rc >= 0)
         return rc;
     ps_log_init(PROG, cfg.rank);
@@ -254,6 +342,8 @@ int main(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* mpirun forwards SIGUSR1 to its processes, not SIGTERM */
+    sigaction(SIGUSR1, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     char opt[400];
@@ -272,8 +362,14 @@ int main(int argc, char **argv)
                     cfg.mode == PS_MODE_SYNC ? "round(s)" : "push(es)",
                     cfg.mode == PS_MODE_SYNC && cfg.checkpoint_every == 1
                         ? " (durable rounds: replies wait for the write)"
+                    : cfg.mode == PS_MODE_ASYNC
+                        ? " (no push is acknowledged more than that past the last one written)"
                         : "",
                     cfg.restore ? ", restoring the newest" : "");
+        static const char *const fail[] = {"stall (what waits for a checkpoint waits)",
+                                           "continue without them", "exit"};
+        ps_info("if checkpoint writes fail: %s (--on-checkpoint-failure)",
+                fail[cfg.on_checkpoint_failure]);
     }
     if (cfg.worker_timeout_ms)
         ps_info("a worker silent for %.1f s is lost; then: %s", cfg.worker_timeout_ms / 1000.0,
@@ -289,8 +385,15 @@ int main(int argc, char **argv)
     g_server = s;
     if (g_stop) /* a signal that came while starting */
         ps_server_stop(s);
+    pthread_t watcher;
+    if (stdin_eof && pthread_create(&watcher, NULL, watch_stdin, NULL) == 0)
+        pthread_detach(watcher);
+    else if (stdin_eof)
+        ps_warn("--exit-on-stdin-eof: cannot start the thread that watches stdin");
     rc = ps_server_run(s);
+    pthread_mutex_lock(&g_watch_mu);
     g_server = NULL;
+    pthread_mutex_unlock(&g_watch_mu);
     ps_server_close(s);
     ps_info("exit %d", rc ? 1 : 0);
     return rc ? 1 : 0;

@@ -15,6 +15,10 @@
  *                     PAIRs and every module below except the updaters'
  *                     insides; one pump (io_pump) polls and dispatches for the
  *                     run loop, the stop and the wait for a last checkpoint
+ *   server_msg.c      the I/O thread's side of one ROUTER message: decode,
+ *                     check, answer control messages, hand data to an owner
+ *   server_open.c     ps_server_open and ps_server_close
+ *   server_internal.h struct ps_server, shared by those three files
  *   server_config.c   ps_server_config_default/check, ps_server_owner
  *   updater.c         an update thread: its ps_shard and the owner end of its
  *                     PAIR, and an immutable ps_updater_config copied before
@@ -34,7 +38,10 @@
  *   barrier.c         barriers waiting for every live worker
  *   stats_req.c       STATS requests waiting for every owner's counters
  *   outbox.c          messages for a PAIR whose owner is behind
- *   hs_monitor.c      CURVE handshake failures the ZAP handler never sees
+ *   hs_monitor.c      the ROUTER's connection events: disconnects, and CURVE
+ *                     handshake failures the ZAP handler never sees
+ *   peers.c           what each peer's unread replies hold, and its name
+ *   admin.c           who may stop the server with a SHUTDOWN message
  *   ratelimit.c, reply.c, zmsg.c
  *                     rate-limited logging, reply headers, multipart frames
  * Apart from the updaters and the checkpoint writer, every module runs on
@@ -54,14 +61,17 @@
  *    thread's PAIR socket: a small command frame (the decoded header), the
  *    ROUTER identity and the payload frame, moved with zmq_msg_send (no copy).
  *  - The owner answers over the same PAIR: [tag, identity, header, payload];
- *    the I/O thread forwards those frames on the ROUTER as they are.  A pull's
+ *    the I/O thread forwards those frames on the ROUTER, a payload counted
+ *    against its peer until ZeroMQ has sent it (server/peers.h: a peer that
+ *    does not read its replies gets no more payloads).  A pull's
  *    weights are not copied: the reply's payload is the chunk's weight buffer
  *    itself (zmq_msg_init_data), pinned by a reference count that ZeroMQ's
  *    free callback drops once the bytes are sent, from whichever thread that
  *    is.  An update of a chunk whose weights a reply still holds is applied
  *    out of place into another of its buffers (shard.h), so every reply
  *    carries exactly the version it names.  Replies under 8 KiB, and those of
- *    a chunk whose buffers are all held (or past --max-memory), are copies.
+ *    a chunk whose buffers are all held (or past --max-memory), are copies;
+ *    a large copy counts against --max-memory until ZeroMQ frees it.
  *  - A pull that cannot be answered yet (sync: its round is not complete;
  *    SSP: the slowest worker is too far behind) is queued on its chunk and
  *    answered by the push that makes it true.
@@ -70,6 +80,9 @@
  *    drains replies, so an owner blocked on sending a reply always resumes.
  *  - Stats: the I/O thread asks every owner for its counters and answers when
  *    all have replied (so a STATS sent after a reply reflects that request).
+ *  - A rank belongs to the connection whose hello was accepted last; another
+ *    connection's hello for it is refused while that one is live, unless it
+ *    carries the rank's token (server/workers.h).
  *  - Liveness: the I/O thread notes when it last heard from each worker (any
  *    message; the client library sends HEARTBEATs).  A worker silent for
  *    worker_timeout_ms is lost: with PS_LOSS_WAIT this is logged and everything
@@ -89,9 +102,14 @@
  *    round ("durable rounds") the replies that reveal a version (pull replies,
  *    push acknowledgements) wait in the I/O thread until a checkpoint holding
  *    that version is on disk: after a kill and --restore no worker is ahead of
- *    the restored state, so the run continues exactly.  A stop writes a last
- *    checkpoint.
- *  - Stop (SHUTDOWN message, ps_server_stop, SIGINT/SIGTERM in main): owners
+ *    the restored state, so the run continues exactly.  In async mode with a
+ *    checkpoint every N pushes, a push is acknowledged only once a written
+ *    checkpoint holds every mutation up to N before it (a crash loses at most
+ *    N acknowledged pushes).  While writes fail, --on-checkpoint-failure
+ *    decides what happens to the replies that wait (ckpt_coord.h).  A stop
+ *    writes a last checkpoint.
+ *  - Stop (ps_server_stop, SIGINT/SIGTERM in main, a SHUTDOWN message from a
+ *    peer with authority: server/admin.h): owners
  *    answer their queued pulls with PS_ECLOSED, send their final counters and
  *    exit; the I/O thread answers waiting barriers and stats with PS_ECLOSED,
  *    joins the threads, logs the totals and closes every socket.  A weight
@@ -117,6 +135,16 @@ enum { PS_SHM_OFF = 0, PS_SHM_AUTO = 1 };
 /* What to do about a worker silent for worker_timeout_ms. */
 enum { PS_LOSS_WAIT = 0, PS_LOSS_DROP = 1 };
 
+/* What to do while checkpoint writes keep failing (docs/OPERATIONS.md):
+ * STALL holds what waits for a checkpoint until one is written, and a reply
+ * held for checkpoint_failure_ms while writes fail is answered with an error
+ * saying why (the reply stays held); CONTINUE lets it go without one; EXIT
+ * stops the server (exit 1) once writes have failed for
+ * checkpoint_failure_ms. */
+enum { PS_CKPT_FAIL_STALL = 0, PS_CKPT_FAIL_CONTINUE = 1, PS_CKPT_FAIL_EXIT = 2 };
+#define PS_CKPT_STALL_NOTICE_MS 30000 /* default checkpoint_failure_ms for STALL */
+#define PS_CKPT_EXIT_AFTER_MS 10000   /* ... and for EXIT */
+
 typedef struct ps_server ps_server;
 
 typedef struct ps_server_config {
@@ -128,7 +156,8 @@ typedef struct ps_server_config {
     int max_staleness;  /* async: -1 unbounded, k >= 0 SSP; must be 0 in sync */
     ps_opt_config opt;  /* kind PS_OPT_SGD..PS_OPT_ADAM */
     int threads;        /* update threads, 1..PS_SERVER_MAX_THREADS */
-    uint64_t max_memory;/* bytes of chunk state; inits beyond it get PS_ETOOBIG */
+    uint64_t max_memory;/* bytes of chunk state and of pull replies sent as copies and
+                           not yet read; inits (and such copies) beyond it get PS_ETOOBIG */
     /* optional; NULL / 0 is off; strings are copied */
     const char *timeline;       /* Chrome trace JSON: an "apply" per update and a "pull"
                                    per served pull, one lane per update thread */
@@ -139,17 +168,27 @@ typedef struct ps_server_config {
                                    N); async: every N pushes received; 0: by time only */
     int checkpoint_every_ms;    /* at most this long between checkpoints; 0: by count */
     int restore;                /* load the newest valid checkpoint of checkpoint_dir */
+    int on_checkpoint_failure;  /* PS_CKPT_FAIL_STALL (default), _CONTINUE or _EXIT */
+    int checkpoint_failure_ms;  /* see above; 0: the policy's default */
     int worker_timeout_ms;      /* a worker silent this long is lost; 0: never */
     int on_worker_loss;         /* PS_LOSS_WAIT (default) or PS_LOSS_DROP */
     int shm;                    /* PS_SHM_AUTO (default): map the arena a worker on the
                                    same host offers and move its payloads through it;
                                    PS_SHM_OFF: always over the network */
+    uint64_t max_peer_replies;  /* payload replies one peer may leave unread before its pulls
+                                   are refused (server/peers.h); default 10000 */
+    uint64_t max_peer_bytes;    /* their bytes; 0 (default): the larger of 64 MiB and twice
+                                   the server's chunk memory */
+    const char *admin_token_file; /* a SHUTDOWN message carrying this file's token may
+                                     stop the server (server/admin.h); NULL: only
+                                     signals (and, with curve_dir, admin keys) */
 } ps_server_config;
 
 /* Defaults: rank 0, 1 server, 1 worker, async, staleness -1, sgd lr 0.01,
  * momentum 0.9, beta1 0.9, beta2 0.999, eps 1e-8, weight decay 0, 1 thread,
  * max memory 8 GiB, bind NULL (must be set), no timeline, no CURVE, no
- * checkpoints, worker timeout 0 (never), PS_LOSS_WAIT. */
+ * checkpoints (PS_CKPT_FAIL_STALL), worker timeout 0 (never), PS_LOSS_WAIT, 10000 unread replies
+ * per peer and bytes "auto", no admin token. */
 void ps_server_config_default(ps_server_config *c);
 
 /* PS_EINVAL with a message naming the field when c is not usable. */

@@ -28,6 +28,8 @@ void ps_server_config_default(ps_server_config *c)
     c->max_memory = PS_SERVER_DEFAULT_MAX_MEMORY;
     c->on_worker_loss = PS_LOSS_WAIT;
     c->shm = PS_SHM_AUTO;
+    c->max_peer_replies = 10000;
+    c->max_peer_bytes = 0;
 }
 
 int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
@@ -55,6 +57,8 @@ int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
         BAD("threads must be in [1, %d], got %d", PS_SERVER_MAX_THREADS, c->threads);
     if (c->max_memory < 1)
         BAD("max-memory must be at least 1 byte");
+    if (c->max_peer_replies < 1)
+        BAD("max-peer-replies must be at least 1");
     if (c->checkpoint_every < 0 || c->checkpoint_every_ms < 0)
         BAD("checkpoint-every must be positive");
     if ((c->checkpoint_every || c->checkpoint_every_ms || c->restore) &&
@@ -66,6 +70,9 @@ int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
         BAD("on-worker-loss must be wait or drop");
     if (c->shm != PS_SHM_OFF && c->shm != PS_SHM_AUTO)
         BAD("shm must be auto or off");
+    if (c->on_checkpoint_failure < PS_CKPT_FAIL_STALL ||
+        c->on_checkpoint_failure > PS_CKPT_FAIL_EXIT)
+        BAD("on-checkpoint-failure must be stall, continue or exit");
     if (c->on_worker_loss == PS_LOSS_DROP && c->worker_timeout_ms == 0)
         BAD("on-worker-loss drop needs a worker timeout (--worker-timeout)");
     return 0;

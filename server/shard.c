@@ -71,11 +71,16 @@ typedef struct chunk {
     int ncontrib;      /* sync: gradients in sum */
     int ff_ok;         /* sync, restored: may fast-forward until its first round */
     int64_t *clock;    /* per worker: pushes received (step + 1 of the last one) */
+    uint64_t *jump;    /* async, restored: bit r set while rank r has not pushed since
+                          the restore (its first push may be beyond its clock); NULL
+                          once every rank has */
+    int njump;         /* bits still set */
     pending *pend;     /* sync: pushes of the open round that came before a lower rank's */
     size_t npend, cap_pend;
     waiter *wait;      /* pulls that cannot be answered yet, in arrival order */
     size_t nwait, cap_wait;
     uint64_t charge;   /* bytes charged to mem_used */
+    uint64_t snap;     /* the first checkpoint snapshot that held it; 0 none yet */
 } chunk;
 
 struct ps_shard {
@@ -89,6 +94,7 @@ struct ps_shard {
     int64_t minv;             /* lowest chunk version, and how many chunks have it */
     size_t nat_min;
     uint64_t ff_rounds;
+    uint64_t jumped;          /* async, restored: steps skipped by first pushes */
     ps_trace *trace;
     int trace_tid;
     int (*merge)(void *user, void *queued, void *incoming);
@@ -203,6 +209,7 @@ static void free_chunk(ps_shard *s, chunk *ch)
     for (int i = 0; i < ch->nbuf; i++)
         wbuf_unref(ch->buf[i]);
     free(ch->clock);
+    free(ch->jump);
     free(ch->pend);
     free(ch->wait);
     free(ch);
@@ -405,9 +412,13 @@ static int create_chunk(ps_shard *s, uint64_t key, uint32_t c, size_t n, uint64_
 }
 
 int ps_shard_init(ps_shard *s, uint64_t key, uint32_t c, const void *vals, size_t n,
-                  uint64_t total, int64_t *version, char *why, size_t why_len)
+                  uint64_t total, int64_t *version, uint64_t *snap, char *why, size_t why_len)
 {
+    uint64_t no_snap;
+    if (!snap)
+        snap = &no_snap;
     s->st.inits++;
+    *snap = 0;
     s->st.bytes_in += n * sizeof(float);
     chunk *ch = find(s, key, c);
     if (ch) {
@@ -420,6 +431,7 @@ int ps_shard_init(ps_shard *s, uint64_t key, uint32_t c, const void *vals, size_
             return PS_EMISMATCH;
         }
         *version = ch->version;
+        *snap = ch->snap;
         return 0;
     }
     if (n == 0 || (total && n > total)) {
@@ -622,6 +634,25 @@ int ps_shard_push_sum(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t s
             *dup = 1;
             s->st.dup_dropped++;
             return 0;
+        }
+        /* a push moves its rank's clock by one at most: one push claiming a
+         * far step would make every later push of the real worker a
+         * "duplicate" (docs/PROTOCOL.md "async") */
+        int jump = ch->jump && (ch->jump[rank / 64] >> (rank % 64) & 1);
+        if (step > ch->clock[rank] && !jump) {
+            ps_errorf(why, why_len, "push of step %lld to key %llu chunk %u refused: worker %d "
+                "has pushed %lld times there, so its next step is %lld; a push may not skip "
+                "steps", (long long)step, (unsigned long long)key, c, rank,
+                (long long)ch->clock[rank], (long long)ch->clock[rank]);
+            return PS_ESTATE;
+        }
+        if (jump) {
+            s->jumped += (uint64_t)(step - ch->clock[rank]);
+            ch->jump[rank / 64] &= ~(1ull << (rank % 64));
+            if (--ch->njump == 0) {
+                free(ch->jump);
+                ch->jump = NULL;
+            }
         }
         if (m > 1) {
             /* gradients a worker computed on the same (stale) weights while
@@ -893,7 +924,19 @@ int ps_shard_restore_chunk(ps_shard *s, const ps_shard_chunk_view *v, char *why,
         memcpy(ch->s1, v->state[1], v->n * sizeof(float));
     memcpy(ch->clock, v->clock, (size_t)s->cfg.num_workers * sizeof(int64_t));
     ch->version = v->version;
+    ch->snap = 1; /* on disk already */
     ch->ff_ok = s->cfg.mode == PS_MODE_SYNC;
+    if (s->cfg.mode == PS_MODE_ASYNC) {
+        /* the workers may be ahead of the checkpoint by the pushes the old
+         * process acknowledged after it: each rank's first push may skip */
+        int W = s->cfg.num_workers;
+        size_t words = ((size_t)W + 63) / 64;
+        if ((ch->jump = calloc(words, sizeof *ch->jump)) != NULL) {
+            for (int r = 0; r < W; r++)
+                ch->jump[r / 64] |= 1ull << (r % 64);
+            ch->njump = W;
+        }
+    }
     s->st.chunks++;
     chunk_added(s, ch->version);
     return 0;
@@ -916,6 +959,15 @@ int64_t ps_shard_min_version(const ps_shard *s, int *have)
 }
 
 uint64_t ps_shard_fast_forwards(const ps_shard *s) { return s->ff_rounds; }
+
+uint64_t ps_shard_jumped(const ps_shard *s) { return s->jumped; }
+
+void ps_shard_mark_snapshot(ps_shard *s, uint64_t seq)
+{
+    for (size_t i = 0; i < s->cap; i++)
+        if (s->table[i] && !s->table[i]->snap)
+            s->table[i]->snap = seq;
+}
 
 void ps_shard_set_merge(ps_shard *s, int (*merge)(void *user, void *queued, void *incoming))
 {

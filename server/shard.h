@@ -83,16 +83,25 @@ void ps_shard_destroy(ps_shard *s);
 /* Register (key, chunk) with n first values (float32, any alignment).  A
  * second init must match n and total (PS_EMISMATCH otherwise) and leaves the
  * values alone.  total may be 0 (unknown); otherwise n <= total.  *version
- * gets the chunk's version.  Errors: PS_ETOOBIG (over max_memory), PS_ENOMEM,
- * PS_EPROTO; why says what was wrong. */
+ * gets the chunk's version, *snap the first checkpoint snapshot that holds
+ * the chunk (ps_shard_mark_snapshot; 1 for a restored chunk; 0 for one in no
+ * snapshot yet, a new one included; snap may be NULL).  Errors: PS_ETOOBIG (over max_memory),
+ * PS_ENOMEM, PS_EPROTO; why says what was wrong. */
 int ps_shard_init(ps_shard *s, uint64_t key, uint32_t chunk, const void *vals, size_t n,
-                  uint64_t total, int64_t *version, char *why, size_t why_len);
+                  uint64_t total, int64_t *version, uint64_t *snap, char *why, size_t why_len);
+
+/* Every chunk is in checkpoint snapshot `seq` (just serialized): those in no
+ * snapshot before note it. */
+void ps_shard_mark_snapshot(ps_shard *s, uint64_t seq);
 
 /* A worker's gradient of step `step` (>= 0).  Errors: PS_ENOTFOUND (no such
  * chunk), PS_EPROTO (length differs, bad rank or step), PS_ESTATE (sync: step
- * is beyond the open round).  A duplicate returns 0 with *dup = 1 and is not
- * applied.  *version gets the chunk's version after the push.  g must be
- * 4-byte aligned. */
+ * is beyond the open round; async: step is beyond the rank's clock, which a
+ * push moves by one at most; a restored chunk takes each rank's first push at
+ * any step >= its clock, see ps_shard_jumped).  A duplicate (step below the
+ * clock, or sync below the round or pushed already) returns 0 with *dup = 1
+ * and is not applied.  *version gets the chunk's version after the push.  g
+ * must be 4-byte aligned. */
 int ps_shard_push(ps_shard *s, uint64_t key, uint32_t chunk, int rank, int64_t step,
                   const float *g, size_t n, void *hold, int *kept, int *dup, int64_t *version,
                   char *why, size_t why_len);
@@ -186,7 +195,9 @@ void ps_shard_foreach(const ps_shard *s, void (*fn)(void *arg, const ps_shard_ch
  * chunk may be FAST-FORWARDED once: until it completes its first round, a push
  * for a step beyond its version (a worker that got further before the server
  * died) moves the round to that step instead of being refused; the rounds in
- * between are lost (ps_shard_fast_forwards counts them).  Errors: PS_EMISMATCH
+ * between are lost (ps_shard_fast_forwards counts them).  In async mode each
+ * rank's first push to the restored chunk may be beyond its clock (the pushes
+ * in between are lost: ps_shard_jumped).  Errors: PS_EMISMATCH
  * (already there, or the state arrays do not fit this optimizer),
  * PS_ETOOBIG, PS_ENOMEM. */
 int ps_shard_restore_chunk(ps_shard *s, const ps_shard_chunk_view *v, char *why, size_t why_len);
@@ -200,6 +211,11 @@ int64_t ps_shard_min_version(const ps_shard *s, int *have);
 
 /* Rounds skipped by fast-forwards so far (see ps_shard_restore_chunk). */
 uint64_t ps_shard_fast_forwards(const ps_shard *s);
+
+/* Async, restored: steps skipped so far by the first push of a rank beyond
+ * its restored clock (pushes the old process acknowledged after its last
+ * checkpoint, lost with it). */
+uint64_t ps_shard_jumped(const ps_shard *s);
 
 /* Trace an "apply" event (cat "update", args.step = the new version) on lane
  * tid of t for every update.  NULL: none (the default). */

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <zmq.h>
 
 #include "checkpoint.h"
@@ -19,6 +20,34 @@
  * costs less than the pin (ZeroMQ copies frames under 8 KiB into its send
  * batch anyway) and needs no spare buffer. */
 #define ZC_MIN_BYTES 8192
+/* A copy this large gets pages of its own (mmap), which go back to the system
+ * when ZeroMQ frees it: a burst of copies for a slow reader leaves no heap
+ * behind. */
+#define COPY_MAP_BYTES (128u << 10)
+
+/* Duplicate pushes are summed over a window of this long per worker and
+ * said in one line (a worker whose pushes are all duplicates is a sign that
+ * another connection pushed in its name, or of a restarted worker catching
+ * up); the first of a quiet spell is said at once. */
+#define DUP_WINDOW_NS 10000000000LL
+#define DUP_WARN 100 /* a window with this many: a warning, else info */
+#define DUP_RANKS 4  /* workers named per window */
+
+typedef struct dup_rank {
+    int rank;
+    uint64_t n, key;
+    uint32_t chunk;
+    int64_t step;
+} dup_rank;
+
+typedef struct dup_log {
+    int64_t win_ns;   /* the window's start; 0: none open */
+    uint64_t n;       /* duplicates in it */
+    int nranks;
+    dup_rank r[DUP_RANKS];
+    uint64_t others;  /* of workers beyond the first DUP_RANKS */
+    int64_t quiet_ns; /* the last one said at once */
+} dup_log;
 
 /* A request an update thread answers now or, for a queued pull, later. */
 typedef struct req_ctx {
@@ -29,6 +58,7 @@ typedef struct req_ctx {
     uint64_t key;
     uint32_t chunk;
     int64_t step;
+    uint64_t mut;     /* its mutation number (PS_CMD_REQ's token), 0 for a pull */
     int64_t t_arrive; /* for the timeline */
     ps_shm_peer *shm; /* PS_FLAG_SHM: the worker's arena (a reference) */
     uint64_t shm_off; /* where a pull's weights go in it */
@@ -50,6 +80,8 @@ typedef struct hold {
 
 struct ps_updater {
     ps_updater_config cfg; /* set at create, read-only after */
+    _Atomic uint64_t *mem_used; /* the shard config's: chunks and large reply copies */
+    uint64_t max_memory;
     pthread_t tid;
     int started;
     void *pair;            /* owner end; used only by this thread once started */
@@ -57,17 +89,83 @@ struct ps_updater {
     req_ctx *spare;
     uint64_t bytes_out, errors;
     ps_rlimit rl;
-    int destroying;        /* the shard is being destroyed: kept pushes were not applied */
     int64_t reported_min;  /* progress last sent to the I/O thread */
     int reported_have;
     uint64_t ff_seen;      /* fast-forwarded rounds already logged */
+    uint64_t jump_seen;    /* async steps skipped after a restore, already logged */
+    int destroying;        /* the shard is being destroyed: kept pushes were not applied */
+    dup_log dup;
 };
+
+/* Say what the duplicate window holds, and close it. */
+static void dup_flush(ps_updater *u, int64_t now)
+{
+    dup_log *d = &u->dup;
+    double secs = (double)(now - d->win_ns) * 1e-9;
+    for (int i = 0; i < d->nranks; i++) {
+        const dup_rank *x = &d->r[i];
+        if (x->n >= DUP_WARN)
+            ps_warn("worker %d: %llu duplicate pushes dropped in the last %.1f s (the last on "
+                    "key %llu chunk %u, step %lld, below its clock there): resends, or pushes "
+                    "another connection made in its name", x->rank, (unsigned long long)x->n,
+                    secs, (unsigned long long)x->key, x->chunk, (long long)x->step);
+        else
+            ps_info("worker %d: %llu duplicate pushes dropped in the last %.1f s (the last on "
+                    "key %llu chunk %u, step %lld)", x->rank, (unsigned long long)x->n, secs,
+                    (unsigned long long)x->key, x->chunk, (long long)x->step);
+    }
+    if (d->others)
+        ps_info("%llu more duplicate pushes of other workers dropped in the last %.1f s",
+                (unsigned long long)d->others, secs);
+    int64_t quiet = d->quiet_ns;
+    memset(d, 0, sizeof *d);
+    d->quiet_ns = quiet;
+}
+
+static void dup_tick(ps_updater *u)
+{
+    if (!u->dup.n)
+        return;
+    int64_t now = ps_now_ns();
+    if (now - u->dup.win_ns >= DUP_WINDOW_NS)
+        dup_flush(u, now);
+}
+
+static void dup_note(ps_updater *u, const ps_header *h)
+{
+    dup_log *d = &u->dup;
+    int64_t now = ps_now_ns();
+    if (!d->n) {
+        d->win_ns = now;
+        if (now - d->quiet_ns >= DUP_WINDOW_NS) {
+            ps_info("worker %d: push of step %lld to key %llu chunk %u is a duplicate (below its "
+                    "clock there): dropped; more are summed up every %d s", h->rank,
+                    (long long)h->step, (unsigned long long)h->key, h->chunk,
+                    (int)(DUP_WINDOW_NS / 1000000000LL));
+            d->quiet_ns = now;
+        }
+    }
+    d->n++;
+    int i = 0;
+    while (i < d->nranks && d->r[i].rank != h->rank)
+        i++;
+    if (i == d->nranks && i < DUP_RANKS)
+        d->r[d->nranks++].rank = h->rank;
+    if (i < d->nranks)
+        d->r[i] = (dup_rank){h->rank, d->r[i].n + 1, h->key, h->chunk, h->step};
+    else
+        d->others++;
+}
 
 /* Send [tag, identity, header, payload?] to the I/O thread.  Blocking: the I/O
  * thread always drains replies, so this never waits for long.  With durable
  * rounds, a reply naming a version (push ack, pull) is tagged to wait in the
- * I/O thread until a checkpoint holds that version. */
-static void upd_send(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload)
+ * I/O thread until a checkpoint holds that version; with the async ack
+ * bound, one acknowledging mutation `mut` until a checkpoint is near enough;
+ * an init acknowledgement until a checkpoint holds the chunk (snap: the
+ * first snapshot that held it, 0 none yet). */
+static void upd_send_as(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload,
+                        uint64_t mut, uint64_t snap)
 {
     char buf[PS_HEADER_MAX];
     size_t len;
@@ -78,14 +176,24 @@ static void upd_send(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t
     }
     char tag[1 + sizeof(int64_t)] = {PS_OUT_REPLY};
     size_t tlen = 1;
+    int64_t arg = 0;
     /* with checkpoints, a chunk a worker was told exists is in one first, so
      * a restored server never lacks a chunk its workers use */
-    if (u->cfg.hold_inits && h->type == PS_MSG_INIT)
+    if (u->cfg.hold_inits && h->type == PS_MSG_INIT) {
         tag[0] = PS_OUT_INIT;
+        arg = (int64_t)snap;
+    }
     if (u->cfg.durable && (h->type == PS_MSG_PUSH || h->type == PS_MSG_PULL ||
                             h->type == PS_MSG_PUSHPULL)) {
         tag[0] = PS_OUT_HELD;
-        memcpy(tag + 1, &h->step, sizeof h->step);
+        arg = h->step;
+    }
+    if (u->cfg.ack_bound && mut && (h->type == PS_MSG_PUSH || h->type == PS_MSG_PUSHPULL)) {
+        tag[0] = PS_OUT_ACK;
+        arg = (int64_t)mut;
+    }
+    if (tag[0] != PS_OUT_REPLY) {
+        memcpy(tag + 1, &arg, sizeof arg);
         tlen = sizeof tag;
     }
     zmq_send(u->pair, tag, tlen, ZMQ_SNDMORE);
@@ -93,6 +201,11 @@ static void upd_send(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t
     zmq_send(u->pair, buf, len, payload ? ZMQ_SNDMORE : 0);
     if (payload)
         zmq_msg_send(payload, u->pair, 0);
+}
+
+static void upd_send(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload)
+{
+    upd_send_as(u, id, h, payload, 0, 0);
 }
 
 static void upd_error(ps_updater *u, req_ctx *r, int code, const char *why)
@@ -107,11 +220,11 @@ static void upd_error(ps_updater *u, req_ctx *r, int code, const char *why)
     upd_send(u, &r->id, &h, NULL);
 }
 
-static void upd_ack(ps_updater *u, req_ctx *r, int64_t version)
+static void upd_ack(ps_updater *u, req_ctx *r, int64_t version, uint64_t snap)
 {
     ps_header h;
     ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
-    upd_send(u, &r->id, &h, NULL);
+    upd_send_as(u, &r->id, &h, NULL, r->mut, snap);
 }
 
 /* ZeroMQ's free callback of a zero-copy reply: runs on whichever thread
@@ -123,16 +236,82 @@ static void zc_release(void *data, void *ref)
     ps_shard_unpin(ref);
 }
 
+/* A pull reply's copy of the weights: this header, then the data at
+ * COPY_HDR (64-byte aligned).  A large one is charged to mem_used (and
+ * copies) until ZeroMQ frees it. */
+typedef struct copy_hdr {
+    _Atomic uint64_t *mem_used, *copies;
+    uint64_t charge;  /* bytes charged, 0 for a small copy */
+    size_t map_len;   /* mmap'ed: its length; else 0 (malloc) */
+} copy_hdr;
+#define COPY_HDR 64
+
+static void copy_free(void *data, void *hint)
+{
+    (void)data;
+    copy_hdr *c = hint;
+    if (c->charge) {
+        atomic_fetch_sub(c->mem_used, c->charge);
+        atomic_fetch_sub(c->copies, c->charge);
+    }
+    if (c->map_len)
+        munmap(c, c->map_len);
+    else
+        free(c);
+}
+
+/* Make *pl a copy of w (bytes).  A copy of ZC_MIN_BYTES or more (every
+ * buffer of the chunk is held by replies in flight, or no spare fits in
+ * --max-memory) is memory of its own, counted against --max-memory:
+ * PS_ETOOBIG when it does not fit, PS_ENOMEM; why says. */
+static int copy_payload(ps_updater *u, zmq_msg_t *pl, const float *w, size_t bytes, char *why,
+                        size_t why_len)
+{
+    uint64_t charge = bytes >= ZC_MIN_BYTES ? bytes : 0, before = 0;
+    if (charge) {
+        before = atomic_fetch_add(u->mem_used, charge);
+        if (before + charge > u->max_memory) {
+            atomic_fetch_sub(u->mem_used, charge);
+            ps_errorf(why, why_len, "--max-memory %llu bytes is in use (chunks and pull replies "
+                "not yet read); no room for this reply's %zu-byte copy: retry later",
+                (unsigned long long)u->max_memory, bytes);
+            return PS_ETOOBIG;
+        }
+        atomic_fetch_add(u->cfg.copies, charge);
+    }
+    size_t total = COPY_HDR + bytes, map_len = 0;
+    void *blk;
+    if (total >= COPY_MAP_BYTES) {
+        blk = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (blk == MAP_FAILED)
+            blk = NULL;
+        else
+            map_len = total;
+    } else {
+        blk = malloc(total);
+    }
+    copy_hdr *c = blk;
+    if (c) {
+        *c = (copy_hdr){u->mem_used, u->cfg.copies, charge, map_len};
+        memcpy((char *)blk + COPY_HDR, w, bytes);
+        if (zmq_msg_init_data(pl, (char *)blk + COPY_HDR, bytes, copy_free, c) == 0)
+            return 0;
+        copy_free(NULL, c);
+    } else if (charge) {
+        atomic_fetch_sub(u->mem_used, charge);
+        atomic_fetch_sub(u->cfg.copies, charge);
+    }
+    ps_errorf(why, why_len, "out of memory building the pull reply");
+    return PS_ENOMEM;
+}
+
 /* Answer a pull with the weights w of `version`: zero-copy from the chunk's
  * weight buffer, which no update writes until the reply is gone (updates in
  * the meantime go out of place), else copied into the reply message. */
 static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int64_t version)
 {
+    zmq_msg_t pl;
     size_t bytes = n * sizeof(float);
-    ps_header h;
-    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
-    h.count = n;
-    h.dtype = PS_DTYPE_F32;
     if (r->shm) {
         /* same host: the weights go straight to the worker's buffer */
         float *dst = r->count == n ? ps_shm_peer_at(r->shm, r->shm_off, bytes) : NULL;
@@ -145,31 +324,42 @@ static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int
             return;
         }
         memcpy(dst, w, bytes);
+        ps_header h;
+        ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
+        h.count = n;
+        h.dtype = PS_DTYPE_F32;
         h.flags |= PS_FLAG_SHM;
         h.shm_off = r->shm_off;
         u->bytes_out += bytes;
-        upd_send(u, &r->id, &h, NULL);
-    } else {
-        zmq_msg_t pl;
-        void *ref = NULL;
-        const float *pinned = bytes >= ZC_MIN_BYTES
-                                  ? ps_shard_pin(u->shard, r->key, r->chunk, w, &ref)
-                                  : NULL;
-        if (pinned && zmq_msg_init_data(&pl, (void *)pinned, bytes, zc_release, ref) != 0) {
-            ps_shard_unpin(ref); /* ZeroMQ did not take it */
-            pinned = NULL;
-        }
-        if (!pinned) {
-            if (zmq_msg_init_size(&pl, bytes) != 0) {
-                upd_error(u, r, PS_ENOMEM, "out of memory building the pull reply");
-                return;
-            }
-            memcpy(zmq_msg_data(&pl), w, bytes);
-        }
-        u->bytes_out += bytes;
-        upd_send(u, &r->id, &h, &pl);
-        zmq_msg_close(&pl);
+        upd_send_as(u, &r->id, &h, NULL, r->mut, 0);
+        if (u->cfg.trace)
+            ps_trace_event(u->cfg.trace, "pull", "serve", 1 + u->cfg.idx, r->t_arrive,
+                           ps_now_ns(), version, -1);
+        return;
     }
+    void *ref = NULL;
+    const float *pinned = bytes >= ZC_MIN_BYTES
+                              ? ps_shard_pin(u->shard, r->key, r->chunk, w, &ref)
+                              : NULL;
+    if (pinned && zmq_msg_init_data(&pl, (void *)pinned, bytes, zc_release, ref) != 0) {
+        ps_shard_unpin(ref); /* ZeroMQ did not take it */
+        pinned = NULL;
+    }
+    if (!pinned) {
+        char why[256];
+        int rc = copy_payload(u, &pl, w, bytes, why, sizeof why);
+        if (rc) {
+            upd_error(u, r, rc, why);
+            return;
+        }
+    }
+    ps_header h;
+    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
+    h.count = n;
+    h.dtype = PS_DTYPE_F32;
+    u->bytes_out += bytes;
+    upd_send_as(u, &r->id, &h, &pl, r->mut, 0);
+    zmq_msg_close(&pl);
     if (u->cfg.trace)
         ps_trace_event(u->cfg.trace, "pull", "serve", 1 + u->cfg.idx, r->t_arrive, ps_now_ns(),
                        version, -1);
@@ -188,7 +378,7 @@ static void hook_ready(void *user, void *waiter, const float *w, size_t n, int64
 {
     req_ctx *r = waiter;
     if (r->type == PS_MSG_PUSH) /* a deferred acknowledgement: its round is complete */
-        upd_ack(user, r, version);
+        upd_ack(user, r, version, 0);
     else
         upd_weights(user, r, w, n, version);
     req_free(r);
@@ -247,7 +437,7 @@ static void hook_release(void *user, void *v)
             size_t n;
             int64_t version = 0;
             ps_shard_weights(u->shard, r->key, r->chunk, &n, &version);
-            upd_ack(u, r, version);
+            upd_ack(u, r, version, 0);
         }
         req_free(r);
         h->ack = NULL;
@@ -288,11 +478,11 @@ static void upd_await(ps_updater *u, req_ctx *r, int64_t want)
     else if (queued == 1)
         u->spare = NULL;
     else if (queued == 0)
-        upd_ack(u, r, version);
+        upd_ack(u, r, version, 0);
 }
 
-static void upd_request(ps_updater *u, const ps_header *h, ps_shm_peer *shm, zmq_msg_t *id,
-                        zmq_msg_t *pl)
+static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_peer *shm,
+                        zmq_msg_t *id, zmq_msg_t *pl)
 {
     if (!u->spare) {
         u->spare = calloc(1, sizeof *u->spare);
@@ -312,6 +502,7 @@ static void upd_request(ps_updater *u, const ps_header *h, ps_shm_peer *shm, zmq
     r->key = h->key;
     r->chunk = h->chunk;
     r->step = h->step;
+    r->mut = mut;
     r->t_arrive = u->cfg.trace ? ps_now_ns() : 0;
     r->shm = shm; /* the request's reference from here on */
     r->shm_off = h->shm_off;
@@ -322,15 +513,16 @@ static void upd_request(ps_updater *u, const ps_header *h, ps_shm_peer *shm, zmq
                                : NULL;
     char why[256];
     int64_t version = 0;
+    uint64_t snap = 0;
     int rc;
     switch (h->type) {
     case PS_MSG_INIT:
         rc = ps_shard_init(u->shard, h->key, h->chunk, in_arena ? in_arena : zmq_msg_data(pl),
-                           (size_t)h->count, h->total, &version, why, sizeof why);
+                           (size_t)h->count, h->total, &version, &snap, why, sizeof why);
         if (rc)
             upd_error(u, r, rc, why);
         else
-            upd_ack(u, r, version);
+            upd_ack(u, r, version, snap);
         break;
     case PS_MSG_PUSH:
     case PS_MSG_PUSHPULL: {
@@ -378,19 +570,28 @@ static void upd_request(ps_updater *u, const ps_header *h, ps_shm_peer *shm, zmq
                                &dup, &version, why, sizeof why);
         if (!kept)
             hold_free(g);
-        if (!rc && kept && in_arena && h->type == PS_MSG_PUSH && !u->cfg.defer_acks) {
+        if (rc) {
+            upd_error(u, r, rc, why);
+            break;
+        }
+        if (kept && in_arena && h->type == PS_MSG_PUSH && !u->cfg.defer_acks) {
             /* kept in the worker's arena: acknowledged when released */
             g->ack = r;
             u->spare = NULL;
             break;
         }
-        if (rc) {
-            upd_error(u, r, rc, why);
-            break;
-        }
         if (dup)
-            ps_debug("duplicate push from worker %d, key %llu chunk %u step %lld: dropped",
-                     h->rank, (unsigned long long)h->key, h->chunk, (long long)h->step);
+            dup_note(u, h);
+        uint64_t jumped = ps_shard_jumped(u->shard);
+        if (jumped != u->jump_seen && ps_rlimit_allow(&u->rl)) {
+            ps_warn("key %llu chunk %u: the first push of worker %d since the restore is step "
+                    "%lld, %llu beyond its clock in the checkpoint: pushes the old process "
+                    "acknowledged after its last checkpoint were lost with it (%llu steps in "
+                    "all so far)", (unsigned long long)h->key, h->chunk, h->rank,
+                    (long long)h->step, (unsigned long long)(jumped - u->jump_seen),
+                    (unsigned long long)jumped);
+            u->jump_seen = jumped;
+        }
         uint64_t ff = ps_shard_fast_forwards(u->shard);
         if (ff != u->ff_seen && ps_rlimit_allow(&u->rl)) {
             ps_warn("key %llu chunk %u: worker %d pushed step %lld, beyond the round of the "
@@ -405,7 +606,7 @@ static void upd_request(ps_updater *u, const ps_header *h, ps_shm_peer *shm, zmq
         else if (u->cfg.defer_acks)
             upd_await(u, r, h->step + 1);
         else
-            upd_ack(u, r, version);
+            upd_ack(u, r, version, 0);
         break;
     }
     case PS_MSG_PULL:
@@ -421,6 +622,7 @@ static void upd_request(ps_updater *u, const ps_header *h, ps_shm_peer *shm, zmq
         ps_shm_peer_unref(u->spare->shm);
         u->spare->shm = NULL;
     }
+    dup_tick(u);
 }
 
 static void upd_stats(ps_updater *u, ps_stats *st)
@@ -446,6 +648,8 @@ static void upd_checkpoint(ps_updater *u, uint64_t token)
     memset(&cf, 0, sizeof cf);
     cf.token = token;
     cf.rc = ps_ckpt_serialize(u->shard, u->cfg.mode, u->cfg.num_workers, &cf.part);
+    if (!cf.rc) /* an init of these chunks waits for this checkpoint at most */
+        ps_shard_mark_snapshot(u->shard, token);
     char tag = PS_OUT_CKPT;
     zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
     zmq_send(u->pair, &cf, sizeof cf, 0);
@@ -501,7 +705,7 @@ static void *upd_main(void *arg)
         if (zmq_msg_size(&m) == sizeof cf) {
             memcpy(&cf, zmq_msg_data(&m), sizeof cf);
             if (cf.cmd == PS_CMD_REQ) {
-                upd_request(u, &cf.h, cf.shm, &id, &pl);
+                upd_request(u, &cf.h, cf.token, cf.shm, &id, &pl);
             } else if (cf.cmd == PS_CMD_STATS) {
                 ps_stats st;
                 upd_stats(u, &st);
@@ -539,6 +743,8 @@ static void *upd_main(void *arg)
     req_free(u->spare);
     u->spare = NULL;
     ps_rlimit_flush(&u->rl, ps_now_ns(), 1);
+    if (u->dup.n)
+        dup_flush(u, ps_now_ns());
     upd_send_stats(u, PS_OUT_STOPPED, 0, &st);
     return NULL;
 }
@@ -547,10 +753,14 @@ int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, v
                       ps_updater **out)
 {
     *out = NULL;
+    if (!sc->mem_used || !cfg->copies)
+        return PS_EINVAL; /* the counters a reply copy drops when it is freed */
     ps_updater *u = calloc(1, sizeof *u);
     if (!u)
         return PS_ENOMEM;
     u->cfg = *cfg;
+    u->mem_used = sc->mem_used;
+    u->max_memory = sc->max_memory;
     ps_shard_hooks hk = {u, hook_release, hook_ready, hook_cancel};
     int rc = ps_shard_create(sc, &hk, &u->shard);
     if (rc) {

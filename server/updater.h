@@ -33,13 +33,19 @@ typedef struct ps_updater_config {
     int durable;         /* push and pull replies go as PS_OUT_HELD with their version */
     int defer_acks;      /* sync: a push is acknowledged when its round is complete */
     int report_progress; /* PS_OUT_PROGRESS whenever the lowest chunk version moves */
+    int ack_bound;       /* async, by count: push acks and pushpull replies go as
+                            PS_OUT_ACK with their mutation number */
+    _Atomic uint64_t *copies; /* bytes of pull replies sent as copies and not yet freed by
+                                 ZeroMQ (shared by every updater); they are charged to the
+                                 shard config's mem_used too, against max_memory */
 } ps_updater_config;
 
 /* Create the updater and its shard (sc: the store's rules and the shared
- * memory charge) around `pair`, the owner end of its PAIR, which it closes at
+ * memory charge; sc->mem_used and cfg->copies must be set and outlive every
+ * reply, which may be freed after the updater) around `pair`, the owner end of its PAIR, which it closes at
  * destroy (on error the caller still owns it).  The thread does not run yet:
- * the shard may be filled first (ps_updater_shard).  PS_ENOMEM, or
- * ps_shard_create's error. */
+ * the shard may be filled first (ps_updater_shard).  PS_EINVAL, PS_ENOMEM,
+ * or ps_shard_create's error. */
 int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, void *pair,
                       ps_updater **out);
 

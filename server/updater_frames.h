@@ -9,7 +9,10 @@
  *
  * I/O thread -> owner: the first frame is a ps_cmd_frame.
  *   PS_CMD_REQ    [cmd] [identity] [payload?]  an init, push, pull or pushpull;
- *                                              cmd.h is its decoded and checked header;
+ *                                              cmd.h is its decoded and checked header,
+ *                                              cmd.token its mutation number (the I/O
+ *                                              thread's count of inits and pushes with
+ *                                              this one; 0 for a pull)
  *                                              with PS_FLAG_SHM no payload frame: the
  *                                              payload is in cmd.shm at cmd.h.shm_off
  *   PS_CMD_STATS  [cmd]   answer PS_OUT_STATS with cmd.token
@@ -18,13 +21,19 @@
  *                         (the checkpoint's sequence number)
  *   PS_CMD_LIVE   [cmd]   rank cmd.h.rank joins (cmd.token 1) or leaves (0) the live set
  *
- * owner -> I/O thread: the first frame is a tag, one byte (PS_OUT_HELD: the
- * byte and an int64 version, native byte order).
+ * owner -> I/O thread: the first frame is a tag, one byte (PS_OUT_HELD,
+ * PS_OUT_INIT, PS_OUT_ACK: the byte and an int64, native byte order).
  *   PS_OUT_REPLY    [tag] [identity] [header] [payload?]   for the ROUTER, as it is
  *   PS_OUT_HELD     [tag version] [identity] [header] [payload?]
  *                   durable rounds: for the ROUTER once a checkpoint holds `version`
- *   PS_OUT_INIT     [tag] [identity] [header]   an init acknowledgement with
- *                   checkpoints: for the ROUTER once a checkpoint holds the chunk
+ *   PS_OUT_INIT     [tag seq] [identity] [header]   an init acknowledgement with
+ *                   checkpoints: for the ROUTER once a checkpoint holds the chunk:
+ *                   checkpoint `seq`, the first snapshot that held it, or for
+ *                   seq 0 (a chunk in no snapshot yet) the next one
+ *   PS_OUT_ACK      [tag mut] [identity] [header] [payload?]   async with
+ *                   --checkpoint-every N: a push acknowledgement (or pushpull
+ *                   reply) of mutation `mut`, for the ROUTER once a written
+ *                   checkpoint holds every mutation up to mut - N
  *   PS_OUT_STATS    [tag] [ps_stats_frame]      the counters PS_CMD_STATS asked for
  *   PS_OUT_STOPPED  [tag] [ps_stats_frame]      final counters; the owner's last message
  *   PS_OUT_CKPT     [tag] [ps_ckpt_frame]       the chunks PS_CMD_CKPT asked for
@@ -45,6 +54,7 @@ enum {
     PS_OUT_REPLY = 'R',
     PS_OUT_HELD = 'H',
     PS_OUT_INIT = 'I',
+    PS_OUT_ACK = 'A',
     PS_OUT_STATS = 'S',
     PS_OUT_STOPPED = 'X',
     PS_OUT_CKPT = 'C',
@@ -53,7 +63,8 @@ enum {
 
 typedef struct ps_cmd_frame {
     int cmd;        /* PS_CMD_* */
-    uint64_t token; /* STATS: the request; CKPT: the sequence number; LIVE: 1 live, 0 not */
+    uint64_t token; /* REQ: the mutation number; STATS: the request; CKPT: the sequence
+                       number; LIVE: 1 live, 0 not */
     ps_header h;    /* REQ: the request's header; LIVE: h.rank */
     ps_shm_peer *shm; /* REQ with PS_FLAG_SHM: the worker's arena, one reference
                          the receiver owns (the range was checked); else NULL */

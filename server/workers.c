@@ -4,24 +4,37 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/random.h>
+
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_time.h"
+#include "ratelimit.h"
 #include "server.h"
+
+/* A rank's connection is live (holds the rank against another connection's
+ * hello) for at least this long after its last message: 3 heartbeats. */
+#define HOLD_MIN_MS 3000
 
 typedef struct worker_info {
     unsigned char id[256];
-    size_t id_len;
+    size_t id_len;   /* 0: no connection (known from a restored checkpoint, or it closed) */
+    int fd;          /* the connection's socket, -1 unknown */
+    uint64_t token;  /* proves a hello comes from the worker that holds the rank */
     int64_t last_ns; /* when anything last came from this rank */
+    int64_t conn_ns; /* when anything last came on the holder's connection */
     int silent;      /* PS_LOSS_WAIT: its silence was logged */
     int dropped;     /* PS_LOSS_DROP: out of the live set until it says hello */
 } worker_info;
 
 struct ps_workers {
     int num_workers, timeout_ms, on_loss;
+    int64_t hold_ns;  /* the hold window */
     worker_info **w;  /* per rank, NULL until its hello */
     uint8_t *hello;   /* per rank: w[r] != NULL */
     int seen, ndropped;
-    uint64_t nlost, nrejoined;
+    uint64_t nlost, nrejoined, nrefused;
+    ps_rlimit rl;     /* refused hellos */
 };
 
 int ps_workers_create(int num_workers, int timeout_ms, int on_loss, ps_workers **out)
@@ -41,6 +54,7 @@ int ps_workers_create(int num_workers, int timeout_ms, int on_loss, ps_workers *
     w->num_workers = num_workers;
     w->timeout_ms = timeout_ms;
     w->on_loss = on_loss;
+    w->hold_ns = (int64_t)(timeout_ms > HOLD_MIN_MS ? timeout_ms : HOLD_MIN_MS) * 1000000LL;
     *out = w;
     return 0;
 }
@@ -61,6 +75,7 @@ static worker_info *add(ps_workers *w, int rank)
     worker_info *wi = calloc(1, sizeof *wi);
     if (!wi)
         return NULL;
+    wi->fd = -1;
     w->w[rank] = wi;
     w->hello[rank] = 1;
     w->seen++;
@@ -75,13 +90,60 @@ static void id_hex(const unsigned char *p, size_t n, char *out, size_t len)
         o += (size_t)snprintf(out + o, len - o, "%02x", p[i]);
 }
 
-int ps_workers_hello(ps_workers *w, int rank, const void *id, size_t n, int64_t now,
-                     int *rejoined)
+/* A fresh token: unpredictable, never 0 (0 is "none"). */
+static uint64_t new_token(void)
+{
+    uint64_t t = 0;
+    while (!t)
+        if (getrandom(&t, sizeof t, 0) != (ssize_t)sizeof t) {
+            FILE *f = fopen("/dev/urandom", "rb");
+            if (!f || fread(&t, sizeof t, 1, f) != 1)
+                t = (uint64_t)ps_now_ns() * 0x9e3779b97f4a7c15ull; /* not reached on Linux */
+            if (f)
+                fclose(f);
+        }
+    return t;
+}
+
+static int same_conn(const worker_info *wi, const void *id, size_t n)
+{
+    return wi->id_len == n && memcmp(wi->id, id, n) == 0;
+}
+
+/* May the connection id take rank r from its holder?  0, or PS_ESTATE with
+ * why (and the refusal logged). */
+static int may_take(ps_workers *w, int r, const void *id, size_t n, uint64_t token,
+                    int64_t now, const char *who, char *why, size_t why_len)
+{
+    worker_info *wi = w->w[r];
+    if (!wi || !wi->id_len || wi->dropped || same_conn(wi, id, n) ||
+        now - wi->conn_ns > w->hold_ns || (token && token == wi->token))
+        return 0;
+    char hex[40];
+    id_hex(wi->id, wi->id_len, hex, sizeof hex);
+    double ago = (double)(now - wi->conn_ns) * 1e-9;
+    ps_errorf(why, why_len, "rank %d is held by another connection, live %.1f s ago; a hello "
+        "for it must carry that worker's token (is another process running with rank %d?)",
+        r, ago, r);
+    w->nrefused++;
+    if (ps_rlimit_allow(&w->rl))
+        ps_warn("refused a hello for worker %d from %s: the rank is held by connection %s, "
+                "heard from %.1f s ago, and the hello has %s", r, who, hex, ago,
+                token ? "another token" : "no token");
+    return PS_ESTATE;
+}
+
+int ps_workers_hello(ps_workers *w, int rank, const void *id, size_t n, int fd,
+                     uint64_t token, int64_t now, const char *who, uint64_t *token_out,
+                     int *rejoined, char *why, size_t why_len)
 {
     worker_info *wi = w->w[rank];
     char hex[40];
     id_hex(id, n, hex, sizeof hex);
     *rejoined = 0;
+    int rc = may_take(w, rank, id, n, token, now, who, why, why_len);
+    if (rc)
+        return rc;
     if (!wi) {
         if (!(wi = add(w, rank)))
             return PS_ENOMEM;
@@ -95,16 +157,36 @@ int ps_workers_hello(ps_workers *w, int rank, const void *id, size_t n, int64_t 
         ps_info("worker %d said hello again (identity %s): rejoined at the current "
                 "version; rounds and barriers wait for %d of %d workers again",
                 rank, hex, w->num_workers - w->ndropped, w->num_workers);
-    } else if (wi->id_len != n || memcmp(wi->id, id, n) != 0) {
-        ps_info("hello again from worker %d with a new connection (identity %s)", rank, hex);
+    } else if (!same_conn(wi, id, n)) {
+        ps_info("hello again from worker %d with a new connection (identity %s%s)", rank, hex,
+                !wi->id_len ? "; its old connection closed, or none since a restore"
+                : token && token == wi->token ? "; its token proves it is the same worker"
+                : "; the old connection was silent");
     } else {
         ps_debug("hello again from worker %d", rank);
     }
+    /* a new holder gets a new token, unless it proved it is the holder */
+    if (!wi->token || !(same_conn(wi, id, n) || (token && token == wi->token)))
+        wi->token = new_token();
     wi->id_len = n < sizeof wi->id ? n : sizeof wi->id;
     memcpy(wi->id, id, wi->id_len);
-    wi->last_ns = now;
+    wi->fd = fd;
+    wi->last_ns = wi->conn_ns = now;
     wi->silent = 0;
+    *token_out = wi->token;
     return 0;
+}
+
+void ps_workers_gone(ps_workers *w, int fd)
+{
+    for (int r = 0; fd >= 0 && r < w->num_workers; r++) {
+        worker_info *wi = w->w[r];
+        if (wi && wi->id_len && wi->fd == fd) {
+            ps_debug("worker %d's connection closed: its rank is free for the next hello", r);
+            wi->id_len = 0;
+            wi->fd = -1;
+        }
+    }
 }
 
 int ps_workers_restore(ps_workers *w, const uint8_t *hello, int64_t now)
@@ -120,13 +202,15 @@ int ps_workers_restore(ps_workers *w, const uint8_t *hello, int64_t now)
     return 0;
 }
 
-int ps_workers_heard(ps_workers *w, int rank, int64_t now)
+int ps_workers_heard(ps_workers *w, int rank, const void *id, size_t n, int64_t now)
 {
     worker_info *wi = w->w[rank];
     if (!wi)
         return PS_WORKER_UNKNOWN;
     if (wi->dropped)
         return PS_WORKER_DROPPED;
+    if (same_conn(wi, id, n))
+        wi->conn_ns = now;
     if (wi->silent)
         ps_info("worker %d is heard from again after %.1f s", rank,
                 (double)(now - wi->last_ns) * 1e-9);
@@ -167,3 +251,5 @@ int ps_workers_seen(const ps_workers *w) { return w->seen; }
 uint64_t ps_workers_lost(const ps_workers *w) { return w->nlost; }
 
 uint64_t ps_workers_rejoined(const ps_workers *w) { return w->nrejoined; }
+
+uint64_t ps_workers_refused(const ps_workers *w) { return w->nrefused; }

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zmq.h>
 
 #include "ps_test.h"
@@ -23,6 +24,20 @@ int ps_test_server_start(ps_test_server *sv, int bind, const char *words)
     sv->pid = ps_test_spawn_words("ps_server", all, sv->log);
     free(all);
     return sv->pid > 0 ? 0 : -1;
+}
+
+const char *ps_test_token_file(const char *name, const char *token, int mode)
+{
+    static char path[8][512];
+    static int n;
+    char *p = path[n++ % 8];
+    snprintf(p, 512, "%s/%s", ps_test_tmpdir(), name);
+    FILE *f = fopen(p, "w");
+    if (!f)
+        return NULL;
+    fprintf(f, "%s\n", token);
+    fclose(f);
+    return chmod(p, (mode_t)mode) == 0 ? p : NULL;
 }
 
 void *ps_test_dealer(int port)

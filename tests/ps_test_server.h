@@ -24,6 +24,14 @@ typedef struct ps_test_server {
  * directory (sv->log).  0, or -1 when it cannot be started. */
 int ps_test_server_start(ps_test_server *sv, int bind, const char *words);
 
+/* The admin token tests give servers (ps_server --admin-token-file) and
+ * libps (ps_client_options.admin_token). */
+#define PS_TEST_ADMIN_TOKEN "test-admin-token-0123456789abcdef"
+
+/* A file holding `token` and a newline, mode `mode`, in the scratch
+ * directory under `name`; its path (static storage, one per name), or NULL. */
+const char *ps_test_token_file(const char *name, const char *token, int mode);
+
 /* A DEALER connected to tcp://127.0.0.1:port, on a context the test
  * program shares (never terminated); linger 0, and reconnecting every 10 ms
  * because the server may still be starting.  The caller zmq_close()s it. */

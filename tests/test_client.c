@@ -19,6 +19,7 @@
 #include "ps_placement.h"
 #include "ps_proto.h"
 #include "ps_test.h"
+#include "ps_test_server.h"
 
 #define WAIT_MS 5000
 
@@ -1250,10 +1251,16 @@ PS_TEST(pushpull_returns_the_updated_weights_and_shutdown_stops_the_server)
 {
     NEED_SERVER();
     srv s;
-    CHECK_OK(srv_start(&s, 0, 1, 1, "sync", -2, "0.5"));
+    /* the server obeys a shutdown that carries the token of its file */
+    const char *tf = ps_test_token_file("admin.token", PS_TEST_ADMIN_TOKEN, 0600);
+    CHECK(tf);
+    char lr[600]; /* the rate, then the flags that follow it */
+    snprintf(lr, sizeof lr, "0.5 --admin-token-file %s", tf);
+    CHECK_OK(srv_start(&s, 0, 1, 1, "sync", -2, lr));
     const size_t n = 100;
     ps_client_options o;
     opts(&o, s.ep, 0, 1, PS_MODE_SYNC);
+    o.admin_token = PS_TEST_ADMIN_TOKEN;
     ps_client *c;
     char why[512];
     CHECK_MSG(connect_one(&o, 5, n, &c, why, sizeof why) == 0, "%s", why);

@@ -14,7 +14,9 @@
 
 #include "ps_curve.h"
 #include "ps_error.h"
+#include "ps_proto.h"
 #include "ps_test.h"
+#include "ps_test_server.h"
 
 /* A fresh key directory under the test's scratch directory. */
 static const char *make_keys(const char *name, int servers, int workers, char *dir, size_t len)
@@ -706,4 +708,80 @@ PS_TEST(zap_handler_stops_promptly)
     zmq_ctx_term(ctx);
     ps_curve_auth_stop(auth);
     CHECK_MSG(rc == 0, "setup: %s", why);
+}
+
+/* ---- admin keys: who may stop a CURVE server with a message ---------------- */
+
+/* A DEALER of its own context, a CURVE client of server 0 of dir with the
+ * key pair pub/sec; sends a SHUTDOWN as rank -1 and returns the reply's
+ * type and error code (-1: no reply). */
+static int curve_shutdown(int port, const char *dir, const char *pub, const char *sec, int *ec)
+{
+    void *ctx = zmq_ctx_new();
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0, tmo = 5000, rc = -1;
+    char spub[41], path[700], why[256], buf[PS_HEADER_MAX], ep[64];
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    snprintf(path, sizeof path, "%s/server-0.pub", dir);
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    ps_header h;
+    ps_header_init(&h, PS_MSG_SHUTDOWN);
+    h.seq = 5;
+    size_t len = 0;
+    if (ps_curve_read_key(path, spub, why, sizeof why) == 0 &&
+        zmq_setsockopt(d, ZMQ_CURVE_SERVERKEY, spub, 41) == 0 &&
+        zmq_setsockopt(d, ZMQ_CURVE_PUBLICKEY, pub, 41) == 0 &&
+        zmq_setsockopt(d, ZMQ_CURVE_SECRETKEY, sec, 41) == 0 && zmq_connect(d, ep) == 0 &&
+        ps_proto_encode(&h, buf, sizeof buf, &len) == 0 && zmq_send(d, buf, len, 0) >= 0) {
+        int n = zmq_recv(d, buf, sizeof buf, 0);
+        ps_header r;
+        if (n > 0 && ps_proto_decode(buf, (size_t)n, &r, why, sizeof why) == 0 && r.seq == 5) {
+            rc = (int)r.type;
+            *ec = r.err_code;
+        }
+    }
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    return rc;
+}
+
+PS_TEST(only_a_key_in_admin_may_stop_a_curve_server_with_a_message)
+{
+    if (!zmq_has("curve"))
+        SKIP("libzmq without CURVE");
+    char dir[512], path[700], bin[512];
+    if (access(ps_test_bin("ps_server", bin, sizeof bin), X_OK) != 0)
+        SKIP("bin/ps_server is not built");
+    CHECK(make_keys("admin", 1, 1, dir, sizeof dir));
+    /* an admin key pair that is not a worker's: its .pub goes to admin/ only */
+    char apub[41], asec[41], wpub[41], wsec[41], why[256];
+    CHECK_OK(zmq_curve_keypair(apub, asec));
+    snprintf(path, sizeof path, "%s/admin", dir);
+    CHECK_OK(mkdir(path, 0700));
+    snprintf(path, sizeof path, "%s/admin/ops.pub", dir);
+    char line[64];
+    snprintf(line, sizeof line, "%s\n", apub);
+    CHECK_OK(write_file(path, line));
+    snprintf(path, sizeof path, "%s/worker-0.pub", dir);
+    CHECK_OK(ps_curve_read_key(path, wpub, why, sizeof why));
+    snprintf(path, sizeof path, "%s/worker-0.key", dir);
+    CHECK_OK(ps_curve_read_key(path, wsec, why, sizeof why));
+    ps_test_server sv;
+    char words[700];
+    snprintf(words, sizeof words, "--curve-keys %s", dir);
+    CHECK_OK(ps_test_server_start(&sv, 1, words));
+    int ec = 0;
+    /* an authorized worker key is no admin key */
+    CHECK_EQ_INT(curve_shutdown(sv.port, dir, wpub, wsec, &ec), PS_MSG_ERROR);
+    CHECK_EQ_INT(ec, PS_EAUTH);
+    CHECK_EQ_INT(curve_shutdown(sv.port, dir, apub, asec, &ec), PS_MSG_SHUTDOWN);
+    CHECK_EQ_INT(ps_test_wait(sv.pid, 10000), 0);
+    char *log = ps_test_read_file(sv.log, NULL);
+    int ok = log && strstr(log, "1 admin key(s)") &&
+             strstr(log, "refused a shutdown from rank -1, routing id ") &&
+             strstr(log, "CURVE key worker-0") &&
+             strstr(log, "shutdown requested by rank -1") && strstr(log, "CURVE key admin/ops");
+    free(log);
+    CHECK_MSG(ok, "see %s", sv.log);
 }

@@ -245,9 +245,7 @@ PS_TEST(dropped_worker_is_refused_until_hello_then_rounds_average_the_live_worke
     }
     CHECK_EQ_INT(pulls, 1);
     CHECK_EQ_INT(acks, 1);
-    h = ps_test_header(PS_MSG_SHUTDOWN, -1, 11, 0, 0, 0);
-    CHECK_OK(rpc(a, &h, NULL, 0, &r, NULL, 0));
-    CHECK_EQ_INT(ps_test_wait(sv.pid, PS_TEST_RPC_MS), 0);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
     zmq_close(a);
     zmq_close(b);
 }
@@ -271,7 +269,7 @@ PS_TEST(shard_round_skips_a_dropped_lowest_rank_and_takes_it_back)
     float w[2] = {10, 20}, g[3][2] = {{1e8f, 1}, {1, -1e8f}, {-1e8f, 3}};
     int64_t v;
     char why[256];
-    CHECK_OK(ps_shard_init(s, 1, 0, w, 2, 2, &v, why, sizeof why));
+    CHECK_OK(ps_shard_init(s, 1, 0, w, 2, 2, &v, NULL, why, sizeof why));
     int kept, dup, queued;
     const float *pw;
     size_t n;

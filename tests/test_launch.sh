@@ -131,12 +131,12 @@ rc=$?
 [ "$rc" -eq 0 ] || why="exit status $rc"
 SL="tcp://h1:30000,tcp://h1:30001,tcp://h3:30002"
 for exp in \
-    "ssh -o BatchMode=yes h1 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_server --bind \"tcp://*:30000\" --rank 0 --num-servers 3 --num-workers 3 --mode async --threads 2 --timeline tl/server-0.json --lr 0.1 --optimizer momentum'" \
-    "ssh -o BatchMode=yes h1 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_server --bind \"tcp://*:30001\" --rank 1 --num-servers 3 --num-workers 3 --mode async --threads 2 --timeline tl/server-1.json --lr 0.1 --optimizer momentum'" \
-    "ssh -o BatchMode=yes h3 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_server --bind \"tcp://*:30002\" --rank 2 --num-servers 3 --num-workers 3 --mode async --threads 2 --timeline tl/server-2.json --lr 0.1 --optimizer momentum'" \
-    "ssh -o BatchMode=yes alice@h2 'cd $T && mkdir -p tl && exec env CUDA_VISIBLE_DEVICES=0 /opt/ps/bin/ps_worker --servers $SL --rank 0 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w0.csv --eval-all --device cuda:0 --timeline tl/worker-0.json'" \
-    "ssh -o BatchMode=yes alice@h2 'cd $T && mkdir -p tl && exec env CUDA_VISIBLE_DEVICES=1 /opt/ps/bin/ps_worker --servers $SL --rank 1 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w1.csv --eval-all --device cuda:0 --timeline tl/worker-1.json'" \
-    "ssh -o BatchMode=yes h3 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_worker --servers $SL --rank 2 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w2.csv --eval-all --device cpu --timeline tl/worker-2.json'"; do
+    "ssh -o BatchMode=yes h1 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child /opt/ps/bin/ps_server --bind \"tcp://*:30000\" --rank 0 --num-servers 3 --num-workers 3 --mode async --threads 2 --exit-on-stdin-eof --timeline tl/server-0.json --lr 0.1 --optimizer momentum'" \
+    "ssh -o BatchMode=yes h1 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child /opt/ps/bin/ps_server --bind \"tcp://*:30001\" --rank 1 --num-servers 3 --num-workers 3 --mode async --threads 2 --exit-on-stdin-eof --timeline tl/server-1.json --lr 0.1 --optimizer momentum'" \
+    "ssh -o BatchMode=yes h3 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child /opt/ps/bin/ps_server --bind \"tcp://*:30002\" --rank 2 --num-servers 3 --num-workers 3 --mode async --threads 2 --exit-on-stdin-eof --timeline tl/server-2.json --lr 0.1 --optimizer momentum'" \
+    "ssh -o BatchMode=yes alice@h2 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child env CUDA_VISIBLE_DEVICES=0 /opt/ps/bin/ps_worker --servers $SL --rank 0 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w0.csv --eval-all --device cuda:0 --timeline tl/worker-0.json'" \
+    "ssh -o BatchMode=yes alice@h2 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child env CUDA_VISIBLE_DEVICES=1 /opt/ps/bin/ps_worker --servers $SL --rank 1 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w1.csv --eval-all --device cuda:0 --timeline tl/worker-1.json'" \
+    "ssh -o BatchMode=yes h3 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child /opt/ps/bin/ps_worker --servers $SL --rank 2 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w2.csv --eval-all --device cpu --timeline tl/worker-2.json'"; do
     grep -qxF -- "$exp" "$T/plan.out" || why="$why; missing command: $exp"
 done
 n=$(grep -c '^ssh ' "$T/plan.out")
@@ -146,8 +146,8 @@ case "$BIN" in
 "$ROOT"/*)
     rel=${BIN#"$ROOT"/}
     timeout 10 "$LAUNCH" --hostfile "$T/hosts" --dry-run -- --lr 0.1 >"$T/plan2.out" 2>&1
-    has "$T/plan2.out" "&& exec $rel/ps_server --bind \"tcp://*:29500\" --rank 0" ||
-        why="$why; default bin dir: no '&& exec $rel/ps_server' with base port 29500"
+    has "$T/plan2.out" "&& exec $rel/ps_launch --remote-child $rel/ps_server --bind \"tcp://*:29500\" --rank 0" ||
+        why="$why; default bin dir: no '&& exec $rel/ps_launch --remote-child $rel/ps_server' with base port 29500"
     ;;
 esac
 has "$T/plan.out" "--log-csv w0.csv" && ! has "$T/plan.out" "{rank}" ||
@@ -331,6 +331,44 @@ no_leftovers || why="$why; processes left behind"
 if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/f5.out"; fi
 kill_leftovers
 
+# --exec: any worker program, its settings in its environment
+case=launch_exec_env_and_failure
+why=""
+cat >"$T/fake/exec_worker" <<'EOF'
+#!/bin/sh
+echo "args: $*"
+env | grep -E '^PS_(DEVICE|LR|MAX_STALENESS|MODE|NUM_SERVERS|NUM_WORKERS|RANK|SERVERS)=' | sort | tr '\n' ' '
+echo
+[ "$PS_RANK" = 1 ] && [ "$1" = fail ] && exit 3
+[ "$1" = fail ] && while :; do sleep 0.1; done
+exit 0
+EOF
+chmod +x "$T/fake/exec_worker"
+timeout 30 "$LAUNCH" --servers 1 --workers 2 $FAKE --mode async --lr 0.5 \
+    --exec "$T/fake/exec_worker" --out 'w{rank}' >"$T/e1.out" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] || why="exit status $rc"
+for l in "[worker 1] args: --out w1" \
+    "[worker 0] PS_DEVICE=cpu PS_LR=0.5 PS_MAX_STALENESS=-1 PS_MODE=async PS_NUM_SERVERS=1 PS_NUM_WORKERS=2 PS_RANK=0 PS_SERVERS=tcp://127.0.0.1:" \
+    "--num-servers 1 --num-workers 2 --mode async --threads 1 --lr 0.5" "ps_launch: done in"; do
+    has "$T/e1.out" "$l" || why="$why; no line '$l'"
+done
+timeout 30 "$LAUNCH" --servers 1 --workers 2 $FAKE --exec "$T/fake/exec_worker" fail \
+    >"$T/e2.out" 2>&1
+rc=$?
+[ "$rc" -eq 1 ] || why="$why; a failing --exec worker: exit status $rc, expected 1"
+grep -Eq '^ps_launch: worker 1 \(pid [0-9]+\) exited with status 3; stopping the others$' \
+    "$T/e2.out" || why="$why; no line naming worker 1 and its status"
+timeout 10 "$LAUNCH" --servers 1 --workers 1 $FAKE --exec no-such-program-$$ >"$T/e3.out" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] || why="$why; a missing --exec program: exit status $rc, expected 2"
+has "$T/e3.out" "ps_launch: --exec: cannot run 'no-such-program-$$': not found in PATH" ||
+    why="$why; no message for the missing program"
+has "$T/e3.out" "ps_launch: started" && why="$why; started processes for a missing program"
+no_leftovers || why="$why; processes left behind"
+if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/e1.out"; fi
+kill_leftovers
+
 # ---------------------------------------------------------------- training
 DATA=${PS_DATA:-}
 if [ -z "$DATA" ]; then
@@ -478,6 +516,25 @@ else
             why="$why; CSV header is '$(head -n 1 "$csv")'"
         [ "$(wc -l <"$csv")" -ge 2 ] || why="$why; CSV has no rows"
     fi
+    { no_leftovers && pids_gone "$out"; } || why="$why; processes left behind"
+    if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$out"; fi
+    kill_leftovers
+fi
+
+# --exec end to end against a real server: the C example reads PS_SERVERS,
+# the server applies the --lr given to ps_launch (w1 = w0 - 0.5 g)
+case=launch_exec_push_pull
+PUSH_PULL=${BUILD:-build}/examples/push_pull
+if [ -n "$missing" ] || [ ! -x "$PUSH_PULL" ]; then
+    skip $case "${missing:-$PUSH_PULL} not built"
+else
+    why=""
+    out=$T/exec-pp.out
+    timeout 60 "$LAUNCH" --servers 1 --workers 1 --gpus none --mode sync --lr 0.5 \
+        --bin-dir "$BIN" --exec "$PUSH_PULL" >"$out" 2>&1
+    rc=$?
+    [ "$rc" -eq 0 ] || why="exit status $rc ($(grep '^ps_launch: ' "$out" | tail -n 1))"
+    has "$out" "[worker 0] w1: 0.75 1.875 3.5 3" || why="$why; no '[worker 0] w1: 0.75 1.875 3.5 3'"
     { no_leftovers && pids_gone "$out"; } || why="$why; processes left behind"
     if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$out"; fi
     kill_leftovers

@@ -7,8 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/wait.h>
+
 #include "plan.h"
 #include "ps_error.h"
+#include "remote.h"
 #include "ps_test.h"
 
 #define ARGV(...) ((char *[]){"ps_launch", __VA_ARGS__, NULL})
@@ -183,6 +186,26 @@ static const struct {
      {"--servers", "1", "--workers", "1", "--", "--model", "cnn", "--lr"}},
     {"ps_launch: worker flag --log-csv needs a value",
      {"--servers", "1", "--workers", "1", "--", "--log-csv"}},
+    /* shared flags given to ps_launch itself: the same checks, once */
+    {"ps_launch: --lr must be a number in (0, 1e+06], got 'abc'",
+     {"--servers", "1", "--workers", "1", "--lr", "abc"}},
+    {"ps_launch: --max-staleness must be 0 with --mode sync, got '2'",
+     {"--servers", "1", "--workers", "1", "--max-staleness", "2", "--exec", "prog"}},
+    {"ps_launch: --lr is given to ps_launch and among the worker flags; give it once",
+     {"--servers", "1", "--workers", "1", "--lr", "0.1", "--", "--lr", "0.1"}},
+    {"ps_launch: --lr needs a value (see --help)", {"--servers", "1", "--workers", "1", "--lr"}},
+    /* --exec */
+    {"ps_launch: --exec needs a program and its arguments, e.g. --exec python3 train.py "
+     "--epochs 2",
+     {"--servers", "1", "--workers", "1", "--exec"}},
+    {"ps_launch: --exec needs a program and its arguments, e.g. --exec python3 train.py "
+     "--epochs 2",
+     {"--servers", "1", "--workers", "1", "--exec", ""}},
+    {"ps_launch: --exec goes before -- (the flags after -- are ps_worker's); e.g. ps_launch "
+     "--servers 1 --workers 2 --exec python3 train.py",
+     {"--servers", "1", "--workers", "1", "--", "--steps", "3", "--exec", "python3"}},
+    {"ps_launch: --workers is required (see --help)",
+     {"--servers", "1", "--exec", "python3", "--workers", "2"}},
 };
 
 PS_TEST(parse_refuses_bad_flags_and_values_with_a_message)
@@ -217,6 +240,34 @@ PS_TEST(parse_accepts_the_values_the_programs_accept)
     CHECK_OK(parse(&o, ARGV("--servers", "1", "--workers", "1", "--", "--eval-all", "--lr",
                             "0.5", "--verbose")));
     ps_launch_opts_free(&o);
+}
+
+PS_TEST(parse_takes_shared_flags_and_exec)
+{
+    ps_launch_opts o;
+    CHECK_OK(parse(&o, ARGV("--servers", "1", "--lr=0.5", "--workers", "2", "--optimizer",
+                            "adam", "--lr", "0.25", "--mode", "async", "--max-staleness", "4",
+                            "--exec", "python3", "t.py", "--", "--lr", "9")));
+    /* a later value replaces an earlier one; --exec takes the rest as it is */
+    CHECK_STR(joined(&o.shared), "--lr 0.25 --optimizer adam --max-staleness 4");
+    CHECK_EQ_INT(o.nexec, 5);
+    CHECK_STR(o.exec[0], "python3");
+    CHECK_STR(o.exec[4], "9");
+    CHECK_EQ_INT(o.nwflags, 0);
+    ps_launch_opts_free(&o);
+}
+
+PS_TEST(shared_env_names_follow_the_flags)
+{
+    char name[64];
+    ps_launch_shared_env_name("--lr", name, sizeof name);
+    CHECK_STR(name, "PS_LR");
+    ps_launch_shared_env_name("--lr-decay-every", name, sizeof name);
+    CHECK_STR(name, "PS_LR_DECAY_EVERY");
+    ps_launch_shared_env_name("--curve-keys", name, sizeof name);
+    CHECK_STR(name, "PS_CURVE_KEYS");
+    ps_launch_shared_env_name("--weight-decay", name, 8);
+    CHECK_STR(name, "PS_WEIG");
 }
 
 PS_TEST(shared_flags_list_every_flag_forwarded)
@@ -388,7 +439,7 @@ PS_TEST(local_plan_has_the_exact_command_lines)
                  "--num-workers 3 --mode async --threads 4 --lr 0.1 --optimizer momentum "
                  "--verbose",
                  ports[r], r);
-        CHECK(c->role == PS_LAUNCH_SERVER && c->rank == r && !c->host && !c->env);
+        CHECK(c->role == PS_LAUNCH_SERVER && c->rank == r && !c->host && c->env.n == 0);
         CHECK_STR(joined(&c->argv), want);
         snprintf(want, sizeof want, "tcp://127.0.0.1:%d", ports[r]);
         CHECK_STR(c->endpoint, want);
@@ -410,7 +461,7 @@ PS_TEST(local_plan_has_the_exact_command_lines)
         const ps_launch_cmd *c = &p.cmds[2 + r];
         CHECK(c->role == PS_LAUNCH_WORKER && c->rank == r && !c->host);
         CHECK_STR(joined(&c->argv), workers[r]);
-        CHECK_STR(c->env, env[r]);
+        CHECK_STR(joined(&c->env), env[r]);
         CHECK_STR(c->device, "cuda:0");
     }
     ps_launch_plan_free(&p);
@@ -424,16 +475,16 @@ PS_TEST(local_plan_uses_the_gpus_found_or_the_cpu)
     ps_strvec found = {0};
     CHECK_OK(ps_launch_gpus_auto("5,7", 0, &found));
     CHECK_OK(local_plan(&o, &p, &found, ARGV("--servers", "1", "--workers", "3")));
-    CHECK_STR(p.cmds[1].env, "CUDA_VISIBLE_DEVICES=5");
-    CHECK_STR(p.cmds[2].env, "CUDA_VISIBLE_DEVICES=7");
-    CHECK_STR(p.cmds[3].env, "CUDA_VISIBLE_DEVICES=5");
+    CHECK_STR(joined(&p.cmds[1].env), "CUDA_VISIBLE_DEVICES=5");
+    CHECK_STR(joined(&p.cmds[2].env), "CUDA_VISIBLE_DEVICES=7");
+    CHECK_STR(joined(&p.cmds[3].env), "CUDA_VISIBLE_DEVICES=5");
     ps_launch_plan_free(&p);
     ps_launch_opts_free(&o);
     /* --gpus none ignores what was found */
     CHECK_OK(local_plan(&o, &p, &found,
                         ARGV("--servers", "1", "--workers", "2", "--gpus", "none")));
     for (int i = 1; i < 3; i++) {
-        CHECK(p.cmds[i].env == NULL);
+        CHECK(p.cmds[i].env.n == 0);
         CHECK_STR(p.cmds[i].device, "cpu");
         CHECK_STR(p.cmds[i].argv.v[p.cmds[i].argv.n - 1], "cpu");
     }
@@ -442,7 +493,7 @@ PS_TEST(local_plan_uses_the_gpus_found_or_the_cpu)
     ps_strvec_free(&found);
     /* auto with none found */
     CHECK_OK(local_plan(&o, &p, &found, ARGV("--servers", "1", "--workers", "1")));
-    CHECK(p.cmds[1].env == NULL);
+    CHECK(p.cmds[1].env.n == 0);
     CHECK_STR(p.cmds[1].device, "cpu");
     ps_launch_plan_free(&p);
     ps_launch_opts_free(&o);
@@ -461,6 +512,117 @@ PS_TEST(local_plan_with_timeline_dir_gives_each_process_its_trace)
     CHECK_STR(joined(&p.cmds[2].argv),
               "/b/ps_worker --servers tcp://127.0.0.1:41001 --rank 1 --num-workers 2 --mode sync "
               "--steps 3 --device cpu --timeline out/tl/worker-1.json");
+    ps_launch_plan_free(&p);
+    ps_launch_opts_free(&o);
+}
+
+PS_TEST(shared_flags_given_to_ps_launch_go_to_servers_and_workers)
+{
+    ps_launch_opts o;
+    ps_launch_plan p;
+    CHECK_OK(local_plan(&o, &p, NULL,
+                        ARGV("--servers", "1", "--workers", "1", "--gpus", "none", "--lr", "0.1",
+                             "--", "--optimizer", "momentum", "--steps", "3")));
+    CHECK_STR(joined(&p.cmds[0].argv),
+              "/b/ps_server --bind tcp://127.0.0.1:41001 --rank 0 --num-servers 1 "
+              "--num-workers 1 --mode sync --threads 1 --lr 0.1 --optimizer momentum");
+    CHECK_STR(joined(&p.cmds[1].argv),
+              "/b/ps_worker --servers tcp://127.0.0.1:41001 --rank 0 --num-workers 1 --mode sync "
+              "--lr 0.1 --optimizer momentum --steps 3 --device cpu");
+    ps_launch_plan_free(&p);
+    ps_launch_opts_free(&o);
+}
+
+PS_TEST(exec_plan_gives_each_worker_the_program_and_its_settings_in_the_environment)
+{
+    ps_launch_opts o;
+    ps_launch_plan p;
+    CHECK_OK(local_plan(&o, &p, NULL,
+                        ARGV("--servers", "2", "--workers", "3", "--gpus", "0,1", "--mode",
+                             "async", "--lr", "0.01", "--optimizer", "adam", "--lr-decay-every",
+                             "100", "--max-staleness", "3", "--timeline-dir", "tl", "--exec",
+                             "python3", "train.py", "--epochs", "2", "--save", "m{rank}.pt")));
+    CHECK(p.exec && p.n == 5);
+    /* the servers get the shared flags as flags */
+    CHECK_STR(joined(&p.cmds[1].argv),
+              "/b/ps_server --bind tcp://127.0.0.1:41002 --rank 1 --num-servers 2 "
+              "--num-workers 3 --mode async --threads 1 --timeline tl/server-1.json --lr 0.01 "
+              "--optimizer adam --lr-decay-every 100 --max-staleness 3");
+    CHECK_EQ_INT(p.cmds[1].env.n, 0);
+    for (int r = 0; r < 3; r++) {
+        const ps_launch_cmd *c = &p.cmds[2 + r];
+        char want[1024];
+        snprintf(want, sizeof want, "python3 train.py --epochs 2 --save m%d.pt", r);
+        CHECK_STR(joined(&c->argv), want);
+        snprintf(want, sizeof want,
+                 "CUDA_VISIBLE_DEVICES=%d PS_SERVERS=tcp://127.0.0.1:41001,tcp://127.0.0.1:41002 "
+                 "PS_NUM_SERVERS=2 PS_RANK=%d PS_NUM_WORKERS=3 PS_MODE=async "
+                 "PS_MAX_STALENESS=3 PS_DEVICE=cuda:0 PS_TIMELINE=tl/worker-%d.json "
+                 "PS_LR=0.01 PS_OPTIMIZER=adam PS_LR_DECAY_EVERY=100",
+                 r % 2, r, r);
+        CHECK_STR(joined(&c->env), want);
+        CHECK_STR(c->device, "cuda:0");
+    }
+    /* an --exec program's flags are its own: no output files to check */
+    ps_strvec files = {0};
+    CHECK_OK(ps_launch_plan_outputs(&p, &files));
+    CHECK_EQ_INT(files.n, 0);
+    ps_strvec_free(&files);
+    ps_launch_plan_free(&p);
+    ps_launch_opts_free(&o);
+}
+
+PS_TEST(exec_plan_tells_the_staleness_the_servers_use)
+{
+    static const struct {
+        const char *mode, *given, *want;
+    } cases[] = {{"sync", NULL, "PS_MAX_STALENESS=0"},
+                 {"sync", "0", "PS_MAX_STALENESS=0"},
+                 {"async", NULL, "PS_MAX_STALENESS=-1"},
+                 {"async", "7", "PS_MAX_STALENESS=7"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ps_launch_opts o;
+        ps_launch_plan p;
+        int rc = cases[i].given
+                     ? local_plan(&o, &p, NULL,
+                                  ARGV("--servers", "1", "--workers", "1", "--gpus", "none",
+                                       "--mode", (char *)cases[i].mode, "--max-staleness",
+                                       (char *)cases[i].given, "--exec", "w"))
+                     : local_plan(&o, &p, NULL,
+                                  ARGV("--servers", "1", "--workers", "1", "--gpus", "none",
+                                       "--mode", (char *)cases[i].mode, "--exec", "w"));
+        CHECK_MSG(rc == 0, "case %zu: %s", i, why);
+        const ps_strvec *e = &p.cmds[1].env;
+        int found = 0;
+        for (int k = 0; k < e->n; k++)
+            found += !strcmp(e->v[k], cases[i].want);
+        int stale_vars = 0;
+        for (int k = 0; k < e->n; k++)
+            stale_vars += !strncmp(e->v[k], "PS_MAX_STALENESS=", 17);
+        ps_launch_plan_free(&p);
+        ps_launch_opts_free(&o);
+        CHECK_MSG(found == 1 && stale_vars == 1, "case %zu: no %s", i, cases[i].want);
+    }
+}
+
+PS_TEST(exec_plan_print_is_a_shell_line_with_the_environment)
+{
+    ps_launch_opts o;
+    ps_launch_plan p;
+    CHECK_OK(local_plan(&o, &p, NULL,
+                        ARGV("--servers", "1", "--workers", "1", "--gpus", "none",
+                             "--curve-keys", "my keys", "--exec", "./w", "a b")));
+    ps_strbuf out = {0};
+    CHECK_OK(ps_launch_plan_print(&p, &out));
+    CHECK_STR(ps_strbuf_str(&out),
+              "# ps_launch plan: 1 server, 1 worker, mode sync\n"
+              "# server 0 on this host, reached at tcp://127.0.0.1:41001\n"
+              "/b/ps_server --bind tcp://127.0.0.1:41001 --rank 0 --num-servers 1 --num-workers 1 "
+              "--mode sync --threads 1 --curve-keys 'my keys'\n"
+              "# worker 0 on this host, device cpu\n"
+              "PS_SERVERS=tcp://127.0.0.1:41001 PS_NUM_SERVERS=1 PS_RANK=0 PS_NUM_WORKERS=1 "
+              "PS_MODE=sync PS_MAX_STALENESS=0 PS_DEVICE=cpu PS_CURVE_KEYS='my keys' ./w 'a b'\n");
+    ps_strbuf_free(&out);
     ps_launch_plan_free(&p);
     ps_launch_opts_free(&o);
 }
@@ -497,25 +659,26 @@ PS_TEST(hostfile_plan_has_the_exact_ssh_commands)
                             "it's here")));
     CHECK(p.num_servers == 3 && p.num_workers == 3);
 #define SL "tcp://h1:30000,tcp://h1:30001,tcp://h3:30002"
+#define RC "exec /opt/ps/bin/ps_launch --remote-child "
     static const char *const want[] = {
-        "ssh -o BatchMode=yes h1 cd /home/a/ps && mkdir -p tl && exec /opt/ps/bin/ps_server "
+        "ssh -o BatchMode=yes h1 cd /home/a/ps && mkdir -p tl && " RC "/opt/ps/bin/ps_server "
         "--bind \"tcp://*:30000\" --rank 0 --num-servers 3 --num-workers 3 --mode async "
-        "--threads 2 --timeline tl/server-0.json --lr 0.1",
-        "ssh -o BatchMode=yes h1 cd /home/a/ps && mkdir -p tl && exec /opt/ps/bin/ps_server "
+        "--threads 2 --exit-on-stdin-eof --timeline tl/server-0.json --lr 0.1",
+        "ssh -o BatchMode=yes h1 cd /home/a/ps && mkdir -p tl && " RC "/opt/ps/bin/ps_server "
         "--bind \"tcp://*:30001\" --rank 1 --num-servers 3 --num-workers 3 --mode async "
-        "--threads 2 --timeline tl/server-1.json --lr 0.1",
-        "ssh -o BatchMode=yes h3 cd /home/a/ps && mkdir -p tl && exec /opt/ps/bin/ps_server "
+        "--threads 2 --exit-on-stdin-eof --timeline tl/server-1.json --lr 0.1",
+        "ssh -o BatchMode=yes h3 cd /home/a/ps && mkdir -p tl && " RC "/opt/ps/bin/ps_server "
         "--bind \"tcp://*:30002\" --rank 2 --num-servers 3 --num-workers 3 --mode async "
-        "--threads 2 --timeline tl/server-2.json --lr 0.1",
-        "ssh -o BatchMode=yes alice@h2 cd /home/a/ps && mkdir -p tl && exec env "
+        "--threads 2 --exit-on-stdin-eof --timeline tl/server-2.json --lr 0.1",
+        "ssh -o BatchMode=yes alice@h2 cd /home/a/ps && mkdir -p tl && " RC "env "
         "CUDA_VISIBLE_DEVICES=0 /opt/ps/bin/ps_worker --servers " SL " --rank 0 --num-workers 3 "
         "--mode async --model cnn --lr 0.1 --log-csv w0.csv --data \"it's here\" --device cuda:0 "
         "--timeline tl/worker-0.json",
-        "ssh -o BatchMode=yes alice@h2 cd /home/a/ps && mkdir -p tl && exec env "
+        "ssh -o BatchMode=yes alice@h2 cd /home/a/ps && mkdir -p tl && " RC "env "
         "CUDA_VISIBLE_DEVICES=1 /opt/ps/bin/ps_worker --servers " SL " --rank 1 --num-workers 3 "
         "--mode async --model cnn --lr 0.1 --log-csv w1.csv --data \"it's here\" --device cuda:0 "
         "--timeline tl/worker-1.json",
-        "ssh -o BatchMode=yes h3 cd /home/a/ps && mkdir -p tl && exec /opt/ps/bin/ps_worker "
+        "ssh -o BatchMode=yes h3 cd /home/a/ps && mkdir -p tl && " RC "/opt/ps/bin/ps_worker "
         "--servers " SL " --rank 2 --num-workers 3 --mode async --model cnn --lr 0.1 --log-csv "
         "w2.csv --data \"it's here\" --device cpu --timeline tl/worker-2.json",
     };
@@ -528,6 +691,54 @@ PS_TEST(hostfile_plan_has_the_exact_ssh_commands)
     CHECK_STR(p.cmds[3].host, "alice@h2");
     ps_launch_plan_free(&p);
     ps_launch_hostfile_free(&h);
+    ps_launch_opts_free(&o);
+}
+
+PS_TEST(hostfile_exec_plan_sets_the_environment_remotely)
+{
+    ps_launch_opts o;
+    ps_launch_hostfile h;
+    ps_launch_plan p;
+    CHECK_OK(host_plan(&o, &h, &p,
+                       ARGV("--hostfile", "hosts", "--mode", "async", "--exec", "python3",
+                            "t.py", "--out", "r{rank}")));
+    CHECK_STR(joined(&p.cmds[4].argv),
+              "ssh -o BatchMode=yes alice@h2 cd /home/a/ps && " RC "env CUDA_VISIBLE_DEVICES=1 "
+              "PS_SERVERS=tcp://h1:29500,tcp://h1:29501,tcp://h3:29502 PS_NUM_SERVERS=3 "
+              "PS_RANK=1 PS_NUM_WORKERS=3 PS_MODE=async PS_MAX_STALENESS=-1 PS_DEVICE=cuda:0 "
+              "python3 t.py --out r1");
+    ps_launch_plan_free(&p);
+    ps_launch_hostfile_free(&h);
+    ps_launch_opts_free(&o);
+}
+
+PS_TEST(hostfile_plan_passes_the_ssh_command_and_options)
+{
+    ps_launch_opts o;
+    ps_launch_hostfile h;
+    ps_launch_plan p;
+    CHECK_OK(parse(&o, ARGV("--hostfile", "h", "--ssh-opt", " -p  2222 ", "--ssh-opt=-J gw",
+                            "--", "--steps", "3")));
+    CHECK_STR(joined(&o.ssh_opts), "-p 2222 -J gw");
+    CHECK_OK(ps_launch_hostfile_parse("h", "h1 servers=1 workers=1\n", &h, why, sizeof why));
+    ps_launch_site site = {.hostfile = &h, .bin_dir = "bin", .remote_dir = "/w",
+                           .ssh = "ssh -F /etc/ps/ssh_config"};
+    CHECK_OK(ps_launch_plan_build(&o, &site, &p, why, sizeof why));
+    CHECK_STR(joined(&p.cmds[1].argv),
+              "ssh -F /etc/ps/ssh_config -p 2222 -J gw -o BatchMode=yes h1 cd /w && exec "
+              "bin/ps_launch --remote-child bin/ps_worker --servers tcp://h1:29500 --rank 0 "
+              "--num-workers 1 --mode sync --steps 3 --device cpu");
+    ps_launch_plan_free(&p);
+    /* PS_SSH empty: plain ssh */
+    site.ssh = "";
+    CHECK_OK(ps_launch_plan_build(&o, &site, &p, why, sizeof why));
+    CHECK_STR(p.cmds[0].argv.v[0], "ssh");
+    CHECK_STR(p.cmds[0].argv.v[1], "-p");
+    ps_launch_plan_free(&p);
+    ps_launch_hostfile_free(&h);
+    ps_launch_opts_free(&o);
+    CHECK_EQ_INT(parse(&o, ARGV("--hostfile", "h", "--ssh-opt", " ")), PS_EINVAL);
+    CHECK_STR(why, "ps_launch: --ssh-opt needs ssh options, e.g. --ssh-opt '-p 2222'");
     ps_launch_opts_free(&o);
 }
 
@@ -636,4 +847,23 @@ PS_TEST(plan_outputs_are_the_files_local_workers_write)
     ps_strvec_free(&files);
     ps_launch_plan_free(&p);
     ps_launch_opts_free(&o);
+}
+
+/* ------------------------------------------------------------ over ssh */
+
+PS_TEST(remote_status_lines_become_wait_statuses)
+{
+    int st = -1;
+    CHECK(ps_launch_remote_status("ps_launch-remote: exit 3", &st));
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 3);
+    CHECK(ps_launch_remote_status("ps_launch-remote: exit 0", &st));
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CHECK(ps_launch_remote_status("ps_launch-remote: signal 9", &st));
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == 9);
+    static const char *const not_status[] = {
+        "ps_launch-remote: exit", "ps_launch-remote: exit 256", "ps_launch-remote: signal 9x",
+        "ps_launch-remote: killed 9", "[worker 0] ps_launch-remote: exit 1", "exit 1",
+        "ps_launch-remote: signal 128", "ps_launch-remote: exit -1", "ps_launch-remote: exit "};
+    for (size_t i = 0; i < sizeof not_status / sizeof not_status[0]; i++)
+        CHECK_MSG(!ps_launch_remote_status(not_status[i], &st), "'%s' was taken", not_status[i]);
 }

@@ -183,3 +183,43 @@ PS_TEST(fingerprint_changes_with_chunk_size_order_length_and_key)
     CHECK(ps_placement_fingerprint(a, 2, 1024) != base);
     CHECK(ps_placement_fingerprint(NULL, 0, 1024) != 0);
 }
+
+/* docs/PROTOCOL.md "Chunks, placement and the model fingerprint" spells the
+ * fingerprint out byte for byte, for clients written from the document: the
+ * same computation, from that text, must give what libps sends. */
+static uint64_t doc_fnv(uint64_t h, const unsigned char *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+static size_t le64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+    return 8;
+}
+
+PS_TEST(model_fingerprint_is_the_documented_fnv_of_the_documented_bytes)
+{
+    ps_tensor_spec t[3] = {{1, 10}, {7, 1 << 20}, {0xfedcba9876543210ull, 3}};
+    unsigned char b[8 * 8];
+    size_t n = 0;
+    n += le64(b + n, 1048576);
+    n += le64(b + n, 3);
+    for (int i = 0; i < 3; i++) {
+        n += le64(b + n, t[i].key);
+        n += le64(b + n, t[i].count);
+    }
+    uint64_t want = doc_fnv(0x14650fb0739d0383ull, b, n);
+    CHECK_EQ_INT(ps_placement_fingerprint(t, 3, 1048576), want ? want : 1);
+    /* the example of the document: one tensor, key 1, count 10 */
+    n = 0;
+    n += le64(b + n, 1048576);
+    n += le64(b + n, 1);
+    n += le64(b + n, 1);
+    n += le64(b + n, 10);
+    CHECK_EQ_INT(n, 32);
+    CHECK_EQ_INT(ps_placement_fingerprint(t, 1, 1048576), doc_fnv(0x14650fb0739d0383ull, b, n));
+}

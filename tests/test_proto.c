@@ -577,3 +577,178 @@ PS_TEST(names_and_parsers)
     CHECK_EQ_INT(ps_dtype_size(PS_DTYPE_F32), 4);
     CHECK_EQ_INT(ps_dtype_size(0), 0);
 }
+
+/* ---------- duplicate keys, and what a refused header still tells ---------- */
+
+PS_TEST(decode_refuses_a_known_key_given_twice)
+{
+    char why[256];
+    ps_header h;
+    /* in the header: a second 's' would let a checker and a user of the
+     * header read different steps */
+    mk m;
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 5);
+    mk_u(&m, "v", 1);
+    mk_u(&m, "t", PS_MSG_PUSH);
+    mk_u(&m, "q", 77);
+    mk_u(&m, "s", 1);
+    mk_u(&m, "s", 4611686018427387903ull);
+    int rc = ps_proto_decode(m.sb.data, m.sb.size, &h, why, sizeof why);
+    mk_free(&m);
+    CHECK_EQ_INT(rc, PS_EPROTO);
+    CHECK(strstr(why, "'s' appears twice"));
+    CHECK_EQ_INT(h.seq, 77);
+    CHECK_EQ_INT(h.step, 1); /* the first one is what an error reply echoes */
+    /* in the hello map */
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 3);
+    mk_u(&m, "v", 1);
+    mk_u(&m, "t", PS_MSG_HELLO);
+    mk_key(&m, "h");
+    msgpack_pack_map(&m.pk, 5);
+    mk_i(&m, "mode", 1);
+    mk_i(&m, "nw", 2);
+    mk_i(&m, "ns", 1);
+    mk_key(&m, "lr");
+    msgpack_pack_float(&m.pk, 0.1f);
+    mk_key(&m, "lr");
+    msgpack_pack_float(&m.pk, 0.5f);
+    CHECK_EQ_INT(dec(&m, why, sizeof why), PS_EPROTO);
+    mk_free(&m);
+    CHECK(strstr(why, "'lr' appears twice in 'h'"));
+    /* in the stats map */
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 4);
+    mk_u(&m, "v", 1);
+    mk_u(&m, "t", PS_MSG_STATS);
+    mk_u(&m, "f", 1);
+    mk_key(&m, "st");
+    msgpack_pack_map(&m.pk, 2);
+    mk_u(&m, "push", 1);
+    mk_u(&m, "push", 2);
+    CHECK_EQ_INT(dec(&m, why, sizeof why), PS_EPROTO);
+    mk_free(&m);
+    /* unknown keys may repeat: they are ignored either way */
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 4);
+    mk_u(&m, "v", 1);
+    mk_u(&m, "t", PS_MSG_HEARTBEAT);
+    mk_u(&m, "zz", 1);
+    mk_u(&m, "zz", 2);
+    CHECK_OK(dec(&m, why, sizeof why));
+    mk_free(&m);
+}
+
+/* {v, t, f, q (signed or not), r, k, c} with the values given, q first or last. */
+static int refused_echo(uint64_t v, uint64_t t, uint64_t f, int64_t q, int q_first, ps_header *h,
+                        char *why, size_t wl)
+{
+    mk m;
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 7);
+    if (q_first)
+        mk_i(&m, "q", q);
+    mk_u(&m, "v", v);
+    mk_u(&m, "t", t);
+    mk_u(&m, "f", f);
+    mk_i(&m, "r", 3);
+    mk_u(&m, "k", 99);
+    mk_u(&m, "c", 7);
+    if (!q_first)
+        mk_i(&m, "q", q);
+    int rc = ps_proto_decode(m.sb.data, m.sb.size, h, why, wl);
+    mk_free(&m);
+    return rc;
+}
+
+PS_TEST(a_refused_header_still_gives_q_rank_key_and_chunk_to_echo)
+{
+    char why[256];
+    ps_header h;
+    struct { uint64_t v, t, f; int64_t q; int want; } cases[] = {
+        {2, PS_MSG_PULL, 0, 41, PS_EVERSION},  /* another protocol version */
+        {1, 0, 0, 42, PS_EPROTO},              /* type 0 */
+        {1, PS_MSG_TYPE_MAX + 1, 0, 43, PS_EPROTO}, /* type 11 */
+        {1, PS_MSG_PULL, 2, 44, PS_EPROTO},    /* an unknown flag */
+        {1, PS_MSG_PULL, 0, -45, PS_EPROTO},   /* a negative q */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int first = 0; first < 2; first++) {
+            int rc = refused_echo(cases[i].v, cases[i].t, cases[i].f, cases[i].q, first, &h, why,
+                                  sizeof why);
+            CHECK_MSG(rc == cases[i].want, "case %zu: rc %d", i, rc);
+            CHECK_MSG(h.seq == (uint64_t)cases[i].q && h.seq_negative == (cases[i].q < 0),
+                      "case %zu (q %s): seq %llu", i, first ? "first" : "last",
+                      (unsigned long long)h.seq);
+            CHECK_EQ_INT(h.rank, 3);
+            CHECK_EQ_INT(h.key, 99);
+            CHECK_EQ_INT(h.chunk, 7);
+            CHECK_EQ_INT(h.version, cases[i].want == PS_EVERSION ? 0 : PS_PROTO_VERSION);
+        }
+    /* the error reply to a negative q carries it back as a negative integer */
+    ps_header e;
+    ps_header_init(&e, PS_MSG_ERROR);
+    e.flags = PS_FLAG_REPLY;
+    e.seq = (uint64_t)(int64_t)-45;
+    e.seq_negative = 1;
+    e.err_code = PS_EPROTO;
+    char buf[PS_HEADER_MAX];
+    size_t len;
+    CHECK_OK(ps_proto_encode(&e, buf, sizeof buf, &len));
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    CHECK(msgpack_unpack_next(&u, buf, len, NULL) == MSGPACK_UNPACK_SUCCESS);
+    int64_t q = 0;
+    int found = 0;
+    for (uint32_t i = 0; i < u.data.via.map.size; i++) {
+        msgpack_object_kv *kv = &u.data.via.map.ptr[i];
+        if (kv->key.via.str.size == 1 && kv->key.via.str.ptr[0] == 'q' &&
+            kv->val.type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+            q = kv->val.via.i64;
+            found = 1;
+        }
+    }
+    msgpack_unpacked_destroy(&u);
+    CHECK(found);
+    CHECK_EQ_INT(q, -45);
+}
+
+PS_TEST(roundtrip_hello_token_and_admin_token)
+{
+    ps_header a, b;
+    full(&a, PS_MSG_HELLO, 0);
+    a.hello.mode = 2;
+    a.hello.num_workers = 3;
+    a.hello.num_servers = 1;
+    a.hello.token = 0x0123456789abcdefull;
+    CHECK_OK(rt(&a, &b));
+    CHECK_EQ_INT(b.hello.token, 0x0123456789abcdefull);
+    full(&a, PS_MSG_SHUTDOWN, 0);
+    snprintf(a.admin, sizeof a.admin, "s3cret-T0ken_with.punct!");
+    CHECK_OK(rt(&a, &b));
+    CHECK(strcmp(b.admin, a.admin) == 0);
+    /* not printable, or too long: refused */
+    char why[256];
+    mk m;
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 3);
+    mk_u(&m, "v", 1);
+    mk_u(&m, "t", PS_MSG_SHUTDOWN);
+    mk_key(&m, "adm");
+    msgpack_pack_str(&m.pk, 3);
+    msgpack_pack_str_body(&m.pk, "a\nb", 3);
+    CHECK_EQ_INT(dec(&m, why, sizeof why), PS_EPROTO);
+    mk_free(&m);
+    char longer[PS_ADMIN_TOKEN_MAX + 2];
+    memset(longer, 'x', sizeof longer);
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 3);
+    mk_u(&m, "v", 1);
+    mk_u(&m, "t", PS_MSG_SHUTDOWN);
+    mk_key(&m, "adm");
+    msgpack_pack_str(&m.pk, sizeof longer);
+    msgpack_pack_str_body(&m.pk, longer, sizeof longer);
+    CHECK_EQ_INT(dec(&m, why, sizeof why), PS_EPROTO);
+    mk_free(&m);
+}

@@ -56,7 +56,8 @@ static int only_heartbeat_follows(void *s, int rank, uint64_t seq)
     return r.type == PS_MSG_HEARTBEAT && r.seq == seq ? 0 : -1;
 }
 
-/* A correct client's whole round trip still works. */
+/* A correct client's whole round trip still works (as worker 1: the tests
+ * hold rank 0 on a connection of their own). */
 static int correct_client_works(const ps_test_server *sv, uint64_t key)
 {
     void *s = ps_test_dealer(sv->port);
@@ -64,13 +65,13 @@ static int correct_client_works(const ps_test_server *sv, uint64_t key)
     float w[5] = {1, 2, 3, 4, 5}, g[5] = {1, 1, 1, 1, 1}, out[5];
     ps_header h, r;
     size_t got;
-    if (ps_test_hello(s, 0, PS_MODE_ASYNC, 2, -1) == 0) {
-        h = ps_test_header(PS_MSG_INIT, 0, 2, key, 0, 0);
+    if (ps_test_hello(s, 1, PS_MODE_ASYNC, 2, -1) == 0) {
+        h = ps_test_header(PS_MSG_INIT, 1, 2, key, 0, 0);
         h.total = 5;
         if (ps_test_rpc(s, &h, w, 5, &r, NULL, 0, NULL) == 0 && r.type == PS_MSG_INIT) {
-            h = ps_test_header(PS_MSG_PUSH, 0, 3, key, 0, 1000000);
+            h = ps_test_header(PS_MSG_PUSH, 1, 3, key, 0, 0);
             if (ps_test_rpc(s, &h, g, 5, &r, NULL, 0, NULL) == 0 && r.type == PS_MSG_PUSH) {
-                h = ps_test_header(PS_MSG_PULL, 0, 4, key, 0, 0);
+                h = ps_test_header(PS_MSG_PULL, 1, 4, key, 0, 0);
                 ok = ps_test_rpc(s, &h, NULL, 0, &r, out, 5, &got) == 0 &&
                      r.type == PS_MSG_PULL && got == 5 && out[0] == 1.0f - 0.01f * 1.0f &&
                      out[4] == 5.0f - 0.01f;
@@ -326,23 +327,120 @@ PS_TEST(bad_requests_get_error_replies_with_the_right_code)
     zmq_close(s);
 }
 
-PS_TEST(garbage_flood_keeps_rss_bounded_and_logs_rate_limited)
+/* The next reply's q (as the integer it was sent as), type and error code,
+ * read with msgpack itself: a reply to a negative q does not pass
+ * ps_proto_decode (q is unsigned there).  0, or -1 when none came. */
+static int recv_q(void *s, int64_t *q, uint64_t *type, int64_t *ec)
+{
+    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, PS_TEST_RPC_MS) <= 0)
+        return -1;
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, s, 0) < 0)
+        return -1;
+    while (zmq_msg_more(&m)) { /* only the header counts here */
+        zmq_msg_t x;
+        zmq_msg_init(&x);
+        zmq_msg_recv(&x, s, 0);
+        int more = zmq_msg_more(&x);
+        zmq_msg_close(&x);
+        if (!more)
+            break;
+    }
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    int rc = -1;
+    *q = -1;
+    *type = 0;
+    *ec = 0;
+    if (msgpack_unpack_next(&u, zmq_msg_data(&m), zmq_msg_size(&m), NULL) ==
+            MSGPACK_UNPACK_SUCCESS && u.data.type == MSGPACK_OBJECT_MAP) {
+        rc = 0;
+        for (uint32_t i = 0; i < u.data.via.map.size; i++) {
+            msgpack_object_kv *kv = &u.data.via.map.ptr[i];
+            const char *k = kv->key.via.str.ptr;
+            size_t kl = kv->key.via.str.size;
+            int64_t v = kv->val.type == MSGPACK_OBJECT_NEGATIVE_INTEGER
+                            ? kv->val.via.i64
+                            : (int64_t)kv->val.via.u64;
+            if (kl == 1 && k[0] == 'q')
+                *q = v;
+            else if (kl == 1 && k[0] == 't')
+                *type = (uint64_t)v;
+            else if (kl == 2 && !memcmp(k, "ec", 2))
+                *ec = v;
+        }
+    }
+    msgpack_unpacked_destroy(&u);
+    zmq_msg_close(&m);
+    return rc;
+}
+
+PS_TEST(every_error_reply_echoes_the_requests_q)
 {
     ps_test_server sv;
-    /* under AddressSanitizer freed memory sits in a 256 MiB quarantine and
-     * would read as growth; keep it small for the server (ignored otherwise) */
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --quiet"));
+    void *s = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 2, -1));
+    char buf[PS_HEADER_MAX];
+    /* each refused for one field, with q after the field that fails (the
+     * decoder used to stop at the first bad field and answer q=0, which a
+     * client drops: it waited for its timeout instead of seeing the error) */
+    struct { kv f[4]; int want; } cases[] = {
+        {{{"v", 'u', 2, 0, 0}, {"t", 'u', 4, 0, 0}, {"r", 'i', 0, 0, 0}, {"q", 'u', 501, 0, 0}},
+         PS_EVERSION},
+        {{{"v", 'u', 1, 0, 0}, {"t", 'u', 0, 0, 0}, {"r", 'i', 0, 0, 0}, {"q", 'u', 502, 0, 0}},
+         PS_EPROTO},
+        {{{"v", 'u', 1, 0, 0}, {"t", 'u', 11, 0, 0}, {"r", 'i', 0, 0, 0}, {"q", 'u', 503, 0, 0}},
+         PS_EPROTO},
+        {{{"v", 'u', 1, 0, 0}, {"t", 'u', 4, 0, 0}, {"f", 'u', 2, 0, 0}, {"q", 'u', 504, 0, 0}},
+         PS_EPROTO},
+        {{{"v", 'u', 1, 0, 0}, {"t", 'u', 4, 0, 0}, {"r", 'i', 0, 0, 0}, {"q", 'i', 0, -505, 0}},
+         PS_EPROTO},
+        {{{"v", 'u', 1, 0, 0}, {"t", 'u', 4, 0, 0}, {"s", 'i', 0, -9, 0}, {"q", 'u', 506, 0, 0}},
+         PS_EPROTO},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t len = pack(buf, sizeof buf, cases[i].f, 4);
+        CHECK_OK(send_frames(s, 1, (const void *[]){buf}, (size_t[]){len}));
+        int64_t q, ec;
+        uint64_t type;
+        CHECK_OK(recv_q(s, &q, &type, &ec));
+        int64_t want_q = cases[i].f[3].kind == 'i' ? cases[i].f[3].i : (int64_t)cases[i].f[3].u;
+        CHECK_MSG(q == want_q && type == PS_MSG_ERROR && ec == cases[i].want,
+                  "case %zu: reply q=%lld type %llu ec %lld, expected q=%lld error %d", i,
+                  (long long)q, (unsigned long long)type, (long long)ec, (long long)want_q,
+                  cases[i].want);
+    }
+    CHECK_OK(only_heartbeat_follows(s, 0, 600));
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
+    zmq_close(s);
+}
+
+/* ps_test_server_start for a test of the server's RSS: under
+ * AddressSanitizer freed memory sits in a 256 MiB quarantine and would read
+ * as growth; keep it small for the server (ignored otherwise). */
+static int start_for_rss(ps_test_server *sv, const char *words)
+{
     const char *asan = getenv("ASAN_OPTIONS");
     char *saved = asan ? strdup(asan) : NULL, opts[512];
     snprintf(opts, sizeof opts, "%s%squarantine_size_mb=4:thread_local_quarantine_size_kb=64",
              asan ? asan : "", asan && *asan ? ":" : "");
     setenv("ASAN_OPTIONS", opts, 1);
-    int spawned = ps_test_server_start(&sv, 1, "--num-workers 2 --threads 2");
+    int spawned = ps_test_server_start(sv, 1, words);
     if (saved)
         setenv("ASAN_OPTIONS", saved, 1);
     else
         unsetenv("ASAN_OPTIONS");
     free(saved);
-    CHECK_OK(spawned);
+    return spawned;
+}
+
+PS_TEST(garbage_flood_keeps_rss_bounded_and_logs_rate_limited)
+{
+    ps_test_server sv;
+    CHECK_OK(start_for_rss(&sv, "--num-workers 2 --threads 2"));
     void *s = ps_test_dealer(sv.port);
     CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 2, -1));
     ps_header bad = ps_test_header(PS_MSG_PUSH, 0, 1, 4242, 0, 0); /* unknown key: an error reply */
@@ -409,6 +507,103 @@ PS_TEST(garbage_flood_keeps_rss_bounded_and_logs_rate_limited)
     zmq_close(s);
 }
 
+/* A hello as worker `rank` of 2 (async) carrying `token`: the reply, whose
+ * hello.token is the rank's token when accepted. */
+static int hello_tok(void *s, int rank, uint64_t token, uint64_t seq, ps_header *r)
+{
+    ps_header h = ps_test_header(PS_MSG_HELLO, rank, seq, 0, 0, 0);
+    h.hello.mode = PS_MODE_ASYNC;
+    h.hello.max_staleness = -1;
+    h.hello.num_workers = 2;
+    h.hello.num_servers = 1;
+    h.hello.token = token;
+    if (send_raw(s, &h, NULL, 0))
+        return -1;
+    return ps_test_recv(s, PS_TEST_RPC_MS, r, NULL, 0, NULL);
+}
+
+static int push_step(void *s, int rank, uint64_t seq, uint64_t key, int64_t step, ps_header *r)
+{
+    float g[4] = {0, 0, 0, 0};
+    ps_header h = ps_test_header(PS_MSG_PUSH, rank, seq, key, 0, step);
+    return ps_test_rpc(s, &h, g, 4, r, NULL, 0, NULL);
+}
+
+PS_TEST(a_live_rank_cannot_be_taken_and_an_async_push_cannot_skip_steps)
+{
+    ps_test_server sv; /* a worker timeout of 30 s: the hold window is 30 s */
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --worker-timeout 30"));
+    void *a = ps_test_dealer(sv.port), *b = ps_test_dealer(sv.port);
+    ps_header r;
+    CHECK_OK(hello_tok(a, 0, 0, 1, &r));
+    CHECK_EQ_INT(r.type, PS_MSG_HELLO);
+    uint64_t tok = r.hello.token;
+    CHECK(tok != 0);
+    float w[4] = {1, 2, 3, 4};
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 2, 5, 0, 0);
+    h.total = 4;
+    CHECK_OK(ps_test_rpc(a, &h, w, 4, &r, NULL, 0, NULL));
+    CHECK_EQ_INT(r.type, PS_MSG_INIT);
+    CHECK_OK(push_step(a, 0, 3, 5, 0, &r));
+    CHECK_EQ_INT(r.type, PS_MSG_PUSH);
+    CHECK_EQ_INT(r.step, 1);
+    /* another connection says it is worker 0: refused, with or without a
+     * made-up token */
+    CHECK_OK(hello_tok(b, 0, 0, 10, &r));
+    CHECK_EQ_INT(r.err_code, PS_ESTATE);
+    CHECK_EQ_INT(r.seq, 10);
+    CHECK(strstr(r.err_text, "held by another connection"));
+    CHECK_OK(hello_tok(b, 0, tok ^ 1, 11, &r));
+    CHECK_EQ_INT(r.err_code, PS_ESTATE);
+    /* the spoofed push of the issue: step 2^62-1 would have frozen the chunk */
+    CHECK_OK(push_step(b, 0, 12, 5, ((int64_t)1 << 62) - 1, &r));
+    CHECK_EQ_INT(r.err_code, PS_ESTATE);
+    CHECK(strstr(r.err_text, "next step is 1"));
+    CHECK_OK(push_step(a, 0, 13, 5, 2, &r)); /* one ahead is a skip too */
+    CHECK_EQ_INT(r.err_code, PS_ESTATE);
+    CHECK_OK(push_step(a, 0, 14, 5, 1, &r)); /* the real worker goes on */
+    CHECK_EQ_INT(r.type, PS_MSG_PUSH);
+    CHECK_EQ_INT(r.step, 2);
+    /* duplicates, many: dropped, and said in the log */
+    for (int i = 0; i < 150; i++) {
+        CHECK_OK(push_step(a, 0, 100 + (uint64_t)i, 5, 0, &r));
+        CHECK_EQ_INT(r.type, PS_MSG_PUSH);
+    }
+    /* the same worker on a new connection proves itself with its token */
+    CHECK_OK(hello_tok(b, 0, tok, 15, &r));
+    CHECK_EQ_INT(r.type, PS_MSG_HELLO);
+    CHECK_EQ_INT(r.hello.token, tok);
+    /* a connection that closed frees its rank at once (well inside the 30 s
+     * window): a worker restarted after a crash gets its rank back */
+    CHECK_OK(hello_tok(b, 1, 0, 16, &r));
+    CHECK_EQ_INT(r.type, PS_MSG_HELLO);
+    zmq_close(b);
+    void *c = ps_test_dealer(sv.port);
+    int took = 0;
+    for (int t = 0; t < 40 && !took; t++) { /* the close reaches the server in a few ms */
+        CHECK_OK(hello_tok(c, 1, 0, 20 + (uint64_t)t, &r));
+        took = r.type == PS_MSG_HELLO;
+        if (!took)
+            ps_test_sleep_ms(50);
+    }
+    CHECK_MSG(took, "worker 1's rank was not freed when its connection closed");
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
+    char *log = ps_test_read_file(sv.log, NULL);
+    CHECK(log);
+    int refused = strstr(log, "refused a hello for worker 0 from rank 0, routing id ") != NULL;
+    int first = strstr(log, "worker 0: push of step 0 to key 5 chunk 0 is a duplicate") != NULL;
+    int summed = strstr(log, "worker 0: 150 duplicate pushes dropped in the last") != NULL;
+    /* 2, or more when a retry above came before the close did */
+    int total = strstr(log, "hellos refused (rank held by another connection)") != NULL;
+    free(log);
+    CHECK(refused);
+    CHECK(first);
+    CHECK_MSG(summed, "no summary of the duplicates in %s", sv.log);
+    CHECK(total);
+    zmq_close(a);
+    zmq_close(c);
+}
+
 static int flag_case(const char *words, int with_bind, const char *expect)
 {
     ps_test_server sv;
@@ -444,6 +639,10 @@ PS_TEST(bad_flags_exit_2_with_a_clear_message)
     CHECK_OK(flag_case("--max-staleness -2", 1, "--max-staleness must be an integer"));
     CHECK_OK(flag_case("--lr", 1, "--lr needs a value"));
     CHECK_OK(flag_case("stray", 1, "unexpected argument 'stray'"));
+    CHECK_OK(flag_case("--on-checkpoint-failure panic", 1,
+                       "--on-checkpoint-failure must be stall[:S], continue or exit[:S]"));
+    CHECK_OK(flag_case("--on-checkpoint-failure stall:x", 1, "got 'stall:x'"));
+    CHECK_OK(flag_case("--max-peer-replies 0", 1, "--max-peer-replies must be an integer"));
 }
 
 PS_TEST(help_documents_every_flag_and_version_prints)
@@ -456,7 +655,9 @@ PS_TEST(help_documents_every_flag_and_version_prints)
     static const char *flags[] = {"--bind", "--rank", "--num-servers", "--num-workers", "--mode",
                                   "--max-staleness", "--optimizer", "--lr", "--momentum",
                                   "--beta1", "--beta2", "--eps", "--weight-decay", "--threads",
-                                  "--max-memory", "--verbose", "--quiet", "--help", "--version"};
+                                  "--max-memory", "--verbose", "--quiet", "--help", "--version",
+                                  "--admin-token-file", "--max-peer-replies", "--max-peer-bytes",
+                                  "--on-checkpoint-failure"};
     int missing = -1;
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!strstr(out, flags[i]))
@@ -489,19 +690,100 @@ PS_TEST(exits_0_on_sigterm)
     zmq_close(s);
 }
 
-PS_TEST(exits_0_after_acking_a_shutdown_message)
+/* A SHUTDOWN from rank -1 on connection s with token adm ("" none): its reply. */
+static int shutdown_rpc(void *s, uint64_t seq, const char *adm, ps_header *r)
+{
+    ps_header h = ps_test_header(PS_MSG_SHUTDOWN, -1, seq, 0, 0, 0);
+    snprintf(h.admin, sizeof h.admin, "%s", adm);
+    if (send_raw(s, &h, NULL, 0))
+        return -1;
+    return ps_test_recv(s, PS_TEST_RPC_MS, r, NULL, 0, NULL);
+}
+
+PS_TEST(shutdown_is_refused_by_default_and_each_refusal_names_the_peer)
 {
     ps_test_server sv;
-    CHECK_OK(ps_test_server_start(&sv, 1, "--threads 2 --quiet"));
+    CHECK_OK(ps_test_server_start(&sv, 1, "--threads 2"));
     void *s = ps_test_dealer(sv.port);
-    ps_header h = ps_test_header(PS_MSG_SHUTDOWN, -1, 9, 0, 0, 0), r; /* a tool: no hello needed */
+    ps_header r;
+    /* anyone who can connect, no hello needed: used to stop the server */
+    CHECK_OK(shutdown_rpc(s, 9, "", &r));
+    CHECK_EQ_INT(r.type, PS_MSG_ERROR);
+    CHECK_EQ_INT(r.err_code, PS_EAUTH);
+    CHECK_EQ_INT(r.seq, 9);
+    CHECK(strstr(r.err_text, "SIGTERM"));
+    /* a token does not help a server that takes none */
+    CHECK_OK(shutdown_rpc(s, 10, PS_TEST_ADMIN_TOKEN, &r));
+    CHECK_EQ_INT(r.err_code, PS_EAUTH);
+    /* nor does saying hello as a worker first */
+    CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 1, -1));
+    ps_header h = ps_test_header(PS_MSG_SHUTDOWN, 0, 11, 0, 0, 0);
     CHECK_OK(send_raw(s, &h, NULL, 0));
     CHECK_OK(ps_test_recv(s, PS_TEST_RPC_MS, &r, NULL, 0, NULL));
+    CHECK_EQ_INT(r.err_code, PS_EAUTH);
+    CHECK_OK(only_heartbeat_follows(s, -1, 12)); /* still serving */
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0); /* signals do stop it */
+    char *log = ps_test_read_file(sv.log, NULL);
+    CHECK(log);
+    int named = strstr(log, "refused a shutdown from rank -1, routing id ") != NULL &&
+                strstr(log, "refused a shutdown from rank 0, routing id ") != NULL &&
+                strstr(log, "stops on signals only") != NULL;
+    free(log);
+    CHECK(named);
+    zmq_close(s);
+}
+
+PS_TEST(shutdown_with_the_admin_token_stops_the_server_and_a_wrong_one_is_refused)
+{
+    const char *tf = ps_test_token_file("admin.token", PS_TEST_ADMIN_TOKEN, 0600);
+    CHECK(tf);
+    char words[800];
+    snprintf(words, sizeof words, "--threads 2 --admin-token-file %s", tf);
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, words));
+    void *s = ps_test_dealer(sv.port);
+    ps_header r;
+    CHECK_OK(shutdown_rpc(s, 20, "", &r));
+    CHECK_EQ_INT(r.err_code, PS_EAUTH);
+    CHECK_EQ_INT(r.seq, 20);
+    CHECK(strstr(r.err_text, "no admin token"));
+    CHECK_OK(shutdown_rpc(s, 21, "test-admin-token-0123456789abcdeX", &r));
+    CHECK_EQ_INT(r.err_code, PS_EAUTH);
+    CHECK(strstr(r.err_text, "wrong admin token"));
+    CHECK_OK(shutdown_rpc(s, 22, "test-admin-token", &r)); /* a prefix is not the token */
+    CHECK_EQ_INT(r.err_code, PS_EAUTH);
+    CHECK_OK(only_heartbeat_follows(s, -1, 24)); /* still serving */
+    CHECK_OK(shutdown_rpc(s, 23, PS_TEST_ADMIN_TOKEN, &r));
     CHECK_EQ_INT(r.type, PS_MSG_SHUTDOWN);
-    CHECK_EQ_INT(r.seq, 9);
+    CHECK_EQ_INT(r.seq, 23);
     CHECK(r.flags & PS_FLAG_REPLY);
     CHECK_EQ_INT(ps_test_wait(sv.pid, PS_TEST_RPC_MS), 0);
+    char *log = ps_test_read_file(sv.log, NULL);
+    CHECK(log);
+    /* every refusal logged with the peer; the token itself never */
+    int named = strstr(log, "refused a shutdown from rank -1, routing id ") != NULL &&
+                strstr(log, "from 127.0.0.1") != NULL;
+    int leaked = strstr(log, PS_TEST_ADMIN_TOKEN) != NULL;
+    int said = strstr(log, "shutdown requested by rank -1") != NULL &&
+               strstr(log, "3 shutdowns refused") != NULL;
+    free(log);
+    CHECK(named);
+    CHECK(!leaked);
+    CHECK(said);
     zmq_close(s);
+}
+
+PS_TEST(an_admin_token_file_others_can_read_or_a_short_token_exits_2)
+{
+    const char *loose = ps_test_token_file("loose.token", PS_TEST_ADMIN_TOKEN, 0644);
+    const char *shrt = ps_test_token_file("short.token", "abc", 0600);
+    CHECK(loose && shrt);
+    char words[800];
+    snprintf(words, sizeof words, "--admin-token-file %s", loose);
+    CHECK_OK(flag_case(words, 1, "chmod 600"));
+    snprintf(words, sizeof words, "--admin-token-file %s", shrt);
+    CHECK_OK(flag_case(words, 1, "16 to 128 printable characters"));
+    CHECK_OK(flag_case("--admin-token-file /nonexistent/token", 1, "cannot open it"));
 }
 
 PS_TEST(bind_failure_exits_1)
@@ -520,4 +802,142 @@ PS_TEST(bind_failure_exits_1)
     CHECK(ok);
     CHECK_EQ_INT(ps_test_stop(a.pid, PS_TEST_RPC_MS), 0);
     zmq_close(s);
+}
+
+/* ---------------- memory a peer can pin ---------------- */
+
+/* The bound on the server's RSS with a slow reader: the 64 MiB a peer may
+ * leave unread (the default for a server this small), the weights and their
+ * spare buffers (4 x 784 KB), ZeroMQ's buffers and the idle process (about
+ * 10 MB) stay well under 150 MB.  Under AddressSanitizer the process starts
+ * near 200 MB (shadow memory): there the growth over idle is what counts. */
+#define RSS_BOUND_KB (150L << 10)
+#ifdef __SANITIZE_ADDRESS__
+#define RSS_BASE(idle) (idle)
+#define RSS_SLACK_KB (48L << 10)
+#else
+#define RSS_BASE(idle) 0L
+#define RSS_SLACK_KB (24L << 10)
+#endif
+
+/* What slow_reader saw. */
+typedef struct slow_run {
+    long rss_idle, rss_busy, hwm, rss_after; /* kB */
+    char log[512];
+} slow_run;
+
+/* A server (flags) with a 784 KB chunk; a peer sends npull pulls of it and
+ * never reads the replies (its side takes one message and a tiny socket
+ * buffer, so what it does not read stays on the server) while another
+ * worker pushes, so the replies cannot all share one pinned buffer and most
+ * would be copies (a push every `every` pulls, 200 at most); then the slow
+ * peer leaves.  served: the writer's own pull must be answered meanwhile.
+ * 0, or -1 (said). */
+static int slow_reader(const char *flags, int npull, int every, int served, slow_run *out)
+{
+    enum { N = 196000, PUSHES = 200 };
+    ps_test_server sv;
+    if (start_for_rss(&sv, flags))
+        return -1;
+    snprintf(out->log, sizeof out->log, "%s", sv.log);
+    void *w = ps_test_dealer(sv.port);
+    float *buf = calloc(N, sizeof *buf);
+    ps_header h = ps_test_header(PS_MSG_INIT, 1, 1, 9, 0, 0), r;
+    h.total = N;
+    int rc = -1;
+    void *ctx = zmq_ctx_new(), *slow = zmq_socket(ctx, ZMQ_DEALER);
+    if (!buf || ps_test_hello(w, 1, PS_MODE_ASYNC, 2, -1) ||
+        ps_test_rpc(w, &h, buf, N, &r, NULL, 0, NULL) || r.type != PS_MSG_INIT)
+        goto out;
+    out->rss_idle = ps_test_status_kb(sv.pid, "VmRSS");
+    int one = 1, small = 4096, zero = 0;
+    zmq_setsockopt(slow, ZMQ_RCVHWM, &one, sizeof one);
+    zmq_setsockopt(slow, ZMQ_RCVBUF, &small, sizeof small);
+    zmq_setsockopt(slow, ZMQ_LINGER, &zero, sizeof zero);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", sv.port);
+    if (zmq_connect(slow, ep) || ps_test_hello(slow, 0, PS_MODE_ASYNC, 2, -1))
+        goto out;
+    int pushes = npull / every < PUSHES ? npull / every : PUSHES;
+    for (int i = 0; i < npull; i++) {
+        ps_header p = ps_test_header(PS_MSG_PULL, 0, 100 + (uint64_t)i, 9, 0, 0);
+        if (send_raw(slow, &p, NULL, 0))
+            goto out;
+        if (i % every == 0 && i / every < pushes) { /* the writer goes on meanwhile */
+            h = ps_test_header(PS_MSG_PUSH, 1, 1000 + (uint64_t)i, 9, 0, i / every);
+            if (ps_test_rpc(w, &h, buf, N, &r, NULL, 0, NULL) || r.type != PS_MSG_PUSH) {
+                printf("# push %d: %s\n", i / every, r.err_text);
+                goto out;
+            }
+        }
+    }
+    if (only_heartbeat_follows(w, 1, 7)) /* every pull has been taken in */
+        goto out;
+    ps_test_sleep_ms(200);
+    out->rss_busy = ps_test_status_kb(sv.pid, "VmRSS");
+    out->hwm = ps_test_status_kb(sv.pid, "VmHWM");
+    /* the other worker is served all along */
+    h = ps_test_header(PS_MSG_PULL, 1, 8, 9, 0, 0);
+    if (ps_test_rpc(w, &h, NULL, 0, &r, buf, N, NULL) || (served && r.type != PS_MSG_PULL)) {
+        printf("# the writer's pull: %s\n", r.err_text);
+        goto out;
+    }
+    /* the slow peer leaves: ZeroMQ drops what it never read */
+    zmq_close(slow);
+    slow = NULL;
+    out->rss_after = out->rss_busy;
+    for (int t = 0; t < 50 && out->rss_after > out->rss_idle + 40 * 1024; t++) {
+        ps_test_sleep_ms(100);
+        out->rss_after = ps_test_status_kb(sv.pid, "VmRSS");
+    }
+    printf("# %d unread pulls of a %d-byte chunk (%s): server RSS %ld kB idle, %ld kB with "
+           "them queued (peak %ld kB), %ld kB once the peer left\n", npull, N * 4, flags,
+           out->rss_idle, out->rss_busy, out->hwm, out->rss_after);
+    rc = ps_test_stop(sv.pid, PS_TEST_RPC_MS) == 0 ? 0 : -1;
+out:
+    if (slow)
+        zmq_close(slow);
+    zmq_ctx_term(ctx);
+    zmq_close(w);
+    free(buf);
+    if (rc)
+        ps_test_stop(sv.pid, PS_TEST_RPC_MS);
+    return rc;
+}
+
+PS_TEST(a_peer_that_never_reads_its_replies_cannot_grow_the_server)
+{
+    /* the issue's case: 5000 pulls of a 784 KB chunk, never read, took the
+     * server to 1.5-1.9 GB (each unread reply its own copy or pinned buffer) */
+    const int npull = getenv("PS_TEST_NPULL") ? atoi(getenv("PS_TEST_NPULL")) : 5000;
+    slow_run run;
+    CHECK_OK(slow_reader("--num-workers 2 --lr 0.001", npull, 25, 1, &run));
+    char *log = ps_test_read_file(run.log, NULL);
+    int said = log && strstr(log, "rank 0, routing id ") &&
+               strstr(log, "it has not read: refusing its pulls until it reads them") &&
+               strstr(log, "pulls refused to peers not reading their replies");
+    free(log);
+    /* the per-peer default: 64 MiB of unread payloads for a server this small */
+    CHECK_MSG(run.hwm > 0 && run.hwm - RSS_BASE(run.rss_idle) < RSS_BOUND_KB,
+              "server peak RSS %ld kB (idle %ld kB), bound %ld kB", run.hwm, run.rss_idle,
+              RSS_BOUND_KB);
+    CHECK_MSG(run.rss_after < run.rss_idle + 40 * 1024,
+              "RSS %ld kB after the peer left (idle %ld kB)", run.rss_after, run.rss_idle);
+    CHECK_MSG(said, "no refusal in %s", run.log);
+}
+
+PS_TEST(reply_copies_count_against_max_memory)
+{
+    /* a per-peer limit far above --max-memory: the copies stop at the latter
+     * (and so may another worker's pull that needs a copy: memory is full) */
+    slow_run run;
+    CHECK_OK(slow_reader("--num-workers 2 --lr 0.001 --max-memory 6M --max-peer-bytes 1G", 400,
+                         2, 0, &run));
+    char *log = ps_test_read_file(run.log, NULL);
+    int said = log && strstr(log, "--max-memory 6291456 bytes is in use (chunks and pull "
+                                  "replies not yet read)");
+    free(log);
+    CHECK_MSG(said, "no refusal naming --max-memory in %s", run.log);
+    CHECK_MSG(run.rss_busy - run.rss_idle < RSS_SLACK_KB, "RSS went from %ld kB to %ld kB",
+              run.rss_idle, run.rss_busy);
 }

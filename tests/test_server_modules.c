@@ -183,22 +183,89 @@ PS_TEST(silent_worker_dropped_then_rejoins_on_hello)
     ps_workers *w;
     CHECK_OK(ps_workers_create(2, 100, PS_LOSS_DROP, &w));
     int rejoined = -1;
-    CHECK_EQ_INT(ps_workers_heard(w, 0, 0), PS_WORKER_UNKNOWN);
-    CHECK_OK(ps_workers_hello(w, 0, "id0", 3, 0, &rejoined));
+    uint64_t tok = 0;
+    char why[256];
+    CHECK_EQ_INT(ps_workers_heard(w, 0, "id0", 3, 0), PS_WORKER_UNKNOWN);
+    CHECK_OK(ps_workers_hello(w, 0, "id0", 3, -1, 0, 0, "test", &tok, &rejoined, why, sizeof why));
     CHECK_EQ_INT(rejoined, 0);
+    CHECK(tok != 0);
     CHECK_EQ_INT(ps_workers_seen(w), 1);
     CHECK_EQ_INT(ps_workers_hello_flags(w)[0], 1);
     CHECK_EQ_INT(ps_workers_check(w, 50000000LL), -1);
-    CHECK_EQ_INT(ps_workers_heard(w, 0, 60000000LL), PS_WORKER_LIVE);
+    CHECK_EQ_INT(ps_workers_heard(w, 0, "id0", 3, 60000000LL), PS_WORKER_LIVE);
     CHECK_EQ_INT(ps_workers_check(w, 150000000LL), -1); /* heard at 60 ms */
     CHECK_EQ_INT(ps_workers_check(w, 200000000LL), 0);
     CHECK_EQ_INT(ps_workers_check(w, 300000000LL), -1); /* once */
-    CHECK_EQ_INT(ps_workers_heard(w, 0, 300000000LL), PS_WORKER_DROPPED);
-    CHECK_OK(ps_workers_hello(w, 0, "id1", 3, 310000000LL, &rejoined));
+    CHECK_EQ_INT(ps_workers_heard(w, 0, "id0", 3, 300000000LL), PS_WORKER_DROPPED);
+    /* dropped: its rank is free for any connection, which gets a new token */
+    uint64_t tok2 = 0;
+    CHECK_OK(ps_workers_hello(w, 0, "id1", 3, -1, 0, 310000000LL, "test", &tok2, &rejoined, why,
+                              sizeof why));
     CHECK_EQ_INT(rejoined, 1);
-    CHECK_EQ_INT(ps_workers_heard(w, 0, 320000000LL), PS_WORKER_LIVE);
+    CHECK(tok2 != 0 && tok2 != tok);
+    CHECK_EQ_INT(ps_workers_heard(w, 0, "id1", 3, 320000000LL), PS_WORKER_LIVE);
     CHECK_EQ_INT(ps_workers_lost(w), 1);
     CHECK_EQ_INT(ps_workers_rejoined(w), 1);
+    ps_workers_destroy(w);
+}
+
+PS_TEST(a_rank_held_by_a_live_connection_takes_a_hello_only_with_its_token)
+{
+    ps_workers *w;
+    CHECK_OK(ps_workers_create(2, 0, PS_LOSS_WAIT, &w)); /* hold window: 3 s */
+    int rejoined;
+    uint64_t tok = 0, t2 = 0;
+    char why[256] = "";
+    const int64_t s = 1000000000LL;
+    CHECK_OK(ps_workers_hello(w, 1, "aaaaa", 5, -1, 0, 10 * s, "a", &tok, &rejoined, why,
+                              sizeof why));
+    /* another connection, no token or a wrong one, while the holder is live */
+    CHECK_EQ_INT(ps_workers_hello(w, 1, "bbbbb", 5, -1, 0, 11 * s, "b", &t2, &rejoined, why,
+                                  sizeof why), PS_ESTATE);
+    CHECK(strstr(why, "held by another connection"));
+    CHECK_EQ_INT(ps_workers_hello(w, 1, "bbbbb", 5, -1, tok + 1, 11 * s, "b", &t2, &rejoined, why,
+                                  sizeof why), PS_ESTATE);
+    /* messages on another connection do not keep the holder live ... */
+    CHECK_EQ_INT(ps_workers_heard(w, 1, "bbbbb", 5, 12 * s), PS_WORKER_LIVE);
+    CHECK_EQ_INT(ps_workers_hello(w, 1, "bbbbb", 5, -1, 0, 12 * s, "b", &t2, &rejoined, why,
+                                  sizeof why), PS_ESTATE);
+    /* ... its own do */
+    CHECK_EQ_INT(ps_workers_heard(w, 1, "aaaaa", 5, 12 * s), PS_WORKER_LIVE);
+    CHECK_EQ_INT(ps_workers_hello(w, 1, "bbbbb", 5, -1, 0, 14 * s, "b", &t2, &rejoined, why,
+                                  sizeof why), PS_ESTATE);
+    /* the same connection again: same token */
+    CHECK_OK(ps_workers_hello(w, 1, "aaaaa", 5, -1, 0, 14 * s, "a", &t2, &rejoined, why,
+                              sizeof why));
+    CHECK_EQ_INT(t2, tok);
+    /* the token proves it is the same worker on a new connection */
+    CHECK_OK(ps_workers_hello(w, 1, "ccccc", 5, -1, tok, 14 * s, "c", &t2, &rejoined, why,
+                              sizeof why));
+    CHECK_EQ_INT(t2, tok);
+    /* a holder silent past the window loses the rank to any hello */
+    CHECK_OK(ps_workers_hello(w, 1, "ddddd", 5, -1, 0, 18 * s, "d", &t2, &rejoined, why,
+                              sizeof why));
+    CHECK(t2 != tok);
+    CHECK_EQ_INT(ps_workers_refused(w), 4);
+    /* a holder whose connection closed frees the rank at once */
+    CHECK_OK(ps_workers_hello(w, 0, "ggggg", 5, 7, 0, 20 * s, "g", &t2, &rejoined, why,
+                              sizeof why));
+    CHECK_EQ_INT(ps_workers_hello(w, 0, "hhhhh", 5, 8, 0, 20 * s, "h", &t2, &rejoined, why,
+                                  sizeof why), PS_ESTATE);
+    ps_workers_gone(w, 8); /* not the holder's */
+    CHECK_EQ_INT(ps_workers_hello(w, 0, "hhhhh", 5, 8, 0, 20 * s, "h", &t2, &rejoined, why,
+                                  sizeof why), PS_ESTATE);
+    ps_workers_gone(w, 7);
+    CHECK_OK(ps_workers_hello(w, 0, "hhhhh", 5, 8, 0, 20 * s, "h", &t2, &rejoined, why,
+                              sizeof why));
+    ps_workers_destroy(w);
+    /* restored ranks have no holder: the first hello is taken */
+    CHECK_OK(ps_workers_create(2, 0, PS_LOSS_WAIT, &w));
+    uint8_t known[2] = {1, 1};
+    CHECK_OK(ps_workers_restore(w, known, 0));
+    CHECK_OK(ps_workers_hello(w, 0, "eeeee", 5, -1, 0, 1, "e", &t2, &rejoined, why, sizeof why));
+    CHECK(t2 != 0);
+    CHECK_EQ_INT(ps_workers_hello(w, 0, "fffff", 5, -1, 0, 2, "f", &t2, &rejoined, why,
+                                  sizeof why), PS_ESTATE);
     ps_workers_destroy(w);
 }
 
@@ -223,13 +290,13 @@ PS_TEST(ckpt_coord_releases_held_replies_once_written)
     CHECK(stat(dir, &st) == 0 && S_ISDIR(st.st_mode));
 
     ps_held_reply *m = NULL;
-    CHECK_EQ_INT(ps_ckpt_coord_hold(c, PS_OUT_HELD, 0, &m), 0); /* version 0 is on disk */
-    CHECK_EQ_INT(ps_ckpt_coord_hold(c, PS_OUT_INIT, 0, &m), 1);
+    CHECK_EQ_INT(ps_ckpt_coord_hold(c, PS_OUT_HELD, 0, 0, &m), 0); /* version 0 is on disk */
+    CHECK_EQ_INT(ps_ckpt_coord_hold(c, PS_OUT_INIT, 0, 0, &m), 1);
     CHECK(m != NULL);
     m->nf = 1;
     zmq_msg_init_size(&m->f[0], 4);
     ps_held_reply *later = NULL;
-    CHECK_EQ_INT(ps_ckpt_coord_hold(c, PS_OUT_HELD, 3, &later), 1);
+    CHECK_EQ_INT(ps_ckpt_coord_hold(c, PS_OUT_HELD, 3, 0, &later), 1);
     later->nf = 1;
     zmq_msg_init_size(&later->f[0], 4);
 
@@ -262,4 +329,33 @@ PS_TEST(ckpt_coord_releases_held_replies_once_written)
     CHECK_EQ_INT(seqs[0], token);
     free(seqs);
     ps_ckpt_coord_destroy(c); /* frees the reply still held */
+}
+
+/* docs/PROTOCOL.md spells out the checkpoint configuration fingerprint. */
+PS_TEST(checkpoint_config_fingerprint_is_the_documented_fnv)
+{
+    ps_opt_config o;
+    ps_opt_default(&o);
+    o.kind = PS_OPT_ADAM;
+    o.lr = 0.125f;
+    o.lr_decay_every = 7;
+    unsigned char b[128], *p = b;
+    int32_t ints[6] = {1, 2, 3, PS_MODE_ASYNC, -1, PS_OPT_ADAM};
+    for (int i = 0; i < 6; i++)
+        for (int k = 0; k < 4; k++)
+            *p++ = (unsigned char)((uint32_t)ints[i] >> (8 * k));
+    float f[7] = {o.lr, o.momentum, o.beta1, o.beta2, o.eps, o.weight_decay, o.lr_decay};
+    for (int i = 0; i < 7; i++) {
+        uint32_t u;
+        memcpy(&u, &f[i], 4);
+        for (int k = 0; k < 4; k++)
+            *p++ = (unsigned char)(u >> (8 * k));
+    }
+    for (int k = 0; k < 4; k++)
+        *p++ = (unsigned char)(o.lr_decay_every >> (8 * k));
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (unsigned char *q = b; q < p; q++)
+        h = (h ^ *q) * 1099511628211ull;
+    CHECK_EQ_INT(PS_OPT_NPARAMS, 8); /* the document lists eight */
+    CHECK_EQ_INT(ps_ckpt_config_fp(1, 2, 3, PS_MODE_ASYNC, -1, &o), h);
 }

@@ -173,6 +173,7 @@ void ps_client_options_default(ps_client_options *o)
     o->shm = 1;
     o->shm_bytes = 0;
     o->server_timeout_ms = PSC_DEFAULT_SERVER_TIMEOUT_MS;
+    o->admin_token = NULL;
 }
 
 /* Split `servers` at commas into c->endpoints (blanks around each trimmed)
@@ -232,6 +233,8 @@ static void client_free(ps_client *c)
     free(c->endpoints);
     free(c->servers_str);
     free(c->curve_dir);
+    free(c->admin_token);
+    free(c->hello_tokens);
     free(c);
 }
 
@@ -262,6 +265,13 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
         o->server_timeout_ms < 0)
         return open_fail(PS_EINVAL, "bad optimizer kind %d or negative timeout",
                          o->expect.kind);
+    size_t tl = o->admin_token ? strlen(o->admin_token) : 0;
+    int printable = 1;
+    for (size_t i = 0; i < tl; i++)
+        printable &= o->admin_token[i] > 0x20 && o->admin_token[i] < 0x7f;
+    if (o->admin_token && (tl < 16 || tl > PS_ADMIN_TOKEN_MAX || !printable))
+        return open_fail(PS_EINVAL, "admin_token must be 16..%d printable characters without "
+                         "spaces", PS_ADMIN_TOKEN_MAX);
     ps_client *c = calloc(1, sizeof *c);
     if (!c)
         return open_fail(PS_ENOMEM, "out of memory");
@@ -269,7 +279,10 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
     /* the caller's strings may go away; we keep copies */
     c->opt.servers = NULL;
     c->opt.curve_dir = NULL;
-    if (o->curve_dir && !(c->curve_dir = strdup(o->curve_dir))) {
+    c->opt.admin_token = NULL;
+    if ((o->curve_dir && !(c->curve_dir = strdup(o->curve_dir))) ||
+        (o->admin_token && !(c->admin_token = strdup(o->admin_token)))) {
+        free(c->curve_dir);
         free(c);
         return open_fail(PS_ENOMEM, "out of memory");
     }
@@ -286,7 +299,8 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
     int rc = split_endpoints(c, o->servers);
     if (rc)
         goto fail;
-    if (!(c->srv = calloc((size_t)c->nservers, sizeof *c->srv))) {
+    if (!(c->srv = calloc((size_t)c->nservers, sizeof *c->srv)) ||
+        !(c->hello_tokens = calloc((size_t)c->nservers, sizeof *c->hello_tokens))) {
         rc = open_fail(PS_ENOMEM, "out of memory");
         goto fail;
     }

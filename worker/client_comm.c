@@ -133,6 +133,7 @@ static void fill_header(const ps_client *c, uint32_t i, ps_header *h)
         h->hello = c->hello_req;
         h->hello.server_rank = s->server;
     }
+    psc_tokens_fill(c, s->server, h);
 }
 
 /* Send the payload of sub-request i, the frame after its header.  The
@@ -391,6 +392,7 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
             r->version = h.step;
         break;
     case PS_MSG_HELLO:
+        psc_tokens_keep(c, s->server, &h.hello);
         if (s->out)
             *(ps_hello *)s->out = h.hello;
         break;

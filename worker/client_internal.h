@@ -18,6 +18,8 @@
  *  client_rejoin.c   saying hello again to a server that refused a
  *                    sub-request with PS_EHELLO (it dropped or forgot this
  *                    rank), then resending what waited on it
+ *  client_token.c    the hello token each server gave (echoed in a later
+ *                    hello) and the admin token of a shutdown
  *
  * Threads:
  *  - the training thread posts operations (one per API call) into a
@@ -140,6 +142,8 @@ struct ps_client {
     uint32_t *kmap_val;
     size_t kmap_mask;
     ps_hello hello_req;  /* template; server_rank filled per server */
+    char *admin_token;   /* copy of opt.admin_token, or NULL */
+    uint64_t *hello_tokens; /* per server: the token its hello reply gave (comm thread) */
     int started;
     /* the same-host data plane (client_shm.c): set up by start, read-only
      * afterwards (the comm thread reads them) */
@@ -261,6 +265,16 @@ void psc_shm_hello_reply(ps_client *c, int s, const ps_hello *rep);
 int psc_shm_use(const ps_client *c, const psc_sub *s, uint64_t *off);
 /* Unmap and unlink the arena (after the comm thread stopped). */
 void psc_shm_close(ps_client *c);
+
+/* ---- client_token.c: what a request proves (comm thread) ---- */
+
+/* Put into h, a request to `server`, the token it needs: a hello the token
+ * that server's last hello reply gave this worker (so it knows a hello again
+ * comes from the same worker, not from another process taking its rank); a
+ * shutdown the admin token of the options. */
+void psc_tokens_fill(const ps_client *c, int server, ps_header *h);
+/* A hello reply from `server`: keep the token it gives for later hellos. */
+void psc_tokens_keep(ps_client *c, int server, const ps_hello *reply);
 
 /* ---- client_resend.c: resends and heartbeats (comm thread) ---- */
 

@@ -137,6 +137,8 @@ FUZZ_FN const char *fuzz_same_header(const ps_header *a, const ps_header *b, cha
     }
     if (a->type == PS_MSG_HELLO)
         FUZZ_SAME(hello);
+    if (a->type == PS_MSG_SHUTDOWN && strcmp(a->admin, b->admin) != 0)
+        return fuzz_fail(msg, len, "round trip changed the admin token");
     if (a->type == PS_MSG_STATS && (a->flags & PS_FLAG_REPLY))
         FUZZ_SAME(stats);
     return NULL;

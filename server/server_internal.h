@@ -1,0 +1,111 @@
+/* The state of a ps_server and what its I/O-thread files call in each
+ * other (server.h has the picture).  Only server.c, server_msg.c and
+ * server_open.c include this; every function here runs on the I/O thread.
+ *   server.c       the loop: io_pump, the owners' replies, checkpoints, stop
+ *   server_msg.c   one ROUTER message: decode, check, answer or hand to an owner
+ *   server_open.c  open and close */
+#ifndef PS_SERVER_INTERNAL_H
+#define PS_SERVER_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <zmq.h>
+
+#include "admin.h"
+#include "barrier.h"
+#include "ckpt_coord.h"
+#include "hs_monitor.h"
+#include "outbox.h"
+#include "peers.h"
+#include "ps_curve.h"
+#include "ps_trace.h"
+#include "ratelimit.h"
+#include "server.h"
+#include "shm_table.h"
+#include "stats_req.h"
+#include "updater.h"
+#include "workers.h"
+
+/* ROUTER messages handled per poll round before looking at replies again. */
+#define IO_BATCH 256
+
+/* The I/O thread's side of one update thread. */
+typedef struct owner {
+    ps_updater *upd;
+    void *pair;    /* the I/O end */
+    ps_outbox out; /* what the PAIR did not take yet */
+    int started;
+    /* set when the thread's final counters arrive */
+    int stopped;
+    ps_stats final;
+} owner;
+
+/* ---- I/O thread state ---- */
+struct ps_server {
+    ps_server_config cfg;
+    char bind[256], endpoint[256];
+    void *ctx, *router;
+    owner *own;
+    size_t out_total;        /* messages waiting in every owner's outbox */
+    int efd;
+    _Atomic uint64_t mem_used;   /* chunks and large reply copies (--max-memory) */
+    _Atomic uint64_t copies;     /* of which reply copies */
+    ps_peers *peers;             /* what each peer's unread replies hold */
+    uint64_t model_fp;
+    ps_workers *workers;
+    ps_barriers *barriers;
+    ps_stats_reqs *stats;
+    ps_shm_table *shm;       /* the workers' arenas this server mapped */
+    uint64_t io_errors, dropped;
+    ps_rlimit rl;
+    ps_stats totals;
+    ps_admin *admin;         /* who may stop the server with a message */
+    ps_rlimit rl_admin;      /* refused shutdowns: their own log budget */
+    uint64_t shutdowns_refused;
+    int threads_running, run_called, stopping, io_failed;
+    /* options */
+    char *timeline_path, *curve_dir, *ckpt_dir;
+    ps_trace *trace;
+    ps_curve_auth *auth;
+    ps_hs_monitor *mon;      /* CURVE: handshakes the ZAP handler never sees */
+    /* checkpoints */
+    ps_ckpt_coord *ck;
+    uint64_t mut;            /* inits and pushes forwarded to the owners */
+};
+
+/* ---- server_msg.c ---- */
+
+/* Put [id, h] on the ROUTER (id is emptied). */
+void srv_send(ps_server *s, zmq_msg_t *id, const ps_header *h);
+/* The same, as the ps_reply_to of barriers and stats requests (user: s). */
+void srv_reply_hook(void *user, zmq_msg_t *id, const ps_header *h);
+/* An ERROR reply to req with code and why, counted and logged (rate-limited). */
+void srv_error(ps_server *s, zmq_msg_t *id, const ps_header *req, int code, const char *why);
+/* Hand [cmd, id?, payload?] to update thread `owner` (id and payload moved). */
+void srv_send_cmd(ps_server *s, int owner, int cmd, uint64_t token, const ps_header *h,
+                  zmq_msg_t *id, zmq_msg_t *payload);
+/* The same for a request whose payload is in a worker's arena: shm (one
+ * reference, which goes with the frame) in the command. */
+void srv_send_cmd_shm(ps_server *s, int owner, int cmd, uint64_t token, const ps_header *h,
+                      ps_shm_peer *shm, zmq_msg_t *id, zmq_msg_t *payload);
+/* Give update thread i what its outbox holds, as far as its PAIR takes it. */
+void srv_flush_outbox(ps_server *s, int i);
+/* Apply --on-worker-loss to every worker silent for longer than the timeout. */
+void srv_check_workers(ps_server *s, int64_t now);
+/* Read up to IO_BATCH messages from the ROUTER.  -1 on a socket error. */
+int srv_read_router(ps_server *s);
+/* Take the connection events that came (disconnects, handshake failures). */
+void srv_read_monitor(ps_server *s);
+
+/* ---- server.c ---- */
+
+/* No checkpoint is started by schedule from here on; one that completes is
+ * written at once (the last one at stop). */
+void srv_set_stopping(ps_server *s);
+/* Stop the update threads; their final counters go into s->totals. */
+void srv_stop_threads(ps_server *s);
+/* What waits for a barrier or for counters gets PS_ECLOSED. */
+void srv_close_waiters(ps_server *s);
+
+#endif
