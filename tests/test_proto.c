@@ -235,7 +235,7 @@ PS_TEST(decode_refuses_wrong_types_and_out_of_range_values)
     char why[256];
     struct { const char *k; int kind; int64_t v; int want; } cases[] = {
         {"t", X_U, 0, PS_EPROTO},            {"t", X_U, PS_MSG_TYPE_MAX + 1, PS_EPROTO},
-        {"t", X_STR, 0, PS_EPROTO},          {"f", X_U, 2, PS_EPROTO},
+        {"t", X_STR, 0, PS_EPROTO},          {"f", X_U, 4, PS_EPROTO},
         {"f", X_I, -1, PS_EPROTO},           {"q", X_I, -1, PS_EPROTO},
         {"q", X_STR, 0, PS_EPROTO},          {"r", X_I, -2, PS_EPROTO},
         {"r", X_U, PS_MAX_RANK + 1, PS_EPROTO}, {"r", X_F, 1, PS_EPROTO},
@@ -670,7 +670,7 @@ PS_TEST(a_refused_header_still_gives_q_rank_key_and_chunk_to_echo)
         {2, PS_MSG_PULL, 0, 41, PS_EVERSION},  /* another protocol version */
         {1, 0, 0, 42, PS_EPROTO},              /* type 0 */
         {1, PS_MSG_TYPE_MAX + 1, 0, 43, PS_EPROTO}, /* type 11 */
-        {1, PS_MSG_PULL, 2, 44, PS_EPROTO},    /* an unknown flag */
+        {1, PS_MSG_PULL, 4, 44, PS_EPROTO},    /* an unknown flag (2 is shared memory) */
         {1, PS_MSG_PULL, 0, -45, PS_EPROTO},   /* a negative q */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)

@@ -135,8 +135,12 @@ PS_TEST(sync_two_workers_batch_b_equal_one_worker_batch_2b)
  * weights classify the held-out split far above chance (0.1). */
 PS_TEST(async_two_workers_converge)
 {
+    /* 5 epochs: a worker that finds its last push still on the wire sends
+     * the gradients that came meanwhile as one update with their mean (a
+     * larger batch), and this model's steps are much shorter than a round
+     * trip, so most updates are such sums */
     CHECK_OK(run_cluster(2, "async",
-                         "--model mlp:784-64-10 --data synthetic:4096 --epochs 3 --batch 32",
+                         "--model mlp:784-64-10 --data synthetic:4096 --epochs 5 --batch 32",
                          NULL, "async"));
     char log[512];
     snprintf(log, sizeof log, "%s/async-worker0.log", ps_test_tmpdir());
