@@ -338,8 +338,8 @@ int main(int argc, char **argv)
             if (med[k][v] <= 0)
                 rc = 1;
         }
-        fprintf(stderr, "  %zu MiB: shm %.2f, off %.2f, ipc %.2f, tcp %.2f, memcpy %.2f GB/s\n",
-                sizes[k] >> 20, med[k][V_SHM], med[k][V_NET], med[k][V_IPC], med[k][V_TCP],
+        fprintf(stderr, "  %zu KiB: shm %.2f, off %.2f, ipc %.2f, tcp %.2f, memcpy %.2f GB/s\n",
+                sizes[k] >> 10, med[k][V_SHM], med[k][V_NET], med[k][V_IPC], med[k][V_TCP],
                 med[k][V_MEMCPY]);
     }
     for (int i = 0; i < nspin; i++) {
@@ -374,8 +374,9 @@ int main(int argc, char **argv)
         double ri = med[k][V_SHM] / med[k][V_IPC], rt = med[k][V_SHM] / med[k][V_TCP],
                rm = med[k][V_SHM] / med[k][V_MEMCPY];
         met &= ri >= 3 && rt >= 3 && rm >= 0.3;
-        printf("| %zu MiB | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
-               sizes[k] >> 20, med[k][V_SHM], med[k][V_NET], med[k][V_IPC], med[k][V_TCP],
+        printf("| %zu %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+               sizes[k] >= (1u << 20) ? sizes[k] >> 20 : sizes[k] >> 10,
+               sizes[k] >= (1u << 20) ? "MiB" : "KiB", med[k][V_SHM], med[k][V_NET], med[k][V_IPC], med[k][V_TCP],
                med[k][V_MEMCPY], ri, rt, rm);
     }
     printf("\nGOAL shm: >= 3x raw ZeroMQ over ipc and tcp, >= 0.3x memcpy: %s\n",
