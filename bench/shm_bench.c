@@ -124,7 +124,7 @@ static double run_raw(void *d, const char *src, size_t n)
 typedef struct ours {
     ps_client *c;
     float *src[2], *dst[2];
-    int64_t clock[2];
+    int64_t clock[MAX_SIZES][2]; /* per tensor: pushes made */
 } ours;
 
 static pid_t start_server(const char *ep, const char *shm)
@@ -188,7 +188,7 @@ static int ours_open(ours *o, const char *ep, int shm, const size_t *sizes, int 
 static int ours_post(ours *o, int k, int j, ps_request *push, ps_request *pull)
 {
     uint64_t key = (uint64_t)(2 * k + j + 1);
-    int64_t t = o->clock[j]++;
+    int64_t t = o->clock[k][j]++;
     return ps_client_push(o->c, key, o->src[j], t, push) ||
            ps_client_pull(o->c, key, o->dst[j], t + 1, pull);
 }
@@ -206,6 +206,9 @@ static double run_ours(ours *o, int k, size_t n)
     for (int j = 0; done < posted; j ^= 1) {
         if (ps_request_wait(&push[j]) || ps_request_wait(&pull[j])) {
             fprintf(stderr, "shm_bench: %s %s\n", push[j].err, pull[j].err);
+            /* the other slot's requests still belong to libps: let them end */
+            ps_request_wait(&push[j ^ 1]);
+            ps_request_wait(&pull[j ^ 1]);
             return 0;
         }
         done++;

@@ -161,6 +161,12 @@ int ps_client_push_when(ps_client *c, uint64_t key, const float *grad, int64_t s
  * (NULL: send at once).  count 1 is ps_client_push / ps_client_push_when. */
 int ps_client_push_sum(ps_client *c, uint64_t key, const float *sum, int64_t step, int count,
                        ps_ready_fn ready, void *ready_arg, ps_request *req);
+/* The same, then the pull of version step+count into dst, in one round trip
+ * (ps_client_pushpull with a sum; count 1 and ready NULL is exactly
+ * ps_client_pushpull).  Through shared memory both buffers must lie in the
+ * arena for the request to use it. */
+int ps_client_pushpull_sum(ps_client *c, uint64_t key, const float *sum, float *dst, int64_t step,
+                           int count, ps_ready_fn ready, void *ready_arg, ps_request *req);
 
 /* 1 when complete, 0 while pending. */
 int ps_request_test(ps_request *req);

@@ -115,9 +115,10 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     int has_bw = is_stats && h->barrier.id >= 0;
     int is_shm = (h->flags & PS_FLAG_SHM) != 0;
     int is_sum = h->npush > 1;
+    int is_dst = is_shm && h->type == PS_MSG_PUSHPULL && !(h->flags & PS_FLAG_REPLY);
     size_t alen = h->type == PS_MSG_SHUTDOWN ? strnlen(h->admin, PS_ADMIN_TOKEN_MAX) : 0;
     size_t n = 11 + (size_t)is_hello + (size_t)is_stats + 2 * (size_t)is_error + (alen > 0) +
-               (size_t)has_bw + (size_t)is_shm + (size_t)is_sum;
+               (size_t)has_bw + (size_t)is_shm + (size_t)is_sum + (size_t)is_dst;
     msgpack_pack_map(&pk, n);
     pk_u64(&pk, "v", h->version);
     pk_u64(&pk, "t", h->type);
@@ -137,6 +138,8 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
         pk_u64(&pk, "o", h->shm_off);
     if (is_sum) /* a sum of that many gradients */
         pk_u64(&pk, "m", h->npush);
+    if (is_dst) /* a pushpull's destination in the arena */
+        pk_u64(&pk, "p", h->shm_dst);
     if (is_error) {
         pk_i64(&pk, "ec", h->err_code);
         size_t tl = strnlen(h->err_text, PS_ERR_TEXT_MAX);
@@ -568,9 +571,9 @@ static int decode_barrier(const msgpack_object *m, ps_barrier_info *b, char *why
 
 static const char *const hdr_keys[] = {"v", "t", "f", "q", "r", "k", "c", "s",
                                        "n", "d", "tot", "ec", "et", "h", "st", "adm", "bw",
-                                       "o", "m"};
+                                       "o", "m", "p"};
 enum { K_V, K_T, K_F, K_Q, K_R, K_K, K_C, K_S, K_N, K_D, K_TOT, K_EC, K_ET, K_H, K_ST, K_ADM,
-       K_BW, K_O, K_M, K_COUNT };
+       K_BW, K_O, K_M, K_P, K_COUNT };
 
 /* What an error reply echoes, read from the first occurrence of each key
  * before anything is checked: a request refused for one field is still
@@ -622,6 +625,7 @@ static int decode_field(int ki, const msgpack_object *v, ps_header *h, char *why
     case K_TOT: FIELD_U(v, "tot", h->total, 0, UINT64_MAX / 8); break;
     case K_O: FIELD_U(v, "o", h->shm_off, 0, UINT64_MAX / 8); break;
     case K_M: FIELD_U(v, "m", h->npush, 1, 1u << 30); break;
+    case K_P: FIELD_U(v, "p", h->shm_dst, 0, UINT64_MAX / 8); break;
     case K_EC: FIELD_I(v, "ec", h->err_code, 0, 1000); break;
     case K_ET: {
         if (v->type != MSGPACK_OBJECT_STR) {

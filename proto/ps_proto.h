@@ -85,7 +85,9 @@ typedef struct ps_header {
     uint64_t count;    /* elements in the payload frame */
     uint32_t dtype;    /* enum ps_dtype; 0 when no payload */
     uint64_t total;    /* INIT: elements of the whole tensor (length check) */
-    uint64_t shm_off;  /* PS_FLAG_SHM: offset of the payload in the worker's arena */
+    uint64_t shm_off;  /* PS_FLAG_SHM: offset of the payload in the worker's arena (a
+                          pushpull: of the gradient; its reply: of the weights) */
+    uint64_t shm_dst;  /* PS_FLAG_SHM pushpull request: where the weights go (key "p") */
     uint32_t npush;    /* async push: how many gradients (of steps step .. step+npush-1)
                           its payload sums; 0 and 1 both mean one (key "m", sent when > 1) */
     int32_t err_code;  /* ERROR: PS_E* code */

@@ -360,6 +360,16 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
             srv_error(s, &f[0], &h, rc, why);
             return;
         }
+        /* a pushpull's weights go to a second place of the arena */
+        if (shm && h.type == PS_MSG_PUSHPULL &&
+            !ps_shm_peer_at(shm, h.shm_dst, h.count * sizeof(float))) {
+            ps_shm_peer_unref(shm);
+            ps_errorf(why, sizeof why, "worker %d: the pushpull's destination [%llu, +%llu) is "
+                "outside its arena", h.rank, (unsigned long long)h.shm_dst,
+                (unsigned long long)(h.count * sizeof(float)));
+            srv_error(s, &f[0], &h, PS_EPROTO, why);
+            return;
+        }
         if (h.type != PS_MSG_PULL)
             s->mut++;
         srv_send_cmd_shm(s, ps_server_owner(h.key, h.chunk, s->cfg.threads), PS_CMD_REQ,

@@ -505,7 +505,8 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
     r->mut = mut;
     r->t_arrive = u->cfg.trace ? ps_now_ns() : 0;
     r->shm = shm; /* the request's reference from here on */
-    r->shm_off = h->shm_off;
+    /* where a pull's weights go: a pushpull names a second place */
+    r->shm_off = h->type == PS_MSG_PUSHPULL ? h->shm_dst : h->shm_off;
     r->count = h->count;
     /* the payload in the arena (the I/O thread checked the range) */
     const void *in_arena = shm && h->type != PS_MSG_PULL
@@ -526,12 +527,6 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
         break;
     case PS_MSG_PUSH:
     case PS_MSG_PUSHPULL: {
-        if (shm && h->type == PS_MSG_PUSHPULL) {
-            /* one offset cannot name both the gradient and the destination */
-            upd_error(u, r, PS_EPROTO, "pushpull cannot use shared memory: send a push and a "
-                      "pull");
-            break;
-        }
         hold *g = calloc(1, sizeof *g);
         if (!g) {
             upd_error(u, r, PS_ENOMEM, "out of memory receiving a push");
@@ -601,8 +596,8 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
                     (unsigned long long)ff);
             u->ff_seen = ff;
         }
-        if (h->type == PS_MSG_PUSHPULL)
-            upd_pull(u, r, h->step + 1);
+        if (h->type == PS_MSG_PUSHPULL) /* the version after the pushes it holds */
+            upd_pull(u, r, h->step + (h->npush > 1 ? h->npush : 1));
         else if (u->cfg.defer_acks)
             upd_await(u, r, h->step + 1);
         else

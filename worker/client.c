@@ -129,6 +129,12 @@ int ps_client_push_sum(ps_client *c, uint64_t key, const float *sum, int64_t ste
     return post_data(c, PS_MSG_PUSH, key, sum, NULL, step, count, ready, ready_arg, req);
 }
 
+int ps_client_pushpull_sum(ps_client *c, uint64_t key, const float *sum, float *dst, int64_t step,
+                           int count, ps_ready_fn ready, void *ready_arg, ps_request *req)
+{
+    return post_data(c, PS_MSG_PUSHPULL, key, sum, dst, step, count, ready, ready_arg, req);
+}
+
 /* Post a control message to one server. */
 static int post_ctl(ps_client *c, uint32_t type, int server, int64_t step, void *out,
                     ps_request *req)

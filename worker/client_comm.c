@@ -122,7 +122,7 @@ static void fill_header(const ps_client *c, uint32_t i, ps_header *h)
     h->key = s->key;
     h->chunk = s->chunk;
     h->step = s->step;
-    h->npush = s->type == PS_MSG_PUSH ? s->npush : 0;
+    h->npush = s->type == PS_MSG_PUSH || s->type == PS_MSG_PUSHPULL ? s->npush : 0;
     if (ps_msg_request_has_payload(s->type)) {
         h->count = s->count;
         h->dtype = PS_DTYPE_F32;
@@ -169,7 +169,7 @@ void psc_sub_send(ps_client *c, uint32_t i)
     ps_header h;
     fill_header(c, i, &h);
     int payload = ps_msg_request_has_payload(s->type);
-    if (psc_shm_use(c, s, &h.shm_off)) {
+    if (psc_shm_use(c, s, &h.shm_off, &h.shm_dst)) {
         /* same host: the payload (or the pull's destination) is in the
          * arena; only the header goes, with where it is */
         h.flags |= PS_FLAG_SHM;

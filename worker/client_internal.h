@@ -261,8 +261,9 @@ int psc_shm_setup(ps_client *c);
  * the arena, and log which path they take. */
 void psc_shm_hello_reply(ps_client *c, int s, const ps_hello *rep);
 /* Comm thread: does sub-request i's payload (push, init) or destination
- * (pull) lie in the arena, for a server that maps it?  Then *off is where. */
-int psc_shm_use(const ps_client *c, const psc_sub *s, uint64_t *off);
+ * (pull) lie in the arena, for a server that maps it?  Then *off is where
+ * (a pushpull: both, the gradient at *off, the destination at *dst_off). */
+int psc_shm_use(const ps_client *c, const psc_sub *s, uint64_t *off, uint64_t *dst_off);
 /* Unmap and unlink the arena (after the comm thread stopped). */
 void psc_shm_close(ps_client *c);
 

@@ -68,7 +68,7 @@ void psc_shm_hello_reply(ps_client *c, int s, const ps_hello *rep)
     c->shm_on[s] = (unsigned char)on;
 }
 
-int psc_shm_use(const ps_client *c, const psc_sub *s, uint64_t *off)
+int psc_shm_use(const ps_client *c, const psc_sub *s, uint64_t *off, uint64_t *dst_off)
 {
     if (!c->shm_on || !c->shm_on[s->server])
         return 0;
@@ -79,8 +79,11 @@ int psc_shm_use(const ps_client *c, const psc_sub *s, uint64_t *off)
         return ps_shm_contains(&c->arena, s->src, bytes, off);
     case PS_MSG_PULL:
         return ps_shm_contains(&c->arena, s->dst, bytes, off);
+    case PS_MSG_PUSHPULL: /* both buffers, or the network */
+        return ps_shm_contains(&c->arena, s->src, bytes, off) &&
+               ps_shm_contains(&c->arena, s->dst, bytes, dst_off);
     default:
-        return 0; /* a pushpull names two buffers: over the network */
+        return 0;
     }
 }
 

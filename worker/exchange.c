@@ -43,7 +43,8 @@ typedef struct tensor {
     float *host_pull;  /* pinned host: where pulls land (device only) */
     int own_host;      /* host_grad/host_pull are ours to free (not in the arena) */
     ps_event *grad_done, *grad_copied, *pull_copied;
-    ps_request push, pull;
+    ps_request push, pull; /* pp: one pushpull in pull, push unused */
+    int pp;
     int in_flight;     /* push+pull posted, not yet seen complete */
     int landed;        /* the pull completed; back holds newer weights than front */
     int push_logged;   /* the push's timeline event is written */
@@ -132,6 +133,9 @@ static int stage_in(ps_exchange *x, tensor *t, float *dst, int stream)
 
 /* ---------- requests of one tensor ---------- */
 
+/* The request that carries tensor t's push: its own, or the pushpull. */
+static ps_request *push_req(tensor *t) { return t->pp ? &t->pull : &t->push; }
+
 /* The pull of tensor i completed: check it, and start the copy of the new
  * weights into the back buffer. */
 static int landed(ps_exchange *x, int i)
@@ -139,15 +143,16 @@ static int landed(ps_exchange *x, int i)
     tensor *t = &x->t[i];
     t->in_flight = 0;
     t->wire = NULL; /* the server is done with it */
-    int rc = t->push.status ? t->push.status : t->pull.status;
+    ps_request *push = push_req(t);
+    int rc = push->status ? push->status : t->pull.status;
     if (rc) {
         /* the first failure says why; the other tensors' (the same cause,
          * as a rule) only with --verbose */
         if (worth_logging(x, rc))
             ps_log(x->failed++ ? PS_LOG_DEBUG : PS_LOG_ERROR,
                    "step %lld: %s of param %d failed: %s (%s)", (long long)t->step,
-                   t->push.status ? "push" : "pull", i, ps_strerror(rc),
-                   t->push.status ? t->push.err : t->pull.err);
+                   push->status ? "push" : "pull", i, ps_strerror(rc),
+                   push->status ? push->err : t->pull.err);
         return rc;
     }
     ps_trace_event(x->trace, "pull", "comm", x->request_tid, t->posted_ns, t->pull.done_ns,
@@ -164,7 +169,7 @@ static void push_seen(ps_exchange *x, tensor *t)
     if (t->push_logged)
         return;
     t->push_logged = 1;
-    ps_trace_event(x->trace, "push", "comm", x->request_tid, t->posted_ns, t->push.done_ns,
+    ps_trace_event(x->trace, "push", "comm", x->request_tid, t->posted_ns, push_req(t)->done_ns,
                    t->step, t->tag);
 }
 
@@ -175,14 +180,14 @@ static int settle(ps_exchange *x, int i, int block)
     if (!t->in_flight)
         return 0;
     if (!block) {
-        if (!ps_request_test(&t->push))
+        if (!ps_request_test(push_req(t)))
             return 0;
         push_seen(x, t);
         if (!ps_request_test(&t->pull))
             return 0;
     } else {
         int64_t t0 = ps_now_ns();
-        ps_request_wait(&t->push);
+        ps_request_wait(push_req(t));
         push_seen(x, t);
         ps_request_wait(&t->pull);
         int64_t t1 = ps_now_ns();
@@ -236,11 +241,11 @@ static int post(ps_exchange *x, tensor *t, float *send_buf, int64_t step, int np
     t->posted_ns = ps_now_ns();
     /* on a device the comm thread sends once the copy's event has happened;
      * the training thread goes straight on with the backward of earlier layers */
-    if ((rc = npush > 1 || ready
-                  ? ps_client_push_sum(x->client, t->key, send, step, npush, ready, t, &t->push)
-                  : ps_client_push(x->client, t->key, send, step, &t->push)) ||
-        (rc = ps_client_pull(x->client, t->key, landing(x, t, t->back), step + npush,
-                             &t->pull)))
+    /* one round trip: the push and the pull of the version after it in one
+     * message (through shared memory, two offsets in one header) */
+    t->pp = 1;
+    if ((rc = ps_client_pushpull_sum(x->client, t->key, send, landing(x, t, t->back), step,
+                                     npush, ready, t, &t->pull)))
         return rc;
     t->in_flight = 1;
     t->push_logged = 0;
@@ -476,7 +481,7 @@ int ps_exchange_grad_ready(ps_exchange *x, int i, int64_t step)
     tensor *t = &x->t[i];
     int rc;
     if (x->accumulate && t->in_flight && t->acc_n < x->max_sum &&
-        !(ps_request_test(&t->push) && ps_request_test(&t->pull))) {
+        !(ps_request_test(push_req(t)) && ps_request_test(&t->pull))) {
         /* async: the wire is busy with the previous push; never wait for a
          * round trip: keep this gradient in the sum, sent when it is free */
         if (!t->acc) {
