@@ -57,6 +57,9 @@ int main(void)
     printf("opt_kinds %d %d %d %d %d %d\n", PS_OPT_NONE, PS_OPT_SGD, PS_OPT_MOMENTUM,
            PS_OPT_NESTEROV, PS_OPT_ADAGRAD, PS_OPT_ADAM);
     printf("modes %d %d\n", PS_MODE_SYNC, PS_MODE_ASYNC);
+#define ERR_ROW_(name, value, text) printf("error %s %d\n", #name, value);
+    PS_ERRORS(ERR_ROW_)
+#undef ERR_ROW_
     printf("err_text_max %d\n", PS_ERR_TEXT_MAX);
     return 0;
 }

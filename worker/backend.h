@@ -104,6 +104,9 @@ int ps_backend_cpu_create(int threads, ps_backend **out);
  * caller of the exchange that computes elsewhere (the PyTorch wrapper); the
  * CPU backend starts from it and adds its kernels. */
 int ps_backend_host_create(ps_backend **out);
+/* b->destroy(b), for a caller that cannot reach the struct's members (a
+ * binding that sees only libps.so's functions).  NULL is fine. */
+void ps_backend_host_destroy(ps_backend *b);
 /* Defined only when built with CUDA (PS_HAVE_CUDA). */
 int ps_backend_cuda_create(int device, ps_backend **out, char *why, size_t why_len);
 

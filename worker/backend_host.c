@@ -157,3 +157,9 @@ int ps_backend_host_create(ps_backend **out)
     *out = b;
     return 0;
 }
+
+void ps_backend_host_destroy(ps_backend *b)
+{
+    if (b)
+        b->destroy(b);
+}

@@ -85,7 +85,7 @@ int ps_exchange_adopt(ps_client *c, int mode, ps_backend *b, ps_exchange **out);
  * every worker has said hello, and pulls, so every worker starts from its
  * weights. */
 void ps_exchange_set_init(ps_exchange *x, int inits);
-#define PS_EXCHANGE_INIT_BARRIER ((int64_t)1 << 62)
+#define PS_EXCHANGE_INIT_BARRIER ((int64_t)1 << 61)
 
 /* Write the timeline events above to t (NULL: none): waits on lane wait_tid,
  * requests on lane request_tid.  t must outlive the exchange. */
