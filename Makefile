@@ -276,11 +276,11 @@ install: $(PROGRAMS) $(LIB)/libps.a $(LIB)/libps.so $(PS_PC)
 	install -m 644 $(wildcard python/ps/torch/*.py) $(DESTDIR)$(PYTHONDIR)/ps/torch/
 	printf '# written by make install: where libps.so was installed\nLIBDIR = %s\n' \
 	  "'$(LIBDIR)'" >$(DESTDIR)$(PYTHONDIR)/ps/_installed.py
-	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then \
-	  ldconfig; echo "install: ran ldconfig"; \
-	else \
-	  echo "install: run ldconfig as root once the files are in place, so programs find libps.so.$(SOMAJOR) in $(LIBDIR)"; \
-	fi
+	@case "$(DESTDIR):$(LIBDIR):$$(id -u)" in \
+	  :/usr/lib:0|:/usr/local/lib:0) ldconfig && echo "install: ran ldconfig" ;; \
+	  *) echo "install: the loader finds libps.so.$(SOMAJOR) once $(LIBDIR) is in its path" \
+	       "(/etc/ld.so.conf.d, then ldconfig as root) or in LD_LIBRARY_PATH" ;; \
+	esac
 	@echo "install: Python package in $(PYTHONDIR)/ps (import ps, ps.torch)"
 
 uninstall:
