@@ -33,9 +33,26 @@ import struct
 import sys
 import time
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+
+def _threads_arg():
+    for i, a in enumerate(sys.argv):
+        if a == "--threads" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return "1"
+
+
+# Debian's torch runs linear layers on OpenBLAS, whose own thread pool (one
+# thread per core) torch.set_num_threads does not reach and which sizes
+# itself when it loads: --threads must be in its environment before torch is
+# imported, or "1 thread" is 1 + cores busy threads per process.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", _threads_arg())
+os.environ.setdefault("OMP_NUM_THREADS", _threads_arg())
+
+import torch  # noqa: E402 (after the thread settings)
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 try:
     import ps.torch
@@ -126,6 +143,8 @@ def parse():
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--test-samples", type=int, default=0, help="evaluate on the first N (0: all)")
     p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=0,
+                   help="leave the first N iterations out of the summary's samples/s")
     p.add_argument("--ddp-port", type=int, default=29517)
     return p.parse_args()
 
@@ -188,6 +207,8 @@ def main():
         loss = F.cross_entropy(net(x_train[idx]), y_train[idx])
         loss.backward()
         opt.step()
+        if step + 1 == args.warmup and args.warmup < total:
+            t_start = time.time()
         win_loss += loss.item()
         win_n += 1
         if (step + 1) % args.log_every == 0 or step + 1 == total:
@@ -201,7 +222,8 @@ def main():
         wrapped.pull_final()  # every worker ends with the servers' weights
     train_s = time.time() - t_start
     acc = evaluate(net, x_test, y_test) if rank == 0 else None
-    sps = total * args.batch / train_s if train_s > 0 else 0.0
+    timed = total - args.warmup if 0 < args.warmup < total else total
+    sps = timed * args.batch / train_s if train_s > 0 else 0.0
     print(tag + "summary: time %.1f s, %.0f samples/s per worker%s"
           % (train_s, sps, ", test accuracy %.4f" % acc if acc is not None else ""), flush=True)
     if wrapped is not None:
