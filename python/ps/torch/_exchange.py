@@ -342,11 +342,11 @@ class Exchange:
         for p in self.params:
             if p.device.type == "cpu":
                 p.data = p.data.clone()
-        lib.ps_exchange_close(x)
-        if self.cuda:
+        if self.cuda:  # before the exchange frees that memory
             rt = torch.cuda.cudart()
             for ptr in self._pinned:
                 rt.cudaHostUnregister(ptr)
+        lib.ps_exchange_close(x)
         lib.ps_backend_host_destroy(self._b)
         self._views.clear()
         self._own = []
