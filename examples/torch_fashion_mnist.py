@@ -24,7 +24,9 @@ scaled to [0, 1].  Each epoch is shuffled from --seed the same way on every
 worker and cut into global batches of batch x workers; worker r trains on
 slice r of each, so W workers x batch b see what 1 worker x batch W*b sees.
 The last line is ps_worker's: "summary: time T s, N samples/s per worker,
-test accuracy A".
+test accuracy A", and the training thread's CPU time per step (against the
+wall time it tells how long the thread waited: for the servers, or for a
+core).
 """
 import argparse
 import gzip
@@ -195,6 +197,7 @@ def main():
     print(tag + "training %d steps (%d per epoch), batch %d per worker" % (total, per_epoch,
                                                                          args.batch), flush=True)
     t_start = t_win = time.time()
+    cpu_start = time.thread_time()  # this (the training) thread's CPU time
     win_loss, win_n = 0.0, 0
     for step in range(total):
         epoch, k = divmod(step, per_epoch)
@@ -208,7 +211,7 @@ def main():
         loss.backward()
         opt.step()
         if step + 1 == args.warmup and args.warmup < total:
-            t_start = time.time()
+            t_start, cpu_start = time.time(), time.thread_time()
         win_loss += loss.item()
         win_n += 1
         if (step + 1) % args.log_every == 0 or step + 1 == total:
@@ -221,11 +224,13 @@ def main():
     if wrapped is not None:
         wrapped.pull_final()  # every worker ends with the servers' weights
     train_s = time.time() - t_start
+    cpu_ms = (time.thread_time() - cpu_start) * 1e3
     acc = evaluate(net, x_test, y_test) if rank == 0 else None
     timed = total - args.warmup if 0 < args.warmup < total else total
     sps = timed * args.batch / train_s if train_s > 0 else 0.0
-    print(tag + "summary: time %.1f s, %.0f samples/s per worker%s"
-          % (train_s, sps, ", test accuracy %.4f" % acc if acc is not None else ""), flush=True)
+    print(tag + "summary: time %.1f s, %.0f samples/s per worker%s, training thread %.1f ms "
+          "CPU per step" % (train_s, sps, ", test accuracy %.4f" % acc if acc is not None else "",
+                            cpu_ms / max(timed, 1)), flush=True)
     if wrapped is not None:
         wrapped.close()
     elif args.backend == "ddp":

@@ -32,7 +32,7 @@ import zlib
 import torch
 
 from .. import _lib
-from ..client import SYNC, Client, PSError
+from ..client import Client, PSError
 from .._lib import lib
 
 _ECLOSED = _lib.ERRORS.index("ECLOSED")
@@ -70,7 +70,6 @@ class Exchange:
                              "and starts it (this one is %s)"
                              % ("started" if client.started else "already holding tensors"))
         self.client = client
-        self.sync = client.mode == SYNC
         self.names, self.params = [], []
         for name, p in module.named_parameters():
             if not p.requires_grad:
@@ -96,7 +95,6 @@ class Exchange:
         self._own = []                # the buffers we gave the exchange: alive till close
         self._x = self._b = None
         self._hooks = []
-        self._closed = False
         if self.cuda:
             self._cuda_init()
         try:
