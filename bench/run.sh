@@ -361,6 +361,13 @@ cat <<'EOF'
 
 ### Accuracy after 3 epochs (1 server x 2 workers against DDP)
 
+Sync and DDP train with momentum 0.9, lr 0.05 (one update of batch 128 per
+step either way).  Async makes twice the updates, each on weights a step or
+two old, and needs its own setting; each tried once, 3 epochs, 1 server x 2
+workers: momentum 0.9 lr 0.05: diverged (0.1000); lr 0.02: 0.8963; sgd lr
+0.1: 0.8943; nesterov lr 0.02: 0.9002; adam lr 0.0005: 0.9067, the default
+of the async run (`TORCH_ASYNC_OPT`).
+
 <!-- torch-accuracy:begin -->
 EOF
 cat "$tacc"

@@ -8,13 +8,17 @@
 #   (--backend none: the torch optimizer steps locally) for the wrapper's cost.
 # Every configuration runs REPS times, the configurations alternating; the
 # tables give medians of the workers' samples/s (summary lines, warm-up
-# steps left out).  Prints markdown and GOAL lines; with a missed goal, a
+# steps left out), and each ratio is the median over the repetitions of the
+# ratio between runs of the same repetition (next to each other in time:
+# the machine may be shared and its load drifts).  Prints markdown and GOAL lines; with a missed goal, a
 # perf profile of one ps.torch async run (where the CPU goes, by process and
 # library).  BENCH_ACCURACY=1 also trains 3 epochs of each 2-worker variant
 # and compares test accuracy (long: about 10 minutes here), written to
 # TORCH_ACCURACY_OUT (default: stdout).
 #
-#   TORCH_STEPS (60)  TORCH_WARMUP (10)  TORCH_REPS (3)  TORCH_PROFILE (1)
+#   TORCH_STEPS (60)  TORCH_WARMUP (10)  TORCH_REPS (4)  TORCH_PROFILE (1)
+#   TORCH_ASYNC_OPT: the async accuracy run's optimizer flags (default
+#   adam, lr 0.0005: momentum 0.9 with lr 0.05 diverges on stale gradients)
 #   PS_BIN_DIR (bin)  TORCH_DATA (/usr/share/datasets/fashion-mnist)
 cd "$(dirname "$0")/.." || exit 1
 . bench/lib.sh
@@ -22,9 +26,10 @@ PY=/usr/bin/python3
 EX=examples/torch_fashion_mnist.py
 STEPS=${TORCH_STEPS:-60}
 WARMUP=${TORCH_WARMUP:-10}
-REPS=${TORCH_REPS:-3}
+REPS=${TORCH_REPS:-4}
 DATA=${TORCH_DATA:-/usr/share/datasets/fashion-mnist}
 OPT="--optimizer momentum --lr 0.05 --momentum 0.9"
+ASYNC_OPT=${TORCH_ASYNC_OPT:-"--optimizer adam --lr 0.0005"}
 
 if ! "$PY" -c 'import torch' 2>/dev/null; then
     echo "torch_bench: skipped: no torch ($PY cannot import torch; make deps installs python3-torch)" >&2
@@ -90,7 +95,7 @@ measure() {
     [ -n "$_v" ] && echo "$_v $(cpu_of "$_w")"
 }
 
-CONFIGS="ps_async ps_sync ddp ps1 none"
+CONFIGS="ddp ps_async ps_sync none ps1"
 LOAD0=$(cut -d' ' -f1 /proc/loadavg)
 echo "torch_bench: $STEPS steps ($WARMUP warm-up) x $REPS, alternating; $(machine_line)" >&2
 r=0
@@ -112,16 +117,24 @@ median() {
               print (n % 2 ? v[int(n / 2)] : (v[n / 2 - 1] + v[n / 2]) / 2) }'
 }
 runs() { eval "echo \$V_$1" | sed 's/^ //; s/ /, /g'; }
+# paired CONFIG BASELINE: the median over the repetitions of CONFIG's run
+# divided by BASELINE's run of the same repetition (0 when one failed)
+paired() {
+    { eval "echo \$V_$1"; eval "echo \$V_$2"; } | awk '
+        NR == 1 { n = split($0, a) } NR == 2 { split($0, b) }
+        END { for (i = 1; i <= n; i++) { if (a[i] == "x" || b[i] == "x" || b[i] <= 0) { print 0; exit }
+                                         r[i] = a[i] / b[i] }
+              for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (r[j] < r[i]) { t = r[i]; r[i] = r[j]; r[j] = t }
+              print (n % 2 ? r[int(n / 2) + 1] : (r[n / 2] + r[n / 2 + 1]) / 2) }'
+}
 
 ddp=$(median ddp)
 none=$(median none)
 goals=0 met=0 missed=""
-row() { # label config baseline-value baseline-name goal
-    _m=$(median "$2")
-    _line=$(awk -v l="$1" -v m="$_m" -v b="$3" -v bn="$4" -v g="$5" -v runs="$(runs "$2")" \
-        -v cpu="$(median "$2" C)" 'BEGIN {
-        if (m <= 0 || b <= 0) { printf "| %s | - | - | - | - | >= %.1fx %s: **no result** |", l, g, bn; exit 1 }
-        r = m / b
+row() { # label config baseline-config baseline-name goal
+    _line=$(awk -v l="$1" -v m="$(median "$2")" -v r="$(paired "$2" "$3")" -v bn="$4" -v g="$5" \
+        -v runs="$(runs "$2")" -v cpu="$(median "$2" C)" 'BEGIN {
+        if (m <= 0 || r <= 0) { printf "| %s | - | - | - | - | >= %.1fx %s: **no result** |", l, g, bn; exit 1 }
         printf "| %s | %.0f | %s | %.1f | %.2f | >= %.1fx %s: %s |", l, m, runs, cpu, r, g, bn, (r >= g ? "met" : "**missed**")
         exit (r >= g ? 0 : 1) }')
     _ok=$?
@@ -129,15 +142,16 @@ row() { # label config baseline-value baseline-name goal
     goals=$((goals + 1))
     if [ "$_ok" -eq 0 ]; then met=$((met + 1)); else missed="${missed:+$missed, }$1"; fi
 }
-echo "| configuration | samples/s per worker (median) | runs | training thread CPU ms/step | ratio | goal |"
+echo "| configuration | samples/s per worker (median) | runs | training thread CPU ms/step | ratio (paired, median) | goal |"
 echo "| --- | ---: | --- | ---: | ---: | --- |"
 echo "| PyTorch DDP gloo, 2 processes x 1 thread | $(printf '%.0f' "$ddp") | $(runs ddp) | $(median ddp C) | 1.00 | baseline |"
-row "ps.torch async, 1 server x 2 workers" ps_async "$ddp" DDP 1.3
-row "ps.torch sync, 1 server x 2 workers" ps_sync "$ddp" DDP 1.0
+row "ps.torch async, 1 server x 2 workers" ps_async ddp DDP 1.3
+row "ps.torch sync, 1 server x 2 workers" ps_sync ddp DDP 1.0
 echo "| PyTorch alone (--backend none), 1 process x 1 thread | $(printf '%.0f' "$none") | $(runs none) | $(median none C) | 1.00 | baseline |"
-row "ps.torch async, 1 server x 1 worker" ps1 "$none" "the loop alone" 0.9
+row "ps.torch async, 1 server x 1 worker" ps1 none "the loop alone" 0.9
 echo
-echo "Batch 64 per worker, $STEPS steps of which $WARMUP warm-up, $REPS runs each, alternating;"
+echo "Batch 64 per worker, $STEPS steps of which $WARMUP warm-up, $REPS runs each, alternating"
+echo "(runs listed in order; a ratio is the median of the ratios of runs of the same repetition);"
 echo "optimizer momentum 0.9, lr 0.05 (on the servers for ps.torch, torch.optim.SGD otherwise)."
 echo "Training thread CPU ms/step: time.thread_time() of each worker's training thread over the"
 echo "timed steps (median of the runs): against the wall time per step (64000 / samples/s) it"
@@ -160,23 +174,28 @@ fi
 # ---- accuracy after 3 epochs (BENCH_ACCURACY=1): ps.torch async and sync against DDP
 if [ "${BENCH_ACCURACY:-0}" = 1 ]; then
     acc_of() { sed -n 's/.*test accuracy \([0-9.]*\).*/\1/p' "$WORK/py0.log" | tail -n 1; }
+    sync_opt=$OPT
+    OPT=$ASYNC_OPT
     start_servers 1 2 async $OPT &&
         run_py 2 ps --servers "$PS_SERVERS" --mode async --epochs 3 --log-every 1000000 >/dev/null
     a_async=$(acc_of); stop_servers
+    OPT=$sync_opt
     start_servers 1 2 sync $OPT &&
         run_py 2 ps --servers "$PS_SERVERS" --mode sync --epochs 3 --log-every 1000000 >/dev/null
     a_sync=$(acc_of); stop_servers
     run_py 2 ddp --epochs 3 --log-every 1000000 >/dev/null
     a_ddp=$(acc_of)
     {
-    echo "| 3 epochs, 2 workers x batch 64 | test accuracy | against DDP | goal |"
-    echo "| --- | ---: | ---: | --- |"
-    echo "| PyTorch DDP gloo | ${a_ddp:-failed} | - | baseline |"
-    for v in "async ${a_async}" "sync ${a_sync}"; do
+    echo "| 3 epochs, 2 workers x batch 64 | optimizer | test accuracy | against DDP | goal |"
+    echo "| --- | --- | ---: | ---: | --- |"
+    echo "| PyTorch DDP gloo | $OPT | ${a_ddp:-failed} | - | baseline |"
+    for v in "async ${a_async:-0}" "sync ${a_sync:-0}"; do
         set -- $v
-        awk -v m="$1" -v a="${2:-0}" -v d="${a_ddp:-0}" 'BEGIN {
-            printf "| ps.torch %s | %.4f | %+.4f | within 0.005 of DDP or better: %s |\n", m, a, a - d,
-                (a > 0 && d > 0 && a >= d - 0.005 ? "met" : "**missed**") }'
+        o=$OPT
+        [ "$1" = async ] && o=$ASYNC_OPT
+        awk -v m="$1" -v a="$2" -v d="${a_ddp:-0}" -v o="$o" 'BEGIN {
+            printf "| ps.torch %s | %s | %.4f | %+.4f | within 0.005 of DDP or better: %s |\n", m, o, a,
+                a - d, (a > 0 && d > 0 && a >= d - 0.005 ? "met" : "**missed**") }'
     done
     echo
     awk -v a="${a_async:-0}" -v s="${a_sync:-0}" -v d="${a_ddp:-0}" 'BEGIN {

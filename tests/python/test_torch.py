@@ -349,7 +349,11 @@ class EndToEnd(unittest.TestCase):
                              capture_output=True, text=True, timeout=120)
         self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-2000:])
         for r in (0, 1):
-            self.assertRegex(out.stdout, r"\[worker %d\] worker %d of 2: w\[0\] = 0\.9" % (r, r))
+            # async: the fit's end depends on how the pushes interleaved; near 1
+            m = re.search(r"\[worker %d\].*worker %d of 2: w\[0\] = ([0-9.e+-]+)" % (r, r),
+                          out.stdout)
+            self.assertIsNotNone(m, out.stdout[-2000:])
+            self.assertLess(abs(float(m.group(1)) - 1.0), 0.05, m.group(0))
 
     def test_cuda_parameters_are_staged_through_pinned_memory(self):
         if not torch.cuda.is_available():
