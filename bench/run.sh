@@ -8,8 +8,8 @@
 #                      it the accuracy sections of the existing
 #                      docs/BENCHMARKS.md are kept as they were
 #   BENCH_PROFILE=0    skip the perf profile of the transport path
-#   BENCH_ONLY="transport apply train load torch shm cluster"   run only these (the document
-#                      is written only when every part ran)
+#   BENCH_ONLY="transport apply train load torch shm cluster"   run only these; the
+#                      document keeps its sections of the parts that did not run
 #   BENCH_DOC=FILE     write FILE instead of docs/BENCHMARKS.md
 # Every figure is a ratio against a baseline measured in the same run: the
 # machine may be shared and noisy.
@@ -37,6 +37,7 @@ part() {
     _t0=$(date +%s)
     "$@" >"$OUT/$_name.md" 2>"$OUT/$_name.err"
     _rc=$?
+    echo "$_rc" >"$OUT/$_name.rc"
     cat "$OUT/$_name.md"
     if [ "$_rc" -ne 0 ]; then
         echo "--- $_name failed (exit $_rc); its messages:"
@@ -68,7 +69,7 @@ wanted load && part load sh bench/load_bench.sh
 wanted torch && TORCH_ACCURACY_OUT=$OUT/torch_accuracy.md part torch sh bench/torch_bench.sh
 # the same-host data plane against raw ZeroMQ and memcpy, and ps_launch
 # against PyTorch on one host (its rows skip without torch)
-wanted shm && part shm "$BUILD/bench/shm_bench" --spin
+wanted shm && part shm "$BUILD/bench/shm_bench"
 wanted cluster && part cluster sh bench/cluster_bench.sh
 if [ "${BENCH_ACCURACY:-0}" = 1 ]; then
     part accuracy sh bench/accuracy.sh
@@ -81,12 +82,24 @@ total=$(( $(date +%s) - start ))
 echo
 echo "bench: done in $total s"
 
-for p in transport apply train load torch shm cluster; do
-    if ! wanted "$p" || [ ! -s "$OUT/$p.md" ]; then
-        echo "bench: not every part ran; $DOC left as it was"
-        exit $status
+# A part that did not run (BENCH_ONLY, or it failed) keeps its section of
+# the existing document, between <!-- part:NAME:begin/end --> markers.
+PARTS="transport profile apply train load torch shm cluster"
+ran="" kept="" missing=""
+for p in $PARTS; do
+    if [ -s "$OUT/$p.md" ] && [ "$(cat "$OUT/$p.rc" 2>/dev/null)" = 0 ]; then
+        ran="$ran $p"
+    elif [ -f "$DOC" ] && grep -q "<!-- part:$p:begin -->" "$DOC"; then
+        sed -n "/<!-- part:$p:begin -->/,/<!-- part:$p:end -->/p" "$DOC" | sed '1d;$d' >"$OUT/$p.md"
+        kept="$kept $p"
+    else
+        echo "(not measured yet: run \`BENCH_ONLY=$( [ $p = profile ] && echo transport || echo $p) make bench\`)" >"$OUT/$p.md"
+        missing="$missing $p"
     fi
 done
+[ -z "$kept$missing" ] || echo "bench: kept from $DOC:${kept:- none}; never measured:${missing:- none}"
+# a part's section with its markers
+partmd() { echo "<!-- part:$1:begin -->"; md "$OUT/$1.md"; echo "<!-- part:$1:end -->"; }
 
 # ---- docs/BENCHMARKS.md ----
 goal_lines() { grep -h -E '^(- )?GOAL ' "$@" 2>/dev/null | sed -E 's/^(- )?GOAL //'; }
@@ -126,7 +139,9 @@ because the machine may be shared and noisy.
 
 - machine: ${cpu:-unknown CPU}, $(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) memory, $(uname -sr)
 - date: $(date -u '+%Y-%m-%d %H:%M UTC')
-- command: \`make bench\` (bench/run.sh$( [ "${BENCH_ACCURACY:-0}" = 1 ] && echo ", BENCH_ACCURACY=1")), $total s
+- command: \`make bench\` (bench/run.sh$( [ "${BENCH_ACCURACY:-0}" = 1 ] && echo ", BENCH_ACCURACY=1")$( [ -n "${BENCH_ONLY:-}" ] && echo ", BENCH_ONLY=\"$BENCH_ONLY\"")), $total s
+- measured in this run:${ran:- none}$( [ -n "$kept" ] && echo "; kept from the previous document:$kept")
+- load average when it ended: $(cut -d' ' -f1-3 /proc/loadavg)
 - ZeroMQ $(pkg-config --modversion libzmq 2>/dev/null || echo '?'), $(cc --version | head -n 1)
 
 ## Goals
@@ -163,7 +178,7 @@ by up to ~40% on push in some tries.  Goal: push-pull at >= 4 MiB at least
 0.85 of raw.
 
 EOF
-md "$OUT/transport.md"
+partmd transport
 if [ -s "$OUT/profile.md" ]; then
 cat <<EOF
 
@@ -173,7 +188,7 @@ cat <<EOF
 raw, every sample of the bench's processes sorted by symbol.
 
 EOF
-cat "$OUT/profile.md"
+partmd profile
 fi
 cat <<'EOF'
 
@@ -233,7 +248,7 @@ written arrays are all read anyway can pass 1.0.  Goal: sgd and adam at least
 0.8 of the triad.
 
 EOF
-md "$OUT/apply.md"
+partmd apply
 cat <<EOF
 
 ## 3. Training step: through the servers against compute only
@@ -248,7 +263,7 @@ alternating runs.  Ratio = step time through servers / compute-only step
 time.  Goals: async <= 1.05, sync <= 1.3; async comm-wait <= 5%.
 
 EOF
-md "$OUT/train.md"
+partmd train
 cat <<'EOF'
 
 ### Reading it
@@ -311,7 +326,7 @@ shows the servers keep up with many connections (the server counters match
 the expected update count) and what the CPU left to them allows.
 
 EOF
-md "$OUT/load.md"
+partmd load
 cat <<EOF
 
 ## 6. GPU
@@ -334,7 +349,7 @@ workers' samples/s, warm-up steps left out.  Goals: 2 workers async >= 1.3x
 DDP, sync >= 1.0x DDP; 1 worker async >= 0.9x the loop alone.
 
 EOF
-md "$OUT/torch.md"
+partmd torch
 cat <<'EOF'
 
 ### Reading it
@@ -383,7 +398,7 @@ cat <<EOF
 
 ## 8. Same host: shared memory against raw ZeroMQ and memcpy
 
-\`build/bench/shm_bench --spin\`: one \`ps_server\` process (async, sgd, one
+\`build/bench/shm_bench\` (every CPU kept busy by SCHED_IDLE spinners, as in section 1): one \`ps_server\` process (async, sgd, one
 update thread) and one client process on this host; one operation is a
 push-pull of N bytes (the server reads the gradient, applies sgd to its
 weights, and the weights come back into the client's buffer), two tensors
@@ -396,7 +411,7 @@ way.  Goodput counts 2N per operation; medians of 5 rounds.  Goals: shared
 memory >= 3x raw ZeroMQ over ipc and tcp, >= 0.3x memcpy, at 1, 4 and 16 MiB.
 
 EOF
-md "$OUT/shm.md"
+partmd shm
 cat <<EOF
 
 ## 9. One host against PyTorch: 1 server x 2 workers
@@ -414,7 +429,7 @@ process and >= 2.5x DDP, sync >= 2.0x DDP and >= 1.0x one process; CNN async
 >= 1.1x DDP, sync >= 1.0x DDP.
 
 EOF
-md "$OUT/cluster.md"
+partmd cluster
 } >"$DOC.tmp" && mv "$DOC.tmp" "$DOC"
 echo "bench: wrote $DOC"
 exit $status
