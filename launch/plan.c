@@ -26,7 +26,7 @@ const char *ps_launch_role_name(int role)
  * hyper-parameter), then these.  ps_launch_parse checks the values before
  * anything starts, ps_launch_plan_build forwards them, --help lists them. */
 static const char *const other_shared_flags[] = {"--max-staleness", "--curve-keys", "--shm",
-                                                 NULL};
+                                                 "--wire-dtype", NULL};
 
 static int nopt_flags(void)
 {
@@ -132,6 +132,15 @@ static int check_shared(const ps_launch_opts *o, const char *kind, const char *f
     if (!strcmp(flag, "--shm")) {
         if (strcmp(val, "auto") && strcmp(val, "off")) {
             snprintf(why, len, P ": %s must be auto or off, got '%s'", what, val);
+            return PS_EINVAL;
+        }
+        return 0;
+    }
+    if (!strcmp(flag, "--wire-dtype")) {
+        static const char *const ok[] = {"f32", "float32", "bf16", "bfloat16", "f16", "float16",
+                                         "fp16", NULL};
+        if (!in_list(ok, val)) {
+            snprintf(why, len, P ": %s must be f32, bf16 or f16, got '%s'", what, val);
             return PS_EINVAL;
         }
         return 0;

@@ -276,7 +276,7 @@ PS_TEST(shared_flags_list_every_flag_forwarded)
     static const char *const want[] = {"--optimizer", "--lr", "--momentum", "--beta1",
                                        "--beta2", "--eps", "--weight-decay", "--lr-decay",
                                        "--lr-decay-every", "--max-staleness", "--curve-keys",
-                                       "--shm"};
+                                       "--shm", "--wire-dtype"};
     int n = 0;
     while (ps_launch_shared_flag(n))
         n++;

@@ -242,7 +242,7 @@ PS_TEST(decode_refuses_wrong_types_and_out_of_range_values)
         {"k", X_I, -1, PS_EPROTO},           {"k", X_ARR, 0, PS_EPROTO},
         {"c", X_U, PS_MAX_CHUNK, PS_EPROTO}, {"s", X_I, -2, PS_EPROTO},
         {"s", X_U, (int64_t)1 << 62, PS_EPROTO}, {"s", X_NIL, 0, PS_EPROTO},
-        {"n", X_U, (int64_t)PS_MAX_PAYLOAD_BYTES + 1, PS_EPROTO}, {"d", X_U, 2, PS_EPROTO},
+        {"n", X_U, (int64_t)PS_MAX_PAYLOAD_BYTES + 1, PS_EPROTO}, {"d", X_U, PS_DTYPE_MAX + 1, PS_EPROTO},
         {"tot", X_I, -1, PS_EPROTO},         {"ec", X_I, -1, PS_EPROTO},
         {"ec", X_U, 1001, PS_EPROTO},        {"et", X_U, 5, PS_EPROTO},
         {"h", X_U, 1, PS_EPROTO},            {"h", X_ARR, 0, PS_EPROTO},

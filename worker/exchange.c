@@ -297,6 +297,11 @@ int ps_exchange_open(const ps_client_options *o, ps_backend *b, ps_exchange **ou
     return 0;
 }
 
+int ps_exchange_set_wire_dtype(ps_exchange *x, int dtype)
+{
+    return ps_client_set_wire_dtype(x->client, dtype);
+}
+
 void ps_exchange_set_trace(ps_exchange *x, ps_trace *t, int wait_tid, int request_tid)
 {
     x->trace = t;

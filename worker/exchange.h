@@ -70,6 +70,10 @@ typedef struct ps_exchange ps_exchange;
  * b, which must outlive the exchange.  Nothing is sent yet. */
 int ps_exchange_open(const ps_client_options *o, ps_backend *b, ps_exchange **out);
 
+/* The wire type of pushes and pulls (ps_client_set_wire_dtype): before
+ * ps_exchange_start.  The tensors' buffers stay float32. */
+int ps_exchange_set_wire_dtype(ps_exchange *x, int dtype);
+
 /* Write the timeline events above to t (NULL: none): waits on lane wait_tid,
  * requests on lane request_tid.  t must outlive the exchange. */
 void ps_exchange_set_trace(ps_exchange *x, ps_trace *t, int wait_tid, int request_tid);

@@ -32,6 +32,9 @@ static const char *usage =
     "  --shm auto|off        auto: to servers on this host, weights and gradients move\n"
     "                        through shared memory (ZeroMQ carries the headers);\n"
     "                        off: always over the network (default auto)\n"
+    "  --wire-dtype f32|bf16|f16  element type of pushed gradients and pulled weights\n"
+    "                        on the network (default f32; bf16 and f16 halve the bytes);\n"
+    "                        must match the servers.  Through shared memory, float32\n"
     "  --request-timeout MS  resend an unanswered request after MS, then after 2x, 4x..\n"
     "                        up to 30 s (default 5000; 0: never).  Servers drop the\n"
     "                        duplicates, so a restarted server gets what it lost\n"
@@ -152,6 +155,16 @@ int main(int argc, char **argv)
                 return ps_flag_error(why);
             }
             c.shm = v[0] == 'a';
+            continue;
+        }
+        if (!strcmp(a, "--wire-dtype")) {
+            uint32_t dt;
+            if (ps_dtype_parse(v, &dt)) {
+                snprintf(why, sizeof why, "%s: --wire-dtype must be f32, bf16 or f16, got '%s'",
+                         P, v);
+                return ps_flag_error(why);
+            }
+            c.wire_dtype = (int)dt;
             continue;
         }
         INT("--request-timeout", 0, 3600000, c.request_timeout_ms)

@@ -45,6 +45,7 @@ void ps_train_config_default(ps_train_config *c)
     c->request_timeout_ms = 5000;
     c->heartbeat_ms = 1000;
     c->shm = 1;
+    c->wire_dtype = PS_DTYPE_F32;
     c->server_timeout_ms = 60000;
 }
 
@@ -210,6 +211,8 @@ static int connect_servers(worker *w)
     if (rc)
         return rc;
     watch_exchange(w->x);
+    if ((rc = ps_exchange_set_wire_dtype(w->x, c->wire_dtype)))
+        return rc;
     ps_exchange_set_trace(w->x, w->trace, TID_TRAIN, TID_COMM);
     for (int i = 0; i < w->nparams && !rc; i++) {
         ps_param *p = &w->params[i];
