@@ -182,6 +182,10 @@ static const struct {
      {"--servers", "1", "--workers", "1", "--", "--max-staleness", "3"}},
     {"ps_launch: worker flag --curve-keys needs a path of 1..900 characters, got ''",
      {"--servers", "1", "--workers", "1", "--", "--curve-keys", ""}},
+    {"ps_launch: worker flag --wire-dtype must be f32, bf16 or f16, got 'f8'",
+     {"--servers", "1", "--workers", "1", "--", "--wire-dtype", "f8"}},
+    {"ps_launch: --wire-dtype must be f32, bf16 or f16, got ''",
+     {"--servers", "1", "--workers", "1", "--wire-dtype", ""}},
     {"ps_launch: worker flag --lr needs a value",
      {"--servers", "1", "--workers", "1", "--", "--model", "cnn", "--lr"}},
     {"ps_launch: worker flag --log-csv needs a value",
@@ -529,6 +533,18 @@ PS_TEST(shared_flags_given_to_ps_launch_go_to_servers_and_workers)
     CHECK_STR(joined(&p.cmds[1].argv),
               "/b/ps_worker --servers tcp://127.0.0.1:41001 --rank 0 --num-workers 1 --mode sync "
               "--lr 0.1 --optimizer momentum --steps 3 --device cpu");
+    ps_launch_plan_free(&p);
+    ps_launch_opts_free(&o);
+    /* --wire-dtype: both sides must agree (hello refuses otherwise) */
+    CHECK_OK(local_plan(&o, &p, NULL,
+                        ARGV("--servers", "1", "--workers", "1", "--gpus", "none", "--",
+                             "--wire-dtype", "bf16", "--steps", "3")));
+    CHECK_STR(joined(&p.cmds[0].argv),
+              "/b/ps_server --bind tcp://127.0.0.1:41001 --rank 0 --num-servers 1 "
+              "--num-workers 1 --mode sync --threads 1 --wire-dtype bf16");
+    CHECK_STR(joined(&p.cmds[1].argv),
+              "/b/ps_worker --servers tcp://127.0.0.1:41001 --rank 0 --num-workers 1 --mode sync "
+              "--wire-dtype bf16 --steps 3 --device cpu");
     ps_launch_plan_free(&p);
     ps_launch_opts_free(&o);
 }
