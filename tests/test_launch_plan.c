@@ -710,6 +710,83 @@ PS_TEST(hostfile_plan_has_the_exact_ssh_commands)
     ps_launch_opts_free(&o);
 }
 
+/* ps_launch turns on aggregation per host (ps_worker --local-aggregate L)
+ * for a sync job across hosts whose worker hosts all run L > 1 workers: the
+ * servers then count hosts.  Uneven hosts, async, one host, or
+ * --local-aggregate 1 among the worker flags: off.  A value given is used
+ * (one host too) and must divide the workers. */
+static const char even_hosts[] = "s1 servers=2\nw1 workers=2\nw2 workers=2\n";
+
+static int even_plan(ps_launch_opts *o, ps_launch_hostfile *h, ps_launch_plan *p, char **argv)
+{
+    memset(h, 0, sizeof *h);
+    memset(p, 0, sizeof *p);
+    int rc = parse(o, argv);
+    if (!rc)
+        rc = ps_launch_hostfile_parse("hosts", even_hosts, h, why, sizeof why);
+    if (rc)
+        return rc;
+    ps_launch_site site = {.hostfile = h, .bin_dir = "/b", .remote_dir = "/w"};
+    return ps_launch_plan_build(o, &site, p, why, sizeof why);
+}
+
+PS_TEST(launch_turns_on_local_aggregation_for_sync_hosts_with_several_workers)
+{
+    ps_launch_opts o;
+    ps_launch_hostfile h;
+    ps_launch_plan p;
+    CHECK_OK(even_plan(&o, &h, &p, ARGV("--hostfile", "hosts", "--", "--steps", "3")));
+    CHECK_EQ_INT(p.local_aggregate, 2);
+    CHECK_MSG(strstr(joined(&p.cmds[0].argv), "--num-workers 2 --mode sync"), "server: %s",
+              joined(&p.cmds[0].argv));
+    for (int w = 0; w < 4; w++)
+        CHECK_MSG(strstr(joined(&p.cmds[2 + w].argv), "--num-workers 4 --mode sync --steps 3 "
+                         "--device cpu --local-aggregate 2"),
+                  "worker %d: %s", w, joined(&p.cmds[2 + w].argv));
+    ps_launch_plan_free(&p);
+    ps_launch_hostfile_free(&h);
+    ps_launch_opts_free(&o);
+    /* turned off among the worker flags: the servers count every worker */
+    CHECK_OK(even_plan(&o, &h, &p, ARGV("--hostfile", "hosts", "--", "--local-aggregate", "1")));
+    CHECK_EQ_INT(p.local_aggregate, 1);
+    CHECK_MSG(strstr(joined(&p.cmds[0].argv), "--num-workers 4 "), "%s", joined(&p.cmds[0].argv));
+    CHECK_MSG(!strstr(joined(&p.cmds[2].argv), "--local-aggregate 2"), "%s",
+              joined(&p.cmds[2].argv));
+    ps_launch_plan_free(&p);
+    ps_launch_hostfile_free(&h);
+    ps_launch_opts_free(&o);
+    /* async: off unless given */
+    CHECK_OK(even_plan(&o, &h, &p, ARGV("--hostfile", "hosts", "--mode", "async", "--", "--steps",
+                                        "3")));
+    CHECK_EQ_INT(p.local_aggregate, 1);
+    ps_launch_plan_free(&p);
+    ps_launch_hostfile_free(&h);
+    ps_launch_opts_free(&o);
+    /* uneven hosts (2 and 1 workers): off */
+    CHECK_OK(host_plan(&o, &h, &p, ARGV("--hostfile", "hosts", "--", "--steps", "3")));
+    CHECK_EQ_INT(p.local_aggregate, 1);
+    ps_launch_plan_free(&p);
+    ps_launch_hostfile_free(&h);
+    ps_launch_opts_free(&o);
+    /* one host, given: the servers count 4 / 2 */
+    CHECK_OK(local_plan(&o, &p, NULL, ARGV("--servers", "1", "--workers", "4", "--gpus", "none",
+                                           "--", "--local-aggregate", "2")));
+    CHECK_EQ_INT(p.local_aggregate, 2);
+    CHECK_MSG(strstr(joined(&p.cmds[0].argv), "--num-workers 2 "), "%s", joined(&p.cmds[0].argv));
+    CHECK_STR(joined(&p.cmds[1].argv), "/b/ps_worker --servers tcp://127.0.0.1:41001 --rank 0 "
+              "--num-workers 4 --mode sync --local-aggregate 2 --device cpu");
+    ps_launch_plan_free(&p);
+    ps_launch_opts_free(&o);
+    /* a value that does not divide the workers */
+    CHECK_EQ_INT(local_plan(&o, &p, NULL, ARGV("--servers", "1", "--workers", "4", "--gpus",
+                                               "none", "--", "--local-aggregate", "3")),
+                 PS_EINVAL);
+    CHECK_STR(why, "ps_launch: worker flag --local-aggregate must be 1..64 and divide the 4 "
+              "workers (workers per host), got '3'");
+    ps_launch_plan_free(&p);
+    ps_launch_opts_free(&o);
+}
+
 PS_TEST(hostfile_exec_plan_sets_the_environment_remotely)
 {
     ps_launch_opts o;
