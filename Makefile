@@ -4,9 +4,36 @@
 #   SAN=1     build with AddressSanitizer + UndefinedBehaviorSanitizer
 #   CUDA=0    never build the CUDA backend;  CUDA=1  fail if nvcc is missing
 #   CUDA_HOME where the CUDA toolkit lives (default /usr/local/cuda)
+#   make install [PREFIX=/usr/local] [DESTDIR=]   programs, libps (static and
+#             shared), public headers, pkg-config file, Python package;
+#             make uninstall removes exactly those (docs/INSTALL.md)
 
+.DEFAULT_GOAL := all
 VERSION   := 0.1.0
+SOMAJOR   := $(firstword $(subst ., ,$(VERSION)))
 CC        ?= cc
+
+# --- Before anything compiles: the Debian packages the build needs, so a new
+# machine gets their names and `make deps` instead of "zmq.h: No such file".
+# One shell and a few pkg-config calls; skipped for the targets that need
+# nothing (deps, clean, uninstall).
+DEP_PROBE := command -v $(CC) >/dev/null 2>&1 || echo build-essential; \
+  if command -v pkg-config >/dev/null 2>&1; then \
+    for m in libzmq:libzmq3-dev msgpack:libmsgpack-dev zlib:zlib1g-dev; do \
+      pkg-config --exists $${m%%:*} || echo $${m\#*:}; done; \
+    pkg-config --exists openblas || [ -f /usr/include/cblas.h ] || echo libopenblas-dev; \
+  else \
+    echo pkg-config; \
+    for m in zmq.h:libzmq3-dev msgpack.h:libmsgpack-dev zlib.h:zlib1g-dev; do \
+      [ -f /usr/include/$${m%%:*} ] || echo $${m\#*:}; done; \
+  fi
+ifneq ($(filter-out deps clean uninstall,$(or $(MAKECMDGOALS),all)),)
+  DEP_MISSING := $(strip $(shell $(DEP_PROBE)))
+  ifneq ($(DEP_MISSING),)
+    $(error missing Debian packages: $(DEP_MISSING).  Install them with `make deps` \
+      (as root; it runs .ci/deps.sh), or: sudo apt-get install $(DEP_MISSING))
+  endif
+endif
 SAN       ?= 0
 CUDA      ?= auto
 CUDA_HOME ?= /usr/local/cuda
@@ -67,10 +94,14 @@ ifeq ($(BUILD_CUDA),1)
 endif
 
 # --- sources.  Files named *_main.c hold a program's main().  libps is
-# common/, proto/ and every worker/client*.c (the client library's modules).
-LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c proto/*.c worker/client*.c))
+# common/, proto/, every worker/client*.c (the client library's modules), the
+# exchange with its local aggregation and the host-memory backend it needs
+# (the Python package drives them through libps.so).
+LIBPS_WORKER := worker/exchange.c worker/local_group.c worker/backend_host.c
+LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c proto/*.c worker/client*.c)) \
+               $(LIBPS_WORKER)
 SERVER_SRCS := $(filter-out %_main.c,$(wildcard server/*.c))
-WORKER_SRCS := $(filter-out %_main.c worker/client%.c,$(wildcard worker/*.c))
+WORKER_SRCS := $(filter-out %_main.c worker/client%.c $(LIBPS_WORKER),$(wildcard worker/*.c))
 # ps_launch: the plan and the supervisor (launch/ may include only common/
 # and include/, which its objects' include path enforces)
 LAUNCH_SRCS := $(filter-out %_main.c,$(wildcard launch/*.c))
@@ -85,17 +116,27 @@ LIB_OBJS    := $(call obj,$(LIB_SRCS))
 SERVER_OBJS := $(call obj,$(SERVER_SRCS))
 WORKER_OBJS := $(call obj,$(WORKER_SRCS)) $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRCS))
 LAUNCH_OBJS := $(call obj,$(LAUNCH_SRCS))
+# libps's objects go into libps.so as well as libps.a.  Objects built with
+# other flags (before libps.so existed, or with another CFLAGS) are rebuilt:
+# the stamp changes whenever the flags do.
+$(LIB_OBJS): PIC := -fPIC
+$(LIB_OBJS): $(BUILD)/libps.flags
+$(BUILD)/libps.flags: FORCE
+	@mkdir -p $(@D)
+	@echo '$(CFLAGS) -fPIC' | cmp -s - $@ || echo '$(CFLAGS) -fPIC' >$@
+.PHONY: FORCE
 
 PROGRAMS := $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch $(BIN)/ps_keygen
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS))
 
-.PHONY: all test bench deps clean run
-all: $(PROGRAMS) $(LIB)/libps.a $(EXAMPLES) tests-build
+.PHONY: all test bench deps clean run install uninstall
+all: $(PROGRAMS) $(LIB)/libps.a $(LIB)/libps.so $(EXAMPLES) tests-build
 	@if [ "$(BUILD_CUDA)" != 1 ]; then echo "make: CUDA backend skipped (no nvcc at $(NVCC), or CUDA=0)"; fi
 
-tests-build: $(TESTS) $(BUILD)/tests/public_header.o $(BUILD)/tests/readme_client
+tests-build: $(TESTS) $(BUILD)/tests/public_header.o $(BUILD)/tests/readme_client \
+  $(BUILD)/tests/abi_layout
 .PHONY: tests-build
 # keep test objects between builds (they are intermediate files of a chain)
 .SECONDARY:
@@ -103,6 +144,18 @@ tests-build: $(TESTS) $(BUILD)/tests/public_header.o $(BUILD)/tests/readme_clien
 $(LIB)/libps.a: $(LIB_OBJS)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
+
+# libps.so.MAJOR.MINOR.PATCH with soname libps.so.MAJOR; it exports the
+# ps_ names of worker/libps.map and nothing else (internal psc_ names, and
+# what the static library's users might define themselves, stay inside).
+LIBPS_SO := libps.so.$(VERSION)
+$(LIB)/$(LIBPS_SO): $(LIB_OBJS) worker/libps.map
+	@mkdir -p $(@D)
+	$(CC) -shared -Wl,-soname,libps.so.$(SOMAJOR) -Wl,--version-script=worker/libps.map \
+	  -Wl,--no-undefined -o $@ $(LIB_OBJS) $(PKG_LIBS) -lm -pthread $(LDSAN)
+$(LIB)/libps.so: $(LIB)/$(LIBPS_SO)
+	ln -sf $(LIBPS_SO) $(LIB)/libps.so.$(SOMAJOR)
+	ln -sf libps.so.$(SOMAJOR) $@
 
 $(BUILD)/libserver.a: $(SERVER_OBJS)
 	@mkdir -p $(@D)
@@ -153,9 +206,15 @@ $(BUILD)/tests/readme_client.c: README.md
 $(BUILD)/tests/readme_client: $(BUILD)/tests/readme_client.c $(LIB)/libps.a
 	$(CC) $(README_CFLAGS) -o $@ $< $(LIB)/libps.a $(PKG_LIBS) -lm -pthread $(LDSAN)
 
+# the layouts of libps's public structs, for the Python package's mirror of
+# them (tests/test_python.sh compares)
+$(BUILD)/tests/abi_layout: tests/abi_layout.c include/ps_client.h include/ps_types.h
+	@mkdir -p $(@D)
+	$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude -o $@ $<
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(INC) -MMD -MP -c -o $@ $<
+	$(CC) $(CFLAGS) $(PIC) $(INC) -MMD -MP -c -o $@ $<
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c -o $@ $<
@@ -175,6 +234,64 @@ run:
 
 clean:
 	rm -rf build build-san bin lib
+
+# --- install: programs, libps (static and shared, with its symlinks),
+# public headers, pkg-config file, Python package.  DESTDIR stages the files
+# for a package; the paths written into ps.pc and the Python package are
+# PREFIX's.  Python: Debian's python3 reads /usr/lib/python3/dist-packages for
+# PREFIX=/usr and PREFIX/lib/python3.X/dist-packages otherwise.
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+PYTHON     ?= /usr/bin/python3
+# recursive: asked of the interpreter only when installing
+PYTHONDIR  ?= $(if $(filter /usr,$(PREFIX)),$(PREFIX)/lib/python3/dist-packages,$(PREFIX)/lib/$(shell \
+  $(PYTHON) -c 'import sys; print("python%d.%d" % sys.version_info[:2])' 2>/dev/null || echo python3)/dist-packages)
+PUBLIC_HEADERS := include/ps_client.h include/ps_types.h
+PY_FILES := $(wildcard python/ps/*.py python/ps/torch/*.py)
+INSTALLED_PROGRAMS := $(notdir $(PROGRAMS))
+PS_PC := $(BUILD)/ps.pc
+
+$(PS_PC): Makefile
+	@mkdir -p $(@D)
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
+	  'Name: ps' 'Description: parameter server client library (libps)' 'Version: $(VERSION)' \
+	  'Requires.private: libzmq msgpack' 'Cflags: -I$${includedir}' \
+	  'Libs: -L$${libdir} -lps' 'Libs.private: -lm -pthread' >$@
+.PHONY: $(PS_PC)
+
+install: $(PROGRAMS) $(LIB)/libps.a $(LIB)/libps.so $(PS_PC)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) \
+	  $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(PYTHONDIR)/ps/torch
+	install -m 755 $(PROGRAMS) $(DESTDIR)$(BINDIR)/
+	install -m 644 $(LIB)/libps.a $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(LIB)/$(LIBPS_SO) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(LIBPS_SO) $(DESTDIR)$(LIBDIR)/libps.so.$(SOMAJOR)
+	ln -sf libps.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libps.so
+	install -m 644 $(PUBLIC_HEADERS) $(DESTDIR)$(INCLUDEDIR)/
+	install -m 644 $(PS_PC) $(DESTDIR)$(PKGCONFIGDIR)/ps.pc
+	install -m 644 $(wildcard python/ps/*.py) $(DESTDIR)$(PYTHONDIR)/ps/
+	install -m 644 $(wildcard python/ps/torch/*.py) $(DESTDIR)$(PYTHONDIR)/ps/torch/
+	printf '# written by make install: where libps.so was installed\nLIBDIR = %s\n' \
+	  "'$(LIBDIR)'" >$(DESTDIR)$(PYTHONDIR)/ps/_installed.py
+	@case "$(DESTDIR):$(LIBDIR):$$(id -u)" in \
+	  :/usr/lib:0|:/usr/local/lib:0) ldconfig && echo "install: ran ldconfig" ;; \
+	  *) echo "install: the loader finds libps.so.$(SOMAJOR) once $(LIBDIR) is in its path" \
+	       "(/etc/ld.so.conf.d, then ldconfig as root) or in LD_LIBRARY_PATH" ;; \
+	esac
+	@echo "install: Python package in $(PYTHONDIR)/ps (import ps, ps.torch)"
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(BINDIR)/,$(INSTALLED_PROGRAMS))
+	rm -f $(addprefix $(DESTDIR)$(LIBDIR)/,libps.a $(LIBPS_SO) libps.so.$(SOMAJOR) libps.so)
+	rm -f $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(PUBLIC_HEADERS)))
+	rm -f $(DESTDIR)$(PKGCONFIGDIR)/ps.pc
+	rm -f $(addprefix $(DESTDIR)$(PYTHONDIR)/,$(PY_FILES:python/%=%)) \
+	  $(DESTDIR)$(PYTHONDIR)/ps/_installed.py
+	rm -rf $(DESTDIR)$(PYTHONDIR)/ps/__pycache__ $(DESTDIR)$(PYTHONDIR)/ps/torch/__pycache__
+	-rmdir $(DESTDIR)$(PYTHONDIR)/ps/torch $(DESTDIR)$(PYTHONDIR)/ps 2>/dev/null
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 

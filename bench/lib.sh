@@ -87,23 +87,30 @@ run_workers() {
         WORKER_PIDS="$WORKER_PIDS $!"
         _r=$((_r + 1))
     done
+    wait_summaries "$_w" worker "$_mode"
+}
+
+# wait_summaries W PREFIX WHAT: wait for WORKER_PIDS, then print the mean of
+# the samples/s of the summary lines in $WORK/PREFIX0.log ... PREFIX<W-1>.log.
+# Non-zero (and prints nothing) when a worker failed or printed no summary.
+wait_summaries() {
     _bad=0
     for p in $WORKER_PIDS; do wait "$p" || _bad=1; done
     WORKER_PIDS=""
     _sum=0 _r=0
-    while [ "$_r" -lt "$_w" ]; do
-        _s=$(summary_sps "$WORK/worker$_r.log")
+    while [ "$_r" -lt "$1" ]; do
+        _s=$(summary_sps "$WORK/$2$_r.log")
         if [ -z "$_s" ]; then
             _bad=1
-            echo "$0: worker $_r ($_mode) printed no summary; its log ends:" >&2
-            tail -n 5 "$WORK/worker$_r.log" >&2
+            echo "$0: worker $_r ($3) printed no summary; its log ends:" >&2
+            tail -n 5 "$WORK/$2$_r.log" >&2
         else
             _sum=$(awk -v a="$_sum" -v b="$_s" 'BEGIN { print a + b }')
         fi
         _r=$((_r + 1))
     done
     # nothing on stdout when a worker failed, so callers see an empty result
-    [ "$_bad" -eq 0 ] && awk -v a="$_sum" -v w="$_w" 'BEGIN { printf "%.0f\n", a / w }'
+    [ "$_bad" -eq 0 ] && awk -v a="$_sum" -v w="$1" 'BEGIN { printf "%.0f\n", a / w }'
     return $_bad
 }
 

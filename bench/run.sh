@@ -3,12 +3,13 @@
 # print each table, and write docs/BENCHMARKS.md with the machine, the date,
 # the command, each table, its goal and whether it was met.
 #
-#   BENCH_ACCURACY=1   also run bench/accuracy.sh (long: several minutes);
-#                      without it the accuracy section of the existing
-#                      docs/BENCHMARKS.md is kept as it was
+#   BENCH_ACCURACY=1   also run bench/accuracy.sh and torch_bench.sh's 3-epoch
+#                      accuracy runs (long: several minutes each); without
+#                      it the accuracy sections of the existing
+#                      docs/BENCHMARKS.md are kept as they were
 #   BENCH_PROFILE=0    skip the perf profile of the transport path
-#   BENCH_ONLY="transport apply train load"   run only these (the document
-#                      is written only when every part ran)
+#   BENCH_ONLY="transport apply train load torch shm cluster"   run only these; the
+#                      document keeps its sections of the parts that did not run
 #   BENCH_DOC=FILE     write FILE instead of docs/BENCHMARKS.md
 # Every figure is a ratio against a baseline measured in the same run: the
 # machine may be shared and noisy.
@@ -17,7 +18,7 @@ BUILD=${BUILD:-build}
 export BUILD
 export PS_BIN_DIR=${PS_BIN_DIR:-bin}
 DOC=${BENCH_DOC:-docs/BENCHMARKS.md}
-ONLY=${BENCH_ONLY:-"transport apply train load"}
+ONLY=${BENCH_ONLY:-"transport apply train load torch shm cluster"}
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/ps_benchrun.XXXXXX") || exit 1
 trap 'rm -rf "$OUT"' EXIT
 start=$(date +%s)
@@ -36,6 +37,7 @@ part() {
     _t0=$(date +%s)
     "$@" >"$OUT/$_name.md" 2>"$OUT/$_name.err"
     _rc=$?
+    echo "$_rc" >"$OUT/$_name.rc"
     cat "$OUT/$_name.md"
     if [ "$_rc" -ne 0 ]; then
         echo "--- $_name failed (exit $_rc); its messages:"
@@ -46,7 +48,7 @@ part() {
     echo "$(( $(date +%s) - _t0 ))" >"$OUT/$_name.secs"
 }
 
-for b in transport_bench apply_bench; do
+for b in transport_bench apply_bench shm_bench; do
     if [ ! -x "$BUILD/bench/$b" ]; then
         echo "run.sh: $BUILD/bench/$b is missing; run make bench" >&2
         exit 1
@@ -63,6 +65,12 @@ fi
 wanted apply && part apply "$BUILD/bench/apply_bench"
 wanted train && part train sh bench/train_bench.sh
 wanted load && part load sh bench/load_bench.sh
+# PyTorch through ps.torch against DDP and the loop alone (skipped without torch)
+wanted torch && TORCH_ACCURACY_OUT=$OUT/torch_accuracy.md part torch sh bench/torch_bench.sh
+# the same-host data plane against raw ZeroMQ and memcpy, and ps_launch
+# against PyTorch on one host (its rows skip without torch)
+wanted shm && part shm "$BUILD/bench/shm_bench"
+wanted cluster && part cluster sh bench/cluster_bench.sh
 if [ "${BENCH_ACCURACY:-0}" = 1 ]; then
     part accuracy sh bench/accuracy.sh
 else
@@ -74,31 +82,50 @@ total=$(( $(date +%s) - start ))
 echo
 echo "bench: done in $total s"
 
-for p in transport apply train load; do
-    if ! wanted "$p" || [ ! -s "$OUT/$p.md" ]; then
-        echo "bench: not every part ran; $DOC left as it was"
-        exit $status
+# A part that did not run (BENCH_ONLY, or it failed) keeps its section of
+# the existing document, between <!-- part:NAME:begin/end --> markers.
+PARTS="transport profile apply train load torch shm cluster"
+ran="" kept="" missing=""
+for p in $PARTS; do
+    if [ -s "$OUT/$p.md" ] && [ "$(cat "$OUT/$p.rc" 2>/dev/null)" = 0 ]; then
+        ran="$ran $p"
+    elif [ -f "$DOC" ] && grep -q "<!-- part:$p:begin -->" "$DOC"; then
+        sed -n "/<!-- part:$p:begin -->/,/<!-- part:$p:end -->/p" "$DOC" | sed '1d;$d' >"$OUT/$p.md"
+        kept="$kept $p"
+    else
+        echo "(not measured yet: run \`BENCH_ONLY=$( [ $p = profile ] && echo transport || echo $p) make bench\`)" >"$OUT/$p.md"
+        missing="$missing $p"
     fi
 done
+[ -z "$kept$missing" ] || echo "bench: kept from $DOC:${kept:- none}; never measured:${missing:- none}"
+# a part's section with its markers
+partmd() { echo "<!-- part:$1:begin -->"; md "$OUT/$1.md"; echo "<!-- part:$1:end -->"; }
 
 # ---- docs/BENCHMARKS.md ----
 goal_lines() { grep -h -E '^(- )?GOAL ' "$@" 2>/dev/null | sed -E 's/^(- )?GOAL //'; }
 # a part's output in the document: GOAL lines as list items
 md() { sed 's/^GOAL /- GOAL /' "$@"; }
-# the accuracy section: this run's, or the one already in the document
+# section OUT NEW MARKER HEADER MISSING: into OUT this run's NEW under HEADER
+# when it ran, else what the document holds between <!-- MARKER:begin -->
+# and <!-- MARKER:end -->, else MISSING
+section() {
+    if [ -s "$2" ]; then
+        { echo "$4"; echo; md "$2"; } >"$1"
+    elif [ -f "$DOC" ] && grep -q "<!-- $3:begin -->" "$DOC"; then
+        sed -n "/<!-- $3:begin -->/,/<!-- $3:end -->/p" "$DOC" | sed '1d;$d' >"$1"
+    else
+        echo "$5" >"$1"
+    fi
+}
+measured="Measured $(date -u '+%Y-%m-%d %H:%M UTC') with \`BENCH_ACCURACY=1 make bench\`"
+# the accuracy sections: this run's, or the ones already in the document
 acc="$OUT/accuracy.section"
-if [ -s "$OUT/accuracy.md" ]; then
-    {
-        echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') with \`BENCH_ACCURACY=1 make bench\`" \
-             "($(cat "$OUT/accuracy.secs") s)."
-        echo
-        md "$OUT/accuracy.md"
-    } >"$acc"
-elif [ -f "$DOC" ] && grep -q '<!-- accuracy:begin -->' "$DOC"; then
-    sed -n '/<!-- accuracy:begin -->/,/<!-- accuracy:end -->/p' "$DOC" | sed '1d;$d' >"$acc"
-else
-    echo "Not measured yet: run \`bench/accuracy.sh --write-doc\` (several minutes)." >"$acc"
-fi
+section "$acc" "$OUT/accuracy.md" accuracy \
+    "$measured ($(cat "$OUT/accuracy.secs" 2>/dev/null) s)." \
+    "Not measured yet: run \`bench/accuracy.sh --write-doc\` (several minutes)."
+tacc="$OUT/torch_accuracy.section"
+section "$tacc" "$OUT/torch_accuracy.md" torch-accuracy "$measured." \
+    "Not measured yet: run \`BENCH_ACCURACY=1 make bench\` (about 10 minutes here)."
 
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
 mkdir -p "$(dirname "$DOC")"
@@ -112,13 +139,17 @@ because the machine may be shared and noisy.
 
 - machine: ${cpu:-unknown CPU}, $(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) memory, $(uname -sr)
 - date: $(date -u '+%Y-%m-%d %H:%M UTC')
-- command: \`make bench\` (bench/run.sh$( [ "${BENCH_ACCURACY:-0}" = 1 ] && echo ", BENCH_ACCURACY=1")), $total s
+- command: \`make bench\` (bench/run.sh$( [ "${BENCH_ACCURACY:-0}" = 1 ] && echo ", BENCH_ACCURACY=1")$( [ -n "${BENCH_ONLY:-}" ] && echo ", BENCH_ONLY=\"$BENCH_ONLY\"")), $total s
+- measured in this run:${ran:- none}$( [ -n "$kept" ] && echo "; kept from the previous document:$kept")
+- load average when it ended: $(cut -d' ' -f1-3 /proc/loadavg)
 - ZeroMQ $(pkg-config --modversion libzmq 2>/dev/null || echo '?'), $(cc --version | head -n 1)
 
 ## Goals
 
 EOF
-goal_lines "$OUT/transport.md" "$OUT/apply.md" "$OUT/train.md" | sed 's/^/- /'
+goal_lines "$OUT/transport.md" "$OUT/apply.md" "$OUT/train.md" "$OUT/shm.md" "$OUT/cluster.md" \
+    "$OUT/torch.md" "$tacc" |
+    sed 's/^/- /'
 echo "<!-- accuracy-goals:begin -->"
 goal_lines "$acc" | sed 's/^/- /'
 echo "<!-- accuracy-goals:end -->"
@@ -147,7 +178,7 @@ by up to ~40% on push in some tries.  Goal: push-pull at >= 4 MiB at least
 0.85 of raw.
 
 EOF
-md "$OUT/transport.md"
+partmd transport
 if [ -s "$OUT/profile.md" ]; then
 cat <<EOF
 
@@ -157,7 +188,7 @@ cat <<EOF
 raw, every sample of the bench's processes sorted by symbol.
 
 EOF
-cat "$OUT/profile.md"
+partmd profile
 fi
 cat <<'EOF'
 
@@ -217,21 +248,22 @@ written arrays are all read anyway can pass 1.0.  Goal: sgd and adam at least
 0.8 of the triad.
 
 EOF
-md "$OUT/apply.md"
+partmd apply
 cat <<EOF
 
 ## 3. Training step: through the servers against compute only
 
 \`bench/train_bench.sh\`: \`ps_worker --threads 1\`, batch 64, the same binary,
 model and data with \`--servers none\` (compute only, local SGD on the
-worker) and through one \`ps_server\` on loopback TCP; MLP on Fashion-MNIST,
+worker) and through one \`ps_server\` on this host (payloads through shared
+memory, the default); MLP on Fashion-MNIST,
 CNN on a small synthetic set (its test pass is outside the timed loop
 anyway); samples/s from the workers' \`summary:\` lines, best of several
 alternating runs.  Ratio = step time through servers / compute-only step
-time.  Goals: async <= 1.05, sync <= 1.3.
+time.  Goals: async <= 1.05, sync <= 1.3; async comm-wait <= 5%.
 
 EOF
-md "$OUT/train.md"
+partmd train
 cat <<'EOF'
 
 ### Reading it
@@ -294,7 +326,7 @@ shows the servers keep up with many connections (the server counters match
 the expected update count) and what the CPU left to them allows.
 
 EOF
-md "$OUT/load.md"
+partmd load
 cat <<EOF
 
 ## 6. GPU
@@ -303,7 +335,101 @@ cat <<EOF
 NVIDIA GPU): compute-only against through-servers samples/s on cuda:0 for both
 models, 1 and 2 workers per GPU, async and sync, and against PyTorch when it
 is installed.  Not run here: this machine has no GPU.
+
+## 7. PyTorch through ps.torch
+
+\`bench/torch_bench.sh\`: ps_worker's CNN written in PyTorch
+(\`examples/torch_fashion_mnist.py\`, Debian's python3-torch, one thread per
+process: \`torch.set_num_threads(1)\` and \`OPENBLAS_NUM_THREADS=1\`, batch 64
+per worker, Fashion-MNIST) trained the same way through \`ps.torch\` (1
+\`ps_server\`, momentum on the server), with PyTorch's
+DistributedDataParallel (gloo on 127.0.0.1) and alone (the torch optimizer
+stepping locally), all in the same run, alternating; medians of the
+workers' samples/s, warm-up steps left out.  Goals: 2 workers async >= 1.3x
+DDP, sync >= 1.0x DDP; 1 worker async >= 0.9x the loop alone.
+
 EOF
+partmd torch
+cat <<'EOF'
+
+### Reading it
+
+- The training thread's CPU time per step is about the same with ps.torch
+  as with the loop alone or with DDP: the wrapper's own work on that thread
+  (the hooks, one copy of each gradient into the exchange, the Python around
+  them) is a few ms of a ~50 ms step.  What the wall time adds on top is
+  waiting for a core: everything that moves the data runs on the same two
+  cores as the training threads (and as whatever else this machine runs:
+  see the load average).
+- ps.torch puts more on those cores than DDP does.  Per step each worker
+  sends its whole gradient (13 MB for this CNN) to the server and receives
+  the whole model back over loopback TCP, and the server applies momentum to
+  it, while DDP's two processes exchange one 13 MB allreduce between
+  themselves.  The profile (when a goal was missed) shows where that goes:
+  ZeroMQ's I/O threads and the kernel copying socket data, the server's
+  optimizer, the comm thread's copy of each pull into the back buffer.  On a
+  machine with cores to spare those run beside the training threads; here
+  they take turns with them.  The shared-memory data plane (section 8)
+  removes the socket copies and the pull's copy between a worker and a
+  server on one host: ps.torch's parameters and gradients live in the
+  arena.
+- Found on the way: freeing every .grad each step (`zero_grad(set_to_none=
+  True)`) made the training thread up to twice as slow here, with ps.torch
+  or without: glibc gives the freed 13 MB back to the system and the next
+  backward faults it in again, page by page, which is costly in this VM.
+  DistributedOptimizer.zero_grad zeroes in place (torch 1.13's default);
+  setting MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ high removes the
+  cost for any loop.
+
+### Accuracy after 3 epochs (1 server x 2 workers against DDP)
+
+Sync and DDP train with momentum 0.9, lr 0.05 (one update of batch 128 per
+step either way).  Async makes twice the updates, each on weights a step or
+two old, and needs its own setting; each tried once, 3 epochs, 1 server x 2
+workers: momentum 0.9 lr 0.05: diverged (0.1000); lr 0.02: 0.8963; sgd lr
+0.1: 0.8943; nesterov lr 0.02: 0.9002; adam lr 0.0005: 0.9067, the default
+of the async run (`TORCH_ASYNC_OPT`).
+
+<!-- torch-accuracy:begin -->
+EOF
+cat "$tacc"
+cat <<EOF
+<!-- torch-accuracy:end -->
+
+## 8. Same host: shared memory against raw ZeroMQ and memcpy
+
+\`build/bench/shm_bench\` (every CPU kept busy by SCHED_IDLE spinners, as in section 1): one \`ps_server\` process (async, sgd, one
+update thread) and one client process on this host; one operation is a
+push-pull of N bytes (the server reads the gradient, applies sgd to its
+weights, and the weights come back into the client's buffer), two tensors
+in flight.  Through shared memory (\`--shm auto\`, the default on one host)
+the payloads stay in the worker's arena and ZeroMQ carries the headers;
+beside it in the same run, alternating: our own path with \`--shm off\`
+(tcp), raw ZeroMQ echo over ipc and over tcp (N bytes out, N back,
+zero-copy both ways, doing nothing with them), and a memcpy of N bytes each
+way.  Goodput counts 2N per operation; medians of 5 rounds.  Goals: shared
+memory >= 3x raw ZeroMQ over ipc and tcp, >= 0.3x memcpy, at 1, 4 and 16 MiB.
+
+EOF
+partmd shm
+cat <<EOF
+
+## 9. One host against PyTorch: 1 server x 2 workers
+
+\`bench/cluster_bench.sh\`: what a new user runs, \`ps_launch --servers 1
+--workers 2 --gpus none --server-threads 1\` with \`ps_worker --threads 1
+--batch 64 --lr 0.1\` (MLPs: 2 epochs of Fashion-MNIST; CNN: 100 steps after
+10 of warm-up), samples/s of all workers from ps_launch's summary line, async
+and sync, through shared memory and with \`--shm off\`; beside it Debian's
+python3-torch running the same model, batch and learning rate
+(\`bench/torch_ref.py\`): one process with 1 thread, and
+DistributedDataParallel over gloo with 2 processes x 1 thread.  All
+alternating, 3 rounds, medians.  Goals: MLPs async >= 1.5x one PyTorch
+process and >= 2.5x DDP, sync >= 2.0x DDP and >= 1.0x one process; CNN async
+>= 1.1x DDP, sync >= 1.0x DDP.
+
+EOF
+partmd cluster
 } >"$DOC.tmp" && mv "$DOC.tmp" "$DOC"
 echo "bench: wrote $DOC"
 exit $status

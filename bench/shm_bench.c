@@ -13,6 +13,7 @@
  * raw ZeroMQ over ipc and over tcp, and >= 0.3x memcpy, at 1, 4 and 16 MiB.
  *
  *   build/bench/shm_bench [--sizes 1M,4M,16M] [--time 0.3] [--rounds 5] [--no-spin]
+ *                         [--only-shm]   (the shared-memory rows alone: for a profile)
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -263,7 +264,7 @@ static int cmpd(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     size_t sizes[MAX_SIZES] = {1u << 20, 4u << 20, 16u << 20};
-    int nsizes = 3, do_spin = 1;
+    int nsizes = 3, do_spin = 1, only_shm = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--time") && i + 1 < argc)
             row_s = atof(argv[++i]);
@@ -271,6 +272,8 @@ int main(int argc, char **argv)
             rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-spin"))
             do_spin = 0;
+        else if (!strcmp(argv[i], "--only-shm"))
+            only_shm = 1;
         else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
             nsizes = 0;
             char *dup = strdup(argv[++i]), *save = NULL;
@@ -280,7 +283,7 @@ int main(int argc, char **argv)
             free(dup);
         } else {
             fprintf(stderr, "usage: shm_bench [--sizes 1M,4M,16M] [--time S] [--rounds R] "
-                            "[--no-spin]\n");
+                            "[--no-spin] [--only-shm]\n");
             return 2;
         }
     }
@@ -328,13 +331,18 @@ int main(int argc, char **argv)
         run_ours(&net, k, sizes[k]);
         run_raw(dipc, a, sizes[k]);
         run_raw(dtcp, a, sizes[k]);
-        for (int r = 0; r < rounds; r++) {
+        for (int r = 0; r < rounds && only_shm; r++)
+            fprintf(stderr, "  %zu KiB: shm %.2f GB/s\n", sizes[k] >> 10,
+                    run_ours(&shm, k, sizes[k]));
+        for (int r = 0; r < rounds && !only_shm; r++) {
             got[V_SHM][r] = run_ours(&shm, k, sizes[k]);
             got[V_NET][r] = run_ours(&net, k, sizes[k]);
             got[V_IPC][r] = run_raw(dipc, a, sizes[k]);
             got[V_TCP][r] = run_raw(dtcp, a, sizes[k]);
             got[V_MEMCPY][r] = run_memcpy(a, b, sizes[k]);
         }
+        if (only_shm)
+            continue;
         for (int v = 0; v < NV; v++) {
             qsort(got[v], (size_t)rounds, sizeof(double), cmpd);
             med[k][v] = got[v][rounds / 2];
@@ -366,6 +374,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "shm_bench: a measurement failed\n");
         return 1;
     }
+    if (only_shm)
+        return 0;
     printf("Push-pull goodput on one host, GB/s (2N bytes per operation: N of gradient to the "
            "server, N of weights back; medians of %d alternating rounds of %.2f s):\n\n",
            rounds, row_s);

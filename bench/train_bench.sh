@@ -106,6 +106,15 @@ row mlp async 1.05
 row mlp sync 1.3
 row cnn async 1.05
 row cnn sync 1.3
+# async comm-wait <= 5%: the worker never waits for a round trip
+cw_met=0 cw_missed=""
+for m in mlp cnn; do
+    if awk -v cw="$(cwait "${m}_async")" 'BEGIN { exit !(cw <= 5) }'; then
+        cw_met=$((cw_met + 1))
+    else
+        cw_missed="${cw_missed:+$cw_missed, }$m $(cwait "${m}_async")%"
+    fi
+done
 echo
 echo "MLP $MLP, batch 64, 1 server; samples/s per worker (compute-only: one worker alone, no server)."
 echo "With W=2 the two workers and the server share this machine's $(nproc) cores (oversubscribed)."
@@ -125,6 +134,11 @@ echo
 if [ "$fail" -ne 0 ]; then
     echo "GOAL train: some runs failed (see the messages above)"
     exit 1
+fi
+if [ "$cw_met" -eq 2 ]; then
+    echo "GOAL comm-wait: async, 1 server x 1 worker, comm-wait <= 5% (MLP $(cwait mlp_async)%, CNN $(cwait cnn_async)%): MET (2 of 2)"
+else
+    echo "GOAL comm-wait: async, 1 server x 1 worker, comm-wait <= 5%: MISSED ($cw_met of 2 met; missed: $cw_missed)"
 fi
 if [ "$goals_met" -eq "$goals" ]; then
     echo "GOAL train: step time through servers (async <= 1.05x, sync <= 1.3x): MET ($goals_met of $goals)"

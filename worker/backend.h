@@ -105,6 +105,14 @@ int ps_backend_create(const char *device, int threads, ps_backend **out, char *w
                       size_t why_len);
 
 int ps_backend_cpu_create(int threads, ps_backend **out);
+/* The host-memory backend (backend_host.c, part of libps): memory, copy,
+ * fill, axpy, streams and events only; the other kernels are NULL.  For a
+ * caller of the exchange that computes elsewhere (the PyTorch wrapper); the
+ * CPU backend starts from it and adds its kernels. */
+int ps_backend_host_create(ps_backend **out);
+/* b->destroy(b), for a caller that cannot reach the struct's members (a
+ * binding that sees only libps.so's functions).  NULL is fine. */
+void ps_backend_host_destroy(ps_backend *b);
 /* Defined only when built with CUDA (PS_HAVE_CUDA). */
 int ps_backend_cuda_create(int device, ps_backend **out, char *why, size_t why_len);
 

@@ -1,7 +1,8 @@
 /* CPU backend: OpenBLAS for gemm, plain loops (left for gcc to vectorize) for
  * the elementwise kernels.  Everything runs on the calling thread (plus the
  * BLAS threads inside gemm) and is complete when the call returns, so copies
- * are memcpy, streams are no-ops and events are always signalled. */
+ * are memcpy, streams are no-ops and events are always signalled: those are
+ * the host backend's (backend_host.c), which this one starts from. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -15,58 +16,6 @@
 /* Declared by OpenBLAS's cblas.h; repeated so a reference-CBLAS header (which
  * lacks it) still compiles.  Identical redeclarations are harmless. */
 void openblas_set_num_threads(int num_threads);
-
-/* Large enough for AVX-512 loads and a cache line. */
-#define CPU_ALIGN 64
-
-struct ps_event {
-    int unused; /* CPU work is complete on return: nothing to record */
-};
-
-static int cpu_alloc(ps_backend *b, size_t bytes, void **out)
-{
-    (void)b;
-    /* aligned_alloc wants a multiple of the alignment; never hand back NULL
-     * for 0 bytes so callers can treat NULL as "not allocated". */
-    size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
-    if (rounded < bytes)
-        return PS_ENOMEM;
-    if (rounded == 0)
-        rounded = CPU_ALIGN;
-    void *p = aligned_alloc(CPU_ALIGN, rounded);
-    if (!p)
-        return PS_ENOMEM;
-    *out = p;
-    return 0;
-}
-
-static void cpu_free(ps_backend *b, void *p)
-{
-    (void)b;
-    free(p);
-}
-
-static int cpu_copy(ps_backend *b, void *dst, const void *src, size_t bytes, int kind, int stream)
-{
-    (void)b;
-    (void)stream;
-    if (kind < 0 || kind > 2)
-        return PS_EINVAL;
-    if (bytes == 0 || dst == src)
-        return 0;
-    if (!dst || !src)
-        return PS_EINVAL;
-    memcpy(dst, src, bytes);
-    return 0;
-}
-
-static int cpu_fill(ps_backend *b, float *x, float value, size_t n)
-{
-    (void)b;
-    for (size_t i = 0; i < n; i++)
-        x[i] = value;
-    return 0;
-}
 
 static int cpu_gemm(ps_backend *b, int trans_a, int trans_b, int M, int N, int K, float alpha,
                     const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
@@ -314,91 +263,19 @@ static int cpu_maxpool_bwd(ps_backend *b, const float *dy, const uint8_t *argmax
     return 0;
 }
 
-static int cpu_axpy(ps_backend *b, float *y, float alpha, const float *x, size_t n)
-{
-    (void)b;
-    for (size_t i = 0; i < n; i++)
-        y[i] += alpha * x[i];
-    return 0;
-}
-
-static int cpu_event_create(ps_backend *b, ps_event **out)
-{
-    (void)b;
-    ps_event *e = calloc(1, sizeof *e);
-    if (!e)
-        return PS_ENOMEM;
-    *out = e;
-    return 0;
-}
-
-static void cpu_event_destroy(ps_backend *b, ps_event *e)
-{
-    (void)b;
-    free(e);
-}
-
-static int cpu_event_record(ps_backend *b, ps_event *e, int stream)
-{
-    (void)b;
-    (void)e;
-    (void)stream;
-    return 0;
-}
-
-static int cpu_stream_wait_event(ps_backend *b, int stream, ps_event *e)
-{
-    (void)b;
-    (void)stream;
-    (void)e;
-    return 0;
-}
-
-static int cpu_event_sync(ps_backend *b, ps_event *e)
-{
-    (void)b;
-    (void)e;
-    return 0;
-}
-
-static int cpu_event_query(ps_backend *b, ps_event *e)
-{
-    (void)b;
-    (void)e;
-    return 1;
-}
-
-static int cpu_stream_sync(ps_backend *b, int stream)
-{
-    (void)b;
-    (void)stream;
-    return 0;
-}
-
-static void cpu_destroy(ps_backend *b)
-{
-    free(b);
-}
-
 int ps_backend_cpu_create(int threads, ps_backend **out)
 {
     if (!out)
         return PS_EINVAL;
-    ps_backend *b = calloc(1, sizeof *b);
-    if (!b)
-        return PS_ENOMEM;
+    /* memory, copies, streams and events are the host backend's: CPU work is
+     * complete when a call returns */
+    int rc = ps_backend_host_create(out);
+    if (rc)
+        return rc;
+    ps_backend *b = *out;
     /* OpenBLAS's thread count is process-wide; the last backend created wins. */
     openblas_set_num_threads(threads > 0 ? threads : 1);
     b->name = "cpu";
-    b->ctx = NULL;
-    b->host_memory = 1;
-    b->alloc = cpu_alloc;
-    b->free = cpu_free;
-    /* host memory is already what the "device" copies from */
-    b->alloc_host = cpu_alloc;
-    b->free_host = cpu_free;
-    b->copy = cpu_copy;
-    b->fill = cpu_fill;
     b->gemm = cpu_gemm;
     b->bias_add = cpu_bias_add;
     b->bias_grad = cpu_bias_grad;
@@ -409,15 +286,5 @@ int ps_backend_cpu_create(int threads, ps_backend **out)
     b->col2im = cpu_col2im;
     b->maxpool_fwd = cpu_maxpool_fwd;
     b->maxpool_bwd = cpu_maxpool_bwd;
-    b->axpy = cpu_axpy;
-    b->event_create = cpu_event_create;
-    b->event_destroy = cpu_event_destroy;
-    b->event_record = cpu_event_record;
-    b->stream_wait_event = cpu_stream_wait_event;
-    b->event_sync = cpu_event_sync;
-    b->event_query = cpu_event_query;
-    b->stream_sync = cpu_stream_sync;
-    b->destroy = cpu_destroy;
-    *out = b;
     return 0;
 }

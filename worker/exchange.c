@@ -65,6 +65,7 @@ struct ps_exchange {
     int accumulate;    /* async: a gradient need not wait for the wire */
     int64_t max_sum;   /* how many may wait in a sum (--max-staleness; unbounded: max) */
     int num_workers;
+    int init;          /* ps_exchange_set_init: -1 every worker inits, 1 this one, 0 another */
     int started;
     int in_arena;      /* the buffers live in the client's shared-memory arena */
     void *registered;  /* the arena as registered with the device (pinned) */
@@ -422,7 +423,8 @@ int ps_exchange_set_local_group(ps_exchange *x, const char *name, int local_rank
 
 /* ---------- the API ---------- */
 
-int ps_exchange_open(const ps_client_options *o, ps_backend *b, ps_exchange **out)
+int ps_exchange_adopt(ps_client *c, const ps_client_options *o, ps_backend *b,
+                      ps_exchange **out)
 {
     *out = NULL;
     ps_exchange *x = calloc(1, sizeof *x);
@@ -437,13 +439,27 @@ int ps_exchange_open(const ps_client_options *o, ps_backend *b, ps_exchange **ou
     x->accumulate = o->mode == PS_MODE_ASYNC && o->max_staleness != 0;
     x->max_sum = o->max_staleness < 0 ? INT64_MAX : o->max_staleness;
     x->num_workers = o->num_workers;
-    int rc = ps_client_open(o, &x->client);
-    if (rc) {
-        free(x);
-        return rc;
-    }
+    x->init = -1;
+    x->client = c;
     *out = x;
     return 0;
+}
+
+int ps_exchange_open(const ps_client_options *o, ps_backend *b, ps_exchange **out)
+{
+    *out = NULL;
+    ps_client *c;
+    int rc = ps_client_open(o, &c);
+    if (rc)
+        return rc;
+    if ((rc = ps_exchange_adopt(c, o, b, out)))
+        ps_client_close(c);
+    return rc;
+}
+
+void ps_exchange_set_init(ps_exchange *x, int inits)
+{
+    x->init = inits ? 1 : 0;
 }
 
 int ps_exchange_set_wire_dtype(ps_exchange *x, int dtype)
@@ -574,6 +590,20 @@ int ps_exchange_add(ps_exchange *x, uint64_t key, size_t count, float *w, float 
     return ps_client_register(x->client, key, count);
 }
 
+/* Init tensor t on the servers with its front weights; blocks. */
+static int init_one(ps_exchange *x, tensor *t)
+{
+    const float *send;
+    ps_ready_fn ready;
+    int rc;
+    if ((rc = stage_out(x, t, t->front, &send, &ready)) ||
+        (ready && (rc = x->b->event_sync(x->b, t->grad_copied))))
+        return rc;
+    if ((rc = ps_client_init(x->client, t->key, send, &t->push)) == 0)
+        rc = ps_request_wait(&t->push);
+    return rc;
+}
+
 int ps_exchange_start(ps_exchange *x)
 {
     int rc;
@@ -596,24 +626,24 @@ int ps_exchange_start(ps_exchange *x)
     x->started = 1;
     if (ps_client_shm_servers(x->client) > 0)
         to_arena(x);
-    for (int i = 0; i < x->n; i++) {
-        tensor *t = &x->t[i];
-        const float *send;
-        ps_ready_fn ready;
-        if ((rc = stage_out(x, t, t->front, &send, &ready)) ||
-            (ready && (rc = x->b->event_sync(x->b, t->grad_copied))))
+    for (int i = 0; i < x->n && x->init != 0; i++)
+        if ((rc = init_one(x, &x->t[i]))) {
+            ps_error("init of param %d failed: %s %s", i, ps_strerror(rc), x->t[i].push.err);
             return rc;
-        if ((rc = ps_client_init(x->client, t->key, send, &t->push)) == 0 &&
-            (rc = ps_request_wait(&t->push)) == 0)
-            rc = pull_front(x, t);
-        if (rc) {
-            if (worth_logging(x, rc))
-                ps_error("init of param %d failed: %s %s", i, ps_strerror(rc),
-                         t->push.status ? t->push.err : t->pull.err);
+        }
+    /* one worker inits: the others pull only once it has */
+    if (x->init >= 0 && (rc = ps_client_barrier(x->client, PS_EXCHANGE_INIT_BARRIER))) {
+        ps_error("start barrier failed: %s", ps_client_last_error(x->client));
+        return rc;
+    }
+    for (int i = 0; i < x->n; i++) {
+        if ((rc = pull_front(x, &x->t[i]))) {
+            ps_error("first pull of param %d failed: %s %s", i, ps_strerror(rc),
+                     x->t[i].pull.err);
             return rc;
         }
         if (leader(x))
-            ps_lgroup_publish(x->lg, i, landing(x, t, t->front));
+            ps_lgroup_publish(x->lg, i, landing(x, &x->t[i], x->t[i].front));
         /* host_pull is the next pull's landing: the copy out of it must be done */
         if ((rc = x->b->stream_sync(x->b, PS_STREAM_COMPUTE)))
             return rc;

@@ -89,6 +89,25 @@ int ps_exchange_set_wire_dtype(ps_exchange *x, int dtype);
 int ps_exchange_set_local_group(ps_exchange *x, const char *name, int local_rank,
                                 int local_size, int timeout_ms);
 
+/* The same over a client the caller opened with options o (not started,
+ * with no tensors registered that the exchange should not know of): on
+ * success the exchange owns c and closes it in ps_exchange_close; on failure
+ * c stays the caller's.  For a binding that opens the client first (the
+ * Python package: errors of open surface before any model is wrapped). */
+int ps_exchange_adopt(ps_client *c, const ps_client_options *o, ps_backend *b,
+                      ps_exchange **out);
+
+/* Who inits the servers' tensors at start.  By default every worker does
+ * and the first init of a chunk wins: right when every worker draws the same
+ * initial weights (ps_worker: one seed).  When they may differ (a framework
+ * that draws them unseeded), one worker calls this with inits = 1 and every
+ * other one with inits = 0 before ps_exchange_start: start then inits from
+ * that worker only, waits at a barrier (id PS_EXCHANGE_INIT_BARRIER) until
+ * every worker has said hello, and pulls, so every worker starts from its
+ * weights. */
+void ps_exchange_set_init(ps_exchange *x, int inits);
+#define PS_EXCHANGE_INIT_BARRIER ((int64_t)1 << 61)
+
 /* Write the timeline events above to t (NULL: none): waits on lane wait_tid,
  * requests on lane request_tid.  t must outlive the exchange. */
 void ps_exchange_set_trace(ps_exchange *x, ps_trace *t, int wait_tid, int request_tid);
@@ -103,8 +122,9 @@ int ps_exchange_add(ps_exchange *x, uint64_t key, size_t count, float *w, float 
 
 /* Say hello to every server, init every tensor with its current front
  * weights (the first init of a chunk wins; every worker's are identical from
- * the same seed anyway), and pull the servers' current weights into the
- * fronts, so a worker that joins late starts from them.  Blocks. */
+ * the same seed anyway; see ps_exchange_set_init otherwise), and pull the
+ * servers' current weights into the fronts, so a worker that joins late
+ * starts from them.  Blocks. */
 int ps_exchange_start(ps_exchange *x);
 
 int ps_exchange_num_tensors(const ps_exchange *x);

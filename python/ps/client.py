@@ -1,0 +1,466 @@
+"""ps.Client: the worker side of the parameter server, over libps.so.
+
+The same concepts as include/ps_client.h: open a client (servers, rank,
+worker count, mode), register every tensor (a key and a float32 count) in
+the same order on every worker, start (hello with every server), then post
+non-blocking init/push/pull/pushpull requests and wait on them.
+
+Buffers are never copied: a push sends the caller's memory in place and a
+pull writes the servers' weights straight into the caller's array, so the
+array must stay alive and unchanged (push) or unread (pull) until the
+request completes.  The Request keeps a reference to it until then, and the
+Client keeps every pending Request, so dropping one early is safe.
+"""
+
+import ctypes
+import os
+import weakref
+
+from . import _lib
+from ._buffers import float_buffer
+from ._lib import lib
+
+SYNC, ASYNC = _lib.MODE_SYNC, _lib.MODE_ASYNC
+
+# where rank, worker count and servers come from when not given: the same
+# variables, in the same order, as ps_worker
+RANK_ENV = ("PS_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+SIZE_ENV = ("PS_NUM_WORKERS", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+SERVERS_ENV = "PS_SERVERS"
+
+
+class PSError(Exception):
+    """A libps call failed.  code: the PS_E* value (ps.EMISMATCH, ...);
+    name: its name ("PS_EMISMATCH"); message: libps's text (which server and
+    why), what the C API puts in ps_client_last_error or ps_request.err."""
+
+    def __init__(self, code, message, what=None):
+        self.code = code
+        self.name = "PS_" + (_lib.ERRORS[code] if 0 <= code < len(_lib.ERRORS) else "E?")
+        self.message = message or _lib.strerror(code)
+        text = "%s: %s" % (what, self.message) if what else self.message
+        super().__init__("%s [%s]" % (text, self.name))
+
+
+def _env_first(names, env):
+    for n in names:
+        v = env.get(n)
+        if v:
+            return n, v
+    return None, None
+
+
+def _int_setting(value, names, env, what, default):
+    """An int from the argument, else the first set environment variable."""
+    if value is not None:
+        src = what
+    else:
+        src, value = _env_first(names, env)
+        if value is None:
+            return default
+        src = "%s (from %s)" % (what, src)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError("%s must be an integer, got %r" % (src, value)) from None
+
+
+def _shm_setting(value, env):
+    """shm from the argument (True/False, 'auto'/'off'), else PS_SHM, else on."""
+    src = "shm"
+    if value is None:
+        value = env.get("PS_SHM")
+        src = "shm (from PS_SHM)"
+        if value is None:
+            return True
+    if isinstance(value, bool):
+        return value
+    if value in ("auto", "on", "1"):
+        return True
+    if value in ("off", "0"):
+        return False
+    raise ValueError("%s must be 'auto' or 'off', got %r" % (src, value))
+
+
+def _size(value, what):
+    """Bytes from an int or a string with suffix K, M or G (binary), as the
+    programs' --chunk-size."""
+    if isinstance(value, int):
+        return value
+    s = str(value).strip()
+    mul = 1
+    for suffix, m in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        for tail in (suffix + "iB", suffix + "B", suffix):
+            if s.upper().endswith(tail.upper()):
+                s, mul = s[:-len(tail)], m
+                break
+        if mul != 1:
+            break
+    try:
+        return int(s) * mul
+    except ValueError:
+        raise ValueError("%s must be a size in bytes (suffix K, M, G allowed), got %r"
+                         % (what, value)) from None
+
+
+def parse_mode(mode):
+    """'sync' / 'async' / ps.SYNC / ps.ASYNC -> ps.SYNC or ps.ASYNC."""
+    if mode in (SYNC, ASYNC):
+        return mode
+    m = {"sync": SYNC, "async": ASYNC}.get(str(mode).lower())
+    if m is None:
+        raise ValueError("mode must be 'sync' or 'async', got %r" % (mode,))
+    return m
+
+
+def optimizer_expectation(expect, env):
+    """ps_opt_config for `expect` (a dict: {'optimizer': 'adam', 'lr': 1e-3,
+    ...}, keys the table's fields), on top of PS_OPTIMIZER, PS_LR,
+    PS_MOMENTUM, ... (the programs' flags, upper case, '-' as '_'), which
+    ps_launch --exec sets for its workers.  Only what is given is checked."""
+    c = _lib.OptConfig()
+    given = {}
+    for field, flag, _, _ in _lib.OPT_PARAMS:
+        v = env.get("PS_" + flag[2:].upper().replace("-", "_"))
+        if v:
+            given[field] = v
+    kind = env.get("PS_OPTIMIZER") or None
+    if expect:
+        expect = dict(expect)
+        kind = expect.pop("optimizer", kind)
+        fields = {f for f, _, _, _ in _lib.OPT_PARAMS}
+        for k, v in expect.items():
+            if k not in fields:
+                raise ValueError("expect: unknown optimizer setting %r (known: optimizer, %s)"
+                                 % (k, ", ".join(sorted(fields))))
+            if v is not None:
+                given[k] = v
+    if kind:
+        if kind not in _lib.OPT_KINDS[1:]:
+            raise ValueError("optimizer must be one of %s, got %r"
+                             % (", ".join(_lib.OPT_KINDS[1:]), kind))
+        c.kind = _lib.OPT_KINDS.index(kind)
+    for p, (field, flag, _, is_int) in enumerate(_lib.OPT_PARAMS):
+        if field in given:
+            try:
+                setattr(c, field, int(given[field]) if is_int else float(given[field]))
+            except ValueError:
+                raise ValueError("%s must be a number, got %r" % (flag, given[field])) from None
+            c.given |= 1 << p
+    return c
+
+
+class Request:
+    """One posted operation.  done(): has it completed; wait(): block until
+    it has (the GIL is released meanwhile) and return the version the
+    servers' replies carried, or raise PSError with libps's reason."""
+
+    __slots__ = ("_c", "_keep", "_client", "what", "__weakref__")
+
+    def __init__(self, client, what, keep):
+        self._c = _lib.RequestStruct()
+        self._keep = keep      # the caller's arrays, alive until completion
+        self._client = client
+        self.what = what
+
+    def _finished(self):
+        self._keep = None
+        if self._client is not None:
+            self._client._pending.discard(self)
+            self._client = None
+
+    def done(self):
+        if self._client is None:
+            return True
+        if lib.ps_request_test(ctypes.byref(self._c)):
+            self._finished()
+            return True
+        return False
+
+    def wait(self):
+        if self._client is not None:
+            lib.ps_request_wait(ctypes.byref(self._c))
+            self._finished()
+        if self._c.status:
+            raise PSError(self._c.status, self.err, self.what)
+        return self._c.version
+
+    @property
+    def status(self):
+        """0, or the PS_E* code of the first failure (valid once done)."""
+        return self._c.status
+
+    @property
+    def version(self):
+        """The smallest version the replies carried; -1 when none did."""
+        return self._c.version
+
+    @property
+    def done_ns(self):
+        """When the comm thread completed it (CLOCK_MONOTONIC ns)."""
+        return self._c.done_ns
+
+    @property
+    def err(self):
+        return self._c.err.decode(errors="replace")
+
+    def __repr__(self):
+        state = "done, status %d" % self._c.status if self._client is None else "pending"
+        return "<ps.Request %s: %s>" % (self.what, state)
+
+
+class _Handle:
+    """The C client and what must outlive its pending requests; closed once,
+    by close(), the owner that adopted it, or the finalizer."""
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+        self.closer = lib.ps_client_close  # an exchange that adopts it replaces this
+
+    def close(self):
+        ptr, self.ptr = self.ptr, None
+        if ptr:
+            self.closer(ptr)
+
+
+class Client:
+    """A worker's connection to the parameter servers.
+
+    Every argument left None comes from the environment, as for ps_worker:
+      servers       "tcp://H:P,..." or a list; PS_SERVERS
+      rank          PS_RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK (0)
+      num_workers   PS_NUM_WORKERS, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE, PMI_SIZE (1)
+      mode          'sync' | 'async'; PS_MODE ('async')
+      max_staleness async: -1 unbounded, k >= 0 bounded; PS_MAX_STALENESS (-1)
+      chunk_size    bytes or "4M"; PS_CHUNK_SIZE (4 MiB)
+      curve_dir     CURVE keys (ps_keygen); PS_CURVE_KEYS (plaintext)
+      hello_timeout_ms, request_timeout_ms, heartbeat_ms, server_timeout_ms
+                    PS_HELLO_TIMEOUT (10000), PS_REQUEST_TIMEOUT (5000: resend
+                    an unanswered request), PS_HEARTBEAT (1000),
+                    PS_SERVER_TIMEOUT (60000: give up on a silent server)
+      shm           'auto' | 'off' (or True/False); PS_SHM ('auto'): payloads
+                    to servers on this host go through shared memory
+      admin_token   the servers' --admin-token-file token, for shutdown_servers();
+                    PS_ADMIN_TOKEN (none)
+      expect        the optimizer the servers must run, e.g. {'optimizer':
+                    'adam', 'lr': 1e-3}; PS_OPTIMIZER, PS_LR, ... (nothing
+                    checked when nothing is given)
+    Opening checks the settings and every endpoint and starts the comm
+    thread; nothing is sent until start().  Use it as a context manager, or
+    call close(); a finalizer closes a forgotten one.
+    """
+
+    def __init__(self, servers=None, rank=None, num_workers=None, mode=None, max_staleness=None,
+                 chunk_size=None, curve_dir=None, hello_timeout_ms=None, request_timeout_ms=None,
+                 heartbeat_ms=None, expect=None, env=None, shm=None, server_timeout_ms=None,
+                 admin_token=None):
+        env = os.environ if env is None else env
+        if servers is None:
+            servers = env.get(SERVERS_ENV)
+        if not servers:
+            raise ValueError("no servers: pass servers='tcp://HOST:PORT,...' or set PS_SERVERS "
+                             "(ps_launch --exec sets it for its workers)")
+        if not isinstance(servers, str):
+            servers = ",".join(servers)
+        self.servers = servers
+        self.num_workers = _int_setting(num_workers, SIZE_ENV, env, "num_workers", 1)
+        self.rank = _int_setting(rank, RANK_ENV, env, "rank", 0)
+        if self.num_workers < 1:
+            raise ValueError("num_workers must be at least 1, got %d" % self.num_workers)
+        if not 0 <= self.rank < self.num_workers:
+            raise ValueError("rank must be in [0, %d] for %d worker(s), got %d"
+                             % (self.num_workers - 1, self.num_workers, self.rank))
+        self.mode = parse_mode(mode if mode is not None else env.get("PS_MODE") or "async")
+        self.max_staleness = _int_setting(max_staleness, ("PS_MAX_STALENESS",), env,
+                                          "max_staleness", -1)
+        if self.mode == SYNC:
+            if self.max_staleness > 0:
+                raise ValueError("max_staleness applies to mode 'async' only (sync is "
+                                 "staleness 0)")
+            self.max_staleness = 0
+        chunk = chunk_size if chunk_size is not None else env.get("PS_CHUNK_SIZE") or 0
+        self.chunk_bytes = _size(chunk, "chunk_size")
+        self.curve_dir = curve_dir if curve_dir is not None else env.get("PS_CURVE_KEYS") or None
+
+        o = _lib.ClientOptions()
+        lib.ps_client_options_default(ctypes.byref(o))
+        o.servers = self.servers.encode()
+        o.rank, o.num_workers, o.mode = self.rank, self.num_workers, self.mode
+        o.max_staleness = self.max_staleness
+        o.chunk_bytes = self.chunk_bytes
+        o.expect = optimizer_expectation(expect, env)
+        o.hello_timeout_ms = _int_setting(hello_timeout_ms, ("PS_HELLO_TIMEOUT",), env,
+                                          "hello_timeout_ms", o.hello_timeout_ms)
+        o.request_timeout_ms = _int_setting(request_timeout_ms, ("PS_REQUEST_TIMEOUT",), env,
+                                            "request_timeout_ms", 5000)
+        o.heartbeat_ms = _int_setting(heartbeat_ms, ("PS_HEARTBEAT",), env, "heartbeat_ms",
+                                      o.heartbeat_ms)
+        o.server_timeout_ms = _int_setting(server_timeout_ms, ("PS_SERVER_TIMEOUT",), env,
+                                           "server_timeout_ms", o.server_timeout_ms)
+        self.shm = _shm_setting(shm, env)
+        o.shm = 1 if self.shm else 0
+        self.admin_token = admin_token if admin_token is not None else env.get("PS_ADMIN_TOKEN")
+        if self.admin_token:
+            o.admin_token = str(self.admin_token).encode()
+        if self.curve_dir:
+            o.curve_dir = str(self.curve_dir).encode()
+        self.options = o
+        self._env, self._expect = env, dict(expect or {})
+        self._counts = {}       # key -> registered float count
+        self._pending = set()   # posted, not yet seen complete
+        self.started = False
+        lib.ps_log_init(b"python", self.rank)
+        self._open()
+
+    def _open(self):
+        ptr = ctypes.c_void_p()
+        rc = lib.ps_client_open(ctypes.byref(self.options), ctypes.byref(ptr))
+        if rc:
+            raise PSError(rc, _lib.last_error(None), "open")
+        self._handle = _Handle(ptr)
+        self._finalizer = weakref.finalize(self, _Handle.close, self._handle)
+
+    def expect(self, **settings):
+        """Add to the optimizer expectation before start (e.g. what a torch
+        optimizer runs: ps.torch does this).  A setting given to the
+        constructor that differs is a ValueError.  Nothing was sent yet, so
+        the C client is simply opened again with the new expectation."""
+        if self.started or self._counts:
+            raise ValueError("the optimizer expectation is fixed once tensors are registered")
+        for k, v in settings.items():
+            if k in self._expect and self._expect[k] != v:
+                raise ValueError("optimizer setting %s: the client was given %r, now %r"
+                                 % (k, self._expect[k], v))
+        self._expect.update(settings)
+        self.options.expect = optimizer_expectation(self._expect, self._env)
+        old, fin = self._handle, self._finalizer
+        self._open()
+        fin.detach()
+        old.close()
+
+    # ---- set-up ----
+
+    @property
+    def _ptr(self):
+        ptr = self._handle.ptr
+        if not ptr:
+            raise PSError(_lib.ERRORS.index("ECLOSED"), "the client is closed")
+        return ptr
+
+    def _check(self, rc, what):
+        if rc:
+            raise PSError(rc, _lib.last_error(self._ptr), what)
+
+    def register(self, key, count):
+        """Declare tensor `key` of `count` float32 elements (or the length of
+        an array given instead), on every worker in the same order."""
+        if not isinstance(count, int):
+            count = float_buffer(count, "register key %d" % key, False)[1]
+        self._check(lib.ps_client_register(self._ptr, key, count), "register key %d" % key)
+        self._counts[key] = count
+
+    def start(self):
+        """Placement and hello with every server; PSError EMISMATCH when a
+        server disagrees (mode, worker count, model, optimizer) and
+        ETIMEDOUT when one does not answer."""
+        self._check(lib.ps_client_start(self._ptr), "start")
+        self.started = True
+
+    # ---- requests ----
+
+    def _buffer(self, key, arr, what, writable):
+        if key not in self._counts:
+            raise KeyError("%s: key %d was not registered" % (what, key))
+        addr, n, keep = float_buffer(arr, what, writable)
+        if n != self._counts[key]:
+            raise ValueError("%s: %d floats, but key %d was registered with %d"
+                             % (what, n, key, self._counts[key]))
+        return addr, keep
+
+    def _post(self, what, keep, call):
+        if len(self._pending) > 256:
+            for r in list(self._pending):
+                r.done()  # drops the completed ones
+        r = Request(self, what, keep)
+        rc = call(ctypes.byref(r._c))
+        if rc:
+            r._finished()
+            raise PSError(rc, r.err or _lib.strerror(rc), what)
+        self._pending.add(r)
+        return r
+
+    def init(self, key, values):
+        """First values of a tensor (the first init of each chunk wins)."""
+        what = "init of key %d" % key
+        a, keep = self._buffer(key, values, what + ": values", False)
+        return self._post(what, keep, lambda r: lib.ps_client_init(self._ptr, key, a, r))
+
+    def push(self, key, grad, step):
+        """The gradient of `step` (the pushes made before this one)."""
+        what = "push of key %d step %d" % (key, step)
+        a, keep = self._buffer(key, grad, what + ": grad", False)
+        return self._post(what, keep, lambda r: lib.ps_client_push(self._ptr, key, a, step, r))
+
+    def pull(self, key, dst, step):
+        """Weights of at least version `step` into dst (sync: waits for
+        round step-1; bounded staleness: for the slowest worker)."""
+        what = "pull of key %d step %d" % (key, step)
+        a, keep = self._buffer(key, dst, what + ": dst", True)
+        return self._post(what, keep, lambda r: lib.ps_client_pull(self._ptr, key, a, step, r))
+
+    def pushpull(self, key, grad, dst, step):
+        """Push the gradient of `step`, then pull version step+1 into dst."""
+        what = "pushpull of key %d step %d" % (key, step)
+        g, kg = self._buffer(key, grad, what + ": grad", False)
+        d, kd = self._buffer(key, dst, what + ": dst", True)
+        return self._post(what, (kg, kd),
+                          lambda r: lib.ps_client_pushpull(self._ptr, key, g, d, step, r))
+
+    # ---- blocking helpers ----
+
+    def barrier(self, barrier_id=0):
+        """Wait until every worker has reached barrier `barrier_id`; use
+        each id once (ids from 2^61 up are the wrapper's)."""
+        self._check(lib.ps_client_barrier(self._ptr, barrier_id), "barrier %d" % barrier_id)
+
+    def stats(self, server=0):
+        """Server `server`'s counters as a dict."""
+        st = _lib.Stats()
+        self._check(lib.ps_client_stats(self._ptr, server, ctypes.byref(st)),
+                    "stats of server %d" % server)
+        return {f: getattr(st, f) for f, _ in st._fields_}
+
+    def shutdown_servers(self):
+        self._check(lib.ps_client_shutdown_servers(self._ptr), "shutdown")
+
+    @property
+    def num_servers(self):
+        return lib.ps_client_num_servers(self._ptr)
+
+    @property
+    def chunk_elems(self):
+        return lib.ps_client_chunk_elems(self._ptr)
+
+    # ---- end ----
+
+    @property
+    def closed(self):
+        return not self._handle.ptr
+
+    def close(self):
+        """Stop the comm thread and close the sockets; pending requests
+        complete with ECLOSED.  Idempotent."""
+        self._finalizer()  # runs _Handle.close once
+        for r in list(self._pending):
+            r._finished()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "<ps.Client rank %d of %d, %s, %s%s>" % (
+            self.rank, self.num_workers, "sync" if self.mode == SYNC else "async", self.servers,
+            ", closed" if self.closed else "")

@@ -1,0 +1,92 @@
+"""How a torch optimizer's settings map to the servers' optimizer.
+
+The servers apply the update (server/optimizer.c), so a torch optimizer
+given to the wrapper is never stepped: its settings become the expectation
+the client checks at hello (a server running anything else is refused, with
+both values named) and the flags to start the servers with.
+
+  torch                                         servers
+  SGD(lr, momentum=0, weight_decay)             --optimizer sgd --lr --weight-decay
+  SGD(lr, momentum>0, weight_decay)             --optimizer momentum --momentum
+  SGD(lr, momentum>0, nesterov=True)            --optimizer nesterov --momentum
+  Adam(lr, betas=(b1, b2), eps, weight_decay)   --optimizer adam --beta1 --beta2 --eps
+  AdamW(..., weight_decay=0)                    as Adam (with decay it is decoupled:
+                                                no server equivalent)
+  Adagrad(lr, eps, weight_decay)                --optimizer adagrad --eps
+
+The formulas are the same update for update: momentum v = mu*v + g,
+w -= lr*v (torch's, with dampening 0); nesterov w -= lr*(g + mu*v); adam
+with bias correction, eps added to sqrt(v_hat); adagrad h += g^2,
+w -= lr*g/(sqrt(h) + eps); weight decay adds wd*w to the gradient first.
+Refused, because the servers do something else: SGD dampening != 0, Adam
+amsgrad, maximize, Adagrad lr_decay != 0 or initial_accumulator_value != 0,
+AdamW with weight decay, several parameter groups with different settings,
+any other optimizer.  Learning-rate schedulers do not reach the servers:
+use their step decay (--lr-decay F --lr-decay-every N).
+"""
+
+
+def _group_settings(opt):
+    """The one set of hyper-parameters of all of opt's parameter groups."""
+    keys = [k for k in opt.defaults if k != "params"]
+    first = {k: opt.param_groups[0].get(k) for k in keys}
+    for g in opt.param_groups[1:]:
+        for k in keys:
+            if g.get(k) != first[k]:
+                raise ValueError("%s: parameter groups differ in %s (%r and %r); the servers run "
+                                 "one optimizer for every tensor"
+                                 % (type(opt).__name__, k, first[k], g.get(k)))
+    return first
+
+
+def _refuse(opt, what):
+    raise ValueError("%s with %s has no equivalent on the servers (see ps.torch: what maps to "
+                     "what)" % (type(opt).__name__, what))
+
+
+def server_settings(opt):
+    """{'optimizer': 'momentum', 'lr': 0.05, 'momentum': 0.9, 'weight_decay': 0.0}
+    for a torch optimizer; ValueError when the servers cannot run it."""
+    name = type(opt).__name__
+    s = _group_settings(opt)
+    if s.get("maximize"):
+        _refuse(opt, "maximize=True")
+    out = {"lr": float(s["lr"]), "weight_decay": float(s.get("weight_decay") or 0.0)}
+    if name == "SGD":
+        if s.get("dampening"):
+            _refuse(opt, "dampening=%r" % s["dampening"])
+        mom = float(s.get("momentum") or 0.0)
+        if mom == 0.0:
+            if s.get("nesterov"):
+                _refuse(opt, "nesterov=True and momentum 0")
+            out["optimizer"] = "sgd"
+        else:
+            out["optimizer"] = "nesterov" if s.get("nesterov") else "momentum"
+            out["momentum"] = mom
+    elif name in ("Adam", "AdamW"):
+        if s.get("amsgrad"):
+            _refuse(opt, "amsgrad=True")
+        if name == "AdamW" and out["weight_decay"] != 0.0:
+            _refuse(opt, "weight_decay=%r (decoupled decay)" % out["weight_decay"])
+        b1, b2 = s["betas"]
+        out.update(optimizer="adam", beta1=float(b1), beta2=float(b2), eps=float(s["eps"]))
+    elif name == "Adagrad":
+        if s.get("lr_decay"):
+            _refuse(opt, "lr_decay=%r" % s["lr_decay"])
+        if s.get("initial_accumulator_value"):
+            _refuse(opt, "initial_accumulator_value=%r" % s["initial_accumulator_value"])
+        out.update(optimizer="adagrad", eps=float(s["eps"]))
+    else:
+        raise ValueError("%s has no equivalent on the servers; they run sgd, momentum, nesterov, "
+                         "adam or adagrad (torch SGD, Adam, Adagrad)" % name)
+    return out
+
+
+def server_flags(opt):
+    """The ps_server (and ps_launch) flags that run what opt would:
+    "--optimizer momentum --lr 0.05 --momentum 0.9 --weight-decay 0"."""
+    s = server_settings(opt)
+    words = ["--optimizer", s.pop("optimizer")]
+    for k, v in s.items():
+        words += ["--" + k.replace("_", "-"), "%.9g" % v]
+    return " ".join(words)
