@@ -95,9 +95,9 @@ endif
 
 # --- sources.  Files named *_main.c hold a program's main().  libps is
 # common/, proto/, every worker/client*.c (the client library's modules), the
-# exchange and the host-memory backend it needs (the Python package drives
-# them through libps.so).
-LIBPS_WORKER := worker/exchange.c worker/backend_host.c
+# exchange with its local aggregation and the host-memory backend it needs
+# (the Python package drives them through libps.so).
+LIBPS_WORKER := worker/exchange.c worker/local_group.c worker/backend_host.c
 LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c proto/*.c worker/client*.c)) \
                $(LIBPS_WORKER)
 SERVER_SRCS := $(filter-out %_main.c,$(wildcard server/*.c))

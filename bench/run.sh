@@ -8,7 +8,7 @@
 #                      it the accuracy sections of the existing
 #                      docs/BENCHMARKS.md are kept as they were
 #   BENCH_PROFILE=0    skip the perf profile of the transport path
-#   BENCH_ONLY="transport apply train load torch shm cluster"   run only these; the
+#   BENCH_ONLY="transport apply train load torch shm cluster multihost"   run only these; the
 #                      document keeps its sections of the parts that did not run
 #   BENCH_DOC=FILE     write FILE instead of docs/BENCHMARKS.md
 # Every figure is a ratio against a baseline measured in the same run: the
@@ -18,7 +18,7 @@ BUILD=${BUILD:-build}
 export BUILD
 export PS_BIN_DIR=${PS_BIN_DIR:-bin}
 DOC=${BENCH_DOC:-docs/BENCHMARKS.md}
-ONLY=${BENCH_ONLY:-"transport apply train load torch shm cluster"}
+ONLY=${BENCH_ONLY:-"transport apply train load torch shm cluster multihost"}
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/ps_benchrun.XXXXXX") || exit 1
 trap 'rm -rf "$OUT"' EXIT
 start=$(date +%s)
@@ -71,6 +71,9 @@ wanted torch && TORCH_ACCURACY_OUT=$OUT/torch_accuracy.md part torch sh bench/to
 # against PyTorch on one host (its rows skip without torch)
 wanted shm && part shm "$BUILD/bench/shm_bench"
 wanted cluster && part cluster sh bench/cluster_bench.sh
+# simulated hosts with shaped links (root; a SKIP line where network
+# namespaces cannot be made)
+wanted multihost && part multihost sh bench/multihost.sh
 if [ "${BENCH_ACCURACY:-0}" = 1 ]; then
     part accuracy sh bench/accuracy.sh
 else
@@ -84,7 +87,7 @@ echo "bench: done in $total s"
 
 # A part that did not run (BENCH_ONLY, or it failed) keeps its section of
 # the existing document, between <!-- part:NAME:begin/end --> markers.
-PARTS="transport profile apply train load torch shm cluster"
+PARTS="transport profile apply train load torch shm cluster multihost"
 ran="" kept="" missing=""
 for p in $PARTS; do
     if [ -s "$OUT/$p.md" ] && [ "$(cat "$OUT/$p.rc" 2>/dev/null)" = 0 ]; then
@@ -148,7 +151,7 @@ because the machine may be shared and noisy.
 
 EOF
 goal_lines "$OUT/transport.md" "$OUT/apply.md" "$OUT/train.md" "$OUT/shm.md" "$OUT/cluster.md" \
-    "$OUT/torch.md" "$tacc" |
+    "$OUT/torch.md" "$tacc" "$OUT/multihost.md" |
     sed 's/^/- /'
 echo "<!-- accuracy-goals:begin -->"
 goal_lines "$acc" | sed 's/^/- /'
@@ -430,6 +433,14 @@ process and >= 2.5x DDP, sync >= 2.0x DDP and >= 1.0x one process; CNN async
 
 EOF
 partmd cluster
+cat <<EOF
+
+## 10. Multi-host (shaped links)
+
+EOF
+sh bench/multihost.sh --intro
+echo
+partmd multihost
 } >"$DOC.tmp" && mv "$DOC.tmp" "$DOC"
 echo "bench: wrote $DOC"
 exit $status

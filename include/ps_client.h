@@ -210,6 +210,18 @@ int ps_client_barrier_post(ps_client *c, int64_t id, ps_request *req);
  * waits at most 2 s for the answer (PS_ETIMEDOUT). */
 int ps_client_barrier_info(ps_client *c, ps_barrier_info *out);
 
+/* The element type of the gradients this client pushes and of the weights it
+ * pulls on the network: PS_DTYPE_F32 (the default), PS_DTYPE_BF16 or
+ * PS_DTYPE_F16.  Buffers stay float32: the comm thread converts each pushed
+ * chunk into the narrower type (round to nearest even) and each pulled one
+ * back (exactly); the servers keep float32 weights and optimizer state.
+ * Every server must run with the same type (ps_server --wire-dtype; start
+ * refuses a mismatch with PS_EMISMATCH, naming both).  Inits stay float32,
+ * and so does everything that moves through shared memory (a server on the
+ * same host), whatever the type.  Before ps_client_start: PS_ESTATE after,
+ * PS_EINVAL for another value. */
+int ps_client_set_wire_dtype(ps_client *c, int dtype);
+
 /* Placement introspection (for tests and tools). */
 int ps_client_num_servers(const ps_client *c);
 size_t ps_client_chunk_elems(const ps_client *c);

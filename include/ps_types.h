@@ -46,6 +46,12 @@ const char *ps_strerror(int code);
 /* Longest error text a reply carries (bytes, without the terminator). */
 #define PS_ERR_TEXT_MAX 200
 
+/* ---- element types of payloads (the `d` of docs/PROTOCOL.md); weights and
+ * gradients are float32 everywhere but, with a narrower wire type, on the
+ * network (ps_client_set_wire_dtype) ---- */
+enum ps_dtype { PS_DTYPE_F32 = 1, PS_DTYPE_BF16 = 2, PS_DTYPE_F16 = 3 };
+#define PS_DTYPE_MAX 3
+
 /* ---- consistency ---- */
 enum ps_mode { PS_MODE_SYNC = 1, PS_MODE_ASYNC = 2 };
 

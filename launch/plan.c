@@ -26,7 +26,7 @@ const char *ps_launch_role_name(int role)
  * hyper-parameter), then these.  ps_launch_parse checks the values before
  * anything starts, ps_launch_plan_build forwards them, --help lists them. */
 static const char *const other_shared_flags[] = {"--max-staleness", "--curve-keys", "--shm",
-                                                 NULL};
+                                                 "--wire-dtype", NULL};
 
 static int nopt_flags(void)
 {
@@ -132,6 +132,15 @@ static int check_shared(const ps_launch_opts *o, const char *kind, const char *f
     if (!strcmp(flag, "--shm")) {
         if (strcmp(val, "auto") && strcmp(val, "off")) {
             snprintf(why, len, P ": %s must be auto or off, got '%s'", what, val);
+            return PS_EINVAL;
+        }
+        return 0;
+    }
+    if (!strcmp(flag, "--wire-dtype")) {
+        static const char *const ok[] = {"f32", "float32", "bf16", "bfloat16", "f16", "float16",
+                                         "fp16", NULL};
+        if (!in_list(ok, val)) {
+            snprintf(why, len, P ": %s must be f32, bf16 or f16, got '%s'", what, val);
             return PS_EINVAL;
         }
         return 0;
@@ -741,6 +750,47 @@ static int plan_sizes(const ps_launch_opts *o, const ps_launch_hostfile *hf, int
     return 0;
 }
 
+/* The workers per host that sum their gradients there (ps_worker
+ * --local-aggregate; docs/LAUNCH.md): the value given among the worker
+ * flags; else, on its own, when the job spans hosts (a hostfile: on one host
+ * the servers' shared memory keeps payloads off the network anyway), runs
+ * ps_worker in sync mode (in async mode the host's workers would move in
+ * lock-step: give it yourself), and every host with workers runs the same
+ * number L > 1 of them; else 1 (off).  PS_EINVAL when a given value does not
+ * divide the workers. */
+static int plan_aggregate(const ps_launch_opts *o, const ps_launch_hostfile *hf, int W, int *L,
+                          char *why, size_t len)
+{
+    *L = 1;
+    for (int k = 0; k + 1 < o->nwflags; k++)
+        if (!strcmp(o->wflags[k], "--local-aggregate")) {
+            char *end;
+            long v = strtol(o->wflags[k + 1], &end, 10);
+            if (*end || end == o->wflags[k + 1] || v < 1 || v > 64 || W % v) {
+                snprintf(why, len,
+                         P ": worker flag --local-aggregate must be 1..64 and divide the %d "
+                           "workers (workers per host), got '%s'",
+                         W, o->wflags[k + 1]);
+                return PS_EINVAL;
+            }
+            *L = (int)v;
+            return 0;
+        }
+    if (o->exec || !hf || strcmp(o->mode, "sync"))
+        return 0;
+    int per = 0;
+    for (int h = 0; h < hf->n; h++) {
+        int w = hf->hosts[h].workers;
+        if (w == 0)
+            continue;
+        if (per && w != per)
+            return 0;
+        per = w;
+    }
+    *L = per > 1 ? per : 1;
+    return 0;
+}
+
 /* Place ranks on hosts in hostfile order (host 1's servers= take the first
  * server ranks, and so on; the same for workers), then give every process its
  * endpoint or device. */
@@ -830,7 +880,8 @@ static void server_args(const ps_launch_opts *o, const ps_launch_plan *p, const 
     }
     push_flag_int(a, "--rank", c->rank);
     push_flag_int(a, "--num-servers", p->num_servers);
-    push_flag_int(a, "--num-workers", p->num_workers);
+    /* with aggregation per host, each host's first worker is the servers' worker */
+    push_flag_int(a, "--num-workers", p->num_workers / p->local_aggregate);
     push_flag(a, "--mode", o->mode);
     push_flag_int(a, "--threads", o->server_threads);
     if (hostfile) /* stop with the connection, even if the remote wrapper dies */
@@ -845,6 +896,14 @@ static void server_args(const ps_launch_opts *o, const ps_launch_plan *p, const 
         }
     for (int k = 0; k < o->server_args.n; k++)
         ps_strvec_push(a, o->server_args.v[k]);
+}
+
+static int has_wflag(const ps_launch_opts *o, const char *flag)
+{
+    for (int k = 0; k < o->nwflags; k++)
+        if (!strcmp(o->wflags[k], flag))
+            return 1;
+    return 0;
 }
 
 static void worker_args(const ps_launch_opts *o, const ps_launch_plan *p, const ps_launch_cmd *c,
@@ -870,6 +929,8 @@ static void worker_args(const ps_launch_opts *o, const ps_launch_plan *p, const 
     }
     push_flag(a, "--device", c->device);
     push_timeline(o, c, a);
+    if (p->local_aggregate > 1 && !has_wflag(o, "--local-aggregate"))
+        push_flag_int(a, "--local-aggregate", p->local_aggregate);
 }
 
 /* The staleness the servers run with: 0 in sync, else the one given
@@ -916,8 +977,8 @@ int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
 {
     memset(p, 0, sizeof *p);
     const ps_launch_hostfile *hf = site->hostfile;
-    int S, W, rc = plan_sizes(o, hf, &S, &W, why, len);
-    if (rc)
+    int S, W, L, rc = plan_sizes(o, hf, &S, &W, why, len);
+    if (rc || (rc = plan_aggregate(o, hf, W, &L, why, len)))
         return rc;
     p->cmds = calloc((size_t)(S + W), sizeof *p->cmds);
     if (!p->cmds)
@@ -927,6 +988,7 @@ int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
     p->n = S + W;
     p->mode = o->mode;
     p->exec = o->exec != NULL;
+    p->local_aggregate = L;
     plan_place(o, site, p);
 
     ps_strbuf list = {0};

@@ -135,6 +135,8 @@ typedef struct ps_launch_plan {
     int n, num_servers, num_workers;
     const char *mode;         /* o->mode */
     int exec;                 /* the workers run --exec's program, not ps_worker */
+    int local_aggregate;      /* ps_worker --local-aggregate: workers per host that sum
+                                 their gradients there (the servers count hosts); 1: off */
 } ps_launch_plan;
 
 /* What the plan takes from where it runs. */

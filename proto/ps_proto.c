@@ -34,8 +34,6 @@ int ps_mode_parse(const char *s, int *mode)
     return 0;
 }
 
-size_t ps_dtype_size(uint32_t dtype) { return dtype == PS_DTYPE_F32 ? 4 : 0; }
-
 int ps_msg_request_has_payload(uint32_t type)
 {
     return type == PS_MSG_INIT || type == PS_MSG_PUSH || type == PS_MSG_PUSHPULL;
@@ -162,7 +160,7 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
         /* the same-host data plane: the worker's arena; the server's answer */
         int reply = (h->flags & PS_FLAG_REPLY) != 0;
         size_t nshm = (o->shm_name[0] ? 3 : 0) + (reply ? 1 + (o->shm_why[0] != 0) : 0);
-        msgpack_pack_map(&pk, 7 + (size_t)nopt + (o->token != 0) + nshm);
+        msgpack_pack_map(&pk, 7 + (size_t)nopt + (o->token != 0) + nshm + (o->wire_dtype != 0));
         pk_i64(&pk, "mode", o->mode);
         pk_i64(&pk, "stal", o->max_staleness);
         pk_u64(&pk, "nw", o->num_workers);
@@ -172,6 +170,8 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
         pk_i64(&pk, "opt", o->opt.kind);
         if (o->token)
             pk_u64(&pk, "tok", o->token);
+        if (o->wire_dtype) /* absent: float32, what a peer without the key means */
+            pk_u64(&pk, "dt", o->wire_dtype);
         for (int p = 0; p < PS_OPT_NPARAMS; p++) {
             if (!ps_opt_is_given(&o->opt, p))
                 continue;
@@ -421,7 +421,7 @@ static int once(uint64_t *seen, int i, const char *where, const char *name, char
 }
 
 static const char *const hello_keys[] = {"mode", "stal", "nw", "ns", "sr", "fp", "opt", "tok",
-                                         "sa", "sk", "sz", "sm", "sw"};
+                                         "sa", "sk", "sz", "sm", "sw", "dt"};
 enum { HK_N = sizeof hello_keys / sizeof hello_keys[0] };
 
 static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t why_len)
@@ -472,6 +472,7 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
             o->shm_why[n] = 0;
             continue;
         }
+        case 13: FIELD_U(v, "h.dt", o->wire_dtype, PS_DTYPE_F32, PS_DTYPE_MAX); continue;
         default: break;
         }
         const ps_opt_param *r = ps_opt_param_at(p);
@@ -621,7 +622,7 @@ static int decode_field(int ki, const msgpack_object *v, ps_header *h, char *why
     case K_C: FIELD_U(v, "c", h->chunk, 0, PS_MAX_CHUNK - 1); break;
     case K_S: FIELD_I(v, "s", h->step, -1, INT64_MAX / 2); break;
     case K_N: FIELD_U(v, "n", h->count, 0, PS_MAX_PAYLOAD_BYTES); break;
-    case K_D: FIELD_U(v, "d", h->dtype, 0, PS_DTYPE_F32); break;
+    case K_D: FIELD_U(v, "d", h->dtype, 0, PS_DTYPE_MAX); break;
     case K_TOT: FIELD_U(v, "tot", h->total, 0, UINT64_MAX / 8); break;
     case K_O: FIELD_U(v, "o", h->shm_off, 0, UINT64_MAX / 8); break;
     case K_M: FIELD_U(v, "m", h->npush, 1, 1u << 30); break;
@@ -834,6 +835,13 @@ int ps_hello_compare(const ps_hello *a, const char *an, const ps_hello *b, const
     if (a->num_servers != b->num_servers) {
         ps_errorf(why, why_len, "num-servers: %s has %u, %s has %u", an, a->num_servers, bn,
             b->num_servers);
+        return PS_EMISMATCH;
+    }
+    uint32_t adt = a->wire_dtype ? a->wire_dtype : PS_DTYPE_F32;
+    uint32_t bdt = b->wire_dtype ? b->wire_dtype : PS_DTYPE_F32;
+    if (adt != bdt) {
+        ps_errorf(why, why_len, "wire-dtype: %s has %s, %s has %s (give every server and "
+            "worker the same --wire-dtype)", an, ps_dtype_name(adt), bn, ps_dtype_name(bdt));
         return PS_EMISMATCH;
     }
     if (a->model_fp && b->model_fp && a->model_fp != b->model_fp) {

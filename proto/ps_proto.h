@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ps_dtype.h"
 #include "ps_limits.h"
 #include "ps_opt_table.h"
 #include "ps_types.h"
@@ -46,8 +47,6 @@ enum ps_msg_type {
 /* A worker's shared-memory arena, announced in its hello (name "" : none). */
 #define PS_SHM_NAME_LEN 48
 
-enum ps_dtype { PS_DTYPE_F32 = 1 };
-
 /* HELLO body.  Request: the worker's view.  Reply: the server's config. */
 typedef struct ps_hello {
     int32_t mode;           /* enum ps_mode */
@@ -66,6 +65,8 @@ typedef struct ps_hello {
     uint64_t shm_nonce, shm_size;
     int32_t shm;
     char shm_why[96];
+    uint32_t wire_dtype;    /* enum ps_dtype of pushed gradients and pulled weights in
+                               payload frames (key "dt"); 0 = not given = PS_DTYPE_F32 */
     uint64_t token;         /* reply: the rank's token for this run; request: the token
                                an earlier reply gave this worker (proves it is the same
                                worker); 0 = none, left out of the map */
@@ -122,9 +123,6 @@ int ps_proto_decode(const void *buf, size_t len, ps_header *h, char *why, size_t
  * others none.  nframes counts frames after the header. */
 int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes, char *why,
                            size_t why_len);
-
-/* Bytes per element of dtype, 0 if unknown. */
-size_t ps_dtype_size(uint32_t dtype);
 
 /* True for types whose request carries a payload (INIT, PUSH, PUSHPULL). */
 int ps_msg_request_has_payload(uint32_t type);

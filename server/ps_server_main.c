@@ -102,6 +102,9 @@ static void usage(FILE *f)
         "  --shm auto|off         auto: a worker on this host offers its shared-memory\n"
         "                         arena at hello and payloads go through it, ZeroMQ carries\n"
         "                         only headers; off: always over the network (default auto)\n"
+        "  --wire-dtype f32|bf16|f16  element type of pushed gradients and pulled weights\n"
+        "                         on the network (default f32); weights and optimizer state\n"
+        "                         stay float32 here; workers must give the same\n"
         "fault tolerance (docs/OPERATIONS.md):\n"
         "  --checkpoint-dir DIR   write checkpoints of this server's shard to DIR\n"
         "                         (DIR/shard-RANK-SEQ.ckpt, the newest 2 are kept)\n"
@@ -165,7 +168,8 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level, int
         "--bind", "--rank", "--num-servers", "--num-workers", "--mode", "--max-staleness",
         "--threads", "--max-memory", "--timeline", "--curve-keys", "--checkpoint-dir",
         "--checkpoint-every", "--worker-timeout", "--on-worker-loss", "--admin-token-file",
-        "--max-peer-replies", "--max-peer-bytes", "--on-checkpoint-failure", "--shm", NULL};
+        "--max-peer-replies", "--max-peer-bytes", "--on-checkpoint-failure", "--shm",
+        "--wire-dtype", NULL};
     char why[512];
     int staleness_given = 0, every_given = 0;
     for (int i = 1; i < argc; i++) {
@@ -294,6 +298,9 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level, int
             if (strcmp(val, "auto") && strcmp(val, "off"))
                 return bad("%s: --shm must be auto or off, got '%s'", PROG, val);
             c->shm = val[0] == 'a' ? PS_SHM_AUTO : PS_SHM_OFF;
+        } else if (!strcmp(name, "--wire-dtype")) {
+            if (ps_dtype_parse(val, &c->wire_dtype))
+                return bad("%s: --wire-dtype must be f32, bf16 or f16, got '%s'", PROG, val);
         } else if (!strcmp(name, "--on-worker-loss")) {
             if (strcmp(val, "wait") && strcmp(val, "drop"))
                 return bad("%s: --on-worker-loss must be wait or drop, got '%s'", PROG, val);
@@ -349,9 +356,10 @@ int main(int argc, char **argv)
     char opt[400];
     ps_opt_describe(&cfg.opt, opt, sizeof opt);
     ps_info("%s %s starting: rank %d of %d servers, %d workers, mode %s (max-staleness %d), "
-            "optimizer %s, %d update threads, max memory %llu bytes",
+            "optimizer %s, %d update threads, max memory %llu bytes, wire dtype %s",
             PROG, PS_VERSION, cfg.rank, cfg.num_servers, cfg.num_workers, ps_mode_name(cfg.mode),
-            cfg.max_staleness, opt, cfg.threads, (unsigned long long)cfg.max_memory);
+            cfg.max_staleness, opt, cfg.threads, (unsigned long long)cfg.max_memory,
+            ps_dtype_name(cfg.wire_dtype));
     if (cfg.checkpoint_dir) {
         if (cfg.checkpoint_every_ms)
             ps_info("checkpoints: %s every %.1f s%s", cfg.checkpoint_dir,

@@ -172,6 +172,12 @@ typedef struct ps_server_config {
     int checkpoint_failure_ms;  /* see above; 0: the policy's default */
     int worker_timeout_ms;      /* a worker silent this long is lost; 0: never */
     int on_worker_loss;         /* PS_LOSS_WAIT (default) or PS_LOSS_DROP */
+    uint32_t wire_dtype;        /* enum ps_dtype of gradients and weights in payload frames
+                                   (default PS_DTYPE_F32): pull replies are sent in it,
+                                   pushes are taken in whatever `d` they name and
+                                   converted to float32 before they are applied; workers
+                                   must give the same (--wire-dtype, checked at hello).
+                                   Shared-memory payloads are float32 whatever it is */
     int shm;                    /* PS_SHM_AUTO (default): map the arena a worker on the
                                    same host offers and move its payloads through it;
                                    PS_SHM_OFF: always over the network */

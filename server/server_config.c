@@ -28,6 +28,7 @@ void ps_server_config_default(ps_server_config *c)
     c->max_memory = PS_SERVER_DEFAULT_MAX_MEMORY;
     c->on_worker_loss = PS_LOSS_WAIT;
     c->shm = PS_SHM_AUTO;
+    c->wire_dtype = PS_DTYPE_F32;
     c->max_peer_replies = 10000;
     c->max_peer_bytes = 0;
 }
@@ -68,6 +69,8 @@ int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
         BAD("worker-timeout must be >= 0, got %d ms", c->worker_timeout_ms);
     if (c->on_worker_loss != PS_LOSS_WAIT && c->on_worker_loss != PS_LOSS_DROP)
         BAD("on-worker-loss must be wait or drop");
+    if (ps_dtype_size(c->wire_dtype) == 0)
+        BAD("wire-dtype must be f32, bf16 or f16");
     if (c->shm != PS_SHM_OFF && c->shm != PS_SHM_AUTO)
         BAD("shm must be auto or off");
     if (c->on_checkpoint_failure < PS_CKPT_FAIL_STALL ||

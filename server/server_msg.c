@@ -42,6 +42,7 @@ static ps_hello my_hello(const ps_server *s)
     h.server_rank = s->cfg.rank;
     h.model_fp = s->model_fp;
     h.opt = s->cfg.opt;
+    h.wire_dtype = s->cfg.wire_dtype;
     return h;
 }
 
@@ -153,7 +154,10 @@ static void io_hello(ps_server *s, zmq_msg_t *id, zmq_msg_t *hf, const ps_header
     ps_hello mine = my_hello(s);
     char why[256], who[32];
     snprintf(who, sizeof who, h->rank >= 0 ? "worker %d" : "rank %d", h->rank);
-    int rc = ps_hello_compare(&mine, "server", &h->hello, who, 1, why, sizeof why);
+    ps_hello theirs = h->hello;
+    if (h->rank < 0) /* a tool moves no payloads: its wire dtype does not matter */
+        theirs.wire_dtype = mine.wire_dtype;
+    int rc = ps_hello_compare(&mine, "server", &theirs, who, 1, why, sizeof why);
     if (rc == 0 && h->hello.server_rank >= 0 && h->hello.server_rank != s->cfg.rank) {
         ps_errorf(why, sizeof why,
             "server-rank: server has %d, %s has %d (check the order of the server list)",
@@ -352,6 +356,12 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
     case PS_MSG_INIT:
     case PS_MSG_PUSH: {
         ps_shm_peer *shm = NULL;
+        if ((h.flags & PS_FLAG_SHM) && h.dtype != PS_DTYPE_F32) {
+            ps_errorf(why, sizeof why, "payloads in shared memory are float32 (d = %d), got d = "
+                "%u", PS_DTYPE_F32, h.dtype);
+            srv_error(s, &f[0], &h, PS_EPROTO, why);
+            return;
+        }
         /* PS_EHELLO: the rank said hello to another process of this server:
          * it says hello again (with its arena) and resends */
         if ((h.flags & PS_FLAG_SHM) &&

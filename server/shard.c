@@ -942,6 +942,11 @@ int ps_shard_restore_chunk(ps_shard *s, const ps_shard_chunk_view *v, char *why,
     return 0;
 }
 
+void ps_shard_count_narrow(ps_shard *s, size_t n, size_t elem_bytes)
+{
+    s->st.bytes_in -= n * (sizeof(float) - elem_bytes);
+}
+
 void ps_shard_add_counters(ps_shard *s, const ps_stats *b)
 {
     s->st.pushes += b->pushes;

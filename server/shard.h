@@ -80,6 +80,11 @@ int ps_shard_create(const ps_shard_config *cfg, const ps_shard_hooks *hooks, ps_
  * (hooks.release), free everything. */
 void ps_shard_destroy(ps_shard *s);
 
+/* The init or push of n elements just given to the shard crossed the wire in
+ * a narrower type (elem_bytes per element; the server widened it): its
+ * bytes_in counts those bytes, not the float32 ones. */
+void ps_shard_count_narrow(ps_shard *s, size_t n, size_t elem_bytes);
+
 /* Register (key, chunk) with n first values (float32, any alignment).  A
  * second init must match n and total (PS_EMISMATCH otherwise) and leaves the
  * values alone.  total may be 0 (unknown); otherwise n <= total.  *version

@@ -260,13 +260,16 @@ static void copy_free(void *data, void *hint)
         free(c);
 }
 
-/* Make *pl a copy of w (bytes).  A copy of ZC_MIN_BYTES or more (every
- * buffer of the chunk is held by replies in flight, or no spare fits in
- * --max-memory) is memory of its own, counted against --max-memory:
- * PS_ETOOBIG when it does not fit, PS_ENOMEM; why says. */
-static int copy_payload(ps_updater *u, zmq_msg_t *pl, const float *w, size_t bytes, char *why,
-                        size_t why_len)
+/* Make *pl a copy of the n weights w in dtype (a narrower wire type: each
+ * rounded to nearest even; ps_dtype.h).  A copy of ZC_MIN_BYTES or more
+ * (every buffer of the chunk is held by replies in flight, no spare fits in
+ * --max-memory, or the wire type is not float32) is memory of its own,
+ * counted against --max-memory: PS_ETOOBIG when it does not fit, PS_ENOMEM;
+ * why says. */
+static int copy_payload(ps_updater *u, zmq_msg_t *pl, const float *w, size_t n, uint32_t dtype,
+                        char *why, size_t why_len)
 {
+    size_t bytes = n * ps_dtype_size(dtype);
     uint64_t charge = bytes >= ZC_MIN_BYTES ? bytes : 0, before = 0;
     if (charge) {
         before = atomic_fetch_add(u->mem_used, charge);
@@ -293,7 +296,7 @@ static int copy_payload(ps_updater *u, zmq_msg_t *pl, const float *w, size_t byt
     copy_hdr *c = blk;
     if (c) {
         *c = (copy_hdr){u->mem_used, u->cfg.copies, charge, map_len};
-        memcpy((char *)blk + COPY_HDR, w, bytes);
+        ps_dtype_from_f32(dtype, (char *)blk + COPY_HDR, w, n);
         if (zmq_msg_init_data(pl, (char *)blk + COPY_HDR, bytes, copy_free, c) == 0)
             return 0;
         copy_free(NULL, c);
@@ -337,8 +340,11 @@ static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int
                            ps_now_ns(), version, -1);
         return;
     }
+    /* float32 on the wire: the weights themselves go (zero-copy); a narrower
+     * wire type needs a converted copy */
+    uint32_t dtype = u->cfg.wire_dtype;
     void *ref = NULL;
-    const float *pinned = bytes >= ZC_MIN_BYTES
+    const float *pinned = bytes >= ZC_MIN_BYTES && dtype == PS_DTYPE_F32
                               ? ps_shard_pin(u->shard, r->key, r->chunk, w, &ref)
                               : NULL;
     if (pinned && zmq_msg_init_data(&pl, (void *)pinned, bytes, zc_release, ref) != 0) {
@@ -347,7 +353,7 @@ static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int
     }
     if (!pinned) {
         char why[256];
-        int rc = copy_payload(u, &pl, w, bytes, why, sizeof why);
+        int rc = copy_payload(u, &pl, w, n, dtype, why, sizeof why);
         if (rc) {
             upd_error(u, r, rc, why);
             return;
@@ -356,8 +362,8 @@ static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int
     ps_header h;
     ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
     h.count = n;
-    h.dtype = PS_DTYPE_F32;
-    u->bytes_out += bytes;
+    h.dtype = dtype;
+    u->bytes_out += n * ps_dtype_size(dtype);
     upd_send_as(u, &r->id, &h, &pl, r->mut, 0);
     zmq_msg_close(&pl);
     if (u->cfg.trace)
@@ -481,6 +487,25 @@ static void upd_await(ps_updater *u, req_ctx *r, int64_t want)
         upd_ack(u, r, version, 0);
 }
 
+/* The float32 values of payload frame pl (h->count elements of h->dtype):
+ * the frame itself when it is float32 and 4-byte aligned (*copy NULL), else
+ * a 64-byte aligned copy in *copy, which the caller frees: small frames can
+ * sit unaligned in ZeroMQ's receive buffer, and a narrower wire type is
+ * widened here, in the update thread (exactly: ps_dtype.h).  NULL when out
+ * of memory. */
+static const float *frame_values(const ps_header *h, zmq_msg_t *pl, float **copy)
+{
+    const void *data = zmq_msg_data(pl);
+    size_t n = (size_t)h->count;
+    *copy = NULL;
+    if (h->dtype == PS_DTYPE_F32 && (uintptr_t)data % sizeof(float) == 0)
+        return data;
+    *copy = aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63);
+    if (*copy)
+        ps_dtype_to_f32(h->dtype, *copy, data, n);
+    return *copy;
+}
+
 static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_peer *shm,
                         zmq_msg_t *id, zmq_msg_t *pl)
 {
@@ -516,15 +541,28 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
     int64_t version = 0;
     uint64_t snap = 0;
     int rc;
+    /* a narrower wire type counts as what crossed the wire (the shard counts
+     * float32) */
+    int narrow = !in_arena && h->type != PS_MSG_PULL && h->dtype != PS_DTYPE_F32;
     switch (h->type) {
-    case PS_MSG_INIT:
-        rc = ps_shard_init(u->shard, h->key, h->chunk, in_arena ? in_arena : zmq_msg_data(pl),
-                           (size_t)h->count, h->total, &version, &snap, why, sizeof why);
+    case PS_MSG_INIT: {
+        float *wide = NULL;
+        const void *vals = in_arena ? in_arena : frame_values(h, pl, &wide);
+        if (!vals) {
+            upd_error(u, r, PS_ENOMEM, "out of memory receiving an init");
+            break;
+        }
+        rc = ps_shard_init(u->shard, h->key, h->chunk, vals, (size_t)h->count, h->total,
+                           &version, &snap, why, sizeof why);
+        free(wide);
+        if (narrow)
+            ps_shard_count_narrow(u->shard, (size_t)h->count, ps_dtype_size(h->dtype));
         if (rc)
             upd_error(u, r, rc, why);
         else
             upd_ack(u, r, version, snap);
         break;
+    }
     case PS_MSG_PUSH:
     case PS_MSG_PUSHPULL: {
         hold *g = calloc(1, sizeof *g);
@@ -534,35 +572,29 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
         }
         zmq_msg_init(&g->msg);
         if (in_arena) {
+            /* read in place, from the worker's buffer */
             g->g = in_arena;
             g->shm = shm;
             ps_shm_peer_ref(shm);
         } else {
             zmq_msg_move(&g->msg, pl);
-        }
-        void *data = zmq_msg_data(&g->msg);
-        size_t bytes = zmq_msg_size(&g->msg);
-        if (in_arena) {
-            /* read in place, from the worker's buffer */
-        } else if ((uintptr_t)data % sizeof(float)) {
-            /* small frames can sit unaligned in ZeroMQ's receive buffer */
-            g->copy = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-            if (!g->copy) {
+            g->g = frame_values(h, &g->msg, &g->copy);
+            if (!g->g) {
                 hold_free(g);
                 upd_error(u, r, PS_ENOMEM, "out of memory receiving a push");
                 break;
             }
-            memcpy(g->copy, data, bytes);
-            zmq_msg_close(&g->msg);
-            zmq_msg_init(&g->msg);
-            g->g = g->copy;
-        } else {
-            g->g = data;
+            if (g->copy) { /* the frame is no longer needed */
+                zmq_msg_close(&g->msg);
+                zmq_msg_init(&g->msg);
+            }
         }
         int kept = 0, dup = 0;
         rc = ps_shard_push_sum(u->shard, h->key, h->chunk, h->rank, h->step,
                                h->npush > 1 ? h->npush : 1, g->g, (size_t)h->count, g, &kept,
                                &dup, &version, why, sizeof why);
+        if (narrow)
+            ps_shard_count_narrow(u->shard, (size_t)h->count, ps_dtype_size(h->dtype));
         if (!kept)
             hold_free(g);
         if (rc) {

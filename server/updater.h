@@ -25,6 +25,9 @@ typedef struct ps_updater ps_updater;
 typedef struct ps_updater_config {
     int idx;             /* this thread's index: log lines, trace lane 1 + idx */
     int mode;            /* PS_MODE_SYNC or PS_MODE_ASYNC */
+    uint32_t wire_dtype; /* pull replies in payload frames go in this enum ps_dtype
+                            (converted from the float32 weights); incoming payloads
+                            are converted from whatever their header's dtype says */
     int num_workers;
     ps_trace *trace;     /* "apply", "pull" and "snapshot" events; NULL: none.  Shared by
                             every thread (ps_trace locks), outlives the updater */

@@ -345,6 +345,27 @@ static int connect_one(ps_client_options *o, uint64_t key, size_t n, ps_client *
     return 0;
 }
 
+/* connect_one with wire type dt (ps_client_set_wire_dtype before start) */
+static int connect_one_dt(ps_client_options *o, uint64_t key, size_t n, uint32_t dt,
+                          ps_client **out, char *why, size_t why_len)
+{
+    *out = NULL;
+    ps_client *c;
+    int rc = ps_client_open(o, &c);
+    if (rc) {
+        snprintf(why, why_len, "open: %s", ps_strerror(rc));
+        return rc;
+    }
+    if ((rc = ps_client_set_wire_dtype(c, (int)dt)) != 0 ||
+        (rc = ps_client_register(c, key, n)) != 0 || (rc = ps_client_start(c)) != 0) {
+        snprintf(why, why_len, "%s", ps_client_last_error(c));
+        ps_client_close(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
 /* Run f and connect a client to it as the one worker of an async job, with
  * tensor `key` of n elements registered (request_timeout_ms 0 keeps the
  * default).  When that fails, f is stopped again and why says why. */
@@ -823,19 +844,25 @@ static int have_server(void)
     return access(ps_test_bin("ps_server", bin, sizeof bin), X_OK) == 0;
 }
 
-/* stal < -1: no --max-staleness flag */
-static int srv_start(srv *s, int rank, int ns, int nw, const char *mode, int stal, const char *lr)
+/* stal < -1: no --max-staleness flag; extra: more flags ("" none) */
+static int srv_start_with(srv *s, int rank, int ns, int nw, const char *mode, int stal,
+                          const char *lr, const char *extra)
 {
-    char words[512], staleness[40] = "";
+    char words[640], staleness[40] = "";
     snprintf(s->ep, sizeof s->ep, "tcp://127.0.0.1:%d", ps_test_free_port());
     snprintf(s->log, sizeof s->log, "%s/server-%s.log", ps_test_tmpdir(), strrchr(s->ep, ':') + 1);
     if (stal >= -1)
         snprintf(staleness, sizeof staleness, " --max-staleness %d", stal);
     snprintf(words, sizeof words, "--bind %s --rank %d --num-servers %d --num-workers %d "
-             "--mode %s%s --optimizer sgd --lr %s --threads 1", s->ep, rank, ns, nw, mode,
-             staleness, lr);
+             "--mode %s%s --optimizer sgd --lr %s --threads 1 %s", s->ep, rank, ns, nw, mode,
+             staleness, lr, extra);
     s->pid = ps_test_spawn_words("ps_server", words, s->log);
     return s->pid > 0 ? 0 : -1;
+}
+
+static int srv_start(srv *s, int rank, int ns, int nw, const char *mode, int stal, const char *lr)
+{
+    return srv_start_with(s, rank, ns, nw, mode, stal, lr, "");
 }
 
 static void srv_stop(srv *s)
@@ -861,15 +888,35 @@ static float grad_val(int rank, size_t i, int step)
     return (x & 1 ? -1.0f : 1.0f) * ldexpf(1.0f + m, e);
 }
 
-static int sync_rounds(int W)
+/* x as it arrives after a trip through the wire type dt (float32: itself) */
+static float via_wire(uint32_t dt, float x)
+{
+    uint16_t h[2];
+    float y;
+    ps_dtype_from_f32(dt, dt == PS_DTYPE_F32 ? (void *)&y : (void *)h, &x, 1);
+    if (dt != PS_DTYPE_F32)
+        ps_dtype_to_f32(dt, &y, h, 1);
+    return y;
+}
+
+/* W workers, 3 sync rounds over 2 servers with wire type dt.  Expected,
+ * computed here: the servers widen each rank's gradient (rounded to dt by
+ * the worker), sum them in rank order, divide by W and take an SGD step on
+ * their float32 master weights; a pull returns the master rounded to dt.  So
+ * float32 is the rank-order mean bitwise, and bf16/f16 are bitwise that too,
+ * with the master kept in float32 (were it kept in dt, steps smaller than
+ * half its ulp would vanish, and the pulls would differ). */
+static int sync_rounds_dt(int W, uint32_t dt)
 {
     const size_t n = 1000, ce = 400; /* 3 chunks over 2 servers */
     const float lr = 0.1f;
     const int steps = 3;
     srv s[2];
     int rc = 0;
+    char extra[40];
+    snprintf(extra, sizeof extra, "--wire-dtype %s", ps_dtype_name(dt));
     for (int k = 0; k < 2; k++)
-        if (srv_start(&s[k], k, 2, W, "sync", -2, "0.1"))
+        if (srv_start_with(&s[k], k, 2, W, "sync", -2, "0.1", extra))
             rc = -1;
     if (rc) {
         ps_test_fail(__FILE__, __LINE__, "cannot spawn ps_server");
@@ -880,6 +927,8 @@ static int sync_rounds(int W)
     ps_client *c[3] = {NULL, NULL, NULL};
     char why[512];
     float *w = calloc(n, sizeof *w), *want = calloc(n, sizeof *want);
+    float *master = calloc(n, sizeof *master);
+    size_t narrow_lost = 0;
     float *g[3], *dst[3];
     for (int r = 0; r < 3; r++) {
         g[r] = calloc(n, sizeof(float));
@@ -891,7 +940,7 @@ static int sync_rounds(int W)
         ps_client_options o;
         opts(&o, eps, r, W, PS_MODE_SYNC);
         o.chunk_bytes = ce * sizeof(float);
-        rc = connect_one(&o, 7, n, &c[r], why, sizeof why);
+        rc = connect_one_dt(&o, 7, n, dt, &c[r], why, sizeof why);
         if (rc)
             ps_test_fail(__FILE__, __LINE__, "worker %d start: %s", r, why);
     }
@@ -911,17 +960,21 @@ static int sync_rounds(int W)
         for (int r = 0; r < W; r++)
             for (size_t i = 0; i < n; i++)
                 g[r][i] = grad_val(r, i, t);
-        /* expected: sum in rank order, divide by W, one SGD step */
+        /* expected: sum in rank order, divide by W, one SGD step (master[]
+         * in float32; want[] is what a pull returns) */
         for (size_t i = 0; i < n; i++) {
-            float sum = g[0][i];
+            float sum = via_wire(dt, g[0][i]);
             for (int r = 1; r < W; r++)
-                sum += g[r][i];
+                sum += via_wire(dt, g[r][i]);
             float mean = sum / (float)W;
-            want[i] = w[i] - lr * mean;
+            master[i] = w[i] - lr * mean;
+            want[i] = via_wire(dt, master[i]);
             if (W == 3) {
-                float other = (g[2][i] + g[1][i]) + g[0][i];
+                float other = (via_wire(dt, g[2][i]) + via_wire(dt, g[1][i])) +
+                              via_wire(dt, g[0][i]);
                 order_sensitive += other != sum;
             }
+            narrow_lost += want[i] != master[i];
         }
         ps_request rp[3], pull;
         for (int j = 0; j < W - 1 && !rc; j++) {
@@ -977,10 +1030,32 @@ static int sync_rounds(int W)
                 rc = -1;
             }
         }
-        memcpy(w, want, n * sizeof *w);
+        memcpy(w, master, n * sizeof *w);
     }
     if (!rc && W == 3 && order_sensitive == 0) {
         ps_test_fail(__FILE__, __LINE__, "test gradients do not depend on summation order");
+        rc = -1;
+    }
+    if (!rc && dt != PS_DTYPE_F32 && narrow_lost == 0) {
+        ps_test_fail(__FILE__, __LINE__, "no weight lost bits on the wire: the test cannot "
+                     "tell a float32 master from a %s one", ps_dtype_name(dt));
+        rc = -1;
+    }
+    /* what crossed the wire into the servers: the init in float32, every
+     * gradient in dt */
+    uint64_t bin = 0;
+    for (int k = 0; k < 2 && !rc; k++) {
+        ps_stats st = {0};
+        if (ps_client_stats(c[0], k, &st)) {
+            ps_test_fail(__FILE__, __LINE__, "stats of server %d failed", k);
+            rc = -1;
+        }
+        bin += st.bytes_in;
+    }
+    uint64_t want_bin = n * 4 + (uint64_t)W * steps * n * ps_dtype_size(dt);
+    if (!rc && bin != want_bin) {
+        ps_test_fail(__FILE__, __LINE__, "servers received %llu payload bytes, expected %llu",
+                     (unsigned long long)bin, (unsigned long long)want_bin);
         rc = -1;
     }
     for (int r = 0; r < 3; r++) {
@@ -991,6 +1066,7 @@ static int sync_rounds(int W)
     }
     free(w);
     free(want);
+    free(master);
     srv_stop(&s[0]);
     srv_stop(&s[1]);
     return rc;
@@ -999,13 +1075,25 @@ static int sync_rounds(int W)
 PS_TEST(sync_pull_waits_for_all_2_workers_and_is_bitwise_rank_order_mean)
 {
     NEED_SERVER();
-    sync_rounds(2);
+    sync_rounds_dt(2, PS_DTYPE_F32);
 }
 
 PS_TEST(sync_pull_waits_for_all_3_workers_and_is_bitwise_rank_order_mean)
 {
     NEED_SERVER();
-    sync_rounds(3);
+    sync_rounds_dt(3, PS_DTYPE_F32);
+}
+
+PS_TEST(sync_bf16_wire_is_bitwise_the_rank_order_mean_on_a_float32_master)
+{
+    NEED_SERVER();
+    sync_rounds_dt(3, PS_DTYPE_BF16);
+}
+
+PS_TEST(sync_f16_wire_is_bitwise_the_rank_order_mean_on_a_float32_master)
+{
+    NEED_SERVER();
+    sync_rounds_dt(2, PS_DTYPE_F16);
 }
 
 /* ---------- async, in threads ---------- */
@@ -1426,4 +1514,51 @@ PS_TEST(mismatch_client_expecting_adam_vs_sgd_server_is_refused)
     srv_stop(&s);
     CHECK_EQ_INT(rc, PS_EMISMATCH);
     CHECK_MSG(strstr(why, "adam") && strstr(why, "sgd"), "message: %s", why);
+}
+
+/* --wire-dtype: a worker and a server that disagree are refused at start,
+ * naming both types; so are two servers that disagree; the setter takes
+ * only the known types, and only before start */
+PS_TEST(mismatch_wire_dtype_is_refused_naming_both)
+{
+    NEED_SERVER();
+    ps_client_options o;
+    ps_client *c = NULL;
+    char why0[512], why1[512], why2[512];
+    /* one bf16 server: a float32 worker (the default) is refused, a bf16 one
+     * starts, and its type is fixed from then on */
+    srv a;
+    CHECK_OK(srv_start_with(&a, 0, 1, 1, "sync", -2, "0.5", "--wire-dtype bf16"));
+    opts(&o, a.ep, 0, 1, PS_MODE_SYNC);
+    int rc0 = connect_one(&o, 1, 10, &c, why0, sizeof why0);
+    int rc1 = connect_one_dt(&o, 1, 10, PS_DTYPE_BF16, &c, why1, sizeof why1);
+    int late = c ? ps_client_set_wire_dtype(c, PS_DTYPE_F16) : -1;
+    if (c)
+        ps_client_close(c);
+    srv_stop(&a);
+    /* two servers of one job that disagree (bf16, f16) */
+    srv s[2];
+    CHECK_OK(srv_start_with(&s[0], 0, 2, 1, "sync", -2, "0.5", "--wire-dtype bf16"));
+    CHECK_OK(srv_start_with(&s[1], 1, 2, 1, "sync", -2, "0.5", "--wire-dtype f16"));
+    char eps[160];
+    snprintf(eps, sizeof eps, "%s,%s", s[0].ep, s[1].ep);
+    opts(&o, eps, 0, 1, PS_MODE_SYNC);
+    int rc2 = connect_one_dt(&o, 1, 10, PS_DTYPE_BF16, &c, why2, sizeof why2);
+    srv_stop(&s[0]);
+    srv_stop(&s[1]);
+    CHECK_EQ_INT(rc0, PS_EMISMATCH);
+    CHECK_MSG(strstr(why0, "wire-dtype") && strstr(why0, "bf16") && strstr(why0, "f32"),
+              "message: %s", why0);
+    CHECK_MSG(rc1 == 0, "a bf16 worker and a bf16 server: %s", why1);
+    CHECK_EQ_INT(late, PS_ESTATE);
+    CHECK_EQ_INT(rc2, PS_EMISMATCH);
+    CHECK_MSG(strstr(why2, "wire-dtype") && strstr(why2, "bf16") && strstr(why2, "f16"),
+              "message: %s", why2);
+    /* the setter takes the known types only */
+    opts(&o, "tcp://127.0.0.1:1", 0, 1, PS_MODE_SYNC);
+    CHECK_OK(ps_client_open(&o, &c));
+    CHECK_EQ_INT(ps_client_set_wire_dtype(c, 0), PS_EINVAL);
+    CHECK_EQ_INT(ps_client_set_wire_dtype(c, PS_DTYPE_MAX + 1), PS_EINVAL);
+    CHECK_OK(ps_client_set_wire_dtype(c, PS_DTYPE_F16));
+    ps_client_close(c);
 }

@@ -43,6 +43,9 @@ timeout 10 "$BIN/ps_server" --bind tcp://127.0.0.1:0 --threads 0 --timeline "$T/
 expect "bad flag" 2 $?
 timeout 10 "$BIN/ps_server" --bind 127.0.0.1:5555 --timeline "$T/b.json" 2>/dev/null
 expect "bad endpoint" 2 $?
+timeout 10 "$BIN/ps_server" --bind tcp://127.0.0.1:0 --wire-dtype f64 --timeline "$T/c.json" \
+    2>/dev/null
+expect "bad wire-dtype" 2 $?
 P=$(free_port)
 timeout 30 "$BIN/ps_server" --bind "tcp://127.0.0.1:$P" --timeline "$T/s.json" >"$T/s1.log" 2>&1 &
 S1=$!
@@ -66,6 +69,13 @@ timeout 30 "$BIN/ps_worker" --servers "tcp://127.0.0.1:$P" --mode async --data s
     --log-csv "$T/w1.csv" >"$T/w1.log" 2>&1
 expect "mode mismatch" 2 $?
 grep -q "mode: server has sync, worker 0 has async" "$T/w1.log" || bad="$bad no mismatch message;"
+timeout 30 "$BIN/ps_worker" --servers "tcp://127.0.0.1:$P" --mode sync --data synthetic:256 \
+    --wire-dtype bf16 --log-csv "$T/w3.csv" >"$T/w3.log" 2>&1
+expect "wire-dtype mismatch" 2 $?
+grep -q "wire-dtype: server has f32, worker 0 has bf16" "$T/w3.log" ||
+    bad="$bad no wire-dtype mismatch message;"
+timeout 10 "$BIN/ps_worker" --servers none --wire-dtype f64 --log-csv "$T/w4.csv" 2>/dev/null
+expect "bad wire-dtype" 2 $?
 timeout 60 "$BIN/ps_worker" --servers "tcp://127.0.0.1:$P" --mode sync --data synthetic:4096 \
     --epochs 1000 --batch 16 --log-every 10 --log-csv "$T/w2.csv" >"$T/w2.log" 2>&1 &
 W=$!

@@ -182,6 +182,10 @@ static const struct {
      {"--servers", "1", "--workers", "1", "--", "--max-staleness", "3"}},
     {"ps_launch: worker flag --curve-keys needs a path of 1..900 characters, got ''",
      {"--servers", "1", "--workers", "1", "--", "--curve-keys", ""}},
+    {"ps_launch: worker flag --wire-dtype must be f32, bf16 or f16, got 'f8'",
+     {"--servers", "1", "--workers", "1", "--", "--wire-dtype", "f8"}},
+    {"ps_launch: --wire-dtype must be f32, bf16 or f16, got ''",
+     {"--servers", "1", "--workers", "1", "--wire-dtype", ""}},
     {"ps_launch: worker flag --lr needs a value",
      {"--servers", "1", "--workers", "1", "--", "--model", "cnn", "--lr"}},
     {"ps_launch: worker flag --log-csv needs a value",
@@ -276,7 +280,7 @@ PS_TEST(shared_flags_list_every_flag_forwarded)
     static const char *const want[] = {"--optimizer", "--lr", "--momentum", "--beta1",
                                        "--beta2", "--eps", "--weight-decay", "--lr-decay",
                                        "--lr-decay-every", "--max-staleness", "--curve-keys",
-                                       "--shm"};
+                                       "--shm", "--wire-dtype"};
     int n = 0;
     while (ps_launch_shared_flag(n))
         n++;
@@ -531,6 +535,18 @@ PS_TEST(shared_flags_given_to_ps_launch_go_to_servers_and_workers)
               "--lr 0.1 --optimizer momentum --steps 3 --device cpu");
     ps_launch_plan_free(&p);
     ps_launch_opts_free(&o);
+    /* --wire-dtype: both sides must agree (hello refuses otherwise) */
+    CHECK_OK(local_plan(&o, &p, NULL,
+                        ARGV("--servers", "1", "--workers", "1", "--gpus", "none", "--",
+                             "--wire-dtype", "bf16", "--steps", "3")));
+    CHECK_STR(joined(&p.cmds[0].argv),
+              "/b/ps_server --bind tcp://127.0.0.1:41001 --rank 0 --num-servers 1 "
+              "--num-workers 1 --mode sync --threads 1 --wire-dtype bf16");
+    CHECK_STR(joined(&p.cmds[1].argv),
+              "/b/ps_worker --servers tcp://127.0.0.1:41001 --rank 0 --num-workers 1 --mode sync "
+              "--wire-dtype bf16 --steps 3 --device cpu");
+    ps_launch_plan_free(&p);
+    ps_launch_opts_free(&o);
 }
 
 PS_TEST(exec_plan_gives_each_worker_the_program_and_its_settings_in_the_environment)
@@ -691,6 +707,83 @@ PS_TEST(hostfile_plan_has_the_exact_ssh_commands)
     CHECK_STR(p.cmds[3].host, "alice@h2");
     ps_launch_plan_free(&p);
     ps_launch_hostfile_free(&h);
+    ps_launch_opts_free(&o);
+}
+
+/* ps_launch turns on aggregation per host (ps_worker --local-aggregate L)
+ * for a sync job across hosts whose worker hosts all run L > 1 workers: the
+ * servers then count hosts.  Uneven hosts, async, one host, or
+ * --local-aggregate 1 among the worker flags: off.  A value given is used
+ * (one host too) and must divide the workers. */
+static const char even_hosts[] = "s1 servers=2\nw1 workers=2\nw2 workers=2\n";
+
+static int even_plan(ps_launch_opts *o, ps_launch_hostfile *h, ps_launch_plan *p, char **argv)
+{
+    memset(h, 0, sizeof *h);
+    memset(p, 0, sizeof *p);
+    int rc = parse(o, argv);
+    if (!rc)
+        rc = ps_launch_hostfile_parse("hosts", even_hosts, h, why, sizeof why);
+    if (rc)
+        return rc;
+    ps_launch_site site = {.hostfile = h, .bin_dir = "/b", .remote_dir = "/w"};
+    return ps_launch_plan_build(o, &site, p, why, sizeof why);
+}
+
+PS_TEST(launch_turns_on_local_aggregation_for_sync_hosts_with_several_workers)
+{
+    ps_launch_opts o;
+    ps_launch_hostfile h;
+    ps_launch_plan p;
+    CHECK_OK(even_plan(&o, &h, &p, ARGV("--hostfile", "hosts", "--", "--steps", "3")));
+    CHECK_EQ_INT(p.local_aggregate, 2);
+    CHECK_MSG(strstr(joined(&p.cmds[0].argv), "--num-workers 2 --mode sync"), "server: %s",
+              joined(&p.cmds[0].argv));
+    for (int w = 0; w < 4; w++)
+        CHECK_MSG(strstr(joined(&p.cmds[2 + w].argv), "--num-workers 4 --mode sync --steps 3 "
+                         "--device cpu --local-aggregate 2"),
+                  "worker %d: %s", w, joined(&p.cmds[2 + w].argv));
+    ps_launch_plan_free(&p);
+    ps_launch_hostfile_free(&h);
+    ps_launch_opts_free(&o);
+    /* turned off among the worker flags: the servers count every worker */
+    CHECK_OK(even_plan(&o, &h, &p, ARGV("--hostfile", "hosts", "--", "--local-aggregate", "1")));
+    CHECK_EQ_INT(p.local_aggregate, 1);
+    CHECK_MSG(strstr(joined(&p.cmds[0].argv), "--num-workers 4 "), "%s", joined(&p.cmds[0].argv));
+    CHECK_MSG(!strstr(joined(&p.cmds[2].argv), "--local-aggregate 2"), "%s",
+              joined(&p.cmds[2].argv));
+    ps_launch_plan_free(&p);
+    ps_launch_hostfile_free(&h);
+    ps_launch_opts_free(&o);
+    /* async: off unless given */
+    CHECK_OK(even_plan(&o, &h, &p, ARGV("--hostfile", "hosts", "--mode", "async", "--", "--steps",
+                                        "3")));
+    CHECK_EQ_INT(p.local_aggregate, 1);
+    ps_launch_plan_free(&p);
+    ps_launch_hostfile_free(&h);
+    ps_launch_opts_free(&o);
+    /* uneven hosts (2 and 1 workers): off */
+    CHECK_OK(host_plan(&o, &h, &p, ARGV("--hostfile", "hosts", "--", "--steps", "3")));
+    CHECK_EQ_INT(p.local_aggregate, 1);
+    ps_launch_plan_free(&p);
+    ps_launch_hostfile_free(&h);
+    ps_launch_opts_free(&o);
+    /* one host, given: the servers count 4 / 2 */
+    CHECK_OK(local_plan(&o, &p, NULL, ARGV("--servers", "1", "--workers", "4", "--gpus", "none",
+                                           "--", "--local-aggregate", "2")));
+    CHECK_EQ_INT(p.local_aggregate, 2);
+    CHECK_MSG(strstr(joined(&p.cmds[0].argv), "--num-workers 2 "), "%s", joined(&p.cmds[0].argv));
+    CHECK_STR(joined(&p.cmds[1].argv), "/b/ps_worker --servers tcp://127.0.0.1:41001 --rank 0 "
+              "--num-workers 4 --mode sync --local-aggregate 2 --device cpu");
+    ps_launch_plan_free(&p);
+    ps_launch_opts_free(&o);
+    /* a value that does not divide the workers */
+    CHECK_EQ_INT(local_plan(&o, &p, NULL, ARGV("--servers", "1", "--workers", "4", "--gpus",
+                                               "none", "--", "--local-aggregate", "3")),
+                 PS_EINVAL);
+    CHECK_STR(why, "ps_launch: worker flag --local-aggregate must be 1..64 and divide the 4 "
+              "workers (workers per host), got '3'");
+    ps_launch_plan_free(&p);
     ps_launch_opts_free(&o);
 }
 

@@ -85,6 +85,7 @@ PS_TEST(roundtrip_hello_with_every_config_field)
         a.hello.opt.weight_decay = 5e-4f;
         a.hello.opt.lr_decay = 0.5f;
         a.hello.opt.lr_decay_every = 7;
+        a.hello.wire_dtype = PS_DTYPE_BF16;
         CHECK_OK(rt(&a, &b));
         CHECK(same_common(&a, &b));
         CHECK(memcmp(&a.hello, &b.hello, sizeof a.hello) == 0);
@@ -242,7 +243,7 @@ PS_TEST(decode_refuses_wrong_types_and_out_of_range_values)
         {"k", X_I, -1, PS_EPROTO},           {"k", X_ARR, 0, PS_EPROTO},
         {"c", X_U, PS_MAX_CHUNK, PS_EPROTO}, {"s", X_I, -2, PS_EPROTO},
         {"s", X_U, (int64_t)1 << 62, PS_EPROTO}, {"s", X_NIL, 0, PS_EPROTO},
-        {"n", X_U, (int64_t)PS_MAX_PAYLOAD_BYTES + 1, PS_EPROTO}, {"d", X_U, 2, PS_EPROTO},
+        {"n", X_U, (int64_t)PS_MAX_PAYLOAD_BYTES + 1, PS_EPROTO}, {"d", X_U, PS_DTYPE_MAX + 1, PS_EPROTO},
         {"tot", X_I, -1, PS_EPROTO},         {"ec", X_I, -1, PS_EPROTO},
         {"ec", X_U, 1001, PS_EPROTO},        {"et", X_U, 5, PS_EPROTO},
         {"h", X_U, 1, PS_EPROTO},            {"h", X_ARR, 0, PS_EPROTO},
@@ -260,6 +261,36 @@ PS_TEST(decode_refuses_wrong_types_and_out_of_range_values)
     CHECK_OK(one_field("s", X_I, -1, why, sizeof why));
     CHECK_OK(one_field("c", X_U, PS_MAX_CHUNK - 1, why, sizeof why));
     CHECK_OK(one_field("zz", X_STR, 0, why, sizeof why));
+}
+
+/* h.dt: 1..3 (f32, bf16, f16); 0 and 4 are refused, naming the key */
+PS_TEST(decode_refuses_a_hello_wire_dtype_out_of_range)
+{
+    char why[256];
+    for (uint64_t dt = 0; dt <= PS_DTYPE_MAX + 1; dt++) {
+        mk m;
+        mk_init(&m);
+        msgpack_pack_map(&m.pk, 3);
+        mk_u(&m, "v", 1);
+        mk_u(&m, "t", PS_MSG_HELLO);
+        mk_key(&m, "h");
+        msgpack_pack_map(&m.pk, 4);
+        mk_i(&m, "mode", PS_MODE_SYNC);
+        mk_u(&m, "nw", 1);
+        mk_u(&m, "ns", 1);
+        mk_u(&m, "dt", dt);
+        ps_header h;
+        why[0] = 0;
+        int rc = ps_proto_decode(m.sb.data, m.sb.size, &h, why, sizeof why);
+        mk_free(&m);
+        if (dt >= PS_DTYPE_F32 && dt <= PS_DTYPE_MAX) {
+            CHECK_MSG(rc == 0, "dt %llu refused: %s", (unsigned long long)dt, why);
+            CHECK_EQ_INT(h.hello.wire_dtype, dt);
+        } else {
+            CHECK_EQ_INT(rc, PS_EPROTO);
+            CHECK_MSG(strstr(why, "h.dt"), "dt %llu: %s", (unsigned long long)dt, why);
+        }
+    }
 }
 
 PS_TEST(decode_refuses_count_beyond_payload_limit)
@@ -548,7 +579,15 @@ PS_TEST(hello_compare_names_field_and_both_values)
     EXPECT(b.opt.kind = PS_OPT_ADAM, "optimizer", "sgd", "adam");
     EXPECT(b.opt.lr = 0.25f, "lr", "0.5", "0.25");
     EXPECT(b.opt.weight_decay = 0.125f, "weight-decay", "0", "0.125");
+    EXPECT(b.wire_dtype = PS_DTYPE_BF16, "wire-dtype", "f32", "bf16");
+    EXPECT((a.wire_dtype = PS_DTYPE_F16, b.wire_dtype = PS_DTYPE_BF16), "wire-dtype", "f16",
+           "bf16");
+    a.wire_dtype = 0;
 #undef EXPECT
+    /* a peer that leaves "dt" out (0) means float32 */
+    hello_base(&b);
+    b.wire_dtype = PS_DTYPE_F32;
+    CHECK_OK(ps_hello_compare(&a, "A", &b, "B", 1, why, sizeof why));
     /* unset fingerprint, unchecked or unnamed optimizer: no complaint */
     hello_base(&b);
     b.model_fp = 0;

@@ -2,6 +2,7 @@
  * sync W=2 x batch b equals W=1 x batch 2b, async converges, a short
  * Fashion-MNIST run learns, bad input exits non-zero with a clear message,
  * output files are checked (and their directories made) before the run. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -43,12 +44,14 @@ static double final_accuracy(const char *path)
     return acc;
 }
 
-/* Run W workers against one server in `mode`; rank 0 saves the model. */
-static int run_cluster(int W, const char *mode, const char *worker_flags, const char *save,
-                       const char *tag)
+/* Run W workers against one server in `mode` that counts server_nw workers
+ * (server_extra: more flags of the server); rank 0 saves the model. */
+static int run_job(int W, int server_nw, const char *mode, const char *server_extra,
+                   const char *worker_flags, const char *save, const char *tag)
 {
     char ep[64], flags[512], log[512], wflags[1024];
-    snprintf(flags, sizeof flags, "--num-workers %d --mode %s --optimizer sgd --lr 0.1", W, mode);
+    snprintf(flags, sizeof flags, "--num-workers %d --mode %s --optimizer sgd --lr 0.1 %s",
+             server_nw, mode, server_extra);
     snprintf(log, sizeof log, "%s/%s-server.log", ps_test_tmpdir(), tag);
     int srv = start_server(flags, ep, sizeof ep, log);
     int pids[8];
@@ -64,6 +67,18 @@ static int run_cluster(int W, const char *mode, const char *worker_flags, const 
             bad = 1;
     ps_test_stop(srv, 5000);
     return bad ? -1 : 0;
+}
+
+static int run_cluster_with(int W, const char *mode, const char *server_extra,
+                            const char *worker_flags, const char *save, const char *tag)
+{
+    return run_job(W, W, mode, server_extra, worker_flags, save, tag);
+}
+
+static int run_cluster(int W, const char *mode, const char *worker_flags, const char *save,
+                       const char *tag)
+{
+    return run_cluster_with(W, mode, "", worker_flags, save, tag);
 }
 
 static int load_params(const char *path, ps_backend *b, ps_model **m, const char *spec)
@@ -147,6 +162,147 @@ PS_TEST(async_two_workers_converge)
     double acc = final_accuracy(log);
     printf("# async W=2 final test accuracy %.4f\n", acc);
     CHECK_MSG(acc >= 0.6, "async accuracy %.4f < 0.6", acc);
+}
+
+/* --wire-dtype bf16 (over the network: --shm off, or the same host would
+ * move float32 through shared memory): the same sync run as with float32
+ * learns as well.  Both reach the accuracy the async test asks for, and they
+ * differ by at most 3 points (measured: well under 1; the gradients and the
+ * pulled weights lose bits past bfloat16's 8, the float32 master does not). */
+PS_TEST(sync_bf16_wire_trains_like_f32)
+{
+    const char *w = "--model mlp:784-64-10 --data synthetic:4096 --epochs 2 --batch 32 "
+                    "--seed 3 --shm off";
+    char wf[512], log[512];
+    CHECK_OK(run_cluster_with(2, "sync", "", w, NULL, "f32"));
+    snprintf(wf, sizeof wf, "%s --wire-dtype bf16", w);
+    CHECK_OK(run_cluster_with(2, "sync", "--wire-dtype bf16", wf, NULL, "bf16"));
+    snprintf(log, sizeof log, "%s/f32-worker0.log", ps_test_tmpdir());
+    double a32 = final_accuracy(log);
+    snprintf(log, sizeof log, "%s/bf16-worker0.log", ps_test_tmpdir());
+    double a16 = final_accuracy(log);
+    CHECK_MSG(!ps_test_file_has(log, "through shared memory (same host)"), "%s: the bf16 run used shared memory",
+              log);
+    printf("# sync W=2, 2 epochs: test accuracy f32 %.4f, bf16 %.4f\n", a32, a16);
+    CHECK_MSG(a32 >= 0.6 && a16 >= 0.6, "accuracy f32 %.4f bf16 %.4f < 0.6", a32, a16);
+    CHECK_MSG(fabs(a32 - a16) <= 0.03, "bf16 %.4f is more than 3 points from f32 %.4f", a16,
+              a32);
+}
+
+static void expect_refusal(const char *flags, const char *message);
+
+/* Weights of two saved models: how many differ, and the worst |a - b| in
+ * units of the tolerance 1e-5 + 1e-4 |b|. */
+static int compare_saved(const char *a, const char *b, const char *spec, size_t *differ,
+                         size_t *total, double *worst)
+{
+    ps_backend *be;
+    int rc = ps_backend_cpu_create(1, &be);
+    if (rc)
+        return rc;
+    ps_model *m1 = NULL, *m2 = NULL;
+    rc = load_params(a, be, &m1, spec);
+    if (!rc)
+        rc = load_params(b, be, &m2, spec);
+    *differ = *total = 0;
+    *worst = 0;
+    for (int i = 0; !rc && i < ps_model_num_params(m1); i++) {
+        ps_param *p1 = &ps_model_params(m1)[i], *p2 = &ps_model_params(m2)[i];
+        for (size_t k = 0; k < p1->count; k++) {
+            double x = p1->w[k], y = p2->w[k];
+            double err = fabs(x - y) / (1e-5 + 1e-4 * fabs(y));
+            if (err > *worst)
+                *worst = err;
+            *differ += memcmp(&p1->w[k], &p2->w[k], sizeof(float)) != 0;
+            (*total)++;
+        }
+    }
+    ps_model_destroy(m1);
+    ps_model_destroy(m2);
+    be->destroy(be);
+    return rc;
+}
+
+/* --local-aggregate on one host: the leader sums the host's gradients in
+ * local-rank order and divides by their number, as the server does over
+ * ranks; the server (--num-workers 1) divides that by 1.  So 3 workers
+ * aggregated are bitwise 3 workers pushing each (20 sync steps). */
+PS_TEST(local_aggregate_on_one_host_is_bitwise_the_flat_sync_run)
+{
+    const char *spec = "mlp:784-32-10";
+    char flat[512], agg[512], flags[256], log[512];
+    snprintf(flat, sizeof flat, "%s/flat3.bin", ps_test_tmpdir());
+    snprintf(agg, sizeof agg, "%s/agg3.bin", ps_test_tmpdir());
+    snprintf(flags, sizeof flags, "--model %s --data synthetic:4096 --steps 20 --seed 7 "
+             "--batch 16", spec);
+    CHECK_OK(run_job(3, 3, "sync", "", flags, flat, "flat3"));
+    snprintf(flags, sizeof flags, "--model %s --data synthetic:4096 --steps 20 --seed 7 "
+             "--batch 16 --local-aggregate 3", spec);
+    CHECK_OK(run_job(3, 1, "sync", "", flags, agg, "agg3"));
+    snprintf(log, sizeof log, "%s/agg3-worker2.log", ps_test_tmpdir());
+    CHECK_MSG(ps_test_file_has(log, "local rank 2 of 3"), "%s: no local aggregation", log);
+    size_t differ, total;
+    double worst;
+    CHECK_OK(compare_saved(flat, agg, spec, &differ, &total, &worst));
+    printf("# 3 workers aggregated on one host vs 3 pushing: %zu of %zu weights differ\n",
+           differ, total);
+    CHECK_MSG(differ == 0, "%zu of %zu weights differ (worst %.3g x 1e-5 + 1e-4|w|)", differ,
+              total, worst);
+}
+
+/* 2 hosts x 2 workers aggregated against 4 workers pushing each: the same
+ * samples and the same mean, but the servers sum the hosts' means
+ * (g0 + g1)/2 + (g2 + g3)/2 (halving is exact), where flat they sum
+ * ((g0 + g1) + g2) + g3: only the association of the float sum differs, so
+ * the tolerance of the W x b = 1 x Wb test holds (measured: ~1e-7). */
+PS_TEST(local_aggregate_two_hosts_match_the_flat_sync_run_up_to_summation_order)
+{
+    const char *spec = "mlp:784-32-10";
+    char flat[512], agg[512], flags[256];
+    snprintf(flat, sizeof flat, "%s/flat4.bin", ps_test_tmpdir());
+    snprintf(agg, sizeof agg, "%s/agg4.bin", ps_test_tmpdir());
+    snprintf(flags, sizeof flags, "--model %s --data synthetic:4096 --steps 20 --seed 7 "
+             "--batch 16", spec);
+    CHECK_OK(run_job(4, 4, "sync", "", flags, flat, "flat4"));
+    snprintf(flags, sizeof flags, "--model %s --data synthetic:4096 --steps 20 --seed 7 "
+             "--batch 16 --local-aggregate 2", spec);
+    CHECK_OK(run_job(4, 2, "sync", "", flags, agg, "agg4"));
+    size_t differ, total;
+    double worst;
+    CHECK_OK(compare_saved(flat, agg, spec, &differ, &total, &worst));
+    printf("# 2 hosts x 2 aggregated vs 4 pushing: %zu of %zu weights differ, worst %.3g of "
+           "the tolerance\n", differ, total, worst);
+    CHECK_MSG(worst <= 1.0, "aggregated differs from flat: %.3g x the tolerance", worst);
+}
+
+/* A worker of the host killed: the others say so and stop, nobody waits
+ * for it until a timeout; bad values are refused before anything starts. */
+PS_TEST(local_aggregate_a_killed_worker_stops_its_host_and_bad_values_are_refused)
+{
+    char ep[64], words[512], log0[512], log1[512], slog[512];
+    snprintf(slog, sizeof slog, "%s/aggkill-server.log", ps_test_tmpdir());
+    int srv = start_server("--num-workers 1 --mode sync --optimizer sgd --lr 0.1", ep,
+                           sizeof ep, slog);
+    snprintf(words, sizeof words, "--num-workers 2 --mode sync --model mlp:784-32-10 --data "
+             "synthetic:4096 --epochs 100000 --batch 16 --local-aggregate 2");
+    snprintf(log0, sizeof log0, "%s/aggkill-worker0.log", ps_test_tmpdir());
+    snprintf(log1, sizeof log1, "%s/aggkill-worker1.log", ps_test_tmpdir());
+    int w0 = start_worker(ep, 0, words, log0);
+    int w1 = start_worker(ep, 1, words, log1);
+    int started = ps_test_wait_for_text(log1, "training", 20000, w1) == 0;
+    if (started)
+        ps_test_sleep_ms(300);
+    kill(w1, SIGKILL);
+    int rc1 = ps_test_wait(w1, 5000);
+    int rc0 = ps_test_wait(w0, 10000);
+    ps_test_stop(srv, 5000);
+    CHECK_MSG(started, "worker 1 did not start training: %s", log1);
+    CHECK_EQ_INT(rc1, 128 + SIGKILL);
+    CHECK_MSG(rc0 == 1, "worker 0 exited %d, expected 1 (failed while running)", rc0);
+    CHECK_MSG(ps_test_file_has(log0, "local worker 1 (pid"), "%s does not name the dead worker",
+              log0);
+    expect_refusal("--servers tcp://127.0.0.1:1 --num-workers 4 --local-aggregate 3",
+                   "--local-aggregate 3 needs servers and a --num-workers that is a multiple");
 }
 
 /* A few hundred steps of the MLP on the real Fashion-MNIST: above 0.75 test

@@ -293,6 +293,7 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
         return open_fail(PS_ENOMEM, "out of memory");
     }
     c->chunk_elems = cb / sizeof(float);
+    c->wire_dtype = PS_DTYPE_F32;
     c->efd = -1;
     c->free_head = PSC_NO_SLOT;
     pthread_mutex_init(&c->qmu, NULL);
@@ -495,6 +496,7 @@ int ps_client_start(ps_client *c)
     hq->server_rank = -1;
     hq->model_fp = ps_placement_fingerprint(c->specs, c->nspecs, c->chunk_elems);
     hq->opt = c->opt.expect;
+    hq->wire_dtype = c->wire_dtype;
     if ((rc = psc_shm_setup(c)) != 0) {
         drop_placement(c);
         return rc;
@@ -634,6 +636,18 @@ int ps_client_shutdown_servers(ps_client *c)
         return PS_EINVAL;
     c->last_error[0] = 0;
     return ctl_all(c, PS_MSG_SHUTDOWN, 0, c->nservers, 0, NULL);
+}
+
+int ps_client_set_wire_dtype(ps_client *c, int dtype)
+{
+    if (!c || ps_dtype_size(dtype > 0 ? (uint32_t)dtype : 0) == 0)
+        return PS_EINVAL;
+    if (c->started) {
+        set_last_error(c, "the wire dtype is set before start");
+        return PS_ESTATE;
+    }
+    c->wire_dtype = (uint32_t)dtype;
+    return 0;
 }
 
 int ps_client_num_servers(const ps_client *c) { return c ? c->nservers : 0; }

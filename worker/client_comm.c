@@ -10,7 +10,10 @@
  *
  * Sending a sub-request is psc_sub_send: the header frame, then
  * send_payload, the one place a payload leaves this process (zero-copy from
- * the caller's buffer); a same-host data plane replaces that function.
+ * the caller's buffer, or, with a narrower wire type, a converted copy); a
+ * same-host data plane replaces that function.  handle_reply is the one
+ * place a pulled payload comes in (copied, or widened, into the caller's
+ * buffer).
  * Resends and heartbeats are client_resend.c's; completions and slots
  * client_requests.c's. */
 #include <errno.h>
@@ -125,7 +128,8 @@ static void fill_header(const ps_client *c, uint32_t i, ps_header *h)
     h->npush = s->type == PS_MSG_PUSH || s->type == PS_MSG_PUSHPULL ? s->npush : 0;
     if (ps_msg_request_has_payload(s->type)) {
         h->count = s->count;
-        h->dtype = PS_DTYPE_F32;
+        /* gradients in the wire type; an init's first weights stay exact */
+        h->dtype = s->type == PS_MSG_INIT ? PS_DTYPE_F32 : c->wire_dtype;
     }
     if (s->type == PS_MSG_INIT)
         h->total = s->total;
@@ -141,13 +145,23 @@ static void fill_header(const ps_client *c, uint32_t i, ps_header *h)
  * whatever happens: by ZeroMQ through psc_release_cb when it is finished with
  * the caller's buffer, or here when the frame cannot go.  0, or PS_ENOMEM, or
  * PS_EIO with errno in *zerr.  The one place a payload leaves the process. */
-static int send_payload(ps_client *c, uint32_t i, void *sock, int *zerr)
+static int send_payload(ps_client *c, uint32_t i, void *sock, uint32_t dtype, int *zerr)
 {
     const psc_sub *s = &c->subs[i];
     ps_request *r = s->req;
     zmq_msg_t m;
-    /* zero-copy: ZeroMQ reads the caller's buffer in place */
-    if (zmq_msg_init_data(&m, (void *)s->src, s->count * sizeof(float), psc_release_cb, r) != 0) {
+    if (dtype != PS_DTYPE_F32) {
+        /* a narrower wire type: the frame is a converted copy of its own, so
+         * the caller's buffer is free again at once (a resend converts anew) */
+        int rc = zmq_msg_init_size(&m, s->count * ps_dtype_size(dtype));
+        if (rc == 0)
+            ps_dtype_from_f32(dtype, zmq_msg_data(&m), s->src, s->count);
+        psc_part_done(c, r);
+        if (rc != 0)
+            return PS_ENOMEM;
+    } else if (zmq_msg_init_data(&m, (void *)s->src, s->count * sizeof(float), psc_release_cb,
+                                 r) != 0) {
+        /* zero-copy: ZeroMQ reads the caller's buffer in place */
         psc_part_done(c, r); /* the release that will never come */
         return PS_ENOMEM;
     }
@@ -156,7 +170,7 @@ static int send_payload(ps_client *c, uint32_t i, void *sock, int *zerr)
         ;
     if (rc < 0) {
         *zerr = errno;
-        zmq_msg_close(&m); /* calls psc_release_cb */
+        zmq_msg_close(&m); /* a zero-copy frame: calls psc_release_cb */
         return PS_EIO;
     }
     return 0;
@@ -198,7 +212,7 @@ void psc_sub_send(ps_client *c, uint32_t i)
     }
     if (payload) {
         if (!err)
-            err = send_payload(c, i, sock, &zerr);
+            err = send_payload(c, i, sock, h.dtype, &zerr);
         else
             psc_part_done(c, r); /* no frame was made: count its release now */
     }
@@ -369,11 +383,12 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
             psc_slot_finish(c, i);
             return;
         }
-        /* the one copy: received frame -> caller's buffer; through shared
-         * memory the server has written the destination already */
+        /* the one copy: received frame -> caller's buffer (widened from a
+         * narrower wire type); through shared memory the server has written
+         * the destination already */
         uint64_t off;
         if (!(h.flags & PS_FLAG_SHM)) {
-            memcpy(s->dst, zmq_msg_data(pm), plen);
+            ps_dtype_to_f32(h.dtype, s->dst, zmq_msg_data(pm), s->count);
         } else if (!ps_shm_contains(&c->arena, s->dst, s->count * sizeof(float), &off) ||
                    off != h.shm_off) {
             psc_set_error(r, PS_EPROTO, "%s: %s reply says the weights are at offset %llu of "

@@ -142,6 +142,7 @@ struct ps_client {
     uint32_t *kmap_val;
     size_t kmap_mask;
     ps_hello hello_req;  /* template; server_rank filled per server */
+    uint32_t wire_dtype; /* pushes' and pulls' payload frames (ps_client_set_wire_dtype) */
     char *admin_token;   /* copy of opt.admin_token, or NULL */
     uint64_t *hello_tokens; /* per server: the token its hello reply gave (comm thread) */
     int started;

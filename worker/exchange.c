@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "local_group.h"
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_time.h"
@@ -52,6 +53,9 @@ typedef struct tensor {
     int npush;         /* gradients the push in flight sums */
     int64_t posted_ns;
     ps_backend *b;     /* for copy_done on the comm thread */
+    /* local aggregation, a member (local rank > 0): */
+    int lg_wait;       /* posted a gradient; the weights it leads to are not in yet */
+    uint64_t lg_seen;  /* the generation of the leader's weights last taken */
 } tensor;
 
 struct ps_exchange {
@@ -73,7 +77,17 @@ struct ps_exchange {
     int wait_tid, request_tid;
     int interrupted;   /* ps_exchange_interrupt was called (atomic) */
     int failed;        /* a request failure was logged */
+    /* local aggregation (ps_exchange_set_local_group) */
+    char lg_name[256];
+    int lg_rank, lg_size, lg_timeout_ms;
+    ps_lgroup *lg;     /* set once open (atomic: ps_exchange_interrupt reads it) */
+    int lg_done;       /* the final weights went through the group */
+    float *lg_scratch; /* leader on a device: host memory for the sum */
 };
+
+/* A member of a local group: the leader talks to the servers for it. */
+static int member(const ps_exchange *x) { return x->lg_size > 1 && x->lg_rank > 0; }
+static int leader(const ps_exchange *x) { return x->lg_size > 1 && x->lg_rank == 0; }
 
 /* A failure to log: not the PS_ECLOSED that ps_exchange_interrupt causes. */
 static int worth_logging(const ps_exchange *x, int rc)
@@ -161,6 +175,10 @@ static int landed(ps_exchange *x, int i)
     if ((rc = stage_in(x, t, t->back, PS_STREAM_COPY)))
         return rc;
     t->landed = 1;
+    /* the host's other workers take the same weights (what landed: the
+     * back buffer in host memory, the pinned landing on a device) */
+    if (leader(x))
+        ps_lgroup_publish(x->lg, i, x->b->host_memory ? t->back : t->host_pull);
     return 0;
 }
 
@@ -272,6 +290,137 @@ static int pull_front(ps_exchange *x, tensor *t)
     return rc ? rc : stage_in(x, t, t->front, PS_STREAM_COMPUTE);
 }
 
+/* ---------- local aggregation (local_group.h) ---------- */
+
+static int lg_fail(ps_exchange *x, int rc, const char *why)
+{
+    if (worth_logging(x, rc))
+        ps_error("%s", why);
+    return rc;
+}
+
+/* Member: the gradient of tensor i (issued on the compute stream) into its
+ * slot of the group; the leader sums it into the host's push. */
+static int lg_post(ps_exchange *x, int i)
+{
+    tensor *t = &x->t[i];
+    ps_backend *b = x->b;
+    const float *src = t->g;
+    int rc;
+    if (!b->host_memory) {
+        if ((rc = b->copy(b, t->host_grad, t->g, t->count * sizeof(float), 1,
+                          PS_STREAM_COMPUTE)) ||
+            (rc = b->stream_sync(b, PS_STREAM_COMPUTE)))
+            return rc;
+        src = t->host_grad;
+    }
+    char why[400];
+    int64_t t0 = ps_now_ns();
+    rc = ps_lgroup_post_grad(x->lg, i, src, why, sizeof why);
+    x->wait_ns += ps_now_ns() - t0;
+    if (rc)
+        return lg_fail(x, rc, why);
+    t->lg_wait = 1;
+    return 0;
+}
+
+/* Member: the leader's newest weights of tensor i into the front, if it
+ * published any since the last taken (block: wait for them). */
+static int lg_take(ps_exchange *x, int i, int block)
+{
+    tensor *t = &x->t[i];
+    ps_backend *b = x->b;
+    float *dst = b->host_memory ? t->front : t->host_pull;
+    int took = 0;
+    char why[400];
+    int64_t t0 = ps_now_ns();
+    int rc = ps_lgroup_take(x->lg, i, dst, &t->lg_seen, block, &took, why, sizeof why);
+    int64_t t1 = ps_now_ns();
+    x->wait_ns += t1 - t0;
+    if (t1 - t0 > WAIT_EVENT_NS)
+        ps_trace_event(x->trace, "wait", "comm", x->wait_tid, t0, t1, (int64_t)t->lg_seen,
+                       t->tag);
+    if (rc)
+        return lg_fail(x, rc, why);
+    if (!took)
+        return 0;
+    t->lg_wait = 0;
+    if (b->host_memory)
+        return 0;
+    /* the landing is taken into again only after this copy is done */
+    if ((rc = b->copy(b, t->front, t->host_pull, t->count * sizeof(float), 0,
+                      PS_STREAM_COMPUTE)))
+        return rc;
+    return b->stream_sync(b, PS_STREAM_COMPUTE);
+}
+
+/* Leader: tensor i's gradient becomes the mean of the host's workers'. */
+static int lg_sum(ps_exchange *x, int i)
+{
+    tensor *t = &x->t[i];
+    ps_backend *b = x->b;
+    size_t bytes = t->count * sizeof(float);
+    float *g = b->host_memory ? t->g : x->lg_scratch;
+    int rc;
+    if (!b->host_memory && ((rc = b->copy(b, g, t->g, bytes, 1, PS_STREAM_COMPUTE)) ||
+                            (rc = b->stream_sync(b, PS_STREAM_COMPUTE))))
+        return rc;
+    char why[400];
+    int64_t t0 = ps_now_ns();
+    rc = ps_lgroup_sum_grads(x->lg, i, g, why, sizeof why);
+    x->wait_ns += ps_now_ns() - t0;
+    if (rc)
+        return lg_fail(x, rc, why);
+    if (!b->host_memory && ((rc = b->copy(b, t->g, g, bytes, 0, PS_STREAM_COMPUTE)) ||
+                            (rc = b->stream_sync(b, PS_STREAM_COMPUTE))))
+        return rc;
+    return 0;
+}
+
+static int lg_open(ps_exchange *x)
+{
+    if (x->n < 1)
+        return 0;
+    size_t *counts = malloc((size_t)x->n * sizeof *counts), most = 0;
+    if (!counts)
+        return PS_ENOMEM;
+    for (int i = 0; i < x->n; i++) {
+        counts[i] = x->t[i].count;
+        if (counts[i] > most)
+            most = counts[i];
+    }
+    char why[600];
+    ps_lgroup *g = NULL;
+    int rc = ps_lgroup_open(x->lg_name, x->lg_rank, x->lg_size, counts, x->n,
+                            x->lg_timeout_ms, &x->interrupted, &g, why, sizeof why);
+    free(counts);
+    if (rc)
+        return lg_fail(x, rc, why);
+    __atomic_store_n(&x->lg, g, __ATOMIC_RELEASE);
+    if (leader(x) && !x->b->host_memory && !(x->lg_scratch = malloc(most * sizeof(float))))
+        return PS_ENOMEM;
+    ps_info("local aggregation: local rank %d of %d on this host (group %s): %s", x->lg_rank,
+            x->lg_size, x->lg_name,
+            x->lg_rank ? "gradients and weights go through the leader"
+                       : "the leader: sums the host's gradients and talks to the servers");
+    return 0;
+}
+
+int ps_exchange_set_local_group(ps_exchange *x, const char *name, int local_rank,
+                                int local_size, int timeout_ms)
+{
+    if (x->started)
+        return PS_ESTATE;
+    if (!name || strlen(name) >= sizeof x->lg_name || local_size < 2 ||
+        local_size > PS_LGROUP_MAX || local_rank < 0 || local_rank >= local_size)
+        return PS_EINVAL;
+    snprintf(x->lg_name, sizeof x->lg_name, "%s", name);
+    x->lg_rank = local_rank;
+    x->lg_size = local_size;
+    x->lg_timeout_ms = timeout_ms;
+    return 0;
+}
+
 /* ---------- the API ---------- */
 
 int ps_exchange_adopt(ps_client *c, const ps_client_options *o, ps_backend *b,
@@ -311,6 +460,11 @@ int ps_exchange_open(const ps_client_options *o, ps_backend *b, ps_exchange **ou
 void ps_exchange_set_init(ps_exchange *x, int inits)
 {
     x->init = inits ? 1 : 0;
+}
+
+int ps_exchange_set_wire_dtype(ps_exchange *x, int dtype)
+{
+    return ps_client_set_wire_dtype(x->client, dtype);
 }
 
 void ps_exchange_set_trace(ps_exchange *x, ps_trace *t, int wait_tid, int request_tid)
@@ -452,7 +606,18 @@ static int init_one(ps_exchange *x, tensor *t)
 
 int ps_exchange_start(ps_exchange *x)
 {
-    int rc = ps_client_start(x->client);
+    int rc;
+    if (x->lg_size > 1 && (rc = lg_open(x)))
+        return rc;
+    if (member(x)) {
+        /* no servers: the leader's first weights */
+        x->started = 1;
+        for (int i = 0; i < x->n; i++)
+            if ((rc = lg_take(x, i, 1)))
+                return rc;
+        return 0;
+    }
+    rc = ps_client_start(x->client);
     if (rc) {
         if (worth_logging(x, rc))
             ps_error("cannot start: %s", ps_client_last_error(x->client));
@@ -477,9 +642,16 @@ int ps_exchange_start(ps_exchange *x)
                      x->t[i].pull.err);
             return rc;
         }
+        if (leader(x))
+            ps_lgroup_publish(x->lg, i, landing(x, &x->t[i], x->t[i].front));
         /* host_pull is the next pull's landing: the copy out of it must be done */
         if ((rc = x->b->stream_sync(x->b, PS_STREAM_COMPUTE)))
             return rc;
+    }
+    if (leader(x)) {
+        char why[400];
+        if ((rc = ps_lgroup_wait_members(x->lg, why, sizeof why)))
+            return lg_fail(x, rc, why);
     }
     return 0;
 }
@@ -501,6 +673,8 @@ float *ps_exchange_grad(const ps_exchange *x, int i)
 
 int ps_exchange_before_use(ps_exchange *x, int i)
 {
+    if (member(x)) /* sync: the weights its last gradient leads to */
+        return lg_take(x, i, x->mode == PS_MODE_SYNC && x->t[i].lg_wait);
     /* sync: this tensor's version t+1 only; async: take it if it is there */
     int rc = settle(x, i, x->mode == PS_MODE_SYNC);
     return rc ? rc : swap_in(x, &x->t[i]);
@@ -510,6 +684,10 @@ int ps_exchange_grad_ready(ps_exchange *x, int i, int64_t step)
 {
     tensor *t = &x->t[i];
     int rc;
+    if (member(x))
+        return lg_post(x, i);
+    if (leader(x) && (rc = lg_sum(x, i)))
+        return rc;
     if (x->accumulate && t->in_flight && t->acc_n < x->max_sum &&
         !(ps_request_test(push_req(t)) && ps_request_test(&t->pull))) {
         /* async: the wire is busy with the previous push; never wait for a
@@ -563,6 +741,12 @@ static int flush_sum(ps_exchange *x, int i)
 int ps_exchange_finish(ps_exchange *x)
 {
     int rc = 0;
+    if (member(x)) {
+        for (int i = 0; i < x->n && !rc; i++)
+            if (x->t[i].lg_wait)
+                rc = lg_take(x, i, 1);
+        return rc;
+    }
     for (int i = 0; i < x->n; i++) {
         int r = flush_sum(x, i);
         if (!r)
@@ -602,7 +786,17 @@ static void note_final_wait(ps_exchange *x)
 int ps_exchange_pull_final(ps_exchange *x)
 {
     ps_request bar;
-    int rc = ps_client_barrier_post(x->client, FINAL_BARRIER_ID, &bar);
+    int rc;
+    if (member(x)) {
+        char why[400];
+        if ((rc = ps_lgroup_wait_final(x->lg, why, sizeof why)))
+            return lg_fail(x, rc, why);
+        for (int i = 0; i < x->n && !rc; i++)
+            rc = lg_take(x, i, 0);
+        x->lg_done = !rc;
+        return rc;
+    }
+    rc = ps_client_barrier_post(x->client, FINAL_BARRIER_ID, &bar);
     if (!rc) {
         int64_t note_at = ps_now_ns() + FINAL_NOTE_FIRST_NS;
         for (;;) {
@@ -623,6 +817,12 @@ int ps_exchange_pull_final(ps_exchange *x)
         return rc;
     for (int i = 0; i < x->n && !rc; i++)
         rc = pull_front(x, &x->t[i]);
+    if (!rc && leader(x)) {
+        for (int i = 0; i < x->n; i++)
+            ps_lgroup_publish(x->lg, i, landing(x, &x->t[i], x->t[i].front));
+        ps_lgroup_set_final(x->lg);
+        x->lg_done = 1;
+    }
     if (!rc)
         rc = x->b->stream_sync(x->b, PS_STREAM_COMPUTE);
     return rc;
@@ -639,6 +839,8 @@ void ps_exchange_interrupt(ps_exchange *x)
 {
     __atomic_store_n(&x->interrupted, 1, __ATOMIC_RELEASE);
     ps_client_interrupt(x->client);
+    /* the host's other workers stop waiting for this one (an atomic store) */
+    ps_lgroup_abort(__atomic_load_n(&x->lg, __ATOMIC_ACQUIRE));
 }
 
 void ps_exchange_close(ps_exchange *x)
@@ -658,6 +860,12 @@ void ps_exchange_close(ps_exchange *x)
     /* then the comm thread: it may still read or write our buffers; closing
      * the client unmaps the arena */
     ps_client_close(x->client);
+    if (x->lg) {
+        if (!x->lg_done) /* stopped early: nobody of the host waits for us */
+            ps_lgroup_abort(x->lg);
+        ps_lgroup_close(x->lg);
+    }
+    free(x->lg_scratch);
     for (int i = 0; i < x->n; i++) {
         tensor *t = &x->t[i];
         free_own(b, t);

@@ -70,6 +70,25 @@ typedef struct ps_exchange ps_exchange;
  * b, which must outlive the exchange.  Nothing is sent yet. */
 int ps_exchange_open(const ps_client_options *o, ps_backend *b, ps_exchange **out);
 
+/* The wire type of pushes and pulls (ps_client_set_wire_dtype): before
+ * ps_exchange_start.  The tensors' buffers stay float32. */
+int ps_exchange_set_wire_dtype(ps_exchange *x, int dtype);
+
+/* Local aggregation (local_group.h): this worker is local rank local_rank
+ * of the local_size workers of its host, which share group `name` (a
+ * shared-memory name, the same for the host's workers, another on each
+ * host).  Rank 0, the leader, is the only one that talks to the servers
+ * (its options name the host's rank and the number of hosts); before each
+ * push it waits for the other workers' gradients of the step and pushes the
+ * local-rank-order mean, and the weights it pulls go to them.  The others
+ * never connect: their gradients go to the leader and their weights come
+ * from it, waited for as pulls are (sync: the next version before use;
+ * async: taken when newer).  A wait for the group gives up after timeout_ms
+ * (0: never), or at once when a worker of the group died or stopped.  Before
+ * ps_exchange_start: PS_ESTATE after, PS_EINVAL for bad values. */
+int ps_exchange_set_local_group(ps_exchange *x, const char *name, int local_rank,
+                                int local_size, int timeout_ms);
+
 /* The same over a client the caller opened with options o (not started,
  * with no tensors registered that the exchange should not know of): on
  * success the exchange owns c and closes it in ps_exchange_close; on failure

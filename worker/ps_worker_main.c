@@ -32,6 +32,13 @@ static const char *usage =
     "  --shm auto|off        auto: to servers on this host, weights and gradients move\n"
     "                        through shared memory (ZeroMQ carries the headers);\n"
     "                        off: always over the network (default auto)\n"
+    "  --wire-dtype f32|bf16|f16  element type of pushed gradients and pulled weights\n"
+    "                        on the network (default f32; bf16 and f16 halve the bytes);\n"
+    "                        must match the servers.  Through shared memory, float32\n"
+    "  --local-aggregate N   N workers of this host (ranks h*N .. h*N+N-1 of host h)\n"
+    "                        sum their gradients here and the first of them alone\n"
+    "                        talks to the servers (whose --num-workers is then the\n"
+    "                        number of hosts, --num-workers / N); 1: off (default)\n"
     "  --request-timeout MS  resend an unanswered request after MS, then after 2x, 4x..\n"
     "                        up to 30 s (default 5000; 0: never).  Servers drop the\n"
     "                        duplicates, so a restarted server gets what it lost\n"
@@ -154,6 +161,17 @@ int main(int argc, char **argv)
             c.shm = v[0] == 'a';
             continue;
         }
+        if (!strcmp(a, "--wire-dtype")) {
+            uint32_t dt;
+            if (ps_dtype_parse(v, &dt)) {
+                snprintf(why, sizeof why, "%s: --wire-dtype must be f32, bf16 or f16, got '%s'",
+                         P, v);
+                return ps_flag_error(why);
+            }
+            c.wire_dtype = (int)dt;
+            continue;
+        }
+        INT("--local-aggregate", 1, 64, c.local_size)
         INT("--request-timeout", 0, 3600000, c.request_timeout_ms)
         INT("--hello-timeout", 1, 3600000, c.hello_timeout_ms)
         INT("--heartbeat", 0, 3600000, c.heartbeat_ms)
@@ -213,6 +231,12 @@ int main(int argc, char **argv)
     if (rank_s && ps_parse_int(P, "--rank", rank_s, 0, c.num_workers - 1, &iv, why, sizeof why))
         return ps_flag_error(why);
     c.rank = rank_s ? (int)iv : 0;
+    if (c.local_size > 1 && (!c.servers || c.num_workers % c.local_size != 0)) {
+        snprintf(why, sizeof why, "%s: --local-aggregate %d needs servers and a --num-workers "
+                 "that is a multiple of it (hosts x workers per host), got %d", P, c.local_size,
+                 c.num_workers);
+        return ps_flag_error(why);
+    }
     if (c.mode == PS_MODE_SYNC) {
         if (c.max_staleness > 0)
             return ps_flag_error("ps_worker: --max-staleness applies to --mode async only "

@@ -45,7 +45,9 @@ void ps_train_config_default(ps_train_config *c)
     c->request_timeout_ms = 5000;
     c->heartbeat_ms = 1000;
     c->shm = 1;
+    c->wire_dtype = PS_DTYPE_F32;
     c->server_timeout_ms = 60000;
+    c->local_size = 1;
 }
 
 typedef struct worker {
@@ -195,6 +197,12 @@ static int connect_servers(worker *w)
     o.servers = c->servers;
     o.rank = c->rank;
     o.num_workers = c->num_workers;
+    int L = c->local_size > 1 ? c->local_size : 1;
+    if (L > 1) {
+        /* the servers see one worker per host: the host's leader */
+        o.rank = c->rank / L;
+        o.num_workers = c->num_workers / L;
+    }
     o.mode = c->mode;
     o.max_staleness = c->max_staleness;
     o.chunk_bytes = c->chunk_bytes;
@@ -210,6 +218,19 @@ static int connect_servers(worker *w)
     if (rc)
         return rc;
     watch_exchange(w->x);
+    if ((rc = ps_exchange_set_wire_dtype(w->x, c->wire_dtype)))
+        return rc;
+    if (L > 1) {
+        /* one group per host and job: the servers' list names the job */
+        uint64_t h = 14695981039346656037ull;
+        for (const char *p = c->servers; *p; p++)
+            h = (h ^ (unsigned char)*p) * 1099511628211ull;
+        char name[64];
+        snprintf(name, sizeof name, "/ps-agg-%016llx-%d", (unsigned long long)h, c->rank / L);
+        if ((rc = ps_exchange_set_local_group(w->x, name, c->rank % L, L,
+                                              c->server_timeout_ms)))
+            return rc;
+    }
     ps_exchange_set_trace(w->x, w->trace, TID_TRAIN, TID_COMM);
     for (int i = 0; i < w->nparams && !rc; i++) {
         ps_param *p = &w->params[i];

@@ -32,7 +32,10 @@ typedef struct ps_train_config {
     int hello_timeout_ms;   /* how long start waits for every server (0: 10 s) */
     int heartbeat_ms;       /* heartbeats to the servers (0: none) */
     int shm;                /* 1: offer a shared-memory arena to servers on this host */
+    int wire_dtype;         /* enum ps_dtype of pushes and pulls on the network (f32) */
     int server_timeout_ms;  /* give up on a server silent this long while we wait (0: never) */
+    int local_size;         /* --local-aggregate: workers per host that sum their gradients
+                               (ranks h*local_size.. of host h); 1: off */
 } ps_train_config;
 
 void ps_train_config_default(ps_train_config *c);

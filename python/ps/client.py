@@ -103,6 +103,21 @@ def _size(value, what):
                          % (what, value)) from None
 
 
+# --wire-dtype's names (proto/ps_dtype.c) and their enum ps_dtype values
+WIRE_DTYPES = {"f32": 1, "float32": 1, "bf16": 2, "bfloat16": 2, "f16": 3, "float16": 3,
+               "fp16": 3}
+
+
+def parse_wire_dtype(value):
+    """'f32' | 'bf16' | 'f16' (and the long names) -> enum ps_dtype."""
+    if value in WIRE_DTYPES.values() and not isinstance(value, bool):
+        return value
+    try:
+        return WIRE_DTYPES[str(value)]
+    except KeyError:
+        raise ValueError("wire_dtype must be f32, bf16 or f16, got %r" % (value,)) from None
+
+
 def parse_mode(mode):
     """'sync' / 'async' / ps.SYNC / ps.ASYNC -> ps.SYNC or ps.ASYNC."""
     if mode in (SYNC, ASYNC):
@@ -240,6 +255,9 @@ class Client:
                     PS_SERVER_TIMEOUT (60000: give up on a silent server)
       shm           'auto' | 'off' (or True/False); PS_SHM ('auto'): payloads
                     to servers on this host go through shared memory
+      wire_dtype    'f32' | 'bf16' | 'f16'; PS_WIRE_DTYPE ('f32'): the type of
+                    pushed gradients and pulled weights on the network (the
+                    arrays stay float32); the servers must run with the same
       admin_token   the servers' --admin-token-file token, for shutdown_servers();
                     PS_ADMIN_TOKEN (none)
       expect        the optimizer the servers must run, e.g. {'optimizer':
@@ -253,7 +271,7 @@ class Client:
     def __init__(self, servers=None, rank=None, num_workers=None, mode=None, max_staleness=None,
                  chunk_size=None, curve_dir=None, hello_timeout_ms=None, request_timeout_ms=None,
                  heartbeat_ms=None, expect=None, env=None, shm=None, server_timeout_ms=None,
-                 admin_token=None):
+                 admin_token=None, wire_dtype=None):
         env = os.environ if env is None else env
         if servers is None:
             servers = env.get(SERVERS_ENV)
@@ -281,6 +299,8 @@ class Client:
         chunk = chunk_size if chunk_size is not None else env.get("PS_CHUNK_SIZE") or 0
         self.chunk_bytes = _size(chunk, "chunk_size")
         self.curve_dir = curve_dir if curve_dir is not None else env.get("PS_CURVE_KEYS") or None
+        self.wire_dtype = parse_wire_dtype(wire_dtype if wire_dtype is not None
+                                           else env.get("PS_WIRE_DTYPE") or "f32")
 
         o = _lib.ClientOptions()
         lib.ps_client_options_default(ctypes.byref(o))
@@ -317,6 +337,10 @@ class Client:
         rc = lib.ps_client_open(ctypes.byref(self.options), ctypes.byref(ptr))
         if rc:
             raise PSError(rc, _lib.last_error(None), "open")
+        rc = lib.ps_client_set_wire_dtype(ptr, self.wire_dtype)
+        if rc:
+            lib.ps_client_close(ptr)
+            raise PSError(rc, "wire dtype %d refused" % self.wire_dtype, "open")
         self._handle = _Handle(ptr)
         self._finalizer = weakref.finalize(self, _Handle.close, self._handle)
 

@@ -149,7 +149,7 @@ FUZZ_FN const char *fuzz_header_in_range(const ps_header *h, char *msg, size_t l
 {
     if (h->version != PS_PROTO_VERSION || h->type < 1 || h->type > PS_MSG_TYPE_MAX ||
         (h->flags & ~PS_FLAG_MASK) || h->rank < -1 || h->rank > PS_MAX_RANK ||
-        h->chunk >= PS_MAX_CHUNK || h->step < -1 || h->dtype > PS_DTYPE_F32 ||
+        h->chunk >= PS_MAX_CHUNK || h->step < -1 || h->dtype > PS_DTYPE_MAX ||
         h->count * (h->dtype ? ps_dtype_size(h->dtype) : 1) > PS_MAX_PAYLOAD_BYTES ||
         memchr(h->err_text, 0, sizeof h->err_text) == NULL)
         return fuzz_fail(msg, len, "decode accepted an out-of-range header (type %u rank %d)",

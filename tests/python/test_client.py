@@ -199,6 +199,51 @@ class Semantics(unittest.TestCase):
                 self.assertIn(word, str(cm.exception))
 
 
+class WireDtype(unittest.TestCase):
+    def test_bf16_wire_is_the_rank_order_mean_of_rounded_gradients_on_a_float32_master(self):
+        """As tests/test_client.c: the servers widen each rounded gradient, sum
+        in rank order on float32 weights, and a pull returns them rounded."""
+        W, n, lr = 2, 1000, np.float32(0.1)
+        _, eps = pstest.servers(2, "--num-workers", str(W), "--mode", "sync", "--lr", "0.1",
+                                "--wire-dtype", "bf16")
+
+        def bf16(x):  # round to nearest even, as proto/ps_dtype.c (no NaN here)
+            u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+            r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+            return r.astype(np.uint32).view(np.float32)
+
+        cs = [ps.Client(servers=eps, rank=r, num_workers=W, mode="sync", chunk_size=1600,
+                        env={"PS_WIRE_DTYPE": "bf16"}) for r in range(W)]
+        try:
+            for c in cs:
+                c.register(7, n)
+                c.start()
+            w = (np.arange(n) * 0.001 - 0.5).astype(np.float32)
+            cs[0].init(7, w).wait()
+            for t in range(3):
+                g = [grad_val(r, n, t) for r in range(W)]
+                w = w - lr * ((bf16(g[0]) + bf16(g[1])) / np.float32(W))
+                for r in range(W):
+                    cs[r].push(7, g[r], t).wait()
+                for r in range(W):
+                    dst = np.zeros(n, np.float32)
+                    cs[r].pull(7, dst, t + 1).wait()
+                    np.testing.assert_array_equal(dst, bf16(w), "step %d rank %d" % (t, r))
+        finally:
+            for c in cs:
+                c.close()
+        # a float32 client against these servers: refused, naming both
+        with ps.Client(servers=eps, rank=0, num_workers=W, mode="sync",
+                       hello_timeout_ms=3000) as c:
+            c.register(7, n)
+            with self.assertRaises(ps.PSError) as cm:
+                c.start()
+            self.assertEqual(cm.exception.code, ps.EMISMATCH, str(cm.exception))
+            self.assertIn("bf16", str(cm.exception))
+        with self.assertRaises(ValueError):
+            ps.Client(servers=eps, wire_dtype="f8")
+
+
 class Binding(unittest.TestCase):
     def setUp(self):
         self.s = pstest.Server("--num-workers", "1", "--mode", "async", "--lr", "0.5")

@@ -1,0 +1,162 @@
+/* Payload element types and their conversions (ps_dtype.h).
+ *
+ * Each conversion is one branch-free function of the element's bits (every
+ * case computed, then selected), inlined into a plain loop: gcc vectorises
+ * those loops at -O3 (check with EXTRA_CFLAGS=-fopt-info-vec-optimized; the
+ * loops of ps_dtype_from_f32 and ps_dtype_to_f32 are reported vectorised).
+ * Bits are moved between float and uint32_t with memcpy, which compiles to
+ * nothing. */
+#include "ps_dtype.h"
+
+#include <string.h>
+
+static inline uint32_t bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static inline float from_bits(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* float32 bits -> bfloat16: keep the top 16 bits, rounding the 16 dropped
+ * ones to nearest even (adding 0x7fff, plus 1 when the kept part is odd,
+ * carries into the kept part exactly when the dropped part is more than
+ * half, or half with an odd kept part; a carry out of the largest finite
+ * value gives Inf).  A NaN keeps its sign and top payload bits and is made
+ * quiet (bit 6 of the result), so no NaN turns into Inf. */
+static inline uint16_t bf16_of(uint32_t u)
+{
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t nan = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+/* float32 bits -> float16, three cases on the magnitude a:
+ *  - a >= 65536 (2^16): Inf, or for a NaN a quiet NaN with the top 10
+ *    payload bits (finite values from 65520 up round to Inf in the normal
+ *    case below, by the carry);
+ *  - 2^-14 <= a < 2^16, a normal float16: rebias the exponent (127 -> 15)
+ *    and round the 13 dropped fraction bits to nearest even, as bf16_of;
+ *  - a < 2^-14, a subnormal float16 (or 0): adding 0.5f makes the FPU round
+ *    a to a multiple of 2^-24 (the ulp of 0.5, and the spacing of float16
+ *    subnormals), to nearest even in the default rounding mode; the bits
+ *    above 0.5's are then the float16 bits (0x400, the smallest normal,
+ *    when it rounds up to 2^-14).
+ * The sign is put back last. */
+static inline uint16_t f16_of(uint32_t u)
+{
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7fffffffu;
+    uint32_t normal = (a - ((127u - 15u) << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
+    uint32_t sub = bits(from_bits(a) + 0.5f) - 0x3f000000u;
+    uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+    /* masks, not branches: the loops stay vectorisable */
+    uint32_t is_nan = -(uint32_t)(a > 0x7f800000u);
+    uint32_t is_big = -(uint32_t)(a >= 0x47800000u);
+    uint32_t is_sub = -(uint32_t)(a < 0x38800000u);
+    uint32_t big = (nan & is_nan) | (0x7c00u & ~is_nan);
+    uint32_t r = (big & is_big) | (sub & is_sub) | (normal & ~(is_big | is_sub));
+    return (uint16_t)(r | sign);
+}
+
+/* float16 bits -> float32, exactly: normal values rebias the exponent;
+ * exponent 31 (Inf, NaN) keeps the fraction (payload and quiet bit); a
+ * subnormal or zero f (fraction m) is m x 2^-24, which 0.5 + m x 2^-24 - 0.5
+ * computes without rounding. */
+static inline float f32_of_f16(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t a = h & 0x7fffu;
+    uint32_t normal = (a << 13) + ((127u - 15u) << 23);
+    uint32_t special = (a << 13) | 0x7f800000u;
+    uint32_t sub = bits(from_bits(0x3f000000u + a) - 0.5f);
+    uint32_t is_special = -(uint32_t)(a >= 0x7c00u);
+    uint32_t is_sub = -(uint32_t)(a < 0x400u);
+    uint32_t r = (special & is_special) | (sub & is_sub) | (normal & ~(is_special | is_sub));
+    return from_bits(r | sign);
+}
+
+uint16_t ps_f32_to_bf16(float x) { return bf16_of(bits(x)); }
+float ps_bf16_to_f32(uint16_t h) { return from_bits((uint32_t)h << 16); }
+uint16_t ps_f32_to_f16(float x) { return f16_of(bits(x)); }
+float ps_f16_to_f32(uint16_t h) { return f32_of_f16(h); }
+
+size_t ps_dtype_size(uint32_t dtype)
+{
+    switch (dtype) {
+    case PS_DTYPE_F32: return 4;
+    case PS_DTYPE_BF16:
+    case PS_DTYPE_F16: return 2;
+    default: return 0;
+    }
+}
+
+const char *ps_dtype_name(uint32_t dtype)
+{
+    switch (dtype) {
+    case PS_DTYPE_F32: return "f32";
+    case PS_DTYPE_BF16: return "bf16";
+    case PS_DTYPE_F16: return "f16";
+    default: return "?";
+    }
+}
+
+int ps_dtype_parse(const char *s, uint32_t *dtype)
+{
+    static const struct { const char *name; uint32_t dt; } names[] = {
+        {"f32", PS_DTYPE_F32},  {"float32", PS_DTYPE_F32}, {"bf16", PS_DTYPE_BF16},
+        {"bfloat16", PS_DTYPE_BF16}, {"f16", PS_DTYPE_F16}, {"float16", PS_DTYPE_F16},
+        {"fp16", PS_DTYPE_F16}};
+    for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(s, names[i].name)) {
+            *dtype = names[i].dt;
+            return 0;
+        }
+    return PS_EINVAL;
+}
+
+void ps_dtype_from_f32(uint32_t dtype, void *dst, const float *restrict src, size_t n)
+{
+    uint16_t *restrict d = dst;
+    switch (dtype) {
+    case PS_DTYPE_F32:
+        memcpy(dst, src, n * sizeof(float));
+        break;
+    case PS_DTYPE_BF16:
+        for (size_t i = 0; i < n; i++)
+            d[i] = bf16_of(bits(src[i]));
+        break;
+    case PS_DTYPE_F16:
+        for (size_t i = 0; i < n; i++)
+            d[i] = f16_of(bits(src[i]));
+        break;
+    default:
+        break;
+    }
+}
+
+void ps_dtype_to_f32(uint32_t dtype, float *restrict dst, const void *src, size_t n)
+{
+    const uint16_t *restrict s = src;
+    switch (dtype) {
+    case PS_DTYPE_F32:
+        memcpy(dst, src, n * sizeof(float));
+        break;
+    case PS_DTYPE_BF16:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = from_bits((uint32_t)s[i] << 16);
+        break;
+    case PS_DTYPE_F16:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = f32_of_f16(s[i]);
+        break;
+    default:
+        break;
+    }
+}

@@ -1,0 +1,56 @@
+/* Element types of payloads on the wire (docs/PROTOCOL.md, header field `d`)
+ * and the conversions between them and float32.
+ *
+ * Weights and gradients are float32 everywhere but on the wire: with a
+ * narrower wire type (`--wire-dtype bf16|f16`) a worker converts each
+ * gradient it pushes, a server converts it back before applying it to its
+ * float32 master weights, and pulled weights go the other way.
+ *
+ * float32 -> bfloat16 / float16 rounds to nearest, ties to even (IEEE 754's
+ * default), as a scalar reference (tests/test_dtype.c) does:
+ *   - a NaN stays a NaN of the same sign, made quiet, with the top bits of
+ *     its payload that fit;
+ *   - +-Inf stay +-Inf; a finite value too large for the type becomes +-Inf
+ *     (f16: |x| >= 65520, the first value that rounds past 65504);
+ *   - f16 subnormals are produced (|x| < 2^-14, in steps of 2^-24, the
+ *     smallest rounding to 0 only below 2^-25) and read back exactly; bf16
+ *     has float32's exponent range, so float32 subnormals keep their top 7
+ *     fraction bits, rounded.
+ * bfloat16 / float16 -> float32 is exact (every value is a float32).
+ *
+ * The array loops are plain integer arithmetic with selects and no calls,
+ * written so that gcc vectorises them at -O3 (SSE2 in the default x86-64
+ * build: 4 elements a step; the server and libps convert a 4 MiB chunk in
+ * well under a millisecond).  No state, no threads. */
+#ifndef PS_DTYPE_H
+#define PS_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps_types.h"
+
+/* Bytes per element of dtype (enum ps_dtype), 0 if unknown. */
+size_t ps_dtype_size(uint32_t dtype);
+
+/* "f32", "bf16", "f16"; "?" for anything else. */
+const char *ps_dtype_name(uint32_t dtype);
+
+/* Parse a --wire-dtype value: f32 (or float32), bf16 (bfloat16), f16
+ * (float16, fp16).  0, or PS_EINVAL for anything else. */
+int ps_dtype_parse(const char *s, uint32_t *dtype);
+
+/* dst (n elements of dtype) = src rounded to nearest even.  f32: a copy.
+ * dst and src must not overlap.  Unknown dtype: nothing is written. */
+void ps_dtype_from_f32(uint32_t dtype, void *dst, const float *src, size_t n);
+
+/* dst = src (n elements of dtype), exactly.  f32: a copy.  No overlap. */
+void ps_dtype_to_f32(uint32_t dtype, float *dst, const void *src, size_t n);
+
+/* One element each way (what the loops above do per element). */
+uint16_t ps_f32_to_bf16(float x);
+float ps_bf16_to_f32(uint16_t h);
+uint16_t ps_f32_to_f16(float x);
+float ps_f16_to_f32(uint16_t h);
+
+#endif
