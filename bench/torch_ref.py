@@ -20,6 +20,23 @@ import struct
 import sys
 import time
 
+
+def _threads_arg():
+    for i, a in enumerate(sys.argv):
+        if a == "--threads" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return "1"
+
+
+# Debian's torch runs linear layers on OpenBLAS, whose own thread pool (one
+# thread per core) torch.set_num_threads does not reach: "1 thread" must be in
+# the environment before torch loads, or each process runs 1 + cores threads
+# (as examples/torch_fashion_mnist.py does).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", _threads_arg())
+os.environ.setdefault("OMP_NUM_THREADS", _threads_arg())
+
 try:
     import torch
     import torch.distributed as dist
