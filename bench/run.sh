@@ -38,6 +38,8 @@ part() {
     "$@" >"$OUT/$_name.md" 2>"$OUT/$_name.err"
     _rc=$?
     echo "$_rc" >"$OUT/$_name.rc"
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1 /proc/loadavg) at the end" \
+        >"$OUT/$_name.when"
     cat "$OUT/$_name.md"
     if [ "$_rc" -ne 0 ]; then
         echo "--- $_name failed (exit $_rc); its messages:"
@@ -92,6 +94,9 @@ ran="" kept="" missing=""
 for p in $PARTS; do
     if [ -s "$OUT/$p.md" ] && [ "$(cat "$OUT/$p.rc" 2>/dev/null)" = 0 ]; then
         ran="$ran $p"
+        # the section says when it was measured: it may be kept by later runs
+        { echo "_Measured $(cat "$OUT/$p.when" 2>/dev/null)._"; echo; cat "$OUT/$p.md"; } \
+            >"$OUT/$p.stamped" && mv "$OUT/$p.stamped" "$OUT/$p.md"
     elif [ -f "$DOC" ] && grep -q "<!-- part:$p:begin -->" "$DOC"; then
         sed -n "/<!-- part:$p:begin -->/,/<!-- part:$p:end -->/p" "$DOC" | sed '1d;$d' >"$OUT/$p.md"
         kept="$kept $p"
@@ -205,7 +210,7 @@ more passes over the data in user space that raw ZeroMQ does not:
 1. the server applies the optimizer (sgd reads the gradient and the weights
    and writes the weights: `ps_opt_apply_to`, in the update thread);
 2. the client copies each reply frame into the caller's buffer
-   (`handle_reply` in `worker/client.c`), which ZeroMQ forces: it cannot
+   (`handle_reply` in `worker/client_comm.c`), which ZeroMQ forces: it cannot
    receive into a buffer the caller gives it.
 
 The server no longer copies the weights into its replies: a pull reply is
@@ -226,10 +231,12 @@ in raw ZeroMQ (the client's comm thread, and the server's I/O thread to its
 update thread over inproc), so small tensors are better grouped into larger
 keys.
 
-What would close more of it: on the client, an API that lends the caller the
-received frames (or lets the worker's back buffer be them) instead of
-copying, or at least a copy with non-temporal stores (the destination is not
-read until the swap).
+On one host the shared-memory data plane (section 8) removes the socket
+copies and the client's copy altogether: this section measures the network
+path (\`--shm off\` for libps, as between hosts).  Its figures vary a lot
+from run to run in this VM (the same configuration, run twice in a row,
+differs by up to 2x; compare the raw baseline's rows between runs), so only
+ratios of one run mean anything.
 
 The optimizer pass itself is the server's job and runs at memory bandwidth
 (section 2), so against a baseline that does nothing with the bytes ours
@@ -276,22 +283,20 @@ cat <<'EOF'
   even a little faster through the servers than alone: compute-only applies
   SGD on the worker's own thread, while through the servers that update runs
   in the server process, on the other core.
-- The MLP's step is under 1 ms of compute (batch 64, 235 k parameters), and
-  it moves 0.94 MB up and 0.94 MB down per step through the loopback TCP
-  stack, on the same two cores.  Sync: the first layer's gradient (784x256,
-  0.8 MB) is the last one backward produces and its new weights are the first
-  ones forward needs, so one full round trip of 0.8 MB each way plus the
-  server's apply sits on the critical path of every step; at the loopback
-  TCP goodput of section 1 that alone is about as long as the compute, so no
-  implementation reaches 1.3x here (smaller chunks, tried with
-  `--chunk-size 1M/256K/64K`, only add messages).  Async: the worker keeps
-  two gradient buffers per tensor, so a step waits (comm-wait) whenever the
-  previous step's push and pull of a layer have not finished, that is when
-  the communication of a step takes longer than its compute; and everything
-  it does (the comm thread's copies, ZeroMQ's I/O threads on both sides, the
-  server's apply) takes CPU from the same two cores the compute runs on.
-  The goals assume communication that is short next to compute, as with the
-  CNN, or cores to spare.
+- The MLP's step is about 1 ms of compute (batch 64, 235 k parameters)
+  and moves 0.94 MB up and 0.94 MB down per step.  Async: a gradient that
+  finds its tensor's last push still on the wire joins a sum instead of
+  waiting (docs/PROTOCOL.md "Async sums"), so comm-wait is 0 and the step is
+  no longer than compute-only (the update runs in the server process, on
+  the other core, instead of on the training thread).  Sync: the first
+  layer's gradient (784x256, 0.8 MB) is the last one backward produces and
+  its new weights are the first ones forward needs, so one round trip of it
+  sits on the critical path of every step.  Through shared memory that round
+  trip no longer crosses the kernel (the last round, over loopback TCP, had
+  2.33x); what is left is the server's apply of that chunk and the wake-ups
+  of the threads that hand the request along (the worker's comm thread, the
+  server's I/O and update threads), each a few tens of microseconds in this
+  VM.
 - W=2 puts two workers and a server on two cores: the per-worker figures
   measure oversubscription, not the servers.
 EOF
@@ -365,17 +370,15 @@ cat <<'EOF'
   cores as the training threads (and as whatever else this machine runs:
   see the load average).
 - ps.torch puts more on those cores than DDP does.  Per step each worker
-  sends its whole gradient (13 MB for this CNN) to the server and receives
-  the whole model back over loopback TCP, and the server applies momentum to
-  it, while DDP's two processes exchange one 13 MB allreduce between
-  themselves.  The profile (when a goal was missed) shows where that goes:
-  ZeroMQ's I/O threads and the kernel copying socket data, the server's
-  optimizer, the comm thread's copy of each pull into the back buffer.  On a
-  machine with cores to spare those run beside the training threads; here
-  they take turns with them.  The shared-memory data plane (section 8)
-  removes the socket copies and the pull's copy between a worker and a
-  server on one host: ps.torch's parameters and gradients live in the
-  arena.
+  hands its whole gradient (13 MB for this CNN) to the server and takes the
+  whole model back (through shared memory: no socket copies), and the server
+  applies momentum to it, while DDP's two processes exchange one 13 MB
+  allreduce between themselves.  The profile (when a goal was missed)
+  shows where the time goes: most of it is the training threads themselves
+  (PyTorch's kernels, and libc: the copy of each gradient into the
+  exchange's buffer, torch's allocations and zeroing), the server's share is
+  a few percent, and sockets and ZeroMQ under 3% (ps.torch's parameters and
+  gradients live in the shared-memory arena, section 8).
 - Found on the way: freeing every .grad each step (`zero_grad(set_to_none=
   True)`) made the training thread up to twice as slow here, with ps.torch
   or without: glibc gives the freed 13 MB back to the system and the next

@@ -35,6 +35,7 @@
 #include "ps_client.h"
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_malloc.h"
 #include "ps_placement.h"
 #include "ps_time.h"
 #include "optimizer.h"
@@ -816,6 +817,9 @@ int main(int argc, char **argv)
 {
     bench_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
+    /* the clients stand for ps_worker, which keeps large buffers the same way
+     * (the raw baseline's processes are forks of this one: they do too) */
+    ps_malloc_keep_large();
     cfg.bin_dir = getenv("PS_BIN_DIR") ? getenv("PS_BIN_DIR") : "bin";
     cfg.row_s = 0.3;
     cfg.rounds = 2;

@@ -6,11 +6,13 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_malloc.h"
 #include "ps_time.h"
 #include "ratelimit.h"
 
 #define MAX_PEERS 65536
 #define IDLE_NS 60000000000LL  /* a peer unheard of this long that holds nothing goes */
+#define RELEASE_BYTES (32LL << 20) /* a peer gone that had pinned this much: trim the heap */
 #define QUIET_NS 10000000000LL /* one refusal line per peer per 10 s */
 
 struct ps_peer {
@@ -23,6 +25,7 @@ struct ps_peer {
     int fd;              /* its connection's socket, -1 unknown */
     int gone;            /* the connection closed */
     int64_t last_ns;     /* last payload admitted or counted */
+    int64_t peak_bytes;  /* the most it held unread at once (I/O thread's view) */
     uint64_t unlogged;   /* refusals since its last line */
     int64_t logged_ns;
 };
@@ -223,7 +226,10 @@ void ps_peers_count(ps_peers *p, const zmq_msg_t *id, zmq_msg_t *payload)
     t->peer = e;
     t->bytes = (int64_t)n;
     atomic_fetch_add_explicit(&e->replies, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&e->bytes, (int64_t)n, memory_order_relaxed);
+    int64_t held = atomic_fetch_add_explicit(&e->bytes, (int64_t)n, memory_order_relaxed) +
+                   (int64_t)n;
+    if (held > e->peak_bytes)
+        e->peak_bytes = held;
     e->last_ns = p->now;
     if (zmq_msg_init_data(payload, zmq_msg_data(&t->orig), n, ticket_free, t) != 0) {
         atomic_fetch_sub(&e->bytes, (int64_t)n);
@@ -261,15 +267,22 @@ static void remove_at(ps_peers *p, size_t i)
 void ps_peers_sweep(ps_peers *p, int64_t now)
 {
     p->now = now;
+    int64_t freed = 0;
     for (size_t i = 0; i < p->cap;) {
         ps_peer *e = p->slot[i];
         if (e && (e->gone || now - e->last_ns > IDLE_NS) &&
             atomic_load_explicit(&e->replies, memory_order_acquire) == 0) {
+            freed += e->peak_bytes;
             remove_at(p, i); /* slot i may hold another entry now: look again */
             continue;
         }
         i++;
     }
+    /* the process keeps freed memory for the next messages
+     * (ps_malloc_keep_large); a peer that pinned much of it has gone: give
+     * it back */
+    if (freed >= RELEASE_BYTES)
+        ps_malloc_release();
 }
 
 uint64_t ps_peers_refused(const ps_peers *p) { return p ? p->refused : 0; }

@@ -12,6 +12,7 @@
 #include "ps_error.h"
 #include "ps_flags.h"
 #include "ps_log.h"
+#include "ps_malloc.h"
 #include "ps_proto.h"
 #include "server.h"
 
@@ -342,6 +343,7 @@ int main(int argc, char **argv)
         return rc;
     ps_log_init(PROG, cfg.rank);
     ps_log_set_level(level);
+    ps_malloc_keep_large(); /* every message's buffer is not faulted in anew */
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

@@ -7,6 +7,7 @@
 #include "ps_flags.h"
 #include "ps_limits.h"
 #include "ps_log.h"
+#include "ps_malloc.h"
 #include "ps_opt_table.h"
 #include "train.h"
 
@@ -94,6 +95,7 @@ int main(int argc, char **argv)
 {
     ps_train_config c;
     ps_train_config_default(&c);
+    ps_malloc_keep_large(); /* every reply's buffer is not faulted in anew */
     char why[512];
     long long iv;
     uint64_t sv;
