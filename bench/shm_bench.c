@@ -28,6 +28,7 @@
 #include <zmq.h>
 
 #include "ps_client.h"
+#include "ps_malloc.h"
 #include "ps_time.h"
 
 #define MAX_SIZES 8
@@ -290,6 +291,9 @@ int main(int argc, char **argv)
     if (rounds < 1 || rounds > MAX_ROUNDS || row_s <= 0 || nsizes < 1)
         return 2;
     signal(SIGPIPE, SIG_IGN);
+    /* the allocator as in ps_server and ps_worker, for every variant: the
+     * raw servers are forks of this process */
+    ps_malloc_keep_large();
     size_t max = 0;
     for (int k = 0; k < nsizes; k++)
         max = sizes[k] > max ? sizes[k] : max;

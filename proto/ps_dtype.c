@@ -121,20 +121,35 @@ int ps_dtype_parse(const char *s, uint32_t *dtype)
     return PS_EINVAL;
 }
 
+/* dst and src of the narrow types need not be 2-byte aligned (a payload
+ * frame may start anywhere): their elements move through memcpy, which the
+ * compiler turns into plain loads and stores where that is allowed. */
+static inline void put16(unsigned char *restrict d, size_t i, uint16_t v)
+{
+    memcpy(d + 2 * i, &v, 2);
+}
+
+static inline uint16_t get16(const unsigned char *restrict s, size_t i)
+{
+    uint16_t v;
+    memcpy(&v, s + 2 * i, 2);
+    return v;
+}
+
 void ps_dtype_from_f32(uint32_t dtype, void *dst, const float *restrict src, size_t n)
 {
-    uint16_t *restrict d = dst;
+    unsigned char *restrict d = dst;
     switch (dtype) {
     case PS_DTYPE_F32:
         memcpy(dst, src, n * sizeof(float));
         break;
     case PS_DTYPE_BF16:
         for (size_t i = 0; i < n; i++)
-            d[i] = bf16_of(bits(src[i]));
+            put16(d, i, bf16_of(bits(src[i])));
         break;
     case PS_DTYPE_F16:
         for (size_t i = 0; i < n; i++)
-            d[i] = f16_of(bits(src[i]));
+            put16(d, i, f16_of(bits(src[i])));
         break;
     default:
         break;
@@ -143,18 +158,18 @@ void ps_dtype_from_f32(uint32_t dtype, void *dst, const float *restrict src, siz
 
 void ps_dtype_to_f32(uint32_t dtype, float *restrict dst, const void *src, size_t n)
 {
-    const uint16_t *restrict s = src;
+    const unsigned char *restrict s = src;
     switch (dtype) {
     case PS_DTYPE_F32:
         memcpy(dst, src, n * sizeof(float));
         break;
     case PS_DTYPE_BF16:
         for (size_t i = 0; i < n; i++)
-            dst[i] = from_bits((uint32_t)s[i] << 16);
+            dst[i] = from_bits((uint32_t)get16(s, i) << 16);
         break;
     case PS_DTYPE_F16:
         for (size_t i = 0; i < n; i++)
-            dst[i] = f32_of_f16(s[i]);
+            dst[i] = f32_of_f16(get16(s, i));
         break;
     default:
         break;

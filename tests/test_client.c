@@ -949,8 +949,10 @@ static int sync_rounds_dt(int W, uint32_t dt)
         ps_test_fail(__FILE__, __LINE__, "init failed: %s", ri.err);
         rc = -1;
     }
-    /* arrival orders: each step another one */
+    /* arrival orders: each step another one.  The requests outlive the loop:
+     * after a failure they may still be pending until the clients close */
     static const int orders[3][3] = {{0, 1, 2}, {2, 1, 0}, {1, 2, 0}};
+    ps_request rp[3], pull;
     size_t order_sensitive = 0;
     for (int t = 0; t < steps && !rc; t++) {
         int ord[3], m = 0;
@@ -976,7 +978,6 @@ static int sync_rounds_dt(int W, uint32_t dt)
             }
             narrow_lost += want[i] != master[i];
         }
-        ps_request rp[3], pull;
         for (int j = 0; j < W - 1 && !rc; j++) {
             int r = ord[j];
             if (ps_client_push(c[r], 7, g[r], t, &rp[r]) || !wait_ms(&rp[r], WAIT_MS) ||

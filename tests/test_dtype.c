@@ -298,6 +298,29 @@ PS_TEST(array_loops_match_the_scalar_conversions)
     CHECK(!strcmp(ps_dtype_name(PS_DTYPE_BF16), "bf16"));
 }
 
+/* A payload frame may start at any address: the narrow buffers need no
+ * alignment (UBSan's alignment check fails this if they did). */
+PS_TEST(narrow_buffers_at_an_odd_address_convert_the_same)
+{
+    enum { N = 33 };
+    float src[N], back[N];
+    for (int i = 0; i < N; i++)
+        src[i] = (float)i * 0.37f - 5.0f;
+    unsigned char raw[2 * N + 1];
+    uint32_t types[] = {PS_DTYPE_BF16, PS_DTYPE_F16};
+    for (size_t t = 0; t < 2; t++) {
+        fmt f = types[t] == PS_DTYPE_BF16 ? BF16 : F16;
+        ps_dtype_from_f32(types[t], raw + 1, src, N);
+        ps_dtype_to_f32(types[t], back, raw + 1, N);
+        for (int i = 0; i < N; i++) {
+            uint16_t v;
+            memcpy(&v, raw + 1 + 2 * i, 2);
+            CHECK_MSG(v == to_narrow(f, src[i]), "%s [%d]", f.name, i);
+            CHECK_MSG(fbits(back[i]) == fbits(from_narrow(f, v)), "%s back [%d]", f.name, i);
+        }
+    }
+}
+
 /* A rough speed line for the record (not checked: the machine is shared). */
 PS_TEST(conversion_speed)
 {
