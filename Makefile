@@ -54,13 +54,15 @@ LIB   := $(if $(filter 1,$(SAN)),$(BUILD)/lib,lib)
 INC_common := -Iinclude -Icommon
 INC_proto  := $(INC_common) -Iproto
 INC_server := $(INC_proto) -Iserver
-INC_worker := $(INC_proto) -Iworker
+INC_client := $(INC_proto) -Iclient
+INC_worker := $(INC_client) -Iworker
 INC_launch := $(INC_common) -Ilaunch
-INCLUDES   := -Iinclude -Icommon -Iproto -Iserver -Iworker -Ilaunch
+INCLUDES   := -Iinclude -Icommon -Iproto -Iserver -Iclient -Iworker -Ilaunch
 INC := $(INCLUDES)
 $(BUILD)/common/%.o: INC := $(INC_common)
 $(BUILD)/proto/%.o:  INC := $(INC_proto)
 $(BUILD)/server/%.o: INC := $(INC_server)
+$(BUILD)/client/%.o: INC := $(INC_client)
 $(BUILD)/worker/%.o: INC := $(INC_worker)
 $(BUILD)/launch/%.o: INC := $(INC_launch)
 $(BUILD)/examples/%.o: INC := -Iinclude
@@ -94,14 +96,11 @@ ifeq ($(BUILD_CUDA),1)
 endif
 
 # --- sources.  Files named *_main.c hold a program's main().  libps is
-# common/, proto/, every worker/client*.c (the client library's modules), the
-# exchange with its local aggregation and the host-memory backend it needs
-# (the Python package drives them through libps.so).
-LIBPS_WORKER := worker/exchange.c worker/local_group.c worker/backend_host.c
-LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c proto/*.c worker/client*.c)) \
-               $(LIBPS_WORKER)
+# common/, proto/ and client/ (the client, the exchange, local aggregation,
+# the host-memory backend); worker/ is the ps_worker program alone.
+LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c proto/*.c client/*.c))
 SERVER_SRCS := $(filter-out %_main.c,$(wildcard server/*.c))
-WORKER_SRCS := $(filter-out %_main.c worker/client%.c $(LIBPS_WORKER),$(wildcard worker/*.c))
+WORKER_SRCS := $(filter-out %_main.c,$(wildcard worker/*.c))
 # ps_launch: the plan and the supervisor (launch/ may include only common/
 # and include/, which its objects' include path enforces)
 LAUNCH_SRCS := $(filter-out %_main.c,$(wildcard launch/*.c))
@@ -146,12 +145,12 @@ $(LIB)/libps.a: $(LIB_OBJS)
 	rm -f $@ && ar rcs $@ $^
 
 # libps.so.MAJOR.MINOR.PATCH with soname libps.so.MAJOR; it exports the
-# ps_ names of worker/libps.map and nothing else (internal psc_ names, and
+# ps_ names of client/libps.map and nothing else (internal psc_ names, and
 # what the static library's users might define themselves, stay inside).
 LIBPS_SO := libps.so.$(VERSION)
-$(LIB)/$(LIBPS_SO): $(LIB_OBJS) worker/libps.map
+$(LIB)/$(LIBPS_SO): $(LIB_OBJS) client/libps.map
 	@mkdir -p $(@D)
-	$(CC) -shared -Wl,-soname,libps.so.$(SOMAJOR) -Wl,--version-script=worker/libps.map \
+	$(CC) -shared -Wl,-soname,libps.so.$(SOMAJOR) -Wl,--version-script=client/libps.map \
 	  -Wl,--no-undefined -o $@ $(LIB_OBJS) $(PKG_LIBS) -lm -pthread $(LDSAN)
 $(LIB)/libps.so: $(LIB)/$(LIBPS_SO)
 	ln -sf $(LIBPS_SO) $(LIB)/libps.so.$(SOMAJOR)
@@ -190,7 +189,7 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
 	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS)
 
 # libps's public headers stand alone: -Iinclude and nothing else
-$(BUILD)/tests/public_header.o: tests/public_header.c include/ps_client.h include/ps_types.h
+$(BUILD)/tests/public_header.o: tests/public_header.c $(PUBLIC_HEADERS)
 	@mkdir -p $(@D)
 	$(CC) -std=c99 -pedantic-errors -Wall -Wextra -Werror -Iinclude -c -o $@ $<
 
@@ -249,7 +248,7 @@ PYTHON     ?= /usr/bin/python3
 # recursive: asked of the interpreter only when installing
 PYTHONDIR  ?= $(if $(filter /usr,$(PREFIX)),$(PREFIX)/lib/python3/dist-packages,$(PREFIX)/lib/$(shell \
   $(PYTHON) -c 'import sys; print("python%d.%d" % sys.version_info[:2])' 2>/dev/null || echo python3)/dist-packages)
-PUBLIC_HEADERS := include/ps_client.h include/ps_types.h
+PUBLIC_HEADERS := include/ps_client.h include/ps_types.h include/ps_exchange.h
 PY_FILES := $(wildcard python/ps/*.py python/ps/torch/*.py)
 INSTALLED_PROGRAMS := $(notdir $(PROGRAMS))
 PS_PC := $(BUILD)/ps.pc

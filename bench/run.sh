@@ -210,7 +210,7 @@ more passes over the data in user space that raw ZeroMQ does not:
 1. the server applies the optimizer (sgd reads the gradient and the weights
    and writes the weights: `ps_opt_apply_to`, in the update thread);
 2. the client copies each reply frame into the caller's buffer
-   (`handle_reply` in `worker/client_comm.c`), which ZeroMQ forces: it cannot
+   (`handle_reply` in `client/client_comm.c`), which ZeroMQ forces: it cannot
    receive into a buffer the caller gives it.
 
 The server no longer copies the weights into its replies: a pull reply is

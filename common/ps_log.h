@@ -5,11 +5,8 @@
 #ifndef PS_LOG_H
 #define PS_LOG_H
 
-enum { PS_LOG_ERROR = 0, PS_LOG_WARN = 1, PS_LOG_INFO = 2, PS_LOG_DEBUG = 3 };
+#include "ps_types.h" /* the levels, ps_log_init, ps_log_set_level */
 
-/* Set the role ("ps_server") and rank (-1: none) printed on each line. */
-void ps_log_init(const char *role, int rank);
-void ps_log_set_level(int level);
 int ps_log_level(void);
 
 void ps_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

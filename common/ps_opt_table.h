@@ -27,10 +27,7 @@ typedef struct ps_opt_param {
 
 const ps_opt_param *ps_opt_param_at(int p); /* 0 <= p < PS_OPT_NPARAMS */
 
-/* "sgd", ..., "none" for PS_OPT_NONE, "unknown" otherwise. */
-const char *ps_opt_name(int kind);
-/* "sgd".."adam" -> kind; PS_EINVAL for anything else (also "none"). */
-int ps_opt_parse(const char *s, int *kind);
+/* ps_opt_name and ps_opt_parse: include/ps_types.h */
 
 /* Every field at its default, kind sgd, everything given (a server's view). */
 void ps_opt_default(ps_opt_config *c);

@@ -46,6 +46,14 @@ const char *ps_strerror(int code);
 /* Longest error text a reply carries (bytes, without the terminator). */
 #define PS_ERR_TEXT_MAX 200
 
+/* ---- log lines (stderr): "ROLE[RANK] LEVEL HH:MM:SS.mmm: text", one
+ * write each, so grep 'ps_server\[1\] error' works ---- */
+enum { PS_LOG_ERROR = 0, PS_LOG_WARN = 1, PS_LOG_INFO = 2, PS_LOG_DEBUG = 3 };
+/* The role ("ps_server", "python") and rank (-1: none) printed on each line. */
+void ps_log_init(const char *role, int rank);
+/* The least severe level printed (default PS_LOG_INFO). */
+void ps_log_set_level(int level);
+
 /* ---- element types of payloads (the `d` of docs/PROTOCOL.md); weights and
  * gradients are float32 everywhere but, with a narrower wire type, on the
  * network (ps_client_set_wire_dtype) ---- */
@@ -65,6 +73,11 @@ enum ps_opt_kind {
     PS_OPT_ADAM = 5
 };
 #define PS_OPT_KIND_MAX 5
+
+/* "sgd", ..., "none" for PS_OPT_NONE, "unknown" otherwise. */
+const char *ps_opt_name(int kind);
+/* "sgd".."adam" -> kind; PS_EINVAL for anything else (also "none"). */
+int ps_opt_parse(const char *s, int *kind);
 
 /* Which optimizers use a hyper-parameter (bit 1 << kind). */
 #define PS_OPT_USED_SGD (1u << PS_OPT_SGD)

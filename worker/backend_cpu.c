@@ -12,6 +12,7 @@
 
 #include "backend.h"
 #include "ps_error.h"
+#include "ps_exchange.h"
 
 /* Declared by OpenBLAS's cblas.h; repeated so a reference-CBLAS header (which
  * lacks it) still compiles.  Identical redeclarations are harmless. */

@@ -5,7 +5,7 @@
  * Communication overlaps compute through the model's hooks: before a layer's
  * forward the exchange swaps in that layer's newest weights (sync: waits for
  * them), and as soon as backward has issued a layer's gradient the exchange
- * pushes it and pulls the next version (exchange.h).  Without servers the
+ * pushes it and pulls the next version (ps_exchange.h).  Without servers the
  * loop trains alone with local SGD, the compute-only baseline. */
 #include "train.h"
 
@@ -18,7 +18,7 @@
 
 #include "backend.h"
 #include "data.h"
-#include "exchange.h"
+#include "ps_exchange.h"
 #include "model.h"
 #include "ps_error.h"
 #include "ps_fs.h"

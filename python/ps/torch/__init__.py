@@ -21,7 +21,7 @@ servers' at start, and it is never stepped locally):
     opt.pull_final()
 
 What happens (DESIGN.md "Overlap on the worker", the machinery ps_worker
-uses, worker/exchange.c inside libps): every parameter that requires grad is
+uses, client/exchange.c inside libps): every parameter that requires grad is
 registered, in named_parameters() order, with a key made of its position and
 a CRC of its name and shape, so workers that wrap different models (or the
 same layers in another order) are refused at start.  Worker 0's initial

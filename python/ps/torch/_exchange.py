@@ -1,4 +1,4 @@
-"""The hooks that tie a torch.nn.Module to libps's exchange (worker/exchange.h).
+"""The hooks that tie a torch.nn.Module to libps's exchange (include/ps_exchange.h).
 
 The exchange is the C machinery ps_worker trains with: per tensor a front
 weight buffer (what forward reads), a back buffer that pulls fill, two

@@ -1,12 +1,14 @@
-/* The exchange (exchange.h): per-tensor double buffers, the staging between
- * device and host memory, and the requests that move them. */
-#include "exchange.h"
+/* The exchange (include/ps_exchange.h): per-tensor double buffers, the
+ * staging between device and host memory, and the requests that move them. */
+#include "ps_exchange.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "local_group.h"
+#include "ps_backend.h"
+#include "ps_trace.h"
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_time.h"

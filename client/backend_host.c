@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "ps_backend.h"
+#include "ps_exchange.h"
 #include "ps_error.h"
 
 /* Large enough for AVX-512 loads and a cache line. */

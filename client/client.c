@@ -1,6 +1,6 @@
 /* libps: the public API of the worker-side client.  The contract is
  * include/ps_client.h; how the modules share the work is
- * worker/client_internal.h.
+ * client/client_internal.h.
  *
  * Everything here runs on the caller's (training) thread: checking options
  * and opening, registering tensors and starting (placement, hello), posting

@@ -1,5 +1,5 @@
-/* The exchange: double buffering and staging between a training loop and
- * libps (DESIGN.md "Overlap on the worker").  The loop talks to the exchange
+/* libps's exchange: double buffering and staging between a training loop
+ * and the client of ps_client.h (docs/DESIGN.md "Overlap on the worker").  The loop talks to the exchange
  * about tensors, by index; the exchange talks to the servers through libps
  * and to the device through the ps_backend's memory, copy, stream and event
  * functions (never its kernels), so it serves any caller that has a list of
@@ -60,11 +60,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
 #include "ps_client.h"
-#include "ps_trace.h"
 
 typedef struct ps_exchange ps_exchange;
+/* The device the tensors live on: a struct of memory, copy, stream and event
+ * functions (libps's client/ps_backend.h; ps_worker's CPU and CUDA backends
+ * implement it).  A caller that computes elsewhere and hands the exchange
+ * host memory uses the host backend below. */
+typedef struct ps_backend ps_backend;
+/* A Chrome trace-event writer (common/ps_trace.h), for timelines. */
+typedef struct ps_trace ps_trace;
+
+/* The host-memory backend: memory, copies, fills, streams and events of
+ * plain host memory, no compute kernels.  For a caller of the exchange that
+ * computes elsewhere (the PyTorch wrapper stages its CUDA tensors itself).
+ * 0 or PS_ENOMEM; free it with ps_backend_host_destroy after
+ * ps_exchange_close (NULL is fine). */
+int ps_backend_host_create(ps_backend **out);
+void ps_backend_host_destroy(ps_backend *b);
 
 /* Open the client with o (o->mode picks sync or async behaviour) on backend
  * b, which must outlive the exchange.  Nothing is sent yet. */

@@ -1,5 +1,5 @@
 /* libps internals: the client's state and what its modules call in each
- * other.  Only worker/client*.c include this; the contract for callers is
+ * other.  Only client/client*.c include this; the contract for callers is
  * include/ps_client.h.  Names here start with psc_ so they cannot clash
  * with a program that links libps.a.
  *

@@ -1,0 +1,103 @@
+/* Compute backend interface (libps: the exchange moves data through it): one struct of function pointers with a CPU
+ * implementation (OpenBLAS, backend_cpu.c) and a CUDA implementation (cuBLAS +
+ * our kernels, backend_cuda.cu).  Layers call only these, so the same layer
+ * code runs on both.  All tensors are float32, row-major; images are NCHW.
+ *
+ * Memory: `alloc` returns device memory (host memory for the CPU backend);
+ * `alloc_host` returns host memory the device can copy from/to asynchronously
+ * (pinned on CUDA).  Pointers from one backend are only valid with it.
+ *
+ * Streams: PS_STREAM_COMPUTE runs kernels, PS_STREAM_COPY runs host<->device
+ * copies.  Work on one stream runs in order; across streams order only through
+ * events.  On the CPU every call is complete when it returns and events are
+ * always signalled.
+ *
+ * Every function that can fail returns 0 or a PS_E* code (ps_error.h). */
+#ifndef PS_BACKEND_IFACE_H
+#define PS_BACKEND_IFACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { PS_STREAM_COMPUTE = 0, PS_STREAM_COPY = 1 };
+
+typedef struct ps_event ps_event;
+typedef struct ps_backend ps_backend;
+
+struct ps_backend {
+    const char *name; /* "cpu" or "cuda:N": for messages; test host_memory, not the name */
+    void *ctx;        /* backend-private state */
+    /* 1 when alloc returns plain host memory (CPU): the host can read and
+     * write device buffers directly, so data bound for or coming from the
+     * network needs no staging copy.  0 for device memory (CUDA). */
+    int host_memory;
+
+    /* memory */
+    int (*alloc)(ps_backend *b, size_t bytes, void **out);
+    void (*free)(ps_backend *b, void *p);
+    int (*alloc_host)(ps_backend *b, size_t bytes, void **out);
+    void (*free_host)(ps_backend *b, void *p);
+    /* Page-lock host memory the program mapped itself (the shared-memory
+     * arena), so copies to and from it run by DMA like alloc_host's; undone
+     * by host_unregister before it is unmapped.  NULL on a backend whose
+     * memory is host memory (nothing to do). */
+    int (*host_register)(ps_backend *b, void *p, size_t bytes);
+    void (*host_unregister)(ps_backend *b, void *p);
+    /* kind: 0 host->device, 1 device->host, 2 device->device; async on stream */
+    int (*copy)(ps_backend *b, void *dst, const void *src, size_t bytes, int kind, int stream);
+    int (*fill)(ps_backend *b, float *x, float value, size_t n);
+
+    /* C[M,N] = alpha * op(A) * op(B) + beta * C, row-major; op(A) is M x K.
+     * lda/ldb/ldc are the row strides of A, B, C as stored. */
+    int (*gemm)(ps_backend *b, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+    /* y[o, c, i] += bias[c] for o < outer, c < channels, i < inner */
+    int (*bias_add)(ps_backend *b, float *y, const float *bias, int outer, int channels, int inner);
+    /* db[c] = sum over o, i of dy[o, c, i]  (overwrites db) */
+    int (*bias_grad)(ps_backend *b, float *db, const float *dy, int outer, int channels, int inner);
+    /* y = max(x, 0); may run in place */
+    int (*relu_fwd)(ps_backend *b, float *y, const float *x, size_t n);
+    /* dx = dy * (y > 0); may run in place (dx == dy) */
+    int (*relu_bwd)(ps_backend *b, float *dx, const float *dy, const float *y, size_t n);
+    /* Numerically stable softmax cross-entropy over rows of logits[n, classes].
+     * Writes dlogits = (softmax - onehot) / n, and into host memory *loss the
+     * mean loss and *correct the number of rows whose argmax equals the label
+     * (both may be NULL; when given, the call waits for the result).
+     * labels are device int32 indices in [0, classes). */
+    int (*softmax_xent)(ps_backend *b, const float *logits, const int32_t *labels, int n,
+                        int classes, float *dlogits, float *loss, int *correct);
+    /* im2col for one image x[C, H, W] with a k x k kernel, zero padding pad,
+     * stride 1: col[(c*k + ky)*k + kx, oy*OW + ox]; OH = H + 2pad - k + 1. */
+    int (*im2col)(ps_backend *b, const float *x, int C, int H, int W, int k, int pad, float *col);
+    /* adjoint of im2col: dx[C, H, W] = sum of col entries (overwrites dx) */
+    int (*col2im)(ps_backend *b, const float *col, int C, int H, int W, int k, int pad, float *dx);
+    /* 2x2 max-pool, stride 2, over x[N*C, H, W] (H, W even); argmax holds the
+     * index within the window (0..3) of each output for backward. */
+    int (*maxpool_fwd)(ps_backend *b, const float *x, int NC, int H, int W, float *y,
+                       uint8_t *argmax);
+    /* dx = scatter of dy through argmax (overwrites dx) */
+    int (*maxpool_bwd)(ps_backend *b, const float *dy, const uint8_t *argmax, int NC, int H,
+                       int W, float *dx);
+    /* y += alpha * x */
+    int (*axpy)(ps_backend *b, float *y, float alpha, const float *x, size_t n);
+
+    /* events and streams */
+    int (*event_create)(ps_backend *b, ps_event **out);
+    void (*event_destroy)(ps_backend *b, ps_event *e);
+    int (*event_record)(ps_backend *b, ps_event *e, int stream);
+    /* make `stream` wait for e without blocking the host */
+    int (*stream_wait_event)(ps_backend *b, int stream, ps_event *e);
+    /* block the host until e has happened */
+    int (*event_sync)(ps_backend *b, ps_event *e);
+    /* 1 if e has happened, 0 if not, negative PS_E* on error */
+    int (*event_query)(ps_backend *b, ps_event *e);
+    int (*stream_sync)(ps_backend *b, int stream);
+
+    void (*destroy)(ps_backend *b);
+};
+
+/* The host-memory backend (backend_host.c) is created with
+ * ps_backend_host_create (include/ps_exchange.h). */
+
+#endif
