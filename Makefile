@@ -253,12 +253,16 @@ PY_FILES := $(wildcard python/ps/*.py python/ps/torch/*.py)
 INSTALLED_PROGRAMS := $(notdir $(PROGRAMS))
 PS_PC := $(BUILD)/ps.pc
 
+# Outside the loader's own directories a program linked with ps.pc finds
+# libps.so through an rpath, so it runs without LD_LIBRARY_PATH.
+comma := ,
+PC_RPATH := $(if $(filter /usr/lib /usr/local/lib /usr/lib/x86_64-linux-gnu,$(LIBDIR)),, -Wl$(comma)-rpath$(comma)$${libdir})
 $(PS_PC): Makefile
 	@mkdir -p $(@D)
 	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
 	  'Name: ps' 'Description: parameter server client library (libps)' 'Version: $(VERSION)' \
 	  'Requires.private: libzmq msgpack' 'Cflags: -I$${includedir}' \
-	  'Libs: -L$${libdir} -lps' 'Libs.private: -lm -pthread' >$@
+	  'Libs: -L$${libdir}$(PC_RPATH) -lps' 'Libs.private: -lm -pthread' >$@
 .PHONY: $(PS_PC)
 
 install: $(PROGRAMS) $(LIB)/libps.a $(LIB)/libps.so $(PS_PC)

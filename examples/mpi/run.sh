@@ -15,7 +15,8 @@
 # PS_GPUS_PER_HOST (the GPUs nvidia-smi lists here), PS_CPU_WORKERS_PER_HOST
 # (2, without GPUs), PS_PORT (29500: server i listens on PS_PORT + i),
 # PS_OPT (the flags servers and workers share: --lr 0.05), PS_TRAIN
-# (ps_worker's flags: --model cnn --epochs 5), PS_CKPT_DIR (ckpt/mpi-PID),
+# (ps_worker's flags: --model cnn --epochs 5), PS_CKPT_DIR (ckpt/mpi-PID,
+# removed after a run that succeeded),
 # PS_HOSTFILE or PS_HOSTS (mpirun --hostfile / -H), PS_MPIRUN_ARGS (more
 # mpirun flags), PS_BIN_DIR (bin).
 # As root mpirun needs --allow-run-as-root (added here).  Stopping: SIGTERM or
@@ -100,4 +101,8 @@ done
 kill $watchdog 2>/dev/null
 kill -USR1 $servers 2>/dev/null
 wait $servers
+# checkpoints under a PID no later run restores: kept only when it failed
+if [ -z "${PS_CKPT_DIR:-}" ]; then
+    if [ "$status" -eq 0 ]; then rm -rf "$CKPT"; else echo "run.sh: checkpoints kept in $CKPT" >&2; fi
+fi
 exit $status

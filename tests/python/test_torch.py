@@ -346,7 +346,7 @@ class EndToEnd(unittest.TestCase):
         if "--exec" not in helptext:
             self.skipTest("ps_launch has no --exec yet")
         out = subprocess.run([launch, "--servers", "2", "--workers", "2", "--mode", "async",
-                              "--server-arg", "--lr", "--server-arg", "0.5", "--exec",
+                              "--lr", "0.5", "--exec",
                               pstest.PYTHON, os.path.join(ROOT, "examples/python_push_pull.py")],
                              capture_output=True, text=True, timeout=120)
         self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-2000:])

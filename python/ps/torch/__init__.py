@@ -36,7 +36,15 @@ clipping and other edits of .grad after backward do not reach the servers
 to the servers' flags.
 """
 
-import torch
+import sys
+
+try:
+    import torch
+except ImportError as e:  # a python3 first on PATH that is not Debian's
+    raise ImportError("ps.torch needs PyTorch, which %s cannot import (%s): run the script "
+                      "with an interpreter that has it, e.g. Debian's /usr/bin/python3 with "
+                      "python3-torch (ps_launch --exec /usr/bin/python3 ...)"
+                      % (sys.executable, e)) from e
 
 from ..client import Client, PSError
 from ._exchange import Exchange, param_key
