@@ -154,8 +154,7 @@ static int post_ctl(ps_client *c, uint32_t type, int server, int64_t step, void 
  * itself: waiting is still what makes req safe to free. */
 static void cancel(ps_client *c, ps_request *req, int code)
 {
-    psc_op o = {.type = 0, .server = -1, .tensor = 0, .src = NULL, .dst = NULL, .step = code,
-            .req = req, .out = NULL};
+    psc_op o = {.type = PSC_OP_CANCEL, .server = -1, .req = req, .code = code};
     psc_post(c, &o);
     psc_wait_until(req, INT64_MAX);
 }

@@ -232,13 +232,13 @@ void psc_sub_send(ps_client *c, uint32_t i)
     psc_resend_arm(c, i);
 }
 
-/* Cancel: fail every sub-request of o->req with code o->step. */
+/* Cancel: fail every sub-request of o->req with o->code. */
 static void do_cancel(ps_client *c, const psc_op *o)
 {
     for (uint32_t i = 0; i < c->nsubs; i++)
         if (c->subs[i].req == o->req) {
-            psc_set_error(o->req, (int)o->step, "%s: %s", c->endpoints[c->subs[i].server],
-                          ps_strerror((int)o->step));
+            psc_set_error(o->req, o->code, "%s: %s", c->endpoints[c->subs[i].server],
+                          ps_strerror(o->code));
             psc_slot_finish(c, i);
         }
 }
@@ -248,7 +248,7 @@ static void do_cancel(ps_client *c, const psc_op *o)
 static void do_op(ps_client *c, const psc_op *o)
 {
     ps_request *r = o->req;
-    if (o->type == 0) {
+    if (o->type == PSC_OP_CANCEL) {
         do_cancel(c, o);
         return;
     }

@@ -63,20 +63,24 @@
 #define PSC_ERRBUF 512
 #define PSC_NO_SLOT UINT32_MAX
 
-/* An operation posted by the training thread.  type 0 is a cancel: fail every
- * sub-request of `req` with code `step` (used when start gives up waiting). */
+/* Not a PS_MSG_*: fail every sub-request of psc_op.req with psc_op.code (a
+ * caller gave up waiting for it). */
+#define PSC_OP_CANCEL 0
+
+/* An operation posted by the training thread. */
 typedef struct psc_op {
-    uint32_t type;    /* PS_MSG_*, or 0 for cancel */
+    uint32_t type;    /* PS_MSG_*, or PSC_OP_CANCEL */
     int server;       /* control messages: the target server */
     uint32_t tensor;  /* data messages: index in the placement */
     const float *src; /* init/push/pushpull payload (read in place) */
     float *dst;       /* pull/pushpull destination */
-    int64_t step;
+    int64_t step;     /* the header's step: a push's or pull's, a barrier's id */
     ps_request *req;
     void *out;        /* HELLO: ps_hello reply; STATS: psc_stats_out */
     ps_ready_fn ready;/* push_when: send once ready(ready_arg) != 0 */
     void *ready_arg;
     int npush;        /* push: how many gradients src sums (ps_client_push_sum) */
+    int code;         /* PSC_OP_CANCEL: the PS_E* code its sub-requests fail with */
 } psc_op;
 
 /* Where a STATS reply goes (psc_op.out of a STATS op); either may be NULL. */

@@ -85,7 +85,7 @@ void psc_req_fail(ps_request *r, int code, const char *text)
 void psc_fail_unsent(ps_client *c, const psc_op *o)
 {
     ps_request *r = o->req;
-    if (o->type == 0)
+    if (o->type == PSC_OP_CANCEL)
         return;
     psc_set_error(r, PS_ECLOSED, "client closed before the request was sent");
     __atomic_store_n(&r->_priv.pending, 0, __ATOMIC_RELEASE);
