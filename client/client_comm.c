@@ -8,14 +8,18 @@
  * slots.  A push_when op whose data is not ready yet is held, and every op
  * posted after it waits behind it.
  *
- * Sending a sub-request is psc_sub_send: the header frame, then
+ * Sending a sub-request is sub_send: the header frame, then
  * send_payload, the one place a payload leaves this process (zero-copy from
  * the caller's buffer, or, with a narrower wire type, a converted copy); a
  * same-host data plane replaces that function.  handle_reply is the one
  * place a pulled payload comes in (copied, or widened, into the caller's
  * buffer).
- * Resends and heartbeats are client_resend.c's; completions and slots
- * client_requests.c's. */
+ *
+ * When to resend, to send heartbeats and to give up on a silent server is
+ * client_resend.c's, when to say hello again to a server that refused us
+ * client_rejoin.c's: they say what to send (a slot, a server) and the loop
+ * here sends it, so only this file touches a socket and they call nothing
+ * in it.  Completions and slots are client_requests.c's. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,7 +110,8 @@ static size_t take_queue(ps_client *c, int *stop)
 
 /* ---------- sending ---------- */
 
-int psc_zsend(void *sock, const void *buf, size_t len, int flags)
+/* Send one frame without blocking (EINTR retried): 0, or -1 with errno. */
+static int zsend(void *sock, const void *buf, size_t len, int flags)
 {
     for (;;) {
         if (zmq_send(sock, buf, len, flags | ZMQ_DONTWAIT) >= 0)
@@ -176,7 +181,11 @@ static int send_payload(ps_client *c, uint32_t i, void *sock, uint32_t dtype, in
     return 0;
 }
 
-void psc_sub_send(ps_client *c, uint32_t i)
+/* Send sub-request i (first time or again).  The caller has already counted
+ * the payload's release in its request's pending.  0 when it went (or waits
+ * for a connection to resend on); otherwise the sub-request is finished with
+ * the error, which is returned. */
+static int sub_send(ps_client *c, uint32_t i)
 {
     psc_sub *s = &c->subs[i];
     ps_request *r = s->req;
@@ -201,7 +210,7 @@ void psc_sub_send(ps_client *c, uint32_t i)
     int lost = 0;
     if (ps_proto_encode(&h, buf, sizeof buf, &len) != 0) {
         err = PS_EPROTO;
-    } else if (psc_zsend(sock, buf, len, payload ? ZMQ_SNDMORE : 0) < 0) {
+    } else if (zsend(sock, buf, len, payload ? ZMQ_SNDMORE : 0) < 0) {
         err = PS_EIO;
         zerr = errno;
         /* EAGAIN: ZeroMQ has no connection to queue it on: the server
@@ -227,9 +236,36 @@ void psc_sub_send(ps_client *c, uint32_t i)
                           ? " (no connection: did the server refuse this worker's CURVE key?)"
                           : "");
         psc_slot_finish(c, i);
-        return;
+        return err;
     }
-    psc_resend_arm(c, i);
+    psc_resend_arm(c, i, ps_now_ns());
+    return 0;
+}
+
+/* Send sub-request i again (a resend, or one parked until its server took
+ * us back): its payload frame is one more release to wait for. */
+static void resend(ps_client *c, uint32_t i)
+{
+    psc_sub *s = &c->subs[i];
+    if (ps_msg_request_has_payload(s->type))
+        __atomic_add_fetch(&s->req->_priv.pending, 1, __ATOMIC_ACQ_REL);
+    sub_send(c, i);
+}
+
+/* A heartbeat to every server, fire-and-forget: no slot, no resend, its
+ * reply is dropped. */
+static void send_heartbeats(ps_client *c)
+{
+    ps_header h;
+    ps_header_init(&h, PS_MSG_HEARTBEAT);
+    h.seq = PSC_HEARTBEAT_SEQ;
+    h.rank = c->opt.rank;
+    char buf[PS_HEADER_MAX];
+    size_t len = 0;
+    if (ps_proto_encode(&h, buf, sizeof buf, &len) != 0)
+        return;
+    for (int s = 0; s < c->nservers; s++)
+        zsend(c->socks[s], buf, len, 0); /* queued while a server is away; fine */
 }
 
 /* Cancel: fail every sub-request of o->req with o->code. */
@@ -275,7 +311,7 @@ static void do_op(ps_client *c, const psc_op *o)
             s->total = c->specs[o->tensor].count;
             s->src = o->src ? o->src + cp->offset : NULL;
             s->dst = o->dst ? o->dst + cp->offset : NULL;
-            psc_sub_send(c, i);
+            sub_send(c, i);
         }
         return;
     }
@@ -286,7 +322,7 @@ static void do_op(ps_client *c, const psc_op *o)
         psc_part_done(c, r);
         return;
     }
-    psc_sub_send(c, i);
+    sub_send(c, i);
 }
 
 /* ---------- held ops (push_when) ---------- */
@@ -324,6 +360,15 @@ static void release_held(ps_client *c)
 
 /* ---------- receiving ---------- */
 
+/* `server` refused us with `refusal` (PS_EHELLO: it dropped or forgot this
+ * rank): say hello again, unless client_rejoin.c says not now. */
+static void rejoin(ps_client *c, int server, const ps_header *refusal)
+{
+    uint32_t i = psc_rejoin_hello(c, server, refusal);
+    if (i != PSC_NO_SLOT && sub_send(c, i) != 0)
+        psc_rejoin_unsent(c, server);
+}
+
 static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_t *pm,
                          int nframes)
 {
@@ -340,7 +385,7 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
     if (h.type == PS_MSG_HEARTBEAT || (h.type == PS_MSG_ERROR && h.seq == PSC_HEARTBEAT_SEQ)) {
         /* an answer to a heartbeat; an error one: the server dropped or forgot us */
         if (h.type == PS_MSG_ERROR && h.err_code == PS_EHELLO)
-            psc_rejoin_heartbeat_refused(c, server, &h);
+            rejoin(c, server, &h); /* before a request runs into the refusal */
         return;
     }
     uint32_t i = psc_slot_find(c, h.seq, server);
@@ -349,14 +394,22 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
                  ps_msg_type_name(h.type), ep, (unsigned long long)h.seq);
         return;
     }
-    if (psc_rejoin_reply(c, i, &h))
-        return; /* the answer to a hello that rejoins this server */
+    if (psc_rejoin_reply(c, i, &h)) {
+        /* the answer to a hello that rejoins this server: if it took us
+         * back, what waited for that goes again */
+        for (uint32_t k = psc_rejoin_unpark(c, server, 0); k != PSC_NO_SLOT;
+             k = psc_rejoin_unpark(c, server, k + 1))
+            resend(c, k);
+        return;
+    }
     psc_sub *s = &c->subs[i];
     ps_request *r = s->req;
     if (h.type == PS_MSG_ERROR) {
         /* "say hello again": parked until this server takes us back, then resent */
-        if (h.err_code == PS_EHELLO && psc_rejoin_refused(c, i, &h) == 0)
+        if (h.err_code == PS_EHELLO && psc_rejoin_park(c, i) == 0) {
+            rejoin(c, server, &h);
             return;
+        }
         psc_set_error(r, h.err_code, "%s: %s", ep,
                       h.err_text[0] ? h.err_text : ps_strerror(h.err_code));
         psc_slot_finish(c, i);
@@ -516,7 +569,10 @@ static int open_sockets(ps_client *c)
     return 0;
 }
 
-void psc_socket_reset(ps_client *c, int s)
+/* Close the socket of server s and connect a new one: ZeroMQ drops what it
+ * still queued for s, releasing those payloads, so requests given up on can
+ * complete; a server that comes back later gets a fresh connection. */
+static void socket_reset(ps_client *c, int s)
 {
     /* linger 0: ZeroMQ discards what it still queues for the server and
      * releases those payloads (psc_release_cb) on its own threads */
@@ -642,9 +698,13 @@ static void *comm_main(void *arg)
         for (int s = 0; s < c->nservers; s++)
             drain_socket(c, s);
         now = ps_now_ns();
-        psc_resend_due(c, now);
-        psc_heartbeat_due(c, now);
-        psc_server_timeout_due(c, now);
+        for (uint32_t i = psc_resend_next(c, now, 0); i != PSC_NO_SLOT;
+             i = psc_resend_next(c, now, i + 1))
+            resend(c, i);
+        if (psc_heartbeat_due(c, now))
+            send_heartbeats(c);
+        for (int s = psc_give_up_next(c, now, 0); s >= 0; s = psc_give_up_next(c, now, s + 1))
+            socket_reset(c, s);
     }
     fail_everything(c);
     c->poll_items = NULL;

@@ -10,14 +10,18 @@
  *                    sub-request slots that match replies to requests
  *  client_comm.c     the comm thread: the queue from the training thread,
  *                    sockets, sending a sub-request, receiving replies, held
- *                    push_when ops, the poll loop, closing
- *  client_resend.c   liveness: resending unanswered sub-requests with
- *                    backoff, heartbeats, giving up on a server silent past
- *                    server_timeout_ms, and when the comm thread must wake
- *                    for them
- *  client_rejoin.c   saying hello again to a server that refused a
+ *                    push_when ops, the poll loop, closing; the one file
+ *                    that sends
+ *  client_resend.c   liveness: when to resend an unanswered sub-request
+ *                    (with backoff), when heartbeats are due, when to give
+ *                    up on a server silent past server_timeout_ms, and when
+ *                    the comm thread must wake for them
+ *  client_rejoin.c   whether to say hello again to a server that refused a
  *                    sub-request with PS_EHELLO (it dropped or forgot this
- *                    rank), then resending what waited on it
+ *                    rank), and what waited on it, to resend once it took
+ *                    us back
+ *  Resend and rejoin decide; the comm loop sends what they name, so they
+ *  call nothing in client_comm.c.
  *  client_token.c    the hello token each server gave (echoed in a later
  *                    hello) and the admin token of a shutdown
  *
@@ -245,16 +249,6 @@ void psc_comm_stop(ps_client *c);
 int psc_post(ps_client *c, const psc_op *o);
 /* Wake the comm thread. */
 void psc_kick(ps_client *c);
-/* Comm thread: send sub-request i (first time or a resend).  The caller has
- * already counted the payload's release in its request's pending.  On
- * failure the sub-request is finished with the error. */
-void psc_sub_send(ps_client *c, uint32_t i);
-/* Send one frame without blocking (EINTR retried): 0, or -1 with errno. */
-int psc_zsend(void *sock, const void *buf, size_t len, int flags);
-/* Close the socket of server s and connect a new one: ZeroMQ drops what it
- * still queued for s, releasing those payloads, so requests given up on can
- * complete; a server that comes back later gets a fresh connection. */
-void psc_socket_reset(ps_client *c, int s);
 
 /* ---- client_shm.c: the same-host data plane ---- */
 
@@ -282,25 +276,32 @@ void psc_tokens_fill(const ps_client *c, int server, ps_header *h);
 /* A hello reply from `server`: keep the token it gives for later hellos. */
 void psc_tokens_keep(ps_client *c, int server, const ps_hello *reply);
 
-/* ---- client_resend.c: resends and heartbeats (comm thread) ---- */
+/* ---- client_resend.c: liveness (comm thread) ---- */
 
-/* Slot i was just sent: when resending is on, set when to resend it. */
-void psc_resend_arm(ps_client *c, uint32_t i);
-/* Resend every sub-request whose deadline has passed, doubling its backoff. */
-void psc_resend_due(ps_client *c, int64_t now);
+/* Slot i was sent at now: when resending is on, set when to resend it. */
+void psc_resend_arm(ps_client *c, uint32_t i, int64_t now);
+/* The next sub-request to resend at now: the first live one at or after
+ * slot `from` whose deadline has passed (not SHUTDOWN, not parked), its
+ * backoff doubled up to 30 s and the resend logged; PSC_NO_SLOT when none
+ * is left.  A round starts with from 0 (PSC_NO_SLOT at once when no
+ * deadline can have passed) and goes on from the slot returned + 1; the
+ * caller sends each slot returned (psc_resend_arm) before asking again. */
+uint32_t psc_resend_next(ps_client *c, int64_t now, uint32_t from);
+/* 1 when the heartbeats are to go to every server now (after start, every
+ * heartbeat_ms); the next ones are due heartbeat_ms later. */
+int psc_heartbeat_due(ps_client *c, int64_t now);
 /* Something came from server s at now. */
 void psc_server_heard(ps_client *c, int s, int64_t now);
-/* Fail the sub-requests of every server that has been silent for longer than
- * server_timeout_ms while they waited (PS_ETIMEDOUT, logged once per server
- * and episode).  First psc_pause_check. */
-void psc_server_timeout_due(ps_client *c, int64_t now);
-/* The loop is at now; its poll was due back by c->wake_by_ns.  Much later
- * means the process was stopped (SIGSTOP, a suspended VM): silence is
- * counted afresh from now, so a resumed worker does not give up on servers
- * whose replies are still on their way. */
-void psc_pause_check(ps_client *c, int64_t now);
-/* Send the heartbeats when they are due. */
-void psc_heartbeat_due(ps_client *c, int64_t now);
+/* The next server at or after `from` silent for longer than
+ * server_timeout_ms while sub-requests wait on it (after start): those fail
+ * with PS_ETIMEDOUT (logged once per server and episode) and it is
+ * returned, for the caller to reset its connection (payloads ZeroMQ still
+ * queues for it belong to those requests: only once they are released are
+ * the requests complete); -1 when none is left.  With from 0 a pause of the
+ * process (c->wake_by_ns long past: SIGSTOP, a suspended VM) first makes
+ * silence count afresh from now, so a resumed worker does not give up on
+ * servers whose replies are still on their way. */
+int psc_give_up_next(ps_client *c, int64_t now, int from);
 /* How long the poll may sleep before resends or heartbeats are due: ms, or
  * -1 when nothing is due. */
 long psc_liveness_timeout_ms(const ps_client *c, int64_t now);
@@ -308,20 +309,31 @@ long psc_liveness_timeout_ms(const ps_client *c, int64_t now);
 /* ---- client_rejoin.c: hello again after PS_EHELLO (comm thread) ---- */
 
 /* Sub-request i was refused with PS_EHELLO (its server dropped or forgot
- * this rank): park it and say hello again to its server, unless a hello is
- * already on its way; once that is answered the parked sub-requests are
- * resent.  0 when parked; -1 when the caller should fail it instead (before
- * start, or the server kept refusing us right after each hello). */
-int psc_rejoin_refused(ps_client *c, uint32_t i, const ps_header *h);
-/* A heartbeat of ours was refused with PS_EHELLO: say hello again to
- * `server` now, before a request runs into the refusal. */
-void psc_rejoin_heartbeat_refused(ps_client *c, int server, const ps_header *h);
+ * this rank).  0: it is parked (no resends) until that server takes this
+ * worker back (psc_rejoin_hello); -1: the caller should fail it instead
+ * (before start, a hello itself, or the server kept refusing us right after
+ * each hello). */
+int psc_rejoin_park(ps_client *c, uint32_t i);
+/* `server` refused us with `refusal` (a sub-request, or a heartbeat: then
+ * before a request runs into it): a new slot holding the hello that rejoins
+ * it, for the caller to send; PSC_NO_SLOT when none is to go (before start,
+ * a hello on its way already, or too many in a row; out of memory fails
+ * what is parked on it). */
+uint32_t psc_rejoin_hello(ps_client *c, int server, const ps_header *refusal);
+/* The hello of psc_rejoin_hello could not be sent (its slot finished with
+ * the error): what is parked on `server` fails with it. */
+void psc_rejoin_unsent(ps_client *c, int server);
 /* A reply of server `server` to one of our requests was served: the rank
  * is live there. */
 void psc_rejoin_served(ps_client *c, int server);
-/* Sub-request i is a rejoin hello: take its reply h (NULL: it failed with
- * the error already set on its request) and finish the slot.  1 when i was
- * one (handled), 0 otherwise. */
+/* Sub-request i is a rejoin hello: take its reply h and finish the slot.
+ * If the server took us back, what is parked on it is for the caller to
+ * resend (psc_rejoin_unpark); if not, that failed.  1 when i was one
+ * (handled), 0 otherwise. */
 int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h);
+/* The next sub-request at or after slot `from` parked on `server`, which
+ * has taken us back: unparked, for the caller to send again; PSC_NO_SLOT
+ * when none is left (or the hello is still on its way). */
+uint32_t psc_rejoin_unpark(ps_client *c, int server, uint32_t from);
 
 #endif

@@ -24,7 +24,11 @@
  *
  * This is the one place that re-establishes a server's view of this worker;
  * whatever a server must be told again after it lost us (a per-connection
- * attachment, say) belongs here, after the hello. */
+ * attachment, say) belongs here, after the hello.
+ *
+ * It sends nothing itself: psc_rejoin_hello makes the hello's slot and
+ * psc_rejoin_unpark hands back the parked sub-requests, for the comm loop
+ * to send. */
 #include <stdio.h>
 
 #include "client_internal.h"
@@ -44,31 +48,21 @@ static void fail_parked(ps_client *c, int server, int code, const char *text)
     }
 }
 
-/* Send every sub-request parked on server `server` again; how many. */
-static int resend_parked(ps_client *c, int server)
+/* How many sub-requests are parked on server `server`. */
+static int count_parked(const ps_client *c, int server)
 {
     int n = 0;
-    for (uint32_t i = 0; i < c->nsubs; i++) {
-        psc_sub *s = &c->subs[i];
-        if (!s->req || s->server != server || !s->parked)
-            continue;
-        s->parked = 0;
-        /* the payload frame of this send is one more release to wait for */
-        if (ps_msg_request_has_payload(s->type))
-            __atomic_add_fetch(&s->req->_priv.pending, 1, __ATOMIC_ACQ_REL);
-        psc_sub_send(c, i); /* may finish the slot on error */
-        n++;
-    }
+    for (uint32_t i = 0; i < c->nsubs; i++)
+        n += c->subs[i].req && c->subs[i].server == server && c->subs[i].parked;
     return n;
 }
 
-/* Say hello again to `server`, which refused us with `refusal`, unless a
- * hello is on its way already. */
-static void start_hello(ps_client *c, int server, const ps_header *refusal)
+uint32_t psc_rejoin_hello(ps_client *c, int server, const ps_header *refusal)
 {
     psc_server *sv = &c->srv[server];
-    if (sv->rejoining)
-        return;
+    if (!__atomic_load_n(&c->hb_on, __ATOMIC_ACQUIRE) || sv->rejoining ||
+        sv->rejoins >= REJOIN_MAX)
+        return PSC_NO_SLOT;
     const char *ep = c->endpoints[server];
     ps_warn("libps: %s does not count this worker as live (%s); saying hello again to rejoin",
             ep, refusal->err_text[0] ? refusal->err_text : ps_strerror(refusal->err_code));
@@ -78,19 +72,22 @@ static void start_hello(ps_client *c, int server, const ps_header *refusal)
     uint32_t i = psc_slot_new(c, &o, server);
     if (i == PSC_NO_SLOT) {
         fail_parked(c, server, PS_ENOMEM, "out of memory for a hello to rejoin");
-        return;
+        return PSC_NO_SLOT;
     }
     sv->rejoining = 1;
     sv->rejoins++;
-    psc_sub_send(c, i);
-    if (!sv->rejoining) { /* the send failed and finished the slot */
-        char why[2 * PSC_ERRBUF];
-        snprintf(why, sizeof why, "cannot rejoin %s: %s", ep, sv->rj_req.err);
-        fail_parked(c, server, sv->rj_req.status ? sv->rj_req.status : PS_EIO, why);
-    }
+    return i;
 }
 
-int psc_rejoin_refused(ps_client *c, uint32_t i, const ps_header *h)
+void psc_rejoin_unsent(ps_client *c, int server)
+{
+    psc_server *sv = &c->srv[server];
+    char why[2 * PSC_ERRBUF];
+    snprintf(why, sizeof why, "cannot rejoin %s: %s", c->endpoints[server], sv->rj_req.err);
+    fail_parked(c, server, sv->rj_req.status ? sv->rj_req.status : PS_EIO, why);
+}
+
+int psc_rejoin_park(ps_client *c, uint32_t i)
 {
     psc_sub *s = &c->subs[i];
     psc_server *sv = &c->srv[s->server];
@@ -104,16 +101,7 @@ int psc_rejoin_refused(ps_client *c, uint32_t i, const ps_header *h)
     }
     s->parked = 1;
     s->deadline_ns = INT64_MAX; /* no resends while parked */
-    start_hello(c, s->server, h);
     return 0;
-}
-
-void psc_rejoin_heartbeat_refused(ps_client *c, int server, const ps_header *h)
-{
-    psc_server *sv = &c->srv[server];
-    if (__atomic_load_n(&c->hb_on, __ATOMIC_ACQUIRE) && !sv->rejoining &&
-        sv->rejoins < REJOIN_MAX)
-        start_hello(c, server, h);
 }
 
 void psc_rejoin_served(ps_client *c, int server) { c->srv[server].rejoins = 0; }
@@ -154,8 +142,22 @@ int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h)
     }
     /* what the server must be told again: whether it (still) maps our arena */
     psc_shm_hello_reply(c, server, &h->hello);
-    int n = resend_parked(c, server);
+    int n = count_parked(c, server);
     ps_info("libps: rejoined %s: it counts this worker again (%d waiting request%s sent again)",
             ep, n, n == 1 ? "" : "s");
     return 1;
+}
+
+uint32_t psc_rejoin_unpark(ps_client *c, int server, uint32_t from)
+{
+    if (c->srv[server].rejoining) /* not taken back yet */
+        return PSC_NO_SLOT;
+    for (uint32_t i = from; i < c->nsubs; i++) {
+        psc_sub *s = &c->subs[i];
+        if (s->req && s->server == server && s->parked) {
+            s->parked = 0;
+            return i;
+        }
+    }
+    return PSC_NO_SLOT;
 }

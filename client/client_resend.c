@@ -16,7 +16,9 @@
  *    moment something began to wait on the server, and afresh after the
  *    process was stopped (SIGSTOP), whose replies may still be on the way.
  *
- * Everything here runs on the comm thread and touches only its state. */
+ * Everything here runs on the comm thread and touches only its state.  It
+ * decides and sends nothing: the comm loop asks what is due (psc_resend_next,
+ * psc_heartbeat_due, psc_give_up_next) and sends it. */
 #include <stdint.h>
 #include <stdio.h>
 
@@ -33,65 +35,59 @@
 /* Every request but SHUTDOWN may be resent (see the top of this file). */
 static int resendable(uint32_t type) { return type != PS_MSG_SHUTDOWN; }
 
-void psc_resend_arm(ps_client *c, uint32_t i)
+void psc_resend_arm(ps_client *c, uint32_t i, int64_t now)
 {
     if (c->opt.request_timeout_ms <= 0)
         return;
     psc_sub *s = &c->subs[i];
-    s->deadline_ns = ps_now_ns() + s->backoff_ns;
+    s->deadline_ns = now + s->backoff_ns;
     if (s->deadline_ns < c->next_resend_check)
         c->next_resend_check = s->deadline_ns;
 }
 
-void psc_resend_due(ps_client *c, int64_t now)
+uint32_t psc_resend_next(ps_client *c, int64_t now, uint32_t from)
 {
-    if (c->opt.request_timeout_ms <= 0 || now < c->next_resend_check)
-        return;
-    int64_t next = INT64_MAX;
-    for (uint32_t i = 0; i < c->nsubs; i++) {
+    if (c->opt.request_timeout_ms <= 0)
+        return PSC_NO_SLOT;
+    if (from == 0) {
+        if (now < c->next_resend_check)
+            return PSC_NO_SLOT;
+        /* a new round: the next check is the earliest deadline it sees, the
+         * resent slots' new ones included (psc_resend_arm) */
+        c->next_resend_check = INT64_MAX;
+    }
+    for (uint32_t i = from; i < c->nsubs; i++) {
         psc_sub *s = &c->subs[i];
         if (!s->req || !resendable(s->type))
             continue;
-        if (s->deadline_ns <= now) {
-            /* a server that answered something since (a heartbeat) is alive and
-             * holds the request (a sync round or a barrier waiting for others):
-             * the resend is a precaution, not news */
-            int heard = c->srv[s->server].heard_ns > s->deadline_ns - s->backoff_ns;
-            ps_log(heard ? PS_LOG_DEBUG : PS_LOG_WARN,
-                   "libps: no reply from %s to %s key %llu chunk %u after %lld ms, resending",
-                   c->endpoints[s->server], ps_msg_type_name(s->type),
-                   (unsigned long long)s->key, s->chunk, (long long)(s->backoff_ns / 1000000));
-            s->backoff_ns = s->backoff_ns * 2 < RESEND_MAX_BACKOFF_NS ? s->backoff_ns * 2
-                                                                       : RESEND_MAX_BACKOFF_NS;
-            if (ps_msg_request_has_payload(s->type))
-                __atomic_add_fetch(&s->req->_priv.pending, 1, __ATOMIC_ACQ_REL);
-            psc_sub_send(c, i); /* may finish the slot on error */
-            if (!c->subs[i].req)
-                continue;
+        if (s->deadline_ns > now) {
+            if (s->deadline_ns < c->next_resend_check)
+                c->next_resend_check = s->deadline_ns;
+            continue;
         }
-        if (s->deadline_ns < next)
-            next = s->deadline_ns;
+        /* a server that answered something since (a heartbeat) is alive and
+         * holds the request (a sync round or a barrier waiting for others):
+         * the resend is a precaution, not news */
+        int heard = c->srv[s->server].heard_ns > s->deadline_ns - s->backoff_ns;
+        ps_log(heard ? PS_LOG_DEBUG : PS_LOG_WARN,
+               "libps: no reply from %s to %s key %llu chunk %u after %lld ms, resending",
+               c->endpoints[s->server], ps_msg_type_name(s->type), (unsigned long long)s->key,
+               s->chunk, (long long)(s->backoff_ns / 1000000));
+        s->backoff_ns = s->backoff_ns * 2 < RESEND_MAX_BACKOFF_NS ? s->backoff_ns * 2
+                                                                   : RESEND_MAX_BACKOFF_NS;
+        return i;
     }
-    c->next_resend_check = next;
+    return PSC_NO_SLOT;
 }
 
-void psc_heartbeat_due(ps_client *c, int64_t now)
+int psc_heartbeat_due(ps_client *c, int64_t now)
 {
     if (c->opt.heartbeat_ms <= 0 || !__atomic_load_n(&c->hb_on, __ATOMIC_ACQUIRE))
-        return;
+        return 0;
     if (now < c->next_hb_ns)
-        return;
+        return 0;
     c->next_hb_ns = now + (int64_t)c->opt.heartbeat_ms * 1000000LL;
-    ps_header h;
-    ps_header_init(&h, PS_MSG_HEARTBEAT);
-    h.seq = PSC_HEARTBEAT_SEQ;
-    h.rank = c->opt.rank;
-    char buf[PS_HEADER_MAX];
-    size_t len = 0;
-    if (ps_proto_encode(&h, buf, sizeof buf, &len) != 0)
-        return;
-    for (int s = 0; s < c->nservers; s++)
-        psc_zsend(c->socks[s], buf, len, 0); /* queued while a server is away; fine */
+    return 1;
 }
 
 void psc_server_heard(ps_client *c, int s, int64_t now) { c->srv[s].heard_ns = now; }
@@ -109,7 +105,7 @@ static int64_t silent_since(const psc_server *sv)
 }
 
 /* Fail every sub-request to server s: it has been silent for too long. */
-static void give_up(ps_client *c, int s)
+static void fail_server(ps_client *c, int s)
 {
     char why[PS_ERR_TEXT_MAX + 1];
     snprintf(why, sizeof why, "no reply from %s for %g s (ps_server down?); giving up",
@@ -120,24 +116,13 @@ static void give_up(ps_client *c, int s)
             psc_set_error(c->subs[i].req, PS_ETIMEDOUT, "%s", why);
             psc_slot_finish(c, i);
         }
-    /* payloads ZeroMQ still queues for s belong to those requests: only
-     * once they are released are the requests complete */
-    psc_socket_reset(c, s);
 }
 
-void psc_server_timeout_due(ps_client *c, int64_t now)
-{
-    if (!server_timeout_on(c))
-        return;
-    /* here, not only after the poll: a stop anywhere since it was due counts */
-    psc_pause_check(c, now);
-    int64_t limit = (int64_t)c->opt.server_timeout_ms * 1000000LL;
-    for (int s = 0; s < c->nservers; s++)
-        if (c->srv[s].nlive && now - silent_since(&c->srv[s]) > limit)
-            give_up(c, s);
-}
-
-void psc_pause_check(ps_client *c, int64_t now)
+/* The loop is at now; its poll was due back by c->wake_by_ns.  Much later
+ * means the process was stopped (SIGSTOP, a suspended VM): silence is
+ * counted afresh from now, so a resumed worker does not give up on servers
+ * whose replies are still on their way. */
+static void pause_check(ps_client *c, int64_t now)
 {
     int64_t late = now - c->wake_by_ns;
     if (late <= PAUSE_SLACK_NS)
@@ -147,6 +132,22 @@ void psc_pause_check(ps_client *c, int64_t now)
             "counts from now", (double)late * 1e-9);
     for (int s = 0; s < c->nservers; s++)
         c->srv[s].quiet_from_ns = now;
+}
+
+int psc_give_up_next(ps_client *c, int64_t now, int from)
+{
+    if (!server_timeout_on(c))
+        return -1;
+    /* here, not only after the poll: a stop anywhere since it was due counts */
+    if (from == 0)
+        pause_check(c, now);
+    int64_t limit = (int64_t)c->opt.server_timeout_ms * 1000000LL;
+    for (int s = from; s < c->nservers; s++)
+        if (c->srv[s].nlive && now - silent_since(&c->srv[s]) > limit) {
+            fail_server(c, s);
+            return s;
+        }
+    return -1;
 }
 
 long psc_liveness_timeout_ms(const ps_client *c, int64_t now)
