@@ -9,6 +9,9 @@
 #include <string.h>
 
 #include "client_internal.h"
+#include "client_rejoin.h"
+#include "client_requests.h"
+#include "client_resend.h"
 #include "ps_error.h"
 #include "ps_test.h"
 #include "ps_time.h"
@@ -18,6 +21,14 @@
 #define T0 (1000000LL * 1000 * MS)
 
 static char ep0[] = "tcp://127.0.0.1:1", ep1[] = "tcp://127.0.0.1:2";
+
+static void fake_free(ps_client *c)
+{
+    psc_requests_free(c);
+    psc_liveness_free(c);
+    psc_rejoin_free(c);
+    free(c);
+}
 
 /* A client with two servers and no comm thread: only what the decisions
  * read.  started: as after ps_client_start (heartbeats, silence, rejoins).
@@ -36,34 +47,19 @@ static ps_client *fake_client(int request_timeout_ms, int heartbeat_ms, int serv
     c->opt.server_timeout_ms = server_timeout_ms;
     c->endpoints = eps;
     c->nservers = 2;
-    c->free_head = PSC_NO_SLOT;
-    c->wake_by_ns = INT64_MAX; /* no pause unless a test makes one */
-    c->hb_on = started;
-    c->srv = calloc(2, sizeof *c->srv);
-    if (!c->srv) {
-        free(c);
+    c->started = started;
+    if (psc_requests_new(c) || psc_liveness_new(c) || psc_rejoin_new(c)) {
+        fake_free(c);
         return NULL;
     }
-    pthread_mutex_init(&c->done_mu, NULL);
-    pthread_cond_init(&c->done_cv, NULL);
     return c;
-}
-
-static void fake_free(ps_client *c)
-{
-    pthread_mutex_destroy(&c->done_mu);
-    pthread_cond_destroy(&c->done_cv);
-    free(c->subs);
-    free(c->srv);
-    free(c);
 }
 
 /* A sub-request of r (reset to complete with its one reply) to `server`. */
 static uint32_t new_sub(ps_client *c, uint32_t type, int server, ps_request *r)
 {
     psc_req_reset(c, r, 1);
-    psc_op o = {.type = type, .server = server, .req = r};
-    return psc_slot_new(c, &o, server);
+    return psc_slot_new(c, server, type, r);
 }
 
 static ps_header refusal(void)
@@ -157,7 +153,7 @@ PS_TEST(heartbeats_are_due_every_heartbeat_ms_and_only_after_start)
     CHECK(c);
     CHECK_EQ_INT(psc_heartbeat_due(c, T0), 0);
     CHECK_EQ_INT(psc_liveness_timeout_ms(c, T0), -1);
-    c->hb_on = 1; /* ps_client_start */
+    c->started = 1; /* ps_client_start */
     CHECK_EQ_INT(psc_heartbeat_due(c, T0), 1);
     CHECK_EQ_INT(psc_heartbeat_due(c, T0), 0);
     CHECK_EQ_INT(psc_liveness_timeout_ms(c, T0 + 50 * MS), 201);
@@ -177,7 +173,7 @@ PS_TEST(a_silent_server_is_given_up_on_only_while_requests_wait_on_it)
     psc_server_heard(c, 0, heard);
     int64_t limit = 5000 * MS;
     CHECK_EQ_INT(psc_liveness_timeout_ms(c, heard), 5001);
-    c->wake_by_ns = heard + limit;
+    psc_liveness_wake_by(c, heard + limit);
     CHECK_EQ_INT(psc_give_up_next(c, heard + limit, 0), -1);
     CHECK(!ps_request_test(&r));
     /* server 1 has been silent forever, but nothing waits on it */
@@ -200,10 +196,10 @@ PS_TEST(a_pause_of_the_process_makes_server_silence_count_afresh)
     psc_server_heard(c, 0, heard);
     /* the poll was due back 100 ms after heard, the loop ran 6 s after:
      * the process was stopped, and the server's replies may be on their way */
-    c->wake_by_ns = heard + 100 * MS;
+    psc_liveness_wake_by(c, heard + 100 * MS);
     int64_t resumed = heard + 6000 * MS;
     CHECK_EQ_INT(psc_give_up_next(c, resumed, 0), -1);
-    c->wake_by_ns = INT64_MAX;
+    psc_liveness_wake_by(c, INT64_MAX);
     CHECK_EQ_INT(psc_give_up_next(c, resumed + 5000 * MS, 0), -1);
     CHECK_EQ_INT(psc_give_up_next(c, resumed + 5000 * MS + 1, 0), 0);
     CHECK_EQ_INT(r.status, PS_ETIMEDOUT);
@@ -221,8 +217,8 @@ PS_TEST(a_refused_request_is_parked_until_a_hello_rejoins_its_server_then_resent
     CHECK_EQ_INT(psc_rejoin_park(c, i), 0);
     uint32_t hello = psc_rejoin_hello(c, 1, &no);
     CHECK(hello != PSC_NO_SLOT);
-    CHECK_EQ_INT(c->subs[hello].type, PS_MSG_HELLO);
-    CHECK_EQ_INT(c->subs[hello].server, 1);
+    CHECK_EQ_INT(c->slots->sub[hello].type, PS_MSG_HELLO);
+    CHECK_EQ_INT(c->slots->sub[hello].server, 1);
     /* one hello at a time; a parked request is not resent, nor released early */
     CHECK_EQ_INT(psc_rejoin_hello(c, 1, &no), PSC_NO_SLOT);
     CHECK_EQ_INT(psc_resend_next(c, T0 + 3600000 * MS, 0), PSC_NO_SLOT);
@@ -272,7 +268,7 @@ PS_TEST(a_refusal_before_start_or_of_a_hello_fails_the_request)
     uint32_t i = new_sub(c, PS_MSG_PUSH, 0, &r);
     CHECK_EQ_INT(psc_rejoin_park(c, i), -1);
     CHECK_EQ_INT(psc_rejoin_hello(c, 0, &no), PSC_NO_SLOT);
-    c->hb_on = 1;
+    c->started = 1;
     uint32_t j = new_sub(c, PS_MSG_HELLO, 0, &h);
     CHECK_EQ_INT(psc_rejoin_park(c, j), -1);
     fake_free(c);
@@ -289,7 +285,7 @@ PS_TEST(a_rejoin_that_fails_fails_what_was_parked_with_its_reason)
     CHECK_EQ_INT(psc_rejoin_park(c, i), 0);
     uint32_t hello = psc_rejoin_hello(c, 0, &no);
     CHECK(hello != PSC_NO_SLOT);
-    psc_set_error(c->subs[hello].req, PS_EIO, "no route");
+    psc_set_error(c->slots->sub[hello].req, PS_EIO, "no route");
     psc_slot_finish(c, hello);
     psc_rejoin_unsent(c, 0);
     CHECK(ps_request_test(&r[0]));
