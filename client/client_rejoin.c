@@ -166,7 +166,8 @@ int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h)
     /* what the server must be told again: whether it (still) maps our arena */
     psc_shm_hello_reply(c, server, &h->hello);
     int n = 0;
-    for (uint32_t k = next_parked(c, server, 0); k != PSC_NO_SLOT; k = next_parked(c, server, k + 1))
+    for (uint32_t k = next_parked(c, server, 0); k != PSC_NO_SLOT;
+         k = next_parked(c, server, k + 1))
         n++;
     ps_info("libps: rejoined %s: it counts this worker again (%d waiting request%s sent again)",
             ep, n, n == 1 ? "" : "s");

@@ -17,8 +17,8 @@
 #include "ps_time.h"
 
 #define MS 1000000LL
-/* Far from 0 and from the real clock, so no deadline here is special. */
-#define T0 (1000000LL * 1000 * MS)
+/* A time to start from (ns): the decisions take the time they are given. */
+#define T0 (1000000LL * MS)
 
 static char ep0[] = "tcp://127.0.0.1:1", ep1[] = "tcp://127.0.0.1:2";
 
@@ -129,8 +129,9 @@ PS_TEST(a_resend_round_names_each_due_request_once_then_waits_for_the_earliest_d
     CHECK_EQ_INT(psc_liveness_timeout_ms(c, now), 201);
     CHECK_EQ_INT(psc_resend_next(c, T0 + 1700 * MS - 1, 0), PSC_NO_SLOT);
     CHECK_EQ_INT(psc_resend_next(c, T0 + 1700 * MS, 0), late);
+    const uint32_t all[] = {a, b, late, shut};
     for (int k = 0; k < 4; k++)
-        psc_slot_finish(c, k == 0 ? a : k == 1 ? b : k == 2 ? late : shut);
+        psc_slot_finish(c, all[k]);
     fake_free(c);
 }
 
@@ -176,11 +177,11 @@ PS_TEST(a_silent_server_is_given_up_on_only_while_requests_wait_on_it)
     psc_liveness_wake_by(c, heard + limit);
     CHECK_EQ_INT(psc_give_up_next(c, heard + limit, 0), -1);
     CHECK(!ps_request_test(&r));
-    /* server 1 has been silent forever, but nothing waits on it */
     CHECK_EQ_INT(psc_give_up_next(c, heard + limit + 1, 0), 0);
     CHECK(ps_request_test(&r));
     CHECK_EQ_INT(r.status, PS_ETIMEDOUT);
     CHECK(strstr(r.err, ep0) != NULL);
+    /* server 1 has been silent forever, but nothing waits on it */
     CHECK_EQ_INT(psc_give_up_next(c, heard + limit + 1, 1), -1);
     CHECK_EQ_INT(psc_slot_find(c, psc_slot_id(c, i), 0), PSC_NO_SLOT);
     fake_free(c);
