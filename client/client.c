@@ -10,17 +10,19 @@
  * alone; it allocates only when the queue must grow. */
 #include "ps_client.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
-#include <zmq.h>
 
+#include "client_comm.h"
 #include "client_internal.h"
+#include "client_rejoin.h"
+#include "client_requests.h"
+#include "client_resend.h"
+#include "client_shm.h"
+#include "client_token.h"
 #include "ps_endpoint.h"
 #include "ps_error.h"
 #include "ps_log.h"
@@ -154,8 +156,7 @@ static int post_ctl(ps_client *c, uint32_t type, int server, int64_t step, void 
  * itself: waiting is still what makes req safe to free. */
 static void cancel(ps_client *c, ps_request *req, int code)
 {
-    psc_op o = {.type = 0, .server = -1, .tensor = 0, .src = NULL, .dst = NULL, .step = code,
-            .req = req, .out = NULL};
+    psc_op o = {.type = PSC_OP_CANCEL, .server = -1, .req = req, .code = code};
     psc_post(c, &o);
     psc_wait_until(req, INT64_MAX);
 }
@@ -217,30 +218,22 @@ static int split_endpoints(ps_client *c, const char *servers)
     return 0;
 }
 
+/* After the comm thread and the arena are gone (psc_comm_stop,
+ * psc_shm_close), or were never made. */
 static void client_free(ps_client *c)
 {
-    if (c->zctx)
-        zmq_ctx_term(c->zctx);
-    if (c->efd >= 0)
-        close(c->efd);
-    pthread_mutex_destroy(&c->qmu);
-    pthread_mutex_destroy(&c->done_mu);
-    pthread_cond_destroy(&c->done_cv);
+    psc_requests_free(c);
+    psc_liveness_free(c);
+    psc_rejoin_free(c);
+    psc_tokens_free(c);
     if (c->have_place)
         ps_placement_free(&c->place);
     free(c->kmap_keys);
     free(c->kmap_val);
     free(c->specs);
-    free(c->queue);
-    free(c->batch);
-    free(c->held);
-    free(c->subs);
-    free(c->srv);
     free(c->endpoints);
     free(c->servers_str);
     free(c->curve_dir);
-    free(c->admin_token);
-    free(c->hello_tokens);
     free(c);
 }
 
@@ -286,36 +279,18 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
     c->opt.servers = NULL;
     c->opt.curve_dir = NULL;
     c->opt.admin_token = NULL;
-    if ((o->curve_dir && !(c->curve_dir = strdup(o->curve_dir))) ||
-        (o->admin_token && !(c->admin_token = strdup(o->admin_token)))) {
-        free(c->curve_dir);
+    if (o->curve_dir && !(c->curve_dir = strdup(o->curve_dir))) {
         free(c);
         return open_fail(PS_ENOMEM, "out of memory");
     }
     c->chunk_elems = cb / sizeof(float);
     c->wire_dtype = PS_DTYPE_F32;
-    c->efd = -1;
-    c->free_head = PSC_NO_SLOT;
-    pthread_mutex_init(&c->qmu, NULL);
-    pthread_mutex_init(&c->done_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->done_cv, &ca);
-    pthread_condattr_destroy(&ca);
     int rc = split_endpoints(c, o->servers);
     if (rc)
         goto fail;
-    if (!(c->srv = calloc((size_t)c->nservers, sizeof *c->srv)) ||
-        !(c->hello_tokens = calloc((size_t)c->nservers, sizeof *c->hello_tokens))) {
-        rc = open_fail(PS_ENOMEM, "out of memory");
-        goto fail;
-    }
-    c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    c->zctx = zmq_ctx_new();
-    if (c->efd < 0 || !c->zctx) {
-        rc = open_fail(PS_EIO, "cannot create the wake-up eventfd or ZeroMQ context: %s",
-                       strerror(errno));
+    if ((rc = psc_requests_new(c)) || (rc = psc_liveness_new(c)) || (rc = psc_rejoin_new(c)) ||
+        (rc = psc_tokens_new(c, o->admin_token))) {
+        rc = open_fail(rc, "out of memory");
         goto fail;
     }
     rc = psc_comm_start(c);
@@ -519,7 +494,7 @@ int ps_client_start(ps_client *c)
         if (reqs[s]._priv.client && !psc_wait_until(&reqs[s], deadline))
             cancel(c, &reqs[s], PS_ETIMEDOUT);
     }
-    if (__atomic_load_n(&c->interrupted, __ATOMIC_ACQUIRE)) {
+    if (psc_comm_interrupted(c)) {
         set_last_error(c, "interrupted while saying hello to the servers");
         rc = PS_ECLOSED;
     } else if (rc) {
@@ -535,8 +510,7 @@ int ps_client_start(ps_client *c)
         drop_placement(c);
         return rc;
     }
-    c->started = 1;
-    __atomic_store_n(&c->hb_on, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->started, 1, __ATOMIC_RELEASE);
     psc_kick(c); /* the comm thread may be asleep with no timeout: start the heartbeats */
     return 0;
 }
@@ -656,21 +630,15 @@ size_t ps_client_chunk_elems(const ps_client *c) { return c ? c->chunk_elems : 0
 
 void ps_client_interrupt(ps_client *c)
 {
-    if (!c)
-        return;
-    __atomic_store_n(&c->interrupted, 1, __ATOMIC_RELEASE);
-    psc_kick(c); /* write(2) on the eventfd: async-signal-safe */
+    if (c)
+        psc_comm_interrupt(c);
 }
 
 void ps_client_close(ps_client *c)
 {
     if (!c)
         return;
-    psc_comm_stop(c);
-    /* terminating the context releases every zero-copy frame ZeroMQ still
-     * holds, which completes the last requests (psc_release_cb) */
-    zmq_ctx_term(c->zctx);
-    c->zctx = NULL;
+    psc_comm_stop(c); /* every request is complete afterwards */
     psc_shm_close(c); /* nothing reads or writes the arena any more */
     client_free(c);
 }

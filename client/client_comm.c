@@ -8,35 +8,89 @@
  * slots.  A push_when op whose data is not ready yet is held, and every op
  * posted after it waits behind it.
  *
- * Sending a sub-request is psc_sub_send: the header frame, then
+ * Sending a sub-request is sub_send: the header frame, then
  * send_payload, the one place a payload leaves this process (zero-copy from
  * the caller's buffer, or, with a narrower wire type, a converted copy); a
  * same-host data plane replaces that function.  handle_reply is the one
  * place a pulled payload comes in (copied, or widened, into the caller's
  * buffer).
- * Resends and heartbeats are client_resend.c's; completions and slots
- * client_requests.c's. */
+ *
+ * When to resend, to send heartbeats and to give up on a silent server is
+ * client_resend.c's, when to say hello again to a server that refused us
+ * client_rejoin.c's: they say what to send (a slot, a server) and the loop
+ * here sends it, so only this file touches a socket and they call nothing
+ * in it.  Completions and slots are client_requests.c's. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
-#include "client_internal.h"
+#include "client_comm.h"
+#include "client_rejoin.h"
+#include "client_requests.h"
+#include "client_resend.h"
+#include "client_shm.h"
+#include "client_token.h"
 #include "ps_curve.h"
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_time.h"
+
+/* Request id of heartbeats: never a slot's (generations start at 1), so their
+ * replies are recognised and dropped. */
+#define HEARTBEAT_SEQ 0
+
+struct psc_comm {
+    /* training thread -> comm thread, under mu */
+    pthread_mutex_t mu;
+    psc_op *queue;
+    size_t qhead, qlen, qcap; /* ring buffer */
+    int stopping;
+    pthread_cond_t ready_cv;  /* start waits on it until ready */
+    int ready;                /* 1 once the thread opened its sockets, or failed to */
+    int open_rc;              /* then: 0, or why not (a PS_E* code; the text in
+                                 c->last_error) */
+    /* set before the thread starts, read-only while it runs */
+    int efd;                  /* the eventfd that wakes the loop */
+    void *zctx;
+    pthread_t thread;
+    int thread_started;
+    /* ps_client_interrupt (atomic, any thread or a signal handler) */
+    int interrupted;
+
+    /* the comm thread's own */
+    void **socks;             /* per server */
+    zmq_pollitem_t *poll_items; /* the loop's: one per socket, then the eventfd */
+    psc_op *batch;            /* the ops taken off the queue in one go */
+    size_t batch_cap;
+    /* ops held behind a push_when whose data is not ready yet, in post order */
+    psc_op *held;
+    size_t held_head, held_len, held_cap;
+};
 
 /* ---------- the queue (training thread -> comm thread) ---------- */
 
 void psc_kick(ps_client *c)
 {
     uint64_t one = 1;
-    ssize_t w = write(c->efd, &one, sizeof one);
+    ssize_t w = write(c->comm->efd, &one, sizeof one);
     (void)w;
+}
+
+void psc_comm_interrupt(ps_client *c)
+{
+    __atomic_store_n(&c->comm->interrupted, 1, __ATOMIC_RELEASE);
+    psc_kick(c); /* write(2) on the eventfd: async-signal-safe */
+}
+
+int psc_comm_interrupted(const ps_client *c)
+{
+    return __atomic_load_n(&c->comm->interrupted, __ATOMIC_ACQUIRE);
 }
 
 /* Double a ring buffer of ops (*head: the oldest; len ops in it; capacity
@@ -59,20 +113,21 @@ static int ring_grow(psc_op **ring, size_t *head, size_t len, size_t *cap)
 
 int psc_post(ps_client *c, const psc_op *o)
 {
-    if (__atomic_load_n(&c->interrupted, __ATOMIC_ACQUIRE))
+    struct psc_comm *m = c->comm;
+    if (psc_comm_interrupted(c))
         return PS_ECLOSED;
-    pthread_mutex_lock(&c->qmu);
-    if (c->stopping) {
-        pthread_mutex_unlock(&c->qmu);
+    pthread_mutex_lock(&m->mu);
+    if (m->stopping) {
+        pthread_mutex_unlock(&m->mu);
         return PS_ECLOSED;
     }
-    if (c->qlen == c->qcap && ring_grow(&c->queue, &c->qhead, c->qlen, &c->qcap) != 0) {
-        pthread_mutex_unlock(&c->qmu);
+    if (m->qlen == m->qcap && ring_grow(&m->queue, &m->qhead, m->qlen, &m->qcap) != 0) {
+        pthread_mutex_unlock(&m->mu);
         return PS_ENOMEM;
     }
-    c->queue[(c->qhead + c->qlen) % c->qcap] = *o;
-    int was_empty = c->qlen++ == 0;
-    pthread_mutex_unlock(&c->qmu);
+    m->queue[(m->qhead + m->qlen) % m->qcap] = *o;
+    int was_empty = m->qlen++ == 0;
+    pthread_mutex_unlock(&m->mu);
     /* the comm thread drains the whole queue after each wake-up, so only the
      * post that makes the queue non-empty needs to wake it */
     if (was_empty)
@@ -80,33 +135,35 @@ int psc_post(ps_client *c, const psc_op *o)
     return 0;
 }
 
-/* Comm thread: take everything queued in one go (into c->batch, so the work
+/* Comm thread: take everything queued in one go (into m->batch, so the work
  * happens without the lock); *stop is set once the client is closing. */
 static size_t take_queue(ps_client *c, int *stop)
 {
-    pthread_mutex_lock(&c->qmu);
-    size_t nb = c->qlen;
-    if (nb > c->batch_cap) {
-        psc_op *b = realloc(c->batch, nb * sizeof *b);
+    struct psc_comm *m = c->comm;
+    pthread_mutex_lock(&m->mu);
+    size_t nb = m->qlen;
+    if (nb > m->batch_cap) {
+        psc_op *b = realloc(m->batch, nb * sizeof *b);
         if (b) {
-            c->batch = b;
-            c->batch_cap = nb;
+            m->batch = b;
+            m->batch_cap = nb;
         } else {
-            nb = c->batch_cap;
+            nb = m->batch_cap;
         }
     }
     for (size_t k = 0; k < nb; k++)
-        c->batch[k] = c->queue[(c->qhead + k) % c->qcap];
-    c->qhead = c->qcap ? (c->qhead + nb) % c->qcap : 0;
-    c->qlen -= nb;
-    *stop = c->stopping || __atomic_load_n(&c->interrupted, __ATOMIC_ACQUIRE);
-    pthread_mutex_unlock(&c->qmu);
+        m->batch[k] = m->queue[(m->qhead + k) % m->qcap];
+    m->qhead = m->qcap ? (m->qhead + nb) % m->qcap : 0;
+    m->qlen -= nb;
+    *stop = m->stopping || psc_comm_interrupted(c);
+    pthread_mutex_unlock(&m->mu);
     return nb;
 }
 
 /* ---------- sending ---------- */
 
-int psc_zsend(void *sock, const void *buf, size_t len, int flags)
+/* Send one frame without blocking (EINTR retried): 0, or -1 with errno. */
+static int zsend(void *sock, const void *buf, size_t len, int flags)
 {
     for (;;) {
         if (zmq_send(sock, buf, len, flags | ZMQ_DONTWAIT) >= 0)
@@ -118,7 +175,7 @@ int psc_zsend(void *sock, const void *buf, size_t len, int flags)
 
 static void fill_header(const ps_client *c, uint32_t i, ps_header *h)
 {
-    const psc_sub *s = &c->subs[i];
+    const psc_sub *s = &c->slots->sub[i];
     ps_header_init(h, s->type);
     h->seq = psc_slot_id(c, i);
     h->rank = c->opt.rank;
@@ -147,7 +204,7 @@ static void fill_header(const ps_client *c, uint32_t i, ps_header *h)
  * PS_EIO with errno in *zerr.  The one place a payload leaves the process. */
 static int send_payload(ps_client *c, uint32_t i, void *sock, uint32_t dtype, int *zerr)
 {
-    const psc_sub *s = &c->subs[i];
+    const psc_sub *s = &c->slots->sub[i];
     ps_request *r = s->req;
     zmq_msg_t m;
     if (dtype != PS_DTYPE_F32) {
@@ -176,9 +233,13 @@ static int send_payload(ps_client *c, uint32_t i, void *sock, uint32_t dtype, in
     return 0;
 }
 
-void psc_sub_send(ps_client *c, uint32_t i)
+/* Send sub-request i (first time or again).  The caller has already counted
+ * the payload's release in its request's pending.  0 when it went (or waits
+ * for a connection to resend on); otherwise the sub-request is finished with
+ * the error, which is returned. */
+static int sub_send(ps_client *c, uint32_t i)
 {
-    psc_sub *s = &c->subs[i];
+    psc_sub *s = &c->slots->sub[i];
     ps_request *r = s->req;
     ps_header h;
     fill_header(c, i, &h);
@@ -196,12 +257,12 @@ void psc_sub_send(ps_client *c, uint32_t i)
     }
     char buf[PS_HEADER_MAX];
     size_t len = 0;
-    void *sock = c->socks[s->server];
+    void *sock = c->comm->socks[s->server];
     int err = 0, zerr = 0;
     int lost = 0;
     if (ps_proto_encode(&h, buf, sizeof buf, &len) != 0) {
         err = PS_EPROTO;
-    } else if (psc_zsend(sock, buf, len, payload ? ZMQ_SNDMORE : 0) < 0) {
+    } else if (zsend(sock, buf, len, payload ? ZMQ_SNDMORE : 0) < 0) {
         err = PS_EIO;
         zerr = errno;
         /* EAGAIN: ZeroMQ has no connection to queue it on: the server
@@ -227,20 +288,70 @@ void psc_sub_send(ps_client *c, uint32_t i)
                           ? " (no connection: did the server refuse this worker's CURVE key?)"
                           : "");
         psc_slot_finish(c, i);
-        return;
+        return err;
     }
-    psc_resend_arm(c, i);
+    psc_resend_arm(c, i, ps_now_ns());
+    return 0;
 }
 
-/* Cancel: fail every sub-request of o->req with code o->step. */
+/* Send sub-request i again (a resend, or one parked until its server took
+ * us back): its payload frame is one more release to wait for. */
+static void resend(ps_client *c, uint32_t i)
+{
+    psc_sub *s = &c->slots->sub[i];
+    if (ps_msg_request_has_payload(s->type))
+        __atomic_add_fetch(&s->req->_priv.pending, 1, __ATOMIC_ACQ_REL);
+    sub_send(c, i);
+}
+
+/* A heartbeat to every server, fire-and-forget: no slot, no resend, its
+ * reply is dropped. */
+static void send_heartbeats(ps_client *c)
+{
+    ps_header h;
+    ps_header_init(&h, PS_MSG_HEARTBEAT);
+    h.seq = HEARTBEAT_SEQ;
+    h.rank = c->opt.rank;
+    char buf[PS_HEADER_MAX];
+    size_t len = 0;
+    if (ps_proto_encode(&h, buf, sizeof buf, &len) != 0)
+        return;
+    for (int s = 0; s < c->nservers; s++)
+        zsend(c->comm->socks[s], buf, len, 0); /* queued while a server is away; fine */
+}
+
+/* Cancel: fail every sub-request of o->req with o->code. */
 static void do_cancel(ps_client *c, const psc_op *o)
 {
-    for (uint32_t i = 0; i < c->nsubs; i++)
-        if (c->subs[i].req == o->req) {
-            psc_set_error(o->req, (int)o->step, "%s: %s", c->endpoints[c->subs[i].server],
-                          ps_strerror((int)o->step));
+    const struct psc_slots *sl = c->slots;
+    for (uint32_t i = 0; i < sl->n; i++)
+        if (sl->sub[i].req == o->req) {
+            psc_set_error(o->req, o->code, "%s: %s", c->endpoints[sl->sub[i].server],
+                          ps_strerror(o->code));
             psc_slot_finish(c, i);
         }
+}
+
+/* A slot for one message of op o to `server`, with o's request, type, step,
+ * gradient count and reply destination; PSC_NO_SLOT when out of memory. */
+static uint32_t op_slot(ps_client *c, const psc_op *o, int server)
+{
+    uint32_t i = psc_slot_new(c, server, o->type, o->req);
+    if (i != PSC_NO_SLOT) {
+        psc_sub *s = &c->slots->sub[i];
+        s->step = o->step;
+        s->npush = o->npush > 1 ? (uint32_t)o->npush : 1;
+        s->out = o->out;
+    }
+    return i;
+}
+
+/* An op that will never be sent completes at once (a cancel has nothing to
+ * complete). */
+static void fail_unsent(ps_client *c, const psc_op *o)
+{
+    if (o->type != PSC_OP_CANCEL)
+        psc_req_unsent(c, o->req);
 }
 
 /* Turn one posted operation into messages.  The poster set the request's
@@ -248,7 +359,7 @@ static void do_cancel(ps_client *c, const psc_op *o)
 static void do_op(ps_client *c, const psc_op *o)
 {
     ps_request *r = o->req;
-    if (o->type == 0) {
+    if (o->type == PSC_OP_CANCEL) {
         do_cancel(c, o);
         return;
     }
@@ -259,7 +370,7 @@ static void do_op(ps_client *c, const psc_op *o)
         int payload = ps_msg_request_has_payload(o->type);
         for (size_t k = 0; k < n; k++) {
             const ps_chunk_place *cp = &p->chunks[first + k];
-            uint32_t i = psc_slot_new(c, o, cp->server);
+            uint32_t i = op_slot(c, o, cp->server);
             if (i == PSC_NO_SLOT) {
                 psc_set_error(r, PS_ENOMEM, "out of memory for request slots");
                 /* this chunk's reply and release will never come */
@@ -268,25 +379,25 @@ static void do_op(ps_client *c, const psc_op *o)
                     psc_part_done(c, r);
                 continue;
             }
-            psc_sub *s = &c->subs[i];
+            psc_sub *s = &c->slots->sub[i];
             s->key = cp->key;
             s->chunk = cp->chunk;
             s->count = cp->count;
             s->total = c->specs[o->tensor].count;
             s->src = o->src ? o->src + cp->offset : NULL;
             s->dst = o->dst ? o->dst + cp->offset : NULL;
-            psc_sub_send(c, i);
+            sub_send(c, i);
         }
         return;
     }
     /* control message to one server */
-    uint32_t i = psc_slot_new(c, o, o->server);
+    uint32_t i = op_slot(c, o, o->server);
     if (i == PSC_NO_SLOT) {
         psc_set_error(r, PS_ENOMEM, "out of memory for request slots");
         psc_part_done(c, r);
         return;
     }
-    psc_sub_send(c, i);
+    sub_send(c, i);
 }
 
 /* ---------- held ops (push_when) ---------- */
@@ -296,33 +407,44 @@ static void do_op(ps_client *c, const psc_op *o)
  * never overtakes its push. */
 static void take_op(ps_client *c, const psc_op *o)
 {
-    if (!c->held_len && (!o->ready || o->ready(o->ready_arg))) {
+    struct psc_comm *m = c->comm;
+    if (!m->held_len && (!o->ready || o->ready(o->ready_arg))) {
         do_op(c, o);
         return;
     }
-    if (c->held_len == c->held_cap &&
-        ring_grow(&c->held, &c->held_head, c->held_len, &c->held_cap) != 0) {
+    if (m->held_len == m->held_cap &&
+        ring_grow(&m->held, &m->held_head, m->held_len, &m->held_cap) != 0) {
         psc_set_error(o->req, PS_ENOMEM, "out of memory holding a request");
-        psc_fail_unsent(c, o);
+        fail_unsent(c, o);
         return;
     }
-    c->held[(c->held_head + c->held_len++) % c->held_cap] = *o;
+    m->held[(m->held_head + m->held_len++) % m->held_cap] = *o;
 }
 
 static void release_held(ps_client *c)
 {
-    while (c->held_len) {
-        psc_op *o = &c->held[c->held_head];
+    struct psc_comm *m = c->comm;
+    while (m->held_len) {
+        psc_op *o = &m->held[m->held_head];
         if (o->ready && !o->ready(o->ready_arg))
             return;
         psc_op now = *o;
-        c->held_head = (c->held_head + 1) % c->held_cap;
-        c->held_len--;
+        m->held_head = (m->held_head + 1) % m->held_cap;
+        m->held_len--;
         do_op(c, &now);
     }
 }
 
 /* ---------- receiving ---------- */
+
+/* `server` refused us with `refusal` (PS_EHELLO: it dropped or forgot this
+ * rank): say hello again, unless client_rejoin.c says not now. */
+static void rejoin(ps_client *c, int server, const ps_header *refusal)
+{
+    uint32_t i = psc_rejoin_hello(c, server, refusal);
+    if (i != PSC_NO_SLOT && sub_send(c, i) != 0)
+        psc_rejoin_unsent(c, server);
+}
 
 static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_t *pm,
                          int nframes)
@@ -337,10 +459,10 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
         ps_warn("libps: dropped a message from %s: %s", ep, why);
         return;
     }
-    if (h.type == PS_MSG_HEARTBEAT || (h.type == PS_MSG_ERROR && h.seq == PSC_HEARTBEAT_SEQ)) {
+    if (h.type == PS_MSG_HEARTBEAT || (h.type == PS_MSG_ERROR && h.seq == HEARTBEAT_SEQ)) {
         /* an answer to a heartbeat; an error one: the server dropped or forgot us */
         if (h.type == PS_MSG_ERROR && h.err_code == PS_EHELLO)
-            psc_rejoin_heartbeat_refused(c, server, &h);
+            rejoin(c, server, &h); /* before a request runs into the refusal */
         return;
     }
     uint32_t i = psc_slot_find(c, h.seq, server);
@@ -349,14 +471,22 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
                  ps_msg_type_name(h.type), ep, (unsigned long long)h.seq);
         return;
     }
-    if (psc_rejoin_reply(c, i, &h))
-        return; /* the answer to a hello that rejoins this server */
-    psc_sub *s = &c->subs[i];
+    if (psc_rejoin_reply(c, i, &h)) {
+        /* the answer to a hello that rejoins this server: if it took us
+         * back, what waited for that goes again */
+        for (uint32_t k = psc_rejoin_unpark(c, server, 0); k != PSC_NO_SLOT;
+             k = psc_rejoin_unpark(c, server, k + 1))
+            resend(c, k);
+        return;
+    }
+    psc_sub *s = &c->slots->sub[i];
     ps_request *r = s->req;
     if (h.type == PS_MSG_ERROR) {
         /* "say hello again": parked until this server takes us back, then resent */
-        if (h.err_code == PS_EHELLO && psc_rejoin_refused(c, i, &h) == 0)
+        if (h.err_code == PS_EHELLO && psc_rejoin_park(c, i) == 0) {
+            rejoin(c, server, &h);
             return;
+        }
         psc_set_error(r, h.err_code, "%s: %s", ep,
                       h.err_text[0] ? h.err_text : ps_strerror(h.err_code));
         psc_slot_finish(c, i);
@@ -389,7 +519,7 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
         uint64_t off;
         if (!(h.flags & PS_FLAG_SHM)) {
             ps_dtype_to_f32(h.dtype, s->dst, zmq_msg_data(pm), s->count);
-        } else if (!ps_shm_contains(&c->arena, s->dst, s->count * sizeof(float), &off) ||
+        } else if (!psc_shm_holds(c, s->dst, s->count * sizeof(float), &off) ||
                    off != h.shm_off) {
             psc_set_error(r, PS_EPROTO, "%s: %s reply says the weights are at offset %llu of "
                           "the arena, not where this request wanted them", ep,
@@ -432,7 +562,7 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
 
 static void drain_socket(ps_client *c, int server)
 {
-    void *sock = c->socks[server];
+    void *sock = c->comm->socks[server];
     for (int got = 0;; got = 1) {
         zmq_msg_t hm, pm, extra;
         zmq_msg_init(&hm);
@@ -467,16 +597,17 @@ static void drain_socket(ps_client *c, int server)
 
 /* ---------- sockets ---------- */
 
-/* The DEALER of server s, into c->socks[s]; the reason of a failure goes to
+/* The DEALER of server s, into socks[s]; the reason of a failure goes to
  * why. */
 static int open_socket(ps_client *c, int s, char *why, size_t why_len)
 {
-    void *z = zmq_socket(c->zctx, ZMQ_DEALER);
+    struct psc_comm *m = c->comm;
+    void *z = zmq_socket(m->zctx, ZMQ_DEALER);
     if (!z) {
         ps_errorf(why, why_len, "cannot create a socket: %s", zmq_strerror(errno));
         return PS_EIO;
     }
-    c->socks[s] = z;
+    m->socks[s] = z;
     int linger = 0, hwm = 0, immediate = 0;
     /* HWM 0: unlimited, so nothing is ever dropped or blocks; immediate
      * off: messages queue until the server is up */
@@ -503,8 +634,9 @@ static int open_socket(ps_client *c, int s, char *why, size_t why_len)
 /* One DEALER per server; the reason of a failure goes to c->last_error. */
 static int open_sockets(ps_client *c)
 {
-    c->socks = calloc((size_t)c->nservers, sizeof *c->socks);
-    if (!c->socks) {
+    struct psc_comm *m = c->comm;
+    m->socks = calloc((size_t)c->nservers, sizeof *m->socks);
+    if (!m->socks) {
         ps_errorf(c->last_error, sizeof c->last_error, "out of memory for sockets");
         return PS_ENOMEM;
     }
@@ -516,36 +648,41 @@ static int open_sockets(ps_client *c)
     return 0;
 }
 
-void psc_socket_reset(ps_client *c, int s)
+/* Close the socket of server s and connect a new one: ZeroMQ drops what it
+ * still queued for s, releasing those payloads, so requests given up on can
+ * complete; a server that comes back later gets a fresh connection. */
+static void socket_reset(ps_client *c, int s)
 {
+    struct psc_comm *m = c->comm;
     /* linger 0: ZeroMQ discards what it still queues for the server and
      * releases those payloads (psc_release_cb) on its own threads */
-    zmq_close(c->socks[s]);
-    c->socks[s] = NULL;
+    zmq_close(m->socks[s]);
+    m->socks[s] = NULL;
     char why[PSC_ERRBUF];
     if (open_socket(c, s, why, sizeof why) != 0) {
         /* it worked at open; if it no longer does, later sends to s fail */
         ps_error("libps: cannot reconnect to %s: %s", c->endpoints[s], why);
-        if (c->socks[s]) {
-            zmq_close(c->socks[s]);
-            c->socks[s] = NULL;
+        if (m->socks[s]) {
+            zmq_close(m->socks[s]);
+            m->socks[s] = NULL;
         }
     }
-    if (c->poll_items) {
-        c->poll_items[s].socket = c->socks[s];
-        c->poll_items[s].fd = -1; /* with no socket: ignored by the poll */
+    if (m->poll_items) {
+        m->poll_items[s].socket = m->socks[s];
+        m->poll_items[s].fd = -1; /* with no socket: ignored by the poll */
     }
 }
 
 static void close_sockets(ps_client *c)
 {
-    if (!c->socks)
+    struct psc_comm *m = c->comm;
+    if (!m->socks)
         return;
     for (int s = 0; s < c->nservers; s++)
-        if (c->socks[s])
-            zmq_close(c->socks[s]);
-    free(c->socks);
-    c->socks = NULL;
+        if (m->socks[s])
+            zmq_close(m->socks[s]);
+    free(m->socks);
+    m->socks = NULL;
 }
 
 /* ---------- the loop ---------- */
@@ -556,26 +693,28 @@ static void close_sockets(ps_client *c)
  * (linger 0). */
 static void fail_everything(ps_client *c)
 {
-    const char *why = __atomic_load_n(&c->interrupted, __ATOMIC_ACQUIRE)
+    struct psc_comm *m = c->comm;
+    const struct psc_slots *sl = c->slots;
+    const char *why = psc_comm_interrupted(c)
                           ? "interrupted (ps_client_interrupt, e.g. by a signal)"
                           : "client closed";
-    pthread_mutex_lock(&c->qmu);
-    c->stopping = 1;
-    while (c->qlen) {
-        psc_op o = c->queue[c->qhead];
-        c->qhead = (c->qhead + 1) % c->qcap;
-        c->qlen--;
-        pthread_mutex_unlock(&c->qmu);
-        psc_fail_unsent(c, &o);
-        pthread_mutex_lock(&c->qmu);
+    pthread_mutex_lock(&m->mu);
+    m->stopping = 1;
+    while (m->qlen) {
+        psc_op o = m->queue[m->qhead];
+        m->qhead = (m->qhead + 1) % m->qcap;
+        m->qlen--;
+        pthread_mutex_unlock(&m->mu);
+        fail_unsent(c, &o);
+        pthread_mutex_lock(&m->mu);
     }
-    pthread_mutex_unlock(&c->qmu);
-    for (; c->held_len; c->held_len--, c->held_head = (c->held_head + 1) % c->held_cap)
-        psc_fail_unsent(c, &c->held[c->held_head]);
-    for (uint32_t i = 0; i < c->nsubs; i++)
-        if (c->subs[i].req) {
-            psc_set_error(c->subs[i].req, PS_ECLOSED, "%s while waiting for %s", why,
-                          c->endpoints[c->subs[i].server]);
+    pthread_mutex_unlock(&m->mu);
+    for (; m->held_len; m->held_len--, m->held_head = (m->held_head + 1) % m->held_cap)
+        fail_unsent(c, &m->held[m->held_head]);
+    for (uint32_t i = 0; i < sl->n; i++)
+        if (sl->sub[i].req) {
+            psc_set_error(sl->sub[i].req, PS_ECLOSED, "%s while waiting for %s", why,
+                          c->endpoints[sl->sub[i].server]);
             psc_slot_finish(c, i);
         }
 }
@@ -583,11 +722,13 @@ static void fail_everything(ps_client *c)
 static void *comm_main(void *arg)
 {
     ps_client *c = arg;
+    struct psc_comm *m = c->comm;
     int rc = open_sockets(c);
-    pthread_mutex_lock(&c->done_mu);
-    c->ready = rc ? -rc : 1;
-    pthread_cond_broadcast(&c->done_cv);
-    pthread_mutex_unlock(&c->done_mu);
+    pthread_mutex_lock(&m->mu);
+    m->ready = 1;
+    m->open_rc = rc;
+    pthread_cond_broadcast(&m->ready_cv);
+    pthread_mutex_unlock(&m->mu);
     if (rc) {
         close_sockets(c);
         return NULL;
@@ -596,45 +737,45 @@ static void *comm_main(void *arg)
     zmq_pollitem_t *items = calloc((size_t)n, sizeof *items);
     if (!items) {
         ps_error("libps: out of memory in the comm thread");
-        pthread_mutex_lock(&c->qmu);
-        c->stopping = 1;
-        pthread_mutex_unlock(&c->qmu);
+        pthread_mutex_lock(&m->mu);
+        m->stopping = 1;
+        pthread_mutex_unlock(&m->mu);
     }
     for (int s = 0; items && s < c->nservers; s++) {
-        items[s].socket = c->socks[s];
+        items[s].socket = m->socks[s];
         items[s].events = ZMQ_POLLIN;
     }
     if (items) {
-        items[c->nservers].fd = c->efd;
+        items[c->nservers].fd = m->efd;
         items[c->nservers].events = ZMQ_POLLIN;
     }
-    c->poll_items = items;
+    m->poll_items = items;
     int stop = items == NULL;
     while (!stop) {
         int64_t now = ps_now_ns();
         long timeout = psc_liveness_timeout_ms(c, now);
-        if (c->held_len) {
+        if (m->held_len) {
             /* a device copy is in flight: look again in 20 us, not 1 ms */
             struct timespec ts = {0, 20000};
             nanosleep(&ts, NULL);
             timeout = 0;
         }
-        c->wake_by_ns = timeout < 0 ? INT64_MAX : now + (int64_t)timeout * 1000000LL;
+        psc_liveness_wake_by(c, timeout < 0 ? INT64_MAX : now + (int64_t)timeout * 1000000LL);
         if (zmq_poll(items, n, timeout) < 0 && errno != EINTR) {
             ps_error("libps: zmq_poll failed: %s", zmq_strerror(errno));
             break;
         }
         if (items[c->nservers].revents & ZMQ_POLLIN) {
             uint64_t v;
-            ssize_t rd = read(c->efd, &v, sizeof v);
+            ssize_t rd = read(m->efd, &v, sizeof v);
             (void)rd;
         }
         size_t nb = take_queue(c, &stop);
         for (size_t k = 0; k < nb; k++) {
             if (stop)
-                psc_fail_unsent(c, &c->batch[k]);
+                fail_unsent(c, &m->batch[k]);
             else
-                take_op(c, &c->batch[k]);
+                take_op(c, &m->batch[k]);
         }
         if (stop)
             break;
@@ -642,44 +783,88 @@ static void *comm_main(void *arg)
         for (int s = 0; s < c->nservers; s++)
             drain_socket(c, s);
         now = ps_now_ns();
-        psc_resend_due(c, now);
-        psc_heartbeat_due(c, now);
-        psc_server_timeout_due(c, now);
+        for (uint32_t i = psc_resend_next(c, now, 0); i != PSC_NO_SLOT;
+             i = psc_resend_next(c, now, i + 1))
+            resend(c, i);
+        if (psc_heartbeat_due(c, now))
+            send_heartbeats(c);
+        for (int s = psc_give_up_next(c, now, 0); s >= 0; s = psc_give_up_next(c, now, s + 1))
+            socket_reset(c, s);
     }
     fail_everything(c);
-    c->poll_items = NULL;
+    m->poll_items = NULL;
     free(items);
     close_sockets(c);
     return NULL;
 }
 
+/* ---------- start and stop (training thread) ---------- */
+
+/* Free what psc_comm_start made, once the thread has ended or never ran:
+ * terminating the context releases every zero-copy frame ZeroMQ still
+ * holds, which completes the last requests (psc_release_cb). */
+static void comm_free(ps_client *c)
+{
+    struct psc_comm *m = c->comm;
+    if (m->zctx)
+        zmq_ctx_term(m->zctx);
+    if (m->efd >= 0)
+        close(m->efd);
+    pthread_mutex_destroy(&m->mu);
+    pthread_cond_destroy(&m->ready_cv);
+    free(m->queue);
+    free(m->batch);
+    free(m->held);
+    free(m);
+    c->comm = NULL;
+}
+
 int psc_comm_start(ps_client *c)
 {
-    if (pthread_create(&c->thread, NULL, comm_main, c) != 0) {
-        ps_errorf(c->last_error, sizeof c->last_error, "cannot start the comm thread");
+    struct psc_comm *m = calloc(1, sizeof *m);
+    if (!m) {
+        ps_errorf(c->last_error, sizeof c->last_error, "out of memory");
         return PS_ENOMEM;
     }
-    c->thread_started = 1;
-    pthread_mutex_lock(&c->done_mu);
-    while (c->ready == 0)
-        pthread_cond_wait(&c->done_cv, &c->done_mu);
-    int ready = c->ready;
-    pthread_mutex_unlock(&c->done_mu);
-    if (ready < 0) {
-        pthread_join(c->thread, NULL);
-        c->thread_started = 0;
-        return -ready;
+    c->comm = m;
+    pthread_mutex_init(&m->mu, NULL);
+    pthread_cond_init(&m->ready_cv, NULL);
+    m->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    m->zctx = zmq_ctx_new();
+    if (m->efd < 0 || !m->zctx) {
+        ps_errorf(c->last_error, sizeof c->last_error,
+                  "cannot create the wake-up eventfd or ZeroMQ context: %s", strerror(errno));
+        comm_free(c);
+        return PS_EIO;
     }
-    return 0;
+    if (pthread_create(&m->thread, NULL, comm_main, c) != 0) {
+        ps_errorf(c->last_error, sizeof c->last_error, "cannot start the comm thread");
+        comm_free(c);
+        return PS_ENOMEM;
+    }
+    m->thread_started = 1;
+    pthread_mutex_lock(&m->mu);
+    while (!m->ready)
+        pthread_cond_wait(&m->ready_cv, &m->mu);
+    int rc = m->open_rc;
+    pthread_mutex_unlock(&m->mu);
+    if (rc) {
+        pthread_join(m->thread, NULL);
+        comm_free(c);
+    }
+    return rc;
 }
 
 void psc_comm_stop(ps_client *c)
 {
-    pthread_mutex_lock(&c->qmu);
-    c->stopping = 1;
-    pthread_mutex_unlock(&c->qmu);
+    struct psc_comm *m = c->comm;
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->stopping = 1;
+    pthread_mutex_unlock(&m->mu);
     psc_kick(c);
-    if (c->thread_started)
-        pthread_join(c->thread, NULL);
-    c->thread_started = 0;
+    if (m->thread_started)
+        pthread_join(m->thread, NULL);
+    comm_free(c);
 }

@@ -24,79 +24,101 @@
  *
  * This is the one place that re-establishes a server's view of this worker;
  * whatever a server must be told again after it lost us (a per-connection
- * attachment, say) belongs here, after the hello. */
+ * attachment, say) belongs here, after the hello.
+ *
+ * It sends nothing itself: psc_rejoin_hello makes the hello's slot and
+ * psc_rejoin_unpark hands back the parked sub-requests, for the comm loop
+ * to send. */
 #include <stdio.h>
+#include <stdlib.h>
 
-#include "client_internal.h"
+#include "client_rejoin.h"
+#include "client_requests.h"
+#include "client_shm.h"
 #include "ps_log.h"
 
 #define REJOIN_MAX 3
 
+/* What rejoining one server takes (c->rejoin[server]). */
+struct psc_rejoin {
+    int rejoins;    /* hellos since a request of ours was last served there */
+    ps_request req; /* the hello's request, libps's own */
+};
+
+int psc_rejoin_new(ps_client *c)
+{
+    c->rejoin = calloc((size_t)c->nservers, sizeof *c->rejoin);
+    return c->rejoin ? 0 : PS_ENOMEM;
+}
+
+void psc_rejoin_free(ps_client *c)
+{
+    free(c->rejoin);
+    c->rejoin = NULL;
+}
+
+/* A hello of ours to it is on its way: its request was posted and has not
+ * completed (answered, failed or given up on). */
+static int hello_on_its_way(const struct psc_rejoin *sv)
+{
+    return sv->req._priv.client && !__atomic_load_n(&sv->req._priv.done, __ATOMIC_ACQUIRE);
+}
+
+/* The first sub-request at or after slot `from` parked on `server`;
+ * PSC_NO_SLOT when none is left. */
+static uint32_t next_parked(const ps_client *c, int server, uint32_t from)
+{
+    const struct psc_slots *sl = c->slots;
+    for (uint32_t i = from; i < sl->n; i++)
+        if (sl->sub[i].req && sl->sub[i].server == server && sl->sub[i].parked)
+            return i;
+    return PSC_NO_SLOT;
+}
+
 /* Fail every sub-request parked on server `server` with code and text. */
 static void fail_parked(ps_client *c, int server, int code, const char *text)
 {
-    for (uint32_t i = 0; i < c->nsubs; i++) {
-        psc_sub *s = &c->subs[i];
-        if (s->req && s->server == server && s->parked) {
-            psc_set_error(s->req, code, "%s", text);
-            psc_slot_finish(c, i);
-        }
+    for (uint32_t i = next_parked(c, server, 0); i != PSC_NO_SLOT;
+         i = next_parked(c, server, i + 1)) {
+        psc_set_error(c->slots->sub[i].req, code, "%s", text);
+        psc_slot_finish(c, i);
     }
 }
 
-/* Send every sub-request parked on server `server` again; how many. */
-static int resend_parked(ps_client *c, int server)
+uint32_t psc_rejoin_hello(ps_client *c, int server, const ps_header *refusal)
 {
-    int n = 0;
-    for (uint32_t i = 0; i < c->nsubs; i++) {
-        psc_sub *s = &c->subs[i];
-        if (!s->req || s->server != server || !s->parked)
-            continue;
-        s->parked = 0;
-        /* the payload frame of this send is one more release to wait for */
-        if (ps_msg_request_has_payload(s->type))
-            __atomic_add_fetch(&s->req->_priv.pending, 1, __ATOMIC_ACQ_REL);
-        psc_sub_send(c, i); /* may finish the slot on error */
-        n++;
-    }
-    return n;
-}
-
-/* Say hello again to `server`, which refused us with `refusal`, unless a
- * hello is on its way already. */
-static void start_hello(ps_client *c, int server, const ps_header *refusal)
-{
-    psc_server *sv = &c->srv[server];
-    if (sv->rejoining)
-        return;
-    const char *ep = c->endpoints[server];
+    struct psc_rejoin *sv = &c->rejoin[server];
+    if (!__atomic_load_n(&c->started, __ATOMIC_ACQUIRE) || hello_on_its_way(sv) ||
+        sv->rejoins >= REJOIN_MAX)
+        return PSC_NO_SLOT;
     ps_warn("libps: %s does not count this worker as live (%s); saying hello again to rejoin",
-            ep, refusal->err_text[0] ? refusal->err_text : ps_strerror(refusal->err_code));
-    psc_req_reset(c, &sv->rj_req, 1);
-    psc_op o = {.type = PS_MSG_HELLO, .server = server, .req = &sv->rj_req,
-                .out = &sv->rj_reply};
-    uint32_t i = psc_slot_new(c, &o, server);
+            c->endpoints[server],
+            refusal->err_text[0] ? refusal->err_text : ps_strerror(refusal->err_code));
+    uint32_t i = psc_slot_new(c, server, PS_MSG_HELLO, &sv->req);
     if (i == PSC_NO_SLOT) {
         fail_parked(c, server, PS_ENOMEM, "out of memory for a hello to rejoin");
-        return;
+        return PSC_NO_SLOT;
     }
-    sv->rejoining = 1;
+    psc_req_reset(c, &sv->req, 1);
     sv->rejoins++;
-    psc_sub_send(c, i);
-    if (!sv->rejoining) { /* the send failed and finished the slot */
-        char why[2 * PSC_ERRBUF];
-        snprintf(why, sizeof why, "cannot rejoin %s: %s", ep, sv->rj_req.err);
-        fail_parked(c, server, sv->rj_req.status ? sv->rj_req.status : PS_EIO, why);
-    }
+    return i;
 }
 
-int psc_rejoin_refused(ps_client *c, uint32_t i, const ps_header *h)
+void psc_rejoin_unsent(ps_client *c, int server)
 {
-    psc_sub *s = &c->subs[i];
-    psc_server *sv = &c->srv[s->server];
-    if (!__atomic_load_n(&c->hb_on, __ATOMIC_ACQUIRE) || s->type == PS_MSG_HELLO)
+    const ps_request *r = &c->rejoin[server].req;
+    char why[2 * PSC_ERRBUF];
+    snprintf(why, sizeof why, "cannot rejoin %s: %s", c->endpoints[server], r->err);
+    fail_parked(c, server, r->status ? r->status : PS_EIO, why);
+}
+
+int psc_rejoin_park(ps_client *c, uint32_t i)
+{
+    psc_sub *s = &c->slots->sub[i];
+    struct psc_rejoin *sv = &c->rejoin[s->server];
+    if (!__atomic_load_n(&c->started, __ATOMIC_ACQUIRE) || s->type == PS_MSG_HELLO)
         return -1;
-    if (!sv->rejoining && sv->rejoins >= REJOIN_MAX) {
+    if (!hello_on_its_way(sv) && sv->rejoins >= REJOIN_MAX) {
         if (sv->rejoins++ == REJOIN_MAX) /* once, not per refused request */
             ps_error("libps: %s refused this worker again after %d hellos in a row; its "
                      "requests fail", c->endpoints[s->server], REJOIN_MAX);
@@ -104,26 +126,15 @@ int psc_rejoin_refused(ps_client *c, uint32_t i, const ps_header *h)
     }
     s->parked = 1;
     s->deadline_ns = INT64_MAX; /* no resends while parked */
-    start_hello(c, s->server, h);
     return 0;
 }
 
-void psc_rejoin_heartbeat_refused(ps_client *c, int server, const ps_header *h)
-{
-    psc_server *sv = &c->srv[server];
-    if (__atomic_load_n(&c->hb_on, __ATOMIC_ACQUIRE) && !sv->rejoining &&
-        sv->rejoins < REJOIN_MAX)
-        start_hello(c, server, h);
-}
-
-void psc_rejoin_served(ps_client *c, int server) { c->srv[server].rejoins = 0; }
+void psc_rejoin_served(ps_client *c, int server) { c->rejoin[server].rejoins = 0; }
 
 int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h)
 {
-    psc_sub *s = &c->subs[i];
-    int server = s->server;
-    psc_server *sv = &c->srv[server];
-    if (s->req != &sv->rj_req)
+    int server = c->slots->sub[i].server;
+    if (c->slots->sub[i].req != &c->rejoin[server].req)
         return 0;
     const char *ep = c->endpoints[server];
     char why[PSC_ERRBUF] = "";
@@ -144,7 +155,7 @@ int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h)
         if (ps_hello_compare(&mine, "this worker", &h->hello, ep, 1, why, sizeof why))
             code = PS_EMISMATCH;
     }
-    psc_slot_finish(c, i); /* our own request; clears sv->rejoining */
+    psc_slot_finish(c, i); /* our own request: the hello is no longer on its way */
     if (code) {
         char text[2 * PSC_ERRBUF];
         snprintf(text, sizeof text, "cannot rejoin %s: %s", ep, why);
@@ -154,8 +165,21 @@ int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h)
     }
     /* what the server must be told again: whether it (still) maps our arena */
     psc_shm_hello_reply(c, server, &h->hello);
-    int n = resend_parked(c, server);
+    int n = 0;
+    for (uint32_t k = next_parked(c, server, 0); k != PSC_NO_SLOT;
+         k = next_parked(c, server, k + 1))
+        n++;
     ps_info("libps: rejoined %s: it counts this worker again (%d waiting request%s sent again)",
             ep, n, n == 1 ? "" : "s");
     return 1;
+}
+
+uint32_t psc_rejoin_unpark(ps_client *c, int server, uint32_t from)
+{
+    if (hello_on_its_way(&c->rejoin[server])) /* not taken back yet */
+        return PSC_NO_SLOT;
+    uint32_t i = next_parked(c, server, from);
+    if (i != PSC_NO_SLOT)
+        c->slots->sub[i].parked = 0;
+    return i;
 }

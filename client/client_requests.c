@@ -4,20 +4,68 @@
  * comm thread into one sub-request slot per message, and completed when its
  * _priv.pending parts are done: each slot's reply (psc_slot_finish) and each
  * zero-copy frame's release (psc_release_cb, on ZeroMQ's I/O thread).
- * Waiters sleep on the client's done_cv; the condition variable is touched
- * only when somebody waits, so completing costs no lock when communication
+ * Waiters sleep on a condition variable (c->waits) that is touched only
+ * when somebody waits, so completing costs no lock when communication
  * overlaps compute.
  *
  * Slots belong to the comm thread alone: no lock.  A slot index and its
  * generation make the request id, so a late duplicate reply finds its slot
  * freed or reused and is dropped. */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "client_internal.h"
+#include "client_requests.h"
 #include "ps_time.h"
+
+/* Completions: any thread. */
+struct psc_waits {
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* CLOCK_MONOTONIC, as psc_wait_until's deadlines */
+    int nwaiters;      /* threads in psc_wait_until (atomic) */
+};
+
+int psc_requests_new(ps_client *c)
+{
+    struct psc_waits *w = calloc(1, sizeof *w);
+    struct psc_slots *sl = calloc(1, sizeof *sl);
+    psc_slot_server *ss = calloc((size_t)c->nservers, sizeof *ss);
+    if (!w || !sl || !ss) {
+        free(w);
+        free(sl);
+        free(ss);
+        return PS_ENOMEM;
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    sl->free_head = PSC_NO_SLOT;
+    sl->server = ss;
+    c->waits = w;
+    c->slots = sl;
+    return 0;
+}
+
+void psc_requests_free(ps_client *c)
+{
+    if (c->waits) {
+        pthread_mutex_destroy(&c->waits->mu);
+        pthread_cond_destroy(&c->waits->cv);
+        free(c->waits);
+        c->waits = NULL;
+    }
+    if (c->slots) {
+        free(c->slots->sub);
+        free(c->slots->server);
+        free(c->slots);
+        c->slots = NULL;
+    }
+}
 
 /* ---------- completion ---------- */
 
@@ -29,11 +77,12 @@ static void complete(ps_client *c, ps_request *r)
 {
     r->done_ns = ps_now_ns(); /* published by the store of done below */
     __atomic_store_n(&r->_priv.done, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&c->nwaiters, __ATOMIC_SEQ_CST) == 0)
+    struct psc_waits *w = c->waits;
+    if (__atomic_load_n(&w->nwaiters, __ATOMIC_SEQ_CST) == 0)
         return;
-    pthread_mutex_lock(&c->done_mu);
-    pthread_cond_broadcast(&c->done_cv);
-    pthread_mutex_unlock(&c->done_mu);
+    pthread_mutex_lock(&w->mu);
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
 }
 
 void psc_part_done(ps_client *c, ps_request *r)
@@ -82,11 +131,8 @@ void psc_req_fail(ps_request *r, int code, const char *text)
     __atomic_store_n(&r->_priv.done, 1, __ATOMIC_RELEASE);
 }
 
-void psc_fail_unsent(ps_client *c, const psc_op *o)
+void psc_req_unsent(ps_client *c, ps_request *r)
 {
-    ps_request *r = o->req;
-    if (o->type == 0)
-        return;
     psc_set_error(r, PS_ECLOSED, "client closed before the request was sent");
     __atomic_store_n(&r->_priv.pending, 0, __ATOMIC_RELEASE);
     complete(c, r);
@@ -103,20 +149,21 @@ int psc_wait_until(ps_request *r, int64_t deadline_ns)
     ps_client *c = r->_priv.client;
     if (!c)
         return 0;
-    pthread_mutex_lock(&c->done_mu);
-    __atomic_add_fetch(&c->nwaiters, 1, __ATOMIC_SEQ_CST);
+    struct psc_waits *w = c->waits;
+    pthread_mutex_lock(&w->mu);
+    __atomic_add_fetch(&w->nwaiters, 1, __ATOMIC_SEQ_CST);
     while (!__atomic_load_n(&r->_priv.done, __ATOMIC_SEQ_CST)) {
         if (deadline_ns == INT64_MAX) {
-            pthread_cond_wait(&c->done_cv, &c->done_mu);
+            pthread_cond_wait(&w->cv, &w->mu);
         } else {
             if (ps_now_ns() >= deadline_ns)
                 break;
             struct timespec ts = {deadline_ns / 1000000000LL, deadline_ns % 1000000000LL};
-            pthread_cond_timedwait(&c->done_cv, &c->done_mu, &ts);
+            pthread_cond_timedwait(&w->cv, &w->mu, &ts);
         }
     }
-    __atomic_sub_fetch(&c->nwaiters, 1, __ATOMIC_SEQ_CST);
-    pthread_mutex_unlock(&c->done_mu);
+    __atomic_sub_fetch(&w->nwaiters, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&w->mu);
     return __atomic_load_n(&r->_priv.done, __ATOMIC_ACQUIRE);
 }
 
@@ -144,87 +191,85 @@ int ps_request_wait_for(ps_request *req, int timeout_ms)
 
 /* ---------- sub-request slots (comm thread) ---------- */
 
-static uint32_t slot_alloc(ps_client *c)
+static uint32_t slot_alloc(struct psc_slots *sl)
 {
-    if (c->free_head == PSC_NO_SLOT) {
-        if (c->nsubs == c->cap_subs) {
-            uint32_t ncap = c->cap_subs ? c->cap_subs * 2 : 256;
-            psc_sub *n = realloc(c->subs, (size_t)ncap * sizeof *n);
+    if (sl->free_head == PSC_NO_SLOT) {
+        if (sl->n == sl->cap) {
+            uint32_t ncap = sl->cap ? sl->cap * 2 : 256;
+            psc_sub *n = realloc(sl->sub, (size_t)ncap * sizeof *n);
             if (!n)
                 return PSC_NO_SLOT;
-            c->subs = n;
-            c->cap_subs = ncap;
+            sl->sub = n;
+            sl->cap = ncap;
         }
-        uint32_t i = c->nsubs++;
-        memset(&c->subs[i], 0, sizeof c->subs[i]);
-        c->subs[i].gen = 1;
-        c->subs[i].next_free = PSC_NO_SLOT;
-        c->free_head = i;
+        uint32_t i = sl->n++;
+        memset(&sl->sub[i], 0, sizeof sl->sub[i]);
+        sl->sub[i].gen = 1;
+        sl->sub[i].next_free = PSC_NO_SLOT;
+        sl->free_head = i;
     }
-    uint32_t i = c->free_head;
-    c->free_head = c->subs[i].next_free;
-    c->live++;
+    uint32_t i = sl->free_head;
+    sl->free_head = sl->sub[i].next_free;
+    sl->live++;
     return i;
 }
 
-static void slot_free(ps_client *c, uint32_t i)
+static void slot_free(struct psc_slots *sl, uint32_t i)
 {
-    psc_sub *s = &c->subs[i];
-    psc_server *sv = &c->srv[s->server];
-    sv->nlive--;
-    if (s->req == &sv->rj_req)
-        sv->rejoining = 0; /* answered, failed or given up: a later refusal may try again */
+    psc_sub *s = &sl->sub[i];
+    sl->server[s->server].nlive--;
     s->req = NULL;
     s->gen = s->gen + 1 ? s->gen + 1 : 1;
-    s->next_free = c->free_head;
-    c->free_head = i;
-    c->live--;
+    s->next_free = sl->free_head;
+    sl->free_head = i;
+    sl->live--;
 }
 
-uint32_t psc_slot_new(ps_client *c, const psc_op *o, int server)
+uint32_t psc_slot_new(ps_client *c, int server, uint32_t type, ps_request *r)
 {
-    uint32_t i = slot_alloc(c);
+    struct psc_slots *sl = c->slots;
+    uint32_t i = slot_alloc(sl);
     if (i == PSC_NO_SLOT)
         return PSC_NO_SLOT;
-    psc_sub *s = &c->subs[i];
-    s->req = o->req;
-    s->type = o->type;
+    psc_sub *s = &sl->sub[i];
+    s->req = r;
+    s->type = type;
     s->server = server;
-    s->parked = 0;
-    /* the server's silence counts from now if nothing else waited on it */
-    if (c->srv[server].nlive++ == 0)
-        c->srv[server].quiet_from_ns = ps_now_ns();
+    if (sl->server[server].nlive++ == 0)
+        sl->server[server].busy_since_ns = ps_now_ns();
     s->chunk = 0;
     s->key = 0;
     s->count = 0;
     s->total = 0;
     s->src = NULL;
     s->dst = NULL;
-    s->step = o->step;
-    s->npush = o->npush > 1 ? (uint32_t)o->npush : 1;
-    s->out = o->out;
-    s->backoff_ns = (int64_t)c->opt.request_timeout_ms * 1000000LL;
+    s->step = 0;
+    s->npush = 1;
+    s->out = NULL;
     s->deadline_ns = INT64_MAX;
+    s->backoff_ns = 0;
+    s->parked = 0;
     return i;
 }
 
 uint64_t psc_slot_id(const ps_client *c, uint32_t i)
 {
-    return (uint64_t)c->subs[i].gen << 32 | i;
+    return (uint64_t)c->slots->sub[i].gen << 32 | i;
 }
 
 uint32_t psc_slot_find(const ps_client *c, uint64_t seq, int server)
 {
+    const struct psc_slots *sl = c->slots;
     uint32_t i = (uint32_t)(seq & 0xffffffffu);
-    if (i >= c->nsubs || !c->subs[i].req || psc_slot_id(c, i) != seq ||
-        c->subs[i].server != server)
+    if (i >= sl->n || !sl->sub[i].req || psc_slot_id(c, i) != seq ||
+        sl->sub[i].server != server)
         return PSC_NO_SLOT;
     return i;
 }
 
 void psc_slot_finish(ps_client *c, uint32_t i)
 {
-    ps_request *r = c->subs[i].req;
-    slot_free(c, i);
+    ps_request *r = c->slots->sub[i].req;
+    slot_free(c->slots, i);
     psc_part_done(c, r);
 }

@@ -16,11 +16,15 @@
  *    moment something began to wait on the server, and afresh after the
  *    process was stopped (SIGSTOP), whose replies may still be on the way.
  *
- * Everything here runs on the comm thread and touches only its state. */
+ * Everything here runs on the comm thread and touches only its state.  It
+ * decides and sends nothing: the comm loop asks what is due (psc_resend_next,
+ * psc_heartbeat_due, psc_give_up_next) and sends it. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
-#include "client_internal.h"
+#include "client_requests.h"
+#include "client_resend.h"
 #include "ps_log.h"
 #include "ps_time.h"
 
@@ -30,150 +34,182 @@
  * silent. */
 #define PAUSE_SLACK_NS (500LL * 1000000LL)
 
+struct psc_liveness {
+    int64_t next_resend_check; /* no resend deadline is earlier */
+    int64_t next_hb_ns;        /* when the next heartbeats are due */
+    int64_t wake_by_ns;        /* the latest the loop's poll should have returned */
+    int64_t resumed_ns;        /* when the process last ran again after a pause */
+    int64_t heard_ns[];        /* per server: when anything last came from it (0: never) */
+};
+
+int psc_liveness_new(ps_client *c)
+{
+    struct psc_liveness *lv =
+        calloc(1, sizeof *lv + (size_t)c->nservers * sizeof lv->heard_ns[0]);
+    if (!lv)
+        return PS_ENOMEM;
+    lv->wake_by_ns = INT64_MAX;
+    c->live = lv;
+    return 0;
+}
+
+void psc_liveness_free(ps_client *c)
+{
+    free(c->live);
+    c->live = NULL;
+}
+
 /* Every request but SHUTDOWN may be resent (see the top of this file). */
 static int resendable(uint32_t type) { return type != PS_MSG_SHUTDOWN; }
 
-void psc_resend_arm(ps_client *c, uint32_t i)
+void psc_resend_arm(ps_client *c, uint32_t i, int64_t now)
 {
     if (c->opt.request_timeout_ms <= 0)
         return;
-    psc_sub *s = &c->subs[i];
-    s->deadline_ns = ps_now_ns() + s->backoff_ns;
-    if (s->deadline_ns < c->next_resend_check)
-        c->next_resend_check = s->deadline_ns;
+    psc_sub *s = &c->slots->sub[i];
+    if (!s->backoff_ns) /* its first send */
+        s->backoff_ns = (int64_t)c->opt.request_timeout_ms * 1000000LL;
+    s->deadline_ns = now + s->backoff_ns;
+    if (s->deadline_ns < c->live->next_resend_check)
+        c->live->next_resend_check = s->deadline_ns;
 }
 
-void psc_resend_due(ps_client *c, int64_t now)
+uint32_t psc_resend_next(ps_client *c, int64_t now, uint32_t from)
 {
-    if (c->opt.request_timeout_ms <= 0 || now < c->next_resend_check)
-        return;
-    int64_t next = INT64_MAX;
-    for (uint32_t i = 0; i < c->nsubs; i++) {
-        psc_sub *s = &c->subs[i];
+    struct psc_liveness *lv = c->live;
+    const struct psc_slots *sl = c->slots;
+    if (c->opt.request_timeout_ms <= 0)
+        return PSC_NO_SLOT;
+    if (from == 0) {
+        if (now < lv->next_resend_check)
+            return PSC_NO_SLOT;
+        /* a new round: the next check is the earliest deadline it sees, the
+         * resent slots' new ones included (psc_resend_arm) */
+        lv->next_resend_check = INT64_MAX;
+    }
+    for (uint32_t i = from; i < sl->n; i++) {
+        psc_sub *s = &sl->sub[i];
         if (!s->req || !resendable(s->type))
             continue;
-        if (s->deadline_ns <= now) {
-            /* a server that answered something since (a heartbeat) is alive and
-             * holds the request (a sync round or a barrier waiting for others):
-             * the resend is a precaution, not news */
-            int heard = c->srv[s->server].heard_ns > s->deadline_ns - s->backoff_ns;
-            ps_log(heard ? PS_LOG_DEBUG : PS_LOG_WARN,
-                   "libps: no reply from %s to %s key %llu chunk %u after %lld ms, resending",
-                   c->endpoints[s->server], ps_msg_type_name(s->type),
-                   (unsigned long long)s->key, s->chunk, (long long)(s->backoff_ns / 1000000));
-            s->backoff_ns = s->backoff_ns * 2 < RESEND_MAX_BACKOFF_NS ? s->backoff_ns * 2
-                                                                       : RESEND_MAX_BACKOFF_NS;
-            if (ps_msg_request_has_payload(s->type))
-                __atomic_add_fetch(&s->req->_priv.pending, 1, __ATOMIC_ACQ_REL);
-            psc_sub_send(c, i); /* may finish the slot on error */
-            if (!c->subs[i].req)
-                continue;
+        if (s->deadline_ns > now) {
+            if (s->deadline_ns < lv->next_resend_check)
+                lv->next_resend_check = s->deadline_ns;
+            continue;
         }
-        if (s->deadline_ns < next)
-            next = s->deadline_ns;
+        /* a server that answered something since (a heartbeat) is alive and
+         * holds the request (a sync round or a barrier waiting for others):
+         * the resend is a precaution, not news */
+        int heard = lv->heard_ns[s->server] > s->deadline_ns - s->backoff_ns;
+        ps_log(heard ? PS_LOG_DEBUG : PS_LOG_WARN,
+               "libps: no reply from %s to %s key %llu chunk %u after %lld ms, resending",
+               c->endpoints[s->server], ps_msg_type_name(s->type), (unsigned long long)s->key,
+               s->chunk, (long long)(s->backoff_ns / 1000000));
+        s->backoff_ns = s->backoff_ns * 2 < RESEND_MAX_BACKOFF_NS ? s->backoff_ns * 2
+                                                                   : RESEND_MAX_BACKOFF_NS;
+        return i;
     }
-    c->next_resend_check = next;
+    return PSC_NO_SLOT;
 }
 
-void psc_heartbeat_due(ps_client *c, int64_t now)
+int psc_heartbeat_due(ps_client *c, int64_t now)
 {
-    if (c->opt.heartbeat_ms <= 0 || !__atomic_load_n(&c->hb_on, __ATOMIC_ACQUIRE))
-        return;
-    if (now < c->next_hb_ns)
-        return;
-    c->next_hb_ns = now + (int64_t)c->opt.heartbeat_ms * 1000000LL;
-    ps_header h;
-    ps_header_init(&h, PS_MSG_HEARTBEAT);
-    h.seq = PSC_HEARTBEAT_SEQ;
-    h.rank = c->opt.rank;
-    char buf[PS_HEADER_MAX];
-    size_t len = 0;
-    if (ps_proto_encode(&h, buf, sizeof buf, &len) != 0)
-        return;
-    for (int s = 0; s < c->nservers; s++)
-        psc_zsend(c->socks[s], buf, len, 0); /* queued while a server is away; fine */
+    if (c->opt.heartbeat_ms <= 0 || !__atomic_load_n(&c->started, __ATOMIC_ACQUIRE))
+        return 0;
+    if (now < c->live->next_hb_ns)
+        return 0;
+    c->live->next_hb_ns = now + (int64_t)c->opt.heartbeat_ms * 1000000LL;
+    return 1;
 }
 
-void psc_server_heard(ps_client *c, int s, int64_t now) { c->srv[s].heard_ns = now; }
+void psc_server_heard(ps_client *c, int s, int64_t now) { c->live->heard_ns[s] = now; }
+
+void psc_liveness_wake_by(ps_client *c, int64_t wake_by_ns) { c->live->wake_by_ns = wake_by_ns; }
 
 static int server_timeout_on(const ps_client *c)
 {
-    return c->opt.server_timeout_ms > 0 && __atomic_load_n(&c->hb_on, __ATOMIC_ACQUIRE);
+    return c->opt.server_timeout_ms > 0 && __atomic_load_n(&c->started, __ATOMIC_ACQUIRE);
 }
 
-/* When server sv's silence began: its last message, or when we began to
- * wait on it, whichever is later. */
-static int64_t silent_since(const psc_server *sv)
+/* When server s's silence began: its last message, when we began to wait
+ * on it, or when the process ran again after a pause, whichever is latest. */
+static int64_t silent_since(const ps_client *c, int s)
 {
-    return sv->heard_ns > sv->quiet_from_ns ? sv->heard_ns : sv->quiet_from_ns;
+    int64_t t = c->live->heard_ns[s];
+    int64_t busy = c->slots->server[s].busy_since_ns;
+    if (busy > t)
+        t = busy;
+    return c->live->resumed_ns > t ? c->live->resumed_ns : t;
 }
 
 /* Fail every sub-request to server s: it has been silent for too long. */
-static void give_up(ps_client *c, int s)
+static void fail_server(ps_client *c, int s)
 {
+    const struct psc_slots *sl = c->slots;
     char why[PS_ERR_TEXT_MAX + 1];
     snprintf(why, sizeof why, "no reply from %s for %g s (ps_server down?); giving up",
              c->endpoints[s], c->opt.server_timeout_ms / 1000.0);
     ps_error("libps: %s", why);
-    for (uint32_t i = 0; i < c->nsubs && c->srv[s].nlive; i++)
-        if (c->subs[i].req && c->subs[i].server == s) {
-            psc_set_error(c->subs[i].req, PS_ETIMEDOUT, "%s", why);
+    for (uint32_t i = 0; i < sl->n && sl->server[s].nlive; i++)
+        if (sl->sub[i].req && sl->sub[i].server == s) {
+            psc_set_error(sl->sub[i].req, PS_ETIMEDOUT, "%s", why);
             psc_slot_finish(c, i);
         }
-    /* payloads ZeroMQ still queues for s belong to those requests: only
-     * once they are released are the requests complete */
-    psc_socket_reset(c, s);
 }
 
-void psc_server_timeout_due(ps_client *c, int64_t now)
+/* The loop is at now; its poll was due back by wake_by_ns.  Much later
+ * means the process was stopped (SIGSTOP, a suspended VM): silence is
+ * counted afresh from now, so a resumed worker does not give up on servers
+ * whose replies are still on their way. */
+static void pause_check(ps_client *c, int64_t now)
 {
-    if (!server_timeout_on(c))
-        return;
-    /* here, not only after the poll: a stop anywhere since it was due counts */
-    psc_pause_check(c, now);
-    int64_t limit = (int64_t)c->opt.server_timeout_ms * 1000000LL;
-    for (int s = 0; s < c->nservers; s++)
-        if (c->srv[s].nlive && now - silent_since(&c->srv[s]) > limit)
-            give_up(c, s);
-}
-
-void psc_pause_check(ps_client *c, int64_t now)
-{
-    int64_t late = now - c->wake_by_ns;
+    struct psc_liveness *lv = c->live;
+    int64_t late = now - lv->wake_by_ns;
     if (late <= PAUSE_SLACK_NS)
         return;
-    c->wake_by_ns = now; /* one line per pause */
+    lv->wake_by_ns = now; /* one line per pause */
     ps_info("libps: this process did not run for %.1f s (stopped?); the servers' silence "
             "counts from now", (double)late * 1e-9);
-    for (int s = 0; s < c->nservers; s++)
-        c->srv[s].quiet_from_ns = now;
+    lv->resumed_ns = now;
+}
+
+int psc_give_up_next(ps_client *c, int64_t now, int from)
+{
+    if (!server_timeout_on(c))
+        return -1;
+    /* here, not only after the poll: a stop anywhere since it was due counts */
+    if (from == 0)
+        pause_check(c, now);
+    int64_t limit = (int64_t)c->opt.server_timeout_ms * 1000000LL;
+    for (int s = from; s < c->nservers; s++)
+        if (c->slots->server[s].nlive && now - silent_since(c, s) > limit) {
+            fail_server(c, s);
+            return s;
+        }
+    return -1;
+}
+
+/* *timeout (ms, -1: none yet) becomes at most the wait until now + d ns,
+ * rounded up. */
+static void sooner(long *timeout, int64_t d)
+{
+    long t = d <= 0 ? 0 : (long)(d / 1000000 + 1);
+    if (*timeout < 0 || t < *timeout)
+        *timeout = t;
 }
 
 long psc_liveness_timeout_ms(const ps_client *c, int64_t now)
 {
+    const struct psc_liveness *lv = c->live;
     long timeout = -1;
     if (server_timeout_on(c)) {
         int64_t limit = (int64_t)c->opt.server_timeout_ms * 1000000LL;
-        for (int s = 0; s < c->nservers; s++) {
-            if (!c->srv[s].nlive)
-                continue;
-            int64_t d = silent_since(&c->srv[s]) + limit - now;
-            long t = d <= 0 ? 0 : (long)(d / 1000000 + 1);
-            if (timeout < 0 || t < timeout)
-                timeout = t;
-        }
+        for (int s = 0; s < c->nservers; s++)
+            if (c->slots->server[s].nlive)
+                sooner(&timeout, silent_since(c, s) + limit - now);
     }
-    if (c->opt.request_timeout_ms > 0 && c->live) {
-        int64_t d = c->next_resend_check - now;
-        long t = d <= 0 ? 0 : (long)(d / 1000000 + 1);
-        if (timeout < 0 || t < timeout)
-            timeout = t;
-    }
-    if (c->opt.heartbeat_ms > 0 && __atomic_load_n(&c->hb_on, __ATOMIC_ACQUIRE)) {
-        int64_t d = c->next_hb_ns - now;
-        long t = d <= 0 ? 0 : (long)(d / 1000000 + 1);
-        if (timeout < 0 || t < timeout)
-            timeout = t;
-    }
+    if (c->opt.request_timeout_ms > 0 && c->slots->live)
+        sooner(&timeout, lv->next_resend_check - now);
+    if (c->opt.heartbeat_ms > 0 && __atomic_load_n(&c->started, __ATOMIC_ACQUIRE))
+        sooner(&timeout, lv->next_hb_ns - now);
     return timeout;
 }

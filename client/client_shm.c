@@ -17,22 +17,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client_internal.h"
+#include "client_shm.h"
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_shm.h"
+
+struct psc_shm {
+    ps_shm_arena arena; /* base NULL: none */
+    int servers;        /* how many map it */
+    unsigned char on[]; /* per server: its payloads go through the arena */
+};
 
 int psc_shm_setup(ps_client *c)
 {
     ps_hello *hq = &c->hello_req;
     hq->shm_name[0] = 0;
-    free(c->shm_on);
-    c->shm_on = calloc((size_t)c->nservers, 1);
-    if (!c->shm_on)
+    if (!c->shm && !(c->shm = calloc(1, sizeof *c->shm + (size_t)c->nservers)))
         return PS_ENOMEM;
-    c->shm_servers = 0;
+    struct psc_shm *m = c->shm;
+    memset(m->on, 0, (size_t)c->nservers);
+    m->servers = 0;
     if (!c->opt.shm)
         return 0;
-    if (!c->arena.base) {
+    if (!m->arena.base) {
         size_t bytes = c->opt.shm_bytes;
         if (!bytes) {
             /* six buffers a tensor: front and back weights, three gradients
@@ -43,45 +50,50 @@ int psc_shm_setup(ps_client *c)
             bytes += 64 << 10;
         }
         char why[256];
-        if (ps_shm_create(bytes, &c->arena, why, sizeof why) != 0) {
+        if (ps_shm_create(bytes, &m->arena, why, sizeof why) != 0) {
             ps_warn("libps: no shared-memory arena (%s): payloads go over the network", why);
             return 0;
         }
     }
-    snprintf(hq->shm_name, sizeof hq->shm_name, "%s", c->arena.name);
-    hq->shm_nonce = c->arena.nonce;
-    hq->shm_size = c->arena.size;
+    snprintf(hq->shm_name, sizeof hq->shm_name, "%s", m->arena.name);
+    hq->shm_nonce = m->arena.nonce;
+    hq->shm_size = m->arena.size;
     return 0;
 }
 
 void psc_shm_hello_reply(ps_client *c, int s, const ps_hello *rep)
 {
-    if (!c->shm_on || s < 0 || s >= c->nservers)
+    struct psc_shm *m = c->shm;
+    if (!m || s < 0 || s >= c->nservers)
         return;
-    int on = c->arena.base && rep->shm == 1;
-    if (on != c->shm_on[s] || !c->started)
+    int on = m->arena.base && rep->shm == 1;
+    if (on != m->on[s] || !__atomic_load_n(&c->started, __ATOMIC_ACQUIRE))
         ps_info("libps: %s: payloads %s%s%s%s", c->endpoints[s],
                 on ? "through shared memory (same host)" : "over the network",
                 !on && rep->shm_why[0] ? " (" : "", !on ? rep->shm_why : "",
                 !on && rep->shm_why[0] ? ")" : "");
-    c->shm_servers += on - c->shm_on[s];
-    c->shm_on[s] = (unsigned char)on;
+    m->servers += on - m->on[s];
+    m->on[s] = (unsigned char)on;
+}
+
+int psc_shm_holds(const ps_client *c, const void *p, size_t bytes, uint64_t *off)
+{
+    return c->shm && ps_shm_contains(&c->shm->arena, p, bytes, off);
 }
 
 int psc_shm_use(const ps_client *c, const psc_sub *s, uint64_t *off, uint64_t *dst_off)
 {
-    if (!c->shm_on || !c->shm_on[s->server])
+    if (!c->shm || !c->shm->on[s->server])
         return 0;
     size_t bytes = s->count * sizeof(float);
     switch (s->type) {
     case PS_MSG_INIT:
     case PS_MSG_PUSH:
-        return ps_shm_contains(&c->arena, s->src, bytes, off);
+        return psc_shm_holds(c, s->src, bytes, off);
     case PS_MSG_PULL:
-        return ps_shm_contains(&c->arena, s->dst, bytes, off);
+        return psc_shm_holds(c, s->dst, bytes, off);
     case PS_MSG_PUSHPULL: /* both buffers, or the network */
-        return ps_shm_contains(&c->arena, s->src, bytes, off) &&
-               ps_shm_contains(&c->arena, s->dst, bytes, dst_off);
+        return psc_shm_holds(c, s->src, bytes, off) && psc_shm_holds(c, s->dst, bytes, dst_off);
     default:
         return 0;
     }
@@ -89,26 +101,28 @@ int psc_shm_use(const ps_client *c, const psc_sub *s, uint64_t *off, uint64_t *d
 
 void psc_shm_close(ps_client *c)
 {
-    ps_shm_close(&c->arena);
-    free(c->shm_on);
-    c->shm_on = NULL;
+    if (!c->shm)
+        return;
+    ps_shm_close(&c->shm->arena);
+    free(c->shm);
+    c->shm = NULL;
 }
 
 void *ps_client_shm_alloc(ps_client *c, size_t bytes)
 {
-    if (!c || !c->started)
+    if (!c || !c->started || !c->shm)
         return NULL;
-    return ps_shm_alloc(&c->arena, bytes);
+    return ps_shm_alloc(&c->shm->arena, bytes);
 }
 
-int ps_client_shm_servers(const ps_client *c) { return c ? c->shm_servers : 0; }
+int ps_client_shm_servers(const ps_client *c) { return c && c->shm ? c->shm->servers : 0; }
 
 void ps_client_shm_region(const ps_client *c, void **base, size_t *bytes)
 {
     *base = NULL;
     *bytes = 0;
-    if (c && c->started && c->arena.base) {
-        *base = c->arena.base + PS_SHM_HEADER_BYTES;
-        *bytes = c->arena.size - PS_SHM_HEADER_BYTES;
+    if (c && c->started && c->shm && c->shm->arena.base) {
+        *base = c->shm->arena.base + PS_SHM_HEADER_BYTES;
+        *bytes = c->shm->arena.size - PS_SHM_HEADER_BYTES;
     }
 }

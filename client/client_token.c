@@ -1,18 +1,45 @@
-/* The tokens a request carries (client_internal.h "client_token.c"). */
+/* The tokens a request carries (client_token.h). */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-#include "client_internal.h"
+#include "client_token.h"
+
+struct psc_tokens {
+    char *admin;      /* copy of opt.admin_token, or NULL */
+    uint64_t hello[]; /* per server: the token its hello reply gave (0: none yet) */
+};
+
+int psc_tokens_new(ps_client *c, const char *admin_token)
+{
+    struct psc_tokens *t = calloc(1, sizeof *t + (size_t)c->nservers * sizeof t->hello[0]);
+    if (!t || (admin_token && !(t->admin = strdup(admin_token)))) {
+        free(t);
+        return PS_ENOMEM;
+    }
+    c->tokens = t;
+    return 0;
+}
+
+void psc_tokens_free(ps_client *c)
+{
+    if (!c->tokens)
+        return;
+    free(c->tokens->admin);
+    free(c->tokens);
+    c->tokens = NULL;
+}
 
 void psc_tokens_fill(const ps_client *c, int server, ps_header *h)
 {
     if (h->type == PS_MSG_HELLO)
-        h->hello.token = c->hello_tokens[server];
-    else if (h->type == PS_MSG_SHUTDOWN && c->admin_token)
-        snprintf(h->admin, sizeof h->admin, "%s", c->admin_token);
+        h->hello.token = c->tokens->hello[server];
+    else if (h->type == PS_MSG_SHUTDOWN && c->tokens->admin)
+        snprintf(h->admin, sizeof h->admin, "%s", c->tokens->admin);
 }
 
 void psc_tokens_keep(ps_client *c, int server, const ps_hello *reply)
 {
     if (reply->token)
-        c->hello_tokens[server] = reply->token;
+        c->tokens->hello[server] = reply->token;
 }

@@ -1,0 +1,97 @@
+/* libps: a request's life and the sub-request slots (client_requests.c).
+ *
+ * Completion (c->waits, opaque) is any thread's: the comm thread and
+ * ZeroMQ's I/O thread complete parts, any thread waits.  The slot table
+ * (c->slots) is the comm thread's alone: no lock. */
+#ifndef PS_CLIENT_REQUESTS_H
+#define PS_CLIENT_REQUESTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client_internal.h"
+
+#define PSC_NO_SLOT UINT32_MAX
+
+/* One message in flight to one server.  Indexed by the low 32 bits of the
+ * request id; the high 32 bits are the slot's generation, so a reply to a
+ * slot that was freed (a duplicate after a resend) is recognised and dropped. */
+typedef struct psc_sub {
+    /* the slot table's */
+    ps_request *req; /* NULL when the slot is free */
+    uint32_t gen;
+    uint32_t next_free;
+    /* the message: psc_slot_new sets type and server, client_comm.c the rest */
+    uint32_t type;
+    int server;
+    uint32_t chunk;
+    uint64_t key;
+    size_t count;    /* elements in the payload / expected reply */
+    uint64_t total;  /* INIT: elements of the whole tensor */
+    const float *src;
+    float *dst;
+    int64_t step;
+    uint32_t npush;  /* push: gradients summed in the payload (1 usually) */
+    void *out;       /* HELLO: ps_hello reply; STATS: psc_stats_out */
+    /* client_resend.c's: when to resend, when resending is on */
+    int64_t deadline_ns;
+    int64_t backoff_ns;
+    /* client_rejoin.c's */
+    int parked;      /* refused with PS_EHELLO: waits for the rejoin of its server */
+} psc_sub;
+
+/* What waits on one server. */
+typedef struct psc_slot_server {
+    uint32_t nlive;          /* live slots to it */
+    int64_t busy_since_ns;   /* when nlive last became non-zero */
+} psc_slot_server;
+
+/* The slot table (comm thread only). */
+struct psc_slots {
+    psc_sub *sub;            /* sub[i]: slot i, live or free */
+    uint32_t n, cap;         /* slots made; room for */
+    uint32_t free_head;      /* the free slots, linked by next_free */
+    uint32_t live;           /* live slots */
+    psc_slot_server *server; /* per server, nservers of them */
+};
+
+/* Open (c->nservers set): completions and the slot table.  0 or PS_ENOMEM. */
+int psc_requests_new(ps_client *c);
+/* Close, once nothing completes a request any more. */
+void psc_requests_free(ps_client *c);
+
+/* Training thread, before posting r: it completes after `pending` parts. */
+void psc_req_reset(ps_client *c, ps_request *r, int pending);
+/* Training thread: complete r at once with code and text (a post that
+ * failed); r was never handed to the comm thread. */
+void psc_req_fail(ps_request *r, int code, const char *text);
+/* Comm thread only; the first error wins. */
+void psc_set_error(ps_request *r, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* One part of r finished.  After this call the caller must not touch r. */
+void psc_part_done(ps_client *c, ps_request *r);
+/* Comm thread: complete r, which will never be sent, at once, whatever
+ * parts it waits for: with PS_ECLOSED unless an error is set already. */
+void psc_req_unsent(ps_client *c, ps_request *r);
+/* The free function of a zero-copy payload frame whose hint is its request:
+ * counts the release as one part of it (ZeroMQ's I/O thread, or the comm
+ * thread when a send fails). */
+void psc_release_cb(void *data, void *hint);
+/* Wait for r until deadline_ns (INT64_MAX: forever); 1 when done. */
+int psc_wait_until(ps_request *r, int64_t deadline_ns);
+
+/* Comm thread: sub-request slots. */
+/* A new slot for a `type` message of r to `server`; its other fields are
+ * zero (step, out ...) or unset (deadline_ns INT64_MAX); PSC_NO_SLOT when
+ * out of memory. */
+uint32_t psc_slot_new(ps_client *c, int server, uint32_t type, ps_request *r);
+/* The request id of slot i (the header's seq). */
+uint64_t psc_slot_id(const ps_client *c, uint32_t i);
+/* The live slot that a reply with request id `seq` from `server` answers;
+ * PSC_NO_SLOT when there is none (already complete, or not ours). */
+uint32_t psc_slot_find(const ps_client *c, uint64_t seq, int server);
+/* Free slot i and count the reply part of its request as done (any error
+ * was set before). */
+void psc_slot_finish(ps_client *c, uint32_t i);
+
+#endif
