@@ -209,7 +209,7 @@ PS_TEST(overflow_rounds_to_inf_and_the_largest_finite_values_stay)
     CHECK_EQ_INT(ps_f32_to_bf16(ffrom(0xff7fffffu)), 0xff80); /* -FLT_MAX */
 }
 
-PS_TEST(subnormals_both_ways)
+PS_TEST(subnormals_round_to_nearest_even_and_decode_exactly)
 {
     /* f16 subnormals: m x 2^-24 */
     CHECK_EQ_INT(ps_f32_to_f16(ldexpf(1, -24)), 0x0001);
