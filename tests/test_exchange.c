@@ -250,6 +250,40 @@ static int worker_close(worker *k)
     return fired;
 }
 
+/* Two workers on one server: worker 0 through the exchange on the host
+ * backend, worker 1 a plain client the test drives. */
+typedef struct duo {
+    isrv v;
+    ps_backend *b;
+    worker k;
+    ps_client *peer;
+} duo;
+
+static int duo_open(duo *d, int mode, int max_staleness, const float *w0, size_t n)
+{
+    memset(d, 0, sizeof *d);
+    int rc = isrv_start(&d->v, mode, 2, max_staleness);
+    if (rc)
+        return rc;
+    ps_client_options o;
+    options(&o, &d->v, 0, 2, mode, max_staleness);
+    if (!(rc = ps_backend_host_create(&d->b)) && !(rc = worker_open(&d->k, d->b, &o, w0, n)))
+        rc = peer_open(&d->v, 1, 2, mode, max_staleness, n, &d->peer);
+    return rc;
+}
+
+/* Close all of it (also after a failed duo_open); 1 when the watchdog had
+ * to interrupt a wait. */
+static int duo_close(duo *d)
+{
+    int fired = worker_close(&d->k);
+    if (d->peer)
+        ps_client_close(d->peer);
+    isrv_stop(&d->v);
+    ps_backend_host_destroy(d->b);
+    return fired;
+}
+
 /* -------------------------------------------------------------- arithmetic */
 
 /* Gradients and weights: multiples of 1/8 below 64, exact through every
@@ -301,52 +335,43 @@ static void *late_push_main(void *arg)
 PS_TEST(sync_before_use_waits_for_version_t_plus_1_and_swaps_it_in_from_the_back_buffer)
 {
     enum { N = 37, STEPS = 3 };
-    isrv v;
-    CHECK_OK(isrv_start(&v, PS_MODE_SYNC, 2, 0));
-    ps_backend *b = NULL;
-    ps_client *peer = NULL;
-    worker k = {0};
     float w0[N], want[N], g1[N];
     for (size_t i = 0; i < N; i++)
         w0[i] = want[i] = (float)i / 4.0f;
-    ps_client_options o;
-    options(&o, &v, 0, 2, PS_MODE_SYNC, 0);
-    int rc = ps_backend_host_create(&b);
-    if (!rc)
-        rc = worker_open(&k, b, &o, w0, N);
-    if (!rc)
-        rc = peer_open(&v, 1, 2, PS_MODE_SYNC, 0, N, &peer);
+    duo d;
+    int rc = duo_open(&d, PS_MODE_SYNC, 0, w0, N);
+    ps_exchange *x = d.k.x;
     int64_t early_ns = 0, posted_ns = 0;
     int bad_step = -1, grad_same = 0, front_moved = 0, front_kept = 1, front_pair = 1,
         late_rc = 0;
     float *front[STEPS + 1] = {0}, bad_val = 0, bad_want = 0;
     size_t where = 0;
     if (!rc)
-        front[0] = ps_exchange_weights(k.x, 0);
+        front[0] = ps_exchange_weights(x, 0);
     for (int t = 0; t < STEPS && !rc && bad_step < 0; t++) {
-        float *gbuf = ps_exchange_grad(k.x, 0);
+        float *gbuf = ps_exchange_grad(x, 0);
         for (size_t i = 0; i < N; i++) {
             gbuf[i] = grad_of(0, t, i);
             g1[i] = grad_of(1, t, i);
         }
-        if ((rc = ps_exchange_grad_ready(k.x, 0, t)))
+        if ((rc = ps_exchange_grad_ready(x, 0, t)))
             break;
         /* the push reads gbuf in place: backward writes the other buffer;
          * compute still reads the front, holding version t */
-        grad_same += ps_exchange_grad(k.x, 0) == gbuf;
-        front_kept &= ps_exchange_weights(k.x, 0) == front[t];
-        if (!same_bits(ps_exchange_weights(k.x, 0), want, N, &where)) {
+        grad_same += ps_exchange_grad(x, 0) == gbuf;
+        front_kept &= ps_exchange_weights(x, 0) == front[t];
+        if (!same_bits(ps_exchange_weights(x, 0), want, N, &where)) {
             bad_step = t;
-            bad_val = ps_exchange_weights(k.x, 0)[where];
+            bad_val = ps_exchange_weights(x, 0)[where];
             bad_want = want[where];
         }
         /* version t+1 needs worker 1's push: it comes 300 ms from now */
-        late_push p = {.c = peer, .g = g1, .step = t, .delay_ms = 300};
+        late_push p = {.c = d.peer, .g = g1, .step = t, .delay_ms = 300};
         if (pthread_create(&p.th, NULL, late_push_main, &p)) {
             rc = PS_ENOMEM;
             break;
         }
-        rc = ps_exchange_before_use(k.x, 0);
+        rc = ps_exchange_before_use(x, 0);
         int64_t back_ns = ps_now_ns();
         pthread_join(p.th, NULL);
         late_rc |= p.rc;
@@ -354,7 +379,7 @@ PS_TEST(sync_before_use_waits_for_version_t_plus_1_and_swaps_it_in_from_the_back
             early_ns = back_ns;
             posted_ns = p.posted_ns;
         }
-        front[t + 1] = ps_exchange_weights(k.x, 0);
+        front[t + 1] = ps_exchange_weights(x, 0);
         front_moved += front[t + 1] != front[t];
         /* two weight buffers take turns: the old front is the next back */
         if (t >= 1)
@@ -367,11 +392,7 @@ PS_TEST(sync_before_use_waits_for_version_t_plus_1_and_swaps_it_in_from_the_back
             bad_want = want[where];
         }
     }
-    int fired = worker_close(&k);
-    if (peer)
-        ps_client_close(peer);
-    isrv_stop(&v);
-    ps_backend_host_destroy(b);
+    int fired = duo_close(&d);
     CHECK_MSG(rc == 0, "%s", ps_strerror(rc));
     CHECK(!fired);
     CHECK_OK(late_rc);
@@ -389,12 +410,6 @@ PS_TEST(sync_before_use_waits_for_version_t_plus_1_and_swaps_it_in_from_the_back
 PS_TEST(async_before_use_never_waits_and_swaps_in_a_pull_only_once_it_has_landed)
 {
     enum { N = 20 };
-    isrv v;
-    /* SSP 0: worker 0's pull of version 1 is held until worker 1 pushes */
-    CHECK_OK(isrv_start(&v, PS_MODE_ASYNC, 2, 0));
-    ps_backend *b = NULL;
-    ps_client *peer = NULL;
-    worker k = {0};
     float w0[N], want[N], g0[N], g1[N];
     for (size_t i = 0; i < N; i++) {
         w0[i] = (float)i;
@@ -402,50 +417,43 @@ PS_TEST(async_before_use_never_waits_and_swaps_in_a_pull_only_once_it_has_landed
         g1[i] = grad_of(1, 0, i);
         want[i] = (w0[i] - LR * g0[i]) - LR * g1[i];
     }
-    ps_client_options o;
-    options(&o, &v, 0, 2, PS_MODE_ASYNC, 0);
-    int rc = ps_backend_host_create(&b);
-    if (!rc)
-        rc = worker_open(&k, b, &o, w0, N);
-    if (!rc)
-        rc = peer_open(&v, 1, 2, PS_MODE_ASYNC, 0, N, &peer);
-    float *front0 = rc ? NULL : ps_exchange_weights(k.x, 0);
+    /* SSP 0: worker 0's pull of version 1 is held until worker 1 pushes */
+    duo d;
+    int rc = duo_open(&d, PS_MODE_ASYNC, 0, w0, N);
+    ps_exchange *x = d.k.x;
+    float *front0 = rc ? NULL : ps_exchange_weights(x, 0);
     int held_moved = 0, held_changed = 0, rc_peer = 0;
     int64_t slowest_ns = 0;
     float *front1 = NULL;
     if (!rc) {
-        memcpy(ps_exchange_grad(k.x, 0), g0, sizeof g0);
-        rc = ps_exchange_grad_ready(k.x, 0, 0);
+        memcpy(ps_exchange_grad(x, 0), g0, sizeof g0);
+        rc = ps_exchange_grad_ready(x, 0, 0);
     }
     /* the pull is held by the server: before_use returns at once and the
      * front stays what it was */
     for (int j = 0; j < 5 && !rc; j++) {
         int64_t t0 = ps_now_ns();
-        rc = ps_exchange_before_use(k.x, 0);
+        rc = ps_exchange_before_use(x, 0);
         int64_t d = ps_now_ns() - t0;
         slowest_ns = d > slowest_ns ? d : slowest_ns;
-        held_moved += ps_exchange_weights(k.x, 0) != front0;
+        held_moved += ps_exchange_weights(x, 0) != front0;
         held_changed += memcmp(front0, w0, sizeof w0) != 0;
         ps_test_sleep_ms(20);
     }
     /* worker 1's push releases it: it lands, and the next before_use takes it */
     if (!rc)
-        rc_peer = peer_push(peer, g1, 0);
+        rc_peer = peer_push(d.peer, g1, 0);
     for (int t = 0; t < WAIT_MS && !rc && !rc_peer; t += 5) {
-        if ((rc = ps_exchange_before_use(k.x, 0)) || ps_exchange_weights(k.x, 0) != front0)
+        if ((rc = ps_exchange_before_use(x, 0)) || ps_exchange_weights(x, 0) != front0)
             break;
         ps_test_sleep_ms(5);
     }
     float got[N];
     if (!rc) {
-        front1 = ps_exchange_weights(k.x, 0);
+        front1 = ps_exchange_weights(x, 0);
         memcpy(got, front1, sizeof got);
     }
-    int fired = worker_close(&k);
-    if (peer)
-        ps_client_close(peer);
-    isrv_stop(&v);
-    ps_backend_host_destroy(b);
+    int fired = duo_close(&d);
     CHECK_MSG(rc == 0, "%s", ps_strerror(rc));
     CHECK(!fired);
     CHECK_OK(rc_peer);
@@ -468,27 +476,19 @@ PS_TEST(async_gradients_that_find_the_wire_busy_go_out_as_one_sum_counted_as_the
      * later, lets step 3's pull land), then joins the sum, which goes out as
      * one push of 4 gradients from step 4. */
     enum { N = 24, K = 3 };
-    isrv v;
-    CHECK_OK(isrv_start(&v, PS_MODE_ASYNC, 2, K));
-    ps_backend *b = NULL;
-    ps_client *peer = NULL;
-    worker k = {0};
     float w0[N], want[N], p[N];
     for (size_t i = 0; i < N; i++)
         w0[i] = want[i] = (float)i - 10.0f;
-    ps_client_options o;
-    options(&o, &v, 0, 2, PS_MODE_ASYNC, K);
-    int rc = ps_backend_host_create(&b);
-    if (!rc)
-        rc = worker_open(&k, b, &o, w0, N);
-    if (!rc)
-        rc = peer_open(&v, 1, 2, PS_MODE_ASYNC, K, N, &peer);
+    duo d;
+    int rc = duo_open(&d, PS_MODE_ASYNC, K, w0, N);
+    ps_exchange *x = d.k.x;
+    ps_client *peer = d.peer;
     int rc_peer = 0, peer_steps = 0;
     int64_t early_ns = 0;
     ps_stats before = {0}, after = {0};
     late_push lp = {.c = peer, .g = p, .step = 0, .delay_ms = 300};
     for (int t = 0; t < 9 && !rc && !rc_peer; t++) {
-        float *g = ps_exchange_grad(k.x, 0);
+        float *g = ps_exchange_grad(x, 0);
         for (size_t i = 0; i < N; i++)
             g[i] = grad_of(0, t, i);
         if (t == 7) {
@@ -499,7 +499,7 @@ PS_TEST(async_gradients_that_find_the_wire_busy_go_out_as_one_sum_counted_as_the
                 rc = PS_ENOMEM;
                 break;
             }
-            rc = ps_exchange_grad_ready(k.x, 0, t);
+            rc = ps_exchange_grad_ready(x, 0, t);
             int64_t back_ns = ps_now_ns();
             pthread_join(lp.th, NULL);
             rc_peer = lp.rc;
@@ -518,29 +518,25 @@ PS_TEST(async_gradients_that_find_the_wire_busy_go_out_as_one_sum_counted_as_the
             if (rc_peer)
                 break;
         }
-        if ((rc = ps_exchange_grad_ready(k.x, 0, t)))
+        if ((rc = ps_exchange_grad_ready(x, 0, t)))
             break;
         /* steps 0..2: their pulls are answered at once; finish takes each */
-        if (t < 3 && (rc = ps_exchange_finish(k.x)))
+        if (t < 3 && (rc = ps_exchange_finish(x)))
             break;
-        if (t == 6 && ps_test_stats(v.port, &before))
+        if (t == 6 && ps_test_stats(d.v.port, &before))
             rc = PS_ETIMEDOUT;
     }
     if (!rc && !rc_peer)
-        rc = ps_exchange_finish(k.x);
+        rc = ps_exchange_finish(x);
     float front[N], pulled[N];
     int64_t version = -1;
     if (!rc && !rc_peer) {
-        memcpy(front, ps_exchange_weights(k.x, 0), sizeof front);
+        memcpy(front, ps_exchange_weights(x, 0), sizeof front);
         rc_peer = peer_pull(peer, pulled, &version);
-        if (ps_test_stats(v.port, &after))
+        if (ps_test_stats(d.v.port, &after))
             rc = PS_ETIMEDOUT;
     }
-    int fired = worker_close(&k);
-    if (peer)
-        ps_client_close(peer);
-    isrv_stop(&v);
-    ps_backend_host_destroy(b);
+    int fired = duo_close(&d);
     CHECK_MSG(rc == 0, "%s", ps_strerror(rc));
     CHECK(!fired);
     CHECK_MSG(rc_peer == 0, "worker 1: %s", ps_strerror(rc_peer));
