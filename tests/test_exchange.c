@@ -286,8 +286,8 @@ static int duo_close(duo *d)
 
 /* -------------------------------------------------------------- arithmetic */
 
-/* Gradients and weights: multiples of 1/8 below 64, exact through every
- * sum, mean and step these cases take. */
+/* Gradients: multiples of 1/8 up to 2.  With weights that are multiples of
+ * 1/4 below 64, every sum, mean and SGD step these cases take is exact. */
 static float grad_of(int who, int step, size_t i)
 {
     return (float)(((int)i % 5 + 1) * (who + 1) + step % 3) / 8.0f;
