@@ -1,7 +1,7 @@
 /* The layout of libps's public structs as this compiler lays them out, one
  * "struct.field offset size" line each (a struct's own line: its size), and
  * the optimizer table's rows in order.  python/ps mirrors these structs with
- * ctypes; tests/test_python_client.py runs this program and compares, so a
+ * ctypes; tests/python/test_client.py runs this program and compares, so a
  * field added to include/ps_client.h or ps_types.h cannot silently shift the
  * Python side.  Built with -Iinclude alone, like any user of the headers. */
 #include <stddef.h>

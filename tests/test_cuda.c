@@ -561,7 +561,7 @@ PS_TEST(maxpool_fwd_bwd_match_cpu_exactly)
 
 /* The training step's pattern: upload on the copy stream, compute after an
  * event, download on the copy stream after another event, wait on the host. */
-PS_TEST(copies_across_streams_ordered_by_events)
+PS_TEST(copies_across_streams_are_ordered_by_events)
 {
     NEED_GPU();
     seed(10);

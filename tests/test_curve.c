@@ -597,7 +597,7 @@ PS_TEST(zap_handler_refuses_null_mechanism)
     check_zap_refuses("NULL");
 }
 
-PS_TEST(curve_setup_errors_are_clear)
+PS_TEST(curve_setup_errors_return_their_code_naming_the_missing_key_or_directory)
 {
     if (!zmq_has("curve"))
         SKIP("libzmq without CURVE");

@@ -116,7 +116,7 @@ static int check_fashion(int split, size_t want_count)
     return bad;
 }
 
-PS_TEST(fashion_mnist_train_and_test_files)
+PS_TEST(fashion_mnist_loads_60000_and_10000_balanced_28x28_samples_scaled_to_0_1)
 {
     int rc = check_fashion(PS_SPLIT_TRAIN, 60000);
     if (rc < 0)

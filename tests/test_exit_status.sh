@@ -55,7 +55,7 @@ expect "port taken" 1 $?
 kill -TERM "$S1"
 wait "$S1"
 expect "SIGTERM" 0 $?
-result exit_status_ps_server_0_1_2
+result ps_server_exits_2_on_bad_flags_1_when_its_port_is_taken_0_on_sigterm
 
 # ---- ps_worker
 timeout 10 "$BIN/ps_worker" --servers none --batch 0 --data "$T" 2>/dev/null
@@ -89,7 +89,7 @@ Q=$(free_port)
 timeout 30 "$BIN/ps_worker" --servers "tcp://127.0.0.1:$Q" --hello-timeout 300 \
     --data synthetic:256 --log-csv "$T/w3.csv" >"$T/w3.log" 2>&1
 expect "no server" 1 $?
-result exit_status_ps_worker_1_2_143
+result ps_worker_exits_2_on_bad_flags_or_a_mismatch_143_on_sigterm_1_without_a_server
 
 # ---- ps_keygen
 timeout 10 "$BIN/ps_keygen" --dir "$T/keys" --servers 0 --workers 1 2>/dev/null
@@ -98,7 +98,7 @@ timeout 10 "$BIN/ps_keygen" --dir "$T/keys" --servers 1 --workers 1 >/dev/null 2
 expect "keys made" 0 $?
 timeout 10 "$BIN/ps_keygen" --dir "$T/keys" --servers 1 --workers 1 >/dev/null 2>&1
 expect "keys exist" 1 $?
-result exit_status_ps_keygen_0_1_2
+result ps_keygen_exits_2_on_bad_flags_0_when_done_1_when_the_keys_exist
 
 # ---- ps_launch (bad flags before anything starts)
 timeout 10 "$BIN/ps_launch" --servers 0 --workers 1 --timeline-dir "$T/tl" -- --data "$T" 2>/dev/null
@@ -108,5 +108,5 @@ expect "bad flag" 2 $?
 timeout 60 "$BIN/ps_launch" --servers 1 --workers 1 --timeline-dir "$T/tl2" -- \
     --data "$T/no-such-data" >"$T/l2.log" 2>&1
 expect "worker exited 2" 2 $?
-result exit_status_ps_launch_2
+result ps_launch_exits_2_on_bad_flags_or_when_a_worker_exits_2
 exit 0

@@ -20,7 +20,6 @@
 #include "ps_proto.h"
 #include "ps_test.h"
 #include "ps_test_server.h"
-#include "shard.h"
 
 #define RUN_MS 120000 /* bound on a whole training run (SAN builds are slow) */
 
@@ -248,73 +247,6 @@ PS_TEST(dropped_worker_is_refused_until_hello_then_rounds_average_the_live_worke
     CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
     zmq_close(a);
     zmq_close(b);
-}
-
-/* ---- the shard alone: rounds over the live set ---- */
-
-PS_TEST(shard_round_skips_a_dropped_lowest_rank_and_takes_it_back)
-{
-    ps_test_hook_log log;
-    ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
-    ps_shard_config sc;
-    memset(&sc, 0, sizeof sc);
-    sc.mode = PS_MODE_SYNC;
-    sc.num_workers = 3;
-    sc.opt.kind = PS_OPT_SGD;
-    sc.opt.lr = 1.0f;
-    sc.opt.eps = 1e-8f;
-    sc.max_memory = 1 << 20;
-    ps_shard *s;
-    CHECK_OK(ps_shard_create(&sc, &hk, &s));
-    float w[2] = {10, 20}, g[3][2] = {{1e8f, 1}, {1, -1e8f}, {-1e8f, 3}};
-    int64_t v;
-    char why[256];
-    CHECK_OK(ps_shard_init(s, 1, 0, w, 2, 2, &v, NULL, why, sizeof why));
-    int kept, dup, queued;
-    const float *pw;
-    size_t n;
-    ps_shard_set_live(s, 0, 0);
-    CHECK_OK(ps_shard_pull(s, 1, 0, 1, 1, (void *)1, &queued, &pw, &n, &v, why, sizeof why));
-    CHECK_EQ_INT(queued, 1);
-    /* rank 2 first: kept, then rank 1 completes the round of the two live */
-    CHECK_OK(ps_shard_push(s, 1, 0, 2, 0, g[2], 2, (void *)2, &kept, &dup, &v, why, sizeof why));
-    CHECK_EQ_INT(kept, 1);
-    CHECK_EQ_INT(log.ready, 0);
-    CHECK_OK(ps_shard_push(s, 1, 0, 1, 0, g[1], 2, (void *)3, &kept, &dup, &v, why, sizeof why));
-    CHECK_EQ_INT(log.ready, 1);
-    CHECK_EQ_INT(log.version, 1);
-    for (int i = 0; i < 2; i++)
-        w[i] = w[i] - 1.0f * ((g[1][i] + g[2][i]) / 2.0f + 0.0f * w[i]);
-    CHECK(memcmp(log.w, w, sizeof w) == 0);
-    /* round 1 opens with rank 0 still out: the sum skips it, waits for rank 1 */
-    CHECK_OK(ps_shard_push(s, 1, 0, 2, 1, g[2], 2, (void *)4, &kept, &dup, &v, why, sizeof why));
-    CHECK_EQ_INT(v, 1);
-    /* rank 0 comes back after the sum passed it: it joins the next round */
-    ps_shard_set_live(s, 0, 1);
-    CHECK_OK(ps_shard_push(s, 1, 0, 1, 1, g[1], 2, (void *)5, &kept, &dup, &v, why, sizeof why));
-    CHECK_EQ_INT(v, 2);
-    CHECK_OK(ps_shard_push(s, 1, 0, 0, 1, g[0], 2, (void *)6, &kept, &dup, &v, why, sizeof why));
-    CHECK_EQ_INT(dup, 1);
-    for (int i = 0; i < 2; i++)
-        w[i] = w[i] - 1.0f * ((g[1][i] + g[2][i]) / 2.0f + 0.0f * w[i]);
-    /* round 2 waits for all three again, summed in rank order */
-    for (int k = 2; k >= 0; k--) {
-        CHECK_OK(ps_shard_push(s, 1, 0, k, 2, g[k], 2, (void *)7, &kept, &dup, &v, why,
-                               sizeof why));
-        CHECK_EQ_INT(dup, 0);
-        CHECK_EQ_INT(v, k == 0 ? 3 : 2);
-    }
-    CHECK_OK(ps_shard_pull(s, 1, 0, 0, 3, (void *)8, &queued, &pw, &n, &v, why, sizeof why));
-    CHECK_EQ_INT(queued, 0);
-    for (int i = 0; i < 2; i++) {
-        float sum = g[0][i];
-        sum = sum + g[1][i];
-        sum = sum + g[2][i];
-        w[i] = w[i] - 1.0f * (sum / 3.0f + 0.0f * w[i]);
-    }
-    CHECK(memcmp(pw, w, sizeof w) == 0);
-    ps_shard_destroy(s);
-    CHECK_EQ_INT(log.released, 4); /* every kept gradient given back */
 }
 
 PS_TEST(wait_policy_logs_a_silent_worker_and_keeps_its_round_open)

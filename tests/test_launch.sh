@@ -68,7 +68,7 @@ if [ ! -x "$LAUNCH" ]; then
 fi
 
 # ---------------------------------------------------------------- flags
-case=launch_bad_flags
+case=launch_bad_flags_exit_2_with_a_message_naming_the_flag
 why=""
 check_bad() { # expected-message args...
     msg=$1
@@ -102,7 +102,7 @@ printf 'h1 servers=1 workers=2\n' >"$T/bad-hosts"
 check_bad "disagree with the hostfile" --hostfile "$T/bad-hosts" --workers 3
 if [ -z "$why" ]; then pass $case; else fail $case "${why#; }"; fi
 
-case=launch_help_version
+case=launch_help_lists_every_flag_and_version_prints_it
 why=""
 timeout 10 "$LAUNCH" --help >"$T/help.out" 2>&1 || why="--help exited $?"
 for f in --servers --workers --gpus --mode --server-threads --timeline-dir --bin-dir \
@@ -115,7 +115,7 @@ echo "$v" | grep -Eq '^ps_launch [0-9]+\.[0-9]+' || why="$why; --version printed
 if [ -z "$why" ]; then pass $case; else fail $case "${why#; }"; fi
 
 # ---------------------------------------------------------------- plans
-case=launch_hostfile_dry_run
+case=launch_dry_run_prints_the_exact_ssh_command_of_every_hostfile_process
 why=""
 cat >"$T/hosts" <<'EOF'
 # two servers on h1, two GPU workers on h2, one of each on h3
@@ -154,7 +154,7 @@ has "$T/plan.out" "--log-csv w0.csv" && ! has "$T/plan.out" "{rank}" ||
     why="$why; {rank} was not replaced"
 if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/plan.out"; fi
 
-case=launch_local_dry_run_gpus
+case=launch_dry_run_gives_local_workers_the_gpus_round_robin_or_the_cpu
 why=""
 timeout 10 "$LAUNCH" --servers 2 --workers 3 --gpus 0,1 --dry-run -- --lr 0.1 >"$T/g.out" 2>&1 ||
     why="--gpus 0,1 exited $?"
@@ -257,7 +257,7 @@ refused_early "ps_launch: --save $T/afile/sub/m.bin: cannot create the directory
     --servers 1 --workers 2 -- --save "$T/afile/sub/m.bin"
 if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/early.out"; fi
 
-case=launch_prefix_and_success
+case=launch_prefixes_every_line_and_exits_0_once_the_workers_finish
 why=""
 timeout 30 "$LAUNCH" --servers 2 --workers 2 $FAKE -- --lr 0.5 >"$T/f1.out" 2>&1
 rc=$?
@@ -332,7 +332,7 @@ if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/f5.out"; fi
 kill_leftovers
 
 # --exec: any worker program, its settings in its environment
-case=launch_exec_env_and_failure
+case=launch_exec_workers_get_their_settings_in_the_environment_and_a_failure_stops_all
 why=""
 cat >"$T/fake/exec_worker" <<'EOF'
 #!/bin/sh
@@ -442,7 +442,7 @@ train() {
 
 train_case() { # mode: exit 0, prefixed lines, the loss fell, nothing left running
     mode=$1
-    case=launch_train_$mode
+    case=launch_${mode}_run_trains_with_prefixed_lines_and_a_falling_loss
     if [ -n "$missing" ]; then
         skip $case "$missing not built"
         return
@@ -466,7 +466,7 @@ train_case() { # mode: exit 0, prefixed lines, the loss fell, nothing left runni
 
 timeline_case() { # mode: --timeline-dir gives JSON traces with the named events
     mode=$1
-    case=launch_timeline_$mode
+    case=launch_timeline_dir_gives_${mode}_traces_with_the_named_events
     if [ -n "$missing" ]; then
         skip $case "$missing not built"
         return
@@ -497,7 +497,7 @@ timeline_case async
 
 # --log-csv into a directory that does not exist yet: ps_launch creates it
 # before starting (the docs' first command, on a fresh checkout)
-case=launch_log_csv_dir_created
+case=launch_creates_the_log_csv_directory_before_starting
 if [ -n "$missing" ]; then
     skip $case "$missing not built"
 else
@@ -523,7 +523,7 @@ fi
 
 # --exec end to end against a real server: the C example reads PS_SERVERS,
 # the server applies the --lr given to ps_launch (w1 = w0 - 0.5 g)
-case=launch_exec_push_pull
+case=launch_exec_runs_the_c_example_against_servers_with_the_given_lr
 PUSH_PULL=${BUILD:-build}/examples/push_pull
 if [ -n "$missing" ] || [ ! -x "$PUSH_PULL" ]; then
     skip $case "${missing:-$PUSH_PULL} not built"
@@ -540,7 +540,7 @@ else
     kill_leftovers
 fi
 
-case=launch_worker_killed
+case=launch_a_killed_worker_stops_the_run_naming_its_pid_and_signal
 if [ -n "$missing" ]; then
     skip $case "$missing not built"
 else

@@ -370,7 +370,7 @@ PS_TEST(flatten_is_identity)
 
 /* ---- models ----------------------------------------------------------------- */
 
-PS_TEST(model_spec_parsing)
+PS_TEST(model_specs_build_their_layers_and_bad_specs_are_refused_with_a_message)
 {
     ps_backend *b;
     CHECK_OK(ps_backend_cpu_create(1, &b));
@@ -655,7 +655,7 @@ static int on_grad(void *ctx, int layer, int first, int count)
     return 0;
 }
 
-PS_TEST(model_hooks_order_and_weight_swap)
+PS_TEST(model_hooks_run_in_layer_order_and_weights_swapped_in_a_hook_are_used)
 {
     ps_backend *b;
     CHECK_OK(ps_backend_cpu_create(1, &b));
@@ -746,7 +746,7 @@ static int write_file(const char *path, const unsigned char *buf, size_t n)
     return (fclose(f) == 0 && put == n) ? 0 : -1;
 }
 
-PS_TEST(save_load_round_trip_and_refusals)
+PS_TEST(a_saved_model_loads_bitwise_and_bad_files_are_refused_leaving_it_unchanged)
 {
     ps_backend *b;
     CHECK_OK(ps_backend_cpu_create(1, &b));

@@ -56,7 +56,7 @@ run() {
     rpid=$!
 }
 
-case=mpi_sync
+case=mpi_sync_run_finishes_and_its_server_checkpoints_the_last_update
 why=""
 run sync PS_MODE=sync "PS_TRAIN=$TRAIN --steps 60"
 wait $rpid
@@ -67,7 +67,7 @@ add "$(summaries "$out" 2)"
 add "$(servers_stopped "$out" "$T/ckpt-sync" 1 --num-workers 2 --mode sync --lr 0.05)"
 done_case $case "$out"
 
-case=mpi_async_two_servers
+case=mpi_async_run_over_two_servers_finishes_and_each_checkpoints_its_last_update
 why=""
 run async PS_MODE=async PS_NUM_SERVERS=2 "PS_TRAIN=$TRAIN --steps 60"
 wait $rpid
@@ -81,7 +81,7 @@ done_case $case "$out"
 
 # SIGTERM to the script: the workers stop (mpirun passes SIGTERM on to them),
 # then the servers (SIGUSR1, passed on as it is) with a last checkpoint
-case=mpi_sigterm
+case=mpi_sigterm_stops_the_workers_then_the_servers_with_a_last_checkpoint
 why=""
 run stop PS_MODE=async "PS_TRAIN=$TRAIN --epochs 100000"
 if wait_for "$out" 'ps_worker\[1\] .* iter ' 60 $rpid && wait_for "$out" 'ps_worker\[0\] .* iter ' 30 $rpid; then

@@ -147,7 +147,7 @@ PS_TEST(sgd_is_bitwise_the_float_formula)
     }
 }
 
-PS_TEST(state_arrays_per_kind_and_unknown_kind_refused)
+PS_TEST(each_kind_keeps_its_state_arrays_and_an_unknown_kind_is_refused)
 {
     CHECK_EQ_INT(ps_opt_state_arrays(PS_OPT_SGD), 0);
     CHECK_EQ_INT(ps_opt_state_arrays(PS_OPT_MOMENTUM), 1);
@@ -160,18 +160,22 @@ PS_TEST(state_arrays_per_kind_and_unknown_kind_refused)
     CHECK(w[0] == 1 && w[3] == 4);
 }
 
-PS_TEST(short_arrays_and_zero_length)
+PS_TEST(short_and_empty_arrays_update_their_n_elements_and_nothing_past_them)
 {
     /* lengths below one vector and zero must work for every kind */
     for (int kind = PS_OPT_SGD; kind <= PS_OPT_ADAM; kind++) {
         for (size_t n = 0; n <= 5; n++) {
+            const float w0[5] = {1, -1, 0.5f, 2, -3};
             float w[5] = {1, -1, 0.5f, 2, -3}, s0[5] = {0}, s1[5] = {0}, g[5] = {1, 1, -1, 0.5f, 2};
             ps_opt_config c = {kind, 0.1f, 0.9f, 0.9f, 0.999f, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL};
             CHECK_OK(ps_opt_apply(&c, w, s0, s1, g, n, 1));
             for (size_t i = 0; i < 5; i++)
                 CHECK(isfinite(w[i]));
+            /* every gradient element is non-zero: the first n weights move */
+            for (size_t i = 0; i < n; i++)
+                CHECK_MSG(w[i] != w0[i], "kind %d n %zu: w[%zu] did not move", kind, n, i);
             for (size_t i = n; i < 5; i++)
-                CHECK(s0[i] == 0 && s1[i] == 0);
+                CHECK(w[i] == w0[i] && s0[i] == 0 && s1[i] == 0);
         }
     }
 }

@@ -79,7 +79,7 @@ static int check_map(const ps_tensor_spec *t, size_t n, size_t chunk_elems, int 
     return 0;
 }
 
-PS_TEST(placement_balanced_and_covering_for_1_2_3_7_servers)
+PS_TEST(placement_covers_every_element_once_and_balances_1_2_3_7_servers)
 {
     const int servers[] = {1, 2, 3, 7};
     const size_t chunk_sizes[] = {1, 5, 1000, 4096, 1 << 20};

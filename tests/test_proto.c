@@ -41,7 +41,7 @@ static int same_common(const ps_header *a, const ps_header *b)
            a->total == b->total;
 }
 
-PS_TEST(roundtrip_every_plain_type_request_and_reply)
+PS_TEST(every_plain_type_request_and_reply_round_trips)
 {
     for (uint32_t t = 1; t <= PS_MSG_TYPE_MAX; t++) {
         if (t == PS_MSG_HELLO || t == PS_MSG_ERROR)
@@ -64,7 +64,7 @@ PS_TEST(roundtrip_every_plain_type_request_and_reply)
     CHECK_EQ_INT(b.rank, -1);
 }
 
-PS_TEST(roundtrip_hello_with_every_config_field)
+PS_TEST(a_hello_round_trips_with_every_config_field)
 {
     ps_header a, b;
     for (uint32_t f = 0; f <= PS_FLAG_REPLY; f++) {
@@ -100,7 +100,7 @@ PS_TEST(roundtrip_hello_with_every_config_field)
     CHECK(memcmp(&a.hello, &b.hello, sizeof a.hello) == 0);
 }
 
-PS_TEST(roundtrip_stats_reply_and_error)
+PS_TEST(stats_and_error_replies_round_trip)
 {
     ps_header a, b;
     full(&a, PS_MSG_STATS, PS_FLAG_REPLY);
@@ -497,7 +497,7 @@ PS_TEST(decode_refuses_oversize_frame)
     CHECK_OK(rc2);
 }
 
-PS_TEST(check_payload_cases)
+PS_TEST(a_payload_frame_is_taken_exactly_where_the_type_carries_one_and_of_its_size)
 {
     char why[256];
     ps_header h;
@@ -599,7 +599,7 @@ PS_TEST(hello_compare_names_field_and_both_values)
     CHECK_OK(ps_hello_compare(&a, "A", &b, "B", 1, why, sizeof why));
 }
 
-PS_TEST(names_and_parsers)
+PS_TEST(message_mode_and_optimizer_names_print_and_parse)
 {
     int v;
     CHECK(strcmp(ps_msg_type_name(PS_MSG_PUSHPULL), "pushpull") == 0);
@@ -753,7 +753,7 @@ PS_TEST(a_refused_header_still_gives_q_rank_key_and_chunk_to_echo)
     CHECK_EQ_INT(q, -45);
 }
 
-PS_TEST(roundtrip_hello_token_and_admin_token)
+PS_TEST(hello_and_admin_tokens_round_trip_and_bad_admin_tokens_are_refused)
 {
     ps_header a, b;
     full(&a, PS_MSG_HELLO, 0);

@@ -1,7 +1,8 @@
 /* ps_server semantics (docs/PROTOCOL.md "Semantics"), checked at the protocol
- * level with raw ZeroMQ DEALER sockets against a live bin/ps_server, plus the
- * shard store on its own (no sockets).  Values are compared bit for bit where
- * the arithmetic is the server's own (same float formula, same kernels). */
+ * level with raw ZeroMQ DEALER sockets against a live bin/ps_server (the
+ * shard store on its own: test_shard.c).  Values are compared bit for bit
+ * where the arithmetic is the server's own (same float formula, same
+ * kernels). */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,7 +15,6 @@
 #include "ps_test.h"
 #include "ps_test_server.h"
 #include "server.h"
-#include "shard.h"
 
 #define QUIET_MS 250 /* how long "no reply yet" is watched */
 
@@ -622,112 +622,6 @@ PS_TEST(burst_of_pushes_all_applied_under_back_pressure_and_4mib_chunks_work)
     zmq_close(s);
 }
 
-/* ---------------- the shard store alone ---------------- */
-
-PS_TEST(shard_sync_sum_is_rank_order_whatever_the_arrival_order)
-{
-    enum { W = 4 };
-    /* values whose float sum depends on the order */
-    static const float g[W][2] = {{1e8f, 1.0f}, {1.0f, -1e8f}, {-1e8f, 3.0f}, {1.5f, 1e8f}};
-    float expect[2];
-    for (int i = 0; i < 2; i++) {
-        float s = g[0][i];
-        for (int k = 1; k < W; k++)
-            s = s + g[k][i];
-        expect[i] = 5.0f - 1.0f * (s / (float)W + 0.0f * 5.0f);
-    }
-    static const int orders[4][W] = {{0, 1, 2, 3}, {3, 2, 1, 0}, {2, 0, 3, 1}, {1, 3, 0, 2}};
-    for (int o = 0; o < 4; o++) {
-        ps_test_hook_log log;
-        ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
-        ps_shard_config sc = {PS_MODE_SYNC, 0, W, {PS_OPT_SGD, 1.0f, 0, 0, 0, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL}, 1 << 20,
-                              NULL};
-        ps_shard *s;
-        CHECK_OK(ps_shard_create(&sc, &hk, &s));
-        float w0[2] = {5.0f, 5.0f};
-        int64_t v;
-        char why[256];
-        CHECK_OK(ps_shard_init(s, 1, 0, w0, 2, 2, &v, NULL, why, sizeof why));
-        int queued;
-        const float *pw;
-        size_t n;
-        CHECK_OK(ps_shard_pull(s, 1, 0, 0, 1, (void *)1, &queued, &pw, &n, &v, why, sizeof why));
-        CHECK_EQ_INT(queued, 1);
-        int kept_total = 0;
-        for (int j = 0; j < W; j++) {
-            int k = orders[o][j], kept, dup;
-            CHECK_OK(ps_shard_push(s, 1, 0, k, 0, g[k], 2, (void *)2, &kept, &dup, &v, why,
-                                   sizeof why));
-            CHECK_EQ_INT(dup, 0);
-            kept_total += kept;
-            CHECK_EQ_INT(log.ready, j == W - 1 ? 1 : 0);
-        }
-        CHECK_EQ_INT(log.released, kept_total); /* every kept gradient given back */
-        CHECK_EQ_INT(log.version, 1);
-        CHECK_MSG(memcmp(log.w, expect, sizeof expect) == 0, "order %d: %.9g %.9g vs %.9g %.9g",
-                  o, (double)log.w[0], (double)log.w[1], (double)expect[0], (double)expect[1]);
-        ps_shard_destroy(s);
-        CHECK_EQ_INT(log.cancelled, 0);
-    }
-}
-
-PS_TEST(shard_memory_charge_is_bounded_and_returned)
-{
-    _Atomic uint64_t used = 0;
-    ps_test_hook_log log;
-    ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
-    ps_shard_config sc = {PS_MODE_ASYNC, -1, 2, {PS_OPT_ADAM, 0.1f, 0, 0.9f, 0.999f, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL},
-                          100000, &used};
-    ps_shard *a, *b;
-    CHECK_OK(ps_shard_create(&sc, &hk, &a));
-    CHECK_OK(ps_shard_create(&sc, &hk, &b));
-    static float v[6000];
-    int64_t ver;
-    char why[256];
-    CHECK_OK(ps_shard_init(a, 1, 0, v, 6000, 0, &ver, NULL, why, sizeof why)); /* ~72 KB */
-    CHECK(used > 72000 && used < 100000);
-    /* the charge is shared: the other shard cannot take what is left */
-    CHECK_EQ_INT(ps_shard_init(b, 1, 1, v, 6000, 0, &ver, NULL, why, sizeof why), PS_ETOOBIG);
-    CHECK_OK(ps_shard_init(b, 1, 2, v, 100, 0, &ver, NULL, why, sizeof why));
-    /* same chunk, other length */
-    CHECK_EQ_INT(ps_shard_init(a, 1, 0, v, 5, 0, &ver, NULL, why, sizeof why), PS_EMISMATCH);
-    /* a queued SSP-less async pull never waits; cancel happens at destroy only for queued ones */
-    ps_shard_destroy(a);
-    ps_shard_destroy(b);
-    CHECK_EQ_INT(used, 0);
-}
-
-PS_TEST(shard_destroy_cancels_queued_pulls_and_releases_kept_pushes)
-{
-    ps_test_hook_log log;
-    ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
-    ps_shard_config sc = {PS_MODE_SYNC, 0, 3, {PS_OPT_SGD, 0.1f, 0, 0, 0, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL}, 1 << 20, NULL};
-    ps_shard *s;
-    CHECK_OK(ps_shard_create(&sc, &hk, &s));
-    float w[2] = {1, 2};
-    int64_t v;
-    char why[256];
-    CHECK_OK(ps_shard_init(s, 7, 0, w, 2, 0, &v, NULL, why, sizeof why));
-    int kept, dup, queued;
-    const float *pw;
-    size_t n;
-    CHECK_OK(ps_shard_push(s, 7, 0, 2, 0, w, 2, (void *)1, &kept, &dup, &v, why, sizeof why));
-    CHECK_EQ_INT(kept, 1); /* rank 2 before ranks 0 and 1 */
-    CHECK_OK(ps_shard_pull(s, 7, 0, 1, 1, (void *)2, &queued, &pw, &n, &v, why, sizeof why));
-    CHECK_EQ_INT(queued, 1);
-    /* wrong length, unknown chunk, step ahead of the round */
-    CHECK_EQ_INT(ps_shard_push(s, 7, 0, 0, 0, w, 1, NULL, &kept, &dup, &v, why, sizeof why),
-                 PS_EPROTO);
-    CHECK_EQ_INT(ps_shard_push(s, 7, 1, 0, 0, w, 2, NULL, &kept, &dup, &v, why, sizeof why),
-                 PS_ENOTFOUND);
-    CHECK_EQ_INT(ps_shard_push(s, 7, 0, 0, 1, w, 2, NULL, &kept, &dup, &v, why, sizeof why),
-                 PS_ESTATE);
-    ps_shard_destroy(s);
-    CHECK_EQ_INT(log.released, 1);
-    CHECK_EQ_INT(log.cancelled, 1);
-    CHECK_EQ_INT(log.ready, 0);
-}
-
 /* ---------------- zero-copy pull replies ---------------- */
 
 PS_TEST(pulls_in_flight_with_pushes_on_one_chunk_each_carry_exactly_their_version)
@@ -822,125 +716,6 @@ PS_TEST(pulls_in_flight_with_pushes_on_one_chunk_each_carry_exactly_their_versio
     /* the zero-copy path ran: updates went out of place into a spare buffer */
     CHECK(ps_test_file_has(sv.log, "weight buffer 2 of at most"));
     zmq_close(s);
-}
-
-/* The shard side: a pinned buffer keeps its version through later updates,
- * spares are charged to the memory count, and a pinned buffer outlives the
- * shard until its last unpin. */
-PS_TEST(shard_pinned_weights_survive_updates_and_destroy)
-{
-    enum { N = 1001 }; /* not a multiple of 16 floats */
-    _Atomic uint64_t used = 0;
-    ps_test_hook_log log;
-    ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
-    ps_shard_config sc = {PS_MODE_ASYNC, -1, 1, {PS_OPT_SGD, 0.5f, 0, 0, 0, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL}, 1 << 20,
-                          &used};
-    ps_shard *s;
-    CHECK_OK(ps_shard_create(&sc, &hk, &s));
-    static float w[N], g[N], expect[PS_SHARD_MAX_WBUF + 3][N];
-    for (int i = 0; i < N; i++) {
-        w[i] = (float)i;
-        g[i] = 1.0f;
-    }
-    int64_t v;
-    char why[256];
-    CHECK_OK(ps_shard_init(s, 3, 0, w, N, 0, &v, NULL, why, sizeof why));
-    uint64_t base = used;
-    size_t spare = 64 + ((N * sizeof(float) + 63) & ~(size_t)63); /* header + weights */
-    void *ref[PS_SHARD_MAX_WBUF + 3] = {0};
-    const float *pinned[PS_SHARD_MAX_WBUF + 3] = {0};
-    int kept, dup, queued;
-    size_t n;
-    const float *pw;
-    /* pin version k, push: version k + 1 goes to another buffer */
-    for (int k = 0; k < PS_SHARD_MAX_WBUF; k++) {
-        CHECK_OK(ps_shard_pull(s, 3, 0, 0, 0, NULL, &queued, &pw, &n, &v, why, sizeof why));
-        CHECK_EQ_INT(v, k);
-        memcpy(expect[k], pw, sizeof w);
-        pinned[k] = ps_shard_pin(s, 3, 0, pw, &ref[k]);
-        if (k < PS_SHARD_MAX_WBUF - 1) {
-            CHECK(pinned[k] == pw && ref[k] != NULL);
-            CHECK_EQ_INT(used, base + (uint64_t)(k + 1) * spare); /* a spare each */
-        } else {
-            /* every other buffer is held: no free one would be left, so no pin */
-            CHECK(pinned[k] == NULL && ref[k] == NULL);
-            CHECK_EQ_INT(used, base + (uint64_t)k * spare);
-        }
-        CHECK_OK(ps_shard_push(s, 3, 0, 0, k, g, N, NULL, &kept, &dup, &v, why, sizeof why));
-        CHECK_EQ_INT(v, k + 1);
-        const float *now = ps_shard_weights(s, 3, 0, &n, &v);
-        CHECK(k == PS_SHARD_MAX_WBUF - 1 ? now == pw : now != pw); /* unpinned: in place */
-        for (int j = 0; j <= k; j++)
-            if (pinned[j])
-                CHECK(memcmp(pinned[j], expect[j], sizeof w) == 0);
-        for (int i = 0; i < N; i++)
-            CHECK(now[i] == (float)i - 0.5f * (float)(k + 1));
-    }
-    uint64_t spares, bytes, copies;
-    ps_shard_buffer_counts(s, &spares, &bytes, &copies);
-    CHECK_EQ_INT(spares, PS_SHARD_MAX_WBUF - 1);
-    CHECK_EQ_INT(copies, 1);
-    /* a pin that is not of the current weights is refused */
-    CHECK(ps_shard_pin(s, 3, 0, pinned[0], &ref[PS_SHARD_MAX_WBUF]) == NULL);
-    /* one reply gone: its buffer takes the next out-of-place update */
-    ps_shard_unpin(ref[0]);
-    pw = ps_shard_weights(s, 3, 0, &n, &v);
-    CHECK(ps_shard_pin(s, 3, 0, pw, &ref[PS_SHARD_MAX_WBUF]) == pw);
-    CHECK_OK(ps_shard_push(s, 3, 0, 0, PS_SHARD_MAX_WBUF, g, N, NULL, &kept, &dup, &v, why,
-                           sizeof why));
-    CHECK(ps_shard_weights(s, 3, 0, &n, &v) == pinned[0]);
-    CHECK(pw[0] == 0.0f - 0.5f * (float)PS_SHARD_MAX_WBUF);
-    CHECK(pinned[0][0] == 0.0f - 0.5f * (float)(PS_SHARD_MAX_WBUF + 1));
-    /* destroy with pins held: the charge is returned, the buffers live on */
-    ps_shard_destroy(s);
-    CHECK_EQ_INT(used, 0);
-    for (int k = 1; k < PS_SHARD_MAX_WBUF - 1; k++)
-        CHECK(memcmp(pinned[k], expect[k], sizeof w) == 0);
-    for (int k = 1; k <= PS_SHARD_MAX_WBUF; k++)
-        ps_shard_unpin(ref[k]); /* frees them (ASan: no leak, no use after free) */
-}
-
-PS_TEST(shard_spares_respect_max_memory_and_give_way_to_inits)
-{
-    enum { N = 4096 };
-    _Atomic uint64_t used = 0;
-    ps_test_hook_log log;
-    ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
-    /* room for three chunks of N weights, or two and a spare, not two and two spares */
-    ps_shard_config sc = {PS_MODE_ASYNC, -1, 1, {PS_OPT_SGD, 0.5f, 0, 0, 0, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL},
-                          3 * (N * 4 + 64) + 1024, &used};
-    ps_shard *s;
-    CHECK_OK(ps_shard_create(&sc, &hk, &s));
-    static float w[N], g[N];
-    for (int i = 0; i < N; i++)
-        g[i] = 1.0f;
-    int64_t v;
-    char why[256];
-    CHECK_OK(ps_shard_init(s, 1, 0, w, N, 0, &v, NULL, why, sizeof why));
-    CHECK_OK(ps_shard_init(s, 1, 1, w, N, 0, &v, NULL, why, sizeof why));
-    size_t n;
-    void *r0, *r1;
-    const float *p0 = ps_shard_weights(s, 1, 0, &n, &v);
-    CHECK(ps_shard_pin(s, 1, 0, p0, &r0) == p0);
-    /* no room for a second spare: chunk 1's reply is a copy */
-    const float *p1 = ps_shard_weights(s, 1, 1, &n, &v);
-    CHECK(ps_shard_pin(s, 1, 1, p1, &r1) == NULL);
-    int kept, dup;
-    CHECK_OK(ps_shard_push(s, 1, 0, 0, 0, g, N, NULL, &kept, &dup, &v, why, sizeof why));
-    CHECK(ps_shard_weights(s, 1, 0, &n, &v) != p0);
-    /* chunk 0's spare is current, its first buffer still pinned: no room */
-    CHECK_EQ_INT(ps_shard_init(s, 1, 2, w, N, 0, &v, NULL, why, sizeof why), PS_ETOOBIG);
-    ps_shard_unpin(r0);
-    /* now the weights move back to the first buffer and the spare is given
-     * back for the init */
-    CHECK_OK(ps_shard_init(s, 1, 2, w, N, 0, &v, NULL, why, sizeof why));
-    const float *p = ps_shard_weights(s, 1, 0, &n, &v);
-    CHECK(p == p0);
-    CHECK_EQ_INT(v, 1);
-    for (int i = 0; i < N; i++)
-        CHECK(p[i] == -0.5f);
-    ps_shard_destroy(s);
-    CHECK_EQ_INT(used, 0);
 }
 
 PS_TEST(stop_with_zero_copy_replies_still_queued_frees_them_and_exits_0)

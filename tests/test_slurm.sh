@@ -206,7 +206,7 @@ LONG="$TRAIN --epochs 100000"
 SHORT="$TRAIN --steps 60"
 export PS_BIN_DIR=$T/bin
 
-case=slurm_one_node_sync
+case=slurm_one_node_sync_job_finishes_and_its_server_checkpoints_the_last_update
 why=""
 if PS_MODE=sync PS_TRAIN=$SHORT PS_CKPT_DIR=$T/ckpt-one-sync \
     run_job one-sync examples/slurm/one_node.sbatch; then
@@ -221,7 +221,7 @@ done_case $case "$out"
 
 # the time limit's warning: --signal=B:TERM@60 sends SIGTERM to the batch
 # shell only, as scancel --batch --signal=TERM does now
-case=slurm_one_node_time_limit
+case=slurm_time_limit_signal_stops_a_one_node_job_with_143_and_a_last_checkpoint
 why=""
 if PS_MODE=async PS_TRAIN=$LONG PS_CKPT_DIR=$T/ckpt-one-stop \
     submit one-stop examples/slurm/one_node.sbatch && stop_at_time_limit '^\[worker 1\] .* iter '; then
@@ -232,7 +232,7 @@ if PS_MODE=async PS_TRAIN=$LONG PS_CKPT_DIR=$T/ckpt-one-stop \
 fi
 done_case $case "$out"
 
-case=slurm_multi_node_async
+case=slurm_two_node_job_runs_servers_and_workers_apart_and_finishes
 why=""
 if PS_MODE=async PS_PORT=$(free_ports 2) PS_TRAIN=$SHORT PS_CKPT_DIR=$T/ckpt-multi \
     run_job multi examples/slurm/multi_node.sbatch --nodes=2; then
@@ -246,7 +246,7 @@ if PS_MODE=async PS_PORT=$(free_ports 2) PS_TRAIN=$SHORT PS_CKPT_DIR=$T/ckpt-mul
 fi
 done_case $case "$out"
 
-case=slurm_multi_node_on_one_node
+case=slurm_multi_node_job_on_one_node_runs_everything_beside_and_finishes
 why=""
 if PS_MODE=sync PS_PORT=$(free_ports 2) PS_TRAIN=$SHORT PS_CKPT_DIR=$T/ckpt-multi1 \
     run_job multi1 examples/slurm/multi_node.sbatch --nodes=1; then
@@ -257,7 +257,7 @@ if PS_MODE=sync PS_PORT=$(free_ports 2) PS_TRAIN=$SHORT PS_CKPT_DIR=$T/ckpt-mult
 fi
 done_case $case "$out"
 
-case=slurm_multi_node_time_limit
+case=slurm_time_limit_signal_stops_every_worker_of_a_two_node_job_with_a_last_checkpoint
 why=""
 if PS_MODE=async PS_LAYOUT=beside PS_SERVERS_PER_NODE=1 PS_PORT=$(free_ports 2) PS_TRAIN=$LONG \
     PS_CKPT_DIR=$T/ckpt-multi-stop submit multi-stop examples/slurm/multi_node.sbatch --nodes=2 &&

@@ -131,7 +131,7 @@ training() {
     return 1
 }
 
-case=ssh_normal_finish
+case=ssh_run_finishes_with_a_summary_and_its_server_checkpoints_the_last_update
 why=""
 out=$T/finish.out
 launch sync "$out" --steps 60 --log-every 30
@@ -147,7 +147,7 @@ done_case $case "$out"
 
 # a worker killed on its host: reported with its signal (not ssh's 255),
 # the others stop at once (no SIGKILL needed), the server cleanly
-case=ssh_remote_worker_killed
+case=ssh_a_killed_remote_worker_is_named_with_its_signal_and_the_rest_stop
 why=""
 out=$T/kill.out
 if training "$out"; then
@@ -165,7 +165,7 @@ if training "$out"; then
 fi
 done_case $case "$out"
 
-case=ssh_sigint
+case=ssh_sigint_reaches_every_remote_process_without_sigkill
 why=""
 out=$T/int.out
 rm -rf "$T/ckpt-async"
@@ -184,7 +184,7 @@ done_case $case "$out"
 # ps_launch killed outright: its ssh processes get SIGTERM (they ask the
 # kernel for it), the connections drop, and each remote wrapper stops its
 # program; the server, its stdin gone, stops too
-case=ssh_launcher_killed
+case=ssh_a_killed_launcher_leaves_no_remote_process
 why=""
 out=$T/kill9.out
 if training "$out"; then

@@ -2,10 +2,10 @@
 include/ps_client.h and include/ps_types.h mirrored field for field, and the
 prototypes of the functions the package calls.
 
-The structs must match the C layout exactly: tests/test_python_client.py
-compares them with what build/tests/abi_layout prints (sizes, offsets, the
-optimizer table, the error codes), so a field added on the C side cannot
-shift this one silently.
+The structs must match the C layout exactly: tests/python/test_client.py
+(test_struct_layout_matches_the_c_headers) compares them with what
+build/tests/abi_layout prints (sizes, offsets, the optimizer table, the error
+codes), so a field added on the C side cannot shift this one silently.
 
 Every call below goes through ctypes.CDLL, which releases the GIL for the
 duration of the foreign call: a thread blocked in ps_request_wait or

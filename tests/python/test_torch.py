@@ -332,7 +332,7 @@ class EndToEnd(unittest.TestCase):
         self.assertGreater(float(m.group(2)), 0.65)
         self.assertEqual(len(re.findall(r"iter \d+/100 loss .* samples/s", out.stdout)), 2)
 
-    def test_python_push_pull_example_runs(self):
+    def test_python_push_pull_example_prints_w0_after_one_step(self):
         s = pstest.Server("--num-workers", "1", "--mode", "async", "--lr", "0.5")
         env = dict(os.environ, PS_SERVERS=s.endpoint)
         out = subprocess.run([pstest.PYTHON, os.path.join(ROOT, "examples/python_push_pull.py")],
@@ -340,7 +340,7 @@ class EndToEnd(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("worker 0 of 1: w[0] = 0.9990234375", out.stdout)
 
-    def test_ps_launch_exec_runs_python_workers(self):
+    def test_ps_launch_exec_runs_python_workers_that_fit_w_near_1(self):
         launch = os.path.join(pstest.BIN, "ps_launch")
         helptext = subprocess.run([launch, "--help"], capture_output=True, text=True).stdout
         if "--exec" not in helptext:
