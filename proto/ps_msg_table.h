@@ -55,13 +55,13 @@
       "the counters in `st`; `bw` while a barrier is open")                                      \
     X(SHUTDOWN, 8, "shutdown", ADMIN, 0, 0, 0, 0, 0, NONE, NONE, shutdown,                       \
       "stop the server (`adm`: the admin token)",                                                \
-      "acknowledged, then the server stops (exit 0)")                                            \
+      "acknowledged, then the server stops (exit 0); without authority `PS_EAUTH`")              \
     X(ERROR, 9, "error", NOBODY, 0, PS_HK(EC), 0, 0, 0, NONE, NONE, none,                        \
-      "(reply only)",                                                                            \
+      "-",                                                                                       \
       "the answer to any request that was refused: `ec` and `et`")                               \
     X(HEARTBEAT, 10, "heartbeat", LIVE, 0, 0, 0, 0, 0, NONE, NONE, heartbeat,                    \
       "a sign of life (`q` = 0, fire and forget)",                                               \
-      "acknowledged")
+      "acknowledged; `PS_EHELLO` from a rank the server does not count as live")
 /* clang-format on */
 
 /* The header keys, in one list for the decoder and the table's key masks:

@@ -34,6 +34,22 @@ const char *ps_msg_type_name(uint32_t type)
     return m ? m->name : "unknown";
 }
 
+const char *ps_msg_names(char *out, size_t cap, int (*want)(const ps_msg_info *m))
+{
+    int n = 0, k = 0;
+    for (uint32_t t = 1; t <= PS_MSG_TYPE_MAX; t++)
+        n += ps_msg_info_of(t) && want(&msg_info[t]);
+    size_t off = 0;
+    out[0] = 0;
+    for (uint32_t t = 1; t <= PS_MSG_TYPE_MAX && off < cap; t++)
+        if (ps_msg_info_of(t) && want(&msg_info[t])) {
+            k++;
+            off += (size_t)snprintf(out + off, cap - off, "%s%s",
+                                    k == 1 ? "" : k == n ? " and " : ", ", msg_info[t].name);
+        }
+    return out;
+}
+
 const char *ps_s_meaning_doc(int meaning)
 {
     switch (meaning) {
@@ -770,10 +786,11 @@ static int decode_fields(const msgpack_object *root, ps_header *d, char *why, si
     uint64_t missing = (reply ? m->rep_keys : m->req_keys) & ~seen;
     if (missing) {
         int ki = __builtin_ctzll(missing);
-        ps_errorf(why, why_len, "%s %s without field '%s'%s%s%s", m->name,
-            reply ? "reply" : "request", hdr_keys[ki], ki == PS_HK_S ? " (" : "",
-            ki == PS_HK_S ? ps_s_meaning_doc(reply ? m->s_rep : m->s_req) : "",
-            ki == PS_HK_S ? ")" : "");
+        char what[64] = "";
+        if (ki == PS_HK_S)
+            snprintf(what, sizeof what, " (%s)", ps_s_meaning_doc(reply ? m->s_rep : m->s_req));
+        ps_errorf(why, why_len, "%s %s without field '%s'%s", m->name, reply ? "reply" : "request",
+            hdr_keys[ki], what);
         return PS_EPROTO;
     }
     ps_header_set_s(d, s);
@@ -851,6 +868,8 @@ int ps_proto_decode(const void *buf, size_t len, ps_header *h, char *why, size_t
     return rc;
 }
 
+static int takes_shm(const ps_msg_info *m) { return m->shm; }
+
 int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes, char *why,
                            size_t why_len)
 {
@@ -860,14 +879,9 @@ int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes
         /* the payload (or a pull's destination) is in the worker's arena */
         const ps_msg_info *m = ps_msg_info_of(h->type);
         if (!m || !m->shm) {
-            char list[128] = "";
-            size_t off = 0;
-            for (uint32_t t = 1; t <= PS_MSG_TYPE_MAX; t++)
-                if (msg_info[t].shm && off < sizeof list)
-                    off += (size_t)snprintf(list + off, sizeof list - off, "%s%s",
-                                            off ? ", " : "", msg_info[t].name);
+            char list[128];
             ps_errorf(why, why_len, "a %s carries no payload: the shared-memory flag is for %s",
-                ps_msg_type_name(h->type), list);
+                ps_msg_type_name(h->type), ps_msg_names(list, sizeof list, takes_shm));
             return PS_EPROTO;
         }
         if (nframes != 0) {

@@ -168,6 +168,9 @@ int ps_msg_reply_has_payload(uint32_t type);
 
 /* The type's name ("pushpull"); "unknown" for a type the table does not have. */
 const char *ps_msg_type_name(uint32_t type);
+/* The names of the types whose row `want` accepts, in type order ("hello,
+ * stats, shutdown and heartbeat"), into out (cut to cap bytes).  out. */
+const char *ps_msg_names(char *out, size_t cap, int (*want)(const ps_msg_info *m));
 /* What `s` is for an enum ps_s_meaning ("the step of the gradient"). */
 const char *ps_s_meaning_doc(int meaning);
 

@@ -48,32 +48,30 @@ static ps_hello my_hello(const ps_server *s)
 
 /* ================= answers ================= */
 
-/* An ERROR reply to req with code and why, counted and logged (rate-limited). */
-static void srv_error(ps_server *s, zmq_msg_t *id, const ps_header *req, int code,
-                      const char *why)
-{
-    ps_header h;
-    ps_reply_error(&h, req->seq, req->rank, req->key, req->chunk, code, why);
-    h.seq_negative = req->seq_negative;
-    s->io_errors++;
-    if (ps_rlimit_allow(&s->rl))
-        ps_warn("refused %s from rank %d: %s: %s", ps_msg_type_name(req->type), req->rank,
-                ps_strerror(code), why);
-    srv_send(s, id, &h);
-}
-
-/* The same, counted but not logged: the refusal is expected or logged elsewhere. */
-static void srv_error_quiet(ps_server *s, zmq_msg_t *id, const ps_header *req, int code,
-                            const char *why)
+/* An ERROR reply to req with code and why, counted; not logged (the
+ * refusal is expected, or logged elsewhere). */
+static void io_error_quiet(ps_server *s, zmq_msg_t *id, const ps_header *req, int code,
+                           const char *why)
 {
     ps_header r;
     ps_reply_error(&r, req->seq, req->rank, req->key, req->chunk, code, why);
+    r.seq_negative = req->seq_negative;
     s->io_errors++;
     srv_send(s, id, &r);
 }
 
+/* The same, logged (rate-limited). */
+static void io_error(ps_server *s, zmq_msg_t *id, const ps_header *req, int code,
+                     const char *why)
+{
+    if (ps_rlimit_allow(&s->rl))
+        ps_warn("refused %s from rank %d: %s: %s", ps_msg_type_name(req->type), req->rank,
+                ps_strerror(code), why);
+    io_error_quiet(s, id, req, code, why);
+}
+
 /* The reply that says only "done": its type, the request's q, r, k, c. */
-static void srv_ack(ps_server *s, zmq_msg_t *id, const ps_header *req)
+static void io_ack(ps_server *s, zmq_msg_t *id, const ps_header *req)
 {
     ps_header r;
     ps_reply_header(&r, req->type, req->seq, req->rank, req->key, req->chunk);
@@ -134,7 +132,7 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         rc = PS_EPROTO;
     }
     if (rc) {
-        srv_error(s, &f[0], h, rc, why);
+        io_error(s, &f[0], h, rc, why);
         return;
     }
     uint64_t token = 0;
@@ -148,7 +146,7 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
                               zmq_msg_get(&f[1], ZMQ_SRCFD), h->hello.token, ps_now_ns(), peer,
                               &token, &rejoined, why, sizeof why);
         if (rc) { /* logged by the table, rate-limited */
-            srv_error_quiet(s, &f[0], h, rc, why);
+            io_error_quiet(s, &f[0], h, rc, why);
             return;
         }
         if (rejoined) { /* back in the live set before any of its requests reach an owner */
@@ -180,14 +178,14 @@ static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     /* a peer that does not read its replies gets no more payloads */
     if (ps_msg_reply_has_payload(h->type) &&
         (rc = ps_peers_admit(s->peers, &f[0], &f[1], h->rank, why, sizeof why)) != 0) {
-        srv_error_quiet(s, &f[0], h, rc, why);
+        io_error_quiet(s, &f[0], h, rc, why);
         return;
     }
     ps_shm_peer *shm = NULL;
     if ((h->flags & PS_FLAG_SHM) && h->dtype != PS_DTYPE_F32) {
         ps_errorf(why, sizeof why, "payloads in shared memory are float32 (d = %d), got d = "
             "%u", PS_DTYPE_F32, h->dtype);
-        srv_error(s, &f[0], h, PS_EPROTO, why);
+        io_error(s, &f[0], h, PS_EPROTO, why);
         return;
     }
     /* PS_EHELLO: the rank said hello to another process of this server:
@@ -195,7 +193,7 @@ static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     if ((h->flags & PS_FLAG_SHM) &&
         (rc = ps_shm_table_take(s->shm, h->rank, h->shm_off, h->count * sizeof(float), &shm,
                                 why, sizeof why)) != 0) {
-        srv_error(s, &f[0], h, rc, why);
+        io_error(s, &f[0], h, rc, why);
         return;
     }
     /* a pushpull's weights go to a second place of the arena */
@@ -205,7 +203,7 @@ static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         ps_errorf(why, sizeof why, "worker %d: the pushpull's destination [%llu, +%llu) is "
             "outside its arena", h->rank, (unsigned long long)h->shm_dst,
             (unsigned long long)(h->count * sizeof(float)));
-        srv_error(s, &f[0], h, PS_EPROTO, why);
+        io_error(s, &f[0], h, PS_EPROTO, why);
         return;
     }
     /* what carries a payload in changes the chunk: it is a mutation */
@@ -223,7 +221,7 @@ static void io_on_barrier(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h
     const char *why;
     int rc = ps_barriers_arrive(s->barriers, &f[0], h, &why);
     if (rc)
-        srv_error(s, &f[0], h, rc, why);
+        io_error(s, &f[0], h, rc, why);
 }
 
 static void io_on_stats(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
@@ -233,7 +231,7 @@ static void io_on_stats(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     ps_cmd_frame cmd = {.cmd = PS_CMD_STATS};
     int rc = ps_stats_reqs_begin(s->stats, &f[0], h, &cmd.stats_token, &why);
     if (rc) {
-        srv_error(s, &f[0], h, rc, why);
+        io_error(s, &f[0], h, rc, why);
         return;
     }
     for (int i = 0; i < s->cfg.threads; i++)
@@ -246,7 +244,7 @@ static void io_on_shutdown(ps_server *s, zmq_msg_t *f, int nf, const ps_header *
     (void)nf;
     char who[256];
     ps_peer_name(&f[0], &f[1], h->rank, who, sizeof who);
-    srv_ack(s, &f[0], h);
+    io_ack(s, &f[0], h);
     ps_info("shutdown requested by %s", who);
     srv_set_stopping(s);
 }
@@ -254,14 +252,14 @@ static void io_on_shutdown(ps_server *s, zmq_msg_t *f, int nf, const ps_header *
 static void io_on_heartbeat(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 {
     (void)nf;
-    srv_ack(s, &f[0], h);
+    io_ack(s, &f[0], h);
 }
 
 /* A type no request may have (the dispatch refuses it first: from NOBODY). */
 static void io_on_none(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 {
     (void)nf;
-    srv_error(s, &f[0], h, PS_EPROTO, "this server has no handler for this message type");
+    io_error(s, &f[0], h, PS_EPROTO, "this server has no handler for this message type");
 }
 
 /* The handler of each type, from the table's handler column. */
@@ -275,28 +273,10 @@ static const io_handler handlers[PS_MSG_TYPE_MAX + 1] = {
 
 /* ================= the dispatch ================= */
 
-/* The types rank -1 may send, for the refusal ("hello, stats, shutdown and
- * heartbeat"). */
-static const char *tool_types(void)
+/* The types rank -1 may send. */
+static int from_a_tool(const ps_msg_info *m)
 {
-    static char list[160];
-    if (list[0])
-        return list;
-    int n = 0, k = 0;
-    for (uint32_t t = 1; t <= PS_MSG_TYPE_MAX; t++) {
-        int from = ps_msg_info_of(t)->from;
-        n += from != PS_FROM_WORKER && from != PS_FROM_NOBODY;
-    }
-    size_t off = 0;
-    for (uint32_t t = 1; t <= PS_MSG_TYPE_MAX && off < sizeof list; t++) {
-        const ps_msg_info *m = ps_msg_info_of(t);
-        if (m->from == PS_FROM_WORKER || m->from == PS_FROM_NOBODY)
-            continue;
-        k++;
-        off += (size_t)snprintf(list + off, sizeof list - off, "%s%s",
-                                k == 1 ? "" : k == n ? " and " : ", ", m->name);
-    }
-    return list;
+    return m->from != PS_FROM_WORKER && m->from != PS_FROM_NOBODY;
 }
 
 /* May h's sender send it, by its type's `from`?  0, or a refusal sent. */
@@ -308,15 +288,16 @@ static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const p
     if (h->rank >= s->cfg.num_workers) {
         ps_errorf(why, sizeof why, "rank %d is out of range: this server has --num-workers %d",
             h->rank, s->cfg.num_workers);
-        srv_error(s, &f[0], h, PS_EPROTO, why);
+        io_error(s, &f[0], h, PS_EPROTO, why);
         return -1;
     }
     int ws; /* anything from a live worker counts as a sign of life */
     if (h->rank < 0) {
         if (m->from == PS_FROM_WORKER) {
+            char list[128];
             ps_errorf(why, sizeof why, "%s needs a worker rank; rank -1 may send only %s",
-                m->name, tool_types());
-            srv_error(s, &f[0], h, PS_ESTATE, why);
+                m->name, ps_msg_names(list, sizeof list, from_a_tool));
+            io_error(s, &f[0], h, PS_ESTATE, why);
             return -1;
         }
     } else if ((ws = ps_workers_heard(s->workers, h->rank, zmq_msg_data(&f[0]),
@@ -332,9 +313,9 @@ static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const p
          * heartbeat comes once a second from every such worker: answered,
          * not logged */
         if (h->type == PS_MSG_HEARTBEAT)
-            srv_error_quiet(s, &f[0], h, PS_EHELLO, why);
+            io_error_quiet(s, &f[0], h, PS_EHELLO, why);
         else
-            srv_error(s, &f[0], h, PS_EHELLO, why);
+            io_error(s, &f[0], h, PS_EHELLO, why);
         return -1;
     }
     if (m->from == PS_FROM_ADMIN &&
@@ -342,7 +323,7 @@ static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const p
         /* every refusal is logged with the peer, on a log budget of its own */
         char who[256];
         ps_peer_name(&f[0], &f[1], h->rank, who, sizeof who);
-        srv_error_quiet(s, &f[0], h, PS_EAUTH, why);
+        io_error_quiet(s, &f[0], h, PS_EAUTH, why);
         s->shutdowns_refused++;
         if (ps_rlimit_allow(&s->rl_admin))
             ps_warn("refused a %s from %s: %s", m->name, who, why);
@@ -370,24 +351,24 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
             io_drop(s, why);
             return;
         }
-        srv_error(s, &f[0], &h, rc, why);
+        io_error(s, &f[0], &h, rc, why);
         return;
     }
     const ps_msg_info *m = ps_msg_info_of(h.type); /* decode took only types of the table */
     if (h.flags & PS_FLAG_REPLY) {
         ps_errorf(why, sizeof why, "the server takes requests; got a %s reply", m->name);
-        srv_error(s, &f[0], &h, PS_EPROTO, why);
+        io_error(s, &f[0], &h, PS_EPROTO, why);
         return;
     }
     if (m->from == PS_FROM_NOBODY) {
         ps_errorf(why, sizeof why, "%s messages are replies only", m->name);
-        srv_error(s, &f[0], &h, PS_EPROTO, why);
+        io_error(s, &f[0], &h, PS_EPROTO, why);
         return;
     }
     size_t pbytes = nf >= 3 ? zmq_msg_size(&f[2]) : 0;
     rc = ps_proto_check_payload(&h, total - 2, pbytes, why, sizeof why);
     if (rc) {
-        srv_error(s, &f[0], &h, rc, why);
+        io_error(s, &f[0], &h, rc, why);
         return;
     }
     if (io_sender_may(s, f, &h, m) == 0)
