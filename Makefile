@@ -221,6 +221,14 @@ $(BUILD)/%.o: %.cu
 test: all
 	@BUILD=$(BUILD) SAN=$(SAN) PS_BIN_DIR=$(BIN) tests/run.sh
 
+# docs/PROTOCOL.md's list of message types, written from proto/ps_msg_table.h
+# (tests/test_msg_table.c fails while the two differ)
+$(BUILD)/ps_msg_doc: $(BUILD)/proto/ps_msg_doc_main.o $(LIB)/libps.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+protocol-doc: $(BUILD)/ps_msg_doc
+	./$(BUILD)/ps_msg_doc docs/PROTOCOL.md
+.PHONY: protocol-doc
+
 bench: all $(BENCHES)
 	@BUILD=$(BUILD) PS_BIN_DIR=$(BIN) bench/run.sh
 

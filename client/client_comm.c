@@ -181,7 +181,7 @@ static void fill_header(const ps_client *c, uint32_t i, ps_header *h)
     h->rank = c->opt.rank;
     h->key = s->key;
     h->chunk = s->chunk;
-    h->step = s->step;
+    ps_header_set_s(h, s->step); /* what `s` means for the type (ps_msg_table.h) */
     h->npush = s->type == PS_MSG_PUSH || s->type == PS_MSG_PUSHPULL ? s->npush : 0;
     if (ps_msg_request_has_payload(s->type)) {
         h->count = s->count;
@@ -533,8 +533,8 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
     case PS_MSG_PUSH:
     case PS_MSG_PULL:
     case PS_MSG_PUSHPULL:
-        if (r->version < 0 || h.step < r->version)
-            r->version = h.step;
+        if (r->version < 0 || h.chunk_version < r->version)
+            r->version = h.chunk_version;
         break;
     case PS_MSG_HELLO:
         psc_tokens_keep(c, s->server, &h.hello);
@@ -551,7 +551,7 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
         }
         break;
     case PS_MSG_BARRIER:
-        r->version = h.step;
+        r->version = h.barrier_id;
         break;
     default:
         break;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "ps_error.h"
+#include "ps_hash.h"
 #include "ps_log.h"
 #include "ps_time.h"
 
@@ -57,14 +58,11 @@ static size_t up64(size_t x) { return (x + 63) & ~(size_t)63; }
 
 static uint64_t fingerprint(const size_t *counts, int n)
 {
-    uint64_t h = 14695981039346656037ull;
-    uint64_t v[1] = {(uint64_t)n};
-    for (int k = -1; k < n; k++) {
-        if (k >= 0)
-            v[0] = counts[k];
-        const unsigned char *p = (const unsigned char *)v;
-        for (size_t b = 0; b < sizeof v; b++)
-            h = (h ^ p[b]) * 1099511628211ull;
+    uint64_t v = (uint64_t)n;
+    uint64_t h = ps_fnv1a(PS_FNV1A_BASIS, &v, sizeof v);
+    for (int k = 0; k < n; k++) {
+        v = counts[k];
+        h = ps_fnv1a(h, &v, sizeof v);
     }
     return h;
 }

@@ -5,6 +5,7 @@
 
 #include "ps_error.h"
 #include "ps_flags.h"
+#include "ps_hash.h"
 
 static const ps_opt_param params[PS_OPT_NPARAMS] = {
 #define ROW_(f, t, key, flag, def, lo, lob, hi, hib, used, zu, help)                         \
@@ -227,21 +228,12 @@ void ps_opt_describe(const ps_opt_config *c, char *buf, size_t len)
         snprintf(buf + off, len - off, ")");
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 uint64_t ps_opt_hash(uint64_t h, const ps_opt_config *c)
 {
     int32_t kind = c->kind;
-    h = fnv(h, &kind, sizeof kind);
-#define HASH_(f, t, key, flag, def, lo, lob, hi, hib, used, zu, help) h = fnv(h, &c->f, sizeof c->f);
+    h = ps_fnv1a(h, &kind, sizeof kind);
+#define HASH_(f, t, key, flag, def, lo, lob, hi, hib, used, zu, help) \
+    h = ps_fnv1a(h, &c->f, sizeof c->f);
     PS_OPT_PARAMS(HASH_)
 #undef HASH_
     return h;

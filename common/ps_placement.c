@@ -4,6 +4,12 @@
 #include <string.h>
 
 #include "ps_error.h"
+#include "ps_hash.h"
+
+/* Where the model fingerprint starts: not the usual FNV basis (docs/PROTOCOL.md
+ * "Chunks, placement and the model fingerprint" says so), and kept, so a
+ * fingerprint stays what every earlier worker and checkpoint computed. */
+#define PLACEMENT_FNV_BASIS 1469598103934665603ull
 
 void ps_placement_free(ps_placement *p)
 {
@@ -97,24 +103,11 @@ int ps_placement_build(const ps_tensor_spec *t, size_t n, size_t chunk_elems, in
 
 uint64_t ps_placement_fingerprint(const ps_tensor_spec *t, size_t n, size_t chunk_elems)
 {
-    uint64_t h = 1469598103934665603ull;
-    uint64_t words[2];
-#define MIX(v)                                           \
-    do {                                                 \
-        uint64_t x_ = (v);                               \
-        for (int b_ = 0; b_ < 8; b_++) {                 \
-            h ^= (x_ >> (8 * b_)) & 0xff;                \
-            h *= 1099511628211ull;                       \
-        }                                                \
-    } while (0)
-    MIX(chunk_elems);
-    MIX(n);
+    uint64_t h = ps_fnv1a_u64le(PLACEMENT_FNV_BASIS, chunk_elems);
+    h = ps_fnv1a_u64le(h, n);
     for (size_t i = 0; i < n; i++) {
-        words[0] = t[i].key;
-        words[1] = t[i].count;
-        MIX(words[0]);
-        MIX(words[1]);
+        h = ps_fnv1a_u64le(h, t[i].key);
+        h = ps_fnv1a_u64le(h, t[i].count);
     }
-#undef MIX
     return h ? h : 1; /* 0 means "unset" on the wire */
 }

@@ -7,15 +7,58 @@
 #include "ps_error.h"
 #include "ps_opt_table.h"
 
-/* ---------- names ---------- */
+/* ---------- the message table ---------- */
 
-static const char *const type_names[] = {"?",     "hello",    "init",    "push",
-                                          "pull",  "pushpull", "barrier", "stats",
-                                          "shutdown", "error", "heartbeat"};
+/* s is needed where it means something */
+#define S_KEY_(m) (PS_S_##m == PS_S_NONE ? 0u : PS_HK(S))
+static const ps_msg_info msg_info[PS_MSG_TYPE_MAX + 1] = {
+#define MSG_ROW_(NAME, t, name, from, rq_keys, rp_keys, rq_pl, rp_pl, shm, s_rq, s_rp, handler, \
+                 rq_doc, rp_doc)                                                             \
+    [t] = {t, name, PS_FROM_##from, (rq_keys) | S_KEY_(s_rq), (rp_keys) | S_KEY_(s_rp), rq_pl,   \
+           rp_pl, shm, PS_S_##s_rq, PS_S_##s_rp, rq_doc, rp_doc},
+    PS_MSG_TABLE(MSG_ROW_)
+#undef MSG_ROW_
+};
+#undef S_KEY_
+
+const ps_msg_info *ps_msg_info_of(uint32_t type)
+{
+    /* a row left out of the middle of the table has type 0 */
+    return type >= 1 && type <= PS_MSG_TYPE_MAX && msg_info[type].type == type ? &msg_info[type]
+                                                                               : NULL;
+}
 
 const char *ps_msg_type_name(uint32_t type)
 {
-    return type >= 1 && type <= PS_MSG_TYPE_MAX ? type_names[type] : "unknown";
+    const ps_msg_info *m = ps_msg_info_of(type);
+    return m ? m->name : "unknown";
+}
+
+const char *ps_msg_names(char *out, size_t cap, int (*want)(const ps_msg_info *m))
+{
+    int n = 0, k = 0;
+    for (uint32_t t = 1; t <= PS_MSG_TYPE_MAX; t++)
+        n += ps_msg_info_of(t) && want(&msg_info[t]);
+    size_t off = 0;
+    out[0] = 0;
+    for (uint32_t t = 1; t <= PS_MSG_TYPE_MAX && off < cap; t++)
+        if (ps_msg_info_of(t) && want(&msg_info[t])) {
+            k++;
+            off += (size_t)snprintf(out + off, cap - off, "%s%s",
+                                    k == 1 ? "" : k == n ? " and " : ", ", msg_info[t].name);
+        }
+    return out;
+}
+
+const char *ps_s_meaning_doc(int meaning)
+{
+    switch (meaning) {
+    case PS_S_PUSH_STEP: return "the step of the gradient";
+    case PS_S_WANT_VERSION: return "the lowest version the reply may carry";
+    case PS_S_CHUNK_VERSION: return "the chunk's version";
+    case PS_S_BARRIER_ID: return "the barrier's id";
+    default: return "nothing";
+    }
 }
 
 const char *ps_mode_name(int mode)
@@ -36,12 +79,14 @@ int ps_mode_parse(const char *s, int *mode)
 
 int ps_msg_request_has_payload(uint32_t type)
 {
-    return type == PS_MSG_INIT || type == PS_MSG_PUSH || type == PS_MSG_PUSHPULL;
+    const ps_msg_info *m = ps_msg_info_of(type);
+    return m && m->req_payload;
 }
 
 int ps_msg_reply_has_payload(uint32_t type)
 {
-    return type == PS_MSG_PULL || type == PS_MSG_PUSHPULL;
+    const ps_msg_info *m = ps_msg_info_of(type);
+    return m && m->rep_payload;
 }
 
 void ps_header_init(ps_header *h, uint32_t type)
@@ -51,6 +96,50 @@ void ps_header_init(ps_header *h, uint32_t type)
     h->type = type;
     h->rank = -1;
     h->barrier.id = -1;
+}
+
+/* Where in a ps_header the field of `s` is for a message of this type and
+ * direction; 0: `s` means nothing there. */
+static size_t s_offset(uint32_t type, int reply)
+{
+    const ps_msg_info *m = ps_msg_info_of(type);
+    switch (!m ? PS_S_NONE : reply ? m->s_rep : m->s_req) {
+    case PS_S_PUSH_STEP: return offsetof(ps_header, push_step);
+    case PS_S_WANT_VERSION: return offsetof(ps_header, want_version);
+    case PS_S_CHUNK_VERSION: return offsetof(ps_header, chunk_version);
+    case PS_S_BARRIER_ID: return offsetof(ps_header, barrier_id);
+    default: return 0;
+    }
+}
+
+int64_t ps_header_get_s(const ps_header *h)
+{
+    size_t off = s_offset(h->type, (h->flags & PS_FLAG_REPLY) != 0);
+    int64_t v = 0;
+    if (off)
+        memcpy(&v, (const char *)h + off, sizeof v);
+    return v;
+}
+
+void ps_header_set_s(ps_header *h, int64_t s)
+{
+    size_t off = s_offset(h->type, (h->flags & PS_FLAG_REPLY) != 0);
+    if (off)
+        memcpy((char *)h + off, &s, sizeof s);
+}
+
+void ps_stats_add(ps_stats *acc, int *have_versions, const ps_stats *p)
+{
+#define ADD_COUNTER_(f, key) acc->f += p->f;
+    PS_STATS_COUNTERS(ADD_COUNTER_)
+#undef ADD_COUNTER_
+    if (p->chunks) {
+        if (!*have_versions || p->min_version < acc->min_version)
+            acc->min_version = p->min_version;
+        if (!*have_versions || p->max_version > acc->max_version)
+            acc->max_version = p->max_version;
+        *have_versions = 1;
+    }
 }
 
 /* ---------- encode ---------- */
@@ -128,7 +217,7 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     pk_i64(&pk, "r", h->rank);
     pk_u64(&pk, "k", h->key);
     pk_u64(&pk, "c", h->chunk);
-    pk_i64(&pk, "s", h->step);
+    pk_i64(&pk, "s", ps_header_get_s(h));
     pk_u64(&pk, "n", h->count);
     pk_u64(&pk, "d", h->dtype);
     pk_u64(&pk, "tot", h->total);
@@ -570,11 +659,11 @@ static int decode_barrier(const msgpack_object *m, ps_barrier_info *b, char *why
     return 0;
 }
 
-static const char *const hdr_keys[] = {"v", "t", "f", "q", "r", "k", "c", "s",
-                                       "n", "d", "tot", "ec", "et", "h", "st", "adm", "bw",
-                                       "o", "m", "p"};
-enum { K_V, K_T, K_F, K_Q, K_R, K_K, K_C, K_S, K_N, K_D, K_TOT, K_EC, K_ET, K_H, K_ST, K_ADM,
-       K_BW, K_O, K_M, K_P, K_COUNT };
+static const char *const hdr_keys[] = {
+#define HDR_KEY_(name, key) key,
+    PS_HDR_KEYS(HDR_KEY_)
+#undef HDR_KEY_
+};
 
 /* What an error reply echoes, read from the first occurrence of each key
  * before anything is checked: a request refused for one field is still
@@ -583,52 +672,53 @@ enum { K_V, K_T, K_F, K_Q, K_R, K_K, K_C, K_S, K_N, K_D, K_TOT, K_EC, K_ET, K_H,
 static void recover_echo(const msgpack_object *root, ps_header *h)
 {
     uint64_t seen = 0;
+    int64_t s = 0;
     for (uint32_t i = 0; i < root->via.map.size; i++) {
         const msgpack_object *v = &root->via.map.ptr[i].val;
-        int ki = key_index(&root->via.map.ptr[i].key, hdr_keys, K_COUNT);
+        int ki = key_index(&root->via.map.ptr[i].key, hdr_keys, PS_HK_COUNT);
         if (ki < 0 || (seen & (1ull << ki)))
             continue;
         seen |= 1ull << ki;
         uint64_t u;
         int64_t x;
-        if (ki == K_Q && get_u64(v, &u) == 0) {
+        if (ki == PS_HK_Q && get_u64(v, &u) == 0) {
             h->seq = u;
-        } else if (ki == K_Q && v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        } else if (ki == PS_HK_Q && v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
             h->seq = (uint64_t)v->via.i64;
             h->seq_negative = 1;
-        } else if (ki == K_R && get_i64(v, &x) == 0 && x >= -1 && x <= PS_MAX_RANK) {
+        } else if (ki == PS_HK_R && get_i64(v, &x) == 0 && x >= -1 && x <= PS_MAX_RANK) {
             h->rank = (int32_t)x;
-        } else if (ki == K_K && get_u64(v, &u) == 0) {
+        } else if (ki == PS_HK_K && get_u64(v, &u) == 0) {
             h->key = u;
-        } else if (ki == K_C && get_u64(v, &u) == 0 && u < PS_MAX_CHUNK) {
+        } else if (ki == PS_HK_C && get_u64(v, &u) == 0 && u < PS_MAX_CHUNK) {
             h->chunk = (uint32_t)u;
-        } else if (ki == K_S && get_i64(v, &x) == 0 && x >= -1 && x <= INT64_MAX / 2) {
-            h->step = x;
-        } else if (ki == K_T && get_u64(v, &u) == 0 && u >= 1 && u <= PS_MSG_TYPE_MAX) {
+        } else if (ki == PS_HK_S && get_i64(v, &x) == 0 && x >= -1 && x <= INT64_MAX / 2) {
+            s = x;
+        } else if (ki == PS_HK_T && get_u64(v, &u) == 0 && u >= 1 && u <= PS_MSG_TYPE_MAX) {
             h->type = (uint32_t)u;
         }
     }
+    ps_header_set_s(h, s); /* as a request's: only requests are answered */
 }
 
 /* One known header field, checked into h. */
 static int decode_field(int ki, const msgpack_object *v, ps_header *h, char *why, size_t why_len)
 {
     switch (ki) {
-    case K_T: FIELD_U(v, "t", h->type, 1, PS_MSG_TYPE_MAX); break;
-    case K_F: FIELD_U(v, "f", h->flags, 0, PS_FLAG_MASK); break;
-    case K_Q: FIELD_U(v, "q", h->seq, 0, UINT64_MAX); break;
-    case K_R: FIELD_I(v, "r", h->rank, -1, PS_MAX_RANK); break;
-    case K_K: FIELD_U(v, "k", h->key, 0, UINT64_MAX); break;
-    case K_C: FIELD_U(v, "c", h->chunk, 0, PS_MAX_CHUNK - 1); break;
-    case K_S: FIELD_I(v, "s", h->step, -1, INT64_MAX / 2); break;
-    case K_N: FIELD_U(v, "n", h->count, 0, PS_MAX_PAYLOAD_BYTES); break;
-    case K_D: FIELD_U(v, "d", h->dtype, 0, PS_DTYPE_MAX); break;
-    case K_TOT: FIELD_U(v, "tot", h->total, 0, UINT64_MAX / 8); break;
-    case K_O: FIELD_U(v, "o", h->shm_off, 0, UINT64_MAX / 8); break;
-    case K_M: FIELD_U(v, "m", h->npush, 1, 1u << 30); break;
-    case K_P: FIELD_U(v, "p", h->shm_dst, 0, UINT64_MAX / 8); break;
-    case K_EC: FIELD_I(v, "ec", h->err_code, 0, 1000); break;
-    case K_ET: {
+    case PS_HK_T: FIELD_U(v, "t", h->type, 1, PS_MSG_TYPE_MAX); break;
+    case PS_HK_F: FIELD_U(v, "f", h->flags, 0, PS_FLAG_MASK); break;
+    case PS_HK_Q: FIELD_U(v, "q", h->seq, 0, UINT64_MAX); break;
+    case PS_HK_R: FIELD_I(v, "r", h->rank, -1, PS_MAX_RANK); break;
+    case PS_HK_K: FIELD_U(v, "k", h->key, 0, UINT64_MAX); break;
+    case PS_HK_C: FIELD_U(v, "c", h->chunk, 0, PS_MAX_CHUNK - 1); break;
+    case PS_HK_N: FIELD_U(v, "n", h->count, 0, PS_MAX_PAYLOAD_BYTES); break;
+    case PS_HK_D: FIELD_U(v, "d", h->dtype, 0, PS_DTYPE_MAX); break;
+    case PS_HK_TOT: FIELD_U(v, "tot", h->total, 0, UINT64_MAX / 8); break;
+    case PS_HK_O: FIELD_U(v, "o", h->shm_off, 0, UINT64_MAX / 8); break;
+    case PS_HK_M: FIELD_U(v, "m", h->npush, 1, 1u << 30); break;
+    case PS_HK_P: FIELD_U(v, "p", h->shm_dst, 0, UINT64_MAX / 8); break;
+    case PS_HK_EC: FIELD_I(v, "ec", h->err_code, 0, 1000); break;
+    case PS_HK_ET: {
         if (v->type != MSGPACK_OBJECT_STR) {
             ps_errorf(why, why_len, "field 'et' must be a string");
             return PS_EPROTO;
@@ -638,7 +728,7 @@ static int decode_field(int ki, const msgpack_object *v, ps_header *h, char *why
         h->err_text[n] = 0;
         break;
     }
-    case K_ADM: {
+    case PS_HK_ADM: {
         int ok = v->type == MSGPACK_OBJECT_STR && v->via.str.size <= PS_ADMIN_TOKEN_MAX;
         for (uint32_t j = 0; ok && j < v->via.str.size; j++)
             ok = v->via.str.ptr[j] > 0x20 && v->via.str.ptr[j] < 0x7f;
@@ -651,10 +741,10 @@ static int decode_field(int ki, const msgpack_object *v, ps_header *h, char *why
         h->admin[v->via.str.size] = 0;
         break;
     }
-    case K_H: return decode_hello(v, &h->hello, why, why_len);
-    case K_ST: return decode_stats(v, &h->stats, why, why_len);
-    case K_BW: return decode_barrier(v, &h->barrier, why, why_len);
-    default: break; /* K_V: checked first */
+    case PS_HK_H: return decode_hello(v, &h->hello, why, why_len);
+    case PS_HK_ST: return decode_stats(v, &h->stats, why, why_len);
+    case PS_HK_BW: return decode_barrier(v, &h->barrier, why, why_len);
+    default: break; /* v: checked first; s: by decode_fields */
     }
     return 0;
 }
@@ -663,25 +753,25 @@ static int decode_field(int ki, const msgpack_object *v, ps_header *h, char *why
 static int decode_fields(const msgpack_object *root, ps_header *d, char *why, size_t why_len)
 {
     uint64_t seen = 0;
+    int64_t s = 0; /* its field depends on t and f, which may come later */
     for (uint32_t i = 0; i < root->via.map.size; i++) {
         const msgpack_object *k = &root->via.map.ptr[i].key, *v = &root->via.map.ptr[i].val;
         if (k->type != MSGPACK_OBJECT_STR) {
             ps_errorf(why, why_len, "header keys must be strings");
             return PS_EPROTO;
         }
-        int ki = key_index(k, hdr_keys, K_COUNT), rc;
+        int ki = key_index(k, hdr_keys, PS_HK_COUNT), rc;
         if (ki < 0)
             continue; /* a newer peer's optional field, ignored */
-        if ((rc = once(&seen, ki, "the header", hdr_keys[ki], why, why_len)) ||
-            (rc = decode_field(ki, v, d, why, why_len)))
+        if ((rc = once(&seen, ki, "the header", hdr_keys[ki], why, why_len)))
+            return rc;
+        if (ki == PS_HK_S)
+            FIELD_I(v, "s", s, -1, INT64_MAX / 2);
+        else if ((rc = decode_field(ki, v, d, why, why_len)))
             return rc;
     }
-    if (!(seen & (1ull << K_T))) {
+    if (!(seen & PS_HK(T))) {
         ps_errorf(why, why_len, "header has no message type field 't'");
-        return PS_EPROTO;
-    }
-    if (d->type == PS_MSG_HELLO && !(seen & (1ull << K_H))) {
-        ps_errorf(why, why_len, "hello without its 'h' map");
         return PS_EPROTO;
     }
     if (d->dtype && d->count * ps_dtype_size(d->dtype) > PS_MAX_PAYLOAD_BYTES) {
@@ -689,6 +779,21 @@ static int decode_fields(const msgpack_object *root, ps_header *d, char *why, si
             (unsigned long long)d->count, (unsigned long long)PS_MAX_PAYLOAD_BYTES);
         return PS_ETOOBIG;
     }
+    /* what the type's row requires: a push without its step, say, would
+     * otherwise be taken as step 0 */
+    const ps_msg_info *m = ps_msg_info_of(d->type);
+    int reply = (d->flags & PS_FLAG_REPLY) != 0;
+    uint64_t missing = (reply ? m->rep_keys : m->req_keys) & ~seen;
+    if (missing) {
+        int ki = __builtin_ctzll(missing);
+        char what[64] = "";
+        if (ki == PS_HK_S)
+            snprintf(what, sizeof what, " (%s)", ps_s_meaning_doc(reply ? m->s_rep : m->s_req));
+        ps_errorf(why, why_len, "%s %s without field '%s'%s", m->name, reply ? "reply" : "request",
+            hdr_keys[ki], what);
+        return PS_EPROTO;
+    }
+    ps_header_set_s(d, s);
     return 0;
 }
 
@@ -763,6 +868,8 @@ int ps_proto_decode(const void *buf, size_t len, ps_header *h, char *why, size_t
     return rc;
 }
 
+static int takes_shm(const ps_msg_info *m) { return m->shm; }
+
 int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes, char *why,
                            size_t why_len)
 {
@@ -770,9 +877,11 @@ int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes
     int needs = reply ? ps_msg_reply_has_payload(h->type) : ps_msg_request_has_payload(h->type);
     if (h->flags & PS_FLAG_SHM) {
         /* the payload (or a pull's destination) is in the worker's arena */
-        if (!ps_msg_request_has_payload(h->type) && !ps_msg_reply_has_payload(h->type)) {
-            ps_errorf(why, why_len, "a %s carries no payload: the shared-memory flag is for "
-                "init, push, pull and pushpull", ps_msg_type_name(h->type));
+        const ps_msg_info *m = ps_msg_info_of(h->type);
+        if (!m || !m->shm) {
+            char list[128];
+            ps_errorf(why, why_len, "a %s carries no payload: the shared-memory flag is for %s",
+                ps_msg_type_name(h->type), ps_msg_names(list, sizeof list, takes_shm));
             return PS_EPROTO;
         }
         if (nframes != 0) {
@@ -780,7 +889,8 @@ int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes
                 ps_msg_type_name(h->type), reply ? "reply" : "request", nframes);
             return PS_EPROTO;
         }
-        if ((needs || h->type == PS_MSG_PULL) &&
+        /* a request whose reply has a payload names where it goes */
+        if ((needs || (!reply && ps_msg_reply_has_payload(h->type))) &&
             (h->count == 0 || ps_dtype_size(h->dtype) == 0)) {
             ps_errorf(why, why_len, "%s %s in shared memory needs a count and a dtype",
                 ps_msg_type_name(h->type), reply ? "reply" : "request");

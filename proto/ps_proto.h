@@ -11,6 +11,7 @@
 
 #include "ps_dtype.h"
 #include "ps_limits.h"
+#include "ps_msg_table.h"
 #include "ps_opt_table.h"
 #include "ps_types.h"
 
@@ -23,19 +24,35 @@
  * server/admin.h). */
 #define PS_ADMIN_TOKEN_MAX 128
 
+/* The message types: proto/ps_msg_table.h has a row for each (PS_MSG_HELLO = 1,
+ * INIT, PUSH, PULL, PUSHPULL, BARRIER, STATS, SHUTDOWN, ERROR, HEARTBEAT = 10). */
 enum ps_msg_type {
-    PS_MSG_HELLO = 1,     /* agree on mode, model and config */
-    PS_MSG_INIT = 2,      /* register a chunk with its first values (payload) */
-    PS_MSG_PUSH = 3,      /* gradient for (key, chunk) at worker step (payload) */
-    PS_MSG_PULL = 4,      /* weights of (key, chunk), at least version `step` */
-    PS_MSG_PUSHPULL = 5,  /* push then pull step+1 in one round trip */
-    PS_MSG_BARRIER = 6,   /* wait until every worker reached barrier `step` */
-    PS_MSG_STATS = 7,     /* counters */
-    PS_MSG_SHUTDOWN = 8,  /* stop the server */
-    PS_MSG_ERROR = 9,     /* reply only: err_code + err_text */
-    PS_MSG_HEARTBEAT = 10 /* liveness; no payload */
+#define PS_MSG_ENUM_(NAME, t, ...) PS_MSG_##NAME = t,
+    PS_MSG_TABLE(PS_MSG_ENUM_)
+#undef PS_MSG_ENUM_
 };
-#define PS_MSG_TYPE_MAX 10
+/* The highest type: the table's rows are 1, 2, ... PS_MSG_TYPE_MAX. */
+enum {
+#define PS_MSG_COUNT_(...) +1
+    PS_MSG_TYPE_MAX = 0 PS_MSG_TABLE(PS_MSG_COUNT_)
+#undef PS_MSG_COUNT_
+};
+
+/* A type's row of the table (ps_msg_info). */
+typedef struct ps_msg_info {
+    uint32_t type;
+    const char *name;
+    int from;              /* enum ps_msg_from */
+    uint32_t req_keys;     /* PS_HK bits a request must carry besides v and t (s included
+                              when s_req is not PS_S_NONE) */
+    uint32_t rep_keys;     /* the same for a reply */
+    uint8_t req_payload, rep_payload, shm;
+    uint8_t s_req, s_rep;  /* enum ps_s_meaning */
+    const char *req_doc, *rep_doc;
+} ps_msg_info;
+
+/* The row of `type`; NULL for a type the table does not have. */
+const ps_msg_info *ps_msg_info_of(uint32_t type);
 
 /* header flags */
 #define PS_FLAG_REPLY 0x1u  /* this message answers request `seq` */
@@ -82,15 +99,24 @@ typedef struct ps_header {
     int32_t rank;      /* worker rank, -1 when not a worker */
     uint64_t key;      /* tensor id */
     uint32_t chunk;    /* chunk index within the tensor */
-    int64_t step;      /* worker clock (push) or wanted / returned version (pull) */
+    /* The header's `s`, one field per meaning: a message carries the one its
+     * type's row names for a request or a reply (proto/ps_msg_table.h: s_req,
+     * s_rep); the others are not sent and decode as 0.  Each in [-1, 2^62). */
+    int64_t push_step;     /* PUSH, PUSHPULL request: the step of the gradient; the worker
+                              pushes steps 0, 1, 2, ... of each chunk (its clock there) */
+    int64_t want_version;  /* PULL request: the reply's version is at least this */
+    int64_t chunk_version; /* INIT, PUSH, PULL, PUSHPULL reply: the chunk's version (the
+                              weights' in a pull and pushpull reply) */
+    int64_t barrier_id;    /* BARRIER request and reply */
     uint64_t count;    /* elements in the payload frame */
     uint32_t dtype;    /* enum ps_dtype; 0 when no payload */
     uint64_t total;    /* INIT: elements of the whole tensor (length check) */
     uint64_t shm_off;  /* PS_FLAG_SHM: offset of the payload in the worker's arena (a
                           pushpull: of the gradient; its reply: of the weights) */
     uint64_t shm_dst;  /* PS_FLAG_SHM pushpull request: where the weights go (key "p") */
-    uint32_t npush;    /* async push: how many gradients (of steps step .. step+npush-1)
-                          its payload sums; 0 and 1 both mean one (key "m", sent when > 1) */
+    uint32_t npush;    /* async push: how many gradients (of steps push_step ..
+                          push_step+npush-1) its payload sums; 0 and 1 both mean one (key
+                          "m", sent when > 1) */
     int32_t err_code;  /* ERROR: PS_E* code */
     char err_text[PS_ERR_TEXT_MAX + 1];
     ps_hello hello;    /* HELLO only */
@@ -103,6 +129,12 @@ typedef struct ps_header {
  * (barrier.id -1), everything else zero. */
 void ps_header_init(ps_header *h, uint32_t type);
 
+/* The header's `s` as the field its type and direction (h->flags'
+ * PS_FLAG_REPLY) name: the value ps_proto_encode sends (0 where `s` means
+ * nothing), and the field ps_proto_decode fills (nothing is set there). */
+int64_t ps_header_get_s(const ps_header *h);
+void ps_header_set_s(ps_header *h, int64_t s);
+
 /* Encode h into buf (cap bytes).  Returns 0 and the length in *len,
  * or PS_ETOOBIG when cap is too small. */
 int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len);
@@ -111,16 +143,21 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len);
  * on failure returns PS_EPROTO / PS_EVERSION / PS_ETOOBIG and writes a
  * human-readable reason into why (may be NULL).  Unknown map keys are ignored
  * (forward compatible); a key this side knows given twice (in the header, `h`
- * or `st`) is refused; a different protocol version is refused.
+ * or `st`) is refused; a different protocol version is refused; a message
+ * without a key its type's row requires (proto/ps_msg_table.h) is refused,
+ * naming the key.
  * Even on failure h holds what an error reply echoes, as far as the frame
- * gives it: seq (seq_negative for a negative q), and rank, key, chunk, step
- * and type when they are in range; version is PS_PROTO_VERSION once the
- * frame was a map with v = 1 (so the request can be answered), else 0. */
+ * gives it: seq (seq_negative for a negative q), and rank, key, chunk and type
+ * when they are in range, and `s` in the field a request of that type has for
+ * it; version is PS_PROTO_VERSION once the frame was a map with v = 1 (so the
+ * request can be answered), else 0. */
 int ps_proto_decode(const void *buf, size_t len, ps_header *h, char *why, size_t why_len);
 
-/* Check that a message of type h->type came with the frames it needs:
- * data-carrying types need exactly one payload of count * dtype size bytes,
- * others none.  nframes counts frames after the header. */
+/* Check that a message of type h->type came with the frames it needs (the
+ * table's payload columns): data-carrying types need exactly one payload of
+ * count * dtype size bytes, others none; with PS_FLAG_SHM (types whose row
+ * allows it) no frame and a count and dtype.  nframes counts frames after
+ * the header. */
 int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes, char *why,
                            size_t why_len);
 
@@ -129,7 +166,19 @@ int ps_msg_request_has_payload(uint32_t type);
 /* True for types whose reply carries a payload (PULL, PUSHPULL). */
 int ps_msg_reply_has_payload(uint32_t type);
 
+/* The type's name ("pushpull"); "unknown" for a type the table does not have. */
 const char *ps_msg_type_name(uint32_t type);
+/* The names of the types whose row `want` accepts, in type order ("hello,
+ * stats, shutdown and heartbeat"), into out (cut to cap bytes).  out. */
+const char *ps_msg_names(char *out, size_t cap, int (*want)(const ps_msg_info *m));
+/* What `s` is for an enum ps_s_meaning ("the step of the gradient"). */
+const char *ps_s_meaning_doc(int meaning);
+
+/* acc += p: every counter of PS_STATS_COUNTERS summed, the version range
+ * widened over the parts that hold chunks (*have_versions: acc's range is
+ * set; start with 0).  The one place counters are added up (a server's
+ * owners, a STATS reply, checkpoints and their restore). */
+void ps_stats_add(ps_stats *acc, int *have_versions, const ps_stats *p);
 const char *ps_mode_name(int mode);
 int ps_mode_parse(const char *s, int *mode);
 

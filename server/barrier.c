@@ -69,7 +69,8 @@ void ps_barriers_destroy(ps_barriers *b)
 static void answer(ps_barriers *b, zmq_msg_t *id, uint64_t seq, int32_t rank, int64_t bid)
 {
     ps_header r;
-    ps_reply_header(&r, PS_MSG_BARRIER, seq, rank, 0, 0, bid);
+    ps_reply_header(&r, PS_MSG_BARRIER, seq, rank, 0, 0);
+    r.barrier_id = bid;
     b->to.send(b->to.user, id, &r);
 }
 
@@ -100,14 +101,14 @@ static int barrier_try(ps_barriers *bs, int i)
 int ps_barriers_arrive(ps_barriers *bs, zmq_msg_t *id, const ps_header *h, const char **why)
 {
     for (int i = 0; i < bs->ndone; i++)
-        if (bs->done[i] == h->step) {
-            answer(bs, id, h->seq, h->rank, h->step);
+        if (bs->done[i] == h->barrier_id) {
+            answer(bs, id, h->seq, h->rank, h->barrier_id);
             return 0;
         }
     barrier *b = NULL;
     int bi = -1;
     for (int i = 0; i < bs->nopen; i++)
-        if (bs->open[i].id == h->step) {
+        if (bs->open[i].id == h->barrier_id) {
             b = &bs->open[i];
             bi = i;
         }
@@ -119,7 +120,7 @@ int ps_barriers_arrive(ps_barriers *bs, zmq_msg_t *id, const ps_header *h, const
         bi = bs->nopen;
         b = &bs->open[bi];
         memset(b, 0, sizeof *b);
-        b->id = h->step;
+        b->id = h->barrier_id;
         b->arrived = calloc((size_t)bs->num_workers, 1);
         if (!b->arrived) {
             *why = "out of memory opening a barrier";

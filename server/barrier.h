@@ -29,7 +29,7 @@ int ps_barriers_create(int num_workers, ps_reply_to to, ps_barriers **out);
 /* Close the routes still waiting, unanswered, and free.  NULL is fine. */
 void ps_barriers_destroy(ps_barriers *b);
 
-/* A BARRIER request h (h->step: the barrier id) from live worker h->rank.
+/* A BARRIER request h (h->barrier_id) from live worker h->rank.
  * 0: taken, its route moved out of id; answered now when it completes the
  * barrier (a resend: on the newest route, once).  PS_ETOOBIG or PS_ENOMEM
  * with *why: refuse it; id is left alone. */

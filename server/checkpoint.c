@@ -12,6 +12,7 @@
 
 #include "optimizer.h"
 #include "ps_error.h"
+#include "ps_hash.h"
 #include "ps_opt_table.h"
 
 #define MAGIC "PSCKPT1\n"
@@ -73,12 +74,7 @@ uint64_t ps_ckpt_config_fp(int rank, int num_servers, int num_workers, int mode,
     PUT(p, (int32_t)num_workers);
     PUT(p, (int32_t)mode);
     PUT(p, (int32_t)max_staleness);
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (unsigned char *q = b; q < p; q++) {
-        h ^= *q;
-        h *= 0x100000001b3ull;
-    }
-    return ps_opt_hash(h, opt);
+    return ps_opt_hash(ps_fnv1a(PS_FNV1A_BASIS, b, (size_t)(p - b)), opt);
 }
 
 /* ---- serializing one update thread's chunks ---- */

@@ -294,6 +294,7 @@ static ps_held_reply *submit(ps_ckpt_coord *c, uint64_t model_fp, const uint8_t 
     if (w->hello)
         memcpy(w->hello, hello, (size_t)W);
     m->hello = w->hello;
+    int have_versions = 0;
     for (int i = 0; i < T; i++) {
         const ps_ckpt_part *p = &c->parts[i];
         if (p->nchunks) {
@@ -303,12 +304,7 @@ static ps_held_reply *submit(ps_ckpt_coord *c, uint64_t model_fp, const uint8_t 
                 m->max_version = p->max_version;
         }
         m->nchunks += p->nchunks;
-        m->counters.pushes += p->counters.pushes;
-        m->counters.pulls += p->counters.pulls;
-        m->counters.inits += p->counters.inits;
-        m->counters.updates += p->counters.updates;
-        m->counters.dup_dropped += p->counters.dup_dropped;
-        m->counters.bytes_in += p->counters.bytes_in;
+        ps_stats_add(&m->counters, &have_versions, &p->counters);
     }
     w->parts = c->parts;
     w->nparts = T;

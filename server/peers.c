@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ps_error.h"
+#include "ps_hash.h"
 #include "ps_log.h"
 #include "ps_malloc.h"
 #include "ps_time.h"
@@ -48,14 +49,7 @@ typedef struct ticket {
     int64_t bytes;
 } ticket;
 
-static uint64_t id_hash(const void *id, size_t n)
-{
-    const unsigned char *p = id;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
+static uint64_t id_hash(const void *id, size_t n) { return ps_fnv1a(PS_FNV1A_BASIS, id, n); }
 
 int ps_peers_create(uint64_t max_replies, uint64_t max_bytes, _Atomic uint64_t *mem_used,
                     _Atomic uint64_t *copies, ps_peers **out)

@@ -16,9 +16,10 @@ typedef struct ps_reply_to {
     void (*send)(void *user, zmq_msg_t *id, const ps_header *h);
 } ps_reply_to;
 
-/* A reply of `type` (PS_FLAG_REPLY set) naming step (a version, a barrier id). */
+/* A reply of `type` (PS_FLAG_REPLY set).  What its `s` says (a chunk's
+ * version, a barrier's id: ps_msg_table.h) the caller sets in its own field. */
 void ps_reply_header(ps_header *r, uint32_t type, uint64_t seq, int32_t rank, uint64_t key,
-                     uint32_t chunk, int64_t step);
+                     uint32_t chunk);
 
 /* A PS_MSG_ERROR reply with code and text (cut to what the protocol carries). */
 void ps_reply_error(ps_header *r, uint64_t seq, int32_t rank, uint64_t key, uint32_t chunk,

@@ -29,15 +29,6 @@
 #include "workers.h"
 #include "zmsg.h"
 
-/* From here on no checkpoint is started by schedule, and one that completes
- * is written at once (the last one at stop). */
-void srv_set_stopping(ps_server *s)
-{
-    s->stopping = 1;
-    if (s->ck)
-        ps_ckpt_coord_stopping(s->ck);
-}
-
 /* ================= checkpoints: what the coordinator asks to send ================= */
 
 /* Put the replies a checkpoint made durable on the ROUTER, in arrival order. */
@@ -52,10 +43,11 @@ static void send_released(ps_server *s, ps_held_reply *m)
 }
 
 /* A snapshot starts: every owner serializes its chunks when this reaches it. */
-static void send_ckpt(ps_server *s, uint64_t token)
+static void send_ckpt(ps_server *s, uint64_t seq)
 {
+    ps_cmd_frame cmd = {.cmd = PS_CMD_CKPT, .ckpt_seq = seq};
     for (int i = 0; i < s->cfg.threads; i++)
-        srv_send_cmd(s, i, PS_CMD_CKPT, token, NULL, NULL, NULL);
+        srv_send_cmd(s, i, &cmd, NULL, NULL);
 }
 
 /* Answer the request of held reply m with an error (PS_EIO, text: what
@@ -311,9 +303,10 @@ void srv_stop_threads(ps_server *s)
     if (!s->threads_running)
         return;
     srv_set_stopping(s);
+    ps_cmd_frame stop = {.cmd = PS_CMD_STOP};
     for (int i = 0; i < T; i++)
         if (owner_running(s, i))
-            srv_send_cmd(s, i, PS_CMD_STOP, 0, NULL, NULL, NULL);
+            srv_send_cmd(s, i, &stop, NULL, NULL);
     for (;;) {
         int left = 0;
         for (int i = 0; i < T; i++)

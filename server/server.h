@@ -16,9 +16,12 @@
  *                     insides; one pump (io_pump) polls and dispatches for the
  *                     run loop, the stop and the wait for a last checkpoint
  *   server_msg.c      the I/O thread's side of one ROUTER message: decode,
- *                     check, answer control messages, hand data to an owner
+ *                     check and dispatch by type (proto/ps_msg_table.h), answer
+ *                     control messages, hand data to an owner
+ *   server_io.c       what server.c and server_msg.c both do: send on the
+ *                     ROUTER, hand a command to an owner, mark stopping
  *   server_open.c     ps_server_open and ps_server_close
- *   server_internal.h struct ps_server, shared by those three files
+ *   server_internal.h struct ps_server, shared by those four files
  *   server_config.c   ps_server_config_default/check, ps_server_owner
  *   updater.c         an update thread: its ps_shard and the owner end of its
  *                     PAIR, and an immutable ps_updater_config copied before

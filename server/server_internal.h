@@ -1,9 +1,13 @@
 /* The state of a ps_server and what its I/O-thread files call in each
- * other (server.h has the picture).  Only server.c, server_msg.c and
- * server_open.c include this; every function here runs on the I/O thread.
+ * other (server.h has the picture).  Only the four files below include
+ * this; every function here runs on the I/O thread.  Calls go one way
+ * (open -> loop -> messages -> io), never back:
+ *   server_open.c  open and close
  *   server.c       the loop: io_pump, the owners' replies, checkpoints, stop
- *   server_msg.c   one ROUTER message: decode, check, answer or hand to an owner
- *   server_open.c  open and close */
+ *   server_msg.c   one ROUTER message: decode, check, dispatch by type
+ *                  (proto/ps_msg_table.h), answer or hand to an owner
+ *   server_io.c    what the loop and the messages both do: send on the
+ *                  ROUTER, hand a command to an owner, mark stopping */
 #ifndef PS_SERVER_INTERNAL_H
 #define PS_SERVER_INTERNAL_H
 
@@ -74,23 +78,24 @@ struct ps_server {
     uint64_t mut;            /* inits and pushes forwarded to the owners */
 };
 
-/* ---- server_msg.c ---- */
+/* ---- server_io.c ---- */
 
 /* Put [id, h] on the ROUTER (id is emptied). */
 void srv_send(ps_server *s, zmq_msg_t *id, const ps_header *h);
 /* The same, as the ps_reply_to of barriers and stats requests (user: s). */
 void srv_reply_hook(void *user, zmq_msg_t *id, const ps_header *h);
-/* An ERROR reply to req with code and why, counted and logged (rate-limited). */
-void srv_error(ps_server *s, zmq_msg_t *id, const ps_header *req, int code, const char *why);
-/* Hand [cmd, id?, payload?] to update thread `owner` (id and payload moved). */
-void srv_send_cmd(ps_server *s, int owner, int cmd, uint64_t token, const ps_header *h,
-                  zmq_msg_t *id, zmq_msg_t *payload);
-/* The same for a request whose payload is in a worker's arena: shm (one
- * reference, which goes with the frame) in the command. */
-void srv_send_cmd_shm(ps_server *s, int owner, int cmd, uint64_t token, const ps_header *h,
-                      ps_shm_peer *shm, zmq_msg_t *id, zmq_msg_t *payload);
+/* Hand [cmd, id?, payload?] to update thread `owner` (cmd copied; id and
+ * payload moved; a cmd->shm reference goes with the frame). */
+void srv_send_cmd(ps_server *s, int owner, const ps_cmd_frame *cmd, zmq_msg_t *id,
+                  zmq_msg_t *payload);
 /* Give update thread i what its outbox holds, as far as its PAIR takes it. */
 void srv_flush_outbox(ps_server *s, int i);
+/* No checkpoint is started by schedule from here on; one that completes is
+ * written at once (the last one at stop). */
+void srv_set_stopping(ps_server *s);
+
+/* ---- server_msg.c ---- */
+
 /* Apply --on-worker-loss to every worker silent for longer than the timeout. */
 void srv_check_workers(ps_server *s, int64_t now);
 /* Read up to IO_BATCH messages from the ROUTER.  -1 on a socket error. */
@@ -100,9 +105,6 @@ void srv_read_monitor(ps_server *s);
 
 /* ---- server.c ---- */
 
-/* No checkpoint is started by schedule from here on; one that completes is
- * written at once (the last one at stop). */
-void srv_set_stopping(ps_server *s);
 /* Stop the update threads; their final counters go into s->totals. */
 void srv_stop_threads(ps_server *s);
 /* What waits for a barrier or for counters gets PS_ECLOSED. */

@@ -46,34 +46,36 @@ static ps_hello my_hello(const ps_server *s)
     return h;
 }
 
-/* ================= I/O thread ================= */
+/* ================= answers ================= */
 
-void srv_send(ps_server *s, zmq_msg_t *id, const ps_header *h)
+/* An ERROR reply to req with code and why, counted; not logged (the
+ * refusal is expected, or logged elsewhere). */
+static void io_error_quiet(ps_server *s, zmq_msg_t *id, const ps_header *req, int code,
+                           const char *why)
 {
-    char buf[PS_HEADER_MAX];
-    size_t len;
-    if (ps_proto_encode(h, buf, sizeof buf, &len) != 0) {
-        ps_error("cannot encode a %s reply", ps_msg_type_name(h->type));
-        return;
-    }
-    if (zmq_msg_send(id, s->router, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
-        return;
-    zmq_send(s->router, buf, len, ZMQ_DONTWAIT);
+    ps_header r;
+    ps_reply_error(&r, req->seq, req->rank, req->key, req->chunk, code, why);
+    r.seq_negative = req->seq_negative;
+    s->io_errors++;
+    srv_send(s, id, &r);
 }
 
-/* ps_reply_to for the barriers and stats requests */
-void srv_reply_hook(void *user, zmq_msg_t *id, const ps_header *h) { srv_send(user, id, h); }
-
-void srv_error(ps_server *s, zmq_msg_t *id, const ps_header *req, int code, const char *why)
+/* The same, logged (rate-limited). */
+static void io_error(ps_server *s, zmq_msg_t *id, const ps_header *req, int code,
+                     const char *why)
 {
-    ps_header h;
-    ps_reply_error(&h, req->seq, req->rank, req->key, req->chunk, code, why);
-    h.seq_negative = req->seq_negative;
-    s->io_errors++;
     if (ps_rlimit_allow(&s->rl))
         ps_warn("refused %s from rank %d: %s: %s", ps_msg_type_name(req->type), req->rank,
                 ps_strerror(code), why);
-    srv_send(s, id, &h);
+    io_error_quiet(s, id, req, code, why);
+}
+
+/* The reply that says only "done": its type, the request's q, r, k, c. */
+static void io_ack(ps_server *s, zmq_msg_t *id, const ps_header *req)
+{
+    ps_header r;
+    ps_reply_header(&r, req->type, req->seq, req->rank, req->key, req->chunk);
+    srv_send(s, id, &r);
 }
 
 static void io_drop(ps_server *s, const char *why)
@@ -83,74 +85,34 @@ static void io_drop(ps_server *s, const char *why)
         ps_warn("dropped a message with no usable header: %s", why);
 }
 
-/* Hand a message to an owner, or queue it while its PAIR is full (reads from
- * the ROUTER pause meanwhile: out_total). */
-static void srv_to_owner(ps_server *s, int i, zmq_msg_t *f, int nf)
-{
-    owner *o = &s->own[i];
-    size_t before = o->out.n;
-    int rc = ps_outbox_put(&o->out, o->pair, f, nf);
-    if (rc == PS_EIO)
-        ps_error("handing a message to update thread %d failed: %s", i, zmq_strerror(errno));
-    else if (rc)
-        ps_error("out of memory queueing a message for update thread %d; dropped", i);
-    else if (!before && o->out.n)
-        ps_debug("update thread %d is behind: reads from the ROUTER pause until it catches up",
-                 i);
-    s->out_total += o->out.n - before;
-}
-
-void srv_flush_outbox(ps_server *s, int i)
-{
-    owner *o = &s->own[i];
-    size_t before = o->out.n;
-    while (ps_outbox_flush(&o->out, o->pair) != 0)
-        ps_error("handing a message to update thread %d failed: %s", i, zmq_strerror(errno));
-    s->out_total -= before - o->out.n;
-}
-
-void srv_send_cmd(ps_server *s, int owner, int cmd, uint64_t token, const ps_header *h,
-                  zmq_msg_t *id, zmq_msg_t *payload)
-{
-    srv_send_cmd_shm(s, owner, cmd, token, h, NULL, id, payload);
-}
-
-void srv_send_cmd_shm(ps_server *s, int owner, int cmd, uint64_t token, const ps_header *h,
-                      ps_shm_peer *shm, zmq_msg_t *id, zmq_msg_t *payload)
-{
-    zmq_msg_t f[3];
-    int nf = 1;
-    zmq_msg_init_size(&f[0], sizeof(ps_cmd_frame));
-    ps_cmd_frame *cf = zmq_msg_data(&f[0]);
-    memset(cf, 0, sizeof *cf);
-    cf->cmd = cmd;
-    cf->token = token;
-    cf->shm = shm;
-    if (h)
-        cf->h = *h;
-    if (id) {
-        zmq_msg_init(&f[nf]);
-        zmq_msg_move(&f[nf++], id);
-    }
-    if (payload) {
-        zmq_msg_init(&f[nf]);
-        zmq_msg_move(&f[nf++], payload);
-    }
-    srv_to_owner(s, owner, f, nf);
-}
-
 /* Rank r joins (live 1) or leaves (0) the live set of every owner's shard. */
 static void send_live(ps_server *s, int r, int live)
 {
-    ps_header lh;
-    ps_header_init(&lh, PS_MSG_HELLO);
-    lh.rank = r;
+    ps_cmd_frame cmd = {.cmd = PS_CMD_LIVE, .rank = r, .live = live};
     for (int i = 0; i < s->cfg.threads; i++)
-        srv_send_cmd(s, i, PS_CMD_LIVE, (uint64_t)live, &lh, NULL, NULL);
+        srv_send_cmd(s, i, &cmd, NULL, NULL);
 }
 
-static void io_hello(ps_server *s, zmq_msg_t *id, zmq_msg_t *hf, const ps_header *h)
+/* Apply --on-worker-loss to every worker silent for longer than the timeout. */
+void srv_check_workers(ps_server *s, int64_t now)
 {
+    for (int r; (r = ps_workers_check(s->workers, now)) >= 0;) {
+        send_live(s, r, 0);
+        ps_barriers_set_live(s->barriers, r, 0);
+    }
+}
+
+/* ================= one handler per message type ================= */
+
+/* Each gets a request that the dispatch (io_message) checked against its
+ * type's row of proto/ps_msg_table.h: decoded, the frames its payload
+ * columns call for, and a sender its `from` column allows.  f[0] is the
+ * route, f[1] the header frame, f[2] the payload (nf >= 3). */
+typedef void (*io_handler)(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h);
+
+static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    (void)nf;
     ps_hello mine = my_hello(s);
     char why[256], who[32];
     snprintf(who, sizeof who, h->rank >= 0 ? "worker %d" : "rank %d", h->rank);
@@ -170,24 +132,21 @@ static void io_hello(ps_server *s, zmq_msg_t *id, zmq_msg_t *hf, const ps_header
         rc = PS_EPROTO;
     }
     if (rc) {
-        srv_error(s, id, h, rc, why);
+        io_error(s, &f[0], h, rc, why);
         return;
     }
     uint64_t token = 0;
     if (h->rank >= 0) {
         int rejoined;
         char peer[256];
-        ps_peer_name(id, hf, h->rank, peer, sizeof peer);
+        ps_peer_name(&f[0], &f[1], h->rank, peer, sizeof peer);
         /* a holder that just hung up is gone by now, not live */
         srv_read_monitor(s);
-        rc = ps_workers_hello(s->workers, h->rank, zmq_msg_data(id), zmq_msg_size(id),
-                              zmq_msg_get(hf, ZMQ_SRCFD), h->hello.token, ps_now_ns(), peer,
+        rc = ps_workers_hello(s->workers, h->rank, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]),
+                              zmq_msg_get(&f[1], ZMQ_SRCFD), h->hello.token, ps_now_ns(), peer,
                               &token, &rejoined, why, sizeof why);
         if (rc) { /* logged by the table, rate-limited */
-            ps_header r;
-            ps_reply_error(&r, h->seq, h->rank, h->key, h->chunk, rc, why);
-            s->io_errors++;
-            srv_send(s, id, &r);
+            io_error_quiet(s, &f[0], h, rc, why);
             return;
         }
         if (rejoined) { /* back in the live set before any of its requests reach an owner */
@@ -203,69 +162,179 @@ static void io_hello(ps_server *s, zmq_msg_t *id, zmq_msg_t *hf, const ps_header
         ps_info("model fingerprint %016llx (from %s)", (unsigned long long)s->model_fp, who);
     }
     ps_header r;
-    ps_reply_header(&r, PS_MSG_HELLO, h->seq, h->rank, h->key, h->chunk, h->step);
+    ps_reply_header(&r, PS_MSG_HELLO, h->seq, h->rank, h->key, h->chunk);
     r.hello = my_hello(s);
     r.hello.token = token;
     if (h->rank >= 0) /* does it move payloads through shared memory? */
         ps_shm_table_hello(s->shm, h->rank, &h->hello, &r.hello);
-    srv_send(s, id, &r);
+    srv_send(s, &f[0], &r);
 }
 
-static void io_barrier(ps_server *s, zmq_msg_t *id, const ps_header *h)
+/* INIT, PUSH, PULL, PUSHPULL: to the update thread that owns the chunk. */
+static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 {
-    const char *why;
-    int rc = ps_barriers_arrive(s->barriers, id, h, &why);
-    if (rc)
-        srv_error(s, id, h, rc, why);
-}
-
-/* Apply --on-worker-loss to every worker silent for longer than the timeout. */
-void srv_check_workers(ps_server *s, int64_t now)
-{
-    for (int r; (r = ps_workers_check(s->workers, now)) >= 0;) {
-        send_live(s, r, 0);
-        ps_barriers_set_live(s->barriers, r, 0);
+    char why[256];
+    int rc;
+    /* a peer that does not read its replies gets no more payloads */
+    if (ps_msg_reply_has_payload(h->type) &&
+        (rc = ps_peers_admit(s->peers, &f[0], &f[1], h->rank, why, sizeof why)) != 0) {
+        io_error_quiet(s, &f[0], h, rc, why);
+        return;
     }
+    ps_shm_peer *shm = NULL;
+    if ((h->flags & PS_FLAG_SHM) && h->dtype != PS_DTYPE_F32) {
+        ps_errorf(why, sizeof why, "payloads in shared memory are float32 (d = %d), got d = "
+            "%u", PS_DTYPE_F32, h->dtype);
+        io_error(s, &f[0], h, PS_EPROTO, why);
+        return;
+    }
+    /* PS_EHELLO: the rank said hello to another process of this server:
+     * it says hello again (with its arena) and resends */
+    if ((h->flags & PS_FLAG_SHM) &&
+        (rc = ps_shm_table_take(s->shm, h->rank, h->shm_off, h->count * sizeof(float), &shm,
+                                why, sizeof why)) != 0) {
+        io_error(s, &f[0], h, rc, why);
+        return;
+    }
+    /* a pushpull's weights go to a second place of the arena */
+    if (shm && h->type == PS_MSG_PUSHPULL &&
+        !ps_shm_peer_at(shm, h->shm_dst, h->count * sizeof(float))) {
+        ps_shm_peer_unref(shm);
+        ps_errorf(why, sizeof why, "worker %d: the pushpull's destination [%llu, +%llu) is "
+            "outside its arena", h->rank, (unsigned long long)h->shm_dst,
+            (unsigned long long)(h->count * sizeof(float)));
+        io_error(s, &f[0], h, PS_EPROTO, why);
+        return;
+    }
+    /* what carries a payload in changes the chunk: it is a mutation */
+    int mutates = ps_msg_request_has_payload(h->type);
+    if (mutates)
+        s->mut++;
+    ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm};
+    srv_send_cmd(s, ps_server_owner(h->key, h->chunk, s->cfg.threads), &cmd, &f[0],
+                 nf >= 3 ? &f[2] : NULL);
 }
 
-static void io_stats(ps_server *s, zmq_msg_t *id, const ps_header *h)
+static void io_on_barrier(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 {
+    (void)nf;
     const char *why;
-    uint64_t token;
-    int rc = ps_stats_reqs_begin(s->stats, id, h, &token, &why);
+    int rc = ps_barriers_arrive(s->barriers, &f[0], h, &why);
+    if (rc)
+        io_error(s, &f[0], h, rc, why);
+}
+
+static void io_on_stats(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    (void)nf;
+    const char *why;
+    ps_cmd_frame cmd = {.cmd = PS_CMD_STATS};
+    int rc = ps_stats_reqs_begin(s->stats, &f[0], h, &cmd.stats_token, &why);
     if (rc) {
-        srv_error(s, id, h, rc, why);
+        io_error(s, &f[0], h, rc, why);
         return;
     }
     for (int i = 0; i < s->cfg.threads; i++)
-        srv_send_cmd(s, i, PS_CMD_STATS, token, NULL, NULL, NULL);
+        srv_send_cmd(s, i, &cmd, NULL, NULL);
 }
 
-/* SHUTDOWN: only from a peer with authority (server/admin.h); every refusal
- * is logged with the peer (rate-limited) and answered with PS_EAUTH. */
-static void io_shutdown(ps_server *s, zmq_msg_t *f, const ps_header *h)
+/* Authorised by the dispatch (from ADMIN). */
+static void io_on_shutdown(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 {
-    char why[256], who[256];
+    (void)nf;
+    char who[256];
     ps_peer_name(&f[0], &f[1], h->rank, who, sizeof who);
-    if (ps_admin_check(s->admin, h, zmq_msg_gets(&f[1], "User-Id"), why, sizeof why)) {
-        ps_header r;
-        ps_reply_error(&r, h->seq, h->rank, h->key, h->chunk, PS_EAUTH, why);
-        s->io_errors++;
-        s->shutdowns_refused++;
-        if (ps_rlimit_allow(&s->rl_admin))
-            ps_warn("refused a shutdown from %s: %s", who, why);
-        srv_send(s, &f[0], &r);
-        return;
-    }
-    ps_header r;
-    ps_reply_header(&r, PS_MSG_SHUTDOWN, h->seq, h->rank, h->key, h->chunk, h->step);
-    srv_send(s, &f[0], &r);
+    io_ack(s, &f[0], h);
     ps_info("shutdown requested by %s", who);
     srv_set_stopping(s);
 }
 
+static void io_on_heartbeat(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    (void)nf;
+    io_ack(s, &f[0], h);
+}
+
+/* A type no request may have (the dispatch refuses it first: from NOBODY). */
+static void io_on_none(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    (void)nf;
+    io_error(s, &f[0], h, PS_EPROTO, "this server has no handler for this message type");
+}
+
+/* The handler of each type, from the table's handler column. */
+static const io_handler handlers[PS_MSG_TYPE_MAX + 1] = {
+#define HANDLER_(NAME, t, name, from, rq_keys, rp_keys, rq_pl, rp_pl, shm, s_rq, s_rp, handler, \
+                 rq_doc, rp_doc)                                                             \
+    [t] = io_on_##handler,
+    PS_MSG_TABLE(HANDLER_)
+#undef HANDLER_
+};
+
+/* ================= the dispatch ================= */
+
+/* The types rank -1 may send. */
+static int from_a_tool(const ps_msg_info *m)
+{
+    return m->from != PS_FROM_WORKER && m->from != PS_FROM_NOBODY;
+}
+
+/* May h's sender send it, by its type's `from`?  0, or a refusal sent. */
+static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const ps_msg_info *m)
+{
+    char why[256];
+    if (m->from == PS_FROM_ANY) /* hello: it checks the rank itself, after the config */
+        return 0;
+    if (h->rank >= s->cfg.num_workers) {
+        ps_errorf(why, sizeof why, "rank %d is out of range: this server has --num-workers %d",
+            h->rank, s->cfg.num_workers);
+        io_error(s, &f[0], h, PS_EPROTO, why);
+        return -1;
+    }
+    int ws; /* anything from a live worker counts as a sign of life */
+    if (h->rank < 0) {
+        if (m->from == PS_FROM_WORKER) {
+            char list[128];
+            ps_errorf(why, sizeof why, "%s needs a worker rank; rank -1 may send only %s",
+                m->name, ps_msg_names(list, sizeof list, from_a_tool));
+            io_error(s, &f[0], h, PS_ESTATE, why);
+            return -1;
+        }
+    } else if ((ws = ps_workers_heard(s->workers, h->rank, zmq_msg_data(&f[0]),
+                                      zmq_msg_size(&f[0]), ps_now_ns())) != PS_WORKER_LIVE) {
+        if (ws == PS_WORKER_UNKNOWN)
+            ps_errorf(why, sizeof why, "worker %d sent %s before hello; say hello first", h->rank,
+                m->name);
+        else
+            ps_errorf(why, sizeof why, "worker %d was dropped after %d ms without a message "
+                "(--on-worker-loss drop); say hello again to rejoin", h->rank,
+                s->cfg.worker_timeout_ms);
+        /* PS_EHELLO: libps says hello again on it and resends (rejoins); a
+         * heartbeat comes once a second from every such worker: answered,
+         * not logged */
+        if (h->type == PS_MSG_HEARTBEAT)
+            io_error_quiet(s, &f[0], h, PS_EHELLO, why);
+        else
+            io_error(s, &f[0], h, PS_EHELLO, why);
+        return -1;
+    }
+    if (m->from == PS_FROM_ADMIN &&
+        ps_admin_check(s->admin, h, zmq_msg_gets(&f[1], "User-Id"), why, sizeof why)) {
+        /* every refusal is logged with the peer, on a log budget of its own */
+        char who[256];
+        ps_peer_name(&f[0], &f[1], h->rank, who, sizeof who);
+        io_error_quiet(s, &f[0], h, PS_EAUTH, why);
+        s->shutdowns_refused++;
+        if (ps_rlimit_allow(&s->rl_admin))
+            ps_warn("refused a %s from %s: %s", m->name, who, why);
+        return -1;
+    }
+    return 0;
+}
+
 /* One message from the ROUTER: f[0] identity, f[1] header, f[2] payload;
- * `total` counts every frame received, kept or not. */
+ * `total` counts every frame received, kept or not.  Every check that
+ * depends on the type reads its row of proto/ps_msg_table.h. */
 static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
 {
     if (nf < 2) {
@@ -282,130 +351,28 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
             io_drop(s, why);
             return;
         }
-        srv_error(s, &f[0], &h, rc, why);
+        io_error(s, &f[0], &h, rc, why);
         return;
     }
+    const ps_msg_info *m = ps_msg_info_of(h.type); /* decode took only types of the table */
     if (h.flags & PS_FLAG_REPLY) {
-        ps_errorf(why, sizeof why, "the server takes requests; got a %s reply",
-            ps_msg_type_name(h.type));
-        srv_error(s, &f[0], &h, PS_EPROTO, why);
+        ps_errorf(why, sizeof why, "the server takes requests; got a %s reply", m->name);
+        io_error(s, &f[0], &h, PS_EPROTO, why);
         return;
     }
-    if (h.type == PS_MSG_ERROR) {
-        srv_error(s, &f[0], &h, PS_EPROTO, "error messages are replies only");
+    if (m->from == PS_FROM_NOBODY) {
+        ps_errorf(why, sizeof why, "%s messages are replies only", m->name);
+        io_error(s, &f[0], &h, PS_EPROTO, why);
         return;
     }
     size_t pbytes = nf >= 3 ? zmq_msg_size(&f[2]) : 0;
     rc = ps_proto_check_payload(&h, total - 2, pbytes, why, sizeof why);
     if (rc) {
-        srv_error(s, &f[0], &h, rc, why);
+        io_error(s, &f[0], &h, rc, why);
         return;
     }
-    if (h.type == PS_MSG_HELLO) { /* checks the rank after the config */
-        io_hello(s, &f[0], &f[1], &h);
-        return;
-    }
-    if (h.rank >= s->cfg.num_workers) {
-        ps_errorf(why, sizeof why, "rank %d is out of range: this server has --num-workers %d",
-            h.rank, s->cfg.num_workers);
-        srv_error(s, &f[0], &h, PS_EPROTO, why);
-        return;
-    }
-    int ws; /* anything from a live worker counts as a sign of life */
-    if (h.rank < 0) {
-        if (h.type != PS_MSG_STATS && h.type != PS_MSG_SHUTDOWN && h.type != PS_MSG_HEARTBEAT) {
-            ps_errorf(why, sizeof why,
-                "%s needs a worker rank; rank -1 may send only hello, stats, heartbeat and shutdown",
-                ps_msg_type_name(h.type));
-            srv_error(s, &f[0], &h, PS_ESTATE, why);
-            return;
-        }
-    } else if ((ws = ps_workers_heard(s->workers, h.rank, zmq_msg_data(&f[0]),
-                                      zmq_msg_size(&f[0]), ps_now_ns())) != PS_WORKER_LIVE) {
-        if (ws == PS_WORKER_UNKNOWN)
-            ps_errorf(why, sizeof why, "worker %d sent %s before hello; say hello first", h.rank,
-                ps_msg_type_name(h.type));
-        else
-            ps_errorf(why, sizeof why, "worker %d was dropped after %d ms without a message "
-                "(--on-worker-loss drop); say hello again to rejoin", h.rank,
-                s->cfg.worker_timeout_ms);
-        /* PS_EHELLO: libps says hello again on it and resends (rejoins) */
-        if (h.type == PS_MSG_HEARTBEAT) {
-            /* once a second from every such worker: answered, not logged */
-            ps_header r;
-            ps_reply_error(&r, h.seq, h.rank, h.key, h.chunk, PS_EHELLO, why);
-            s->io_errors++;
-            srv_send(s, &f[0], &r);
-        } else {
-            srv_error(s, &f[0], &h, PS_EHELLO, why);
-        }
-        return;
-    }
-    switch (h.type) {
-    case PS_MSG_PULL:
-    case PS_MSG_PUSHPULL:
-        /* a peer that does not read its replies gets no more payloads */
-        if ((rc = ps_peers_admit(s->peers, &f[0], &f[1], h.rank, why, sizeof why)) != 0) {
-            ps_header r;
-            ps_reply_error(&r, h.seq, h.rank, h.key, h.chunk, rc, why);
-            s->io_errors++;
-            srv_send(s, &f[0], &r);
-            return;
-        }
-        /* fall through */
-    case PS_MSG_INIT:
-    case PS_MSG_PUSH: {
-        ps_shm_peer *shm = NULL;
-        if ((h.flags & PS_FLAG_SHM) && h.dtype != PS_DTYPE_F32) {
-            ps_errorf(why, sizeof why, "payloads in shared memory are float32 (d = %d), got d = "
-                "%u", PS_DTYPE_F32, h.dtype);
-            srv_error(s, &f[0], &h, PS_EPROTO, why);
-            return;
-        }
-        /* PS_EHELLO: the rank said hello to another process of this server:
-         * it says hello again (with its arena) and resends */
-        if ((h.flags & PS_FLAG_SHM) &&
-            (rc = ps_shm_table_take(s->shm, h.rank, h.shm_off, h.count * sizeof(float), &shm,
-                                    why, sizeof why)) != 0) {
-            srv_error(s, &f[0], &h, rc, why);
-            return;
-        }
-        /* a pushpull's weights go to a second place of the arena */
-        if (shm && h.type == PS_MSG_PUSHPULL &&
-            !ps_shm_peer_at(shm, h.shm_dst, h.count * sizeof(float))) {
-            ps_shm_peer_unref(shm);
-            ps_errorf(why, sizeof why, "worker %d: the pushpull's destination [%llu, +%llu) is "
-                "outside its arena", h.rank, (unsigned long long)h.shm_dst,
-                (unsigned long long)(h.count * sizeof(float)));
-            srv_error(s, &f[0], &h, PS_EPROTO, why);
-            return;
-        }
-        if (h.type != PS_MSG_PULL)
-            s->mut++;
-        srv_send_cmd_shm(s, ps_server_owner(h.key, h.chunk, s->cfg.threads), PS_CMD_REQ,
-                         h.type != PS_MSG_PULL ? s->mut : 0, &h, shm, &f[0],
-                         nf >= 3 ? &f[2] : NULL);
-        return;
-    }
-    case PS_MSG_BARRIER:
-        io_barrier(s, &f[0], &h);
-        return;
-    case PS_MSG_STATS:
-        io_stats(s, &f[0], &h);
-        return;
-    case PS_MSG_HEARTBEAT: {
-        ps_header r;
-        ps_reply_header(&r, PS_MSG_HEARTBEAT, h.seq, h.rank, h.key, h.chunk, h.step);
-        srv_send(s, &f[0], &r);
-        return;
-    }
-    case PS_MSG_SHUTDOWN:
-        io_shutdown(s, f, &h);
-        return;
-    default:
-        srv_error(s, &f[0], &h, PS_EPROTO, "unhandled message type");
-        return;
-    }
+    if (io_sender_may(s, f, &h, m) == 0)
+        handlers[h.type](s, f, nf, &h);
 }
 
 /* A connection closed: what it held goes. */

@@ -949,12 +949,8 @@ void ps_shard_count_narrow(ps_shard *s, size_t n, size_t elem_bytes)
 
 void ps_shard_add_counters(ps_shard *s, const ps_stats *b)
 {
-    s->st.pushes += b->pushes;
-    s->st.pulls += b->pulls;
-    s->st.inits += b->inits;
-    s->st.updates += b->updates;
-    s->st.bytes_in += b->bytes_in;
-    s->st.dup_dropped += b->dup_dropped;
+    int have = 1; /* the shard's version range is its chunks' (ps_shard_stats) */
+    ps_stats_add(&s->st, &have, b);
 }
 
 int64_t ps_shard_min_version(const ps_shard *s, int *have)

@@ -61,26 +61,6 @@ int ps_stats_reqs_begin(ps_stats_reqs *q, zmq_msg_t *id, const ps_header *h, uin
     return 0;
 }
 
-void ps_stats_add(ps_stats *acc, int *have_versions, const ps_stats *p)
-{
-    acc->pushes += p->pushes;
-    acc->pulls += p->pulls;
-    acc->inits += p->inits;
-    acc->updates += p->updates;
-    acc->bytes_in += p->bytes_in;
-    acc->bytes_out += p->bytes_out;
-    acc->dup_dropped += p->dup_dropped;
-    acc->errors += p->errors;
-    if (p->chunks) {
-        if (!*have_versions || p->min_version < acc->min_version)
-            acc->min_version = p->min_version;
-        if (!*have_versions || p->max_version > acc->max_version)
-            acc->max_version = p->max_version;
-        *have_versions = 1;
-    }
-    acc->chunks += p->chunks;
-}
-
 void ps_stats_reqs_part(ps_stats_reqs *q, const ps_stats_frame *of, uint64_t io_errors,
                         uint64_t workers_seen, const ps_barriers *bars)
 {
@@ -92,7 +72,7 @@ void ps_stats_reqs_part(ps_stats_reqs *q, const ps_stats_frame *of, uint64_t io_
         if (--r->remaining > 0)
             return;
         ps_header h;
-        ps_reply_header(&h, PS_MSG_STATS, r->seq, r->rank, 0, 0, 0);
+        ps_reply_header(&h, PS_MSG_STATS, r->seq, r->rank, 0, 0);
         h.stats = r->acc;
         h.stats.errors += io_errors;
         h.stats.workers_seen = workers_seen;

@@ -41,8 +41,4 @@ void ps_stats_reqs_part(ps_stats_reqs *q, const ps_stats_frame *of, uint64_t io_
 /* At stop: answer every request in flight with PS_ECLOSED. */
 void ps_stats_reqs_close(ps_stats_reqs *q);
 
-/* acc += p: counters summed, the version range widened over the parts that
- * hold chunks (*have_versions: acc's range is set; start with 0). */
-void ps_stats_add(ps_stats *acc, int *have_versions, const ps_stats *p);
-
 #endif

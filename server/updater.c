@@ -57,8 +57,7 @@ typedef struct req_ctx {
     uint32_t type;    /* PS_MSG_PUSH here: a deferred acknowledgement (no weights) */
     uint64_t key;
     uint32_t chunk;
-    int64_t step;
-    uint64_t mut;     /* its mutation number (PS_CMD_REQ's token), 0 for a pull */
+    uint64_t mut;     /* its mutation number (ps_cmd_frame.mut), 0 for a pull */
     int64_t t_arrive; /* for the timeline */
     ps_shm_peer *shm; /* PS_FLAG_SHM: the worker's arena (a reference) */
     uint64_t shm_off; /* where a pull's weights go in it */
@@ -140,7 +139,7 @@ static void dup_note(ps_updater *u, const ps_header *h)
         if (now - d->quiet_ns >= DUP_WINDOW_NS) {
             ps_info("worker %d: push of step %lld to key %llu chunk %u is a duplicate (below its "
                     "clock there): dropped; more are summed up every %d s", h->rank,
-                    (long long)h->step, (unsigned long long)h->key, h->chunk,
+                    (long long)h->push_step, (unsigned long long)h->key, h->chunk,
                     (int)(DUP_WINDOW_NS / 1000000000LL));
             d->quiet_ns = now;
         }
@@ -152,7 +151,7 @@ static void dup_note(ps_updater *u, const ps_header *h)
     if (i == d->nranks && i < DUP_RANKS)
         d->r[d->nranks++].rank = h->rank;
     if (i < d->nranks)
-        d->r[i] = (dup_rank){h->rank, d->r[i].n + 1, h->key, h->chunk, h->step};
+        d->r[i] = (dup_rank){h->rank, d->r[i].n + 1, h->key, h->chunk, h->push_step};
     else
         d->others++;
 }
@@ -186,7 +185,7 @@ static void upd_send_as(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_ms
     if (u->cfg.durable && (h->type == PS_MSG_PUSH || h->type == PS_MSG_PULL ||
                             h->type == PS_MSG_PUSHPULL)) {
         tag[0] = PS_OUT_HELD;
-        arg = h->step;
+        arg = h->chunk_version;
     }
     if (u->cfg.ack_bound && mut && (h->type == PS_MSG_PUSH || h->type == PS_MSG_PUSHPULL)) {
         tag[0] = PS_OUT_ACK;
@@ -223,7 +222,8 @@ static void upd_error(ps_updater *u, req_ctx *r, int code, const char *why)
 static void upd_ack(ps_updater *u, req_ctx *r, int64_t version, uint64_t snap)
 {
     ps_header h;
-    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
+    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk);
+    h.chunk_version = version;
     upd_send_as(u, &r->id, &h, NULL, r->mut, snap);
 }
 
@@ -328,7 +328,8 @@ static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int
         }
         memcpy(dst, w, bytes);
         ps_header h;
-        ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
+        ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk);
+    h.chunk_version = version;
         h.count = n;
         h.dtype = PS_DTYPE_F32;
         h.flags |= PS_FLAG_SHM;
@@ -360,7 +361,8 @@ static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int
         }
     }
     ps_header h;
-    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk, version);
+    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk);
+    h.chunk_version = version;
     h.count = n;
     h.dtype = dtype;
     u->bytes_out += n * ps_dtype_size(dtype);
@@ -526,7 +528,6 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
     r->type = h->type;
     r->key = h->key;
     r->chunk = h->chunk;
-    r->step = h->step;
     r->mut = mut;
     r->t_arrive = u->cfg.trace ? ps_now_ns() : 0;
     r->shm = shm; /* the request's reference from here on */
@@ -590,7 +591,7 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
             }
         }
         int kept = 0, dup = 0;
-        rc = ps_shard_push_sum(u->shard, h->key, h->chunk, h->rank, h->step,
+        rc = ps_shard_push_sum(u->shard, h->key, h->chunk, h->rank, h->push_step,
                                h->npush > 1 ? h->npush : 1, g->g, (size_t)h->count, g, &kept,
                                &dup, &version, why, sizeof why);
         if (narrow)
@@ -615,7 +616,7 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
                     "%lld, %llu beyond its clock in the checkpoint: pushes the old process "
                     "acknowledged after its last checkpoint were lost with it (%llu steps in "
                     "all so far)", (unsigned long long)h->key, h->chunk, h->rank,
-                    (long long)h->step, (unsigned long long)(jumped - u->jump_seen),
+                    (long long)h->push_step, (unsigned long long)(jumped - u->jump_seen),
                     (unsigned long long)jumped);
             u->jump_seen = jumped;
         }
@@ -624,20 +625,20 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
             ps_warn("key %llu chunk %u: worker %d pushed step %lld, beyond the round of the "
                     "restored checkpoint; skipped to it (%llu round(s) in all were lost with "
                     "the old process; a checkpoint every round loses none)",
-                    (unsigned long long)h->key, h->chunk, h->rank, (long long)h->step,
+                    (unsigned long long)h->key, h->chunk, h->rank, (long long)h->push_step,
                     (unsigned long long)ff);
             u->ff_seen = ff;
         }
         if (h->type == PS_MSG_PUSHPULL) /* the version after the pushes it holds */
-            upd_pull(u, r, h->step + (h->npush > 1 ? h->npush : 1));
+            upd_pull(u, r, h->push_step + (h->npush > 1 ? h->npush : 1));
         else if (u->cfg.defer_acks)
-            upd_await(u, r, h->step + 1);
+            upd_await(u, r, h->push_step + 1);
         else
             upd_ack(u, r, version, 0);
         break;
     }
     case PS_MSG_PULL:
-        upd_pull(u, r, h->step);
+        upd_pull(u, r, h->want_version);
         break;
     default:
         upd_error(u, r, PS_EPROTO, "internal: request type not handled by update threads");
@@ -732,17 +733,17 @@ static void *upd_main(void *arg)
         if (zmq_msg_size(&m) == sizeof cf) {
             memcpy(&cf, zmq_msg_data(&m), sizeof cf);
             if (cf.cmd == PS_CMD_REQ) {
-                upd_request(u, &cf.h, cf.token, cf.shm, &id, &pl);
+                upd_request(u, &cf.h, cf.mut, cf.shm, &id, &pl);
             } else if (cf.cmd == PS_CMD_STATS) {
                 ps_stats st;
                 upd_stats(u, &st);
-                upd_send_stats(u, PS_OUT_STATS, cf.token, &st);
+                upd_send_stats(u, PS_OUT_STATS, cf.stats_token, &st);
             } else if (cf.cmd == PS_CMD_STOP) {
                 stop = 1;
             } else if (cf.cmd == PS_CMD_CKPT) {
-                upd_checkpoint(u, cf.token);
+                upd_checkpoint(u, cf.ckpt_seq);
             } else if (cf.cmd == PS_CMD_LIVE) {
-                ps_shard_set_live(u->shard, cf.h.rank, (int)cf.token);
+                ps_shard_set_live(u->shard, cf.rank, cf.live);
             }
             if (u->cfg.report_progress && !stop)
                 upd_progress(u);

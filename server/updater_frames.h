@@ -10,16 +10,13 @@
  * I/O thread -> owner: the first frame is a ps_cmd_frame.
  *   PS_CMD_REQ    [cmd] [identity] [payload?]  an init, push, pull or pushpull;
  *                                              cmd.h is its decoded and checked header,
- *                                              cmd.token its mutation number (the I/O
- *                                              thread's count of inits and pushes with
- *                                              this one; 0 for a pull)
+ *                                              cmd.mut its mutation number;
  *                                              with PS_FLAG_SHM no payload frame: the
  *                                              payload is in cmd.shm at cmd.h.shm_off
- *   PS_CMD_STATS  [cmd]   answer PS_OUT_STATS with cmd.token
+ *   PS_CMD_STATS  [cmd]   answer PS_OUT_STATS with cmd.stats_token
  *   PS_CMD_STOP   [cmd]   answer queued pulls with PS_ECLOSED, send PS_OUT_STOPPED, exit
- *   PS_CMD_CKPT   [cmd]   serialize every chunk now; answer PS_OUT_CKPT with cmd.token
- *                         (the checkpoint's sequence number)
- *   PS_CMD_LIVE   [cmd]   rank cmd.h.rank joins (cmd.token 1) or leaves (0) the live set
+ *   PS_CMD_CKPT   [cmd]   serialize every chunk now; answer PS_OUT_CKPT with cmd.ckpt_seq
+ *   PS_CMD_LIVE   [cmd]   rank cmd.rank joins (cmd.live 1) or leaves (0) the live set
  *
  * owner -> I/O thread: the first frame is a tag, one byte (PS_OUT_HELD,
  * PS_OUT_INIT, PS_OUT_ACK: the byte and an int64, native byte order).
@@ -61,13 +58,19 @@ enum {
     PS_OUT_PROGRESS = 'P'
 };
 
+/* Each command reads its own fields; the others are 0. */
 typedef struct ps_cmd_frame {
-    int cmd;        /* PS_CMD_* */
-    uint64_t token; /* REQ: the mutation number; STATS: the request; CKPT: the sequence
-                       number; LIVE: 1 live, 0 not */
-    ps_header h;    /* REQ: the request's header; LIVE: h.rank */
-    ps_shm_peer *shm; /* REQ with PS_FLAG_SHM: the worker's arena, one reference
-                         the receiver owns (the range was checked); else NULL */
+    int cmd;              /* PS_CMD_* */
+    /* REQ */
+    ps_header h;          /* the request's header */
+    uint64_t mut;         /* its mutation number: the I/O thread's count of inits and
+                             pushes, this one included; 0 for a pull */
+    ps_shm_peer *shm;     /* with PS_FLAG_SHM: the worker's arena, one reference the
+                             receiver owns (the range was checked); else NULL */
+    uint64_t stats_token; /* STATS: the request (stats_req.h) the counters answer */
+    uint64_t ckpt_seq;    /* CKPT: the checkpoint's sequence number */
+    int32_t rank;         /* LIVE: the rank that joins (live 1) or leaves (0) */
+    int live;
 } ps_cmd_frame;
 
 typedef struct ps_stats_frame {

@@ -64,7 +64,7 @@ ps_header ps_test_header(uint32_t type, int rank, uint64_t seq, uint64_t key, ui
     h.seq = seq;
     h.key = key;
     h.chunk = chunk;
-    h.step = step;
+    ps_header_set_s(&h, step); /* what `s` means for the type */
     return h;
 }
 

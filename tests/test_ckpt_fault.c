@@ -321,8 +321,8 @@ PS_TEST(an_async_server_killed_loses_at_most_checkpoint_every_acknowledged_pushe
         CHECK_OK(ps_test_send(a, &h, NULL, 0));
         CHECK_OK(ps_test_recv(a, PS_TEST_RPC_MS, &r, out, 2, NULL));
         CHECK_EQ_INT(r.type, PS_MSG_PULL);
-        CHECK_EQ_INT((int64_t)out[0], r.step); /* every update added 1 */
-        int durable = (int)(r.step - base_version); /* of this cycle's pushes */
+        CHECK_EQ_INT((int64_t)out[0], r.chunk_version); /* every update added 1 */
+        int durable = (int)(r.chunk_version - base_version); /* of this cycle's pushes */
         int lost = acked > durable ? acked - durable : 0;
         printf("# cycle %d: %d pushes acknowledged, %d on disk, %d lost (bound %d)\n", cycle,
                acked, durable, lost, N);
@@ -333,13 +333,13 @@ PS_TEST(an_async_server_killed_loses_at_most_checkpoint_every_acknowledged_pushe
          * is further (it would resend the rest, all duplicates): the restored
          * chunk takes a first push beyond its clock, and says so */
         base_step += acked > durable ? acked : durable;
-        base_version = r.step;
+        base_version = r.chunk_version;
         if (lost) {
             h = ps_test_header(PS_MSG_PUSH, 0, q++, 5, 0, base_step);
             CHECK_OK(ps_test_send(a, &h, g, 2));
             CHECK_OK(next_reply(a, PS_TEST_RPC_MS, &r));
             CHECK_MSG(r.type == PS_MSG_PUSH, "push after the restore: %s", r.err_text);
-            CHECK_EQ_INT(r.step, base_version + 1);
+            CHECK_EQ_INT(r.chunk_version, base_version + 1);
             base_step++;
             base_version++;
             CHECK(ps_test_file_has(sv.log, "since the restore is step"));

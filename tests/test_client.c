@@ -100,7 +100,7 @@ static void fake_answer(fake *f, zmq_msg_t *id, const ps_header *q)
                  (unsigned long long)q->key, q->chunk);
     } else {
         ps_header_init(&h, q->type);
-        h.step = f->version + q->chunk;
+        h.chunk_version = f->version + q->chunk;
     }
     h.flags = PS_FLAG_REPLY;
     h.seq = q->seq;
@@ -213,7 +213,7 @@ static void *fake_main(void *arg)
             ps_header_init(&h, q.type);
             h.flags = PS_FLAG_REPLY;
             h.seq = q.seq;
-            h.step = q.step;
+            h.barrier_id = q.barrier_id; /* the only `s` of these replies */
             if (q.type == PS_MSG_BARRIER)
                 f->nbarrier++;
             if (q.type == PS_MSG_SHUTDOWN)
@@ -565,7 +565,7 @@ PS_TEST(zero_copy_push_is_not_done_before_the_reply)
     CHECK(payload_ok);
     CHECK_EQ_INT(seen.type, PS_MSG_PUSH);
     CHECK_EQ_INT(seen.key, 9);
-    CHECK_EQ_INT(seen.step, 3);
+    CHECK_EQ_INT(seen.push_step, 3);
     CHECK_EQ_INT(seen.rank, 0);
     CHECK_EQ_INT(seen.count, 10);
     CHECK(done);

@@ -201,7 +201,7 @@ PS_TEST(dropped_worker_is_refused_until_hello_then_rounds_average_the_live_worke
     }
     CHECK_MSG(got == 0, "no pull reply after the drop timeout");
     CHECK_EQ_INT(r.type, PS_MSG_PULL);
-    CHECK_EQ_INT(r.step, 2);
+    CHECK_EQ_INT(r.chunk_version, 2);
     for (int i = 0; i < 4; i++)
         w[i] = w[i] - 1.0f * (g0[i] / 1.0f + 0.0f * w[i]); /* the mean over the live one */
     CHECK(memcmp(out, w, sizeof w) == 0);
@@ -234,7 +234,7 @@ PS_TEST(dropped_worker_is_refused_until_hello_then_rounds_average_the_live_worke
         CHECK_OK(recv_hdr(a, PS_TEST_RPC_MS, &r, out, 4));
         if (r.type == PS_MSG_PULL) {
             pulls++;
-            CHECK_EQ_INT(r.step, 3);
+            CHECK_EQ_INT(r.chunk_version, 3);
             for (int i = 0; i < 4; i++)
                 w[i] = w[i] - 1.0f * ((g0[i] + g1[i]) / 2.0f + 0.0f * w[i]);
             CHECK(memcmp(out, w, sizeof w) == 0);
@@ -270,7 +270,7 @@ PS_TEST(wait_policy_logs_a_silent_worker_and_keeps_its_round_open)
     CHECK_OK(ps_test_send(b, &h, g, 2));
     CHECK_OK(recv_hdr(a, PS_TEST_RPC_MS, &r, out, 2));
     CHECK_EQ_INT(r.type, PS_MSG_PUSHPULL);
-    CHECK_EQ_INT(r.step, 1);
+    CHECK_EQ_INT(r.chunk_version, 1);
     CHECK(out[0] == 0.0f && out[1] == 1.0f);
     CHECK(ps_test_file_has(sv.log, "worker 1 is heard from again"));
     CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
@@ -470,9 +470,9 @@ PS_TEST(restored_sync_server_applies_the_open_round_once_and_drops_older_resends
     h = ps_test_header(PS_MSG_PUSH, 1, 3, 9, 0, 0);
     CHECK_OK(ps_test_send(b, &h, g1, 3));
     CHECK_OK(recv_hdr(a, PS_TEST_RPC_MS, &r, NULL, 0));
-    CHECK_EQ_INT(r.step, 1);
+    CHECK_EQ_INT(r.chunk_version, 1);
     CHECK_OK(recv_hdr(b, PS_TEST_RPC_MS, &r, NULL, 0));
-    CHECK_EQ_INT(r.step, 1);
+    CHECK_EQ_INT(r.chunk_version, 1);
     for (int i = 0; i < 3; i++)
         w[i] = w[i] - 1.0f * ((g0[i] + g1[i]) / 2.0f + 0.0f * w[i]);
     /* round 1: worker 0's push is in; its acknowledgement waits for the
@@ -496,13 +496,13 @@ PS_TEST(restored_sync_server_applies_the_open_round_once_and_drops_older_resends
     CHECK_OK(ps_test_send(b, &h, g1, 3));
     CHECK_OK(recv_hdr(b, PS_TEST_RPC_MS, &r, out, 3));
     CHECK_EQ_INT(r.type, PS_MSG_PUSHPULL);
-    CHECK_EQ_INT(r.step, 2);
+    CHECK_EQ_INT(r.chunk_version, 2);
     for (int i = 0; i < 3; i++)
         w[i] = w[i] - 1.0f * ((g0[i] + g1[i]) / 2.0f + 0.0f * w[i]);
     CHECK(memcmp(out, w, sizeof w) == 0);
     CHECK_OK(recv_hdr(a, PS_TEST_RPC_MS, &r, NULL, 0));
     CHECK_EQ_INT(r.seq, 4);
-    CHECK_EQ_INT(r.step, 2);
+    CHECK_EQ_INT(r.chunk_version, 2);
     ps_stats st;
     CHECK_OK(ps_test_stats(sv.port, &st));
     CHECK_EQ_INT(st.updates, 2); /* round 0 (restored) and round 1: each once */
@@ -528,7 +528,7 @@ PS_TEST(restored_async_server_drops_resent_pushes_below_the_restored_clock)
     for (int t = 0; t < 3; t++) {
         h = ps_test_header(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 4, 0, t);
         CHECK_OK(rpc(a, &h, g[t], 2, &r, NULL, 0));
-        CHECK_EQ_INT(r.step, t + 1);
+        CHECK_EQ_INT(r.chunk_version, t + 1);
     }
     /* a clean stop writes a last checkpoint */
     CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
@@ -565,7 +565,7 @@ PS_TEST(restored_async_server_drops_resent_pushes_below_the_restored_clock)
     CHECK_OK(rpc(c, &h, NULL, 0, &r, want, 2));
     h = ps_test_header(PS_MSG_PULL, 0, 31, 4, 0, 0);
     CHECK_OK(rpc(a, &h, NULL, 0, &r, out, 2));
-    CHECK_EQ_INT(r.step, 4);
+    CHECK_EQ_INT(r.chunk_version, 4);
     CHECK(memcmp(out, want, sizeof want) == 0);
     CHECK_EQ_INT(ps_test_stop(ref.pid, PS_TEST_RPC_MS), 0);
     CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
@@ -595,7 +595,7 @@ PS_TEST(restored_sync_server_fast_forwards_a_worker_that_got_further)
     for (int t = 0; t < 5; t++) {
         h = ps_test_header(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 4, 0, t);
         CHECK_OK(rpc(a, &h, g, 2, &r, NULL, 0));
-        CHECK_EQ_INT(r.step, t + 1);
+        CHECK_EQ_INT(r.chunk_version, t + 1);
         /* the checkpoint of round 3 is on disk before round 4 starts */
         for (int k = 0; t == 2 && k < 500 && access(path, F_OK) != 0; k++)
             ps_test_sleep_ms(10);
@@ -608,7 +608,7 @@ PS_TEST(restored_sync_server_fast_forwards_a_worker_that_got_further)
     h = ps_test_header(PS_MSG_PUSHPULL, 0, 20, 4, 0, 5);
     CHECK_OK(rpc(a, &h, g, 2, &r, out, 2));
     CHECK_EQ_INT(r.type, PS_MSG_PUSHPULL);
-    CHECK_EQ_INT(r.step, 6);
+    CHECK_EQ_INT(r.chunk_version, 6);
     /* the weights of round 3 (restored), then this one gradient */
     for (int t = 0; t < 4; t++)
         for (int i = 0; i < 2; i++)
@@ -659,7 +659,7 @@ PS_TEST(corrupt_newest_checkpoint_is_skipped_and_untrusted_restores_exit_2)
     for (int t = 0; t < 5; t++) {
         h = ps_test_header(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 4, 0, t);
         CHECK_OK(rpc(a, &h, g, 2, &r, NULL, 0));
-        CHECK_EQ_INT(r.step, t + 1);
+        CHECK_EQ_INT(r.chunk_version, t + 1);
     }
     CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
     zmq_close(a);

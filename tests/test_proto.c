@@ -27,7 +27,7 @@ static void full(ps_header *h, uint32_t type, uint32_t flags)
     h->rank = 65535;
     h->key = UINT64_MAX - 5;
     h->chunk = PS_MAX_CHUNK - 1;
-    h->step = ((int64_t)1 << 62) - 1;
+    ps_header_set_s(h, ((int64_t)1 << 62) - 1); /* into the field the type has for it */
     h->count = 123456789;
     h->dtype = PS_DTYPE_F32;
     h->total = 987654321012ull;
@@ -37,7 +37,9 @@ static int same_common(const ps_header *a, const ps_header *b)
 {
     return a->version == b->version && a->type == b->type && a->flags == b->flags &&
            a->seq == b->seq && a->rank == b->rank && a->key == b->key && a->chunk == b->chunk &&
-           a->step == b->step && a->count == b->count && a->dtype == b->dtype &&
+           a->push_step == b->push_step && a->want_version == b->want_version &&
+           a->chunk_version == b->chunk_version && a->barrier_id == b->barrier_id &&
+           a->count == b->count && a->dtype == b->dtype &&
            a->total == b->total;
 }
 
@@ -56,11 +58,11 @@ PS_TEST(every_plain_type_request_and_reply_round_trips)
     /* negative and zero edge values */
     ps_header a, b;
     ps_header_init(&a, PS_MSG_PULL);
-    a.step = -1;
+    a.want_version = -1;
     a.rank = -1;
     CHECK_OK(rt(&a, &b));
     CHECK(same_common(&a, &b));
-    CHECK_EQ_INT(b.step, -1);
+    CHECK_EQ_INT(b.want_version, -1);
     CHECK_EQ_INT(b.rank, -1);
 }
 
@@ -187,7 +189,8 @@ static int dec(const mk *m, char *why, size_t wl)
     return ps_proto_decode(m->sb.data, m->sb.size, &h, why, wl);
 }
 
-/* Build {v:1, t:PULL, <one extra field>} and decode it. */
+/* Build {v:1, t:HEARTBEAT, <one extra field>} and decode it (a heartbeat
+ * requires no other field: proto/ps_msg_table.h). */
 enum { X_U, X_I, X_STR, X_ARR, X_F, X_NIL };
 static int one_field(const char *key, int kind, int64_t v, char *why, size_t wl)
 {
@@ -195,7 +198,7 @@ static int one_field(const char *key, int kind, int64_t v, char *why, size_t wl)
     mk_init(&m);
     msgpack_pack_map(&m.pk, 3);
     mk_u(&m, "v", 1);
-    mk_u(&m, "t", PS_MSG_PULL);
+    mk_u(&m, "t", PS_MSG_HEARTBEAT);
     mk_key(&m, key);
     switch (kind) {
     case X_U: msgpack_pack_uint64(&m.pk, (uint64_t)v); break;
@@ -478,11 +481,11 @@ PS_TEST(decode_refuses_oversize_frame)
     size_t n = PS_HEADER_MAX + 1;
     uint8_t *big = calloc(1, n);
     CHECK(big);
-    /* a valid map padded with a long unknown string value */
+    /* a valid map (a heartbeat) padded with a long unknown string value */
     big[0] = 0x83;
     size_t p = 1;
     big[p++] = 0xa1, big[p++] = 'v', big[p++] = 0x01;
-    big[p++] = 0xa1, big[p++] = 't', big[p++] = 0x04;
+    big[p++] = 0xa1, big[p++] = 't', big[p++] = 0x0a;
     big[p++] = 0xa1, big[p++] = 'z', big[p++] = 0xda;
     size_t rest = n - p - 2;
     big[p++] = (uint8_t)(rest >> 8), big[p++] = (uint8_t)rest;
@@ -638,7 +641,7 @@ PS_TEST(decode_refuses_a_known_key_given_twice)
     CHECK_EQ_INT(rc, PS_EPROTO);
     CHECK(strstr(why, "'s' appears twice"));
     CHECK_EQ_INT(h.seq, 77);
-    CHECK_EQ_INT(h.step, 1); /* the first one is what an error reply echoes */
+    CHECK_EQ_INT(h.push_step, 1); /* the first one is what an error reply echoes */
     /* in the hello map */
     mk_init(&m);
     msgpack_pack_map(&m.pk, 3);

@@ -81,7 +81,7 @@ PS_TEST(async_push_applied_on_arrival_and_pull_returns_exact_values)
     CHECK_OK(ps_test_rpc(a, &h, w, N, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_INIT);
     CHECK_EQ_INT(r.seq, 1);
-    CHECK_EQ_INT(r.step, 0);
+    CHECK_EQ_INT(r.chunk_version, 0);
     /* each push is applied at once, without waiting for the other worker */
     void *who[3] = {a, b, a};
     int rank[3] = {0, 1, 0}, step[3] = {0, 0, 1};
@@ -92,13 +92,13 @@ PS_TEST(async_push_applied_on_arrival_and_pull_returns_exact_values)
         CHECK_OK(ps_test_rpc(who[k], &h, g, N, &r, NULL, 0, NULL));
         CHECK_EQ_INT(r.type, PS_MSG_PUSH);
         CHECK_EQ_INT(r.seq, 10 + k);
-        CHECK_EQ_INT(r.step, k + 1);
+        CHECK_EQ_INT(r.chunk_version, k + 1);
         for (int i = 0; i < N; i++)
             w[i] = w[i] - 0.5f * (g[i] + 0.0f * w[i]);
         h = ps_test_header(PS_MSG_PULL, rank[k], 20 + (uint64_t)k, 42, 3, 0);
         CHECK_OK(ps_test_rpc(who[(k + 1) % 3], &h, NULL, 0, &r, out, N, &got));
         CHECK_EQ_INT(r.type, PS_MSG_PULL);
-        CHECK_EQ_INT(r.step, k + 1);
+        CHECK_EQ_INT(r.chunk_version, k + 1);
         CHECK_EQ_INT(r.count, N);
         CHECK_EQ_INT(got, N);
         memcpy(exp, w, sizeof exp);
@@ -108,7 +108,7 @@ PS_TEST(async_push_applied_on_arrival_and_pull_returns_exact_values)
     h = ps_test_header(PS_MSG_PUSH, 0, 30, 42, 3, 1);
     CHECK_OK(ps_test_rpc(a, &h, g, N, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_PUSH);
-    CHECK_EQ_INT(r.step, 3);
+    CHECK_EQ_INT(r.chunk_version, 3);
     ps_stats st;
     CHECK_OK(ps_test_stats(sv.port, &st));
     CHECK_EQ_INT(st.dup_dropped, 1);
@@ -160,14 +160,14 @@ PS_TEST(sync_pull_waits_for_all_workers_then_mean_in_rank_order)
             h = ps_test_header(PS_MSG_PUSH, k, 60 + (uint64_t)k, 5, 0, round);
             CHECK_OK(ps_test_rpc(d[k], &h, g[k], N, &r, NULL, 0, NULL));
             CHECK_EQ_INT(r.type, PS_MSG_PUSH);
-            CHECK_EQ_INT(r.step, j < 2 ? round : round + 1);
+            CHECK_EQ_INT(r.chunk_version, j < 2 ? round : round + 1);
             if (j < 2)
                 CHECK_EQ_INT(ps_test_recv(d[0], 50, &r, out, N, &got), 1);
         }
         CHECK_OK(ps_test_recv(d[0], PS_TEST_RPC_MS, &r, out, N, &got));
         CHECK_EQ_INT(r.type, PS_MSG_PULL);
         CHECK_EQ_INT(r.seq, 50);
-        CHECK_EQ_INT(r.step, round + 1);
+        CHECK_EQ_INT(r.chunk_version, round + 1);
         CHECK_EQ_INT(got, N);
         for (int i = 0; i < N; i++) {
             float sum = g[0][i];
@@ -197,7 +197,7 @@ PS_TEST(sync_pull_waits_for_all_workers_then_mean_in_rank_order)
         CHECK_OK(ps_test_recv(d[k], PS_TEST_RPC_MS, &r, out, N, &got));
         CHECK_EQ_INT(r.type, PS_MSG_PUSHPULL);
         CHECK_EQ_INT(r.seq, 70 + k);
-        CHECK_EQ_INT(r.step, 3);
+        CHECK_EQ_INT(r.chunk_version, 3);
         CHECK(memcmp(out, w, sizeof w) == 0);
     }
     CHECK_EQ_INT(shutdown_server(&sv, d[0]), 0);
@@ -225,7 +225,7 @@ PS_TEST(sync_duplicate_push_dropped_and_counted_future_push_refused)
     h = ps_test_header(PS_MSG_PUSH, 0, 3, 9, 0, 0);
     CHECK_OK(ps_test_rpc(a, &h, junk, 4, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_PUSH);
-    CHECK_EQ_INT(r.step, 0);
+    CHECK_EQ_INT(r.chunk_version, 0);
     /* a round that is not open yet is refused */
     h = ps_test_header(PS_MSG_PUSH, 0, 4, 9, 0, 5);
     CHECK_OK(ps_test_rpc(a, &h, junk, 4, &r, NULL, 0, NULL));
@@ -234,16 +234,16 @@ PS_TEST(sync_duplicate_push_dropped_and_counted_future_push_refused)
     CHECK_EQ_INT(r.seq, 4);
     h = ps_test_header(PS_MSG_PUSH, 1, 5, 9, 0, 0);
     CHECK_OK(ps_test_rpc(b, &h, g1, 4, &r, NULL, 0, NULL));
-    CHECK_EQ_INT(r.step, 1);
+    CHECK_EQ_INT(r.chunk_version, 1);
     /* a step below the version: duplicate again */
     h = ps_test_header(PS_MSG_PUSH, 1, 6, 9, 0, 0);
     CHECK_OK(ps_test_rpc(b, &h, junk, 4, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_PUSH);
-    CHECK_EQ_INT(r.step, 1);
+    CHECK_EQ_INT(r.chunk_version, 1);
     h = ps_test_header(PS_MSG_PULL, 1, 7, 9, 0, 1);
     size_t got;
     CHECK_OK(ps_test_rpc(b, &h, NULL, 0, &r, out, 4, &got));
-    CHECK_EQ_INT(r.step, 1);
+    CHECK_EQ_INT(r.chunk_version, 1);
     for (int i = 0; i < 4; i++)
         CHECK(out[i] == w[i] - 1.0f * ((g0[i] + g1[i]) / 2.0f)); /* = w - 2 */
     ps_stats st;
@@ -272,7 +272,7 @@ PS_TEST(ssp_pull_waits_for_the_slowest_worker)
     for (int t = 0; t < 3; t++) {
         h = ps_test_header(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 1, 0, t);
         CHECK_OK(ps_test_rpc(a, &h, g, 3, &r, NULL, 0, NULL));
-        CHECK_EQ_INT(r.step, t + 1);
+        CHECK_EQ_INT(r.chunk_version, t + 1);
     }
     size_t got;
     /* t = 1: slowest clock 0 >= 1 - 1, answered at once */
@@ -288,11 +288,11 @@ PS_TEST(ssp_pull_waits_for_the_slowest_worker)
     CHECK_EQ_INT(ps_test_recv(a, 100, &r, out, 3, &got), 1);
     h = ps_test_header(PS_MSG_PUSH, 1, 31, 1, 0, 1);
     CHECK_OK(ps_test_rpc(b, &h, g, 3, &r, NULL, 0, NULL));
-    CHECK_EQ_INT(r.step, 5);
+    CHECK_EQ_INT(r.chunk_version, 5);
     CHECK_OK(ps_test_recv(a, PS_TEST_RPC_MS, &r, out, 3, &got));
     CHECK_EQ_INT(r.type, PS_MSG_PULL);
     CHECK_EQ_INT(r.seq, 21);
-    CHECK_EQ_INT(r.step, 5);
+    CHECK_EQ_INT(r.chunk_version, 5);
     float e = 0; /* five sgd steps of the default lr 0.01 */
     for (int t = 0; t < 5; t++)
         e = e - 0.01f * (1.0f + 0.0f * e);
@@ -389,7 +389,7 @@ PS_TEST(barrier_answers_when_every_worker_arrived)
         CHECK_OK(ps_test_recv(d[k], PS_TEST_RPC_MS, &r, NULL, 0, NULL));
         CHECK_EQ_INT(r.type, PS_MSG_BARRIER);
         CHECK_EQ_INT(r.seq, 40 + k);
-        CHECK_EQ_INT(r.step, 7);
+        CHECK_EQ_INT(r.barrier_id, 7);
     }
     CHECK_EQ_INT(ps_test_recv(d[0], 50, &r, NULL, 0, NULL), 1); /* barrier 8 still open */
     /* heartbeat is answered by the I/O thread at once */
@@ -463,7 +463,7 @@ static int workload(const char *threads, float *out)
         for (int c = 0; c < NCH; c++) {
             h = ps_test_header(PS_MSG_PULL, 0, 3, 100 + (uint64_t)k, (uint32_t)c, 4);
             if (ps_test_rpc(d[0], &h, NULL, 0, &r, out + o, g_sizes[k], &got) ||
-                r.type != PS_MSG_PULL || got != g_sizes[k] || r.step != 4)
+                r.type != PS_MSG_PULL || got != g_sizes[k] || r.chunk_version != 4)
                 goto out;
             o += got;
         }
@@ -582,7 +582,7 @@ PS_TEST(burst_of_pushes_all_applied_under_back_pressure_and_4mib_chunks_work)
     for (uint32_t c = 0; c < CHUNKS; c++) {
         h = ps_test_header(PS_MSG_PULL, 0, 9, 8, c, 0);
         CHECK_OK(ps_test_rpc(s, &h, NULL, 0, &r, out, N, &got));
-        CHECK_EQ_INT(r.step, PUSHES / CHUNKS);
+        CHECK_EQ_INT(r.chunk_version, PUSHES / CHUNKS);
         CHECK_EQ_INT(got, N);
         CHECK(memcmp(out, expect, sizeof out) == 0);
     }
@@ -598,7 +598,7 @@ PS_TEST(burst_of_pushes_all_applied_under_back_pressure_and_4mib_chunks_work)
         ok = ps_test_rpc(s, &h, big, BIG, &r, NULL, 0, NULL) == 0 && r.type == PS_MSG_PUSH;
     }
     h = ps_test_header(PS_MSG_PULL, 0, 3, 9, 0, 0);
-    ok = ok && ps_test_rpc(s, &h, NULL, 0, &r, bout, BIG, &got) == 0 && got == BIG && r.step == 2;
+    ok = ok && ps_test_rpc(s, &h, NULL, 0, &r, bout, BIG, &got) == 0 && got == BIG && r.chunk_version == 2;
     float b0 = bout[0], b1 = bout[BIG - 1];
     free(big);
     free(bout);
@@ -686,7 +686,7 @@ PS_TEST(pulls_in_flight_with_pushes_on_one_chunk_each_carry_exactly_their_versio
              * reply names the version right after the push sent before it */
             int64_t k_of = r.type == PS_MSG_PUSHPULL ? (int64_t)r.seq - 100000
                                                      : (int64_t)(r.seq / R);
-            int64_t v = r.step;
+            int64_t v = r.chunk_version;
             bad_version += v != k_of + 1 || got != N;
             if (v < 0 || v > P || got != N)
                 continue;

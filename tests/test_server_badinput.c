@@ -298,7 +298,7 @@ PS_TEST(bad_requests_get_error_replies_with_the_right_code)
     CHECK_OK(send_raw(s, &h, pay, 16));
     EXPECT_ERROR(PS_ESTATE, 35);
     h.rank = 0; /* a negative step */
-    h.step = -1;
+    h.push_step = -1;
     h.seq = 36;
     CHECK_OK(send_raw(s, &h, pay, 16));
     EXPECT_ERROR(PS_EPROTO, 36);
@@ -546,7 +546,7 @@ PS_TEST(a_live_rank_cannot_be_taken_and_an_async_push_cannot_skip_steps)
     CHECK_EQ_INT(r.type, PS_MSG_INIT);
     CHECK_OK(push_step(a, 0, 3, 5, 0, &r));
     CHECK_EQ_INT(r.type, PS_MSG_PUSH);
-    CHECK_EQ_INT(r.step, 1);
+    CHECK_EQ_INT(r.chunk_version, 1);
     /* another connection says it is worker 0: refused, with or without a
      * made-up token */
     CHECK_OK(hello_tok(b, 0, 0, 10, &r));
@@ -563,7 +563,7 @@ PS_TEST(a_live_rank_cannot_be_taken_and_an_async_push_cannot_skip_steps)
     CHECK_EQ_INT(r.err_code, PS_ESTATE);
     CHECK_OK(push_step(a, 0, 14, 5, 1, &r)); /* the real worker goes on */
     CHECK_EQ_INT(r.type, PS_MSG_PUSH);
-    CHECK_EQ_INT(r.step, 2);
+    CHECK_EQ_INT(r.chunk_version, 2);
     /* duplicates, many: dropped, and said in the log */
     for (int i = 0; i < 150; i++) {
         CHECK_OK(push_step(a, 0, 100 + (uint64_t)i, 5, 0, &r));

@@ -46,7 +46,7 @@ static ps_header request(uint32_t type, int32_t rank, uint64_t seq, int64_t step
     ps_header_init(&h, type);
     h.rank = rank;
     h.seq = seq;
-    h.step = step;
+    ps_header_set_s(&h, step); /* what `s` means for the type */
     return h;
 }
 
@@ -67,7 +67,7 @@ PS_TEST(barrier_waits_for_live_workers_only)
     ps_barriers_set_live(b, 2, 0);
     CHECK_EQ_INT(got.n, 2);
     CHECK_EQ_INT(got.h[0].type, PS_MSG_BARRIER);
-    CHECK_EQ_INT(got.h[0].step, 7);
+    CHECK_EQ_INT(got.h[0].barrier_id, 7);
     CHECK_EQ_INT(got.h[1].seq, 11);
     /* a resend of a completed barrier is answered at once */
     ps_header h = request(PS_MSG_BARRIER, 0, 10, 7);

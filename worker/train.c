@@ -22,6 +22,7 @@
 #include "model.h"
 #include "ps_error.h"
 #include "ps_fs.h"
+#include "ps_hash.h"
 #include "ps_log.h"
 #include "ps_time.h"
 #include "ps_trace.h"
@@ -222,9 +223,7 @@ static int connect_servers(worker *w)
         return rc;
     if (L > 1) {
         /* one group per host and job: the servers' list names the job */
-        uint64_t h = 14695981039346656037ull;
-        for (const char *p = c->servers; *p; p++)
-            h = (h ^ (unsigned char)*p) * 1099511628211ull;
+        uint64_t h = ps_fnv1a(PS_FNV1A_BASIS, c->servers, strlen(c->servers));
         char name[64];
         snprintf(name, sizeof name, "/ps-agg-%016llx-%d", (unsigned long long)h, c->rank / L);
         if ((rc = ps_exchange_set_local_group(w->x, name, c->rank % L, L,

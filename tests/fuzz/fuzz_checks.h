@@ -126,7 +126,10 @@ FUZZ_FN const char *fuzz_same_header(const ps_header *a, const ps_header *b, cha
     FUZZ_SAME(rank);
     FUZZ_SAME(key);
     FUZZ_SAME(chunk);
-    FUZZ_SAME(step);
+    FUZZ_SAME(push_step);
+    FUZZ_SAME(want_version);
+    FUZZ_SAME(chunk_version);
+    FUZZ_SAME(barrier_id);
     FUZZ_SAME(count);
     FUZZ_SAME(dtype);
     FUZZ_SAME(total);
@@ -149,7 +152,7 @@ FUZZ_FN const char *fuzz_header_in_range(const ps_header *h, char *msg, size_t l
 {
     if (h->version != PS_PROTO_VERSION || h->type < 1 || h->type > PS_MSG_TYPE_MAX ||
         (h->flags & ~PS_FLAG_MASK) || h->rank < -1 || h->rank > PS_MAX_RANK ||
-        h->chunk >= PS_MAX_CHUNK || h->step < -1 || h->dtype > PS_DTYPE_MAX ||
+        h->chunk >= PS_MAX_CHUNK || ps_header_get_s(h) < -1 || h->dtype > PS_DTYPE_MAX ||
         h->count * (h->dtype ? ps_dtype_size(h->dtype) : 1) > PS_MAX_PAYLOAD_BYTES ||
         memchr(h->err_text, 0, sizeof h->err_text) == NULL)
         return fuzz_fail(msg, len, "decode accepted an out-of-range header (type %u rank %d)",

@@ -79,7 +79,7 @@ static int proto_seeds(void)
             h.rank = 1;
             h.key = 7;
             h.chunk = 2;
-            h.step = 5;
+            ps_header_set_s(&h, 5);
             int payload = reply ? ps_msg_reply_has_payload(t) : ps_msg_request_has_payload(t);
             if (payload) {
                 h.count = 4;

@@ -1,0 +1,102 @@
+/* The message types: one row each, and everything that depends on the type
+ * is read from here (Redis's command table is the model): the enum, the
+ * names, which header keys a message must carry, who may send it, whether
+ * it carries a payload, what `s` means in it (proto/ps_proto.c), the
+ * server's dispatch (server/server_msg.c) and the list in docs/PROTOCOL.md
+ * "Message types" (`make protocol-doc` writes it; tests/test_msg_table.c
+ * fails when it differs).  Adding a type is a row here plus its handler on
+ * the server.
+ *
+ * X(NAME, t, name, from, req_keys, rep_keys, req_payload, rep_payload, shm,
+ *   s_req, s_rep, handler, req_doc, rep_doc)
+ *   NAME         PS_MSG_<NAME>
+ *   t            the value of the header's `t`; never changes, 1, 2, ... in order
+ *   name         in log lines, error texts and the docs
+ *   from         who may send the request (PS_FROM_<from>, below)
+ *   req_keys     header keys a request must carry besides `v` and `t` (PS_HK bits);
+ *                `s` is needed wherever it means something (s_req, s_rep)
+ *   rep_keys     the same for the reply
+ *   req_payload  1: the request carries a payload frame (count x dtype-size bytes)
+ *   rep_payload  1: the reply does
+ *   shm          1: with PS_FLAG_SHM the payload (or a pull's destination) is in the
+ *                worker's shared-memory arena instead of a frame
+ *   s_req, s_rep what the header's `s` means in the request / the reply (PS_S_<..>,
+ *                below); NONE: sent as 0 and not read
+ *   handler      the server's io_on_<handler> (server/server_msg.c); proto never
+ *                reads this column
+ *   req_doc, rep_doc  what the request asks and what the reply says (the docs) */
+#ifndef PS_MSG_TABLE_H
+#define PS_MSG_TABLE_H
+
+/* clang-format off */
+#define PS_MSG_TABLE(X)                                                                          \
+    X(HELLO, 1, "hello", ANY, PS_HK(H), PS_HK(H), 0, 0, 0, NONE, NONE, hello,                    \
+      "agree on mode, model and config: the worker's view in `h`",                               \
+      "the server's config in `h`")                                                              \
+    X(INIT, 2, "init", WORKER, PS_HK(K) | PS_HK(C), 0, 1, 0, 1, NONE, CHUNK_VERSION, data,      \
+      "register a chunk with its first values (the payload)",                                    \
+      "acknowledged")                                                                            \
+    X(PUSH, 3, "push", WORKER, PS_HK(K) | PS_HK(C), 0, 1, 0, 1, PUSH_STEP, CHUNK_VERSION, data, \
+      "a gradient of the chunk (the payload; `m` > 1: a sum of that many)",                      \
+      "acknowledged")                                                                            \
+    X(PULL, 4, "pull", WORKER, PS_HK(K) | PS_HK(C), 0, 0, 1, 1, WANT_VERSION, CHUNK_VERSION,    \
+      data,                                                                                      \
+      "the chunk's weights",                                                                     \
+      "the weights (the payload)")                                                               \
+    X(PUSHPULL, 5, "pushpull", WORKER, PS_HK(K) | PS_HK(C), 0, 1, 1, 1, PUSH_STEP,              \
+      CHUNK_VERSION, data,                                                                       \
+      "a push, then a pull of the version after it (`s` + `m`) in one round trip",               \
+      "the weights (the payload)")                                                               \
+    X(BARRIER, 6, "barrier", WORKER, 0, 0, 0, 0, 0, BARRIER_ID, BARRIER_ID, barrier,            \
+      "wait until every live worker reached this barrier (sent to server 0)",                    \
+      "once they all have")                                                                      \
+    X(STATS, 7, "stats", LIVE, 0, PS_HK(ST), 0, 0, 0, NONE, NONE, stats,                         \
+      "the server's counters",                                                                   \
+      "the counters in `st`; `bw` while a barrier is open")                                      \
+    X(SHUTDOWN, 8, "shutdown", ADMIN, 0, 0, 0, 0, 0, NONE, NONE, shutdown,                       \
+      "stop the server (`adm`: the admin token)",                                                \
+      "acknowledged, then the server stops (exit 0); without authority `PS_EAUTH`")              \
+    X(ERROR, 9, "error", NOBODY, 0, PS_HK(EC), 0, 0, 0, NONE, NONE, none,                        \
+      "-",                                                                                       \
+      "the answer to any request that was refused: `ec` and `et`")                               \
+    X(HEARTBEAT, 10, "heartbeat", LIVE, 0, 0, 0, 0, 0, NONE, NONE, heartbeat,                    \
+      "a sign of life (`q` = 0, fire and forget)",                                               \
+      "acknowledged; `PS_EHELLO` from a rank the server does not count as live")
+/* clang-format on */
+
+/* The header keys, in one list for the decoder and the table's key masks:
+ * X(NAME, "key").  PS_HK(NAME) is the key's bit. */
+#define PS_HDR_KEYS(X)                                                                           \
+    X(V, "v") X(T, "t") X(F, "f") X(Q, "q") X(R, "r") X(K, "k") X(C, "c") X(S, "s") X(N, "n")     \
+    X(D, "d") X(TOT, "tot") X(EC, "ec") X(ET, "et") X(H, "h") X(ST, "st") X(ADM, "adm")           \
+    X(BW, "bw") X(O, "o") X(M, "m") X(P, "p")
+
+enum ps_hdr_key {
+#define PS_HK_ENUM_(name, key) PS_HK_##name,
+    PS_HDR_KEYS(PS_HK_ENUM_)
+#undef PS_HK_ENUM_
+    PS_HK_COUNT
+};
+#define PS_HK(name) (1u << PS_HK_##name)
+
+/* Who may send a request of a type (the table's `from`). */
+enum ps_msg_from {
+    PS_FROM_NOBODY = 0, /* a reply only: a request of this type is refused */
+    PS_FROM_ANY,        /* a worker rank or rank -1 (a tool), before hello too: hello itself */
+    PS_FROM_LIVE,       /* rank -1, or a worker rank this server counts as live (it said
+                           hello and was not dropped) */
+    PS_FROM_WORKER,     /* a live worker rank only */
+    PS_FROM_ADMIN       /* as LIVE, and only with authority (server/admin.h) */
+};
+
+/* What the header's `s` means in a message (the table's s_req, s_rep); each
+ * meaning is its own field of ps_header. */
+enum ps_s_meaning {
+    PS_S_NONE = 0,      /* nothing: sent as 0, not read */
+    PS_S_PUSH_STEP,     /* ps_header.push_step */
+    PS_S_WANT_VERSION,  /* ps_header.want_version */
+    PS_S_CHUNK_VERSION, /* ps_header.chunk_version */
+    PS_S_BARRIER_ID     /* ps_header.barrier_id */
+};
+
+#endif

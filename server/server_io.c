@@ -1,0 +1,81 @@
+/* What the I/O loop (server.c) and the message handlers (server_msg.c) both
+ * do: put a reply on the ROUTER, hand a command to an update thread, and
+ * mark the server as stopping.  Here, so that neither of the two calls the
+ * other back. */
+#include "server_internal.h"
+
+#include <errno.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "ps_error.h"
+#include "ps_log.h"
+
+void srv_send(ps_server *s, zmq_msg_t *id, const ps_header *h)
+{
+    char buf[PS_HEADER_MAX];
+    size_t len;
+    if (ps_proto_encode(h, buf, sizeof buf, &len) != 0) {
+        ps_error("cannot encode a %s reply", ps_msg_type_name(h->type));
+        return;
+    }
+    if (zmq_msg_send(id, s->router, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        return;
+    zmq_send(s->router, buf, len, ZMQ_DONTWAIT);
+}
+
+/* ps_reply_to for the barriers and stats requests */
+void srv_reply_hook(void *user, zmq_msg_t *id, const ps_header *h) { srv_send(user, id, h); }
+
+/* Hand a message to an owner, or queue it while its PAIR is full (reads from
+ * the ROUTER pause meanwhile: out_total). */
+static void srv_to_owner(ps_server *s, int i, zmq_msg_t *f, int nf)
+{
+    owner *o = &s->own[i];
+    size_t before = o->out.n;
+    int rc = ps_outbox_put(&o->out, o->pair, f, nf);
+    if (rc == PS_EIO)
+        ps_error("handing a message to update thread %d failed: %s", i, zmq_strerror(errno));
+    else if (rc)
+        ps_error("out of memory queueing a message for update thread %d; dropped", i);
+    else if (!before && o->out.n)
+        ps_debug("update thread %d is behind: reads from the ROUTER pause until it catches up",
+                 i);
+    s->out_total += o->out.n - before;
+}
+
+void srv_flush_outbox(ps_server *s, int i)
+{
+    owner *o = &s->own[i];
+    size_t before = o->out.n;
+    while (ps_outbox_flush(&o->out, o->pair) != 0)
+        ps_error("handing a message to update thread %d failed: %s", i, zmq_strerror(errno));
+    s->out_total -= before - o->out.n;
+}
+
+void srv_send_cmd(ps_server *s, int owner, const ps_cmd_frame *cmd, zmq_msg_t *id,
+                  zmq_msg_t *payload)
+{
+    zmq_msg_t f[3];
+    int nf = 1;
+    zmq_msg_init_size(&f[0], sizeof *cmd);
+    memcpy(zmq_msg_data(&f[0]), cmd, sizeof *cmd);
+    if (id) {
+        zmq_msg_init(&f[nf]);
+        zmq_msg_move(&f[nf++], id);
+    }
+    if (payload) {
+        zmq_msg_init(&f[nf]);
+        zmq_msg_move(&f[nf++], payload);
+    }
+    srv_to_owner(s, owner, f, nf);
+}
+
+/* From here on no checkpoint is started by schedule, and one that completes
+ * is written at once (the last one at stop). */
+void srv_set_stopping(ps_server *s)
+{
+    s->stopping = 1;
+    if (s->ck)
+        ps_ckpt_coord_stopping(s->ck);
+}
