@@ -423,9 +423,13 @@ int ps_table_round_add(ps_table *t, int rank, const uint64_t *ids, size_t n, con
 {
     size_t d = t->cfg.dim;
     if (rank < 0 || rank <= t->last_rank) {
-        ps_errorf(why, why_len, "table %llu: the push of rank %d comes after rank %d's in "
-            "this round; a round takes its pushes in rank order",
-            (unsigned long long)t->cfg.table, rank, t->last_rank);
+        if (rank < 0)
+            ps_errorf(why, why_len, "table %llu: a push of rank %d (ranks are >= 0)",
+                (unsigned long long)t->cfg.table, rank);
+        else
+            ps_errorf(why, why_len, "table %llu: the push of rank %d comes after rank %d's in "
+                "this round; a round takes its pushes in rank order",
+                (unsigned long long)t->cfg.table, rank, t->last_rank);
         return PS_ESTATE;
     }
     if (g_len != n * d)

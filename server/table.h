@@ -20,14 +20,17 @@
  * an evicted row's slot goes to the new row).  Beyond the values and the
  * optimizer state a row costs its id (8 bytes) and its share of the hash
  * (4 bytes / load, 5.3 to 8 bytes): at most 16 bytes (a capped table adds 8
- * for its LRU links), plus the unused part of the last slab.
+ * for its LRU links), plus the unused part of the last slab.  (Adam's count,
+ * 4 bytes, is optimizer state: ps_table_row_bytes counts it.)
  *
  * Memory: every allocation that grows with the rows (slabs, the hash, the
  * round's sums, the deletion list, the filter) is charged to *mem_used
  * (shared by every shard and table of a server, atomically) before it is
  * made, and an operation that would pass max_memory is refused with
- * PS_ETOOBIG before it changes anything.  Not charged: a request's scratch
- * (8 bytes per id of the largest request so far), like the request itself.
+ * PS_ETOOBIG before it changes anything (the deletion list alone is charged
+ * but never refused: an eviction cannot wait).  Not charged: a request's
+ * scratch (8 bytes per id of the largest request so far), like the request
+ * itself.
  *
  * Updates (the optimizer: ps_table_config.opt), only ever on rows touched:
  *  - async: ps_table_push applies each gradient row on arrival;
@@ -61,7 +64,9 @@
  * Optional per table:
  *  - a row cap (max_rows): creating a row in a full table first evicts the
  *    least recently touched row, exactly (an intrusive doubly linked list of
- *    32-bit slots; a pull, a push or a restore touches a row);
+ *    32-bit slots; a pull, a push or a restore touches a row).  Set it well
+ *    above the rows of a request or a round: a row evicted between a pull and
+ *    its push comes back with the initializer's values before the update;
  *  - a frequency filter (min_count N >= 2, as Monolith's): an id gets a row
  *    at its Nth pull (sighting); before that a pull returns the initializer's
  *    values and creates nothing, and a gradient row for it is dropped.  The
@@ -122,8 +127,7 @@ typedef struct ps_table_config {
      * FTRL's alpha; lr decay follows the table's version (its updates);
      * weight decay reaches only the rows touched */
     ps_opt_config opt;
-    float ftrl_beta, ftrl_l1, ftrl_l2; /* FTRL's beta (> 0 keeps the first
-                                          step finite) and strengths, >= 0 */
+    float ftrl_beta, ftrl_l1, ftrl_l2; /* FTRL's beta, l1 and l2, each >= 0 */
     uint64_t max_rows;      /* 0: no cap; else evict the least recently touched */
     uint32_t min_count;     /* frequency filter: 0 or 1 off; N <= 255: a row at the Nth pull */
     uint32_t filter_cells;  /* its size in cells (bytes); 0: PS_TABLE_FILTER_CELLS */
@@ -247,7 +251,9 @@ void ps_table_foreach(const ps_table *t, int which,
 /* Ids of the rows evicted or removed since the last ps_table_mark_clean (a
  * row deleted and created again is in both lists: apply an incremental
  * checkpoint's deletions first, then its rows).  Recorded only once
- * ps_table_mark_clean was called (the first checkpoint is a full one). */
+ * ps_table_mark_clean was called (the first checkpoint is a full one).
+ * NULL (*n = 0) when one could not be recorded (out of memory, logged): the
+ * next checkpoint must then be a full one. */
 const uint64_t *ps_table_deleted(const ps_table *t, size_t *n);
 /* A checkpoint holds every change so far: clear the dirty bits and the
  * deletion list, and record deletions from now on.  After restoring a chain

@@ -142,7 +142,8 @@ int tbl_reserve(ps_table *t, uint64_t more, uint64_t extra, char *why, size_t wh
             (unsigned long long)t->cfg.max_memory);
         return PS_ETOOBIG;
     }
-    /* allocate everything, then commit: a failure leaves the table as it was */
+    /* allocate, then commit: after a failure only the slabs made stay (room
+     * for later rows, charged) */
     if (scap != t->slabs_cap) {
         tbl_slab *p = realloc(t->slabs, scap * sizeof *p);
         if (!p)
@@ -164,9 +165,8 @@ int tbl_reserve(ps_table *t, uint64_t more, uint64_t extra, char *why, size_t wh
             free(fresh);
             goto nomem;
         }
-        /* slabs already made stay: room for later rows, charged */
         t->slabs[j] = (tbl_slab){p, t->cfg.opt.kind == PS_OPT_ADAM ? (uint32_t *)(p + c) : NULL,
-                                 t->cfg.max_rows ? (uint32_t *)(p + l) : NULL, (uint32_t)r, b};
+                                 t->cfg.max_rows ? (uint32_t *)(p + l) : NULL};
         t->nslabs = j + 1;
         t->slot_cap += r;
         bytes -= b;

@@ -22,8 +22,6 @@ typedef struct tbl_slab {
     char *rec;     /* row records, t->stride bytes each: u64 id, values, state */
     uint32_t *cnt; /* adam: updates per row (t); else NULL */
     uint32_t *lru; /* capped: prev, next slot per row; else NULL */
-    uint32_t rows; /* rows it holds (the last slab of a capped table may be short) */
-    uint64_t bytes; /* charged */
 } tbl_slab;
 
 struct ps_table {
