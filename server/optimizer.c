@@ -26,7 +26,7 @@
  * check that w_in == w_out fails.  Both instances do the same float
  * operations in the same order, so their results are bitwise identical. */
 
-static void sqrt_block(float *restrict x, size_t n)
+void ps_opt_sqrt_block(float *restrict x, size_t n)
 {
     size_t i = 0;
 #if defined(__SSE__)
@@ -141,7 +141,7 @@ void ps_opt_nesterov_to(const float *w_in, float *w_out, float *v, const float *
         hb[i] = hb[i] + gp * gp;                                \
         d[i] = hb[i];                                           \
     }                                                           \
-    sqrt_block(d, b);                                           \
+    ps_opt_sqrt_block(d, b);                                    \
     for (size_t i = 0; i < b; i++) {                            \
         float gp = gb[i] + wd * WI[i]; /* WI is not written */  \
         WO[i] = WI[i] - lr * gp / (d[i] + eps);                 \
@@ -189,7 +189,7 @@ void ps_opt_adagrad_to(const float *w_in, float *w_out, float *h, const float *g
         vb[i] = b2 * vb[i] + c2 * (gp * gp);                    \
         d[i] = vb[i] / bc2;                                     \
     }                                                           \
-    sqrt_block(d, b);                                           \
+    ps_opt_sqrt_block(d, b);                                    \
     for (size_t i = 0; i < b; i++)                              \
         WO[i] = WI[i] - lr * (mb[i] / bc1) / (d[i] + eps);
 

@@ -49,6 +49,10 @@ int ps_opt_apply(const ps_opt_config *cfg, float *w, float *s0, float *s1, const
 int ps_opt_apply_to(const ps_opt_config *cfg, const float *w_in, float *w_out, float *s0,
                     float *s1, const float *g, size_t n, int64_t t);
 
+/* x[i] = sqrtf(x[i]), vectorized (see optimizer.c): for kernels built the
+ * same way elsewhere (server/table_opt.c). */
+void ps_opt_sqrt_block(float *restrict x, size_t n);
+
 /* The kernels themselves, for tests and benchmarks: in place ... */
 void ps_opt_sgd(float *restrict w, const float *restrict g, size_t n, float lr, float wd);
 void ps_opt_momentum(float *restrict w, float *restrict v, const float *restrict g, size_t n,

@@ -1,0 +1,691 @@
+/* The table store (server/table.h): configuration, the frequency filter,
+ * pulls, async pushes, sync rounds, checkpoint views and counters.  The hash
+ * and the slabs are table_hash.c's, the arithmetic table_opt.c's. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optimizer.h"
+#include "ps_error.h"
+#include "ps_opt_table.h"
+#include "table_internal.h"
+
+#define NO_ROW UINT64_MAX
+/* lookups run ahead of their use: the hash entry of the id PREFETCH ahead
+ * is fetched, and the row record of the one PREFETCH / 2 ahead (its entry
+ * fetched by then) */
+#define PREFETCH 16
+
+/* ---- configuration ---- */
+
+int ps_table_check_config(const ps_table_config *c, char *why, size_t why_len)
+{
+    unsigned long long tk = (unsigned long long)c->table;
+    if (c->dim < 1 || c->dim > PS_TABLE_MAX_DIM) {
+        ps_errorf(why, why_len, "table %llu: dim must be in [1, %d], got %u", tk,
+            PS_TABLE_MAX_DIM, c->dim);
+        return PS_EINVAL;
+    }
+    if (c->init != PS_TABLE_INIT_ZEROS && c->init != PS_TABLE_INIT_UNIFORM &&
+        c->init != PS_TABLE_INIT_NORMAL) {
+        ps_errorf(why, why_len, "table %llu: the initializer must be zeros (%d), uniform (%d) "
+            "or normal (%d), got %d", tk, PS_TABLE_INIT_ZEROS, PS_TABLE_INIT_UNIFORM,
+            PS_TABLE_INIT_NORMAL, c->init);
+        return PS_EINVAL;
+    }
+    if (!(c->init_scale >= 0) || !isfinite(c->init_scale)) {
+        ps_errorf(why, why_len, "table %llu: the initializer's scale must be a finite number "
+            ">= 0, got %g", tk, (double)c->init_scale);
+        return PS_EINVAL;
+    }
+    int kind = c->opt.kind;
+    if (ps_table_state_arrays(kind) < 0) {
+        ps_errorf(why, why_len, "table %llu: the optimizer must be sgd, momentum, nesterov, "
+            "adagrad, adam or ftrl, got kind %d (%s)", tk, kind, ps_opt_name(kind));
+        return PS_EINVAL;
+    }
+    /* the hyper-parameters the kind uses, each in the range of its flag
+     * (ftrl: those every kind uses, then its own) */
+    ps_opt_config o = c->opt;
+    o.kind = kind == PS_TABLE_OPT_FTRL ? PS_OPT_SGD : kind;
+    o.given = 0;
+    for (int p = 0; p < PS_OPT_NPARAMS; p++)
+        if (ps_opt_uses(o.kind, p))
+            o.given |= 1u << p;
+    char msg[PS_ERR_TEXT_MAX];
+    if (ps_opt_check(&o, 0, msg, sizeof msg) != 0) {
+        ps_errorf(why, why_len, "table %llu (%s): %s", tk, ps_table_opt_name(kind), msg);
+        return PS_EINVAL;
+    }
+    if (kind == PS_TABLE_OPT_FTRL) {
+        const char *names[3] = {"beta", "l1", "l2"};
+        float v[3] = {c->ftrl_beta, c->ftrl_l1, c->ftrl_l2};
+        for (int i = 0; i < 3; i++)
+            if (!(v[i] >= 0) || !isfinite(v[i])) {
+                ps_errorf(why, why_len, "table %llu (ftrl): %s must be a finite number >= 0, "
+                    "got %g", tk, names[i], (double)v[i]);
+                return PS_EINVAL;
+            }
+    }
+    if (c->max_rows > PS_TABLE_MAX_ROWS) {
+        ps_errorf(why, why_len, "table %llu: the row cap must be at most %llu (0: none), got "
+            "%llu", tk, (unsigned long long)PS_TABLE_MAX_ROWS, (unsigned long long)c->max_rows);
+        return PS_EINVAL;
+    }
+    if (c->min_count > 255) {
+        ps_errorf(why, why_len, "table %llu: the frequency filter's count must be in [0, 255] "
+            "(0 or 1: no filter), got %u", tk, c->min_count);
+        return PS_EINVAL;
+    }
+    if (c->min_count >= 2 && c->filter_cells != 0 && c->filter_cells < 64) {
+        ps_errorf(why, why_len, "table %llu: the frequency filter needs at least 64 cells "
+            "(0: %u), got %u", tk, PS_TABLE_FILTER_CELLS, c->filter_cells);
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
+int ps_table_create(const ps_table_config *cfg, ps_table **out, char *why, size_t why_len)
+{
+    *out = NULL;
+    int rc = ps_table_check_config(cfg, why, why_len);
+    if (rc)
+        return rc;
+    ps_table *t = calloc(1, sizeof *t);
+    if (!t) {
+        ps_errorf(why, why_len, "out of memory creating table %llu",
+            (unsigned long long)cfg->table);
+        return PS_ENOMEM;
+    }
+    t->cfg = *cfg;
+    atomic_init(&t->own_mem, 0);
+    t->nstate = ps_table_state_arrays(cfg->opt.kind);
+    t->stride = 8 + (size_t)4 * cfg->dim * (size_t)(1 + t->nstate);
+    t->big = TBL_SMALL;
+    while (t->big < 16 && ((size_t)2 << t->big) * t->stride <= TBL_SLAB_BYTES)
+        t->big++;
+    t->lru_head = t->lru_tail = TBL_NIL;
+    t->last_rank = -1;
+    t->hcap = 16;
+    t->ncells = cfg->min_count >= 2 ? (cfg->filter_cells ? cfg->filter_cells
+                                                        : PS_TABLE_FILTER_CELLS) : 0;
+    uint64_t bytes = sizeof *t + t->hcap * sizeof(uint32_t) + cfg->dim * sizeof(float) +
+                     t->ncells;
+    if (!tbl_charge(t, bytes)) {
+        ps_errorf(why, why_len, "table %llu needs %llu bytes; %llu of %llu bytes "
+            "(--max-memory) in use", (unsigned long long)cfg->table, (unsigned long long)bytes,
+            (unsigned long long)atomic_load(cfg->mem_used ? cfg->mem_used : &t->own_mem),
+            (unsigned long long)cfg->max_memory);
+        free(t);
+        return PS_ETOOBIG;
+    }
+    t->map = calloc(t->hcap, sizeof *t->map);
+    t->scratch = malloc(cfg->dim * sizeof(float));
+    t->cells = t->ncells ? calloc(t->ncells, 1) : NULL;
+    if (!t->map || !t->scratch || (t->ncells && !t->cells)) {
+        ps_table_destroy(t);
+        ps_errorf(why, why_len, "out of memory creating table %llu",
+            (unsigned long long)cfg->table);
+        return PS_ENOMEM;
+    }
+    *out = t;
+    return 0;
+}
+
+void ps_table_destroy(ps_table *t)
+{
+    if (!t)
+        return;
+    tbl_free_rows(t);
+    free(t->pos);
+    free(t->cells);
+    free(t->acc_ids);
+    free(t->acc_rows);
+    free(t->acc_map);
+    free(t->deleted);
+    free(t->scratch);
+    tbl_uncharge(t, t->bytes);
+    free(t);
+}
+
+const ps_table_config *ps_table_get_config(const ps_table *t) { return &t->cfg; }
+
+size_t ps_table_row_bytes(const ps_table *t)
+{
+    return (size_t)4 * t->cfg.dim * (size_t)(1 + t->nstate) +
+           (t->cfg.opt.kind == PS_OPT_ADAM ? 4 : 0);
+}
+
+/* ---- the frequency filter: a counting Bloom filter, 3 cells per id ---- */
+
+static void filter_cells3(const ps_table *t, uint64_t id, uint64_t c[3])
+{
+    uint64_t h = tbl_mix(id ^ 0xbb67ae8584caa73bull);
+    for (int k = 0; k < 3; k++)
+        c[k] = tbl_home(tbl_mix(h + (uint64_t)k * 0x9e3779b97f4a7c15ull), t->ncells);
+}
+
+/* The id's count: the least of its cells (never below its sightings). */
+static unsigned filter_count(const ps_table *t, uint64_t id)
+{
+    uint64_t c[3];
+    filter_cells3(t, id, c);
+    unsigned m = t->cells[c[0]];
+    for (int k = 1; k < 3; k++)
+        if (t->cells[c[k]] < m)
+            m = t->cells[c[k]];
+    return m;
+}
+
+/* One more sighting of id; its count after it.  Conservative update: only
+ * the cells at the least value go up, so ids sharing cells inflate each
+ * other's counts less. */
+static unsigned filter_sight(ps_table *t, uint64_t id)
+{
+    uint64_t c[3];
+    filter_cells3(t, id, c);
+    unsigned m = 255;
+    for (int k = 0; k < 3; k++)
+        if (t->cells[c[k]] < m)
+            m = t->cells[c[k]];
+    if (m == 255)
+        return m;
+    for (int k = 0; k < 3; k++)
+        if (t->cells[c[k]] == m)
+            t->cells[c[k]] = (uint8_t)(m + 1);
+    return m + 1;
+}
+
+/* ---- a request's rows: look them all up first (and reserve room for
+ * those missing), so a request is refused before it changes anything ---- */
+
+static int size_error(const ps_table *t, const char *what, size_t n, size_t len, char *why,
+                      size_t why_len)
+{
+    ps_errorf(why, why_len, "%s of %zu ids with %zu floats: table %llu has rows of %u floats, "
+        "so %zu were expected", what, n, len, (unsigned long long)t->cfg.table, t->cfg.dim,
+        n * t->cfg.dim);
+    return PS_EPROTO;
+}
+
+/* Entry positions of ids[0..n) into t->pos (NO_ROW: no row yet), and room
+ * for the rows missing.  *gen: the hash's generation they hold for.  t->pos
+ * is scratch, like the request itself not charged (8 bytes per id of the
+ * largest request). */
+static int look_up(ps_table *t, const uint64_t *ids, size_t n, uint64_t *gen, char *why,
+                   size_t why_len)
+{
+    if (n > t->npos) {
+        size_t ncap = t->npos ? t->npos : 256;
+        while (ncap < n)
+            ncap *= 2;
+        uint64_t *p = realloc(t->pos, ncap * sizeof *p);
+        if (!p) {
+            ps_errorf(why, why_len, "table %llu: out of memory for a request of %zu ids",
+                (unsigned long long)t->cfg.table, n);
+            return PS_ENOMEM;
+        }
+        t->pos = p;
+        t->npos = ncap;
+    }
+    uint64_t missing = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i + PREFETCH < n)
+            __builtin_prefetch(&t->map[tbl_home(tbl_hash(ids[i + PREFETCH]), t->hcap)]);
+        if (i + PREFETCH / 2 < n) {
+            uint32_t e = t->map[tbl_home(tbl_hash(ids[i + PREFETCH / 2]), t->hcap)];
+            if (e)
+                __builtin_prefetch(tbl_rec(t, (e & TBL_SLOT) - 1));
+        }
+        int found;
+        uint64_t p = tbl_find(t, ids[i], &found);
+        t->pos[i] = found ? p : NO_ROW;
+        missing += !found;
+    }
+    *gen = t->map_gen; /* before the reserve: growing the hash moves the entries */
+    return missing && !tbl_has_room(t, missing) ? tbl_reserve(t, missing, 0, why, why_len) : 0;
+}
+
+/* The entry of ids[i]'s row now: as looked up while the hash has not moved,
+ * else found again; a row missing is created unless the filter has not
+ * admitted the id (sight: a pull, which counts as a sighting first): then
+ * NO_ROW. */
+static uint64_t entry_of(ps_table *t, size_t i, uint64_t id, uint64_t gen, int sight)
+{
+    if (t->pos[i] != NO_ROW && t->map_gen == gen)
+        return t->pos[i];
+    int found;
+    uint64_t p = tbl_find(t, id, &found);
+    if (found)
+        return p;
+    if (t->cells && (sight ? filter_sight(t, id) : filter_count(t, id)) < t->cfg.min_count)
+        return NO_ROW;
+    return tbl_create_row(t, id, p);
+}
+
+static uint32_t slot_at(const ps_table *t, uint64_t pos) { return (t->map[pos] & TBL_SLOT) - 1; }
+
+/* Fetch the record of the row ids[i] a few ids ahead (its first lines) */
+static void prefetch_row(const ps_table *t, size_t i, size_t n, uint64_t gen)
+{
+    i += 4;
+    if (i >= n || t->pos[i] == NO_ROW || t->map_gen != gen)
+        return;
+    const char *rec = tbl_rec(t, slot_at(t, t->pos[i]));
+    size_t b = t->stride < 256 ? t->stride : 256;
+    for (size_t o = 0; o < b; o += 64)
+        __builtin_prefetch(rec + o, 1);
+}
+
+int ps_table_pull(ps_table *t, const uint64_t *ids, size_t n, float *out, size_t out_len,
+                  char *why, size_t why_len)
+{
+    size_t d = t->cfg.dim;
+    if (out_len != n * d)
+        return size_error(t, "pull", n, out_len, why, why_len);
+    uint64_t gen;
+    int rc = look_up(t, ids, n, &gen, why, why_len);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < n; i++) {
+        float *o = out + i * d;
+        prefetch_row(t, i, n, gen);
+        uint64_t p = entry_of(t, i, ids[i], gen, 1);
+        if (p == NO_ROW) {
+            ps_table_initial_row(&t->cfg, ids[i], o);
+            t->st.filtered_pulls++;
+            continue;
+        }
+        uint32_t s = slot_at(t, p);
+        memcpy(o, tbl_rec_w(tbl_rec(t, s)), d * sizeof(float));
+        tbl_touch(t, s);
+    }
+    t->st.pulled += n;
+    return 0;
+}
+
+/* Update the row of entry p with gradient row g. */
+static void update_row(ps_table *t, uint64_t p, const float *g, const tbl_step *st)
+{
+    uint32_t s = slot_at(t, p);
+    t->map[p] |= TBL_DIRTY;
+    tbl_apply_row(t, st, tbl_rec(t, s), s, g);
+    tbl_touch(t, s);
+    t->st.updated++;
+}
+
+int ps_table_push(ps_table *t, const uint64_t *ids, size_t n, const float *g, size_t g_len,
+                  int64_t m, char *why, size_t why_len)
+{
+    size_t d = t->cfg.dim;
+    if (g_len != n * d)
+        return size_error(t, "push", n, g_len, why, why_len);
+    if (m < 1) {
+        ps_errorf(why, why_len, "a push to table %llu summing %lld gradients: at least 1",
+            (unsigned long long)t->cfg.table, (long long)m);
+        return PS_EPROTO;
+    }
+    uint64_t gen;
+    int rc = look_up(t, ids, n, &gen, why, why_len);
+    if (rc)
+        return rc;
+    tbl_step st = {ps_opt_lr_at(&t->cfg.opt, t->version + m), m};
+    float inv = 1.0f / (float)m;
+    for (size_t i = 0; i < n; i++) {
+        prefetch_row(t, i, n, gen);
+        uint64_t p = entry_of(t, i, ids[i], gen, 0);
+        if (p == NO_ROW) {
+            t->st.filtered_pushes++;
+            continue;
+        }
+        const float *gi = g + i * d;
+        if (m > 1) {
+            /* the mean of the gradients summed, as ps_shard_push_sum */
+            for (size_t k = 0; k < d; k++)
+                t->scratch[k] = gi[k] * inv;
+            gi = t->scratch;
+        }
+        update_row(t, p, gi, &st);
+    }
+    t->version += m;
+    t->st.pushed += n;
+    return 0;
+}
+
+/* ---- sync rounds ---- */
+
+/* The sum of id in the open round: its index (*found = 1) or the empty
+ * entry of acc_map where it would go. */
+static size_t acc_find(const ps_table *t, uint64_t id, int *found)
+{
+    *found = 0;
+    if (!t->acc_map)
+        return 0;
+    size_t i = (size_t)tbl_home(tbl_hash(id), t->acc_hcap);
+    for (;;) {
+        uint32_t e = t->acc_map[i];
+        if (!e)
+            return i;
+        if (t->acc_ids[e - 1] == id) {
+            *found = 1;
+            return e - 1;
+        }
+        i = (i + 1) & (t->acc_hcap - 1);
+    }
+}
+
+/* The sums' capacity for `need` ids (doubling; the map twice as large, a
+ * power of two) and the bytes it adds (0: it fits now). */
+static size_t acc_size(const ps_table *t, size_t need, uint64_t *more)
+{
+    *more = 0;
+    if (need == 0 || (need <= t->acc_cap && t->acc_map))
+        return t->acc_cap;
+    size_t ncap = t->acc_cap ? t->acc_cap : 64;
+    while (ncap < need)
+        ncap *= 2;
+    *more = (ncap - t->acc_cap) * (sizeof(uint64_t) + t->cfg.dim * sizeof(float) +
+                                   2 * sizeof(uint32_t));
+    return ncap;
+}
+
+/* Grow the sums to ncap ids; `more` bytes are charged already (given back
+ * when it fails). */
+static int acc_grow(ps_table *t, size_t ncap, uint64_t more, char *why, size_t why_len)
+{
+    uint64_t *ids = realloc(t->acc_ids, ncap * sizeof *ids);
+    if (ids)
+        t->acc_ids = ids;
+    float *rows = ids ? realloc(t->acc_rows, ncap * t->cfg.dim * sizeof *rows) : NULL;
+    if (rows)
+        t->acc_rows = rows;
+    uint32_t *map = rows ? calloc(2 * ncap, sizeof *map) : NULL;
+    if (!map) {
+        tbl_uncharge(t, more);
+        ps_errorf(why, why_len, "table %llu: out of memory for the sums of a round",
+            (unsigned long long)t->cfg.table);
+        return PS_ENOMEM;
+    }
+    free(t->acc_map);
+    t->acc_map = map;
+    t->acc_hcap = 2 * ncap;
+    t->acc_cap = ncap;
+    for (size_t e = 0; e < t->acc_n; e++) {
+        int found;
+        map[acc_find(t, t->acc_ids[e], &found)] = (uint32_t)(e + 1);
+    }
+    return 0;
+}
+
+int ps_table_round_add(ps_table *t, int rank, const uint64_t *ids, size_t n, const float *g,
+                       size_t g_len, char *why, size_t why_len)
+{
+    size_t d = t->cfg.dim;
+    if (rank < 0 || rank <= t->last_rank) {
+        if (rank < 0)
+            ps_errorf(why, why_len, "table %llu: a push of rank %d (ranks are >= 0)",
+                (unsigned long long)t->cfg.table, rank);
+        else
+            ps_errorf(why, why_len, "table %llu: the push of rank %d comes after rank %d's in "
+                "this round; a round takes its pushes in rank order",
+                (unsigned long long)t->cfg.table, rank, t->last_rank);
+        return PS_ESTATE;
+    }
+    if (g_len != n * d)
+        return size_error(t, "push", n, g_len, why, why_len);
+    /* the ids new to the round (sums to add), and those of them with no row
+     * (rows the round may create): room for both, charged at once, before
+     * anything changes */
+    size_t fresh = 0;
+    uint64_t missing = 0;
+    for (size_t i = 0; i < n; i++) {
+        int found;
+        acc_find(t, ids[i], &found);
+        if (!found) {
+            fresh++;
+            tbl_find(t, ids[i], &found);
+            missing += !found;
+        }
+    }
+    uint64_t more;
+    size_t ncap = acc_size(t, t->acc_n + fresh, &more);
+    int rc = 0;
+    if (missing && !tbl_has_room(t, missing))
+        rc = tbl_reserve(t, missing, more, why, why_len);
+    else if (more && !tbl_charge(t, more)) {
+        ps_errorf(why, why_len, "table %llu needs %llu more bytes for the sums of a round of "
+            "%zu rows; %llu bytes (--max-memory) reached", (unsigned long long)t->cfg.table,
+            (unsigned long long)more, t->acc_n + fresh, (unsigned long long)t->cfg.max_memory);
+        rc = PS_ETOOBIG;
+    }
+    if (!rc && more)
+        rc = acc_grow(t, ncap, more, why, why_len);
+    if (rc)
+        return rc;
+    t->round_new += missing;
+    /* in rank order: the first contributor's row copied, the next ones added */
+    for (size_t i = 0; i < n; i++) {
+        const float *restrict gi = g + i * d;
+        int found;
+        size_t e = acc_find(t, ids[i], &found);
+        if (found) {
+            float *restrict sum = t->acc_rows + e * d;
+            for (size_t k = 0; k < d; k++)
+                sum[k] = sum[k] + gi[k];
+        } else {
+            t->acc_ids[t->acc_n] = ids[i];
+            memcpy(t->acc_rows + t->acc_n * d, gi, d * sizeof(float));
+            t->acc_map[e] = (uint32_t)++t->acc_n;
+        }
+    }
+    t->ncontrib++;
+    t->last_rank = rank;
+    t->st.pushed += n;
+    return 0;
+}
+
+void ps_table_round_cancel(ps_table *t)
+{
+    if (t->acc_n)
+        memset(t->acc_map, 0, t->acc_hcap * sizeof *t->acc_map);
+    t->acc_n = 0;
+    t->ncontrib = 0;
+    t->last_rank = -1;
+    t->round_new = 0;
+}
+
+void ps_table_round_finish(ps_table *t)
+{
+    if (t->ncontrib == 0) {
+        ps_table_round_cancel(t);
+        return;
+    }
+    size_t d = t->cfg.dim;
+    /* the mean over the pushes summed, as shard.c's finish_round divides */
+    float nw = (float)t->ncontrib;
+    tbl_step st = {ps_opt_lr_at(&t->cfg.opt, t->version + 1), 1};
+    for (size_t e = 0; e < t->acc_n; e++) {
+        float *restrict sum = t->acc_rows + e * d;
+        for (size_t k = 0; k < d; k++)
+            sum[k] = sum[k] / nw;
+        uint64_t id = t->acc_ids[e];
+        int found;
+        uint64_t p = tbl_find(t, id, &found);
+        if (!found) {
+            if (t->cells && filter_count(t, id) < t->cfg.min_count) {
+                t->st.filtered_pushes++;
+                continue;
+            }
+            p = tbl_create_row(t, id, p); /* room reserved by round_add */
+        }
+        update_row(t, p, sum, &st);
+    }
+    t->version++;
+    t->st.rounds++;
+    ps_table_round_cancel(t);
+}
+
+int ps_table_round_contributors(const ps_table *t, int *last_rank)
+{
+    if (last_rank)
+        *last_rank = t->last_rank;
+    return t->ncontrib;
+}
+
+int64_t ps_table_version(const ps_table *t) { return t->version; }
+
+void ps_table_set_version(ps_table *t, int64_t version) { t->version = version; }
+
+/* ---- checkpoints ---- */
+
+static void view_of(const ps_table *t, uint32_t s, ps_table_row_view *v)
+{
+    char *rec = tbl_rec(t, s);
+    size_t d = t->cfg.dim;
+    uint32_t *c = tbl_cnt(t, s);
+    v->id = tbl_rec_id(rec);
+    v->dim = t->cfg.dim;
+    v->nstate = t->nstate;
+    v->w = tbl_rec_w(rec);
+    v->state[0] = t->nstate >= 1 ? v->w + d : NULL;
+    v->state[1] = t->nstate >= 2 ? v->w + 2 * d : NULL;
+    v->count = c ? *c : 0;
+}
+
+int ps_table_get_row(const ps_table *t, uint64_t id, ps_table_row_view *v)
+{
+    for (uint64_t i = tbl_home(tbl_hash(id), t->hcap);; i = i + 1 == t->hcap ? 0 : i + 1) {
+        uint32_t e = t->map[i];
+        if (!e)
+            return 0;
+        if (tbl_rec_id(tbl_rec(t, (e & TBL_SLOT) - 1)) == id) {
+            view_of(t, (e & TBL_SLOT) - 1, v);
+            return 1;
+        }
+    }
+}
+
+void ps_table_foreach(const ps_table *t, int which,
+                      void (*fn)(void *arg, const ps_table_row_view *v), void *arg)
+{
+    ps_table_row_view v;
+    if (which == PS_TABLE_ROWS_DIRTY) {
+        for (uint64_t i = 0; i < t->hcap; i++)
+            if (t->map[i] & TBL_DIRTY) {
+                view_of(t, (t->map[i] & TBL_SLOT) - 1, &v);
+                fn(arg, &v);
+            }
+    } else if (t->cfg.max_rows) {
+        for (uint32_t s = t->lru_tail; s != TBL_NIL; s = tbl_lru_prev(t, s)) {
+            view_of(t, s, &v);
+            fn(arg, &v);
+        }
+    } else {
+        for (uint64_t s = 0; s < t->rows; s++) {
+            view_of(t, (uint32_t)s, &v);
+            fn(arg, &v);
+        }
+    }
+}
+
+const uint64_t *ps_table_deleted(const ps_table *t, size_t *n)
+{
+    *n = t->deleted_lost ? 0 : t->ndeleted;
+    return t->deleted_lost ? NULL : t->deleted;
+}
+
+void ps_table_mark_clean(ps_table *t)
+{
+    for (uint64_t i = 0; i < t->hcap; i++)
+        t->map[i] &= ~TBL_DIRTY;
+    t->ndeleted = 0;
+    t->deleted_lost = 0;
+    t->tracking = 1;
+}
+
+int ps_table_restore_row(ps_table *t, const ps_table_row_view *v, char *why, size_t why_len)
+{
+    if (v->dim != t->cfg.dim || v->nstate != t->nstate) {
+        ps_errorf(why, why_len, "row %llu has %u values and %d state arrays; table %llu (%s) "
+            "has rows of %u values and %d", (unsigned long long)v->id, v->dim, v->nstate,
+            (unsigned long long)t->cfg.table, ps_table_opt_name(t->cfg.opt.kind), t->cfg.dim,
+            t->nstate);
+        return PS_EMISMATCH;
+    }
+    int found;
+    uint64_t p = tbl_find(t, v->id, &found);
+    if (!found) {
+        if (!tbl_has_room(t, 1)) {
+            int rc = tbl_reserve(t, 1, 0, why, why_len);
+            if (rc)
+                return rc;
+            p = tbl_find(t, v->id, &found);
+        }
+        p = tbl_create_row(t, v->id, p);
+    }
+    uint32_t s = slot_at(t, p);
+    size_t d = t->cfg.dim;
+    float *w = tbl_rec_w(tbl_rec(t, s));
+    memcpy(w, v->w, d * sizeof(float));
+    for (int k = 0; k < t->nstate; k++)
+        memcpy(w + (size_t)(k + 1) * d, v->state[k], d * sizeof(float));
+    uint32_t *c = tbl_cnt(t, s);
+    if (c)
+        *c = v->count;
+    t->map[p] |= TBL_DIRTY;
+    tbl_touch(t, s);
+    return 0;
+}
+
+int ps_table_remove(ps_table *t, uint64_t id)
+{
+    int found;
+    uint64_t p = tbl_find(t, id, &found);
+    if (!found)
+        return 0;
+    tbl_delete_row(t, p);
+    return 1;
+}
+
+const uint8_t *ps_table_filter_cells(const ps_table *t, size_t *n)
+{
+    *n = t->ncells;
+    return t->cells;
+}
+
+int ps_table_restore_filter(ps_table *t, const uint8_t *cells, size_t n, char *why,
+                            size_t why_len)
+{
+    if (n != t->ncells) {
+        ps_errorf(why, why_len, "table %llu's frequency filter has %zu cells; the checkpoint "
+            "has %zu", (unsigned long long)t->cfg.table, t->ncells, n);
+        return PS_EMISMATCH;
+    }
+    if (n)
+        memcpy(t->cells, cells, n);
+    return 0;
+}
+
+/* ---- counters ---- */
+
+void ps_table_stats(const ps_table *t, ps_table_counts *out)
+{
+    *out = t->st;
+    out->rows = t->rows;
+    out->bytes = t->bytes;
+    out->slots = t->slot_cap;
+    out->hash_entries = t->hcap;
+}
+
+void ps_table_add_counters(ps_table *t, const ps_table_counts *b)
+{
+    t->st.created += b->created;
+    t->st.evicted += b->evicted;
+    t->st.filtered_pulls += b->filtered_pulls;
+    t->st.filtered_pushes += b->filtered_pushes;
+    t->st.pulled += b->pulled;
+    t->st.pushed += b->pushed;
+    t->st.updated += b->updated;
+    t->st.rounds += b->rounds;
+}
