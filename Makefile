@@ -9,6 +9,10 @@
 #             PTX of the newest for the driver to compile on newer GPUs
 #   WERROR=0  warnings stay warnings (a newer compiler than the one the tree
 #             is kept clean with, e.g. on a GPU machine building for itself)
+#   make gpu-bundle [GPU_BUNDLE=build/gpu-bundle]  the CUDA build with every
+#             shared library it needs that is not glibc or CUDA's, in one
+#             folder that runs on a GPU machine without Debian's packages
+#             (tests/gpu/README.md)
 #   make install [PREFIX=/usr/local] [DESTDIR=]   programs, libps (static and
 #             shared), public headers, pkg-config file, Python package;
 #             make uninstall removes exactly those (docs/INSTALL.md)
@@ -259,6 +263,24 @@ test: all
 
 bench: all $(BENCHES)
 	@BUILD=$(BUILD) PS_BIN_DIR=$(BIN) bench/run.sh
+
+# --- The GPU bundle: this CUDA build, its Python package, and the shared
+# libraries it loads that are neither glibc's nor the device's CUDA, with a
+# wrapper (GPU_BUNDLE/run) that puts them on the paths; for a GPU machine
+# without Debian's packages, where tests/gpu/check.sh --bundle runs it.
+GPU_BUNDLE ?= build/gpu-bundle
+ifneq ($(filter gpu-bundle,$(MAKECMDGOALS)),)
+  ifneq ($(BUILD_CUDA),1)
+    $(error make gpu-bundle needs the CUDA backend: no nvcc at $(NVCC) (set CUDA_HOME), or CUDA=0)
+  endif
+  ifeq ($(SAN),1)
+    $(error make gpu-bundle: not with SAN=1 (a sanitized build runs only where it was built))
+  endif
+endif
+gpu-bundle: all $(BENCHES)
+	BUILD=$(BUILD) BIN=$(BIN) LIB=$(LIB) NVCC=$(NVCC) sh tests/gpu/bundle.sh \
+	  --out $(GPU_BUNDLE) --archs "$(CUDA_BUILT)"
+.PHONY: gpu-bundle
 
 deps:
 	sh .ci/deps.sh
