@@ -291,7 +291,15 @@ worker_runs() {
         for w in 1 2; do
             for mode in sync async; do
                 for shm in auto off; do
-                    workers "worker_${spec}_${w}w_${mode}_shm-$shm" "$s" "$w" "$mode" "$shm" "$n"
+                    _n=worker_${spec}_${w}w_${mode}_shm-$shm
+                    # one process per GPU: the refusal is checked once, in
+                    # async (a sync worker would wait for the refused one)
+                    if [ "$MODE" = Exclusive_Process ] && [ "$w" -gt 1 ] &&
+                        [ "$_n" != worker_mlp_2w_async_shm-auto ]; then
+                        row "$_n" skipped 0 "cuda:0 is in EXCLUSIVE_PROCESS mode: two workers cannot share it (worker_mlp_2w_async_shm-auto checks the refusal)"
+                        continue
+                    fi
+                    workers "$_n" "$s" "$w" "$mode" "$shm" "$n"
                 done
             done
         done
