@@ -4,6 +4,15 @@
 #   SAN=1     build with AddressSanitizer + UndefinedBehaviorSanitizer
 #   CUDA=0    never build the CUDA backend;  CUDA=1  fail if nvcc is missing
 #   CUDA_HOME where the CUDA toolkit lives (default /usr/local/cuda)
+#   CUDA_ARCHS GPU architectures to build machine code for (default "80 90":
+#             A100 and, binary compatible, sm_86/89 GPUs; H100/H200), plus
+#             PTX of the newest for the driver to compile on newer GPUs
+#   WERROR=0  warnings stay warnings (a newer compiler than the one the tree
+#             is kept clean with, e.g. on a GPU machine building for itself)
+#   make gpu-bundle [GPU_BUNDLE=build/gpu-bundle]  the CUDA build with every
+#             shared library it needs that is not glibc or CUDA's, in one
+#             folder that runs on a GPU machine without Debian's packages
+#             (tests/gpu/README.md)
 #   make install [PREFIX=/usr/local] [DESTDIR=]   programs, libps (static and
 #             shared), public headers, pkg-config file, Python package;
 #             make uninstall removes exactly those (docs/INSTALL.md)
@@ -66,8 +75,10 @@ $(BUILD)/client/%.o: INC := $(INC_client)
 $(BUILD)/worker/%.o: INC := $(INC_worker)
 $(BUILD)/launch/%.o: INC := $(INC_launch)
 $(BUILD)/examples/%.o: INC := -Iinclude
+WERROR    ?= 1
+WERR      := $(if $(filter 1,$(WERROR)),-Werror)
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -DPS_VERSION=\"$(VERSION)\" -g -O3 \
-  -Wall -Wextra -Werror -pthread -fno-strict-aliasing
+  -Wall -Wextra $(WERR) -pthread -fno-strict-aliasing
 ifeq ($(SAN),1)
   CFLAGS_BASE += -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
                  -fno-sanitize-recover=undefined
@@ -86,13 +97,31 @@ ifeq ($(CUDA),1)
 else ifeq ($(CUDA),auto)
   BUILD_CUDA := $(HAVE_NVCC)
 endif
+# Architectures: machine code (SASS) for each of CUDA_ARCHS this nvcc can
+# build (nvcc --list-gpu-code), and PTX of the newest of them, which the
+# driver compiles at load time on a GPU newer than all of them.
+CUDA_ARCHS ?= 80 90
+comma := ,
 ifeq ($(BUILD_CUDA),1)
-  NVCCFLAGS := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 \
-    -gencode arch=compute_90,code=compute_90 -Xcompiler -Wall,-Wextra,-Werror,-fPIC \
-    -Werror all-warnings $(INC_worker)
+  NVCC_CODES := $(shell $(NVCC) --list-gpu-code 2>/dev/null)
+  CUDA_SASS  := $(if $(NVCC_CODES),$(foreach a,$(CUDA_ARCHS),$(if $(filter sm_$(a),$(NVCC_CODES)),$(a))),$(CUDA_ARCHS))
+  CUDA_NOT_BUILT := $(filter-out $(CUDA_SASS),$(CUDA_ARCHS))
+  ifeq ($(strip $(CUDA_SASS)),)
+    $(error CUDA_ARCHS="$(CUDA_ARCHS)": $(NVCC) builds none of them (it builds: $(NVCC_CODES)))
+  endif
+  CUDA_PTX   := $(shell printf '%s\n' $(CUDA_SASS) | sort -n | tail -n 1)
+  CUDA_BUILT := $(foreach a,$(CUDA_SASS),sm_$(a)) + PTX compute_$(CUDA_PTX)
+  NVCCFLAGS := -O3 -std=c++17 $(foreach a,$(CUDA_SASS),-gencode arch=compute_$(a),code=sm_$(a)) \
+    -gencode arch=compute_$(CUDA_PTX),code=compute_$(CUDA_PTX) \
+    -Xcompiler -Wall,-Wextra,-fPIC$(if $(WERR),$(comma)-Werror) \
+    $(if $(WERR),-Werror all-warnings) $(INC_worker)
   CFLAGS += -DPS_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+  # the shared libcudart (not nvcc's static default): the fault tests put
+  # tests/fake_cudart.c in front of it, and the GPU bundle takes the
+  # device's own, the one that matches its driver
   LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
   CUDA_SRCS := $(wildcard worker/*.cu)
+  FAKE_CUDART := $(BUILD)/tests/libfake_cudart.so
 endif
 
 # --- sources.  Files named *_main.c hold a program's main().  libps is
@@ -132,10 +161,11 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS))
 
 .PHONY: all test bench deps clean run install uninstall
 all: $(PROGRAMS) $(LIB)/libps.a $(LIB)/libps.so $(EXAMPLES) tests-build
-	@if [ "$(BUILD_CUDA)" != 1 ]; then echo "make: CUDA backend skipped (no nvcc at $(NVCC), or CUDA=0)"; fi
+	@if [ "$(BUILD_CUDA)" != 1 ]; then echo "make: CUDA backend skipped (no nvcc at $(NVCC), or CUDA=0)"; \
+	else echo "make: CUDA backend for $(CUDA_BUILT)$(if $(CUDA_NOT_BUILT), (not $(addprefix sm_,$(CUDA_NOT_BUILT)): $(NVCC) cannot build them))"; fi
 
 tests-build: $(TESTS) $(BUILD)/tests/public_header.o $(BUILD)/tests/readme_client \
-  $(BUILD)/tests/abi_layout
+  $(BUILD)/tests/abi_layout $(FAKE_CUDART)
 .PHONY: tests-build
 # keep test objects between builds (they are intermediate files of a chain)
 .SECONDARY:
@@ -191,7 +221,13 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
 # libps's public headers stand alone: -Iinclude and nothing else
 $(BUILD)/tests/public_header.o: tests/public_header.c $(PUBLIC_HEADERS)
 	@mkdir -p $(@D)
-	$(CC) -std=c99 -pedantic-errors -Wall -Wextra -Werror -Iinclude -c -o $@ $<
+	$(CC) -std=c99 -pedantic-errors -Wall -Wextra $(WERR) -Iinclude -c -o $@ $<
+
+# The CUDA runtime with faults on demand (tests/test_cuda_faults.sh), not
+# sanitized: it is preloaded in front of libcudart.
+$(FAKE_CUDART): tests/fake_cudart.c
+	@mkdir -p $(@D)
+	$(CC) -std=c11 -O2 -Wall -Wextra $(WERR) -shared -fPIC -I$(CUDA_HOME)/include -o $@ $< -ldl
 
 # README.md's C program (the ```c block under "## The client library"),
 # built the way the README says: -Iinclude and libps, nothing else.  A README
@@ -209,14 +245,18 @@ $(BUILD)/tests/readme_client: $(BUILD)/tests/readme_client.c $(LIB)/libps.a
 # them (tests/test_python.sh compares)
 $(BUILD)/tests/abi_layout: tests/abi_layout.c include/ps_client.h include/ps_types.h
 	@mkdir -p $(@D)
-	$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude -o $@ $<
+	$(CC) -std=c11 -Wall -Wextra $(WERR) -Iinclude -o $@ $<
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(PIC) $(INC) -MMD -MP -c -o $@ $<
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.cu $(BUILD)/cuda.flags
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c -o $@ $<
+# rebuilt when the flags change (another CUDA_ARCHS, WERROR)
+$(BUILD)/cuda.flags: FORCE
+	@mkdir -p $(@D)
+	@echo '$(NVCCFLAGS)' | cmp -s - $@ || echo '$(NVCCFLAGS)' >$@
 
 test: all
 	@BUILD=$(BUILD) SAN=$(SAN) PS_BIN_DIR=$(BIN) tests/run.sh
@@ -231,6 +271,24 @@ protocol-doc: $(BUILD)/ps_msg_doc
 
 bench: all $(BENCHES)
 	@BUILD=$(BUILD) PS_BIN_DIR=$(BIN) bench/run.sh
+
+# --- The GPU bundle: this CUDA build, its Python package, and the shared
+# libraries it loads that are neither glibc's nor the device's CUDA, with a
+# wrapper (GPU_BUNDLE/run) that puts them on the paths; for a GPU machine
+# without Debian's packages, where tests/gpu/check.sh --bundle runs it.
+GPU_BUNDLE ?= build/gpu-bundle
+ifneq ($(filter gpu-bundle,$(MAKECMDGOALS)),)
+  ifneq ($(BUILD_CUDA),1)
+    $(error make gpu-bundle needs the CUDA backend: no nvcc at $(NVCC) (set CUDA_HOME), or CUDA=0)
+  endif
+  ifeq ($(SAN),1)
+    $(error make gpu-bundle: not with SAN=1 (a sanitized build runs only where it was built))
+  endif
+endif
+gpu-bundle: all $(BENCHES)
+	BUILD=$(BUILD) BIN=$(BIN) LIB=$(LIB) NVCC=$(NVCC) sh tests/gpu/bundle.sh \
+	  --out $(GPU_BUNDLE) --archs "$(CUDA_BUILT)"
+.PHONY: gpu-bundle
 
 deps:
 	sh .ci/deps.sh

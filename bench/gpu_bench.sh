@@ -7,12 +7,21 @@
 # PyTorch installed, the same models in PyTorch (same layers, batch, SGD,
 # FP32 without TF32, timed steps after warm-up) and ours over PyTorch.
 # Exits 0 with "skipped: no CUDA device" where nvidia-smi finds no GPU.
+# The last two lines say how each half went, for tests/gpu/check.sh:
+#   gpu_bench: ours: ok | FAILED: why | skipped: why
+#   gpu_bench: pytorch: ok: figures | FAILED: why | skipped: why
 #   GPU_MLP_STEPS (2000)  GPU_CNN_STEPS (600)  GPU_REPS (2)  GPU_DATA (Fashion-MNIST dir)
 #   GPU_DEVICE (cuda:0; "cpu" only to try the script itself on a machine without a GPU)
+#   BENCH_TIMEOUT (300): seconds any one server, worker or PyTorch run may take
+#   PYTHON (python3): the interpreter whose torch is measured
 cd "$(dirname "$0")/.." || exit 1
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1 ||
-    [ -z "$(nvidia-smi -L 2>/dev/null)" ]; then
+PYTHON=${PYTHON:-python3}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-300}
+if [ "${GPU_DEVICE:-cuda:0}" != cpu ] && { ! command -v nvidia-smi >/dev/null 2>&1 ||
+    [ -z "$(timeout 20 nvidia-smi -L 2>/dev/null)" ]; }; then
     echo "gpu_bench: skipped: no CUDA device"
+    echo "gpu_bench: ours: skipped: no CUDA device (nvidia-smi lists no GPU)"
+    echo "gpu_bench: pytorch: skipped: no CUDA device"
     exit 0
 fi
 . bench/lib.sh
@@ -29,7 +38,7 @@ LR=0.05
 if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ] && [ ! -f "$DATA/train-images-idx3-ubyte" ]; then
     DATA=synthetic:60000
 fi
-echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1)"
+echo "gpu: $(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)"
 echo "host: $(machine_line)"
 echo "data: $DATA, batch $BATCH, MLP $MLP_STEPS steps, CNN $CNN_STEPS steps, best of $REPS"
 
@@ -63,6 +72,8 @@ record() {
 if ! out=$(measure none 1 $MLP 20); then
     echo "gpu_bench: ps_worker cannot train on $DEVICE (built without CUDA? run make CUDA=1):" >&2
     tail -n 5 "$WORK/worker0.log" >&2
+    echo "gpu_bench: ours: FAILED: ps_worker cannot train on $DEVICE: $(grep -m1 error "$WORK/worker0.log" | cut -c1-160)"
+    echo "gpu_bench: pytorch: skipped: not reached"
     exit 1
 fi
 
@@ -94,8 +105,10 @@ for model in mlp cnn; do
 done
 
 # PyTorch, when it is there
-if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    python3 - "$BATCH" "$LR" "$MLP_STEPS" "$CNN_STEPS" >"$WORK/torch.out" 2>"$WORK/torch.err" <<'EOF'
+torch_status=""
+if timeout 60 "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    timeout -k 5 "$BENCH_TIMEOUT" "$PYTHON" - "$BATCH" "$LR" "$MLP_STEPS" "$CNN_STEPS" \
+        >"$WORK/torch.out" 2>"$WORK/torch.err" <<'EOF'
 import sys, time
 import torch
 import torch.nn as nn
@@ -142,9 +155,10 @@ def bench(name, make, steps):
 bench("mlp", mlp, mlp_steps)
 bench("cnn", cnn, cnn_steps)
 EOF
-    if [ $? -eq 0 ]; then
+    torch_rc=$?
+    if [ $torch_rc -eq 0 ]; then
         echo
-        echo "PyTorch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null), same layers and batch, SGD, FP32 (TF32 off), one process:"
+        echo "PyTorch $("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null), same layers and batch, SGD, FP32 (TF32 off), one process:"
         echo
         echo "| model | PyTorch samples/s | ours compute-only samples/s | ours / PyTorch | ours through 1 server (async) | that / PyTorch |"
         echo "| --- | ---: | ---: | ---: | ---: | ---: |"
@@ -154,19 +168,29 @@ EOF
                 -v a="$(best "${model}_async_1")" 'BEGIN {
                 if (t <= 0) { printf "| %s | - | %.0f | - | %.0f | - |\n", m, c, a; exit }
                 printf "| %s | %.0f | %.0f | %.2f | %.0f | %.2f |\n", m, t, c, c / t, a, a / t }'
+            torch_status="$torch_status${torch_status:+, }$model $(awk -v t="${t:-0}" \
+                -v c="$(best "${model}_none_1")" 'BEGIN { if (t > 0) printf "%.2f", c / t; else printf "-" }')"
         done
+        torch_status="ok: ours / PyTorch compute-only: $torch_status"
     else
         echo
         echo "PyTorch run failed:"
         tail -n 5 "$WORK/torch.err"
+        torch_status="FAILED: $( [ $torch_rc -eq 124 ] && echo "timed out after ${BENCH_TIMEOUT}s" ||
+            tail -n 1 "$WORK/torch.err" | cut -c1-160)"
     fi
 else
     echo
-    echo "PyTorch with CUDA not available (python3 -c 'import torch' failed): no PyTorch comparison."
+    echo "PyTorch with CUDA not available ($PYTHON: no torch, or one without CUDA): no PyTorch comparison."
+    torch_status="skipped: $PYTHON has no torch with CUDA"
 fi
 echo
 if [ "$fail" -ne 0 ]; then
     echo "gpu_bench: some runs failed (see the messages above)"
+    echo "gpu_bench: ours: FAILED: some runs failed (a worker's log is above)"
+    echo "gpu_bench: pytorch: $torch_status"
     exit 1
 fi
 echo "gpu_bench: done"
+echo "gpu_bench: ours: ok"
+echo "gpu_bench: pytorch: $torch_status"

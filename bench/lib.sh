@@ -2,8 +2,12 @@
 #   BIN    where ps_server / ps_worker are (PS_BIN_DIR, default bin)
 #   WORK   a scratch directory for logs (made by bench_init, removed at exit
 #          unless BENCH_KEEP=1)
+#   BENCH_TIMEOUT  seconds each server and worker may run (timeout -k 5), so
+#          a hung run ends as a failed one; unset: no limit
 
 BIN=${PS_BIN_DIR:-bin}
+# the command prefix of every server and worker run
+BENCH_LIMIT=${BENCH_TIMEOUT:+timeout -k 5 $BENCH_TIMEOUT}
 SERVER_PIDS=""
 WORKER_PIDS=""
 
@@ -38,7 +42,7 @@ start_servers() {
         _log=$WORK/server$_i.log
         # an old log would hand us the last server's port before this one writes
         rm -f "$_log"
-        "$BIN/ps_server" --bind 'tcp://127.0.0.1:*' --rank "$_i" --num-servers "$_n" \
+        $BENCH_LIMIT "$BIN/ps_server" --bind 'tcp://127.0.0.1:*' --rank "$_i" --num-servers "$_n" \
             --num-workers "$_w" --mode "$_mode" "$@" >"$_log" 2>&1 &
         SERVER_PIDS="$SERVER_PIDS $!"
         _ep="" _t=0
@@ -78,10 +82,10 @@ run_workers() {
     _r=0
     while [ "$_r" -lt "$_w" ]; do
         if [ "$_mode" = none ]; then
-            "$BIN/ps_worker" --servers none --rank 0 --num-workers 1 "$@" \
+            $BENCH_LIMIT "$BIN/ps_worker" --servers none --rank 0 --num-workers 1 "$@" \
                 >"$WORK/worker$_r.log" 2>&1 &
         else
-            "$BIN/ps_worker" --servers "$PS_SERVERS" --rank "$_r" --num-workers "$_w" \
+            $BENCH_LIMIT "$BIN/ps_worker" --servers "$PS_SERVERS" --rank "$_r" --num-workers "$_w" \
                 --mode "$_mode" "$@" >"$WORK/worker$_r.log" 2>&1 &
         fi
         WORKER_PIDS="$WORKER_PIDS $!"

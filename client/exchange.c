@@ -54,7 +54,7 @@ typedef struct tensor {
     int64_t step;      /* the step of the push in flight (its pull asks for step+npush) */
     int npush;         /* gradients the push in flight sums */
     int64_t posted_ns;
-    ps_backend *b;     /* for copy_done on the comm thread */
+    ps_exchange *x;    /* for copy_done on the comm thread */
     /* local aggregation, a member (local rank > 0): */
     int lg_wait;       /* posted a gradient; the weights it leads to are not in yet */
     uint64_t lg_seen;  /* the generation of the leader's weights last taken */
@@ -79,6 +79,8 @@ struct ps_exchange {
     int wait_tid, request_tid;
     int interrupted;   /* ps_exchange_interrupt was called (atomic) */
     int failed;        /* a request failure was logged */
+    int device_rc;     /* a gradient copy off the device failed: its PS_E* (atomic;
+                        * set on the comm thread by copy_done) */
     /* local aggregation (ps_exchange_set_local_group) */
     char lg_name[256];
     int lg_rank, lg_size, lg_timeout_ms;
@@ -91,19 +93,46 @@ struct ps_exchange {
 static int member(const ps_exchange *x) { return x->lg_size > 1 && x->lg_rank > 0; }
 static int leader(const ps_exchange *x) { return x->lg_size > 1 && x->lg_rank == 0; }
 
-/* A failure to log: not the PS_ECLOSED that ps_exchange_interrupt causes. */
+/* A failure to log: not the PS_ECLOSED that ps_exchange_interrupt, or a
+ * failed device (copy_done), causes. */
 static int worth_logging(const ps_exchange *x, int rc)
 {
-    return rc != PS_ECLOSED || !__atomic_load_n(&x->interrupted, __ATOMIC_ACQUIRE);
+    return rc != PS_ECLOSED || !(__atomic_load_n(&x->interrupted, __ATOMIC_ACQUIRE) ||
+                                 __atomic_load_n(&x->device_rc, __ATOMIC_ACQUIRE));
 }
 
 /* ---------- staging: the only code that differs with the memory kind ---------- */
 
-/* Runs on the comm thread: has the gradient reached pinned host memory? */
+/* Runs on the comm thread: has the gradient reached pinned host memory?
+ * When the device failed instead (a sticky CUDA error: every later query
+ * fails the same way) the gradient never will: polling on would hold the
+ * push, and the training thread waiting for it, forever.  So the first
+ * failure is recorded and the client interrupted (a flag and an eventfd
+ * write, fine on this thread): every request fails, whatever waits returns,
+ * and the exchange's calls return the device's error (device_failed). */
 static int copy_done(void *arg)
 {
     tensor *t = arg;
-    return t->b->event_query(t->b, t->grad_copied) == 1;
+    ps_exchange *x = t->x;
+    if (__atomic_load_n(&x->device_rc, __ATOMIC_ACQUIRE))
+        return 0; /* failed already: the interrupt fails this request too */
+    int r = x->b->event_query(x->b, t->grad_copied);
+    if (r >= 0)
+        return r == 1;
+    /* the backend logged the device's own error (file, line, CUDA message) */
+    ps_error("%s failed while a gradient (key %llu, step %lld) was copied off it: %s; the "
+             "exchange stops: after such an error the device runs nothing more",
+             x->b->name, (unsigned long long)t->key, (long long)t->step, ps_strerror(-r));
+    __atomic_store_n(&x->device_rc, -r, __ATOMIC_RELEASE);
+    ps_client_interrupt(x->client);
+    return 0;
+}
+
+/* The device error copy_done met, or 0: it, not the PS_ECLOSED of the
+ * interrupt it caused, is what the exchange's calls return. */
+static int device_failed(const ps_exchange *x)
+{
+    return __atomic_load_n(&x->device_rc, __ATOMIC_ACQUIRE);
 }
 
 /* The way out: make gradient g, issued on the compute stream, readable by
@@ -162,6 +191,8 @@ static int landed(ps_exchange *x, int i)
     t->wire = NULL; /* the server is done with it */
     ps_request *push = push_req(t);
     int rc = push->status ? push->status : t->pull.status;
+    if (rc && device_failed(x))
+        return device_failed(x); /* said by copy_done */
     if (rc) {
         /* the first failure says why; the other tensors' (the same cause,
          * as a rule) only with --verbose */
@@ -267,7 +298,7 @@ static int post(ps_exchange *x, tensor *t, float *send_buf, int64_t step, int np
     t->pp = 1;
     if ((rc = ps_client_pushpull_sum(x->client, t->key, send, landing(x, t, t->back), step,
                                      npush, ready, t, &t->pull)))
-        return rc;
+        return device_failed(x) ? device_failed(x) : rc;
     t->in_flight = 1;
     t->push_logged = 0;
     t->wire = send_buf;
@@ -571,7 +602,7 @@ int ps_exchange_add(ps_exchange *x, uint64_t key, size_t count, float *w, float 
     *t = (tensor){.key = key, .count = count, .tag = tag, .front = w, .g = g};
     t->gbuf[0] = g;
     t->own_g = 1;
-    t->b = x->b;
+    t->x = x;
     ps_backend *b = x->b;
     size_t bytes = count * sizeof(float);
     int rc;

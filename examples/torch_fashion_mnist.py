@@ -14,6 +14,14 @@ environment, as ps_launch --exec sets them, or --servers):
   bin/ps_launch --servers 2 --workers 2 --mode async --exec /usr/bin/python3 \\
       examples/torch_fashion_mnist.py --epochs 2
 
+The device is --device, else PS_DEVICE (ps_launch sets cuda:0 for a worker
+it gave a GPU, cpu otherwise), else cpu.  On a GPU the model and each batch
+live there, and ps.torch stages gradients and weights through pinned host
+memory:
+
+  bin/ps_launch --servers 1 --workers 2 --gpus auto --mode async --exec \\
+      python3 examples/torch_fashion_mnist.py --steps 500
+
 The same loop without the servers, as baselines: --backend none (one process,
 the torch optimizer steps locally) and --backend ddp (torch.distributed,
 gloo, DistributedDataParallel; rank and size from PS_RANK/PS_NUM_WORKERS or
@@ -148,7 +156,32 @@ def parse():
     p.add_argument("--warmup", type=int, default=0,
                    help="leave the first N iterations out of the summary's samples/s")
     p.add_argument("--ddp-port", type=int, default=29517)
+    p.add_argument("--device", help="cpu or cuda[:N] (default PS_DEVICE, else cpu)")
     return p.parse_args()
+
+
+def pick_device(args):
+    """--device, else PS_DEVICE, else cpu; one torch cannot use ends the run
+    with the reason and exit status 2 (something to fix first, as ps_worker)."""
+    name = args.device or os.environ.get("PS_DEVICE") or "cpu"
+
+    def refuse(why):
+        sys.stderr.write("device %s: %s\n" % (name, why))
+        sys.exit(2)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        refuse("expected cpu or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            refuse("this torch (%s) has no usable CUDA device (built without CUDA, or no GPU); "
+                   "use --device cpu" % torch.__version__)
+        if (dev.index or 0) >= torch.cuda.device_count():
+            refuse("only %d CUDA device(s) visible" % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    elif dev.type != "cpu":
+        refuse("expected cpu or cuda:N")
+    return dev
 
 
 def setup(args, model):
@@ -170,12 +203,13 @@ def setup(args, model):
     return dopt.model, dopt, client.rank, client.num_workers, dopt.model
 
 
-def evaluate(model, x, y):
+def evaluate(model, x, y, dev):
     model.eval()
     correct = 0
     with torch.no_grad():
         for i in range(0, len(x), 1000):
-            correct += (model(x[i:i + 1000]).argmax(1) == y[i:i + 1000]).sum().item()
+            out = model(x[i:i + 1000].to(dev))
+            correct += (out.argmax(1).cpu() == y[i:i + 1000]).sum().item()
     model.train()
     return correct / len(x)
 
@@ -183,19 +217,21 @@ def evaluate(model, x, y):
 def main():
     args = parse()
     torch.set_num_threads(args.threads)
+    dev = pick_device(args)
     torch.manual_seed(args.seed)
     x_train, y_train = load(args.data, "train")
     x_test, y_test = load(args.data, "test")
     if args.test_samples:
         x_test, y_test = x_test[:args.test_samples], y_test[:args.test_samples]
-    net, opt, rank, workers, wrapped = setup(args, CNN())
+    # the same initial weights on every device: drawn on the CPU, then moved
+    net, opt, rank, workers, wrapped = setup(args, CNN().to(dev))
     per_epoch = len(x_train) // (args.batch * workers)
     total = per_epoch * args.epochs
     if args.steps:
         total = min(total, args.steps)
     tag = "[%s %d/%d] " % (args.backend, rank, workers)
-    print(tag + "training %d steps (%d per epoch), batch %d per worker" % (total, per_epoch,
-                                                                         args.batch), flush=True)
+    print(tag + "training %d steps (%d per epoch), batch %d per worker, on %s"
+          % (total, per_epoch, args.batch, dev), flush=True)
     t_start = t_win = time.time()
     cpu_start = time.thread_time()  # this (the training) thread's CPU time
     win_loss, win_n = 0.0, 0
@@ -207,7 +243,8 @@ def main():
         lo = (k * workers + rank) * args.batch
         idx = order[lo:lo + args.batch]
         opt.zero_grad()
-        loss = F.cross_entropy(net(x_train[idx]), y_train[idx])
+        loss = F.cross_entropy(net(x_train[idx].to(dev, non_blocking=True)),
+                               y_train[idx].to(dev, non_blocking=True))
         loss.backward()
         opt.step()
         if step + 1 == args.warmup and args.warmup < total:
@@ -225,7 +262,7 @@ def main():
         wrapped.pull_final()  # every worker ends with the servers' weights
     train_s = time.time() - t_start
     cpu_ms = (time.thread_time() - cpu_start) * 1e3
-    acc = evaluate(net, x_test, y_test) if rank == 0 else None
+    acc = evaluate(net, x_test, y_test, dev) if rank == 0 else None
     timed = total - args.warmup if 0 < args.warmup < total else total
     sps = timed * args.batch / train_s if train_s > 0 else 0.0
     print(tag + "summary: time %.1f s, %.0f samples/s per worker%s, training thread %.1f ms "

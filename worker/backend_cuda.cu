@@ -849,6 +849,11 @@ static void release_ctx(cuda_ctx *c)
 {
     if (!c)
         return;
+    /* nothing made yet (the device refused us): nothing to select it for */
+    if (!c->stream[0] && !c->stream[1] && !c->blas && !c->d_result && !c->h_result) {
+        free(c);
+        return;
+    }
     CUDA_LOG(cudaSetDevice(c->device));
     for (int i = 0; i < 2; i++)
         if (c->stream[i])
@@ -880,21 +885,83 @@ static void cu_destroy(ps_backend *b)
     free(b);
 }
 
+/* What to do about an error of create, where the runtime's own text
+ * misleads or says nothing of the remedy; "" when it says enough. */
+static const char *create_advice(cudaError_t e, int device, char *buf, size_t len)
+{
+    if (e != cudaErrorDevicesUnavailable)
+        return "";
+    /* a device attribute needs no context, so this works where the context failed */
+    int mode = -1;
+    if (cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        mode = -1;
+    }
+    /* nvidia-smi numbers GPUs as the machine does, not as CUDA_VISIBLE_DEVICES
+     * renumbers them: the advice names no index */
+    if (mode == cudaComputeModeExclusiveProcess)
+        snprintf(buf, len, "; cuda:%d is in EXCLUSIVE_PROCESS compute mode and another process "
+                 "holds it (a second worker on this GPU?): run one worker per GPU, or let "
+                 "workers share it through MPS (nvidia-cuda-mps-control -d), or set the "
+                 "default compute mode (nvidia-smi -c DEFAULT, as root)", device);
+    else if (mode == cudaComputeModeProhibited)
+        snprintf(buf, len, "; cuda:%d is in PROHIBITED compute mode: no process may use it "
+                 "(nvidia-smi -c DEFAULT, as root)", device);
+    else
+        snprintf(buf, len, "; cuda:%d is busy or unavailable: nvidia-smi shows its compute "
+                 "mode and the processes on it", device);
+    return buf;
+}
+
 /* Steps of create that can fail: on failure, name the step in `why`. */
 #define CREATE_CUDA(call)                                                           \
     do {                                                                            \
         cudaError_t ps_e_ = (call);                                                 \
         if (ps_e_ != cudaSuccess) {                                                 \
+            char ps_adv_[400];                                                      \
+            const char *ps_a_ = create_advice(ps_e_, device, ps_adv_, sizeof ps_adv_); \
             ps_error("%s:%d: %s: %s", __FILE__, __LINE__, #call,                    \
                      cudaGetErrorString(ps_e_));                                    \
             if (why && why_len)                                                     \
-                snprintf(why, why_len, "--device cuda:%d: %s: %s", device, #call,   \
-                         cudaGetErrorString(ps_e_));                                \
+                snprintf(why, why_len, "--device cuda:%d: %s: %s%s", device, #call, \
+                         cudaGetErrorString(ps_e_), ps_a_);                         \
+            (void)cudaGetLastError();                                               \
             release_ctx(c);                                                         \
             free(b);                                                                \
             return PS_EDEVICE;                                                      \
         }                                                                           \
     } while (0)
+
+/* cudaGetDeviceCount failed or found none.  Without a driver the runtime
+ * says "CUDA driver version is insufficient", which sends people to update
+ * a driver they do not have: cudaDriverGetVersion gives 0 then, and the
+ * message says there is no CUDA device. */
+static void no_device(cudaError_t e, int device, char *why, size_t why_len)
+{
+    int driver = 0, runtime = 0;
+    if (cudaDriverGetVersion(&driver) != cudaSuccess)
+        driver = 0;
+    if (cudaRuntimeGetVersion(&runtime) != cudaSuccess)
+        runtime = 0;
+    (void)cudaGetLastError(); /* not sticky; keep it out of later checks */
+    if (!why || !why_len)
+        return;
+    if (driver == 0)
+        snprintf(why, why_len, "--device cuda:%d: no CUDA device: no NVIDIA driver is loaded on "
+                 "this machine (no GPU, or its driver is not installed or not visible here); "
+                 "train with --device cpu", device);
+    else if (e == cudaErrorInsufficientDriver)
+        snprintf(why, why_len, "--device cuda:%d: the NVIDIA driver supports CUDA %d.%d, this "
+                 "build's runtime needs CUDA %d.%d: update the driver, or train with --device "
+                 "cpu", device, driver / 1000, driver % 1000 / 10, runtime / 1000,
+                 runtime % 1000 / 10);
+    else
+        snprintf(why, why_len, "--device cuda:%d: no CUDA device: the NVIDIA driver (CUDA %d.%d) "
+                 "sees no usable GPU (%s%s%s); train with --device cpu", device, driver / 1000,
+                 driver % 1000 / 10, e != cudaSuccess ? cudaGetErrorString(e) : "0 devices",
+                 getenv("CUDA_VISIBLE_DEVICES") ? ", CUDA_VISIBLE_DEVICES=" : "",
+                 getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "");
+}
 
 extern "C" int ps_backend_cuda_create(int device, ps_backend **out, char *why, size_t why_len)
 {
@@ -906,16 +973,14 @@ extern "C" int ps_backend_cuda_create(int device, ps_backend **out, char *why, s
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count < 1) {
-        (void)cudaGetLastError(); /* not sticky; keep it out of later checks */
-        if (why && why_len)
-            snprintf(why, why_len, "--device cuda:%d: no CUDA device is usable "
-                     "(cudaGetDeviceCount: %s)", device,
-                     e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        no_device(e, device, why, why_len);
         return PS_EDEVICE;
     }
     if (device < 0 || device >= count) {
         if (why && why_len)
-            snprintf(why, why_len, "--device cuda:%d: only %d CUDA device(s)", device, count);
+            snprintf(why, why_len, "--device cuda:%d: only %d CUDA device(s) here (cuda:0..%d%s)",
+                     device, count, count - 1,
+                     getenv("CUDA_VISIBLE_DEVICES") ? ", as CUDA_VISIBLE_DEVICES allows" : "");
         return PS_EDEVICE;
     }
 

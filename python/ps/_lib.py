@@ -177,6 +177,7 @@ _proto("ps_client_num_servers", c_int, _P)
 _proto("ps_client_chunk_elems", c_size_t, _P)
 _proto("ps_client_close", None, _P)
 _proto("ps_client_set_wire_dtype", c_int, _P, c_int)
+_proto("ps_client_shm_region", None, _P, POINTER(c_void_p), POINTER(c_size_t))
 _proto("ps_opt_parse", c_int, c_char_p, POINTER(c_int))
 
 _proto("ps_backend_host_create", c_int, POINTER(_P))

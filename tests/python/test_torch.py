@@ -311,6 +311,108 @@ class Wrapper(unittest.TestCase):
         c.close()
 
 
+class FakeCudart:
+    """cudaHostRegister/Unregister as the driver keeps them: a range locks
+    the whole pages it touches, which must not overlap those of one
+    registered before, by us or by `foreign` (else 712, already registered);
+    a failure stays as the thread's last error until cleared."""
+
+    def __init__(self, page=4096, foreign=(), fail_with=0):
+        self.page, self.fail_with = page, fail_with
+        self.registered = {}          # address -> bytes
+        self.foreign = list(foreign)  # (address, bytes) locked by someone else
+        self.calls, self.last_error = 0, 0
+
+    def register(self, addr, size, flags):
+        self.calls += 1
+        rc = self.fail_with or (1 if flags else 0)
+        lo = addr - addr % self.page
+        hi = -(-(addr + size) // self.page) * self.page
+        if not rc and any(a < hi and lo < a + n
+                          for a, n in list(self.registered.items()) + self.foreign):
+            rc = 712
+        if rc:
+            self.last_error = rc
+            return rc
+        self.registered[lo] = hi - lo
+        return 0
+
+    def unregister(self, addr):
+        return 0 if self.registered.pop(addr, None) is not None else 1
+
+    def clear(self):
+        self.last_error = 0
+
+    def covers(self, addr, size):
+        return all(any(a <= b < a + n for a, n in self.registered.items())
+                   for b in range(addr, addr + size, 64))
+
+
+@need_torch
+class Pinning(unittest.TestCase):
+    """ps.torch page-locks the exchange's buffers for the GPU's copies
+    (ps.torch._exchange._Pinner), checked against FakeCudart: no GPU needed."""
+
+    def pinner(self, rt):
+        from ps.torch._exchange import _Pinner
+        return _Pinner(rt.register, rt.unregister, rt.clear, page=rt.page)
+
+    def test_small_buffers_sharing_pages_register_each_page_once(self):
+        rt = FakeCudart()
+        pin = self.pinner(rt)
+        # 64-byte aligned buffers as the exchange allocates them: 40 of 200
+        # bytes (four to a page), then one over three pages
+        base, bufs = 16 * 4096 + 64, []
+        for k in range(40):
+            bufs.append((base + k * 256, 200))
+        bufs.append((base + 40 * 256 + 64, 3 * 4096))
+        for addr, n in bufs:
+            pin.pin(addr, n)
+            self.assertEqual(rt.last_error, 0, "a registration failed at %#x" % addr)
+        self.assertEqual(pin.error, 0)
+        for addr, n in bufs:
+            self.assertTrue(rt.covers(addr, n), "%#x + %d is not locked" % (addr, n))
+        # 40 * 256 bytes span pages 16..18; the last buffer adds 19..21: one
+        # call per run of new pages, no page twice
+        self.assertEqual(sum(rt.registered.values()), 6 * 4096)
+        self.assertEqual(rt.calls, 4)
+
+    def test_the_arena_is_registered_once_and_its_buffers_need_nothing_more(self):
+        rt = FakeCudart()
+        pin = self.pinner(rt)
+        arena, size = 1 << 20, 64 * 4096
+        pin.pin(arena, size)
+        for k in range(100):
+            pin.pin(arena + 64 + k * 1000, 900)
+        self.assertEqual(rt.calls, 1)
+        self.assertEqual(rt.registered, {arena: size})
+
+    def test_pages_locked_by_someone_else_clear_the_error_and_pinning_goes_on(self):
+        rt = FakeCudart(foreign=[(5 * 4096, 4096)])
+        pin = self.pinner(rt)
+        pin.pin(4 * 4096 + 128, 2 * 4096)   # pages 4..6, 5 is torch's
+        self.assertEqual(rt.last_error, 0, "the 712 was left for torch's next launch check")
+        self.assertEqual(pin.error, 0)
+        pin.pin(8 * 4096, 100)
+        self.assertEqual(rt.registered, {8 * 4096: 4096})
+
+    def test_a_failed_registration_is_cleared_and_ends_pinning(self):
+        rt = FakeCudart(fail_with=2)  # cudaErrorMemoryAllocation
+        pin = self.pinner(rt)
+        pin.pin(4096, 10)
+        pin.pin(3 * 4096, 10)
+        self.assertEqual((rt.last_error, pin.error, rt.calls), (0, 2, 1))
+
+    def test_unpin_all_unregisters_exactly_what_was_registered(self):
+        rt = FakeCudart()
+        pin = self.pinner(rt)
+        for k in range(10):
+            pin.pin(k * 3 * 4096 + 64, 5000)
+        self.assertEqual(len(rt.registered), 10)
+        pin.unpin_all()
+        self.assertEqual((rt.registered, rt.last_error), ({}, 0))
+
+
 @need_torch
 class EndToEnd(unittest.TestCase):
     def test_fashion_mnist_short_run_learns(self):

@@ -23,10 +23,14 @@ parameters keep their GPU storage: gradients go to pinned host memory on a
 side stream and are handed to the exchange once that copy is done (checked
 in later hooks, and all at the end of backward); new weights are copied to
 the GPU on the current stream, ordered after the kernels that read the old
-ones and before those that read the new ones.
+ones and before those that read the new ones.  The exchange's memory is
+page-locked with cudaHostRegister (see _Pinner): the shared-memory arena
+once, whole, and other buffers by the pages not yet locked.
 """
 
+import bisect
 import ctypes
+import mmap
 import zlib
 
 import torch
@@ -55,6 +59,101 @@ def _host_view(ptr, shape):
         n *= d
     arr = (ctypes.c_float * n).from_address(ptr)
     return torch.frombuffer(arr, dtype=torch.float32).view(shape)
+
+
+# cudaErrorHostMemoryAlreadyRegistered: some of the pages were locked already
+_CUDA_ALREADY_REGISTERED = 712
+
+
+def _cudart_clear_error():
+    """A function that clears the CUDA runtime's last error.
+
+    A failed runtime call leaves its error behind as the thread's "last
+    error" even when the caller handles it, and torch checks every kernel
+    launch with cudaGetLastError: the next launch would raise an error that
+    was not its own.  torch's cudart binding has no cudaGetLastError, so it
+    is called in the libcudart this process already loaded (the one torch
+    uses: the same file is the same library).  Where torch has the runtime
+    linked in, a kernel launch consumes the error instead: its check raises
+    it, and clears it first."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "/libcudart.so" in line}
+    except OSError:
+        paths = set()
+    for path in sorted(paths):
+        try:
+            fn = ctypes.CDLL(path).cudaGetLastError
+        except (OSError, AttributeError):
+            continue
+        fn.restype = ctypes.c_int
+        fn.argtypes = []
+        return fn
+
+    def by_launch():
+        try:
+            torch.zeros(1, device="cuda")
+        except RuntimeError:
+            pass
+    return by_launch
+
+
+class _Pinner:
+    """Page-locks host memory for DMA copies to and from the GPU, page by page.
+
+    cudaHostRegister locks whole pages, and a range that overlaps one already
+    registered fails ("part or all of the requested memory range is already
+    mapped").  The exchange's buffers are 64-byte aligned, so small ones share
+    pages: registering each buffer failed from the second on.  So this
+    registers page-aligned runs of pages not yet locked, each page once, and
+    clears the runtime's error after any failure (see _cudart_clear_error).
+    Best effort: a buffer left unpinned works, only its copies are slower.
+    register(addr, bytes, flags) -> int and unregister(addr) are
+    cudaHostRegister and cudaHostUnregister; clear() clears the last error."""
+
+    def __init__(self, register, unregister, clear, page=mmap.PAGESIZE):
+        self._register, self._unregister, self._clear = register, unregister, clear
+        self.page = page
+        self._runs = []        # sorted (first page, last page) locked, by us or found locked
+        self.ranges = []       # (address, bytes) we registered, for unpin_all
+        self.error = 0         # the first failure but "already registered": pinning stops
+
+    def pin(self, ptr, nbytes):
+        if self.error or nbytes <= 0:
+            return
+        cur, last = ptr // self.page, (ptr + nbytes - 1) // self.page
+        gaps = []
+        for a, b in self._runs:
+            if a > last:
+                break
+            if b >= cur:
+                if a > cur:
+                    gaps.append((cur, a - 1))
+                cur = b + 1
+        if cur <= last:
+            gaps.append((cur, last))
+        for a, b in gaps:
+            if not self.error:
+                self._pin_run(a, b)
+
+    def _pin_run(self, a, b):
+        addr, size = a * self.page, (b - a + 1) * self.page
+        rc = int(self._register(addr, size, 0))
+        if rc == 0:
+            self.ranges.append((addr, size))
+        else:
+            self._clear()
+            if rc != _CUDA_ALREADY_REGISTERED:
+                self.error = rc
+                return
+        bisect.insort(self._runs, (a, b))
+
+    def unpin_all(self):
+        for addr, _ in self.ranges:
+            if int(self._unregister(addr)) != 0:
+                self._clear()
+        self.ranges = []
+        self._runs = []
 
 
 class Exchange:
@@ -144,6 +243,13 @@ class Exchange:
         if rc:
             raise self._start_error(rc)
         self.client.started = True
+        if self.cuda:
+            # the exchange's buffers lie in the shared-memory arena when a
+            # server is on this host: lock it once, whole
+            base, size = ctypes.c_void_p(), ctypes.c_size_t()
+            lib.ps_client_shm_region(self.client._ptr, ctypes.byref(base), ctypes.byref(size))
+            if base.value and size.value:
+                self._pinner.pin(base.value, size.value)
         for i in range(len(self.params)):
             self._take_front(i, force=True)
 
@@ -226,7 +332,7 @@ class Exchange:
             t = _host_view(ptr, tuple(shape))
             self._views[ptr] = t
             if self.cuda:
-                self._pin(ptr, t)
+                self._pinner.pin(ptr, t.numel() * 4)
         return t
 
     def _take_front(self, i, force=False):
@@ -248,18 +354,14 @@ class Exchange:
         self._stream = torch.cuda.Stream()
         self._staged = []                      # (param index, event): copies in flight
         self._uploaded = [None] * len(self.params)
-        self._pinned = []                      # addresses we registered
         self._callback = False
-
-    def _pin(self, ptr, t):
-        """Register exchange-owned memory as pinned, so copies to and from it
-        are DMA.  Best effort: unpinned memory works, only slower."""
         try:
             rt = torch.cuda.cudart()
-            if int(rt.cudaHostRegister(ptr, t.numel() * 4, 0)) == 0:
-                self._pinned.append(ptr)
-        except Exception:
-            pass
+            self._pinner = _Pinner(rt.cudaHostRegister, rt.cudaHostUnregister,
+                                   _cudart_clear_error())
+        except (AttributeError, RuntimeError):  # no binding: nothing is pinned
+            self._pinner = _Pinner(None, None, None)
+            self._pinner.error = -1
 
     def _stage_grad(self, i, grad):
         dst = self._view(lib.ps_exchange_grad(self._x, i), grad.shape)
@@ -342,9 +444,7 @@ class Exchange:
             if p.device.type == "cpu":
                 p.data = p.data.clone()
         if self.cuda:  # before the exchange frees that memory
-            rt = torch.cuda.cudart()
-            for ptr in self._pinned:
-                rt.cudaHostUnregister(ptr)
+            self._pinner.unpin_all()
         lib.ps_exchange_close(x)
         lib.ps_backend_host_destroy(self._b)
         self._views.clear()
