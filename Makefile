@@ -135,7 +135,7 @@ all: $(PROGRAMS) $(LIB)/libps.a $(LIB)/libps.so $(EXAMPLES) tests-build
 	@if [ "$(BUILD_CUDA)" != 1 ]; then echo "make: CUDA backend skipped (no nvcc at $(NVCC), or CUDA=0)"; fi
 
 tests-build: $(TESTS) $(BUILD)/tests/public_header.o $(BUILD)/tests/readme_client \
-  $(BUILD)/tests/abi_layout
+  $(BUILD)/tests/abi_layout $(BUILD)/tests/ctr_dump
 .PHONY: tests-build
 # keep test objects between builds (they are intermediate files of a chain)
 .SECONDARY:
@@ -210,6 +210,11 @@ $(BUILD)/tests/readme_client: $(BUILD)/tests/readme_client.c $(LIB)/libps.a
 $(BUILD)/tests/abi_layout: tests/abi_layout.c include/ps_client.h include/ps_types.h
 	@mkdir -p $(@D)
 	$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude -o $@ $<
+
+# the synthetic click-through samples of worker/data_ctr.c, for the Python
+# generator's comparison with them (tests/python/test_data_ctr.py)
+$(BUILD)/tests/ctr_dump: $(BUILD)/tests/ctr_dump.o $(BUILD)/libworker.a $(LIB)/libps.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
