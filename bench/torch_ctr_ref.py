@@ -32,34 +32,16 @@ import os
 import sys
 import time
 
+import numpy as np
 
-def _threads_arg():
-    for i, a in enumerate(sys.argv):
-        if a == "--threads" and i + 1 < len(sys.argv):
-            return sys.argv[i + 1]
-        if a.startswith("--threads="):
-            return a.split("=", 1)[1]
-    return "1"
-
-
-# OpenBLAS's own pool ignores torch.set_num_threads (bench/torch_ref.py)
-os.environ.setdefault("OPENBLAS_NUM_THREADS", _threads_arg())
-os.environ.setdefault("OMP_NUM_THREADS", _threads_arg())
-
-import numpy as np  # noqa: E402
-
-try:
-    import torch
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-    import torch.nn as nn
-    import torch.nn.functional as F
-except ImportError:
-    print("torch_ctr_ref: skipped: no torch (Debian: apt-get install python3-torch)")
-    sys.exit(0)
+_here = os.path.dirname(os.path.abspath(__file__))
+# bench/torch_ref.py puts --threads into OpenBLAS's environment before torch
+# loads, imports torch (or prints "skipped" and exits 0 without it) and has
+# free_port: the same for both references
+sys.path.insert(0, _here)
+from torch_ref import F, dist, free_port, mp, nn, torch  # noqa: E402
 
 # python/ps/data_ctr.py by its path: pure numpy, no libps.so needed
-_here = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location(
     "data_ctr", os.path.join(_here, "..", "python", "ps", "data_ctr.py"))
 data_ctr = importlib.util.module_from_spec(_spec)
@@ -227,15 +209,6 @@ def train(rank, world, args, port, results):
     results[rank] = (args.epochs * steps * args.batch / t_train, loss_sum / steps, test_auc)
     if world > 1:
         dist.destroy_process_group()
-
-
-def free_port():
-    import socket
-    sk = socket.socket()
-    sk.bind(("127.0.0.1", 0))
-    p = sk.getsockname()[1]
-    sk.close()
-    return p
 
 
 def main():

@@ -193,13 +193,12 @@ PS_TEST(emb_bag_refuses_bad_offsets_indices_and_device_memory)
 PS_TEST(local_rows_start_at_the_pure_initializer_and_follow_sgd_and_adagrad)
 {
     const int dim = 3;
-    ps_row_source *sgd, *ada;
+    ps_row_source *sgd, *ada, *adam;
+    CHECK_EQ_INT(ps_row_source_local_create(2, dim, 5, PS_OPT_ADAM, 0.5f, 1e-8f, &adam),
+                 PS_EINVAL);
+    CHECK(adam == NULL);
     CHECK_OK(ps_row_source_local_create(2, dim, 5, PS_OPT_SGD, 0.5f, 1e-8f, &sgd));
     CHECK_OK(ps_row_source_local_create(2, dim, 5, PS_OPT_ADAGRAD, 0.5f, 1e-8f, &ada));
-    CHECK_EQ_INT(ps_row_source_local_create(2, dim, 5, PS_OPT_ADAM, 0.5f, 1e-8f, &sgd),
-                 PS_EINVAL);
-    CHECK(sgd == NULL);
-    CHECK_OK(ps_row_source_local_create(2, dim, 5, PS_OPT_SGD, 0.5f, 1e-8f, &sgd));
     /* the first fetch of a row is its initial value, the same in both */
     uint64_t ids[] = {42, UINT64_MAX, 0};
     float rows[9], rows2[9], init[3];
@@ -467,10 +466,20 @@ PS_TEST(ctr_model_refuses_device_backends_other_data_and_a_file)
     CHECK_OK(ps_model_create("ctr:mlp=4-1", 13, 1, 1, 2, 8, b, 1, &m, why, sizeof why));
     CHECK_EQ_INT(ps_model_save(m, "/nonexistent/m.bin", why, sizeof why), PS_EINVAL);
     CHECK_MSG(strstr(why, "embedding tables"), "%s", why);
-    /* a forward without the batch's rows is refused, not read from garbage */
-    float x[13] = {0};
-    int32_t y[1] = {1};
+    /* a forward without the batch's rows is refused, not read from garbage,
+     * and so is one of another size than the rows' batch */
+    float x[2 * 13] = {0};
+    int32_t y[2] = {1, 0};
+    uint64_t ids[2 * 26] = {0};
     CHECK_EQ_INT(ps_model_forward(m, x, y, 1, NULL, NULL, NULL), PS_ESTATE);
+    CHECK_OK(ps_model_set_ids(m, ids, 2));
+    CHECK_EQ_INT(ps_model_forward(m, x, y, 2, NULL, NULL, NULL), PS_ESTATE);
+    ps_row_source *src;
+    CHECK_OK(ps_row_source_local_create(26, 16, 1, PS_OPT_SGD, 0.1f, 1e-8f, &src));
+    CHECK_OK(ps_model_fetch_rows(m, src));
+    CHECK_EQ_INT(ps_model_forward(m, x, y, 1, NULL, NULL, NULL), PS_EINVAL);
+    CHECK_OK(ps_model_forward(m, x, y, 2, NULL, NULL, NULL));
+    src->destroy(src);
     ps_model_destroy(m);
     b->destroy(b);
 }
@@ -628,7 +637,7 @@ static void join_columns(char *buf, size_t len, const char *const *col, int n)
 PS_TEST(criteo_refuses_a_bad_line_with_its_number)
 {
     enum { COLS = 1 + PS_CTR_DENSE + PS_CRITEO_FIELDS };
-    char num[PS_CTR_DENSE][8], hex[PS_CRITEO_FIELDS][12];
+    char num[PS_CTR_DENSE][16], hex[PS_CRITEO_FIELDS][16];
     const char *col[COLS] = {"1"};
     for (int k = 0; k < PS_CTR_DENSE; k++)
         snprintf(num[k], sizeof num[k], "%d", k), col[1 + k] = num[k];

@@ -265,10 +265,12 @@ static ps_emb_bags field_bags(const ps_ctr_sparse *sp, int f)
     return bags;
 }
 
-int ps_ctr_sparse_forward(ps_backend *b, ps_ctr_sparse *sp, float *emb)
+int ps_ctr_sparse_forward(ps_backend *b, ps_ctr_sparse *sp, int n, float *emb)
 {
     if (!sp->fetched)
         return PS_ESTATE;
+    if (n != sp->n)
+        return PS_EINVAL;
     size_t stride = (size_t)sp->fields * sp->dim;
     for (int f = 0; f < sp->fields; f++) {
         ps_emb_bags bags = field_bags(sp, f);

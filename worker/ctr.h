@@ -77,8 +77,9 @@ int ps_ctr_sparse_set_ids(ps_ctr_sparse *sp, const uint64_t *ids, int n);
 /* Every field's unique rows from src.  PS_ESTATE before set_ids. */
 int ps_ctr_sparse_fetch(ps_ctr_sparse *sp, ps_row_source *src);
 /* emb[s * fields*dim + f*dim + j]: field f's pooled row of sample s, for
- * the n of set_ids.  PS_ESTATE unless the rows were fetched since. */
-int ps_ctr_sparse_forward(ps_backend *b, ps_ctr_sparse *sp, float *emb);
+ * s < n, the n of set_ids (PS_EINVAL for another).  PS_ESTATE unless the
+ * rows were fetched since set_ids. */
+int ps_ctr_sparse_forward(ps_backend *b, ps_ctr_sparse *sp, int n, float *emb);
 /* From demb (laid out as emb): every field's unique-row gradients. */
 int ps_ctr_sparse_backward(ps_backend *b, ps_ctr_sparse *sp, const float *demb);
 /* Those gradients to src, for the worker's step. */

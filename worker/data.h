@@ -116,7 +116,7 @@ int ps_dataset_load_criteo(const char *path, size_t max_lines, ps_dataset **out,
                            size_t why_len);
 
 /* The id of a categorical value (its hex string read as a number) of field
- * f < 32, or of the field's missing value: f in the top 6 bits, so fields
+ * f < 64, or of the field's missing value: f in the top 6 bits, so fields
  * never share an id, and below them the top 58 bits of
  * ps_rng_hash(0, PS_CRITEO_TAG, f, value) (rng.h), or of
  * ps_rng_hash(0, PS_CRITEO_TAG, f + 64, 0) for a missing value. */

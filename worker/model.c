@@ -496,7 +496,8 @@ int ps_model_forward(ps_model *m, const float *x, const int32_t *labels, int n,
     m->n = n;
     int rc;
     /* the tables' side first: the interact layer reads the pooled rows */
-    if (m->sparse && (rc = ps_ctr_sparse_forward(m->b, m->sparse, m->layers[m->interact].emb)))
+    if (m->sparse &&
+        (rc = ps_ctr_sparse_forward(m->b, m->sparse, n, m->layers[m->interact].emb)))
         return rc;
     for (int i = 0; i < m->nlayers; i++) {
         ps_layer *l = &m->layers[i];

@@ -6,7 +6,13 @@
  * forward the exchange swaps in that layer's newest weights (sync: waits for
  * them), and as soon as backward has issued a layer's gradient the exchange
  * pushes it and pulls the next version (ps_exchange.h).  Without servers the
- * loop trains alone with local SGD, the compute-only baseline. */
+ * loop trains alone with local SGD, the compute-only baseline.
+ *
+ * The click-through model (--model ctr) adds its tables, which are not
+ * params: each step fetches the rows of the batch's ids from a row source and
+ * pushes one gradient row per id back (embedding.h); the loop calls only the
+ * row source's functions, so where rows live is set up once (local tables
+ * now).  Its test metric is AUC. */
 #include "train.h"
 
 #include <errno.h>
@@ -347,6 +353,9 @@ static int train_loop(worker *w)
             c->num_workers, w->x ? ps_mode_name(c->mode) : "no servers (local SGD)",
             c->mode == PS_MODE_ASYNC && c->max_staleness >= 0 && w->x ? " (bounded staleness)"
                                                                       : "");
+    if (w->rows)
+        ps_info("embedding tables: %d of %d-wide rows, in %s", ps_model_num_tables(w->m),
+                ps_model_table_dim(w->m), w->rows->name);
     for (w->step = 0; w->step < total && !rc && !g_stop; w->step++) {
         int64_t k = w->step % per_epoch, epoch = w->step / per_epoch;
         /* our slice of global batch k of the epoch's shuffle, the same on every worker */
