@@ -2,7 +2,8 @@
 --data synthetic-ctr:N generates (worker/data_ctr.c): pure numpy, no torch,
 no libps.
 
-Sample i (train: 0..N-1, test: N..N+H-1, H = max(1, N // 10)) has FIELDS
+Sample i (train: 0..N-1, test: N..N+H-1, H = max(1, N // 10) or the test=H
+of synthetic-ctr:N,test=H) has FIELDS
 categorical ids, DENSE dense features and a label, each drawn from a
 counter-based generator, so any sample can be made alone:
 
