@@ -165,7 +165,7 @@ all: $(PROGRAMS) $(LIB)/libps.a $(LIB)/libps.so $(EXAMPLES) tests-build
 	else echo "make: CUDA backend for $(CUDA_BUILT)$(if $(CUDA_NOT_BUILT), (not $(addprefix sm_,$(CUDA_NOT_BUILT)): $(NVCC) cannot build them))"; fi
 
 tests-build: $(TESTS) $(BUILD)/tests/public_header.o $(BUILD)/tests/readme_client \
-  $(BUILD)/tests/abi_layout $(FAKE_CUDART)
+  $(BUILD)/tests/abi_layout $(FAKE_CUDART) $(BUILD)/tests/ctr_dump
 .PHONY: tests-build
 # keep test objects between builds (they are intermediate files of a chain)
 .SECONDARY:
@@ -246,6 +246,11 @@ $(BUILD)/tests/readme_client: $(BUILD)/tests/readme_client.c $(LIB)/libps.a
 $(BUILD)/tests/abi_layout: tests/abi_layout.c include/ps_client.h include/ps_types.h
 	@mkdir -p $(@D)
 	$(CC) -std=c11 -Wall -Wextra $(WERR) -Iinclude -o $@ $<
+
+# the synthetic click-through samples of worker/data_ctr.c, for the Python
+# generator's comparison with them (tests/python/test_data_ctr.py)
+$(BUILD)/tests/ctr_dump: $(BUILD)/tests/ctr_dump.o $(BUILD)/libworker.a $(LIB)/libps.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)

@@ -30,6 +30,7 @@ void ps_dataset_free(ps_dataset *ds)
         return;
     free(ds->images);
     free(ds->labels);
+    free(ds->ids);
     free(ds);
 }
 
@@ -348,6 +349,11 @@ int ps_dataset_open(const char *spec, int split, uint64_t seed, ps_dataset **out
                     size_t why_len)
 {
     *out = NULL;
+    if (ps_dataset_is_ctr(spec)) {
+        snprintf(why, why_len,
+                 "--data %s is click-through data: it needs --model ctr[:KEY=VALUE,...]", spec);
+        return PS_EINVAL;
+    }
     if (spec && strncmp(spec, "synthetic:", 10) == 0) {
         const char *p = spec + 10;
         char *end;
@@ -454,6 +460,12 @@ const size_t *ps_data_shard_order(ps_data_shard *s, uint64_t epoch)
     return s->order;
 }
 
+/* Where this worker's slice of global batch k starts in the epoch's order. */
+static size_t slice_base(const ps_data_shard *s, size_t k)
+{
+    return k * (size_t)s->batch * (size_t)s->world + (size_t)s->rank * (size_t)s->batch;
+}
+
 int ps_data_shard_fill(ps_data_shard *s, uint64_t epoch, size_t k, float *images,
                        int32_t *labels)
 {
@@ -461,11 +473,22 @@ int ps_data_shard_fill(ps_data_shard *s, uint64_t epoch, size_t k, float *images
         return PS_EINVAL;
     const size_t *order = ps_data_shard_order(s, epoch);
     size_t ss = ps_dataset_sample_size(s->ds);
-    size_t base = k * (size_t)s->batch * (size_t)s->world + (size_t)s->rank * (size_t)s->batch;
+    size_t base = slice_base(s, k);
     for (int j = 0; j < s->batch; j++) {
         size_t idx = order[base + (size_t)j];
         memcpy(images + (size_t)j * ss, s->ds->images + idx * ss, ss * sizeof(float));
         labels[j] = s->ds->labels[idx];
     }
+    return 0;
+}
+
+int ps_data_shard_fill_ids(ps_data_shard *s, uint64_t epoch, size_t k, uint64_t *ids)
+{
+    if (k >= s->steps || !s->ds->ids)
+        return PS_EINVAL;
+    const size_t *order = ps_data_shard_order(s, epoch);
+    size_t f = (size_t)s->ds->num_fields, base = slice_base(s, k);
+    for (int j = 0; j < s->batch; j++)
+        memcpy(ids + (size_t)j * f, s->ds->ids + order[base + (size_t)j] * f, f * sizeof *ids);
     return 0;
 }

@@ -1,6 +1,7 @@
 /* Datasets for the worker: MNIST-format IDX files (Fashion-MNIST by default),
- * deterministic synthetic data for benchmarks, each worker's slice of the
- * per-epoch shuffle that training draws its batches from (drawn from the
+ * deterministic synthetic data for benchmarks, click-through data (Criteo's
+ * text format and a synthetic generator, data_ctr.c), each worker's slice of
+ * the per-epoch shuffle that training draws its batches from (drawn from the
  * portable RNG of rng.h).
  *
  * Everything here is host memory and plain C: no backend, no threads. */
@@ -17,13 +18,20 @@ enum { PS_SPLIT_TRAIN = 0, PS_SPLIT_TEST = 1 };
 #define PS_DATA_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
 
 /* A dataset in host memory; owned by whoever loaded it, freed with
- * ps_dataset_free. */
+ * ps_dataset_free.  Click-through data keeps its dense features where images
+ * keep their pixels (channels = the dense count, height = width = 1) and
+ * adds num_fields categorical ids per sample. */
 typedef struct ps_dataset {
     size_t count;                  /* samples */
     int channels, height, width;   /* per-sample image shape (1, 28, 28 for MNIST) */
-    int num_classes;               /* 10 for MNIST-format data (more if labels go higher) */
-    float *images;                 /* count x channels*height*width, pixels in [0, 1] */
+    int num_classes;               /* 10 for MNIST-format data (more if labels go higher),
+                                      2 for click-through data */
+    float *images;                 /* count x channels*height*width, pixels in [0, 1], or
+                                      the dense features */
     int32_t *labels;               /* count, each in [0, num_classes) */
+    int num_fields;                /* click-through data: categorical fields; else 0 */
+    uint64_t *ids;                 /* count x num_fields: field f of sample s at
+                                      s * num_fields + f; NULL for images */
     char name[256];                /* where it came from, for logs */
 } ps_dataset;
 
@@ -55,9 +63,65 @@ int ps_dataset_synthetic(size_t n, uint64_t seed, int split, ps_dataset **out, c
 
 /* A --data value: "synthetic:N" (N samples, see above), a directory of IDX
  * files, or NULL/"" for PS_DATA_DEFAULT_DIR.  Errors: PS_EINVAL for a bad
- * synthetic:N, PS_EDATA for unreadable files. */
+ * synthetic:N or click-through data (ps_dataset_open_ctr), PS_EDATA for
+ * unreadable files. */
 int ps_dataset_open(const char *spec, int split, uint64_t seed, ps_dataset **out, char *why,
                     size_t why_len);
+
+/* ---- click-through data (data_ctr.c) --------------------------------------
+ * Samples of a label (0/1: a click), dense features and num_fields
+ * categorical ids, for --model ctr:
+ *
+ *   synthetic-ctr:N[,test=H][,zipf=S]
+ *       samples 0..N-1 train, the H after them (default max(1, N/10)) test;
+ *       13 dense features; `fields` ids per sample, each field's Zipf
+ *       distributed (exponent S, default 1.05) over ids 0..rows-1; labels
+ *       drawn from a planted logistic rule over hidden weights of the ids
+ *       and the dense features.  Every value is a pure function of (seed,
+ *       sample, field): python/ps/data_ctr.py gives the same samples
+ *       (formulas there) and so does any machine.
+ *   criteo:PATH[,test=PATH2][,lines=N]
+ *       the Criteo Display Advertising text format (plain or gzip): per line
+ *       a label, 13 integer features, 26 categorical features as hex
+ *       strings, tab-separated, any feature may be empty.  Integers x become
+ *       log(1 + max(x, 0)) (DLRM's transform; empty: 0); categorical values
+ *       become ps_criteo_id (empty: the field's own "missing" id).  The test
+ *       set is PATH2, or else the last tenth of PATH's lines; lines=N reads
+ *       only PATH's first N lines.  A line that breaks the format is refused
+ *       with its number.  The whole file is held in memory (264 bytes a
+ *       line).  PATH cannot hold a comma.
+ *
+ * The model's fields and rows come from --model ctr:... (ctr.h): synthetic
+ * data has `fields` fields of `rows` ids, Criteo has 26 (other counts are
+ * refused). */
+#define PS_CTR_DENSE 13
+#define PS_CRITEO_FIELDS 26
+
+/* 1 when spec names click-through data (synthetic-ctr:... or criteo:...). */
+int ps_dataset_is_ctr(const char *spec);
+
+/* Both sets of a click-through --data value.  Errors (why says which):
+ * PS_EINVAL for a bad spec or fields/rows that do not fit it, PS_EDATA for
+ * an unreadable or malformed file, PS_ENOMEM. */
+int ps_dataset_open_ctr(const char *spec, uint64_t seed, int fields, uint64_t rows,
+                        ps_dataset **train, ps_dataset **test, char *why, size_t why_len);
+
+/* Synthetic samples start .. start+n-1 (see above; rows at most 2^27, for
+ * the Zipf table of rows doubles). */
+int ps_dataset_synthetic_ctr(uint64_t start, size_t n, uint64_t seed, int fields, uint64_t rows,
+                             double zipf, ps_dataset **out, char *why, size_t why_len);
+
+/* Read a Criteo file: at most max_lines lines (0: all). */
+int ps_dataset_load_criteo(const char *path, size_t max_lines, ps_dataset **out, char *why,
+                           size_t why_len);
+
+/* The id of a categorical value (its hex string read as a number) of field
+ * f < 64, or of the field's missing value: f in the top 6 bits, so fields
+ * never share an id, and below them the top 58 bits of
+ * ps_rng_hash(0, PS_CRITEO_TAG, f, value) (rng.h), or of
+ * ps_rng_hash(0, PS_CRITEO_TAG, f + 64, 0) for a missing value. */
+#define PS_CRITEO_TAG 0x63726974656f2121ull /* "criteo!!" */
+uint64_t ps_criteo_id(int field, uint64_t value, int missing);
 
 void ps_dataset_free(ps_dataset *ds);
 
@@ -110,6 +174,10 @@ size_t ps_data_shard_steps_per_epoch(const ps_data_shard *s);
  * range (nothing copied). */
 int ps_data_shard_fill(ps_data_shard *s, uint64_t epoch, size_t k, float *images,
                        int32_t *labels);
+
+/* The same batch's categorical ids, ids [batch x num_fields], for
+ * click-through data (PS_EINVAL for images, or k out of range). */
+int ps_data_shard_fill_ids(ps_data_shard *s, uint64_t epoch, size_t k, uint64_t *ids);
 
 /* Epoch e's order of the whole dataset (count dataset indices; the same for
  * every rank), reshuffling as ps_data_shard_fill does.  Valid until the next

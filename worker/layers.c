@@ -1,6 +1,7 @@
 #include "layers.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -71,6 +72,21 @@ int ps_layer_flatten(ps_layer *l, int c, int h, int w)
     return 0;
 }
 
+int ps_layer_interact(ps_layer *l, int in, int fields, int dim, int dot)
+{
+    if (!prod_fits(in, 1, 1) || !prod_fits(fields, dim, 1) || (dot && in != dim))
+        return PS_EINVAL;
+    long long out = dot ? (long long)in + ((long long)fields + 1) * fields / 2
+                        : (long long)in + (long long)fields * dim;
+    if (out > INT_MAX)
+        return PS_EINVAL;
+    set_shape(l, PS_LAYER_INTERACT, in, 1, 1, (int)out, 1, 1);
+    l->fields = fields;
+    l->dim = dim;
+    l->dot = dot;
+    return 0;
+}
+
 size_t ps_layer_in_size(const ps_layer *l)
 {
     return (size_t)l->in_c * l->in_h * l->in_w;
@@ -111,6 +127,10 @@ void ps_layer_describe(const ps_layer *l, char *buf, size_t len)
     case PS_LAYER_FLATTEN:
         snprintf(buf, len, "flatten %dx%dx%d->%d", l->in_c, l->in_h, l->in_w, l->out_c);
         break;
+    case PS_LAYER_INTERACT:
+        snprintf(buf, len, "interact %s %d+%dx%d->%d", l->dot ? "dot" : "cat", l->in_c, l->fields,
+                 l->dim, l->out_c);
+        break;
     default: snprintf(buf, len, "unknown layer %d", (int)l->kind); break;
     }
 }
@@ -128,6 +148,11 @@ int ps_layer_alloc(ps_layer *l, ps_backend *b, int max_batch)
     } else if (l->kind == PS_LAYER_MAXPOOL) {
         size_t n = (size_t)max_batch * ps_layer_out_size(l);
         rc = b->alloc(b, n, (void **)&l->argmax);
+    } else if (l->kind == PS_LAYER_INTERACT) {
+        size_t n = (size_t)max_batch * l->fields * l->dim * sizeof(float);
+        rc = b->alloc(b, n, (void **)&l->emb);
+        if (!rc)
+            rc = b->alloc(b, n, (void **)&l->demb);
     }
     if (rc)
         ps_layer_release(l, b);
@@ -140,8 +165,13 @@ void ps_layer_release(ps_layer *l, ps_backend *b)
         b->free(b, l->col);
     if (l->argmax)
         b->free(b, l->argmax);
+    if (l->emb)
+        b->free(b, l->emb);
+    if (l->demb)
+        b->free(b, l->demb);
     l->col = NULL;
     l->argmax = NULL;
+    l->emb = l->demb = NULL;
     l->max_batch = 0;
 }
 
@@ -155,6 +185,8 @@ static int check_call(const ps_layer *l, int n)
     if (n <= 0 || n > l->max_batch)
         return PS_EINVAL;
     if (has_params(l) && (!l->weight || !l->bias || !l->weight->w || !l->bias->w))
+        return PS_ESTATE;
+    if (l->kind == PS_LAYER_INTERACT && !l->emb)
         return PS_ESTATE;
     return 0;
 }
@@ -206,6 +238,74 @@ static int conv_backward(ps_backend *b, ps_layer *l, const float *x, const float
     return 0;
 }
 
+/* Host loops (the interaction is small next to the MLP's gemms); a device
+ * backend is refused until they have CUDA versions checked on a GPU. */
+static int interact_forward(ps_backend *b, const ps_layer *l, const float *x, float *y, int n)
+{
+    if (!b->host_memory)
+        return PS_EDEVICE;
+    int in = l->in_c, F = l->fields, E = l->dim, out = l->out_c;
+    for (int s = 0; s < n; s++) {
+        const float *xs = x + (size_t)s * in, *es = l->emb + (size_t)s * F * E;
+        float *ys = y + (size_t)s * out;
+        memcpy(ys, xs, (size_t)in * sizeof(float));
+        if (!l->dot) {
+            memcpy(ys + in, es, (size_t)F * E * sizeof(float));
+            continue;
+        }
+        float *z = ys + in;
+        for (int i = 1; i <= F; i++) {
+            const float *vi = es + (size_t)(i - 1) * E;
+            for (int j = 0; j < i; j++) {
+                const float *vj = j ? es + (size_t)(j - 1) * E : xs;
+                float d = 0.0f;
+                for (int k = 0; k < E; k++)
+                    d += vi[k] * vj[k];
+                *z++ = d;
+            }
+        }
+    }
+    return 0;
+}
+
+/* dx (when non-NULL) and l->demb from dy: the copied parts pass their
+ * gradient through; a dot d = vi.vj sends dd * vj to vi and dd * vi to vj. */
+static int interact_backward(ps_backend *b, const ps_layer *l, const float *x, const float *dy,
+                             float *dx, int n)
+{
+    if (!b->host_memory)
+        return PS_EDEVICE;
+    int in = l->in_c, F = l->fields, E = l->dim, out = l->out_c;
+    for (int s = 0; s < n; s++) {
+        const float *xs = x + (size_t)s * in, *es = l->emb + (size_t)s * F * E;
+        const float *ds = dy + (size_t)s * out;
+        float *des = l->demb + (size_t)s * F * E, *dxs = dx ? dx + (size_t)s * in : NULL;
+        if (dxs)
+            memcpy(dxs, ds, (size_t)in * sizeof(float));
+        if (!l->dot) {
+            memcpy(des, ds + in, (size_t)F * E * sizeof(float));
+            continue;
+        }
+        memset(des, 0, (size_t)F * E * sizeof(float));
+        const float *dz = ds + in;
+        for (int i = 1; i <= F; i++) {
+            const float *vi = es + (size_t)(i - 1) * E;
+            float *dvi = des + (size_t)(i - 1) * E;
+            for (int j = 0; j < i; j++) {
+                const float *vj = j ? es + (size_t)(j - 1) * E : xs;
+                float *dvj = j ? des + (size_t)(j - 1) * E : dxs;
+                float g = *dz++;
+                for (int k = 0; k < E; k++)
+                    dvi[k] += g * vj[k];
+                if (dvj)
+                    for (int k = 0; k < E; k++)
+                        dvj[k] += g * vi[k];
+            }
+        }
+    }
+    return 0;
+}
+
 int ps_layer_forward(ps_backend *b, ps_layer *l, const float *x, float *y, int n)
 {
     TRY(check_call(l, n));
@@ -225,6 +325,7 @@ int ps_layer_forward(ps_backend *b, ps_layer *l, const float *x, float *y, int n
         if (y == x)
             return 0;
         return b->copy(b, y, x, total_in * sizeof(float), 2, PS_STREAM_COMPUTE);
+    case PS_LAYER_INTERACT: return interact_forward(b, l, x, y, n);
     }
     return PS_EINVAL;
 }
@@ -257,6 +358,7 @@ int ps_layer_backward(ps_backend *b, ps_layer *l, const float *x, const float *y
         if (!dx || dx == dy)
             return 0;
         return b->copy(b, dx, dy, total_in * sizeof(float), 2, PS_STREAM_COMPUTE);
+    case PS_LAYER_INTERACT: return interact_backward(b, l, x, dy, dx, n);
     }
     return PS_EINVAL;
 }
@@ -267,4 +369,34 @@ int ps_loss_softmax_xent(ps_backend *b, const float *logits, const int32_t *labe
     if (n <= 0 || classes <= 0)
         return PS_EINVAL;
     return b->softmax_xent(b, logits, labels, n, classes, dlogits, loss, correct);
+}
+
+int ps_loss_bce_logits(ps_backend *b, const float *logits, const int32_t *labels, int n,
+                       float *dlogits, float *loss, int *correct)
+{
+    if (!b->host_memory)
+        return PS_EDEVICE;
+    if (n <= 0)
+        return PS_EINVAL;
+    for (int r = 0; r < n; r++)
+        if (labels[r] != 0 && labels[r] != 1)
+            return PS_EINVAL;
+    double total = 0.0;
+    int hits = 0;
+    float inv_n = 1.0f / (float)n;
+    for (int r = 0; r < n; r++) {
+        double z = logits[r], y = labels[r];
+        /* e^-|z| never overflows; log1p keeps the loss of a confident right
+         * answer (tiny e^-|z|) from rounding to 0 */
+        double t = exp(-fabs(z));
+        total += (z > 0 ? z : 0) - z * y + log1p(t);
+        double p = z >= 0 ? 1.0 / (1.0 + t) : t / (1.0 + t); /* sigmoid(z) */
+        dlogits[r] = (float)(p - y) * inv_n;
+        hits += (z > 0) == (labels[r] == 1);
+    }
+    if (loss)
+        *loss = (float)(total / n);
+    if (correct)
+        *correct = hits;
+    return 0;
 }

@@ -37,7 +37,10 @@ typedef enum {
     PS_LAYER_RELU = 1,    /* y = max(x, 0); may run in place (y == x) */
     PS_LAYER_CONV2D = 2,  /* k x k, stride 1, 'same' zero padding (k odd) */
     PS_LAYER_MAXPOOL = 3, /* 2x2, stride 2 */
-    PS_LAYER_FLATTEN = 4  /* NCHW -> N x (C*H*W): a no-op, y may equal x */
+    PS_LAYER_FLATTEN = 4, /* NCHW -> N x (C*H*W): a no-op, y may equal x */
+    PS_LAYER_INTERACT = 5 /* the click-through model's join of its dense vector x
+                             with the pooled embeddings in l->emb (ctr.h): cat
+                             or DLRM's pairwise dots; CPU only for now */
 } ps_layer_kind;
 
 typedef struct ps_layer {
@@ -51,6 +54,11 @@ typedef struct ps_layer {
     int max_batch;
     float *col;              /* conv2d: im2col of one image [in_c*k*k, out_h*out_w] */
     uint8_t *argmax;         /* maxpool: window index of each output of the last forward */
+    /* interact only: fields embeddings of dim each per sample, joined by dot
+     * products (dot) or side by side; emb [max_batch x fields*dim] is filled
+     * by the caller before forward, demb (same shape) written by backward */
+    int fields, dim, dot;
+    float *emb, *demb;
 } ps_layer;
 
 /* Shape set-up (no allocation).  Return 0 or PS_EINVAL for non-positive or
@@ -62,6 +70,11 @@ int ps_layer_relu(ps_layer *l, int c, int h, int w);
 int ps_layer_conv2d(ps_layer *l, int in_c, int h, int w, int out_c, int k);
 int ps_layer_maxpool(ps_layer *l, int c, int h, int w);
 int ps_layer_flatten(ps_layer *l, int c, int h, int w);
+/* x of `in` values and fields embeddings of dim: out = in + fields*dim
+ * (cat), or in + (fields+1)*fields/2 (dot: x first, then x.e_1, e_2.x,
+ * e_2.e_1, e_3.x, ...: the pairs (i, j), j < i, of vectors 0 = x, 1..fields =
+ * the embeddings); dot needs in == dim. */
+int ps_layer_interact(ps_layer *l, int in, int fields, int dim, int dot);
 
 /* Per-sample element counts of the input and the output. */
 size_t ps_layer_in_size(const ps_layer *l);
@@ -97,5 +110,13 @@ int ps_layer_backward(ps_backend *b, ps_layer *l, const float *x, const float *y
  * makes the call wait for the device). */
 int ps_loss_softmax_xent(ps_backend *b, const float *logits, const int32_t *labels, int n,
                          int classes, float *dlogits, float *loss, int *correct);
+
+/* Binary cross-entropy on logits[n] (one per sample) against int32 labels 0
+ * or 1: writes dlogits = (sigmoid(z) - y) / n = d(mean loss)/d(logits) and,
+ * when non-NULL, the mean loss (as max(z, 0) - z y + log(1 + e^-|z|), finite
+ * for any finite z) and the number of samples with (z > 0) == y.  A host
+ * loop: PS_EDEVICE on a device backend; PS_EINVAL for another label. */
+int ps_loss_bce_logits(ps_backend *b, const float *logits, const int32_t *labels, int n,
+                       float *dlogits, float *loss, int *correct);
 
 #endif

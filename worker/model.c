@@ -9,6 +9,8 @@
 
 #include <zlib.h>
 
+#include "auc.h"
+#include "ctr.h"
 #include "data.h"
 #include "ps_error.h"
 #include "rng.h"
@@ -47,6 +49,12 @@ struct ps_model {
     const float *x;
     int n;
     int have_grad; /* a forward with labels succeeded: backward may run */
+
+    /* the click-through model (NULL sparse for mlp and cnn): its spec, its
+     * tables' side of the batch, and the layer that joins the two */
+    ps_ctr_spec ctr;
+    ps_ctr_sparse *sparse;
+    int interact;
 };
 
 /* ---- spec parsing ------------------------------------------------------- */
@@ -168,10 +176,40 @@ static int build_layers(ps_model *m, const char *spec, char *why, size_t why_len
         ADD(ps_layer_relu(&L[n], sizes[2], 1, 1));
         ADD(ps_layer_linear(&L[n], sizes[2], m->num_classes));
         snprintf(m->spec, sizeof m->spec, "cnn:%d-%d-%d", sizes[0], sizes[1], sizes[2]);
+    } else if (ps_ctr_spec_is(spec)) {
+        ps_ctr_spec *cs = &m->ctr;
+        if ((rc = ps_ctr_spec_parse(spec, cs, why, why_len)))
+            return rc;
+        if (m->num_classes != 2) {
+            snprintf(why, why_len,
+                     "--model %s: a click-through model needs click data (labels 0 and 1): "
+                     "--data synthetic-ctr:N or criteo:PATH",
+                     spec);
+            return PS_EINVAL;
+        }
+        if ((size_t)cs->dense != in_size) {
+            snprintf(why, why_len, "--model %s: dense=%d, but the data has %zu dense features",
+                     spec, cs->dense, in_size);
+            return PS_EINVAL;
+        }
+        int width = cs->dense;
+        for (int i = 0; i < cs->nbot; width = cs->bot[i++]) {
+            ADD(ps_layer_linear(&L[n], width, cs->bot[i]));
+            ADD(ps_layer_relu(&L[n], cs->bot[i], 1, 1));
+        }
+        m->interact = n;
+        ADD(ps_layer_interact(&L[n], width, cs->fields, cs->dim, cs->dot));
+        width = L[m->interact].out_c;
+        for (int i = 0; i < cs->ntop; width = cs->top[i++]) {
+            ADD(ps_layer_linear(&L[n], width, cs->top[i]));
+            if (i < cs->ntop - 1)
+                ADD(ps_layer_relu(&L[n], cs->top[i], 1, 1));
+        }
+        snprintf(m->spec, sizeof m->spec, "%s", cs->canonical);
     } else {
         snprintf(why, why_len,
                  "--model %s: unknown model; expected mlp:IN-H1-...-OUT (e.g. mlp:784-256-10), "
-                 "cnn, or cnn:C1-C2-F",
+                 "cnn, cnn:C1-C2-F, or ctr[:KEY=VALUE,...] (e.g. ctr:dim=16,mlp=512-256-1)",
                  spec);
         return PS_EINVAL;
     }
@@ -256,6 +294,14 @@ int ps_model_create(const char *spec, int in_c, int in_h, int in_w, int num_clas
     m->num_classes = num_classes;
     m->max_batch = max_batch;
     int rc = build_layers(m, spec, why, why_len);
+    if (!rc && ps_ctr_spec_is(spec) && !b->host_memory) {
+        snprintf(why, why_len,
+                 "--model %s: the click-through model runs on the CPU only for now (its "
+                 "embedding gather and scatter have no CUDA kernels checked on a GPU yet): "
+                 "use --device cpu",
+                 spec);
+        rc = PS_EDEVICE;
+    }
     if (rc) {
         ps_model_destroy(m);
         return rc;
@@ -324,7 +370,8 @@ int ps_model_create(const char *spec, int in_c, int in_h, int in_w, int num_clas
             m->act[i + 1] = m->own_act[i + 1];
         }
     }
-    if ((rc = alloc_floats(b, (size_t)max_batch * num_classes, &m->own_dact[L])))
+    if ((rc = alloc_floats(b, (size_t)max_batch * ps_layer_out_size(&m->layers[L - 1]),
+                           &m->own_dact[L])))
         goto fail;
     m->dact[L] = m->own_dact[L];
     for (int i = L - 1; i >= 1; i--) { /* dact[i] = dx of layer i; layer 0 needs none */
@@ -341,6 +388,8 @@ int ps_model_create(const char *spec, int in_c, int in_h, int in_w, int num_clas
         (rc = b->alloc(b, (size_t)max_batch * sizeof(int32_t), (void **)&m->labels)))
         goto fail;
 
+    if (m->ctr.fields && (rc = ps_ctr_sparse_create(&m->ctr, max_batch, &m->sparse)))
+        goto fail;
     if ((rc = init_params(m, seed)))
         goto fail;
     *out = m;
@@ -375,6 +424,7 @@ void ps_model_destroy(ps_model *m)
         b->free(b, m->input);
     if (m->labels)
         b->free(b, m->labels);
+    ps_ctr_sparse_destroy(m->sparse);
     free(m->layers);
     free(m->first_param);
     free(m->num_layer_params);
@@ -444,9 +494,13 @@ int ps_model_forward(ps_model *m, const float *x, const int32_t *labels, int n,
         return PS_EINVAL;
     m->x = x;
     m->n = n;
+    int rc;
+    /* the tables' side first: the interact layer reads the pooled rows */
+    if (m->sparse &&
+        (rc = ps_ctr_sparse_forward(m->b, m->sparse, n, m->layers[m->interact].emb)))
+        return rc;
     for (int i = 0; i < m->nlayers; i++) {
         ps_layer *l = &m->layers[i];
-        int rc;
         if (m->num_layer_params[i] && hooks && hooks->before_layer &&
             (rc = hooks->before_layer(hooks->ctx, i, m->first_param[i], m->num_layer_params[i])))
             return rc;
@@ -455,7 +509,11 @@ int ps_model_forward(ps_model *m, const float *x, const int32_t *labels, int n,
     }
     if (!labels)
         return 0;
-    int rc = ps_loss_softmax_xent(m->b, m->act[m->nlayers], labels, n, m->num_classes,
+    if (m->sparse)
+        rc = ps_loss_bce_logits(m->b, m->act[m->nlayers], labels, n, m->dact[m->nlayers], loss,
+                                correct);
+    else
+        rc = ps_loss_softmax_xent(m->b, m->act[m->nlayers], labels, n, m->num_classes,
                                   m->dact[m->nlayers], loss, correct);
     m->have_grad = rc == 0;
     return rc;
@@ -469,6 +527,9 @@ int ps_model_backward(ps_model *m, const ps_model_hooks *hooks)
         ps_layer *l = &m->layers[i];
         int rc = ps_layer_backward(m->b, l, i ? m->act[i] : m->x, m->act[i + 1], m->dact[i + 1],
                                    i ? m->dact[i] : NULL, m->n);
+        /* the rows' gradients as soon as they exist, before the bottom MLP's */
+        if (!rc && m->sparse && i == m->interact)
+            rc = ps_ctr_sparse_backward(m->b, m->sparse, l->demb);
         if (rc)
             return rc;
         if (m->num_layer_params[i] && hooks && hooks->grad_ready &&
@@ -492,6 +553,11 @@ int ps_model_sgd_step(ps_model *m, float lr)
 int ps_model_evaluate(ps_model *m, const ps_dataset *ds, double *accuracy, double *mean_loss,
                       char *why, size_t why_len)
 {
+    if (m->sparse) {
+        snprintf(why, why_len, "evaluate: %s is a click-through model: ps_model_evaluate_ctr",
+                 m->spec);
+        return PS_EINVAL;
+    }
     if (ds->channels != m->in_c || ds->height != m->in_h || ds->width != m->in_w ||
         ds->num_classes > m->num_classes || ds->count == 0) {
         snprintf(why, why_len,
@@ -526,6 +592,77 @@ int ps_model_evaluate(ps_model *m, const ps_dataset *ds, double *accuracy, doubl
     if (mean_loss)
         *mean_loss = loss_sum / (double)ds->count;
     return 0;
+}
+
+/* ---- the click-through model's tables ------------------------------------ */
+
+int ps_model_num_tables(const ps_model *m) { return m->sparse ? m->ctr.fields : 0; }
+int ps_model_table_dim(const ps_model *m) { return m->sparse ? m->ctr.dim : 0; }
+const ps_ctr_spec *ps_model_ctr_spec(const ps_model *m) { return m->sparse ? &m->ctr : NULL; }
+ps_ctr_sparse *ps_model_sparse(ps_model *m) { return m->sparse; }
+
+int ps_model_set_ids(ps_model *m, const uint64_t *ids, int n)
+{
+    return m->sparse ? ps_ctr_sparse_set_ids(m->sparse, ids, n) : PS_EINVAL;
+}
+
+int ps_model_fetch_rows(ps_model *m, ps_row_source *src)
+{
+    return m->sparse ? ps_ctr_sparse_fetch(m->sparse, src) : PS_EINVAL;
+}
+
+int ps_model_push_rows(ps_model *m, ps_row_source *src, int64_t step)
+{
+    return m->sparse ? ps_ctr_sparse_push(m->sparse, src, step) : PS_EINVAL;
+}
+
+int ps_model_evaluate_ctr(ps_model *m, const ps_dataset *ds, ps_row_source *src, double *auc,
+                          double *mean_loss, char *why, size_t why_len)
+{
+    size_t ss = ps_dataset_sample_size(ds);
+    if (!m->sparse || ds->num_fields != m->ctr.fields || ss != (size_t)m->ctr.dense ||
+        ds->count == 0) {
+        snprintf(why, why_len,
+                 "evaluate: %s (%zu samples of %zu dense features and %d fields) does not fit "
+                 "the model %s",
+                 ds->name, ds->count, ss, ds->num_fields, m->spec);
+        return PS_EINVAL;
+    }
+    float *scores = malloc(ds->count * sizeof *scores);
+    if (!scores) {
+        snprintf(why, why_len, "evaluate: out of memory for %zu scores", ds->count);
+        return PS_ENOMEM;
+    }
+    double loss_sum = 0.0;
+    int rc = 0;
+    size_t i;
+    for (i = 0; i < ds->count; i += (size_t)m->max_batch) {
+        int n = ds->count - i < (size_t)m->max_batch ? (int)(ds->count - i) : m->max_batch;
+        float loss = 0;
+        if ((rc = ps_model_load_batch(m, ds->images + i * ss, ds->labels + i, n)) ||
+            (rc = ps_model_set_ids(m, ds->ids + i * (size_t)ds->num_fields, n)) ||
+            (rc = ps_model_fetch_rows(m, src)) ||
+            (rc = ps_model_forward(m, m->input, m->labels, n, NULL, &loss, NULL)) ||
+            (rc = m->b->copy(m->b, scores + i, ps_model_logits(m), (size_t)n * sizeof(float), 1,
+                             PS_STREAM_COMPUTE)) ||
+            (rc = m->b->stream_sync(m->b, PS_STREAM_COMPUTE)))
+            break;
+        loss_sum += (double)loss * n;
+    }
+    m->have_grad = 0; /* evaluation leaves no gradient to apply */
+    if (rc) {
+        snprintf(why, why_len, "evaluate: batch at sample %zu failed: %s", i, ps_strerror(rc));
+    } else if ((rc = ps_auc(scores, ds->labels, ds->count, auc)) == PS_EDATA) {
+        snprintf(why, why_len, "evaluate: the model's scores are NaN: training diverged (a lower "
+                               "--lr or lr= of the tables may help)");
+    } else if (rc) {
+        snprintf(why, why_len, "evaluate: no AUC on %s: %s", ds->name,
+                 rc == PS_EINVAL ? "its labels are all of one class" : ps_strerror(rc));
+    } else if (mean_loss) {
+        *mean_loss = loss_sum / (double)ds->count;
+    }
+    free(scores);
+    return rc;
 }
 
 /* ---- save / load -------------------------------------------------------- */
@@ -570,8 +707,24 @@ static size_t header_size(size_t spec_len, size_t nparams)
     return 8 + 4 + 4 + spec_len + 4 + 8 * nparams;
 }
 
+/* A click-through model's tables are not in its param array: a file of
+ * the params alone would restore a model without its embeddings. */
+static int refuse_tables(const ps_model *m, const char *what, const char *path, char *why,
+                         size_t why_len)
+{
+    if (!m->sparse)
+        return 0;
+    snprintf(why, why_len,
+             "%s %s: %s keeps its embedding tables outside the model file, which cannot hold "
+             "them yet",
+             what, path, m->spec);
+    return PS_EINVAL;
+}
+
 int ps_model_save(ps_model *m, const char *path, char *why, size_t why_len)
 {
+    if (refuse_tables(m, "save", path, why, why_len))
+        return PS_EINVAL;
     size_t spec_len = strlen(m->spec), hdr = header_size(spec_len, (size_t)m->nparams);
     size_t total = hdr + 4 * ps_model_param_floats(m) + 4;
     unsigned char *buf = malloc(total);
@@ -640,6 +793,8 @@ int ps_model_save(ps_model *m, const char *path, char *why, size_t why_len)
 
 int ps_model_load(ps_model *m, const char *path, char *why, size_t why_len)
 {
+    if (refuse_tables(m, "load", path, why, why_len))
+        return PS_EINVAL;
     FILE *f = fopen(path, "rb");
     if (!f) {
         snprintf(why, why_len, "load %s: cannot open: %s", path, strerror(errno));

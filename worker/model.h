@@ -11,10 +11,19 @@
  *   cnn:C1-C2-F        conv5x5xC1-relu-pool2, conv5x5xC2-relu-pool2,
  *                      fcF-relu, fc(classes); input C x H x W with H and W
  *                      divisible by 4 (1x28x28 for MNIST)
+ *   ctr[:KEY=VALUE,...] the click-through model (keys and defaults in ctr.h):
+ *                      an embedding bag per categorical field, joined with
+ *                      the dense features (side by side, or DLRM's pairwise
+ *                      dots after a bottom MLP), then an MLP to one logit;
+ *                      binary cross-entropy.  Its input is the dense
+ *                      features (in_c x in_h x in_w = dense, 2 classes) plus
+ *                      each batch's ids (ps_model_set_ids), whose rows come
+ *                      from a row source (embedding.h); CPU only for now
  *
  * Parameters: ps_model_params() is an array of ps_param (layers.h) whose index
  * is the key: for each layer with parameters, in layer order, its weights then
- * its bias.  The model allocates one w and one g buffer per parameter (device
+ * its bias.  A click-through model's tables are not params: their rows move
+ * through a row source, one batch's unique rows at a time.  The model allocates one w and one g buffer per parameter (device
  * memory of the backend) and frees exactly those at destroy, whatever param->w
  * and param->g point to then.  The training loop may point param->w (and
  * param->g) at buffers of its own between calls, e.g. to swap a double
@@ -34,6 +43,8 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "ctr.h"
+#include "embedding.h"
 #include "layers.h"
 
 typedef struct ps_model ps_model;
@@ -93,19 +104,23 @@ int32_t *ps_model_labels(ps_model *m);
 int ps_model_load_batch(ps_model *m, const float *host_x, const int32_t *host_labels, int n);
 
 /* Forward n (1..max_batch) samples x (device, n x input_size).  With labels
- * (device int32, n) it also computes the softmax cross-entropy: the gradient
- * of the logits for ps_model_backward and, when non-NULL, the mean loss and
- * the number of correct predictions (host; asking for them waits for the
- * device).  labels NULL: inference only, backward is refused.  x and labels
- * must stay unchanged until the backward of this forward has returned. */
+ * (device int32, n) it also computes the softmax cross-entropy (ctr: the
+ * binary cross-entropy of its one logit): the gradient of the logits for
+ * ps_model_backward and, when non-NULL, the mean loss and the number of
+ * correct predictions (host; asking for them waits for the device).  labels
+ * NULL: inference only, backward is refused.  x and labels must stay
+ * unchanged until the backward of this forward has returned.  A ctr model
+ * reads the n samples' rows of the last ps_model_set_ids and
+ * ps_model_fetch_rows (PS_ESTATE without them). */
 int ps_model_forward(ps_model *m, const float *x, const int32_t *labels, int n,
                      const ps_model_hooks *hooks, float *loss, int *correct);
-/* Logits of the last forward: device, n x num_classes. */
+/* Logits of the last forward: device, n x num_classes (ctr: n x 1). */
 const float *ps_model_logits(const ps_model *m);
 
 /* Backward of the last forward with labels, last layer first; fills every
- * param->g (the mean over the batch) and calls hooks->grad_ready per layer.
- * PS_ESTATE when there is no such forward. */
+ * param->g (the mean over the batch) and calls hooks->grad_ready per layer;
+ * a ctr model's row gradients are ready for ps_model_push_rows when it
+ * returns.  PS_ESTATE when there is no such forward. */
 int ps_model_backward(ps_model *m, const ps_model_hooks *hooks);
 
 /* Plain local SGD on the current buffers: w -= lr * g for every param (the
@@ -114,13 +129,46 @@ int ps_model_sgd_step(ps_model *m, float lr);
 
 /* Accuracy (fraction correct) and mean loss over all of ds, in batches of
  * max_batch through the model's own buffers, with the current param->w.  ds
- * must match the model's input size and classes.  Either output may be NULL. */
+ * must match the model's input size and classes.  Either output may be NULL.
+ * Not for ctr models (PS_EINVAL): ps_model_evaluate_ctr. */
 int ps_model_evaluate(ps_model *m, const ps_dataset *ds, double *accuracy, double *mean_loss,
                       char *why, size_t why_len);
 
+/* ---- the click-through model's tables ----------------------------------
+ * Each step: ps_model_set_ids (the batch's ids, deduplicated per table),
+ * ps_model_fetch_rows (their rows from the row source), load, forward,
+ * backward, ps_model_push_rows (one gradient row per unique id).  The model
+ * calls only the row source's functions, so where the rows live (local
+ * tables, the servers) is the caller's choice.  On an mlp or cnn model the
+ * three return PS_EINVAL. */
+
+/* Tables (one per field) and their row width; 0 for mlp and cnn. */
+int ps_model_num_tables(const ps_model *m);
+int ps_model_table_dim(const ps_model *m);
+/* The parsed spec of a ctr model (ctr.h), NULL for the others. */
+const ps_ctr_spec *ps_model_ctr_spec(const ps_model *m);
+/* Its batch's sparse side (ctr.h: each table's unique ids, rows, grads). */
+ps_ctr_sparse *ps_model_sparse(ps_model *m);
+
+/* ids[s * tables + t]: table t's id of sample s, for s < n (host). */
+int ps_model_set_ids(ps_model *m, const uint64_t *ids, int n);
+int ps_model_fetch_rows(ps_model *m, ps_row_source *src);
+/* step: the worker's step the gradients belong to. */
+int ps_model_push_rows(ps_model *m, ps_row_source *src, int64_t step);
+
+/* Test AUC (auc.h) and mean loss over all of ds, a click-through dataset
+ * (data.h) that fits the model, in batches of max_batch with the current
+ * weights and src's rows (fetching creates the rows of ids never trained,
+ * at their initial values).  mean_loss may be NULL.  Errors: PS_EINVAL
+ * (with why) for data that does not fit or labels of one class, PS_EDATA
+ * when the scores are NaN (training diverged). */
+int ps_model_evaluate_ctr(ps_model *m, const ps_dataset *ds, ps_row_source *src, double *auc,
+                          double *mean_loss, char *why, size_t why_len);
+
 /* Save every param->w to path (written to path.tmp then renamed, so a crash
  * never leaves half a file): magic, version, spec, param counts, the weights
- * (float32 little-endian), and a CRC32 of all of it. */
+ * (float32 little-endian), and a CRC32 of all of it.  A ctr model's tables
+ * do not fit this file: save and load refuse it (PS_EINVAL). */
 int ps_model_save(ps_model *m, const char *path, char *why, size_t why_len);
 /* Load a file written by ps_model_save into every param->w.  Refused, with
  * the model unchanged: PS_EIO when it cannot be read, PS_EDATA when it is not

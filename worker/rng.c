@@ -10,6 +10,21 @@ uint64_t ps_splitmix64(uint64_t *state)
     return z ^ (z >> 31);
 }
 
+uint64_t ps_rng_mix(uint64_t x)
+{
+    return ps_splitmix64(&x);
+}
+
+uint64_t ps_rng_hash(uint64_t seed, uint64_t tag, uint64_t a, uint64_t b)
+{
+    return ps_rng_mix(ps_rng_mix(ps_rng_mix(seed ^ tag) ^ a) ^ b);
+}
+
+double ps_rng_unit(uint64_t h)
+{
+    return (double)(2 * (h >> 12) + 1) * 0x1.0p-53;
+}
+
 void ps_rng_seed(ps_rng *r, uint64_t seed)
 {
     /* splitmix64 spreads any seed (0 included) over the whole state, which
@@ -56,12 +71,7 @@ uint64_t ps_rng_below(ps_rng *r, uint64_t n)
     }
 }
 
-/* Natural log of x > 0 from frexp (exact) and the atanh series: only +,-,*,/
- * so the result is the same on every IEEE-754 machine, unlike libm's log,
- * which may differ in the last bit between libraries.  (-std=c11 keeps gcc
- * from contracting a*b+c into an FMA, which would change rounding.)  Accurate
- * to a few ulp, which is all init and synthetic data need. */
-static double portable_log(double x)
+double ps_rng_log(double x)
 {
     int e;
     double m = frexp(x, &e); /* x = m 2^e, m in [0.5, 1) */
@@ -77,6 +87,19 @@ static double portable_log(double x)
     return 2.0 * t * sum + e * 0x1.62e42fefa39efp-1; /* ln 2 */
 }
 
+double ps_rng_exp(double x)
+{
+    /* x = n ln 2 + r with |r| <= ln(2)/2 (up to rounding), so e^x = 2^n e^r
+     * and e^r's Taylor series converges fast: r^18/18! < 1e-21 */
+    double n = floor(x / 0x1.62e42fefa39efp-1 + 0.5);
+    n = n < -1100.0 ? -1100.0 : n > 1100.0 ? 1100.0 : n; /* beyond: 0 or inf anyway */
+    double r = x - n * 0x1.62e42fefa39efp-1;
+    double p = 1.0;
+    for (int k = 17; k >= 1; k--)
+        p = 1.0 + r * p / k;
+    return ldexp(p, (int)n);
+}
+
 double ps_rng_normal(ps_rng *r)
 {
     if (r->has_spare) {
@@ -89,7 +112,7 @@ double ps_rng_normal(ps_rng *r)
         double s = u * u + v * v;
         if (s >= 1.0 || s == 0.0)
             continue;
-        double m = sqrt(-2.0 * portable_log(s) / s);
+        double m = sqrt(-2.0 * ps_rng_log(s) / s);
         r->spare = v * m;
         r->has_spare = 1;
         return u * m;

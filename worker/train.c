@@ -6,7 +6,13 @@
  * forward the exchange swaps in that layer's newest weights (sync: waits for
  * them), and as soon as backward has issued a layer's gradient the exchange
  * pushes it and pulls the next version (ps_exchange.h).  Without servers the
- * loop trains alone with local SGD, the compute-only baseline. */
+ * loop trains alone with local SGD, the compute-only baseline.
+ *
+ * The click-through model (--model ctr) adds its tables, which are not
+ * params: each step fetches the rows of the batch's ids from a row source and
+ * pushes one gradient row per id back (embedding.h); the loop calls only the
+ * row source's functions, so where rows live is set up once (local tables
+ * now).  Its test metric is AUC. */
 #include "train.h"
 
 #include <errno.h>
@@ -17,7 +23,9 @@
 #include <string.h>
 
 #include "backend.h"
+#include "ctr.h"
 #include "data.h"
+#include "embedding.h"
 #include "ps_exchange.h"
 #include "model.h"
 #include "ps_error.h"
@@ -65,6 +73,10 @@ typedef struct worker {
     ps_data_shard *shard; /* this worker's slice of each global batch (data.h) */
     float *hx;         /* host batch */
     int32_t *hy;
+    /* the click-through model: where its tables' rows come from, and the
+     * batch's ids (NULL for mlp and cnn) */
+    ps_row_source *rows;
+    uint64_t *hids;
 } worker;
 
 enum { TID_TRAIN = 1, TID_COMM = 2 };
@@ -246,20 +258,77 @@ static int connect_servers(worker *w)
     return 0;
 }
 
+/* The click-through model's data, after what only it refuses: the servers
+ * cannot hold its tables yet, nor can the GPU run its embedding kernels. */
+static int open_ctr(worker *w, char *why, size_t why_len)
+{
+    const ps_train_config *c = w->cfg;
+    ps_ctr_spec cs;
+    int rc = ps_ctr_spec_parse(c->model, &cs, why, why_len);
+    if (rc)
+        return rc;
+    if (c->servers) {
+        snprintf(why, why_len,
+                 "--model %s: its embedding tables cannot live on the servers yet: train it "
+                 "with --servers none (local tables)",
+                 c->model);
+        return PS_EINVAL;
+    }
+    if (c->device && strcmp(c->device, "cpu") != 0) {
+        snprintf(why, why_len,
+                 "--model %s --device %s: the click-through model runs on the CPU only for now "
+                 "(its embedding gather and scatter kernels cannot be checked without a GPU "
+                 "yet): use --device cpu",
+                 c->model, c->device);
+        return PS_EDEVICE;
+    }
+    if (c->save_path || c->load_path) {
+        snprintf(why, why_len,
+                 "%s: --model %s keeps its embedding tables outside the model file, which "
+                 "cannot hold them yet",
+                 c->save_path ? "--save" : "--load", c->model);
+        return PS_EINVAL;
+    }
+    return ps_dataset_open_ctr(c->data, c->seed, cs.fields, cs.rows, &w->train, &w->test, why,
+                               why_len);
+}
+
+/* The tables' rows: local tables, made as batches touch them. */
+static int start_tables(worker *w, char *why, size_t why_len)
+{
+    const ps_ctr_spec *cs = ps_model_ctr_spec(w->m);
+    int rc = ps_row_source_local_create(cs->fields, cs->dim, w->cfg->seed, cs->opt, cs->lr,
+                                        PS_CTR_ADAGRAD_EPS, &w->rows);
+    if (!rc && !(w->hids = malloc((size_t)w->cfg->batch * cs->fields * sizeof *w->hids)))
+        rc = PS_ENOMEM;
+    if (rc)
+        snprintf(why, why_len, "--model %s: cannot make its tables: %s", ps_model_spec(w->m),
+                 ps_strerror(rc));
+    return rc;
+}
+
 /* ---------- the loop ---------- */
 
-static int evaluate(worker *w, int64_t epoch, double *acc_out)
+/* The test metric: accuracy, or AUC for the click-through model. */
+static const char *metric_name(const worker *w)
 {
-    double acc = 0, loss = 0;
+    return w->rows ? "auc" : "accuracy";
+}
+
+static int evaluate(worker *w, int64_t epoch, double *metric_out)
+{
+    double metric = 0, loss = 0;
     char why[256];
-    int rc = ps_model_evaluate(w->m, w->test, &acc, &loss, why, sizeof why);
+    int rc = w->rows ? ps_model_evaluate_ctr(w->m, w->test, w->rows, &metric, &loss, why,
+                                             sizeof why)
+                     : ps_model_evaluate(w->m, w->test, &metric, &loss, why, sizeof why);
     if (rc) {
         ps_error("evaluation failed: %s", why);
         return rc;
     }
-    ps_info("epoch %lld test accuracy %.4f loss %.4f", (long long)epoch, acc, loss);
-    if (acc_out)
-        *acc_out = acc;
+    ps_info("epoch %lld test %s %.4f loss %.4f", (long long)epoch, metric_name(w), metric, loss);
+    if (metric_out)
+        *metric_out = metric;
     return 0;
 }
 
@@ -273,7 +342,7 @@ static int train_loop(worker *w)
         total = c->max_steps;
     ps_model_hooks hooks = {w, w->x ? before_layer : NULL, w->x ? grad_ready : NULL};
     int rc = 0;
-    double acc = -1;
+    double metric = -1;
     int64_t t_start = ps_now_ns(), t_win = t_start;
     int64_t win_steps = 0;
     double win_loss = 0;
@@ -283,19 +352,29 @@ static int train_loop(worker *w)
             c->num_workers, w->x ? ps_mode_name(c->mode) : "no servers (local SGD)",
             c->mode == PS_MODE_ASYNC && c->max_staleness >= 0 && w->x ? " (bounded staleness)"
                                                                       : "");
+    if (w->rows)
+        ps_info("embedding tables: %d of %d-wide rows, in %s", ps_model_num_tables(w->m),
+                ps_model_table_dim(w->m), w->rows->name);
     for (w->step = 0; w->step < total && !rc && !g_stop; w->step++) {
         int64_t k = w->step % per_epoch, epoch = w->step / per_epoch;
         /* our slice of global batch k of the epoch's shuffle, the same on every worker */
-        if ((rc = ps_data_shard_fill(w->shard, (uint64_t)epoch, (size_t)k, w->hx, w->hy)))
+        if ((rc = ps_data_shard_fill(w->shard, (uint64_t)epoch, (size_t)k, w->hx, w->hy)) ||
+            (w->rows && (rc = ps_data_shard_fill_ids(w->shard, (uint64_t)epoch, (size_t)k,
+                                                     w->hids))))
             break;
         int64_t t0 = ps_now_ns();
         float loss = 0;
+        /* the click-through model's rows of this batch, from wherever they live */
+        if (w->rows && ((rc = ps_model_set_ids(w->m, w->hids, c->batch)) ||
+                        (rc = ps_model_fetch_rows(w->m, w->rows))))
+            break;
         if ((rc = ps_model_load_batch(w->m, w->hx, w->hy, c->batch)) ||
             (rc = ps_model_forward(w->m, ps_model_input(w->m), ps_model_labels(w->m), c->batch,
                                    &hooks, &loss, NULL)))
             break;
         int64_t t1 = ps_now_ns();
-        if ((rc = ps_model_backward(w->m, &hooks)))
+        if ((rc = ps_model_backward(w->m, &hooks)) ||
+            (w->rows && (rc = ps_model_push_rows(w->m, w->rows, w->step))))
             break;
         if (!w->x && (rc = ps_model_sgd_step(w->m, c->local_lr)))
             break;
@@ -339,16 +418,16 @@ static int train_loop(worker *w)
     if (!rc && !g_stop && w->x)
         rc = ps_exchange_pull_final(w->x);
     if (!rc && do_eval && !g_stop)
-        rc = evaluate(w, (w->step + per_epoch - 1) / per_epoch, &acc);
+        rc = evaluate(w, (w->step + per_epoch - 1) / per_epoch, &metric);
     if (g_stop) {
         ps_warn("stopped by a signal after %lld steps", (long long)w->step);
         return PS_ECLOSED;
     }
     if (!rc) {
         double sps = elapsed > 0 ? (double)w->step * c->batch / elapsed : 0;
-        if (acc >= 0)
-            ps_info("summary: time %.1f s, %.0f samples/s per worker, test accuracy %.4f", elapsed,
-                    sps, acc);
+        if (metric >= 0)
+            ps_info("summary: time %.1f s, %.0f samples/s per worker, test %s %.4f", elapsed,
+                    sps, metric_name(w), metric);
         else
             ps_info("summary: time %.1f s, %.0f samples/s per worker", elapsed, sps);
     }
@@ -368,8 +447,15 @@ int ps_train_run(const ps_train_config *c)
 
     if ((rc = check_outputs(c)))
         return rc;
-    if ((rc = ps_dataset_open(c->data, PS_SPLIT_TRAIN, c->seed, &w.train, why, sizeof why)) ||
-        (rc = ps_dataset_open(c->data, PS_SPLIT_TEST, c->seed, &w.test, why, sizeof why))) {
+    if (ps_ctr_spec_is(c->model)) {
+        if ((rc = open_ctr(&w, why, sizeof why))) {
+            ps_error("%s", why);
+            goto out;
+        }
+    } else if ((rc = ps_dataset_open(c->data, PS_SPLIT_TRAIN, c->seed, &w.train, why,
+                                     sizeof why)) ||
+               (rc = ps_dataset_open(c->data, PS_SPLIT_TEST, c->seed, &w.test, why,
+                                     sizeof why))) {
         ps_error("--data: %s", why);
         goto out;
     }
@@ -385,6 +471,10 @@ int ps_train_run(const ps_train_config *c)
     }
     if (c->load_path && (rc = ps_model_load(w.m, c->load_path, why, sizeof why))) {
         ps_error("--load: %s", why);
+        goto out;
+    }
+    if (ps_model_num_tables(w.m) && (rc = start_tables(&w, why, sizeof why))) {
+        ps_error("%s", why);
         goto out;
     }
     w.params = ps_model_params(w.m);
@@ -414,10 +504,13 @@ out:
     if (w.csv)
         fclose(w.csv);
     ps_model_destroy(w.m);
+    if (w.rows)
+        w.rows->destroy(w.rows);
     if (w.b)
         w.b->destroy(w.b);
     free(w.hx);
     free(w.hy);
+    free(w.hids);
     ps_data_shard_destroy(w.shard);
     ps_dataset_free(w.train);
     ps_dataset_free(w.test);

@@ -1,0 +1,58 @@
+#!/usr/bin/python3
+"""python/ps/data_ctr.py against the C generator of --data synthetic-ctr:N
+(worker/data_ctr.c, written out by build/tests/ctr_dump): the same ids and
+labels, bit for bit, and the same dense features to float32 rounding, so a
+Python trainer (and the PyTorch reference, bench/torch_ctr_ref.py) sees
+ps_worker's data."""
+
+import os
+import subprocess
+import unittest
+
+import numpy as np
+
+import pstest
+from ps import data_ctr
+
+DUMP = os.path.join(pstest.BUILD, "tests", "ctr_dump")
+
+
+def c_samples(start, n, seed, fields, rows, zipf):
+    """(dense, ids, labels) of the C generator."""
+    out = os.path.join(pstest.TMP, "ctr-%d-%d-%d.bin" % (start, n, seed))
+    subprocess.run([DUMP, out, str(start), str(n), str(seed), str(fields), str(rows),
+                    repr(zipf)], check=True, timeout=60)
+    raw = open(out, "rb").read()
+    labels = np.frombuffer(raw, dtype="<i4", count=n)
+    dense = np.frombuffer(raw, dtype="<f4", count=n * data_ctr.DENSE, offset=4 * n)
+    ids = np.frombuffer(raw, dtype="<u8", count=n * fields, offset=4 * n * (1 + data_ctr.DENSE))
+    return dense.reshape(n, data_ctr.DENSE), ids.reshape(n, fields), labels
+
+
+class SyntheticCtr(unittest.TestCase):
+    def check_same(self, start, n, seed, fields, rows, zipf):
+        cd, ci, cl = c_samples(start, n, seed, fields, rows, zipf)
+        pd, pi, pl = data_ctr.generate(start, n, seed, fields, rows, zipf)
+        self.assertEqual(pi.dtype, np.uint64)
+        for what, p, c in (("ids", pi, ci), ("labels", pl, cl)):
+            bad = np.flatnonzero((p != c).reshape(n, -1).any(axis=1))
+            self.assertEqual(len(bad), 0, "%s differ in %d samples, the first %d"
+                             % (what, len(bad), start + (bad[0] if len(bad) else 0)))
+        far = np.abs(pd - cd) > 1e-6 * np.maximum(1.0, np.abs(cd))
+        self.assertFalse(far.any(), "dense features differ by more than 1e-6 in %d values"
+                         % far.sum())
+        return pl
+
+    def test_first_1000_samples_match_the_c_generator(self):
+        labels = self.check_same(0, 1000, 1, data_ctr.FIELDS, data_ctr.ROWS, data_ctr.ZIPF)
+        # both classes, near the planted 25% clicks
+        self.assertTrue(150 < labels.sum() < 350, labels.sum())
+
+    def test_test_split_and_other_settings_match_the_c_generator(self):
+        # samples of a test set (after N = 200000), another seed, few fields
+        # and rows, a flatter Zipf: every setting reaches both generators
+        self.check_same(200000, 500, 7, 3, 50, 0.8)
+
+
+if __name__ == "__main__":
+    pstest.main()
