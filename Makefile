@@ -221,6 +221,12 @@ $(BUILD)/%.o: %.cu
 test: all
 	@BUILD=$(BUILD) SAN=$(SAN) PS_BIN_DIR=$(BIN) tests/run.sh
 
+# README.md's flag tables, made from the settings table (common/ps_settings.h)
+# by each program's --help-markdown; tests/test_readme_flags.sh compares them
+readme-flags: $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch
+	PS_BIN_DIR=$(BIN) sh tests/test_readme_flags.sh --write
+.PHONY: readme-flags
+
 bench: all $(BENCHES)
 	@BUILD=$(BUILD) PS_BIN_DIR=$(BIN) bench/run.sh
 

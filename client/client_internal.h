@@ -55,8 +55,6 @@
 
 #define PSC_DEFAULT_CHUNK_BYTES (4u << 20)
 #define PSC_DEFAULT_HELLO_MS 10000
-#define PSC_DEFAULT_HEARTBEAT_MS 1000
-#define PSC_DEFAULT_SERVER_TIMEOUT_MS 60000
 /* Request id of heartbeats: never a slot's (generations start at 1), so their
  * replies are recognised and dropped. */
 #define PSC_HEARTBEAT_SEQ 0

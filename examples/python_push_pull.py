@@ -5,7 +5,7 @@ is w - 1), pushing gradients and pulling weights in place.
 Servers, rank and worker count come from the environment when not given
 (PS_SERVERS, PS_RANK, PS_NUM_WORKERS; ps_launch --exec sets them):
 
-  bin/ps_server --bind tcp://127.0.0.1:5555 --num-workers 1 --mode async --lr 0.5 &
+  bin/ps_server --bind tcp://127.0.0.1:5555 --num-workers 1 --lr 0.5 &
   PS_SERVERS=tcp://127.0.0.1:5555 /usr/bin/python3 examples/python_push_pull.py
   bin/ps_launch --servers 2 --workers 2 --exec /usr/bin/python3 examples/python_push_pull.py
 """
