@@ -223,7 +223,7 @@ test: all
 
 # README.md's flag tables, made from the settings table (common/ps_settings.h)
 # by each program's --help-markdown; tests/test_readme_flags.sh compares them
-readme-flags: $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch
+readme-flags: $(PROGRAMS)
 	PS_BIN_DIR=$(BIN) sh tests/test_readme_flags.sh --write
 .PHONY: readme-flags
 

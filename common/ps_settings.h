@@ -30,17 +30,19 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ps_curve.h"
 #include "ps_limits.h"
 #include "ps_opt_table.h"
 #include "ps_types.h"
 
 /* Which programs take a row (the progs column, (SERVER, WORKER, LAUNCH,
- * LIBPS) with _ for one that does not): */
+ * LIBPS, KEYGEN) with _ for one that does not): */
 #define PS_PROG_SERVER 1u /* ps_server: ps_server_config */
 #define PS_PROG_WORKER 2u /* ps_worker: ps_train_config */
 #define PS_PROG_LAUNCH 4u /* ps_launch: ps_launch_opts */
 #define PS_PROG_LIBPS 8u  /* ps_client_options: ps_client_options_default takes the
                              default, and ps.Client reads the variables */
+#define PS_PROG_KEYGEN 16u /* ps_keygen */
 
 /* What a row is (the type column, without the prefix):
  *   INT     an integer in [lo, hi]
@@ -96,244 +98,253 @@ enum {
  * is text the row's parser takes (NULL: the field stays 0 / NULL).  help is
  * plain text: --help wraps it, the README section (make readme-flags) puts
  * it in a table cell, turning docs/NAME.md into a link. */
-#define PS_SETTINGS(X)                                                                      \
-    X(lch_servers, (_, _, LAUNCH, _), "--servers", "S", NULL, INT, servers, NULL, NULL, 1,   \
-      PS_LAUNCH_MAX_SERVERS, _, 0, "ps_server processes (required without --hostfile)")     \
-    X(lch_workers, (_, _, LAUNCH, _), "--workers", "W", NULL, INT, workers, NULL, NULL, 1,   \
-      PS_LAUNCH_MAX_WORKERS, _, 0,                                                           \
-      "ps_worker processes, or copies of the --exec program (required without --hostfile)") \
-    X(gpus, (_, _, LAUNCH, _), "--gpus", "auto|none|IDS", NULL, STR, gpus, "auto", NULL, 1,  \
-      900, _, 0,                                                                             \
-      "auto: one worker per GPU found (the entries of CUDA_VISIBLE_DEVICES when a "         \
-      "scheduler set it, else /proc/driver/nvidia/gpus or nvidia-smi -L), round-robin "     \
-      "when there are more workers; each worker sees only its GPU (CUDA_VISIBLE_DEVICES) "  \
-      "and gets --device cuda:0.  No GPU, or none: --device cpu.  IDS, e.g. 0,1: those "    \
-      "GPUs (repeat an id to put two workers on it)")                                       \
-    X(wrk_head_cluster, (_, WORKER, _, _), "", "", NULL, HEAD, _, NULL, NULL, 0, 0, _, 0,   \
-      "cluster:")                                                                            \
-    X(bind, (SERVER, _, _, _), "--bind", "ENDPOINT", NULL, OWN, _, NULL, NULL, 0, 0, _,      \
-      PS_SET_BY_LAUNCH,                                                                      \
-      "ZeroMQ endpoint to listen on (required): tcp://*:PORT (every interface), "           \
-      "tcp://ADDRESS:PORT, tcp://HOST:PORT (the name is resolved) or ipc:///PATH")          \
-    X(servers, (_, WORKER, _, LIBPS), "--servers", "LIST", "PS_SERVERS", STR, servers, NULL, \
-      NULL, 1, 65536, _, PS_SET_BY_LAUNCH,                                                   \
-      "server endpoints in server-rank order, tcp://HOST:PORT[,...]; none: train alone "    \
-      "with local SGD (the compute-only baseline)")                                         \
-    X(srv_rank, (SERVER, _, _, _), "--rank", "R", NULL, INT, rank, "0", NULL, 0,            \
-      PS_MAX_RANK, _, PS_SET_BY_LAUNCH, "this server's rank, 0..num-servers-1")             \
-    X(rank, (_, WORKER, _, LIBPS), "--rank", "R",                                            \
-      "PS_RANK SLURM_PROCID OMPI_COMM_WORLD_RANK PMI_RANK", INT, rank, "0", NULL, 0,         \
-      PS_MAX_RANK, _, PS_SET_BY_LAUNCH, "this worker's rank, 0..num-workers-1")             \
-    X(num_servers, (SERVER, _, _, _), "--num-servers", "S", "PS_NUM_SERVERS", INT,           \
-      num_servers, "1", NULL, 1, PS_MAX_SERVERS, HELLO("ns"), PS_SET_BY_LAUNCH,             \
-      "number of servers (a worker counts the endpoints it is given)")                      \
-    X(num_workers, (SERVER, WORKER, _, LIBPS), "--num-workers", "W",                         \
-      "PS_NUM_WORKERS SLURM_NTASKS OMPI_COMM_WORLD_SIZE PMI_SIZE", INT, num_workers, "1",    \
-      NULL, 1, PS_MAX_WORKERS, HELLO("nw"), PS_SET_BY_LAUNCH,                                \
-      "number of workers: give the real count for a cluster (the servers refuse a worker "  \
-      "whose count differs)")                                                                \
-    X(mode, (SERVER, WORKER, LAUNCH, LIBPS), "--mode", "sync|async", "PS_MODE", ENUM, mode,  \
-      "sync", "sync=1 async=2", 0, 0, HELLO("mode"), PS_SET_BY_LAUNCH,                       \
-      "consistency: sync, every step waits for the gradients of all workers (summed in "    \
-      "rank order: runs are bitwise repeatable); async, each gradient is applied on "       \
-      "arrival.  Servers and workers must agree")                                           \
-    X(max_staleness, (SERVER, WORKER, _, LIBPS), "--max-staleness", "K", "PS_MAX_STALENESS", \
-      INT, max_staleness, "-1", NULL, -1, PS_MAX_STALENESS, HELLO("stal"), PS_SET_SHARED,    \
-      "async: a worker runs at most K steps ahead of the slowest one (its pulls wait); "    \
-      "-1: unbounded.  Sync is staleness 0, the only value it takes.  Servers and "         \
-      "workers must agree")                                                                  \
-    X(srv_opt, (SERVER, _, _, _), "", "", NULL, OPT, _, NULL, NULL, 0, 0, _, 0,              \
-      "the optimizer the servers run (workers check those of these they are given at "      \
-      "hello)")                                                                              \
-    X(server_threads, (_, _, LAUNCH, _), "--server-threads", "T", NULL, INT, server_threads, \
-      "1", NULL, 1, PS_SERVER_MAX_THREADS, _, 0, "update threads per server (ps_server "     \
-      "--threads)")                                                                          \
-    X(srv_threads, (SERVER, _, _, _), "--threads", "T", NULL, INT, threads, "1", NULL, 1,   \
-      PS_SERVER_MAX_THREADS, _, PS_SET_BY_LAUNCH,                                            \
-      "update threads; each chunk is owned by one of them (by hash), so the hot path takes " \
-      "no lock")                                                                             \
-    X(max_memory, (SERVER, _, _, _), "--max-memory", "BYTES", NULL, SIZE, max_memory, "8G",  \
-      NULL, 4096, 1ll << 50, _, 0,                                                           \
-      "cap on weights + optimizer state and on pull replies sent as copies and not yet "    \
-      "read; inits (and copies) beyond it are refused")                                     \
-    X(max_peer_replies, (SERVER, _, _, _), "--max-peer-replies", "N", NULL, INT,             \
-      max_peer_replies, "10000", NULL, 1, 1000000000, _, 0,                                  \
-      "pull replies one connection may leave unread before its pulls are refused "          \
-      "(docs/OPERATIONS.md \"Memory\")")                                                     \
-    X(max_peer_bytes, (SERVER, _, _, _), "--max-peer-bytes", "BYTES", NULL, SIZE,            \
-      max_peer_bytes, NULL, NULL, 4096, 1ll << 50, _, 0,                                     \
-      "bytes of pull replies one connection may leave unread before its pulls are refused " \
-      "(default: 64M or twice the memory of this server's chunks, whichever is larger)")    \
-    X(srv_timeline, (SERVER, _, _, _), "--timeline", "FILE", NULL, STR, timeline, NULL,      \
-      NULL, 1, 900, _, 0,                                                                    \
-      "Chrome trace-event JSON: an apply event per update and a pull event per served "     \
-      "pull, one lane per update thread")                                                    \
-    X(curve_keys, (SERVER, WORKER, _, LIBPS), "--curve-keys", "DIR", "PS_CURVE_KEYS", STR,   \
-      curve_dir, NULL, NULL, 1, 900, _, PS_SET_SHARED,                                       \
-      "CURVE keys from ps_keygen: all traffic is encrypted, servers serve only workers "    \
-      "whose public keys are in DIR/authorized, and a key in DIR/admin may also stop a "    \
-      "server with a message (docs/SECURITY.md)")                                            \
-    X(admin_token_file, (SERVER, _, _, _), "--admin-token-file", "FILE", NULL, STR,          \
-      admin_token_file, NULL, NULL, 1, 900, _, 0,                                            \
-      "a shutdown message carrying the token in FILE (mode 0600, 16..128 characters) "      \
-      "stops the server; without it (or a CURVE admin key) only SIGTERM and SIGINT do "     \
-      "(docs/SECURITY.md)")                                                                  \
-    X(admin_token, (_, _, _, LIBPS), "--admin-token", "TOKEN", "PS_ADMIN_TOKEN", STR,        \
-      admin_token, NULL, NULL, 16, 128, _, 0,                                                \
-      "the token of the servers' --admin-token-file, sent with a shutdown request")         \
-    X(chunk_size, (_, WORKER, _, LIBPS), "--chunk-size", "BYTES", "PS_CHUNK_SIZE", SIZE,     \
-      chunk_bytes, "4M", NULL, PS_MIN_CHUNK_BYTES, PS_MAX_CHUNK_BYTES, _, 0,                 \
-      "tensors are cut into chunks of at most this and spread over the servers")            \
-    X(shm, (SERVER, WORKER, _, LIBPS), "--shm", "auto|off", "PS_SHM", ENUM, shm, "auto",     \
-      "auto=1 off=0", 0, 0, _, PS_SET_SHARED,                                                \
-      "auto: a worker keeps its weights and gradients in a shared-memory arena "            \
-      "(/dev/shm/ps-PID-*, mode 0600) and offers it at hello; a server on the same host "   \
-      "maps it and moves the payloads through it (always float32) while ZeroMQ carries "    \
-      "the headers.  off, on either side: always over the network")                         \
-    X(wire_dtype, (SERVER, WORKER, _, _), "--wire-dtype", "f32|bf16|f16", "PS_WIRE_DTYPE",   \
-      ENUM, wire_dtype, "f32", "f32=1 bf16=2 f16=3 float32=1 bfloat16=2 float16=3 fp16=3",   \
-      0, 0, HELLO("dt"), PS_SET_SHARED,                                                      \
-      "element type of pushed gradients and pulled weights on the network: bf16 and f16 "   \
-      "halve the bytes (rounded to nearest even); servers keep float32 weights and "        \
-      "optimizer state.  Servers and workers must agree (docs/BENCHMARKS.md \"Multi-host\")") \
-    X(local_aggregate, (_, WORKER, _, _), "--local-aggregate", "N", NULL, INT, local_size,   \
-      "1", NULL, 1, 64, _, 0,                                                                \
-      "N workers of this host (ranks h*N .. h*N+N-1 of host h) sum their gradients in "     \
-      "shared memory and the first of them alone talks to the servers, whose "              \
-      "--num-workers is then the number of hosts: one copy per host on the network "        \
-      "(docs/PROTOCOL.md \"Local aggregation\").  ps_launch --hostfile turns it on in sync " \
-      "mode when every host runs the same N > 1 workers.  1: off")                          \
-    X(request_timeout, (_, WORKER, _, _), "--request-timeout", "MS", "PS_REQUEST_TIMEOUT",   \
-      INT, request_timeout_ms, "5000", NULL, 0, 3600000, _, 0,                               \
-      "resend an unanswered request after MS, then after 2x, 4x... up to 30 s; servers "    \
-      "drop the duplicates, so a restarted server gets what it lost.  0: never")            \
-    X(hello_timeout, (_, WORKER, _, LIBPS), "--hello-timeout", "MS", "PS_HELLO_TIMEOUT",     \
-      INT, hello_timeout_ms, "10000", NULL, 1, 3600000, _, 0,                                \
-      "give up when a server does not answer hello within MS")                              \
-    X(heartbeat, (_, WORKER, _, LIBPS), "--heartbeat", "MS", "PS_HEARTBEAT", INT,            \
-      heartbeat_ms, "1000", NULL, 0, 3600000, _, 0,                                          \
-      "tell every server this often that the worker is alive, for their "                   \
-      "--worker-timeout.  0: never")                                                         \
-    X(server_timeout, (_, WORKER, _, LIBPS), "--server-timeout", "S", "PS_SERVER_TIMEOUT",   \
-      SECS, server_timeout_ms, "60", NULL, 0, 86400, _, 0,                                   \
-      "exit 1 naming the server when one has sent nothing, not even a heartbeat's "         \
-      "answer, for S seconds while the worker waits on it.  0: wait and resend forever")    \
-    X(wrk_head_training, (_, WORKER, _, _), "", "", NULL, HEAD, _, NULL, NULL, 0, 0, _, 0,  \
-      "model and training:")                                                                 \
-    X(model, (_, WORKER, _, _), "--model", "SPEC", NULL, STR, model, "mlp:784-256-128-10",   \
-      NULL, 1, 900, _, 0,                                                                    \
-      "mlp:IN-H1-...-OUT (linear + ReLU) or cnn (conv5x5x32-relu-pool, "                    \
-      "conv5x5x64-relu-pool, fc1024-relu, fc10)")                                           \
-    X(batch, (_, WORKER, _, _), "--batch", "B", NULL, INT, batch, "64", NULL, 1, 65536, _,  \
-      0, "samples per step per worker")                                                      \
-    X(epochs, (_, WORKER, _, _), "--epochs", "E", NULL, INT, epochs, "1", NULL, 1, 100000,  \
-      _, 0, "passes over this worker's shard of the data")                                  \
-    X(steps, (_, WORKER, _, _), "--steps", "N", NULL, INT, max_steps, "0", NULL, 0,         \
-      1ll << 40, _, 0, "stop after N steps; 0: run every epoch")                            \
-    X(wrk_opt, (_, WORKER, _, _), "", "", NULL, OPT, _, NULL, NULL, 0, 0, _, 0,              \
-      "the servers apply the optimizer: each of these that is given is checked against "    \
-      "theirs at start (a mismatch exits 2 naming both values), the others are not "        \
-      "(ranges as in ps_server --help).  --lr is also the local-SGD rate with --servers "   \
-      "none (default 0.05)")                                                                 \
-    X(seed, (_, WORKER, _, _), "--seed", "S", NULL, INT, seed, "1", NULL, 0, 1ll << 62, _,  \
-      0, "weight init and data order, the same on every worker")                            \
-    X(device, (_, WORKER, _, _), "--device", "cpu|cuda:N", "PS_DEVICE", STR, device, "cpu",  \
-      NULL, 1, 900, _, PS_SET_BY_LAUNCH, "compute device")                                  \
-    X(wrk_threads, (_, WORKER, _, _), "--threads", "T", NULL, INT, threads, "1", NULL, 1,   \
-      256, _, 0, "BLAS threads on the CPU")                                                  \
-    X(data, (_, WORKER, _, _), "--data", "DIR|synthetic:N", NULL, STR, data, NULL, NULL, 1,  \
-      900, _, 0,                                                                             \
-      "directory of MNIST-format IDX files (default /usr/share/datasets/fashion-mnist), "   \
-      "or N random samples")                                                                 \
-    X(wrk_head_output, (_, WORKER, _, _), "", "", NULL, HEAD, _, NULL, NULL, 0, 0, _, 0,    \
-      "output:")                                                                             \
-    X(log_every, (_, WORKER, _, _), "--log-every", "N", NULL, INT, log_every, "100", NULL,   \
-      1, 1 << 30, _, 0, "progress line every N steps")                                      \
-    X(eval_every, (_, WORKER, _, _), "--eval-every", "N", NULL, INT, eval_every, "0", NULL,  \
-      0, 1 << 30, _, 0, "test accuracy every N steps; 0: after each epoch")                 \
-    X(eval_all, (_, WORKER, _, _), "--eval-all", "", NULL, BOOL, eval_all, NULL, NULL, 0, 0, \
-      _, 0, "every worker evaluates, not only worker 0")                                    \
-    X(log_csv, (_, WORKER, _, _), "--log-csv", "FILE", NULL, STR, log_csv, NULL, NULL, 1,    \
-      900, _, PS_SET_OUTPUT,                                                                 \
-      "time_s,epoch,iter,loss,samples_per_s,comm_wait_pct per logged step")                 \
-    X(wrk_timeline, (_, WORKER, _, _), "--timeline", "FILE", "PS_TIMELINE", STR, timeline,   \
-      NULL, NULL, 1, 900, _, PS_SET_OUTPUT,                                                  \
-      "Chrome trace-event JSON (Perfetto, chrome://tracing): forward, backward, push, "     \
-      "pull and wait per step and layer")                                                    \
-    X(save, (_, WORKER, _, _), "--save", "FILE", NULL, STR, save_path, NULL, NULL, 1, 900,   \
-      _, PS_SET_OUTPUT, "write the final model (worker 0; a checksummed file)")             \
-    X(load, (_, WORKER, _, _), "--load", "FILE", NULL, STR, load_path, NULL, NULL, 1, 900,   \
-      _, 0, "start from a model --save wrote")                                              \
-    X(srv_head_faults, (SERVER, _, _, _), "", "", NULL, HEAD, _, NULL, NULL, 0, 0, _, 0,     \
-      "fault tolerance (docs/OPERATIONS.md):")                                               \
-    X(checkpoint_dir, (SERVER, _, _, _), "--checkpoint-dir", "DIR", NULL, STR,               \
-      checkpoint_dir, NULL, NULL, 1, 900, _, 0,                                              \
-      "write atomic, checksummed checkpoints of this server's shard to DIR "                \
-      "(DIR/shard-RANK-SEQ.ckpt, the newest 2 are kept)")                                   \
-    X(checkpoint_every, (SERVER, _, _, _), "--checkpoint-every", "N|Ts", NULL, OWN, _, NULL, \
-      NULL, 0, 0, _, 0,                                                                      \
-      "sync: every N rounds; async: every N pushes received, and no push is acknowledged "  \
-      "more than N past the last checkpoint written (a crash loses at most N); Ts, e.g. "   \
-      "30s: every T seconds (default 60s with --checkpoint-dir).  Sync with N = 1: every "  \
-      "round is on disk before any worker sees it (exact restarts)")                        \
-    X(restore, (SERVER, _, _, _), "--restore", "", NULL, BOOL, restore, NULL, NULL, 0, 0, _, \
-      0,                                                                                     \
-      "start from the newest valid checkpoint in --checkpoint-dir (exit 2 when there is "   \
-      "none or it has another configuration)")                                              \
-    X(on_checkpoint_failure, (SERVER, _, _, _), "--on-checkpoint-failure",                   \
-      "stall[:S]|continue|exit[:S]", NULL, OWN, _, NULL, NULL, 0, 0, _, 0,                   \
-      "while checkpoint writes fail: stall (default): what waits for a checkpoint (durable " \
-      "rounds, new chunks' inits, async acks past N) waits, and after S seconds (default "  \
-      "30) its worker gets an error saying why; continue: go on without checkpoints; "      \
-      "exit: stop (exit 1) when writes still fail S seconds (default 10) after the first "  \
-      "failure")                                                                             \
-    X(worker_timeout, (SERVER, _, _, _), "--worker-timeout", "S", NULL, SECS,                \
-      worker_timeout_ms, "0", NULL, 0, 86400, _, 0,                                          \
-      "a worker silent this many seconds (no message, no heartbeat) is lost; 0: never")    \
-    X(on_worker_loss, (SERVER, _, _, _), "--on-worker-loss", "wait|drop", NULL, ENUM,        \
-      on_worker_loss, "wait", "wait=0 drop=1", 0, 0, _, 0,                                   \
-      "wait: log a lost worker and keep waiting for it; drop: go on without it (rounds "    \
-      "average the live workers, barriers count them) until it says hello again; needs "    \
-      "--worker-timeout")                                                                    \
-    X(exit_on_stdin_eof, (SERVER, _, _, _), "--exit-on-stdin-eof", "", NULL, OWN, _, NULL,   \
-      NULL, 0, 0, _, 0,                                                                      \
-      "stop as on SIGTERM (final checkpoint, stopped: line) when standard input ends: a "   \
-      "server started over a connection ends with it (ps_launch over ssh gives it)")        \
-    X(timeline_dir, (_, _, LAUNCH, _), "--timeline-dir", "DIR", NULL, STR, timeline_dir,     \
-      NULL, NULL, 1, 900, _, 0,                                                              \
-      "each process writes Chrome trace events to DIR/server-i.json or "                    \
-      "DIR/worker-i.json (DIR is created first); processes on one host share the clock, "   \
-      "so Perfetto shows them together")                                                     \
-    X(bin_dir, (_, _, LAUNCH, _), "--bin-dir", "DIR", NULL, STR, bin_dir, NULL, NULL, 1,     \
-      900, _, 0, "where ps_server and ps_worker are (default: the directory of ps_launch)")  \
-    X(server_arg, (_, _, LAUNCH, _), "--server-arg", "ARG", NULL, OWN, _, NULL, NULL, 0, 0,  \
-      _, 0, "one more argument for every server; repeat it: --server-arg --max-memory "     \
-      "--server-arg 2G")                                                                     \
-    X(hostfile, (_, _, LAUNCH, _), "--hostfile", "FILE", NULL, STR, hostfile, NULL, NULL, 1, \
-      900, _, 0,                                                                             \
-      "run over ssh on the hosts of FILE, lines 'host [servers=N] [workers=M] [gpus=G]' "   \
-      "(# comments); --servers and --workers may then be left out (docs/LAUNCH.md)")        \
-    X(base_port, (_, _, LAUNCH, _), "--base-port", "P", NULL, INT, base_port, "29500", NULL, \
-      1, 65535, _, 0, "with --hostfile: server i listens on P+i")                           \
-    X(ssh_opt, (_, _, LAUNCH, _), "--ssh-opt", "OPTS", NULL, OWN, _, NULL, NULL, 0, 0, _, 0, \
-      "with --hostfile: options for every ssh, split at spaces (repeat it), e.g. "          \
-      "--ssh-opt '-p 2222 -i ~/.ssh/key'; PS_SSH replaces the ssh command itself")          \
-    X(lch_shared, (_, _, LAUNCH, _), "", "", NULL, SHARED, _, NULL, NULL, 0, 0, _, 0,        \
-      "the settings servers and workers must agree on: given to ps_launch (before -- or "   \
-      "--exec) or among the worker flags, once, they go to the servers and to every "       \
-      "worker; ps_launch checks their values first")                                        \
-    X(exec, (_, _, LAUNCH, _), "--exec", "PROGRAM ARGS...", NULL, REST, _, NULL, NULL, 0, 0, \
-      _, 0,                                                                                  \
-      "run PROGRAM ARGS as each worker instead of ps_worker (the rest of the command "      \
-      "line; {rank} in ARGS becomes the rank).  It finds its settings in its environment:"  \
-      " PS_SERVERS, PS_NUM_SERVERS, PS_RANK, PS_NUM_WORKERS, PS_MODE, PS_MAX_STALENESS, "   \
-      "PS_DEVICE, PS_TIMELINE (with --timeline-dir), and PS_<NAME> for each shared flag "   \
-      "given (--lr-decay-every: PS_LR_DECAY_EVERY)")                                        \
-    X(dry_run, (_, _, LAUNCH, _), "--dry-run", "", NULL, BOOL, dry_run, NULL, NULL, 0, 0, _, \
-      0, "print the commands (and their hosts) and start nothing")                          \
-    X(verbose, (SERVER, WORKER, _, _), "--verbose", "", NULL, LOG, _, NULL, NULL, 0,         \
-      PS_LOG_DEBUG, _, 0, "log debug lines too")                                            \
-    X(quiet, (SERVER, WORKER, _, _), "--quiet", "", NULL, LOG, _, NULL, NULL, 0, PS_LOG_WARN, \
+#define PS_SETTINGS(X)                                                                           \
+    X(lch_servers, (_, _, LAUNCH, _, _), "--servers", "S", NULL, INT, servers, NULL, NULL, 1,    \
+      PS_LAUNCH_MAX_SERVERS, _, 0, "ps_server processes (required without --hostfile)")          \
+    X(lch_workers, (_, _, LAUNCH, _, _), "--workers", "W", NULL, INT, workers, NULL, NULL, 1,    \
+      PS_LAUNCH_MAX_WORKERS, _, 0,                                                               \
+      "ps_worker processes, or copies of the --exec program (required without --hostfile)")      \
+    X(gpus, (_, _, LAUNCH, _, _), "--gpus", "auto|none|IDS", NULL, STR, gpus, "auto", NULL, 1,   \
+      900, _, 0,                                                                                 \
+      "auto: one worker per GPU found (the entries of CUDA_VISIBLE_DEVICES when a "              \
+      "scheduler set it, else /proc/driver/nvidia/gpus or nvidia-smi -L), round-robin "          \
+      "when there are more workers; each worker sees only its GPU (CUDA_VISIBLE_DEVICES) "       \
+      "and gets --device cuda:0.  No GPU, or none: --device cpu.  IDS, e.g. 0,1: those "         \
+      "GPUs (repeat an id to put two workers on it)")                                            \
+    X(wrk_head_cluster, (_, WORKER, _, _, _), "", "", NULL, HEAD, _, NULL, NULL, 0, 0, _, 0,     \
+      "cluster:")                                                                                \
+    X(bind, (SERVER, _, _, _, _), "--bind", "ENDPOINT", NULL, OWN, _, NULL, NULL, 0, 0, _,       \
+      PS_SET_BY_LAUNCH,                                                                          \
+      "ZeroMQ endpoint to listen on (required): tcp://*:PORT (every interface), "                \
+      "tcp://ADDRESS:PORT, tcp://HOST:PORT (the name is resolved) or ipc:///PATH")               \
+    X(servers, (_, WORKER, _, LIBPS, _), "--servers", "LIST", "PS_SERVERS", STR, servers, NULL,  \
+      NULL, 1, 65536, _, PS_SET_BY_LAUNCH,                                                       \
+      "server endpoints in server-rank order, tcp://HOST:PORT[,...]; none: train alone "         \
+      "with local SGD (the compute-only baseline)")                                              \
+    X(srv_rank, (SERVER, _, _, _, _), "--rank", "R", NULL, INT, rank, "0", NULL, 0,              \
+      PS_MAX_RANK, _, PS_SET_BY_LAUNCH, "this server's rank, 0..num-servers-1")                  \
+    X(rank, (_, WORKER, _, LIBPS, _), "--rank", "R",                                             \
+      "PS_RANK SLURM_PROCID OMPI_COMM_WORLD_RANK PMI_RANK", INT, rank, "0", NULL, 0,             \
+      PS_MAX_RANK, _, PS_SET_BY_LAUNCH, "this worker's rank, 0..num-workers-1")                  \
+    X(num_servers, (SERVER, _, _, _, _), "--num-servers", "S", "PS_NUM_SERVERS", INT,            \
+      num_servers, "1", NULL, 1, PS_MAX_SERVERS, HELLO("ns"), PS_SET_BY_LAUNCH,                  \
+      "number of servers (a worker counts the endpoints it is given)")                           \
+    X(num_workers, (SERVER, WORKER, _, LIBPS, _), "--num-workers", "W",                          \
+      "PS_NUM_WORKERS SLURM_NTASKS OMPI_COMM_WORLD_SIZE PMI_SIZE", INT, num_workers, "1",        \
+      NULL, 1, PS_MAX_WORKERS, HELLO("nw"), PS_SET_BY_LAUNCH,                                    \
+      "number of workers: give the real count for a cluster (the servers refuse a worker "       \
+      "whose count differs)")                                                                    \
+    X(mode, (SERVER, WORKER, LAUNCH, LIBPS, _), "--mode", "sync|async", "PS_MODE", ENUM, mode,   \
+      "sync", "sync=1 async=2", 0, 0, HELLO("mode"), PS_SET_BY_LAUNCH,                           \
+      "consistency: sync, every step waits for the gradients of all workers (summed in "         \
+      "rank order: runs are bitwise repeatable); async, each gradient is applied on "            \
+      "arrival.  Servers and workers must agree")                                                \
+    X(max_staleness, (SERVER, WORKER, _, LIBPS, _), "--max-staleness", "K", "PS_MAX_STALENESS",  \
+      INT, max_staleness, "-1", NULL, -1, PS_MAX_STALENESS, HELLO("stal"), PS_SET_SHARED,        \
+      "async: a worker runs at most K steps ahead of the slowest one (its pulls wait); "         \
+      "-1: unbounded.  Sync is staleness 0, the only value it takes.  Servers and "              \
+      "workers must agree")                                                                      \
+    X(srv_opt, (SERVER, _, _, _, _), "", "", NULL, OPT, _, NULL, NULL, 0, 0, _, 0,               \
+      "the optimizer the servers run (workers check those of these they are given at "           \
+      "hello)")                                                                                  \
+    X(server_threads, (_, _, LAUNCH, _, _), "--server-threads", "T", NULL, INT, server_threads,  \
+      "1", NULL, 1, PS_SERVER_MAX_THREADS, _, 0, "update threads per server (ps_server "         \
+      "--threads)")                                                                              \
+    X(srv_threads, (SERVER, _, _, _, _), "--threads", "T", NULL, INT, threads, "1", NULL, 1,     \
+      PS_SERVER_MAX_THREADS, _, PS_SET_BY_LAUNCH,                                                \
+      "update threads; each chunk is owned by one of them (by hash), so the hot path takes "     \
+      "no lock")                                                                                 \
+    X(max_memory, (SERVER, _, _, _, _), "--max-memory", "BYTES", NULL, SIZE, max_memory, "8G",   \
+      NULL, 4096, 1ll << 50, _, 0,                                                               \
+      "cap on weights + optimizer state and on pull replies sent as copies and not yet "         \
+      "read; inits (and copies) beyond it are refused")                                          \
+    X(max_peer_replies, (SERVER, _, _, _, _), "--max-peer-replies", "N", NULL, INT,              \
+      max_peer_replies, "10000", NULL, 1, 1000000000, _, 0,                                      \
+      "pull replies one connection may leave unread before its pulls are refused "               \
+      "(docs/OPERATIONS.md \"Memory\")")                                                         \
+    X(max_peer_bytes, (SERVER, _, _, _, _), "--max-peer-bytes", "BYTES", NULL, SIZE,             \
+      max_peer_bytes, NULL, NULL, 4096, 1ll << 50, _, 0,                                         \
+      "bytes of pull replies one connection may leave unread before its pulls are refused "      \
+      "(default: 64M or twice the memory of this server's chunks, whichever is larger)")         \
+    X(srv_timeline, (SERVER, _, _, _, _), "--timeline", "FILE", NULL, STR, timeline, NULL,       \
+      NULL, 1, 900, _, 0,                                                                        \
+      "Chrome trace-event JSON: an apply event per update and a pull event per served "          \
+      "pull, one lane per update thread")                                                        \
+    X(curve_keys, (SERVER, WORKER, _, LIBPS, _), "--curve-keys", "DIR", "PS_CURVE_KEYS", STR,    \
+      curve_dir, NULL, NULL, 1, 900, _, PS_SET_SHARED,                                           \
+      "CURVE keys from ps_keygen: all traffic is encrypted, servers serve only workers "         \
+      "whose public keys are in DIR/authorized, and a key in DIR/admin may also stop a "         \
+      "server with a message (docs/SECURITY.md)")                                                \
+    X(admin_token_file, (SERVER, _, _, _, _), "--admin-token-file", "FILE", NULL, STR,           \
+      admin_token_file, NULL, NULL, 1, 900, _, 0,                                                \
+      "a shutdown message carrying the token in FILE (mode 0600, 16..128 characters) "           \
+      "stops the server; without it (or a CURVE admin key) only SIGTERM and SIGINT do "          \
+      "(docs/SECURITY.md)")                                                                      \
+    X(admin_token, (_, _, _, LIBPS, _), "--admin-token", "TOKEN", "PS_ADMIN_TOKEN", STR,         \
+      admin_token, NULL, NULL, 16, 128, _, 0,                                                    \
+      "the token of the servers' --admin-token-file, sent with a shutdown request")              \
+    X(chunk_size, (_, WORKER, _, LIBPS, _), "--chunk-size", "BYTES", "PS_CHUNK_SIZE", SIZE,      \
+      chunk_bytes, "4M", NULL, PS_MIN_CHUNK_BYTES, PS_MAX_CHUNK_BYTES, _, 0,                     \
+      "tensors are cut into chunks of at most this and spread over the servers")                 \
+    X(shm, (SERVER, WORKER, _, LIBPS, _), "--shm", "auto|off", "PS_SHM", ENUM, shm, "auto",      \
+      "auto=1 off=0", 0, 0, _, PS_SET_SHARED,                                                    \
+      "auto: a worker keeps its weights and gradients in a shared-memory arena "                 \
+      "(/dev/shm/ps-PID-*, mode 0600) and offers it at hello; a server on the same host "        \
+      "maps it and moves the payloads through it (always float32) while ZeroMQ carries "         \
+      "the headers.  off, on either side: always over the network")                              \
+    X(wire_dtype, (SERVER, WORKER, _, _, _), "--wire-dtype", "f32|bf16|f16", "PS_WIRE_DTYPE",    \
+      ENUM, wire_dtype, "f32", "f32=1 bf16=2 f16=3 float32=1 bfloat16=2 float16=3 fp16=3",       \
+      0, 0, HELLO("dt"), PS_SET_SHARED,                                                          \
+      "element type of pushed gradients and pulled weights on the network: bf16 and f16 "        \
+      "halve the bytes (rounded to nearest even); servers keep float32 weights and "             \
+      "optimizer state.  Servers and workers must agree (docs/BENCHMARKS.md \"Multi-host\")")    \
+    X(local_aggregate, (_, WORKER, _, _, _), "--local-aggregate", "N", NULL, INT, local_size,    \
+      "1", NULL, 1, 64, _, 0,                                                                    \
+      "N workers of this host (ranks h*N .. h*N+N-1 of host h) sum their gradients in "          \
+      "shared memory and the first of them alone talks to the servers, whose "                   \
+      "--num-workers is then the number of hosts: one copy per host on the network "             \
+      "(docs/PROTOCOL.md \"Local aggregation\").  ps_launch --hostfile turns it on in sync "     \
+      "mode when every host runs the same N > 1 workers.  1: off")                               \
+    X(request_timeout, (_, WORKER, _, _, _), "--request-timeout", "MS", "PS_REQUEST_TIMEOUT",    \
+      INT, request_timeout_ms, "5000", NULL, 0, 3600000, _, 0,                                   \
+      "resend an unanswered request after MS, then after 2x, 4x... up to 30 s; servers "         \
+      "drop the duplicates, so a restarted server gets what it lost.  0: never")                 \
+    X(hello_timeout, (_, WORKER, _, LIBPS, _), "--hello-timeout", "MS", "PS_HELLO_TIMEOUT",      \
+      INT, hello_timeout_ms, "10000", NULL, 1, 3600000, _, 0,                                    \
+      "give up when a server does not answer hello within MS")                                   \
+    X(heartbeat, (_, WORKER, _, LIBPS, _), "--heartbeat", "MS", "PS_HEARTBEAT", INT,             \
+      heartbeat_ms, "1000", NULL, 0, 3600000, _, 0,                                              \
+      "tell every server this often that the worker is alive, for their "                        \
+      "--worker-timeout.  0: never")                                                             \
+    X(server_timeout, (_, WORKER, _, LIBPS, _), "--server-timeout", "S", "PS_SERVER_TIMEOUT",    \
+      SECS, server_timeout_ms, "60", NULL, 0, 86400, _, 0,                                       \
+      "exit 1 naming the server when one has sent nothing, not even a heartbeat's "              \
+      "answer, for S seconds while the worker waits on it.  0: wait and resend forever")         \
+    X(wrk_head_training, (_, WORKER, _, _, _), "", "", NULL, HEAD, _, NULL, NULL, 0, 0, _, 0,    \
+      "model and training:")                                                                     \
+    X(model, (_, WORKER, _, _, _), "--model", "SPEC", NULL, STR, model, "mlp:784-256-128-10",    \
+      NULL, 1, 900, _, 0,                                                                        \
+      "mlp:IN-H1-...-OUT (linear + ReLU) or cnn (conv5x5x32-relu-pool, "                         \
+      "conv5x5x64-relu-pool, fc1024-relu, fc10)")                                                \
+    X(batch, (_, WORKER, _, _, _), "--batch", "B", NULL, INT, batch, "64", NULL, 1, 65536, _,    \
+      0, "samples per step per worker")                                                          \
+    X(epochs, (_, WORKER, _, _, _), "--epochs", "E", NULL, INT, epochs, "1", NULL, 1, 100000,    \
+      _, 0, "passes over this worker's shard of the data")                                       \
+    X(steps, (_, WORKER, _, _, _), "--steps", "N", NULL, INT, max_steps, "0", NULL, 0,           \
+      1ll << 40, _, 0, "stop after N steps; 0: run every epoch")                                 \
+    X(wrk_opt, (_, WORKER, _, _, _), "", "", NULL, OPT, _, NULL, NULL, 0, 0, _, 0,               \
+      "the servers apply the optimizer: each of these that is given is checked against "         \
+      "theirs at start (a mismatch exits 2 naming both values), the others are not "             \
+      "(ranges as in ps_server --help).  --lr is also the local-SGD rate with --servers "        \
+      "none (default 0.05)")                                                                     \
+    X(seed, (_, WORKER, _, _, _), "--seed", "S", NULL, INT, seed, "1", NULL, 0, 1ll << 62, _,    \
+      0, "weight init and data order, the same on every worker")                                 \
+    X(device, (_, WORKER, _, _, _), "--device", "cpu|cuda:N", "PS_DEVICE", STR, device, "cpu",   \
+      NULL, 1, 900, _, PS_SET_BY_LAUNCH, "compute device")                                       \
+    X(wrk_threads, (_, WORKER, _, _, _), "--threads", "T", NULL, INT, threads, "1", NULL, 1,     \
+      256, _, 0, "BLAS threads on the CPU")                                                      \
+    X(data, (_, WORKER, _, _, _), "--data", "DIR|synthetic:N", NULL, STR, data, NULL, NULL, 1,   \
+      900, _, 0,                                                                                 \
+      "directory of MNIST-format IDX files (default /usr/share/datasets/fashion-mnist), "        \
+      "or N random samples")                                                                     \
+    X(wrk_head_output, (_, WORKER, _, _, _), "", "", NULL, HEAD, _, NULL, NULL, 0, 0, _, 0,      \
+      "output:")                                                                                 \
+    X(log_every, (_, WORKER, _, _, _), "--log-every", "N", NULL, INT, log_every, "100", NULL,    \
+      1, 1 << 30, _, 0, "progress line every N steps")                                           \
+    X(eval_every, (_, WORKER, _, _, _), "--eval-every", "N", NULL, INT, eval_every, "0", NULL,   \
+      0, 1 << 30, _, 0, "test accuracy every N steps; 0: after each epoch")                      \
+    X(eval_all, (_, WORKER, _, _, _), "--eval-all", "", NULL, BOOL, eval_all, NULL, NULL, 0, 0,  \
+      _, 0, "every worker evaluates, not only worker 0")                                         \
+    X(log_csv, (_, WORKER, _, _, _), "--log-csv", "FILE", NULL, STR, log_csv, NULL, NULL, 1,     \
+      900, _, PS_SET_OUTPUT,                                                                     \
+      "time_s,epoch,iter,loss,samples_per_s,comm_wait_pct per logged step")                      \
+    X(wrk_timeline, (_, WORKER, _, _, _), "--timeline", "FILE", "PS_TIMELINE", STR, timeline,    \
+      NULL, NULL, 1, 900, _, PS_SET_OUTPUT,                                                      \
+      "Chrome trace-event JSON (Perfetto, chrome://tracing): forward, backward, push, "          \
+      "pull and wait per step and layer")                                                        \
+    X(save, (_, WORKER, _, _, _), "--save", "FILE", NULL, STR, save_path, NULL, NULL, 1, 900,    \
+      _, PS_SET_OUTPUT, "write the final model (worker 0; a checksummed file)")                  \
+    X(load, (_, WORKER, _, _, _), "--load", "FILE", NULL, STR, load_path, NULL, NULL, 1, 900,    \
+      _, 0, "start from a model --save wrote")                                                   \
+    X(srv_head_faults, (SERVER, _, _, _, _), "", "", NULL, HEAD, _, NULL, NULL, 0, 0, _, 0,      \
+      "fault tolerance (docs/OPERATIONS.md):")                                                   \
+    X(checkpoint_dir, (SERVER, _, _, _, _), "--checkpoint-dir", "DIR", NULL, STR,                \
+      checkpoint_dir, NULL, NULL, 1, 900, _, 0,                                                  \
+      "write atomic, checksummed checkpoints of this server's shard to DIR "                     \
+      "(DIR/shard-RANK-SEQ.ckpt, the newest 2 are kept)")                                        \
+    X(checkpoint_every, (SERVER, _, _, _, _), "--checkpoint-every", "N|Ts", NULL, OWN, _, NULL,  \
+      NULL, 0, 0, _, 0,                                                                          \
+      "sync: every N rounds; async: every N pushes received, and no push is acknowledged "       \
+      "more than N past the last checkpoint written (a crash loses at most N); Ts, e.g. "        \
+      "30s: every T seconds (default 60s with --checkpoint-dir).  Sync with N = 1: every "       \
+      "round is on disk before any worker sees it (exact restarts)")                             \
+    X(restore, (SERVER, _, _, _, _), "--restore", "", NULL, BOOL, restore, NULL, NULL, 0, 0, _,  \
+      0,                                                                                         \
+      "start from the newest valid checkpoint in --checkpoint-dir (exit 2 when there is "        \
+      "none or it has another configuration)")                                                   \
+    X(on_checkpoint_failure, (SERVER, _, _, _, _), "--on-checkpoint-failure",                    \
+      "stall[:S]|continue|exit[:S]", NULL, OWN, _, NULL, NULL, 0, 0, _, 0,                       \
+      "while checkpoint writes fail: stall (default): what waits for a checkpoint (durable "     \
+      "rounds, new chunks' inits, async acks past N) waits, and after S seconds (default "       \
+      "30) its worker gets an error saying why; continue: go on without checkpoints; "           \
+      "exit: stop (exit 1) when writes still fail S seconds (default 10) after the first "       \
+      "failure")                                                                                 \
+    X(worker_timeout, (SERVER, _, _, _, _), "--worker-timeout", "S", NULL, SECS,                 \
+      worker_timeout_ms, "0", NULL, 0, 86400, _, 0,                                              \
+      "a worker silent this many seconds (no message, no heartbeat) is lost; 0: never")          \
+    X(on_worker_loss, (SERVER, _, _, _, _), "--on-worker-loss", "wait|drop", NULL, ENUM,         \
+      on_worker_loss, "wait", "wait=0 drop=1", 0, 0, _, 0,                                       \
+      "wait: log a lost worker and keep waiting for it; drop: go on without it (rounds "         \
+      "average the live workers, barriers count them) until it says hello again; needs "         \
+      "--worker-timeout")                                                                        \
+    X(exit_on_stdin_eof, (SERVER, _, _, _, _), "--exit-on-stdin-eof", "", NULL, OWN, _, NULL,    \
+      NULL, 0, 0, _, 0,                                                                          \
+      "stop as on SIGTERM (final checkpoint, stopped: line) when standard input ends: a "        \
+      "server started over a connection ends with it (ps_launch over ssh gives it)")             \
+    X(timeline_dir, (_, _, LAUNCH, _, _), "--timeline-dir", "DIR", NULL, STR, timeline_dir,      \
+      NULL, NULL, 1, 900, _, 0,                                                                  \
+      "each process writes Chrome trace events to DIR/server-i.json or "                         \
+      "DIR/worker-i.json (DIR is created first); processes on one host share the clock, "        \
+      "so Perfetto shows them together")                                                         \
+    X(bin_dir, (_, _, LAUNCH, _, _), "--bin-dir", "DIR", NULL, STR, bin_dir, NULL, NULL, 1,      \
+      900, _, 0, "where ps_server and ps_worker are (default: the directory of ps_launch)")      \
+    X(server_arg, (_, _, LAUNCH, _, _), "--server-arg", "ARG", NULL, OWN, _, NULL, NULL, 0, 0,   \
+      _, 0, "one more argument for every server; repeat it: --server-arg --max-memory "          \
+      "--server-arg 2G")                                                                         \
+    X(hostfile, (_, _, LAUNCH, _, _), "--hostfile", "FILE", NULL, STR, hostfile, NULL, NULL, 1,  \
+      900, _, 0,                                                                                 \
+      "run over ssh on the hosts of FILE, lines 'host [servers=N] [workers=M] [gpus=G]' "        \
+      "(# comments); --servers and --workers may then be left out (docs/LAUNCH.md)")             \
+    X(base_port, (_, _, LAUNCH, _, _), "--base-port", "P", NULL, INT, base_port, "29500", NULL,  \
+      1, 65535, _, 0, "with --hostfile: server i listens on P+i")                                \
+    X(ssh_opt, (_, _, LAUNCH, _, _), "--ssh-opt", "OPTS", NULL, OWN, _, NULL, NULL, 0, 0, _, 0,  \
+      "with --hostfile: options for every ssh, split at spaces (repeat it), e.g. "               \
+      "--ssh-opt '-p 2222 -i ~/.ssh/key'; PS_SSH replaces the ssh command itself")               \
+    X(lch_shared, (_, _, LAUNCH, _, _), "", "", NULL, SHARED, _, NULL, NULL, 0, 0, _, 0,         \
+      "the settings servers and workers must agree on: given to ps_launch (before -- or "        \
+      "--exec) or among the worker flags, once, they go to the servers and to every "            \
+      "worker; ps_launch checks their values first")                                             \
+    X(exec, (_, _, LAUNCH, _, _), "--exec", "PROGRAM ARGS...", NULL, REST, _, NULL, NULL, 0, 0,  \
+      _, 0,                                                                                      \
+      "run PROGRAM ARGS as each worker instead of ps_worker (the rest of the command "           \
+      "line; {rank} in ARGS becomes the rank).  It finds its settings in its environment:"       \
+      " PS_SERVERS, PS_NUM_SERVERS, PS_RANK, PS_NUM_WORKERS, PS_MODE, PS_MAX_STALENESS, "        \
+      "PS_DEVICE, PS_TIMELINE (with --timeline-dir), and PS_<NAME> for each shared flag "        \
+      "given (--lr-decay-every: PS_LR_DECAY_EVERY)")                                             \
+    X(dry_run, (_, _, LAUNCH, _, _), "--dry-run", "", NULL, BOOL, dry_run, NULL, NULL, 0, 0, _,  \
+      0, "print the commands (and their hosts) and start nothing")                               \
+    X(keygen_dir, (_, _, _, _, KEYGEN), "--dir", "DIR", NULL, STR, dir, NULL, NULL, 1, 900, _,  \
+      0, "the key directory (required; created, mode 0700)")                                    \
+    X(keygen_servers, (_, _, _, _, KEYGEN), "--servers", "S", NULL, INT, servers, NULL, NULL, 1, \
+      PS_CURVE_MAX_KEYS, _, 0, "server key pairs (required)")                                   \
+    X(keygen_workers, (_, _, _, _, KEYGEN), "--workers", "W", NULL, INT, workers, NULL, NULL, 1, \
+      PS_CURVE_MAX_KEYS, _, 0, "worker key pairs (required)")                                   \
+    X(force, (_, _, _, _, KEYGEN), "--force", "", NULL, BOOL, force, NULL, NULL, 0, 0, _, 0,     \
+      "replace the keys already in DIR (all of them: keys of the earlier set, "                 \
+      "authorized/*.pub included, are removed)")                                                 \
+    X(verbose, (SERVER, WORKER, _, _, _), "--verbose", "", NULL, LOG, _, NULL, NULL, 0,          \
+      PS_LOG_DEBUG, _, 0, "log debug lines too")                                                 \
+    X(quiet, (SERVER, WORKER, _, _, _), "--quiet", "", NULL, LOG, _, NULL, NULL, 0, PS_LOG_WARN, \
       _, 0, "log warnings and errors only")
 
 /* Index of each row: PS_SET_mode, ... */
@@ -392,7 +403,7 @@ typedef struct ps_setting_field {
 } ps_setting_field;
 
 /* In a callback of PS_SETTINGS: the entry of the row for program P (SERVER,
- * WORKER, LAUNCH or LIBPS) in struct T, followed by a comma; nothing when P
+ * WORKER, LAUNCH, LIBPS or KEYGEN) in struct T, followed by a comma; nothing when P
  * does not take the row or the row has no field.  E.g.
  *   #define F_(id, progs, flag, arg, env, type, field, def, choices, lo, hi, hello, \
  *              props, help) PS_SETTING_BIND(SERVER, ps_server_config, progs, type, id, field)
@@ -485,14 +496,16 @@ void ps_settings_opt_env(const char *flag, char *out, size_t len);
 #define PS_SET_DROP(...)
 #define PS_SET_CAT_(a, b) a##b
 #define PS_SET_CAT(a, b) PS_SET_CAT_(a, b)
-#define PS_SET_PICK_SERVER(s, w, l, c) s
-#define PS_SET_PICK_WORKER(s, w, l, c) w
-#define PS_SET_PICK_LAUNCH(s, w, l, c) l
-#define PS_SET_PICK_LIBPS(s, w, l, c) c
+#define PS_SET_PICK_SERVER(s, w, l, c, k) s
+#define PS_SET_PICK_WORKER(s, w, l, c, k) w
+#define PS_SET_PICK_LAUNCH(s, w, l, c, k) l
+#define PS_SET_PICK_LIBPS(s, w, l, c, k) c
+#define PS_SET_PICK_KEYGEN(s, w, l, c, k) k
 #define PS_SET_IF_SERVER PS_SET_KEEP
 #define PS_SET_IF_WORKER PS_SET_KEEP
 #define PS_SET_IF_LAUNCH PS_SET_KEEP
 #define PS_SET_IF_LIBPS PS_SET_KEEP
+#define PS_SET_IF_KEYGEN PS_SET_KEEP
 #define PS_SET_IF__ PS_SET_DROP
 /* PS_SET_IF_IN(P, progs)(x...): x when P is in progs */
 #define PS_SET_IF_IN(P, progs) PS_SET_CAT(PS_SET_IF_, PS_SET_PICK_##P progs)
@@ -500,9 +513,10 @@ void ps_settings_opt_env(const char *flag, char *out, size_t len);
 #define PS_SET_BIT_WORKER PS_PROG_WORKER
 #define PS_SET_BIT_LAUNCH PS_PROG_LAUNCH
 #define PS_SET_BIT_LIBPS PS_PROG_LIBPS
+#define PS_SET_BIT_KEYGEN PS_PROG_KEYGEN
 #define PS_SET_BIT__ 0u
-#define PS_SET_PROGS(s, w, l, c)                                                            \
-    (PS_SET_BIT_##s | PS_SET_BIT_##w | PS_SET_BIT_##l | PS_SET_BIT_##c)
+#define PS_SET_PROGS(s, w, l, c, k)                                                         \
+    (PS_SET_BIT_##s | PS_SET_BIT_##w | PS_SET_BIT_##l | PS_SET_BIT_##c | PS_SET_BIT_##k)
 #define PS_SET_IF_FIELD_INT PS_SET_KEEP
 #define PS_SET_IF_FIELD_SIZE PS_SET_KEEP
 #define PS_SET_IF_FIELD_SECS PS_SET_KEEP

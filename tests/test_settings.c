@@ -233,8 +233,9 @@ static int has_field(const ps_setting *r)
 
 PS_TEST(every_row_is_well_formed)
 {
-    const unsigned progs[] = {PS_PROG_SERVER, PS_PROG_WORKER, PS_PROG_LAUNCH, PS_PROG_LIBPS};
-    int nbound[4] = {0}, nserver, nworker;
+    const unsigned progs[] = {PS_PROG_SERVER, PS_PROG_WORKER, PS_PROG_LAUNCH, PS_PROG_LIBPS,
+                              PS_PROG_KEYGEN};
+    int nbound[5] = {0}, nserver, nworker;
     ps_server_config_fields(&nserver);
     ps_train_config_fields(&nworker);
     for (int id = 0; id < PS_SET_N; id++) {
@@ -249,11 +250,12 @@ PS_TEST(every_row_is_well_formed)
                       ps_setting_parse_value("t", r->flag, r, r->def, &v, why, sizeof why) == 0,
                   "%s: its default '%s' is refused: %s", r->flag, r->def, why);
         /* one row per flag and program */
-        for (int k = 0; k < 4 && r->flag[0]; k++)
+        CHECK_MSG(r->progs, "row %d belongs to no program", id);
+        for (int k = 0; k < 5 && r->flag[0]; k++)
             if (r->progs & progs[k])
                 CHECK_MSG(ps_setting_find(progs[k], r->flag) == id, "%s twice for program %u",
                           r->flag, progs[k]);
-        for (int k = 0; k < 4; k++)
+        for (int k = 0; k < 5; k++)
             nbound[k] += (r->progs & progs[k]) && has_field(r);
         /* an ENUM's names in arg are choices; a hello key only on rows both sides take */
         for (const char *p = r->type == PS_SETTING_ENUM ? r->arg : ""; *p;) {
@@ -345,9 +347,9 @@ static int lists_every_row(const char *text, unsigned prog, int md, char *missin
 
 PS_TEST(help_and_readme_list_every_row_of_their_program)
 {
-    const unsigned progs[] = {PS_PROG_SERVER, PS_PROG_WORKER, PS_PROG_LAUNCH};
+    const unsigned progs[] = {PS_PROG_SERVER, PS_PROG_WORKER, PS_PROG_LAUNCH, PS_PROG_KEYGEN};
     char missing[128];
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         char *help = capture(ps_settings_usage, progs[k]);
         char *md = capture(ps_settings_markdown, progs[k]);
         CHECK(help && md);
@@ -357,7 +359,8 @@ PS_TEST(help_and_readme_list_every_row_of_their_program)
         /* and no flag of another program's rows alone */
         int foreign = (progs[k] == PS_PROG_SERVER && strstr(help, "--batch")) ||
                       (progs[k] == PS_PROG_WORKER && strstr(help, "--bind")) ||
-                      (progs[k] == PS_PROG_LAUNCH && strstr(help, "--eval-every"));
+                      (progs[k] == PS_PROG_LAUNCH && strstr(help, "--eval-every")) ||
+                      (progs[k] == PS_PROG_KEYGEN && strstr(help, "--mode"));
         free(help);
         free(md);
         CHECK_MSG(h == 1, "program %u: %s lacks '%s'", progs[k], h ? "the README table" : "--help",
