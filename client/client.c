@@ -165,13 +165,7 @@ static void cancel(ps_client *c, ps_request *req, int code)
 
 /* Where the settings table's libps rows (common/ps_settings.h) live in
  * ps_client_options: their defaults are the programs' defaults. */
-static const ps_setting_field option_fields[] = {
-#define FIELD_(id, progs, flag, arg, env, type, field, def, choices, lo, hi, hello, props,    \
-               help)                                                                        \
-    PS_SETTING_BIND(LIBPS, ps_client_options, progs, type, id, field)
-    PS_SETTINGS(FIELD_)
-#undef FIELD_
-};
+static const ps_setting_field option_fields[] = {PS_SETTING_FIELDS(LIBPS)};
 
 void ps_client_options_default(ps_client_options *o)
 {

@@ -35,23 +35,17 @@ static const char usage_tail[] =
     "  ps_keygen --dir keys --servers 2 --workers 4\n";
 
 /* ps_keygen's settings (the KEYGEN rows of common/ps_settings.h). */
-typedef struct keygen_opts {
+typedef struct ps_keygen_opts {
     const char *dir;
     int servers, workers;
     int force;
-} keygen_opts;
+} ps_keygen_opts;
 
-static const ps_setting_field fields[] = {
-#define FIELD_(id, progs, flag, arg, env, type, field, def, choices, lo, hi, hello, props,    \
-               help)                                                                        \
-    PS_SETTING_BIND(KEYGEN, keygen_opts, progs, type, id, field)
-    PS_SETTINGS(FIELD_)
-#undef FIELD_
-};
+static const ps_setting_field fields[] = {PS_SETTING_FIELDS(KEYGEN)};
 
 int main(int argc, char **argv)
 {
-    keygen_opts o = {0};
+    ps_keygen_opts o = {0};
     char why[1024];
     ps_settings_cmd cmd = {.prog = P, .program = PS_PROG_KEYGEN, .cfg = &o, .fields = fields,
                            .nfields = (int)(sizeof fields / sizeof fields[0])};

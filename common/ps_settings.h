@@ -377,7 +377,8 @@ const char *ps_setting_name(const ps_setting *r);
 /* The row a program takes with this flag ("--mode"; "--mode=x" too), or -1. */
 int ps_setting_find(unsigned prog, const char *flag);
 
-/* An ENUM row's name for value v (its first: "f32" for 1), or NULL. */
+/* An ENUM row's name for value v (its first: "f32" for 1), or NULL; in a
+ * buffer of the calling thread's, valid until its next call for that row. */
 const char *ps_setting_choice_name(const ps_setting *r, long long v);
 
 /* The values row r takes: [lo, hi] of an INT, SIZE, SECS or STR (length);
@@ -402,12 +403,25 @@ typedef struct ps_setting_field {
     size_t off, size;
 } ps_setting_field;
 
-/* In a callback of PS_SETTINGS: the entry of the row for program P (SERVER,
- * WORKER, LAUNCH, LIBPS or KEYGEN) in struct T, followed by a comma; nothing when P
- * does not take the row or the row has no field.  E.g.
- *   #define F_(id, progs, flag, arg, env, type, field, def, choices, lo, hi, hello, \
- *              props, help) PS_SETTING_BIND(SERVER, ps_server_config, progs, type, id, field)
- *   static const ps_setting_field fields[] = {PS_SETTINGS(F_)};  */
+/* The fields of program P's rows (P: SERVER, WORKER, LAUNCH, LIBPS or
+ * KEYGEN) in its config struct, as an initializer list, in the one file that
+ * knows the struct:
+ *   static const ps_setting_field fields[] = {PS_SETTING_FIELDS(SERVER)};
+ * A row the struct has no field for does not compile. */
+#define PS_SETTING_FIELDS(P) PS_SETTINGS(PS_SET_FIELD_##P)
+#define PS_SET_FIELD_SERVER(id, progs, flag, arg, env, type, field, ...)                    \
+    PS_SETTING_BIND(SERVER, ps_server_config, progs, type, id, field)
+#define PS_SET_FIELD_WORKER(id, progs, flag, arg, env, type, field, ...)                    \
+    PS_SETTING_BIND(WORKER, ps_train_config, progs, type, id, field)
+#define PS_SET_FIELD_LAUNCH(id, progs, flag, arg, env, type, field, ...)                    \
+    PS_SETTING_BIND(LAUNCH, ps_launch_opts, progs, type, id, field)
+#define PS_SET_FIELD_LIBPS(id, progs, flag, arg, env, type, field, ...)                     \
+    PS_SETTING_BIND(LIBPS, ps_client_options, progs, type, id, field)
+#define PS_SET_FIELD_KEYGEN(id, progs, flag, arg, env, type, field, ...)                    \
+    PS_SETTING_BIND(KEYGEN, ps_keygen_opts, progs, type, id, field)
+
+/* The entry of a row for program P in struct T, followed by a comma;
+ * nothing when P does not take the row or the row has no field. */
 #define PS_SETTING_BIND(P, T, progs, type, id, field)                                      \
     PS_SET_IF_IN(P, progs)(PS_SET_IF_FIELD_##type(                                          \
         {PS_SET_##id, offsetof(T, field), sizeof(((T *)0)->field)}, ))
@@ -421,9 +435,12 @@ void ps_settings_defaults(unsigned prog, const ps_setting_field *fields, int n, 
 long long ps_setting_field_get(const ps_setting_field *f, const void *cfg);
 void ps_setting_field_set(const ps_setting_field *f, void *cfg, long long v);
 
-/* The same for the rows with a hello key, in struct T (ps_hello). */
-#define PS_SETTING_HELLO_BIND(T, hello, id, field)                                         \
-    PS_SET_IF_HELLO_##hello({PS_SET_##id, offsetof(T, field), sizeof(((T *)0)->field)}, )
+/* The same for the rows with a hello key, in ps_hello (proto/). */
+#define PS_SETTING_HELLO_FIELDS PS_SETTINGS(PS_SET_FIELD_HELLO)
+#define PS_SET_FIELD_HELLO(id, progs, flag, arg, env, type, field, def, choices, lo, hi, hello, \
+                           ...)                                                             \
+    PS_SET_IF_HELLO_##hello(                                                                \
+        {PS_SET_##id, offsetof(ps_hello, field), sizeof(((ps_hello *)0)->field)}, )
 
 /* ------------------------------------------------------------ command lines */
 

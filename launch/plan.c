@@ -230,13 +230,7 @@ static int parse_gpu_list(const char *spec, ps_strvec *ids, char *why, size_t le
 }
 
 /* Where each of ps_launch's own settings lives. */
-static const ps_setting_field fields[] = {
-#define FIELD_(id, progs, flag, arg, env, type, field, def, choices, lo, hi, hello, props,    \
-               help)                                                                        \
-    PS_SETTING_BIND(LAUNCH, ps_launch_opts, progs, type, id, field)
-    PS_SETTINGS(FIELD_)
-#undef FIELD_
-};
+static const ps_setting_field fields[] = {PS_SETTING_FIELDS(LAUNCH)};
 
 /* ps_launch's flags the table leaves to it, and the shared ones (id -1: the
  * optimizer's), kept as text. */

@@ -9,13 +9,7 @@
 #include "ps_proto.h"
 
 /* Each agreed row's field in ps_hello. */
-static const ps_setting_field agreed[] = {
-#define AGREED_(id, progs, flag, arg, env, type, field, def, choices, lo, hi, hello, props,   \
-                help)                                                                       \
-    PS_SETTING_HELLO_BIND(ps_hello, hello, id, field)
-    PS_SETTINGS(AGREED_)
-#undef AGREED_
-};
+static const ps_setting_field agreed[] = {PS_SETTING_HELLO_FIELDS};
 enum { NAGREED = sizeof agreed / sizeof agreed[0] };
 
 int ps_hello_nagreed(void)

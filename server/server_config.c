@@ -16,13 +16,7 @@ int ps_server_owner(uint64_t key, uint32_t chunk, int threads)
 }
 
 /* Where each of ps_server's settings (common/ps_settings.h) lives. */
-static const ps_setting_field fields[] = {
-#define FIELD_(id, progs, flag, arg, env, type, field, def, choices, lo, hi, hello, props,    \
-               help)                                                                        \
-    PS_SETTING_BIND(SERVER, ps_server_config, progs, type, id, field)
-    PS_SETTINGS(FIELD_)
-#undef FIELD_
-};
+static const ps_setting_field fields[] = {PS_SETTING_FIELDS(SERVER)};
 
 const ps_setting_field *ps_server_config_fields(int *n)
 {

@@ -51,13 +51,6 @@ static const char *joined(const ps_strvec *v)
     return buf;
 }
 
-#define CHECK_STR(a, b)                                                             \
-    do {                                                                            \
-        const char *ps_a_ = (a), *ps_b_ = (b);                                      \
-        CHECK_MSG(ps_a_ && !strcmp(ps_a_, ps_b_), "%s is\n  '%s', expected\n  '%s'", #a, \
-                  ps_a_ ? ps_a_ : "(null)", ps_b_);                                 \
-    } while (0)
-
 /* ------------------------------------------------------------ flags */
 
 PS_TEST(parse_gives_the_defaults)

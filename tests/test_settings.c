@@ -30,13 +30,6 @@ static int argc_of(char **argv)
     return n;
 }
 
-#define CHECK_STR(a, b)                                                                   \
-    do {                                                                                  \
-        const char *ps_a_ = (a), *ps_b_ = (b);                                            \
-        CHECK_MSG(ps_a_ && !strcmp(ps_a_, ps_b_), "%s is\n  '%s', expected\n  '%s'", #a,  \
-                  ps_a_ ? ps_a_ : "(null)", ps_b_);                                       \
-    } while (0)
-
 /* argv parsed as ps_worker parses it (env: read the variables too) into c. */
 static int worker_parse(ps_train_config *c, ps_settings_cmd *cmd, char **argv, int env)
 {
@@ -217,14 +210,8 @@ PS_TEST(environment_fills_what_the_flags_do_not_give)
 /* ------------------------------------------------------------ the rows */
 
 /* Each program's bound fields: what its parser can write. */
-#define LIBPS_FIELD_(id, progs, flag, arg, env, type, field, def, choices, lo, hi, hello,     \
-                     props, help)                                                           \
-    PS_SETTING_BIND(LIBPS, ps_client_options, progs, type, id, field)
-static const ps_setting_field libps_fields[] = {PS_SETTINGS(LIBPS_FIELD_)};
-#define LAUNCH_FIELD_(id, progs, flag, arg, env, type, field, def, choices, lo, hi, hello,    \
-                      props, help)                                                          \
-    PS_SETTING_BIND(LAUNCH, ps_launch_opts, progs, type, id, field)
-static const ps_setting_field launch_fields[] = {PS_SETTINGS(LAUNCH_FIELD_)};
+static const ps_setting_field libps_fields[] = {PS_SETTING_FIELDS(LIBPS)};
+static const ps_setting_field launch_fields[] = {PS_SETTING_FIELDS(LAUNCH)};
 
 static int has_field(const ps_setting *r)
 {
@@ -529,6 +516,16 @@ PS_TEST(hello_carries_and_compares_every_agreed_row_naming_both_values)
 
 /* ------------------------------------------------------------ ps_launch */
 
+/* argv parsed by ps_launch and planned on this host (one port, no GPU). */
+static int launch_plan(int argc, char **argv, ps_launch_opts *o, ps_launch_plan *p)
+{
+    static int port = 41001;
+    memset(p, 0, sizeof *p);
+    int rc = ps_launch_parse(argc, argv, o, why, sizeof why);
+    ps_launch_site site = {.ports = &port, .bin_dir = "/b", .remote_dir = "/w"};
+    return rc ? rc : ps_launch_plan_build(o, &site, p, why, sizeof why);
+}
+
 /* A value row r takes other than its default: an ENUM's last name, a
  * number in range, a path. */
 static const char *sample(const ps_setting *r, char *buf, size_t len)
@@ -570,10 +567,7 @@ PS_TEST(ps_launch_forwards_exactly_the_shared_rows)
         argv[n] = NULL;
         ps_launch_opts o;
         ps_launch_plan p;
-        int port = 41001;
-        CHECK_OK(ps_launch_parse(n, argv, &o, why, sizeof why));
-        ps_launch_site site = {.ports = &port, .bin_dir = "/b", .remote_dir = "/w"};
-        int rc = ps_launch_plan_build(&o, &site, &p, why, sizeof why);
+        int rc = launch_plan(n, argv, &o, &p);
         CHECK_MSG(rc == 0, "%s", why);
         /* the server's argv: what ps_launch sets, then exactly the shared flags */
         char want[1024];
@@ -582,14 +576,20 @@ PS_TEST(ps_launch_forwards_exactly_the_shared_rows)
                                     "--num-servers 1 --num-workers 1 --mode async --threads 1");
         for (int k = 0; k < nshared; k++)
             w += (size_t)snprintf(want + w, sizeof want - w, " %s", shared[k]);
-        char got[1024];
-        size_t g = 0;
-        for (int k = 0; k < p.cmds[0].argv.n; k++)
-            g += (size_t)snprintf(got + g, sizeof got - g, "%s%s", k ? " " : "",
-                                  p.cmds[0].argv.v[k]);
+        char got[2][1024];
+        for (int c = 0; c < 2; c++) /* the server, the worker */
+            for (int k = 0, g = 0; k < p.cmds[c].argv.n; k++)
+                g += snprintf(got[c] + g, sizeof got[c] - (size_t)g, "%s%s", k ? " " : "",
+                              p.cmds[c].argv.v[k]);
         ps_launch_plan_free(&p);
         ps_launch_opts_free(&o);
-        CHECK_STR(got, want);
+        CHECK_STR(got[0], want);
+        /* and the worker gets each of them too */
+        for (int k = 0; k < nshared; k += 2) {
+            char pair[128];
+            snprintf(pair, sizeof pair, " %s %s", shared[k], shared[k + 1]);
+            CHECK_MSG(strstr(got[1], pair), "the worker lacks '%s': %s", pair, got[1]);
+        }
     }
 }
 
@@ -612,10 +612,8 @@ PS_TEST(ps_launch_exec_worker_gets_each_setting_in_its_variable)
     argv[n] = NULL;
     ps_launch_opts o;
     ps_launch_plan p;
-    int port = 41001;
-    CHECK_OK(ps_launch_parse(n, argv, &o, why, sizeof why));
-    ps_launch_site site = {.ports = &port, .bin_dir = "/b", .remote_dir = "/w"};
-    CHECK_OK(ps_launch_plan_build(&o, &site, &p, why, sizeof why));
+    int rc = launch_plan(n, argv, &o, &p);
+    CHECK_MSG(rc == 0, "%s", why);
     const ps_strvec *e = &p.cmds[2].env; /* worker 1 */
     /* what ps_worker would get as flags: servers, rank, sizes, mode, the
      * servers' staleness, device, timeline, and each shared row given */

@@ -27,13 +27,7 @@
 #include "ps_trace.h"
 
 /* Where each of ps_worker's settings (common/ps_settings.h) lives. */
-static const ps_setting_field fields[] = {
-#define FIELD_(id, progs, flag, arg, env, type, field, def, choices, lo, hi, hello, props,    \
-               help)                                                                        \
-    PS_SETTING_BIND(WORKER, ps_train_config, progs, type, id, field)
-    PS_SETTINGS(FIELD_)
-#undef FIELD_
-};
+static const ps_setting_field fields[] = {PS_SETTING_FIELDS(WORKER)};
 
 const ps_setting_field *ps_train_config_fields(int *n)
 {
