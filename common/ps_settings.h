@@ -6,11 +6,11 @@
  *
  * How values reach the programs: a row names the field of the program's own
  * config struct (ps_server_config, ps_train_config, ps_launch_opts,
- * ps_client_options) that holds it, and each program builds, with
- * PS_SETTING_BIND, the offsets of the fields of its rows.  So code reads
- * cfg->mode, typed, as before; the parser writes through the offset; and a
- * field that a row names but a struct lacks does not compile.  (One struct
- * of every setting, embedded in each config, would give the server a
+ * ps_client_options, ps_keygen_opts) that holds it, and each program builds
+ * the offsets of the fields of its rows with PS_SETTING_FIELDS.  So code
+ * reads cfg->mode, typed, as before; the parser writes through the offset;
+ * and a field that a row names but a struct lacks does not compile.  (One
+ * struct of every setting, embedded in each config, would give the server a
  * worker's --batch and the worker a server's --max-memory, and rename every
  * field the server's modules read.)
  *
@@ -42,7 +42,7 @@
 #define PS_PROG_LAUNCH 4u /* ps_launch: ps_launch_opts */
 #define PS_PROG_LIBPS 8u  /* ps_client_options: ps_client_options_default takes the
                              default, and ps.Client reads the variables */
-#define PS_PROG_KEYGEN 16u /* ps_keygen */
+#define PS_PROG_KEYGEN 16u /* ps_keygen: ps_keygen_opts */
 
 /* What a row is (the type column, without the prefix):
  *   INT     an integer in [lo, hi]
