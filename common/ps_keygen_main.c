@@ -62,21 +62,18 @@ int main(int argc, char **argv)
         return ps_flag_error(P ": --servers is required (see --help)");
     if (!o.workers)
         return ps_flag_error(P ": --workers is required (see --help)");
-    const char *dir = o.dir;
-    int servers = o.servers, workers = o.workers, force = o.force;
-
-    int rc = ps_curve_keygen(dir, servers, workers, force, why, sizeof why);
+    int rc = ps_curve_keygen(o.dir, o.servers, o.workers, o.force, why, sizeof why);
     if (rc) {
         fprintf(stderr, P ": %s\n", why);
         return 1;
     }
     struct stat st;
-    if (stat(dir, &st) == 0 && (st.st_mode & 077))
+    if (stat(o.dir, &st) == 0 && (st.st_mode & 077))
         fprintf(stderr,
                 P ": note: %s is accessible to other users (mode %03o); the secret keys in it "
                 "are 0600, but chmod 700 %s keeps even their names private\n",
-                dir, (unsigned)(st.st_mode & 0777), dir);
+                o.dir, (unsigned)(st.st_mode & 0777), o.dir);
     printf(P ": wrote %d server and %d worker key pairs to %s (authorized: %s/authorized)\n",
-           servers, workers, dir, dir);
+           o.servers, o.workers, o.dir, o.dir);
     return 0;
 }
