@@ -273,6 +273,11 @@ $(BUILD)/ps_msg_doc: $(BUILD)/proto/ps_msg_doc_main.o $(LIB)/libps.a
 protocol-doc: $(BUILD)/ps_msg_doc
 	./$(BUILD)/ps_msg_doc docs/PROTOCOL.md
 .PHONY: protocol-doc
+# README.md's flag tables, made from the settings table (common/ps_settings.h)
+# by each program's --help-markdown; tests/test_readme_flags.sh compares them
+readme-flags: $(PROGRAMS)
+	PS_BIN_DIR=$(BIN) sh tests/test_readme_flags.sh --write
+.PHONY: readme-flags
 
 bench: all $(BENCHES)
 	@BUILD=$(BUILD) PS_BIN_DIR=$(BIN) bench/run.sh

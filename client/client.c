@@ -27,6 +27,7 @@
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_placement.h"
+#include "ps_settings.h"
 #include "ps_time.h"
 
 /* Why this thread's last ps_client_open failed (ps_client_last_error(NULL)):
@@ -163,24 +164,32 @@ static void cancel(ps_client *c, ps_request *req, int code)
 
 /* ---------- lifecycle ---------- */
 
+/* Where the settings table's libps rows (common/ps_settings.h) live in
+ * ps_client_options: their defaults are the programs' defaults. */
+static const ps_setting_field option_fields[] = {PS_SETTING_FIELDS(LIBPS)};
+
 void ps_client_options_default(ps_client_options *o)
 {
     memset(o, 0, sizeof *o);
-    o->servers = NULL;
-    o->rank = 0;
-    o->num_workers = 1;
-    o->mode = PS_MODE_SYNC;
-    o->max_staleness = -1;
-    o->chunk_bytes = 0;
+    ps_settings_defaults(PS_PROG_LIBPS, option_fields,
+                         (int)(sizeof option_fields / sizeof option_fields[0]), o);
     o->expect.kind = PS_OPT_NONE;
-    o->hello_timeout_ms = 0;
-    o->request_timeout_ms = 0;
-    o->curve_dir = NULL;
-    o->heartbeat_ms = PSC_DEFAULT_HEARTBEAT_MS;
-    o->shm = 1;
-    o->shm_bytes = 0;
-    o->server_timeout_ms = PSC_DEFAULT_SERVER_TIMEOUT_MS;
-    o->admin_token = NULL;
+}
+
+int ps_client_setting(const char *name, const char **env, const char **def)
+{
+    char flag[64];
+    if (!name || strlen(name) + 3 > sizeof flag)
+        return PS_ENOTFOUND;
+    snprintf(flag, sizeof flag, "--%s", name);
+    int id = ps_setting_find(PS_PROG_WORKER | PS_PROG_LIBPS, flag);
+    if (id < 0)
+        return PS_ENOTFOUND;
+    if (env)
+        *env = ps_setting_at(id)->env;
+    if (def)
+        *def = ps_setting_at(id)->def;
+    return 0;
 }
 
 /* Split `servers` at commas into c->endpoints (blanks around each trimmed)

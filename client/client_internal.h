@@ -59,8 +59,6 @@
 
 #define PSC_DEFAULT_CHUNK_BYTES (4u << 20)
 #define PSC_DEFAULT_HELLO_MS 10000
-#define PSC_DEFAULT_HEARTBEAT_MS 1000
-#define PSC_DEFAULT_SERVER_TIMEOUT_MS 60000
 #define PSC_ERRBUF 512
 
 /* The client.  What every module reads is here; the rest is in parts, one

@@ -80,33 +80,3 @@ int ps_flag_error(const char *msg)
     fprintf(stderr, "%s\n", msg);
     return 2;
 }
-
-int ps_flag_help_version(const char *prog, const char *usage, const char *arg)
-{
-    if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-        fputs(usage, stdout);
-        return 1;
-    }
-    if (!strcmp(arg, "--version")) {
-        printf("%s %s\n", prog, PS_VERSION);
-        return 1;
-    }
-    return 0;
-}
-
-const char *ps_flag_value(int argc, char **argv, int *i, const char *const *valued,
-                          const char **val)
-{
-    const char *a = argv[*i], *eq = strchr(a, '=');
-    size_t n = eq ? (size_t)(eq - a) : strlen(a);
-    *val = NULL;
-    for (; *valued; valued++)
-        if (strlen(*valued) == n && !strncmp(a, *valued, n)) {
-            if (eq)
-                *val = eq + 1;
-            else if (*i + 1 < argc)
-                *val = argv[++*i];
-            return *valued;
-        }
-    return NULL;
-}

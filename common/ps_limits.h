@@ -9,6 +9,10 @@
 #define PS_MAX_SERVERS (PS_MAX_RANK + 1)
 /* --max-staleness: -1 (unbounded) or 0..PS_MAX_STALENESS */
 #define PS_MAX_STALENESS 1000000
+/* How many processes one ps_launch supervises (each has two pipes in one
+ * poll loop): its own limits, within what the programs accept. */
+#define PS_LAUNCH_MAX_SERVERS 256
+#define PS_LAUNCH_MAX_WORKERS 1024
 /* ps_server --threads: update threads per server */
 #define PS_SERVER_MAX_THREADS 64
 /* Largest payload one message may carry: 1 GiB. */

@@ -63,7 +63,7 @@ int ps_opt_flag(const char *prog, const char *flag, const char *val, ps_opt_conf
                 int *handled, char *why, size_t why_len);
 
 /* NULL-terminated list of those flags ("--optimizer" first), for
- * ps_flag_value and for forwarding them (ps_launch). */
+ * the settings parser and for forwarding them (ps_launch). */
 const char *const *ps_opt_flag_names(void);
 
 /* Help lines for those flags, with ranges and defaults, `indent` spaces in. */

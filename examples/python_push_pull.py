@@ -8,8 +8,8 @@ The servers apply SGD with rate 0.5, so w reaches 1 - 2^-10 in 10 steps;
 the client expects that rate, so servers started with another one are
 refused at start naming both values instead of fitting to something else:
 
-  bin/ps_server --bind tcp://127.0.0.1:5555 --num-workers 1 --mode async --lr 0.5 &
-  PS_SERVERS=tcp://127.0.0.1:5555 PS_MODE=async /usr/bin/python3 examples/python_push_pull.py
+  bin/ps_server --bind tcp://127.0.0.1:5555 --num-workers 1 --lr 0.5 &
+  PS_SERVERS=tcp://127.0.0.1:5555 /usr/bin/python3 examples/python_push_pull.py
   bin/ps_launch --servers 2 --workers 2 --lr 0.5 --exec /usr/bin/python3 examples/python_push_pull.py
 """
 import os

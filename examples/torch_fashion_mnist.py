@@ -10,7 +10,7 @@ environment, as ps_launch --exec sets them, or --servers):
   bin/ps_server --bind tcp://127.0.0.1:5555 --num-workers 1 --mode async \\
       --optimizer momentum --lr 0.05 --momentum 0.9 &
   /usr/bin/python3 examples/torch_fashion_mnist.py --servers tcp://127.0.0.1:5555 \\
-      --optimizer momentum --lr 0.05 --momentum 0.9
+      --mode async --optimizer momentum --lr 0.05 --momentum 0.9
   bin/ps_launch --servers 2 --workers 2 --mode async --exec /usr/bin/python3 \\
       examples/torch_fashion_mnist.py --epochs 2
 
@@ -140,7 +140,7 @@ def parse():
     p.add_argument("--servers", help="server endpoints (default PS_SERVERS)")
     p.add_argument("--rank", type=int)
     p.add_argument("--num-workers", type=int)
-    p.add_argument("--mode", choices=("sync", "async"), help="default PS_MODE or async")
+    p.add_argument("--mode", choices=("sync", "async"), help="default PS_MODE or sync")
     p.add_argument("--optimizer", help="sgd|momentum|nesterov|adam|adagrad (default "
                    "PS_OPTIMIZER; with ps: checked against the servers only when given)")
     p.add_argument("--lr", type=float)

@@ -104,7 +104,20 @@ typedef struct ps_request {
     } _priv;
 } ps_request;
 
+/* The defaults ps_worker has too (README.md, "ps_worker"): servers NULL,
+ * rank 0 of 1 worker, sync, chunks of 4 MiB, hello timeout 10000 ms,
+ * heartbeat 1000 ms, shared memory on, server timeout 60000 ms; request
+ * timeout 0 (never resend: ps_worker and ps.Client give 5000), no CURVE, no
+ * admin token, the optimizer unchecked. */
 void ps_client_options_default(ps_client_options *o);
+
+/* A worker's run setting by name (a ps_worker flag without "--": "mode",
+ * "rank", "wire-dtype"): *env gets the environment variables that carry it
+ * to a worker program ("PS_RANK SLURM_PROCID ...", the first set wins;
+ * NULL: none) and *def its default as ps_worker's flag takes it ("sync";
+ * NULL: none); either may be NULL.  0, or PS_ENOTFOUND.  ps.Client reads
+ * the same variables as ps_worker through it. */
+int ps_client_setting(const char *name, const char **env, const char **def);
 
 /* Check the options and every endpoint, create the client and its comm
  * thread and connect to every server.  Nothing is sent yet.  On failure *out

@@ -18,81 +18,62 @@ const char *ps_launch_role_name(int role)
     return role == PS_LAUNCH_SERVER ? "server" : "worker";
 }
 
+const char *ps_launch_mode_name(int mode)
+{
+    const char *n = ps_setting_choice_name(ps_setting_at(PS_SET_mode), mode);
+    return n ? n : "?";
+}
+
 /* ------------------------------------------------------------ worker flags */
 
-/* Worker flags that the servers get too, with the same value (the worker
- * checks them against the servers at hello, so both sides must be given the
- * same): the optimizer's, from its table (include/ps_types.h, one row per
- * hyper-parameter), then these.  ps_launch_parse checks the values before
- * anything starts, ps_launch_plan_build forwards them, --help lists them. */
-static const char *const other_shared_flags[] = {"--max-staleness", "--curve-keys", "--shm",
-                                                 "--wire-dtype", NULL};
+/* A worker flag as ps_worker takes it: "--flag value" or "--flag=value". */
+typedef struct wflag {
+    int id;           /* its row of the settings table, or -1 */
+    int opt;          /* one of the optimizer's flags */
+    char name[64];    /* the flag, without "=value" */
+    const char *val;  /* its value, or NULL */
+    int words;        /* how many arguments it takes: 1 or 2 */
+} wflag;
 
-static int nopt_flags(void)
+/* The worker flag at v[k] (of n arguments). */
+static void wflag_at(char *const *v, int n, int k, wflag *w)
 {
-    int n = 0;
-    while (ps_opt_flag_names()[n])
-        n++;
-    return n;
+    const char *a = v[k], *eq = strchr(a, '=');
+    w->id = strncmp(a, "--", 2) == 0 ? ps_setting_find(PS_PROG_WORKER, a) : -1;
+    w->opt = w->id < 0 && ps_settings_opt_index(a) >= 0;
+    snprintf(w->name, sizeof w->name, "%.*s", (int)(eq ? (size_t)(eq - a) : strlen(a)), a);
+    w->val = NULL;
+    w->words = 1;
+    if (!w->opt && (w->id < 0 || !ps_setting_at(w->id)->arg[0]))
+        return;
+    if (eq)
+        w->val = eq + 1;
+    else if (k + 1 < n)
+        w->val = v[k + 1], w->words = 2;
 }
 
-/* Worker flags the launcher sets itself, per worker. */
-static const char *const reserved_flags[] = {"--servers", "--rank", "--num-workers", "--mode",
-                                             "--device", NULL};
-/* Worker flags naming an output file: without {rank} in the value, only
- * worker 0 gets them, so W workers do not write over one file. */
-static const char *const per_worker_file_flags[] = {"--log-csv", "--timeline", "--save", NULL};
-
-const char *ps_launch_shared_flag(int i)
+/* Does ps_launch give it to the servers too? */
+static int wflag_shared(const wflag *w)
 {
-    int n = nopt_flags();
-    if (i < 0)
-        return NULL;
-    if (i < n)
-        return ps_opt_flag_names()[i];
-    for (int k = 0; other_shared_flags[k]; k++)
-        if (i - n == k)
-            return other_shared_flags[k];
+    return w->opt || (w->id >= 0 && (ps_setting_at(w->id)->props & PS_SET_SHARED));
+}
+
+/* Is it a file the worker writes (only worker 0 gets it without {rank})? */
+static int wflag_output(const wflag *w)
+{
+    return w->id >= 0 && (ps_setting_at(w->id)->props & PS_SET_OUTPUT) && w->val;
+}
+
+/* The value given among the worker flags for `flag`, or NULL. */
+static const char *wflag_value(const ps_launch_opts *o, const char *flag)
+{
+    wflag w;
+    for (int k = 0; k < o->nwflags; k += w.words) {
+        wflag_at(o->wflags, o->nwflags, k, &w);
+        if (!strcmp(w.name, flag) && w.val)
+            return w.val;
+    }
     return NULL;
-}
-
-/* The shared flags as a NULL-terminated list, for ps_flag_value. */
-static const char *const *shared_flag_list(void)
-{
-    static const char *list[64];
-    if (!list[0])
-        for (int i = 0; i < 63 && ps_launch_shared_flag(i); i++)
-            list[i] = ps_launch_shared_flag(i);
-    return list;
-}
-
-static int shared_flag(const char *s)
-{
-    for (int i = 0; ps_launch_shared_flag(i); i++)
-        if (!strcmp(ps_launch_shared_flag(i), s))
-            return 1;
-    return 0;
-}
-
-void ps_launch_shared_env_name(const char *flag, char *out, size_t len)
-{
-    size_t n = 0;
-    while (*flag == '-')
-        flag++;
-    for (const char *p = "PS_"; *p && n + 1 < len; p++)
-        out[n++] = *p;
-    for (; *flag && n + 1 < len; flag++)
-        out[n++] = *flag == '-' ? '_' : (char)(*flag >= 'a' && *flag <= 'z' ? *flag - 32 : *flag);
-    if (len)
-        out[n < len ? n : len - 1] = 0;
-}
-
-static int in_list(const char *const *list, const char *s)
-{
-    for (; *list; list++)
-        if (!strcmp(*list, s))
-            return 1;
-    return 0;
 }
 
 /* Push the words of s (split at spaces and tabs) onto a. */
@@ -116,38 +97,16 @@ static void push_words(ps_strvec *a, const char *s)
 static int check_shared(const ps_launch_opts *o, const char *kind, const char *flag,
                         const char *val, char *why, size_t len)
 {
-    char what[64];
+    char what[96];
     snprintf(what, sizeof what, "%s%s", kind, flag);
-    if (!strcmp(flag, "--max-staleness")) {
-        long long iv;
-        if (ps_parse_int(P, what, val, -1, PS_MAX_STALENESS, &iv, why, len))
+    int id = ps_setting_find(PS_PROG_SERVER | PS_PROG_WORKER, flag);
+    if (id >= 0) {
+        long long v;
+        if (ps_setting_parse_value(P, what, ps_setting_at(id), val, &v, why, len))
             return PS_EINVAL;
         /* ps_server refuses any other staleness in sync mode */
-        if (iv != 0 && !strcmp(o->mode, "sync")) {
+        if (id == PS_SET_max_staleness && v != 0 && o->mode == PS_MODE_SYNC) {
             snprintf(why, len, P ": %s must be 0 with --mode sync, got '%s'", what, val);
-            return PS_EINVAL;
-        }
-        return 0;
-    }
-    if (!strcmp(flag, "--shm")) {
-        if (strcmp(val, "auto") && strcmp(val, "off")) {
-            snprintf(why, len, P ": %s must be auto or off, got '%s'", what, val);
-            return PS_EINVAL;
-        }
-        return 0;
-    }
-    if (!strcmp(flag, "--wire-dtype")) {
-        static const char *const ok[] = {"f32", "float32", "bf16", "bfloat16", "f16", "float16",
-                                         "fp16", NULL};
-        if (!in_list(ok, val)) {
-            snprintf(why, len, P ": %s must be f32, bf16 or f16, got '%s'", what, val);
-            return PS_EINVAL;
-        }
-        return 0;
-    }
-    if (!strcmp(flag, "--curve-keys")) {
-        if (!*val || strlen(val) > 900) {
-            snprintf(why, len, P ": %s needs a path of 1..900 characters, got '%s'", what, val);
             return PS_EINVAL;
         }
         return 0;
@@ -200,47 +159,43 @@ static int check_worker_flags(const ps_launch_opts *o, char *why, size_t len)
     for (int k = 0; k + 1 < o->shared.n; k += 2)
         if (check_shared(o, "", o->shared.v[k], o->shared.v[k + 1], why, len))
             return PS_EINVAL;
-    for (int i = 0; i < o->nwflags; i++) {
-        const char *a = o->wflags[i];
-        if (!strcmp(a, "--exec")) {
+    wflag w;
+    for (int i = 0; i < o->nwflags; i += w.words) {
+        wflag_at(o->wflags, o->nwflags, i, &w);
+        if (!strcmp(w.name, "--exec")) {
             snprintf(why, len,
                      P ": --exec goes before -- (the flags after -- are ps_worker's); "
                        "e.g. ps_launch --servers 1 --workers 2 --exec python3 train.py");
             return PS_EINVAL;
         }
-        if (shared_flag(a) && own_shared(o, a)) {
+        if (wflag_shared(&w) && own_shared(o, w.name)) {
             snprintf(why, len,
-                     P ": %s is given to ps_launch and among the worker flags; give it once", a);
+                     P ": %s is given to ps_launch and among the worker flags; give it once",
+                     w.name);
             return PS_EINVAL;
         }
-        if (in_list(reserved_flags, a)) {
+        if (w.id >= 0 && (ps_setting_at(w.id)->props & PS_SET_BY_LAUNCH)) {
             snprintf(why, len,
                      P ": %s is set by ps_launch for each worker; remove it from the worker "
                        "flags%s",
-                     a,
-                     !strcmp(a, "--mode")     ? " (use ps_launch --mode)"
-                     : !strcmp(a, "--device") ? " (use ps_launch --gpus)"
-                                              : "");
+                     w.name,
+                     w.id == PS_SET_mode     ? " (use ps_launch --mode)"
+                     : w.id == PS_SET_device ? " (use ps_launch --gpus)"
+                                             : "");
             return PS_EINVAL;
         }
-        if (o->timeline_dir && !strcmp(a, "--timeline")) {
+        if (o->timeline_dir && w.id == PS_SET_wrk_timeline) {
             snprintf(why, len,
                      P ": --timeline in the worker flags conflicts with --timeline-dir; "
                        "give one of them");
             return PS_EINVAL;
         }
-    }
-    /* the values the servers get, taken as server_args forwards them */
-    for (int i = 0; i < o->nwflags; i++) {
-        const char *a = o->wflags[i];
-        int f = shared_flag(a);
-        if (!f && !in_list(per_worker_file_flags, a))
-            continue;
-        if (i + 1 >= o->nwflags) {
-            snprintf(why, len, P ": worker flag %s needs a value", a);
+        /* the values the servers get, taken as server_args forwards them */
+        if (!w.val && (w.opt || (w.id >= 0 && ps_setting_at(w.id)->arg[0]))) {
+            snprintf(why, len, P ": worker flag %s needs a value", w.name);
             return PS_EINVAL;
         }
-        if (f && check_shared(o, "worker flag ", a, o->wflags[++i], why, len))
+        if (wflag_shared(&w) && check_shared(o, "worker flag ", w.name, w.val, why, len))
             return PS_EINVAL;
     }
     return 0;
@@ -274,119 +229,58 @@ static int parse_gpu_list(const char *spec, ps_strvec *ids, char *why, size_t le
     }
 }
 
+/* Where each of ps_launch's own settings lives. */
+static const ps_setting_field fields[] = {PS_SETTING_FIELDS(LAUNCH)};
+
+/* ps_launch's flags the table leaves to it, and the shared ones (id -1: the
+ * optimizer's), kept as text. */
+static int own_flag(void *ctx, int id, const char *flag, const char *val, char *why, size_t len)
+{
+    ps_launch_opts *o = ctx;
+    if (id == PS_SET_server_arg)
+        return ps_strvec_push(&o->server_args, val) ? PS_ENOMEM : 0;
+    if (id == PS_SET_ssh_opt) {
+        int before = o->ssh_opts.n;
+        push_words(&o->ssh_opts, val);
+        if (o->ssh_opts.failed)
+            return PS_ENOMEM;
+        if (o->ssh_opts.n == before) {
+            snprintf(why, len, P ": --ssh-opt needs ssh options, e.g. --ssh-opt '-p 2222'");
+            return PS_EINVAL;
+        }
+        return 0;
+    }
+    /* a shared flag: checked after the loop (--max-staleness depends on --mode) */
+    return set_own_shared(o, flag, val);
+}
+
 int ps_launch_parse(int argc, char **argv, ps_launch_opts *o, char *why, size_t len)
 {
     memset(o, 0, sizeof *o);
-    o->mode = "sync";
-    o->gpus = "auto";
-    o->server_threads = 1;
-    o->base_port = 29500;
-    long long v;
-
-    int i;
-    for (i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--")) {
-            i++;
-            break;
-        }
-        if (!strcmp(a, "--help") || !strcmp(a, "-h") || !strcmp(a, "--version")) {
-            o->help_arg = a;
-            return 0;
-        }
-        if (!strcmp(a, "--dry-run")) {
-            o->dry_run = 1;
-            continue;
-        }
-        static const char *const valued[] = {
-            "--servers",  "--workers",  "--gpus",     "--mode",       "--server-threads",
-            "--timeline-dir", "--bin-dir", "--hostfile", "--base-port", "--server-arg",
-            "--ssh-opt", NULL};
-        if (!strcmp(a, "--exec")) {
-            if (i + 1 >= argc || !*argv[i + 1]) {
-                snprintf(why, len,
-                         P ": --exec needs a program and its arguments, e.g. --exec python3 "
-                           "train.py --epochs 2");
-                return PS_EINVAL;
-            }
-            o->exec = argv + i + 1;
-            o->nexec = argc - i - 1;
-            i = argc;
-            break;
-        }
-        const char *val, *name = ps_flag_value(argc, argv, &i, valued, &val);
-        int shared = 0;
-        if (!name)
-            shared = (name = ps_flag_value(argc, argv, &i, shared_flag_list(), &val)) != NULL;
-        if (!name) {
-            if (strncmp(a, "--", 2) == 0)
-                snprintf(why, len, P ": unknown flag '%s' (see --help; worker flags go after --)",
-                         a);
-            else
-                snprintf(why, len, P ": unexpected argument '%s' (worker flags go after --)", a);
+    int nfields = (int)(sizeof fields / sizeof fields[0]);
+    ps_settings_defaults(PS_PROG_LAUNCH, fields, nfields, o);
+    ps_settings_cmd c = {.prog = P, .program = PS_PROG_LAUNCH, .cfg = o, .fields = fields,
+                         .nfields = nfields, .shared = 1, .dashdash = 1,
+                         .hint = "; worker flags go after --", .own = own_flag, .ctx = o};
+    int rc = ps_settings_parse(&c, argc, argv, why, len);
+    if (rc)
+        return rc;
+    o->help = c.help;
+    if (o->help)
+        return 0;
+    if (c.rest) {
+        if (c.rest >= argc || !*argv[c.rest]) {
+            snprintf(why, len,
+                     P ": --exec needs a program and its arguments, e.g. --exec python3 "
+                       "train.py --epochs 2");
             return PS_EINVAL;
         }
-        if (!val) {
-            snprintf(why, len, P ": %s needs a value (see --help)", name);
-            return PS_EINVAL;
-        }
-        if (shared) {
-            /* checked after the loop: --max-staleness depends on --mode */
-            if (set_own_shared(o, name, val))
-                return PS_ENOMEM;
-        } else if (!strcmp(name, "--servers")) {
-            if (ps_parse_int(P, name, val, 1, PS_LAUNCH_MAX_SERVERS, &v, why, len))
-                return PS_EINVAL;
-            o->servers = (int)v;
-        } else if (!strcmp(name, "--workers")) {
-            if (ps_parse_int(P, name, val, 1, PS_LAUNCH_MAX_WORKERS, &v, why, len))
-                return PS_EINVAL;
-            o->workers = (int)v;
-        } else if (!strcmp(name, "--server-threads")) {
-            /* ps_server --threads takes no more */
-            if (ps_parse_int(P, name, val, 1, PS_SERVER_MAX_THREADS, &v, why, len))
-                return PS_EINVAL;
-            o->server_threads = (int)v;
-        } else if (!strcmp(name, "--base-port")) {
-            if (ps_parse_int(P, name, val, 1, 65535, &v, why, len))
-                return PS_EINVAL;
-            o->base_port = (int)v;
-        } else if (!strcmp(name, "--mode")) {
-            if (strcmp(val, "sync") && strcmp(val, "async")) {
-                snprintf(why, len, P ": --mode must be sync or async, got '%s'", val);
-                return PS_EINVAL;
-            }
-            o->mode = val;
-        } else if (!strcmp(name, "--gpus")) {
-            o->gpus = val;
-        } else if (!strcmp(name, "--server-arg")) {
-            if (ps_strvec_push(&o->server_args, val))
-                return PS_ENOMEM;
-        } else if (!strcmp(name, "--ssh-opt")) {
-            int before = o->ssh_opts.n;
-            push_words(&o->ssh_opts, val);
-            if (o->ssh_opts.failed)
-                return PS_ENOMEM;
-            if (o->ssh_opts.n == before) {
-                snprintf(why, len, P ": --ssh-opt needs ssh options, e.g. --ssh-opt '-p 2222'");
-                return PS_EINVAL;
-            }
-        } else { /* --timeline-dir, --bin-dir, --hostfile */
-            if (!*val) {
-                snprintf(why, len, P ": %s must not be empty", name);
-                return PS_EINVAL;
-            }
-            if (!strcmp(name, "--timeline-dir"))
-                o->timeline_dir = val;
-            else if (!strcmp(name, "--bin-dir"))
-                o->bin_dir = val;
-            else
-                o->hostfile = val;
-        }
+        o->exec = argv + c.rest;
+        o->nexec = argc - c.rest;
+    } else {
+        o->wflags = argv + c.next;
+        o->nwflags = argc - c.next;
     }
-    o->wflags = argv + i;
-    o->nwflags = argc > i ? argc - i : 0;
-
     if (!o->hostfile && !o->servers) {
         snprintf(why, len, P ": --servers is required (see --help)");
         return PS_EINVAL;
@@ -395,7 +289,7 @@ int ps_launch_parse(int argc, char **argv, ps_launch_opts *o, char *why, size_t 
         snprintf(why, len, P ": --workers is required (see --help)");
         return PS_EINVAL;
     }
-    int rc = check_worker_flags(o, why, len);
+    rc = check_worker_flags(o, why, len);
     if (rc)
         return rc;
     if (strcmp(o->gpus, "none") && strcmp(o->gpus, "auto"))
@@ -638,21 +532,22 @@ static int plan_aggregate(const ps_launch_opts *o, const ps_launch_hostfile *hf,
                           char *why, size_t len)
 {
     *L = 1;
-    for (int k = 0; k + 1 < o->nwflags; k++)
-        if (!strcmp(o->wflags[k], "--local-aggregate")) {
-            char *end;
-            long v = strtol(o->wflags[k + 1], &end, 10);
-            if (*end || end == o->wflags[k + 1] || v < 1 || v > 64 || W % v) {
-                snprintf(why, len,
-                         P ": worker flag --local-aggregate must be 1..64 and divide the %d "
-                           "workers (workers per host), got '%s'",
-                         W, o->wflags[k + 1]);
-                return PS_EINVAL;
-            }
-            *L = (int)v;
-            return 0;
+    const char *given = wflag_value(o, "--local-aggregate");
+    if (given) {
+        const ps_setting *r = ps_setting_at(PS_SET_local_aggregate);
+        char *end;
+        long v = strtol(given, &end, 10);
+        if (*end || end == given || v < r->lo || v > r->hi || W % v) {
+            snprintf(why, len,
+                     P ": worker flag --local-aggregate must be %lld..%lld and divide the %d "
+                       "workers (workers per host), got '%s'",
+                     r->lo, r->hi, W, given);
+            return PS_EINVAL;
         }
-    if (o->exec || !hf || strcmp(o->mode, "sync"))
+        *L = (int)v;
+        return 0;
+    }
+    if (o->exec || !hf || o->mode != PS_MODE_SYNC)
         return 0;
     int per = 0;
     for (int h = 0; h < hf->n; h++) {
@@ -758,28 +653,21 @@ static void server_args(const ps_launch_opts *o, const ps_launch_plan *p, const 
     push_flag_int(a, "--num-servers", p->num_servers);
     /* with aggregation per host, each host's first worker is the servers' worker */
     push_flag_int(a, "--num-workers", p->num_workers / p->local_aggregate);
-    push_flag(a, "--mode", o->mode);
+    push_flag(a, "--mode", ps_launch_mode_name(o->mode));
     push_flag_int(a, "--threads", o->server_threads);
     if (hostfile) /* stop with the connection, even if the remote wrapper dies */
         ps_strvec_push(a, "--exit-on-stdin-eof");
     push_timeline(o, c, a);
     for (int k = 0; k + 1 < o->shared.n; k += 2)
         push_flag(a, o->shared.v[k], o->shared.v[k + 1]);
-    for (int k = 0; k + 1 < o->nwflags; k++)
-        if (shared_flag(o->wflags[k])) {
-            push_flag(a, o->wflags[k], o->wflags[k + 1]);
-            k++;
-        }
+    wflag w;
+    for (int k = 0; k < o->nwflags; k += w.words) {
+        wflag_at(o->wflags, o->nwflags, k, &w);
+        if (wflag_shared(&w) && w.val)
+            push_flag(a, w.name, w.val);
+    }
     for (int k = 0; k < o->server_args.n; k++)
         ps_strvec_push(a, o->server_args.v[k]);
-}
-
-static int has_wflag(const ps_launch_opts *o, const char *flag)
-{
-    for (int k = 0; k < o->nwflags; k++)
-        if (!strcmp(o->wflags[k], flag))
-            return 1;
-    return 0;
 }
 
 static void worker_args(const ps_launch_opts *o, const ps_launch_plan *p, const ps_launch_cmd *c,
@@ -788,24 +676,20 @@ static void worker_args(const ps_launch_opts *o, const ps_launch_plan *p, const 
     push_flag(a, "--servers", servers);
     push_flag_int(a, "--rank", c->rank);
     push_flag_int(a, "--num-workers", p->num_workers);
-    push_flag(a, "--mode", o->mode);
+    push_flag(a, "--mode", ps_launch_mode_name(o->mode));
     for (int k = 0; k + 1 < o->shared.n; k += 2)
         push_flag(a, o->shared.v[k], o->shared.v[k + 1]);
-    for (int k = 0; k < o->nwflags; k++) {
-        const char *f = o->wflags[k];
-        if (in_list(per_worker_file_flags, f) && k + 1 < o->nwflags) {
-            const char *v = o->wflags[++k];
-            if (c->rank == 0 || strstr(v, "{rank}")) {
-                ps_strvec_push(a, f);
-                push_subst_rank(a, v, c->rank);
-            }
+    wflag w;
+    for (int k = 0; k < o->nwflags; k += w.words) {
+        wflag_at(o->wflags, o->nwflags, k, &w);
+        if (wflag_output(&w) && c->rank != 0 && !strstr(w.val, "{rank}"))
             continue;
-        }
-        push_subst_rank(a, f, c->rank);
+        for (int j = k; j < k + w.words; j++)
+            push_subst_rank(a, o->wflags[j], c->rank);
     }
     push_flag(a, "--device", c->device);
     push_timeline(o, c, a);
-    if (p->local_aggregate > 1 && !has_wflag(o, "--local-aggregate"))
+    if (p->local_aggregate > 1 && !wflag_value(o, "--local-aggregate"))
         push_flag_int(a, "--local-aggregate", p->local_aggregate);
 }
 
@@ -813,37 +697,60 @@ static void worker_args(const ps_launch_opts *o, const ps_launch_plan *p, const 
  * (to ps_launch or among the worker flags), else -1 (unbounded). */
 static const char *servers_staleness(const ps_launch_opts *o)
 {
-    if (!strcmp(o->mode, "sync"))
+    if (o->mode == PS_MODE_SYNC)
         return "0";
     const char *v = own_shared(o, "--max-staleness");
-    for (int k = 0; !v && k + 1 < o->nwflags; k++)
-        if (!strcmp(o->wflags[k], "--max-staleness"))
-            v = o->wflags[k + 1];
+    if (!v)
+        v = wflag_value(o, "--max-staleness");
     return v ? v : "-1";
 }
 
+/* What ps_launch tells an --exec worker in the variable of setting id
+ * (into buf), or NULL: what ps_worker would get as that flag. */
+static const char *exec_value(const ps_launch_opts *o, const ps_launch_plan *p,
+                              const ps_launch_cmd *c, const char *servers, int id, char *buf,
+                              size_t len)
+{
+    switch (id) {
+    case PS_SET_servers: return servers;
+    case PS_SET_num_servers: snprintf(buf, len, "%d", p->num_servers); return buf;
+    case PS_SET_rank: snprintf(buf, len, "%d", c->rank); return buf;
+    case PS_SET_num_workers: snprintf(buf, len, "%d", p->num_workers); return buf;
+    case PS_SET_mode: return ps_launch_mode_name(o->mode);
+    case PS_SET_max_staleness: return servers_staleness(o);
+    case PS_SET_device: return c->device;
+    case PS_SET_wrk_timeline:
+        if (!o->timeline_dir)
+            return NULL;
+        snprintf(buf, len, "%s/worker-%d.json", o->timeline_dir, c->rank);
+        return buf;
+    default: /* a shared setting, when it was given */
+        return ps_setting_at(id)->props & PS_SET_SHARED ? own_shared(o, ps_setting_at(id)->flag)
+                                                        : NULL;
+    }
+}
+
 /* An --exec worker: the program with {rank} replaced in its arguments, and
- * what ps_worker would get as flags in its environment. */
+ * what ps_worker would get as flags in its environment: each setting's
+ * first variable, then the optimizer's flags given as PS_<FLAG>. */
 static void exec_args(const ps_launch_opts *o, const ps_launch_plan *p, ps_launch_cmd *c,
                       const char *servers, ps_strvec *a)
 {
     for (int k = 0; k < o->nexec; k++)
         push_subst_rank(a, o->exec[k], c->rank);
     ps_strvec *e = &c->env;
-    ps_strvec_pushf(e, "PS_SERVERS=%s", servers);
-    ps_strvec_pushf(e, "PS_NUM_SERVERS=%d", p->num_servers);
-    ps_strvec_pushf(e, "PS_RANK=%d", c->rank);
-    ps_strvec_pushf(e, "PS_NUM_WORKERS=%d", p->num_workers);
-    ps_strvec_pushf(e, "PS_MODE=%s", o->mode);
-    ps_strvec_pushf(e, "PS_MAX_STALENESS=%s", servers_staleness(o));
-    ps_strvec_pushf(e, "PS_DEVICE=%s", c->device);
-    if (o->timeline_dir)
-        ps_strvec_pushf(e, "PS_TIMELINE=%s/worker-%d.json", o->timeline_dir, c->rank);
+    for (int id = 0; id < PS_SET_N; id++) {
+        const ps_setting *r = ps_setting_at(id);
+        char buf[4096];
+        const char *v = r->env ? exec_value(o, p, c, servers, id, buf, sizeof buf) : NULL;
+        if (v)
+            ps_strvec_pushf(e, "%.*s=%s", (int)strcspn(r->env, " "), r->env, v);
+    }
     for (int k = 0; k + 1 < o->shared.n; k += 2) {
         char name[64];
-        if (!strcmp(o->shared.v[k], "--max-staleness"))
-            continue; /* PS_MAX_STALENESS above */
-        ps_launch_shared_env_name(o->shared.v[k], name, sizeof name);
+        if (ps_settings_opt_index(o->shared.v[k]) < 0)
+            continue; /* a setting's, above */
+        ps_settings_opt_env(o->shared.v[k], name, sizeof name);
         ps_strvec_pushf(e, "%s=%s", name, o->shared.v[k + 1]);
     }
 }
@@ -913,13 +820,16 @@ void ps_launch_plan_free(ps_launch_plan *p)
 int ps_launch_plan_notes(const ps_launch_opts *o, const ps_launch_site *site,
                          const ps_launch_plan *p, ps_strbuf *out)
 {
-    for (int k = 0; k + 1 < o->nwflags; k++)
-        if (in_list(per_worker_file_flags, o->wflags[k]) && !strstr(o->wflags[k + 1], "{rank}") &&
-            p->num_workers > 1 && (strcmp(o->wflags[k], "--timeline") || !o->timeline_dir))
+    wflag w;
+    for (int k = 0; k < o->nwflags; k += w.words) {
+        wflag_at(o->wflags, o->nwflags, k, &w);
+        if (wflag_output(&w) && !strstr(w.val, "{rank}") && p->num_workers > 1 &&
+            (w.id != PS_SET_wrk_timeline || !o->timeline_dir))
             ps_strbuf_addf(out,
                            P ": %s '%s' goes to worker 0 only (put {rank} in the path for one "
                              "file per worker)\n",
-                           o->wflags[k], o->wflags[k + 1]);
+                           w.name, w.val);
+    }
     if (site->hostfile)
         return out->failed ? PS_ENOMEM : 0;
     const ps_strvec *gpus = gpu_list(o, site);
@@ -941,7 +851,7 @@ int ps_launch_plan_print(const ps_launch_plan *p, ps_strbuf *out)
 {
     ps_strbuf_addf(out, "# ps_launch plan: %d server%s, %d worker%s, mode %s\n", p->num_servers,
                    p->num_servers == 1 ? "" : "s", p->num_workers, p->num_workers == 1 ? "" : "s",
-                   p->mode);
+                   ps_launch_mode_name(p->mode));
     for (int i = 0; i < p->n; i++) {
         const ps_launch_cmd *c = &p->cmds[i];
         ps_strbuf_addf(out, "# %s %d on %s", ps_launch_role_name(c->role), c->rank,
@@ -974,12 +884,15 @@ int ps_launch_plan_outputs(const ps_launch_plan *p, ps_strvec *out)
         const ps_launch_cmd *c = &p->cmds[i];
         if (c->host || c->role != PS_LAUNCH_WORKER || p->exec)
             continue; /* the flags of an --exec program are its own */
-        /* after the program; a file flag takes the next word, as in worker_args */
-        for (int k = 1; k + 1 < c->argv.n; k++)
-            if (in_list(per_worker_file_flags, c->argv.v[k])) {
-                ps_strvec_push(out, c->argv.v[k]);
-                ps_strvec_push(out, c->argv.v[++k]);
+        /* after the program, the flags as ps_worker takes them */
+        wflag w;
+        for (int k = 1; k < c->argv.n; k += w.words) {
+            wflag_at(c->argv.v, c->argv.n, k, &w);
+            if (wflag_output(&w)) {
+                ps_strvec_push(out, w.name);
+                ps_strvec_push(out, w.val);
             }
+        }
     }
     return out->failed ? PS_ENOMEM : 0;
 }

@@ -18,12 +18,9 @@
 #include <stddef.h>
 
 #include "ps_limits.h"
+#include "ps_settings.h"
 #include "ps_strbuf.h"
 
-/* How many processes one ps_launch supervises (each has two pipes in one
- * poll loop): its own limits, within what the programs accept. */
-#define PS_LAUNCH_MAX_SERVERS 256
-#define PS_LAUNCH_MAX_WORKERS 1024
 /* --gpus ids are 0..PS_LAUNCH_MAX_GPU_ID; a hostfile's gpus= at most one more */
 #define PS_LAUNCH_MAX_GPU_ID 1023
 _Static_assert(PS_LAUNCH_MAX_SERVERS <= PS_MAX_SERVERS, "more servers than ps_server accepts");
@@ -36,9 +33,11 @@ const char *ps_launch_role_name(int role);
 
 /* ------------------------------------------------------------ flags */
 
+/* Its own flags are the LAUNCH rows of the settings table
+ * (common/ps_settings.h), each in the field the row names. */
 typedef struct ps_launch_opts {
     int servers, workers;     /* 0: not given (then the hostfile decides) */
-    const char *mode;         /* "sync" (default) or "async" */
+    int mode;                 /* PS_MODE_SYNC (default) or PS_MODE_ASYNC */
     const char *gpus;         /* "auto" (default), "none" or a list as given */
     ps_strvec gpu_ids;        /* --gpus LIST: its ids, in order */
     int server_threads;       /* 1..PS_SERVER_MAX_THREADS (default 1) */
@@ -56,29 +55,24 @@ typedef struct ps_launch_opts {
     char **exec;              /* --exec PROGRAM ARGS...: the worker program (into argv);
                                * NULL: ps_worker */
     int nexec;
-    const char *help_arg;     /* --help, -h or --version when one was given */
+    int help;                 /* --help or -h (1), --version (2), --help-markdown (3) */
 } ps_launch_opts;
 
 /* Parse ps_launch's command line (argv[0] is the program) and check every
- * value before anything starts: ranges (common/ps_limits.h), the worker flags
- * ps_launch sets itself, and the values of the shared flags (the settings
- * servers and workers must agree on: the optimizer's, --max-staleness,
- * --curve-keys), given to ps_launch itself or among the worker flags.
- * `--exec PROGRAM ARGS...` ends ps_launch's flags: the rest is the worker
- * program's command line.  When an argument is --help, -h or --version, parsing stops
- * there with 0 and o->help_arg set (main prints).  0, PS_EINVAL with the
- * message in why, or PS_ENOMEM.  o keeps pointers into argv; free it with
- * ps_launch_opts_free (also after an error). */
+ * value before anything starts: ranges (the settings table), the worker
+ * flags ps_launch sets itself, and the values of the shared flags (the
+ * settings servers and workers must agree on: ps_settings_shared_flag),
+ * given to ps_launch itself or among the worker flags.  `--exec PROGRAM
+ * ARGS...` ends ps_launch's flags: the rest is the worker program's command
+ * line.  When an argument is --help, -h, --version or --help-markdown,
+ * parsing stops there with 0 and o->help set (main prints).  0, PS_EINVAL
+ * with the message in why, or PS_ENOMEM.  o keeps pointers into argv; free
+ * it with ps_launch_opts_free (also after an error). */
 int ps_launch_parse(int argc, char **argv, ps_launch_opts *o, char *why, size_t len);
 void ps_launch_opts_free(ps_launch_opts *o);
 
-/* The i-th shared flag (i from 0), NULL past the last: the flags servers and
- * workers must agree on, which ps_launch gives to both (for --help). */
-const char *ps_launch_shared_flag(int i);
-
-/* The environment variable an --exec worker finds a shared flag's value in:
- * "--lr-decay-every" -> "PS_LR_DECAY_EVERY" (written to out, len bytes). */
-void ps_launch_shared_env_name(const char *flag, char *out, size_t len);
+/* "sync" or "async" */
+const char *ps_launch_mode_name(int mode);
 
 /* ------------------------------------------------------------ hostfile */
 
@@ -133,7 +127,7 @@ typedef struct ps_launch_cmd {
 typedef struct ps_launch_plan {
     ps_launch_cmd *cmds;      /* servers in rank order, then workers */
     int n, num_servers, num_workers;
-    const char *mode;         /* o->mode */
+    int mode;                 /* o->mode */
     int exec;                 /* the workers run --exec's program, not ps_worker */
     int local_aggregate;      /* ps_worker --local-aggregate: workers per host that sum
                                  their gradients there (the servers count hosts); 1: off */
@@ -158,16 +152,18 @@ typedef struct ps_launch_site {
  * `ssh [site->ssh's words, --ssh-opt words] -o BatchMode=yes HOST 'cd DIR &&
  * exec BIN/ps_launch --remote-child ...'` (remote.h), and servers there get
  * --exit-on-stdin-eof.  Worker flags go to every
- * worker with {rank} replaced; --log-csv, --timeline and --save without
- * {rank} go to worker 0 only; the shared flags go to the servers too.
- * With --exec, worker i runs the program with {rank} replaced in its
- * arguments and learns the rest from its environment: PS_SERVERS,
- * PS_NUM_SERVERS, PS_RANK, PS_NUM_WORKERS, PS_MODE, PS_MAX_STALENESS (the
- * servers' value), PS_DEVICE, PS_TIMELINE with --timeline-dir, and
- * PS_<FLAG> for each shared flag given (ps_launch_shared_env_name).
+ * worker with {rank} replaced; the output files (--log-csv, --timeline,
+ * --save: PS_SET_OUTPUT rows) without {rank} go to worker 0 only; the
+ * shared flags go to the servers too.  With --exec, worker i runs the
+ * program with {rank} replaced in its arguments and learns the rest from
+ * its environment, the variables of the settings table's rows: PS_SERVERS,
+ * PS_RANK, PS_NUM_SERVERS, PS_NUM_WORKERS, PS_MODE, PS_MAX_STALENESS (the
+ * servers' value), the shared rows given (PS_CURVE_KEYS, ...), PS_DEVICE,
+ * PS_TIMELINE with --timeline-dir, and PS_<FLAG> for each optimizer flag
+ * given (ps_settings_opt_env).
  * 0, PS_EINVAL (the hostfile disagrees with the flags, ports run out) with
  * why, or PS_ENOMEM.  Free p with ps_launch_plan_free (also after an error);
- * p keeps pointers into o's mode and the hostfile. */
+ * p keeps pointers into the hostfile. */
 int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
                          ps_launch_plan *p, char *why, size_t len);
 void ps_launch_plan_free(ps_launch_plan *p);

@@ -27,8 +27,6 @@
 #include "supervisor.h"
 
 #define P "ps_launch"
-#define STR_(x) #x
-#define STR(x) STR_(x)
 
 static const char usage_head[] =
     "usage: ps_launch --servers S --workers W [flags] -- <worker flags>\n"
@@ -44,55 +42,15 @@ static const char usage_head[] =
     "flags (nothing is started), or a process that exited 2 (a flag or setting it\n"
     "refused); 130/143 after SIGINT/SIGTERM.\n"
     "\n"
-    "flags:\n"
-    "  --servers S           ps_server processes, 1.." STR(PS_LAUNCH_MAX_SERVERS)
-    "           e.g. --servers 2\n"
-    "  --workers W           ps_worker processes, 1.." STR(PS_LAUNCH_MAX_WORKERS)
-    "          e.g. --workers 4\n"
-    "  --gpus auto|none|IDS  auto (default): one worker per GPU found (the entries of\n"
-    "                        CUDA_VISIBLE_DEVICES, else /proc/driver/nvidia/gpus or\n"
-    "                        nvidia-smi -L), round-robin when W > GPUs; worker i sees\n"
-    "                        only its GPU (CUDA_VISIBLE_DEVICES) and gets --device\n"
-    "                        cuda:0.  No GPU, or none: --device cpu.  e.g. --gpus 0,1\n"
-    "  --mode sync|async     consistency, given to servers and workers (default sync)\n"
-    "                                                              e.g. --mode async\n"
-    "  --server-threads T    update threads per server, 1.." STR(PS_SERVER_MAX_THREADS)
-    " (default 1)\n"
-    "                                                              e.g. --server-threads 4\n"
-    "  --timeline-dir DIR    Chrome trace of each process: DIR/server-i.json,\n"
-    "                        DIR/worker-i.json (created)    e.g. --timeline-dir out/tl\n"
-    "  --bin-dir DIR         where ps_server and ps_worker are (default: the directory\n"
-    "                        of ps_launch)                  e.g. --bin-dir build/bin\n"
-    "  --server-arg ARG      one more argument for every server (repeat it)\n"
-    "                                          e.g. --server-arg --verbose\n"
-    "  --hostfile FILE       run over ssh: lines 'host [servers=N] [workers=M] [gpus=G]'\n"
-    "                        (# comments); --servers/--workers may then be left out\n"
-    "                                                              e.g. --hostfile hosts.txt\n"
-    "  --base-port P         with --hostfile: server i listens on P+i (default 29500)\n"
-    "                                                              e.g. --base-port 40000\n"
-    "  --ssh-opt OPTS        with --hostfile: options for every ssh (split at spaces;\n"
-    "                        repeat it); PS_SSH replaces the ssh command itself\n"
-    "                        e.g. --ssh-opt '-p 2222 -i ~/.ssh/key' --ssh-opt '-J gw'\n"
-    "  --exec PROGRAM ARGS   run PROGRAM ARGS as each worker instead of ps_worker\n"
-    "                        (the rest of the command line; {rank} in ARGS becomes\n"
-    "                        the rank).  It finds its settings in its environment:\n"
-    "                        PS_SERVERS, PS_NUM_SERVERS, PS_RANK, PS_NUM_WORKERS,\n"
-    "                        PS_MODE, PS_MAX_STALENESS, PS_DEVICE, PS_TIMELINE\n"
-    "                        (--timeline-dir), and PS_LR, PS_OPTIMIZER, ... for the\n"
-    "                        shared flags given     e.g. --exec python3 train.py\n"
-    "  --dry-run             print the commands (and their hosts) and start nothing\n"
-    "  --help, --version\n"
-    "\n"
-    "Worker flags (after --) go to every worker; \"{rank}\" in them becomes the worker's\n"
-    "rank.  --log-csv, --timeline and --save without {rank} go to worker 0 only; on\n"
-    "this host their directories are created before anything starts.\n"
-    "Shared flags: these go to the servers and to the workers, which must agree;\n"
-    "give them to ps_launch (before -- or --exec) or among the worker flags, once\n"
-    "(ps_launch checks their values first; an --exec worker gets each given one as\n"
-    "PS_<NAME>, --lr-decay-every as PS_LR_DECAY_EVERY):\n";
+    "flags (--flag VALUE or --flag=VALUE):\n";
 
 static const char usage_tail[] =
-    "ps_launch itself sets --servers --rank --num-workers --mode --device.\n"
+    "\n"
+    "Worker flags (after --) go to every worker; \"{rank}\" in them becomes the worker's\n"
+    "rank.  The output files without {rank} in their path go to worker 0 only; on\n"
+    "this host their directories are created before anything starts.\n";
+
+static const char usage_examples[] =
     "\n"
     "examples:\n"
     "  ps_launch --servers 2 --workers 4 --mode async -- --model mlp:784-256-128-10 \\\n"
@@ -105,30 +63,6 @@ static const char usage_tail[] =
     "which takes ps_launch's signals from the connection, stops PROGRAM when the\n"
     "connection ends, and reports how it ended.\n"
     "See docs/LAUNCH.md (ssh, Slurm and mpirun).\n";
-
-/* --help or --version; the list of shared flags comes from the plan. */
-static int help(const char *arg)
-{
-    ps_strbuf u = {0};
-    ps_strbuf_add(&u, usage_head);
-    size_t col = 0;
-    for (int i = 0; ps_launch_shared_flag(i); i++) {
-        const char *f = ps_launch_shared_flag(i);
-        if (col && col + 1 + strlen(f) > 80) {
-            ps_strbuf_add(&u, "\n");
-            col = 0;
-        }
-        const char *sep = col ? " " : "  ";
-        ps_strbuf_add(&u, sep);
-        ps_strbuf_add(&u, f);
-        col += strlen(sep) + strlen(f);
-    }
-    ps_strbuf_add(&u, "\n");
-    ps_strbuf_add(&u, usage_tail);
-    ps_flag_help_version(P, ps_strbuf_str(&u), arg);
-    ps_strbuf_free(&u);
-    return 0;
-}
 
 /* The exit status for a failure before anything started: 2 for bad flags
  * and paths (the message is in why), 1 when out of memory. */
@@ -285,8 +219,21 @@ int main(int argc, char **argv)
         return ps_launch_remote_child(argc - 2, argv + 2);
 
     int rc = ps_launch_parse(argc, argv, &o, why, sizeof why);
-    if (!rc && o.help_arg) {
-        rc = help(o.help_arg);
+    if (!rc && o.help) {
+        /* which worker flags are output files, and which it sets: the table's */
+        ps_strbuf_add(&text, usage_tail);
+        for (int k = 0; k < 2; k++) {
+            ps_strbuf_add(&text, k ? "ps_launch sets" : "Output files:");
+            for (int id = 0; id < PS_SET_N; id++) {
+                const ps_setting *r = ps_setting_at(id);
+                if ((r->progs & PS_PROG_WORKER) &&
+                    (r->props & (k ? PS_SET_BY_LAUNCH : PS_SET_OUTPUT)))
+                    ps_strbuf_addf(&text, " %s", r->flag);
+            }
+            ps_strbuf_add(&text, k ? " itself.\n" : ".\n");
+        }
+        ps_strbuf_add(&text, usage_examples);
+        ps_settings_print_help(P, PS_PROG_LAUNCH, o.help, usage_head, ps_strbuf_str(&text));
         goto out;
     }
     if (!rc && o.hostfile)

@@ -617,7 +617,7 @@ int ps_launch_supervise(const ps_launch_plan *plan)
         ps_strbuf b = {0};
         ps_strbuf_addf(&b, P ": done in %.1f s: %d worker%s finished (mode %s), %d server%s "
                              "stopped",
-                       secs, sv.workers, sv.workers == 1 ? "" : "s", plan->mode,
+                       secs, sv.workers, sv.workers == 1 ? "" : "s", ps_launch_mode_name(plan->mode),
                        plan->num_servers, plan->num_servers == 1 ? "" : "s");
         if (sv.nrate)
             ps_strbuf_addf(&b, "; %.0f samples/s over all workers", sv.sum_rate);

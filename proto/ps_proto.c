@@ -249,18 +249,20 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
         /* the same-host data plane: the worker's arena; the server's answer */
         int reply = (h->flags & PS_FLAG_REPLY) != 0;
         size_t nshm = (o->shm_name[0] ? 3 : 0) + (reply ? 1 + (o->shm_why[0] != 0) : 0);
-        msgpack_pack_map(&pk, 7 + (size_t)nopt + (o->token != 0) + nshm + (o->wire_dtype != 0));
-        pk_i64(&pk, "mode", o->mode);
-        pk_i64(&pk, "stal", o->max_staleness);
-        pk_u64(&pk, "nw", o->num_workers);
-        pk_u64(&pk, "ns", o->num_servers);
+        /* the settings servers and workers agree on, under their table keys;
+         * one not given is left out (absent "dt": float32) */
+        size_t nagreed = 0;
+        for (int i = 0; i < ps_hello_nagreed(); i++)
+            nagreed += (size_t)ps_hello_sends(o, i);
+        msgpack_pack_map(&pk, 3 + nagreed + (size_t)nopt + (o->token != 0) + nshm);
+        for (int i = 0; i < ps_hello_nagreed(); i++)
+            if (ps_hello_sends(o, i))
+                pk_i64(&pk, ps_hello_agreed(i)->hello, ps_hello_get(o, i));
         pk_i64(&pk, "sr", o->server_rank);
         pk_u64(&pk, "fp", o->model_fp);
         pk_i64(&pk, "opt", o->opt.kind);
         if (o->token)
             pk_u64(&pk, "tok", o->token);
-        if (o->wire_dtype) /* absent: float32, what a peer without the key means */
-            pk_u64(&pk, "dt", o->wire_dtype);
         for (int p = 0; p < PS_OPT_NPARAMS; p++) {
             if (!ps_opt_is_given(&o->opt, p))
                 continue;
@@ -509,9 +511,17 @@ static int once(uint64_t *seen, int i, const char *where, const char *name, char
     return 0;
 }
 
-static const char *const hello_keys[] = {"mode", "stal", "nw", "ns", "sr", "fp", "opt", "tok",
-                                         "sa", "sk", "sz", "sm", "sw", "dt"};
+static const char *const hello_keys[] = {"sr", "fp", "opt", "tok", "sa", "sk", "sz", "sm", "sw"};
 enum { HK_N = sizeof hello_keys / sizeof hello_keys[0] };
+
+/* Index of k among the agreed settings' keys (ps_hello_agreed), or -1. */
+static int agreed_index(const msgpack_object *k)
+{
+    for (int j = 0; k->type == MSGPACK_OBJECT_STR && j < ps_hello_nagreed(); j++)
+        if (key_is(k, ps_hello_agreed(j)->hello))
+            return j;
+    return -1;
+}
 
 static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t why_len)
 {
@@ -522,34 +532,43 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
     uint64_t seen = 0;
     for (uint32_t i = 0; i < m->via.map.size; i++) {
         const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
-        int ki = key_index(k, hello_keys, HK_N), p = -1;
-        for (int j = 0; ki < 0 && k->type == MSGPACK_OBJECT_STR && j < PS_OPT_NPARAMS; j++)
+        int ki = key_index(k, hello_keys, HK_N), ai = ki < 0 ? agreed_index(k) : -1, p = -1;
+        for (int j = 0; ki < 0 && ai < 0 && k->type == MSGPACK_OBJECT_STR && j < PS_OPT_NPARAMS;
+             j++)
             if (key_is(k, ps_opt_param_at(j)->key))
                 p = j;
-        if (ki < 0 && p < 0)
+        if (ki < 0 && ai < 0 && p < 0)
             continue; /* a newer peer's field, or a non-string key: ignored */
-        int bit = ki >= 0 ? ki : HK_N + p;
-        if (once(&seen, bit, "'h'", ki >= 0 ? hello_keys[ki] : ps_opt_param_at(p)->key, why,
-                 why_len))
+        int bit = ki >= 0 ? ki : ai >= 0 ? HK_N + ai : HK_N + ps_hello_nagreed() + p;
+        const char *key = ki >= 0 ? hello_keys[ki]
+                          : ai >= 0 ? ps_hello_agreed(ai)->hello
+                                    : ps_opt_param_at(p)->key;
+        if (once(&seen, bit, "'h'", key, why, why_len))
             return PS_EPROTO;
+        if (ai >= 0) { /* an agreed setting: the table's range */
+            char name[16];
+            long long lo, hi;
+            int64_t x;
+            snprintf(name, sizeof name, "h.%s", key);
+            ps_setting_range(ps_hello_agreed(ai), &lo, &hi);
+            FIELD_I(v, name, x, lo, hi);
+            ps_hello_set(o, ai, x);
+            continue;
+        }
         switch (ki) {
-        case 0: FIELD_I(v, "h.mode", o->mode, PS_MODE_SYNC, PS_MODE_ASYNC); continue;
-        case 1: FIELD_I(v, "h.stal", o->max_staleness, -1, 1000000); continue;
-        case 2: FIELD_U(v, "h.nw", o->num_workers, 1, PS_MAX_RANK + 1); continue;
-        case 3: FIELD_U(v, "h.ns", o->num_servers, 1, PS_MAX_RANK + 1); continue;
-        case 4: FIELD_I(v, "h.sr", o->server_rank, -1, PS_MAX_RANK); continue;
-        case 5: FIELD_U(v, "h.fp", o->model_fp, 0, UINT64_MAX); continue;
-        case 6: FIELD_I(v, "h.opt", o->opt.kind, 0, PS_OPT_KIND_MAX); continue;
-        case 7: FIELD_U(v, "h.tok", o->token, 0, UINT64_MAX); continue;
+        case 0: FIELD_I(v, "h.sr", o->server_rank, -1, PS_MAX_RANK); continue;
+        case 1: FIELD_U(v, "h.fp", o->model_fp, 0, UINT64_MAX); continue;
+        case 2: FIELD_I(v, "h.opt", o->opt.kind, 0, PS_OPT_KIND_MAX); continue;
+        case 3: FIELD_U(v, "h.tok", o->token, 0, UINT64_MAX); continue;
         /* the same-host data plane */
-        case 8:
+        case 4:
             if (field_str(v, "h.sa", o->shm_name, sizeof o->shm_name, why, why_len))
                 return PS_EPROTO;
             continue;
-        case 9: FIELD_U(v, "h.sk", o->shm_nonce, 0, UINT64_MAX); continue;
-        case 10: FIELD_U(v, "h.sz", o->shm_size, 0, UINT64_MAX); continue;
-        case 11: FIELD_I(v, "h.sm", o->shm, 0, 1); continue;
-        case 12: {
+        case 5: FIELD_U(v, "h.sk", o->shm_nonce, 0, UINT64_MAX); continue;
+        case 6: FIELD_U(v, "h.sz", o->shm_size, 0, UINT64_MAX); continue;
+        case 7: FIELD_I(v, "h.sm", o->shm, 0, 1); continue;
+        case 8: {
             /* a reason for people: cut to fit rather than refused */
             if (v->type != MSGPACK_OBJECT_STR) {
                 ps_errorf(why, why_len, "field 'h.sw' must be a string");
@@ -561,7 +580,6 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
             o->shm_why[n] = 0;
             continue;
         }
-        case 13: FIELD_U(v, "h.dt", o->wire_dtype, PS_DTYPE_F32, PS_DTYPE_MAX); continue;
         default: break;
         }
         const ps_opt_param *r = ps_opt_param_at(p);
@@ -922,45 +940,4 @@ int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes
         return PS_EPROTO;
     }
     return 0;
-}
-
-int ps_hello_compare(const ps_hello *a, const char *an, const ps_hello *b, const char *bn,
-                     int check_opt, char *why, size_t why_len)
-{
-    if (a->mode != b->mode) {
-        ps_errorf(why, why_len, "mode: %s has %s, %s has %s", an, ps_mode_name(a->mode), bn,
-            ps_mode_name(b->mode));
-        return PS_EMISMATCH;
-    }
-    if (a->max_staleness != b->max_staleness) {
-        ps_errorf(why, why_len, "max-staleness: %s has %d, %s has %d", an, a->max_staleness, bn,
-            b->max_staleness);
-        return PS_EMISMATCH;
-    }
-    if (a->num_workers != b->num_workers) {
-        ps_errorf(why, why_len, "num-workers: %s has %u, %s has %u", an, a->num_workers, bn,
-            b->num_workers);
-        return PS_EMISMATCH;
-    }
-    if (a->num_servers != b->num_servers) {
-        ps_errorf(why, why_len, "num-servers: %s has %u, %s has %u", an, a->num_servers, bn,
-            b->num_servers);
-        return PS_EMISMATCH;
-    }
-    uint32_t adt = a->wire_dtype ? a->wire_dtype : PS_DTYPE_F32;
-    uint32_t bdt = b->wire_dtype ? b->wire_dtype : PS_DTYPE_F32;
-    if (adt != bdt) {
-        ps_errorf(why, why_len, "wire-dtype: %s has %s, %s has %s (give every server and "
-            "worker the same --wire-dtype)", an, ps_dtype_name(adt), bn, ps_dtype_name(bdt));
-        return PS_EMISMATCH;
-    }
-    if (a->model_fp && b->model_fp && a->model_fp != b->model_fp) {
-        ps_errorf(why, why_len,
-            "model: %s has fingerprint %016llx, %s has %016llx (different tensors or chunk size)",
-            an, (unsigned long long)a->model_fp, bn, (unsigned long long)b->model_fp);
-        return PS_EMISMATCH;
-    }
-    if (!check_opt)
-        return 0;
-    return ps_opt_compare(&a->opt, an, &b->opt, bn, why, why_len);
 }

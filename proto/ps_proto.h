@@ -13,6 +13,7 @@
 #include "ps_limits.h"
 #include "ps_msg_table.h"
 #include "ps_opt_table.h"
+#include "ps_settings.h"
 #include "ps_types.h"
 
 #define PS_PROTO_VERSION 1
@@ -182,8 +183,22 @@ void ps_stats_add(ps_stats *acc, int *have_versions, const ps_stats *p);
 const char *ps_mode_name(int mode);
 int ps_mode_parse(const char *s, int *mode);
 
-/* Compare two configs; on mismatch returns PS_EMISMATCH and writes a message
- * naming the field and both values ("mode: sync vs async"). */
+/* ---- proto/ps_hello.c: the settings servers and workers agree on ----
+ * The rows of the settings table with a hello key (common/ps_settings.h),
+ * in table order, i from 0 to ps_hello_nagreed() - 1: the field of ps_hello
+ * the row names holds the value, the hello map carries it under the key. */
+int ps_hello_nagreed(void);
+const ps_setting *ps_hello_agreed(int i);
+int64_t ps_hello_get(const ps_hello *h, int i);
+void ps_hello_set(ps_hello *h, int i, int64_t v);
+/* Is it given: 0 where the row takes no 0 is "not given" (left out of the
+ * map; compared as the row's default: a hello without "dt" is float32). */
+int ps_hello_sends(const ps_hello *h, int i);
+
+/* Compare two configs: every agreed setting, then the model fingerprint
+ * (when both give one), then with check_opt the optimizer (ps_opt_compare).
+ * On mismatch returns PS_EMISMATCH and writes a message naming the setting
+ * and both sides' values ("mode: worker 0 has sync, server has async"). */
 int ps_hello_compare(const ps_hello *a, const char *a_name, const ps_hello *b, const char *b_name,
                      int check_opt, char *why, size_t why_len);
 

@@ -129,6 +129,7 @@
 
 #include "ps_limits.h"
 #include "ps_proto.h"
+#include "ps_settings.h"
 
 #define PS_SERVER_DEFAULT_MAX_MEMORY (8ull << 30)
 
@@ -193,12 +194,17 @@ typedef struct ps_server_config {
                                      signals (and, with curve_dir, admin keys) */
 } ps_server_config;
 
-/* Defaults: rank 0, 1 server, 1 worker, async, staleness -1, sgd lr 0.01,
- * momentum 0.9, beta1 0.9, beta2 0.999, eps 1e-8, weight decay 0, 1 thread,
- * max memory 8 GiB, bind NULL (must be set), no timeline, no CURVE, no
- * checkpoints (PS_CKPT_FAIL_STALL), worker timeout 0 (never), PS_LOSS_WAIT, 10000 unread replies
- * per peer and bytes "auto", no admin token. */
+/* Defaults: those of the settings table (common/ps_settings.h: rank 0, 1
+ * server, 1 worker, sync with staleness 0, 1 thread, max memory 8 GiB,
+ * shared memory on, f32 on the wire, worker timeout 0 (never),
+ * PS_LOSS_WAIT, 10000 unread replies per peer and bytes "auto") and of the
+ * optimizer's (sgd lr 0.01, ...); bind NULL (must be set), no timeline, no
+ * CURVE, no checkpoints (PS_CKPT_FAIL_STALL), no admin token. */
 void ps_server_config_default(ps_server_config *c);
+
+/* Where the settings table's server rows live in ps_server_config (n of
+ * them), for ps_settings_parse. */
+const ps_setting_field *ps_server_config_fields(int *n);
 
 /* PS_EINVAL with a message naming the field when c is not usable. */
 int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len);

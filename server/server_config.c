@@ -15,22 +15,22 @@ int ps_server_owner(uint64_t key, uint32_t chunk, int threads)
     return threads > 1 ? (int)(x % (uint64_t)threads) : 0;
 }
 
+/* Where each of ps_server's settings (common/ps_settings.h) lives. */
+static const ps_setting_field fields[] = {PS_SETTING_FIELDS(SERVER)};
+
+const ps_setting_field *ps_server_config_fields(int *n)
+{
+    *n = (int)(sizeof fields / sizeof fields[0]);
+    return fields;
+}
+
 void ps_server_config_default(ps_server_config *c)
 {
     memset(c, 0, sizeof *c);
-    c->rank = 0;
-    c->num_servers = 1;
-    c->num_workers = 1;
-    c->mode = PS_MODE_ASYNC;
-    c->max_staleness = -1;
+    ps_settings_defaults(PS_PROG_SERVER, fields, (int)(sizeof fields / sizeof fields[0]), c);
+    if (c->mode == PS_MODE_SYNC) /* sync is staleness 0 */
+        c->max_staleness = 0;
     ps_opt_default(&c->opt);
-    c->threads = 1;
-    c->max_memory = PS_SERVER_DEFAULT_MAX_MEMORY;
-    c->on_worker_loss = PS_LOSS_WAIT;
-    c->shm = PS_SHM_AUTO;
-    c->wire_dtype = PS_DTYPE_F32;
-    c->max_peer_replies = 10000;
-    c->max_peer_bytes = 0;
 }
 
 int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef void (*ps_test_fn)(void);
 void ps_test_register(const char *name, ps_test_fn fn);
@@ -59,6 +60,13 @@ int ps_test_stopped(void);
                          #a, ps_a_, #b, ps_b_);                                  \
             return;                                                              \
         }                                                                        \
+    } while (0)
+/* two strings are equal (a may be NULL; b is not) */
+#define CHECK_STR(a, b)                                                          \
+    do {                                                                         \
+        const char *ps_a_ = (a), *ps_b_ = (b);                                   \
+        CHECK_MSG(ps_a_ && !strcmp(ps_a_, ps_b_), "%s is\n  '%s', expected\n  '%s'", \
+                  #a, ps_a_ ? ps_a_ : "(null)", ps_b_);                          \
     } while (0)
 /* |a - b| <= tol * max(1, |b|) */
 #define CHECK_NEAR(a, b, tol)                                                    \

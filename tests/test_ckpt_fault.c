@@ -152,7 +152,7 @@ PS_TEST(a_full_disk_holds_a_new_chunk_tells_the_worker_why_and_an_existing_chunk
     snprintf(dir, sizeof dir, "%s/full-ck", ps_test_tmpdir());
     proc sv;
     CHECK_OK(server_start(&sv, dir, "size=64k", 0,
-                          "--num-workers 2 --checkpoint-every 1s --on-checkpoint-failure stall:1",
+                          "--mode async --num-workers 2 --checkpoint-every 1s --on-checkpoint-failure stall:1",
                           "ck-full.log"));
     void *a = ps_test_dealer(sv.port), *b = ps_test_dealer(sv.port);
     CHECK_OK(ps_test_hello(a, 0, PS_MODE_ASYNC, 2, -1));
@@ -203,7 +203,7 @@ PS_TEST(a_deleted_checkpoint_dir_is_made_again)
     char dir[600], cmd[700];
     snprintf(dir, sizeof dir, "%s/gone-ck", ps_test_tmpdir());
     proc sv;
-    CHECK_OK(server_start(&sv, dir, NULL, 0, "--num-workers 1 --checkpoint-every 2", "ck-gone.log"));
+    CHECK_OK(server_start(&sv, dir, NULL, 0, "--mode async --num-workers 1 --checkpoint-every 2", "ck-gone.log"));
     void *a = ps_test_dealer(sv.port);
     CHECK_OK(ps_test_hello(a, 0, PS_MODE_ASYNC, 1, -1));
     float w[4] = {1, 2, 3, 4};
@@ -238,7 +238,7 @@ PS_TEST(continue_goes_on_without_checkpoints_and_exit_stops_the_server)
     snprintf(dir, sizeof dir, "%s/cont-ck", ps_test_tmpdir());
     proc sv;
     CHECK_OK(server_start(&sv, dir, "size=64k", 0,
-                          "--num-workers 1 --checkpoint-every 1s --on-checkpoint-failure continue",
+                          "--mode async --num-workers 1 --checkpoint-every 1s --on-checkpoint-failure continue",
                           "ck-continue.log"));
     void *a = ps_test_dealer(sv.port);
     CHECK_OK(ps_test_hello(a, 0, PS_MODE_ASYNC, 1, -1));
@@ -251,7 +251,7 @@ PS_TEST(continue_goes_on_without_checkpoints_and_exit_stops_the_server)
     /* exit: the server stops (exit 1), and tells the waiting worker why */
     snprintf(dir, sizeof dir, "%s/exit-ck", ps_test_tmpdir());
     CHECK_OK(server_start(&sv, dir, "size=64k", 0,
-                          "--num-workers 1 --checkpoint-every 1s --on-checkpoint-failure exit:1",
+                          "--mode async --num-workers 1 --checkpoint-every 1s --on-checkpoint-failure exit:1",
                           "ck-exit.log"));
     a = ps_test_dealer(sv.port);
     CHECK_OK(ps_test_hello(a, 0, PS_MODE_ASYNC, 1, -1));
@@ -277,7 +277,7 @@ PS_TEST(an_async_server_killed_loses_at_most_checkpoint_every_acknowledged_pushe
     enum { N = 20, PUSHES = 120, CYCLES = 3 };
     char dir[600], flags[900];
     snprintf(dir, sizeof dir, "%s/loss-ck", ps_test_tmpdir());
-    snprintf(flags, sizeof flags, "--num-workers 1 --lr 1 --checkpoint-every %d", N);
+    snprintf(flags, sizeof flags, "--mode async --num-workers 1 --lr 1 --checkpoint-every %d", N);
     proc sv;
     CHECK_OK(server_start(&sv, dir, NULL, 0, flags, "loss-0.log"));
     void *a = ps_test_dealer(sv.port);

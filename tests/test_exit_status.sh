@@ -100,6 +100,48 @@ timeout 10 "$BIN/ps_keygen" --dir "$T/keys" --servers 1 --workers 1 >/dev/null 2
 expect "keys exist" 1 $?
 result ps_keygen_exits_2_on_bad_flags_0_when_done_1_when_the_keys_exist
 
+# ---- every program's flags (the settings table's parser): an unknown flag,
+# also given last, a missing value and a bad one exit 2 saying which; both
+# --flag VALUE and --flag=VALUE are taken
+for prog in ps_server ps_worker; do
+    timeout 10 "$BIN/$prog" --bogus >/dev/null 2>"$T/flag.err"
+    expect "$prog --bogus" 2 $?
+    grep -qF "$prog: unknown flag '--bogus' (see --help)" "$T/flag.err" ||
+        bad="$bad $prog --bogus: '$(cat "$T/flag.err")';"
+    timeout 10 "$BIN/$prog" --mode >/dev/null 2>"$T/flag.err"
+    expect "$prog --mode" 2 $?
+    grep -qF "$prog: --mode needs a value (see --help)" "$T/flag.err" ||
+        bad="$bad $prog --mode: '$(cat "$T/flag.err")';"
+    timeout 10 "$BIN/$prog" --mode=bsp >/dev/null 2>"$T/flag.err"
+    expect "$prog --mode=bsp" 2 $?
+    grep -qF "$prog: --mode must be sync or async, got 'bsp'" "$T/flag.err" ||
+        bad="$bad $prog --mode=bsp: '$(cat "$T/flag.err")';"
+done
+# the unknown flag last, after valid ones (it used to be taken for a flag
+# missing its value)
+timeout 10 "$BIN/ps_worker" --servers none --batch=8 --bogus >/dev/null 2>"$T/flag.err"
+expect "ps_worker ... --bogus" 2 $?
+grep -qF "ps_worker: unknown flag '--bogus' (see --help)" "$T/flag.err" ||
+    bad="$bad ps_worker ... --bogus: '$(cat "$T/flag.err")';"
+timeout 10 "$BIN/ps_server" --bind=tcp://127.0.0.1:0 --threads=0 >/dev/null 2>"$T/flag.err"
+expect "ps_server --threads=0" 2 $?
+grep -qF "ps_server: --threads must be an integer in [1, 64], got '0'" "$T/flag.err" ||
+    bad="$bad ps_server --threads=0: '$(cat "$T/flag.err")';"
+timeout 10 "$BIN/ps_launch" --servers=1 --workers 1 --bogus >/dev/null 2>"$T/flag.err"
+expect "ps_launch --bogus" 2 $?
+grep -qF "ps_launch: unknown flag '--bogus' (see --help; worker flags go after --)" \
+    "$T/flag.err" || bad="$bad ps_launch --bogus: '$(cat "$T/flag.err")';"
+timeout 10 "$BIN/ps_launch" --servers=1 --workers 1 --mode >/dev/null 2>"$T/flag.err"
+expect "ps_launch --mode" 2 $?
+grep -qF "ps_launch: --mode needs a value (see --help)" "$T/flag.err" ||
+    bad="$bad ps_launch --mode: '$(cat "$T/flag.err")';"
+timeout 10 "$BIN/ps_launch" --servers=1 --workers=1 --gpus=none --mode=async --dry-run -- \
+    --batch=8 >"$T/plan.out" 2>/dev/null
+expect "ps_launch --flag=value" 0 $?
+grep -q -- "--mode async --batch=8 --device cpu" "$T/plan.out" ||
+    bad="$bad ps_launch --flag=value: no worker line with them;"
+result flags_of_every_program_exit_2_naming_the_flag
+
 # ---- ps_launch (bad flags before anything starts)
 timeout 10 "$BIN/ps_launch" --servers 0 --workers 1 --timeline-dir "$T/tl" -- --data "$T" 2>/dev/null
 expect "bad flag" 2 $?

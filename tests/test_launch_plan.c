@@ -51,13 +51,6 @@ static const char *joined(const ps_strvec *v)
     return buf;
 }
 
-#define CHECK_STR(a, b)                                                             \
-    do {                                                                            \
-        const char *ps_a_ = (a), *ps_b_ = (b);                                      \
-        CHECK_MSG(ps_a_ && !strcmp(ps_a_, ps_b_), "%s is\n  '%s', expected\n  '%s'", #a, \
-                  ps_a_ ? ps_a_ : "(null)", ps_b_);                                 \
-    } while (0)
-
 /* ------------------------------------------------------------ flags */
 
 PS_TEST(parse_gives_the_defaults)
@@ -66,12 +59,12 @@ PS_TEST(parse_gives_the_defaults)
     CHECK_OK(parse(&o, ARGV("--servers", "2", "--workers", "3")));
     CHECK_EQ_INT(o.servers, 2);
     CHECK_EQ_INT(o.workers, 3);
-    CHECK_STR(o.mode, "sync");
+    CHECK_EQ_INT(o.mode, PS_MODE_SYNC);
     CHECK_STR(o.gpus, "auto");
     CHECK_EQ_INT(o.server_threads, 1);
     CHECK_EQ_INT(o.base_port, 29500);
     CHECK_EQ_INT(o.nwflags, 0);
-    CHECK(!o.dry_run && !o.help_arg && !o.hostfile && !o.timeline_dir && !o.bin_dir);
+    CHECK(!o.dry_run && !o.help && !o.hostfile && !o.timeline_dir && !o.bin_dir);
     ps_launch_opts_free(&o);
 }
 
@@ -81,7 +74,7 @@ PS_TEST(parse_takes_flag_equals_value_and_worker_flags_after_dashes)
     CHECK_OK(parse(&o, ARGV("--servers=1", "--workers", "2", "--mode=async", "--gpus", "3,1",
                             "--server-threads", "64", "--server-arg", "--verbose",
                             "--server-arg=-x", "--dry-run", "--", "--lr", "0.1", "--eval-all")));
-    CHECK_STR(o.mode, "async");
+    CHECK_EQ_INT(o.mode, PS_MODE_ASYNC);
     CHECK_EQ_INT(o.server_threads, PS_SERVER_MAX_THREADS);
     CHECK_STR(joined(&o.gpu_ids), "3 1");
     CHECK_STR(joined(&o.server_args), "--verbose -x");
@@ -96,10 +89,10 @@ PS_TEST(parse_stops_at_help_and_version)
 {
     ps_launch_opts o;
     CHECK_OK(parse(&o, ARGV("--servers", "1", "--help", "--bogus")));
-    CHECK_STR(o.help_arg, "--help");
+    CHECK_EQ_INT(o.help, 1);
     ps_launch_opts_free(&o);
     CHECK_OK(parse(&o, ARGV("--version")));
-    CHECK_STR(o.help_arg, "--version");
+    CHECK_EQ_INT(o.help, 2);
     ps_launch_opts_free(&o);
     /* a bad value before it is still refused */
     CHECK_EQ_INT(parse(&o, ARGV("--servers", "x", "-h")), PS_EINVAL);
@@ -129,11 +122,11 @@ static const struct {
      {"--servers", "1", "--workers", "1", "--gpus", "1024"}},
     {"ps_launch: --gpus must be auto, none or a list of GPU ids in [0, 1023] like 0,1, got '0,,1'",
      {"--servers", "1", "--workers", "1", "--gpus", "0,,1"}},
-    {"ps_launch: --timeline-dir must not be empty",
+    {"ps_launch: --timeline-dir needs a value of 1..900 characters, got ''",
      {"--servers", "1", "--workers", "1", "--timeline-dir", ""}},
     {"ps_launch: unknown flag '--model' (see --help; worker flags go after --)",
      {"--servers", "1", "--workers", "1", "--model", "cnn"}},
-    {"ps_launch: unexpected argument 'extra' (worker flags go after --)",
+    {"ps_launch: unexpected argument 'extra' (see --help; worker flags go after --)",
      {"--servers", "1", "extra"}},
     {"ps_launch: --workers needs a value (see --help)", {"--servers", "1", "--workers"}},
     {"ps_launch: --servers is required (see --help)", {"--workers", "1"}},
@@ -180,7 +173,7 @@ static const struct {
      {"--servers", "1", "--workers", "1", "--mode", "async", "--", "--max-staleness", "-2"}},
     {"ps_launch: worker flag --max-staleness must be 0 with --mode sync, got '3'",
      {"--servers", "1", "--workers", "1", "--", "--max-staleness", "3"}},
-    {"ps_launch: worker flag --curve-keys needs a path of 1..900 characters, got ''",
+    {"ps_launch: worker flag --curve-keys needs a value of 1..900 characters, got ''",
      {"--servers", "1", "--workers", "1", "--", "--curve-keys", ""}},
     {"ps_launch: worker flag --wire-dtype must be f32, bf16 or f16, got 'f8'",
      {"--servers", "1", "--workers", "1", "--", "--wire-dtype", "f8"}},
@@ -261,33 +254,31 @@ PS_TEST(parse_takes_shared_flags_and_exec)
     ps_launch_opts_free(&o);
 }
 
-PS_TEST(shared_env_names_follow_the_flags)
+PS_TEST(optimizer_env_names_follow_the_flags)
 {
     char name[64];
-    ps_launch_shared_env_name("--lr", name, sizeof name);
+    ps_settings_opt_env("--lr", name, sizeof name);
     CHECK_STR(name, "PS_LR");
-    ps_launch_shared_env_name("--lr-decay-every", name, sizeof name);
+    ps_settings_opt_env("--lr-decay-every", name, sizeof name);
     CHECK_STR(name, "PS_LR_DECAY_EVERY");
-    ps_launch_shared_env_name("--curve-keys", name, sizeof name);
-    CHECK_STR(name, "PS_CURVE_KEYS");
-    ps_launch_shared_env_name("--weight-decay", name, 8);
+    ps_settings_opt_env("--weight-decay", name, 8);
     CHECK_STR(name, "PS_WEIG");
 }
 
 PS_TEST(shared_flags_list_every_flag_forwarded)
 {
-    /* the optimizer table's flags, then staleness and keys */
-    static const char *const want[] = {"--optimizer", "--lr", "--momentum", "--beta1",
-                                       "--beta2", "--eps", "--weight-decay", "--lr-decay",
-                                       "--lr-decay-every", "--max-staleness", "--curve-keys",
-                                       "--shm", "--wire-dtype"};
+    /* the settings table's shared rows, then the optimizer table's flags */
+    static const char *const want[] = {"--max-staleness", "--curve-keys", "--shm",
+                                       "--wire-dtype", "--optimizer", "--lr", "--momentum",
+                                       "--beta1", "--beta2", "--eps", "--weight-decay",
+                                       "--lr-decay", "--lr-decay-every"};
     int n = 0;
-    while (ps_launch_shared_flag(n))
+    while (ps_settings_shared_flag(n))
         n++;
     CHECK_EQ_INT(n, (int)(sizeof want / sizeof want[0]));
     for (int i = 0; i < n; i++)
-        CHECK_STR(ps_launch_shared_flag(i), want[i]);
-    CHECK(ps_launch_shared_flag(-1) == NULL);
+        CHECK_STR(ps_settings_shared_flag(i), want[i]);
+    CHECK(ps_settings_shared_flag(-1) == NULL);
 }
 
 /* ------------------------------------------------------------ hostfile */
@@ -434,7 +425,7 @@ PS_TEST(local_plan_has_the_exact_command_lines)
                              "--model", "cnn", "--lr", "0.1", "--eval-all", "--optimizer",
                              "momentum", "--log-csv", "w{rank}.csv", "--save", "m.bin")));
     CHECK(p.n == 5 && p.num_servers == 2 && p.num_workers == 3);
-    CHECK_STR(p.mode, "async");
+    CHECK_EQ_INT(p.mode, PS_MODE_ASYNC);
     for (int r = 0; r < 2; r++) {
         const ps_launch_cmd *c = &p.cmds[r];
         char want[512];
@@ -572,7 +563,7 @@ PS_TEST(exec_plan_gives_each_worker_the_program_and_its_settings_in_the_environm
         CHECK_STR(joined(&c->argv), want);
         snprintf(want, sizeof want,
                  "CUDA_VISIBLE_DEVICES=%d PS_SERVERS=tcp://127.0.0.1:41001,tcp://127.0.0.1:41002 "
-                 "PS_NUM_SERVERS=2 PS_RANK=%d PS_NUM_WORKERS=3 PS_MODE=async "
+                 "PS_RANK=%d PS_NUM_SERVERS=2 PS_NUM_WORKERS=3 PS_MODE=async "
                  "PS_MAX_STALENESS=3 PS_DEVICE=cuda:0 PS_TIMELINE=tl/worker-%d.json "
                  "PS_LR=0.01 PS_OPTIMIZER=adam PS_LR_DECAY_EVERY=100",
                  r % 2, r, r);
@@ -636,8 +627,8 @@ PS_TEST(exec_plan_print_is_a_shell_line_with_the_environment)
               "/b/ps_server --bind tcp://127.0.0.1:41001 --rank 0 --num-servers 1 --num-workers 1 "
               "--mode sync --threads 1 --curve-keys 'my keys'\n"
               "# worker 0 on this host, device cpu\n"
-              "PS_SERVERS=tcp://127.0.0.1:41001 PS_NUM_SERVERS=1 PS_RANK=0 PS_NUM_WORKERS=1 "
-              "PS_MODE=sync PS_MAX_STALENESS=0 PS_DEVICE=cpu PS_CURVE_KEYS='my keys' ./w 'a b'\n");
+              "PS_SERVERS=tcp://127.0.0.1:41001 PS_RANK=0 PS_NUM_SERVERS=1 PS_NUM_WORKERS=1 "
+              "PS_MODE=sync PS_MAX_STALENESS=0 PS_CURVE_KEYS='my keys' PS_DEVICE=cpu ./w 'a b'\n");
     ps_strbuf_free(&out);
     ps_launch_plan_free(&p);
     ps_launch_opts_free(&o);
@@ -797,8 +788,8 @@ PS_TEST(hostfile_exec_plan_sets_the_environment_remotely)
                             "t.py", "--out", "r{rank}")));
     CHECK_STR(joined(&p.cmds[4].argv),
               "ssh -o BatchMode=yes alice@h2 cd /home/a/ps && " RC "env CUDA_VISIBLE_DEVICES=1 "
-              "PS_SERVERS=tcp://h1:29500,tcp://h1:29501,tcp://h3:29502 PS_NUM_SERVERS=3 "
-              "PS_RANK=1 PS_NUM_WORKERS=3 PS_MODE=async PS_MAX_STALENESS=-1 PS_DEVICE=cuda:0 "
+              "PS_SERVERS=tcp://h1:29500,tcp://h1:29501,tcp://h3:29502 PS_RANK=1 "
+              "PS_NUM_SERVERS=3 PS_NUM_WORKERS=3 PS_MODE=async PS_MAX_STALENESS=-1 PS_DEVICE=cuda:0 "
               "python3 t.py --out r1");
     ps_launch_plan_free(&p);
     ps_launch_hostfile_free(&h);

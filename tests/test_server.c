@@ -367,7 +367,7 @@ PS_TEST(hello_mismatch_refused_naming_both_values)
 PS_TEST(barrier_answers_when_every_worker_arrived)
 {
     ps_test_server sv;
-    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 3 --quiet"));
+    CHECK_OK(ps_test_server_start(&sv, 1, "--mode async --num-workers 3 --quiet"));
     void *d[3];
     for (int k = 0; k < 3; k++) {
         d[k] = ps_test_dealer(sv.port);
@@ -497,7 +497,7 @@ PS_TEST(two_update_threads_give_the_same_weights_as_one)
 PS_TEST(init_beyond_max_memory_refused_with_etoobig)
 {
     ps_test_server sv;
-    CHECK_OK(ps_test_server_start(&sv, 1, "--max-memory 64K --optimizer adam --quiet"));
+    CHECK_OK(ps_test_server_start(&sv, 1, "--mode async --max-memory 64K --optimizer adam --quiet"));
     void *s = ps_test_dealer(sv.port);
     CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 1, -1));
     static float v[8192];
@@ -548,7 +548,7 @@ PS_TEST(burst_of_pushes_all_applied_under_back_pressure_and_4mib_chunks_work)
      * reading, not drop or block, and apply every one of them */
     enum { N = 16, CHUNKS = 4, PUSHES = 20000, BIG = 1 << 20 };
     ps_test_server sv;
-    CHECK_OK(ps_test_server_start(&sv, 1, "--optimizer adam --threads 2 --verbose"));
+    CHECK_OK(ps_test_server_start(&sv, 1, "--mode async --optimizer adam --threads 2 --verbose"));
     void *s = ps_test_dealer(sv.port);
     CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 1, -1));
     float buf[N] = {0}, out[N], expect[N] = {0}, m[N] = {0}, v[N] = {0}, ones[N];

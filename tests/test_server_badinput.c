@@ -121,7 +121,7 @@ static size_t pack(char *buf, size_t cap, const kv *f, int n)
 PS_TEST(undecodable_headers_are_dropped_without_reply)
 {
     ps_test_server sv;
-    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --quiet"));
+    CHECK_OK(ps_test_server_start(&sv, 1, "--mode async --num-workers 2 --quiet"));
     void *s = ps_test_dealer(sv.port);
     CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 2, -1));
     char good[PS_HEADER_MAX];
@@ -172,7 +172,7 @@ PS_TEST(undecodable_headers_are_dropped_without_reply)
 PS_TEST(bad_requests_get_error_replies_with_the_right_code)
 {
     ps_test_server sv;
-    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --quiet"));
+    CHECK_OK(ps_test_server_start(&sv, 1, "--mode async --num-workers 2 --quiet"));
     void *s = ps_test_dealer(sv.port);
     CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 2, -1));
     ps_header r;
@@ -380,7 +380,7 @@ static int recv_q(void *s, int64_t *q, uint64_t *type, int64_t *ec)
 PS_TEST(every_error_reply_echoes_the_requests_q)
 {
     ps_test_server sv;
-    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --quiet"));
+    CHECK_OK(ps_test_server_start(&sv, 1, "--mode async --num-workers 2 --quiet"));
     void *s = ps_test_dealer(sv.port);
     CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 2, -1));
     char buf[PS_HEADER_MAX];
@@ -440,7 +440,7 @@ static int start_for_rss(ps_test_server *sv, const char *words)
 PS_TEST(garbage_flood_keeps_rss_bounded_and_logs_rate_limited)
 {
     ps_test_server sv;
-    CHECK_OK(start_for_rss(&sv, "--num-workers 2 --threads 2"));
+    CHECK_OK(start_for_rss(&sv, "--mode async --num-workers 2 --threads 2"));
     void *s = ps_test_dealer(sv.port);
     CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 2, -1));
     ps_header bad = ps_test_header(PS_MSG_PUSH, 0, 1, 4242, 0, 0); /* unknown key: an error reply */
@@ -532,7 +532,7 @@ static int push_step(void *s, int rank, uint64_t seq, uint64_t key, int64_t step
 PS_TEST(a_live_rank_cannot_be_taken_and_an_async_push_cannot_skip_steps)
 {
     ps_test_server sv; /* a worker timeout of 30 s: the hold window is 30 s */
-    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --worker-timeout 30"));
+    CHECK_OK(ps_test_server_start(&sv, 1, "--mode async --num-workers 2 --worker-timeout 30"));
     void *a = ps_test_dealer(sv.port), *b = ps_test_dealer(sv.port);
     ps_header r;
     CHECK_OK(hello_tok(a, 0, 0, 1, &r));
@@ -663,7 +663,7 @@ PS_TEST(help_documents_every_flag_and_version_prints)
         if (!strstr(out, flags[i]))
             missing = (int)i;
     int defaults = strstr(out, "default 0.01") && strstr(out, "default 8G") &&
-                   strstr(out, "default async") && strstr(out, "default 0.999");
+                   strstr(out, "default sync") && strstr(out, "default 0.999");
     free(out);
     CHECK_MSG(missing < 0, "--help does not mention %s", flags[missing]);
     CHECK(defaults);
@@ -678,7 +678,7 @@ PS_TEST(help_documents_every_flag_and_version_prints)
 PS_TEST(exits_0_on_sigterm)
 {
     ps_test_server sv;
-    CHECK_OK(ps_test_server_start(&sv, 1, "--threads 3"));
+    CHECK_OK(ps_test_server_start(&sv, 1, "--mode async --threads 3"));
     void *s = ps_test_dealer(sv.port);
     CHECK_OK(ps_test_hello(s, 0, PS_MODE_ASYNC, 1, -1));
     CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
@@ -703,7 +703,7 @@ static int shutdown_rpc(void *s, uint64_t seq, const char *adm, ps_header *r)
 PS_TEST(shutdown_is_refused_by_default_and_each_refusal_names_the_peer)
 {
     ps_test_server sv;
-    CHECK_OK(ps_test_server_start(&sv, 1, "--threads 2"));
+    CHECK_OK(ps_test_server_start(&sv, 1, "--mode async --threads 2"));
     void *s = ps_test_dealer(sv.port);
     ps_header r;
     /* anyone who can connect, no hello needed: used to stop the server */
@@ -911,7 +911,7 @@ PS_TEST(a_peer_that_never_reads_its_replies_cannot_grow_the_server)
      * server to 1.5-1.9 GB (each unread reply its own copy or pinned buffer) */
     const int npull = getenv("PS_TEST_NPULL") ? atoi(getenv("PS_TEST_NPULL")) : 5000;
     slow_run run;
-    CHECK_OK(slow_reader("--num-workers 2 --lr 0.001", npull, 25, 1, &run));
+    CHECK_OK(slow_reader("--mode async --num-workers 2 --lr 0.001", npull, 25, 1, &run));
     char *log = ps_test_read_file(run.log, NULL);
     int said = log && strstr(log, "rank 0, routing id ") &&
                strstr(log, "it has not read: refusing its pulls until it reads them") &&
@@ -931,8 +931,8 @@ PS_TEST(reply_copies_count_against_max_memory)
     /* a per-peer limit far above --max-memory: the copies stop at the latter
      * (and so may another worker's pull that needs a copy: memory is full) */
     slow_run run;
-    CHECK_OK(slow_reader("--num-workers 2 --lr 0.001 --max-memory 6M --max-peer-bytes 1G", 400,
-                         2, 0, &run));
+    CHECK_OK(slow_reader("--mode async --num-workers 2 --lr 0.001 --max-memory 6M "
+                         "--max-peer-bytes 1G", 400, 2, 0, &run));
     char *log = ps_test_read_file(run.log, NULL);
     int said = log && strstr(log, "--max-memory 6291456 bytes is in use (chunks and pull "
                                   "replies not yet read)");

@@ -85,7 +85,7 @@ static void add(run *r, int role, int rank, const char *script, const char *cons
 static void run_init(run *r, const char *name)
 {
     memset(r, 0, sizeof *r);
-    r->plan.mode = "sync";
+    r->plan.mode = PS_MODE_SYNC;
     snprintf(r->out, sizeof r->out, "%s/%s.out", ps_test_tmpdir(), name);
     snprintf(r->err, sizeof r->err, "%s/%s.err", ps_test_tmpdir(), name);
     snprintf(r->res, sizeof r->res, "%s/%s.res", ps_test_tmpdir(), name);

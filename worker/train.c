@@ -35,28 +35,21 @@
 #include "ps_time.h"
 #include "ps_trace.h"
 
+/* Where each of ps_worker's settings (common/ps_settings.h) lives. */
+static const ps_setting_field fields[] = {PS_SETTING_FIELDS(WORKER)};
+
+const ps_setting_field *ps_train_config_fields(int *n)
+{
+    *n = (int)(sizeof fields / sizeof fields[0]);
+    return fields;
+}
+
 void ps_train_config_default(ps_train_config *c)
 {
     memset(c, 0, sizeof *c);
-    c->num_workers = 1;
-    c->mode = PS_MODE_ASYNC;
-    c->max_staleness = -1;
-    c->model = "mlp:784-256-128-10";
-    c->batch = 64;
-    c->epochs = 1;
+    ps_settings_defaults(PS_PROG_WORKER, fields, (int)(sizeof fields / sizeof fields[0]), c);
     c->expect.kind = PS_OPT_NONE; /* check nothing unless told */
     c->local_lr = 0.05f;
-    c->device = "cpu";
-    c->threads = 1;
-    c->seed = 1;
-    c->log_every = 100;
-    /* a restarted server is reconnected by ZeroMQ; what it lost is resent */
-    c->request_timeout_ms = 5000;
-    c->heartbeat_ms = 1000;
-    c->shm = 1;
-    c->wire_dtype = PS_DTYPE_F32;
-    c->server_timeout_ms = 60000;
-    c->local_size = 1;
 }
 
 typedef struct worker {

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "ps_proto.h"
+#include "ps_settings.h"
 
 typedef struct ps_train_config {
     const char *servers;   /* comma-separated endpoints; NULL: compute only, local SGD */
@@ -38,7 +39,14 @@ typedef struct ps_train_config {
                                (ranks h*local_size.. of host h); 1: off */
 } ps_train_config;
 
+/* The settings table's defaults (common/ps_settings.h: sync, 1 worker,
+ * mlp:784-256-128-10, batch 64, ...), the optimizer unchecked, local-SGD
+ * rate 0.05. */
 void ps_train_config_default(ps_train_config *c);
+
+/* Where the settings table's worker rows live in ps_train_config (n of
+ * them), for ps_settings_parse. */
+const ps_setting_field *ps_train_config_fields(int *n);
 
 /* Run training; returns 0 or a PS_E* code (message already logged).  The
  * output files (log_csv, timeline, and save_path on rank 0) are checked first,

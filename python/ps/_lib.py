@@ -179,6 +179,7 @@ _proto("ps_client_close", None, _P)
 _proto("ps_client_set_wire_dtype", c_int, _P, c_int)
 _proto("ps_client_shm_region", None, _P, POINTER(c_void_p), POINTER(c_size_t))
 _proto("ps_opt_parse", c_int, c_char_p, POINTER(c_int))
+_proto("ps_client_setting", c_int, c_char_p, POINTER(c_char_p), POINTER(c_char_p))
 
 _proto("ps_backend_host_create", c_int, POINTER(_P))
 _proto("ps_backend_host_destroy", None, _P)
@@ -195,6 +196,18 @@ _proto("ps_exchange_finish", c_int, _P)
 _proto("ps_exchange_pull_final", c_int, _P)
 _proto("ps_exchange_take_wait_ns", c_int64, _P)
 _proto("ps_exchange_close", None, _P)
+
+def setting(name):
+    """A worker's run setting from libps's table (ps_client_setting), by its
+    ps_worker flag without "--" ("mode", "num-workers"): (the environment
+    variables that carry it, first set wins; its default as the flag's text,
+    or None)."""
+    env, default = c_char_p(), c_char_p()
+    if lib.ps_client_setting(name.encode(), ctypes.byref(env), ctypes.byref(default)):
+        raise KeyError("libps has no worker setting %r" % (name,))
+    return (tuple(env.value.decode().split()) if env.value else (),
+            default.value.decode() if default.value is not None else None)
+
 
 def strerror(code):
     return lib.ps_strerror(code).decode()

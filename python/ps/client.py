@@ -22,11 +22,11 @@ from ._lib import lib
 
 SYNC, ASYNC = _lib.MODE_SYNC, _lib.MODE_ASYNC
 
-# where rank, worker count and servers come from when not given: the same
-# variables, in the same order, as ps_worker
-RANK_ENV = ("PS_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-SIZE_ENV = ("PS_NUM_WORKERS", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-SERVERS_ENV = "PS_SERVERS"
+# where a setting not given comes from: the same variables, in the same
+# order, as ps_worker (libps's settings table, _lib.setting)
+RANK_ENV = _lib.setting("rank")[0]
+SIZE_ENV = _lib.setting("num-workers")[0]
+SERVERS_ENV = _lib.setting("servers")[0][0]
 
 
 class PSError(Exception):
@@ -65,14 +65,20 @@ def _int_setting(value, names, env, what, default):
         raise ValueError("%s must be an integer, got %r" % (src, value)) from None
 
 
+def _from_env(value, name, env):
+    """(value, where it came from): the argument when given, else the first
+    set variable of setting `name` (as ps_worker reads them), else its
+    default; where is None for the argument and the default."""
+    if value is not None:
+        return value, None
+    var, v = _env_first(_lib.setting(name)[0], env)
+    return (v, var) if v is not None else (_lib.setting(name)[1], None)
+
+
 def _shm_setting(value, env):
     """shm from the argument (True/False, 'auto'/'off'), else PS_SHM, else on."""
-    src = "shm"
-    if value is None:
-        value = env.get("PS_SHM")
-        src = "shm (from PS_SHM)"
-        if value is None:
-            return True
+    value, var = _from_env(value, "shm", env)
+    src = "shm (from %s)" % var if var else "shm"
     if isinstance(value, bool):
         return value
     if value in ("auto", "on", "1"):
@@ -241,18 +247,21 @@ class _Handle:
 class Client:
     """A worker's connection to the parameter servers.
 
-    Every argument left None comes from the environment, as for ps_worker:
+    Every argument left None comes from the environment, as for ps_worker
+    (the same variables, from libps's settings table), else ps_worker's
+    default:
       servers       "tcp://H:P,..." or a list; PS_SERVERS
       rank          PS_RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK (0)
       num_workers   PS_NUM_WORKERS, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE, PMI_SIZE (1)
-      mode          'sync' | 'async'; PS_MODE ('async')
+      mode          'sync' | 'async'; PS_MODE ('sync')
       max_staleness async: -1 unbounded, k >= 0 bounded; PS_MAX_STALENESS (-1)
       chunk_size    bytes or "4M"; PS_CHUNK_SIZE (4 MiB)
       curve_dir     CURVE keys (ps_keygen); PS_CURVE_KEYS (plaintext)
       hello_timeout_ms, request_timeout_ms, heartbeat_ms, server_timeout_ms
                     PS_HELLO_TIMEOUT (10000), PS_REQUEST_TIMEOUT (5000: resend
                     an unanswered request), PS_HEARTBEAT (1000),
-                    PS_SERVER_TIMEOUT (60000: give up on a silent server)
+                    PS_SERVER_TIMEOUT (seconds, as ps_worker --server-timeout:
+                    60, give up on a silent server)
       shm           'auto' | 'off' (or True/False); PS_SHM ('auto'): payloads
                     to servers on this host go through shared memory
       wire_dtype    'f32' | 'bf16' | 'f16'; PS_WIRE_DTYPE ('f32'): the type of
@@ -273,8 +282,7 @@ class Client:
                  heartbeat_ms=None, expect=None, env=None, shm=None, server_timeout_ms=None,
                  admin_token=None, wire_dtype=None):
         env = os.environ if env is None else env
-        if servers is None:
-            servers = env.get(SERVERS_ENV)
+        servers = _from_env(servers, "servers", env)[0]
         if not servers:
             raise ValueError("no servers: pass servers='tcp://HOST:PORT,...' or set PS_SERVERS "
                              "(ps_launch --exec sets it for its workers)")
@@ -288,19 +296,17 @@ class Client:
         if not 0 <= self.rank < self.num_workers:
             raise ValueError("rank must be in [0, %d] for %d worker(s), got %d"
                              % (self.num_workers - 1, self.num_workers, self.rank))
-        self.mode = parse_mode(mode if mode is not None else env.get("PS_MODE") or "async")
-        self.max_staleness = _int_setting(max_staleness, ("PS_MAX_STALENESS",), env,
-                                          "max_staleness", -1)
+        self.mode = parse_mode(_from_env(mode, "mode", env)[0])
+        self.max_staleness = _int_setting(max_staleness, _lib.setting("max-staleness")[0], env,
+                                          "max_staleness", int(_lib.setting("max-staleness")[1]))
         if self.mode == SYNC:
             if self.max_staleness > 0:
                 raise ValueError("max_staleness applies to mode 'async' only (sync is "
                                  "staleness 0)")
             self.max_staleness = 0
-        chunk = chunk_size if chunk_size is not None else env.get("PS_CHUNK_SIZE") or 0
-        self.chunk_bytes = _size(chunk, "chunk_size")
-        self.curve_dir = curve_dir if curve_dir is not None else env.get("PS_CURVE_KEYS") or None
-        self.wire_dtype = parse_wire_dtype(wire_dtype if wire_dtype is not None
-                                           else env.get("PS_WIRE_DTYPE") or "f32")
+        self.chunk_bytes = _size(_from_env(chunk_size, "chunk-size", env)[0], "chunk_size")
+        self.curve_dir = _from_env(curve_dir, "curve-keys", env)[0]
+        self.wire_dtype = parse_wire_dtype(_from_env(wire_dtype, "wire-dtype", env)[0])
 
         o = _lib.ClientOptions()
         lib.ps_client_options_default(ctypes.byref(o))
@@ -309,17 +315,27 @@ class Client:
         o.max_staleness = self.max_staleness
         o.chunk_bytes = self.chunk_bytes
         o.expect = optimizer_expectation(expect, env)
-        o.hello_timeout_ms = _int_setting(hello_timeout_ms, ("PS_HELLO_TIMEOUT",), env,
-                                          "hello_timeout_ms", o.hello_timeout_ms)
-        o.request_timeout_ms = _int_setting(request_timeout_ms, ("PS_REQUEST_TIMEOUT",), env,
-                                            "request_timeout_ms", 5000)
-        o.heartbeat_ms = _int_setting(heartbeat_ms, ("PS_HEARTBEAT",), env, "heartbeat_ms",
-                                      o.heartbeat_ms)
-        o.server_timeout_ms = _int_setting(server_timeout_ms, ("PS_SERVER_TIMEOUT",), env,
-                                           "server_timeout_ms", o.server_timeout_ms)
+        o.hello_timeout_ms = _int_setting(hello_timeout_ms, _lib.setting("hello-timeout")[0],
+                                          env, "hello_timeout_ms", o.hello_timeout_ms)
+        o.request_timeout_ms = _int_setting(request_timeout_ms,
+                                            _lib.setting("request-timeout")[0], env,
+                                            "request_timeout_ms",
+                                            int(_lib.setting("request-timeout")[1]))
+        o.heartbeat_ms = _int_setting(heartbeat_ms, _lib.setting("heartbeat")[0], env,
+                                      "heartbeat_ms", o.heartbeat_ms)
+        if server_timeout_ms is None:  # the variable holds seconds, as --server-timeout
+            var, secs = _env_first(_lib.setting("server-timeout")[0], env)
+            try:  # a positive time stays on, as in ps_worker
+                server_timeout_ms = (None if secs is None else
+                                     max(round(float(secs) * 1000), 1 if float(secs) > 0 else 0))
+            except ValueError:
+                raise ValueError("server_timeout (from %s) must be a number of seconds, got %r"
+                                 % (var, secs)) from None
+        o.server_timeout_ms = _int_setting(server_timeout_ms, (), env, "server_timeout_ms",
+                                           o.server_timeout_ms)
         self.shm = _shm_setting(shm, env)
         o.shm = 1 if self.shm else 0
-        self.admin_token = admin_token if admin_token is not None else env.get("PS_ADMIN_TOKEN")
+        self.admin_token = _from_env(admin_token, "admin-token", env)[0]
         if self.admin_token:
             o.admin_token = str(self.admin_token).encode()
         if self.curve_dir:

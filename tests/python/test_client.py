@@ -93,7 +93,7 @@ class Semantics(unittest.TestCase):
 
         def worker(rank):
             try:
-                with ps.Client(servers=s.endpoint, rank=rank, num_workers=W) as c:
+                with ps.Client(servers=s.endpoint, rank=rank, num_workers=W, mode="async") as c:
                     c.register(11, n)
                     c.start()
                     c.init(11, init).wait()
@@ -111,7 +111,7 @@ class Semantics(unittest.TestCase):
         for t in th:
             t.join()
         self.assertEqual(errors, [])
-        with ps.Client(servers=s.endpoint, rank=0, num_workers=W) as c:
+        with ps.Client(servers=s.endpoint, rank=0, num_workers=W, mode="async") as c:
             c.register(11, n)
             c.start()
             dst = np.zeros(n, np.float32)
@@ -160,8 +160,8 @@ class Semantics(unittest.TestCase):
                               str(K), "--lr", "0.5")
             n = 16
             g = np.ones(n, np.float32)
-            a = ps.Client(servers=s.endpoint, rank=0, num_workers=2, max_staleness=K)
-            b = ps.Client(servers=s.endpoint, rank=1, num_workers=2, max_staleness=K)
+            a = ps.Client(servers=s.endpoint, rank=0, num_workers=2, mode="async", max_staleness=K)
+            b = ps.Client(servers=s.endpoint, rank=1, num_workers=2, mode="async", max_staleness=K)
             with a, b:
                 for c in (a, b):
                     c.register(1, n)
@@ -247,7 +247,7 @@ class WireDtype(unittest.TestCase):
 class Binding(unittest.TestCase):
     def setUp(self):
         self.s = pstest.Server("--num-workers", "1", "--mode", "async", "--lr", "0.5")
-        self.c = ps.Client(servers=self.s.endpoint)
+        self.c = ps.Client(servers=self.s.endpoint, mode="async")
         self.c.register(0, 8)
         self.c.start()
         self.c.init(0, np.zeros(8, np.float32)).wait()
@@ -339,6 +339,22 @@ class Binding(unittest.TestCase):
         for env, (rank, size) in cases:
             with ps.Client(env=env) as c:
                 self.assertEqual((c.rank, c.num_workers, c.servers), (rank, size, ep))
+        # ps_worker's defaults and variables, from libps's settings table
+        with ps.Client(env={"PS_SERVERS": ep}) as c:
+            self.assertEqual((c.mode, c.max_staleness, c.chunk_bytes), (ps.SYNC, 0, 4 << 20))
+            self.assertEqual((c.options.request_timeout_ms, c.options.hello_timeout_ms,
+                              c.options.heartbeat_ms, c.options.server_timeout_ms, c.shm),
+                             (5000, 10000, 1000, 60000, True))
+        with ps.Client(env={"PS_SERVERS": ep, "PS_SERVER_TIMEOUT": "2.5", "PS_SHM": "off",
+                            "PS_HEARTBEAT": "250", "PS_MODE": "async",
+                            "PS_MAX_STALENESS": "4"}) as c:  # seconds, as --server-timeout
+            self.assertEqual((c.options.server_timeout_ms, c.shm, c.options.heartbeat_ms),
+                             (2500, False, 250))
+            self.assertEqual((c.mode, c.max_staleness), (ps.ASYNC, 4))
+        with ps.Client(env={"PS_SERVERS": ep, "PS_MODE": "async"}, mode="sync") as c:
+            self.assertEqual(c.mode, ps.SYNC)  # the argument wins
+        self.assertEqual(ps.RANK_ENV, ("PS_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                                       "PMI_RANK"))
         with ps.Client(env={"PS_SERVERS": ep, "PS_MODE": "sync", "PS_CHUNK_SIZE": "1M",
                             "PS_OPTIMIZER": "adam", "PS_LR": "0.001"}) as c:
             self.assertEqual((c.mode, c.max_staleness, c.chunk_bytes), (ps.SYNC, 0, 1 << 20))

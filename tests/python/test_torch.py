@@ -132,7 +132,8 @@ class Wrapper(unittest.TestCase):
 
         def start(r):
             model = models[r]
-            net = ps.torch.wrap(model, ps.Client(servers=s.endpoint, rank=r, num_workers=3))
+            net = ps.torch.wrap(model, ps.Client(servers=s.endpoint, rank=r, num_workers=3,
+                                                        mode="async"))
             w = flat(model).clone()
             net.close()
             return w
@@ -150,7 +151,8 @@ class Wrapper(unittest.TestCase):
 
         def work(r):
             model = models[r]
-            net = ps.torch.wrap(model, ps.Client(servers=s.endpoint, rank=r, num_workers=2))
+            net = ps.torch.wrap(model, ps.Client(servers=s.endpoint, rank=r, num_workers=2,
+                                                        mode="async"))
             losses = []
             # 3 passes: most of these tiny steps go out in sums (applied
             # as their mean: one update for several), so fewer updates
@@ -176,7 +178,7 @@ class Wrapper(unittest.TestCase):
         s = pstest.Server("--num-workers", "1", "--mode", "async", "--lr", "0.1")
         model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(),
                               nn.Linear(8, 2))
-        net = ps.torch.wrap(model, ps.Client(servers=s.endpoint))
+        net = ps.torch.wrap(model, ps.Client(servers=s.endpoint, mode="async"))
         ex = net.exchange
         events = []
         grad_ready = ex._grad_ready
@@ -254,7 +256,7 @@ class Wrapper(unittest.TestCase):
         model = Net(1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         with self.assertRaises(ps.PSError) as cm:
-            ps.torch.DistributedOptimizer(model, opt, ps.Client(servers=s.endpoint))
+            ps.torch.DistributedOptimizer(model, opt, ps.Client(servers=s.endpoint, mode="async"))
         self.assertEqual(cm.exception.code, ps.EMISMATCH)
         self.assertIn("lr: server has 0.05, worker 0 has 0.1", str(cm.exception))
 
@@ -422,7 +424,8 @@ class EndToEnd(unittest.TestCase):
         s = pstest.Server("--num-workers", "1", "--mode", "async", "--optimizer", "momentum",
                           "--lr", "0.05", "--momentum", "0.9")
         out = subprocess.run([pstest.PYTHON, os.path.join(ROOT, "examples/torch_fashion_mnist.py"),
-                              "--servers", s.endpoint, "--steps", "100", "--test-samples", "2000",
+                              "--servers", s.endpoint, "--mode", "async", "--steps", "100",
+                              "--test-samples", "2000",
                               "--optimizer", "momentum", "--lr", "0.05", "--log-every", "50"],
                              capture_output=True, text=True, timeout=240)
         self.assertEqual(out.returncode, 0, out.stderr[-2000:])
@@ -436,7 +439,7 @@ class EndToEnd(unittest.TestCase):
 
     def test_python_push_pull_example_prints_w0_after_one_step(self):
         s = pstest.Server("--num-workers", "1", "--mode", "async", "--lr", "0.5")
-        env = dict(os.environ, PS_SERVERS=s.endpoint)
+        env = dict(os.environ, PS_SERVERS=s.endpoint, PS_MODE="async")
         out = subprocess.run([pstest.PYTHON, os.path.join(ROOT, "examples/python_push_pull.py")],
                              capture_output=True, text=True, timeout=60, env=env, cwd="/")
         self.assertEqual(out.returncode, 0, out.stderr)
