@@ -151,7 +151,7 @@ if [ "$NUMPY" != 1 ]; then
 else
     server pyserver
     cp "$ROOT/examples/python_push_pull.py" "$T/push_pull.py"
-    (cd "$T" && $E PS_SERVERS="$ep" timeout 60 "$B/run" /usr/bin/python3 push_pull.py \
+    (cd "$T" && $E PS_SERVERS="$ep" PS_MODE=async timeout 60 "$B/run" /usr/bin/python3 push_pull.py \
         >"$T/python.log" 2>&1)
     rc=$?
     stop

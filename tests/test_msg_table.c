@@ -244,7 +244,7 @@ static int ask(void *s, uint32_t t, int rank, uint64_t seq, ps_header *r)
 PS_TEST(the_server_dispatches_every_type_as_its_row_says)
 {
     ps_test_server sv;
-    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --quiet"));
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --mode async --quiet"));
     void *w0 = ps_test_dealer(sv.port), *w1 = ps_test_dealer(sv.port);
     void *tool = ps_test_dealer(sv.port);
     ps_header r;
