@@ -24,6 +24,13 @@ size_t ps_dataset_sample_size(const ps_dataset *ds)
     return (size_t)ds->channels * ds->height * ds->width;
 }
 
+/* Which reader takes a --data spec is decided here, so data_ctr.c (the
+ * click-through readers) needs this file and not the other way round. */
+int ps_dataset_is_ctr(const char *spec)
+{
+    return spec && (strncmp(spec, "synthetic-ctr:", 14) == 0 || strncmp(spec, "criteo:", 7) == 0);
+}
+
 void ps_dataset_free(ps_dataset *ds)
 {
     if (!ds)

@@ -35,11 +35,6 @@ fail:
     return NULL;
 }
 
-int ps_dataset_is_ctr(const char *spec)
-{
-    return spec && (strncmp(spec, "synthetic-ctr:", 14) == 0 || strncmp(spec, "criteo:", 7) == 0);
-}
-
 /* ---- synthetic ------------------------------------------------------------
  * The constants and formulas are python/ps/data_ctr.py's (its docstring
  * states them); a change here is a change there. */
