@@ -58,7 +58,7 @@ static const char usage_examples[] =
     "  ps_launch --servers 1 --workers 2 --gpus none --timeline-dir out/tl -- --steps 300\n"
     "  ps_launch --hostfile hosts.txt --dry-run -- --model cnn --epochs 5\n"
     "  ps_launch --servers 2 --workers 2 --mode async --lr 0.01 --optimizer adam \\\n"
-    "      --exec python3 examples/torch_fashion_mnist.py --epochs 2\n"
+    "      --exec /usr/bin/python3 examples/torch_fashion_mnist.py --epochs 2\n"
     "Over ssh each remote command runs under 'ps_launch --remote-child PROGRAM ARGS',\n"
     "which takes ps_launch's signals from the connection, stops PROGRAM when the\n"
     "connection ends, and reports how it ended.\n"
@@ -146,8 +146,8 @@ static int pick_ports(int n, int *ports, char *why, size_t len)
 }
 
 /* Can PROGRAM be run as execvp would: a path with '/' that is executable,
- * or a name found executable in PATH. */
-static int runnable(const char *prog)
+ * or a name found executable in PATH (its file then in found). */
+static int runnable(const char *prog, char *found, size_t cap)
 {
     if (strchr(prog, '/'))
         return access(prog, X_OK) == 0;
@@ -156,9 +156,8 @@ static int runnable(const char *prog)
         path = "/usr/local/bin:/usr/bin:/bin";
     for (const char *d = path;;) {
         size_t n = strcspn(d, ":");
-        char full[PATH_MAX];
-        snprintf(full, sizeof full, "%.*s/%s", (int)n, n ? d : ".", prog);
-        if (access(full, X_OK) == 0)
+        snprintf(found, cap, "%.*s/%s", (int)n, n ? d : ".", prog);
+        if (access(found, X_OK) == 0)
             return 1;
         if (!d[n])
             return 0;
@@ -172,11 +171,17 @@ static int runnable(const char *prog)
 static int check_local(const ps_launch_opts *o, const ps_launch_plan *plan, const char *bin_dir)
 {
     static const char *const progs[] = {"ps_server", "ps_worker"};
-    if (o->exec && !runnable(o->exec[0])) {
+    char found[PATH_MAX];
+    if (o->exec && !runnable(o->exec[0], found, sizeof found)) {
         fprintf(stderr, P ": --exec: cannot run '%s': %s\n", o->exec[0],
                 strchr(o->exec[0], '/') ? strerror(errno) : "not found in PATH");
         return 2;
     }
+    /* a bare name is whatever comes first on PATH: often another python3
+     * than the one with the modules the program needs; say which */
+    if (o->exec && !strchr(o->exec[0], '/'))
+        fprintf(stderr, P ": --exec %s is %s (the first on PATH; give a path, e.g. "
+                "/usr/bin/%s, for another)\n", o->exec[0], found, o->exec[0]);
     for (int k = 0; k < (o->exec ? 1 : 2); k++) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/%s", bin_dir, progs[k]);

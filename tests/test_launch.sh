@@ -621,4 +621,20 @@ stop_case() { # SIGNAL WANTED-STATUS
 stop_case TERM 143
 stop_case INT 130
 
+# --exec with a bare name: the file PATH gave it is said before anything runs
+# (a python3 first on PATH is often not the one with the modules needed)
+case=launch_exec_says_which_file_a_bare_program_name_is
+out=$T/exec_bare.out
+PATH="$T/pathdir:$PATH"
+mkdir -p "$T/pathdir" && printf '#!/bin/sh\nexit 0\n' >"$T/pathdir/ps_fake_prog" &&
+    chmod +x "$T/pathdir/ps_fake_prog"
+timeout 60 "$LAUNCH" --servers 1 --workers 1 --exec ps_fake_prog >"$out" 2>&1
+rc=$?
+if [ "$rc" -eq 0 ] && has "$out" "ps_launch: --exec ps_fake_prog is $T/pathdir/ps_fake_prog (the first on PATH"; then
+    pass $case
+else
+    fail $case "exit $rc; no line naming $T/pathdir/ps_fake_prog" "$out"
+fi
+kill_leftovers
+
 exit $failed
