@@ -19,6 +19,9 @@ for section in README.md:ps_server README.md:ps_worker README.md:ps_launch \
         status=1
         continue
     fi
+    # the table's links are written from the top of the tree: from docs/ they
+    # name the file beside
+    case "$DOC" in docs/*) sed -i 's#](docs/#](#g' "$T/want" ;; esac
     # the section's lines, without the markers
     awk -v p="$prog" '$0 == "<!-- /flags -->" { s = 0 } s { print } $0 == "<!-- flags:" p " -->" { s = 1; n++ }
         END { if (n != 1) exit 1 }' "$DOC" >"$T/have" ||
