@@ -219,7 +219,7 @@ PS_TEST(a_deleted_checkpoint_dir_is_made_again)
         CHECK_OK(next_reply(a, PS_TEST_RPC_MS, &r));
         CHECK_MSG(r.type == PS_MSG_PUSH, "push %d: %s", t, r.err_text);
     }
-    CHECK_OK(ps_test_wait_for_text(sv.log, "was gone: made it again", 3000, sv.pid));
+    CHECK_OK(ps_test_wait_for_text(sv.log, "was gone: made it again", 15000, sv.pid));
     struct stat st;
     CHECK_EQ_INT(stat(dir, &st), 0);
     CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);

@@ -36,6 +36,10 @@ for p in ps_server ps_worker; do
 done
 mkdir -p "$T/bin"
 cp "$BIN/ps_server" "$BIN/ps_worker" "$T/bin/"
+# Open MPI's session directory in our own temp dir: two mpiruns of one user
+# (another test run, a user's job) share /tmp/ompi.HOST.UID and can collide
+# ("orte_session_dir failed ... File exists")
+export OMPI_MCA_orte_tmpdir_base=$T
 ROOTFLAG=""
 [ "$(id -u)" -eq 0 ] && ROOTFLAG=--allow-run-as-root
 if ! timeout 30 mpirun $ROOTFLAG --oversubscribe -np 2 true >"$T/probe.out" 2>&1; then
