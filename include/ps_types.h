@@ -73,6 +73,18 @@ enum ps_opt_kind {
     PS_OPT_ADAM = 5
 };
 #define PS_OPT_KIND_MAX 5
+/* FTRL-proximal: tables only (ps_client.h, ps_table_options), the kind after
+ * the dense ones.  Its hyper-parameters: lr (FTRL's alpha), weight_decay,
+ * and ps_table_options' ftrl_beta, ftrl_l1, ftrl_l2. */
+#define PS_TABLE_OPT_FTRL 6
+
+/* A table row's first values (ps_table_options.init), pure functions of
+ * (seed, table, id): docs/PROTOCOL.md "Tables" has the formulas. */
+enum ps_table_init {
+    PS_TABLE_INIT_ZEROS = 0,
+    PS_TABLE_INIT_UNIFORM = 1, /* uniform in [-scale, scale) */
+    PS_TABLE_INIT_NORMAL = 2   /* normal(0, scale) */
+};
 
 /* "sgd", ..., "none" for PS_OPT_NONE, "unknown" otherwise. */
 const char *ps_opt_name(int kind);
