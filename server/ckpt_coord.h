@@ -122,6 +122,11 @@ int ps_ckpt_coord_due(ps_ckpt_coord *c, int64_t now, uint64_t mut, uint64_t *tok
  * checkpoint, so a clean stop and --restore lose nothing. */
 int ps_ckpt_coord_final(ps_ckpt_coord *c, int64_t now, uint64_t mut, uint64_t *token);
 
+/* Is the snapshot just started (by ps_ckpt_coord_due or _final) a full one:
+ * every table partition whole?  Else each holds only the rows changed since
+ * the last checkpoint written (docs/OPERATIONS.md "Checkpoints"). */
+int ps_ckpt_coord_full(const ps_ckpt_coord *c);
+
 /* Owner i's lowest chunk version moved (PS_OUT_PROGRESS). */
 void ps_ckpt_coord_progress(ps_ckpt_coord *c, int i, int64_t min_version, int have);
 

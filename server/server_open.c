@@ -77,6 +77,7 @@ void ps_server_close(ps_server *s)
         ps_error("--timeline %s: cannot finish the file", s->timeline_path);
     ps_workers_destroy(s->workers);
     free(s->own);
+    free(s->tables);
     free(s->timeline_path);
     free(s->curve_dir);
     free(s->ckpt_dir);
@@ -173,6 +174,8 @@ static int open_owners(ps_server *s, char *why, size_t why_len)
     uc.mode = c->mode;
     uc.wire_dtype = c->wire_dtype;
     uc.num_workers = c->num_workers;
+    uc.num_servers = c->num_servers;
+    uc.nparts = c->threads;
     uc.trace = s->trace;
     uc.hold_inits = pol->on;
     uc.durable = pol->durable;
