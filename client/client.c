@@ -11,6 +11,7 @@
 #include "ps_client.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -238,16 +239,6 @@ int ps_client_register_table(ps_client *c, uint64_t key, const ps_table_options 
     ps_table_decl_normalize(&c->tables[c->ntables].opts);
     c->ntables++;
     return 0;
-}
-
-/* The model fingerprint of the hello: the tensors' (ps_placement_fingerprint),
- * continued over every table's declaration when there are tables. */
-static uint64_t model_fingerprint(const ps_client *c)
-{
-    uint64_t h = ps_placement_fingerprint(c->specs, c->nspecs, c->chunk_elems);
-    for (size_t t = 0; t < c->ntables; t++)
-        h = ps_table_decl_hash(h, c->tables[t].key, &c->tables[t].opts);
-    return h ? h : 1;
 }
 
 int ps_client_server_parts(const ps_client *c, int server)
@@ -654,7 +645,9 @@ int ps_client_start(ps_client *c)
     hq->num_workers = (uint32_t)c->opt.num_workers;
     hq->num_servers = (uint32_t)c->nservers;
     hq->server_rank = -1;
-    hq->model_fp = model_fingerprint(c);
+    hq->model_fp = ps_placement_fingerprint(c->specs, c->nspecs, c->chunk_elems);
+    hq->tables_fp = ps_table_decl_fingerprint(c->tables, c->ntables, sizeof *c->tables,
+                                              offsetof(psc_table, key), offsetof(psc_table, opts));
     hq->opt = c->opt.expect;
     hq->wire_dtype = c->wire_dtype;
     if ((rc = psc_shm_setup(c)) != 0) {

@@ -313,7 +313,8 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
         size_t nagreed = 0;
         for (int i = 0; i < ps_hello_nagreed(); i++)
             nagreed += (size_t)ps_hello_sends(o, i);
-        msgpack_pack_map(&pk, 3 + nagreed + (size_t)nopt + (o->token != 0) + nshm + nth);
+        msgpack_pack_map(&pk, 3 + nagreed + (size_t)nopt + (o->token != 0) + nshm + nth +
+                                  (o->tables_fp != 0));
         for (int i = 0; i < ps_hello_nagreed(); i++)
             if (ps_hello_sends(o, i))
                 pk_i64(&pk, ps_hello_agreed(i)->hello, ps_hello_get(o, i));
@@ -343,6 +344,8 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
         }
         if (nth)
             pk_u64(&pk, "th", o->threads);
+        if (o->tables_fp)
+            pk_u64(&pk, "tfp", o->tables_fp);
     }
     if (is_stats) {
         const ps_stats *s = &h->stats;
@@ -575,7 +578,7 @@ static int once(uint64_t *seen, int i, const char *where, const char *name, char
 }
 
 static const char *const hello_keys[] = {"sr", "fp", "opt", "tok", "sa", "sk", "sz", "sm", "sw",
-                                         "th"};
+                                         "th", "tfp"};
 enum { HK_N = sizeof hello_keys / sizeof hello_keys[0] };
 
 /* Index of k among the agreed settings' keys (ps_hello_agreed), or -1. */
@@ -645,6 +648,7 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
             continue;
         }
         case 9: FIELD_U(v, "h.th", o->threads, 1, PS_SERVER_MAX_THREADS); continue;
+        case 10: FIELD_U(v, "h.tfp", o->tables_fp, 0, UINT64_MAX); continue;
         default: break;
         }
         const ps_opt_param *r = ps_opt_param_at(p);

@@ -93,6 +93,9 @@ typedef struct ps_hello {
                                worker); 0 = none, left out of the map */
     uint32_t threads;       /* reply: the server's update threads, the partitions of each
                                of its tables (key "th"); 0 in a request (not sent) */
+    uint64_t tables_fp;     /* the tables' fingerprint (ps_table_decl_fingerprint, key
+                               "tfp"): request: the worker's tables; reply: those the
+                               server compares it with; 0 = no tables, not sent */
 } ps_hello;
 
 typedef struct ps_header {
@@ -224,7 +227,8 @@ void ps_hello_set(ps_hello *h, int i, int64_t v);
 int ps_hello_sends(const ps_hello *h, int i);
 
 /* Compare two configs: every agreed setting, then the model fingerprint
- * (when both give one), then with check_opt the optimizer (ps_opt_compare).
+ * and the tables' (each when both give one), then with check_opt the
+ * optimizer (ps_opt_compare).
  * On mismatch returns PS_EMISMATCH and writes a message naming the setting
  * and both sides' values ("mode: worker 0 has sync, server has async"). */
 int ps_hello_compare(const ps_hello *a, const char *a_name, const ps_hello *b, const char *b_name,

@@ -174,3 +174,32 @@ uint64_t ps_table_decl_hash(uint64_t h, uint64_t key, const ps_table_options *o)
 #undef HASH_FIELD_
     return ps_opt_hash(h, &x.opt);
 }
+
+uint64_t ps_table_decl_fingerprint(const void *base, size_t n, size_t stride, size_t key_off,
+                                   size_t decl_off)
+{
+    if (!n)
+        return 0;
+    const char *b = base;
+    uint64_t h = PS_FNV1A_BASIS, last = 0;
+    /* in key order: each step the smallest key above the last (n is small) */
+    for (size_t done = 0; done < n; done++) {
+        size_t pick = n;
+        uint64_t best = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t k;
+            memcpy(&k, b + i * stride + key_off, sizeof k);
+            if ((done == 0 || k > last) && (pick == n || k < best)) {
+                best = k;
+                pick = i;
+            }
+        }
+        if (pick == n)
+            break;
+        ps_table_options o;
+        memcpy(&o, b + pick * stride + decl_off, sizeof o);
+        h = ps_table_decl_hash(h, best, &o);
+        last = best;
+    }
+    return h ? h : 1;
+}

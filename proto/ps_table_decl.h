@@ -58,6 +58,14 @@ int ps_table_decl_compare(uint64_t key, const ps_table_options *a, const char *a
  * tables (docs/PROTOCOL.md "Tables"). */
 uint64_t ps_table_decl_hash(uint64_t h, uint64_t key, const ps_table_options *o);
 
+/* The tables' fingerprint of the hello (`tfp`): FNV-1a over every table's
+ * key and declaration (ps_table_decl_hash) in the order of their keys, so
+ * the order they were declared in does not matter; 0 is sent as 1.  The
+ * tables are n entries of `stride` bytes from base, each with its key at
+ * key_off and its ps_table_options at decl_off.  0 for none. */
+uint64_t ps_table_decl_fingerprint(const void *base, size_t n, size_t stride, size_t key_off,
+                                   size_t decl_off);
+
 /* The declaration as the comparison sees it: the optimizer's kind resolved,
  * what its kind does not use at the defaults.  Checkpoints keep this form. */
 void ps_table_decl_normalize(ps_table_options *o);

@@ -69,6 +69,7 @@ struct ps_server {
     _Atomic uint64_t copies;     /* of which reply copies */
     ps_peers *peers;             /* what each peer's unread replies hold */
     uint64_t model_fp;
+    uint64_t tables_fp;      /* the first accepted worker's, or the restored tables' */
     ps_workers *workers;
     ps_barriers *barriers;
     ps_stats_reqs *stats;
@@ -115,6 +116,8 @@ srv_table *srv_add_table(ps_server *s, uint64_t key, const ps_table_options *dec
                          uint64_t snap, int restored);
 /* What the update threads' table partitions are made with. */
 ps_tparts_config srv_tparts_config(ps_server *s);
+/* The tables' fingerprint of the tables declared here (a hello's `tfp`). */
+uint64_t srv_tables_fp(const ps_server *s);
 /* Give update thread i what its outbox holds, as far as its PAIR takes it. */
 void srv_flush_outbox(ps_server *s, int i);
 /* No checkpoint is started by schedule from here on; one that completes is

@@ -5,6 +5,7 @@
 #include "server_internal.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
@@ -107,11 +108,17 @@ srv_table *srv_add_table(ps_server *s, uint64_t key, const ps_table_options *dec
     return t;
 }
 
+uint64_t srv_tables_fp(const ps_server *s)
+{
+    return ps_table_decl_fingerprint(s->tables, s->ntables, sizeof *s->tables,
+                                     offsetof(srv_table, key), offsetof(srv_table, decl));
+}
+
 ps_tparts_config srv_tparts_config(ps_server *s)
 {
     const ps_server_config *c = &s->cfg;
-    return (ps_tparts_config){c->mode, c->max_staleness, c->num_workers, c->num_servers,
-                              c->threads, c->max_memory, &s->mem_used};
+    return (ps_tparts_config){c->mode,    c->max_staleness, c->num_workers, c->num_servers,
+                              c->threads, 0,                c->max_memory,  &s->mem_used};
 }
 
 /* From here on no checkpoint is started by schedule, and one that completes

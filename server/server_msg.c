@@ -41,6 +41,7 @@ static ps_hello my_hello(const ps_server *s)
     h.num_servers = (uint32_t)s->cfg.num_servers;
     h.server_rank = s->cfg.rank;
     h.model_fp = s->model_fp;
+    h.tables_fp = s->tables_fp;
     h.opt = s->cfg.opt;
     h.wire_dtype = s->cfg.wire_dtype;
     h.threads = (uint32_t)s->cfg.threads;
@@ -103,6 +104,22 @@ void srv_check_workers(ps_server *s, int64_t now)
     }
 }
 
+/* A worker's tables differ from this server's (why: the hello's refusal):
+ * say what this server has, as far as the text goes, and where they come
+ * from, so the worker's log names both. */
+static void tables_said(ps_server *s, char *why, size_t why_len)
+{
+    size_t off = strlen(why);
+    off += (size_t)snprintf(why + off, why_len - off, "; %s has ",
+                            s->tables[0].restored ? "its checkpoint" : "this server");
+    for (size_t i = 0; i < s->ntables && off < why_len; i++) {
+        const ps_table_options *d = &s->tables[i].decl;
+        off += (size_t)snprintf(why + off, why_len - off, "%stable %llu (dim %u, %s)",
+                                i ? ", " : "", (unsigned long long)s->tables[i].key, d->dim,
+                                ps_table_opt_name(d->opt.kind));
+    }
+}
+
 /* ================= one handler per message type ================= */
 
 /* Each gets a request that the dispatch (io_message) checked against its
@@ -132,6 +149,8 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
             h->rank, s->cfg.num_workers);
         rc = PS_EPROTO;
     }
+    if (rc == PS_EMISMATCH && !strncmp(why, "tables:", 7) && s->ntables)
+        tables_said(s, why, sizeof why);
     if (rc) {
         io_error(s, &f[0], h, rc, why);
         return;
@@ -157,11 +176,13 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     } else {
         ps_debug("hello from a tool (rank -1)");
     }
-    /* the first fingerprint an accepted worker gives is the model's */
+    /* the first fingerprints an accepted worker gives are the model's */
     if (h->hello.model_fp && !s->model_fp) {
         s->model_fp = h->hello.model_fp;
         ps_info("model fingerprint %016llx (from %s)", (unsigned long long)s->model_fp, who);
     }
+    if (h->hello.tables_fp && !s->tables_fp)
+        s->tables_fp = h->hello.tables_fp;
     ps_header r;
     ps_reply_header(&r, PS_MSG_HELLO, h->seq, h->rank, h->key, h->chunk);
     r.hello = my_hello(s);

@@ -315,6 +315,21 @@ int ps_table_pull(ps_table *t, const uint64_t *ids, size_t n, float *out, size_t
     size_t d = t->cfg.dim;
     if (out_len != n * d)
         return size_error(t, "pull", n, out_len, why, why_len);
+    if (t->cfg.passive_pulls) { /* nothing created, nothing touched */
+        for (size_t i = 0; i < n; i++) {
+            float *o = out + i * d;
+            uint32_t e = tbl_lookup(&t->r, ids[i]);
+            if (e) {
+                memcpy(o, tbl_rec_w(tbl_rec(&t->r, e - 1)), d * sizeof(float));
+                continue;
+            }
+            ps_table_initial_row(&t->cfg, ids[i], o);
+            if (t->cells && filter_sight(t, ids[i]) < t->cfg.min_count)
+                t->st.filtered_pulls++;
+        }
+        t->st.pulled += n;
+        return 0;
+    }
     uint64_t gen;
     int rc = look_up(t, ids, n, &gen, why, why_len);
     if (rc)
@@ -625,6 +640,16 @@ const uint64_t *ps_table_deleted(const ps_table *t, size_t *n)
 
 void ps_table_mark_clean(ps_table *t) { tbl_mark_clean(&t->r); }
 
+int ps_table_delta_ok(const ps_table *t) { return t->r.tracking && !t->r.deleted_lost; }
+
+int ps_table_touch(ps_table *t, uint64_t id)
+{
+    uint32_t e = tbl_lookup(&t->r, id);
+    if (e)
+        tbl_touch(&t->r, e - 1);
+    return e != 0;
+}
+
 int ps_table_restore_row(ps_table *t, const ps_table_row_view *v, char *why, size_t why_len)
 {
     if (v->dim != t->cfg.dim || v->nstate != t->nstate) {
@@ -701,6 +726,19 @@ void ps_table_stats(const ps_table *t, ps_table_counts *out)
     out->bytes = t->r.bytes;
     out->slots = t->r.slot_cap;
     out->hash_entries = t->r.hcap;
+}
+
+void ps_table_set_counters(ps_table *t, const ps_table_counts *c)
+{
+    t->r.created = t->r.evicted = 0;
+    t->st.created = c->created;
+    t->st.evicted = c->evicted;
+    t->st.filtered_pulls = c->filtered_pulls;
+    t->st.filtered_pushes = c->filtered_pushes;
+    t->st.pulled = c->pulled;
+    t->st.pushed = c->pushed;
+    t->st.updated = c->updated;
+    t->st.rounds = c->rounds;
 }
 
 void ps_table_add_counters(ps_table *t, const ps_table_counts *b)

@@ -48,7 +48,8 @@
  * Optional per table:
  *  - a row cap (max_rows): creating a row in a full table first evicts the
  *    least recently touched row, exactly (an intrusive doubly linked list of
- *    32-bit slots; a pull, a push or a restore touches a row).  Set it well
+ *    32-bit slots; a pull, a push or a restore touches a row; with
+ *    passive_pulls a pull does not).  Set it well
  *    above the rows of a request or a round: a row evicted between a pull and
  *    its push comes back with the initializer's values before the update;
  *  - a frequency filter (min_count N >= 2, as Monolith's): an id gets a row
@@ -109,6 +110,13 @@ typedef struct ps_table_config {
     uint64_t max_rows;      /* 0: no cap; else evict the least recently touched */
     uint32_t min_count;     /* frequency filter: 0 or 1 off; N <= 255: a row at the Nth pull */
     uint32_t filter_cells;  /* its size in cells (bytes); 0: PS_TABLE_FILTER_CELLS */
+    /* A pull creates no row and touches none (a missing row's values are the
+     * initializer's; the filter still counts the sighting): rows are created
+     * and touched by updates alone.  For a capped table in sync mode, whose
+     * LRU order would otherwise follow the order the workers' pulls arrive
+     * in, and its evictions with it: with it the order follows the rounds,
+     * and a run is repeatable. */
+    int passive_pulls;
     uint64_t max_memory;        /* bytes, over everything sharing mem_used */
     _Atomic uint64_t *mem_used; /* shared charge; NULL: a private counter */
 } ps_table_config;
@@ -232,6 +240,15 @@ const uint64_t *ps_table_deleted(const ps_table *t, size_t *n);
  * deletion list, and record deletions from now on.  After restoring a chain
  * of checkpoints, call it so that the next delta holds only later changes. */
 void ps_table_mark_clean(ps_table *t);
+/* Can the next checkpoint hold only what changed (the dirty rows and the
+ * deletion list) since the last ps_table_mark_clean?  0 before the first
+ * mark (every row must go in: rows evicted before it were not recorded) and
+ * after a deletion could not be recorded. */
+int ps_table_delta_ok(const ps_table *t);
+/* Make row id the most recently touched (a capped table; else nothing):
+ * touching every row in a checkpoint's LRU order restores that order.  0
+ * when there is no such row. */
+int ps_table_touch(ps_table *t, uint64_t id);
 
 /* Put a row back from a checkpoint: created (whatever the filter says;
  * evicting in a full capped table) or overwritten, with v's values, state
@@ -252,6 +269,10 @@ void ps_table_stats(const ps_table *t, ps_table_counts *out);
 /* Add base counters (restored from a checkpoint) to the cumulative ones
  * (created, evicted, filtered, pulled, pushed, updated, rounds). */
 void ps_table_add_counters(ps_table *t, const ps_table_counts *base);
+/* Set the cumulative counters to c's (restored from a checkpoint, after the
+ * rows: what restoring them counted is forgotten); the lookups, probes and
+ * what describes memory are not set. */
+void ps_table_set_counters(ps_table *t, const ps_table_counts *c);
 /* Bytes of one row's values, optimizer state and update count: what a row
  * needs anyway; ps_table_stats' bytes less rows times this is the store's
  * overhead. */

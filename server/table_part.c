@@ -148,6 +148,9 @@ int ps_tparts_make_store(const ps_tparts_config *cfg, uint64_t key, const ps_tab
         uint64_t cells = share(cfg, d.filter_cells);
         c.filter_cells = (uint32_t)(cells < 64 ? 64 : cells);
     }
+    /* sync, capped: the LRU order (and so which row is evicted) follows the
+     * rounds, not the order the workers' pulls arrive in */
+    c.passive_pulls = cfg->mode == PS_MODE_SYNC && c.max_rows;
     c.max_memory = cfg->max_memory;
     c.mem_used = cfg->mem_used;
     return ps_table_create(&c, out, why, why_len);
@@ -561,7 +564,8 @@ int ps_tparts_view(const ps_tparts *t, size_t i, ps_tpart_view *v)
     if (i >= t->n)
         return 0;
     const tpart *p = t->parts[i];
-    *v = (ps_tpart_view){p->key, &p->decl, ps_table_version(p->store), p->clock, p->store};
+    *v = (ps_tpart_view){p->key, (uint32_t)t->cfg.part, &p->decl, ps_table_version(p->store),
+                         p->clock, p->store};
     return 1;
 }
 
@@ -585,6 +589,12 @@ int ps_tparts_restored(ps_tparts *t, uint64_t key, int64_t version, const int64_
         }
     }
     return 0;
+}
+
+ps_table *ps_tparts_store(ps_tparts *t, uint64_t key)
+{
+    tpart *p = find(t, key);
+    return p ? p->store : NULL;
 }
 
 int ps_tparts_table_counts(const ps_tparts *t, uint64_t key, ps_table_counts *out)

@@ -77,6 +77,7 @@ typedef struct ps_tparts_config {
     int num_workers;
     int num_servers;   /* S, and the partitions of each table here (P): a row cap or */
     int nparts;        /* filter of the whole table is split over S x P partitions */
+    int part;          /* the partition this thread owns (its index, < nparts) */
     uint64_t max_memory;         /* bytes, over everything sharing mem_used */
     _Atomic uint64_t *mem_used;  /* shared charge; NULL: a private counter */
 } ps_tparts_config;
@@ -152,6 +153,7 @@ uint64_t ps_tparts_jumped(const ps_tparts *t);
  * that changes t. */
 typedef struct ps_tpart_view {
     uint64_t key;
+    uint32_t part;          /* its partition index (the owning thread's) */
     const ps_table_options *decl; /* normalized */
     int64_t version;
     const int64_t *clock;   /* num_workers entries */
@@ -168,6 +170,9 @@ int ps_tparts_view(const ps_tparts *t, size_t i, ps_tpart_view *v);
  * each rank's first push may skip, as ps_shard_restore_chunk's).
  * PS_ENOTFOUND when the table is not declared here. */
 int ps_tparts_restored(ps_tparts *t, uint64_t key, int64_t version, const int64_t *clock);
+
+/* The store of table `key` here (a restore fills it), or NULL. */
+ps_table *ps_tparts_store(ps_tparts *t, uint64_t key);
 
 /* The table's counters here (its partition's store). */
 int ps_tparts_table_counts(const ps_tparts *t, uint64_t key, ps_table_counts *out);

@@ -803,15 +803,18 @@ static void upd_send_stats(ps_updater *u, char tag, uint64_t token, const ps_sta
     zmq_send(u->pair, &of, sizeof of, 0);
 }
 
-/* PS_CMD_CKPT: serialize every chunk now, between two requests, so each chunk is
- * in the checkpoint with whole updates only; the I/O thread takes the buffer. */
-static void upd_checkpoint(ps_updater *u, uint64_t token)
+/* PS_CMD_CKPT: serialize every chunk and table partition now, between two
+ * requests, so each is in the checkpoint with whole updates only (full: every
+ * partition whole; else each as a delta where its table allows); the I/O
+ * thread takes the buffers. */
+static void upd_checkpoint(ps_updater *u, uint64_t token, int full)
 {
     int64_t t0 = ps_now_ns();
     ps_ckpt_frame cf;
     memset(&cf, 0, sizeof cf);
     cf.token = token;
-    cf.rc = ps_ckpt_serialize(u->shard, u->cfg.mode, u->cfg.num_workers, &cf.part);
+    cf.rc = ps_ckpt_serialize(u->shard, u->tparts, u->cfg.mode, u->cfg.num_workers, full,
+                              &cf.part);
     if (!cf.rc) /* an init of these chunks waits for this checkpoint at most */
         ps_shard_mark_snapshot(u->shard, token);
     char tag = PS_OUT_CKPT;
@@ -875,7 +878,7 @@ static void *upd_main(void *arg)
             } else if (cf.cmd == PS_CMD_STOP) {
                 stop = 1;
             } else if (cf.cmd == PS_CMD_CKPT) {
-                upd_checkpoint(u, cf.ckpt_seq);
+                upd_checkpoint(u, cf.ckpt_seq, cf.ckpt_full);
             } else if (cf.cmd == PS_CMD_LIVE) {
                 ps_shard_set_live(u->shard, cf.rank, cf.live);
                 ps_tparts_set_live(u->tparts, cf.rank, cf.live);
@@ -947,8 +950,8 @@ int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, v
     }
     ps_shard_set_trace(u->shard, cfg->trace, 1 + cfg->idx);
     ps_shard_set_merge(u->shard, hook_merge);
-    ps_tparts_config tc = {sc->mode, sc->max_staleness, sc->num_workers, cfg->num_servers,
-                           cfg->nparts, sc->max_memory, sc->mem_used};
+    ps_tparts_config tc = {sc->mode,     sc->max_staleness, sc->num_workers, cfg->num_servers,
+                           cfg->nparts,  cfg->idx,          sc->max_memory, sc->mem_used};
     ps_tparts_hooks th = {u, thook_release, thook_ready, hook_cancel, hook_merge};
     rc = ps_tparts_create(&tc, &th, &u->tparts);
     if (rc) {

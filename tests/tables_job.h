@@ -19,7 +19,7 @@ typedef struct tj_job {
     int S, W;
     int pid[TJ_MAX], port[TJ_MAX];
     char log[TJ_MAX][512];
-    char flags[512];      /* every server's flags besides --bind, --rank and the counts */
+    char flags[1024];     /* every server's flags besides --bind, --rank and the counts */
     char eps[512];
     ps_client *c[TJ_MAX];
     uint64_t table;
@@ -56,9 +56,9 @@ static inline int tj_wait(ps_request *r)
 static inline int tj_server(tj_job *j, int k, const char *more)
 {
     static int count;
-    char words[1024];
+    char words[2048];
     snprintf(words, sizeof words, "--bind tcp://127.0.0.1:%d --rank %d --num-servers %d "
-             "--num-workers %d --quiet %s %s", j->port[k], k, j->S, j->W, j->flags, more);
+             "--num-workers %d %s %s", j->port[k], k, j->S, j->W, j->flags, more);
     snprintf(j->log[k], sizeof j->log[k], "%s/tserver%d-%d.log", ps_test_tmpdir(), k, count++);
     j->pid[k] = ps_test_spawn_words("ps_server", words, j->log[k]);
     return j->pid[k] > 0 ? 0 : -1;
