@@ -6,6 +6,7 @@
 #define TABLES_JOB_H
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -25,6 +26,8 @@ typedef struct tj_job {
     uint64_t table;
     ps_table_options topt;
     int mode;
+    int max_staleness;    /* async: -1 (default) or k */
+    int wire_dtype;       /* the clients' (0: float32) */
 } tj_job;
 
 static inline int tj_have_server(void)
@@ -73,7 +76,7 @@ static inline int tj_client(tj_job *j, int r)
     o.rank = r;
     o.num_workers = j->W;
     o.mode = j->mode;
-    o.max_staleness = j->mode == PS_MODE_ASYNC ? -1 : 0;
+    o.max_staleness = j->mode == PS_MODE_ASYNC ? j->max_staleness : 0;
     o.hello_timeout_ms = TJ_WAIT_MS;
     o.request_timeout_ms = 2000;
     int rc = ps_client_open(&o, &j->c[r]);
@@ -81,7 +84,8 @@ static inline int tj_client(tj_job *j, int r)
         fprintf(stderr, "open: %s\n", ps_client_last_error(NULL));
         return rc;
     }
-    if ((rc = ps_client_register_table(j->c[r], j->table, &j->topt)) != 0 ||
+    if ((j->wire_dtype && (rc = ps_client_set_wire_dtype(j->c[r], j->wire_dtype)) != 0) ||
+        (rc = ps_client_register_table(j->c[r], j->table, &j->topt)) != 0 ||
         (rc = ps_client_start(j->c[r])) != 0) {
         fprintf(stderr, "worker %d: %s\n", r, ps_client_last_error(j->c[r]));
         ps_client_close(j->c[r]);
@@ -101,6 +105,8 @@ static inline int tj_prepare(tj_job *j, int S, int W, const char *flags, uint32_
     j->W = W;
     snprintf(j->flags, sizeof j->flags, "%s", flags);
     j->mode = strstr(flags, "--mode async") ? PS_MODE_ASYNC : PS_MODE_SYNC;
+    const char *k = strstr(flags, "--max-staleness ");
+    j->max_staleness = k ? atoi(k + 16) : -1;
     j->table = 7;
     ps_table_options_default(&j->topt);
     j->topt.dim = dim;
