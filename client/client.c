@@ -241,6 +241,8 @@ int ps_client_register_table(ps_client *c, uint64_t key, const ps_table_options 
     return 0;
 }
 
+int ps_client_num_tables(const ps_client *c) { return c ? (int)c->ntables : 0; }
+
 int ps_client_server_parts(const ps_client *c, int server)
 {
     return c && c->server_parts && server >= 0 && server < c->nservers

@@ -296,6 +296,8 @@ int ps_client_set_wire_dtype(ps_client *c, int dtype);
 
 /* Placement introspection (for tests and tools). */
 int ps_client_num_servers(const ps_client *c);
+/* The tables registered (ps_client_register_table). */
+int ps_client_num_tables(const ps_client *c);
 /* The partitions server `server` splits each table into (its update
  * threads, from its hello reply); 0 before start or for a bad index. */
 int ps_client_server_parts(const ps_client *c, int server);

@@ -8,6 +8,7 @@
 
 #include "ps_client.h"
 #include "ps_error.h"
+#include "ps_exchange.h"
 #include "ps_proto.h"
 #include "ps_table_row.h"
 #include "ps_test.h"
@@ -205,4 +206,29 @@ PS_TEST(libps_refuses_bad_table_requests_at_once)
     CHECK_EQ_INT(ps_client_sparse_push(j.c[0], 7, &id, 1, row, -1, &r), PS_EINVAL);
     CHECK_EQ_INT(ps_client_server_parts(j.c[0], 0), 1);
     CHECK_OK(tj_stop(&j));
+}
+
+/* Local aggregation does not take tables yet: an exchange in a local group
+ * whose client has a table refuses to start, saying so, before it opens
+ * the group or says hello. */
+PS_TEST(local_aggregation_with_a_table_is_refused_at_start)
+{
+    ps_client_options o;
+    ps_client_options_default(&o);
+    o.servers = "tcp://127.0.0.1:1";
+    ps_client *c;
+    CHECK_OK(ps_client_open(&o, &c));
+    ps_table_options t;
+    ps_table_options_default(&t);
+    t.dim = 4;
+    CHECK_OK(ps_client_register_table(c, 3, &t));
+    CHECK_EQ_INT(ps_client_num_tables(c), 1);
+    ps_backend *b;
+    CHECK_OK(ps_backend_host_create(&b));
+    ps_exchange *x;
+    CHECK_OK(ps_exchange_adopt(c, &o, b, &x));
+    CHECK_OK(ps_exchange_set_local_group(x, "tables-test", 0, 2, 1000));
+    CHECK_EQ_INT(ps_exchange_start(x), PS_EINVAL);
+    ps_exchange_close(x);
+    ps_backend_host_destroy(b);
 }
