@@ -356,6 +356,7 @@ int ps_ckpt_serialize(const ps_shard *s, ps_tparts *tp, int mode, int num_worker
     out->counters.pushes += t.pushes;
     out->counters.pulls += t.pulls;
     out->counters.updates += t.updates;
+    out->counters.dup_dropped += t.dup_dropped;
     /* every change so far is in this snapshot: the next delta starts here */
     for (size_t i = 0; i < out->nparts; i++) {
         ps_tpart_view v;

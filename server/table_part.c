@@ -43,7 +43,7 @@ struct ps_tparts {
     size_t n, cap;
     uint8_t *live;
     uint64_t ff_rounds, jumped;
-    uint64_t pushes, pulls, updates;
+    uint64_t pushes, pulls, updates, dups;
 };
 
 static tpart *find(const ps_tparts *t, uint64_t key)
@@ -358,9 +358,9 @@ static void advance(ps_tparts *t, tpart *p)
  * round.  The rounds in between died with the old process; go on from it. */
 static void fast_forward(ps_tparts *t, tpart *p, int64_t step)
 {
+    /* their round is lost with the old process, as a chunk's kept pushes */
     for (size_t i = 0; i < p->npend; i++)
-        t->hooks.release(t->hooks.user, p->pend[i].hold, PS_ECLOSED,
-                         "its round was skipped (fast-forward after a restore)");
+        t->hooks.release(t->hooks.user, p->pend[i].hold, 0, NULL);
     p->npend = 0;
     p->next_rank = 0;
     ps_table_round_cancel(p->store);
@@ -391,6 +391,7 @@ static int push_sync(ps_tparts *t, tpart *p, int rank, int64_t step, const uint6
      * passed (it rejoined mid-round: it joins the next one) */
     if (step < v || p->clock[rank] > step || rank < p->next_rank) {
         *dup = 1;
+        t->dups++;
         return 0;
     }
     if (rank == p->next_rank) {
@@ -427,6 +428,7 @@ static int push_async(ps_tparts *t, tpart *p, int rank, int64_t step, int64_t m,
 {
     if (step < p->clock[rank]) {
         *dup = 1;
+        t->dups++;
         return 0;
     }
     int jump = p->jump && (p->jump[rank / 64] >> (rank % 64) & 1);
@@ -535,6 +537,7 @@ void ps_tparts_stats(const ps_tparts *t, ps_stats *st)
     add.pushes = t->pushes;
     add.pulls = t->pulls;
     add.updates = t->updates;
+    add.dup_dropped = t->dups;
     add.partitions = t->n;
     for (size_t i = 0; i < t->n; i++) {
         ps_table_counts c;

@@ -39,6 +39,8 @@
  *    to the round; else the rows could not be added (PS_ETOOBIG, PS_ENOMEM:
  *    nothing of them is in the round, the rank's clock is back at the step,
  *    so a resend is taken) or the partition is being destroyed (PS_ECLOSED).
+ *    A fast-forward releases its kept pushes with 0: their round is lost
+ *    with the old process, as a chunk's.
  *  - pull and await may QUEUE a waiter (*queued = 1) and call exactly one of
  *    hooks.ready(user, waiter, version) (answer it now: the caller reads the
  *    rows with ps_tparts_rows inside the hook) or hooks.cancel at destroy;
@@ -138,9 +140,9 @@ void ps_tparts_set_live(ps_tparts *t, int rank, int live);
 
 /* Lowest partition version here; *have = 0 when no table is declared. */
 int64_t ps_tparts_min_version(const ps_tparts *t, int *have);
-/* Counters added to st: pushes, pulls, updates, bytes_in left to the caller;
- * partitions, rows, table_bytes, evicted, filtered; the version range
- * widened over the partitions. */
+/* Counters added to st: pushes, pulls, updates, dup_dropped (bytes_in is the
+ * caller's); partitions, rows, table_bytes, evicted, filtered; the version
+ * range widened over the partitions. */
 void ps_tparts_stats(const ps_tparts *t, ps_stats *st);
 /* Rounds skipped by fast-forwards, and async steps skipped by first pushes,
  * since a restore (as ps_shard_fast_forwards and ps_shard_jumped). */

@@ -449,6 +449,34 @@ static const float *frame_values(const ps_header *h, zmq_msg_t *pl, float **copy
     return *copy;
 }
 
+/* What a push (h) to a restored chunk or table partition skipped, said:
+ * steps of an async rank beyond its restored clock, rounds of a sync one
+ * fast-forwarded (the counts over both, and what was said already). */
+static void note_restore_skips(ps_updater *u, const ps_header *h)
+{
+    const char *what = ps_msg_is_sparse(h->type) ? "table %llu partition %u"
+                                                 : "key %llu chunk %u";
+    char where[64];
+    snprintf(where, sizeof where, what, (unsigned long long)h->key, h->chunk);
+    uint64_t jumped = ps_shard_jumped(u->shard) + ps_tparts_jumped(u->tparts);
+    if (jumped != u->jump_seen && ps_rlimit_allow(&u->rl)) {
+        ps_warn("%s: the first push of worker %d since the restore is step %lld, %llu beyond "
+                "its clock in the checkpoint: pushes the old process acknowledged after its "
+                "last checkpoint were lost with it (%llu steps in all so far)", where, h->rank,
+                (long long)h->push_step, (unsigned long long)(jumped - u->jump_seen),
+                (unsigned long long)jumped);
+        u->jump_seen = jumped;
+    }
+    uint64_t ff = ps_shard_fast_forwards(u->shard) + ps_tparts_fast_forwards(u->tparts);
+    if (ff != u->ff_seen && ps_rlimit_allow(&u->rl)) {
+        ps_warn("%s: worker %d pushed step %lld, beyond the round of the restored checkpoint; "
+                "skipped to it (%llu round(s) in all were lost with the old process; a "
+                "checkpoint every round loses none)", where, h->rank, (long long)h->push_step,
+                (unsigned long long)ff);
+        u->ff_seen = ff;
+    }
+}
+
 /* ---- tables: sparse pulls and pushes ----
  * Each returns 1 when r is kept (queued on its partition, or waiting with a
  * kept push): the caller must not free or reuse it; 0 when it was answered
@@ -622,6 +650,7 @@ static int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *
     }
     if (dup)
         ps_dup_log_note(&u->dup, h);
+    note_restore_skips(u, h);
     return upd_spush_done(u, r, h->push_step + m, version);
 }
 
@@ -727,25 +756,7 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
         }
         if (dup)
             ps_dup_log_note(&u->dup, h);
-        uint64_t jumped = ps_shard_jumped(u->shard);
-        if (jumped != u->jump_seen && ps_rlimit_allow(&u->rl)) {
-            ps_warn("key %llu chunk %u: the first push of worker %d since the restore is step "
-                    "%lld, %llu beyond its clock in the checkpoint: pushes the old process "
-                    "acknowledged after its last checkpoint were lost with it (%llu steps in "
-                    "all so far)", (unsigned long long)h->key, h->chunk, h->rank,
-                    (long long)h->push_step, (unsigned long long)(jumped - u->jump_seen),
-                    (unsigned long long)jumped);
-            u->jump_seen = jumped;
-        }
-        uint64_t ff = ps_shard_fast_forwards(u->shard);
-        if (ff != u->ff_seen && ps_rlimit_allow(&u->rl)) {
-            ps_warn("key %llu chunk %u: worker %d pushed step %lld, beyond the round of the "
-                    "restored checkpoint; skipped to it (%llu round(s) in all were lost with "
-                    "the old process; a checkpoint every round loses none)",
-                    (unsigned long long)h->key, h->chunk, h->rank, (long long)h->push_step,
-                    (unsigned long long)ff);
-            u->ff_seen = ff;
-        }
+        note_restore_skips(u, h);
         if (h->type == PS_MSG_PUSHPULL) /* the version after the pushes it holds */
             upd_pull(u, r, h->push_step + (h->npush > 1 ? h->npush : 1));
         else if (u->cfg.defer_acks)
