@@ -577,6 +577,35 @@ static int once(uint64_t *seen, int i, const char *where, const char *name, char
     return 0;
 }
 
+/* Hyper-parameter p of an optimizer map (the hello's `h`, a table's `tb`)
+ * into c, checked as its type; name (with the map's prefix) in messages. */
+static int decode_opt_param(const msgpack_object *v, const char *prefix, int p,
+                            ps_opt_config *c, char *why, size_t why_len)
+{
+    const ps_opt_param *r = ps_opt_param_at(p);
+    char name[16];
+    snprintf(name, sizeof name, "%s.%s", prefix, r->key);
+    if (r->is_int) {
+        uint64_t u;
+        FIELD_U(v, name, u, 0, (uint64_t)r->hi);
+        ps_opt_set(c, p, (double)u);
+    } else {
+        float f;
+        FIELD_F(v, name, f);
+        ps_opt_set(c, p, f);
+    }
+    return 0;
+}
+
+/* Index of the hyper-parameter whose key k is, or -1. */
+static int opt_param_index(const msgpack_object *k)
+{
+    for (int j = 0; k->type == MSGPACK_OBJECT_STR && j < PS_OPT_NPARAMS; j++)
+        if (key_is(k, ps_opt_param_at(j)->key))
+            return j;
+    return -1;
+}
+
 static const char *const hello_keys[] = {"sr", "fp", "opt", "tok", "sa", "sk", "sz", "sm", "sw",
                                          "th", "tfp"};
 enum { HK_N = sizeof hello_keys / sizeof hello_keys[0] };
@@ -599,11 +628,8 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
     uint64_t seen = 0;
     for (uint32_t i = 0; i < m->via.map.size; i++) {
         const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
-        int ki = key_index(k, hello_keys, HK_N), ai = ki < 0 ? agreed_index(k) : -1, p = -1;
-        for (int j = 0; ki < 0 && ai < 0 && k->type == MSGPACK_OBJECT_STR && j < PS_OPT_NPARAMS;
-             j++)
-            if (key_is(k, ps_opt_param_at(j)->key))
-                p = j;
+        int ki = key_index(k, hello_keys, HK_N), ai = ki < 0 ? agreed_index(k) : -1;
+        int p = ki < 0 && ai < 0 ? opt_param_index(k) : -1;
         if (ki < 0 && ai < 0 && p < 0)
             continue; /* a newer peer's field, or a non-string key: ignored */
         int bit = ki >= 0 ? ki : ai >= 0 ? HK_N + ai : HK_N + ps_hello_nagreed() + p;
@@ -651,21 +677,11 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
         case 10: FIELD_U(v, "h.tfp", o->tables_fp, 0, UINT64_MAX); continue;
         default: break;
         }
-        const ps_opt_param *r = ps_opt_param_at(p);
-        char name[16];
-        snprintf(name, sizeof name, "h.%s", r->key);
-        if (r->is_int) {
-            uint64_t u;
-            FIELD_U(v, name, u, 0, (uint64_t)r->hi);
-            ps_opt_set(&o->opt, p, (double)u);
-        } else {
-            float f;
-            FIELD_F(v, name, f);
-            ps_opt_set(&o->opt, p, f);
-        }
+        if (decode_opt_param(v, "h", p, &o->opt, why, why_len))
+            return PS_EPROTO;
         /* present is given; an older peer's 0 in a "zero means not given" row
          * is not */
-        if (!r->zero_unset || ps_opt_get(&o->opt, p) != 0)
+        if (!ps_opt_param_at(p)->zero_unset || ps_opt_get(&o->opt, p) != 0)
             o->opt.given |= 1u << p;
     }
     if (o->mode == 0 || o->num_workers == 0 || o->num_servers == 0) {
@@ -692,30 +708,19 @@ static int decode_decl(const msgpack_object *m, ps_table_options *o, char *why, 
     uint64_t seen = 0;
     for (uint32_t i = 0; i < m->via.map.size; i++) {
         const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
-        int ki = key_index(k, keys, NK), p = -1;
-        for (int j = 0; ki < 0 && k->type == MSGPACK_OBJECT_STR && j < PS_OPT_NPARAMS; j++)
-            if (key_is(k, ps_opt_param_at(j)->key))
-                p = j;
+        int ki = key_index(k, keys, NK), p = ki < 0 ? opt_param_index(k) : -1;
         if (ki < 0 && p < 0)
             continue; /* a newer peer's field: ignored */
         if (once(&seen, ki >= 0 ? ki : NK + p, "'tb'", ki >= 0 ? keys[ki] : ps_opt_param_at(p)->key,
                  why, why_len))
             return PS_EPROTO;
-        char name[16];
-        snprintf(name, sizeof name, "tb.%s", ki >= 0 ? keys[ki] : ps_opt_param_at(p)->key);
         if (p >= 0) {
-            const ps_opt_param *r = ps_opt_param_at(p);
-            if (r->is_int) {
-                uint64_t u;
-                FIELD_U(v, name, u, 0, (uint64_t)r->hi);
-                ps_opt_set(&o->opt, p, (double)u);
-            } else {
-                float f;
-                FIELD_F(v, name, f);
-                ps_opt_set(&o->opt, p, f);
-            }
+            if (decode_opt_param(v, "tb", p, &o->opt, why, why_len))
+                return PS_EPROTO;
             continue;
         }
+        char name[16];
+        snprintf(name, sizeof name, "tb.%s", keys[ki]);
         int idx = 0;
 #define DECL_GET_U32(f) FIELD_U(v, name, o->f, 0, UINT32_MAX)
 #define DECL_GET_U64(f) FIELD_U(v, name, o->f, 0, UINT64_MAX)

@@ -12,6 +12,7 @@
 #include "optimizer.h"
 #include "ps_error.h"
 #include "ps_opt_table.h"
+#include "ps_table_decl.h"
 #include "ps_table_row.h"
 #include "table_hash.h"
 
@@ -49,65 +50,30 @@ struct ps_table {
 int ps_table_check_config(const ps_table_config *c, char *why, size_t why_len)
 {
     unsigned long long tk = (unsigned long long)c->table;
-    if (c->dim < 1 || c->dim > PS_TABLE_MAX_DIM) {
-        ps_errorf(why, why_len, "table %llu: dim must be in [1, %d], got %u", tk,
-            PS_TABLE_MAX_DIM, c->dim);
-        return PS_EINVAL;
-    }
-    if (c->init != PS_TABLE_INIT_ZEROS && c->init != PS_TABLE_INIT_UNIFORM &&
-        c->init != PS_TABLE_INIT_NORMAL) {
-        ps_errorf(why, why_len, "table %llu: the initializer must be zeros (%d), uniform (%d) "
-            "or normal (%d), got %d", tk, PS_TABLE_INIT_ZEROS, PS_TABLE_INIT_UNIFORM,
-            PS_TABLE_INIT_NORMAL, c->init);
-        return PS_EINVAL;
-    }
-    if (!(c->init_scale >= 0) || !isfinite(c->init_scale)) {
-        ps_errorf(why, why_len, "table %llu: the initializer's scale must be a finite number "
-            ">= 0, got %g", tk, (double)c->init_scale);
-        return PS_EINVAL;
-    }
-    int kind = c->opt.kind;
-    if (ps_table_state_arrays(kind) < 0) {
+    if (ps_table_state_arrays(c->opt.kind) < 0) { /* the store takes no "none" */
         ps_errorf(why, why_len, "table %llu: the optimizer must be sgd, momentum, nesterov, "
-            "adagrad, adam or ftrl, got kind %d (%s)", tk, kind, ps_opt_name(kind));
+            "adagrad, adam or ftrl, got kind %d (%s)", tk, c->opt.kind,
+            ps_opt_name(c->opt.kind));
         return PS_EINVAL;
     }
-    /* the hyper-parameters the kind uses, each in the range of its flag
-     * (ftrl: those every kind uses, then its own) */
-    ps_opt_config o = c->opt;
-    o.kind = kind == PS_TABLE_OPT_FTRL ? PS_OPT_SGD : kind;
-    o.given = 0;
-    for (int p = 0; p < PS_OPT_NPARAMS; p++)
-        if (ps_opt_uses(o.kind, p))
-            o.given |= 1u << p;
-    char msg[PS_ERR_TEXT_MAX];
-    if (ps_opt_check(&o, 0, msg, sizeof msg) != 0) {
-        ps_errorf(why, why_len, "table %llu (%s): %s", tk, ps_table_opt_name(kind), msg);
-        return PS_EINVAL;
-    }
-    if (kind == PS_TABLE_OPT_FTRL) {
-        const char *names[3] = {"beta", "l1", "l2"};
-        float v[3] = {c->ftrl_beta, c->ftrl_l1, c->ftrl_l2};
-        for (int i = 0; i < 3; i++)
-            if (!(v[i] >= 0) || !isfinite(v[i])) {
-                ps_errorf(why, why_len, "table %llu (ftrl): %s must be a finite number >= 0, "
-                    "got %g", tk, names[i], (double)v[i]);
-                return PS_EINVAL;
-            }
-    }
+    /* what a declaration has: its checks (proto/ps_table_decl.h) */
+    ps_table_options d;
+    memset(&d, 0, sizeof d);
+    d.dim = c->dim;
+    d.init = c->init;
+    d.init_scale = c->init_scale;
+    d.opt = c->opt;
+    d.ftrl_beta = c->ftrl_beta;
+    d.ftrl_l1 = c->ftrl_l1;
+    d.ftrl_l2 = c->ftrl_l2;
+    d.min_count = c->min_count;
+    d.filter_cells = c->min_count >= 2 ? c->filter_cells : 0;
+    int rc = ps_table_decl_check(c->table, &d, why, why_len);
+    if (rc)
+        return rc;
     if (c->max_rows > PS_TABLE_MAX_ROWS) {
         ps_errorf(why, why_len, "table %llu: the row cap must be at most %llu (0: none), got "
             "%llu", tk, (unsigned long long)PS_TABLE_MAX_ROWS, (unsigned long long)c->max_rows);
-        return PS_EINVAL;
-    }
-    if (c->min_count > 255) {
-        ps_errorf(why, why_len, "table %llu: the frequency filter's count must be in [0, 255] "
-            "(0 or 1: no filter), got %u", tk, c->min_count);
-        return PS_EINVAL;
-    }
-    if (c->min_count >= 2 && c->filter_cells != 0 && c->filter_cells < 64) {
-        ps_errorf(why, why_len, "table %llu: the frequency filter needs at least 64 cells "
-            "(0: %u), got %u", tk, PS_TABLE_FILTER_CELLS, c->filter_cells);
         return PS_EINVAL;
     }
     return 0;
@@ -183,9 +149,9 @@ size_t ps_table_row_bytes(const ps_table *t)
 
 static void filter_cells3(const ps_table *t, uint64_t id, uint64_t c[3])
 {
-    uint64_t h = tbl_mix(id ^ 0xbb67ae8584caa73bull);
+    uint64_t h = ps_table_mix(id ^ 0xbb67ae8584caa73bull);
     for (int k = 0; k < 3; k++)
-        c[k] = tbl_home(tbl_mix(h + (uint64_t)k * 0x9e3779b97f4a7c15ull), t->ncells);
+        c[k] = tbl_home(ps_table_mix(h + (uint64_t)k * 0x9e3779b97f4a7c15ull), t->ncells);
 }
 
 /* The id's count: the least of its cells (never below its sightings). */

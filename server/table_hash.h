@@ -20,6 +20,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "ps_table_row.h"
+
 /* A hash entry: 0 empty, else (slot + 1) | (TBL_DIRTY when the row changed
  * since the last tbl_mark_clean). */
 #define TBL_DIRTY 0x80000000u
@@ -71,19 +73,10 @@ typedef struct tbl_rows {
 } tbl_rows;
 
 /* ---- hashing ---- */
-static inline uint64_t tbl_mix(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
 /* The hash of an id inside a table: salted, so that the ids one server holds
- * (placed on it by another hash of the id) spread over its entries. */
-static inline uint64_t tbl_hash(uint64_t id) { return tbl_mix(id ^ 0x6a09e667f3bcc909ull); }
+ * (placed on it by another hash of the id, ps_table_row.h) spread over its
+ * entries. */
+static inline uint64_t tbl_hash(uint64_t id) { return ps_table_mix(id ^ 0x6a09e667f3bcc909ull); }
 
 /* Home entry of hash h in a hash of hcap entries (any size: multiply-shift). */
 static inline uint64_t tbl_home(uint64_t h, uint64_t hcap)
