@@ -620,9 +620,10 @@ static int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *
     if (g) {
         zmq_msg_init(&g->msg);
         zmq_msg_move(&g->msg, &pl[1]);
+        static const float no_rows[1];
         ps_header vh = *h; /* the rows frame as values */
         vh.count = n * h->dim;
-        g->g = n ? frame_values(&vh, &g->msg, &g->copy) : (const float *)&g->copy;
+        g->g = n ? frame_values(&vh, &g->msg, &g->copy) : no_rows;
         g->ids = ids_of(&pl[0], n);
         g->r = r;
         g->want = h->push_step + m;
