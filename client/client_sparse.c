@@ -361,6 +361,7 @@ int psc_sparse_frames(const ps_client *c, uint32_t i, ps_header *h, uint32_t dty
         h->count = sp->npush;
         h->dtype = dtype;
         h->npull = s->type == PS_MSG_SPUSHPULL ? sp->npull : 0;
+        h->npush = s->npush; /* `m`: sent when > 1 */
     }
     /* frames: ids (the push's or the pull's), rows, the pull's ids */
     const uint64_t *first = s->type == PS_MSG_SPULL ? sp->pull_ids : sp->push_ids;

@@ -111,6 +111,8 @@ void ps_table_decl_normalize(ps_table_options *o)
         o->ftrl_l1 = d.ftrl_l1;
         o->ftrl_l2 = d.ftrl_l2;
     }
+    if (o->init == PS_TABLE_INIT_ZEROS) /* zeros: the scale means nothing */
+        o->init_scale = 0;
     if (o->min_count < 2) { /* no filter: its size means nothing */
         o->min_count = 0;
         o->filter_cells = 0;

@@ -67,7 +67,8 @@ uint64_t ps_table_decl_fingerprint(const void *base, size_t n, size_t stride, si
                                    size_t decl_off);
 
 /* The declaration as the comparison sees it: the optimizer's kind resolved,
- * what its kind does not use at the defaults.  Checkpoints keep this form. */
+ * what its kind does not use at the defaults, the scale of zeros and the
+ * cells of no filter 0.  Checkpoints keep this form. */
 void ps_table_decl_normalize(ps_table_options *o);
 
 #endif

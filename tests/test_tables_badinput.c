@@ -232,3 +232,33 @@ PS_TEST(local_aggregation_with_a_table_is_refused_at_start)
     ps_exchange_close(x);
     ps_backend_host_destroy(b);
 }
+
+/* Two workers that declare a table otherwise: the second is refused at
+ * start, at its hello (the tables' fingerprints differ), naming this
+ * server's declaration. */
+PS_TEST(workers_that_declare_a_table_otherwise_are_refused_at_start)
+{
+    TJ_NEED_SERVER();
+    tj_job j;
+    CHECK_OK(tj_prepare(&j, 1, 2, "--mode async --optimizer sgd --lr 0.1", 4,
+                        PS_TABLE_INIT_ZEROS));
+    CHECK_OK(tj_client(&j, 0));
+    ps_client_options o;
+    ps_client_options_default(&o);
+    o.servers = j.eps;
+    o.rank = 1;
+    o.num_workers = 2;
+    o.mode = PS_MODE_ASYNC;
+    o.max_staleness = -1;
+    ps_client *c;
+    CHECK_OK(ps_client_open(&o, &c));
+    j.topt.init_scale = 0.5f; /* no matter for zeros */
+    j.topt.dim = 6;
+    CHECK_OK(ps_client_register_table(c, j.table, &j.topt));
+    CHECK_EQ_INT(ps_client_start(c), PS_EMISMATCH);
+    CHECK_MSG(strstr(ps_client_last_error(c), "tables: server has fingerprint ") &&
+                  strstr(ps_client_last_error(c), "this server has table 7 (dim 4, sgd)"),
+              "%s", ps_client_last_error(c));
+    ps_client_close(c);
+    CHECK_OK(tj_stop(&j));
+}
