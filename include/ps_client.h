@@ -151,9 +151,10 @@ void ps_table_options_default(ps_table_options *o);
 /* Declare table `key` (a key no tensor has) before ps_client_start, in the
  * same order on every worker: start sends the declaration to every server
  * after the hello (a server keeps the first and refuses another, naming the
- * field: "table 7: dim: worker 1 has 16, server 0 has 32"), and the hello's
- * model fingerprint covers it, so workers that declare differently are
- * refused at start.  PS_EINVAL (a field out of range, ps_client_last_error
+ * field: "table 7: dim: worker 1 has 16, server 0 has 32"), and the hello
+ * carries the fingerprint of every table's declaration, so workers that
+ * declare differently (or a server restored with other tables) are refused
+ * at start.  PS_EINVAL (a field out of range, ps_client_last_error
  * says which; a key registered twice), PS_ESTATE after start. */
 int ps_client_register_table(ps_client *c, uint64_t key, const ps_table_options *opts);
 
@@ -234,7 +235,9 @@ int ps_request_wait_for(ps_request *req, int timeout_ms);
  *
  * pull: the rows of ids[0..n) at version `step` at least (sync: after round
  * step-1, as ps_client_pull); rows that do not exist yet are made with the
- * initializer's values.  n = 0 completes at once. */
+ * initializer's values (a capped table in sync mode gives those values
+ * and makes the row at its first update, so its LRU order follows the
+ * rounds).  n = 0 completes at once. */
 int ps_client_sparse_pull(ps_client *c, uint64_t key, const uint64_t *ids, size_t n,
                           float *rows, int64_t step, ps_request *req);
 /* push: the gradient rows of step `step` (grads[i * dim ..] for ids[i]).

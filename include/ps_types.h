@@ -156,9 +156,9 @@ typedef struct ps_opt_config {
  * "Tables"): rows of `dim` float32 values addressed by any uint64 id, each
  * created on the servers at its first pull with the initializer's values,
  * updated by the table's own optimizer.  Every worker declares the same
- * tables (the hello's model fingerprint covers them); the servers keep the
- * first declaration and refuse another.  ps_table_options_default
- * (ps_client.h) fills every field. */
+ * tables (the hello compares their fingerprint); the servers keep the first
+ * declaration and refuse another.  ps_table_options_default (ps_client.h)
+ * fills every field. */
 typedef struct ps_table_options {
     uint32_t dim;       /* floats per row, 1 .. 65536 */
     int init;           /* enum ps_table_init */
@@ -175,7 +175,8 @@ typedef struct ps_table_options {
     /* A row cap for the whole table (0: none, the default): each server keeps
      * at most ceil(max_rows / servers) rows, split evenly over its
      * partitions, and a partition that is full evicts its least recently
-     * touched row (pulled or pushed) to make a new one. */
+     * touched row (pulled or pushed; in sync mode updated, so a run repeats)
+     * to make a new one. */
     uint64_t max_rows;
     /* A frequency filter (0 or 1: none): an id gets a row at its
      * min_count-th pull (at most 255); before that a pull returns its
