@@ -248,6 +248,25 @@ static int copy_payload(ps_updater *u, zmq_msg_t *pl, const float *w, size_t n, 
     return PS_ENOMEM;
 }
 
+/* The reply to r with payload pl (taken): count (a table's: rows of dim),
+ * elems elements of dtype, the weights of `version`. */
+static void upd_reply_payload(ps_updater *u, req_ctx *r, zmq_msg_t *pl, uint64_t count,
+                              uint32_t dim, size_t elems, uint32_t dtype, int64_t version)
+{
+    ps_header h;
+    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk);
+    h.chunk_version = version;
+    h.count = count;
+    h.dim = dim;
+    h.dtype = dtype;
+    u->bytes_out += elems * ps_dtype_size(dtype);
+    upd_send_as(u, &r->id, &h, pl, r->mut, 0);
+    zmq_msg_close(pl);
+    if (u->cfg.trace)
+        ps_trace_event(u->cfg.trace, "pull", "serve", 1 + u->cfg.idx, r->t_arrive, ps_now_ns(),
+                       version, -1);
+}
+
 /* Answer a pull with the weights w of `version`: zero-copy from the chunk's
  * weight buffer, which no update writes until the reply is gone (updates in
  * the meantime go out of place), else copied into the reply message. */
@@ -300,17 +319,7 @@ static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int
             return;
         }
     }
-    ps_header h;
-    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk);
-    h.chunk_version = version;
-    h.count = n;
-    h.dtype = dtype;
-    u->bytes_out += n * ps_dtype_size(dtype);
-    upd_send_as(u, &r->id, &h, &pl, r->mut, 0);
-    zmq_msg_close(&pl);
-    if (u->cfg.trace)
-        ps_trace_event(u->cfg.trace, "pull", "serve", 1 + u->cfg.idx, r->t_arrive, ps_now_ns(),
-                       version, -1);
+    upd_reply_payload(u, r, &pl, n, 0, n, dtype, version);
 }
 
 static void req_free(req_ctx *r)
@@ -516,18 +525,7 @@ static void upd_rows(ps_updater *u, req_ctx *r, int64_t version)
         upd_error(u, r, rc, why);
         return;
     }
-    ps_header h;
-    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk);
-    h.chunk_version = version;
-    h.count = n;
-    h.dim = r->dim;
-    h.dtype = dtype;
-    u->bytes_out += len * ps_dtype_size(dtype);
-    upd_send_as(u, &r->id, &h, &pl, r->mut, 0);
-    zmq_msg_close(&pl);
-    if (u->cfg.trace)
-        ps_trace_event(u->cfg.trace, "pull", "serve", 1 + u->cfg.idx, r->t_arrive, ps_now_ns(),
-                       version, -1);
+    upd_reply_payload(u, r, &pl, n, r->dim, len, dtype, version);
 }
 
 /* A sparse pull of version `want` (the ids in r): answered now or queued. */
