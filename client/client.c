@@ -11,6 +11,7 @@
 #include "ps_client.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,12 +23,15 @@
 #include "client_requests.h"
 #include "client_resend.h"
 #include "client_shm.h"
+#include "client_sparse.h"
 #include "client_token.h"
 #include "ps_endpoint.h"
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_hash.h"
 #include "ps_placement.h"
 #include "ps_settings.h"
+#include "ps_table_decl.h"
 #include "ps_time.h"
 
 /* Why this thread's last ps_client_open failed (ps_client_last_error(NULL)):
@@ -138,6 +142,114 @@ int ps_client_pushpull_sum(ps_client *c, uint64_t key, const float *sum, float *
     return post_data(c, PS_MSG_PUSHPULL, key, sum, dst, step, count, ready, ready_arg, req);
 }
 
+/* ---- tables ---- */
+
+static long find_table(const ps_client *c, uint64_t key)
+{
+    for (size_t t = 0; t < c->ntables; t++)
+        if (c->tables[t].key == key)
+            return (long)t;
+    return -1;
+}
+
+static int post_sparse(ps_client *c, uint32_t type, uint64_t key, const uint64_t *ids, size_t n,
+                       const float *grads, const uint64_t *ids2, size_t n2, float *rows,
+                       int64_t step, ps_request *req)
+{
+    if (!req)
+        return PS_EINVAL;
+    int rc = 0;
+    long t = -1;
+    if (!c || !c->started)
+        rc = PS_ESTATE;
+    else if ((t = find_table(c, key)) < 0)
+        rc = PS_ENOTFOUND;
+    else if ((n && !ids) || (type != PS_MSG_SPULL && n && !grads) || (n2 && (!ids2 || !rows)) ||
+             (type == PS_MSG_SPULL && n && !rows) || step < 0 || step > INT64_MAX / 2 ||
+             n > UINT32_MAX / 2 || n2 > UINT32_MAX / 2)
+        rc = PS_EINVAL;
+    if (rc) {
+        psc_req_fail(req, rc, rc == PS_ENOTFOUND ? "table key was not registered"
+                              : rc == PS_ESTATE  ? "the client is not started"
+                                                 : ps_strerror(rc));
+        return rc;
+    }
+    /* one part now; the comm thread adds one per message it splits it into */
+    psc_req_reset(c, req, 1);
+    psc_op o = {.type = type, .server = -1, .tensor = (uint32_t)t, .src = grads, .dst = rows,
+                .step = step, .req = req, .npush = 1, .ids = ids, .nids = n, .ids2 = ids2,
+                .nids2 = n2};
+    rc = psc_post(c, &o);
+    if (rc)
+        psc_req_fail(req, rc, ps_strerror(rc));
+    return rc;
+}
+
+int ps_client_sparse_pull(ps_client *c, uint64_t key, const uint64_t *ids, size_t n,
+                          float *rows, int64_t step, ps_request *req)
+{
+    return post_sparse(c, PS_MSG_SPULL, key, ids, n, NULL, NULL, 0, rows, step, req);
+}
+
+int ps_client_sparse_push(ps_client *c, uint64_t key, const uint64_t *ids, size_t n,
+                          const float *grads, int64_t step, ps_request *req)
+{
+    return post_sparse(c, PS_MSG_SPUSH, key, ids, n, grads, NULL, 0, NULL, step, req);
+}
+
+int ps_client_sparse_pushpull(ps_client *c, uint64_t key, const uint64_t *push_ids,
+                              size_t npush, const float *grads, const uint64_t *pull_ids,
+                              size_t npull, float *rows, int64_t step, ps_request *req)
+{
+    return post_sparse(c, PS_MSG_SPUSHPULL, key, push_ids, npush, grads, pull_ids, npull, rows,
+                       step, req);
+}
+
+int ps_client_register_table(ps_client *c, uint64_t key, const ps_table_options *opts)
+{
+    if (!c || !opts)
+        return PS_EINVAL;
+    if (c->started) {
+        set_last_error(c, "register table %llu after start", (unsigned long long)key);
+        return PS_ESTATE;
+    }
+    char why[PS_ERR_TEXT_MAX];
+    if (ps_table_decl_check(key, opts, why, sizeof why)) {
+        set_last_error(c, "%s", why);
+        return PS_EINVAL;
+    }
+    int twice = find_table(c, key) >= 0;
+    for (size_t i = 0; i < c->nspecs && !twice; i++)
+        twice = c->specs[i].key == key;
+    if (twice) {
+        set_last_error(c, "key %llu registered twice (a tensor or table has it)",
+                       (unsigned long long)key);
+        return PS_EINVAL;
+    }
+    if (c->ntables == c->cap_tables) {
+        size_t ncap = c->cap_tables ? c->cap_tables * 2 : 8;
+        psc_table *n = realloc(c->tables, ncap * sizeof *n);
+        if (!n)
+            return PS_ENOMEM;
+        c->tables = n;
+        c->cap_tables = ncap;
+    }
+    c->tables[c->ntables].key = key;
+    c->tables[c->ntables].opts = *opts;
+    ps_table_decl_normalize(&c->tables[c->ntables].opts);
+    c->ntables++;
+    return 0;
+}
+
+int ps_client_num_tables(const ps_client *c) { return c ? (int)c->ntables : 0; }
+
+int ps_client_server_parts(const ps_client *c, int server)
+{
+    return c && c->server_parts && server >= 0 && server < c->nservers
+               ? (int)c->server_parts[server]
+               : 0;
+}
+
 /* Post a control message to one server. */
 static int post_ctl(ps_client *c, uint32_t type, int server, int64_t step, void *out,
                     ps_request *req)
@@ -240,6 +352,9 @@ static void client_free(ps_client *c)
     free(c->kmap_keys);
     free(c->kmap_val);
     free(c->specs);
+    free(c->tables);
+    free(c->server_parts);
+    psc_sparse_free(c);
     free(c->endpoints);
     free(c->servers_str);
     free(c->curve_dir);
@@ -332,6 +447,10 @@ int ps_client_register(ps_client *c, uint64_t key, size_t count)
             set_last_error(c, "key %llu registered twice", (unsigned long long)key);
             return PS_EINVAL;
         }
+    if (find_table(c, key) >= 0) {
+        set_last_error(c, "key %llu registered twice (a table has it)", (unsigned long long)key);
+        return PS_EINVAL;
+    }
     if ((size_t)(count + c->chunk_elems - 1) / c->chunk_elems > PS_MAX_CHUNK) {
         set_last_error(c, "key %llu: %zu elements make more than %u chunks",
                        (unsigned long long)key, count, PS_MAX_CHUNK);
@@ -444,6 +563,56 @@ static int check_hellos(ps_client *c, ps_request *reqs, ps_hello *reps)
     return 0;
 }
 
+/* After the hellos: every server's partitions (its reply's threads), and
+ * every table declared to every server (a TABLE each), waited for.  Fills
+ * last_error. */
+static int declare_tables(ps_client *c, const ps_hello *reps)
+{
+    if (!c->ntables)
+        return 0;
+    int ns = c->nservers;
+    free(c->server_parts);
+    c->server_parts = calloc((size_t)ns, sizeof *c->server_parts);
+    if (!c->server_parts)
+        return PS_ENOMEM;
+    for (int s = 0; s < ns; s++) {
+        if (!reps[s].threads) {
+            set_last_error(c, "%s does not say how it partitions tables (an older ps_server?): "
+                           "tables need servers that take them", c->endpoints[s]);
+            return PS_EMISMATCH;
+        }
+        c->server_parts[s] = reps[s].threads;
+    }
+    size_t n = c->ntables * (size_t)ns;
+    ps_request *reqs = calloc(n, sizeof *reqs);
+    if (!reqs)
+        return PS_ENOMEM;
+    int rc = 0;
+    size_t posted = 0;
+    for (size_t t = 0; t < c->ntables && !rc; t++)
+        for (int s = 0; s < ns && !rc; s++, posted++) {
+            psc_req_reset(c, &reqs[posted], 1);
+            psc_op o = {.type = PS_MSG_TABLE, .server = s, .tensor = (uint32_t)t,
+                        .req = &reqs[posted]};
+            if ((rc = psc_post(c, &o)) != 0)
+                psc_req_fail(&reqs[posted], rc, ps_strerror(rc));
+        }
+    /* with checkpoints a server answers once one holds the declaration */
+    int timeout = c->opt.hello_timeout_ms ? c->opt.hello_timeout_ms : PSC_DEFAULT_HELLO_MS;
+    int64_t deadline = ps_now_ns() + (int64_t)timeout * 1000000LL;
+    for (size_t k = 0; k < posted; k++)
+        if (reqs[k]._priv.client && !psc_wait_until(&reqs[k], deadline))
+            cancel(c, &reqs[k], PS_ETIMEDOUT);
+    for (size_t k = 0; k < posted && !rc; k++)
+        if (reqs[k].status) {
+            rc = reqs[k].status;
+            set_last_error(c, "declaring table %llu: %s",
+                           (unsigned long long)c->tables[k / (size_t)ns].key, reqs[k].err);
+        }
+    free(reqs);
+    return rc;
+}
+
 int ps_client_start(ps_client *c)
 {
     if (!c)
@@ -479,6 +648,8 @@ int ps_client_start(ps_client *c)
     hq->num_servers = (uint32_t)c->nservers;
     hq->server_rank = -1;
     hq->model_fp = ps_placement_fingerprint(c->specs, c->nspecs, c->chunk_elems);
+    hq->tables_fp = ps_table_decl_fingerprint(c->tables, c->ntables, sizeof *c->tables,
+                                              offsetof(psc_table, key), offsetof(psc_table, opts));
     hq->opt = c->opt.expect;
     hq->wire_dtype = c->wire_dtype;
     if ((rc = psc_shm_setup(c)) != 0) {
@@ -513,6 +684,8 @@ int ps_client_start(ps_client *c)
     }
     for (int s = 0; s < ns && !rc; s++)
         psc_shm_hello_reply(c, s, &reps[s]);
+    if (!rc)
+        rc = declare_tables(c, reps);
     free(reqs);
     free(reps);
     if (rc) {

@@ -35,6 +35,7 @@
 #include "client_requests.h"
 #include "client_resend.h"
 #include "client_shm.h"
+#include "client_sparse.h"
 #include "client_token.h"
 #include "ps_curve.h"
 #include "ps_error.h"
@@ -194,6 +195,9 @@ static void fill_header(const ps_client *c, uint32_t i, ps_header *h)
         h->hello = c->hello_req;
         h->hello.server_rank = s->server;
     }
+    for (size_t t = 0; s->type == PS_MSG_TABLE && t < c->ntables; t++)
+        if (c->tables[t].key == s->key)
+            h->table = c->tables[t].opts;
     psc_tokens_fill(c, s->server, h);
 }
 
@@ -244,6 +248,15 @@ static int sub_send(ps_client *c, uint32_t i)
     ps_header h;
     fill_header(c, i, &h);
     int payload = ps_msg_request_has_payload(s->type);
+    /* a table's request: its frames are made anew for every send */
+    zmq_msg_t sf[3];
+    int nsf = 0;
+    if (s->sp && psc_sparse_frames(c, i, &h, c->wire_dtype, sf, &nsf) != 0) {
+        psc_set_error(r, PS_ENOMEM, "%s: out of memory building a %s",
+                      c->endpoints[s->server], ps_msg_type_name(s->type));
+        psc_slot_finish(c, i);
+        return PS_ENOMEM;
+    }
     if (psc_shm_use(c, s, &h.shm_off, &h.shm_dst)) {
         /* same host: the payload (or the pull's destination) is in the
          * arena; only the header goes, with where it is */
@@ -262,7 +275,7 @@ static int sub_send(ps_client *c, uint32_t i)
     int lost = 0;
     if (ps_proto_encode(&h, buf, sizeof buf, &len) != 0) {
         err = PS_EPROTO;
-    } else if (zsend(sock, buf, len, payload ? ZMQ_SNDMORE : 0) < 0) {
+    } else if (zsend(sock, buf, len, payload || nsf ? ZMQ_SNDMORE : 0) < 0) {
         err = PS_EIO;
         zerr = errno;
         /* EAGAIN: ZeroMQ has no connection to queue it on: the server
@@ -276,6 +289,15 @@ static int sub_send(ps_client *c, uint32_t i)
             err = send_payload(c, i, sock, h.dtype, &zerr);
         else
             psc_part_done(c, r); /* no frame was made: count its release now */
+    }
+    for (int k = 0; k < nsf; k++) {
+        while (!err && zmq_msg_send(&sf[k], sock, ZMQ_DONTWAIT | (k + 1 < nsf ? ZMQ_SNDMORE : 0)) < 0) {
+            if (errno == EINTR)
+                continue;
+            err = PS_EIO;
+            zerr = errno;
+        }
+        zmq_msg_close(&sf[k]);
     }
     if (err && lost) {
         ps_debug("libps: %s has no connection for %s (refused?); waiting to resend",
@@ -354,6 +376,23 @@ static void fail_unsent(ps_client *c, const psc_op *o)
         psc_req_unsent(c, o->req);
 }
 
+/* A table's request: one message per partition it goes to (client_sparse.c),
+ * each a part of the request; the poster counted one part, which the split
+ * takes over. */
+static void do_sparse(ps_client *c, const psc_op *o)
+{
+    ps_request *r = o->req;
+    uint32_t *slots;
+    long n = psc_sparse_begin(c, o->type, o->tensor, r, o->ids, o->nids, o->src, o->ids2,
+                              o->nids2, o->dst, o->step, o->npush > 1 ? (uint32_t)o->npush : 1,
+                              &slots);
+    if (n > 0)
+        __atomic_add_fetch(&r->_priv.pending, (int)n, __ATOMIC_ACQ_REL);
+    for (long k = 0; k < n; k++)
+        sub_send(c, slots[k]);
+    psc_part_done(c, r);
+}
+
 /* Turn one posted operation into messages.  The poster set the request's
  * pending to the number of messages (plus one per payload frame). */
 static void do_op(ps_client *c, const psc_op *o)
@@ -361,6 +400,10 @@ static void do_op(ps_client *c, const psc_op *o)
     ps_request *r = o->req;
     if (o->type == PSC_OP_CANCEL) {
         do_cancel(c, o);
+        return;
+    }
+    if (ps_msg_is_sparse(o->type)) {
+        do_sparse(c, o);
         return;
     }
     if (o->type == PS_MSG_INIT || o->type == PS_MSG_PUSH || o->type == PS_MSG_PULL ||
@@ -390,13 +433,15 @@ static void do_op(ps_client *c, const psc_op *o)
         }
         return;
     }
-    /* control message to one server */
+    /* control message to one server (a TABLE names its table) */
     uint32_t i = op_slot(c, o, o->server);
     if (i == PSC_NO_SLOT) {
         psc_set_error(r, PS_ENOMEM, "out of memory for request slots");
         psc_part_done(c, r);
         return;
     }
+    if (o->type == PS_MSG_TABLE)
+        c->slots->sub[i].key = c->tables[o->tensor].key;
     sub_send(c, i);
 }
 
@@ -499,7 +544,8 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
         return;
     }
     size_t plen = nframes > 0 ? zmq_msg_size(pm) : 0;
-    if (ps_proto_check_payload(&h, nframes, plen, why, sizeof why) != 0) {
+    if (ps_proto_check_payload(&h, nframes, plen, why, sizeof why) != 0 ||
+        (s->sp && psc_sparse_reply(c, i, &h, pm, why, sizeof why) != 0)) {
         psc_set_error(r, PS_EPROTO, "%s: %s", ep, why);
         psc_slot_finish(c, i);
         return;
@@ -529,6 +575,12 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
         }
     }
     switch (h.type) {
+    case PS_MSG_SPULL:
+    case PS_MSG_SPUSH:
+    case PS_MSG_SPUSHPULL:
+        if (!s->sp->versioned)
+            break;
+        /* fall through */
     case PS_MSG_INIT:
     case PS_MSG_PUSH:
     case PS_MSG_PULL:

@@ -28,6 +28,13 @@ typedef struct psc_op {
     void *ready_arg;
     int npush;        /* push: how many gradients src sums (ps_client_push_sum) */
     int code;         /* PSC_OP_CANCEL: the PS_E* code its sub-requests fail with */
+    /* tables (SPULL, SPUSH, SPUSHPULL: tensor is the table's index in c->tables;
+     * TABLE: too, to `server`): the ids pulled (SPULL) or pushed with src, and
+     * a pushpull's ids pulled into dst */
+    const uint64_t *ids;
+    size_t nids;
+    const uint64_t *ids2;
+    size_t nids2;
 } psc_op;
 
 /* Where a STATS reply goes (psc_op.out of a STATS op); either may be NULL. */

@@ -24,8 +24,12 @@
  *                    hello) and the admin token of a shutdown
  *  client_shm.c      the same-host data plane: the arena and which servers
  *                    map it
- *  Calls go one way: client.c -> client_comm.c -> client_resend.c and
- *  client_rejoin.c -> client_requests.c (token and shm call none of them).
+ *  client_sparse.c   the tables' requests: duplicate ids removed, split by
+ *                    (server, partition), rows written back in the caller's
+ *                    order
+ *  Calls go one way: client.c -> client_comm.c -> client_resend.c,
+ *  client_rejoin.c and client_sparse.c -> client_requests.c (token and shm
+ *  call none of them).
  *  Resend and rejoin decide; the comm loop sends what they name.
  *
  * Threads:
@@ -58,6 +62,12 @@
 #include "ps_proto.h"
 
 #define PSC_DEFAULT_CHUNK_BYTES (4u << 20)
+
+/* A registered table: its key and declaration (normalized). */
+typedef struct psc_table {
+    uint64_t key;
+    ps_table_options opts;
+} psc_table;
 #define PSC_DEFAULT_HELLO_MS 10000
 #define PSC_ERRBUF 512
 
@@ -86,6 +96,12 @@ struct ps_client {
     uint32_t *kmap_val;
     size_t kmap_mask;
     ps_hello hello_req;    /* template; server_rank filled per server */
+    /* The tables (client.c): registered before start, read-only afterwards;
+     * server_parts (per server: its partitions, from its hello reply) set by
+     * start. */
+    psc_table *tables;
+    size_t ntables, cap_tables;
+    uint32_t *server_parts;
     uint32_t wire_dtype;   /* pushes' and pulls' payload frames (ps_client_set_wire_dtype) */
     /* Set once by start when every server answered its hello (atomic: the
      * comm thread reads it): from then on heartbeats go, silent servers are
@@ -111,6 +127,8 @@ struct ps_client {
     struct psc_shm *shm;        /* client_shm.c: made by start (training
                                    thread), read by the comm thread; NULL
                                    before */
+    struct psc_sparse *sparse;  /* client_sparse.c: its scratch (comm
+                                   thread); made on first use */
 };
 
 #endif

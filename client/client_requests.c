@@ -219,6 +219,8 @@ static void slot_free(struct psc_slots *sl, uint32_t i)
     psc_sub *s = &sl->sub[i];
     sl->server[s->server].nlive--;
     s->req = NULL;
+    psc_sparse_sub_free(s->sp);
+    s->sp = NULL;
     s->gen = s->gen + 1 ? s->gen + 1 : 1;
     s->next_free = sl->free_head;
     sl->free_head = i;
@@ -246,6 +248,7 @@ uint32_t psc_slot_new(ps_client *c, int server, uint32_t type, ps_request *r)
     s->step = 0;
     s->npush = 1;
     s->out = NULL;
+    s->sp = NULL;
     s->deadline_ns = INT64_MAX;
     s->backoff_ns = 0;
     s->parked = 0;
@@ -266,6 +269,8 @@ uint32_t psc_slot_find(const ps_client *c, uint64_t seq, int server)
         return PSC_NO_SLOT;
     return i;
 }
+
+void psc_slot_drop(ps_client *c, uint32_t i) { slot_free(c->slots, i); }
 
 void psc_slot_finish(ps_client *c, uint32_t i)
 {

@@ -8,10 +8,47 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "client_internal.h"
 
 #define PSC_NO_SLOT UINT32_MAX
+
+/* What a sparse request's slots share (client_sparse.c): where its pulled
+ * rows go.  One block with its arrays after it; the last slot freed frees
+ * it. */
+typedef struct psc_sparse_op {
+    int refs;        /* slots that point at it */
+    uint32_t dim;
+    float *dst;      /* the caller's rows: a row per position of its pulled ids */
+    int64_t *first;  /* per unique pulled id: its first position, -1 none */
+    int64_t *next;   /* per position: the next with the same id, -1 none */
+} psc_sparse_op;
+
+/* What one sparse slot sends (client_sparse.c): one block with its arrays
+ * after it, freed with the slot. */
+typedef struct psc_sparse_sub {
+    psc_sparse_op *op;  /* the pull's scatter; NULL: nothing pulled */
+    uint32_t table;     /* in c->tables */
+    int versioned;      /* its reply's version counts in the request's (a pushpull's
+                           acknowledgements of pushes alone do not) */
+    size_t npush, npull;
+    uint64_t *push_ids; /* npush ids */
+    float *rows;        /* their npush x dim gradient rows (float32) */
+    uint64_t *pull_ids; /* npull ids */
+    uint32_t *pull_u;   /* each one's unique index in op */
+} psc_sparse_sub;
+
+/* Free a slot's sparse part and its share of the request's. */
+static inline void psc_sparse_sub_free(psc_sparse_sub *sp)
+{
+    if (!sp)
+        return;
+    psc_sparse_op *op = sp->op;
+    free(sp);
+    if (op && --op->refs == 0)
+        free(op);
+}
 
 /* One message in flight to one server.  Indexed by the low 32 bits of the
  * request id; the high 32 bits are the slot's generation, so a reply to a
@@ -33,6 +70,7 @@ typedef struct psc_sub {
     int64_t step;
     uint32_t npush;  /* push: gradients summed in the payload (1 usually) */
     void *out;       /* HELLO: ps_hello reply; STATS: psc_stats_out */
+    psc_sparse_sub *sp; /* SPULL, SPUSH, SPUSHPULL: what it sends; NULL otherwise */
     /* client_resend.c's: when to resend, when resending is on */
     int64_t deadline_ns;
     int64_t backoff_ns;
@@ -93,5 +131,7 @@ uint32_t psc_slot_find(const ps_client *c, uint64_t seq, int server);
 /* Free slot i and count the reply part of its request as done (any error
  * was set before). */
 void psc_slot_finish(ps_client *c, uint32_t i);
+/* Free slot i, which was never sent and counts for nothing in its request. */
+void psc_slot_drop(ps_client *c, uint32_t i);
 
 #endif

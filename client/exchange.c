@@ -640,6 +640,10 @@ static int init_one(ps_exchange *x, tensor *t)
 int ps_exchange_start(ps_exchange *x)
 {
     int rc;
+    if (x->lg_size > 1 && ps_client_num_tables(x->client) > 0)
+        return lg_fail(x, PS_EINVAL, "local aggregation (--local-aggregate) does not take "
+                       "embedding tables yet: this worker's client has tables registered; run "
+                       "without it");
     if (x->lg_size > 1 && (rc = lg_open(x)))
         return rc;
     if (member(x)) {

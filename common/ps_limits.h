@@ -21,5 +21,9 @@
 #define PS_MAX_CHUNK (1u << 24)
 #define PS_MIN_CHUNK_BYTES 1024ull
 #define PS_MAX_CHUNK_BYTES PS_MAX_PAYLOAD_BYTES
+/* Tables: floats per row at most, and ids one sparse message may carry (its
+ * rows must fit in PS_MAX_PAYLOAD_BYTES too). */
+#define PS_MAX_TABLE_DIM 65536
+#define PS_MAX_SPARSE_IDS (1u << 20)
 
 #endif

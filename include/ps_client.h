@@ -130,9 +130,38 @@ int ps_client_open(const ps_client_options *o, ps_client **out);
  * same order on every worker, before ps_client_start. */
 int ps_client_register(ps_client *c, uint64_t key, size_t count);
 
-/* Compute placement and say hello to every server; fails with PS_EMISMATCH
- * (message in ps_client_last_error) if a server disagrees with this worker
- * or with another server, PS_ETIMEDOUT if a server does not answer. */
+/* ---- embedding tables (docs/PROTOCOL.md "Tables") ----
+ * A table is a key whose rows (`dim` floats each) are addressed by any
+ * uint64 id and live on the servers, spread over them and over each one's
+ * partitions (its update threads) by a hash of (table, id); a row is made on
+ * its first pull with the initializer's values (a pure function of (seed,
+ * table, id): the same on every server, in every run, after every restart),
+ * and updated by the table's own optimizer (ps_table_options, ps_types.h).
+ * Tables and dense keys share the worker's clock: the `step` of a sparse
+ * push is the step of the worker's dense pushes, and sync sums a row's
+ * gradients over the workers in rank order, divided by the number of
+ * workers as for dense keys (rows no worker touched do not change). */
+
+/* Every field of o at its default: dim 0 (set it), uniform in [-0.01, 0.01),
+ * seed 0, adagrad (opt.kind PS_OPT_NONE) with the optimizer table's
+ * defaults (lr 0.01, eps 1e-8), FTRL beta 1, l1 and l2 0, no row cap, no
+ * frequency filter. */
+void ps_table_options_default(ps_table_options *o);
+
+/* Declare table `key` (a key no tensor has) before ps_client_start, in the
+ * same order on every worker: start sends the declaration to every server
+ * after the hello (a server keeps the first and refuses another, naming the
+ * field: "table 7: dim: worker 1 has 16, server 0 has 32"), and the hello
+ * carries the fingerprint of every table's declaration, so workers that
+ * declare differently (or a server restored with other tables) are refused
+ * at start.  PS_EINVAL (a field out of range, ps_client_last_error
+ * says which; a key registered twice), PS_ESTATE after start. */
+int ps_client_register_table(ps_client *c, uint64_t key, const ps_table_options *opts);
+
+/* Compute placement and say hello to every server (then declare the
+ * tables); fails with PS_EMISMATCH (message in ps_client_last_error) if a
+ * server disagrees with this worker or with another server, PS_ETIMEDOUT if a
+ * server does not answer. */
 int ps_client_start(ps_client *c);
 
 /* Why the last of register, start, barrier, barrier_info, stats or
@@ -191,6 +220,39 @@ int ps_request_wait(ps_request *req);
  * or test it, later). */
 int ps_request_wait_for(ps_request *req, int timeout_ms);
 
+/* ---- sparse requests of a table (non-blocking, as the dense ones) ----
+ * ids may repeat and come in any order.  libps removes duplicates (a pushed
+ * id's gradient rows summed in the order they come, so the sum is the same
+ * every run), sends each server partition its ids in one message, and
+ * writes every requested id's row into rows[i * dim ..] in the caller's
+ * order (a repeated id gets the one row fetched).  ids, grads and rows are
+ * the caller's until the request completes, as the buffers of dense
+ * requests; req->version is the lowest version of the partitions' replies.
+ * Errors at post: PS_ESTATE (before start), PS_ENOTFOUND (not a table),
+ * PS_EINVAL (NULL buffers for n > 0, a bad step); at completion, a
+ * partition's refusal (PS_ETOOBIG when one partition's share of the ids is
+ * over what one message takes: 1 << 20 ids, 1 GiB of rows).
+ *
+ * pull: the rows of ids[0..n) at version `step` at least (sync: after round
+ * step-1, as ps_client_pull); rows that do not exist yet are made with the
+ * initializer's values (a capped table in sync mode gives those values
+ * and makes the row at its first update, so its LRU order follows the
+ * rounds).  n = 0 completes at once. */
+int ps_client_sparse_pull(ps_client *c, uint64_t key, const uint64_t *ids, size_t n,
+                          float *rows, int64_t step, ps_request *req);
+/* push: the gradient rows of step `step` (grads[i * dim ..] for ids[i]).
+ * Every partition of every server gets one (without rows where none of ids
+ * lives), so call it once per table and step on every live worker, also
+ * with n = 0, as for a dense key. */
+int ps_client_sparse_push(ps_client *c, uint64_t key, const uint64_t *ids, size_t n,
+                          const float *grads, int64_t step, ps_request *req);
+/* pushpull: the push of step `step`, then the pull of pull_ids at version
+ * step+1, in one round trip per partition (this batch's gradients and the
+ * next batch's rows). */
+int ps_client_sparse_pushpull(ps_client *c, uint64_t key, const uint64_t *push_ids,
+                              size_t npush, const float *grads, const uint64_t *pull_ids,
+                              size_t npull, float *rows, int64_t step, ps_request *req);
+
 /* Blocking helpers. */
 /* (A barrier is resent like any request when request_timeout_ms is set;
  * servers count a rank once per barrier and answer a resent one.) */
@@ -237,6 +299,11 @@ int ps_client_set_wire_dtype(ps_client *c, int dtype);
 
 /* Placement introspection (for tests and tools). */
 int ps_client_num_servers(const ps_client *c);
+/* The tables registered (ps_client_register_table). */
+int ps_client_num_tables(const ps_client *c);
+/* The partitions server `server` splits each table into (its update
+ * threads, from its hello reply); 0 before start or for a bad index. */
+int ps_client_server_parts(const ps_client *c, int server);
 size_t ps_client_chunk_elems(const ps_client *c);
 
 /* Stop the comm thread, close sockets, free everything.  Pending requests

@@ -73,6 +73,18 @@ enum ps_opt_kind {
     PS_OPT_ADAM = 5
 };
 #define PS_OPT_KIND_MAX 5
+/* FTRL-proximal: tables only (ps_client.h, ps_table_options), the kind after
+ * the dense ones.  Its hyper-parameters: lr (FTRL's alpha), weight_decay,
+ * and ps_table_options' ftrl_beta, ftrl_l1, ftrl_l2. */
+#define PS_TABLE_OPT_FTRL 6
+
+/* A table row's first values (ps_table_options.init), pure functions of
+ * (seed, table, id): docs/PROTOCOL.md "Tables" has the formulas. */
+enum ps_table_init {
+    PS_TABLE_INIT_ZEROS = 0,
+    PS_TABLE_INIT_UNIFORM = 1, /* uniform in [-scale, scale) */
+    PS_TABLE_INIT_NORMAL = 2   /* normal(0, scale) */
+};
 
 /* "sgd", ..., "none" for PS_OPT_NONE, "unknown" otherwise. */
 const char *ps_opt_name(int kind);
@@ -140,6 +152,42 @@ typedef struct ps_opt_config {
     uint32_t given;
 } ps_opt_config;
 
+/* An embedding table (ps_client_register_table, docs/PROTOCOL.md
+ * "Tables"): rows of `dim` float32 values addressed by any uint64 id, each
+ * created on the servers at its first pull with the initializer's values,
+ * updated by the table's own optimizer.  Every worker declares the same
+ * tables (the hello compares their fingerprint); the servers keep the first
+ * declaration and refuse another.  ps_table_options_default (ps_client.h)
+ * fills every field. */
+typedef struct ps_table_options {
+    uint32_t dim;       /* floats per row, 1 .. 65536 */
+    int init;           /* enum ps_table_init */
+    float init_scale;   /* uniform: rows in [-scale, scale); normal: the standard
+                           deviation; >= 0 */
+    uint64_t seed;      /* the initializer's seed */
+    /* The optimizer: kind PS_OPT_NONE (the default) is adagrad; else sgd ..
+     * adam, or PS_TABLE_OPT_FTRL; every hyper-parameter the kind uses is
+     * taken (`given` is not read).  Adam is lazy: a row's bias correction
+     * counts that row's updates.  The rate decays with the updates of the
+     * row's partition (lr_decay, lr_decay_every). */
+    ps_opt_config opt;
+    float ftrl_beta, ftrl_l1, ftrl_l2; /* FTRL's beta (1), l1 and l2 (0), each >= 0 */
+    /* A row cap for the whole table (0: none, the default): each server keeps
+     * at most ceil(max_rows / servers) rows, split evenly over its
+     * partitions, and a partition that is full evicts its least recently
+     * touched row (pulled or pushed; in sync mode updated, so a run repeats)
+     * to make a new one. */
+    uint64_t max_rows;
+    /* A frequency filter (0 or 1: none): an id gets a row at its
+     * min_count-th pull (at most 255); before that a pull returns its
+     * initializer's values and a gradient for it is dropped.  Sightings are
+     * counted in a counting Bloom filter of filter_cells one-byte cells for
+     * the whole table (0: 4194304 per partition), split like max_rows; it
+     * may admit an id early when its cells are shared, never late. */
+    uint32_t min_count;
+    uint32_t filter_cells;
+} ps_table_options;
+
 /* ---- a server's counters (STATS): X(field, wire key) ---- */
 #define PS_STATS_COUNTERS(X)                                                  \
     X(pushes, "push")                                                         \
@@ -151,13 +199,24 @@ typedef struct ps_opt_config {
     X(dup_dropped, "dup")                                                     \
     X(errors, "err")                                                          \
     X(chunks, "chunks")                                                       \
-    X(workers_seen, "workers")
+    X(workers_seen, "workers")                                                \
+    X(partitions, "parts")                                                    \
+    X(rows, "rows")                                                           \
+    X(table_bytes, "tbytes")                                                  \
+    X(evicted, "evict")                                                       \
+    X(filtered, "filt")
 
 typedef struct ps_stats {
 #define PS_STATS_FIELD_(f, key) uint64_t f;
     PS_STATS_COUNTERS(PS_STATS_FIELD_)
 #undef PS_STATS_FIELD_
-    int64_t min_version, max_version; /* over the server's chunks (wire keys vmin, vmax) */
+    /* partitions: table partitions held (a declared table has one per update
+     * thread); rows: table rows held; table_bytes: the memory they and their
+     * tables take; evicted: rows evicted by row caps; filtered: pulled ids
+     * the frequency filters had not admitted yet and gradient rows dropped for
+     * them */
+    int64_t min_version, max_version; /* over the server's chunks and table partitions
+                                         (wire keys vmin, vmax) */
 } ps_stats;
 
 /* ---- who a barrier waits for (STATS reply key `bw`, docs/PROTOCOL.md) ---- */

@@ -89,6 +89,12 @@ int ps_hello_compare(const ps_hello *a, const char *an, const ps_hello *b, const
             an, (unsigned long long)a->model_fp, bn, (unsigned long long)b->model_fp);
         return PS_EMISMATCH;
     }
+    if (a->tables_fp && b->tables_fp && a->tables_fp != b->tables_fp) {
+        ps_errorf(why, why_len,
+            "tables: %s has fingerprint %016llx, %s has %016llx (tables declared otherwise)", an,
+            (unsigned long long)a->tables_fp, bn, (unsigned long long)b->tables_fp);
+        return PS_EMISMATCH;
+    }
     if (!check_opt)
         return 0;
     return ps_opt_compare(&a->opt, an, &b->opt, bn, why, why_len);

@@ -36,6 +36,33 @@ static void keys_doc(ps_strbuf *out, uint32_t keys, int s_meaning)
         ps_strbuf_add(out, "-");
 }
 
+/* A table's frames, in words: "ids, rows" */
+static const char *frames_doc(int layout)
+{
+    switch (layout) {
+    case PS_PL_IDS: return "ids";
+    case PS_PL_ROWS: return "rows";
+    case PS_PL_IDS_ROWS: return "ids, rows";
+    case PS_PL_IDS_ROWS_IDS: return "ids, rows, ids";
+    default: return "values";
+    }
+}
+
+/* The payload column: which of request and reply carry frames, and for a
+ * table's messages what they are. */
+static void payload_doc(ps_strbuf *out, const ps_msg_info *m)
+{
+    int rq = m->req_payload, rp = m->rep_payload;
+    if (rq > PS_PL_VALUES || rp > PS_PL_VALUES) {
+        if (rq)
+            ps_strbuf_addf(out, "request: %s", frames_doc(rq));
+        if (rp)
+            ps_strbuf_addf(out, "%sreply: %s", rq ? "; " : "", frames_doc(rp));
+        return;
+    }
+    ps_strbuf_add(out, rq && rp ? "request and reply" : rq ? "request" : rp ? "reply" : "-");
+}
+
 int ps_msg_doc_table(ps_strbuf *out)
 {
     ps_strbuf_add(out, "| t | name | sent by | request | request needs | reply | reply needs | "
@@ -50,12 +77,9 @@ int ps_msg_doc_table(ps_strbuf *out)
         keys_doc(out, m->from == PS_FROM_NOBODY ? 0 : m->req_keys, m->s_req);
         ps_strbuf_addf(out, " | %s | ", m->rep_doc);
         keys_doc(out, m->rep_keys, m->s_rep);
-        ps_strbuf_addf(out, " | %s | %s |\n",
-                       m->req_payload && m->rep_payload ? "request and reply"
-                       : m->req_payload                 ? "request"
-                       : m->rep_payload                 ? "reply"
-                                                        : "-",
-                       m->shm ? "yes" : "-");
+        ps_strbuf_add(out, " | ");
+        payload_doc(out, m);
+        ps_strbuf_addf(out, " | %s |\n", m->shm ? "yes" : "-");
     }
     return out->failed ? PS_ENOMEM : 0;
 }

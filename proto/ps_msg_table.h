@@ -16,8 +16,9 @@
  *   req_keys     header keys a request must carry besides `v` and `t` (PS_HK bits);
  *                `s` is needed wherever it means something (s_req, s_rep)
  *   rep_keys     the same for the reply
- *   req_payload  1: the request carries a payload frame (count x dtype-size bytes)
- *   rep_payload  1: the reply does
+ *   req_payload  the frames after the request's header (enum ps_payload, below): 0 none,
+ *                1 one payload frame (count x dtype-size bytes), or a table's frames
+ *   rep_payload  the same for the reply
  *   shm          1: with PS_FLAG_SHM the payload (or a pull's destination) is in the
  *                worker's shared-memory arena instead of a frame
  *   s_req, s_rep what the header's `s` means in the request / the reply (PS_S_<..>,
@@ -61,7 +62,26 @@
       "the answer to any request that was refused: `ec` and `et`")                               \
     X(HEARTBEAT, 10, "heartbeat", LIVE, 0, 0, 0, 0, 0, NONE, NONE, heartbeat,                    \
       "a sign of life (`q` = 0, fire and forget)",                                               \
-      "acknowledged; `PS_EHELLO` from a rank the server does not count as live")
+      "acknowledged; `PS_EHELLO` from a rank the server does not count as live")                \
+    X(TABLE, 11, "table", WORKER, PS_HK(K) | PS_HK(TB), 0, 0, 0, 0, NONE, NONE, table,           \
+      "declare table `k` (`tb`: its row width, initializer, optimizer, row cap and filter), to " \
+      "every server after hello, before any sparse request",                                     \
+      "acknowledged (with checkpoints: once one has the declaration written); the first one "  \
+      "stays, another is refused with `PS_EMISMATCH` naming the field")                         \
+    X(SPULL, 12, "spull", WORKER, PS_HK(K) | PS_HK(C) | PS_HK(DIM), PS_HK(DIM), PS_PL_IDS,       \
+      PS_PL_ROWS, 0, WANT_VERSION, CHUNK_VERSION, sparse,                                        \
+      "rows of table `k` in partition `c`: their ids (`n`, frame 1)",                            \
+      "the rows in the ids' order (`n` x `dim`)")                                                \
+    X(SPUSH, 13, "spush", WORKER, PS_HK(K) | PS_HK(C) | PS_HK(DIM), 0, PS_PL_IDS_ROWS, 0, 0,     \
+      PUSH_STEP, CHUNK_VERSION, sparse,                                                          \
+      "gradient rows for table `k`, partition `c`: ids (`n`, frame 1), rows (frame 2); every "   \
+      "partition gets one per step, `n` = 0 when no row of it was touched",                     \
+      "acknowledged")                                                                            \
+    X(SPUSHPULL, 14, "spushpull", WORKER, PS_HK(K) | PS_HK(C) | PS_HK(DIM), PS_HK(DIM),          \
+      PS_PL_IDS_ROWS_IDS, PS_PL_ROWS, 0, PUSH_STEP, CHUNK_VERSION, sparse,                       \
+      "a sparse push (frames 1, 2), then the rows of the `np` ids of frame 3 at the version "    \
+      "after it (`s` + `m`)",                                                                    \
+      "the rows (`n` x `dim`)")
 /* clang-format on */
 
 /* The header keys, in one list for the decoder and the table's key masks:
@@ -69,7 +89,7 @@
 #define PS_HDR_KEYS(X)                                                                           \
     X(V, "v") X(T, "t") X(F, "f") X(Q, "q") X(R, "r") X(K, "k") X(C, "c") X(S, "s") X(N, "n")     \
     X(D, "d") X(TOT, "tot") X(EC, "ec") X(ET, "et") X(H, "h") X(ST, "st") X(ADM, "adm")           \
-    X(BW, "bw") X(O, "o") X(M, "m") X(P, "p")
+    X(BW, "bw") X(O, "o") X(M, "m") X(P, "p") X(DIM, "dim") X(NP, "np") X(TB, "tb")
 
 enum ps_hdr_key {
 #define PS_HK_ENUM_(name, key) PS_HK_##name,
@@ -78,6 +98,18 @@ enum ps_hdr_key {
     PS_HK_COUNT
 };
 #define PS_HK(name) (1u << PS_HK_##name)
+
+/* The frames after a message's header (the table's req_payload and
+ * rep_payload).  A table's ids are little-endian uint64, its rows `dim`
+ * elements of `d` each (docs/PROTOCOL.md "Tables"). */
+enum ps_payload {
+    PS_PL_NONE = 0,         /* no frame */
+    PS_PL_VALUES = 1,       /* one frame: `n` elements of `d` */
+    PS_PL_IDS = 2,          /* one frame: `n` ids */
+    PS_PL_ROWS = 3,         /* one frame: `n` rows */
+    PS_PL_IDS_ROWS = 4,     /* `n` ids, then their `n` rows */
+    PS_PL_IDS_ROWS_IDS = 5  /* `n` ids, their `n` rows, then `np` ids */
+};
 
 /* Who may send a request of a type (the table's `from`). */
 enum ps_msg_from {

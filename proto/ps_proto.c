@@ -55,7 +55,7 @@ const char *ps_s_meaning_doc(int meaning)
     switch (meaning) {
     case PS_S_PUSH_STEP: return "the step of the gradient";
     case PS_S_WANT_VERSION: return "the lowest version the reply may carry";
-    case PS_S_CHUNK_VERSION: return "the chunk's version";
+    case PS_S_CHUNK_VERSION: return "the version of the chunk or partition";
     case PS_S_BARRIER_ID: return "the barrier's id";
     default: return "nothing";
     }
@@ -77,16 +77,28 @@ int ps_mode_parse(const char *s, int *mode)
     return 0;
 }
 
-int ps_msg_request_has_payload(uint32_t type)
+int ps_msg_request_layout(uint32_t type)
 {
     const ps_msg_info *m = ps_msg_info_of(type);
-    return m && m->req_payload;
+    return m ? m->req_payload : PS_PL_NONE;
 }
 
-int ps_msg_reply_has_payload(uint32_t type)
+int ps_msg_reply_layout(uint32_t type)
 {
     const ps_msg_info *m = ps_msg_info_of(type);
-    return m && m->rep_payload;
+    return m ? m->rep_payload : PS_PL_NONE;
+}
+
+int ps_msg_request_has_payload(uint32_t type)
+{
+    return ps_msg_request_layout(type) == PS_PL_VALUES;
+}
+
+int ps_msg_reply_has_payload(uint32_t type) { return ps_msg_reply_layout(type) == PS_PL_VALUES; }
+
+int ps_msg_is_sparse(uint32_t type)
+{
+    return type == PS_MSG_SPULL || type == PS_MSG_SPUSH || type == PS_MSG_SPUSHPULL;
 }
 
 void ps_header_init(ps_header *h, uint32_t type)
@@ -133,7 +145,7 @@ void ps_stats_add(ps_stats *acc, int *have_versions, const ps_stats *p)
 #define ADD_COUNTER_(f, key) acc->f += p->f;
     PS_STATS_COUNTERS(ADD_COUNTER_)
 #undef ADD_COUNTER_
-    if (p->chunks) {
+    if (p->chunks || p->partitions) {
         if (!*have_versions || p->min_version < acc->min_version)
             acc->min_version = p->min_version;
         if (!*have_versions || p->max_version > acc->max_version)
@@ -191,6 +203,30 @@ static void pk_f32(msgpack_packer *pk, const char *k, float v)
     msgpack_pack_float(pk, v);
 }
 
+/* The map `tb` of a TABLE request: every field of the declaration. */
+static void pk_decl(msgpack_packer *pk, const ps_table_options *o)
+{
+#define DECL_ONE_(f, type, key, name) +1
+    pk_key(pk, "tb");
+    msgpack_pack_map(pk, 1 + PS_OPT_NPARAMS + (0 PS_TABLE_DECL_FIELDS(DECL_ONE_)));
+#undef DECL_ONE_
+#define PK_DECL_U32(key, v) pk_u64(pk, key, v)
+#define PK_DECL_U64(key, v) pk_u64(pk, key, v)
+#define PK_DECL_I32(key, v) pk_i64(pk, key, v)
+#define PK_DECL_F32(key, v) pk_f32(pk, key, v)
+#define DECL_PK_(f, type, key, name) PK_DECL_##type(key, o->f);
+    PS_TABLE_DECL_FIELDS(DECL_PK_)
+#undef DECL_PK_
+    pk_i64(pk, "opt", o->opt.kind);
+    for (int p = 0; p < PS_OPT_NPARAMS; p++) {
+        const ps_opt_param *r = ps_opt_param_at(p);
+        if (r->is_int)
+            pk_u64(pk, r->key, (uint64_t)ps_opt_get(&o->opt, p));
+        else
+            pk_f32(pk, r->key, (float)ps_opt_get(&o->opt, p));
+    }
+}
+
 int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
 {
     wbuf w = {buf, 0, cap, 0};
@@ -203,9 +239,13 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     int is_shm = (h->flags & PS_FLAG_SHM) != 0;
     int is_sum = h->npush > 1;
     int is_dst = is_shm && h->type == PS_MSG_PUSHPULL && !(h->flags & PS_FLAG_REPLY);
+    int is_sparse = ps_msg_is_sparse(h->type) && h->dim; /* (a push's ack has none) */
+    int is_np = h->type == PS_MSG_SPUSHPULL && !(h->flags & PS_FLAG_REPLY);
+    int is_decl = h->type == PS_MSG_TABLE && !(h->flags & PS_FLAG_REPLY);
     size_t alen = h->type == PS_MSG_SHUTDOWN ? strnlen(h->admin, PS_ADMIN_TOKEN_MAX) : 0;
     size_t n = 11 + (size_t)is_hello + (size_t)is_stats + 2 * (size_t)is_error + (alen > 0) +
-               (size_t)has_bw + (size_t)is_shm + (size_t)is_sum + (size_t)is_dst;
+               (size_t)has_bw + (size_t)is_shm + (size_t)is_sum + (size_t)is_dst +
+               (size_t)is_sparse + (size_t)is_np + (size_t)is_decl;
     msgpack_pack_map(&pk, n);
     pk_u64(&pk, "v", h->version);
     pk_u64(&pk, "t", h->type);
@@ -227,6 +267,12 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
         pk_u64(&pk, "m", h->npush);
     if (is_dst) /* a pushpull's destination in the arena */
         pk_u64(&pk, "p", h->shm_dst);
+    if (is_sparse) /* a table's rows */
+        pk_u64(&pk, "dim", h->dim);
+    if (is_np) /* the ids a sparse pushpull pulls */
+        pk_u64(&pk, "np", h->npull);
+    if (is_decl)
+        pk_decl(&pk, &h->table);
     if (is_error) {
         pk_i64(&pk, "ec", h->err_code);
         size_t tl = strnlen(h->err_text, PS_ERR_TEXT_MAX);
@@ -249,12 +295,14 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
         /* the same-host data plane: the worker's arena; the server's answer */
         int reply = (h->flags & PS_FLAG_REPLY) != 0;
         size_t nshm = (o->shm_name[0] ? 3 : 0) + (reply ? 1 + (o->shm_why[0] != 0) : 0);
+        size_t nth = reply && o->threads; /* the partitions of each table */
         /* the settings servers and workers agree on, under their table keys;
          * one not given is left out (absent "dt": float32) */
         size_t nagreed = 0;
         for (int i = 0; i < ps_hello_nagreed(); i++)
             nagreed += (size_t)ps_hello_sends(o, i);
-        msgpack_pack_map(&pk, 3 + nagreed + (size_t)nopt + (o->token != 0) + nshm);
+        msgpack_pack_map(&pk, 3 + nagreed + (size_t)nopt + (o->token != 0) + nshm + nth +
+                                  (o->tables_fp != 0));
         for (int i = 0; i < ps_hello_nagreed(); i++)
             if (ps_hello_sends(o, i))
                 pk_i64(&pk, ps_hello_agreed(i)->hello, ps_hello_get(o, i));
@@ -282,11 +330,17 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
             if (o->shm_why[0])
                 pk_str(&pk, "sw", o->shm_why);
         }
+        if (nth)
+            pk_u64(&pk, "th", o->threads);
+        if (o->tables_fp)
+            pk_u64(&pk, "tfp", o->tables_fp);
     }
     if (is_stats) {
         const ps_stats *s = &h->stats;
         pk_key(&pk, "st");
-        msgpack_pack_map(&pk, 12);
+#define NCOUNTERS_(f, key) +1
+        msgpack_pack_map(&pk, 2 + 0 PS_STATS_COUNTERS(NCOUNTERS_));
+#undef NCOUNTERS_
 #define PK_COUNTER_(f, key) pk_u64(&pk, key, s->f);
         PS_STATS_COUNTERS(PK_COUNTER_)
 #undef PK_COUNTER_
@@ -511,7 +565,37 @@ static int once(uint64_t *seen, int i, const char *where, const char *name, char
     return 0;
 }
 
-static const char *const hello_keys[] = {"sr", "fp", "opt", "tok", "sa", "sk", "sz", "sm", "sw"};
+/* Hyper-parameter p of an optimizer map (the hello's `h`, a table's `tb`)
+ * into c, checked as its type; name (with the map's prefix) in messages. */
+static int decode_opt_param(const msgpack_object *v, const char *prefix, int p,
+                            ps_opt_config *c, char *why, size_t why_len)
+{
+    const ps_opt_param *r = ps_opt_param_at(p);
+    char name[16];
+    snprintf(name, sizeof name, "%s.%s", prefix, r->key);
+    if (r->is_int) {
+        uint64_t u;
+        FIELD_U(v, name, u, 0, (uint64_t)r->hi);
+        ps_opt_set(c, p, (double)u);
+    } else {
+        float f;
+        FIELD_F(v, name, f);
+        ps_opt_set(c, p, f);
+    }
+    return 0;
+}
+
+/* Index of the hyper-parameter whose key k is, or -1. */
+static int opt_param_index(const msgpack_object *k)
+{
+    for (int j = 0; k->type == MSGPACK_OBJECT_STR && j < PS_OPT_NPARAMS; j++)
+        if (key_is(k, ps_opt_param_at(j)->key))
+            return j;
+    return -1;
+}
+
+static const char *const hello_keys[] = {"sr", "fp", "opt", "tok", "sa", "sk", "sz", "sm", "sw",
+                                         "th", "tfp"};
 enum { HK_N = sizeof hello_keys / sizeof hello_keys[0] };
 
 /* Index of k among the agreed settings' keys (ps_hello_agreed), or -1. */
@@ -532,11 +616,8 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
     uint64_t seen = 0;
     for (uint32_t i = 0; i < m->via.map.size; i++) {
         const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
-        int ki = key_index(k, hello_keys, HK_N), ai = ki < 0 ? agreed_index(k) : -1, p = -1;
-        for (int j = 0; ki < 0 && ai < 0 && k->type == MSGPACK_OBJECT_STR && j < PS_OPT_NPARAMS;
-             j++)
-            if (key_is(k, ps_opt_param_at(j)->key))
-                p = j;
+        int ki = key_index(k, hello_keys, HK_N), ai = ki < 0 ? agreed_index(k) : -1;
+        int p = ki < 0 && ai < 0 ? opt_param_index(k) : -1;
         if (ki < 0 && ai < 0 && p < 0)
             continue; /* a newer peer's field, or a non-string key: ignored */
         int bit = ki >= 0 ? ki : ai >= 0 ? HK_N + ai : HK_N + ps_hello_nagreed() + p;
@@ -580,27 +661,71 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
             o->shm_why[n] = 0;
             continue;
         }
+        case 9: FIELD_U(v, "h.th", o->threads, 1, PS_SERVER_MAX_THREADS); continue;
+        case 10: FIELD_U(v, "h.tfp", o->tables_fp, 0, UINT64_MAX); continue;
         default: break;
         }
-        const ps_opt_param *r = ps_opt_param_at(p);
-        char name[16];
-        snprintf(name, sizeof name, "h.%s", r->key);
-        if (r->is_int) {
-            uint64_t u;
-            FIELD_U(v, name, u, 0, (uint64_t)r->hi);
-            ps_opt_set(&o->opt, p, (double)u);
-        } else {
-            float f;
-            FIELD_F(v, name, f);
-            ps_opt_set(&o->opt, p, f);
-        }
+        if (decode_opt_param(v, "h", p, &o->opt, why, why_len))
+            return PS_EPROTO;
         /* present is given; an older peer's 0 in a "zero means not given" row
          * is not */
-        if (!r->zero_unset || ps_opt_get(&o->opt, p) != 0)
+        if (!ps_opt_param_at(p)->zero_unset || ps_opt_get(&o->opt, p) != 0)
             o->opt.given |= 1u << p;
     }
     if (o->mode == 0 || o->num_workers == 0 || o->num_servers == 0) {
         ps_errorf(why, why_len, "hello needs mode, nw and ns");
+        return PS_EPROTO;
+    }
+    return 0;
+}
+
+/* `tb`: a table's declaration, each field range-checked as its type (the
+ * server checks the values: ps_table_decl_check). */
+static int decode_decl(const msgpack_object *m, ps_table_options *o, char *why, size_t why_len)
+{
+    if (m->type != MSGPACK_OBJECT_MAP) {
+        ps_errorf(why, why_len, "field 'tb' must be a map");
+        return PS_EPROTO;
+    }
+    static const char *const keys[] = {
+#define DECL_KEY_(f, type, key, name) key,
+        PS_TABLE_DECL_FIELDS(DECL_KEY_)
+#undef DECL_KEY_
+        "opt"};
+    enum { NK = sizeof keys / sizeof keys[0] };
+    uint64_t seen = 0;
+    for (uint32_t i = 0; i < m->via.map.size; i++) {
+        const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
+        int ki = key_index(k, keys, NK), p = ki < 0 ? opt_param_index(k) : -1;
+        if (ki < 0 && p < 0)
+            continue; /* a newer peer's field: ignored */
+        if (once(&seen, ki >= 0 ? ki : NK + p, "'tb'", ki >= 0 ? keys[ki] : ps_opt_param_at(p)->key,
+                 why, why_len))
+            return PS_EPROTO;
+        if (p >= 0) {
+            if (decode_opt_param(v, "tb", p, &o->opt, why, why_len))
+                return PS_EPROTO;
+            continue;
+        }
+        char name[16];
+        snprintf(name, sizeof name, "tb.%s", keys[ki]);
+        int idx = 0;
+#define DECL_GET_U32(f) FIELD_U(v, name, o->f, 0, UINT32_MAX)
+#define DECL_GET_U64(f) FIELD_U(v, name, o->f, 0, UINT64_MAX)
+#define DECL_GET_I32(f) FIELD_I(v, name, o->f, INT32_MIN, INT32_MAX)
+#define DECL_GET_F32(f) FIELD_F(v, name, o->f)
+#define DECL_GET_(f, type, key, nm)                                                         \
+        if (ki == idx++) {                                                                  \
+            DECL_GET_##type(f);                                                             \
+            continue;                                                                       \
+        }
+        PS_TABLE_DECL_FIELDS(DECL_GET_)
+#undef DECL_GET_
+        FIELD_I(v, name, o->opt.kind, 0, PS_TABLE_OPT_FTRL); /* "opt" */
+    }
+    o->opt.given = PS_OPT_GIVEN_ALL;
+    if (!(seen & 1u)) {
+        ps_errorf(why, why_len, "field 'tb' has no 'dim'");
         return PS_EPROTO;
     }
     return 0;
@@ -735,6 +860,9 @@ static int decode_field(int ki, const msgpack_object *v, ps_header *h, char *why
     case PS_HK_O: FIELD_U(v, "o", h->shm_off, 0, UINT64_MAX / 8); break;
     case PS_HK_M: FIELD_U(v, "m", h->npush, 1, 1u << 30); break;
     case PS_HK_P: FIELD_U(v, "p", h->shm_dst, 0, UINT64_MAX / 8); break;
+    case PS_HK_DIM: FIELD_U(v, "dim", h->dim, 1, PS_MAX_TABLE_DIM); break;
+    case PS_HK_NP: FIELD_U(v, "np", h->npull, 0, PS_MAX_SPARSE_IDS); break;
+    case PS_HK_TB: return decode_decl(v, &h->table, why, why_len);
     case PS_HK_EC: FIELD_I(v, "ec", h->err_code, 0, 1000); break;
     case PS_HK_ET: {
         if (v->type != MSGPACK_OBJECT_STR) {
@@ -884,60 +1012,4 @@ int ps_proto_decode(const void *buf, size_t len, ps_header *h, char *why, size_t
     }
     msgpack_unpacked_destroy(&u);
     return rc;
-}
-
-static int takes_shm(const ps_msg_info *m) { return m->shm; }
-
-int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes, char *why,
-                           size_t why_len)
-{
-    int reply = (h->flags & PS_FLAG_REPLY) != 0;
-    int needs = reply ? ps_msg_reply_has_payload(h->type) : ps_msg_request_has_payload(h->type);
-    if (h->flags & PS_FLAG_SHM) {
-        /* the payload (or a pull's destination) is in the worker's arena */
-        const ps_msg_info *m = ps_msg_info_of(h->type);
-        if (!m || !m->shm) {
-            char list[128];
-            ps_errorf(why, why_len, "a %s carries no payload: the shared-memory flag is for %s",
-                ps_msg_type_name(h->type), ps_msg_names(list, sizeof list, takes_shm));
-            return PS_EPROTO;
-        }
-        if (nframes != 0) {
-            ps_errorf(why, why_len, "%s %s in shared memory takes no payload frame, got %d",
-                ps_msg_type_name(h->type), reply ? "reply" : "request", nframes);
-            return PS_EPROTO;
-        }
-        /* a request whose reply has a payload names where it goes */
-        if ((needs || (!reply && ps_msg_reply_has_payload(h->type))) &&
-            (h->count == 0 || ps_dtype_size(h->dtype) == 0)) {
-            ps_errorf(why, why_len, "%s %s in shared memory needs a count and a dtype",
-                ps_msg_type_name(h->type), reply ? "reply" : "request");
-            return PS_EPROTO;
-        }
-        return 0;
-    }
-    if (!needs) {
-        if (nframes != 0) {
-            ps_errorf(why, why_len, "%s %s carries no payload, got %d extra frame(s)",
-                ps_msg_type_name(h->type), reply ? "reply" : "request", nframes);
-            return PS_EPROTO;
-        }
-        return 0;
-    }
-    if (nframes != 1) {
-        ps_errorf(why, why_len, "%s %s needs exactly one payload frame, got %d",
-            ps_msg_type_name(h->type), reply ? "reply" : "request", nframes);
-        return PS_EPROTO;
-    }
-    size_t es = ps_dtype_size(h->dtype);
-    if (es == 0) {
-        ps_errorf(why, why_len, "unknown dtype %u", h->dtype);
-        return PS_EPROTO;
-    }
-    if (h->count == 0 || h->count * es != payload_bytes) {
-        ps_errorf(why, why_len, "payload of %zu bytes does not match count %llu x %zu bytes",
-            payload_bytes, (unsigned long long)h->count, es);
-        return PS_EPROTO;
-    }
-    return 0;
 }

@@ -14,6 +14,7 @@
 #include "ps_msg_table.h"
 #include "ps_opt_table.h"
 #include "ps_settings.h"
+#include "ps_table_decl.h"
 #include "ps_types.h"
 
 #define PS_PROTO_VERSION 1
@@ -26,7 +27,8 @@
 #define PS_ADMIN_TOKEN_MAX 128
 
 /* The message types: proto/ps_msg_table.h has a row for each (PS_MSG_HELLO = 1,
- * INIT, PUSH, PULL, PUSHPULL, BARRIER, STATS, SHUTDOWN, ERROR, HEARTBEAT = 10). */
+ * INIT, PUSH, PULL, PUSHPULL, BARRIER, STATS, SHUTDOWN, ERROR, HEARTBEAT = 10,
+ * and the tables': TABLE, SPULL, SPUSH, SPUSHPULL = 14). */
 enum ps_msg_type {
 #define PS_MSG_ENUM_(NAME, t, ...) PS_MSG_##NAME = t,
     PS_MSG_TABLE(PS_MSG_ENUM_)
@@ -47,7 +49,8 @@ typedef struct ps_msg_info {
     uint32_t req_keys;     /* PS_HK bits a request must carry besides v and t (s included
                               when s_req is not PS_S_NONE) */
     uint32_t rep_keys;     /* the same for a reply */
-    uint8_t req_payload, rep_payload, shm;
+    uint8_t req_payload, rep_payload; /* enum ps_payload: the frames after the header */
+    uint8_t shm;
     uint8_t s_req, s_rep;  /* enum ps_s_meaning */
     const char *req_doc, *rep_doc;
 } ps_msg_info;
@@ -88,6 +91,11 @@ typedef struct ps_hello {
     uint64_t token;         /* reply: the rank's token for this run; request: the token
                                an earlier reply gave this worker (proves it is the same
                                worker); 0 = none, left out of the map */
+    uint32_t threads;       /* reply: the server's update threads, the partitions of each
+                               of its tables (key "th"); 0 in a request (not sent) */
+    uint64_t tables_fp;     /* the tables' fingerprint (ps_table_decl_fingerprint, key
+                               "tfp"): request: the worker's tables; reply: those the
+                               server compares it with; 0 = no tables, not sent */
 } ps_hello;
 
 typedef struct ps_header {
@@ -118,6 +126,9 @@ typedef struct ps_header {
     uint32_t npush;    /* async push: how many gradients (of steps push_step ..
                           push_step+npush-1) its payload sums; 0 and 1 both mean one (key
                           "m", sent when > 1) */
+    uint32_t dim;      /* SPULL, SPUSH, SPUSHPULL: floats per row (the table's) */
+    uint64_t npull;    /* SPUSHPULL request: the ids of its third frame (key "np") */
+    ps_table_options table; /* TABLE request: the declaration (key "tb") */
     int32_t err_code;  /* ERROR: PS_E* code */
     char err_text[PS_ERR_TEXT_MAX + 1];
     ps_hello hello;    /* HELLO only */
@@ -158,14 +169,34 @@ int ps_proto_decode(const void *buf, size_t len, ps_header *h, char *why, size_t
  * table's payload columns): data-carrying types need exactly one payload of
  * count * dtype size bytes, others none; with PS_FLAG_SHM (types whose row
  * allows it) no frame and a count and dtype.  nframes counts frames after
- * the header. */
+ * the header.  For a type of one frame at most; ps_proto_check_frames takes
+ * every type. */
 int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes, char *why,
                            size_t why_len);
 
-/* True for types whose request carries a payload (INIT, PUSH, PUSHPULL). */
+/* The same for any layout (enum ps_payload): nframes frames after the
+ * header, bytes[i] the size of frame i (those beyond the layout's are not
+ * read).  A table's: ids frames of 8 x `n` (and 8 x `np`) bytes, a rows
+ * frame of `n` x `dim` x the size of `d`, `dim` in [1, PS_MAX_TABLE_DIM],
+ * `n` and `np` at most PS_MAX_SPARSE_IDS. */
+int ps_proto_check_frames(const ps_header *h, int nframes, const size_t *bytes, char *why,
+                          size_t why_len);
+
+/* How many frames a layout (enum ps_payload) has after the header. */
+int ps_payload_frames(int layout);
+
+/* The request layout of a type (PS_PL_*), and the reply's; PS_PL_NONE for
+ * a type the table does not have. */
+int ps_msg_request_layout(uint32_t type);
+int ps_msg_reply_layout(uint32_t type);
+/* True for types whose request carries one payload frame of values (INIT,
+ * PUSH, PUSHPULL). */
 int ps_msg_request_has_payload(uint32_t type);
-/* True for types whose reply carries a payload (PULL, PUSHPULL). */
+/* True for types whose reply carries one payload frame of values (PULL,
+ * PUSHPULL). */
 int ps_msg_reply_has_payload(uint32_t type);
+/* True for the sparse types (SPULL, SPUSH, SPUSHPULL). */
+int ps_msg_is_sparse(uint32_t type);
 
 /* The type's name ("pushpull"); "unknown" for a type the table does not have. */
 const char *ps_msg_type_name(uint32_t type);
@@ -196,7 +227,8 @@ void ps_hello_set(ps_hello *h, int i, int64_t v);
 int ps_hello_sends(const ps_hello *h, int i);
 
 /* Compare two configs: every agreed setting, then the model fingerprint
- * (when both give one), then with check_opt the optimizer (ps_opt_compare).
+ * and the tables' (each when both give one), then with check_opt the
+ * optimizer (ps_opt_compare).
  * On mismatch returns PS_EMISMATCH and writes a message naming the setting
  * and both sides' values ("mode: worker 0 has sync, server has async"). */
 int ps_hello_compare(const ps_hello *a, const char *a_name, const ps_hello *b, const char *b_name,

@@ -16,19 +16,40 @@
 #include "ps_opt_table.h"
 
 #define MAGIC "PSCKPT1\n"
-/* 2: every hyper-parameter of the optimizer table (1 lacked the lr decay) */
-#define FORMAT 2
+/* 2: every hyper-parameter of the optimizer table (1 lacked the lr decay);
+ * 3: tables, and deltas (prev) */
+#define FORMAT 3
 /* bytes of the optimizer's hyper-parameters, as their C types */
 #define OPT_BYTES_(f, t, key, flag, def, lo, lob, hi, hib, used, zu, help) +sizeof(t)
 #define OPT_BYTES (0 PS_OPT_PARAMS(OPT_BYTES_))
-/* fixed part of the header, before the per-worker hello flags */
+/* fixed part of the header, before the per-worker hello flags: format 2's,
+ * and what format 3 adds (prev, threads, 0, partitions) */
 #define HDR_FIXED ((int)(8 + 4 + 4 + 8 + 8 + 6 * 4 + OPT_BYTES + 8 + 8 + 8 + 8 + 6 * 8))
+#define HDR_FIXED_3 (HDR_FIXED + 8 + 4 + 4 + 8)
 /* fixed part of a chunk record, before the clocks */
 #define REC_FIXED (8 + 4 + 4 + 8 + 8 + 8)
+/* a table declaration's bytes (ps_table_decl.h's fields, the optimizer's
+ * kind and its hyper-parameters, each as its C type) */
+#define DECL_BYTES_(f, type, key, name) +sizeof(((ps_table_options *)0)->f)
+#define DECL_BYTES ((0 PS_TABLE_DECL_FIELDS(DECL_BYTES_)) + 4 + OPT_BYTES)
+/* fixed part of a partition record, before the clocks: table, partition,
+ * flags, version, the declaration, 8 counters, 4 counts, state arrays, 0 */
+#define PREC_FIXED_ (8 + 4 + 4 + 8 + DECL_BYTES + 8 * 8 + 4 * 8 + 4 + 4)
+#define PREC_FIXED ((PREC_FIXED_ + 7) & ~7)
+#define PREC_DELTA 1u /* the partition record's flag: a delta */
 
 static size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
 
-static size_t header_bytes(int num_workers) { return pad8(HDR_FIXED + (size_t)num_workers); }
+static size_t header_bytes(int format, int num_workers)
+{
+    return pad8((size_t)(format >= 3 ? HDR_FIXED_3 : HDR_FIXED) + (size_t)num_workers);
+}
+
+/* A partition row: u64 id, u32 count, u32 0, dim values, each state array. */
+static size_t prow_bytes(uint32_t dim, uint32_t nstate)
+{
+    return pad8(16 + 4 * (size_t)dim * (1 + nstate));
+}
 
 static size_t record_bytes(int num_workers, size_t n, int nstate)
 {
@@ -127,7 +148,189 @@ static void put_chunk(void *arg, const ps_shard_chunk_view *v)
     o->nchunks++;
 }
 
-int ps_ckpt_serialize(const ps_shard *s, int mode, int num_workers, ps_ckpt_part *out)
+/* ---- serializing one update thread's table partitions ---- */
+
+/* The declaration's bytes (DECL_BYTES), in file order. */
+static unsigned char *put_decl(unsigned char *p, const ps_table_options *o)
+{
+#define PUT_DECL_(f, type, key, name) PUT(p, o->f);
+    PS_TABLE_DECL_FIELDS(PUT_DECL_)
+#undef PUT_DECL_
+    PUT(p, (int32_t)o->opt.kind);
+#define PUT_DOPT_(f, t, key, flag, def, lo, lob, hi, hib, used, zu, help) PUT(p, o->opt.f);
+    PS_OPT_PARAMS(PUT_DOPT_)
+#undef PUT_DOPT_
+    return p;
+}
+
+static const unsigned char *get_decl(const unsigned char *p, ps_table_options *o)
+{
+    memset(o, 0, sizeof *o);
+#define GET_DECL_(f, type, key, name) GET(p, o->f);
+    PS_TABLE_DECL_FIELDS(GET_DECL_)
+#undef GET_DECL_
+    int32_t kind;
+    GET(p, kind);
+    o->opt.kind = kind;
+#define GET_DOPT_(f, t, key, flag, def, lo, lob, hi, hib, used, zu, help) GET(p, o->opt.f);
+    PS_OPT_PARAMS(GET_DOPT_)
+#undef GET_DOPT_
+    o->opt.given = PS_OPT_GIVEN_ALL;
+    return p;
+}
+
+/* What one partition's record holds. */
+typedef struct prec {
+    ps_tpart_view v;
+    int delta;
+    size_t nd, no, nc, nr;
+    const uint64_t *deleted;
+    const uint8_t *cells;
+    uint32_t nstate;
+    size_t bytes;
+} prec;
+
+typedef struct rowser {
+    unsigned char *p;
+    uint32_t dim, nstate;
+    size_t n;
+} rowser;
+
+static void count_row(void *arg, const ps_table_row_view *v)
+{
+    (void)v;
+    ((rowser *)arg)->n++;
+}
+
+static void put_row(void *arg, const ps_table_row_view *v)
+{
+    rowser *z = arg;
+    unsigned char *start = z->p, *p = z->p;
+    PUT(p, v->id);
+    PUT(p, v->count);
+    PUT(p, (uint32_t)0);
+    memcpy(p, v->w, z->dim * sizeof(float));
+    p += z->dim * sizeof(float);
+    for (uint32_t k = 0; k < z->nstate; k++) {
+        memcpy(p, v->state[k], z->dim * sizeof(float));
+        p += z->dim * sizeof(float);
+    }
+    size_t rb = prow_bytes(z->dim, z->nstate);
+    memset(p, 0, rb - (size_t)(p - start));
+    z->p = start + rb;
+}
+
+static void put_id(void *arg, const ps_table_row_view *v)
+{
+    rowser *z = arg;
+    PUT(z->p, v->id);
+}
+
+/* What partition i's record holds, and its bytes. */
+static void plan_part(ps_tparts *tp, size_t i, int full, int num_workers, prec *r)
+{
+    memset(r, 0, sizeof *r);
+    ps_tparts_view(tp, i, &r->v);
+    ps_table *t = r->v.store;
+    ps_table_counts c;
+    ps_table_stats(t, &c);
+    r->nstate = (uint32_t)ps_table_state_arrays(r->v.decl->opt.kind);
+    r->cells = ps_table_filter_cells(t, &r->nc);
+    r->delta = !full && ps_table_delta_ok(t);
+    if (r->delta) {
+        r->deleted = ps_table_deleted(t, &r->nd);
+        rowser z = {0};
+        ps_table_foreach(t, PS_TABLE_ROWS_DIRTY, count_row, &z);
+        r->nr = z.n;
+        /* a capped table's LRU order: every row, least recently touched first */
+        r->no = r->v.decl->max_rows ? c.rows : 0;
+    } else {
+        r->nr = c.rows;
+    }
+    r->bytes = PREC_FIXED + 8 * (size_t)num_workers + 8 * (r->nd + r->no) + pad8(r->nc) +
+               r->nr * prow_bytes(r->v.decl->dim, r->nstate);
+}
+
+static unsigned char *put_part(unsigned char *p, const prec *r, int mode, int num_workers)
+{
+    unsigned char *start = p;
+    const ps_tpart_view *v = &r->v;
+    ps_table_counts c;
+    ps_table_stats(v->store, &c);
+    PUT(p, v->key);
+    PUT(p, (uint32_t)v->part);
+    PUT(p, (uint32_t)(r->delta ? PREC_DELTA : 0));
+    PUT(p, v->version);
+    p = put_decl(p, v->decl);
+    uint64_t counters[8] = {c.created,        c.evicted, c.filtered_pulls, c.filtered_pushes,
+                            c.pulled,         c.pushed,  c.updated,        c.rounds};
+    memcpy(p, counters, sizeof counters);
+    p += sizeof counters;
+    PUT(p, (uint64_t)r->nd);
+    PUT(p, (uint64_t)r->no);
+    PUT(p, (uint64_t)r->nc);
+    PUT(p, (uint64_t)r->nr);
+    PUT(p, r->nstate);
+    PUT(p, (uint32_t)0);
+    memset(p, 0, (size_t)(start + PREC_FIXED - p));
+    p = start + PREC_FIXED;
+    for (int k = 0; k < num_workers; k++) {
+        int64_t clk = v->clock[k];
+        /* sync: the open round's pushes are not in the rows (as a chunk's) */
+        if (mode == PS_MODE_SYNC && clk > v->version)
+            clk = v->version;
+        PUT(p, clk);
+    }
+    if (r->nd) {
+        memcpy(p, r->deleted, 8 * r->nd);
+        p += 8 * r->nd;
+    }
+    rowser z = {p, v->decl->dim, r->nstate, 0};
+    if (r->no)
+        ps_table_foreach(v->store, PS_TABLE_ROWS_ALL, put_id, &z);
+    p = z.p;
+    if (r->nc)
+        memcpy(p, r->cells, r->nc);
+    memset(p + r->nc, 0, pad8(r->nc) - r->nc);
+    p += pad8(r->nc);
+    z.p = p;
+    ps_table_foreach(v->store, r->delta ? PS_TABLE_ROWS_DIRTY : PS_TABLE_ROWS_ALL, put_row, &z);
+    return z.p;
+}
+
+/* Every partition of tp into out->tbuf.  PS_ENOMEM. */
+static int serialize_parts(ps_tparts *tp, int mode, int num_workers, int full, ps_ckpt_part *out)
+{
+    size_t np = tp ? ps_tparts_count(tp) : 0, need = 0;
+    prec *r = calloc(np ? np : 1, sizeof *r);
+    if (!r)
+        return PS_ENOMEM;
+    for (size_t i = 0; i < np; i++) {
+        plan_part(tp, i, full, num_workers, &r[i]);
+        need += r[i].bytes;
+    }
+    out->tbuf = malloc(need ? need : 1);
+    if (!out->tbuf) {
+        free(r);
+        return PS_ENOMEM;
+    }
+    unsigned char *p = out->tbuf;
+    for (size_t i = 0; i < np; i++) {
+        p = put_part(p, &r[i], mode, num_workers);
+        int64_t v = r[i].v.version;
+        if (!(out->nchunks + out->nparts) || v < out->min_version)
+            out->min_version = v;
+        if (!(out->nchunks + out->nparts) || v > out->max_version)
+            out->max_version = v;
+        out->nparts++;
+    }
+    out->tlen = need;
+    free(r);
+    return 0;
+}
+
+int ps_ckpt_serialize(const ps_shard *s, ps_tparts *tp, int mode, int num_workers, int full,
+                      ps_ckpt_part *out)
 {
     memset(out, 0, sizeof *out);
     ser z = {mode, num_workers, 0, NULL, out};
@@ -138,7 +341,28 @@ int ps_ckpt_serialize(const ps_shard *s, int mode, int num_workers, ps_ckpt_part
     z.p = out->buf;
     ps_shard_foreach(s, put_chunk, &z);
     out->len = z.need;
+    if (serialize_parts(tp, mode, num_workers, full, out)) {
+        free(out->buf);
+        memset(out, 0, sizeof *out);
+        return PS_ENOMEM;
+    }
     ps_shard_stats(s, &out->counters);
+    /* the tables' message counters go with the chunks' (their rows and
+     * bytes are the partitions' own, in their records) */
+    ps_stats t;
+    memset(&t, 0, sizeof t);
+    if (tp)
+        ps_tparts_stats(tp, &t);
+    out->counters.pushes += t.pushes;
+    out->counters.pulls += t.pulls;
+    out->counters.updates += t.updates;
+    out->counters.dup_dropped += t.dup_dropped;
+    /* every change so far is in this snapshot: the next delta starts here */
+    for (size_t i = 0; i < out->nparts; i++) {
+        ps_tpart_view v;
+        ps_tparts_view(tp, i, &v);
+        ps_table_mark_clean(v.store);
+    }
     return 0;
 }
 
@@ -223,16 +447,60 @@ static int write_all(int fd, const void *buf, size_t len)
     return 0;
 }
 
+/* Remove every checkpoint that is neither one of the newest `keep` nor in
+ * the chain of one of them (a delta's prev, its prev, ... the full one). */
 static void prune(const char *dir, int rank, int keep)
 {
     uint64_t *seqs;
     int n = ps_ckpt_list(dir, rank, &seqs, NULL, 0);
-    char path[1024];
-    for (int i = keep; i < n; i++) {
-        ps_ckpt_path(dir, rank, seqs[i], path, sizeof path);
-        unlink(path);
+    if (n <= keep) {
+        free(seqs);
+        return;
     }
+    char *need = calloc((size_t)n, 1), path[1024];
+    if (!need) { /* keep everything rather than a file a chain needs */
+        free(seqs);
+        return;
+    }
+    for (int i = 0; i < keep && i < n; i++) {
+        /* newest first: a chain's files are older than its head */
+        int64_t s = (int64_t)seqs[i];
+        for (int k = i; k < n && s > 0; k++)
+            if (seqs[k] == (uint64_t)s) {
+                need[k] = 1;
+                s = ps_ckpt_prev_of(dir, rank, seqs[k]);
+            }
+    }
+    for (int i = 0; i < n; i++)
+        if (!need[i]) {
+            ps_ckpt_path(dir, rank, seqs[i], path, sizeof path);
+            unlink(path);
+        }
+    free(need);
     free(seqs);
+}
+
+int64_t ps_ckpt_prev_of(const char *dir, int rank, uint64_t seq)
+{
+    char path[1024];
+    unsigned char h[HDR_FIXED_3];
+    ps_ckpt_path(dir, rank, seq, path, sizeof path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t got = read(fd, h, sizeof h);
+    close(fd);
+    uint32_t format;
+    if (got < 12 || memcmp(h, MAGIC, 8) != 0)
+        return -1;
+    memcpy(&format, h + 8, 4);
+    if (format < 3)
+        return 0;
+    uint64_t prev;
+    if (got < HDR_FIXED_3)
+        return -1;
+    memcpy(&prev, h + HDR_FIXED, 8);
+    return (int64_t)prev;
 }
 
 int ps_ckpt_write(const char *dir, const ps_ckpt_meta *m, const ps_ckpt_part *parts, int nparts,
@@ -242,7 +510,7 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_meta *m, const ps_ckpt_part *pa
     char tmp[1024];
     snprintf(tmp, sizeof tmp, "%s/shard-%d.tmp", dir, m->rank);
     ps_ckpt_path(dir, m->rank, m->seq, path, path_len);
-    size_t hb = header_bytes(m->num_workers);
+    size_t hb = header_bytes(FORMAT, m->num_workers);
     unsigned char *h = calloc(1, hb), *p = h;
     if (!h) {
         ps_errorf(why, why_len, "out of memory writing %s", path);
@@ -256,6 +524,11 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_meta *m, const ps_ckpt_part *pa
 #define PUT_FIELD(f) PUT(p, m->f);
 #define PUT_OPT(f, t, key, flag, def, lo, lob, hi, hib, used, zu, help) PUT(p, m->opt.f);
     HEADER_FIELDS(PUT_INT32, PUT_FIELD, PUT_OPT)
+    /* format 3's: prev, threads, 0 (nparts stays 8-aligned), nparts */
+    PUT(p, m->prev);
+    PUT(p, (int32_t)m->threads);
+    PUT(p, (uint32_t)0);
+    PUT(p, m->nparts);
 #undef PUT_OPT
 #undef PUT_INT32
 #undef PUT_FIELD
@@ -267,10 +540,16 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_meta *m, const ps_ckpt_part *pa
     int ok = fd >= 0 && (step = "write", write_all(fd, h, hb) == 0);
     free(h);
     uint64_t total = hb;
-    for (int i = 0; ok && i < nparts; i++) {
-        crc = crc_update(crc, parts[i].buf, parts[i].len);
-        ok = write_all(fd, parts[i].buf, parts[i].len) == 0;
-        total += parts[i].len;
+    /* every thread's chunks, then every thread's table partitions */
+    for (int i = 0; ok && i < 2 * nparts; i++) {
+        const ps_ckpt_part *q = &parts[i % nparts];
+        const void *buf = i < nparts ? q->buf : q->tbuf;
+        size_t len = i < nparts ? q->len : q->tlen;
+        if (!len)
+            continue;
+        crc = crc_update(crc, buf, len);
+        ok = write_all(fd, buf, len) == 0;
+        total += len;
     }
     unsigned char tail[4];
     memcpy(tail, &crc, 4);
@@ -322,7 +601,7 @@ void ps_ckpt_file_free(ps_ckpt_file *f)
 int ps_ckpt_next_chunk(const ps_ckpt_file *f, size_t *off, ps_shard_chunk_view *v)
 {
     int W = f->meta.num_workers;
-    size_t end = f->size - 4;
+    size_t end = f->first_part; /* the chunk records end where the tables' begin */
     if (*off >= end)
         return 0;
     const unsigned char *p = f->data + *off;
@@ -347,6 +626,34 @@ int ps_ckpt_next_chunk(const ps_ckpt_file *f, size_t *off, ps_shard_chunk_view *
     }
     *off += record_bytes(W, v->n, v->nstate);
     return 1;
+}
+
+/* The bytes of the partition record at p (avail bytes there), every count
+ * in range and every part inside; 0 when it is not. */
+static size_t part_record_bytes(const unsigned char *p, size_t avail, int W)
+{
+    if (avail < PREC_FIXED + 8 * (size_t)W)
+        return 0;
+    ps_table_options d;
+    get_decl(p + 24, &d);
+    uint64_t n[4];
+    uint32_t nstate;
+    memcpy(n, p + 24 + DECL_BYTES + 64, sizeof n);
+    memcpy(&nstate, p + 24 + DECL_BYTES + 64 + sizeof n, 4);
+    if (d.dim < 1 || d.dim > PS_MAX_TABLE_DIM || nstate > 2 ||
+        (int)nstate != ps_table_state_arrays(d.opt.kind))
+        return 0;
+    size_t left = avail - PREC_FIXED - 8 * (size_t)W, rb = prow_bytes(d.dim, nstate);
+    if (n[0] > left / 8 || n[1] > left / 8 - n[0] || n[2] > left)
+        return 0;
+    left -= 8 * (size_t)(n[0] + n[1]);
+    if (pad8((size_t)n[2]) > left)
+        return 0;
+    left -= pad8((size_t)n[2]);
+    if (n[3] > left / rb)
+        return 0;
+    return PREC_FIXED + 8 * (size_t)W + 8 * (size_t)(n[0] + n[1]) + pad8((size_t)n[2]) +
+           (size_t)n[3] * rb;
 }
 
 int ps_ckpt_read(const char *path, ps_ckpt_file *f, char *why, size_t why_len)
@@ -406,8 +713,8 @@ int ps_ckpt_read(const char *path, ps_ckpt_file *f, char *why, size_t why_len)
     ps_ckpt_meta *m = &f->meta;
     GET(p, format);
     GET(p, hb);
-    if (format != FORMAT)
-        CORRUPT("format %u, this server reads format %d%s", format, FORMAT,
+    if (format != FORMAT && format != 2)
+        CORRUPT("format %u, this server reads formats 2 and %d%s", format, FORMAT,
                 format == 1 ? " (format 1 did not record --lr-decay; restore it with the "
                               "ps_server that wrote it, or start without --restore)"
                             : "");
@@ -418,15 +725,24 @@ int ps_ckpt_read(const char *path, ps_ckpt_file *f, char *why, size_t why_len)
 #undef GET_OPT
 #undef GET_INT32
 #undef GET_FIELD
+    if (format >= 3 && size >= HDR_FIXED_3 + 4) {
+        int32_t threads;
+        uint32_t zero;
+        GET(p, m->prev);
+        GET(p, threads);
+        GET(p, zero);
+        GET(p, m->nparts);
+        m->threads = threads;
+    }
     if (m->num_workers < 1 || m->num_workers > PS_MAX_RANK + 1 ||
-        hb != header_bytes(m->num_workers) || hb > size - 4)
+        hb != header_bytes((int)format, m->num_workers) || hb > size - 4)
         CORRUPT("bad header (%d workers, %u header bytes)", m->num_workers, hb);
     m->hello = p;
     /* every record in bounds, as many as the header says */
     int W = m->num_workers, nstate = ps_opt_state_arrays(m->opt.kind);
     size_t off = hb, end = size - 4;
     uint64_t count = 0;
-    while (off < end) {
+    while (off < end && count < m->nchunks) {
         if (end - off < REC_FIXED + 8 * (size_t)W)
             CORRUPT("chunk record %llu is cut short", (unsigned long long)count);
         uint32_t ns;
@@ -445,11 +761,85 @@ int ps_ckpt_read(const char *path, ps_ckpt_file *f, char *why, size_t why_len)
     if (count != m->nchunks)
         CORRUPT("%llu chunk records, the header says %llu", (unsigned long long)count,
                 (unsigned long long)m->nchunks);
+    size_t first_part = off;
+    for (count = 0; count < m->nparts; count++) {
+        size_t rb = part_record_bytes(d + off, end - off, W);
+        if (!rb)
+            CORRUPT("table partition record %llu is cut short or out of range",
+                    (unsigned long long)count);
+        off += rb;
+    }
+    if (off != end)
+        CORRUPT("%zu bytes after the %llu chunk and %llu table partition records the header "
+                "counts", end - off, (unsigned long long)m->nchunks,
+                (unsigned long long)m->nparts);
 #undef CORRUPT
     f->data = d;
     f->size = size;
     f->first = hb;
+    f->first_part = first_part;
     return 0;
+}
+
+int ps_ckpt_next_part(const ps_ckpt_file *f, size_t *off, ps_ckpt_part_view *v)
+{
+    if (*off >= f->size - 4)
+        return 0;
+    const unsigned char *start = f->data + *off, *p = start;
+    int W = f->meta.num_workers;
+    uint32_t flags;
+    memset(v, 0, sizeof *v);
+    GET(p, v->key);
+    GET(p, v->part);
+    GET(p, flags);
+    GET(p, v->version);
+    v->delta = (flags & PREC_DELTA) != 0;
+    p = get_decl(p, &v->decl);
+    uint64_t c[8], n[4];
+    memcpy(c, p, sizeof c);
+    p += sizeof c;
+    v->counts = (ps_table_counts){.created = c[0], .evicted = c[1], .filtered_pulls = c[2],
+                                  .filtered_pushes = c[3], .pulled = c[4], .pushed = c[5],
+                                  .updated = c[6], .rounds = c[7]};
+    memcpy(n, p, sizeof n);
+    p += sizeof n;
+    GET(p, v->nstate);
+    v->ndeleted = (size_t)n[0];
+    v->norder = (size_t)n[1];
+    v->ncells = (size_t)n[2];
+    v->nrows = (size_t)n[3];
+    p = start + PREC_FIXED;
+    v->clock = (const int64_t *)(const void *)p; /* 8-aligned: records are padded */
+    p += 8 * (size_t)W;
+    v->deleted = p;
+    p += 8 * v->ndeleted;
+    v->order = p;
+    p += 8 * v->norder;
+    v->cells = p;
+    p += pad8(v->ncells);
+    v->rows = p;
+    v->row_bytes = prow_bytes(v->decl.dim, v->nstate);
+    *off += part_record_bytes(start, f->size - 4 - *off, W);
+    return 1;
+}
+
+void ps_ckpt_part_row(const ps_ckpt_part_view *p, size_t k, ps_table_row_view *v)
+{
+    const unsigned char *r = p->rows + k * p->row_bytes;
+    memcpy(&v->id, r, 8);
+    memcpy(&v->count, r + 8, 4);
+    v->dim = p->decl.dim;
+    v->nstate = (int)p->nstate;
+    v->w = (const float *)(const void *)(r + 16);
+    v->state[0] = p->nstate >= 1 ? v->w + p->decl.dim : NULL;
+    v->state[1] = p->nstate >= 2 ? v->w + 2 * (size_t)p->decl.dim : NULL;
+}
+
+uint64_t ps_ckpt_id(const unsigned char *list, size_t k)
+{
+    uint64_t id;
+    memcpy(&id, list + 8 * k, 8);
+    return id;
 }
 
 int ps_ckpt_check_config(const ps_ckpt_meta *m, int rank, int num_servers, int num_workers,

@@ -5,22 +5,48 @@
  * File DIR/shard-<rank>-<seq>.ckpt (seq: 12 decimal digits, growing), all
  * integers and floats little-endian:
  *
- *   header   "PSCKPT1\n", u32 format (1), u32 header bytes, u64 seq,
+ *   header   "PSCKPT1\n", u32 format (3), u32 header bytes, u64 seq,
  *            u64 config fingerprint, i32 rank, num_servers, num_workers, mode,
- *            max_staleness, optimizer kind, f32 lr, momentum, beta1, beta2, eps,
- *            weight_decay, u64 model fingerprint (from the workers' hello),
- *            u64 chunks, i64 lowest and highest chunk version, u64 counters
- *            (pushes, pulls, inits, updates, duplicates, bytes in),
- *            u8 per worker rank: 1 = said hello
+ *            max_staleness, optimizer kind, every hyper-parameter of the
+ *            optimizer table as its C type, u64 model fingerprint (from the
+ *            workers' hello), u64 chunks, i64 lowest and highest version (of
+ *            chunks and table partitions), u64 counters (pushes, pulls, inits,
+ *            updates, duplicates, bytes in), u64 prev (0: a full checkpoint;
+ *            else the checkpoint this one holds the changes since), i32 threads,
+ *            u32 0, u64 partitions, u8 per worker rank: 1 = said hello
  *   chunks   u64 key, u32 chunk, u32 state arrays, u64 n, u64 total,
  *            i64 version, i64 clock per worker, f32 weights[n], then each
  *            optimizer state array f32[n]
+ *   tables   a record per table partition (server/table_part.h): u64 table,
+ *            u32 partition, u32 flags (1: a delta: only the rows changed since
+ *            `prev`, and the rows deleted since; else every row), i64 version,
+ *            the declaration (dim, initializer, scale, seed, optimizer kind,
+ *            every hyper-parameter, FTRL's beta, l1, l2, row cap, min count,
+ *            filter cells: ps_table_decl.h's fields, each as its C type), u64
+ *            counters (created, evicted, filtered pulls, filtered pushes,
+ *            pulled, pushed, updated, rounds), u64 deleted, u64 order, u64
+ *            filter cells, u64 rows, u32 state arrays, u32 0, i64 clock per
+ *            worker, u64 deleted ids[deleted], u64 ids[order] (a capped table:
+ *            every row from the least to the most recently touched), u8
+ *            cells[filter cells], then each row: u64 id, u32 count (lazy adam's
+ *            t), u32 0, f32 values[dim], each state array f32[dim]
  *   trailer  u32 CRC-32 (zlib) of every byte before it
+ * (each record padded to 8 bytes).  Format 2 (no tables, no prev) is still
+ * read.
+ *
+ * A chain: a full checkpoint, then deltas, each naming the one before it
+ * (prev).  A delta holds every chunk whole and, of each table partition,
+ * the rows changed and deleted since prev (a partition never in a
+ * checkpoint before, or whose deletions could not be recorded, whole).
+ * Restoring the newest file restores its chain from the full one, in order
+ * (ckpt_coord.c); a full one is written every PS_CKPT_FULL_EVERY
+ * checkpoints and after any that failed.
  *
  * Writing: DIR/shard-<rank>.tmp is written, fsync'ed and renamed to the
  * versioned name, then the directory is fsync'ed, so a crash leaves either
- * the old set of files or the new one, never a half-written .ckpt; then all
- * but the newest `keep` checkpoints are removed.
+ * the old set of files or the new one, never a half-written .ckpt; then
+ * every checkpoint is removed that neither the newest `keep` nor a chain one
+ * of them needs holds.
  *
  * Consistency: each update thread serializes its own chunks between two of
  * its messages (ps_ckpt_serialize), so no update is half in a checkpoint.  In
@@ -36,8 +62,12 @@
 
 #include "ps_proto.h"
 #include "shard.h"
+#include "table_part.h"
 
 #define PS_CKPT_KEEP 2
+/* A full checkpoint after this many deltas (a chain is at most this long
+ * plus one). */
+#define PS_CKPT_FULL_EVERY 8
 
 /* What a checkpoint says about the server that wrote it. */
 typedef struct ps_ckpt_meta {
@@ -49,15 +79,22 @@ typedef struct ps_ckpt_meta {
     uint64_t nchunks;
     int64_t min_version, max_version;
     ps_stats counters;    /* pushes, pulls, inits, updates, dup_dropped, bytes_in */
+    uint64_t prev;        /* 0: full; else the checkpoint a delta builds on */
+    int threads;          /* the writer's update threads: each table's partitions */
+    uint64_t nparts;      /* table partition records */
     const uint8_t *hello; /* num_workers flags; owned by whoever filled the meta */
 } ps_ckpt_meta;
 
-/* One update thread's chunks, serialized (the chunk records above). */
+/* One update thread's chunks and table partitions, serialized (the records
+ * above). */
 typedef struct ps_ckpt_part {
-    void *buf;           /* malloc'd; whoever holds the part frees it */
+    void *buf;           /* the chunk records; malloc'd; whoever holds the part frees it */
     size_t len;
-    uint64_t nchunks;
-    int64_t min_version, max_version; /* valid when nchunks > 0 */
+    void *tbuf;          /* the table partitions' records, the same way */
+    size_t tlen;
+    uint64_t nchunks, nparts;
+    int64_t min_version, max_version; /* of chunks and partitions; valid when
+                                         nchunks + nparts > 0 */
     ps_stats counters;
 } ps_ckpt_part;
 
@@ -66,8 +103,12 @@ typedef struct ps_ckpt_part {
 uint64_t ps_ckpt_config_fp(int rank, int num_servers, int num_workers, int mode,
                            int max_staleness, const ps_opt_config *opt);
 
-/* Serialize every chunk of s (the caller's thread owns s).  PS_ENOMEM. */
-int ps_ckpt_serialize(const ps_shard *s, int mode, int num_workers, ps_ckpt_part *out);
+/* Serialize every chunk of s and every table partition of tp (NULL: none;
+ * the caller's thread owns both): the partitions whole when full, else each as a delta
+ * where its table allows (ps_table_delta_ok).  Then every table is marked
+ * clean (the next delta starts here).  PS_ENOMEM (nothing is marked then). */
+int ps_ckpt_serialize(const ps_shard *s, ps_tparts *tp, int mode, int num_workers, int full,
+                      ps_ckpt_part *out);
 
 /* Write parts under dir as checkpoint m->seq (see above), keep the newest
  * `keep`.  *path gets the final file name; *bytes its size.  PS_EIO with the
@@ -79,6 +120,10 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_meta *m, const ps_ckpt_part *pa
 /* Checkpoint files of server `rank` under dir, newest first: *seqs (malloc'd)
  * gets their sequence numbers.  Returns the count (0: none), or -1 when dir
  * cannot be read (why says). */
+/* The `prev` of checkpoint seq as its header says, without reading the
+ * rest: 0 (a full one, a format 2 file) or the seq it builds on; -1 when the
+ * header cannot be read. */
+int64_t ps_ckpt_prev_of(const char *dir, int rank, uint64_t seq);
 int ps_ckpt_list(const char *dir, int rank, uint64_t **seqs, char *why, size_t why_len);
 
 /* The file name of checkpoint seq of rank under dir. */
@@ -91,7 +136,27 @@ typedef struct ps_ckpt_file {
     unsigned char *data;
     size_t size;
     size_t first;        /* offset of the first chunk record */
+    size_t first_part;   /* offset of the first table partition record */
 } ps_ckpt_file;
+
+/* A table partition's record as ps_ckpt_next_part reads it; pointers into
+ * the file's data.  The id lists are little-endian u64 at any alignment:
+ * ps_ckpt_id reads them. */
+typedef struct ps_ckpt_part_view {
+    uint64_t key;
+    uint32_t part;
+    int delta;
+    int64_t version;
+    ps_table_options decl;
+    ps_table_counts counts;  /* created .. rounds */
+    const int64_t *clock;    /* num_workers */
+    size_t ndeleted, norder, ncells, nrows;
+    const unsigned char *deleted, *order;
+    const uint8_t *cells;
+    const unsigned char *rows;
+    size_t row_bytes;
+    uint32_t nstate;
+} ps_ckpt_part_view;
 
 /* Read and check path.  PS_EDATA (corrupt: why says how), PS_EIO,
  * PS_ENOMEM.  Free with ps_ckpt_file_free. */
@@ -101,6 +166,12 @@ void ps_ckpt_file_free(ps_ckpt_file *f);
 /* Chunk record i-th in turn: start with *off = f->first; 1 while there is
  * one (v filled, pointing into f->data), 0 at the end. */
 int ps_ckpt_next_chunk(const ps_ckpt_file *f, size_t *off, ps_shard_chunk_view *v);
+/* The same for the table partition records: start at f->first_part. */
+int ps_ckpt_next_part(const ps_ckpt_file *f, size_t *off, ps_ckpt_part_view *v);
+/* Row k of a partition record (v filled, pointing into the file). */
+void ps_ckpt_part_row(const ps_ckpt_part_view *p, size_t k, ps_table_row_view *v);
+/* Id k of a list of a partition record (deleted or order). */
+uint64_t ps_ckpt_id(const unsigned char *list, size_t k);
 
 /* PS_EMISMATCH when the checkpoint was written with another configuration;
  * why names the flag and both values. */

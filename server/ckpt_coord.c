@@ -70,6 +70,10 @@ struct ps_ckpt_coord {
     int64_t last_ns, retry_ns, info_ns;
     int64_t durable_round;    /* durable rounds: versions up to it are on disk */
     uint64_t written_seq;     /* the last checkpoint written */
+    int need_full;            /* the next checkpoint must be a full one (none written by
+                                 this process or restored, or the last one failed) */
+    int chain_len;            /* deltas written since the last full one */
+    int snap_full;            /* the snapshot being collected is a full one */
     uint64_t snap_mut;        /* the mutations of the snapshot being collected */
     uint64_t written_mut;     /* ... and of the last one written (this process's count) */
     int on_failure;           /* PS_CKPT_FAIL_* */
@@ -85,8 +89,10 @@ struct ps_ckpt_coord {
 
 static void free_parts(ps_ckpt_part *parts, int n)
 {
-    for (int i = 0; parts && i < n; i++)
+    for (int i = 0; parts && i < n; i++) {
         free(parts[i].buf);
+        free(parts[i].tbuf);
+    }
     free(parts);
 }
 
@@ -102,6 +108,7 @@ static int start(ps_ckpt_coord *c, int64_t now, uint64_t mut, uint64_t *token)
     }
     c->state = CK_SNAP;
     c->token = c->seq++;
+    c->snap_full = c->need_full || !c->written_seq || c->chain_len >= PS_CKPT_FULL_EVERY;
     c->got = 0;
     c->failed = 0;
     c->last_mut = mut;
@@ -210,6 +217,7 @@ static ps_held_reply *done(ps_ckpt_coord *c)
         c->retry_ns = now + CKPT_RETRY_NS;
         c->last_mut = 0; /* still to do */
         c->last_round = c->prev_round;
+        c->need_full = 1; /* the changes it held are marked clean: only a full one has them */
         failure_said(c, now, w->meta.seq);
         /* continue: what waits for a checkpoint goes without one */
         if (c->on_failure == PS_CKPT_FAIL_CONTINUE)
@@ -230,10 +238,14 @@ static ps_held_reply *done(ps_ckpt_coord *c)
          * (of how many received); one info line per second at most, as a
          * checkpoint per round is common */
         if (now - c->info_ns >= 1000000000LL || c->stopping) {
-            ps_info("checkpoint %llu written: %s, %llu chunks, versions %lld..%lld, %llu updates, "
-                    "%llu inits and pushes of this process, %.1f MiB in %.1f ms (%llu written "
-                    "so far)", (unsigned long long)w->meta.seq, w->path,
-                    (unsigned long long)w->meta.nchunks, (long long)w->meta.min_version,
+            char kind[64] = "";
+            if (w->meta.nparts)
+                snprintf(kind, sizeof kind, ", %llu table partitions (%s)",
+                         (unsigned long long)w->meta.nparts, w->meta.prev ? "changes" : "whole");
+            ps_info("checkpoint %llu written: %s, %llu chunks%s, versions %lld..%lld, %llu "
+                    "updates, %llu inits and pushes of this process, %.1f MiB in %.1f ms (%llu "
+                    "written so far)", (unsigned long long)w->meta.seq, w->path,
+                    (unsigned long long)w->meta.nchunks, kind, (long long)w->meta.min_version,
                     (long long)w->meta.max_version,
                     (unsigned long long)w->meta.counters.updates, (unsigned long long)w->mut,
                     (double)w->bytes / 1048576.0, ms, (unsigned long long)c->count);
@@ -247,9 +259,11 @@ static ps_held_reply *done(ps_ckpt_coord *c)
         if (c->trace)
             ps_trace_event(c->trace, "write", "checkpoint", TID_CKPT, w->t0, w->t1,
                            (int64_t)w->meta.seq, -1);
-        if (w->meta.nchunks && w->meta.min_version > c->durable_round)
+        if (w->meta.nchunks + w->meta.nparts && w->meta.min_version > c->durable_round)
             c->durable_round = w->meta.min_version;
         c->written_seq = w->meta.seq;
+        c->chain_len = w->meta.prev ? c->chain_len + 1 : 0;
+        c->need_full = 0;
         c->written_mut = w->mut;
         released = release_held(c, 0);
     }
@@ -270,6 +284,7 @@ static ps_held_reply *submit(ps_ckpt_coord *c, uint64_t model_fp, const uint8_t 
     if (c->failed) {
         ps_error("checkpoint %llu: out of memory serializing the chunks; the next try is in 1 s",
                  (unsigned long long)c->token);
+        c->need_full = 1; /* some tables' changes were not taken: a delta would lose them */
         free_parts(c->parts, T);
         c->parts = NULL;
         c->state = CK_IDLE;
@@ -294,18 +309,23 @@ static ps_held_reply *submit(ps_ckpt_coord *c, uint64_t model_fp, const uint8_t 
     if (w->hello)
         memcpy(w->hello, hello, (size_t)W);
     m->hello = w->hello;
+    m->threads = T;
     int have_versions = 0;
     for (int i = 0; i < T; i++) {
         const ps_ckpt_part *p = &c->parts[i];
-        if (p->nchunks) {
-            if (!m->nchunks || p->min_version < m->min_version)
+        if (p->nchunks + p->nparts) {
+            if (!(m->nchunks + m->nparts) || p->min_version < m->min_version)
                 m->min_version = p->min_version;
-            if (!m->nchunks || p->max_version > m->max_version)
+            if (!(m->nchunks + m->nparts) || p->max_version > m->max_version)
                 m->max_version = p->max_version;
         }
         m->nchunks += p->nchunks;
+        m->nparts += p->nparts;
         ps_stats_add(&m->counters, &have_versions, &p->counters);
     }
+    /* a delta names the checkpoint it builds on; without tables every
+     * checkpoint is whole */
+    m->prev = c->snap_full || !m->nparts ? 0 : c->written_seq;
     w->parts = c->parts;
     w->nparts = T;
     w->mut = c->snap_mut;
@@ -327,6 +347,7 @@ ps_held_reply *ps_ckpt_coord_part(ps_ckpt_coord *c, int i, ps_ckpt_frame *cf, ui
 {
     if (c->state != CK_SNAP || cf->token != c->token || c->parts[i].buf) {
         free(cf->part.buf); /* not the snapshot being collected */
+        free(cf->part.tbuf);
         return NULL;
     }
     if (cf->rc)
@@ -393,6 +414,8 @@ int ps_ckpt_coord_final(ps_ckpt_coord *c, int64_t now, uint64_t mut, uint64_t *t
     return start(c, now, mut, token);
 }
 
+int ps_ckpt_coord_full(const ps_ckpt_coord *c) { return c->snap_full; }
+
 void ps_ckpt_coord_progress(ps_ckpt_coord *c, int i, int64_t min_version, int have)
 {
     c->min_version[i] = min_version;
@@ -416,6 +439,7 @@ uint64_t ps_ckpt_coord_abandon(ps_ckpt_coord *c)
     free_parts(c->parts, c->threads);
     c->parts = NULL;
     c->state = CK_IDLE;
+    c->need_full = 1;
     return c->token;
 }
 
@@ -502,12 +526,160 @@ void ps_ckpt_coord_set_trace(ps_ckpt_coord *c, ps_trace *t)
         ps_trace_thread_name(t, TID_CKPT, "checkpoint-writer");
 }
 
-int ps_ckpt_coord_restore(ps_ckpt_coord *c, ps_shard *const *shards, int nshards,
-                          uint8_t *hello, uint64_t *model_fp, char *why, size_t why_len)
+typedef struct id_list {
+    uint64_t *ids;
+    size_t n;
+} id_list;
+
+static void collect_id(void *arg, const ps_table_row_view *v)
+{
+    id_list *l = arg;
+    l->ids[l->n++] = v->id;
+}
+
+/* Every row of t deleted: a whole partition record replaces what the
+ * records before it made. */
+static int clear_rows(ps_table *t)
+{
+    ps_table_counts c;
+    ps_table_stats(t, &c);
+    if (!c.rows)
+        return 0;
+    id_list l = {malloc(c.rows * sizeof *l.ids), 0};
+    if (!l.ids)
+        return PS_ENOMEM;
+    ps_table_foreach(t, PS_TABLE_ROWS_ALL, collect_id, &l); /* the ids first: removing moves rows */
+    for (size_t k = 0; k < l.n; k++)
+        ps_table_remove(t, l.ids[k]);
+    free(l.ids);
+    return 0;
+}
+
+/* One partition record applied to its thread's partition (declared here
+ * when it is the table's first): a whole one replaces the rows, a delta
+ * deletes and puts back what changed; then the filter, the LRU order, the
+ * counters, the version and the clocks are the record's. */
+static int restore_part(const ps_ckpt_restore_to *to, const ps_ckpt_part_view *v, char *why,
+                        size_t why_len)
+{
+    if (v->part >= (uint32_t)to->nshards) {
+        ps_errorf(why, why_len, "table %llu: a record of partition %u, but %d threads",
+            (unsigned long long)v->key, v->part, to->nshards);
+        return PS_EDATA;
+    }
+    ps_tparts *tp = to->tparts[v->part];
+    const ps_table_options *have = ps_tparts_decl(tp, v->key);
+    int rc = 0;
+    if (have) {
+        if (ps_table_decl_compare(v->key, &v->decl, "a later record", have, "an earlier one",
+                                  why, why_len))
+            return PS_EDATA;
+    } else {
+        ps_table *store;
+        rc = ps_tparts_make_store(to->tc, v->key, &v->decl, &store, why, why_len);
+        if (!rc)
+            rc = ps_tparts_adopt(tp, v->key, &v->decl, store, why, why_len);
+        if (rc)
+            return rc == PS_EINVAL ? PS_EDATA : rc;
+        if (v->part == 0 && to->declared)
+            to->declared(to->user, v->key, &v->decl);
+    }
+    ps_table *t = ps_tparts_store(tp, v->key);
+    if (!v->delta)
+        rc = clear_rows(t);
+    for (size_t k = 0; !rc && v->delta && k < v->ndeleted; k++)
+        ps_table_remove(t, ps_ckpt_id(v->deleted, k));
+    for (size_t k = 0; !rc && k < v->nrows; k++) {
+        ps_table_row_view r;
+        ps_ckpt_part_row(v, k, &r);
+        rc = ps_table_restore_row(t, &r, why, why_len);
+    }
+    for (size_t k = 0; !rc && k < v->norder; k++)
+        ps_table_touch(t, ps_ckpt_id(v->order, k));
+    if (!rc && v->ncells)
+        rc = ps_table_restore_filter(t, v->cells, v->ncells, why, why_len);
+    if (rc)
+        return rc == PS_EMISMATCH ? PS_EDATA : rc;
+    ps_table_set_counters(t, &v->counts);
+    return ps_tparts_restored(tp, v->key, v->version, v->clock);
+}
+
+/* Read checkpoint seq and check it: 0 with f filled, PS_EMISMATCH (another
+ * configuration: why says, the restore stops), or another error (this one
+ * is unusable: why says, an older one may do). */
+static int read_one(ps_ckpt_coord *c, uint64_t seq, ps_ckpt_file *f, char *path, size_t path_len,
+                    char *why, size_t why_len)
+{
+    char msg[512];
+    ps_ckpt_path(c->dir, c->rank, seq, path, path_len);
+    int rc = ps_ckpt_read(path, f, msg, sizeof msg);
+    if (rc) {
+        ps_errorf(why, why_len, "%s", msg);
+        return rc;
+    }
+    const ps_ckpt_meta *m = &f->meta;
+    rc = ps_ckpt_check_config(m, c->rank, c->num_servers, c->num_workers, c->mode,
+                              c->max_staleness, &c->opt, msg, sizeof msg);
+    if (!rc && m->nparts && m->threads != c->threads) {
+        ps_errorf(msg, sizeof msg, "it was written with --threads %d, this server has --threads "
+            "%d (a table has a partition per update thread)", m->threads, c->threads);
+        rc = PS_EMISMATCH;
+    }
+    if (rc) {
+        ps_errorf(why, why_len, "--restore: checkpoint %s does not fit this server: %s (start "
+            "with the flags it was written with, or without --restore)", path, msg);
+        ps_ckpt_file_free(f);
+        return PS_EMISMATCH;
+    }
+    return 0;
+}
+
+/* The chain of checkpoint seqs[i]: its seqs from the newest (chain[0] =
+ * seqs[i]) back to the full one, each read back whole.  Its length, 0 when
+ * a file of it is unusable (said), -1 on a configuration mismatch (why). */
+static int chain_of(ps_ckpt_coord *c, const uint64_t *seqs, int n, int i, uint64_t *chain,
+                    char *why, size_t why_len)
+{
+    int len = 0;
+    char path[1024], msg[512];
+    for (uint64_t seq = seqs[i];;) {
+        ps_ckpt_file f;
+        int rc = read_one(c, seq, &f, path, sizeof path, msg, sizeof msg);
+        if (rc == PS_EMISMATCH) {
+            ps_errorf(why, why_len, "%s", msg);
+            return -1;
+        }
+        if (rc) {
+            ps_warn("checkpoint %s is corrupt or unreadable (%s): %s%s", path, msg,
+                    seq == seqs[i] ? "skipped" : "the ones after it cannot be restored",
+                    i + 1 < n ? "; trying the one before it" : "");
+            return 0;
+        }
+        uint64_t prev = f.meta.prev;
+        ps_ckpt_file_free(&f);
+        chain[len++] = seq;
+        if (!prev)
+            return len;
+        int there = 0;
+        for (int k = i; k < n && !there; k++)
+            there = seqs[k] == prev;
+        if (!there || len > PS_CKPT_FULL_EVERY * 4) {
+            ps_warn("checkpoint %s holds the changes since checkpoint %llu, which %s: it cannot "
+                    "be restored%s", path, (unsigned long long)prev,
+                    there ? "is too far back" : "is not there",
+                    i + 1 < n ? "; trying the one before it" : "");
+            return 0;
+        }
+        seq = prev;
+    }
+}
+
+int ps_ckpt_coord_restore(ps_ckpt_coord *c, const ps_ckpt_restore_to *to, uint8_t *hello,
+                          uint64_t *model_fp, char *why, size_t why_len)
 {
     const char *dir = c->dir;
-    int rank = c->rank;
-    uint64_t *seqs = NULL;
+    int rank = c->rank, nshards = to->nshards;
+    uint64_t *seqs = NULL, chain[PS_CKPT_FULL_EVERY * 4 + 2];
     char msg[512], path[1024];
     int n = ps_ckpt_list(dir, rank, &seqs, msg, sizeof msg);
     if (n < 0) {
@@ -523,29 +695,39 @@ int ps_ckpt_coord_restore(ps_ckpt_coord *c, ps_shard *const *shards, int nshards
     }
     c->seq = seqs[0] + 1;
     for (int i = 0; i < n; i++) {
-        ps_ckpt_file f;
-        ps_ckpt_path(dir, rank, seqs[i], path, sizeof path);
-        int rc = ps_ckpt_read(path, &f, msg, sizeof msg);
-        if (rc) {
-            ps_warn("checkpoint %s is corrupt or unreadable (%s): skipped%s", path, msg,
-                    i + 1 < n ? "; trying the one before it" : "");
-            continue;
-        }
-        const ps_ckpt_meta *m = &f.meta;
-        rc = ps_ckpt_check_config(m, rank, c->num_servers, c->num_workers, c->mode,
-                                  c->max_staleness, &c->opt, msg, sizeof msg);
-        if (rc) {
-            ps_errorf(why, why_len, "--restore: checkpoint %s does not fit this server: %s (start "
-                "with the flags it was written with, or without --restore)", path, msg);
-            ps_ckpt_file_free(&f);
+        int len = chain_of(c, seqs, n, i, chain, why, why_len);
+        if (len < 0) {
             free(seqs);
             return PS_EMISMATCH;
         }
+        if (len == 0)
+            continue;
+        /* the full one first, then each delta; the newest's chunks and header */
+        ps_ckpt_file f;
+        int rc = 0;
+        for (int k = len - 1; k >= 0 && !rc; k--) {
+            rc = read_one(c, chain[k], &f, path, sizeof path, why, why_len);
+            if (rc)
+                break;
+            size_t off = f.first_part;
+            ps_ckpt_part_view v;
+            while (!rc && ps_ckpt_next_part(&f, &off, &v))
+                if ((rc = restore_part(to, &v, msg, sizeof msg)) != 0)
+                    ps_errorf(why, why_len, "--restore: %s: %s", path, msg);
+            if (k > 0)
+                ps_ckpt_file_free(&f);
+        }
+        if (rc) {
+            ps_ckpt_file_free(&f);
+            free(seqs);
+            return rc;
+        }
+        const ps_ckpt_meta *m = &f.meta;
         size_t off = f.first;
         ps_shard_chunk_view v;
         while (ps_ckpt_next_chunk(&f, &off, &v)) {
             int owner = ps_server_owner(v.key, v.chunk, nshards);
-            rc = ps_shard_restore_chunk(shards[owner], &v, msg, sizeof msg);
+            rc = ps_shard_restore_chunk(to->shards[owner], &v, msg, sizeof msg);
             if (rc) {
                 ps_errorf(why, why_len, "--restore: %s: %s", path, msg);
                 ps_ckpt_file_free(&f);
@@ -553,7 +735,7 @@ int ps_ckpt_coord_restore(ps_ckpt_coord *c, ps_shard *const *shards, int nshards
                 return rc == PS_EMISMATCH ? PS_EDATA : rc;
             }
         }
-        ps_shard_add_counters(shards[0], &m->counters);
+        ps_shard_add_counters(to->shards[0], &m->counters);
         *model_fp = m->model_fp;
         /* a worker that said hello to the old process: its requests (resends
          * included) are served without a new hello */
@@ -562,17 +744,27 @@ int ps_ckpt_coord_restore(ps_ckpt_coord *c, ps_shard *const *shards, int nshards
             hello[r] = m->hello[r] != 0;
             known += hello[r];
         }
+        /* the next checkpoint may hold only what changes from here */
         for (int t = 0; t < nshards; t++) {
-            int have;
-            c->min_version[t] = ps_shard_min_version(shards[t], &have);
-            c->have_min[t] = (uint8_t)have;
+            ps_tpart_view pv;
+            for (size_t k = 0; ps_tparts_view(to->tparts[t], k, &pv); k++)
+                ps_table_mark_clean(pv.store);
+            int have, have_t;
+            int64_t mc = ps_shard_min_version(to->shards[t], &have),
+                    mt = ps_tparts_min_version(to->tparts[t], &have_t);
+            c->min_version[t] = !have_t ? mc : !have ? mt : mc < mt ? mc : mt;
+            c->have_min[t] = (uint8_t)(have || have_t);
         }
         c->last_round = c->prev_round = m->min_version;
         c->durable_round = m->min_version;
         c->written_seq = m->seq;
-        ps_info("restored %s: checkpoint %llu, %llu chunks, versions %lld..%lld, %llu updates, "
-                "%d of %d workers known, model fingerprint %016llx", path,
-                (unsigned long long)m->seq, (unsigned long long)m->nchunks,
+        c->chain_len = len - 1;
+        c->need_full = 0;
+        ps_info("restored %s: checkpoint %llu (%s), %llu chunks, %llu table partitions, versions "
+                "%lld..%lld, %llu updates, %d of %d workers known, model fingerprint %016llx",
+                path, (unsigned long long)m->seq,
+                len > 1 ? "with the full one and deltas before it" : "a full one",
+                (unsigned long long)m->nchunks, (unsigned long long)m->nparts,
                 (long long)m->min_version, (long long)m->max_version,
                 (unsigned long long)m->counters.updates, known, c->num_workers,
                 (unsigned long long)m->model_fp);

@@ -37,6 +37,7 @@
 #include "ps_trace.h"
 #include "server.h"
 #include "shard.h"
+#include "table_part.h"
 #include "updater_frames.h"
 
 typedef struct ps_ckpt_coord ps_ckpt_coord;
@@ -87,16 +88,33 @@ const ps_ckpt_policy *ps_ckpt_coord_policy(const ps_ckpt_coord *c);
  * "checkpoint-writer" here when checkpoints are on.  t outlives c. */
 void ps_ckpt_coord_set_trace(ps_ckpt_coord *c, ps_trace *t);
 
+/* What --restore puts back, into the update threads' stores before they
+ * run: shard i and table partitions i of each of nshards threads, the
+ * partitions' stores made with tc; declared(user, key, decl) is called for
+ * each table the checkpoint declares. */
+typedef struct ps_ckpt_restore_to {
+    ps_shard *const *shards;
+    ps_tparts *const *tparts;
+    int nshards;
+    const ps_tparts_config *tc;
+    void (*declared)(void *user, uint64_t key, const ps_table_options *decl);
+    void *user;
+} ps_ckpt_restore_to;
+
 /* --restore, before any update thread runs: the newest checkpoint of this
- * rank that reads back whole, else an older one.  Its chunks go to the shard
- * of their owner, shards[ps_server_owner(key, chunk, nshards)], its counters
- * to shards[0]; hello[r] (num_workers flags) is set for every worker that had
- * said hello, *model_fp to the model's fingerprint.  Checkpoints continue
- * from it (sequence numbers, rounds on disk, each owner's lowest version).
- * Errors: PS_EDATA (none valid), PS_EMISMATCH (written with another
- * configuration); why says. */
-int ps_ckpt_coord_restore(ps_ckpt_coord *c, ps_shard *const *shards, int nshards,
-                          uint8_t *hello, uint64_t *model_fp, char *why, size_t why_len);
+ * rank that reads back whole with its chain (a delta's previous ones down to
+ * the full one), else an older one.  Its chunks go to the shard of their
+ * owner, shards[ps_server_owner(key, chunk, nshards)], its counters to
+ * shards[0]; its tables are declared and their partitions filled from the
+ * chain's full checkpoint and then each delta in order (a partition's rows,
+ * optimizer state, filter, LRU order, counters, version and clocks as the
+ * newest left them); hello[r] (num_workers flags) is set for every worker
+ * that had said hello, *model_fp to the model's fingerprint.  Checkpoints
+ * continue from it (sequence numbers, rounds on disk, each owner's lowest
+ * version, and the next one may be a delta on it).  Errors: PS_EDATA (none
+ * valid), PS_EMISMATCH (written with another configuration); why says. */
+int ps_ckpt_coord_restore(ps_ckpt_coord *c, const ps_ckpt_restore_to *to, uint8_t *hello,
+                          uint64_t *model_fp, char *why, size_t why_len);
 
 /* Start the writer thread (once the update threads run; checkpoints are on).
  * The time between checkpoints counts from here.  PS_ENOMEM when no thread
@@ -121,6 +139,11 @@ int ps_ckpt_coord_due(ps_ckpt_coord *c, int64_t now, uint64_t mut, uint64_t *tok
 /* At stop, once idle: 1 with *token as above when mut moved since the last
  * checkpoint, so a clean stop and --restore lose nothing. */
 int ps_ckpt_coord_final(ps_ckpt_coord *c, int64_t now, uint64_t mut, uint64_t *token);
+
+/* Is the snapshot just started (by ps_ckpt_coord_due or _final) a full one:
+ * every table partition whole?  Else each holds only the rows changed since
+ * the last checkpoint written (docs/OPERATIONS.md "Checkpoints"). */
+int ps_ckpt_coord_full(const ps_ckpt_coord *c);
 
 /* Owner i's lowest chunk version moved (PS_OUT_PROGRESS). */
 void ps_ckpt_coord_progress(ps_ckpt_coord *c, int i, int64_t min_version, int have);

@@ -9,7 +9,7 @@
 struct ps_outmsg {
     struct ps_outmsg *next;
     int nf;
-    zmq_msg_t f[3];
+    zmq_msg_t f[5]; /* a command, an identity and a sparse request's three frames */
 };
 
 /* Try to hand frames to sock without blocking: 0 sent, 1 full (frames

@@ -18,7 +18,7 @@ typedef struct ps_outbox { /* zeroed is empty */
     size_t n;              /* messages waiting */
 } ps_outbox;
 
-/* Send f[0..nf-1] (nf <= 3) on sock without blocking when nothing waits and
+/* Send f[0..nf-1] (nf <= 5) on sock without blocking when nothing waits and
  * sock takes it, else queue it behind the others.  0 (sent or queued: n
  * says), PS_EIO (sending failed, errno says) or PS_ENOMEM (could not queue);
  * then the message is dropped. */

@@ -42,12 +42,17 @@ static void send_released(ps_server *s, ps_held_reply *m)
     }
 }
 
-/* A snapshot starts: every owner serializes its chunks when this reaches it. */
+/* A snapshot starts: every owner serializes its chunks and table
+ * partitions when this reaches it, so it holds every table declared so far. */
 static void send_ckpt(ps_server *s, uint64_t seq)
 {
-    ps_cmd_frame cmd = {.cmd = PS_CMD_CKPT, .ckpt_seq = seq};
+    ps_cmd_frame cmd = {.cmd = PS_CMD_CKPT, .ckpt_seq = seq,
+                        .ckpt_full = ps_ckpt_coord_full(s->ck)};
     for (int i = 0; i < s->cfg.threads; i++)
         srv_send_cmd(s, i, &cmd, NULL, NULL);
+    for (size_t i = 0; i < s->ntables; i++)
+        if (!s->tables[i].snap)
+            s->tables[i].snap = seq;
 }
 
 /* Answer the request of held reply m with an error (PS_EIO, text: what
@@ -114,6 +119,25 @@ static void ck_maybe(ps_server *s, int64_t now)
         ck_give_up(s);
 }
 
+/* An update thread's last counters of its table partitions (PS_OUT_STOPPED:
+ * an array of ps_table_total) go into each table's total. */
+static void add_table_totals(ps_server *s, const void *data, size_t len)
+{
+    for (size_t k = 0; k + sizeof(ps_table_total) <= len; k += sizeof(ps_table_total)) {
+        ps_table_total tt;
+        memcpy(&tt, (const char *)data + k, sizeof tt);
+        srv_table *t = srv_find_table(s, tt.key);
+        if (!t)
+            continue;
+        t->total.rows += tt.c.rows;
+        t->total.bytes += tt.c.bytes;
+        t->total.evicted += tt.c.evicted;
+        t->total.filtered_pulls += tt.c.filtered_pulls;
+        t->total.filtered_pushes += tt.c.filtered_pushes;
+        t->total.updated += tt.c.updated;
+    }
+}
+
 /* Take everything update thread i has sent.  Its last message (its final
  * counters) sets own[i].stopped. */
 static void io_read_pair(ps_server *s, int i)
@@ -175,6 +199,8 @@ static void io_read_pair(ps_server *s, int i)
             if (!got && zmq_msg_size(&m) == want) {
                 memcpy(&u, zmq_msg_data(&m), want);
                 got = 1;
+            } else if (got && t == PS_OUT_STOPPED) {
+                add_table_totals(s, zmq_msg_data(&m), zmq_msg_size(&m));
             }
             zmq_msg_close(&m);
         }
@@ -403,7 +429,7 @@ int ps_server_run(ps_server *s)
         rc = PS_EIO;
     ps_rlimit_flush(&s->rl, ps_now_ns(), 1);
     const ps_stats *t = &s->totals;
-    char extra[256] = "";
+    char extra[512] = "";
     size_t off = 0;
     if (s->auth)
         off += (size_t)snprintf(extra + off, sizeof extra - off,
@@ -431,8 +457,13 @@ int ps_server_run(ps_server *s)
         off += (size_t)snprintf(extra + off, sizeof extra - off, ", %llu checkpoints written",
                                 (unsigned long long)ps_ckpt_coord_count(s->ck));
     if (ps_ckpt_coord_failures(s->ck) && off < sizeof extra)
-        snprintf(extra + off, sizeof extra - off, ", %llu checkpoint writes failed",
-                 (unsigned long long)ps_ckpt_coord_failures(s->ck));
+        off += (size_t)snprintf(extra + off, sizeof extra - off, ", %llu checkpoint writes failed",
+                                (unsigned long long)ps_ckpt_coord_failures(s->ck));
+    if (s->ntables && off < sizeof extra)
+        snprintf(extra + off, sizeof extra - off, ", %zu tables: %llu rows (%llu MiB), %llu "
+                 "evicted, %llu filtered", s->ntables, (unsigned long long)t->rows,
+                 (unsigned long long)(t->table_bytes >> 20), (unsigned long long)t->evicted,
+                 (unsigned long long)t->filtered);
     ps_info("stopped: %llu pushes, %llu pulls, %llu inits, %llu updates, %llu duplicates dropped, "
             "%llu error replies, %llu undecodable messages dropped, %llu chunks, versions "
             "%lld..%lld, %llu MiB in, %llu MiB out, %d of %d workers said hello%s",
@@ -443,6 +474,15 @@ int ps_server_run(ps_server *s)
             (long long)t->min_version, (long long)t->max_version,
             (unsigned long long)(t->bytes_in >> 20), (unsigned long long)(t->bytes_out >> 20),
             ps_workers_seen(s->workers), s->cfg.num_workers, extra);
+    for (size_t i = 0; i < s->ntables; i++) {
+        const ps_table_counts *c = &s->tables[i].total;
+        ps_info("table %llu: %llu rows (%.1f MiB), %llu row updates, %llu evicted, %llu "
+                "filtered (pulls of ids not admitted yet) and %llu gradient rows dropped for them",
+                (unsigned long long)s->tables[i].key, (unsigned long long)c->rows,
+                (double)c->bytes / 1048576.0, (unsigned long long)c->updated,
+                (unsigned long long)c->evicted, (unsigned long long)c->filtered_pulls,
+                (unsigned long long)c->filtered_pushes);
+    }
     return rc;
 }
 

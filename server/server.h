@@ -29,6 +29,12 @@
  *   updater_frames.h  every frame on a PAIR, both directions (the tags, the
  *                     command, stats, checkpoint and progress frames)
  *   shard.c           the chunks of one update thread and the consistency rules
+ *   table_part.c      the table partitions of one update thread and their rules
+ *                     (the same as chunks'), each on a table store: table.c on
+ *                     table_hash.c (rows in memory) and table_opt.c (a row's
+ *                     arithmetic)
+ *   dup_log.c         the duplicate pushes an update thread dropped, said in a
+ *                     line per window
  *   optimizer.c       the update kernels
  *   ckpt_coord.c      checkpoint coordination: when one is due, collecting
  *                     the parts, the writer thread, the replies held until a
@@ -57,9 +63,16 @@
  *    hello, barrier, stats, shutdown, heartbeat.
  *  - Update thread i owns every chunk with ps_server_owner(key, chunk, T) == i,
  *    in its own ps_shard (server/shard.h): weights, optimizer state, versions,
- *    per-worker clocks, sync round sums, queued pulls.  Nothing is shared, so
- *    nothing is locked; the only shared datum is the atomic memory charge
- *    taken when a chunk is created.
+ *    per-worker clocks, sync round sums, queued pulls; and partition i of
+ *    every embedding table (server/table_part.h: rows placed there by a hash
+ *    of (table, id)).  Nothing is shared, so nothing is locked; the only
+ *    shared datum is the atomic memory charge taken when a chunk or a row is
+ *    created.
+ *  - Tables are declared by a TABLE message: the I/O thread keeps the first
+ *    declaration (and compares later ones), makes each thread's partition
+ *    store and hands it over (PS_CMD_TABLE), and routes a sparse message to
+ *    the thread of its partition (`c`) after checking the table, the width
+ *    of its rows and its frames.
  *  - The I/O thread hands init/push/pull/pushpull to the owner over that
  *    thread's PAIR socket: a small command frame (the decoded header), the
  *    ROUTER identity and the payload frame, moved with zmq_msg_send (no copy).

@@ -45,6 +45,18 @@ typedef struct owner {
     ps_stats final;
 } owner;
 
+/* A table declared on this server: the first declaration (normalized), or
+ * the checkpoint's. */
+typedef struct srv_table {
+    uint64_t key;
+    ps_table_options decl;
+    uint64_t snap;    /* the first checkpoint snapshot that holds it (1: restored); 0: none
+                         yet, the next one will */
+    int restored;     /* from --restore: a worker's other declaration is refused naming
+                         the checkpoint */
+    ps_table_counts total; /* at stop: the counters of its partitions, summed */
+} srv_table;
+
 /* ---- I/O thread state ---- */
 struct ps_server {
     ps_server_config cfg;
@@ -57,6 +69,7 @@ struct ps_server {
     _Atomic uint64_t copies;     /* of which reply copies */
     ps_peers *peers;             /* what each peer's unread replies hold */
     uint64_t model_fp;
+    uint64_t tables_fp;      /* the first accepted worker's, or the restored tables' */
     ps_workers *workers;
     ps_barriers *barriers;
     ps_stats_reqs *stats;
@@ -76,6 +89,9 @@ struct ps_server {
     /* checkpoints */
     ps_ckpt_coord *ck;
     uint64_t mut;            /* inits and pushes forwarded to the owners */
+    /* tables, in declaration order */
+    srv_table *tables;
+    size_t ntables, cap_tables;
 };
 
 /* ---- server_io.c ---- */
@@ -88,6 +104,20 @@ void srv_reply_hook(void *user, zmq_msg_t *id, const ps_header *h);
  * payload moved; a cmd->shm reference goes with the frame). */
 void srv_send_cmd(ps_server *s, int owner, const ps_cmd_frame *cmd, zmq_msg_t *id,
                   zmq_msg_t *payload);
+/* The same with nframes (<= PS_CMD_MAX_FRAMES - 2) frames after the
+ * identity, moved. */
+void srv_send_cmd_frames(ps_server *s, int owner, const ps_cmd_frame *cmd, zmq_msg_t *id,
+                         zmq_msg_t *frames, int nframes);
+/* The table declared as `key`, or NULL. */
+srv_table *srv_find_table(ps_server *s, uint64_t key);
+/* Add a declared table (normalized here): its entry, or NULL when out of
+ * memory. */
+srv_table *srv_add_table(ps_server *s, uint64_t key, const ps_table_options *decl,
+                         uint64_t snap, int restored);
+/* What the update threads' table partitions are made with. */
+ps_tparts_config srv_tparts_config(ps_server *s);
+/* The tables' fingerprint of the tables declared here (a hello's `tfp`). */
+uint64_t srv_tables_fp(const ps_server *s);
 /* Give update thread i what its outbox holds, as far as its PAIR takes it. */
 void srv_flush_outbox(ps_server *s, int i);
 /* No checkpoint is started by schedule from here on; one that completes is

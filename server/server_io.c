@@ -5,6 +5,8 @@
 #include "server_internal.h"
 
 #include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
 
@@ -53,10 +55,10 @@ void srv_flush_outbox(ps_server *s, int i)
     s->out_total -= before - o->out.n;
 }
 
-void srv_send_cmd(ps_server *s, int owner, const ps_cmd_frame *cmd, zmq_msg_t *id,
-                  zmq_msg_t *payload)
+void srv_send_cmd_frames(ps_server *s, int owner, const ps_cmd_frame *cmd, zmq_msg_t *id,
+                         zmq_msg_t *frames, int nframes)
 {
-    zmq_msg_t f[3];
+    zmq_msg_t f[PS_CMD_MAX_FRAMES];
     int nf = 1;
     zmq_msg_init_size(&f[0], sizeof *cmd);
     memcpy(zmq_msg_data(&f[0]), cmd, sizeof *cmd);
@@ -64,11 +66,59 @@ void srv_send_cmd(ps_server *s, int owner, const ps_cmd_frame *cmd, zmq_msg_t *i
         zmq_msg_init(&f[nf]);
         zmq_msg_move(&f[nf++], id);
     }
-    if (payload) {
+    for (int i = 0; i < nframes && nf < PS_CMD_MAX_FRAMES; i++) {
         zmq_msg_init(&f[nf]);
-        zmq_msg_move(&f[nf++], payload);
+        zmq_msg_move(&f[nf++], &frames[i]);
     }
     srv_to_owner(s, owner, f, nf);
+}
+
+void srv_send_cmd(ps_server *s, int owner, const ps_cmd_frame *cmd, zmq_msg_t *id,
+                  zmq_msg_t *payload)
+{
+    srv_send_cmd_frames(s, owner, cmd, id, payload, payload ? 1 : 0);
+}
+
+srv_table *srv_find_table(ps_server *s, uint64_t key)
+{
+    for (size_t i = 0; i < s->ntables; i++)
+        if (s->tables[i].key == key)
+            return &s->tables[i];
+    return NULL;
+}
+
+srv_table *srv_add_table(ps_server *s, uint64_t key, const ps_table_options *decl,
+                         uint64_t snap, int restored)
+{
+    if (s->ntables == s->cap_tables) {
+        size_t ncap = s->cap_tables ? 2 * s->cap_tables : 8;
+        srv_table *t = realloc(s->tables, ncap * sizeof *t);
+        if (!t)
+            return NULL;
+        s->tables = t;
+        s->cap_tables = ncap;
+    }
+    srv_table *t = &s->tables[s->ntables++];
+    memset(t, 0, sizeof *t);
+    t->key = key;
+    t->decl = *decl;
+    ps_table_decl_normalize(&t->decl);
+    t->snap = snap;
+    t->restored = restored;
+    return t;
+}
+
+uint64_t srv_tables_fp(const ps_server *s)
+{
+    return ps_table_decl_fingerprint(s->tables, s->ntables, sizeof *s->tables,
+                                     offsetof(srv_table, key), offsetof(srv_table, decl));
+}
+
+ps_tparts_config srv_tparts_config(ps_server *s)
+{
+    const ps_server_config *c = &s->cfg;
+    return (ps_tparts_config){c->mode,    c->max_staleness, c->num_workers, c->num_servers,
+                              c->threads, 0,                c->max_memory,  &s->mem_used};
 }
 
 /* From here on no checkpoint is started by schedule, and one that completes

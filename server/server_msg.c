@@ -41,8 +41,10 @@ static ps_hello my_hello(const ps_server *s)
     h.num_servers = (uint32_t)s->cfg.num_servers;
     h.server_rank = s->cfg.rank;
     h.model_fp = s->model_fp;
+    h.tables_fp = s->tables_fp;
     h.opt = s->cfg.opt;
     h.wire_dtype = s->cfg.wire_dtype;
+    h.threads = (uint32_t)s->cfg.threads;
     return h;
 }
 
@@ -102,12 +104,28 @@ void srv_check_workers(ps_server *s, int64_t now)
     }
 }
 
+/* A worker's tables differ from this server's (why: the hello's refusal):
+ * say what this server has, as far as the text goes, and where they come
+ * from, so the worker's log names both. */
+static void tables_said(ps_server *s, char *why, size_t why_len)
+{
+    size_t off = strlen(why);
+    off += (size_t)snprintf(why + off, why_len - off, "; %s has ",
+                            s->tables[0].restored ? "its checkpoint" : "this server");
+    for (size_t i = 0; i < s->ntables && off < why_len; i++) {
+        const ps_table_options *d = &s->tables[i].decl;
+        off += (size_t)snprintf(why + off, why_len - off, "%stable %llu (dim %u, %s)",
+                                i ? ", " : "", (unsigned long long)s->tables[i].key, d->dim,
+                                ps_table_opt_name(d->opt.kind));
+    }
+}
+
 /* ================= one handler per message type ================= */
 
 /* Each gets a request that the dispatch (io_message) checked against its
  * type's row of proto/ps_msg_table.h: decoded, the frames its payload
  * columns call for, and a sender its `from` column allows.  f[0] is the
- * route, f[1] the header frame, f[2] the payload (nf >= 3). */
+ * route, f[1] the header frame, f[2..nf-1] the payload frames. */
 typedef void (*io_handler)(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h);
 
 static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
@@ -131,6 +149,8 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
             h->rank, s->cfg.num_workers);
         rc = PS_EPROTO;
     }
+    if (rc == PS_EMISMATCH && !strncmp(why, "tables:", 7) && s->ntables)
+        tables_said(s, why, sizeof why);
     if (rc) {
         io_error(s, &f[0], h, rc, why);
         return;
@@ -156,11 +176,13 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     } else {
         ps_debug("hello from a tool (rank -1)");
     }
-    /* the first fingerprint an accepted worker gives is the model's */
+    /* the first fingerprints an accepted worker gives are the model's */
     if (h->hello.model_fp && !s->model_fp) {
         s->model_fp = h->hello.model_fp;
         ps_info("model fingerprint %016llx (from %s)", (unsigned long long)s->model_fp, who);
     }
+    if (h->hello.tables_fp && !s->tables_fp)
+        s->tables_fp = h->hello.tables_fp;
     ps_header r;
     ps_reply_header(&r, PS_MSG_HELLO, h->seq, h->rank, h->key, h->chunk);
     r.hello = my_hello(s);
@@ -213,6 +235,131 @@ static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm};
     srv_send_cmd(s, ps_server_owner(h->key, h->chunk, s->cfg.threads), &cmd, &f[0],
                  nf >= 3 ? &f[2] : NULL);
+}
+
+/* ---- tables ---- */
+
+/* The TABLE reply: with checkpoints, once a checkpoint holds the
+ * declaration (snap: the first snapshot that does; 0: the next one), as an
+ * init's acknowledgement; else at once. */
+static void table_ack(ps_server *s, zmq_msg_t *id, const ps_header *req, uint64_t snap)
+{
+    ps_header r;
+    ps_reply_header(&r, PS_MSG_TABLE, req->seq, req->rank, req->key, req->chunk);
+    ps_held_reply *m;
+    if (!ps_ckpt_coord_policy(s->ck)->on ||
+        !ps_ckpt_coord_hold(s->ck, PS_OUT_INIT, (int64_t)snap, ps_now_ns(), &m)) {
+        srv_send(s, id, &r);
+        return;
+    }
+    char buf[PS_HEADER_MAX];
+    size_t len;
+    if (!m || ps_proto_encode(&r, buf, sizeof buf, &len) != 0) {
+        ps_error("out of memory holding a reply; dropped (the worker resends)");
+        return; /* m, if any, stays with nf 0: released as nothing */
+    }
+    zmq_msg_init(&m->f[0]);
+    zmq_msg_move(&m->f[0], id);
+    zmq_msg_init_size(&m->f[1], len);
+    memcpy(zmq_msg_data(&m->f[1]), buf, len);
+    m->nf = 2;
+}
+
+/* TABLE: the first declaration of a table is kept and its partitions made,
+ * one per update thread; a later one must be the same. */
+static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    (void)nf;
+    char why[256], who[32], mine[48];
+    snprintf(who, sizeof who, "worker %d", h->rank);
+    int rc = ps_table_decl_check(h->key, &h->table, why, sizeof why);
+    if (rc) {
+        io_error(s, &f[0], h, rc, why);
+        return;
+    }
+    srv_table *t = srv_find_table(s, h->key);
+    if (t) {
+        snprintf(mine, sizeof mine, t->restored ? "server %d's checkpoint" : "server %d",
+                 s->cfg.rank);
+        if (ps_table_decl_compare(h->key, &h->table, who, &t->decl, mine, why, sizeof why)) {
+            io_error(s, &f[0], h, PS_EMISMATCH, why);
+            return;
+        }
+        table_ack(s, &f[0], h, t->snap);
+        return;
+    }
+    /* its partitions' stores are made here, so a refusal (--max-memory)
+     * reaches the worker that declared it */
+    ps_table *stores[PS_SERVER_MAX_THREADS] = {0};
+    ps_tparts_config tc = srv_tparts_config(s);
+    int T = s->cfg.threads;
+    for (int i = 0; i < T && !rc; i++)
+        rc = ps_tparts_make_store(&tc, h->key, &h->table, &stores[i], why, sizeof why);
+    if (!rc && !(t = srv_add_table(s, h->key, &h->table, 0, 0))) {
+        ps_errorf(why, sizeof why, "out of memory declaring table %llu",
+            (unsigned long long)h->key);
+        rc = PS_ENOMEM;
+    }
+    if (rc) {
+        for (int i = 0; i < T; i++)
+            ps_table_destroy(stores[i]);
+        io_error(s, &f[0], h, rc, why);
+        return;
+    }
+    for (int i = 0; i < T; i++) {
+        ps_cmd_frame cmd = {.cmd = PS_CMD_TABLE, .h = *h, .store = stores[i]};
+        srv_send_cmd(s, i, &cmd, NULL, NULL);
+    }
+    ps_info("table %llu declared by %s: dim %u, %s initializer (scale %g, seed %llu), %s, "
+            "row cap %llu, filter %u (%d partitions here)", (unsigned long long)h->key, who,
+            t->decl.dim, t->decl.init == PS_TABLE_INIT_ZEROS     ? "zeros"
+                         : t->decl.init == PS_TABLE_INIT_UNIFORM ? "uniform"
+                                                                 : "normal",
+            (double)t->decl.init_scale, (unsigned long long)t->decl.seed,
+            ps_table_opt_name(t->decl.opt.kind), (unsigned long long)t->decl.max_rows,
+            t->decl.min_count, T);
+    table_ack(s, &f[0], h, 0);
+}
+
+/* SPULL, SPUSH, SPUSHPULL: to the update thread of partition `c`, once the
+ * table and the rows' width are this server's. */
+static void io_on_sparse(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    char why[256];
+    int rc;
+    /* a peer that does not read its replies gets no more payloads */
+    if (ps_msg_reply_layout(h->type) != PS_PL_NONE &&
+        (rc = ps_peers_admit(s->peers, &f[0], &f[1], h->rank, why, sizeof why)) != 0) {
+        io_error_quiet(s, &f[0], h, rc, why);
+        return;
+    }
+    const srv_table *t = srv_find_table(s, h->key);
+    if (!t) {
+        ps_errorf(why, sizeof why, "table %llu is not declared on this server (libps declares "
+            "each table with a TABLE message at start: ps_client_register_table)",
+            (unsigned long long)h->key);
+        io_error(s, &f[0], h, PS_ENOTFOUND, why);
+        return;
+    }
+    if (h->chunk >= (uint32_t)s->cfg.threads) {
+        ps_errorf(why, sizeof why, "table %llu has %d partitions on this server (its "
+            "--threads), so no partition %u", (unsigned long long)h->key, s->cfg.threads,
+            h->chunk);
+        io_error(s, &f[0], h, PS_EPROTO, why);
+        return;
+    }
+    if (h->dim != t->decl.dim) {
+        ps_errorf(why, sizeof why, "rows of table %llu have dim %u, not %u",
+            (unsigned long long)h->key, t->decl.dim, h->dim);
+        io_error(s, &f[0], h, PS_EPROTO, why);
+        return;
+    }
+    /* a push changes the partition: a mutation */
+    int mutates = h->type != PS_MSG_SPULL;
+    if (mutates)
+        s->mut++;
+    ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0};
+    srv_send_cmd_frames(s, (int)h->chunk, &cmd, &f[0], &f[2], nf - 2);
 }
 
 static void io_on_barrier(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
@@ -332,7 +479,7 @@ static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const p
     return 0;
 }
 
-/* One message from the ROUTER: f[0] identity, f[1] header, f[2] payload;
+/* One message from the ROUTER: f[0] identity, f[1] header, f[2..] payload;
  * `total` counts every frame received, kept or not.  Every check that
  * depends on the type reads its row of proto/ps_msg_table.h. */
 static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
@@ -365,8 +512,10 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         io_error(s, &f[0], &h, PS_EPROTO, why);
         return;
     }
-    size_t pbytes = nf >= 3 ? zmq_msg_size(&f[2]) : 0;
-    rc = ps_proto_check_payload(&h, total - 2, pbytes, why, sizeof why);
+    size_t bytes[PS_CMD_MAX_FRAMES - 2] = {0};
+    for (int i = 2; i < nf; i++)
+        bytes[i - 2] = zmq_msg_size(&f[i]);
+    rc = ps_proto_check_frames(&h, total - 2, bytes, why, sizeof why);
     if (rc) {
         io_error(s, &f[0], &h, rc, why);
         return;
@@ -389,7 +538,7 @@ void srv_read_monitor(ps_server *s) { ps_hs_monitor_read(s->mon, conn_gone, s); 
 int srv_read_router(ps_server *s)
 {
     for (int b = 0; b < IO_BATCH && !s->out_total && !s->stopping; b++) {
-        zmq_msg_t f[3];
+        zmq_msg_t f[PS_CMD_MAX_FRAMES]; /* identity, header, at most three more */
         if (ps_zmsg_recv(s->router, &f[0], ZMQ_DONTWAIT) < 0) {
             int e = errno;
             if (e == EAGAIN || e == EINTR)
@@ -398,7 +547,8 @@ int srv_read_router(ps_server *s)
             return -1;
         }
         int nf = 1;
-        int total = 1 + ps_zmsg_recv_rest(s->router, zmq_msg_more(&f[0]), f, &nf, 3);
+        int total = 1 + ps_zmsg_recv_rest(s->router, zmq_msg_more(&f[0]), f, &nf,
+                                          PS_CMD_MAX_FRAMES);
         io_message(s, f, nf, total);
         ps_zmsg_close_all(f, nf);
     }

@@ -77,6 +77,7 @@ void ps_server_close(ps_server *s)
         ps_error("--timeline %s: cannot finish the file", s->timeline_path);
     ps_workers_destroy(s->workers);
     free(s->own);
+    free(s->tables);
     free(s->timeline_path);
     free(s->curve_dir);
     free(s->ckpt_dir);
@@ -86,18 +87,34 @@ void ps_server_close(ps_server *s)
 
 static int set_int(void *sock, int opt, int v) { return zmq_setsockopt(sock, opt, &v, sizeof v); }
 
-/* --restore: the coordinator fills the shards (threads not started yet); the
- * workers the checkpoint knows are served without a new hello. */
+/* A table the checkpoint declares: this server's, as on disk already. */
+static void restored_table(void *user, uint64_t key, const ps_table_options *decl)
+{
+    ps_server *s = user;
+    if (!srv_add_table(s, key, decl, 1, 1))
+        ps_error("out of memory noting table %llu: a worker's declaration of it is taken as "
+                 "new", (unsigned long long)key);
+}
+
+/* --restore: the coordinator fills the shards and the table partitions
+ * (threads not started yet); the workers the checkpoint knows are served
+ * without a new hello. */
 static int restore(ps_server *s, char *why, size_t why_len)
 {
     ps_shard *shards[PS_SERVER_MAX_THREADS];
-    for (int i = 0; i < s->cfg.threads; i++)
+    ps_tparts *tparts[PS_SERVER_MAX_THREADS];
+    for (int i = 0; i < s->cfg.threads; i++) {
         shards[i] = ps_updater_shard(s->own[i].upd);
+        tparts[i] = ps_updater_tparts(s->own[i].upd);
+    }
     uint8_t *hello = calloc((size_t)s->cfg.num_workers, 1);
     if (!hello)
         return PS_ENOMEM;
-    int rc = ps_ckpt_coord_restore(s->ck, shards, s->cfg.threads, hello, &s->model_fp, why,
-                                   why_len);
+    ps_tparts_config tc = srv_tparts_config(s);
+    ps_ckpt_restore_to to = {shards, tparts, s->cfg.threads, &tc, restored_table, s};
+    int rc = ps_ckpt_coord_restore(s->ck, &to, hello, &s->model_fp, why, why_len);
+    if (!rc)
+        s->tables_fp = srv_tables_fp(s); /* a worker's tables must be the checkpoint's */
     if (!rc)
         rc = ps_workers_restore(s->workers, hello, ps_now_ns());
     free(hello);
@@ -173,6 +190,8 @@ static int open_owners(ps_server *s, char *why, size_t why_len)
     uc.mode = c->mode;
     uc.wire_dtype = c->wire_dtype;
     uc.num_workers = c->num_workers;
+    uc.num_servers = c->num_servers;
+    uc.nparts = c->threads;
     uc.trace = s->trace;
     uc.hold_inits = pol->on;
     uc.durable = pol->durable;

@@ -1,6 +1,9 @@
 /* The table store (server/table.h): configuration, the frequency filter,
- * pulls, async pushes, sync rounds, checkpoint views and counters.  The hash
- * and the slabs are table_hash.c's, the arithmetic table_opt.c's. */
+ * pulls, async pushes, sync rounds, checkpoint views and counters.  The hash,
+ * the slabs and the memory charge are table_hash.c's (below it), a row's
+ * arithmetic table_opt.c's and its first values common/ps_table_row.c's. */
+#include "table.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,7 +12,32 @@
 #include "optimizer.h"
 #include "ps_error.h"
 #include "ps_opt_table.h"
-#include "table_internal.h"
+#include "ps_table_decl.h"
+#include "ps_table_row.h"
+#include "table_hash.h"
+
+_Static_assert(PS_TABLE_MAX_ROWS == TBL_MAX_ROWS, "table.h and table_hash.h disagree");
+
+struct ps_table {
+    ps_table_config cfg;
+    tbl_opt o;          /* cfg's optimizer, as table_opt.c takes it */
+    int nstate;
+    tbl_rows r;         /* the rows; r.reserved: those the open round may create */
+    uint64_t *pos;      /* a request's entry positions (UINT64_MAX: no row), npos */
+    size_t npos;
+    uint8_t *cells;     /* frequency filter: ncells counters; NULL without one */
+    size_t ncells;
+    /* the open sync round: acc_n ids (in order of first appearance) with their
+     * sums, found through acc_map (power-of-two size, entry index + 1) */
+    uint64_t *acc_ids;
+    float *acc_rows;
+    uint32_t *acc_map;
+    size_t acc_n, acc_cap, acc_hcap;
+    int ncontrib, last_rank;
+    int64_t version;
+    float *scratch;      /* dim floats: the mean of a summed push */
+    ps_table_counts st;  /* created and evicted: restored bases (r counts the rest) */
+};
 
 #define NO_ROW UINT64_MAX
 /* lookups run ahead of their use: the hash entry of the id PREFETCH ahead
@@ -22,65 +50,30 @@
 int ps_table_check_config(const ps_table_config *c, char *why, size_t why_len)
 {
     unsigned long long tk = (unsigned long long)c->table;
-    if (c->dim < 1 || c->dim > PS_TABLE_MAX_DIM) {
-        ps_errorf(why, why_len, "table %llu: dim must be in [1, %d], got %u", tk,
-            PS_TABLE_MAX_DIM, c->dim);
-        return PS_EINVAL;
-    }
-    if (c->init != PS_TABLE_INIT_ZEROS && c->init != PS_TABLE_INIT_UNIFORM &&
-        c->init != PS_TABLE_INIT_NORMAL) {
-        ps_errorf(why, why_len, "table %llu: the initializer must be zeros (%d), uniform (%d) "
-            "or normal (%d), got %d", tk, PS_TABLE_INIT_ZEROS, PS_TABLE_INIT_UNIFORM,
-            PS_TABLE_INIT_NORMAL, c->init);
-        return PS_EINVAL;
-    }
-    if (!(c->init_scale >= 0) || !isfinite(c->init_scale)) {
-        ps_errorf(why, why_len, "table %llu: the initializer's scale must be a finite number "
-            ">= 0, got %g", tk, (double)c->init_scale);
-        return PS_EINVAL;
-    }
-    int kind = c->opt.kind;
-    if (ps_table_state_arrays(kind) < 0) {
+    if (ps_table_state_arrays(c->opt.kind) < 0) { /* the store takes no "none" */
         ps_errorf(why, why_len, "table %llu: the optimizer must be sgd, momentum, nesterov, "
-            "adagrad, adam or ftrl, got kind %d (%s)", tk, kind, ps_opt_name(kind));
+            "adagrad, adam or ftrl, got kind %d (%s)", tk, c->opt.kind,
+            ps_opt_name(c->opt.kind));
         return PS_EINVAL;
     }
-    /* the hyper-parameters the kind uses, each in the range of its flag
-     * (ftrl: those every kind uses, then its own) */
-    ps_opt_config o = c->opt;
-    o.kind = kind == PS_TABLE_OPT_FTRL ? PS_OPT_SGD : kind;
-    o.given = 0;
-    for (int p = 0; p < PS_OPT_NPARAMS; p++)
-        if (ps_opt_uses(o.kind, p))
-            o.given |= 1u << p;
-    char msg[PS_ERR_TEXT_MAX];
-    if (ps_opt_check(&o, 0, msg, sizeof msg) != 0) {
-        ps_errorf(why, why_len, "table %llu (%s): %s", tk, ps_table_opt_name(kind), msg);
-        return PS_EINVAL;
-    }
-    if (kind == PS_TABLE_OPT_FTRL) {
-        const char *names[3] = {"beta", "l1", "l2"};
-        float v[3] = {c->ftrl_beta, c->ftrl_l1, c->ftrl_l2};
-        for (int i = 0; i < 3; i++)
-            if (!(v[i] >= 0) || !isfinite(v[i])) {
-                ps_errorf(why, why_len, "table %llu (ftrl): %s must be a finite number >= 0, "
-                    "got %g", tk, names[i], (double)v[i]);
-                return PS_EINVAL;
-            }
-    }
+    /* what a declaration has: its checks (proto/ps_table_decl.h) */
+    ps_table_options d;
+    memset(&d, 0, sizeof d);
+    d.dim = c->dim;
+    d.init = c->init;
+    d.init_scale = c->init_scale;
+    d.opt = c->opt;
+    d.ftrl_beta = c->ftrl_beta;
+    d.ftrl_l1 = c->ftrl_l1;
+    d.ftrl_l2 = c->ftrl_l2;
+    d.min_count = c->min_count;
+    d.filter_cells = c->min_count >= 2 ? c->filter_cells : 0;
+    int rc = ps_table_decl_check(c->table, &d, why, why_len);
+    if (rc)
+        return rc;
     if (c->max_rows > PS_TABLE_MAX_ROWS) {
         ps_errorf(why, why_len, "table %llu: the row cap must be at most %llu (0: none), got "
             "%llu", tk, (unsigned long long)PS_TABLE_MAX_ROWS, (unsigned long long)c->max_rows);
-        return PS_EINVAL;
-    }
-    if (c->min_count > 255) {
-        ps_errorf(why, why_len, "table %llu: the frequency filter's count must be in [0, 255] "
-            "(0 or 1: no filter), got %u", tk, c->min_count);
-        return PS_EINVAL;
-    }
-    if (c->min_count >= 2 && c->filter_cells != 0 && c->filter_cells < 64) {
-        ps_errorf(why, why_len, "table %llu: the frequency filter needs at least 64 cells "
-            "(0: %u), got %u", tk, PS_TABLE_FILTER_CELLS, c->filter_cells);
         return PS_EINVAL;
     }
     return 0;
@@ -99,31 +92,23 @@ int ps_table_create(const ps_table_config *cfg, ps_table **out, char *why, size_
         return PS_ENOMEM;
     }
     t->cfg = *cfg;
-    atomic_init(&t->own_mem, 0);
+    t->o = (tbl_opt){cfg->opt, cfg->ftrl_beta, cfg->ftrl_l1, cfg->ftrl_l2};
     t->nstate = ps_table_state_arrays(cfg->opt.kind);
-    t->stride = 8 + (size_t)4 * cfg->dim * (size_t)(1 + t->nstate);
-    t->big = TBL_SMALL;
-    while (t->big < 16 && ((size_t)2 << t->big) * t->stride <= TBL_SLAB_BYTES)
-        t->big++;
-    t->lru_head = t->lru_tail = TBL_NIL;
     t->last_rank = -1;
-    t->hcap = 16;
     t->ncells = cfg->min_count >= 2 ? (cfg->filter_cells ? cfg->filter_cells
                                                         : PS_TABLE_FILTER_CELLS) : 0;
-    uint64_t bytes = sizeof *t + t->hcap * sizeof(uint32_t) + cfg->dim * sizeof(float) +
-                     t->ncells;
-    if (!tbl_charge(t, bytes)) {
-        ps_errorf(why, why_len, "table %llu needs %llu bytes; %llu of %llu bytes "
-            "(--max-memory) in use", (unsigned long long)cfg->table, (unsigned long long)bytes,
-            (unsigned long long)atomic_load(cfg->mem_used ? cfg->mem_used : &t->own_mem),
-            (unsigned long long)cfg->max_memory);
+    tbl_rows_config rc_ = {cfg->table, cfg->dim * (uint32_t)(1 + t->nstate),
+                           cfg->opt.kind == PS_OPT_ADAM, cfg->max_rows, cfg->max_memory,
+                           cfg->mem_used};
+    rc = tbl_rows_init(&t->r, &rc_, sizeof *t + cfg->dim * sizeof(float) + t->ncells, why,
+                       why_len);
+    if (rc) {
         free(t);
-        return PS_ETOOBIG;
+        return rc;
     }
-    t->map = calloc(t->hcap, sizeof *t->map);
     t->scratch = malloc(cfg->dim * sizeof(float));
     t->cells = t->ncells ? calloc(t->ncells, 1) : NULL;
-    if (!t->map || !t->scratch || (t->ncells && !t->cells)) {
+    if (!t->scratch || (t->ncells && !t->cells)) {
         ps_table_destroy(t);
         ps_errorf(why, why_len, "out of memory creating table %llu",
             (unsigned long long)cfg->table);
@@ -137,19 +122,22 @@ void ps_table_destroy(ps_table *t)
 {
     if (!t)
         return;
-    tbl_free_rows(t);
     free(t->pos);
     free(t->cells);
     free(t->acc_ids);
     free(t->acc_rows);
     free(t->acc_map);
-    free(t->deleted);
     free(t->scratch);
-    tbl_uncharge(t, t->bytes);
+    tbl_rows_free(&t->r); /* gives back every byte charged */
     free(t);
 }
 
 const ps_table_config *ps_table_get_config(const ps_table *t) { return &t->cfg; }
+
+void ps_table_initial_row(const ps_table_config *c, uint64_t id, float *out)
+{
+    ps_table_init_row(c->seed, c->table, id, c->init, c->init_scale, c->dim, out);
+}
 
 size_t ps_table_row_bytes(const ps_table *t)
 {
@@ -161,9 +149,9 @@ size_t ps_table_row_bytes(const ps_table *t)
 
 static void filter_cells3(const ps_table *t, uint64_t id, uint64_t c[3])
 {
-    uint64_t h = tbl_mix(id ^ 0xbb67ae8584caa73bull);
+    uint64_t h = ps_table_mix(id ^ 0xbb67ae8584caa73bull);
     for (int k = 0; k < 3; k++)
-        c[k] = tbl_home(tbl_mix(h + (uint64_t)k * 0x9e3779b97f4a7c15ull), t->ncells);
+        c[k] = tbl_home(ps_table_mix(h + (uint64_t)k * 0x9e3779b97f4a7c15ull), t->ncells);
 }
 
 /* The id's count: the least of its cells (never below its sightings). */
@@ -195,6 +183,17 @@ static unsigned filter_sight(ps_table *t, uint64_t id)
         if (t->cells[c[k]] == m)
             t->cells[c[k]] = (uint8_t)(m + 1);
     return m + 1;
+}
+
+/* A new row for id (its lookup ended at empty entry pos; room reserved):
+ * the initializer's values, zero state.  Its entry's position. */
+static uint64_t create_row(ps_table *t, uint64_t id, uint64_t pos)
+{
+    pos = tbl_create_row(&t->r, id, pos);
+    float *w = tbl_rec_w(tbl_rec(&t->r, tbl_slot_at(&t->r, pos)));
+    ps_table_initial_row(&t->cfg, id, w);
+    memset(w + t->cfg.dim, 0, (size_t)t->nstate * t->cfg.dim * sizeof(float));
+    return pos;
 }
 
 /* ---- a request's rows: look them all up first (and reserve room for
@@ -232,19 +231,19 @@ static int look_up(ps_table *t, const uint64_t *ids, size_t n, uint64_t *gen, ch
     uint64_t missing = 0;
     for (size_t i = 0; i < n; i++) {
         if (i + PREFETCH < n)
-            __builtin_prefetch(&t->map[tbl_home(tbl_hash(ids[i + PREFETCH]), t->hcap)]);
+            __builtin_prefetch(&t->r.map[tbl_home(tbl_hash(ids[i + PREFETCH]), t->r.hcap)]);
         if (i + PREFETCH / 2 < n) {
-            uint32_t e = t->map[tbl_home(tbl_hash(ids[i + PREFETCH / 2]), t->hcap)];
+            uint32_t e = t->r.map[tbl_home(tbl_hash(ids[i + PREFETCH / 2]), t->r.hcap)];
             if (e)
-                __builtin_prefetch(tbl_rec(t, (e & TBL_SLOT) - 1));
+                __builtin_prefetch(tbl_rec(&t->r, (e & TBL_SLOT) - 1));
         }
         int found;
-        uint64_t p = tbl_find(t, ids[i], &found);
+        uint64_t p = tbl_find(&t->r, ids[i], &found);
         t->pos[i] = found ? p : NO_ROW;
         missing += !found;
     }
-    *gen = t->map_gen; /* before the reserve: growing the hash moves the entries */
-    return missing && !tbl_has_room(t, missing) ? tbl_reserve(t, missing, 0, why, why_len) : 0;
+    *gen = t->r.map_gen; /* before the reserve: growing the hash moves the entries */
+    return missing && !tbl_has_room(&t->r, missing) ? tbl_reserve(&t->r, missing, 0, why, why_len) : 0;
 }
 
 /* The entry of ids[i]'s row now: as looked up while the hash has not moved,
@@ -253,27 +252,25 @@ static int look_up(ps_table *t, const uint64_t *ids, size_t n, uint64_t *gen, ch
  * NO_ROW. */
 static uint64_t entry_of(ps_table *t, size_t i, uint64_t id, uint64_t gen, int sight)
 {
-    if (t->pos[i] != NO_ROW && t->map_gen == gen)
+    if (t->pos[i] != NO_ROW && t->r.map_gen == gen)
         return t->pos[i];
     int found;
-    uint64_t p = tbl_find(t, id, &found);
+    uint64_t p = tbl_find(&t->r, id, &found);
     if (found)
         return p;
     if (t->cells && (sight ? filter_sight(t, id) : filter_count(t, id)) < t->cfg.min_count)
         return NO_ROW;
-    return tbl_create_row(t, id, p);
+    return create_row(t, id, p);
 }
-
-static uint32_t slot_at(const ps_table *t, uint64_t pos) { return (t->map[pos] & TBL_SLOT) - 1; }
 
 /* Fetch the record of the row ids[i] a few ids ahead (its first lines) */
 static void prefetch_row(const ps_table *t, size_t i, size_t n, uint64_t gen)
 {
     i += 4;
-    if (i >= n || t->pos[i] == NO_ROW || t->map_gen != gen)
+    if (i >= n || t->pos[i] == NO_ROW || t->r.map_gen != gen)
         return;
-    const char *rec = tbl_rec(t, slot_at(t, t->pos[i]));
-    size_t b = t->stride < 256 ? t->stride : 256;
+    const char *rec = tbl_rec(&t->r, tbl_slot_at(&t->r, t->pos[i]));
+    size_t b = t->r.stride < 256 ? t->r.stride : 256;
     for (size_t o = 0; o < b; o += 64)
         __builtin_prefetch(rec + o, 1);
 }
@@ -284,6 +281,21 @@ int ps_table_pull(ps_table *t, const uint64_t *ids, size_t n, float *out, size_t
     size_t d = t->cfg.dim;
     if (out_len != n * d)
         return size_error(t, "pull", n, out_len, why, why_len);
+    if (t->cfg.passive_pulls) { /* nothing created, nothing touched */
+        for (size_t i = 0; i < n; i++) {
+            float *o = out + i * d;
+            uint32_t e = tbl_lookup(&t->r, ids[i]);
+            if (e) {
+                memcpy(o, tbl_rec_w(tbl_rec(&t->r, e - 1)), d * sizeof(float));
+                continue;
+            }
+            ps_table_initial_row(&t->cfg, ids[i], o);
+            if (t->cells && filter_sight(t, ids[i]) < t->cfg.min_count)
+                t->st.filtered_pulls++;
+        }
+        t->st.pulled += n;
+        return 0;
+    }
     uint64_t gen;
     int rc = look_up(t, ids, n, &gen, why, why_len);
     if (rc)
@@ -297,21 +309,22 @@ int ps_table_pull(ps_table *t, const uint64_t *ids, size_t n, float *out, size_t
             t->st.filtered_pulls++;
             continue;
         }
-        uint32_t s = slot_at(t, p);
-        memcpy(o, tbl_rec_w(tbl_rec(t, s)), d * sizeof(float));
-        tbl_touch(t, s);
+        uint32_t s = tbl_slot_at(&t->r, p);
+        memcpy(o, tbl_rec_w(tbl_rec(&t->r, s)), d * sizeof(float));
+        tbl_touch(&t->r, s);
     }
     t->st.pulled += n;
     return 0;
 }
 
-/* Update the row of entry p with gradient row g. */
-static void update_row(ps_table *t, uint64_t p, const float *g, const tbl_step *st)
+/* Update the row of entry p with gradient row g at rate lr, counting as m
+ * updates. */
+static void update_row(ps_table *t, uint64_t p, const float *g, float lr, int64_t m)
 {
-    uint32_t s = slot_at(t, p);
-    t->map[p] |= TBL_DIRTY;
-    tbl_apply_row(t, st, tbl_rec(t, s), s, g);
-    tbl_touch(t, s);
+    uint32_t s = tbl_slot_at(&t->r, p);
+    t->r.map[p] |= TBL_DIRTY;
+    tbl_apply_row(&t->o, tbl_rec_w(tbl_rec(&t->r, s)), t->cfg.dim, tbl_cnt(&t->r, s), g, lr, m);
+    tbl_touch(&t->r, s);
     t->st.updated++;
 }
 
@@ -330,7 +343,7 @@ int ps_table_push(ps_table *t, const uint64_t *ids, size_t n, const float *g, si
     int rc = look_up(t, ids, n, &gen, why, why_len);
     if (rc)
         return rc;
-    tbl_step st = {ps_opt_lr_at(&t->cfg.opt, t->version + m), m};
+    float lr = ps_opt_lr_at(&t->cfg.opt, t->version + m);
     float inv = 1.0f / (float)m;
     for (size_t i = 0; i < n; i++) {
         prefetch_row(t, i, n, gen);
@@ -346,7 +359,7 @@ int ps_table_push(ps_table *t, const uint64_t *ids, size_t n, const float *g, si
                 t->scratch[k] = gi[k] * inv;
             gi = t->scratch;
         }
-        update_row(t, p, gi, &st);
+        update_row(t, p, gi, lr, m);
     }
     t->version += m;
     t->st.pushed += n;
@@ -402,7 +415,7 @@ static int acc_grow(ps_table *t, size_t ncap, uint64_t more, char *why, size_t w
         t->acc_rows = rows;
     uint32_t *map = rows ? calloc(2 * ncap, sizeof *map) : NULL;
     if (!map) {
-        tbl_uncharge(t, more);
+        tbl_uncharge(&t->r, more);
         ps_errorf(why, why_len, "table %llu: out of memory for the sums of a round",
             (unsigned long long)t->cfg.table);
         return PS_ENOMEM;
@@ -444,16 +457,16 @@ int ps_table_round_add(ps_table *t, int rank, const uint64_t *ids, size_t n, con
         acc_find(t, ids[i], &found);
         if (!found) {
             fresh++;
-            tbl_find(t, ids[i], &found);
+            tbl_find(&t->r, ids[i], &found);
             missing += !found;
         }
     }
     uint64_t more;
     size_t ncap = acc_size(t, t->acc_n + fresh, &more);
     int rc = 0;
-    if (missing && !tbl_has_room(t, missing))
-        rc = tbl_reserve(t, missing, more, why, why_len);
-    else if (more && !tbl_charge(t, more)) {
+    if (missing && !tbl_has_room(&t->r, missing))
+        rc = tbl_reserve(&t->r, missing, more, why, why_len);
+    else if (more && !tbl_charge(&t->r, more)) {
         ps_errorf(why, why_len, "table %llu needs %llu more bytes for the sums of a round of "
             "%zu rows; %llu bytes (--max-memory) reached", (unsigned long long)t->cfg.table,
             (unsigned long long)more, t->acc_n + fresh, (unsigned long long)t->cfg.max_memory);
@@ -463,7 +476,7 @@ int ps_table_round_add(ps_table *t, int rank, const uint64_t *ids, size_t n, con
         rc = acc_grow(t, ncap, more, why, why_len);
     if (rc)
         return rc;
-    t->round_new += missing;
+    t->r.reserved += missing;
     /* in rank order: the first contributor's row copied, the next ones added */
     for (size_t i = 0; i < n; i++) {
         const float *restrict gi = g + i * d;
@@ -492,7 +505,7 @@ void ps_table_round_cancel(ps_table *t)
     t->acc_n = 0;
     t->ncontrib = 0;
     t->last_rank = -1;
-    t->round_new = 0;
+    t->r.reserved = 0;
 }
 
 void ps_table_round_finish(ps_table *t)
@@ -504,22 +517,22 @@ void ps_table_round_finish(ps_table *t)
     size_t d = t->cfg.dim;
     /* the mean over the pushes summed, as shard.c's finish_round divides */
     float nw = (float)t->ncontrib;
-    tbl_step st = {ps_opt_lr_at(&t->cfg.opt, t->version + 1), 1};
+    float lr = ps_opt_lr_at(&t->cfg.opt, t->version + 1);
     for (size_t e = 0; e < t->acc_n; e++) {
         float *restrict sum = t->acc_rows + e * d;
         for (size_t k = 0; k < d; k++)
             sum[k] = sum[k] / nw;
         uint64_t id = t->acc_ids[e];
         int found;
-        uint64_t p = tbl_find(t, id, &found);
+        uint64_t p = tbl_find(&t->r, id, &found);
         if (!found) {
             if (t->cells && filter_count(t, id) < t->cfg.min_count) {
                 t->st.filtered_pushes++;
                 continue;
             }
-            p = tbl_create_row(t, id, p); /* room reserved by round_add */
+            p = create_row(t, id, p); /* room reserved by round_add */
         }
-        update_row(t, p, sum, &st);
+        update_row(t, p, sum, lr, 1);
     }
     t->version++;
     t->st.rounds++;
@@ -541,9 +554,9 @@ void ps_table_set_version(ps_table *t, int64_t version) { t->version = version; 
 
 static void view_of(const ps_table *t, uint32_t s, ps_table_row_view *v)
 {
-    char *rec = tbl_rec(t, s);
+    char *rec = tbl_rec(&t->r, s);
     size_t d = t->cfg.dim;
-    uint32_t *c = tbl_cnt(t, s);
+    uint32_t *c = tbl_cnt(&t->r, s);
     v->id = tbl_rec_id(rec);
     v->dim = t->cfg.dim;
     v->nstate = t->nstate;
@@ -555,15 +568,11 @@ static void view_of(const ps_table *t, uint32_t s, ps_table_row_view *v)
 
 int ps_table_get_row(const ps_table *t, uint64_t id, ps_table_row_view *v)
 {
-    for (uint64_t i = tbl_home(tbl_hash(id), t->hcap);; i = i + 1 == t->hcap ? 0 : i + 1) {
-        uint32_t e = t->map[i];
-        if (!e)
-            return 0;
-        if (tbl_rec_id(tbl_rec(t, (e & TBL_SLOT) - 1)) == id) {
-            view_of(t, (e & TBL_SLOT) - 1, v);
-            return 1;
-        }
-    }
+    uint32_t e = tbl_lookup(&t->r, id);
+    if (!e)
+        return 0;
+    view_of(t, e - 1, v);
+    return 1;
 }
 
 void ps_table_foreach(const ps_table *t, int which,
@@ -571,18 +580,18 @@ void ps_table_foreach(const ps_table *t, int which,
 {
     ps_table_row_view v;
     if (which == PS_TABLE_ROWS_DIRTY) {
-        for (uint64_t i = 0; i < t->hcap; i++)
-            if (t->map[i] & TBL_DIRTY) {
-                view_of(t, (t->map[i] & TBL_SLOT) - 1, &v);
+        for (uint64_t i = 0; i < t->r.hcap; i++)
+            if (t->r.map[i] & TBL_DIRTY) {
+                view_of(t, (t->r.map[i] & TBL_SLOT) - 1, &v);
                 fn(arg, &v);
             }
     } else if (t->cfg.max_rows) {
-        for (uint32_t s = t->lru_tail; s != TBL_NIL; s = tbl_lru_prev(t, s)) {
+        for (uint32_t s = t->r.lru_tail; s != TBL_NIL; s = tbl_lru_prev(&t->r, s)) {
             view_of(t, s, &v);
             fn(arg, &v);
         }
     } else {
-        for (uint64_t s = 0; s < t->rows; s++) {
+        for (uint64_t s = 0; s < t->r.rows; s++) {
             view_of(t, (uint32_t)s, &v);
             fn(arg, &v);
         }
@@ -591,17 +600,20 @@ void ps_table_foreach(const ps_table *t, int which,
 
 const uint64_t *ps_table_deleted(const ps_table *t, size_t *n)
 {
-    *n = t->deleted_lost ? 0 : t->ndeleted;
-    return t->deleted_lost ? NULL : t->deleted;
+    *n = t->r.deleted_lost ? 0 : t->r.ndeleted;
+    return t->r.deleted_lost ? NULL : t->r.deleted;
 }
 
-void ps_table_mark_clean(ps_table *t)
+void ps_table_mark_clean(ps_table *t) { tbl_mark_clean(&t->r); }
+
+int ps_table_delta_ok(const ps_table *t) { return t->r.tracking && !t->r.deleted_lost; }
+
+int ps_table_touch(ps_table *t, uint64_t id)
 {
-    for (uint64_t i = 0; i < t->hcap; i++)
-        t->map[i] &= ~TBL_DIRTY;
-    t->ndeleted = 0;
-    t->deleted_lost = 0;
-    t->tracking = 1;
+    uint32_t e = tbl_lookup(&t->r, id);
+    if (e)
+        tbl_touch(&t->r, e - 1);
+    return e != 0;
 }
 
 int ps_table_restore_row(ps_table *t, const ps_table_row_view *v, char *why, size_t why_len)
@@ -614,37 +626,37 @@ int ps_table_restore_row(ps_table *t, const ps_table_row_view *v, char *why, siz
         return PS_EMISMATCH;
     }
     int found;
-    uint64_t p = tbl_find(t, v->id, &found);
+    uint64_t p = tbl_find(&t->r, v->id, &found);
     if (!found) {
-        if (!tbl_has_room(t, 1)) {
-            int rc = tbl_reserve(t, 1, 0, why, why_len);
+        if (!tbl_has_room(&t->r, 1)) {
+            int rc = tbl_reserve(&t->r, 1, 0, why, why_len);
             if (rc)
                 return rc;
-            p = tbl_find(t, v->id, &found);
+            p = tbl_find(&t->r, v->id, &found);
         }
-        p = tbl_create_row(t, v->id, p);
+        p = create_row(t, v->id, p);
     }
-    uint32_t s = slot_at(t, p);
+    uint32_t s = tbl_slot_at(&t->r, p);
     size_t d = t->cfg.dim;
-    float *w = tbl_rec_w(tbl_rec(t, s));
+    float *w = tbl_rec_w(tbl_rec(&t->r, s));
     memcpy(w, v->w, d * sizeof(float));
     for (int k = 0; k < t->nstate; k++)
         memcpy(w + (size_t)(k + 1) * d, v->state[k], d * sizeof(float));
-    uint32_t *c = tbl_cnt(t, s);
+    uint32_t *c = tbl_cnt(&t->r, s);
     if (c)
         *c = v->count;
-    t->map[p] |= TBL_DIRTY;
-    tbl_touch(t, s);
+    t->r.map[p] |= TBL_DIRTY;
+    tbl_touch(&t->r, s);
     return 0;
 }
 
 int ps_table_remove(ps_table *t, uint64_t id)
 {
     int found;
-    uint64_t p = tbl_find(t, id, &found);
+    uint64_t p = tbl_find(&t->r, id, &found);
     if (!found)
         return 0;
-    tbl_delete_row(t, p);
+    tbl_delete_row(&t->r, p);
     return 1;
 }
 
@@ -672,10 +684,27 @@ int ps_table_restore_filter(ps_table *t, const uint8_t *cells, size_t n, char *w
 void ps_table_stats(const ps_table *t, ps_table_counts *out)
 {
     *out = t->st;
-    out->rows = t->rows;
-    out->bytes = t->bytes;
-    out->slots = t->slot_cap;
-    out->hash_entries = t->hcap;
+    out->created += t->r.created;
+    out->evicted += t->r.evicted;
+    out->lookups = t->r.lookups;
+    out->probes = t->r.probes;
+    out->rows = t->r.rows;
+    out->bytes = t->r.bytes;
+    out->slots = t->r.slot_cap;
+    out->hash_entries = t->r.hcap;
+}
+
+void ps_table_set_counters(ps_table *t, const ps_table_counts *c)
+{
+    t->r.created = t->r.evicted = 0;
+    t->st.created = c->created;
+    t->st.evicted = c->evicted;
+    t->st.filtered_pulls = c->filtered_pulls;
+    t->st.filtered_pushes = c->filtered_pushes;
+    t->st.pulled = c->pulled;
+    t->st.pushed = c->pushed;
+    t->st.updated = c->updated;
+    t->st.rounds = c->rounds;
 }
 
 void ps_table_add_counters(ps_table *t, const ps_table_counts *b)

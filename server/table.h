@@ -40,31 +40,16 @@
  *    the next ones added, as server/shard.c) divided by the number of
  *    pushes in the round, as the dense path divides.
  *
- * Initializer: a pure function of (seed, table, id, element index i).  With
- * uint64 arithmetic modulo 2^64 (numpy: uint64 arrays) and
- *   mix(x) = x ^= x >> 30; x *= 0xbf58476d1ce4e5b9; x ^= x >> 27;
- *            x *= 0x94d049bb133111eb; x ^= x >> 31
- *   G      = 0x9e3779b97f4a7c15
- *   sm(x)  = mix(x + G)                   (one SplitMix64 output)
- *   k      = sm(sm(sm(seed) ^ table) ^ id)
- *   r(j)   = sm(k + j * G)                (j = 0, 1, ...: SplitMix64 seeded with k)
- * the row's element i is
- *   zeros     0
- *   uniform   a * f, f = (float)((int64)(r(i) >> 40) - 2^23) * 2^-23 (exact
- *             in float32), the product in float32: in [-a, a); bit for bit
- *             in numpy (np.float32(a) * np.float32(f))
- *   normal    (float)((double)s * z), z = sqrt(-2 ln u1) * cos(2 pi u2) in
- *             double, u1 = ((r(2i) >> 11) + 1) * 2^-53 in (0, 1],
- *             u2 = (r(2i+1) >> 11) * 2^-53 in [0, 1), 2 pi = 6.283185307179586
- *             (Box-Muller, the cosine half): equal to numpy's up to the last
- *             bit of its log and cos (nearly always bit for bit after the
- *             rounding to float32).
+ * Initializer: a pure function of (seed, table, id, element index i), the
+ * formula of common/ps_table_row.h (ps_table_init_row), which libps, the
+ * local tables of ps_worker and python/ps/table_init.py share.
  * The optimizer state of a new row is zero.
  *
  * Optional per table:
  *  - a row cap (max_rows): creating a row in a full table first evicts the
  *    least recently touched row, exactly (an intrusive doubly linked list of
- *    32-bit slots; a pull, a push or a restore touches a row).  Set it well
+ *    32-bit slots; a pull, a push or a restore touches a row; with
+ *    passive_pulls a pull does not).  Set it well
  *    above the rows of a request or a round: a row evicted between a pull and
  *    its push comes back with the initializer's values before the update;
  *  - a frequency filter (min_count N >= 2, as Monolith's): an id gets a row
@@ -96,19 +81,13 @@
 #include <stdint.h>
 
 #include "ps_types.h"
+#include "table_opt.h"
 
 typedef struct ps_table ps_table;
 
-enum ps_table_init { PS_TABLE_INIT_ZEROS = 0, PS_TABLE_INIT_UNIFORM = 1, PS_TABLE_INIT_NORMAL = 2 };
-
-/* FTRL-proximal, for tables only: the kind after ps_types.h's dense ones.
- * Per coordinate, with g' = g + weight_decay * w and alpha = lr:
- *   n' = n + g'^2;  z += g' - (sqrt(n') - sqrt(n)) / alpha * w;  n = n'
- *   w = |z| <= l1 ? 0 : -(z - sign(z) l1) / ((beta + sqrt(n)) / alpha + l2)
- * State arrays: z, n. */
-#define PS_TABLE_OPT_FTRL 6
-_Static_assert(PS_OPT_KIND_MAX < PS_TABLE_OPT_FTRL,
-               "a dense optimizer kind took PS_TABLE_OPT_FTRL's number");
+/* The initializer kinds (enum ps_table_init) and PS_TABLE_OPT_FTRL are
+ * ps_types.h's; ps_table_state_arrays, ps_table_opt_name and the FTRL
+ * kernel table_opt.h's. */
 
 /* Rows per table and server at most (a hash entry holds slot + 1 in 31 bits). */
 #define PS_TABLE_MAX_ROWS 0x7fffffffull
@@ -119,7 +98,7 @@ _Static_assert(PS_OPT_KIND_MAX < PS_TABLE_OPT_FTRL,
 typedef struct ps_table_config {
     uint64_t table;     /* the table's key: an input of the initializer */
     uint32_t dim;       /* floats per row, 1 .. PS_TABLE_MAX_DIM */
-    int init;           /* enum ps_table_init */
+    int init;           /* enum ps_table_init (ps_types.h) */
     float init_scale;   /* uniform: a; normal: the standard deviation s (>= 0) */
     uint64_t seed;
     /* kind: sgd, momentum, nesterov, adagrad, adam (lazy: a row's bias
@@ -131,6 +110,13 @@ typedef struct ps_table_config {
     uint64_t max_rows;      /* 0: no cap; else evict the least recently touched */
     uint32_t min_count;     /* frequency filter: 0 or 1 off; N <= 255: a row at the Nth pull */
     uint32_t filter_cells;  /* its size in cells (bytes); 0: PS_TABLE_FILTER_CELLS */
+    /* A pull creates no row and touches none (a missing row's values are the
+     * initializer's; the filter still counts the sighting): rows are created
+     * and touched by updates alone.  For a capped table in sync mode, whose
+     * LRU order would otherwise follow the order the workers' pulls arrive
+     * in, and its evictions with it: with it the order follows the rounds,
+     * and a run is repeatable. */
+    int passive_pulls;
     uint64_t max_memory;        /* bytes, over everything sharing mem_used */
     _Atomic uint64_t *mem_used; /* shared charge; NULL: a private counter */
 } ps_table_config;
@@ -153,12 +139,6 @@ typedef struct ps_table_counts {
     uint64_t hash_entries;    /* entries of the hash (4 bytes each) */
 } ps_table_counts;
 
-/* The optimizer state arrays a row keeps for kind (0, 1 or 2), or -1 when
- * tables do not take that kind. */
-int ps_table_state_arrays(int kind);
-/* "sgd" .. "adam", "ftrl"; "unknown" otherwise. */
-const char *ps_table_opt_name(int kind);
-
 /* PS_EINVAL, with why naming the field, its range and the value, when a
  * field is out of range (dim, init, scale, optimizer kind and
  * hyper-parameters, FTRL's, max_rows, min_count, filter_cells); else 0. */
@@ -171,7 +151,8 @@ int ps_table_create(const ps_table_config *cfg, ps_table **out, char *why, size_
 void ps_table_destroy(ps_table *t);
 const ps_table_config *ps_table_get_config(const ps_table *t);
 
-/* The initializer's values of row id (dim floats into out): the formula above. */
+/* The initializer's values of row id (dim floats into out):
+ * ps_table_init_row with cfg's seed, table, kind and scale. */
 void ps_table_initial_row(const ps_table_config *cfg, uint64_t id, float *out);
 
 /* Values of the rows of ids[0..n) into out (out_len floats: n * dim): rows
@@ -259,6 +240,15 @@ const uint64_t *ps_table_deleted(const ps_table *t, size_t *n);
  * deletion list, and record deletions from now on.  After restoring a chain
  * of checkpoints, call it so that the next delta holds only later changes. */
 void ps_table_mark_clean(ps_table *t);
+/* Can the next checkpoint hold only what changed (the dirty rows and the
+ * deletion list) since the last ps_table_mark_clean?  0 before the first
+ * mark (every row must go in: rows evicted before it were not recorded) and
+ * after a deletion could not be recorded. */
+int ps_table_delta_ok(const ps_table *t);
+/* Make row id the most recently touched (a capped table; else nothing):
+ * touching every row in a checkpoint's LRU order restores that order.  0
+ * when there is no such row. */
+int ps_table_touch(ps_table *t, uint64_t id);
 
 /* Put a row back from a checkpoint: created (whatever the filter says;
  * evicting in a full capped table) or overwritten, with v's values, state
@@ -279,14 +269,13 @@ void ps_table_stats(const ps_table *t, ps_table_counts *out);
 /* Add base counters (restored from a checkpoint) to the cumulative ones
  * (created, evicted, filtered, pulled, pushed, updated, rounds). */
 void ps_table_add_counters(ps_table *t, const ps_table_counts *base);
+/* Set the cumulative counters to c's (restored from a checkpoint, after the
+ * rows: what restoring them counted is forgotten); the lookups, probes and
+ * what describes memory are not set. */
+void ps_table_set_counters(ps_table *t, const ps_table_counts *c);
 /* Bytes of one row's values, optimizer state and update count: what a row
  * needs anyway; ps_table_stats' bytes less rows times this is the store's
  * overhead. */
 size_t ps_table_row_bytes(const ps_table *t);
-
-/* The FTRL kernel on n coordinates (formula above), in place. */
-void ps_table_ftrl(float *restrict w, float *restrict z, float *restrict nacc,
-                   const float *restrict g, size_t n, float alpha, float beta, float l1,
-                   float l2, float wd);
 
 #endif

@@ -1,20 +1,26 @@
-/* The table store's rows (server/table.h): the open-addressing hash from id
- * to slot, the slabs that hold the rows, the LRU list of capped tables, and
- * the memory charge of all of it. */
+/* The table store's rows (server/table_hash.h): the open-addressing hash
+ * from id to slot, the slabs that hold the rows, the LRU list of capped
+ * tables, the dirty bits and deletions, and the memory charge of all of it. */
+#include "table_hash.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ps_error.h"
 #include "ps_log.h"
-#include "table_internal.h"
 
-static _Atomic uint64_t *mem(ps_table *t)
+static _Atomic uint64_t *mem(tbl_rows *t)
 {
     return t->cfg.mem_used ? t->cfg.mem_used : &t->own_mem;
 }
 
-int tbl_charge(ps_table *t, uint64_t bytes)
+uint64_t tbl_mem_used(const tbl_rows *t)
+{
+    return atomic_load(t->cfg.mem_used ? t->cfg.mem_used : &((tbl_rows *)t)->own_mem);
+}
+
+int tbl_charge(tbl_rows *t, uint64_t bytes)
 {
     uint64_t before = atomic_fetch_add(mem(t), bytes);
     if (before + bytes > t->cfg.max_memory) {
@@ -25,7 +31,7 @@ int tbl_charge(ps_table *t, uint64_t bytes)
     return 1;
 }
 
-void tbl_uncharge(ps_table *t, uint64_t bytes)
+void tbl_uncharge(tbl_rows *t, uint64_t bytes)
 {
     atomic_fetch_sub(mem(t), bytes);
     t->bytes -= bytes;
@@ -34,7 +40,7 @@ void tbl_uncharge(ps_table *t, uint64_t bytes)
 /* ---- slabs ---- */
 
 /* Rows slab j holds when full (see TBL_SMALL). */
-static uint64_t slab_rows(const ps_table *t, uint32_t j)
+static uint64_t slab_rows(const tbl_rows *t, uint32_t j)
 {
     uint32_t nsmall = (uint32_t)(t->big - TBL_SMALL);
     if (j == 0)
@@ -46,13 +52,13 @@ static uint64_t slab_rows(const ps_table *t, uint32_t j)
 
 static size_t round64(size_t b) { return (b + 63) & ~(size_t)63; }
 
-/* Bytes of a slab of `rows` rows: the records, then adam's counts and the
+/* Bytes of a slab of `rows` rows: the records, then the counts and the
  * LRU links when the table keeps them. */
-static size_t slab_bytes(const ps_table *t, uint64_t rows, size_t *cnt_off, size_t *lru_off)
+static size_t slab_bytes(const tbl_rows *t, uint64_t rows, size_t *cnt_off, size_t *lru_off)
 {
     size_t b = round64((size_t)rows * t->stride);
     *cnt_off = b;
-    if (t->cfg.opt.kind == PS_OPT_ADAM)
+    if (t->cfg.counts)
         b += (size_t)rows * 4;
     *lru_off = b;
     if (t->cfg.max_rows)
@@ -60,17 +66,17 @@ static size_t slab_bytes(const ps_table *t, uint64_t rows, size_t *cnt_off, size
     return round64(b);
 }
 
-/* The rows the table may need: the rows, those the open round reserved and
- * `more`, within the cap. */
-static uint64_t rows_wanted(const ps_table *t, uint64_t more)
+/* The rows the table may need: the rows, those reserved and `more`, within
+ * the cap. */
+static uint64_t rows_wanted(const tbl_rows *t, uint64_t more)
 {
-    uint64_t want = t->rows + t->round_new + more;
+    uint64_t want = t->rows + t->reserved + more;
     if (t->cfg.max_rows && want > t->cfg.max_rows)
         want = t->cfg.max_rows;
     return want;
 }
 
-int tbl_has_room(const ps_table *t, uint64_t more)
+int tbl_has_room(const tbl_rows *t, uint64_t more)
 {
     uint64_t want = rows_wanted(t, more);
     return want <= t->slot_cap && want * 4 <= t->hcap * 3;
@@ -78,7 +84,7 @@ int tbl_has_room(const ps_table *t, uint64_t more)
 
 /* Rebuild the hash with ncap entries into fresh (zeroed), keeping each
  * entry's dirty bit. */
-static void rehash(ps_table *t, uint32_t *fresh, uint64_t ncap)
+static void rehash(tbl_rows *t, uint32_t *fresh, uint64_t ncap)
 {
     for (uint64_t i = 0; i < t->hcap; i++) {
         uint32_t e = t->map[i];
@@ -96,14 +102,14 @@ static void rehash(ps_table *t, uint32_t *fresh, uint64_t ncap)
     t->hcap = ncap;
 }
 
-int tbl_reserve(ps_table *t, uint64_t more, uint64_t extra, char *why, size_t why_len)
+int tbl_reserve(tbl_rows *t, uint64_t more, uint64_t extra, char *why, size_t why_len)
 {
     uint64_t want = rows_wanted(t, more);
-    if (want > PS_TABLE_MAX_ROWS) {
+    if (want > TBL_MAX_ROWS) {
         ps_errorf(why, why_len, "table %llu would hold %llu rows on this server; one server "
             "holds at most %llu rows of a table (more servers, or a row cap)",
             (unsigned long long)t->cfg.table, (unsigned long long)want,
-            (unsigned long long)PS_TABLE_MAX_ROWS);
+            (unsigned long long)TBL_MAX_ROWS);
         return PS_ETOOBIG;
     }
     /* what is missing: slabs up to `want` rows, a larger hash (grown by half
@@ -165,7 +171,7 @@ int tbl_reserve(ps_table *t, uint64_t more, uint64_t extra, char *why, size_t wh
             free(fresh);
             goto nomem;
         }
-        t->slabs[j] = (tbl_slab){p, t->cfg.opt.kind == PS_OPT_ADAM ? (uint32_t *)(p + c) : NULL,
+        t->slabs[j] = (tbl_slab){p, t->cfg.counts ? (uint32_t *)(p + c) : NULL,
                                  t->cfg.max_rows ? (uint32_t *)(p + l) : NULL};
         t->nslabs = j + 1;
         t->slot_cap += r;
@@ -185,24 +191,67 @@ nomem:
     return PS_ENOMEM;
 }
 
-void tbl_free_rows(ps_table *t)
+int tbl_rows_init(tbl_rows *t, const tbl_rows_config *cfg, uint64_t extra, char *why,
+                  size_t why_len)
+{
+    memset(t, 0, sizeof *t);
+    t->cfg = *cfg;
+    atomic_init(&t->own_mem, 0);
+    t->stride = 8 + (size_t)4 * cfg->row_floats;
+    t->big = TBL_SMALL;
+    while (t->big < 16 && ((size_t)2 << t->big) * t->stride <= TBL_SLAB_BYTES)
+        t->big++;
+    t->lru_head = t->lru_tail = TBL_NIL;
+    t->hcap = 16;
+    uint64_t bytes = t->hcap * sizeof(uint32_t) + extra;
+    if (!tbl_charge(t, bytes)) {
+        ps_errorf(why, why_len, "table %llu needs %llu bytes; %llu of %llu bytes "
+            "(--max-memory) in use", (unsigned long long)cfg->table, (unsigned long long)bytes,
+            (unsigned long long)tbl_mem_used(t), (unsigned long long)cfg->max_memory);
+        return PS_ETOOBIG;
+    }
+    t->map = calloc(t->hcap, sizeof *t->map);
+    if (!t->map) {
+        tbl_uncharge(t, bytes);
+        ps_errorf(why, why_len, "out of memory creating table %llu",
+            (unsigned long long)cfg->table);
+        return PS_ENOMEM;
+    }
+    return 0;
+}
+
+void tbl_rows_free(tbl_rows *t)
 {
     for (uint32_t j = 0; j < t->nslabs; j++)
         free(t->slabs[j].rec);
     free(t->slabs);
     free(t->map);
+    free(t->deleted);
+    tbl_uncharge(t, t->bytes);
+    t->slabs = NULL;
+    t->map = NULL;
+    t->deleted = NULL;
+}
+
+uint32_t tbl_lookup(const tbl_rows *t, uint64_t id)
+{
+    for (uint64_t i = tbl_home(tbl_hash(id), t->hcap);; i = i + 1 == t->hcap ? 0 : i + 1) {
+        uint32_t e = t->map[i];
+        if (!e || tbl_rec_id(tbl_rec(t, (e & TBL_SLOT) - 1)) == id)
+            return e & TBL_SLOT;
+    }
 }
 
 /* ---- the LRU list (capped tables): links in the slabs, by slot ---- */
 
-static uint32_t *links(const ps_table *t, uint32_t s)
+static uint32_t *links(const tbl_rows *t, uint32_t s)
 {
     uint32_t j, o;
     tbl_locate(t, s, &j, &o);
     return t->slabs[j].lru + 2 * (size_t)o;
 }
 
-static void lru_unlink(ps_table *t, uint32_t s)
+static void lru_unlink(tbl_rows *t, uint32_t s)
 {
     uint32_t *l = links(t, s), p = l[0], n = l[1];
     if (p != TBL_NIL)
@@ -215,7 +264,7 @@ static void lru_unlink(ps_table *t, uint32_t s)
         t->lru_tail = p;
 }
 
-static void lru_front(ps_table *t, uint32_t s)
+static void lru_front(tbl_rows *t, uint32_t s)
 {
     uint32_t *l = links(t, s);
     l[0] = TBL_NIL;
@@ -227,7 +276,7 @@ static void lru_front(ps_table *t, uint32_t s)
     t->lru_head = s;
 }
 
-void tbl_touch(ps_table *t, uint32_t s)
+void tbl_touch(tbl_rows *t, uint32_t s)
 {
     if (!t->cfg.max_rows || t->lru_head == s)
         return;
@@ -235,13 +284,13 @@ void tbl_touch(ps_table *t, uint32_t s)
     lru_front(t, s);
 }
 
-uint32_t tbl_lru_prev(const ps_table *t, uint32_t s) { return links(t, s)[0]; }
+uint32_t tbl_lru_prev(const tbl_rows *t, uint32_t s) { return links(t, s)[0]; }
 
 /* ---- deleting ---- */
 
 /* Empty entry pos and close the gap (backward shift): each entry after it
  * in its run moves back unless its home lies cyclically in (gap, entry]. */
-static void map_delete(ps_table *t, uint64_t pos)
+static void map_delete(tbl_rows *t, uint64_t pos)
 {
     uint64_t i = pos, j = pos;
     for (;;) {
@@ -260,7 +309,7 @@ static void map_delete(ps_table *t, uint64_t pos)
     t->map_gen++;
 }
 
-static void record_deletion(ps_table *t, uint64_t id)
+static void record_deletion(tbl_rows *t, uint64_t id)
 {
     if (!t->tracking || t->deleted_lost)
         return;
@@ -284,7 +333,7 @@ static void record_deletion(ps_table *t, uint64_t id)
 }
 
 /* Evict the least recently touched row: its slot, free for a new row. */
-static uint32_t evict(ps_table *t)
+static uint32_t evict(tbl_rows *t)
 {
     uint32_t s = t->lru_tail;
     uint64_t id = tbl_rec_id(tbl_rec(t, s));
@@ -293,11 +342,11 @@ static uint32_t evict(ps_table *t)
     lru_unlink(t, s);
     map_delete(t, pos);
     record_deletion(t, id);
-    t->st.evicted++;
+    t->evicted++;
     return s;
 }
 
-void tbl_delete_row(ps_table *t, uint64_t pos)
+void tbl_delete_row(tbl_rows *t, uint64_t pos)
 {
     uint32_t s = (t->map[pos] & TBL_SLOT) - 1;
     char *rec = tbl_rec(t, s);
@@ -335,7 +384,7 @@ void tbl_delete_row(ps_table *t, uint64_t pos)
 
 /* ---- creating ---- */
 
-uint64_t tbl_create_row(ps_table *t, uint64_t id, uint64_t pos)
+uint64_t tbl_create_row(tbl_rows *t, uint64_t id, uint64_t pos)
 {
     uint32_t s;
     if (t->cfg.max_rows && t->rows == t->cfg.max_rows) {
@@ -345,17 +394,22 @@ uint64_t tbl_create_row(ps_table *t, uint64_t id, uint64_t pos)
     } else {
         s = (uint32_t)t->rows++;
     }
-    char *rec = tbl_rec(t, s);
-    memcpy(rec, &id, 8);
-    float *w = tbl_rec_w(rec);
-    ps_table_initial_row(&t->cfg, id, w);
-    memset(w + t->cfg.dim, 0, (size_t)t->nstate * t->cfg.dim * sizeof(float));
+    memcpy(tbl_rec(t, s), &id, 8);
     uint32_t *c = tbl_cnt(t, s);
     if (c)
         *c = 0;
     t->map[pos] = (s + 1) | TBL_DIRTY;
     if (t->cfg.max_rows)
         lru_front(t, s);
-    t->st.created++;
+    t->created++;
     return pos;
+}
+
+void tbl_mark_clean(tbl_rows *t)
+{
+    for (uint64_t i = 0; i < t->hcap; i++)
+        t->map[i] &= ~TBL_DIRTY;
+    t->ndeleted = 0;
+    t->deleted_lost = 0;
+    t->tracking = 1;
 }

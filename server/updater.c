@@ -8,6 +8,7 @@
 #include <zmq.h>
 
 #include "checkpoint.h"
+#include "dup_log.h"
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_time.h"
@@ -25,30 +26,6 @@
  * behind. */
 #define COPY_MAP_BYTES (128u << 10)
 
-/* Duplicate pushes are summed over a window of this long per worker and
- * said in one line (a worker whose pushes are all duplicates is a sign that
- * another connection pushed in its name, or of a restarted worker catching
- * up); the first of a quiet spell is said at once. */
-#define DUP_WINDOW_NS 10000000000LL
-#define DUP_WARN 100 /* a window with this many: a warning, else info */
-#define DUP_RANKS 4  /* workers named per window */
-
-typedef struct dup_rank {
-    int rank;
-    uint64_t n, key;
-    uint32_t chunk;
-    int64_t step;
-} dup_rank;
-
-typedef struct dup_log {
-    int64_t win_ns;   /* the window's start; 0: none open */
-    uint64_t n;       /* duplicates in it */
-    int nranks;
-    dup_rank r[DUP_RANKS];
-    uint64_t others;  /* of workers beyond the first DUP_RANKS */
-    int64_t quiet_ns; /* the last one said at once */
-} dup_log;
-
 /* A request an update thread answers now or, for a queued pull, later. */
 typedef struct req_ctx {
     zmq_msg_t id;
@@ -62,6 +39,10 @@ typedef struct req_ctx {
     ps_shm_peer *shm; /* PS_FLAG_SHM: the worker's arena (a reference) */
     uint64_t shm_off; /* where a pull's weights go in it */
     uint64_t count;   /* PS_FLAG_SHM pull: the destination's elements */
+    /* sparse: the table's rows are dim wide; a pull's npull ids (a copy) */
+    uint32_t dim;
+    uint64_t *pids;
+    size_t npull;
 } req_ctx;
 
 /* A received gradient the shard may keep: the message itself, or an aligned
@@ -77,6 +58,19 @@ typedef struct hold {
     req_ctx *ack;
 } hold;
 
+/* A sparse push the table's partition may keep (a sync push before a lower
+ * rank's): its ids (a copy) and rows (the frame, or an aligned float32
+ * copy), and its request, answered when the rows are in the round (the
+ * push's acknowledgement, or a pushpull's rows, `want` its version). */
+typedef struct shold {
+    uint64_t *ids;
+    zmq_msg_t msg;
+    float *copy;
+    const float *g;
+    req_ctx *r;
+    int64_t want;
+} shold;
+
 struct ps_updater {
     ps_updater_config cfg; /* set at create, read-only after */
     _Atomic uint64_t *mem_used; /* the shard config's: chunks and large reply copies */
@@ -85,76 +79,20 @@ struct ps_updater {
     int started;
     void *pair;            /* owner end; used only by this thread once started */
     ps_shard *shard;
+    ps_tparts *tparts;     /* this thread's partition of every table */
+    float *rows;           /* a sparse reply's rows before they become its payload */
+    size_t rows_cap;
     req_ctx *spare;
-    uint64_t bytes_out, errors;
+    uint64_t bytes_in, bytes_out, errors; /* bytes_in: of sparse requests (the shard
+                                             counts its own) */
     ps_rlimit rl;
     int64_t reported_min;  /* progress last sent to the I/O thread */
     int reported_have;
-    uint64_t ff_seen;      /* fast-forwarded rounds already logged */
+    uint64_t ff_seen;      /* fast-forwarded rounds already logged (chunks and tables) */
     uint64_t jump_seen;    /* async steps skipped after a restore, already logged */
     int destroying;        /* the shard is being destroyed: kept pushes were not applied */
-    dup_log dup;
+    ps_dup_log dup;
 };
-
-/* Say what the duplicate window holds, and close it. */
-static void dup_flush(ps_updater *u, int64_t now)
-{
-    dup_log *d = &u->dup;
-    double secs = (double)(now - d->win_ns) * 1e-9;
-    for (int i = 0; i < d->nranks; i++) {
-        const dup_rank *x = &d->r[i];
-        if (x->n >= DUP_WARN)
-            ps_warn("worker %d: %llu duplicate pushes dropped in the last %.1f s (the last on "
-                    "key %llu chunk %u, step %lld, below its clock there): resends, or pushes "
-                    "another connection made in its name", x->rank, (unsigned long long)x->n,
-                    secs, (unsigned long long)x->key, x->chunk, (long long)x->step);
-        else
-            ps_info("worker %d: %llu duplicate pushes dropped in the last %.1f s (the last on "
-                    "key %llu chunk %u, step %lld)", x->rank, (unsigned long long)x->n, secs,
-                    (unsigned long long)x->key, x->chunk, (long long)x->step);
-    }
-    if (d->others)
-        ps_info("%llu more duplicate pushes of other workers dropped in the last %.1f s",
-                (unsigned long long)d->others, secs);
-    int64_t quiet = d->quiet_ns;
-    memset(d, 0, sizeof *d);
-    d->quiet_ns = quiet;
-}
-
-static void dup_tick(ps_updater *u)
-{
-    if (!u->dup.n)
-        return;
-    int64_t now = ps_now_ns();
-    if (now - u->dup.win_ns >= DUP_WINDOW_NS)
-        dup_flush(u, now);
-}
-
-static void dup_note(ps_updater *u, const ps_header *h)
-{
-    dup_log *d = &u->dup;
-    int64_t now = ps_now_ns();
-    if (!d->n) {
-        d->win_ns = now;
-        if (now - d->quiet_ns >= DUP_WINDOW_NS) {
-            ps_info("worker %d: push of step %lld to key %llu chunk %u is a duplicate (below its "
-                    "clock there): dropped; more are summed up every %d s", h->rank,
-                    (long long)h->push_step, (unsigned long long)h->key, h->chunk,
-                    (int)(DUP_WINDOW_NS / 1000000000LL));
-            d->quiet_ns = now;
-        }
-    }
-    d->n++;
-    int i = 0;
-    while (i < d->nranks && d->r[i].rank != h->rank)
-        i++;
-    if (i == d->nranks && i < DUP_RANKS)
-        d->r[d->nranks++].rank = h->rank;
-    if (i < d->nranks)
-        d->r[i] = (dup_rank){h->rank, d->r[i].n + 1, h->key, h->chunk, h->push_step};
-    else
-        d->others++;
-}
 
 /* Send [tag, identity, header, payload?] to the I/O thread.  Blocking: the I/O
  * thread always drains replies, so this never waits for long.  With durable
@@ -183,11 +121,13 @@ static void upd_send_as(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_ms
         arg = (int64_t)snap;
     }
     if (u->cfg.durable && (h->type == PS_MSG_PUSH || h->type == PS_MSG_PULL ||
-                            h->type == PS_MSG_PUSHPULL)) {
+                            h->type == PS_MSG_PUSHPULL || ps_msg_is_sparse(h->type))) {
         tag[0] = PS_OUT_HELD;
         arg = h->chunk_version;
     }
-    if (u->cfg.ack_bound && mut && (h->type == PS_MSG_PUSH || h->type == PS_MSG_PUSHPULL)) {
+    if (u->cfg.ack_bound && mut &&
+        (h->type == PS_MSG_PUSH || h->type == PS_MSG_PUSHPULL || h->type == PS_MSG_SPUSH ||
+         h->type == PS_MSG_SPUSHPULL)) {
         tag[0] = PS_OUT_ACK;
         arg = (int64_t)mut;
     }
@@ -308,6 +248,25 @@ static int copy_payload(ps_updater *u, zmq_msg_t *pl, const float *w, size_t n, 
     return PS_ENOMEM;
 }
 
+/* The reply to r with payload pl (taken): count (a table's: rows of dim),
+ * elems elements of dtype, the weights of `version`. */
+static void upd_reply_payload(ps_updater *u, req_ctx *r, zmq_msg_t *pl, uint64_t count,
+                              uint32_t dim, size_t elems, uint32_t dtype, int64_t version)
+{
+    ps_header h;
+    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk);
+    h.chunk_version = version;
+    h.count = count;
+    h.dim = dim;
+    h.dtype = dtype;
+    u->bytes_out += elems * ps_dtype_size(dtype);
+    upd_send_as(u, &r->id, &h, pl, r->mut, 0);
+    zmq_msg_close(pl);
+    if (u->cfg.trace)
+        ps_trace_event(u->cfg.trace, "pull", "serve", 1 + u->cfg.idx, r->t_arrive, ps_now_ns(),
+                       version, -1);
+}
+
 /* Answer a pull with the weights w of `version`: zero-copy from the chunk's
  * weight buffer, which no update writes until the reply is gone (updates in
  * the meantime go out of place), else copied into the reply message. */
@@ -360,17 +319,7 @@ static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int
             return;
         }
     }
-    ps_header h;
-    ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk);
-    h.chunk_version = version;
-    h.count = n;
-    h.dtype = dtype;
-    u->bytes_out += n * ps_dtype_size(dtype);
-    upd_send_as(u, &r->id, &h, &pl, r->mut, 0);
-    zmq_msg_close(&pl);
-    if (u->cfg.trace)
-        ps_trace_event(u->cfg.trace, "pull", "serve", 1 + u->cfg.idx, r->t_arrive, ps_now_ns(),
-                       version, -1);
+    upd_reply_payload(u, r, &pl, n, 0, n, dtype, version);
 }
 
 static void req_free(req_ctx *r)
@@ -379,6 +328,7 @@ static void req_free(req_ctx *r)
         return;
     zmq_msg_close(&r->id);
     ps_shm_peer_unref(r->shm);
+    free(r->pids);
     free(r);
 }
 
@@ -508,6 +458,201 @@ static const float *frame_values(const ps_header *h, zmq_msg_t *pl, float **copy
     return *copy;
 }
 
+/* What a push (h) to a restored chunk or table partition skipped, said:
+ * steps of an async rank beyond its restored clock, rounds of a sync one
+ * fast-forwarded (the counts over both, and what was said already). */
+static void note_restore_skips(ps_updater *u, const ps_header *h)
+{
+    const char *what = ps_msg_is_sparse(h->type) ? "table %llu partition %u"
+                                                 : "key %llu chunk %u";
+    char where[64];
+    snprintf(where, sizeof where, what, (unsigned long long)h->key, h->chunk);
+    uint64_t jumped = ps_shard_jumped(u->shard) + ps_tparts_jumped(u->tparts);
+    if (jumped != u->jump_seen && ps_rlimit_allow(&u->rl)) {
+        ps_warn("%s: the first push of worker %d since the restore is step %lld, %llu beyond "
+                "its clock in the checkpoint: pushes the old process acknowledged after its "
+                "last checkpoint were lost with it (%llu steps in all so far)", where, h->rank,
+                (long long)h->push_step, (unsigned long long)(jumped - u->jump_seen),
+                (unsigned long long)jumped);
+        u->jump_seen = jumped;
+    }
+    uint64_t ff = ps_shard_fast_forwards(u->shard) + ps_tparts_fast_forwards(u->tparts);
+    if (ff != u->ff_seen && ps_rlimit_allow(&u->rl)) {
+        ps_warn("%s: worker %d pushed step %lld, beyond the round of the restored checkpoint; "
+                "skipped to it (%llu round(s) in all were lost with the old process; a "
+                "checkpoint every round loses none)", where, h->rank, (long long)h->push_step,
+                (unsigned long long)ff);
+        u->ff_seen = ff;
+    }
+}
+
+/* ---- tables: sparse pulls and pushes ----
+ * Each returns 1 when r is kept (queued on its partition, or waiting with a
+ * kept push): the caller must not free or reuse it; 0 when it was answered
+ * (the caller frees or reuses it). */
+
+/* The ids of frame f (8 x n bytes, any alignment), copied; NULL when out of
+ * memory (an empty array for n 0 is a valid, non-NULL one). */
+static uint64_t *ids_of(zmq_msg_t *f, size_t n)
+{
+    uint64_t *ids = malloc(n ? n * sizeof *ids : 1);
+    if (ids && n)
+        memcpy(ids, zmq_msg_data(f), n * sizeof *ids);
+    return ids;
+}
+
+/* Answer a sparse pull (or pushpull) with the rows of its ids at `version`:
+ * read them (those missing are created), in the wire type. */
+static void upd_rows(ps_updater *u, req_ctx *r, int64_t version)
+{
+    char why[256];
+    size_t n = r->npull, len = n * r->dim;
+    if (len > u->rows_cap) {
+        float *p = realloc(u->rows, len * sizeof *p);
+        if (!p) {
+            upd_error(u, r, PS_ENOMEM, "out of memory reading the rows of a sparse pull");
+            return;
+        }
+        u->rows = p;
+        u->rows_cap = len;
+    }
+    int rc = ps_tparts_rows(u->tparts, r->key, r->pids, n, u->rows, len, why, sizeof why);
+    zmq_msg_t pl;
+    uint32_t dtype = u->cfg.wire_dtype;
+    if (!rc)
+        rc = copy_payload(u, &pl, u->rows, len, dtype, why, sizeof why);
+    if (rc) {
+        upd_error(u, r, rc, why);
+        return;
+    }
+    upd_reply_payload(u, r, &pl, n, r->dim, len, dtype, version);
+}
+
+/* A sparse pull of version `want` (the ids in r): answered now or queued. */
+static int upd_spull(ps_updater *u, req_ctx *r, int64_t want)
+{
+    char why[256];
+    int64_t version = 0;
+    int queued = 0;
+    int rc = ps_tparts_pull(u->tparts, r->key, want, r, &queued, &version, why, sizeof why);
+    if (rc)
+        upd_error(u, r, rc, why);
+    else if (queued == 0)
+        upd_rows(u, r, version);
+    return queued == 1; /* 2: a resend of a queued pull, which now answers on r's route */
+}
+
+/* What follows a sparse push that is in: a pushpull's pull of the version
+ * after it, or the push's acknowledgement (sync with checkpoints: once the
+ * round is complete, as upd_await). */
+static int upd_spush_done(ps_updater *u, req_ctx *r, int64_t want, int64_t version)
+{
+    if (r->type == PS_MSG_SPUSHPULL)
+        return upd_spull(u, r, want);
+    if (!u->cfg.defer_acks) {
+        upd_ack(u, r, version, 0);
+        return 0;
+    }
+    char why[256];
+    int queued = 0;
+    int rc = ps_tparts_await(u->tparts, r->key, want, r, &queued, &version, why, sizeof why);
+    if (rc)
+        upd_error(u, r, rc, why);
+    else if (queued == 0)
+        upd_ack(u, r, version, 0);
+    return queued == 1;
+}
+
+static void shold_free(shold *g)
+{
+    if (!g)
+        return;
+    free(g->ids);
+    zmq_msg_close(&g->msg);
+    free(g->copy);
+    free(g);
+}
+
+/* The partition added a kept push to its round (rc 0), or could not. */
+static void thook_release(void *user, void *v, int rc, const char *why)
+{
+    ps_updater *u = user;
+    shold *g = v;
+    req_ctx *r = g->r;
+    int64_t want = g->want;
+    shold_free(g);
+    if (rc)
+        upd_error(u, r, rc, why);
+    else if (upd_spush_done(u, r, want, want - 1))
+        return;
+    req_free(r);
+}
+
+static void thook_ready(void *user, void *waiter, int64_t version)
+{
+    req_ctx *r = waiter;
+    if (r->type == PS_MSG_SPUSH) /* a deferred acknowledgement: its round is complete */
+        upd_ack(user, r, version, 0);
+    else
+        upd_rows(user, r, version);
+    req_free(r);
+}
+
+/* A sparse request (frames pl[0..2] as its row of the message table has
+ * them; the I/O thread checked them).  1 when r is kept. */
+static int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
+{
+    r->dim = h->dim;
+    u->bytes_in += zmq_msg_size(&pl[0]) + zmq_msg_size(&pl[1]) + zmq_msg_size(&pl[2]);
+    if (h->type == PS_MSG_SPULL) {
+        r->npull = (size_t)h->count;
+        if (!(r->pids = ids_of(&pl[0], r->npull))) {
+            upd_error(u, r, PS_ENOMEM, "out of memory receiving a sparse pull");
+            return 0;
+        }
+        return upd_spull(u, r, h->want_version);
+    }
+    size_t n = (size_t)h->count;
+    int64_t m = h->npush > 1 ? h->npush : 1;
+    shold *g = calloc(1, sizeof *g);
+    if (g) {
+        zmq_msg_init(&g->msg);
+        zmq_msg_move(&g->msg, &pl[1]);
+        static const float no_rows[1];
+        ps_header vh = *h; /* the rows frame as values */
+        vh.count = n * h->dim;
+        g->g = n ? frame_values(&vh, &g->msg, &g->copy) : no_rows;
+        g->ids = ids_of(&pl[0], n);
+        g->r = r;
+        g->want = h->push_step + m;
+    }
+    if (h->type == PS_MSG_SPUSHPULL) {
+        r->npull = (size_t)h->npull;
+        r->pids = ids_of(&pl[2], r->npull);
+    }
+    if (!g || !g->g || !g->ids || (h->type == PS_MSG_SPUSHPULL && !r->pids)) {
+        shold_free(g);
+        upd_error(u, r, PS_ENOMEM, "out of memory receiving a sparse push");
+        return 0;
+    }
+    char why[256];
+    int kept = 0, dup = 0;
+    int64_t version = 0;
+    int rc = ps_tparts_push(u->tparts, h->key, h->rank, h->push_step, m, g->ids, n, g->g, g,
+                            &kept, &dup, &version, why, sizeof why);
+    if (kept) /* thook_release answers r once its rows are in the round */
+        return 1;
+    shold_free(g);
+    if (rc) {
+        upd_error(u, r, rc, why);
+        return 0;
+    }
+    if (dup)
+        ps_dup_log_note(&u->dup, h);
+    note_restore_skips(u, h);
+    return upd_spush_done(u, r, h->push_step + m, version);
+}
+
 static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_peer *shm,
                         zmq_msg_t *id, zmq_msg_t *pl)
 {
@@ -609,26 +754,8 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
             break;
         }
         if (dup)
-            dup_note(u, h);
-        uint64_t jumped = ps_shard_jumped(u->shard);
-        if (jumped != u->jump_seen && ps_rlimit_allow(&u->rl)) {
-            ps_warn("key %llu chunk %u: the first push of worker %d since the restore is step "
-                    "%lld, %llu beyond its clock in the checkpoint: pushes the old process "
-                    "acknowledged after its last checkpoint were lost with it (%llu steps in "
-                    "all so far)", (unsigned long long)h->key, h->chunk, h->rank,
-                    (long long)h->push_step, (unsigned long long)(jumped - u->jump_seen),
-                    (unsigned long long)jumped);
-            u->jump_seen = jumped;
-        }
-        uint64_t ff = ps_shard_fast_forwards(u->shard);
-        if (ff != u->ff_seen && ps_rlimit_allow(&u->rl)) {
-            ps_warn("key %llu chunk %u: worker %d pushed step %lld, beyond the round of the "
-                    "restored checkpoint; skipped to it (%llu round(s) in all were lost with "
-                    "the old process; a checkpoint every round loses none)",
-                    (unsigned long long)h->key, h->chunk, h->rank, (long long)h->push_step,
-                    (unsigned long long)ff);
-            u->ff_seen = ff;
-        }
+            ps_dup_log_note(&u->dup, h);
+        note_restore_skips(u, h);
         if (h->type == PS_MSG_PUSHPULL) /* the version after the pushes it holds */
             upd_pull(u, r, h->push_step + (h->npush > 1 ? h->npush : 1));
         else if (u->cfg.defer_acks)
@@ -640,6 +767,12 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
     case PS_MSG_PULL:
         upd_pull(u, r, h->want_version);
         break;
+    case PS_MSG_SPULL:
+    case PS_MSG_SPUSH:
+    case PS_MSG_SPUSHPULL:
+        if (upd_sparse(u, r, h, pl))
+            u->spare = NULL; /* kept: answered later */
+        break;
     default:
         upd_error(u, r, PS_EPROTO, "internal: request type not handled by update threads");
         break;
@@ -649,15 +782,28 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
         zmq_msg_init(&u->spare->id);
         ps_shm_peer_unref(u->spare->shm);
         u->spare->shm = NULL;
+        free(u->spare->pids);
+        u->spare->pids = NULL;
     }
-    dup_tick(u);
+    ps_dup_log_tick(&u->dup);
 }
 
 static void upd_stats(ps_updater *u, ps_stats *st)
 {
     ps_shard_stats(u->shard, st);
+    ps_tparts_stats(u->tparts, st);
+    st->bytes_in += u->bytes_in;
     st->bytes_out = u->bytes_out;
     st->errors = u->errors;
+}
+
+/* PS_CMD_TABLE: take this thread's partition of a table just declared. */
+static void upd_table(ps_updater *u, const ps_cmd_frame *cf)
+{
+    char why[256];
+    int rc = ps_tparts_adopt(u->tparts, cf->h.key, &cf->h.table, cf->store, why, sizeof why);
+    if (rc)
+        ps_error("update thread %d: %s", u->cfg.idx, why);
 }
 
 static void upd_send_stats(ps_updater *u, char tag, uint64_t token, const ps_stats *st)
@@ -667,15 +813,18 @@ static void upd_send_stats(ps_updater *u, char tag, uint64_t token, const ps_sta
     zmq_send(u->pair, &of, sizeof of, 0);
 }
 
-/* PS_CMD_CKPT: serialize every chunk now, between two requests, so each chunk is
- * in the checkpoint with whole updates only; the I/O thread takes the buffer. */
-static void upd_checkpoint(ps_updater *u, uint64_t token)
+/* PS_CMD_CKPT: serialize every chunk and table partition now, between two
+ * requests, so each is in the checkpoint with whole updates only (full: every
+ * partition whole; else each as a delta where its table allows); the I/O
+ * thread takes the buffers. */
+static void upd_checkpoint(ps_updater *u, uint64_t token, int full)
 {
     int64_t t0 = ps_now_ns();
     ps_ckpt_frame cf;
     memset(&cf, 0, sizeof cf);
     cf.token = token;
-    cf.rc = ps_ckpt_serialize(u->shard, u->cfg.mode, u->cfg.num_workers, &cf.part);
+    cf.rc = ps_ckpt_serialize(u->shard, u->tparts, u->cfg.mode, u->cfg.num_workers, full,
+                              &cf.part);
     if (!cf.rc) /* an init of these chunks waits for this checkpoint at most */
         ps_shard_mark_snapshot(u->shard, token);
     char tag = PS_OUT_CKPT;
@@ -688,10 +837,19 @@ static void upd_checkpoint(ps_updater *u, uint64_t token)
 
 /* Tell the I/O thread when this thread's lowest chunk version moved (it
  * decides on round-based checkpoints from the lowest over all threads). */
+/* The lowest version over this thread's chunks and table partitions. */
+static int64_t upd_min_version(const ps_updater *u, int *have)
+{
+    int hc, ht;
+    int64_t mc = ps_shard_min_version(u->shard, &hc), mt = ps_tparts_min_version(u->tparts, &ht);
+    *have = hc || ht;
+    return !ht ? mc : !hc ? mt : mc < mt ? mc : mt;
+}
+
 static void upd_progress(ps_updater *u)
 {
     int have;
-    int64_t m = ps_shard_min_version(u->shard, &have);
+    int64_t m = upd_min_version(u, &have);
     if (m == u->reported_min && have == u->reported_have)
         return;
     u->reported_min = m;
@@ -707,33 +865,22 @@ static void *upd_main(void *arg)
     ps_updater *u = arg;
     int stop = 0;
     while (!stop) {
-        zmq_msg_t m, id, pl;
+        zmq_msg_t m, f[PS_CMD_MAX_FRAMES - 1]; /* the identity, then the request's */
         if (ps_zmsg_recv(u->pair, &m, 0) < 0) {
             if (errno == EINTR)
                 continue;
             ps_error("update thread %d: receive failed: %s", u->cfg.idx, zmq_strerror(errno));
             break;
         }
-        zmq_msg_init(&id);
-        zmq_msg_init(&pl);
-        int more = zmq_msg_more(&m);
-        for (int i = 0; more; i++) {
-            zmq_msg_t *dst = i == 0 ? &id : &pl, extra;
-            if (i >= 2) {
-                zmq_msg_init(&extra);
-                dst = &extra;
-            }
-            if (zmq_msg_recv(dst, u->pair, 0) < 0)
-                break;
-            more = zmq_msg_more(dst);
-            if (i >= 2)
-                zmq_msg_close(&extra);
-        }
+        int nf = 0;
+        ps_zmsg_recv_rest(u->pair, zmq_msg_more(&m), f, &nf, PS_CMD_MAX_FRAMES - 1);
+        for (int i = nf; i < PS_CMD_MAX_FRAMES - 1; i++)
+            zmq_msg_init(&f[i]);
         ps_cmd_frame cf;
         if (zmq_msg_size(&m) == sizeof cf) {
             memcpy(&cf, zmq_msg_data(&m), sizeof cf);
             if (cf.cmd == PS_CMD_REQ) {
-                upd_request(u, &cf.h, cf.mut, cf.shm, &id, &pl);
+                upd_request(u, &cf.h, cf.mut, cf.shm, &f[0], &f[1]);
             } else if (cf.cmd == PS_CMD_STATS) {
                 ps_stats st;
                 upd_stats(u, &st);
@@ -741,19 +888,29 @@ static void *upd_main(void *arg)
             } else if (cf.cmd == PS_CMD_STOP) {
                 stop = 1;
             } else if (cf.cmd == PS_CMD_CKPT) {
-                upd_checkpoint(u, cf.ckpt_seq);
+                upd_checkpoint(u, cf.ckpt_seq, cf.ckpt_full);
             } else if (cf.cmd == PS_CMD_LIVE) {
                 ps_shard_set_live(u->shard, cf.rank, cf.live);
+                ps_tparts_set_live(u->tparts, cf.rank, cf.live);
+            } else if (cf.cmd == PS_CMD_TABLE) {
+                upd_table(u, &cf);
             }
             if (u->cfg.report_progress && !stop)
                 upd_progress(u);
         }
         zmq_msg_close(&m);
-        zmq_msg_close(&id);
-        zmq_msg_close(&pl);
+        ps_zmsg_close_all(f, PS_CMD_MAX_FRAMES - 1);
     }
     ps_stats st;
     upd_stats(u, &st);
+    size_t ntab = ps_tparts_count(u->tparts);
+    ps_table_total *tot = calloc(ntab ? ntab : 1, sizeof *tot);
+    for (size_t i = 0; tot && i < ntab; i++) {
+        ps_tpart_view v;
+        ps_tparts_view(u->tparts, i, &v);
+        tot[i].key = v.key;
+        ps_table_stats(v.store, &tot[i].c);
+    }
     uint64_t spares, spare_bytes, copies;
     ps_shard_buffer_counts(u->shard, &spares, &spare_bytes, &copies);
     if (spares || copies)
@@ -767,13 +924,19 @@ static void *upd_main(void *arg)
     u->destroying = 1;
     ps_shard_destroy(u->shard);
     u->shard = NULL;
+    ps_tparts_destroy(u->tparts);
+    u->tparts = NULL;
     st.errors = u->errors;
     req_free(u->spare);
     u->spare = NULL;
     ps_rlimit_flush(&u->rl, ps_now_ns(), 1);
-    if (u->dup.n)
-        dup_flush(u, ps_now_ns());
-    upd_send_stats(u, PS_OUT_STOPPED, 0, &st);
+    ps_dup_log_flush(&u->dup, ps_now_ns());
+    ps_stats_frame of = {0, st};
+    char tag = PS_OUT_STOPPED;
+    zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
+    zmq_send(u->pair, &of, sizeof of, ZMQ_SNDMORE);
+    zmq_send(u->pair, tot, tot ? ntab * sizeof *tot : 0, 0);
+    free(tot);
     return NULL;
 }
 
@@ -797,6 +960,15 @@ int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, v
     }
     ps_shard_set_trace(u->shard, cfg->trace, 1 + cfg->idx);
     ps_shard_set_merge(u->shard, hook_merge);
+    ps_tparts_config tc = {sc->mode,     sc->max_staleness, sc->num_workers, cfg->num_servers,
+                           cfg->nparts,  cfg->idx,          sc->max_memory, sc->mem_used};
+    ps_tparts_hooks th = {u, thook_release, thook_ready, hook_cancel, hook_merge};
+    rc = ps_tparts_create(&tc, &th, &u->tparts);
+    if (rc) {
+        ps_shard_destroy(u->shard);
+        free(u);
+        return rc;
+    }
     u->pair = pair;
     *out = u;
     return 0;
@@ -804,10 +976,12 @@ int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, v
 
 ps_shard *ps_updater_shard(ps_updater *u) { return u->shard; }
 
+ps_tparts *ps_updater_tparts(ps_updater *u) { return u->tparts; }
+
 int ps_updater_start(ps_updater *u)
 {
     /* what a restore put in the shard is known to the I/O thread already */
-    u->reported_min = ps_shard_min_version(u->shard, &u->reported_have);
+    u->reported_min = upd_min_version(u, &u->reported_have);
     if (pthread_create(&u->tid, NULL, upd_main, u) != 0)
         return PS_ENOMEM;
     u->started = 1;
@@ -827,6 +1001,8 @@ void ps_updater_destroy(ps_updater *u)
         return;
     u->destroying = 1;
     ps_shard_destroy(u->shard); /* before the PAIR: its hooks may still reply */
+    ps_tparts_destroy(u->tparts);
+    free(u->rows);
     if (u->pair)
         zmq_close(u->pair);
     free(u);

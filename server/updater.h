@@ -1,6 +1,7 @@
 /* An update thread: the owner of every chunk that ps_server_owner maps to it,
- * in its own ps_shard (server/shard.h), and the one thread that touches that
- * shard once started.  It talks to the I/O thread only over its inproc PAIR,
+ * in its own ps_shard (server/shard.h), and of partition `idx` of every
+ * table (server/table_part.h), and the one thread that touches them once
+ * started.  It talks to the I/O thread only over its inproc PAIR,
  * in the frames of server/updater_frames.h: requests and commands in, replies
  * (for the ROUTER), counters, checkpoint parts and progress out.
  *
@@ -18,6 +19,7 @@
 
 #include "ps_trace.h"
 #include "shard.h"
+#include "table_part.h"
 #include "updater_frames.h"
 
 typedef struct ps_updater ps_updater;
@@ -29,6 +31,8 @@ typedef struct ps_updater_config {
                             (converted from the float32 weights); incoming payloads
                             are converted from whatever their header's dtype says */
     int num_workers;
+    int num_servers;     /* tables: a row cap or filter of a whole table is split over */
+    int nparts;          /* num_servers x nparts partitions (nparts: the update threads) */
     ps_trace *trace;     /* "apply", "pull" and "snapshot" events; NULL: none.  Shared by
                             every thread (ps_trace locks), outlives the updater */
     /* what checkpoints ask of the replies (ps_ckpt_policy, ckpt_coord.h) */
@@ -55,6 +59,9 @@ int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, v
 /* The shard, to fill before ps_updater_start (restore); not to be touched by
  * anyone else once the thread runs. */
 ps_shard *ps_updater_shard(ps_updater *u);
+/* The same for its partitions of the tables (the thread's partition of each;
+ * restore declares them and fills their stores). */
+ps_tparts *ps_updater_tparts(ps_updater *u);
 
 /* Start the thread.  It serves the PAIR until PS_CMD_STOP (or a receive
  * error), then answers queued pulls with PS_ECLOSED, destroys the shard and

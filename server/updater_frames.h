@@ -13,6 +13,12 @@
  *                                              cmd.mut its mutation number;
  *                                              with PS_FLAG_SHM no payload frame: the
  *                                              payload is in cmd.shm at cmd.h.shm_off
+ *                 [cmd] [identity] [frame]...  a sparse pull, push or pushpull: its
+ *                                              frames (ids, rows, ids) as they came;
+ *                                              cmd.h.chunk is this thread's partition
+ *   PS_CMD_TABLE  [cmd]   table cmd.h.key is declared (cmd.h.table): take cmd.store, the
+ *                         store of this thread's partition of it (the I/O thread made
+ *                         it; the receiver owns it)
  *   PS_CMD_STATS  [cmd]   answer PS_OUT_STATS with cmd.stats_token
  *   PS_CMD_STOP   [cmd]   answer queued pulls with PS_ECLOSED, send PS_OUT_STOPPED, exit
  *   PS_CMD_CKPT   [cmd]   serialize every chunk now; answer PS_OUT_CKPT with cmd.ckpt_seq
@@ -32,7 +38,9 @@
  *                   reply) of mutation `mut`, for the ROUTER once a written
  *                   checkpoint holds every mutation up to mut - N
  *   PS_OUT_STATS    [tag] [ps_stats_frame]      the counters PS_CMD_STATS asked for
- *   PS_OUT_STOPPED  [tag] [ps_stats_frame]      final counters; the owner's last message
+ *   PS_OUT_STOPPED  [tag] [ps_stats_frame] [ps_table_total...]   final counters, and
+ *                   each table's partition here (an array, one frame); the owner's last
+ *                   message
  *   PS_OUT_CKPT     [tag] [ps_ckpt_frame]       the chunks PS_CMD_CKPT asked for
  *   PS_OUT_PROGRESS [tag] [ps_progress_frame]   the owner's lowest chunk version moved
  *                   (only with ps_updater_config.report_progress) */
@@ -44,8 +52,20 @@
 #include "checkpoint.h"
 #include "ps_proto.h"
 #include "shm_peer.h"
+#include "table.h"
 
-enum { PS_CMD_REQ = 1, PS_CMD_STATS = 2, PS_CMD_STOP = 3, PS_CMD_CKPT = 4, PS_CMD_LIVE = 5 };
+enum {
+    PS_CMD_REQ = 1,
+    PS_CMD_STATS = 2,
+    PS_CMD_STOP = 3,
+    PS_CMD_CKPT = 4,
+    PS_CMD_LIVE = 5,
+    PS_CMD_TABLE = 6
+};
+
+/* Frames a PAIR message of PS_CMD_REQ carries after its command: the
+ * identity and at most three of the request's. */
+#define PS_CMD_MAX_FRAMES 5
 
 enum {
     PS_OUT_REPLY = 'R',
@@ -71,7 +91,16 @@ typedef struct ps_cmd_frame {
     uint64_t ckpt_seq;    /* CKPT: the checkpoint's sequence number */
     int32_t rank;         /* LIVE: the rank that joins (live 1) or leaves (0) */
     int live;
+    int ckpt_full;        /* CKPT: every table partition whole (else only what changed
+                             since the last checkpoint, where the table allows) */
+    ps_table *store;      /* TABLE: this thread's partition of table h.key */
 } ps_cmd_frame;
+
+/* One table's partition at the end (PS_OUT_STOPPED). */
+typedef struct ps_table_total {
+    uint64_t key;
+    ps_table_counts c;
+} ps_table_total;
 
 typedef struct ps_stats_frame {
     uint64_t token; /* PS_CMD_STATS's; 0 in PS_OUT_STOPPED */

@@ -45,6 +45,19 @@ int main(void)
     FIELD(ps_client_options, server_timeout_ms);
     FIELD(ps_client_options, admin_token);
 
+    STRUCT(ps_table_options);
+    FIELD(ps_table_options, dim);
+    FIELD(ps_table_options, init);
+    FIELD(ps_table_options, init_scale);
+    FIELD(ps_table_options, seed);
+    FIELD(ps_table_options, opt);
+    FIELD(ps_table_options, ftrl_beta);
+    FIELD(ps_table_options, ftrl_l1);
+    FIELD(ps_table_options, ftrl_l2);
+    FIELD(ps_table_options, max_rows);
+    FIELD(ps_table_options, min_count);
+    FIELD(ps_table_options, filter_cells);
+
     STRUCT(ps_stats);
 #define STATS_FIELD_(f, key) FIELD(ps_stats, f);
     PS_STATS_COUNTERS(STATS_FIELD_)
@@ -61,6 +74,8 @@ int main(void)
     printf("opt_kinds %d %d %d %d %d %d\n", PS_OPT_NONE, PS_OPT_SGD, PS_OPT_MOMENTUM,
            PS_OPT_NESTEROV, PS_OPT_ADAGRAD, PS_OPT_ADAM);
     printf("modes %d %d\n", PS_MODE_SYNC, PS_MODE_ASYNC);
+    printf("table_inits %d %d %d ftrl %d\n", PS_TABLE_INIT_ZEROS, PS_TABLE_INIT_UNIFORM,
+           PS_TABLE_INIT_NORMAL, PS_TABLE_OPT_FTRL);
 #define ERR_ROW_(name, value, text) printf("error %s %d\n", #name, value);
     PS_ERRORS(ERR_ROW_)
 #undef ERR_ROW_

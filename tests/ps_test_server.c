@@ -86,6 +86,32 @@ int ps_test_send(void *s, const ps_header *h, const float *payload, size_t n)
     return 0;
 }
 
+int ps_test_send_frames(void *s, const ps_header *h, const void *const *frames,
+                        const size_t *bytes, int n)
+{
+    char buf[PS_HEADER_MAX];
+    size_t len;
+    if (ps_proto_encode(h, buf, sizeof buf, &len) != 0 ||
+        zmq_send(s, buf, len, n ? ZMQ_SNDMORE : 0) < 0)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        zmq_msg_t m;
+        if (zmq_msg_init_size(&m, bytes[i]) != 0)
+            return -1;
+        if (bytes[i]) {
+            if (frames[i])
+                memcpy(zmq_msg_data(&m), frames[i], bytes[i]);
+            else
+                memset(zmq_msg_data(&m), 0, bytes[i]);
+        }
+        if (zmq_msg_send(&m, s, i + 1 < n ? ZMQ_SNDMORE : 0) < 0) {
+            zmq_msg_close(&m);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int ps_test_recv(void *s, int timeout_ms, ps_header *h, float *out, size_t cap, size_t *got)
 {
     zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};

@@ -45,6 +45,11 @@ ps_header ps_test_header(uint32_t type, int rank, uint64_t seq, uint64_t key, ui
  * and dtype sent are n and f32 whatever h says.  0, or -1. */
 int ps_test_send(void *s, const ps_header *h, const float *payload, size_t n);
 
+/* Send h as it is, then n frames (frames[i]: bytes[i] bytes; NULL: zeros):
+ * a table's ids and rows.  0, or -1. */
+int ps_test_send_frames(void *s, const ps_header *h, const void *const *frames,
+                        const size_t *bytes, int n);
+
 /* Receive one reply.  0: decoded into h, its payload copied into out when
  * it fits in cap floats (*got, when got is not NULL, is then its length,
  * else 0); 1: nothing within timeout_ms; -1: a reply that does not decode. */

@@ -17,6 +17,7 @@
 #include "layers.h"
 #include "model.h"
 #include "ps_error.h"
+#include "ps_table_row.h"
 #include "ps_test.h"
 #include "rng.h"
 
@@ -199,16 +200,18 @@ PS_TEST(local_rows_start_at_the_pure_initializer_and_follow_sgd_and_adagrad)
     CHECK(adam == NULL);
     CHECK_OK(ps_row_source_local_create(2, dim, 5, PS_OPT_SGD, 0.5f, 1e-8f, &sgd));
     CHECK_OK(ps_row_source_local_create(2, dim, 5, PS_OPT_ADAGRAD, 0.5f, 1e-8f, &ada));
-    /* the first fetch of a row is its initial value, the same in both */
+    /* the first fetch of a row is its initial value, the same in both, and
+     * the servers' initializer's (uniform, scale 0.05): the row a server
+     * table declared so starts with */
     uint64_t ids[] = {42, UINT64_MAX, 0};
     float rows[9], rows2[9], init[3];
     CHECK_OK(sgd->fetch(sgd, 1, ids, 3, rows));
     CHECK_OK(ada->fetch(ada, 1, ids, 3, rows2));
     for (int i = 0; i < 3; i++) {
-        ps_emb_init_row(5, 1, ids[i], dim, init);
+        ps_table_init_row(5, 1, ids[i], PS_TABLE_INIT_UNIFORM, 0.05f, dim, init);
         for (int j = 0; j < dim; j++) {
             CHECK(rows[i * dim + j] == init[j] && rows2[i * dim + j] == init[j]);
-            CHECK(init[j] > -0.05f && init[j] < 0.05f);
+            CHECK(init[j] >= -0.05f && init[j] < 0.05f);
         }
     }
     /* another table, another row for the same id */
@@ -253,7 +256,7 @@ PS_TEST(local_rows_start_at_the_pure_initializer_and_follow_sgd_and_adagrad)
     uint64_t fresh = 77;
     CHECK_OK(sgd->push(sgd, 0, &fresh, 1, g1, 2));
     CHECK_OK(sgd->fetch(sgd, 0, &fresh, 1, rows));
-    ps_emb_init_row(5, 0, fresh, dim, init);
+    ps_table_init_row(5, 0, fresh, PS_TABLE_INIT_UNIFORM, 0.05f, dim, init);
     for (int j = 0; j < dim; j++)
         CHECK(rows[j] == init[j] - 0.5f * g1[j]);
     sgd->destroy(sgd);

@@ -36,6 +36,16 @@ static ps_header full(uint32_t t, int reply)
         h.count = 4;
         h.dtype = PS_DTYPE_F32;
     }
+    if (ps_msg_is_sparse(t)) { /* one row of 4 floats (a pushpull's: pull one) */
+        h.count = 1;
+        h.dim = 4;
+        h.dtype = PS_DTYPE_F32;
+        h.npull = t == PS_MSG_SPUSHPULL && !reply ? 1 : 0;
+    }
+    if (t == PS_MSG_TABLE && !reply) {
+        ps_table_options_default(&h.table);
+        h.table.dim = 4;
+    }
     if (t == PS_MSG_HELLO) {
         h.hello.mode = PS_MODE_SYNC;
         h.hello.num_workers = 1;
@@ -122,6 +132,12 @@ PS_TEST(a_message_without_a_key_its_row_requires_is_refused_naming_the_key)
             CHECK_MSG(ps_proto_decode(buf, len, &b, why, sizeof why) == 0, "%s %s: %s", m->name,
                       reply ? "reply" : "request", why);
             for (int k = PS_HK_F; k < PS_HK_COUNT; k++) {
+                /* a reply without `f` is a request: of the tables' types it
+                 * lacks what their requests need and their replies do not
+                 * carry (the declaration, the ids to pull) */
+                if (reply && k == PS_HK_F && (m->req_keys & ~m->rep_keys & ~PS_HK(S) &
+                                              ~(PS_HK(K) | PS_HK(C))))
+                    continue;
                 len = encode_without(&a, key_names[k], buf, sizeof buf);
                 CHECK(len);
                 why[0] = 0;
@@ -140,8 +156,10 @@ PS_TEST(a_message_without_a_key_its_row_requires_is_refused_naming_the_key)
             }
         }
     /* hello h x2, init k c, push, pull, pushpull k c s, barrier s x2, stats st,
-     * error ec, and s in the replies of init, push, pull, pushpull */
-    CHECK_EQ_INT(refused, 2 + 2 + 3 * 3 + 2 + 1 + 1 + 4);
+     * error ec, and s in the replies of init, push, pull, pushpull; table k tb,
+     * spull, spush, spushpull k c dim s, and s in their replies, dim in the
+     * replies of spull and spushpull */
+    CHECK_EQ_INT(refused, 2 + 2 + 3 * 3 + 2 + 1 + 1 + 4 + 2 + 3 * 4 + 3 + 2);
     /* the step of a push: named with what it is */
     ps_header a = full(PS_MSG_PUSH, 0), b;
     size_t len = encode_without(&a, "s", buf, sizeof buf);
@@ -179,7 +197,15 @@ PS_TEST(s_goes_to_the_field_its_row_names_and_nowhere_else)
     CHECK_EQ_INT(PS_S_BARRIER_ID, 4);
 }
 
-/* check_payload takes a frame exactly where the row has a payload, and the
+/* The frames a layout has, each of the size full()'s header gives it. */
+static int layout_frames(int layout, size_t *bytes)
+{
+    static const size_t sizes[6][3] = {{0}, {16}, {8}, {16}, {8, 16}, {8, 16, 8}};
+    memcpy(bytes, sizes[layout], sizeof sizes[layout]);
+    return ps_payload_frames(layout);
+}
+
+/* check_frames takes frames exactly where the row has a payload, and the
  * shared-memory flag exactly where the row allows it. */
 PS_TEST(payload_and_shared_memory_follow_each_row)
 {
@@ -187,12 +213,15 @@ PS_TEST(payload_and_shared_memory_follow_each_row)
     for (uint32_t t = 1; t <= PS_MSG_TYPE_MAX; t++)
         for (int reply = 0; reply <= 1; reply++) {
             const ps_msg_info *m = ps_msg_info_of(t);
-            int has = reply ? m->rep_payload : m->req_payload;
+            int layout = reply ? m->rep_payload : m->req_payload, has = layout != PS_PL_NONE;
             ps_header h = full(t, reply);
-            h.count = 4;
+            if (!ps_msg_is_sparse(t))
+                h.count = 4;
             h.dtype = PS_DTYPE_F32;
-            CHECK_MSG((ps_proto_check_payload(&h, 1, 16, why, sizeof why) == 0) == has,
-                      "%s %s with a frame", m->name, reply ? "reply" : "request");
+            size_t bytes[3];
+            int nf = layout_frames(has ? layout : PS_PL_VALUES, bytes);
+            CHECK_MSG((ps_proto_check_frames(&h, nf, bytes, why, sizeof why) == 0) == has,
+                      "%s %s with its frames: %s", m->name, reply ? "reply" : "request", why);
             CHECK_MSG((ps_proto_check_payload(&h, 0, 0, why, sizeof why) == 0) == !has,
                       "%s %s without a frame", m->name, reply ? "reply" : "request");
             h.flags |= PS_FLAG_SHM;
@@ -201,8 +230,8 @@ PS_TEST(payload_and_shared_memory_follow_each_row)
                       reply ? "reply" : "request", rc, why);
             if (!m->shm)
                 CHECK(strstr(why, "the shared-memory flag is for init, push, pull and pushpull"));
-            CHECK_EQ_INT(ps_msg_request_has_payload(t), m->req_payload);
-            CHECK_EQ_INT(ps_msg_reply_has_payload(t), m->rep_payload);
+            CHECK_EQ_INT(ps_msg_request_has_payload(t), m->req_payload == PS_PL_VALUES);
+            CHECK_EQ_INT(ps_msg_reply_has_payload(t), m->rep_payload == PS_PL_VALUES);
         }
 }
 
@@ -225,6 +254,15 @@ static int tell(void *s, uint32_t t, int rank, uint64_t seq)
         h.hello.num_workers = 2;
     }
     float pay[4] = {1, 2, 3, 4};
+    if (ps_msg_is_sparse(t)) { /* id 3: its row, and to pull */
+        uint64_t id = 3;
+        const void *frames[3] = {&id, pay, &id};
+        size_t bytes[3];
+        int nf = layout_frames(ps_msg_request_layout(t), bytes);
+        if (t == PS_MSG_SPULL)
+            frames[0] = &id;
+        return ps_test_send_frames(s, &h, frames, bytes, nf);
+    }
     int data = ps_msg_request_has_payload(t);
     return ps_test_send(s, &h, data ? pay : NULL, data ? 4 : 0);
 }

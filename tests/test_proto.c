@@ -31,6 +31,12 @@ static void full(ps_header *h, uint32_t type, uint32_t flags)
     h->count = 123456789;
     h->dtype = PS_DTYPE_F32;
     h->total = 987654321012ull;
+    if (ps_msg_is_sparse(type)) { /* a table's: the width of its rows */
+        h->dim = PS_MAX_TABLE_DIM;
+        h->npull = type == PS_MSG_SPUSHPULL && !(flags & PS_FLAG_REPLY) ? PS_MAX_SPARSE_IDS : 0;
+    }
+    if (type == PS_MSG_TABLE && !(flags & PS_FLAG_REPLY))
+        h->table.dim = 3;
 }
 
 static int same_common(const ps_header *a, const ps_header *b)
@@ -40,7 +46,8 @@ static int same_common(const ps_header *a, const ps_header *b)
            a->push_step == b->push_step && a->want_version == b->want_version &&
            a->chunk_version == b->chunk_version && a->barrier_id == b->barrier_id &&
            a->count == b->count && a->dtype == b->dtype &&
-           a->total == b->total;
+           a->total == b->total && a->dim == b->dim && a->npull == b->npull &&
+           a->table.dim == b->table.dim;
 }
 
 PS_TEST(every_plain_type_request_and_reply_round_trips)
@@ -538,10 +545,126 @@ PS_TEST(a_payload_frame_is_taken_exactly_where_the_type_carries_one_and_of_its_s
     CHECK_OK(ps_proto_check_payload(&h, 0, 0, why, sizeof why));
     CHECK_EQ_INT(ps_proto_check_payload(&h, 1, 4, why, sizeof why), PS_EPROTO);
     for (uint32_t t = PS_MSG_BARRIER; t <= PS_MSG_TYPE_MAX; t++) {
+        if (ps_msg_request_layout(t) != PS_PL_NONE) /* a table's: below */
+            continue;
         ps_header_init(&h, t);
         CHECK_OK(ps_proto_check_payload(&h, 0, 0, why, sizeof why));
         CHECK_EQ_INT(ps_proto_check_payload(&h, 1, 4, why, sizeof why), PS_EPROTO);
     }
+}
+
+/* A table's messages: ids frames of 8 x n (and np) bytes, a rows frame of
+ * n x dim x the size of d, each named when it is wrong; n and np up to
+ * PS_MAX_SPARSE_IDS, dim up to PS_MAX_TABLE_DIM. */
+PS_TEST(a_table_message_takes_its_frames_each_of_its_size)
+{
+    char why[256];
+    ps_header h;
+    ps_header_init(&h, PS_MSG_SPUSH);
+    h.count = 3, h.dim = 4, h.dtype = PS_DTYPE_BF16;
+    size_t ok[3] = {24, 24, 0};
+    CHECK_OK(ps_proto_check_frames(&h, 2, ok, why, sizeof why));
+    size_t short_ids[3] = {16, 24, 0}, long_rows[3] = {24, 48, 0};
+    CHECK_EQ_INT(ps_proto_check_frames(&h, 2, short_ids, why, sizeof why), PS_EPROTO);
+    CHECK_MSG(strstr(why, "frame 1 (ids) has 16 bytes, not 24"), "%s", why);
+    CHECK_EQ_INT(ps_proto_check_frames(&h, 2, long_rows, why, sizeof why), PS_EPROTO);
+    CHECK_MSG(strstr(why, "frame 2 (rows) has 48 bytes, not 24"), "%s", why);
+    CHECK_EQ_INT(ps_proto_check_frames(&h, 1, ok, why, sizeof why), PS_EPROTO);
+    CHECK_MSG(strstr(why, "spush request needs 2 frames after its header, got 1"), "%s", why);
+    /* no rows at all: a partition the worker touched nothing of */
+    h.count = 0;
+    size_t none[3] = {0, 0, 0};
+    CHECK_OK(ps_proto_check_frames(&h, 2, none, why, sizeof why));
+    /* too many ids, a width out of range, an unknown dtype */
+    h.count = PS_MAX_SPARSE_IDS + 1;
+    CHECK_EQ_INT(ps_proto_check_frames(&h, 2, none, why, sizeof why), PS_ETOOBIG);
+    CHECK_MSG(strstr(why, "at most 1048576 per message"), "%s", why);
+    h.count = 3;
+    h.dim = 0;
+    CHECK_EQ_INT(ps_proto_check_frames(&h, 2, ok, why, sizeof why), PS_EPROTO);
+    h.dim = 4;
+    h.dtype = 0;
+    CHECK_EQ_INT(ps_proto_check_frames(&h, 2, ok, why, sizeof why), PS_EPROTO);
+    /* a pull: ids only; its reply: rows only */
+    ps_header_init(&h, PS_MSG_SPULL);
+    h.count = 2, h.dim = 5;
+    size_t pull[3] = {16, 0, 0};
+    CHECK_OK(ps_proto_check_frames(&h, 1, pull, why, sizeof why));
+    h.flags = PS_FLAG_REPLY;
+    h.dtype = PS_DTYPE_F32;
+    size_t rows[3] = {40, 0, 0};
+    CHECK_OK(ps_proto_check_frames(&h, 1, rows, why, sizeof why));
+    CHECK_EQ_INT(ps_proto_check_frames(&h, 1, pull, why, sizeof why), PS_EPROTO);
+    /* a pushpull: ids, rows, ids to pull (np of them) */
+    ps_header_init(&h, PS_MSG_SPUSHPULL);
+    h.count = 1, h.dim = 2, h.dtype = PS_DTYPE_F32, h.npull = 3;
+    size_t pp[3] = {8, 8, 24}, pp_bad[3] = {8, 8, 16};
+    CHECK_OK(ps_proto_check_frames(&h, 3, pp, why, sizeof why));
+    CHECK_EQ_INT(ps_proto_check_frames(&h, 3, pp_bad, why, sizeof why), PS_EPROTO);
+    CHECK_MSG(strstr(why, "frame 3 (ids to pull)"), "%s", why);
+    /* no shared memory for tables (yet) */
+    h.flags = PS_FLAG_SHM;
+    CHECK_EQ_INT(ps_proto_check_frames(&h, 0, pp, why, sizeof why), PS_EPROTO);
+}
+
+/* A TABLE request's declaration round-trips field for field; the values
+ * are checked by ps_table_decl_check, which names the field and its range. */
+PS_TEST(a_table_declaration_round_trips_with_every_field)
+{
+    ps_header a, b;
+    ps_header_init(&a, PS_MSG_TABLE);
+    a.key = 99;
+    ps_table_options_default(&a.table);
+    a.table.dim = 65536;
+    a.table.init = PS_TABLE_INIT_NORMAL;
+    a.table.init_scale = 0.125f;
+    a.table.seed = UINT64_MAX;
+    a.table.opt.kind = PS_TABLE_OPT_FTRL;
+    a.table.opt.lr = 0.5f;
+    a.table.opt.lr_decay_every = 4000000000u;
+    a.table.ftrl_beta = 2.0f;
+    a.table.ftrl_l1 = 0.25f;
+    a.table.ftrl_l2 = 0.75f;
+    a.table.max_rows = 1ull << 40;
+    a.table.min_count = 255;
+    a.table.filter_cells = 4096;
+    CHECK_OK(rt(&a, &b));
+    CHECK_EQ_INT(b.key, 99);
+    char why[256];
+    CHECK_MSG(ps_table_decl_compare(99, &a.table, "a", &b.table, "b", why, sizeof why) == 0,
+              "%s", why);
+    CHECK(b.table.dim == 65536 && b.table.seed == UINT64_MAX && b.table.opt.kind == 6 &&
+          b.table.opt.lr_decay_every == 4000000000u && b.table.max_rows == 1ull << 40 &&
+          b.table.ftrl_l2 == 0.75f && b.table.filter_cells == 4096);
+    /* and one field differing is named with both values */
+    b.table.min_count = 3;
+    CHECK_EQ_INT(ps_table_decl_compare(99, &a.table, "worker 1", &b.table, "server 0", why,
+                                       sizeof why),
+                 PS_EMISMATCH);
+    CHECK_STR(why, "table 99: min-count: worker 1 has 255, server 0 has 3");
+    b.table.min_count = 255;
+    b.table.dim = 16;
+    a.table.dim = 32;
+    CHECK_EQ_INT(ps_table_decl_compare(7, &b.table, "worker 1", &a.table, "server 0", why,
+                                       sizeof why),
+                 PS_EMISMATCH);
+    CHECK_STR(why, "table 7: dim: worker 1 has 16, server 0 has 32");
+    /* values out of range: named */
+    a.table.dim = 0;
+    CHECK_OK(rt(&a, &b));
+    CHECK_EQ_INT(ps_table_decl_check(99, &b.table, why, sizeof why), PS_EINVAL);
+    CHECK_STR(why, "table 99: dim must be in [1, 65536], got 0");
+    b.table.dim = 8;
+    b.table.opt.lr = 0;
+    CHECK_EQ_INT(ps_table_decl_check(99, &b.table, why, sizeof why), PS_EINVAL);
+    CHECK_MSG(strstr(why, "table 99 (ftrl): ") && strstr(why, "lr"), "%s", why);
+    b.table.opt.lr = 0.5f;
+    b.table.opt.kind = 9;
+    CHECK_EQ_INT(ps_table_decl_check(99, &b.table, why, sizeof why), PS_EINVAL);
+    b.table.opt.kind = PS_OPT_NONE; /* adagrad */
+    CHECK_OK(ps_table_decl_check(99, &b.table, why, sizeof why));
+    b.table.min_count = 256;
+    CHECK_EQ_INT(ps_table_decl_check(99, &b.table, why, sizeof why), PS_EINVAL);
 }
 
 static void hello_base(ps_hello *h)

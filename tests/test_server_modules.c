@@ -313,7 +313,7 @@ PS_TEST(ckpt_coord_releases_held_replies_once_written)
     ps_ckpt_frame cf;
     memset(&cf, 0, sizeof cf);
     cf.token = token;
-    cf.rc = ps_ckpt_serialize(sh, PS_MODE_SYNC, 1, &cf.part);
+    cf.rc = ps_ckpt_serialize(sh, NULL, PS_MODE_SYNC, 1, 1, &cf.part);
     ps_shard_destroy(sh);
     CHECK_OK(cf.rc);
     uint8_t hello[1] = {1};

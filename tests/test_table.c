@@ -16,6 +16,7 @@
 #include "optimizer.h"
 #include "ps_error.h"
 #include "ps_opt_table.h"
+#include "ps_table_row.h"
 #include "ps_test.h"
 #include "table.h"
 
@@ -120,37 +121,25 @@ PS_TEST(first_touch_rows_are_the_documented_initializer)
     CHECK_MSG(fabs(mean) < 0.02 && fabs(sd - 0.25) < 0.02, "mean %g sd %g", mean, sd);
 }
 
-/* The header says numpy reproduces the initializer: its formula, in numpy,
- * gives the same bits (Debian's python3-numpy; skipped without it). */
+/* The header says numpy reproduces the initializer: python/ps/table_init.py,
+ * the package's mirror of common/ps_table_row.h, gives the same bits, and
+ * the same place hash (Debian's python3-numpy; skipped without it).  The
+ * file is loaded alone, so libps is not needed. */
 static const char numpy_init[] =
-    "import sys\n"
+    "import sys, importlib.util\n"
     "try:\n"
     "    import numpy as np\n"
     "except ImportError:\n"
     "    sys.exit(3)\n"
-    "np.seterr(over='ignore')\n"
-    "U = np.uint64\n"
-    "def mix(x):\n"
-    "    x = (x ^ (x >> U(30))) * U(0xbf58476d1ce4e5b9)\n"
-    "    x = (x ^ (x >> U(27))) * U(0x94d049bb133111eb)\n"
-    "    return x ^ (x >> U(31))\n"
-    "G = U(0x9e3779b97f4a7c15)\n"
-    "def sm(x): return mix(x + G)\n"
+    "spec = importlib.util.spec_from_file_location('table_init', 'python/ps/table_init.py')\n"
+    "ti = importlib.util.module_from_spec(spec)\n"
+    "spec.loader.exec_module(ti)\n"
     "seed, table, dim = (int(a) for a in sys.argv[1:4])\n"
     "for line in sys.stdin:\n"
     "    init, scale, id_ = line.split()\n"
-    "    k = sm(sm(sm(np.array([seed], dtype=U)) ^ U(table)) ^ U(int(id_)))[0]\n"
-    "    r = sm(k + np.arange(2 * dim, dtype=U) * G)\n"
-    "    s = np.float32(scale)\n"
-    "    if init == 'uniform':\n"
-    "        f = ((r[:dim] >> U(40)).astype(np.int64) - 2**23).astype(np.float32)\n"
-    "        w = s * (f * np.float32(2.0**-23))\n"
-    "    else:\n"
-    "        u1 = ((r[0::2] >> U(11)) + U(1)).astype(np.float64) * 2.0**-53\n"
-    "        u2 = (r[1::2] >> U(11)).astype(np.float64) * 2.0**-53\n"
-    "        z = np.sqrt(-2.0 * np.log(u1)) * np.cos(6.283185307179586 * u2)\n"
-    "        w = (np.float64(s) * z).astype(np.float32)\n"
-    "    print(' '.join('%08x' % v for v in w.view(np.uint32)))\n";
+    "    w = ti.initial_rows(seed, table, [int(id_)], dim, init, float(scale))[0]\n"
+    "    h = int(ti.row_hash(table, [int(id_)])[0])\n"
+    "    print(' '.join('%08x' % v for v in w.view(np.uint32)), '%016x' % h)\n";
 
 PS_TEST(initializer_is_reproduced_bit_for_bit_by_numpy)
 {
@@ -190,6 +179,7 @@ PS_TEST(initializer_is_reproduced_bit_for_bit_by_numpy)
                 memcpy(&u, &w[i], 4);
                 o += sprintf(o, i ? " %08x" : "%08x", u);
             }
+            sprintf(o, " %016llx", (unsigned long long)ps_table_row_hash(c.table, ids[k]));
             rows++;
             line[strcspn(line, "\n")] = 0;
             same += strcmp(line, want) == 0;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ps_error.h"
+#include "ps_table_row.h"
 #include "rng.h"
 
 /* ---- the layer ------------------------------------------------------------ */
@@ -175,9 +176,8 @@ int ps_emb_batch_set(ps_emb_batch *eb, const uint64_t *ids, size_t n, size_t str
 
 void ps_emb_init_row(uint64_t seed, int table, uint64_t id, int dim, float *row)
 {
-    uint64_t h = ps_rng_hash(seed, PS_EMB_INIT_TAG, (uint64_t)table, id);
-    for (int j = 0; j < dim; j++)
-        row[j] = (float)(PS_EMB_INIT_SCALE * (2.0 * ps_rng_unit(ps_rng_mix(h ^ (uint64_t)j)) - 1.0));
+    ps_table_init_row(seed, (uint64_t)table, id, PS_TABLE_INIT_UNIFORM, PS_EMB_INIT_SCALE,
+                      (uint32_t)dim, row);
 }
 
 typedef struct local_table {

@@ -114,11 +114,11 @@ struct ps_row_source {
     void (*destroy)(ps_row_source *s);
 };
 
-/* The initial row of (table, id): row[j] = PS_EMB_INIT_SCALE * (2 u_j - 1)
- * with u_j = ps_rng_unit(ps_rng_mix(ps_rng_hash(seed, PS_EMB_INIT_TAG,
- * table, id) ^ j)) (rng.h), uniform in (-0.05, 0.05). */
-#define PS_EMB_INIT_SCALE 0.05
-#define PS_EMB_INIT_TAG 0x656d622d696e6974ull /* "emb-init" */
+/* The initial row of (table, id): the servers' initializer
+ * (common/ps_table_row.h, ps_table_init_row) uniform in [-PS_EMB_INIT_SCALE,
+ * PS_EMB_INIT_SCALE), so local tables start where server tables declared
+ * with that seed, initializer and scale do. */
+#define PS_EMB_INIT_SCALE 0.05f
 void ps_emb_init_row(uint64_t seed, int table, uint64_t id, int dim, float *row);
 
 /* Local tables, the compute-only baseline (--servers none): every table in

@@ -16,7 +16,7 @@ loader's search path (libps.so.0).
 
 from . import _lib
 from .client import (ASYNC, RANK_ENV, SERVERS_ENV, SIZE_ENV, SYNC, Client, PSError, Request,
-                     parse_mode)
+                     parse_mode, table_options)
 
 __version__ = "0.1.0"
 
@@ -34,4 +34,5 @@ for _code, _name in enumerate(_lib.ERRORS):
 del _code, _name
 
 __all__ = ["Client", "Request", "PSError", "SYNC", "ASYNC", "strerror", "parse_mode",
-           "library_path", "RANK_ENV", "SIZE_ENV", "SERVERS_ENV"] + list(_lib.ERRORS)
+           "table_options", "library_path", "RANK_ENV", "SIZE_ENV", "SERVERS_ENV"] + \
+    list(_lib.ERRORS)

@@ -48,7 +48,12 @@ OPT_PARAMS = (
 
 # PS_STATS_COUNTERS, in order
 STATS_COUNTERS = ("pushes", "pulls", "inits", "updates", "bytes_in", "bytes_out", "dup_dropped",
-                  "errors", "chunks", "workers_seen")
+                  "errors", "chunks", "workers_seen", "partitions", "rows", "table_bytes",
+                  "evicted", "filtered")
+
+# enum ps_table_init, and the tables-only optimizer kind PS_TABLE_OPT_FTRL
+TABLE_INITS = ("zeros", "uniform", "normal")
+OPT_FTRL = 6
 
 
 class OptConfig(Structure):
@@ -56,6 +61,23 @@ class OptConfig(Structure):
     _fields_ = ([("kind", c_int)] +
                 [(f, c_uint32 if is_int else c_float) for f, _, _, is_int in OPT_PARAMS] +
                 [("given", c_uint32)])
+
+
+class TableOptions(Structure):
+    """ps_table_options: an embedding table's declaration."""
+    _fields_ = [
+        ("dim", c_uint32),
+        ("init", c_int),
+        ("init_scale", c_float),
+        ("seed", c_uint64),
+        ("opt", OptConfig),
+        ("ftrl_beta", c_float),
+        ("ftrl_l1", c_float),
+        ("ftrl_l2", c_float),
+        ("max_rows", c_uint64),
+        ("min_count", c_uint32),
+        ("filter_cells", c_uint32),
+    ]
 
 
 class ClientOptions(Structure):
@@ -168,6 +190,14 @@ _proto("ps_client_init", c_int, _P, c_uint64, c_void_p, _R)
 _proto("ps_client_push", c_int, _P, c_uint64, c_void_p, c_int64, _R)
 _proto("ps_client_pull", c_int, _P, c_uint64, c_void_p, c_int64, _R)
 _proto("ps_client_pushpull", c_int, _P, c_uint64, c_void_p, c_void_p, c_int64, _R)
+_U64P = POINTER(c_uint64)
+_proto("ps_table_options_default", None, POINTER(TableOptions))
+_proto("ps_client_register_table", c_int, _P, c_uint64, POINTER(TableOptions))
+_proto("ps_client_sparse_pull", c_int, _P, c_uint64, c_void_p, c_size_t, c_void_p, c_int64, _R)
+_proto("ps_client_sparse_push", c_int, _P, c_uint64, c_void_p, c_size_t, c_void_p, c_int64, _R)
+_proto("ps_client_sparse_pushpull", c_int, _P, c_uint64, c_void_p, c_size_t, c_void_p, c_void_p,
+       c_size_t, c_void_p, c_int64, _R)
+_proto("ps_client_server_parts", c_int, _P, c_int)
 _proto("ps_request_test", c_int, _R)
 _proto("ps_request_wait", c_int, _R)
 _proto("ps_client_barrier", c_int, _P, c_int64)

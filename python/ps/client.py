@@ -1,9 +1,11 @@
 """ps.Client: the worker side of the parameter server, over libps.so.
 
 The same concepts as include/ps_client.h: open a client (servers, rank,
-worker count, mode), register every tensor (a key and a float32 count) in
-the same order on every worker, start (hello with every server), then post
-non-blocking init/push/pull/pushpull requests and wait on them.
+worker count, mode), register every tensor (a key and a float32 count) and
+every embedding table (register_table) in the same order on every worker,
+start (hello with every server), then post non-blocking
+init/push/pull/pushpull requests, and sparse_pull/sparse_push/
+sparse_pushpull of a table's rows, and wait on them.
 
 Buffers are never copied: a push sends the caller's memory in place and a
 pull writes the servers' weights straight into the caller's array, so the
@@ -169,6 +171,60 @@ def optimizer_expectation(expect, env):
                 raise ValueError("%s must be a number, got %r" % (flag, given[field])) from None
             c.given |= 1 << p
     return c
+
+
+def _ids_buffer(ids, what):
+    """(address, count, what to keep alive) of a table's ids as uint64: a
+    contiguous uint64 array in place, anything else (a list, an int64
+    array) copied once into a ctypes array."""
+    ai = getattr(ids, "__array_interface__", None)
+    if ai is not None and ai.get("typestr") in ("<u8", "=u8") and ai.get("strides") is None:
+        n = 1
+        for d in ai.get("shape", ()):
+            n *= d
+        return ai["data"][0], n, ids
+    try:
+        vals = [int(v) for v in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+    except (TypeError, ValueError):
+        raise TypeError("%s: ids must be a sequence of integers (a uint64 numpy array is used "
+                        "in place)" % what) from None
+    if any(v < 0 or v >= 1 << 64 for v in vals):
+        raise ValueError("%s: ids must be in [0, 2^64)" % what)
+    arr = (ctypes.c_uint64 * max(len(vals), 1))(*vals)
+    return ctypes.addressof(arr), len(vals), arr
+
+
+def table_options(dim, init="uniform", scale=0.01, seed=0, optimizer=None, max_rows=0,
+                  min_count=0, filter_cells=0, ftrl_beta=1.0, ftrl_l1=0.0, ftrl_l2=0.0):
+    """ps_table_options for register_table.  optimizer: None (adagrad with the
+    optimizer table's defaults) or a dict {'optimizer': 'sgd' | ... | 'adam' |
+    'ftrl', 'lr': ..., ...} with the hyper-parameters of include/ps_types.h's
+    table."""
+    o = _lib.TableOptions()
+    lib.ps_table_options_default(ctypes.byref(o))
+    o.dim = dim
+    if init not in _lib.TABLE_INITS:
+        raise ValueError("init must be one of %s, got %r" % (", ".join(_lib.TABLE_INITS), init))
+    o.init = _lib.TABLE_INITS.index(init)
+    o.init_scale, o.seed = scale, seed
+    opt = dict(optimizer or {})
+    kind = opt.pop("optimizer", None)
+    if kind == "ftrl":
+        o.opt.kind = _lib.OPT_FTRL
+    elif kind is not None:
+        if kind not in _lib.OPT_KINDS[1:]:
+            raise ValueError("a table's optimizer must be one of %s or ftrl, got %r"
+                             % (", ".join(_lib.OPT_KINDS[1:]), kind))
+        o.opt.kind = _lib.OPT_KINDS.index(kind)
+    fields = {f: is_int for f, _, _, is_int in _lib.OPT_PARAMS}
+    for k, v in opt.items():
+        if k not in fields:
+            raise ValueError("table optimizer: unknown setting %r (known: optimizer, %s)"
+                             % (k, ", ".join(sorted(fields))))
+        setattr(o.opt, k, int(v) if fields[k] else float(v))
+    o.ftrl_beta, o.ftrl_l1, o.ftrl_l2 = ftrl_beta, ftrl_l1, ftrl_l2
+    o.max_rows, o.min_count, o.filter_cells = max_rows, min_count, filter_cells
+    return o
 
 
 class Request:
@@ -343,6 +399,7 @@ class Client:
         self.options = o
         self._env, self._expect = env, dict(expect or {})
         self._counts = {}       # key -> registered float count
+        self._tables = {}       # key -> a registered table's row width
         self._pending = set()   # posted, not yet seen complete
         self.started = False
         lib.ps_log_init(b"python", self.rank)
@@ -399,9 +456,20 @@ class Client:
         self._check(lib.ps_client_register(self._ptr, key, count), "register key %d" % key)
         self._counts[key] = count
 
+    def register_table(self, key, dim, **options):
+        """Declare embedding table `key` of rows of `dim` float32 values,
+        before start and in the same order on every worker; options as
+        table_options (init, scale, seed, optimizer, max_rows, min_count,
+        filter_cells, ftrl_beta, ftrl_l1, ftrl_l2).  The servers make a row
+        at its first pull with the initializer's values (ps.table_init)."""
+        o = table_options(dim, **options)
+        self._check(lib.ps_client_register_table(self._ptr, key, ctypes.byref(o)),
+                    "register table %d" % key)
+        self._tables[key] = dim
+
     def start(self):
         """Placement and hello with every server; PSError EMISMATCH when a
-        server disagrees (mode, worker count, model, optimizer) and
+        server disagrees (mode, worker count, model, tables, optimizer) and
         ETIMEDOUT when one does not answer."""
         self._check(lib.ps_client_start(self._ptr), "start")
         self.started = True
@@ -455,6 +523,49 @@ class Client:
         d, kd = self._buffer(key, dst, what + ": dst", True)
         return self._post(what, (kg, kd),
                           lambda r: lib.ps_client_pushpull(self._ptr, key, g, d, step, r))
+
+    # ---- tables ----
+
+    def _rows(self, key, ids, arr, what, writable):
+        """The ids' and rows' memory, the row count checked against the ids."""
+        if key not in self._tables:
+            raise KeyError("%s: table %d was not registered" % (what, key))
+        ia, n, ik = _ids_buffer(ids, what + ": ids")
+        if arr is None and n == 0:
+            return ia, n, 0, (ik,)
+        ra, m, rk = float_buffer(arr, what + (": rows" if writable else ": grads"), writable)
+        if m != n * self._tables[key]:
+            raise ValueError("%s: %d floats for %d ids of table %d (dim %d): %d expected"
+                             % (what, m, n, key, self._tables[key], n * self._tables[key]))
+        return ia, n, ra, (ik, rk)
+
+    def sparse_pull(self, key, ids, rows, step):
+        """The rows of ids (any order, repeats allowed) at version `step` into
+        rows (len(ids) x dim float32, written in the ids' order)."""
+        what = "sparse pull of table %d step %d" % (key, step)
+        ia, n, ra, keep = self._rows(key, ids, rows, what, True)
+        return self._post(what, keep, lambda r: lib.ps_client_sparse_pull(
+            self._ptr, key, ia, n, ra, step, r))
+
+    def sparse_push(self, key, ids, grads, step):
+        """The gradient rows of ids at `step` (a repeated id's rows summed);
+        every worker pushes every table every step, also with no ids."""
+        what = "sparse push of table %d step %d" % (key, step)
+        ia, n, ga, keep = self._rows(key, ids, grads, what, False)
+        return self._post(what, keep, lambda r: lib.ps_client_sparse_push(
+            self._ptr, key, ia, n, ga, step, r))
+
+    def sparse_pushpull(self, key, push_ids, grads, pull_ids, rows, step):
+        """A sparse push of `step`, then the rows of pull_ids at step+1."""
+        what = "sparse pushpull of table %d step %d" % (key, step)
+        ia, n, ga, k1 = self._rows(key, push_ids, grads, what, False)
+        ib, m, ra, k2 = self._rows(key, pull_ids, rows, what, True)
+        return self._post(what, (k1, k2), lambda r: lib.ps_client_sparse_pushpull(
+            self._ptr, key, ia, n, ga, ib, m, ra, step, r))
+
+    def server_parts(self, server):
+        """The partitions server `server` splits each table into (after start)."""
+        return lib.ps_client_server_parts(self._ptr, server)
 
     # ---- blocking helpers ----
 

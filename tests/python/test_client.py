@@ -52,7 +52,8 @@ class Layout(unittest.TestCase):
         out = subprocess.run([pstest.BUILD + "/tests/abi_layout"], check=True,
                              capture_output=True, text=True).stdout
         structs = {"ps_request": _lib.RequestStruct, "ps_opt_config": _lib.OptConfig,
-                   "ps_client_options": _lib.ClientOptions, "ps_stats": _lib.Stats}
+                   "ps_client_options": _lib.ClientOptions, "ps_stats": _lib.Stats,
+                   "ps_table_options": _lib.TableOptions}
         seen = set()
         for line in out.splitlines():
             w = line.split()
@@ -72,6 +73,9 @@ class Layout(unittest.TestCase):
                 self.assertEqual([int(v) for v in w[1:]], list(range(len(_lib.OPT_KINDS))))
             elif w[0] == "modes":
                 self.assertEqual((int(w[1]), int(w[2])), (ps.SYNC, ps.ASYNC))
+            elif w[0] == "table_inits":
+                self.assertEqual([int(v) for v in w[1:4]], list(range(len(_lib.TABLE_INITS))))
+                self.assertEqual(int(w[5]), _lib.OPT_FTRL)
             elif w[0] == "error":
                 self.assertEqual(getattr(ps, w[1][3:]), int(w[2]), line)
             elif w[0] == "err_text_max":

@@ -1,0 +1,40 @@
+/* A table row's first values and its place: the formulas of ps_table_row.h. */
+#include "ps_table_row.h"
+
+#include <math.h>
+#include <string.h>
+
+#define GOLDEN 0x9e3779b97f4a7c15ull
+
+/* one SplitMix64 output for state x */
+static uint64_t sm(uint64_t x) { return ps_table_mix(x + GOLDEN); }
+
+void ps_table_init_row(uint64_t seed, uint64_t table, uint64_t id, int kind, float scale,
+                       uint32_t dim, float *out)
+{
+    size_t d = dim;
+    if (kind != PS_TABLE_INIT_UNIFORM && kind != PS_TABLE_INIT_NORMAL) {
+        memset(out, 0, d * sizeof(float));
+        return;
+    }
+    uint64_t k = sm(sm(sm(seed) ^ table) ^ id);
+    if (kind == PS_TABLE_INIT_UNIFORM) {
+        for (size_t i = 0; i < d; i++) {
+            uint64_t r = sm(k + (uint64_t)i * GOLDEN);
+            out[i] = scale * ((float)((int64_t)(r >> 40) - 8388608) * 0x1p-23f);
+        }
+        return;
+    }
+    double s = scale;
+    for (size_t i = 0; i < d; i++) {
+        uint64_t r1 = sm(k + (uint64_t)(2 * i) * GOLDEN), r2 = sm(k + (uint64_t)(2 * i + 1) * GOLDEN);
+        double u1 = (double)((r1 >> 11) + 1) * 0x1p-53, u2 = (double)(r2 >> 11) * 0x1p-53;
+        double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+        out[i] = (float)(s * z);
+    }
+}
+
+uint64_t ps_table_row_hash(uint64_t table, uint64_t id)
+{
+    return sm(sm(table ^ 0x7461626c652d726full) ^ id);
+}
