@@ -428,7 +428,11 @@ PS_TEST(a_background_process_holding_a_pipe_does_not_hold_the_run)
     run r;
     run_init(&r, "drain");
     char script[700];
-    snprintf(script, sizeof script, "sleep 4 & echo $! >%s/drain.pid; echo 'worker 0 done'; exit 0",
+    /* the worker ends only once the server has set its traps, so the TERM
+     * that follows finds them */
+    snprintf(script, sizeof script,
+             AFTER_READY("server 0", "server 0")
+             "sleep 4 & echo $! >%s/drain.pid; echo 'worker 0 done'; exit 0",
              ps_test_tmpdir());
     add(&r, PS_LAUNCH_SERVER, 0, WAITS_FOR_SIGNALS("server 0"), NULL);
     add(&r, PS_LAUNCH_WORKER, 0, script, NULL);
