@@ -485,6 +485,14 @@ static int field_str(const msgpack_object *o, const char *name, char *out, size_
     return 0;
 }
 
+/* A text for people ends at its first NUL, if it has one (what the encoder
+ * then sends). */
+static size_t text_len(const char *p, size_t n)
+{
+    const char *z = memchr(p, 0, n);
+    return z ? (size_t)(z - p) : n;
+}
+
 /* Index of k in names[0..n), or -1 (not a string, or a key this side does
  * not know). */
 static int key_index(const msgpack_object *k, const char *const *names, int n)
@@ -576,6 +584,7 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
             }
             size_t n = v->via.str.size < sizeof o->shm_why ? v->via.str.size
                                                             : sizeof o->shm_why - 1;
+            n = text_len(v->via.str.ptr, n);
             memcpy(o->shm_why, v->via.str.ptr, n);
             o->shm_why[n] = 0;
             continue;
@@ -585,22 +594,43 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
         const ps_opt_param *r = ps_opt_param_at(p);
         char name[16];
         snprintf(name, sizeof name, "h.%s", r->key);
+        double x;
         if (r->is_int) {
             uint64_t u;
             FIELD_U(v, name, u, 0, (uint64_t)r->hi);
-            ps_opt_set(&o->opt, p, (double)u);
+            x = (double)u;
         } else {
             float f;
             FIELD_F(v, name, f);
-            ps_opt_set(&o->opt, p, f);
+            /* an older peer's 0 in a "zero means not given" row is not given;
+             * a value that only became 0 as a float32 (-4.7e-303) is given,
+             * and out of range below */
+            int wire_zero = v->type == MSGPACK_OBJECT_FLOAT32 || v->type == MSGPACK_OBJECT_FLOAT64
+                                ? v->via.f64 == 0
+                                : f == 0;
+            if (r->zero_unset && wire_zero)
+                continue;
+            x = f;
         }
-        /* present is given; an older peer's 0 in a "zero means not given" row
-         * is not */
-        if (!r->zero_unset || ps_opt_get(&o->opt, p) != 0)
-            o->opt.given |= 1u << p;
+        ps_opt_set(&o->opt, p, x);
+        o->opt.given |= 1u << p;
     }
     if (o->mode == 0 || o->num_workers == 0 || o->num_servers == 0) {
         ps_errorf(why, why_len, "hello needs mode, nw and ns");
+        return PS_EPROTO;
+    }
+    /* a hyper-parameter out of the range its flag takes: what the command
+     * line refuses is no value to compare against */
+    char bad[160];
+    if (ps_opt_check(&o->opt, 1, bad, sizeof bad)) {
+        ps_errorf(why, why_len, "field 'h': %s", bad);
+        return PS_EPROTO;
+    }
+    /* a worker's arena is its name, nonce and size together */
+    uint64_t arena = seen >> 4 & 7u; /* sa, sk, sz: hello_keys[4..6] */
+    if ((arena && arena != 7u) || (arena && !o->shm_name[0])) {
+        ps_errorf(why, why_len, "fields 'h.sa' (a non-empty name), 'h.sk' and 'h.sz' come "
+            "together or not at all");
         return PS_EPROTO;
     }
     return 0;
@@ -742,6 +772,7 @@ static int decode_field(int ki, const msgpack_object *v, ps_header *h, char *why
             return PS_EPROTO;
         }
         size_t n = v->via.str.size < PS_ERR_TEXT_MAX ? v->via.str.size : PS_ERR_TEXT_MAX;
+        n = text_len(v->via.str.ptr, n);
         memcpy(h->err_text, v->via.str.ptr, n);
         h->err_text[n] = 0;
         break;
@@ -765,6 +796,39 @@ static int decode_field(int ki, const msgpack_object *v, ps_header *h, char *why
     default: break; /* v: checked first; s: by decode_fields */
     }
     return 0;
+}
+
+/* A key of another kind of message (the header table of docs/PROTOCOL.md
+ * says where each applies) is ignored, as an unknown key is, once it passed
+ * its checks: the header then holds exactly what its encoding says, and
+ * every receiver reads the same message. */
+static void drop_inapplicable(ps_header *d)
+{
+    int reply = (d->flags & PS_FLAG_REPLY) != 0, shm = (d->flags & PS_FLAG_SHM) != 0;
+    if (!shm)
+        d->shm_off = 0;
+    if (!shm || reply || d->type != PS_MSG_PUSHPULL)
+        d->shm_dst = 0;
+    /* "m": 0 and 1 both mean one gradient */
+    if (d->npush == 1 || (d->type != PS_MSG_PUSH && d->type != PS_MSG_PUSHPULL))
+        d->npush = 0;
+    if (d->type != PS_MSG_ERROR) {
+        d->err_code = 0;
+        memset(d->err_text, 0, sizeof d->err_text);
+    }
+    if (d->type != PS_MSG_HELLO)
+        memset(&d->hello, 0, sizeof d->hello);
+    else if (!reply) { /* the server's answer to an arena */
+        d->hello.shm = 0;
+        memset(d->hello.shm_why, 0, sizeof d->hello.shm_why);
+    }
+    if (d->type != PS_MSG_STATS || !reply) {
+        memset(&d->stats, 0, sizeof d->stats);
+        memset(&d->barrier, 0, sizeof d->barrier);
+        d->barrier.id = -1;
+    }
+    if (d->type != PS_MSG_SHUTDOWN)
+        memset(d->admin, 0, sizeof d->admin);
 }
 
 /* The checked header of a map with v = 1, into d (ps_header_init'ed). */
@@ -812,6 +876,7 @@ static int decode_fields(const msgpack_object *root, ps_header *d, char *why, si
         return PS_EPROTO;
     }
     ps_header_set_s(d, s);
+    drop_inapplicable(d);
     return 0;
 }
 
