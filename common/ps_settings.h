@@ -198,6 +198,14 @@ enum {
       "element type of pushed gradients and pulled weights on the network: bf16 and f16 "        \
       "halve the bytes (rounded to nearest even); servers keep float32 weights and "             \
       "optimizer state.  Servers and workers must agree (docs/BENCHMARKS.md \"Multi-host\")")    \
+    X(on_nonfinite, (SERVER, WORKER, _, LIBPS, _), "--on-nonfinite", "refuse|skip|apply",      \
+      "PS_ON_NONFINITE", ENUM, on_nonfinite, "refuse", "refuse=0 skip=1 apply=2", 0, 0, _,      \
+      PS_SET_SHARED,                                                                             \
+      "a pushed gradient holding NaN or Inf (counted in the stats and logged, "                   \
+      "rate-limited): refuse, the push gets an error naming worker, key, chunk and step, and a " \
+      "worker does not even send one (nor a value a float16 wire type would make Inf); "        \
+      "skip, it counts as the worker's push and moves no weight (a sync round averages the "    \
+      "others); apply, it is applied, the old behaviour (docs/OPERATIONS.md)")                   \
     X(local_aggregate, (_, WORKER, _, _, _), "--local-aggregate", "N", NULL, INT, local_size,    \
       "1", NULL, 1, 64, _, 0,                                                                    \
       "N workers of this host (ranks h*N .. h*N+N-1 of host h) sum their gradients in "          \

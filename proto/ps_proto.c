@@ -286,7 +286,9 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     if (is_stats) {
         const ps_stats *s = &h->stats;
         pk_key(&pk, "st");
-        msgpack_pack_map(&pk, 12);
+#define N_COUNTER_(f, key) +1
+        msgpack_pack_map(&pk, 2 PS_STATS_COUNTERS(N_COUNTER_));
+#undef N_COUNTER_
 #define PK_COUNTER_(f, key) pk_u64(&pk, key, s->f);
         PS_STATS_COUNTERS(PK_COUNTER_)
 #undef PK_COUNTER_

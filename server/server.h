@@ -182,6 +182,9 @@ typedef struct ps_server_config {
                                    converted to float32 before they are applied; workers
                                    must give the same (--wire-dtype, checked at hello).
                                    Shared-memory payloads are float32 whatever it is */
+    int on_nonfinite;           /* enum ps_on_nonfinite: a pushed gradient with NaN or Inf is
+                                   refused (PS_NONFINITE_REFUSE, default), skipped or
+                                   applied; counted (stats nonfinite) and logged either way */
     int shm;                    /* PS_SHM_AUTO (default): map the arena a worker on the
                                    same host offers and move its payloads through it;
                                    PS_SHM_OFF: always over the network */

@@ -172,6 +172,7 @@ static int open_owners(ps_server *s, char *why, size_t why_len)
     uc.copies = &s->copies;
     uc.mode = c->mode;
     uc.wire_dtype = c->wire_dtype;
+    uc.on_nonfinite = c->on_nonfinite;
     uc.num_workers = c->num_workers;
     uc.trace = s->trace;
     uc.hold_inits = pol->on;

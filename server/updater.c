@@ -1,13 +1,16 @@
 #include "updater.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <zmq.h>
 
 #include "checkpoint.h"
+#include "ps_dtype.h"
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_time.h"
@@ -87,6 +90,7 @@ struct ps_updater {
     ps_shard *shard;
     req_ctx *spare;
     uint64_t bytes_out, errors;
+    uint64_t nonfinite;    /* pushes whose gradient held NaN or Inf */
     ps_rlimit rl;
     int64_t reported_min;  /* progress last sent to the I/O thread */
     int reported_have;
@@ -265,10 +269,12 @@ static void copy_free(void *data, void *hint)
  * (every buffer of the chunk is held by replies in flight, no spare fits in
  * --max-memory, or the wire type is not float32) is memory of its own,
  * counted against --max-memory: PS_ETOOBIG when it does not fit, PS_ENOMEM;
- * why says. */
+ * why says.  *not_finite: whether a value of the copy is NaN or Inf (a
+ * weight beyond float16's 65504 becomes Inf). */
 static int copy_payload(ps_updater *u, zmq_msg_t *pl, const float *w, size_t n, uint32_t dtype,
-                        char *why, size_t why_len)
+                        int *not_finite, char *why, size_t why_len)
 {
+    *not_finite = 0;
     size_t bytes = n * ps_dtype_size(dtype);
     uint64_t charge = bytes >= ZC_MIN_BYTES ? bytes : 0, before = 0;
     if (charge) {
@@ -296,7 +302,7 @@ static int copy_payload(ps_updater *u, zmq_msg_t *pl, const float *w, size_t n, 
     copy_hdr *c = blk;
     if (c) {
         *c = (copy_hdr){u->mem_used, u->cfg.copies, charge, map_len};
-        ps_dtype_from_f32(dtype, (char *)blk + COPY_HDR, w, n);
+        *not_finite = ps_dtype_from_f32(dtype, (char *)blk + COPY_HDR, w, n);
         if (zmq_msg_init_data(pl, (char *)blk + COPY_HDR, bytes, copy_free, c) == 0)
             return 0;
         copy_free(NULL, c);
@@ -354,10 +360,20 @@ static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int
     }
     if (!pinned) {
         char why[256];
-        int rc = copy_payload(u, &pl, w, n, dtype, why, sizeof why);
+        int not_finite = 0;
+        int rc = copy_payload(u, &pl, w, n, dtype, &not_finite, why, sizeof why);
         if (rc) {
             upd_error(u, r, rc, why);
             return;
+        }
+        if (not_finite && dtype != PS_DTYPE_F32 && ps_rlimit_allow(&u->rl)) {
+            size_t first = 0, bad = ps_dtype_nonfinite(dtype, w, n, &first);
+            ps_warn("pull of key %llu chunk %u by worker %d: %zu of %zu weights are not finite "
+                    "as %s (element %zu is %g%s); they go as Inf or NaN",
+                    (unsigned long long)r->key, r->chunk, r->rank, bad, n,
+                    ps_dtype_name(dtype), first, (double)w[first],
+                    isfinite(w[first]) ? ", beyond the wire type: use --wire-dtype bf16 or f32"
+                                       : "");
         }
     }
     ps_header h;
@@ -508,6 +524,34 @@ static const float *frame_values(const ps_header *h, zmq_msg_t *pl, float **copy
     return *copy;
 }
 
+/* A pushed gradient g of n values holds NaN or Inf (bad of them, the first
+ * at index first): counted, then as --on-nonfinite says refused (returns 1,
+ * the reply's reason in why; upd_error logs it), or skipped (*g becomes
+ * NULL: the shard counts the push and moves no weight) or applied, each
+ * logged (rate-limited).  A check of its own over the values, apart from
+ * the optimizer's vectorised loops: one compare per value. */
+static int nonfinite(ps_updater *u, const ps_header *h, const float **g, size_t bad,
+                     size_t first, char *why, size_t why_len)
+{
+    u->nonfinite++;
+    int mode = u->cfg.on_nonfinite;
+    snprintf(why, why_len, "push of step %lld from worker %d to key %llu chunk %u: %zu of %llu "
+             "values are not finite (element %zu is %g); %s (--on-nonfinite %s)",
+             (long long)h->push_step, h->rank, (unsigned long long)h->key, h->chunk, bad,
+             (unsigned long long)h->count, first, (double)(*g)[first],
+             mode == PS_NONFINITE_REFUSE ? "refused" : mode == PS_NONFINITE_SKIP ? "skipped"
+                                                                                 : "applied",
+             mode == PS_NONFINITE_REFUSE ? "refuse" : mode == PS_NONFINITE_SKIP ? "skip"
+                                                                                : "apply");
+    if (mode == PS_NONFINITE_REFUSE)
+        return 1;
+    if (ps_rlimit_allow(&u->rl))
+        ps_warn("%s", why);
+    if (mode == PS_NONFINITE_SKIP)
+        *g = NULL;
+    return 0;
+}
+
 static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_peer *shm,
                         zmq_msg_t *id, zmq_msg_t *pl)
 {
@@ -590,9 +634,16 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
                 zmq_msg_init(&g->msg);
             }
         }
+        const float *grad = g->g;
+        size_t first = 0, bad = ps_dtype_nonfinite(PS_DTYPE_F32, grad, (size_t)h->count, &first);
+        if (bad && nonfinite(u, h, &grad, bad, first, why, sizeof why)) {
+            hold_free(g);
+            upd_error(u, r, PS_ENONFINITE, why);
+            break;
+        }
         int kept = 0, dup = 0;
         rc = ps_shard_push_sum(u->shard, h->key, h->chunk, h->rank, h->push_step,
-                               h->npush > 1 ? h->npush : 1, g->g, (size_t)h->count, g, &kept,
+                               h->npush > 1 ? h->npush : 1, grad, (size_t)h->count, g, &kept,
                                &dup, &version, why, sizeof why);
         if (narrow)
             ps_shard_count_narrow(u->shard, (size_t)h->count, ps_dtype_size(h->dtype));
@@ -658,6 +709,7 @@ static void upd_stats(ps_updater *u, ps_stats *st)
     ps_shard_stats(u->shard, st);
     st->bytes_out = u->bytes_out;
     st->errors = u->errors;
+    st->nonfinite = u->nonfinite;
 }
 
 static void upd_send_stats(ps_updater *u, char tag, uint64_t token, const ps_stats *st)

@@ -29,6 +29,7 @@ typedef struct ps_updater_config {
                             (converted from the float32 weights); incoming payloads
                             are converted from whatever their header's dtype says */
     int num_workers;
+    int on_nonfinite;    /* enum ps_on_nonfinite: a pushed gradient with NaN or Inf */
     ps_trace *trace;     /* "apply", "pull" and "snapshot" events; NULL: none.  Shared by
                             every thread (ps_trace locks), outlives the updater */
     /* what checkpoints ask of the replies (ps_ckpt_policy, ckpt_coord.h) */
