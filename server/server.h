@@ -188,6 +188,8 @@ typedef struct ps_server_config {
     int shm;                    /* PS_SHM_AUTO (default): map the arena a worker on the
                                    same host offers and move its payloads through it;
                                    PS_SHM_OFF: always over the network */
+    const char *shm_users;      /* comma-separated users (names or uids) whose arenas are
+                                   mapped besides the server's own user's; NULL: none */
     uint64_t max_peer_replies;  /* payload replies one peer may leave unread before its pulls
                                    are refused (server/peers.h); default 10000 */
     uint64_t max_peer_bytes;    /* their bytes; 0 (default): the larger of 64 MiB and twice
