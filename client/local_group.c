@@ -249,7 +249,7 @@ static int tell_members(ps_lgroup *g, int fd, int rc, const char *why)
 static int create(ps_lgroup *g, uint64_t fp, uint64_t total, char *why, size_t why_len)
 {
     size_t ca, fa, len = layout(g, total, &ca, &fa);
-    shm_unlink(g->name); /* a stale group of a dead leader (or none; never another user's) */
+    shm_unlink(g->name); /* a stale group of a dead leader, or none (another user's: root only) */
     int fd = shm_open(g->name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
         int e = errno;
