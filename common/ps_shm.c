@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "ps_error.h"
@@ -17,6 +18,8 @@
 #define FORMAT 2u
 /* what the owner seals, and what a server requires: the size cannot change */
 #define SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
+/* statfs f_type of shmem, where a memfd lives (linux/magic.h) */
+#define TMPFS_MAGIC_ 0x01021994
 
 /* The header page, at offset 0 of every arena. */
 typedef struct shm_header {
@@ -233,6 +236,7 @@ int ps_shm_attach(const char *name, uint64_t nonce, size_t size, const uint32_t 
         return e == ENOENT ? PS_ENOTFOUND : e == EACCES || e == EPERM ? PS_EAUTH : PS_EIO;
     }
     int seals = fcntl(fd, F_GET_SEALS);
+    struct statfs fs;
     if (fstat(fd, &st2) != 0 || st2.st_dev != st.st_dev || st2.st_ino != st.st_ino) {
         ps_errorf(why, why_len, "%s changed while it was opened", name);
         rc = PS_EMISMATCH;
@@ -243,6 +247,11 @@ int ps_shm_attach(const char *name, uint64_t nonce, size_t size, const uint32_t 
          * server fault (SIGBUS) */
         ps_errorf(why, why_len, "the arena is not sealed against shrinking (not a memfd of "
             "this version's libps?): refused");
+        rc = PS_EAUTH;
+    } else if (fstatfs(fd, &fs) != 0 || fs.f_type != TMPFS_MAGIC_) {
+        /* a hugetlbfs memfd, say: a fault there can fail for want of huge pages */
+        ps_errorf(why, why_len, "the arena is not plain shared memory (a memfd of huge pages?): "
+            "refused");
         rc = PS_EAUTH;
     }
     void *p = MAP_FAILED;
