@@ -4,8 +4,8 @@
  * At start the client creates one shared-memory arena (common/ps_shm.h: a
  * sealed memfd, allocated then, so a machine without the memory says so at
  * once and the client uses the network) and names it in its hello to every
- * server.  A server on this host maps it and
- * says so in its reply; from then on, a push or init whose buffer lies in the
+ * server.  A server on this host maps it and says so in its reply; from
+ * then on, a push or init whose buffer lies in the
  * arena sends only its header, with the buffer's offset (the server reads the
  * gradient in place), and a pull whose destination lies there asks the
  * server to write the weights straight into it.  Buffers outside the arena,

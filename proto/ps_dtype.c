@@ -143,10 +143,10 @@ size_t ps_dtype_nonfinite(uint32_t dtype, const float *src, size_t n, size_t *fi
      * (ties to even: the largest finite value has an odd last bit) */
     uint32_t lim = dtype == PS_DTYPE_F16 ? 0x477ff000u : dtype == PS_DTYPE_BF16 ? 0x7f7f8000u
                                                                                 : 0x7f800000u;
-    /* whether there is any: the pass every gradient takes (a compare and an
-     * or per element); counting them is for the rare gradient that has some */
-    /* lim - 1 - |x| is negative exactly for those (both are below 2^31): the
-     * sign bit of the or of them all says whether there is one */
+    /* whether there is any, the pass every gradient takes: lim - 1 - |x| is
+     * negative exactly for those (both are below 2^31), so the sign bit of
+     * the or of them all says (a subtract and an or per element); counting
+     * them is for the rare gradient that has some */
     uint32_t any = 0;
     for (size_t i = 0; i < n; i++)
         any |= lim - 1u - (bits(src[i]) & 0x7fffffffu);

@@ -3,8 +3,8 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdlib.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <zmq.h>
