@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
@@ -29,6 +30,7 @@
 
 #include "local_group.h"
 #include "ps_error.h"
+#include "ps_hash.h"
 #include "ps_proto.h"
 #include "ps_shm.h"
 #include "ps_test.h"
@@ -458,8 +460,9 @@ static int squatter(void *arg, char *why, size_t len)
         EXPECT(0, "the squatter could not make %s: %s", q->name, w);
     /* nobody of the group may attach */
     int wrc = ps_lgroup_wait_members(g, w, sizeof w);
-    if (read(q->stop[0], &c, 1) < 0)
-        c = 0;
+    /* told to stop, or a test that failed early: the name goes either way */
+    struct pollfd pf = {q->stop[0], POLLIN, 0};
+    poll(&pf, 1, 20000);
     ps_lgroup_close(g);
     EXPECT(wrc == PS_ETIMEDOUT, "a member attached to the squatted segment (wait: %d %s)", wrc,
            w);
@@ -578,6 +581,107 @@ PS_TEST(a_squatted_aggregation_segment_stops_the_group_naming_its_owner)
     int st;
     waitpid(sq, &st, 0);
     CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "squatter: %s", sw);
+    shm_unlink(name);
+}
+
+/* bin/PROG with words as user u, output to log (made here, before). */
+static int spawn_as(const tuser *u, const char *prog, const char *words, const char *log)
+{
+    char bin[256];
+    ps_test_bin(prog, bin, sizeof bin);
+    char *copy = strdup(words), *save = NULL, *argv[64];
+    int n = 0;
+    argv[n++] = bin;
+    for (char *w = strtok_r(copy, " ", &save); w && n < 63; w = strtok_r(NULL, " ", &save))
+        argv[n++] = w;
+    argv[n] = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        if (become(u) == 0)
+            execv(bin, argv);
+        fprintf(stderr, "cannot run %s as %s: %s\n", bin, u->name, strerror(errno));
+        _exit(127);
+    }
+    free(copy);
+    return (int)pid;
+}
+
+/* The programs themselves: two ps_workers of user a with --local-aggregate
+ * 2, whose group name user b took first, stop at start (exit 2: something
+ * to fix) saying who holds it, and hand it nothing. */
+PS_TEST(ps_worker_local_aggregation_stops_at_a_squatted_segment)
+{
+    char why[600] = "";
+    const tuser *a = user('a', why, sizeof why), *b = a ? user('b', why, sizeof why) : NULL;
+    if (!a || !b)
+        SKIP("%s", why);
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 1 --mode sync"));
+    char servers[64], name[64];
+    snprintf(servers, sizeof servers, "tcp://127.0.0.1:%d", sv.port);
+    snprintf(name, sizeof name, "/ps-agg-%016llx-0",
+             (unsigned long long)ps_fnv1a(PS_FNV1A_BASIS, servers, strlen(servers)));
+    squat q = {name, {-1, -1}, {-1, -1}};
+    CHECK(pipe(q.ready) == 0 && pipe(q.stop) == 0);
+    int sp[2];
+    CHECK(pipe(sp) == 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t sq = fork();
+    if (sq == 0) {
+        close(sp[0]);
+        char w[600];
+        int rc = run_as(b, squatter, &q, w, sizeof w);
+        if (write(sp[1], w, strlen(w)) < 0)
+            rc = 1;
+        _exit(rc ? 1 : 0);
+    }
+    close(sp[1]);
+    char c = 0;
+    CHECK(read(q.ready[0], &c, 1) == 1 && c == 1);
+    int w[2];
+    char log[2][512];
+    int64_t t0 = ps_now_ns();
+    for (int r = 0; r < 2; r++) {
+        char words[400];
+        snprintf(words, sizeof words, "--servers %s --rank %d --num-workers 2 --mode sync "
+                 "--local-aggregate 2 --model mlp:784-16-10 --data synthetic:512 --batch 32 "
+                 "--steps 5", servers, r);
+        snprintf(log[r], sizeof log[r], "%s/squatted-%d.log", ps_test_tmpdir(), r);
+        w[r] = spawn_as(a, "ps_worker", words, log[r]);
+        CHECK(w[r] > 0);
+    }
+    for (int r = 0; r < 2; r++) {
+        int rc = ps_test_wait(w[r], 30000);
+        if (rc == 127 && ps_test_file_has(log[r], "cannot run")) {
+            c = 1;
+            CHECK(write(q.stop[1], &c, 1) == 1);
+            ps_test_stop(sv.pid, 3000);
+            SKIP("%s cannot run the programs here (%s)", a->name, log[r]);
+        }
+        CHECK_MSG(rc == 2, "worker %d exited %d, not 2 (something to fix): %s", r, rc, log[r]);
+        CHECK_MSG(ps_test_file_has(log[r], b->name) && ps_test_file_has(log[r], "another user"),
+                  "worker %d does not name the squatter: %s", r, log[r]);
+    }
+    CHECK_MSG((ps_now_ns() - t0) / 1000000 < 20000, "the group took %lld ms to stop",
+              (long long)((ps_now_ns() - t0) / 1000000));
+    c = 1;
+    CHECK(write(q.stop[1], &c, 1) == 1);
+    char sw[600];
+    ssize_t n = read(sp[0], sw, sizeof sw - 1);
+    sw[n > 0 ? n : 0] = 0;
+    int st;
+    waitpid(sq, &st, 0);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "squatter: %s", sw);
+    ps_test_stop(sv.pid, 3000);
     shm_unlink(name);
 }
 
