@@ -197,7 +197,7 @@ enum {
       1, 900, _, 0,                                                                              \
       "user names or uids whose workers' arenas this server maps besides its own user's "      \
       "(a root server, say, serving workers of another user); every arena must be a sealed "    \
-      "memfd of mode 0600 (docs/SECURITY.md \"Shared memory\")")                                 \
+      "memfd of mode 0600 (docs/SECURITY.md)")                                                   \
     X(wire_dtype, (SERVER, WORKER, _, _, _), "--wire-dtype", "f32|bf16|f16", "PS_WIRE_DTYPE",    \
       ENUM, wire_dtype, "f32", "f32=1 bf16=2 f16=3 float32=1 bfloat16=2 float16=3 fp16=3",       \
       0, 0, HELLO("dt"), PS_SET_SHARED,                                                          \

@@ -1,5 +1,6 @@
 /* Shared-memory arenas: the memory of the same-host data plane (DESIGN.md
- * "Data plane"; docs/SECURITY.md "Shared memory" says what is checked).
+ * "Data plane"; docs/SECURITY.md "Shared memory on one host" says what is
+ * checked and why).
  *
  * A worker creates one arena: a memfd (memory with no name in any file
  * system), mode 0600, every page allocated at creation (so a full machine is

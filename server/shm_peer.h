@@ -8,7 +8,7 @@
  * queued pull answered).  The last reference unmaps the arena (its memory
  * goes back once the worker let go of it too).  The arena is sealed: its
  * size cannot change under the mapping, so no access here can fault,
- * whatever its owner does (docs/SECURITY.md "Shared memory").
+ * whatever its owner does (docs/SECURITY.md "Shared memory on one host").
  *
  * Thread-safety: references are atomic; everything else is read-only after
  * ps_shm_peer_open. */

@@ -131,11 +131,17 @@ static const tuser *user(char tag, char *why, size_t len)
     char cmd[512];
     snprintf(cmd, sizeof cmd, "%s --system --no-create-home --home-dir /nonexistent --shell "
              "/usr/sbin/nologin %s 2>&1", useradd, u->name);
-    FILE *f = popen(cmd, "r");
     char out[256] = "";
-    size_t got = f ? fread(out, 1, sizeof out - 1, f) : 0;
-    out[got] = 0;
-    int rc = f ? pclose(f) : -1;
+    int rc = -1;
+    /* another useradd may hold /etc/passwd's lock for a moment */
+    for (int tries = 0; tries < 5 && rc != 0; tries++) {
+        if (tries)
+            ps_test_sleep_ms(300);
+        FILE *f = popen(cmd, "r");
+        size_t got = f ? fread(out, 1, sizeof out - 1, f) : 0;
+        out[got] = 0;
+        rc = f ? pclose(f) : -1;
+    }
     struct passwd pw, *res = NULL;
     char tmp[1024];
     if (rc != 0 || getpwnam_r(u->name, &pw, tmp, sizeof tmp, &res) != 0 || !res) {
