@@ -10,6 +10,12 @@
  *   sgd     w -= lr*g           3 (w read, w written, g read)
  *   momentum                    5 (w, v read and written; g read)
  *   adam                        7 (w, m, v read and written; g read)
+ *   nonfinite                   1 (g read: the server's NaN/Inf check of a
+ *                                 pushed gradient, ps_dtype_nonfinite, a pass
+ *                                 of its own before the optimizer's)
+ *   sgd+check, adam+check       3, 7: what the server does with a pushed
+ *                                 chunk (4 MiB, the default chunk size): the
+ *                                 check, then the optimizer, chunk by chunk
  * Rounds alternate the kernels; the best of each is kept (the machine is
  * shared and noisy).  The triad's destination is written without being read,
  * so the hardware also reads it (write-allocate) without our counting it;
@@ -20,11 +26,15 @@
 #include <string.h>
 
 #include "optimizer.h"
+#include "ps_dtype.h"
 #include "ps_time.h"
 
-enum { K_MEMCPY, K_TRIAD, K_SGD, K_MOMENTUM, K_ADAM, NK };
-static const char *kname[NK] = {"memcpy", "triad", "sgd", "momentum", "adam"};
-static const int karrays[NK] = {2, 3, 3, 5, 7};
+enum { K_MEMCPY, K_TRIAD, K_SGD, K_MOMENTUM, K_ADAM, K_NONFINITE, K_SGD_CHECKED, K_ADAM_CHECKED,
+       NK };
+static const char *kname[NK] = {"memcpy", "triad", "sgd", "momentum", "adam", "nonfinite",
+                                "sgd+check", "adam+check"};
+static const int karrays[NK] = {2, 3, 3, 5, 7, 1, 3, 7};
+#define CHUNK_FLOATS ((size_t)1 << 20) /* 4 MiB */
 
 #define MAX_THREADS 8
 
@@ -36,6 +46,7 @@ typedef struct shared {
     int reps;
     int64_t step;
     int quit;
+    _Atomic size_t found; /* non-finite values the check found (none) */
     pthread_barrier_t start, end;
 } shared;
 
@@ -65,6 +76,21 @@ static void run_slice(shared *s, int idx)
         case K_MOMENTUM: ps_opt_momentum(w, m, g, n, 1e-3f, 0.9f, 0.0f); break;
         case K_ADAM:
             ps_opt_adam(w, m, v, g, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, s->step + r + 1);
+            break;
+        case K_NONFINITE: /* g is finite: the count is 0, kept so the pass is not dropped */
+            s->found += ps_dtype_nonfinite(PS_DTYPE_F32, g, n, NULL);
+            break;
+        case K_SGD_CHECKED:
+        case K_ADAM_CHECKED:
+            for (size_t at = 0; at < n; at += CHUNK_FLOATS) {
+                size_t c = n - at < CHUNK_FLOATS ? n - at : CHUNK_FLOATS;
+                s->found += ps_dtype_nonfinite(PS_DTYPE_F32, g + at, c, NULL);
+                if (s->kernel == K_SGD_CHECKED)
+                    ps_opt_sgd(w + at, g + at, c, 1e-3f, 0.0f);
+                else
+                    ps_opt_adam(w + at, m + at, v + at, g + at, c, 1e-3f, 0.9f, 0.999f, 1e-8f,
+                                0.0f, s->step + r + 1);
+            }
             break;
         }
     }

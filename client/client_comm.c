@@ -21,6 +21,7 @@
  * here sends it, so only this file touches a socket and they call nothing
  * in it.  Completions and slots are client_requests.c's. */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +73,10 @@ struct psc_comm {
     /* ops held behind a push_when whose data is not ready yet, in post order */
     psc_op *held;
     size_t held_head, held_len, held_cap;
+    /* gradients with NaN or Inf sent anyway (--on-nonfinite skip|apply): when
+     * that was last said, and how many since */
+    int64_t nonfinite_said_ns;
+    uint64_t nonfinite_unsaid;
 };
 
 /* ---------- the queue (training thread -> comm thread) ---------- */
@@ -237,6 +242,45 @@ static int send_payload(ps_client *c, uint32_t i, void *sock, uint32_t dtype, in
     return 0;
 }
 
+/* The gradient of push sub-request i holds NaN or Inf, or values its wire
+ * type makes Inf (float16 above 65504)?  With --on-nonfinite refuse it is
+ * not sent: the request fails here with PS_ENONFINITE naming the step, so
+ * the worker sees which step made it (a server would refuse it anyway);
+ * otherwise it goes, said at most once in NONFINITE_SAY_NS.  0: send it. */
+#define NONFINITE_SAY_NS (10LL * 1000000000LL)
+static int nonfinite_refused(ps_client *c, const psc_sub *s, int in_arena)
+{
+    if (s->type != PS_MSG_PUSH && s->type != PS_MSG_PUSHPULL)
+        return 0;
+    uint32_t dt = in_arena ? PS_DTYPE_F32 : c->wire_dtype;
+    size_t first = 0, bad = ps_dtype_nonfinite(dt, s->src, s->count, &first);
+    if (!bad)
+        return 0;
+    float v = s->src[first];
+    char what[200];
+    snprintf(what, sizeof what, "push of step %lld to key %llu chunk %u: %zu of %zu values %s "
+             "(element %zu is %g)", (long long)s->step, (unsigned long long)s->key, s->chunk,
+             bad, s->count, isfinite(v) ? "overflow the wire type float16 (largest 65504)"
+                                        : "are not finite", first, (double)v);
+    int mode = c->opt.on_nonfinite;
+    if (mode == PS_NONFINITE_REFUSE) {
+        psc_set_error(s->req, PS_ENONFINITE, "%s; not sent (--on-nonfinite refuse)", what);
+        return 1;
+    }
+    struct psc_comm *m = c->comm;
+    int64_t now = ps_now_ns();
+    if (now - m->nonfinite_said_ns < NONFINITE_SAY_NS) {
+        m->nonfinite_unsaid++;
+        return 0;
+    }
+    ps_warn("libps: %s; sent as %s (--on-nonfinite %s)%s", what, ps_dtype_name(dt),
+            mode == PS_NONFINITE_SKIP ? "skip" : "apply",
+            m->nonfinite_unsaid ? " (and more since the last such line)" : "");
+    m->nonfinite_said_ns = now;
+    m->nonfinite_unsaid = 0;
+    return 0;
+}
+
 /* Send sub-request i (first time or again).  The caller has already counted
  * the payload's release in its request's pending.  0 when it went (or waits
  * for a connection to resend on); otherwise the sub-request is finished with
@@ -267,6 +311,12 @@ static int sub_send(ps_client *c, uint32_t i)
             payload = 0;
             psc_part_done(c, r); /* no frame holds the buffer: its release is now */
         }
+    }
+    if (nonfinite_refused(c, s, (h.flags & PS_FLAG_SHM) != 0)) {
+        if (payload)
+            psc_part_done(c, r); /* no frame was made: count its release now */
+        psc_slot_finish(c, i);
+        return PS_ENONFINITE;
     }
     char buf[PS_HEADER_MAX];
     size_t len = 0;

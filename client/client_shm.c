@@ -1,9 +1,11 @@
 /* libps: the same-host data plane, client side (DESIGN.md "Data plane";
  * docs/PROTOCOL.md "Same host").
  *
- * At start the client creates one shared-memory arena (common/ps_shm.h) and
- * names it in its hello to every server.  A server on this host maps it and
- * says so in its reply; from then on, a push or init whose buffer lies in the
+ * At start the client creates one shared-memory arena (common/ps_shm.h: a
+ * sealed memfd, allocated then, so a machine without the memory says so at
+ * once and the client uses the network) and names it in its hello to every
+ * server.  A server on this host maps it and says so in its reply; from
+ * then on, a push or init whose buffer lies in the
  * arena sends only its header, with the buffer's offset (the server reads the
  * gradient in place), and a pull whose destination lies there asks the
  * server to write the weights straight into it.  Buffers outside the arena,
@@ -24,6 +26,7 @@
 
 struct psc_shm {
     ps_shm_arena arena; /* base NULL: none */
+    int failed;         /* it could not be made (said once): the network, from then on */
     int servers;        /* how many map it */
     unsigned char on[]; /* per server: its payloads go through the arena */
 };
@@ -37,7 +40,7 @@ int psc_shm_setup(ps_client *c)
     struct psc_shm *m = c->shm;
     memset(m->on, 0, (size_t)c->nservers);
     m->servers = 0;
-    if (!c->opt.shm)
+    if (!c->opt.shm || m->failed)
         return 0;
     if (!m->arena.base) {
         size_t bytes = c->opt.shm_bytes;
@@ -51,7 +54,9 @@ int psc_shm_setup(ps_client *c)
         }
         char why[256];
         if (ps_shm_create(bytes, &m->arena, why, sizeof why) != 0) {
+            /* a machine short of memory trains on, over the network */
             ps_warn("libps: no shared-memory arena (%s): payloads go over the network", why);
+            m->failed = 1;
             return 0;
         }
     }

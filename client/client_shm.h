@@ -24,7 +24,7 @@ void psc_shm_hello_reply(ps_client *c, int s, const ps_hello *rep);
 int psc_shm_use(const ps_client *c, const psc_sub *s, uint64_t *off, uint64_t *dst_off);
 /* Does [p, p + bytes) lie in the arena?  Then *off is where. */
 int psc_shm_holds(const ps_client *c, const void *p, size_t bytes, uint64_t *off);
-/* Unmap and unlink the arena (after the comm thread stopped). */
+/* Unmap and close the arena (after the comm thread stopped). */
 void psc_shm_close(ps_client *c);
 
 #endif

@@ -1,9 +1,11 @@
 /* libps: the tables' requests (client_sparse.h). */
 #include "client_sparse.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ps_dtype.h"
 #include "ps_error.h"
 #include "ps_table_row.h"
 
@@ -262,6 +264,22 @@ long psc_sparse_begin(ps_client *c, uint32_t type, uint32_t ti, ps_request *r,
                 for (size_t e = 0; e < d; e++)
                     sk[e] = sk[e] + gj[e];
             }
+        }
+    }
+    /* gradient rows with NaN or Inf (or beyond a float16 wire): under
+     * --on-nonfinite refuse not sent, so the worker sees the step that made
+     * them, as for dense pushes (client_comm.c); otherwise the servers decide */
+    if (!rc && nsu && c->opt.on_nonfinite == PS_NONFINITE_REFUSE) {
+        size_t first = 0, bad = ps_dtype_nonfinite(c->wire_dtype, sums, (size_t)nsu * d, &first);
+        if (bad) {
+            float v = sums[first];
+            psc_set_error(r, PS_ENONFINITE, "push of step %lld to table %llu: %zu of %zu gradient "
+                          "values %s (id %llu, element %zu is %g); not sent (--on-nonfinite "
+                          "refuse)", (long long)step, (unsigned long long)t->key, bad,
+                          (size_t)nsu * d, isfinite(v) ? "overflow the wire type float16"
+                                                       : "are not finite",
+                          (unsigned long long)su[first / d], first % d, (double)v);
+            rc = -1;
         }
     }
     /* every partition's share within the limits */

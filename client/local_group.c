@@ -8,8 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pwd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -18,7 +20,7 @@
 #include "ps_log.h"
 #include "ps_time.h"
 
-#define MAGIC "PSLGRP01"
+#define MAGIC "PSLGRP02"
 /* how often a wait looks at the abort flag and at its peers */
 #define POLL_MS 50
 
@@ -35,6 +37,9 @@ typedef struct hdr {
     int32_t pids[PS_LGROUP_MAX];
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    /* the leader could not make the segment (it holds only this header):
+     * why, for every member to say and stop with */
+    char failed[320];
 } hdr;
 
 struct ps_lgroup {
@@ -161,30 +166,133 @@ static int wait_for(ps_lgroup *g, pred_fn pred, int i, const char *what, char *w
     }
 }
 
+/* The owner and mode of `what` (a segment another user may hold) for a
+ * message: "uid 1001 (mallory), mode 0666". */
+static void owner_text(const struct stat *st, char *buf, size_t len)
+{
+    struct passwd pw, *res = NULL;
+    char tmp[1024];
+    if (getpwuid_r(st->st_uid, &pw, tmp, sizeof tmp, &res) == 0 && res)
+        snprintf(buf, len, "uid %u (%s), mode 0%o", (unsigned)st->st_uid, res->pw_name,
+                 (unsigned)(st->st_mode & 07777));
+    else
+        snprintf(buf, len, "uid %u, mode 0%o", (unsigned)st->st_uid,
+                 (unsigned)(st->st_mode & 07777));
+}
+
+/* Another user holds the group's name: nothing may be taken from, or given
+ * to, a segment we did not make.  PS_EAUTH with why. */
+static int squatted(const ps_lgroup *g, const struct stat *st, char *why, size_t why_len)
+{
+    char who[128];
+    owner_text(st, who, sizeof who);
+    ps_errorf(why, why_len, "local aggregation: /dev/shm%s belongs to %s, not to this user "
+              "(uid %u): another user holds this host's group name; stopping (remove it as "
+              "root, or run without --local-aggregate)", g->name, who, (unsigned)geteuid());
+    return PS_EAUTH;
+}
+
+static void init_sync(hdr *h)
+{
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&h->mu, &ma);
+    pthread_mutexattr_destroy(&ma);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
+    pthread_cond_init(&h->cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+static int all_attached(ps_lgroup *g, int i);
+
+/* The leader could not allocate the segment (why says so): leave the
+ * members a segment of the header alone that says it, wait (as long as the
+ * group waits) until every one of them has read it, and remove it.
+ * Returns rc. */
+static int tell_members(ps_lgroup *g, int fd, int rc, const char *why)
+{
+    size_t len = up64(sizeof(hdr));
+    len = (len + 4095) & ~(size_t)4095;
+    hdr *h = MAP_FAILED;
+    if (ftruncate(fd, (off_t)len) == 0 && posix_fallocate(fd, 0, (off_t)len) == 0)
+        h = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (h == MAP_FAILED) { /* not even a page: the members time out */
+        shm_unlink(g->name);
+        return rc;
+    }
+    memset(h, 0, sizeof *h);
+    memcpy(h->magic, MAGIC, 8);
+    h->size = (uint32_t)g->size;
+    h->leader_pid = (int32_t)getpid();
+    h->pids[0] = (int32_t)getpid();
+    h->attached = 1;
+    snprintf(h->failed, sizeof h->failed, "%s", why);
+    init_sync(h);
+    __atomic_store_n(&h->ready, 1, __ATOMIC_RELEASE);
+    g->h = h;
+    g->map_len = len;
+    char ignored[200];
+    lock(g);
+    wait_for(g, all_attached, 0, "every local worker to hear why", ignored, sizeof ignored);
+    unlock(g);
+    munmap(h, len);
+    g->h = NULL;
+    shm_unlink(g->name);
+    return rc;
+}
+
 static int create(ps_lgroup *g, uint64_t fp, uint64_t total, char *why, size_t why_len)
 {
     size_t ca, fa, len = layout(g, total, &ca, &fa);
-    shm_unlink(g->name); /* a stale group of a dead leader (or none) */
+    shm_unlink(g->name); /* a stale group of a dead leader, or none (another user's: root only) */
     int fd = shm_open(g->name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
+        int e = errno;
+        char path[300];
+        struct stat st;
+        snprintf(path, sizeof path, "/dev/shm%s", g->name);
+        if (e == EEXIST && stat(path, &st) == 0 && st.st_uid != geteuid())
+            return squatted(g, &st, why, why_len);
         ps_errorf(why, why_len, "local aggregation: cannot create shared memory %s: %s",
-                  g->name, strerror(errno));
+                  g->name, strerror(e));
         return PS_EIO;
     }
-    if (ftruncate(fd, (off_t)len) != 0) {
+    /* exact mode whatever the umask, and every page now: a /dev/shm too
+     * small is an error here, for the whole group, not a SIGBUS later */
+    int rc = 0;
+    if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)len) != 0) {
         ps_errorf(why, why_len, "local aggregation: cannot size %s to %zu bytes: %s", g->name,
                   len, strerror(errno));
-        close(fd);
-        shm_unlink(g->name);
-        return PS_ENOMEM;
+        rc = PS_EIO;
+    } else if ((rc = posix_fallocate(fd, 0, (off_t)len)) != 0) {
+        struct statvfs vs;
+        double free_mib = -1, all_mib = -1;
+        if (ftruncate(fd, 0) == 0 && statvfs("/dev/shm", &vs) == 0) { /* what it gave back */
+            free_mib = (double)vs.f_bavail * (double)vs.f_frsize / 1048576.0;
+            all_mib = (double)vs.f_blocks * (double)vs.f_frsize / 1048576.0;
+        }
+        ps_errorf(why, why_len, "local aggregation: the %d workers of this host need %.1f MiB "
+                  "of shared memory for their gradients and weights; /dev/shm has %.1f MiB "
+                  "free of %.1f MiB (%s): give it more (docker run --shm-size, mount -o "
+                  "remount,size=...) or run without --local-aggregate", g->size,
+                  (double)len / 1048576.0, free_mib, all_mib, strerror(rc));
+        return tell_members(g, fd, PS_ENOMEM, why);
     }
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) {
+    void *p = rc ? MAP_FAILED : mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (!rc && p == MAP_FAILED) {
         ps_errorf(why, why_len, "local aggregation: cannot map %s: %s", g->name,
                   strerror(errno));
+        rc = PS_ENOMEM;
+    }
+    close(fd);
+    if (rc) {
         shm_unlink(g->name);
-        return PS_ENOMEM;
+        return rc;
     }
     g->h = p;
     g->map_len = len;
@@ -197,17 +305,7 @@ static int create(ps_lgroup *g, uint64_t fp, uint64_t total, char *why, size_t w
     h->leader_pid = (int32_t)getpid();
     h->pids[0] = (int32_t)getpid();
     h->attached = 1;
-    pthread_mutexattr_t ma;
-    pthread_mutexattr_init(&ma);
-    pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
-    pthread_mutex_init(&h->mu, &ma);
-    pthread_mutexattr_destroy(&ma);
-    pthread_condattr_t ca2;
-    pthread_condattr_init(&ca2);
-    pthread_condattr_setpshared(&ca2, PTHREAD_PROCESS_SHARED);
-    pthread_cond_init(&h->cv, &ca2);
-    pthread_condattr_destroy(&ca2);
+    init_sync(h);
     bind_arrays(g, ca, fa, total);
     __atomic_store_n(&h->ready, 1, __ATOMIC_RELEASE);
     return 0;
@@ -217,11 +315,29 @@ static int create(ps_lgroup *g, uint64_t fp, uint64_t total, char *why, size_t w
 static int attach_once(ps_lgroup *g, uint64_t fp, uint64_t total, char *why, size_t why_len)
 {
     int fd = shm_open(g->name, O_RDWR, 0);
-    if (fd < 0)
+    if (fd < 0) {
+        char path[300];
+        struct stat st;
+        snprintf(path, sizeof path, "/dev/shm%s", g->name);
+        if (errno != ENOENT && stat(path, &st) == 0 && st.st_uid != geteuid() && geteuid() != 0)
+            return squatted(g, &st, why, why_len);
         return 1;
+    }
     struct stat st;
     size_t ca, fa, len = layout(g, total, &ca, &fa);
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(hdr)) {
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return 1;
+    }
+    /* only a segment of this user, mode 0600, made by the leader: another
+     * user's file under the group's name gets nothing of ours (a leader
+     * still setting its mode: wait; as root, the leader removes another
+     * user's file: wait for it) */
+    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+        close(fd);
+        return geteuid() == 0 ? 1 : squatted(g, &st, why, why_len);
+    }
+    if ((st.st_mode & 07777) != 0600 || (size_t)st.st_size < sizeof(hdr)) {
         close(fd);
         return 1; /* the leader is still making it */
     }
@@ -234,6 +350,19 @@ static int attach_once(ps_lgroup *g, uint64_t fp, uint64_t total, char *why, siz
         !alive(h->leader_pid)) {
         munmap(p, (size_t)st.st_size);
         return 1; /* not ready, or a dead leader's: wait for the new one */
+    }
+    if (h->failed[0]) {
+        /* the leader could not make it: say why, and let it know we heard */
+        ps_errorf(why, why_len, "%s", h->failed);
+        g->h = h;
+        g->map_len = (size_t)st.st_size;
+        lock(g);
+        h->attached++;
+        pthread_cond_broadcast(&h->cv);
+        unlock(g);
+        munmap(p, (size_t)st.st_size);
+        g->h = NULL;
+        return PS_ENOMEM;
     }
     if (h->size != (uint32_t)g->size || h->fp != fp || (size_t)st.st_size != len) {
         ps_errorf(why, why_len, "local aggregation: the leader of group %s (pid %d) has %u "

@@ -2,9 +2,15 @@
  * share their gradients and weights through one shared-memory segment, and
  * only the host's leader (local rank 0) talks to the servers.
  *
- * The segment (POSIX shared memory, mode 0600, named by the group) holds, for
- * every tensor i of the model: one gradient slot per local rank and one
- * weight slot, with counters under one process-shared mutex:
+ * The segment (POSIX shared memory, mode 0600, named by the group, every
+ * page allocated by the leader at creation: a /dev/shm too small stops every
+ * worker of the group with the leader's reason, the size needed and the
+ * space free) holds, for every tensor i of the model: one gradient slot per
+ * local rank and one weight slot, with counters under one process-shared
+ * mutex.  The name is predictable, so a worker maps only a segment of its
+ * own user with mode 0600: another user's file under the name (a squatter)
+ * gets nothing of the group, and stops the leader and every member at once,
+ * naming its owner (a root group waits for its leader, which removes it):
  *
  *   member l > 0, step t:  ps_lgroup_post_grad   waits until the leader took
  *                          its gradient of step t-1, copies step t's into its
@@ -51,9 +57,11 @@ typedef struct ps_lgroup ps_lgroup;
 /* Open group `name` (a shared-memory name: "/" and up to 200 characters of
  * [A-Za-z0-9._-]) as local rank `rank` of `size` (2..PS_LGROUP_MAX) with the
  * n tensors of counts[] (the same on every member: checked).  Rank 0 creates
- * the segment (replacing a stale one); the others wait for it, up to
- * timeout_ms.  *interrupted (may be NULL) is polled by every wait: non-zero
- * makes it return PS_ECLOSED.  0 or a PS_E* code with why filled. */
+ * the segment (replacing a stale one of its user); the others wait for it,
+ * up to timeout_ms.  *interrupted (may be NULL) is polled by every wait:
+ * non-zero makes it return PS_ECLOSED.  0 or a PS_E* code with why filled:
+ * PS_EAUTH when another user holds the name, PS_ENOMEM (every rank, with the
+ * leader's reason) when /dev/shm cannot hold the segment. */
 int ps_lgroup_open(const char *name, int rank, int size, const size_t *counts, int n,
                    int timeout_ms, const int *interrupted, ps_lgroup **out, char *why,
                    size_t why_len);

@@ -188,16 +188,30 @@ enum {
       "tensors are cut into chunks of at most this and spread over the servers")                 \
     X(shm, (SERVER, WORKER, _, LIBPS, _), "--shm", "auto|off", "PS_SHM", ENUM, shm, "auto",      \
       "auto=1 off=0", 0, 0, _, PS_SET_SHARED,                                                    \
-      "auto: a worker keeps its weights and gradients in a shared-memory arena "                 \
-      "(/dev/shm/ps-PID-*, mode 0600) and offers it at hello; a server on the same host "        \
-      "maps it and moves the payloads through it (always float32) while ZeroMQ carries "         \
-      "the headers.  off, on either side: always over the network")                              \
+      "auto: a worker keeps its weights and gradients in a shared-memory arena (a sealed "      \
+      "memfd, mode 0600, allocated at start: not in /dev/shm) and offers it at hello; a server " \
+      "on the same host and of the same user maps it and moves the payloads through it "        \
+      "(always float32) while ZeroMQ carries the headers.  off, on either side: always over "   \
+      "the network")                                                                             \
+    X(shm_users, (SERVER, _, _, _, _), "--shm-users", "LIST", NULL, STR, shm_users, NULL, NULL, \
+      1, 900, _, 0,                                                                              \
+      "user names or uids whose workers' arenas this server maps besides its own user's "      \
+      "(a root server, say, serving workers of another user); every arena must be a sealed "    \
+      "memfd of mode 0600 (docs/SECURITY.md)")                                                   \
     X(wire_dtype, (SERVER, WORKER, _, _, _), "--wire-dtype", "f32|bf16|f16", "PS_WIRE_DTYPE",    \
       ENUM, wire_dtype, "f32", "f32=1 bf16=2 f16=3 float32=1 bfloat16=2 float16=3 fp16=3",       \
       0, 0, HELLO("dt"), PS_SET_SHARED,                                                          \
       "element type of pushed gradients and pulled weights on the network: bf16 and f16 "        \
       "halve the bytes (rounded to nearest even); servers keep float32 weights and "             \
       "optimizer state.  Servers and workers must agree (docs/BENCHMARKS.md \"Multi-host\")")    \
+    X(on_nonfinite, (SERVER, WORKER, _, LIBPS, _), "--on-nonfinite", "refuse|skip|apply",      \
+      "PS_ON_NONFINITE", ENUM, on_nonfinite, "refuse", "refuse=0 skip=1 apply=2", 0, 0, _,      \
+      PS_SET_SHARED,                                                                             \
+      "a pushed gradient holding NaN or Inf (counted in the stats and logged, "                   \
+      "rate-limited): refuse, the push gets an error naming worker, key, chunk and step, and a " \
+      "worker does not even send one (nor a value a float16 wire type would make Inf); "        \
+      "skip, it counts as the worker's push and moves no weight (a sync round averages the "    \
+      "others); apply, it is applied, the old behaviour (docs/OPERATIONS.md)")                   \
     X(local_aggregate, (_, WORKER, _, _, _), "--local-aggregate", "N", NULL, INT, local_size,    \
       "1", NULL, 1, 64, _, 0,                                                                    \
       "N workers of this host (ranks h*N .. h*N+N-1 of host h) sum their gradients in "          \

@@ -79,6 +79,12 @@ typedef struct ps_client_options {
                               servers' --admin-token-file (16..128 printable characters,
                               no spaces); NULL: none (servers then refuse, unless this
                               worker's CURVE key is one of their admin keys) */
+    int on_nonfinite;      /* a push's gradient with NaN or Inf (or, with a float16 wire
+                              type, a value beyond its 65504) is, PS_NONFINITE_REFUSE
+                              (the default): not sent, the push fails with
+                              PS_ENONFINITE naming its step, key, chunk and value;
+                              _SKIP or _APPLY: sent, with a warning (the servers'
+                              --on-nonfinite decides) */
 } ps_client_options;
 
 /* One posted operation, allocated by the caller and filled by libps.

@@ -31,13 +31,14 @@
     X(PS_EDEVICE, 12, "compute device unusable")                             \
     X(PS_EAUTH, 13, "authentication refused")                                \
     X(PS_EDATA, 14, "bad data file")                                         \
-    X(PS_EHELLO, 15, "say hello (again): the server dropped or does not know this rank")
+    X(PS_EHELLO, 15, "say hello (again): the server dropped or does not know this rank") \
+    X(PS_ENONFINITE, 16, "a gradient holds NaN or Inf")
 
 enum {
 #define PS_ERR_ENUM_(name, value, text) name = value,
     PS_ERRORS(PS_ERR_ENUM_)
 #undef PS_ERR_ENUM_
-    PS_ECODE_MAX = 15
+    PS_ECODE_MAX = 16
 };
 
 /* Short, static description of a PS_E* code; never NULL. */
@@ -59,6 +60,15 @@ void ps_log_set_level(int level);
  * network (ps_client_set_wire_dtype) ---- */
 enum ps_dtype { PS_DTYPE_F32 = 1, PS_DTYPE_BF16 = 2, PS_DTYPE_F16 = 3 };
 #define PS_DTYPE_MAX 3
+
+/* ---- what a server does with a pushed gradient that holds NaN or Inf,
+ * and what a worker does before it pushes one (--on-nonfinite,
+ * docs/OPERATIONS.md "Non-finite gradients") ---- */
+enum ps_on_nonfinite {
+    PS_NONFINITE_REFUSE = 0, /* an error reply (PS_ENONFINITE); a worker does not send it */
+    PS_NONFINITE_SKIP = 1,   /* acknowledged and counted as the rank's push; no weight moves */
+    PS_NONFINITE_APPLY = 2   /* applied as it is (the weights become NaN/Inf) */
+};
 
 /* ---- consistency ---- */
 enum ps_mode { PS_MODE_SYNC = 1, PS_MODE_ASYNC = 2 };
@@ -204,7 +214,8 @@ typedef struct ps_table_options {
     X(rows, "rows")                                                           \
     X(table_bytes, "tbytes")                                                  \
     X(evicted, "evict")                                                       \
-    X(filtered, "filt")
+    X(filtered, "filt")                                                       \
+    X(nonfinite, "nonf")
 
 typedef struct ps_stats {
 #define PS_STATS_FIELD_(f, key) uint64_t f;

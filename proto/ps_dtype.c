@@ -136,24 +136,63 @@ static inline uint16_t get16(const unsigned char *restrict s, size_t i)
     return v;
 }
 
-void ps_dtype_from_f32(uint32_t dtype, void *dst, const float *restrict src, size_t n)
+size_t ps_dtype_nonfinite(uint32_t dtype, const float *src, size_t n, size_t *first)
+{
+    /* the smallest magnitude that is not finite in dtype: Inf's bits for
+     * float32; for the narrow types the first value that rounds up to Inf
+     * (ties to even: the largest finite value has an odd last bit) */
+    uint32_t lim = dtype == PS_DTYPE_F16 ? 0x477ff000u : dtype == PS_DTYPE_BF16 ? 0x7f7f8000u
+                                                                                : 0x7f800000u;
+    /* whether there is any, the pass every gradient takes: lim - 1 - |x| is
+     * negative exactly for those (both are below 2^31), so the sign bit of
+     * the or of them all says (a subtract and an or per element); counting
+     * them is for the rare gradient that has some */
+    uint32_t any = 0;
+    for (size_t i = 0; i < n; i++)
+        any |= lim - 1u - (bits(src[i]) & 0x7fffffffu);
+    size_t bad = 0, at = n;
+    for (size_t i = 0; (any >> 31) && i < n; i++)
+        if ((bits(src[i]) & 0x7fffffffu) >= lim) {
+            if (!bad)
+                at = i;
+            bad++;
+        }
+    if (first)
+        *first = at;
+    return bad;
+}
+
+/* Bit 16 of the or of (|h| + 0x10000 - exp_all) over narrow values h is set
+ * exactly when one has every exponent bit (Inf or NaN): three integer ops
+ * per element inside the conversion loops. */
+#define NOT_FINITE16(h, exp_all) (((uint32_t)(h) & 0x7fffu) + (0x10000u - (exp_all)))
+
+int ps_dtype_from_f32(uint32_t dtype, void *dst, const float *restrict src, size_t n)
 {
     unsigned char *restrict d = dst;
+    uint32_t any = 0;
     switch (dtype) {
     case PS_DTYPE_F32:
         memcpy(dst, src, n * sizeof(float));
         break;
     case PS_DTYPE_BF16:
-        for (size_t i = 0; i < n; i++)
-            put16(d, i, bf16_of(bits(src[i])));
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = bf16_of(bits(src[i]));
+            any |= NOT_FINITE16(h, 0x7f80u);
+            put16(d, i, h);
+        }
         break;
     case PS_DTYPE_F16:
-        for (size_t i = 0; i < n; i++)
-            put16(d, i, f16_of(bits(src[i])));
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = f16_of(bits(src[i]));
+            any |= NOT_FINITE16(h, 0x7c00u);
+            put16(d, i, h);
+        }
         break;
     default:
         break;
     }
+    return (any >> 16) & 1u;
 }
 
 void ps_dtype_to_f32(uint32_t dtype, float *restrict dst, const void *src, size_t n)

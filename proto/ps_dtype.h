@@ -41,11 +41,22 @@ const char *ps_dtype_name(uint32_t dtype);
 int ps_dtype_parse(const char *s, uint32_t *dtype);
 
 /* dst (n elements of dtype) = src rounded to nearest even.  f32: a copy.
- * dst and src must not overlap.  Unknown dtype: nothing is written. */
-void ps_dtype_from_f32(uint32_t dtype, void *dst, const float *src, size_t n);
+ * dst and src must not overlap.  Unknown dtype: nothing is written.
+ * Returns 1 when a value of dst is not finite (a NaN or Inf of src, or a
+ * value too large for bf16 / f16, which became Inf: ps_dtype_nonfinite
+ * says which), else 0; f32 copies are not looked at (0). */
+int ps_dtype_from_f32(uint32_t dtype, void *dst, const float *src, size_t n);
 
 /* dst = src (n elements of dtype), exactly.  f32: a copy.  No overlap. */
 void ps_dtype_to_f32(uint32_t dtype, float *dst, const void *src, size_t n);
+
+/* How many of src[0..n) are not finite once in dtype: NaN and +-Inf, and
+ * for bf16 / f16 the finite values too large for it, which the conversion
+ * turns into +-Inf (f16: |x| >= 65520; bf16: |x| >= 0x1.fffp127).  *first
+ * (may be NULL) gets the index of the first of them (n when none).  One
+ * compare per element on the magnitude's bits: vectorised like the
+ * conversions, a fraction of their time. */
+size_t ps_dtype_nonfinite(uint32_t dtype, const float *src, size_t n, size_t *first);
 
 /* One element each way (what the loops above do per element). */
 uint16_t ps_f32_to_bf16(float x);

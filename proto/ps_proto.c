@@ -338,9 +338,9 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     if (is_stats) {
         const ps_stats *s = &h->stats;
         pk_key(&pk, "st");
-#define NCOUNTERS_(f, key) +1
-        msgpack_pack_map(&pk, 2 + 0 PS_STATS_COUNTERS(NCOUNTERS_));
-#undef NCOUNTERS_
+#define N_COUNTER_(f, key) +1
+        msgpack_pack_map(&pk, 2 PS_STATS_COUNTERS(N_COUNTER_));
+#undef N_COUNTER_
 #define PK_COUNTER_(f, key) pk_u64(&pk, key, s->f);
         PS_STATS_COUNTERS(PK_COUNTER_)
 #undef PK_COUNTER_
@@ -539,6 +539,14 @@ static int field_str(const msgpack_object *o, const char *name, char *out, size_
     return 0;
 }
 
+/* A text for people ends at its first NUL, if it has one (what the encoder
+ * then sends). */
+static size_t text_len(const char *p, size_t n)
+{
+    const char *z = memchr(p, 0, n);
+    return z ? (size_t)(z - p) : n;
+}
+
 /* Index of k in names[0..n), or -1 (not a string, or a key this side does
  * not know). */
 static int key_index(const msgpack_object *k, const char *const *names, int n)
@@ -568,7 +576,7 @@ static int once(uint64_t *seen, int i, const char *where, const char *name, char
 /* Hyper-parameter p of an optimizer map (the hello's `h`, a table's `tb`)
  * into c, checked as its type; name (with the map's prefix) in messages. */
 static int decode_opt_param(const msgpack_object *v, const char *prefix, int p,
-                            ps_opt_config *c, char *why, size_t why_len)
+                            ps_opt_config *c, int *given, char *why, size_t why_len)
 {
     const ps_opt_param *r = ps_opt_param_at(p);
     char name[16];
@@ -577,11 +585,21 @@ static int decode_opt_param(const msgpack_object *v, const char *prefix, int p,
         uint64_t u;
         FIELD_U(v, name, u, 0, (uint64_t)r->hi);
         ps_opt_set(c, p, (double)u);
-    } else {
-        float f;
-        FIELD_F(v, name, f);
-        ps_opt_set(c, p, f);
+        *given = !r->zero_unset || u != 0;
+        return 0;
     }
+    float f;
+    FIELD_F(v, name, f);
+    ps_opt_set(c, p, f);
+    /* an older peer's 0 in a "zero means not given" row is not given; a
+     * value that only became 0 as a float32 (-4.7e-303) is given, and
+     * refused later as out of range */
+    int wire_zero = v->type == MSGPACK_OBJECT_FLOAT32 || v->type == MSGPACK_OBJECT_FLOAT64
+                        ? v->via.f64 == 0
+                        : f == 0;
+    *given = !r->zero_unset || !wire_zero;
+    if (!*given) /* not given: left at +0, as if absent */
+        ps_opt_set(c, p, 0);
     return 0;
 }
 
@@ -657,6 +675,7 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
             }
             size_t n = v->via.str.size < sizeof o->shm_why ? v->via.str.size
                                                             : sizeof o->shm_why - 1;
+            n = text_len(v->via.str.ptr, n);
             memcpy(o->shm_why, v->via.str.ptr, n);
             o->shm_why[n] = 0;
             continue;
@@ -665,15 +684,28 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
         case 10: FIELD_U(v, "h.tfp", o->tables_fp, 0, UINT64_MAX); continue;
         default: break;
         }
-        if (decode_opt_param(v, "h", p, &o->opt, why, why_len))
+        int given;
+        if (decode_opt_param(v, "h", p, &o->opt, &given, why, why_len))
             return PS_EPROTO;
-        /* present is given; an older peer's 0 in a "zero means not given" row
-         * is not */
-        if (!ps_opt_param_at(p)->zero_unset || ps_opt_get(&o->opt, p) != 0)
+        if (given)
             o->opt.given |= 1u << p;
     }
     if (o->mode == 0 || o->num_workers == 0 || o->num_servers == 0) {
         ps_errorf(why, why_len, "hello needs mode, nw and ns");
+        return PS_EPROTO;
+    }
+    /* a hyper-parameter out of the range its flag takes: what the command
+     * line refuses is no value to compare against */
+    char bad[160];
+    if (ps_opt_check(&o->opt, 1, bad, sizeof bad)) {
+        ps_errorf(why, why_len, "field 'h': %s", bad);
+        return PS_EPROTO;
+    }
+    /* a worker's arena is its name, nonce and size together */
+    uint64_t arena = seen >> 4 & 7u; /* sa, sk, sz: hello_keys[4..6] */
+    if ((arena && arena != 7u) || (arena && !o->shm_name[0])) {
+        ps_errorf(why, why_len, "fields 'h.sa' (a non-empty name), 'h.sk' and 'h.sz' come "
+            "together or not at all");
         return PS_EPROTO;
     }
     return 0;
@@ -703,7 +735,8 @@ static int decode_decl(const msgpack_object *m, ps_table_options *o, char *why, 
                  why, why_len))
             return PS_EPROTO;
         if (p >= 0) {
-            if (decode_opt_param(v, "tb", p, &o->opt, why, why_len))
+            int given; /* a declaration's optimizer is complete: every value counts */
+            if (decode_opt_param(v, "tb", p, &o->opt, &given, why, why_len))
                 return PS_EPROTO;
             continue;
         }
@@ -870,6 +903,7 @@ static int decode_field(int ki, const msgpack_object *v, ps_header *h, char *why
             return PS_EPROTO;
         }
         size_t n = v->via.str.size < PS_ERR_TEXT_MAX ? v->via.str.size : PS_ERR_TEXT_MAX;
+        n = text_len(v->via.str.ptr, n);
         memcpy(h->err_text, v->via.str.ptr, n);
         h->err_text[n] = 0;
         break;
@@ -893,6 +927,49 @@ static int decode_field(int ki, const msgpack_object *v, ps_header *h, char *why
     default: break; /* v: checked first; s: by decode_fields */
     }
     return 0;
+}
+
+/* A key of another kind of message (the header table of docs/PROTOCOL.md
+ * says where each applies) is ignored, as an unknown key is, once it passed
+ * its checks: the header then holds exactly what its encoding says, and
+ * every receiver reads the same message. */
+static void drop_inapplicable(ps_header *d)
+{
+    int reply = (d->flags & PS_FLAG_REPLY) != 0, shm = (d->flags & PS_FLAG_SHM) != 0;
+    if (!shm)
+        d->shm_off = 0;
+    if (!shm || reply || d->type != PS_MSG_PUSHPULL)
+        d->shm_dst = 0;
+    /* "m": 0 and 1 both mean one gradient */
+    if (d->npush == 1 || (d->type != PS_MSG_PUSH && d->type != PS_MSG_PUSHPULL &&
+                          d->type != PS_MSG_SPUSH && d->type != PS_MSG_SPUSHPULL))
+        d->npush = 0;
+    if (d->type != PS_MSG_ERROR) {
+        d->err_code = 0;
+        memset(d->err_text, 0, sizeof d->err_text);
+    }
+    if (d->type != PS_MSG_HELLO)
+        memset(&d->hello, 0, sizeof d->hello);
+    else if (!reply) { /* the server's answer to an arena, its update threads */
+        d->hello.shm = 0;
+        memset(d->hello.shm_why, 0, sizeof d->hello.shm_why);
+        d->hello.threads = 0;
+    }
+    if (d->type != PS_MSG_STATS || !reply) {
+        memset(&d->stats, 0, sizeof d->stats);
+        memset(&d->barrier, 0, sizeof d->barrier);
+        d->barrier.id = -1;
+    }
+    if (d->type != PS_MSG_SHUTDOWN)
+        memset(d->admin, 0, sizeof d->admin);
+    /* tables: a row width on sparse messages, the pull's count on a
+     * pushpull's request, a declaration on a TABLE request */
+    if (!ps_msg_is_sparse(d->type))
+        d->dim = 0;
+    if (d->type != PS_MSG_SPUSHPULL || reply)
+        d->npull = 0;
+    if (d->type != PS_MSG_TABLE || reply)
+        memset(&d->table, 0, sizeof d->table);
 }
 
 /* The checked header of a map with v = 1, into d (ps_header_init'ed). */
@@ -940,6 +1017,7 @@ static int decode_fields(const msgpack_object *root, ps_header *d, char *why, si
         return PS_EPROTO;
     }
     ps_header_set_s(d, s);
+    drop_inapplicable(d);
     return 0;
 }
 

@@ -453,6 +453,9 @@ int ps_server_run(ps_server *s)
     if (s->shutdowns_refused && off < sizeof extra)
         off += (size_t)snprintf(extra + off, sizeof extra - off, ", %llu shutdowns refused",
                                 (unsigned long long)s->shutdowns_refused);
+    if (t->nonfinite && off < sizeof extra)
+        off += (size_t)snprintf(extra + off, sizeof extra - off, ", %llu pushes held NaN or Inf",
+                                (unsigned long long)t->nonfinite);
     if (ck_on && off < sizeof extra)
         off += (size_t)snprintf(extra + off, sizeof extra - off, ", %llu checkpoints written",
                                 (unsigned long long)ps_ckpt_coord_count(s->ck));

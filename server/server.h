@@ -195,9 +195,14 @@ typedef struct ps_server_config {
                                    converted to float32 before they are applied; workers
                                    must give the same (--wire-dtype, checked at hello).
                                    Shared-memory payloads are float32 whatever it is */
+    int on_nonfinite;           /* enum ps_on_nonfinite: a pushed gradient with NaN or Inf is
+                                   refused (PS_NONFINITE_REFUSE, default), skipped or
+                                   applied; counted (stats nonfinite) and logged either way */
     int shm;                    /* PS_SHM_AUTO (default): map the arena a worker on the
                                    same host offers and move its payloads through it;
                                    PS_SHM_OFF: always over the network */
+    const char *shm_users;      /* comma-separated users (names or uids) whose arenas are
+                                   mapped besides the server's own user's; NULL: none */
     uint64_t max_peer_replies;  /* payload replies one peer may leave unread before its pulls
                                    are refused (server/peers.h); default 10000 */
     uint64_t max_peer_bytes;    /* their bytes; 0 (default): the larger of 64 MiB and twice

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ps_error.h"
+#include "ps_shm.h"
 
 int ps_server_owner(uint64_t key, uint32_t chunk, int threads)
 {
@@ -73,6 +74,11 @@ int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
         BAD("wire-dtype must be f32, bf16 or f16");
     if (c->shm != PS_SHM_OFF && c->shm != PS_SHM_AUTO)
         BAD("shm must be auto or off");
+    uint32_t users[PS_SHM_MAX_USERS];
+    int nusers;
+    char uwhy[160];
+    if (ps_shm_parse_users(c->shm_users, users, &nusers, uwhy, sizeof uwhy))
+        BAD("%s", uwhy);
     if (c->on_checkpoint_failure < PS_CKPT_FAIL_STALL ||
         c->on_checkpoint_failure > PS_CKPT_FAIL_EXIT)
         BAD("on-checkpoint-failure must be stall, continue or exit");

@@ -19,6 +19,7 @@
 #include "ps_error.h"
 #include "ps_fs.h"
 #include "ps_log.h"
+#include "ps_shm.h"
 #include "ps_time.h"
 #include "ps_trace.h"
 #include "ratelimit.h"
@@ -189,6 +190,7 @@ static int open_owners(ps_server *s, char *why, size_t why_len)
     uc.copies = &s->copies;
     uc.mode = c->mode;
     uc.wire_dtype = c->wire_dtype;
+    uc.on_nonfinite = c->on_nonfinite;
     uc.num_workers = c->num_workers;
     uc.num_servers = c->num_servers;
     uc.nparts = c->threads;
@@ -283,6 +285,8 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     s->ctx = zmq_ctx_new();
     ps_reply_to to = {s, srv_reply_hook};
+    uint32_t users[PS_SHM_MAX_USERS]; /* checked by ps_server_config_check */
+    int nusers = 0;
     if (fail || !s->own || s->efd < 0 || !s->ctx ||
         ps_workers_create(c->num_workers, c->worker_timeout_ms, c->on_worker_loss,
                           &s->workers) != 0 ||
@@ -290,7 +294,8 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         ps_peers_create(c->max_peer_replies, c->max_peer_bytes, &s->mem_used, &s->copies,
                         &s->peers) != 0 ||
         ps_stats_reqs_create(T, to, &s->stats) != 0 ||
-        ps_shm_table_create(c->num_workers, c->shm == PS_SHM_AUTO, &s->shm) != 0) {
+        ps_shm_parse_users(c->shm_users, users, &nusers, NULL, 0) != 0 ||
+        ps_shm_table_create(c->num_workers, c->shm == PS_SHM_AUTO, users, nusers, &s->shm) != 0) {
         ps_errorf(why, why_len, "out of memory or descriptors starting the server");
         ps_server_close(s);
         return PS_ENOMEM;

@@ -69,6 +69,7 @@ typedef struct chunk {
     float *sum;        /* sync: rank-order sum of the open round */
     int next_rank;     /* sync: ranks below it are in sum or were skipped (not live) */
     int ncontrib;      /* sync: gradients in sum */
+    int nskipped;      /* sync: pushes of the round that carried no gradient (skipped) */
     int ff_ok;         /* sync, restored: may fast-forward until its first round */
     int64_t *clock;    /* per worker: pushes received (step + 1 of the last one) */
     uint64_t *jump;    /* async, restored: bit r set while rank r has not pushed since
@@ -515,10 +516,17 @@ static void apply(ps_shard *s, chunk *ch, const float *g, int64_t m)
                        -1);
 }
 
+/* g NULL: the rank's push of the round was skipped (--on-nonfinite skip):
+ * it takes its turn and adds nothing. */
 static void accumulate(chunk *ch, const float *restrict g)
 {
     float *restrict sum = ch->sum;
     size_t n = ch->n;
+    if (!g) {
+        ch->nskipped++;
+        ch->next_rank++;
+        return;
+    }
     if (ch->ncontrib == 0)
         memcpy(sum, g, n * sizeof(float));
     else
@@ -564,11 +572,19 @@ static void advance(ps_shard *s, chunk *ch)
             return;
         }
     }
-    if (ch->ncontrib == 0) { /* nobody live: nothing to apply, start over */
+    if (ch->ncontrib == 0 && ch->nskipped == 0) { /* nobody live: nothing to apply, start over */
         ch->next_rank = 0;
         return;
     }
-    finish_round(s, ch);
+    if (ch->ncontrib == 0) { /* every gradient was skipped: the round ends, unchanged */
+        ch->version++;
+        version_raised(s, ch->version - 1);
+        ch->next_rank = 0;
+        ch->ff_ok = 0;
+    } else {
+        finish_round(s, ch);
+    }
+    ch->nskipped = 0;
     if (ch->nwait)
         wake(s, ch);
 }
@@ -582,6 +598,7 @@ static void fast_forward(ps_shard *s, chunk *ch, int64_t step)
     ch->npend = 0;
     ch->next_rank = 0;
     ch->ncontrib = 0;
+    ch->nskipped = 0;
     int64_t old = ch->version;
     s->ff_rounds += (uint64_t)(step - old);
     ch->version = step;
@@ -654,7 +671,7 @@ int ps_shard_push_sum(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t s
                 ch->jump = NULL;
             }
         }
-        if (m > 1) {
+        if (m > 1 && g) {
             /* gradients a worker computed on the same (stale) weights while
              * its last push was on the wire: one update with their mean,
              * like a larger batch (their sum at the same rate diverges as
@@ -675,7 +692,8 @@ int ps_shard_push_sum(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t s
             g = s->mean;
         }
         ch->clock[rank] = step + m;
-        apply(s, ch, g, m);
+        if (g) /* else skipped: the clock moves, the weights stay */
+            apply(s, ch, g, m);
         if (ch->nwait)
             wake(s, ch);
         *version = ch->version;

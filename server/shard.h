@@ -106,7 +106,10 @@ void ps_shard_mark_snapshot(ps_shard *s, uint64_t seq);
  * any step >= its clock, see ps_shard_jumped).  A duplicate (step below the
  * clock, or sync below the round or pushed already) returns 0 with *dup = 1
  * and is not applied.  *version gets the chunk's version after the push.  g
- * must be 4-byte aligned. */
+ * must be 4-byte aligned; NULL is a push whose gradient is skipped
+ * (--on-nonfinite skip): it counts as the rank's push (its clock moves, a
+ * sync round takes its turn) and changes no weight (a sync round averages
+ * the gradients it has; one with none ends with the weights as they were). */
 int ps_shard_push(ps_shard *s, uint64_t key, uint32_t chunk, int rank, int64_t step,
                   const float *g, size_t n, void *hold, int *kept, int *dup, int64_t *version,
                   char *why, size_t why_len);

@@ -1,6 +1,7 @@
 #include "shm_peer.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "ps_error.h"
@@ -11,14 +12,16 @@ struct ps_shm_peer {
     _Atomic int refs;
 };
 
-int ps_shm_peer_open(const char *name, uint64_t nonce, uint64_t size, ps_shm_peer **out,
-                     char *why, size_t why_len)
+int ps_shm_peer_open(const char *name, uint64_t nonce, uint64_t size, const uint32_t *users,
+                     int nusers, ps_shm_peer **out, char *why, size_t why_len)
 {
     *out = NULL;
     ps_shm_peer *p = calloc(1, sizeof *p);
     if (!p)
         return PS_ENOMEM;
-    int rc = ps_shm_attach(name, nonce, (size_t)size, &p->a, why, why_len);
+    int rc = size > SIZE_MAX ? PS_EINVAL
+                             : ps_shm_attach(name, nonce, (size_t)size, users, nusers, &p->a, why,
+                                             why_len);
     if (rc) {
         free(p);
         return rc;
@@ -34,9 +37,6 @@ void ps_shm_peer_unref(ps_shm_peer *p)
 {
     if (!p || atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) != 1)
         return;
-    /* a worker killed before it could unlink its arena: nobody else will */
-    if (!ps_shm_owner_alive(&p->a))
-        ps_shm_unlink(p->a.name);
     ps_shm_close(&p->a);
     free(p);
 }

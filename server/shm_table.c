@@ -6,14 +6,20 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_shm.h"
 
 struct ps_shm_table {
     int n, enabled;
     ps_shm_peer **peer; /* per rank; NULL: none */
+    uint32_t users[PS_SHM_MAX_USERS]; /* trusted besides the server's own user */
+    int nusers;
 };
 
-int ps_shm_table_create(int num_workers, int enabled, ps_shm_table **out)
+int ps_shm_table_create(int num_workers, int enabled, const uint32_t *users, int nusers,
+                        ps_shm_table **out)
 {
+    if (nusers < 0 || nusers > PS_SHM_MAX_USERS)
+        return PS_EINVAL;
     ps_shm_table *t = calloc(1, sizeof *t);
     if (!t || !(t->peer = calloc((size_t)num_workers, sizeof *t->peer))) {
         free(t);
@@ -21,6 +27,9 @@ int ps_shm_table_create(int num_workers, int enabled, ps_shm_table **out)
     }
     t->n = num_workers;
     t->enabled = enabled;
+    if (nusers)
+        memcpy(t->users, users, (size_t)nusers * sizeof *users);
+    t->nusers = nusers;
     *out = t;
     return 0;
 }
@@ -70,15 +79,20 @@ void ps_shm_table_hello(ps_shm_table *t, int r, const ps_hello *req, ps_hello *r
     }
     char why[200];
     ps_shm_peer *p = NULL;
-    int rc = ps_shm_peer_open(req->shm_name, req->shm_nonce, req->shm_size, &p, why, sizeof why);
+    int rc = ps_shm_peer_open(req->shm_name, req->shm_nonce, req->shm_size, t->users, t->nusers,
+                              &p, why, sizeof why);
     t->peer[r] = p;
     ps_shm_peer_unref(old);
     if (rc) {
-        /* on another host the arena's name does not exist here: that is the
-         * normal way to find out, not an error */
+        /* on another host the arena's process is not here: that is the
+         * normal way to find out, not an error; an arena it may not trust
+         * is worth a warning (the worker trains on, over the network) */
         set_why(reply, rc == PS_ENOTFOUND ? "not on the same host" : why);
-        ps_info("worker %d: payloads over the network (shared memory: %s)", r,
-                rc == PS_ENOTFOUND ? "not on the same host" : why);
+        if (rc == PS_EAUTH)
+            ps_warn("worker %d: payloads over the network: shared memory refused: %s", r, why);
+        else
+            ps_info("worker %d: payloads over the network (shared memory: %s)", r,
+                    rc == PS_ENOTFOUND ? "not on the same host" : why);
         return;
     }
     reply->shm = 1;

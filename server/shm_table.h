@@ -15,8 +15,11 @@
 
 typedef struct ps_shm_table ps_shm_table;
 
-/* enabled 0: every arena is refused ("--shm off"). */
-int ps_shm_table_create(int num_workers, int enabled, ps_shm_table **out);
+/* enabled 0: every arena is refused ("--shm off").  users[0..nusers) (at
+ * most PS_SHM_MAX_USERS): the uids whose arenas are mapped besides the
+ * server's own user's (--shm-users). */
+int ps_shm_table_create(int num_workers, int enabled, const uint32_t *users, int nusers,
+                        ps_shm_table **out);
 /* Drop every mapping (the last reference of each unmaps it). */
 void ps_shm_table_destroy(ps_shm_table *t);
 

@@ -1,7 +1,9 @@
 #include "updater.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -9,6 +11,7 @@
 
 #include "checkpoint.h"
 #include "dup_log.h"
+#include "ps_dtype.h"
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_time.h"
@@ -85,6 +88,7 @@ struct ps_updater {
     req_ctx *spare;
     uint64_t bytes_in, bytes_out, errors; /* bytes_in: of sparse requests (the shard
                                              counts its own) */
+    uint64_t nonfinite;    /* pushes whose gradient held NaN or Inf */
     ps_rlimit rl;
     int64_t reported_min;  /* progress last sent to the I/O thread */
     int reported_have;
@@ -205,10 +209,12 @@ static void copy_free(void *data, void *hint)
  * (every buffer of the chunk is held by replies in flight, no spare fits in
  * --max-memory, or the wire type is not float32) is memory of its own,
  * counted against --max-memory: PS_ETOOBIG when it does not fit, PS_ENOMEM;
- * why says. */
+ * why says.  *not_finite: whether a value of the copy is NaN or Inf (a
+ * weight beyond float16's 65504 becomes Inf). */
 static int copy_payload(ps_updater *u, zmq_msg_t *pl, const float *w, size_t n, uint32_t dtype,
-                        char *why, size_t why_len)
+                        int *not_finite, char *why, size_t why_len)
 {
+    *not_finite = 0;
     size_t bytes = n * ps_dtype_size(dtype);
     uint64_t charge = bytes >= ZC_MIN_BYTES ? bytes : 0, before = 0;
     if (charge) {
@@ -236,7 +242,7 @@ static int copy_payload(ps_updater *u, zmq_msg_t *pl, const float *w, size_t n, 
     copy_hdr *c = blk;
     if (c) {
         *c = (copy_hdr){u->mem_used, u->cfg.copies, charge, map_len};
-        ps_dtype_from_f32(dtype, (char *)blk + COPY_HDR, w, n);
+        *not_finite = ps_dtype_from_f32(dtype, (char *)blk + COPY_HDR, w, n);
         if (zmq_msg_init_data(pl, (char *)blk + COPY_HDR, bytes, copy_free, c) == 0)
             return 0;
         copy_free(NULL, c);
@@ -313,10 +319,20 @@ static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int
     }
     if (!pinned) {
         char why[256];
-        int rc = copy_payload(u, &pl, w, n, dtype, why, sizeof why);
+        int not_finite = 0;
+        int rc = copy_payload(u, &pl, w, n, dtype, &not_finite, why, sizeof why);
         if (rc) {
             upd_error(u, r, rc, why);
             return;
+        }
+        if (not_finite && dtype != PS_DTYPE_F32 && ps_rlimit_allow(&u->rl)) {
+            size_t first = 0, bad = ps_dtype_nonfinite(dtype, w, n, &first);
+            ps_warn("pull of key %llu chunk %u by worker %d: %zu of %zu weights are not finite "
+                    "as %s (element %zu is %g%s); they go as Inf or NaN",
+                    (unsigned long long)r->key, r->chunk, r->rank, bad, n,
+                    ps_dtype_name(dtype), first, (double)w[first],
+                    isfinite(w[first]) ? ", beyond the wire type: use --wire-dtype bf16 or f32"
+                                       : "");
         }
     }
     upd_reply_payload(u, r, &pl, n, 0, n, dtype, version);
@@ -519,8 +535,9 @@ static void upd_rows(ps_updater *u, req_ctx *r, int64_t version)
     int rc = ps_tparts_rows(u->tparts, r->key, r->pids, n, u->rows, len, why, sizeof why);
     zmq_msg_t pl;
     uint32_t dtype = u->cfg.wire_dtype;
+    int not_finite; /* rows beyond float16 go as Inf, as dense pulls' do */
     if (!rc)
-        rc = copy_payload(u, &pl, u->rows, len, dtype, why, sizeof why);
+        rc = copy_payload(u, &pl, u->rows, len, dtype, &not_finite, why, sizeof why);
     if (rc) {
         upd_error(u, r, rc, why);
         return;
@@ -600,6 +617,35 @@ static void thook_ready(void *user, void *waiter, int64_t version)
 
 /* A sparse request (frames pl[0..2] as its row of the message table has
  * them; the I/O thread checked them).  1 when r is kept. */
+/* A pushed gradient g of n values (a dense chunk's, or a sparse push's rows) holds NaN or Inf (bad of them, the first
+ * at index first): counted, then as --on-nonfinite says refused (returns 1,
+ * the reply's reason in why; upd_error logs it), or skipped (*g becomes
+ * NULL: the shard counts the push and moves no weight) or applied, each
+ * logged (rate-limited).  A check of its own over the values, apart from
+ * the optimizer's vectorised loops: one compare per value. */
+static int nonfinite(ps_updater *u, const ps_header *h, size_t n, const float **g, size_t bad,
+                     size_t first, char *why, size_t why_len)
+{
+    u->nonfinite++;
+    int mode = u->cfg.on_nonfinite;
+    snprintf(why, why_len, "push of step %lld from worker %d to %s %llu %s %u: %zu of %zu "
+             "values are not finite (element %zu is %g); %s (--on-nonfinite %s)",
+             (long long)h->push_step, h->rank, ps_msg_is_sparse(h->type) ? "table" : "key",
+             (unsigned long long)h->key, ps_msg_is_sparse(h->type) ? "partition" : "chunk",
+             h->chunk, bad, n, first, (double)(*g)[first],
+             mode == PS_NONFINITE_REFUSE ? "refused" : mode == PS_NONFINITE_SKIP ? "skipped"
+                                                                                 : "applied",
+             mode == PS_NONFINITE_REFUSE ? "refuse" : mode == PS_NONFINITE_SKIP ? "skip"
+                                                                                : "apply");
+    if (mode == PS_NONFINITE_REFUSE)
+        return 1;
+    if (ps_rlimit_allow(&u->rl))
+        ps_warn("%s", why);
+    if (mode == PS_NONFINITE_SKIP)
+        *g = NULL;
+    return 0;
+}
+
 static int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
 {
     r->dim = h->dim;
@@ -636,6 +682,17 @@ static int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *
         return 0;
     }
     char why[256];
+    size_t first = 0, bad = n ? ps_dtype_nonfinite(PS_DTYPE_F32, g->g, n * h->dim, &first) : 0;
+    if (bad) {
+        const float *rows = g->g;
+        if (nonfinite(u, h, n * h->dim, &rows, bad, first, why, sizeof why)) {
+            shold_free(g);
+            upd_error(u, r, PS_ENONFINITE, why);
+            return 0;
+        }
+        if (!rows) /* skip: the rank's push counts (its clock, the round), no row moves */
+            n = 0;
+    }
     int kept = 0, dup = 0;
     int64_t version = 0;
     int rc = ps_tparts_push(u->tparts, h->key, h->rank, h->push_step, m, g->ids, n, g->g, g,
@@ -652,6 +709,7 @@ static int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *
     note_restore_skips(u, h);
     return upd_spush_done(u, r, h->push_step + m, version);
 }
+
 
 static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_peer *shm,
                         zmq_msg_t *id, zmq_msg_t *pl)
@@ -735,9 +793,16 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
                 zmq_msg_init(&g->msg);
             }
         }
+        const float *grad = g->g;
+        size_t first = 0, bad = ps_dtype_nonfinite(PS_DTYPE_F32, grad, (size_t)h->count, &first);
+        if (bad && nonfinite(u, h, (size_t)h->count, &grad, bad, first, why, sizeof why)) {
+            hold_free(g);
+            upd_error(u, r, PS_ENONFINITE, why);
+            break;
+        }
         int kept = 0, dup = 0;
         rc = ps_shard_push_sum(u->shard, h->key, h->chunk, h->rank, h->push_step,
-                               h->npush > 1 ? h->npush : 1, g->g, (size_t)h->count, g, &kept,
+                               h->npush > 1 ? h->npush : 1, grad, (size_t)h->count, g, &kept,
                                &dup, &version, why, sizeof why);
         if (narrow)
             ps_shard_count_narrow(u->shard, (size_t)h->count, ps_dtype_size(h->dtype));
@@ -795,6 +860,7 @@ static void upd_stats(ps_updater *u, ps_stats *st)
     st->bytes_in += u->bytes_in;
     st->bytes_out = u->bytes_out;
     st->errors = u->errors;
+    st->nonfinite = u->nonfinite;
 }
 
 /* PS_CMD_TABLE: take this thread's partition of a table just declared. */

@@ -33,6 +33,7 @@ typedef struct ps_updater_config {
     int num_workers;
     int num_servers;     /* tables: a row cap or filter of a whole table is split over */
     int nparts;          /* num_servers x nparts partitions (nparts: the update threads) */
+    int on_nonfinite;    /* enum ps_on_nonfinite: a pushed gradient with NaN or Inf */
     ps_trace *trace;     /* "apply", "pull" and "snapshot" events; NULL: none.  Shared by
                             every thread (ps_trace locks), outlives the updater */
     /* what checkpoints ask of the replies (ps_ckpt_policy, ckpt_coord.h) */

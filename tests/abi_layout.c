@@ -44,6 +44,7 @@ int main(void)
     FIELD(ps_client_options, shm_bytes);
     FIELD(ps_client_options, server_timeout_ms);
     FIELD(ps_client_options, admin_token);
+    FIELD(ps_client_options, on_nonfinite);
 
     STRUCT(ps_table_options);
     FIELD(ps_table_options, dim);

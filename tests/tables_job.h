@@ -28,6 +28,7 @@ typedef struct tj_job {
     int mode;
     int max_staleness;    /* async: -1 (default) or k */
     int wire_dtype;       /* the clients' (0: float32) */
+    int on_nonfinite;     /* the clients' (0: refuse, the default) */
 } tj_job;
 
 static inline int tj_have_server(void)
@@ -79,6 +80,7 @@ static inline int tj_client(tj_job *j, int r)
     o.max_staleness = j->mode == PS_MODE_ASYNC ? j->max_staleness : 0;
     o.hello_timeout_ms = TJ_WAIT_MS;
     o.request_timeout_ms = 2000;
+    o.on_nonfinite = j->on_nonfinite;
     int rc = ps_client_open(&o, &j->c[r]);
     if (rc) {
         fprintf(stderr, "open: %s\n", ps_client_last_error(NULL));

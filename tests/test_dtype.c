@@ -372,3 +372,62 @@ PS_TEST(megabyte_arrays_convert_both_ways_bitwise_as_the_scalar_functions)
     CHECK_MSG(bad < 0, "%s: element %ld (%08x) went to %04x, the scalar function gives %04x "
               "(or its way back differs)", fmts[bad_t].name, bad, in, got, want);
 }
+
+/* ps_dtype_nonfinite counts exactly the values that are not finite once
+ * converted: every float32 magnitude from 2^15 up (f16's and bf16's tops and
+ * Inf and NaN), both signs, checked against what the conversion gives. */
+PS_TEST(nonfinite_counts_exactly_what_the_conversion_makes_inf_or_nan)
+{
+    enum { BATCH = 4096 };
+    static float x[BATCH];
+    const uint32_t dts[] = {PS_DTYPE_F32, PS_DTYPE_BF16, PS_DTYPE_F16};
+    for (int d = 0; d < 3; d++) {
+        uint32_t dt = dts[d];
+        size_t want_total = 0, got_total = 0;
+        /* 2^15 .. the largest NaN, in steps that hit every rounding boundary
+         * near the limits (step 1 there, coarser elsewhere) */
+        for (uint64_t u = 0x47000000u; u <= 0x7fffffffu;) {
+            size_t k = 0, want = 0, first_want = BATCH;
+            for (; k < BATCH && u <= 0x7fffffffu; k++) {
+                uint32_t b = (uint32_t)u | (k & 1 ? 0x80000000u : 0);
+                x[k] = ffrom(b);
+                float back = dt == PS_DTYPE_F32 ? x[k]
+                             : dt == PS_DTYPE_BF16 ? ps_bf16_to_f32(ps_f32_to_bf16(x[k]))
+                                                   : ps_f16_to_f32(ps_f32_to_f16(x[k]));
+                if (!isfinite(back)) {
+                    if (!want)
+                        first_want = k;
+                    want++;
+                }
+                int near = (u >= 0x477fe000u && u <= 0x47800100u) ||
+                           (u >= 0x7f7f0000u && u <= 0x7f800100u);
+                u += near ? 1 : 0x1001;
+            }
+            size_t first = 0;
+            size_t got = ps_dtype_nonfinite(dt, x, k, &first);
+            CHECK_MSG(got == want && (want == 0 ? first == k : first == first_want),
+                      "%s: %zu of %zu counted (first %zu), the conversion gives %zu (first %zu)",
+                      ps_dtype_name(dt), got, k, first, want, first_want);
+            want_total += want;
+            got_total += got;
+        }
+        CHECK(want_total > 0 && got_total == want_total);
+    }
+    /* finite values below the limits are not counted */
+    float ok[4] = {65504.0f, -65504.0f, 1e38f, -3.3e38f};
+    CHECK_EQ_INT(ps_dtype_nonfinite(PS_DTYPE_F16, ok, 2, NULL), 0);
+    CHECK_EQ_INT(ps_dtype_nonfinite(PS_DTYPE_BF16, ok, 4, NULL), 0);
+    CHECK_EQ_INT(ps_dtype_nonfinite(PS_DTYPE_F32, ok, 4, NULL), 0);
+    float big = 70000.0f;
+    CHECK_EQ_INT(ps_dtype_nonfinite(PS_DTYPE_F16, &big, 1, NULL), 1);
+    /* and the conversion says whether it made any */
+    uint16_t h[4];
+    CHECK_EQ_INT(ps_dtype_from_f32(PS_DTYPE_F16, h, ok, 2), 0);
+    CHECK_EQ_INT(ps_dtype_from_f32(PS_DTYPE_F16, h, ok, 3), 1); /* 1e38 */
+    CHECK_EQ_INT(ps_dtype_from_f32(PS_DTYPE_BF16, h, ok, 4), 0);
+    float nan_inf[2] = {NAN, -INFINITY};
+    CHECK_EQ_INT(ps_dtype_from_f32(PS_DTYPE_BF16, h, nan_inf, 1), 1);
+    CHECK_EQ_INT(ps_dtype_from_f32(PS_DTYPE_BF16, h, nan_inf + 1, 1), 1);
+    float f[2];
+    CHECK_EQ_INT(ps_dtype_from_f32(PS_DTYPE_F32, f, nan_inf, 2), 0); /* a copy, not looked at */
+}

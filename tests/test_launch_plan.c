@@ -269,7 +269,8 @@ PS_TEST(shared_flags_list_every_flag_forwarded)
 {
     /* the settings table's shared rows, then the optimizer table's flags */
     static const char *const want[] = {"--max-staleness", "--curve-keys", "--shm",
-                                       "--wire-dtype", "--optimizer", "--lr", "--momentum",
+                                       "--wire-dtype", "--on-nonfinite", "--optimizer", "--lr",
+                                       "--momentum",
                                        "--beta1", "--beta2", "--eps", "--weight-decay",
                                        "--lr-decay", "--lr-decay-every"};
     int n = 0;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "ps_error.h"
+#include "ps_opt_table.h"
 #include "ps_proto.h"
 #include "ps_test.h"
 
@@ -378,6 +379,119 @@ PS_TEST(decode_refuses_missing_version_type_and_hello_body)
     msgpack_pack_float(&m.pk, __builtin_nanf(""));
     CHECK_EQ_INT(dec(&m, why, sizeof why), PS_EPROTO);
     mk_free(&m);
+}
+
+/* A hello {mode 1, nw 1, ns 1} plus the entries add() packs (n of them). */
+static int hello_with(int n, void (*add)(mk *), ps_header *h, char *why, size_t wl)
+{
+    mk m;
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 3);
+    mk_u(&m, "v", 1);
+    mk_u(&m, "t", PS_MSG_HELLO);
+    mk_key(&m, "h");
+    msgpack_pack_map(&m.pk, 3 + (size_t)n);
+    mk_i(&m, "mode", 1);
+    mk_i(&m, "nw", 1);
+    mk_i(&m, "ns", 1);
+    add(&m);
+    int rc = ps_proto_decode(m.sb.data, m.sb.size, h, why, wl);
+    mk_free(&m);
+    return rc;
+}
+
+static void add_sk(mk *m) { mk_u(m, "sk", 5); }
+static void add_sa_sk(mk *m)
+{
+    mk_key(m, "sa");
+    msgpack_pack_str(&m->pk, 3);
+    msgpack_pack_str_body(&m->pk, "/ps", 3);
+    mk_u(m, "sk", 5);
+}
+static void add_arena(mk *m)
+{
+    add_sa_sk(m);
+    mk_u(m, "sz", 8192);
+}
+static void add_tiny_eps(mk *m)
+{
+    mk_key(m, "eps");
+    msgpack_pack_double(&m->pk, -4.7e-303); /* -0 as a float32 */
+}
+static void add_zero_lr(mk *m)
+{
+    mk_key(m, "lr");
+    msgpack_pack_double(&m->pk, -0.0);
+}
+static void add_sm(mk *m) { mk_i(m, "sm", 1); }
+
+/* Found by fuzz_proto's round trip (tests/fuzz/regress/fuzz_proto/): a
+ * header must decode to what its encoding says, or be refused. */
+PS_TEST(a_hello_arena_offer_and_hyperparameters_decode_whole_or_are_refused)
+{
+    char why[256];
+    ps_header h;
+    /* sk without sa: the encoder would drop it; an offer is all three */
+    CHECK_EQ_INT(hello_with(1, add_sk, &h, why, sizeof why), PS_EPROTO);
+    CHECK_MSG(strstr(why, "'h.sa'") != NULL, "%s", why);
+    CHECK_EQ_INT(hello_with(2, add_sa_sk, &h, why, sizeof why), PS_EPROTO);
+    CHECK_OK(hello_with(3, add_arena, &h, why, sizeof why));
+    CHECK(strcmp(h.hello.shm_name, "/ps") == 0 && h.hello.shm_nonce == 5 &&
+          h.hello.shm_size == 8192);
+    /* -4.7e-303 is -0 as a float32: not "not given", out of eps's (0, 1] */
+    CHECK_EQ_INT(hello_with(1, add_tiny_eps, &h, why, sizeof why), PS_EPROTO);
+    CHECK_MSG(strstr(why, "eps") != NULL, "%s", why);
+    /* an exact 0 (here -0) in a row where 0 means "not given" stays that */
+    CHECK_OK(hello_with(1, add_zero_lr, &h, why, sizeof why));
+    CHECK(!ps_opt_is_given(&h.hello.opt, 0));
+    uint32_t bits;
+    memcpy(&bits, &h.hello.opt.lr, sizeof bits);
+    CHECK_EQ_INT(bits, 0);
+    /* the server's answer in a request is ignored */
+    CHECK_OK(hello_with(1, add_sm, &h, why, sizeof why));
+    CHECK_EQ_INT(h.hello.shm, 0);
+}
+
+PS_TEST(keys_of_other_messages_are_ignored_like_unknown_ones)
+{
+    char why[256];
+    mk m;
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 10);
+    mk_u(&m, "v", 1);
+    mk_u(&m, "t", PS_MSG_PULL);
+    mk_u(&m, "k", 1);
+    mk_u(&m, "c", 0);
+    mk_i(&m, "s", 0);
+    mk_u(&m, "o", 4096); /* without the shared-memory flag */
+    mk_u(&m, "m", 3);    /* a pull sums no gradients */
+    mk_i(&m, "ec", 4);   /* not an error */
+    mk_key(&m, "adm");
+    msgpack_pack_str(&m.pk, 16);
+    msgpack_pack_str_body(&m.pk, "0123456789abcdef", 16);
+    mk_key(&m, "st");
+    msgpack_pack_map(&m.pk, 1);
+    mk_u(&m, "push", 7);
+    ps_header h, plain;
+    int rc = ps_proto_decode(m.sb.data, m.sb.size, &h, why, sizeof why);
+    mk_free(&m);
+    CHECK_OK(rc);
+    ps_header_init(&plain, PS_MSG_PULL);
+    plain.key = 1;
+    CHECK(memcmp(&h, &plain, sizeof h) == 0);
+    /* "m" 1 is the default one gradient */
+    mk_init(&m);
+    msgpack_pack_map(&m.pk, 6);
+    mk_u(&m, "v", 1);
+    mk_u(&m, "t", PS_MSG_PUSH);
+    mk_u(&m, "k", 1);
+    mk_u(&m, "c", 0);
+    mk_i(&m, "s", 0);
+    mk_u(&m, "m", 1);
+    rc = ps_proto_decode(m.sb.data, m.sb.size, &h, why, sizeof why);
+    mk_free(&m);
+    CHECK_OK(rc);
+    CHECK_EQ_INT(h.npush, 0);
 }
 
 PS_TEST(decode_refuses_other_protocol_version)

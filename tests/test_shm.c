@@ -1,12 +1,18 @@
 /* The same-host data plane: arenas (common/ps_shm.h), a worker's payloads
  * through shared memory to live bin/ps_server processes with exactly the
- * results of the network path, fallbacks, and nothing left in /dev/shm. */
+ * results of the network path, fallbacks, what a server refuses to map, and
+ * nothing in /dev/shm. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,13 +25,32 @@
 
 /* ---------- arenas ---------- */
 
-PS_TEST(arena_create_attach_alloc_and_close_unlinks)
+/* Entries of /dev/shm named like an arena of any version ("ps-..."): none
+ * should ever be there. */
+static int dev_shm_arenas(void)
+{
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        n += strncmp(e->d_name, "ps-", 3) == 0 && strncmp(e->d_name, "ps-agg-", 7) != 0;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+PS_TEST(arena_create_attach_alloc_and_close)
 {
     ps_shm_arena a, b;
-    char why[256], path[128];
+    char why[256], want[64];
+    int before = dev_shm_arenas();
     CHECK_OK(ps_shm_create(1 << 20, &a, why, sizeof why));
-    snprintf(path, sizeof path, "/dev/shm%s", a.name);
-    CHECK_MSG(access(path, F_OK) == 0, "no %s", path);
+    snprintf(want, sizeof want, "/proc/%d/fd/%d", (int)getpid(), a.fd);
+    CHECK_STR(a.name, want);
+    CHECK_EQ_INT(dev_shm_arenas(), before); /* nothing with a name anywhere */
+    struct stat st;
+    CHECK(fstat(a.fd, &st) == 0 && (st.st_mode & 07777) == 0600 && st.st_uid == geteuid());
+    CHECK_EQ_INT(st.st_blocks * 512, (long long)a.size); /* allocated, not sparse */
     float *x = ps_shm_alloc(&a, 1000 * sizeof(float));
     CHECK(x && (uintptr_t)x % PS_SHM_ALIGN == 0);
     x[999] = 42.0f;
@@ -34,53 +59,111 @@ PS_TEST(arena_create_attach_alloc_and_close_unlinks)
     CHECK(!ps_shm_contains(&a, x, (a.size) , &off)); /* runs past the end */
     CHECK(!ps_shm_contains(&a, a.base, 4, &off));    /* the header is no buffer */
     /* another mapping sees the same bytes */
-    CHECK_OK(ps_shm_attach(a.name, a.nonce, a.size, &b, why, sizeof why));
+    CHECK_OK(ps_shm_attach(a.name, a.nonce, a.size, NULL, 0, &b, why, sizeof why));
     float *y = (float *)(b.base + off);
     CHECK(y[999] == 42.0f);
     CHECK(ps_shm_range_ok(&b, off, 1000 * sizeof(float)));
     CHECK(!ps_shm_range_ok(&b, off + 2, 4));      /* misaligned */
     CHECK(!ps_shm_range_ok(&b, 0, 4));            /* the header */
     CHECK(!ps_shm_range_ok(&b, b.size - 4, 8));   /* past the end */
-    CHECK(ps_shm_owner_alive(&b));
-    /* a wrong nonce or size is another segment */
+    /* a wrong nonce or size is another arena */
     ps_shm_arena c;
-    CHECK_EQ_INT(ps_shm_attach(a.name, a.nonce + 2, a.size, &c, why, sizeof why), PS_EMISMATCH);
-    CHECK_EQ_INT(ps_shm_attach(a.name, a.nonce, a.size + 4096, &c, why, sizeof why),
+    CHECK_EQ_INT(ps_shm_attach(a.name, a.nonce + 2, a.size, NULL, 0, &c, why, sizeof why),
                  PS_EMISMATCH);
-    CHECK_EQ_INT(ps_shm_attach("/ps-1-0000000000000000", 1, 8192, &c, why, sizeof why),
+    CHECK_EQ_INT(ps_shm_attach(a.name, a.nonce, a.size + 4096, NULL, 0, &c, why, sizeof why),
+                 PS_EMISMATCH);
+    /* no such descriptor here: another host */
+    CHECK_EQ_INT(ps_shm_attach("/proc/1/fd/999999", 1, 8192, NULL, 0, &c, why, sizeof why),
                  PS_ENOTFOUND);
+    /* only /proc/PID/fd/FD, exactly */
+    const char *bad[] = {"/ps-1-0000000000000000", "/proc/self/fd/3", "/proc/01/fd/3",
+                         "/proc/1/fd/3/", "/proc/1/fd/+3", "/proc/1/fd/", "/dev/shm/x",
+                         "/proc/1/fd/3 "};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK_MSG(ps_shm_attach(bad[i], 1, 8192, NULL, 0, &c, why, sizeof why) == PS_EINVAL,
+                  "%s taken", bad[i]);
     ps_shm_close(&b);
     ps_shm_close(&a);
-    CHECK_MSG(access(path, F_OK) != 0, "%s left behind", path);
+    CHECK_EQ_INT(dev_shm_arenas(), before);
 }
 
-PS_TEST(a_dead_owners_arena_is_swept_by_the_next_one)
+/* The owner itself cannot change the arena's size: no mapping of it can
+ * fault (SIGBUS) for a read or write past a new end. */
+PS_TEST(an_arena_can_neither_shrink_nor_grow)
 {
-    int fds[2];
-    CHECK(pipe(fds) == 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        ps_shm_arena a;
-        char why[256];
-        if (ps_shm_create(4096, &a, why, sizeof why) == 0 &&
-            write(fds[1], a.name, sizeof a.name) == (ssize_t)sizeof a.name)
-            raise(SIGKILL); /* no chance to unlink */
-        _exit(1);
-    }
-    char name[PS_SHM_NAME_MAX] = "";
-    CHECK(read(fds[0], name, sizeof name) == (ssize_t)sizeof name);
-    close(fds[0]);
-    close(fds[1]);
-    int st;
-    waitpid(pid, &st, 0);
-    char path[128];
-    snprintf(path, sizeof path, "/dev/shm%s", name);
-    CHECK_MSG(access(path, F_OK) == 0, "the killed owner's %s is not there to sweep", path);
-    ps_shm_arena b;
+    ps_shm_arena a;
     char why[256];
-    CHECK_OK(ps_shm_create(4096, &b, why, sizeof why)); /* sweeps first */
-    CHECK_MSG(access(path, F_OK) != 0, "%s of a dead owner was not removed", path);
-    ps_shm_close(&b);
+    CHECK_OK(ps_shm_create(1 << 16, &a, why, sizeof why));
+    CHECK(ftruncate(a.fd, 4096) != 0 && errno == EPERM);
+    CHECK(ftruncate(a.fd, 0) != 0 && errno == EPERM);
+    CHECK(ftruncate(a.fd, (off_t)a.size * 2) != 0 && errno == EPERM);
+    CHECK(fcntl(a.fd, F_ADD_SEALS, 0) != 0); /* and the seals stay: F_SEAL_SEAL */
+    a.base[a.size - 1] = 7; /* the last byte is still there */
+    ps_shm_close(&a);
+}
+
+/* What a server maps is a sealed memfd of mode 0600 of its own user (or
+ * one it trusts): an unsealed memfd, a wider mode, a file of /dev/shm, a
+ * fifo or another user's arena are refused, and nothing is opened that
+ * could block. */
+PS_TEST(only_a_sealed_memfd_of_mode_0600_and_a_trusted_user_is_mapped)
+{
+    char why[256], name[64];
+    ps_shm_arena a, c;
+    CHECK_OK(ps_shm_create(4096, &a, why, sizeof why));
+    /* a copy of its header in files that are not sealed arenas */
+    int unsealed = memfd_create("x", MFD_CLOEXEC);
+    CHECK(unsealed >= 0 && fchmod(unsealed, 0600) == 0 && ftruncate(unsealed, (off_t)a.size) == 0);
+    CHECK(pwrite(unsealed, a.base, PS_SHM_HEADER_BYTES, 0) == PS_SHM_HEADER_BYTES);
+    snprintf(name, sizeof name, "/proc/%d/fd/%d", (int)getpid(), unsealed);
+    CHECK_EQ_INT(ps_shm_attach(name, a.nonce, a.size, NULL, 0, &c, why, sizeof why), PS_EAUTH);
+    CHECK_MSG(strstr(why, "sealed") != NULL, "%s", why);
+    close(unsealed);
+    char shm_name[64];
+    snprintf(shm_name, sizeof shm_name, "/ps-test-%d", (int)getpid());
+    int named = shm_open(shm_name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    CHECK(named >= 0 && ftruncate(named, (off_t)a.size) == 0);
+    shm_unlink(shm_name);
+    snprintf(name, sizeof name, "/proc/%d/fd/%d", (int)getpid(), named);
+    CHECK_EQ_INT(ps_shm_attach(name, a.nonce, a.size, NULL, 0, &c, why, sizeof why), PS_EAUTH);
+    close(named);
+    int fifo[2];
+    CHECK(pipe(fifo) == 0);
+    snprintf(name, sizeof name, "/proc/%d/fd/%d", (int)getpid(), fifo[0]);
+    CHECK_EQ_INT(ps_shm_attach(name, a.nonce, a.size, NULL, 0, &c, why, sizeof why), PS_EAUTH);
+    close(fifo[0]);
+    close(fifo[1]);
+    /* the real arena with another mode */
+    CHECK(fchmod(a.fd, 0644) == 0);
+    CHECK_EQ_INT(ps_shm_attach(a.name, a.nonce, a.size, NULL, 0, &c, why, sizeof why), PS_EAUTH);
+    CHECK_MSG(strstr(why, "0644") != NULL, "%s", why);
+    CHECK(fchmod(a.fd, 0600) == 0);
+    /* owned by another uid (as root we can make it so), trusted or not */
+    if (geteuid() == 0) {
+        uint32_t other = 4242;
+        CHECK(fchown(a.fd, other, (gid_t)-1) == 0);
+        CHECK_EQ_INT(ps_shm_attach(a.name, a.nonce, a.size, NULL, 0, &c, why, sizeof why),
+                     PS_EAUTH);
+        CHECK_MSG(strstr(why, "uid 4242") != NULL, "%s", why);
+        CHECK_OK(ps_shm_attach(a.name, a.nonce, a.size, &other, 1, &c, why, sizeof why));
+        ps_shm_close(&c);
+        CHECK(fchown(a.fd, geteuid(), (gid_t)-1) == 0);
+    }
+    ps_shm_close(&a);
+}
+
+PS_TEST(shm_users_take_names_and_uids)
+{
+    uint32_t u[PS_SHM_MAX_USERS];
+    int n = -1;
+    char why[256];
+    CHECK_OK(ps_shm_parse_users(NULL, u, &n, why, sizeof why));
+    CHECK_EQ_INT(n, 0);
+    CHECK_OK(ps_shm_parse_users("root,1234", u, &n, why, sizeof why));
+    CHECK(n == 2 && u[0] == 0 && u[1] == 1234);
+    CHECK_EQ_INT(ps_shm_parse_users("no-such-user-here", u, &n, why, sizeof why), PS_EINVAL);
+    CHECK_MSG(strstr(why, "no-such-user-here") != NULL, "%s", why);
+    CHECK_EQ_INT(ps_shm_parse_users("root,,1", u, &n, why, sizeof why), PS_EINVAL);
 }
 
 /* ---------- through live servers ---------- */
@@ -311,18 +394,6 @@ PS_TEST(sync_two_workers_through_shared_memory_equal_the_network_path_bitwise)
     CHECK(memcmp(a, b, sizeof a) == 0);
 }
 
-/* How many arenas are in /dev/shm now whose owner is pid (0: any). */
-static int arenas_of(int pid)
-{
-    char names[64][PS_SHM_NAME_MAX];
-    int n = ps_shm_list(names, 64), count = 0;
-    for (int i = 0; i < n && i < 64; i++) {
-        int p = atoi(names[i] + 4);
-        count += pid == 0 || p == pid;
-    }
-    return count;
-}
-
 /* A worker process (bin/ps_worker) training async against s; its pid. */
 static int start_worker(const srv *s, const char *extra, const char *log)
 {
@@ -333,55 +404,98 @@ static int start_worker(const srv *s, const char *extra, const char *log)
     return ps_test_spawn_words("ps_worker", words, log);
 }
 
-PS_TEST(no_arena_is_left_after_a_clean_stop_or_a_kill_of_either_side)
+PS_TEST(no_arena_is_ever_in_dev_shm_after_a_clean_stop_or_a_kill_of_either_side)
 {
     srv s;
     char log[512];
-    /* a clean run: the worker unlinks its arena at exit */
+    int before = dev_shm_arenas();
+    /* a clean run */
     CHECK_OK(srv_start(&s, "--num-workers 1 --mode async"));
     snprintf(log, sizeof log, "%s/clean.log", ps_test_tmpdir());
     int w = start_worker(&s, "--epochs 1", log);
     CHECK_EQ_INT(ps_test_wait(w, 60000), 0);
     CHECK_MSG(ps_test_file_has(s.log, "payloads through shared memory"),
               "the worker did not use shared memory: %s", s.log);
-    CHECK_EQ_INT(arenas_of(w), 0);
-    /* SIGKILL of the worker: the server unlinks the dead owner's arena when
-     * it lets go of it (here: at its own stop) */
-    snprintf(log, sizeof log, "%s/killed.log", ps_test_tmpdir());
-    w = start_worker(&s, "--epochs 1000", log);
-    CHECK_OK(ps_test_wait_for_text(log, "iter 20/", 20000, w));
-    CHECK_EQ_INT(arenas_of(w), 1);
-    kill(w, SIGKILL);
-    ps_test_wait(w, 5000);
+    CHECK_EQ_INT(dev_shm_arenas(), before);
+    /* SIGKILL of the worker, of the server, of both: the memory has no name
+     * to leave behind */
+    for (int kill_which = 0; kill_which < 3; kill_which++) {
+        if (!s.pid)
+            CHECK_OK(srv_start(&s, "--num-workers 1 --mode async"));
+        snprintf(log, sizeof log, "%s/killed-%d.log", ps_test_tmpdir(), kill_which);
+        w = start_worker(&s, "--epochs 1000", log);
+        CHECK_OK(ps_test_wait_for_text(log, "iter 20/", 20000, w));
+        CHECK_EQ_INT(dev_shm_arenas(), before);
+        if (kill_which != 1)
+            kill(w, SIGKILL);
+        if (kill_which != 0) {
+            kill(s.pid, SIGKILL);
+            ps_test_wait(s.pid, 5000);
+            s.pid = 0;
+        }
+        if (kill_which == 1)
+            kill(w, SIGTERM);
+        ps_test_wait(w, 10000);
+        CHECK_EQ_INT(dev_shm_arenas(), before);
+    }
     srv_stop(&s);
-    CHECK_MSG(arenas_of(w) == 0, "the killed worker's arena is still in /dev/shm");
-    /* SIGKILL of the server: the worker's own close unlinks it */
-    CHECK_OK(srv_start(&s, "--num-workers 1 --mode async"));
-    snprintf(log, sizeof log, "%s/server-killed.log", ps_test_tmpdir());
-    w = start_worker(&s, "--epochs 1000", log);
-    CHECK_OK(ps_test_wait_for_text(log, "iter 20/", 20000, w));
-    kill(s.pid, SIGKILL);
-    ps_test_wait(s.pid, 5000);
-    s.pid = 0;
-    kill(w, SIGTERM);
-    ps_test_wait(w, 10000);
-    CHECK_MSG(arenas_of(w) == 0, "the worker's arena is still in /dev/shm after its server died");
-    /* SIGKILL of both: the next arena made on this host sweeps it */
-    CHECK_OK(srv_start(&s, "--num-workers 1 --mode async"));
-    snprintf(log, sizeof log, "%s/both.log", ps_test_tmpdir());
-    w = start_worker(&s, "--epochs 1000", log);
-    CHECK_OK(ps_test_wait_for_text(log, "iter 20/", 20000, w));
-    kill(w, SIGKILL);
-    kill(s.pid, SIGKILL);
-    ps_test_wait(w, 5000);
-    ps_test_wait(s.pid, 5000);
-    s.pid = 0;
-    CHECK_EQ_INT(arenas_of(w), 1);
-    ps_shm_arena a;
-    char why[256];
-    CHECK_OK(ps_shm_create(4096, &a, why, sizeof why));
-    ps_shm_close(&a);
-    CHECK_MSG(arenas_of(w) == 0, "the next arena did not sweep the dead worker's");
+}
+
+/* An arena the machine cannot hold (here: asked for 1 PiB) is said once,
+ * and the worker trains over the network. */
+PS_TEST(an_arena_the_machine_cannot_hold_is_said_once_and_the_network_taken)
+{
+    srv s;
+    CHECK_OK(srv_start(&s, "--num-workers 1 --mode async --optimizer sgd --lr 1"));
+    char path[512];
+    snprintf(path, sizeof path, "%s/no-arena.err", ps_test_tmpdir());
+    fflush(stderr);
+    int keep = dup(2), f = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CHECK(keep >= 0 && f >= 0 && dup2(f, 2) == 2);
+    close(f);
+    ps_client_options o;
+    ps_client_options_default(&o);
+    o.servers = s.ep;
+    o.rank = 0;
+    o.num_workers = 1;
+    o.mode = PS_MODE_ASYNC;
+    o.hello_timeout_ms = WAIT_MS;
+    o.shm_bytes = (size_t)1 << 50;
+    ps_client *c = NULL;
+    int rc = ps_client_open(&o, &c);
+    if (!rc && !(rc = ps_client_register(c, 1, 16)))
+        rc = ps_client_start(c);
+    fflush(stderr);
+    dup2(keep, 2);
+    close(keep);
+    CHECK_OK(rc);
+    CHECK_EQ_INT(ps_client_shm_servers(c), 0);
+    CHECK(ps_client_shm_alloc(c, 64) == NULL);
+    float w[16], g[16], back[16];
+    for (int i = 0; i < 16; i++) {
+        w[i] = (float)i;
+        g[i] = 1.0f;
+    }
+    ps_request r;
+    CHECK_OK(ps_client_init(c, 1, w, &r));
+    CHECK_OK(ps_request_wait(&r));
+    CHECK_OK(ps_client_push(c, 1, g, 0, &r));
+    CHECK_OK(ps_request_wait(&r));
+    CHECK_OK(ps_client_pull(c, 1, back, 1, &r));
+    CHECK_OK(ps_request_wait(&r));
+    for (int i = 0; i < 16; i++)
+        CHECK(back[i] == (float)i - 1.0f);
+    ps_client_close(c);
+    srv_stop(&s);
+    size_t len = 0;
+    char *text = ps_test_read_file(path, &len);
+    int said = 0;
+    for (char *p = text; p && (p = strstr(p, "no shared-memory arena")); p++)
+        said++;
+    CHECK_MSG(said == 1 && strstr(text, "of memory available") &&
+                  strstr(text, "payloads go over the network"),
+              "said %d times: %s", said, text ? text : "");
+    free(text);
 }
 
 /* A worker killed while it writes a gradient into its arena, before the

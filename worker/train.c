@@ -218,6 +218,7 @@ static int connect_servers(worker *w)
     o.server_timeout_ms = c->server_timeout_ms;
     o.curve_dir = c->curve_dir;
     o.shm = c->shm;
+    o.on_nonfinite = c->on_nonfinite;
     /* check what the user gave; the servers' settings are used either way */
     o.expect = c->expect;
     int rc = ps_exchange_open(&o, w->b, &w->x);

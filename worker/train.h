@@ -34,6 +34,8 @@ typedef struct ps_train_config {
     int heartbeat_ms;       /* heartbeats to the servers (0: none) */
     int shm;                /* 1: offer a shared-memory arena to servers on this host */
     int wire_dtype;         /* enum ps_dtype of pushes and pulls on the network (f32) */
+    int on_nonfinite;       /* enum ps_on_nonfinite: refuse (default) stops at the step whose
+                               gradient holds NaN or Inf, before it is pushed */
     int server_timeout_ms;  /* give up on a server silent this long while we wait (0: never) */
     int local_size;         /* --local-aggregate: workers per host that sum their gradients
                                (ranks h*local_size.. of host h); 1: off */

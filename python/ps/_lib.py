@@ -26,7 +26,7 @@ SONAME = "libps.so.0"
 # X(name, value): PS_ERRORS
 ERRORS = ("OK", "EINVAL", "ENOMEM", "EPROTO", "EIO", "ETIMEDOUT", "ENOTFOUND", "ESTATE",
           "EMISMATCH", "ECLOSED", "EVERSION", "ETOOBIG", "EDEVICE", "EAUTH", "EDATA",
-          "EHELLO")
+          "EHELLO", "ENONFINITE")
 ERR_TEXT_MAX = 200
 
 MODE_SYNC, MODE_ASYNC = 1, 2
@@ -49,7 +49,7 @@ OPT_PARAMS = (
 # PS_STATS_COUNTERS, in order
 STATS_COUNTERS = ("pushes", "pulls", "inits", "updates", "bytes_in", "bytes_out", "dup_dropped",
                   "errors", "chunks", "workers_seen", "partitions", "rows", "table_bytes",
-                  "evicted", "filtered")
+                  "evicted", "filtered", "nonfinite")
 
 # enum ps_table_init, and the tables-only optimizer kind PS_TABLE_OPT_FTRL
 TABLE_INITS = ("zeros", "uniform", "normal")
@@ -98,6 +98,7 @@ class ClientOptions(Structure):
         ("shm_bytes", c_size_t),
         ("server_timeout_ms", c_int),
         ("admin_token", c_char_p),
+        ("on_nonfinite", c_int),
     ]
 
 

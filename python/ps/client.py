@@ -126,6 +126,22 @@ def parse_wire_dtype(value):
         raise ValueError("wire_dtype must be f32, bf16 or f16, got %r" % (value,)) from None
 
 
+# --on-nonfinite's names (enum ps_on_nonfinite, include/ps_types.h)
+ON_NONFINITE = {"refuse": 0, "skip": 1, "apply": 2}
+
+
+def _on_nonfinite_setting(value, env):
+    """on_nonfinite from the argument, else PS_ON_NONFINITE, else 'refuse'."""
+    value, var = _from_env(value, "on-nonfinite", env)
+    if value in ON_NONFINITE.values() and not isinstance(value, bool):
+        return value
+    try:
+        return ON_NONFINITE[str(value)]
+    except KeyError:
+        raise ValueError("on_nonfinite%s must be refuse, skip or apply, got %r"
+                         % (" (from %s)" % var if var else "", value)) from None
+
+
 def parse_mode(mode):
     """'sync' / 'async' / ps.SYNC / ps.ASYNC -> ps.SYNC or ps.ASYNC."""
     if mode in (SYNC, ASYNC):
@@ -323,6 +339,11 @@ class Client:
       wire_dtype    'f32' | 'bf16' | 'f16'; PS_WIRE_DTYPE ('f32'): the type of
                     pushed gradients and pulled weights on the network (the
                     arrays stay float32); the servers must run with the same
+      on_nonfinite  'refuse' | 'skip' | 'apply'; PS_ON_NONFINITE ('refuse'): a
+                    gradient with NaN or Inf (or beyond float16 with that wire
+                    type) is not sent, its push fails with ENONFINITE naming
+                    the step; else it is sent with a warning (the servers'
+                    --on-nonfinite decides)
       admin_token   the servers' --admin-token-file token, for shutdown_servers();
                     PS_ADMIN_TOKEN (none)
       expect        the optimizer the servers must run, e.g. {'optimizer':
@@ -336,7 +357,7 @@ class Client:
     def __init__(self, servers=None, rank=None, num_workers=None, mode=None, max_staleness=None,
                  chunk_size=None, curve_dir=None, hello_timeout_ms=None, request_timeout_ms=None,
                  heartbeat_ms=None, expect=None, env=None, shm=None, server_timeout_ms=None,
-                 admin_token=None, wire_dtype=None):
+                 admin_token=None, wire_dtype=None, on_nonfinite=None):
         env = os.environ if env is None else env
         servers = _from_env(servers, "servers", env)[0]
         if not servers:
@@ -391,6 +412,8 @@ class Client:
                                            o.server_timeout_ms)
         self.shm = _shm_setting(shm, env)
         o.shm = 1 if self.shm else 0
+        self.on_nonfinite = _on_nonfinite_setting(on_nonfinite, env)
+        o.on_nonfinite = self.on_nonfinite
         self.admin_token = _from_env(admin_token, "admin-token", env)[0]
         if self.admin_token:
             o.admin_token = str(self.admin_token).encode()

@@ -10,38 +10,46 @@
 # crash, leak, out-of-memory or timeout stops the run; the input is copied to
 # tests/fuzz/regress/<target>/ (commit it with the fix: `make test` replays
 # every file there through tests/test_fuzz_regress.c) and `make fuzz` fails.
+# `make test` also runs each target for a few seconds (tests/test_fuzz_short.sh).
 # See docs/SECURITY.md.
 
 FUZZ_CC      ?= clang
-FUZZ_SECONDS ?= 60
+FUZZ_SECONDS ?= 3600
 FUZZ_MAX_LEN ?= 4096
 FUZZ_TARGETS ?= fuzz_proto fuzz_idx
 FUZZ_FLAGS   ?=
 FUZZ_DIR     := build/fuzz
 
-FUZZ_PKG_CFLAGS := $(shell pkg-config --cflags msgpack zlib 2>/dev/null)
-FUZZ_PKG_LIBS   := $(shell pkg-config --libs msgpack zlib 2>/dev/null || echo -lmsgpackc -lz)
-FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -DPS_VERSION=\"$(VERSION)\" -g -O1 \
-  -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -Wall -Wextra -Werror $(INCLUDES) -Itests/fuzz $(FUZZ_PKG_CFLAGS)
-FUZZ_LIBS := $(FUZZ_PKG_LIBS) -lm -pthread
+# The targets link the library and program sources the Makefile builds from
+# (libps: common/, proto/, client/; ps_worker: worker/), every one of them,
+# compiled here with the fuzzer's instrumentation into one archive: a new
+# source file joins the archive as it joins the programs, and the linker
+# takes from it what a target needs.
+FUZZ_LIB_SRCS := $(LIB_SRCS) $(WORKER_SRCS)
+FUZZ_OBJS := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(FUZZ_LIB_SRCS))
+FUZZ_BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -DPS_VERSION=\"$(VERSION)\" -g -O1 \
+  -fno-omit-frame-pointer -fno-sanitize-recover=undefined -Wall -Wextra -Werror \
+  $(INCLUDES) -Itests/fuzz $(PKG_CFLAGS) $(BLAS_CFLAGS)
+FUZZ_LIBS := $(PKG_LIBS) $(BLAS_LIBS) -lz -lm -pthread
 
-# Every target is built from its entry file and these sources (compiled right
-# here, instrumented, rather than taken from lib/).
-FUZZ_SRCS := proto/ps_proto.c worker/data.c worker/rng.c common/ps_error.c common/ps_log.c \
-  common/ps_opt_table.c common/ps_flags.c
-FUZZ_HDRS := tests/fuzz/fuzz_checks.h proto/ps_proto.h worker/data.h worker/rng.h common/ps_error.h \
-  common/ps_opt_table.h include/ps_types.h
+.PHONY: fuzz fuzz-build fuzz-seeds fuzz-check-cc
 
-.PHONY: fuzz fuzz-build fuzz-seeds
+fuzz-check-cc:
+	@command -v $(FUZZ_CC) >/dev/null || { echo "fuzz: needs clang with libFuzzer" \
+	  "(FUZZ_CC=$(FUZZ_CC) not found; Debian: apt-get install clang libclang-rt-dev)"; exit 1; }
 
 fuzz-build: $(FUZZ_TARGETS:%=$(FUZZ_DIR)/%)
 
-$(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_SRCS) $(FUZZ_HDRS)
+$(FUZZ_DIR)/obj/%.o: %.c | fuzz-check-cc
 	@mkdir -p $(@D)
-	@command -v $(FUZZ_CC) >/dev/null || { echo "fuzz: needs clang with libFuzzer" \
-	  "(FUZZ_CC=$(FUZZ_CC) not found; Debian: apt-get install clang libclang-rt-dev)"; exit 1; }
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_SRCS) $(FUZZ_LIBS)
+	$(FUZZ_CC) $(FUZZ_BASE_CFLAGS) -fsanitize=fuzzer-no-link,address,undefined -MMD -MP \
+	  -c -o $@ $<
+$(FUZZ_DIR)/libfuzz.a: $(FUZZ_OBJS)
+	rm -f $@ && ar rcs $@ $^
+$(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_DIR)/libfuzz.a | fuzz-check-cc
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_BASE_CFLAGS) -fsanitize=fuzzer,address,undefined -MMD -MP -o $@ $< \
+	  $(FUZZ_DIR)/libfuzz.a $(FUZZ_LIBS)
 
 # -timeout: one input taking 10 s is a hang.  -rss_limit_mb (and so the
 # malloc limit): an input that makes the loader allocate 2 GiB is a bug.
@@ -73,7 +81,20 @@ fuzz: fuzz-build
 fuzz-seeds: $(FUZZ_DIR)/gen_seeds
 	./$(FUZZ_DIR)/gen_seeds tests/fuzz/corpus
 
-$(FUZZ_DIR)/gen_seeds: tests/fuzz/gen_seeds.c proto/ps_proto.c common/ps_error.c proto/ps_proto.h
+# the seeds come from the encoder the programs use: libps itself
+$(FUZZ_DIR)/gen_seeds: tests/fuzz/gen_seeds.c $(LIB)/libps.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_BASE) $(INCLUDES) $(FUZZ_PKG_CFLAGS) -o $@ tests/fuzz/gen_seeds.c \
-	  proto/ps_proto.c common/ps_error.c $(FUZZ_LIBS)
+	$(CC) $(CFLAGS) $(INCLUDES) -o $@ $< $(LIB)/libps.a $(LDLIBS)
+
+-include $(shell find $(FUZZ_DIR) -name '*.d' 2>/dev/null)
+
+# `make test` builds the targets where clang can build one, and
+# tests/test_fuzz_short.sh runs each for a few seconds (elsewhere it says why
+# it skips).
+ifneq ($(filter test,$(MAKECMDGOALS)),)
+  FUZZ_CAN := $(shell d=$$(mktemp -d) && \
+    printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return d && n && 0; }\n' \
+      >$$d/p.c && $(FUZZ_CC) -fsanitize=fuzzer $$d/p.c -o $$d/p >/dev/null 2>&1 && echo 1; \
+    rm -rf $$d)
+endif
+test: $(if $(FUZZ_CAN),fuzz-build)
