@@ -70,7 +70,8 @@ static long find_tensor(const ps_client *c, uint64_t key)
 }
 
 static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src, float *dst,
-                     int64_t step, int npush, ps_ready_fn ready, void *ready_arg, ps_request *req)
+                     int64_t step, int npush, ps_ready_fn ready, void *ready_arg, int planes,
+                     ps_request *req)
 {
     if (!req)
         return PS_EINVAL;
@@ -81,7 +82,8 @@ static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src
     else if ((t = find_tensor(c, key)) < 0)
         rc = PS_ENOTFOUND;
     else if ((ps_msg_request_has_payload(type) && !src) || (ps_msg_reply_has_payload(type) && !dst) ||
-             step < 0 || step > INT64_MAX / 2 || npush < 1 || npush > (1 << 30) ||
+             step < 0 || step > INT64_MAX / 2 || npush < 1 || npush > (1 << 30) || planes < 1 ||
+             planes > 2 ||
              (npush > 1 && c->opt.mode != PS_MODE_ASYNC))
         rc = PS_EINVAL;
     if (rc) {
@@ -92,7 +94,7 @@ static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src
     psc_req_reset(c, req, nchunks * (ps_msg_request_has_payload(type) ? 2 : 1));
     psc_op o = {.type = type, .server = -1, .tensor = (uint32_t)t, .src = src, .dst = dst,
             .step = step, .req = req, .out = NULL, .ready = ready, .ready_arg = ready_arg,
-            .npush = npush};
+            .npush = npush, .planes = planes};
     rc = psc_post(c, &o);
     if (rc)
         psc_req_fail(req, rc, ps_strerror(rc));
@@ -101,41 +103,41 @@ static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src
 
 int ps_client_init(ps_client *c, uint64_t key, const float *values, ps_request *req)
 {
-    return post_data(c, PS_MSG_INIT, key, values, NULL, 0, 1, NULL, NULL, req);
+    return post_data(c, PS_MSG_INIT, key, values, NULL, 0, 1, NULL, NULL, 1, req);
 }
 
 int ps_client_push(ps_client *c, uint64_t key, const float *grad, int64_t step, ps_request *req)
 {
-    return post_data(c, PS_MSG_PUSH, key, grad, NULL, step, 1, NULL, NULL, req);
+    return post_data(c, PS_MSG_PUSH, key, grad, NULL, step, 1, NULL, NULL, 1, req);
 }
 
 int ps_client_pull(ps_client *c, uint64_t key, float *dst, int64_t step, ps_request *req)
 {
-    return post_data(c, PS_MSG_PULL, key, NULL, dst, step, 1, NULL, NULL, req);
+    return post_data(c, PS_MSG_PULL, key, NULL, dst, step, 1, NULL, NULL, 1, req);
 }
 
 int ps_client_pushpull(ps_client *c, uint64_t key, const float *grad, float *dst, int64_t step,
                        ps_request *req)
 {
-    return post_data(c, PS_MSG_PUSHPULL, key, grad, dst, step, 1, NULL, NULL, req);
+    return post_data(c, PS_MSG_PUSHPULL, key, grad, dst, step, 1, NULL, NULL, 1, req);
 }
 
 int ps_client_push_when(ps_client *c, uint64_t key, const float *grad, int64_t step,
                         ps_ready_fn ready, void *ready_arg, ps_request *req)
 {
-    return post_data(c, PS_MSG_PUSH, key, grad, NULL, step, 1, ready, ready_arg, req);
+    return post_data(c, PS_MSG_PUSH, key, grad, NULL, step, 1, ready, ready_arg, 1, req);
 }
 
 int ps_client_push_sum(ps_client *c, uint64_t key, const float *sum, int64_t step, int count,
                        ps_ready_fn ready, void *ready_arg, ps_request *req)
 {
-    return post_data(c, PS_MSG_PUSH, key, sum, NULL, step, count, ready, ready_arg, req);
+    return post_data(c, PS_MSG_PUSH, key, sum, NULL, step, count, ready, ready_arg, 1, req);
 }
 
 int ps_client_pushpull_sum(ps_client *c, uint64_t key, const float *sum, float *dst, int64_t step,
                            int count, ps_ready_fn ready, void *ready_arg, ps_request *req)
 {
-    return post_data(c, PS_MSG_PUSHPULL, key, sum, dst, step, count, ready, ready_arg, req);
+    return post_data(c, PS_MSG_PUSHPULL, key, sum, dst, step, count, ready, ready_arg, 1, req);
 }
 
 /* Post a control message to one server. */
@@ -149,6 +151,63 @@ static int post_ctl(ps_client *c, uint32_t type, int server, int64_t step, void 
     if (rc)
         psc_req_fail(req, rc, ps_strerror(rc));
     return rc;
+}
+
+/* ---------- what ps.torch asks of the servers ---------- */
+
+int ps_client_assign(ps_client *c, uint64_t key, const float *w, ps_request *req)
+{
+    return post_data(c, PS_MSG_ASSIGN, key, w, NULL, 0, 1, NULL, NULL, 1, req);
+}
+
+int ps_client_state(ps_client *c, uint64_t key, float *dst, int nstate, ps_request *req)
+{
+    return post_data(c, PS_MSG_STATE, key, NULL, dst, 0, 1, NULL, NULL, nstate, req);
+}
+
+int ps_client_set_state(ps_client *c, uint64_t key, const float *src, int nstate,
+                        int64_t opt_step, ps_request *req)
+{
+    return post_data(c, PS_MSG_SETSTATE, key, src, NULL, opt_step, 1, NULL, NULL, nstate, req);
+}
+
+int ps_client_clock(ps_client *c, uint64_t key, ps_request *req)
+{
+    return post_data(c, PS_MSG_CLOCK, key, NULL, NULL, 0, 1, NULL, NULL, 1, req);
+}
+
+/* A collective: to server 0, with its payload both ways. */
+static int post_coll(ps_client *c, uint32_t type, int64_t id, const float *src, float *dst,
+                     size_t count, ps_request *req)
+{
+    if (!req)
+        return PS_EINVAL;
+    int rc = !c || !src || !dst || count == 0 || id < 0 || id > INT64_MAX / 2 ||
+                     count * sizeof(float) > PS_MAX_PAYLOAD_BYTES
+                 ? PS_EINVAL
+                 : !c->started ? PS_ESTATE : 0;
+    if (rc) {
+        psc_req_fail(req, rc, rc == PS_ESTATE ? "collective before start" : ps_strerror(rc));
+        return rc;
+    }
+    psc_req_reset(c, req, 2); /* the reply and the payload's release */
+    psc_op o = {.type = type, .server = 0, .src = src, .dst = dst, .count = count, .step = id,
+                .req = req};
+    if ((rc = psc_post(c, &o)))
+        psc_req_fail(req, rc, ps_strerror(rc));
+    return rc;
+}
+
+int ps_client_allreduce(ps_client *c, int64_t id, const float *src, float *dst, size_t count,
+                        ps_request *req)
+{
+    return post_coll(c, PS_MSG_ALLREDUCE, id, src, dst, count, req);
+}
+
+int ps_client_broadcast(ps_client *c, int64_t id, const float *src, float *dst, size_t count,
+                        ps_request *req)
+{
+    return post_coll(c, PS_MSG_BROADCAST, id, src, dst, count, req);
 }
 
 /* Give up on req: fail its outstanding messages with `code` and wait until
@@ -268,7 +327,7 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
     if (cb < sizeof(float) || cb > PS_MAX_PAYLOAD_BYTES)
         return open_fail(PS_EINVAL, "chunk_bytes must be in [4, %llu], got %zu",
                          (unsigned long long)PS_MAX_PAYLOAD_BYTES, cb);
-    if (o->expect.kind < PS_OPT_NONE || o->expect.kind > PS_OPT_KIND_MAX ||
+    if ((o->expect.kind != PS_OPT_NONE && !ps_opt_kind_valid(o->expect.kind)) ||
         o->hello_timeout_ms < 0 || o->request_timeout_ms < 0 || o->heartbeat_ms < 0 ||
         o->server_timeout_ms < 0)
         return open_fail(PS_EINVAL, "bad optimizer kind %d or negative timeout",
@@ -551,6 +610,57 @@ static int ctl_all(ps_client *c, uint32_t type, int lo, int hi, int64_t step, vo
     if (reqs != &one)
         free(reqs);
     return rc;
+}
+
+int ps_client_hyper(ps_client *c, const ps_opt_config *change, int64_t from_step,
+                    ps_opt_config *now)
+{
+    if (!c || !change || from_step < 0 || from_step > INT64_MAX / 2)
+        return PS_EINVAL;
+    if (!c->started) {
+        set_last_error(c, "hyper-parameters before start");
+        return PS_ESTATE;
+    }
+    c->last_error[0] = 0;
+    ps_hello *reps = calloc((size_t)c->nservers, sizeof *reps);
+    ps_request *reqs = calloc((size_t)c->nservers, sizeof *reqs);
+    if (!reps || !reqs) {
+        free(reps);
+        free(reqs);
+        return PS_ENOMEM;
+    }
+    c->hyper = *change;
+    int rc = 0, posted = 0;
+    for (int s = 0; s < c->nservers && !rc; s++, posted++)
+        rc = post_ctl(c, PS_MSG_HYPER, s, from_step, &reps[s], &reqs[s]);
+    if (rc) {
+        set_last_error(c, "cannot post hyper: %s", ps_strerror(rc));
+        posted--;
+    }
+    for (int k = 0; k < posted; k++) {
+        int st = ps_request_wait(&reqs[k]);
+        if (st && !rc) {
+            rc = st;
+            set_last_error(c, "%s", reqs[k].err);
+        }
+    }
+    if (!rc && now)
+        *now = reps[0].opt;
+    free(reps);
+    free(reqs);
+    return rc;
+}
+
+int ps_client_leave(ps_client *c)
+{
+    if (!c)
+        return PS_EINVAL;
+    if (!c->started) {
+        set_last_error(c, "leave before start");
+        return PS_ESTATE;
+    }
+    c->last_error[0] = 0;
+    return ctl_all(c, PS_MSG_LEAVE, 0, c->nservers, 0, NULL);
 }
 
 int ps_client_barrier(ps_client *c, int64_t id)

@@ -86,6 +86,9 @@ struct ps_client {
     uint32_t *kmap_val;
     size_t kmap_mask;
     ps_hello hello_req;    /* template; server_rank filled per server */
+    ps_opt_config hyper;   /* the change a HYPER request carries (ps_client_hyper, one
+                              at a time; the queue mutex orders it before the comm
+                              thread reads it) */
     uint32_t wire_dtype;   /* pushes' and pulls' payload frames (ps_client_set_wire_dtype) */
     /* Set once by start when every server answered its hello (atomic: the
      * comm thread reads it): from then on heartbeats go, silent servers are

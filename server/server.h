@@ -39,6 +39,7 @@
  *   workers.c         the worker table: hello, identity, last heard from, the
  *                     --on-worker-loss rule
  *   barrier.c         barriers waiting for every live worker
+ *   collective.c      allreduce and broadcast waiting for every live worker
  *   stats_req.c       STATS requests waiting for every owner's counters
  *   outbox.c          messages for a PAIR whose owner is behind
  *   hs_monitor.c      the ROUTER's connection events: disconnects, and CURVE

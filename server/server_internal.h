@@ -19,6 +19,7 @@
 #include "admin.h"
 #include "barrier.h"
 #include "ckpt_coord.h"
+#include "collective.h"
 #include "hs_monitor.h"
 #include "outbox.h"
 #include "peers.h"
@@ -59,6 +60,10 @@ struct ps_server {
     uint64_t model_fp;
     ps_workers *workers;
     ps_barriers *barriers;
+    ps_colls *colls;         /* ALLREDUCE and BROADCAST (on server 0) */
+    uint8_t *left;           /* per rank: said LEAVE (join) and is out of the live sets */
+    ps_opt_config opt_now;   /* the optimizer as HYPER changed it (cfg.opt: as started,
+                                what hellos compare) */
     ps_stats_reqs *stats;
     ps_shm_table *shm;       /* the workers' arenas this server mapped */
     uint64_t io_errors, dropped;
@@ -98,6 +103,8 @@ void srv_set_stopping(ps_server *s);
 
 /* Apply --on-worker-loss to every worker silent for longer than the timeout. */
 void srv_check_workers(ps_server *s, int64_t now);
+/* Where the collectives (collective.h) send their answers. */
+ps_coll_to srv_coll_to(ps_server *s);
 /* Read up to IO_BATCH messages from the ROUTER.  -1 on a socket error. */
 int srv_read_router(ps_server *s);
 /* Take the connection events that came (disconnects, handshake failures). */

@@ -58,8 +58,8 @@ int main(void)
            (int)((t)0.5 == 0));
     PS_OPT_PARAMS(OPT_ROW_)
 #undef OPT_ROW_
-    printf("opt_kinds %d %d %d %d %d %d\n", PS_OPT_NONE, PS_OPT_SGD, PS_OPT_MOMENTUM,
-           PS_OPT_NESTEROV, PS_OPT_ADAGRAD, PS_OPT_ADAM);
+    printf("opt_kinds %d %d %d %d %d %d %d %d\n", PS_OPT_NONE, PS_OPT_SGD, PS_OPT_MOMENTUM,
+           PS_OPT_NESTEROV, PS_OPT_ADAGRAD, PS_OPT_ADAM, PS_OPT_AVERAGE, PS_OPT_ADD);
     printf("modes %d %d\n", PS_MODE_SYNC, PS_MODE_ASYNC);
 #define ERR_ROW_(name, value, text) printf("error %s %d\n", #name, value);
     PS_ERRORS(ERR_ROW_)

@@ -31,8 +31,8 @@ ERR_TEXT_MAX = 200
 
 MODE_SYNC, MODE_ASYNC = 1, 2
 
-# enum ps_opt_kind, in order from PS_OPT_NONE = 0
-OPT_KINDS = ("none", "sgd", "momentum", "nesterov", "adagrad", "adam")
+# enum ps_opt_kind by value from PS_OPT_NONE = 0 (6 is the tables' FTRL, no dense kind)
+OPT_KINDS = ("none", "sgd", "momentum", "nesterov", "adagrad", "adam", None, "average", "add")
 
 # PS_OPT_PARAMS, in table order: (field, flag, default, is an integer)
 OPT_PARAMS = (

@@ -159,7 +159,7 @@ def optimizer_expectation(expect, env):
     if kind:
         if kind not in _lib.OPT_KINDS[1:]:
             raise ValueError("optimizer must be one of %s, got %r"
-                             % (", ".join(_lib.OPT_KINDS[1:]), kind))
+                             % (", ".join(k for k in _lib.OPT_KINDS[1:] if k), kind))
         c.kind = _lib.OPT_KINDS.index(kind)
     for p, (field, flag, _, is_int) in enumerate(_lib.OPT_PARAMS):
         if field in given:
@@ -251,8 +251,10 @@ class Client:
     (the same variables, from libps's settings table), else ps_worker's
     default:
       servers       "tcp://H:P,..." or a list; PS_SERVERS
-      rank          PS_RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK (0)
-      num_workers   PS_NUM_WORKERS, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE, PMI_SIZE (1)
+      rank          PS_RANK, RANK (torchrun), SLURM_PROCID, OMPI_COMM_WORLD_RANK,
+                    PMI_RANK (0)
+      num_workers   PS_NUM_WORKERS, WORLD_SIZE (torchrun), SLURM_NTASKS,
+                    OMPI_COMM_WORLD_SIZE, PMI_SIZE (1)
       mode          'sync' | 'async'; PS_MODE ('sync')
       max_staleness async: -1 unbounded, k >= 0 bounded; PS_MAX_STALENESS (-1)
       chunk_size    bytes or "4M"; PS_CHUNK_SIZE (4 MiB)
