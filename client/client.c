@@ -82,7 +82,8 @@ static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src
     else if ((t = find_tensor(c, key)) < 0)
         rc = PS_ENOTFOUND;
     else if ((ps_msg_request_has_payload(type) && !src) || (ps_msg_reply_has_payload(type) && !dst) ||
-             step < 0 || step > INT64_MAX / 2 || npush < 1 || npush > (1 << 30) || planes < 1 ||
+             step < (type == PS_MSG_SETSTATE ? -1 : 0) || step > INT64_MAX / 2 || npush < 1 ||
+             npush > (1 << 30) || planes < 1 ||
              planes > 2 ||
              (npush > 1 && c->opt.mode != PS_MODE_ASYNC))
         rc = PS_EINVAL;

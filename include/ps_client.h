@@ -250,7 +250,8 @@ int ps_client_assign(ps_client *c, uint64_t key, const float *w, ps_request *req
 int ps_client_state(ps_client *c, uint64_t key, float *dst, int nstate, ps_request *req);
 
 /* Load the tensor's optimizer state: src as ps_client_state fills dst, and
- * the step count it belongs to (the next update is step opt_step + 1). */
+ * the step count it belongs to (the next update is step opt_step + 1; -1:
+ * the servers' count stays, for momentum, nesterov). */
 int ps_client_set_state(ps_client *c, uint64_t key, const float *src, int nstate,
                         int64_t opt_step, ps_request *req);
 

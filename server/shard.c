@@ -962,16 +962,17 @@ int ps_shard_set_state(ps_shard *s, uint64_t key, uint32_t c, const float *plane
         return PS_ENOTFOUND;
     *version = ch->version;
     int nstate = ps_opt_state_arrays(s->cfg.opt.kind);
-    if (nstate == 0 || count != ch->n * (size_t)nstate || opt_step < 0) {
+    if (nstate == 0 || count != ch->n * (size_t)nstate || opt_step < -1) {
         ps_errorf(why, why_len, "state of %zu floats at step %lld for key %llu chunk %u: %s "
-            "keeps %d array(s) of %zu, and the step is >= 0", count, (long long)opt_step,
+            "keeps %d array(s) of %zu, and the step is >= -1", count, (long long)opt_step,
             (unsigned long long)key, c, ps_opt_name(s->cfg.opt.kind), nstate, ch->n);
         return PS_EPROTO;
     }
     memcpy(ch->s0, planes, ch->n * sizeof(float));
     if (nstate >= 2)
         memcpy(ch->s1, planes + ch->n, ch->n * sizeof(float));
-    ch->t_base = ch->version - opt_step;
+    if (opt_step >= 0)
+        ch->t_base = ch->version - opt_step;
     s->st.bytes_in += count * sizeof(float);
     return 0;
 }

@@ -195,8 +195,9 @@ int ps_shard_get_state(ps_shard *s, uint64_t key, uint32_t chunk, const float *s
 
 /* Load a chunk's optimizer state: `planes` holds its state arrays one after
  * the other (count = n * nstate floats) and opt_step the step count they
- * belong to, from which the next update goes on (t = opt_step + 1).
- * PS_ENOTFOUND, PS_EPROTO (count, a negative step, a kind without state). */
+ * belong to, from which the next update goes on (t = opt_step + 1; -1: the
+ * count stays, for a kind whose arithmetic has none).  PS_ENOTFOUND,
+ * PS_EPROTO (count, a step below -1, a kind without state). */
 int ps_shard_set_state(ps_shard *s, uint64_t key, uint32_t chunk, const float *planes,
                        size_t count, int64_t opt_step, int64_t *version, char *why,
                        size_t why_len);

@@ -45,6 +45,12 @@ int main(void)
     FIELD(ps_client_options, server_timeout_ms);
     FIELD(ps_client_options, admin_token);
 
+    STRUCT(ps_barrier_info);
+    FIELD(ps_barrier_info, id);
+    FIELD(ps_barrier_info, missing);
+    FIELD(ps_barrier_info, nranks);
+    FIELD(ps_barrier_info, ranks);
+
     STRUCT(ps_stats);
 #define STATS_FIELD_(f, key) FIELD(ps_stats, f);
     PS_STATS_COUNTERS(STATS_FIELD_)

@@ -96,6 +96,15 @@ class RequestStruct(Structure):
     ]
 
 
+BARRIER_RANKS_MAX = 32
+
+
+class BarrierInfo(Structure):
+    """ps_barrier_info: whom the open barrier with the lowest id waits for."""
+    _fields_ = [("id", c_int64), ("missing", c_uint32), ("nranks", c_uint32),
+                ("ranks", ctypes.c_int32 * BARRIER_RANKS_MAX)]
+
+
 class Stats(Structure):
     """ps_stats: one server's counters."""
     _fields_ = ([(f, c_uint64) for f in STATS_COUNTERS] +
@@ -180,6 +189,18 @@ _proto("ps_client_set_wire_dtype", c_int, _P, c_int)
 _proto("ps_client_shm_region", None, _P, POINTER(c_void_p), POINTER(c_size_t))
 _proto("ps_opt_parse", c_int, c_char_p, POINTER(c_int))
 _proto("ps_client_setting", c_int, c_char_p, POINTER(c_char_p), POINTER(c_char_p))
+_proto("ps_client_interrupt", None, _P)
+_proto("ps_request_wait_for", c_int, _R, c_int)
+_proto("ps_client_barrier_post", c_int, _P, c_int64, _R)
+_proto("ps_client_barrier_info", c_int, _P, POINTER(BarrierInfo))
+_proto("ps_client_hyper", c_int, _P, POINTER(OptConfig), c_int64, POINTER(OptConfig))
+_proto("ps_client_assign", c_int, _P, c_uint64, c_void_p, _R)
+_proto("ps_client_state", c_int, _P, c_uint64, c_void_p, c_int, _R)
+_proto("ps_client_set_state", c_int, _P, c_uint64, c_void_p, c_int, c_int64, _R)
+_proto("ps_client_clock", c_int, _P, c_uint64, _R)
+_proto("ps_client_allreduce", c_int, _P, c_int64, c_void_p, c_void_p, c_size_t, _R)
+_proto("ps_client_broadcast", c_int, _P, c_int64, c_void_p, c_void_p, c_size_t, _R)
+_proto("ps_client_leave", c_int, _P)
 
 _proto("ps_backend_host_create", c_int, POINTER(_P))
 _proto("ps_backend_host_destroy", None, _P)
@@ -196,6 +217,9 @@ _proto("ps_exchange_finish", c_int, _P)
 _proto("ps_exchange_pull_final", c_int, _P)
 _proto("ps_exchange_take_wait_ns", c_int64, _P)
 _proto("ps_exchange_close", None, _P)
+_proto("ps_exchange_set_wait_timeout", None, _P, c_int)
+_proto("ps_exchange_set_back", c_int, _P, c_int, c_void_p)
+_proto("ps_exchange_interrupt", None, _P)
 
 def setting(name):
     """A worker's run setting from libps's table (ps_client_setting), by its

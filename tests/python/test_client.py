@@ -52,7 +52,8 @@ class Layout(unittest.TestCase):
         out = subprocess.run([pstest.BUILD + "/tests/abi_layout"], check=True,
                              capture_output=True, text=True).stdout
         structs = {"ps_request": _lib.RequestStruct, "ps_opt_config": _lib.OptConfig,
-                   "ps_client_options": _lib.ClientOptions, "ps_stats": _lib.Stats}
+                   "ps_client_options": _lib.ClientOptions, "ps_stats": _lib.Stats,
+                   "ps_barrier_info": _lib.BarrierInfo}
         seen = set()
         for line in out.splitlines():
             w = line.split()
