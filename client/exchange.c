@@ -493,8 +493,11 @@ static int wait_barrier(ps_exchange *x, int64_t id, const char *what)
     while (!rc) {
         int64_t until = note_at < end ? note_at : end;
         int64_t ms = (until - ps_now_ns()) / 1000000;
-        if ((rc = ps_request_wait_for(&bar, ms > 0 ? (int)ms : 0)) >= 0)
+        int st = ps_request_wait_for(&bar, ms > 0 ? (int)ms : 0);
+        if (st >= 0) { /* complete */
+            rc = st;
             break;
+        }
         if (ps_now_ns() >= end) {
             note_wait(x, id, what, PS_LOG_ERROR);
             ps_error("gave up at the %s barrier after %d s (the wait timeout): the workers "

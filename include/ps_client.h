@@ -274,9 +274,9 @@ int ps_client_broadcast(ps_client *c, int64_t id, const float *src, float *dst, 
                         ps_request *req);
 
 /* This worker is done (uneven step counts: ps.torch's join): every server
- * takes it out of the live set, so sync rounds, barriers and collectives go
- * on without it; its pulls are still answered.  Blocks until every server
- * acknowledged.  Push nothing more afterwards. */
+ * takes it out of the live set, so sync rounds and barriers go on without
+ * it; its pulls are still answered, and collectives still wait for it.
+ * Blocks until every server acknowledged.  Push nothing more afterwards. */
 int ps_client_leave(ps_client *c);
 
 /* The element type of the gradients this client pushes and of the weights it

@@ -89,8 +89,8 @@
       "or more, unread; sent to server 0)",                                                      \
       "rank 0's payload")                                                                        \
     X(LEAVE, 18, "leave", WORKER, 0, 0, 0, 0, 0, NONE, NONE, leave,                              \
-      "this worker is done (join): rounds, barriers and collectives stop waiting for it; its "   \
-      "pulls are still answered",                                                                \
+      "this worker is done (join): rounds and barriers stop waiting for it; its pulls are "      \
+      "still answered",                                                                          \
       "acknowledged")
 /* clang-format on */
 

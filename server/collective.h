@@ -12,9 +12,10 @@
  * any payload of at least one element, which is dropped).
  *
  * The live set is this module's own copy, as the barriers' is: a rank that
- * was dropped (--on-worker-loss drop) or that left (LEAVE) is not waited
- * for, and its contribution, if it made one, is left out.  A broadcast whose
- * rank 0 is not live is refused.
+ * was dropped (--on-worker-loss drop) is not waited for, and its
+ * contribution, if it made one, is left out.  A broadcast whose rank 0 is
+ * not live is refused.  (A worker that left, LEAVE, is still counted: the
+ * workers that joined average their buffers together.)
  *
  * Ownership: a waiting request's route is moved in and kept until it is
  * answered, closed or destroyed; contributions are copied. */

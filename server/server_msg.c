@@ -85,22 +85,23 @@ static void io_drop(ps_server *s, const char *why)
         ps_warn("dropped a message with no usable header: %s", why);
 }
 
-/* Rank r joins (live 1) or leaves (0) the live set of every owner's shard,
- * of the barriers and of the collectives. */
+/* Rank r joins (live 1) or leaves (0) the live set of every owner's shard
+ * and of the barriers. */
 static void set_live(ps_server *s, int r, int live)
 {
     ps_cmd_frame cmd = {.cmd = PS_CMD_LIVE, .rank = r, .live = live};
     for (int i = 0; i < s->cfg.threads; i++)
         srv_send_cmd(s, i, &cmd, NULL, NULL);
     ps_barriers_set_live(s->barriers, r, live);
-    ps_colls_set_live(s->colls, r, live);
 }
 
 /* Apply --on-worker-loss to every worker silent for longer than the timeout. */
 void srv_check_workers(ps_server *s, int64_t now)
 {
-    for (int r; (r = ps_workers_check(s->workers, now)) >= 0;)
+    for (int r; (r = ps_workers_check(s->workers, now)) >= 0;) {
         set_live(s, r, 0);
+        ps_colls_set_live(s->colls, r, 0); /* gone: collectives go on without it */
+    }
 }
 
 /* ================= one handler per message type ================= */
@@ -155,6 +156,7 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         if (rejoined || s->left[h->rank]) {
             s->left[h->rank] = 0;
             set_live(s, h->rank, 1);
+            ps_colls_set_live(s->colls, h->rank, 1);
         }
     } else {
         ps_debug("hello from a tool (rank -1)");
@@ -326,17 +328,19 @@ static void io_on_collective(ps_server *s, zmq_msg_t *f, int nf, const ps_header
         io_error(s, &f[0], h, rc, why);
 }
 
-/* A worker is done (ps.torch's join): out of the live sets, so sync rounds,
- * barriers and collectives go on without it.  Its pulls are still answered
- * (with whatever the chunks hold); it is back when it says hello again. */
+/* A worker is done (ps.torch's join): out of the live sets, so sync rounds
+ * and barriers go on without it.  Its pulls are still answered (with
+ * whatever the chunks hold), and collectives still count it: after a join
+ * barrier every worker may average its buffers; one still training must not
+ * start one meanwhile.  It is back when it says hello again. */
 static void io_on_leave(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 {
     (void)nf;
     if (!s->left[h->rank]) {
         s->left[h->rank] = 1;
         set_live(s, h->rank, 0);
-        ps_info("worker %d is done (it left): rounds, barriers and collectives go on "
-                "without it", h->rank);
+        ps_info("worker %d is done (it left): rounds and barriers go on without it",
+                h->rank);
     }
     io_ack(s, &f[0], h);
 }

@@ -15,10 +15,12 @@
 #include "optimizer.h"
 #include "ps_client.h"
 #include "ps_error.h"
+#include "ps_exchange.h"
 #include "ps_opt_table.h"
 #include "ps_proto.h"
 #include "ps_test.h"
 #include "ps_test_server.h"
+#include "ps_time.h"
 #include "shard.h"
 
 static ps_shard *shard(int mode, int W, int kind, float lr)
@@ -478,5 +480,33 @@ PS_TEST(collectives_and_leave_through_a_server)
     CHECK(w[1] == -1.0f);
     ps_client_close(c0);
     ps_client_close(c1);
+    ps_test_stop(s.pid, 3000);
+}
+
+PS_TEST(the_start_barrier_gives_up_after_the_wait_timeout)
+{
+    srv s;
+    if (srv_start(&s, 2, "sync", "--optimizer sgd --lr 1") != 0)
+        SKIP("bin/ps_server is not built");
+    ps_client_options o;
+    ps_client_options_default(&o);
+    o.servers = s.ep;
+    o.num_workers = 2;
+    o.mode = PS_MODE_SYNC;
+    o.shm = 0;
+    ps_backend *b;
+    ps_exchange *x;
+    CHECK_OK(ps_backend_host_create(&b));
+    CHECK_OK(ps_exchange_open(&o, b, &x));
+    float w[4] = {0}, g[4] = {0};
+    CHECK_OK(ps_exchange_add(x, 9, 4, w, g, 0));
+    ps_exchange_set_init(x, 1);
+    ps_exchange_set_wait_timeout(x, 1500);
+    int64_t t0 = ps_now_ns();
+    CHECK_EQ_INT(ps_exchange_start(x), PS_ETIMEDOUT); /* worker 1 never comes */
+    int64_t ms = (ps_now_ns() - t0) / 1000000;
+    CHECK_MSG(ms >= 1400 && ms < 4000, "gave up after %lld ms", (long long)ms);
+    ps_exchange_close(x);
+    ps_backend_host_destroy(b);
     ps_test_stop(s.pid, 3000);
 }
