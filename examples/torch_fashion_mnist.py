@@ -14,6 +14,10 @@ environment, as ps_launch --exec sets them, or --servers):
   bin/ps_launch --servers 2 --workers 2 --mode async --exec /usr/bin/python3 \\
       examples/torch_fashion_mnist.py --epochs 2
 
+Servers started with --optimizer average (sync) or add (async) leave the
+update to the workers: each steps the torch optimizer of --optimizer
+(docs/TORCH.md).
+
 The device is --device, else PS_DEVICE (ps_launch sets cuda:0 for a worker
 it gave a GPU, cpu otherwise), else cpu.  On a GPU the model and each batch
 live there, and ps.torch stages gradients and weights through pinned host
@@ -117,8 +121,9 @@ def load(data_dir, split):
 
 
 def make_optimizer(args, params):
-    """The torch optimizer the flags describe (ps.torch checks its settings
-    against the servers' and never steps it; none and ddp step it)."""
+    """The torch optimizer the flags describe (with ps: run by the servers,
+    or stepped by every worker when they run --optimizer average or add;
+    none and ddp step it)."""
     kind = args.optimizer or os.environ.get("PS_OPTIMIZER") or "sgd"
     lr = args.lr if args.lr is not None else float(os.environ.get("PS_LR") or 0.05)
     mom = args.momentum if args.momentum is not None else float(
@@ -199,7 +204,10 @@ def setup(args, model):
     client = ps.Client(servers=args.servers, rank=args.rank, num_workers=args.num_workers,
                        mode=args.mode)
     given = args.optimizer or args.lr is not None or os.environ.get("PS_OPTIMIZER")
-    dopt = ps.torch.DistributedOptimizer(model, opt if given else None, client)
+    if given:  # the update where the servers say: theirs, or this optimizer on each worker
+        dopt = ps.torch.DistributedOptimizer(opt, model=model, client=client)
+    else:      # whatever the servers run
+        dopt = ps.torch.DistributedOptimizer(model, None, client)
     return dopt.model, dopt, client.rank, client.num_workers, dopt.model
 
 

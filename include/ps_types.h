@@ -77,8 +77,8 @@ enum ps_opt_kind {
      * average: sync only; the weights of version t+1 are the mean of the
      * round's pushes (the round's mean gradient, which every worker then
      * applies).  add: w += the push (a worker's weight delta; a push summing
-     * m deltas adds their sum).  Neither uses a hyper-parameter nor keeps
-     * state. */
+     * m deltas adds their sum; sync: the round's mean delta).  Neither uses
+     * a hyper-parameter nor keeps state. */
     PS_OPT_AVERAGE = 7,
     PS_OPT_ADD = 8
 };

@@ -5,23 +5,23 @@ As Horovod's and BytePS's, it is an instance of a class made on the spot
 that derives from the user's optimizer class (so isinstance holds, every
 lr_scheduler takes it, state_dict() and zero_grad() are torch's) and shares
 the user's optimizer's parameter groups and state.  What differs is step(),
-by where the update runs (`update`):
+by where the update runs (`update`; None: as the servers were started):
 
-  server  (the default when the servers can run the optimizer: SGD with or
-          without momentum or nesterov, Adam, Adagrad; ps_server
-          --optimizer ... as server_flags() says) the servers apply the
-          update while the workers compute; step() pushes what backward did
-          not, and a hyper-parameter that changed (a scheduler, a hand edit
-          of param_groups) is sent to them before the next pushes: sync
-          rounds from that step on use it, async pushes from then on.
-          state_dict() holds the servers' optimizer state (momentum, Adam's
-          moments and step), load_state_dict() gives it back to them.
-  worker  (any other optimizer; ps_server --optimizer average in sync
-          mode, add in async mode) every worker steps its own optimizer:
-          sync, the servers average the round's gradients, step() puts the
-          mean in .grad and steps (exact: every worker makes the same
-          update); async, step() steps and pushes what it changed in the
-          weights (the delta), which the servers add, as BytePS does.
+  server  (servers started with the optimizer: SGD with or without momentum
+          or nesterov, Adam, Adagrad, as server_flags() says) the servers
+          apply the update while the workers compute; step() pushes what
+          backward did not, and a hyper-parameter that changed (a
+          scheduler, a hand edit of param_groups) is sent to them before the
+          next pushes: sync rounds from that step on use it, async pushes
+          from then on.  state_dict() holds the servers' optimizer state
+          (momentum, Adam's moments and step), load_state_dict() gives it
+          back to them.
+  worker  (servers started with --optimizer average in sync mode, add in
+          async mode; any torch optimizer) every worker steps its own
+          optimizer: sync, the servers average the round's gradients, step()
+          puts the mean in .grad and steps (exact: every worker makes the
+          same update); async, step() steps and pushes what it changed in
+          the weights (the delta), which the servers add, as BytePS does.
 
 Gradients leave during backward (overlapping it) unless something edits
 them between backward and step() (clip_grad_norm_, GradScaler.unscale_):
@@ -275,6 +275,12 @@ class _Methods:
             ex.means_into_grads()
         ex._end_of_backward()  # edits from here on are the user's
         self._ps_synced = True
+
+    def zero_grad(self, set_to_none=False):
+        """torch's (in place by default, as torch 1.13's); noted, so the next
+        backward's pushes copy the gradient instead of adding it to zeros."""
+        super(self.__class__, self).zero_grad(set_to_none)
+        self._ps_ex.note_zeroed()
 
     @contextlib.contextmanager
     def skip_synchronize(self):

@@ -209,6 +209,7 @@ class Exchange:
         self._in_step = False         # begin_step ran for the step under way
         self._told_writes = False
         self._gver = [None] * n       # .grad (id, version) at the end of the last backward
+        self._zver = [None] * n       # .grad (id, version) as zero_grad left it: all zeros
         self._wver = [p._version for p in self.params]  # weights as we last left them
         self._end_queued = False
         self.wait_timeout = wait_timeout
@@ -420,8 +421,11 @@ class Exchange:
             return None
         self.begin_step()
         # what the optimizer would see: .grad after this backward adds to it
-        # (wrap()'s loops have no zero_grad: each backward's own gradient)
+        # (wrap()'s loops have no zero_grad: each backward's own gradient; a
+        # .grad that zero_grad left as it was adds nothing: a copy is cheaper)
         acc = None if self.auto_step else self.params[i].grad
+        if acc is not None and (id(acc), acc._version) == self._zver[i]:
+            acc = None
         if self.cuda and grad.is_cuda:
             self._push(i, grad if acc is None else acc + grad)
         else:
@@ -522,6 +526,11 @@ class Exchange:
             self._push(i, g)
         if self.cuda:
             self._drain(block=True)
+
+    def note_zeroed(self):
+        """zero_grad just ran: .grad as it is now holds zeros."""
+        self._zver = [None if p.grad is None else (id(p.grad), p.grad._version)
+                      for p in self.params]
 
     def end_step(self):
         self.pushed = [False] * len(self.params)
