@@ -586,8 +586,10 @@ int ps_client_start(ps_client *c)
 
 const char *ps_client_last_error(const ps_client *c) { return c ? c->last_error : open_error; }
 
-/* Post `type` to each server in [lo, hi) and wait for every reply. */
-static int ctl_all(ps_client *c, uint32_t type, int lo, int hi, int64_t step, void *out)
+/* Post `type` to each server in [lo, hi) and wait for every reply; server
+ * s's reply goes to out + (s - lo) * stride (stride 0: all to out). */
+static int ctl_all(ps_client *c, uint32_t type, int lo, int hi, int64_t step, void *out,
+                   size_t stride)
 {
     int n = hi - lo;
     ps_request one, *reqs = n == 1 ? &one : calloc((size_t)n, sizeof *reqs);
@@ -596,7 +598,8 @@ static int ctl_all(ps_client *c, uint32_t type, int lo, int hi, int64_t step, vo
     int rc = 0;
     int posted = 0;
     for (int s = lo; s < hi && !rc; s++, posted++)
-        rc = post_ctl(c, type, s, step, out, &reqs[s - lo]);
+        rc = post_ctl(c, type, s, step, out ? (char *)out + (size_t)(s - lo) * stride : NULL,
+                      &reqs[s - lo]);
     if (rc) {
         set_last_error(c, "cannot post %s: %s", ps_msg_type_name(type), ps_strerror(rc));
         posted--;
@@ -624,31 +627,13 @@ int ps_client_hyper(ps_client *c, const ps_opt_config *change, int64_t from_step
     }
     c->last_error[0] = 0;
     ps_hello *reps = calloc((size_t)c->nservers, sizeof *reps);
-    ps_request *reqs = calloc((size_t)c->nservers, sizeof *reqs);
-    if (!reps || !reqs) {
-        free(reps);
-        free(reqs);
+    if (!reps)
         return PS_ENOMEM;
-    }
     c->hyper = *change;
-    int rc = 0, posted = 0;
-    for (int s = 0; s < c->nservers && !rc; s++, posted++)
-        rc = post_ctl(c, PS_MSG_HYPER, s, from_step, &reps[s], &reqs[s]);
-    if (rc) {
-        set_last_error(c, "cannot post hyper: %s", ps_strerror(rc));
-        posted--;
-    }
-    for (int k = 0; k < posted; k++) {
-        int st = ps_request_wait(&reqs[k]);
-        if (st && !rc) {
-            rc = st;
-            set_last_error(c, "%s", reqs[k].err);
-        }
-    }
+    int rc = ctl_all(c, PS_MSG_HYPER, 0, c->nservers, from_step, reps, sizeof *reps);
     if (!rc && now)
         *now = reps[0].opt;
     free(reps);
-    free(reqs);
     return rc;
 }
 
@@ -661,7 +646,7 @@ int ps_client_leave(ps_client *c)
         return PS_ESTATE;
     }
     c->last_error[0] = 0;
-    return ctl_all(c, PS_MSG_LEAVE, 0, c->nservers, 0, NULL);
+    return ctl_all(c, PS_MSG_LEAVE, 0, c->nservers, 0, NULL, 0);
 }
 
 int ps_client_barrier(ps_client *c, int64_t id)
@@ -673,7 +658,7 @@ int ps_client_barrier(ps_client *c, int64_t id)
         return PS_ESTATE;
     }
     c->last_error[0] = 0;
-    return ctl_all(c, PS_MSG_BARRIER, 0, 1, id, NULL);
+    return ctl_all(c, PS_MSG_BARRIER, 0, 1, id, NULL, 0);
 }
 
 int ps_client_barrier_post(ps_client *c, int64_t id, ps_request *req)
@@ -695,7 +680,7 @@ int ps_client_stats(ps_client *c, int server, ps_stats *out)
     c->last_error[0] = 0;
     memset(out, 0, sizeof *out);
     psc_stats_out so = {out, NULL};
-    return ctl_all(c, PS_MSG_STATS, server, server + 1, 0, &so);
+    return ctl_all(c, PS_MSG_STATS, server, server + 1, 0, &so, 0);
 }
 
 /* How long ps_client_barrier_info waits for server 0's answer. */
@@ -729,7 +714,7 @@ int ps_client_shutdown_servers(ps_client *c)
     if (!c)
         return PS_EINVAL;
     c->last_error[0] = 0;
-    return ctl_all(c, PS_MSG_SHUTDOWN, 0, c->nservers, 0, NULL);
+    return ctl_all(c, PS_MSG_SHUTDOWN, 0, c->nservers, 0, NULL, 0);
 }
 
 int ps_client_set_wire_dtype(ps_client *c, int dtype)

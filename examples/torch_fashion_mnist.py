@@ -31,7 +31,7 @@ the torch optimizer steps locally) and --backend ddp (torch.distributed,
 gloo, DistributedDataParallel; rank and size from PS_RANK/PS_NUM_WORKERS or
 --rank/--num-workers, rendezvous on 127.0.0.1:--ddp-port).
 
-Data: the IDX files of --data (plain gzip and struct, no download), pixels
+Data: the IDX files of --data (examples/idx_data.py, no download), pixels
 scaled to [0, 1].  Each epoch is shuffled from --seed the same way on every
 worker and cut into global batches of batch x workers; worker r trains on
 slice r of each, so W workers x batch b see what 1 worker x batch W*b sees.
@@ -41,9 +41,7 @@ wall time it tells how long the thread waited: for the servers, or for a
 core).
 """
 import argparse
-import gzip
 import os
-import struct
 import sys
 import time
 
@@ -73,6 +71,8 @@ try:
 except ImportError:  # run from the source tree, not installed
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
     import ps.torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from idx_data import read_idx  # noqa: E402 (the IDX files, without torchvision)
 
 
 class CNN(nn.Module):
@@ -96,21 +96,6 @@ class CNN(nn.Module):
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         x = F.relu(self.fc1(x.flatten(1)))
         return self.fc2(x)
-
-
-def read_idx(path):
-    """An IDX file (optionally .gz) as a tensor: uint8 images or labels."""
-    if not os.path.exists(path) and os.path.exists(path + ".gz"):
-        path += ".gz"
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        data = f.read()
-    zero, dtype, ndim = struct.unpack(">HBB", data[:4])
-    if zero != 0 or dtype != 0x08:
-        raise ValueError("%s: not an IDX file of unsigned bytes" % path)
-    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
-    t = torch.frombuffer(bytearray(data[4 + 4 * ndim:]), dtype=torch.uint8)
-    return t.view(*dims)
 
 
 def load(data_dir, split):

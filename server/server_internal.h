@@ -87,6 +87,8 @@ struct ps_server {
 
 /* Put [id, h] on the ROUTER (id is emptied). */
 void srv_send(ps_server *s, zmq_msg_t *id, const ps_header *h);
+/* The same with a payload frame after the header (moved; NULL: none). */
+void srv_send_payload(ps_server *s, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload);
 /* The same, as the ps_reply_to of barriers and stats requests (user: s). */
 void srv_reply_hook(void *user, zmq_msg_t *id, const ps_header *h);
 /* Hand [cmd, id?, payload?] to update thread `owner` (cmd copied; id and

@@ -348,18 +348,7 @@ static void io_on_leave(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 /* ps_coll_to: [id, header, payload?] on the ROUTER. */
 static void coll_send(void *user, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload)
 {
-    ps_server *s = user;
-    char buf[PS_HEADER_MAX];
-    size_t len;
-    if (ps_proto_encode(h, buf, sizeof buf, &len) != 0) {
-        ps_error("cannot encode a %s reply", ps_msg_type_name(h->type));
-        return;
-    }
-    if (zmq_msg_send(id, s->router, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
-        return;
-    zmq_send(s->router, buf, len, ZMQ_DONTWAIT | (payload ? ZMQ_SNDMORE : 0));
-    if (payload)
-        zmq_msg_send(payload, s->router, ZMQ_DONTWAIT);
+    srv_send_payload(user, id, h, payload);
 }
 
 ps_coll_to srv_coll_to(ps_server *s) { return (ps_coll_to){s, coll_send}; }

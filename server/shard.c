@@ -512,16 +512,12 @@ static const ps_opt_config *opt_of_round(ps_shard *s, int64_t round)
     return c;
 }
 
-/* One update.  In place when no reply holds the current weights; otherwise
- * out of place, into a buffer no reply holds (ps_shard_pin made sure there is
- * one), which becomes the current one: a reply in flight keeps exactly the
+/* The buffer new weights of ch go to: the current one when no reply holds
+ * it; otherwise one no reply holds (ps_shard_pin made sure there is one),
+ * which then becomes the current one: a reply in flight keeps exactly the
  * weights of the version it names. */
-/* One update with gradient g, which sums m pushes (async: a worker's
- * accumulated gradients; else 1): the version and the update count go up by
- * m, and the optimizer's step count t is that of the last of them. */
-static void apply(ps_shard *s, chunk *ch, const float *g, int64_t m)
+static int write_buffer(ps_shard *s, chunk *ch)
 {
-    int64_t t0 = s->trace ? ps_now_ns() : 0;
     int dst = ch->cur;
     if (wbuf_pinned(ch->buf[ch->cur])) {
         dst = free_buffer(ch);
@@ -533,6 +529,17 @@ static void apply(ps_shard *s, chunk *ch, const float *g, int64_t m)
             dst = ch->cur;
         }
     }
+    return dst;
+}
+
+/* One update, into write_buffer's buffer. */
+/* One update with gradient g, which sums m pushes (async: a worker's
+ * accumulated gradients; else 1): the version and the update count go up by
+ * m, and the optimizer's step count t is that of the last of them. */
+static void apply(ps_shard *s, chunk *ch, const float *g, int64_t m)
+{
+    int64_t t0 = s->trace ? ps_now_ns() : 0;
+    int dst = write_buffer(s, ch);
     float *out = wbuf_data(ch->buf[dst]);
     /* sync: the round's hyper-parameters (ps_shard_set_opt) */
     ps_opt_apply_to(opt_of_round(s, ch->version), ch->w, out, ch->s0, ch->s1, g, ch->n,
@@ -923,15 +930,7 @@ int ps_shard_assign(ps_shard *s, uint64_t key, uint32_t c, const float *w, size_
             (unsigned long long)key, c, ch->n);
         return PS_EPROTO;
     }
-    /* as apply: a reply in flight keeps the weights it names */
-    int dst = ch->cur;
-    if (wbuf_pinned(ch->buf[ch->cur])) {
-        dst = free_buffer(ch);
-        if (dst < 0)
-            dst = add_spare(s, ch, 1);
-        if (dst < 0)
-            dst = ch->cur;
-    }
+    int dst = write_buffer(s, ch); /* a reply in flight keeps the weights it names */
     float *out = wbuf_data(ch->buf[dst]);
     memcpy(out, w, n * sizeof(float));
     ch->cur = dst;

@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import unittest
@@ -424,7 +423,6 @@ print("model", model(torch.ones(1, 4)).shape)
 
 
 WAITER = r"""
-import sys
 sys.path.insert(0, %r)
 import torch, torch.nn as nn, ps, ps.torch
 torch.set_num_threads(1)
