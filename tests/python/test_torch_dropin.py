@@ -23,24 +23,19 @@ import unittest
 
 import pstest
 
+from test_torch import Net, data, flat, need_torch, run_workers
+
 try:
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
     import ps
     import ps.torch
-except ImportError as e:  # python3-torch missing: every case says so
+except ImportError:  # python3-torch missing: need_torch skips every case, saying so
     torch = nn = None
-    NO_TORCH = "no torch (%s; make deps installs python3-torch)" % e
-
-from test_torch import Net, data, flat, run_workers
 
 ROOT = pstest.ROOT
 FMNIST = "/usr/share/datasets/fashion-mnist"
-
-
-def need_torch(test):
-    return test if torch is not None else unittest.skip(NO_TORCH)(test)
 
 
 def f32(x):
