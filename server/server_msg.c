@@ -294,10 +294,12 @@ static void io_on_hyper(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         int64_t from = h->push_step > 0 ? h->push_step : 0;
         char d[256];
         ps_opt_describe(&next, d, sizeof d);
-        ps_info("worker %d changed the optimizer: %s, %s", h->rank, d,
-                s->cfg.mode == PS_MODE_SYNC ? "from this round on" : "from the next push on");
         if (s->cfg.mode == PS_MODE_SYNC)
-            ps_debug("(sync: rounds from step %lld on)", (long long)from);
+            ps_info("worker %d changed the optimizer to %s: the rounds from step %lld on use "
+                    "it", h->rank, d, (long long)from);
+        else
+            ps_info("worker %d changed the optimizer to %s: the pushes from now on use it",
+                    h->rank, d);
         s->opt_now = next;
         ps_cmd_frame cmd = {.cmd = PS_CMD_OPT, .h = *h};
         cmd.h.hello.opt = next;

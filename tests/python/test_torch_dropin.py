@@ -418,6 +418,7 @@ print("model", model(torch.ones(1, 4)).shape)
 
 
 WAITER = r"""
+import sys
 sys.path.insert(0, %r)
 import torch, torch.nn as nn, ps, ps.torch
 torch.set_num_threads(1)
