@@ -55,13 +55,15 @@
  *  - The I/O thread alone owns the ROUTER.  It receives every message,
  *    decodes and checks the header (ps_proto_decode, ps_proto_check_payload,
  *    rank < num_workers, hello first), and answers control messages itself:
- *    hello, barrier, stats, shutdown, heartbeat.
+ *    hello, barrier, stats, shutdown, heartbeat, and ps.torch's hyper (to
+ *    every owner as PS_CMD_OPT), allreduce, broadcast and leave.
  *  - Update thread i owns every chunk with ps_server_owner(key, chunk, T) == i,
  *    in its own ps_shard (server/shard.h): weights, optimizer state, versions,
  *    per-worker clocks, sync round sums, queued pulls.  Nothing is shared, so
  *    nothing is locked; the only shared datum is the atomic memory charge
  *    taken when a chunk is created.
- *  - The I/O thread hands init/push/pull/pushpull to the owner over that
+ *  - The I/O thread hands init/push/pull/pushpull (and ps.torch's assign,
+ *    state, setstate, clock) to the owner over that
  *    thread's PAIR socket: a small command frame (the decoded header), the
  *    ROUTER identity and the payload frame, moved with zmq_msg_send (no copy).
  *  - The owner answers over the same PAIR: [tag, identity, header, payload];

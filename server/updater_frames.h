@@ -8,7 +8,8 @@
  * zmq_msg_send (no copy): whoever sends one no longer owns it.
  *
  * I/O thread -> owner: the first frame is a ps_cmd_frame.
- *   PS_CMD_REQ    [cmd] [identity] [payload?]  an init, push, pull or pushpull;
+ *   PS_CMD_REQ    [cmd] [identity] [payload?]  an init, push, pull or pushpull (or an
+ *                                              assign, state, setstate or clock);
  *                                              cmd.h is its decoded and checked header,
  *                                              cmd.mut its mutation number;
  *                                              with PS_FLAG_SHM no payload frame: the

@@ -283,7 +283,8 @@ class Client:
     Every argument left None comes from the environment, as for ps_worker
     (the same variables, from libps's settings table), else ps_worker's
     default:
-      servers       "tcp://H:P,..." or a list; PS_SERVERS
+      servers       "tcp://H:P,..." or a list; PS_SERVERS, else one server at
+                    MASTER_ADDR (torchrun's) on port PS_PORT (5555)
       rank          PS_RANK, RANK (torchrun), SLURM_PROCID, OMPI_COMM_WORLD_RANK,
                     PMI_RANK (0)
       num_workers   PS_NUM_WORKERS, WORLD_SIZE (torchrun), SLURM_NTASKS,
