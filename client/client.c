@@ -74,7 +74,8 @@ static long find_tensor(const ps_client *c, uint64_t key)
 }
 
 static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src, float *dst,
-                     int64_t step, int npush, ps_ready_fn ready, void *ready_arg, ps_request *req)
+                     int64_t step, int npush, ps_ready_fn ready, void *ready_arg, int planes,
+                     ps_request *req)
 {
     if (!req)
         return PS_EINVAL;
@@ -85,7 +86,9 @@ static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src
     else if ((t = find_tensor(c, key)) < 0)
         rc = PS_ENOTFOUND;
     else if ((ps_msg_request_has_payload(type) && !src) || (ps_msg_reply_has_payload(type) && !dst) ||
-             step < 0 || step > INT64_MAX / 2 || npush < 1 || npush > (1 << 30) ||
+             step < (type == PS_MSG_SETSTATE ? -1 : 0) || step > INT64_MAX / 2 || npush < 1 ||
+             npush > (1 << 30) || planes < 1 ||
+             planes > 2 ||
              (npush > 1 && c->opt.mode != PS_MODE_ASYNC))
         rc = PS_EINVAL;
     if (rc) {
@@ -96,7 +99,7 @@ static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src
     psc_req_reset(c, req, nchunks * (ps_msg_request_has_payload(type) ? 2 : 1));
     psc_op o = {.type = type, .server = -1, .tensor = (uint32_t)t, .src = src, .dst = dst,
             .step = step, .req = req, .out = NULL, .ready = ready, .ready_arg = ready_arg,
-            .npush = npush};
+            .npush = npush, .planes = planes};
     rc = psc_post(c, &o);
     if (rc)
         psc_req_fail(req, rc, ps_strerror(rc));
@@ -105,41 +108,41 @@ static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src
 
 int ps_client_init(ps_client *c, uint64_t key, const float *values, ps_request *req)
 {
-    return post_data(c, PS_MSG_INIT, key, values, NULL, 0, 1, NULL, NULL, req);
+    return post_data(c, PS_MSG_INIT, key, values, NULL, 0, 1, NULL, NULL, 1, req);
 }
 
 int ps_client_push(ps_client *c, uint64_t key, const float *grad, int64_t step, ps_request *req)
 {
-    return post_data(c, PS_MSG_PUSH, key, grad, NULL, step, 1, NULL, NULL, req);
+    return post_data(c, PS_MSG_PUSH, key, grad, NULL, step, 1, NULL, NULL, 1, req);
 }
 
 int ps_client_pull(ps_client *c, uint64_t key, float *dst, int64_t step, ps_request *req)
 {
-    return post_data(c, PS_MSG_PULL, key, NULL, dst, step, 1, NULL, NULL, req);
+    return post_data(c, PS_MSG_PULL, key, NULL, dst, step, 1, NULL, NULL, 1, req);
 }
 
 int ps_client_pushpull(ps_client *c, uint64_t key, const float *grad, float *dst, int64_t step,
                        ps_request *req)
 {
-    return post_data(c, PS_MSG_PUSHPULL, key, grad, dst, step, 1, NULL, NULL, req);
+    return post_data(c, PS_MSG_PUSHPULL, key, grad, dst, step, 1, NULL, NULL, 1, req);
 }
 
 int ps_client_push_when(ps_client *c, uint64_t key, const float *grad, int64_t step,
                         ps_ready_fn ready, void *ready_arg, ps_request *req)
 {
-    return post_data(c, PS_MSG_PUSH, key, grad, NULL, step, 1, ready, ready_arg, req);
+    return post_data(c, PS_MSG_PUSH, key, grad, NULL, step, 1, ready, ready_arg, 1, req);
 }
 
 int ps_client_push_sum(ps_client *c, uint64_t key, const float *sum, int64_t step, int count,
                        ps_ready_fn ready, void *ready_arg, ps_request *req)
 {
-    return post_data(c, PS_MSG_PUSH, key, sum, NULL, step, count, ready, ready_arg, req);
+    return post_data(c, PS_MSG_PUSH, key, sum, NULL, step, count, ready, ready_arg, 1, req);
 }
 
 int ps_client_pushpull_sum(ps_client *c, uint64_t key, const float *sum, float *dst, int64_t step,
                            int count, ps_ready_fn ready, void *ready_arg, ps_request *req)
 {
-    return post_data(c, PS_MSG_PUSHPULL, key, sum, dst, step, count, ready, ready_arg, req);
+    return post_data(c, PS_MSG_PUSHPULL, key, sum, dst, step, count, ready, ready_arg, 1, req);
 }
 
 /* ---- tables ---- */
@@ -263,6 +266,63 @@ static int post_ctl(ps_client *c, uint32_t type, int server, int64_t step, void 
     return rc;
 }
 
+/* ---------- what ps.torch asks of the servers ---------- */
+
+int ps_client_assign(ps_client *c, uint64_t key, const float *w, ps_request *req)
+{
+    return post_data(c, PS_MSG_ASSIGN, key, w, NULL, 0, 1, NULL, NULL, 1, req);
+}
+
+int ps_client_state(ps_client *c, uint64_t key, float *dst, int nstate, ps_request *req)
+{
+    return post_data(c, PS_MSG_STATE, key, NULL, dst, 0, 1, NULL, NULL, nstate, req);
+}
+
+int ps_client_set_state(ps_client *c, uint64_t key, const float *src, int nstate,
+                        int64_t opt_step, ps_request *req)
+{
+    return post_data(c, PS_MSG_SETSTATE, key, src, NULL, opt_step, 1, NULL, NULL, nstate, req);
+}
+
+int ps_client_clock(ps_client *c, uint64_t key, ps_request *req)
+{
+    return post_data(c, PS_MSG_CLOCK, key, NULL, NULL, 0, 1, NULL, NULL, 1, req);
+}
+
+/* A collective: to server 0, with its payload both ways. */
+static int post_coll(ps_client *c, uint32_t type, int64_t id, const float *src, float *dst,
+                     size_t count, ps_request *req)
+{
+    if (!req)
+        return PS_EINVAL;
+    int rc = !c || !src || !dst || count == 0 || id < 0 || id > INT64_MAX / 2 ||
+                     count * sizeof(float) > PS_MAX_PAYLOAD_BYTES
+                 ? PS_EINVAL
+                 : !c->started ? PS_ESTATE : 0;
+    if (rc) {
+        psc_req_fail(req, rc, rc == PS_ESTATE ? "collective before start" : ps_strerror(rc));
+        return rc;
+    }
+    psc_req_reset(c, req, 2); /* the reply and the payload's release */
+    psc_op o = {.type = type, .server = 0, .src = src, .dst = dst, .count = count, .step = id,
+                .req = req};
+    if ((rc = psc_post(c, &o)))
+        psc_req_fail(req, rc, ps_strerror(rc));
+    return rc;
+}
+
+int ps_client_allreduce(ps_client *c, int64_t id, const float *src, float *dst, size_t count,
+                        ps_request *req)
+{
+    return post_coll(c, PS_MSG_ALLREDUCE, id, src, dst, count, req);
+}
+
+int ps_client_broadcast(ps_client *c, int64_t id, const float *src, float *dst, size_t count,
+                        ps_request *req)
+{
+    return post_coll(c, PS_MSG_BROADCAST, id, src, dst, count, req);
+}
+
 /* Give up on req: fail its outstanding messages with `code` and wait until
  * the comm thread has let go of it.  A cancel that cannot be posted means
  * the comm thread is ending (closed or interrupted) and fails everything
@@ -383,7 +443,7 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
     if (cb < sizeof(float) || cb > PS_MAX_PAYLOAD_BYTES)
         return open_fail(PS_EINVAL, "chunk_bytes must be in [4, %llu], got %zu",
                          (unsigned long long)PS_MAX_PAYLOAD_BYTES, cb);
-    if (o->expect.kind < PS_OPT_NONE || o->expect.kind > PS_OPT_KIND_MAX ||
+    if ((o->expect.kind != PS_OPT_NONE && !ps_opt_kind_valid(o->expect.kind)) ||
         o->hello_timeout_ms < 0 || o->request_timeout_ms < 0 || o->heartbeat_ms < 0 ||
         o->server_timeout_ms < 0)
         return open_fail(PS_EINVAL, "bad optimizer kind %d or negative timeout",
@@ -699,8 +759,10 @@ int ps_client_start(ps_client *c)
 
 const char *ps_client_last_error(const ps_client *c) { return c ? c->last_error : open_error; }
 
-/* Post `type` to each server in [lo, hi) and wait for every reply. */
-static int ctl_all(ps_client *c, uint32_t type, int lo, int hi, int64_t step, void *out)
+/* Post `type` to each server in [lo, hi) and wait for every reply; server
+ * s's reply goes to out + (s - lo) * stride (stride 0: all to out). */
+static int ctl_all(ps_client *c, uint32_t type, int lo, int hi, int64_t step, void *out,
+                   size_t stride)
 {
     int n = hi - lo;
     ps_request one, *reqs = n == 1 ? &one : calloc((size_t)n, sizeof *reqs);
@@ -709,7 +771,8 @@ static int ctl_all(ps_client *c, uint32_t type, int lo, int hi, int64_t step, vo
     int rc = 0;
     int posted = 0;
     for (int s = lo; s < hi && !rc; s++, posted++)
-        rc = post_ctl(c, type, s, step, out, &reqs[s - lo]);
+        rc = post_ctl(c, type, s, step, out ? (char *)out + (size_t)(s - lo) * stride : NULL,
+                      &reqs[s - lo]);
     if (rc) {
         set_last_error(c, "cannot post %s: %s", ps_msg_type_name(type), ps_strerror(rc));
         posted--;
@@ -726,6 +789,46 @@ static int ctl_all(ps_client *c, uint32_t type, int lo, int hi, int64_t step, vo
     return rc;
 }
 
+int ps_client_hyper(ps_client *c, const ps_opt_config *change, int64_t from_step,
+                    ps_opt_config *now)
+{
+    if (!c || !change || from_step < 0 || from_step > INT64_MAX / 2)
+        return PS_EINVAL;
+    if (!c->started) {
+        set_last_error(c, "hyper-parameters before start");
+        return PS_ESTATE;
+    }
+    c->last_error[0] = 0;
+    /* a value out of its flag's range is no change to ask for (the servers
+     * would refuse the message) */
+    char why[200];
+    if (ps_opt_check(change, 1, why, sizeof why)) {
+        set_last_error(c, "hyper-parameters: %s", why);
+        return PS_EINVAL;
+    }
+    ps_hello *reps = calloc((size_t)c->nservers, sizeof *reps);
+    if (!reps)
+        return PS_ENOMEM;
+    c->hyper = *change;
+    int rc = ctl_all(c, PS_MSG_HYPER, 0, c->nservers, from_step, reps, sizeof *reps);
+    if (!rc && now)
+        *now = reps[0].opt;
+    free(reps);
+    return rc;
+}
+
+int ps_client_leave(ps_client *c)
+{
+    if (!c)
+        return PS_EINVAL;
+    if (!c->started) {
+        set_last_error(c, "leave before start");
+        return PS_ESTATE;
+    }
+    c->last_error[0] = 0;
+    return ctl_all(c, PS_MSG_LEAVE, 0, c->nservers, 0, NULL, 0);
+}
+
 int ps_client_barrier(ps_client *c, int64_t id)
 {
     if (!c || id < 0 || id > INT64_MAX / 2)
@@ -735,7 +838,7 @@ int ps_client_barrier(ps_client *c, int64_t id)
         return PS_ESTATE;
     }
     c->last_error[0] = 0;
-    return ctl_all(c, PS_MSG_BARRIER, 0, 1, id, NULL);
+    return ctl_all(c, PS_MSG_BARRIER, 0, 1, id, NULL, 0);
 }
 
 int ps_client_barrier_post(ps_client *c, int64_t id, ps_request *req)
@@ -757,7 +860,7 @@ int ps_client_stats(ps_client *c, int server, ps_stats *out)
     c->last_error[0] = 0;
     memset(out, 0, sizeof *out);
     psc_stats_out so = {out, NULL};
-    return ctl_all(c, PS_MSG_STATS, server, server + 1, 0, &so);
+    return ctl_all(c, PS_MSG_STATS, server, server + 1, 0, &so, 0);
 }
 
 /* How long ps_client_barrier_info waits for server 0's answer. */
@@ -791,7 +894,7 @@ int ps_client_shutdown_servers(ps_client *c)
     if (!c)
         return PS_EINVAL;
     c->last_error[0] = 0;
-    return ctl_all(c, PS_MSG_SHUTDOWN, 0, c->nservers, 0, NULL);
+    return ctl_all(c, PS_MSG_SHUTDOWN, 0, c->nservers, 0, NULL, 0);
 }
 
 int ps_client_set_wire_dtype(ps_client *c, int dtype)

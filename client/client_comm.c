@@ -188,17 +188,20 @@ static void fill_header(const ps_client *c, uint32_t i, ps_header *h)
     h->key = s->key;
     h->chunk = s->chunk;
     ps_header_set_s(h, s->step); /* what `s` means for the type (ps_msg_table.h) */
-    h->npush = s->type == PS_MSG_PUSH || s->type == PS_MSG_PUSHPULL ? s->npush : 0;
+    int grad = s->type == PS_MSG_PUSH || s->type == PS_MSG_PUSHPULL;
+    h->npush = grad ? s->npush : 0;
     if (ps_msg_request_has_payload(s->type)) {
         h->count = s->count;
-        /* gradients in the wire type; an init's first weights stay exact */
-        h->dtype = s->type == PS_MSG_INIT ? PS_DTYPE_F32 : c->wire_dtype;
+        /* gradients in the wire type; weights, state and collectives stay exact */
+        h->dtype = grad ? c->wire_dtype : PS_DTYPE_F32;
     }
     if (s->type == PS_MSG_INIT)
         h->total = s->total;
-    if (s->type == PS_MSG_HELLO) {
+    if (s->type == PS_MSG_HELLO || s->type == PS_MSG_HYPER) {
         h->hello = c->hello_req;
         h->hello.server_rank = s->server;
+        if (s->type == PS_MSG_HYPER)
+            h->hello.opt = c->hyper;
     }
     for (size_t t = 0; s->type == PS_MSG_TABLE && t < c->ntables; t++)
         if (c->tables[t].key == s->key)
@@ -456,9 +459,10 @@ static void do_op(ps_client *c, const psc_op *o)
         do_sparse(c, o);
         return;
     }
-    if (o->type == PS_MSG_INIT || o->type == PS_MSG_PUSH || o->type == PS_MSG_PULL ||
-        o->type == PS_MSG_PUSHPULL) {
+    /* a message per chunk for the types that name one (init, push, pull ...) */
+    if (ps_msg_info_of(o->type)->req_keys & PS_HK(C)) {
         const ps_placement *p = &c->place;
+        size_t planes = o->planes > 1 ? (size_t)o->planes : 1;
         size_t first = p->first_chunk[o->tensor], n = p->tensor_chunks[o->tensor];
         int payload = ps_msg_request_has_payload(o->type);
         for (size_t k = 0; k < n; k++) {
@@ -475,10 +479,10 @@ static void do_op(ps_client *c, const psc_op *o)
             psc_sub *s = &c->slots->sub[i];
             s->key = cp->key;
             s->chunk = cp->chunk;
-            s->count = cp->count;
+            s->count = cp->count * planes;
             s->total = c->specs[o->tensor].count;
-            s->src = o->src ? o->src + cp->offset : NULL;
-            s->dst = o->dst ? o->dst + cp->offset : NULL;
+            s->src = o->src ? o->src + cp->offset * planes : NULL;
+            s->dst = o->dst ? o->dst + cp->offset * planes : NULL;
             sub_send(c, i);
         }
         return;
@@ -488,10 +492,16 @@ static void do_op(ps_client *c, const psc_op *o)
     if (i == PSC_NO_SLOT) {
         psc_set_error(r, PS_ENOMEM, "out of memory for request slots");
         psc_part_done(c, r);
+        if (ps_msg_request_has_payload(o->type))
+            psc_part_done(c, r);
         return;
     }
     if (o->type == PS_MSG_TABLE)
         c->slots->sub[i].key = c->tables[o->tensor].key;
+    /* a collective's payload, both ways */
+    c->slots->sub[i].src = o->src;
+    c->slots->sub[i].dst = o->dst;
+    c->slots->sub[i].count = o->count;
     sub_send(c, i);
 }
 
@@ -635,11 +645,22 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
     case PS_MSG_PUSH:
     case PS_MSG_PULL:
     case PS_MSG_PUSHPULL:
-        if (r->version < 0 || h.chunk_version < r->version)
-            r->version = h.chunk_version;
+    case PS_MSG_ASSIGN:
+    case PS_MSG_SETSTATE:
+    case PS_MSG_STATE:
+    case PS_MSG_CLOCK: {
+        /* what `s` says for the type: the smallest over the chunks */
+        int64_t v = ps_header_get_s(&h);
+        if (r->version < 0 || v < r->version)
+            r->version = v;
         break;
+    }
     case PS_MSG_HELLO:
         psc_tokens_keep(c, s->server, &h.hello);
+        if (s->out)
+            *(ps_hello *)s->out = h.hello;
+        break;
+    case PS_MSG_HYPER:
         if (s->out)
             *(ps_hello *)s->out = h.hello;
         break;
@@ -653,6 +674,8 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
         }
         break;
     case PS_MSG_BARRIER:
+    case PS_MSG_ALLREDUCE:
+    case PS_MSG_BROADCAST:
         r->version = h.barrier_id;
         break;
     default:

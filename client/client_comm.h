@@ -27,6 +27,9 @@ typedef struct psc_op {
     ps_ready_fn ready;/* push_when: send once ready(ready_arg) != 0 */
     void *ready_arg;
     int npush;        /* push: how many gradients src sums (ps_client_push_sum) */
+    int planes;       /* state, setstate: floats per element in src/dst (the optimizer's
+                         state arrays, chunk after chunk); else 0 (one) */
+    size_t count;     /* control messages with a payload (collectives): its elements */
     int code;         /* PSC_OP_CANCEL: the PS_E* code its sub-requests fail with */
     /* tables (SPULL, SPUSH, SPUSHPULL: tensor is the table's index in c->tables;
      * TABLE: too, to `server`): the ids pulled (SPULL) or pushed with src, and

@@ -102,6 +102,9 @@ struct ps_client {
     psc_table *tables;
     size_t ntables, cap_tables;
     uint32_t *server_parts;
+    ps_opt_config hyper;   /* the change a HYPER request carries (ps_client_hyper, one
+                              at a time; the queue mutex orders it before the comm
+                              thread reads it) */
     uint32_t wire_dtype;   /* pushes' and pulls' payload frames (ps_client_set_wire_dtype) */
     /* Set once by start when every server answered its hello (atomic: the
      * comm thread reads it): from then on heartbeats go, silent servers are

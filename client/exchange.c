@@ -17,10 +17,10 @@
 #define WAIT_EVENT_NS 20000
 /* The barrier every worker reaches after its last step. */
 #define FINAL_BARRIER_ID 1
-/* While the final barrier waits, say for whom: first after this long, then
- * this often. */
-#define FINAL_NOTE_FIRST_NS (5LL * 1000000000LL)
-#define FINAL_NOTE_EVERY_NS (10LL * 1000000000LL)
+/* While the start or final barrier waits, say for whom: first after this
+ * long, then this often. */
+#define WAIT_NOTE_FIRST_NS (5LL * 1000000000LL)
+#define WAIT_NOTE_EVERY_NS (10LL * 1000000000LL)
 
 /* Gradient buffers per tensor: one on the wire, one backward writes, and in
  * async mode one more for the sum of the gradients that came while the wire
@@ -81,6 +81,7 @@ struct ps_exchange {
     int failed;        /* a request failure was logged */
     int device_rc;     /* a gradient copy off the device failed: its PS_E* (atomic;
                         * set on the comm thread by copy_done) */
+    int wait_timeout_ms; /* the start and final barriers give up after it (0: never) */
     /* local aggregation (ps_exchange_set_local_group) */
     char lg_name[256];
     int lg_rank, lg_size, lg_timeout_ms;
@@ -454,6 +455,67 @@ int ps_exchange_set_local_group(ps_exchange *x, const char *name, int local_rank
     return 0;
 }
 
+/* ---------- the start and final barriers ---------- */
+
+/* Barrier `id` (the `what` one) still waits: say for whom (server 0
+ * knows), at `level`, so a run whose other workers never came, were
+ * refused, or died, does not look hung. */
+static void note_wait(ps_exchange *x, int64_t id, const char *what, int level)
+{
+    const char *why = "every worker waits here for all --num-workers";
+    ps_barrier_info bi;
+    int rc = ps_client_barrier_info(x->client, &bi);
+    if (!worth_logging(x, rc))
+        return;
+    if (rc || bi.id != id || bi.missing == 0) {
+        ps_log(level, "waiting at the %s barrier for the other workers (%s %d)", what, why,
+               x->num_workers);
+        return;
+    }
+    char who[512];
+    size_t off = (size_t)snprintf(who, sizeof who, "worker%s", bi.missing > 1 ? "s" : "");
+    for (uint32_t k = 0; k < bi.nranks && off < sizeof who; k++)
+        off += (size_t)snprintf(who + off, sizeof who - off, "%s %d", k ? "," : "",
+                                (int)bi.ranks[k]);
+    if (bi.missing > bi.nranks && off < sizeof who)
+        snprintf(who + off, sizeof who - off, " and %u more", bi.missing - bi.nranks);
+    ps_log(level, "waiting for %s at the %s barrier (%s %d)", who, what, why, x->num_workers);
+}
+
+/* Wait at barrier `id`, saying for whom after 5 s and then every 10 s, and
+ * giving up after the wait timeout (ps_exchange_set_wait_timeout). */
+static int wait_barrier(ps_exchange *x, int64_t id, const char *what)
+{
+    ps_request bar;
+    int rc = ps_client_barrier_post(x->client, id, &bar);
+    int64_t t0 = ps_now_ns(), note_at = t0 + WAIT_NOTE_FIRST_NS;
+    int64_t end = x->wait_timeout_ms ? t0 + x->wait_timeout_ms * 1000000LL : INT64_MAX;
+    while (!rc) {
+        int64_t until = note_at < end ? note_at : end;
+        int64_t ms = (until - ps_now_ns()) / 1000000;
+        int st = ps_request_wait_for(&bar, ms > 0 ? (int)ms : 0);
+        if (st >= 0) { /* complete */
+            rc = st;
+            break;
+        }
+        if (ps_now_ns() >= end) {
+            note_wait(x, id, what, PS_LOG_ERROR);
+            ps_error("gave up at the %s barrier after %d s (the wait timeout): the workers "
+                     "named above never came; start them, or check their logs for why they "
+                     "were refused", what, x->wait_timeout_ms / 1000);
+            rc = PS_ETIMEDOUT;
+            ps_client_interrupt(x->client); /* the barrier is still posted: nothing goes on */
+            ps_request_wait(&bar);
+            return rc;
+        }
+        note_wait(x, id, what, PS_LOG_INFO);
+        note_at = ps_now_ns() + WAIT_NOTE_EVERY_NS;
+    }
+    if (rc && worth_logging(x, rc))
+        ps_error("%s barrier failed: %s", what, bar.err);
+    return rc;
+}
+
 /* ---------- the API ---------- */
 
 int ps_exchange_adopt(ps_client *c, const ps_client_options *o, ps_backend *b,
@@ -498,6 +560,26 @@ void ps_exchange_set_init(ps_exchange *x, int inits)
 int ps_exchange_set_wire_dtype(ps_exchange *x, int dtype)
 {
     return ps_client_set_wire_dtype(x->client, dtype);
+}
+
+void ps_exchange_set_wait_timeout(ps_exchange *x, int timeout_ms)
+{
+    x->wait_timeout_ms = timeout_ms > 0 ? timeout_ms : 0;
+}
+
+int ps_exchange_set_back(ps_exchange *x, int i, float *back)
+{
+    if (x->started)
+        return PS_ESTATE;
+    if (i < 0 || i >= x->n || !back || !x->b->host_memory)
+        return PS_EINVAL;
+    tensor *t = &x->t[i];
+    if (t->own_w) {
+        x->b->free(x->b, t->own_w);
+        t->own_w = NULL;
+    }
+    t->back = back;
+    return 0;
 }
 
 void ps_exchange_set_trace(ps_exchange *x, ps_trace *t, int wait_tid, int request_tid)
@@ -669,10 +751,8 @@ int ps_exchange_start(ps_exchange *x)
             return rc;
         }
     /* one worker inits: the others pull only once it has */
-    if (x->init >= 0 && (rc = ps_client_barrier(x->client, PS_EXCHANGE_INIT_BARRIER))) {
-        ps_error("start barrier failed: %s", ps_client_last_error(x->client));
+    if (x->init >= 0 && (rc = wait_barrier(x, PS_EXCHANGE_INIT_BARRIER, "start")))
         return rc;
-    }
     for (int i = 0; i < x->n; i++) {
         if ((rc = pull_front(x, &x->t[i]))) {
             ps_error("first pull of param %d failed: %s %s", i, ps_strerror(rc),
@@ -796,33 +876,8 @@ int ps_exchange_finish(ps_exchange *x)
     return rc;
 }
 
-/* The final barrier still waits: say for whom (server 0 knows), so a run
- * whose other workers never came, or died, does not look hung. */
-static void note_final_wait(ps_exchange *x)
-{
-    const char *why = "every worker waits here for all --num-workers";
-    ps_barrier_info bi;
-    int rc = ps_client_barrier_info(x->client, &bi);
-    if (!worth_logging(x, rc))
-        return;
-    if (rc || bi.id != FINAL_BARRIER_ID || bi.missing == 0) {
-        ps_info("waiting at the final barrier for the other workers (%s %d)", why,
-                x->num_workers);
-        return;
-    }
-    char who[512];
-    size_t off = (size_t)snprintf(who, sizeof who, "worker%s", bi.missing > 1 ? "s" : "");
-    for (uint32_t k = 0; k < bi.nranks && off < sizeof who; k++)
-        off += (size_t)snprintf(who + off, sizeof who - off, "%s %d", k ? "," : "",
-                                (int)bi.ranks[k]);
-    if (bi.missing > bi.nranks && off < sizeof who)
-        snprintf(who + off, sizeof who - off, " and %u more", bi.missing - bi.nranks);
-    ps_info("waiting for %s at the final barrier (%s %d)", who, why, x->num_workers);
-}
-
 int ps_exchange_pull_final(ps_exchange *x)
 {
-    ps_request bar;
     int rc;
     if (member(x)) {
         char why[400];
@@ -833,22 +888,8 @@ int ps_exchange_pull_final(ps_exchange *x)
         x->lg_done = !rc;
         return rc;
     }
-    rc = ps_client_barrier_post(x->client, FINAL_BARRIER_ID, &bar);
-    if (!rc) {
-        int64_t note_at = ps_now_ns() + FINAL_NOTE_FIRST_NS;
-        for (;;) {
-            int64_t ms = (note_at - ps_now_ns()) / 1000000;
-            if ((rc = ps_request_wait_for(&bar, ms > 0 ? (int)ms : 0)) >= 0)
-                break;
-            note_final_wait(x);
-            note_at = ps_now_ns() + FINAL_NOTE_EVERY_NS;
-        }
-    }
-    if (rc) {
-        if (worth_logging(x, rc))
-            ps_error("final barrier failed: %s", bar.err);
+    if ((rc = wait_barrier(x, FINAL_BARRIER_ID, "final")))
         return rc;
-    }
     /* host_pull may still feed a copy issued when the last pull landed */
     if ((rc = x->b->stream_sync(x->b, PS_STREAM_COPY)))
         return rc;

@@ -124,14 +124,14 @@ enum {
     X(srv_rank, (SERVER, _, _, _, _), "--rank", "R", NULL, INT, rank, "0", NULL, 0,              \
       PS_MAX_RANK, _, PS_SET_BY_LAUNCH, "this server's rank, 0..num-servers-1")                  \
     X(rank, (_, WORKER, _, LIBPS, _), "--rank", "R",                                             \
-      "PS_RANK SLURM_PROCID OMPI_COMM_WORLD_RANK PMI_RANK", INT, rank, "0", NULL, 0,             \
+      "PS_RANK RANK SLURM_PROCID OMPI_COMM_WORLD_RANK PMI_RANK", INT, rank, "0", NULL, 0,        \
       PS_MAX_RANK, _, PS_SET_BY_LAUNCH, "this worker's rank, 0..num-workers-1")                  \
     X(num_servers, (SERVER, _, _, _, _), "--num-servers", "S", "PS_NUM_SERVERS", INT,            \
       num_servers, "1", NULL, 1, PS_MAX_SERVERS, HELLO("ns"), PS_SET_BY_LAUNCH,                  \
       "number of servers (a worker counts the endpoints it is given)")                           \
     X(num_workers, (SERVER, WORKER, _, LIBPS, _), "--num-workers", "W",                          \
-      "PS_NUM_WORKERS SLURM_NTASKS OMPI_COMM_WORLD_SIZE PMI_SIZE", INT, num_workers, "1",        \
-      NULL, 1, PS_MAX_WORKERS, HELLO("nw"), PS_SET_BY_LAUNCH,                                    \
+      "PS_NUM_WORKERS WORLD_SIZE SLURM_NTASKS OMPI_COMM_WORLD_SIZE PMI_SIZE", INT, num_workers,  \
+      "1", NULL, 1, PS_MAX_WORKERS, HELLO("nw"), PS_SET_BY_LAUNCH,                               \
       "number of workers: give the real count for a cluster (the servers refuse a worker "       \
       "whose count differs)")                                                                    \
     X(mode, (SERVER, WORKER, LAUNCH, LIBPS, _), "--mode", "sync|async", "PS_MODE", ENUM, mode,   \

@@ -14,6 +14,10 @@ environment, as ps_launch --exec sets them, or --servers):
   bin/ps_launch --servers 2 --workers 2 --mode async --exec /usr/bin/python3 \\
       examples/torch_fashion_mnist.py --epochs 2
 
+Servers started with --optimizer average (sync) or add (async) leave the
+update to the workers: each steps the torch optimizer of --optimizer
+(docs/TORCH.md).
+
 The device is --device, else PS_DEVICE (ps_launch sets cuda:0 for a worker
 it gave a GPU, cpu otherwise), else cpu.  On a GPU the model and each batch
 live there, and ps.torch stages gradients and weights through pinned host
@@ -27,7 +31,7 @@ the torch optimizer steps locally) and --backend ddp (torch.distributed,
 gloo, DistributedDataParallel; rank and size from PS_RANK/PS_NUM_WORKERS or
 --rank/--num-workers, rendezvous on 127.0.0.1:--ddp-port).
 
-Data: the IDX files of --data (plain gzip and struct, no download), pixels
+Data: the IDX files of --data (examples/idx_data.py, no download), pixels
 scaled to [0, 1].  Each epoch is shuffled from --seed the same way on every
 worker and cut into global batches of batch x workers; worker r trains on
 slice r of each, so W workers x batch b see what 1 worker x batch W*b sees.
@@ -37,9 +41,7 @@ wall time it tells how long the thread waited: for the servers, or for a
 core).
 """
 import argparse
-import gzip
 import os
-import struct
 import sys
 import time
 
@@ -69,6 +71,8 @@ try:
 except ImportError:  # run from the source tree, not installed
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
     import ps.torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from idx_data import read_idx  # noqa: E402 (the IDX files, without torchvision)
 
 
 class CNN(nn.Module):
@@ -94,21 +98,6 @@ class CNN(nn.Module):
         return self.fc2(x)
 
 
-def read_idx(path):
-    """An IDX file (optionally .gz) as a tensor: uint8 images or labels."""
-    if not os.path.exists(path) and os.path.exists(path + ".gz"):
-        path += ".gz"
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        data = f.read()
-    zero, dtype, ndim = struct.unpack(">HBB", data[:4])
-    if zero != 0 or dtype != 0x08:
-        raise ValueError("%s: not an IDX file of unsigned bytes" % path)
-    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
-    t = torch.frombuffer(bytearray(data[4 + 4 * ndim:]), dtype=torch.uint8)
-    return t.view(*dims)
-
-
 def load(data_dir, split):
     prefix = "train" if split == "train" else "t10k"
     x = read_idx(os.path.join(data_dir, prefix + "-images-idx3-ubyte"))
@@ -117,8 +106,9 @@ def load(data_dir, split):
 
 
 def make_optimizer(args, params):
-    """The torch optimizer the flags describe (ps.torch checks its settings
-    against the servers' and never steps it; none and ddp step it)."""
+    """The torch optimizer the flags describe (with ps: run by the servers,
+    or stepped by every worker when they run --optimizer average or add;
+    none and ddp step it)."""
     kind = args.optimizer or os.environ.get("PS_OPTIMIZER") or "sgd"
     lr = args.lr if args.lr is not None else float(os.environ.get("PS_LR") or 0.05)
     mom = args.momentum if args.momentum is not None else float(
@@ -199,7 +189,10 @@ def setup(args, model):
     client = ps.Client(servers=args.servers, rank=args.rank, num_workers=args.num_workers,
                        mode=args.mode)
     given = args.optimizer or args.lr is not None or os.environ.get("PS_OPTIMIZER")
-    dopt = ps.torch.DistributedOptimizer(model, opt if given else None, client)
+    if given:  # the update where the servers say: theirs, or this optimizer on each worker
+        dopt = ps.torch.DistributedOptimizer(opt, model=model, client=client)
+    else:      # whatever the servers run
+        dopt = ps.torch.DistributedOptimizer(model, None, client)
     return dopt.model, dopt, client.rank, client.num_workers, dopt.model
 
 

@@ -291,6 +291,62 @@ int ps_client_barrier_post(ps_client *c, int64_t id, ps_request *req);
  * waits at most 2 s for the answer (PS_ETIMEDOUT). */
 int ps_client_barrier_info(ps_client *c, ps_barrier_info *out);
 
+/* ---- for a framework's optimizer (ps.torch: docs/TORCH.md, docs/PROTOCOL.md
+ * "ps.torch's messages").  After ps_client_start. ---- */
+
+/* Change the servers' hyper-parameters: those whose PS_OPT_GIVEN bit is set
+ * in change->given (change->kind: the servers' kind or PS_OPT_NONE; none
+ * given: only ask).  Sync rounds from step from_step on use them (the
+ * rounds of earlier steps keep what they had), async pushes from now on.
+ * *now (may be NULL) gets server 0's optimizer as it runs afterwards.
+ * Blocks until every server answered: PS_EMISMATCH (another kind),
+ * PS_EINVAL (a value out of range), the reason in ps_client_last_error. */
+int ps_client_hyper(ps_client *c, const ps_opt_config *change, int64_t from_step,
+                    ps_opt_config *now);
+
+/* Overwrite the tensor's weights on the servers with w (a loaded model); its
+ * version and optimizer state stay.  On completion req->version holds the
+ * chunks' smallest version. */
+int ps_client_assign(ps_client *c, uint64_t key, const float *w, ps_request *req);
+
+/* The servers' optimizer state of the tensor (nstate = 1 or 2 arrays, as
+ * the servers' optimizer keeps: momentum, nesterov, adagrad 1, adam 2) into
+ * dst, count * nstate floats: chunk after chunk, each chunk's arrays one
+ * after the other (chunk k of the tensor's elements [o, o + n) at dst +
+ * o * nstate).  req->version: the optimizer's step count (adam's t), the
+ * smallest over the chunks.  A kind without state is refused (PS_EPROTO). */
+int ps_client_state(ps_client *c, uint64_t key, float *dst, int nstate, ps_request *req);
+
+/* Load the tensor's optimizer state: src as ps_client_state fills dst, and
+ * the step count it belongs to (the next update is step opt_step + 1; -1:
+ * the servers' count stays, for momentum, nesterov). */
+int ps_client_set_state(ps_client *c, uint64_t key, const float *src, int nstate,
+                        int64_t opt_step, ps_request *req);
+
+/* The step this worker's next push of the tensor carries (req->version, the
+ * smallest over its chunks): sync, the open round; async, its pushes so far.
+ * A restarted worker goes on from it, so none of its pushes is dropped as a
+ * duplicate. */
+int ps_client_clock(ps_client *c, uint64_t key, ps_request *req);
+
+/* Collectives, held on server 0 until every live worker sent the same id
+ * (ids: each once per kind; allreduce and broadcast ids are apart from each
+ * other and from barriers'); at most 64 MiB.  allreduce: dst gets the mean
+ * of the workers' src (count floats each, summed in rank order).
+ * broadcast: dst gets rank 0's src; the others' src must have count
+ * elements too (not read), and every worker must give the same count.  src
+ * is read in place until the request completes. */
+int ps_client_allreduce(ps_client *c, int64_t id, const float *src, float *dst, size_t count,
+                        ps_request *req);
+int ps_client_broadcast(ps_client *c, int64_t id, const float *src, float *dst, size_t count,
+                        ps_request *req);
+
+/* This worker is done (uneven step counts: ps.torch's join): every server
+ * takes it out of the live set, so sync rounds and barriers go on without
+ * it; its pulls are still answered, and collectives still wait for it.
+ * Blocks until every server acknowledged.  Push nothing more afterwards. */
+int ps_client_leave(ps_client *c);
+
 /* The element type of the gradients this client pushes and of the weights it
  * pulls on the network: PS_DTYPE_F32 (the default), PS_DTYPE_BF16 or
  * PS_DTYPE_F16.  Buffers stay float32: the comm thread converts each pushed

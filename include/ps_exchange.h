@@ -121,6 +121,22 @@ int ps_exchange_adopt(ps_client *c, const ps_client_options *o, ps_backend *b,
 void ps_exchange_set_init(ps_exchange *x, int inits);
 #define PS_EXCHANGE_INIT_BARRIER ((int64_t)1 << 61)
 
+/* The start barrier (ps_exchange_set_init) and the final one
+ * (ps_exchange_pull_final) say after 5 s, and then every 10 s, which
+ * workers they still wait for; with timeout_ms > 0 they give up after that
+ * long (PS_ETIMEDOUT, the client interrupted), naming them.  0, the
+ * default: they wait as long as it takes. */
+void ps_exchange_set_wait_timeout(ps_exchange *x, int timeout_ms);
+
+/* Host memory only, before ps_exchange_start: tensor i's back weight buffer
+ * is the caller's `back` (count floats) instead of one the exchange
+ * allocates, so that every buffer that may become the front (what compute
+ * reads) is the caller's: the PyTorch wrapper hands its tensors out and
+ * they must outlive ps_exchange_close.  (In the shared-memory arena both
+ * weight buffers are the arena's, which the caller may map itself.)
+ * PS_ESTATE after start, PS_EINVAL for a bad index or a device backend. */
+int ps_exchange_set_back(ps_exchange *x, int i, float *back);
+
 /* Write the timeline events above to t (NULL: none): waits on lane wait_tid,
  * requests on lane request_tid.  t must outlive the exchange. */
 void ps_exchange_set_trace(ps_exchange *x, ps_trace *t, int wait_tid, int request_tid);
@@ -162,10 +178,11 @@ int ps_exchange_grad_ready(ps_exchange *x, int i, int64_t step);
 int ps_exchange_finish(ps_exchange *x);
 
 /* After the last step and ps_exchange_finish: wait at a barrier for every
- * worker (all num_workers of the options, dropped ones excepted), saying
- * after 5 s and then every 10 s whom it still waits for, then pull the
- * servers' final weights into the fronts (complete when this returns), so
- * evaluation and saving see the trained model. */
+ * worker (all num_workers of the options, dropped ones and those that left
+ * excepted), saying after 5 s and then every 10 s whom it still waits for
+ * (ps_exchange_set_wait_timeout), then pull the servers' final weights into
+ * the fronts (complete when this returns), so evaluation and saving see the
+ * trained model. */
 int ps_exchange_pull_final(ps_exchange *x);
 
 /* Time the caller was blocked in the calls above since the last call of this

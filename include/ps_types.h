@@ -80,9 +80,20 @@ enum ps_opt_kind {
     PS_OPT_MOMENTUM = 2,
     PS_OPT_NESTEROV = 3,
     PS_OPT_ADAGRAD = 4,
-    PS_OPT_ADAM = 5
+    PS_OPT_ADAM = 5,
+    /* 6 is the tables' FTRL (server/table.h): never a dense kind */
+    /* Worker-side updates: the servers combine what the workers push and
+     * every worker steps its own optimizer (ps.torch update="worker").
+     * average: sync only; the weights of version t+1 are the mean of the
+     * round's pushes (the round's mean gradient, which every worker then
+     * applies).  add: w += the push (a worker's weight delta; a push summing
+     * m deltas adds their sum; sync: the round's mean delta).  Neither uses
+     * a hyper-parameter nor keeps state. */
+    PS_OPT_AVERAGE = 7,
+    PS_OPT_ADD = 8
 };
-#define PS_OPT_KIND_MAX 5
+#define PS_OPT_KIND_MAX 5        /* the update rules the servers run: sgd .. adam */
+#define PS_OPT_WORKER_KIND_MAX 8 /* and, after the tables' 6, the worker-side kinds */
 /* FTRL-proximal: tables only (ps_client.h, ps_table_options), the kind after
  * the dense ones.  Its hyper-parameters: lr (FTRL's alpha), weight_decay,
  * and ps_table_options' ftrl_beta, ftrl_l1, ftrl_l2. */
@@ -96,10 +107,13 @@ enum ps_table_init {
     PS_TABLE_INIT_NORMAL = 2   /* normal(0, scale) */
 };
 
-/* "sgd", ..., "none" for PS_OPT_NONE, "unknown" otherwise. */
+/* "sgd", ..., "average", "add", "none" for PS_OPT_NONE, "unknown" otherwise. */
 const char *ps_opt_name(int kind);
-/* "sgd".."adam" -> kind; PS_EINVAL for anything else (also "none"). */
+/* "sgd".."adam", "average", "add" -> kind; PS_EINVAL for anything else
+ * (also "none"). */
 int ps_opt_parse(const char *s, int *kind);
+/* 1 for a kind a server may run: sgd .. adam, average, add. */
+int ps_opt_kind_valid(int kind);
 
 /* Which optimizers use a hyper-parameter (bit 1 << kind). */
 #define PS_OPT_USED_SGD (1u << PS_OPT_SGD)

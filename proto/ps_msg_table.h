@@ -81,7 +81,37 @@
       PS_PL_IDS_ROWS_IDS, PS_PL_ROWS, 0, PUSH_STEP, CHUNK_VERSION, sparse,                       \
       "a sparse push (frames 1, 2), then the rows of the `np` ids of frame 3 at the version "    \
       "after it (`s` + `m`)",                                                                    \
-      "the rows (`n` x `dim`)")
+      "the rows (`n` x `dim`)")                                                                  \
+    X(HYPER, 15, "hyper", WORKER, PS_HK(H), PS_HK(H), 0, 0, 0, PUSH_STEP, NONE, hyper,           \
+      "change the optimizer's hyper-parameters (those `h` gives) from step `s` on; none "        \
+      "given: only ask",                                                                         \
+      "the server's optimizer as it is now, in `h`")                                             \
+    X(ASSIGN, 16, "assign", WORKER, PS_HK(K) | PS_HK(C), 0, 1, 0, 0, NONE, CHUNK_VERSION, data,  \
+      "overwrite the chunk's weights with the payload (a loaded model); its version and "        \
+      "optimizer state stay",                                                                    \
+      "acknowledged")                                                                            \
+    X(STATE, 17, "state", WORKER, PS_HK(K) | PS_HK(C), 0, 0, 1, 0, NONE, OPT_STEP, data,         \
+      "the chunk's optimizer state",                                                             \
+      "its state arrays one after the other (the payload)")                                      \
+    X(SETSTATE, 18, "setstate", WORKER, PS_HK(K) | PS_HK(C), 0, 1, 0, 0, OPT_STEP,               \
+      CHUNK_VERSION, data,                                                                       \
+      "load the chunk's optimizer state: the payload as a state reply has it",                   \
+      "acknowledged")                                                                            \
+    X(CLOCK, 19, "clock", WORKER, PS_HK(K) | PS_HK(C), 0, 0, 0, 0, NONE, PUSH_STEP, data,        \
+      "the step this worker's next push to the chunk carries (a restarted worker goes on "       \
+      "from it)",                                                                                \
+      "that step: sync, the open round; async, the worker's pushes there so far")                \
+    X(ALLREDUCE, 20, "allreduce", WORKER, 0, 0, 1, 1, 0, BARRIER_ID, BARRIER_ID, collective,     \
+      "add the payload to collective `s` (sent to server 0)",                                    \
+      "the mean of every live worker's payload, summed in rank order")                           \
+    X(BROADCAST, 21, "broadcast", WORKER, 0, 0, 1, 1, 0, BARRIER_ID, BARRIER_ID, collective,     \
+      "collective `s`: rank 0's payload to every live worker (the others send one element "      \
+      "or more, unread; sent to server 0)",                                                      \
+      "rank 0's payload")                                                                        \
+    X(LEAVE, 22, "leave", WORKER, 0, 0, 0, 0, 0, NONE, NONE, leave,                              \
+      "this worker is done (join): rounds and barriers stop waiting for it; its pulls are "      \
+      "still answered",                                                                          \
+      "acknowledged")
 /* clang-format on */
 
 /* The header keys, in one list for the decoder and the table's key masks:
@@ -128,7 +158,8 @@ enum ps_s_meaning {
     PS_S_PUSH_STEP,     /* ps_header.push_step */
     PS_S_WANT_VERSION,  /* ps_header.want_version */
     PS_S_CHUNK_VERSION, /* ps_header.chunk_version */
-    PS_S_BARRIER_ID     /* ps_header.barrier_id */
+    PS_S_BARRIER_ID,    /* ps_header.barrier_id */
+    PS_S_OPT_STEP       /* ps_header.opt_step */
 };
 
 #endif

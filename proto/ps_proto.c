@@ -57,6 +57,7 @@ const char *ps_s_meaning_doc(int meaning)
     case PS_S_WANT_VERSION: return "the lowest version the reply may carry";
     case PS_S_CHUNK_VERSION: return "the version of the chunk or partition";
     case PS_S_BARRIER_ID: return "the barrier's id";
+    case PS_S_OPT_STEP: return "the optimizer's step count";
     default: return "nothing";
     }
 }
@@ -120,6 +121,7 @@ static size_t s_offset(uint32_t type, int reply)
     case PS_S_WANT_VERSION: return offsetof(ps_header, want_version);
     case PS_S_CHUNK_VERSION: return offsetof(ps_header, chunk_version);
     case PS_S_BARRIER_ID: return offsetof(ps_header, barrier_id);
+    case PS_S_OPT_STEP: return offsetof(ps_header, opt_step);
     default: return 0;
     }
 }
@@ -232,7 +234,7 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     wbuf w = {buf, 0, cap, 0};
     msgpack_packer pk;
     msgpack_packer_init(&pk, &w, wbuf_write);
-    int is_hello = h->type == PS_MSG_HELLO;
+    int is_hello = h->type == PS_MSG_HELLO || h->type == PS_MSG_HYPER; /* they carry `h` */
     int is_stats = h->type == PS_MSG_STATS && (h->flags & PS_FLAG_REPLY);
     int is_error = h->type == PS_MSG_ERROR;
     int has_bw = is_stats && h->barrier.id >= 0;
@@ -657,7 +659,13 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
         switch (ki) {
         case 0: FIELD_I(v, "h.sr", o->server_rank, -1, PS_MAX_RANK); continue;
         case 1: FIELD_U(v, "h.fp", o->model_fp, 0, UINT64_MAX); continue;
-        case 2: FIELD_I(v, "h.opt", o->opt.kind, 0, PS_OPT_KIND_MAX); continue;
+        case 2:
+            FIELD_I(v, "h.opt", o->opt.kind, 0, PS_OPT_WORKER_KIND_MAX);
+            if (o->opt.kind != PS_OPT_NONE && !ps_opt_kind_valid(o->opt.kind)) {
+                ps_errorf(why, why_len, "field 'h.opt' is %d, no optimizer", o->opt.kind);
+                return PS_EPROTO;
+            }
+            continue;
         case 3: FIELD_U(v, "h.tok", o->token, 0, UINT64_MAX); continue;
         /* the same-host data plane */
         case 4:
@@ -948,7 +956,7 @@ static void drop_inapplicable(ps_header *d)
         d->err_code = 0;
         memset(d->err_text, 0, sizeof d->err_text);
     }
-    if (d->type != PS_MSG_HELLO)
+    if (d->type != PS_MSG_HELLO && d->type != PS_MSG_HYPER) /* HYPER: its optimizer in h */
         memset(&d->hello, 0, sizeof d->hello);
     else if (!reply) { /* the server's answer to an arena, its update threads */
         d->hello.shm = 0;

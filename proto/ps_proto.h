@@ -28,7 +28,8 @@
 
 /* The message types: proto/ps_msg_table.h has a row for each (PS_MSG_HELLO = 1,
  * INIT, PUSH, PULL, PUSHPULL, BARRIER, STATS, SHUTDOWN, ERROR, HEARTBEAT = 10,
- * and the tables': TABLE, SPULL, SPUSH, SPUSHPULL = 14). */
+ * the tables': TABLE, SPULL, SPUSH, SPUSHPULL = 14, then ps.torch's: HYPER
+ * .. LEAVE = 22). */
 enum ps_msg_type {
 #define PS_MSG_ENUM_(NAME, t, ...) PS_MSG_##NAME = t,
     PS_MSG_TABLE(PS_MSG_ENUM_)
@@ -116,7 +117,9 @@ typedef struct ps_header {
     int64_t want_version;  /* PULL request: the reply's version is at least this */
     int64_t chunk_version; /* INIT, PUSH, PULL, PUSHPULL reply: the chunk's version (the
                               weights' in a pull and pushpull reply) */
-    int64_t barrier_id;    /* BARRIER request and reply */
+    int64_t barrier_id;    /* BARRIER, ALLREDUCE, BROADCAST request and reply */
+    int64_t opt_step;      /* STATE reply, SETSTATE request: the optimizer's step count
+                              (adam's t of the last update) */
     uint64_t count;    /* elements in the payload frame */
     uint32_t dtype;    /* enum ps_dtype; 0 when no payload */
     uint64_t total;    /* INIT: elements of the whole tensor (length check) */
@@ -131,7 +134,7 @@ typedef struct ps_header {
     ps_table_options table; /* TABLE request: the declaration (key "tb") */
     int32_t err_code;  /* ERROR: PS_E* code */
     char err_text[PS_ERR_TEXT_MAX + 1];
-    ps_hello hello;    /* HELLO only */
+    ps_hello hello;    /* HELLO and HYPER only */
     ps_stats stats;    /* STATS reply only */
     ps_barrier_info barrier; /* STATS reply only, optional: id -1 when absent */
     char admin[PS_ADMIN_TOKEN_MAX + 1]; /* SHUTDOWN request: the admin token; "" none */

@@ -242,6 +242,25 @@ float ps_opt_lr_at(const ps_opt_config *c, int64_t t)
     return (float)((double)c->lr * pow((double)c->lr_decay, (double)((t - 1) / c->lr_decay_every)));
 }
 
+/* The worker-side kinds (ps_types.h): the new weights are the push itself
+ * (average: the round's mean) or the old ones plus it (add). */
+static void average_to(float *restrict w_out, const float *restrict g, size_t n)
+{
+    memcpy(w_out, g, n * sizeof(float));
+}
+
+#define ADD_LOOP(WI, WO)                            \
+    for (size_t i = 0; i < n; i++)                  \
+        WO[i] = WI[i] + g[i];
+
+static void add_in(float *restrict w, const float *restrict g, size_t n) { ADD_LOOP(w, w) }
+
+static void add_out(const float *restrict wi, float *restrict wo, const float *restrict g,
+                    size_t n)
+{
+    ADD_LOOP(wi, wo)
+}
+
 int ps_opt_apply_to(const ps_opt_config *cfg, const float *w_in, float *w_out, float *s0,
                     float *s1, const float *g, size_t n, int64_t t)
 {
@@ -262,6 +281,13 @@ int ps_opt_apply_to(const ps_opt_config *cfg, const float *w_in, float *w_out, f
     case PS_OPT_ADAM:
         ps_opt_adam_to(w_in, w_out, s0, s1, g, n, c->lr, c->beta1, c->beta2, c->eps,
                        c->weight_decay, t);
+        return 0;
+    case PS_OPT_AVERAGE: average_to(w_out, g, n); return 0;
+    case PS_OPT_ADD:
+        if (w_in == w_out)
+            add_in(w_out, g, n);
+        else
+            add_out(w_in, w_out, g, n);
         return 0;
     default: return PS_EINVAL;
     }

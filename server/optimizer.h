@@ -8,6 +8,8 @@
  *   adagrad   h += g'^2;                   w -= lr * g' / (sqrt(h) + eps)
  *   adam      m = b1 * m + (1 - b1) * g';  v = b2 * v + (1 - b2) * g'^2
  *             w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+ *   average   w = g   (sync: g is the round's mean; the workers step with it)
+ *   add       w += g  (g: a worker's weight delta, or the sum of several)
  * where t is the chunk's update count including this step (1, 2, ...): adam's
  * bias correction uses it, and with --lr-decay the rate is ps_opt_lr_at(t).
  *

@@ -244,6 +244,8 @@ void srv_close_waiters(ps_server *s)
 {
     if (s->barriers)
         ps_barriers_close(s->barriers);
+    if (s->colls)
+        ps_colls_close(s->colls);
     if (s->stats)
         ps_stats_reqs_close(s->stats);
 }

@@ -45,6 +45,7 @@
  *   workers.c         the worker table: hello, identity, last heard from, the
  *                     --on-worker-loss rule
  *   barrier.c         barriers waiting for every live worker
+ *   collective.c      allreduce and broadcast waiting for every live worker
  *   stats_req.c       STATS requests waiting for every owner's counters
  *   outbox.c          messages for a PAIR whose owner is behind
  *   hs_monitor.c      the ROUTER's connection events: disconnects, and CURVE
@@ -60,7 +61,8 @@
  *  - The I/O thread alone owns the ROUTER.  It receives every message,
  *    decodes and checks the header (ps_proto_decode, ps_proto_check_payload,
  *    rank < num_workers, hello first), and answers control messages itself:
- *    hello, barrier, stats, shutdown, heartbeat.
+ *    hello, barrier, stats, shutdown, heartbeat, and ps.torch's hyper (to
+ *    every owner as PS_CMD_OPT), allreduce, broadcast and leave.
  *  - Update thread i owns every chunk with ps_server_owner(key, chunk, T) == i,
  *    in its own ps_shard (server/shard.h): weights, optimizer state, versions,
  *    per-worker clocks, sync round sums, queued pulls; and partition i of
@@ -73,7 +75,8 @@
  *    store and hands it over (PS_CMD_TABLE), and routes a sparse message to
  *    the thread of its partition (`c`) after checking the table, the width
  *    of its rows and its frames.
- *  - The I/O thread hands init/push/pull/pushpull to the owner over that
+ *  - The I/O thread hands init/push/pull/pushpull (and ps.torch's assign,
+ *    state, setstate, clock) to the owner over that
  *    thread's PAIR socket: a small command frame (the decoded header), the
  *    ROUTER identity and the payload frame, moved with zmq_msg_send (no copy).
  *  - The owner answers over the same PAIR: [tag, identity, header, payload];

@@ -55,6 +55,9 @@ int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
     full.given = PS_OPT_GIVEN_ALL; /* a server's settings are complete: check them all */
     if (ps_opt_check(&full, 0, why, why_len))
         return PS_EINVAL;
+    if (c->opt.kind == PS_OPT_AVERAGE && c->mode != PS_MODE_SYNC)
+        BAD("optimizer average needs --mode sync (it averages a round's pushes); async "
+            "workers that step their own optimizers push weight deltas: --optimizer add");
     if (c->threads < 1 || c->threads > PS_SERVER_MAX_THREADS)
         BAD("threads must be in [1, %d], got %d", PS_SERVER_MAX_THREADS, c->threads);
     if (c->max_memory < 1)

@@ -19,6 +19,7 @@
 #include "admin.h"
 #include "barrier.h"
 #include "ckpt_coord.h"
+#include "collective.h"
 #include "hs_monitor.h"
 #include "outbox.h"
 #include "peers.h"
@@ -72,6 +73,10 @@ struct ps_server {
     uint64_t tables_fp;      /* the first accepted worker's, or the restored tables' */
     ps_workers *workers;
     ps_barriers *barriers;
+    ps_colls *colls;         /* ALLREDUCE and BROADCAST (on server 0) */
+    uint8_t *left;           /* per rank: said LEAVE (join) and is out of the live sets */
+    ps_opt_config opt_now;   /* the optimizer as HYPER changed it (cfg.opt: as started,
+                                what hellos compare) */
     ps_stats_reqs *stats;
     ps_shm_table *shm;       /* the workers' arenas this server mapped */
     uint64_t io_errors, dropped;
@@ -98,6 +103,8 @@ struct ps_server {
 
 /* Put [id, h] on the ROUTER (id is emptied). */
 void srv_send(ps_server *s, zmq_msg_t *id, const ps_header *h);
+/* The same with a payload frame after the header (moved; NULL: none). */
+void srv_send_payload(ps_server *s, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload);
 /* The same, as the ps_reply_to of barriers and stats requests (user: s). */
 void srv_reply_hook(void *user, zmq_msg_t *id, const ps_header *h);
 /* Hand [cmd, id?, payload?] to update thread `owner` (cmd copied; id and
@@ -128,6 +135,8 @@ void srv_set_stopping(ps_server *s);
 
 /* Apply --on-worker-loss to every worker silent for longer than the timeout. */
 void srv_check_workers(ps_server *s, int64_t now);
+/* Where the collectives (collective.h) send their answers. */
+ps_coll_to srv_coll_to(ps_server *s);
 /* Read up to IO_BATCH messages from the ROUTER.  -1 on a socket error. */
 int srv_read_router(ps_server *s);
 /* Take the connection events that came (disconnects, handshake failures). */

@@ -15,6 +15,11 @@
 
 void srv_send(ps_server *s, zmq_msg_t *id, const ps_header *h)
 {
+    srv_send_payload(s, id, h, NULL);
+}
+
+void srv_send_payload(ps_server *s, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload)
+{
     char buf[PS_HEADER_MAX];
     size_t len;
     if (ps_proto_encode(h, buf, sizeof buf, &len) != 0) {
@@ -23,7 +28,9 @@ void srv_send(ps_server *s, zmq_msg_t *id, const ps_header *h)
     }
     if (zmq_msg_send(id, s->router, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
         return;
-    zmq_send(s->router, buf, len, ZMQ_DONTWAIT);
+    zmq_send(s->router, buf, len, ZMQ_DONTWAIT | (payload ? ZMQ_SNDMORE : 0));
+    if (payload)
+        zmq_msg_send(payload, s->router, ZMQ_DONTWAIT);
 }
 
 /* ps_reply_to for the barriers and stats requests */

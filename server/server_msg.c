@@ -87,20 +87,22 @@ static void io_drop(ps_server *s, const char *why)
         ps_warn("dropped a message with no usable header: %s", why);
 }
 
-/* Rank r joins (live 1) or leaves (0) the live set of every owner's shard. */
-static void send_live(ps_server *s, int r, int live)
+/* Rank r joins (live 1) or leaves (0) the live set of every owner's shard
+ * and of the barriers. */
+static void set_live(ps_server *s, int r, int live)
 {
     ps_cmd_frame cmd = {.cmd = PS_CMD_LIVE, .rank = r, .live = live};
     for (int i = 0; i < s->cfg.threads; i++)
         srv_send_cmd(s, i, &cmd, NULL, NULL);
+    ps_barriers_set_live(s->barriers, r, live);
 }
 
 /* Apply --on-worker-loss to every worker silent for longer than the timeout. */
 void srv_check_workers(ps_server *s, int64_t now)
 {
     for (int r; (r = ps_workers_check(s->workers, now)) >= 0;) {
-        send_live(s, r, 0);
-        ps_barriers_set_live(s->barriers, r, 0);
+        set_live(s, r, 0);
+        ps_colls_set_live(s->colls, r, 0); /* gone: collectives go on without it */
     }
 }
 
@@ -169,9 +171,12 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
             io_error_quiet(s, &f[0], h, rc, why);
             return;
         }
-        if (rejoined) { /* back in the live set before any of its requests reach an owner */
-            send_live(s, h->rank, 1);
-            ps_barriers_set_live(s->barriers, h->rank, 1);
+        /* back in the live set before any of its requests reach an owner (a
+         * worker that left says hello again only as a new process) */
+        if (rejoined || s->left[h->rank]) {
+            s->left[h->rank] = 0;
+            set_live(s, h->rank, 1);
+            ps_colls_set_live(s->colls, h->rank, 1);
         }
     } else {
         ps_debug("hello from a tool (rank -1)");
@@ -401,6 +406,101 @@ static void io_on_heartbeat(ps_server *s, zmq_msg_t *f, int nf, const ps_header 
     (void)nf;
     io_ack(s, &f[0], h);
 }
+
+/* New hyper-parameters from step h->push_step on (those h->hello.opt gives
+ * and the optimizer uses; none: a question).  Sync rounds from that step
+ * use them, async pushes from now on (ps_shard_set_opt, on every owner:
+ * they take the command in order with the requests).  Hellos still compare
+ * with the configuration the server started with; the reply says what runs
+ * now. */
+static void io_on_hyper(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    (void)nf;
+    const ps_opt_config *in = &h->hello.opt;
+    ps_opt_config next = s->opt_now;
+    char why[256];
+    if (in->kind != PS_OPT_NONE && in->kind != next.kind) {
+        ps_errorf(why, sizeof why, "optimizer: the server runs %s, worker %d asks for %s; "
+            "the optimizer cannot change while the servers run (start them with it)",
+            ps_opt_name(next.kind), h->rank, ps_opt_name(in->kind));
+        io_error(s, &f[0], h, PS_EMISMATCH, why);
+        return;
+    }
+    int changed = 0;
+    for (int p = 0; p < PS_OPT_NPARAMS; p++)
+        if (ps_opt_is_given(in, p) && ps_opt_uses(next.kind, p) &&
+            ps_opt_get(in, p) != ps_opt_get(&next, p)) {
+            ps_opt_set(&next, p, ps_opt_get(in, p));
+            changed = 1;
+        }
+    if (ps_opt_check(&next, 0, why, sizeof why)) {
+        io_error(s, &f[0], h, PS_EINVAL, why);
+        return;
+    }
+    if (changed) {
+        int64_t from = h->push_step > 0 ? h->push_step : 0;
+        char d[256];
+        ps_opt_describe(&next, d, sizeof d);
+        if (s->cfg.mode == PS_MODE_SYNC)
+            ps_info("worker %d changed the optimizer to %s: the rounds from step %lld on use "
+                    "it", h->rank, d, (long long)from);
+        else
+            ps_info("worker %d changed the optimizer to %s: the pushes from now on use it",
+                    h->rank, d);
+        s->opt_now = next;
+        ps_cmd_frame cmd = {.cmd = PS_CMD_OPT, .h = *h};
+        cmd.h.hello.opt = next;
+        cmd.h.push_step = from;
+        for (int i = 0; i < s->cfg.threads; i++)
+            srv_send_cmd(s, i, &cmd, NULL, NULL);
+    }
+    ps_header r;
+    ps_reply_header(&r, PS_MSG_HYPER, h->seq, h->rank, h->key, h->chunk);
+    r.hello = my_hello(s);
+    r.hello.opt = s->opt_now;
+    srv_send(s, &f[0], &r);
+}
+
+/* ALLREDUCE and BROADCAST: held here, on server 0, until every live worker
+ * came (collective.h). */
+static void io_on_collective(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    const char *why;
+    if (s->cfg.rank != 0 || h->dtype != PS_DTYPE_F32 || nf < 3) {
+        io_error(s, &f[0], h, PS_EPROTO, s->cfg.rank != 0
+                 ? "collectives are held on server 0: send them there"
+                 : "a collective's payload is float32 (d = 1)");
+        return;
+    }
+    int rc = ps_colls_arrive(s->colls, &f[0], h, zmq_msg_data(&f[2]), &why);
+    if (rc)
+        io_error(s, &f[0], h, rc, why);
+}
+
+/* A worker is done (ps.torch's join): out of the live sets, so sync rounds
+ * and barriers go on without it.  Its pulls are still answered (with
+ * whatever the chunks hold), and collectives still count it: after a join
+ * barrier every worker may average its buffers; one still training must not
+ * start one meanwhile.  It is back when it says hello again. */
+static void io_on_leave(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    (void)nf;
+    if (!s->left[h->rank]) {
+        s->left[h->rank] = 1;
+        set_live(s, h->rank, 0);
+        ps_info("worker %d is done (it left): rounds and barriers go on without it",
+                h->rank);
+    }
+    io_ack(s, &f[0], h);
+}
+
+/* ps_coll_to: [id, header, payload?] on the ROUTER. */
+static void coll_send(void *user, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload)
+{
+    srv_send_payload(user, id, h, payload);
+}
+
+ps_coll_to srv_coll_to(ps_server *s) { return (ps_coll_to){s, coll_send}; }
 
 /* A type no request may have (the dispatch refuses it first: from NOBODY). */
 static void io_on_none(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)

@@ -49,6 +49,8 @@ void ps_server_close(ps_server *s)
     srv_close_waiters(s);
     /* every frame still held goes before the context */
     ps_barriers_destroy(s->barriers);
+    ps_colls_destroy(s->colls);
+    free(s->left);
     ps_stats_reqs_destroy(s->stats);
     ps_ckpt_coord_destroy(s->ck);
     for (int i = 0; i < s->cfg.threads && s->own; i++)
@@ -268,6 +270,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         return PS_ENOMEM;
     s->cfg = *c;
     s->cfg.opt.given = PS_OPT_GIVEN_ALL;
+    s->opt_now = s->cfg.opt;
     s->efd = -1;
     snprintf(s->bind, sizeof s->bind, "%s", c->bind);
     s->cfg.bind = s->bind;
@@ -291,6 +294,8 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         ps_workers_create(c->num_workers, c->worker_timeout_ms, c->on_worker_loss,
                           &s->workers) != 0 ||
         ps_barriers_create(c->num_workers, to, &s->barriers) != 0 ||
+        ps_colls_create(c->num_workers, srv_coll_to(s), &s->colls) != 0 ||
+        !(s->left = calloc((size_t)c->num_workers, 1)) ||
         ps_peers_create(c->max_peer_replies, c->max_peer_bytes, &s->mem_used, &s->copies,
                         &s->peers) != 0 ||
         ps_stats_reqs_create(T, to, &s->stats) != 0 ||

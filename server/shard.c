@@ -82,7 +82,16 @@ typedef struct chunk {
     size_t nwait, cap_wait;
     uint64_t charge;   /* bytes charged to mem_used */
     uint64_t snap;     /* the first checkpoint snapshot that held it; 0 none yet */
+    int64_t t_base;    /* the optimizer's step count is version - t_base (a loaded
+                          optimizer state sets it: ps_shard_set_state) */
 } chunk;
+
+/* A change of the hyper-parameters (ps_shard_set_opt) that sync rounds from
+ * `from` on use. */
+typedef struct opt_change {
+    int64_t from;
+    ps_opt_config cfg;
+} opt_change;
 
 struct ps_shard {
     ps_shard_config cfg;
@@ -102,6 +111,10 @@ struct ps_shard {
     uint64_t spares, spare_bytes, pin_copies; /* see ps_shard_buffer_counts */
     float *mean;              /* async: the mean of a push that sums several gradients */
     size_t mean_cap;
+    /* sync: changes for rounds to come, by `from`; cfg.opt is what rounds
+     * before the first use (a change every chunk has passed is folded in) */
+    opt_change sched[PS_SHARD_MAX_OPT_CHANGES];
+    int nsched;
 };
 
 static uint64_t mix(uint64_t key, uint32_t c)
@@ -177,7 +190,8 @@ int ps_shard_create(const ps_shard_config *cfg, const ps_shard_hooks *hooks, ps_
 {
     *out = NULL;
     if (cfg->num_workers < 1 || (cfg->mode != PS_MODE_SYNC && cfg->mode != PS_MODE_ASYNC) ||
-        cfg->opt.kind < PS_OPT_SGD || cfg->opt.kind > PS_OPT_KIND_MAX)
+        !ps_opt_kind_valid(cfg->opt.kind) ||
+        (cfg->opt.kind == PS_OPT_AVERAGE && cfg->mode != PS_MODE_SYNC))
         return PS_EINVAL;
     ps_shard *s = calloc(1, sizeof *s);
     if (!s)
@@ -483,16 +497,28 @@ static void wake(ps_shard *s, chunk *ch)
     ch->nwait = keep;
 }
 
-/* One update.  In place when no reply holds the current weights; otherwise
- * out of place, into a buffer no reply holds (ps_shard_pin made sure there is
- * one), which becomes the current one: a reply in flight keeps exactly the
- * weights of the version it names. */
-/* One update with gradient g, which sums m pushes (async: a worker's
- * accumulated gradients; else 1): the version and the update count go up by
- * m, and the optimizer's step count t is that of the last of them. */
-static void apply(ps_shard *s, chunk *ch, const float *g, int64_t m)
+/* The hyper-parameters of sync round `round` (async: the current ones). */
+static const ps_opt_config *opt_of_round(ps_shard *s, int64_t round)
 {
-    int64_t t0 = s->trace ? ps_now_ns() : 0;
+    int have;
+    int64_t minv = ps_shard_min_version(s, &have);
+    /* every chunk is past it: it is what the rest uses */
+    while (s->nsched && have && s->sched[0].from <= minv) {
+        s->cfg.opt = s->sched[0].cfg;
+        memmove(s->sched, s->sched + 1, (size_t)--s->nsched * sizeof s->sched[0]);
+    }
+    const ps_opt_config *c = &s->cfg.opt;
+    for (int i = 0; i < s->nsched && s->sched[i].from <= round; i++)
+        c = &s->sched[i].cfg;
+    return c;
+}
+
+/* The buffer new weights of ch go to: the current one when no reply holds
+ * it; otherwise one no reply holds (ps_shard_pin made sure there is one),
+ * which then becomes the current one: a reply in flight keeps exactly the
+ * weights of the version it names. */
+static int write_buffer(ps_shard *s, chunk *ch)
+{
     int dst = ch->cur;
     if (wbuf_pinned(ch->buf[ch->cur])) {
         dst = free_buffer(ch);
@@ -504,8 +530,21 @@ static void apply(ps_shard *s, chunk *ch, const float *g, int64_t m)
             dst = ch->cur;
         }
     }
+    return dst;
+}
+
+/* One update, into write_buffer's buffer. */
+/* One update with gradient g, which sums m pushes (async: a worker's
+ * accumulated gradients; else 1): the version and the update count go up by
+ * m, and the optimizer's step count t is that of the last of them. */
+static void apply(ps_shard *s, chunk *ch, const float *g, int64_t m)
+{
+    int64_t t0 = s->trace ? ps_now_ns() : 0;
+    int dst = write_buffer(s, ch);
     float *out = wbuf_data(ch->buf[dst]);
-    ps_opt_apply_to(&s->cfg.opt, ch->w, out, ch->s0, ch->s1, g, ch->n, ch->version + m);
+    /* sync: the round's hyper-parameters (ps_shard_set_opt) */
+    ps_opt_apply_to(opt_of_round(s, ch->version), ch->w, out, ch->s0, ch->s1, g, ch->n,
+                    ch->version + m - ch->t_base);
     ch->cur = dst;
     ch->w = out;
     ch->version += m;
@@ -671,11 +710,12 @@ int ps_shard_push_sum(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t s
                 ch->jump = NULL;
             }
         }
-        if (m > 1 && g) {
+        if (m > 1 && g && s->cfg.opt.kind != PS_OPT_ADD) {
             /* gradients a worker computed on the same (stale) weights while
              * its last push was on the wire: one update with their mean,
              * like a larger batch (their sum at the same rate diverges as
-             * the sums grow) */
+             * the sums grow).  Not so the weight deltas of `add`: each moved
+             * the worker's own weights, so together they move by their sum */
             if (s->mean_cap < n) {
                 float *p = realloc(s->mean, n * sizeof(float));
                 if (!p) {
@@ -866,6 +906,110 @@ void ps_shard_stats(const ps_shard *s, ps_stats *out)
             out->max_version = ch->version;
         first = 0;
     }
+}
+
+int ps_shard_set_opt(ps_shard *s, int64_t from, const ps_opt_config *cfg)
+{
+    if (cfg->kind != s->cfg.opt.kind)
+        return PS_EINVAL;
+    ps_opt_config c = *cfg;
+    c.given = PS_OPT_GIVEN_ALL;
+    if (s->cfg.mode != PS_MODE_SYNC) {
+        s->cfg.opt = c;
+        return 0;
+    }
+    int i = 0;
+    while (i < s->nsched && s->sched[i].from < from)
+        i++;
+    if (i < s->nsched && s->sched[i].from == from) {
+        s->sched[i].cfg = c;
+        return 0;
+    }
+    if (s->nsched == PS_SHARD_MAX_OPT_CHANGES) {
+        s->cfg.opt = s->sched[0].cfg;
+        memmove(s->sched, s->sched + 1, (size_t)--s->nsched * sizeof s->sched[0]);
+        i = i > 0 ? i - 1 : 0;
+    }
+    memmove(s->sched + i + 1, s->sched + i, (size_t)(s->nsched - i) * sizeof s->sched[0]);
+    s->sched[i] = (opt_change){from, c};
+    s->nsched++;
+    return 0;
+}
+
+int ps_shard_assign(ps_shard *s, uint64_t key, uint32_t c, const float *w, size_t n,
+                    int64_t *version, char *why, size_t why_len)
+{
+    chunk *ch = find_initialized(s, key, c, why, why_len);
+    if (!ch)
+        return PS_ENOTFOUND;
+    *version = ch->version;
+    if (n != ch->n) {
+        ps_errorf(why, why_len, "assign of %zu elements to key %llu chunk %u, which has %zu", n,
+            (unsigned long long)key, c, ch->n);
+        return PS_EPROTO;
+    }
+    int dst = write_buffer(s, ch); /* a reply in flight keeps the weights it names */
+    float *out = wbuf_data(ch->buf[dst]);
+    memcpy(out, w, n * sizeof(float));
+    ch->cur = dst;
+    ch->w = out;
+    s->st.bytes_in += n * sizeof(float);
+    return 0;
+}
+
+int ps_shard_get_state(ps_shard *s, uint64_t key, uint32_t c, const float *state[2],
+                       int *nstate, size_t *n, int64_t *opt_step, char *why, size_t why_len)
+{
+    chunk *ch = find_initialized(s, key, c, why, why_len);
+    if (!ch)
+        return PS_ENOTFOUND;
+    state[0] = ch->s0;
+    state[1] = ch->s1;
+    *nstate = ps_opt_state_arrays(s->cfg.opt.kind);
+    *n = ch->n;
+    *opt_step = ch->version - ch->t_base;
+    return 0;
+}
+
+int ps_shard_set_state(ps_shard *s, uint64_t key, uint32_t c, const float *planes, size_t count,
+                       int64_t opt_step, int64_t *version, char *why, size_t why_len)
+{
+    chunk *ch = find_initialized(s, key, c, why, why_len);
+    if (!ch)
+        return PS_ENOTFOUND;
+    *version = ch->version;
+    int nstate = ps_opt_state_arrays(s->cfg.opt.kind);
+    if (nstate == 0 || count != ch->n * (size_t)nstate || opt_step < -1) {
+        ps_errorf(why, why_len, "state of %zu floats at step %lld for key %llu chunk %u: %s "
+            "keeps %d array(s) of %zu, and the step is >= -1", count, (long long)opt_step,
+            (unsigned long long)key, c, ps_opt_name(s->cfg.opt.kind), nstate, ch->n);
+        return PS_EPROTO;
+    }
+    memcpy(ch->s0, planes, ch->n * sizeof(float));
+    if (nstate >= 2)
+        memcpy(ch->s1, planes + ch->n, ch->n * sizeof(float));
+    if (opt_step >= 0)
+        ch->t_base = ch->version - opt_step;
+    s->st.bytes_in += count * sizeof(float);
+    return 0;
+}
+
+int ps_shard_clock(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t *step, char *why,
+                   size_t why_len)
+{
+    chunk *ch = find_initialized(s, key, c, why, why_len);
+    if (!ch)
+        return PS_ENOTFOUND;
+    if (rank < 0 || rank >= s->cfg.num_workers) {
+        ps_errorf(why, why_len, "clock of rank %d: ranks are 0..%d", rank,
+            s->cfg.num_workers - 1);
+        return PS_EPROTO;
+    }
+    /* sync: a push below the open round is a duplicate, and one beyond it
+     * is refused; a rank that pushed the open round already has its
+     * gradient in, so its push of the same step is a harmless duplicate */
+    *step = s->cfg.mode == PS_MODE_SYNC ? ch->version : ch->clock[rank];
+    return 0;
 }
 
 void ps_shard_set_live(ps_shard *s, int rank, int live)

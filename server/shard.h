@@ -168,6 +168,50 @@ void ps_shard_set_merge(ps_shard *s, int (*merge)(void *user, void *queued, void
 int ps_shard_await(ps_shard *s, uint64_t key, uint32_t chunk, int64_t want, void *waiter,
                    int *queued, int64_t *version, char *why, size_t why_len);
 
+/* ---- what ps.torch asks of a chunk (docs/PROTOCOL.md "Worker-side
+ * optimizers") ---- */
+
+/* Hyper-parameter changes waiting for their round, at most (sync). */
+#define PS_SHARD_MAX_OPT_CHANGES 16
+
+/* Change the hyper-parameters (cfg: the same kind, complete).  Sync: rounds
+ * `from` and later use them (round t: the one that makes version t + 1 from
+ * the pushes of step t), those before keep what they had; a change for a
+ * round some chunk has passed applies to that chunk from its open round.
+ * Async: every update from now on.  When PS_SHARD_MAX_OPT_CHANGES are
+ * waiting, the oldest takes effect at once.  PS_EINVAL for another kind. */
+int ps_shard_set_opt(ps_shard *s, int64_t from, const ps_opt_config *cfg);
+
+/* Overwrite a chunk's n weights with w (a worker's loaded weights); the
+ * version, the optimizer state and an open round's sum stay.  A buffer a
+ * pull reply still sends is not written (the weights go to another, as an
+ * update's do).  *version: the chunk's.  PS_ENOTFOUND, PS_EPROTO (length). */
+int ps_shard_assign(ps_shard *s, uint64_t key, uint32_t chunk, const float *w, size_t n,
+                    int64_t *version, char *why, size_t why_len);
+
+/* A chunk's optimizer state: *nstate arrays of *n floats (ps_opt_state_arrays
+ * of the kind; state[k], valid until the next call that changes the shard)
+ * and the optimizer's step count (adam's t of the last update: the version,
+ * unless ps_shard_set_state moved it).  PS_ENOTFOUND. */
+int ps_shard_get_state(ps_shard *s, uint64_t key, uint32_t chunk, const float *state[2],
+                       int *nstate, size_t *n, int64_t *opt_step, char *why, size_t why_len);
+
+/* Load a chunk's optimizer state: `planes` holds its state arrays one after
+ * the other (count = n * nstate floats) and opt_step the step count they
+ * belong to, from which the next update goes on (t = opt_step + 1; -1: the
+ * count stays, for a kind whose arithmetic has none).  PS_ENOTFOUND,
+ * PS_EPROTO (count, a step below -1, a kind without state). */
+int ps_shard_set_state(ps_shard *s, uint64_t key, uint32_t chunk, const float *planes,
+                       size_t count, int64_t opt_step, int64_t *version, char *why,
+                       size_t why_len);
+
+/* The step the next push of `rank` to the chunk carries: sync, the open
+ * round (its version); async, the rank's clock there (its pushes so far).
+ * A worker that restarts goes on from it, so none of its pushes is taken for
+ * a duplicate.  PS_ENOTFOUND, PS_EPROTO (rank). */
+int ps_shard_clock(ps_shard *s, uint64_t key, uint32_t chunk, int rank, int64_t *step,
+                   char *why, size_t why_len);
+
 /* ---- the live set (worker loss, server.h --on-worker-loss) ----
  * Every rank starts live.  A rank that is not live is skipped by sync rounds
  * (a round completes with the gradients of the live workers, their mean taken

@@ -711,6 +711,64 @@ static int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *
 }
 
 
+/* ASSIGN, SETSTATE, STATE and CLOCK (what ps.torch asks of a chunk:
+ * shard.h), answered at once; payloads float32 both ways. */
+static void upd_torch(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
+{
+    char why[256];
+    int64_t version = 0;
+    int rc = 0;
+    ps_header rep;
+    ps_reply_header(&rep, h->type, r->seq, r->rank, r->key, r->chunk);
+    if (h->type == PS_MSG_ASSIGN || h->type == PS_MSG_SETSTATE) {
+        float *copy = NULL;
+        const float *v = frame_values(h, pl, &copy);
+        if (!v)
+            rc = PS_ENOMEM;
+        else if (h->type == PS_MSG_ASSIGN)
+            rc = ps_shard_assign(u->shard, h->key, h->chunk, v, (size_t)h->count, &version, why,
+                                 sizeof why);
+        else
+            rc = ps_shard_set_state(u->shard, h->key, h->chunk, v, (size_t)h->count,
+                                    h->opt_step, &version, why, sizeof why);
+        free(copy);
+        if (rc == PS_ENOMEM)
+            snprintf(why, sizeof why, "out of memory receiving a %s", ps_msg_type_name(h->type));
+        if (!rc)
+            upd_ack(u, r, version, 0);
+    } else if (h->type == PS_MSG_CLOCK) {
+        if (!(rc = ps_shard_clock(u->shard, h->key, h->chunk, h->rank, &rep.push_step, why,
+                                  sizeof why)))
+            upd_send(u, &r->id, &rep, NULL);
+    } else {
+        const float *st[2];
+        int nstate = 0;
+        size_t n = 0;
+        zmq_msg_t out;
+        rc = ps_shard_get_state(u->shard, h->key, h->chunk, st, &nstate, &n, &rep.opt_step, why,
+                                sizeof why);
+        if (!rc && nstate == 0) {
+            snprintf(why, sizeof why, "the servers' optimizer keeps no state (sgd, average "
+                     "and add do not)");
+            rc = PS_EPROTO;
+        } else if (!rc && zmq_msg_init_size(&out, n * (size_t)nstate * sizeof(float)) != 0) {
+            snprintf(why, sizeof why, "out of memory for a state reply");
+            rc = PS_ENOMEM;
+        }
+        if (!rc) {
+            for (int k = 0; k < nstate; k++)
+                memcpy((float *)zmq_msg_data(&out) + (size_t)k * n, st[k], n * sizeof(float));
+            rep.count = n * (size_t)nstate;
+            rep.dtype = PS_DTYPE_F32;
+            u->bytes_out += rep.count * sizeof(float);
+            upd_send(u, &r->id, &rep, &out);
+            zmq_msg_close(&out);
+        }
+    }
+    if (rc)
+        upd_error(u, r, rc, why);
+}
+
 static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_peer *shm,
                         zmq_msg_t *id, zmq_msg_t *pl)
 {
@@ -838,6 +896,12 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
         if (upd_sparse(u, r, h, pl))
             u->spare = NULL; /* kept: answered later */
         break;
+    case PS_MSG_ASSIGN:
+    case PS_MSG_SETSTATE:
+    case PS_MSG_STATE:
+    case PS_MSG_CLOCK:
+        upd_torch(u, r, h, pl);
+        break;
     default:
         upd_error(u, r, PS_EPROTO, "internal: request type not handled by update threads");
         break;
@@ -960,6 +1024,8 @@ static void *upd_main(void *arg)
                 ps_tparts_set_live(u->tparts, cf.rank, cf.live);
             } else if (cf.cmd == PS_CMD_TABLE) {
                 upd_table(u, &cf);
+            } else if (cf.cmd == PS_CMD_OPT) {
+                ps_shard_set_opt(u->shard, cf.h.push_step, &cf.h.hello.opt);
             }
             if (u->cfg.report_progress && !stop)
                 upd_progress(u);

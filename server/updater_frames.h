@@ -8,7 +8,8 @@
  * zmq_msg_send (no copy): whoever sends one no longer owns it.
  *
  * I/O thread -> owner: the first frame is a ps_cmd_frame.
- *   PS_CMD_REQ    [cmd] [identity] [payload?]  an init, push, pull or pushpull;
+ *   PS_CMD_REQ    [cmd] [identity] [payload?]  an init, push, pull or pushpull (or an
+ *                                              assign, state, setstate or clock);
  *                                              cmd.h is its decoded and checked header,
  *                                              cmd.mut its mutation number;
  *                                              with PS_FLAG_SHM no payload frame: the
@@ -23,6 +24,8 @@
  *   PS_CMD_STOP   [cmd]   answer queued pulls with PS_ECLOSED, send PS_OUT_STOPPED, exit
  *   PS_CMD_CKPT   [cmd]   serialize every chunk now; answer PS_OUT_CKPT with cmd.ckpt_seq
  *   PS_CMD_LIVE   [cmd]   rank cmd.rank joins (cmd.live 1) or leaves (0) the live set
+ *   PS_CMD_OPT    [cmd]   the optimizer cmd.h.hello.opt from step cmd.h.push_step on
+ *                         (a HYPER request: ps_shard_set_opt)
  *
  * owner -> I/O thread: the first frame is a tag, one byte (PS_OUT_HELD,
  * PS_OUT_INIT, PS_OUT_ACK: the byte and an int64, native byte order).
@@ -60,7 +63,8 @@ enum {
     PS_CMD_STOP = 3,
     PS_CMD_CKPT = 4,
     PS_CMD_LIVE = 5,
-    PS_CMD_TABLE = 6
+    PS_CMD_TABLE = 6,
+    PS_CMD_OPT = 7
 };
 
 /* Frames a PAIR message of PS_CMD_REQ carries after its command: the
@@ -82,7 +86,7 @@ enum {
 typedef struct ps_cmd_frame {
     int cmd;              /* PS_CMD_* */
     /* REQ */
-    ps_header h;          /* the request's header */
+    ps_header h;          /* the request's header (OPT: the HYPER's, opt and step set) */
     uint64_t mut;         /* its mutation number: the I/O thread's count of inits and
                              pushes, this one included; 0 for a pull */
     ps_shm_peer *shm;     /* with PS_FLAG_SHM: the worker's arena, one reference the

@@ -158,16 +158,16 @@ static const struct {
     {"ps_launch: worker flag --lr-decay-every must be a whole number in [0, 4294967295], got '-1'",
      {"--servers", "1", "--workers", "1", "--", "--lr-decay-every", "-1"}},
     {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
-     "got 'rmsprop'",
+     "average, add, got 'rmsprop'",
      {"--servers", "1", "--workers", "1", "--", "--optimizer", "rmsprop"}},
     {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
-     "got 'mom'",
+     "average, add, got 'mom'",
      {"--servers", "1", "--workers", "1", "--", "--optimizer", "mom"}},
     {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
-     "got 'sgd, momentum'",
+     "average, add, got 'sgd, momentum'",
      {"--servers", "1", "--workers", "1", "--", "--optimizer", "sgd, momentum"}},
     {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
-     "got ''",
+     "average, add, got ''",
      {"--servers", "1", "--workers", "1", "--", "--optimizer", ""}},
     {"ps_launch: worker flag --max-staleness must be an integer in [-1, 1000000], got '-2'",
      {"--servers", "1", "--workers", "1", "--mode", "async", "--", "--max-staleness", "-2"}},

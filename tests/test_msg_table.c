@@ -46,7 +46,7 @@ static ps_header full(uint32_t t, int reply)
         ps_table_options_default(&h.table);
         h.table.dim = 4;
     }
-    if (t == PS_MSG_HELLO) {
+    if (t == PS_MSG_HELLO || t == PS_MSG_HYPER) {
         h.hello.mode = PS_MODE_SYNC;
         h.hello.num_workers = 1;
         h.hello.num_servers = 1;
@@ -158,8 +158,10 @@ PS_TEST(a_message_without_a_key_its_row_requires_is_refused_naming_the_key)
     /* hello h x2, init k c, push, pull, pushpull k c s, barrier s x2, stats st,
      * error ec, and s in the replies of init, push, pull, pushpull; table k tb,
      * spull, spush, spushpull k c dim s, and s in their replies, dim in the
-     * replies of spull and spushpull */
-    CHECK_EQ_INT(refused, 2 + 2 + 3 * 3 + 2 + 1 + 1 + 4 + 2 + 3 * 4 + 3 + 2);
+     * replies of spull and spushpull; hyper h s and h, assign, state, clock k
+     * c and s in the reply, setstate k c s and s, allreduce and broadcast s x2 */
+    CHECK_EQ_INT(refused, 2 + 2 + 3 * 3 + 2 + 1 + 1 + 4 + 2 + 3 * 4 + 3 + 2 + 3 + 3 * 3 + 4 +
+                              2 * 2);
     /* the step of a push: named with what it is */
     ps_header a = full(PS_MSG_PUSH, 0), b;
     size_t len = encode_without(&a, "s", buf, sizeof buf);
@@ -178,23 +180,25 @@ PS_TEST(s_goes_to_the_field_its_row_names_and_nowhere_else)
             int meaning = reply ? m->s_rep : m->s_req;
             ps_header a = full(t, reply), b;
             a.push_step = 11, a.want_version = 12, a.chunk_version = 13, a.barrier_id = 14;
+            a.opt_step = 15;
             char buf[PS_HEADER_MAX], why[256];
             size_t len;
             CHECK_OK(ps_proto_encode(&a, buf, sizeof buf, &len));
             CHECK_MSG(ps_proto_decode(buf, len, &b, why, sizeof why) == 0, "%s", why);
-            int64_t want[] = {0, 0, 0, 0};
+            int64_t want[] = {0, 0, 0, 0, 0};
             if (meaning != PS_S_NONE)
                 want[meaning - PS_S_PUSH_STEP] = 10 + meaning;
             CHECK_MSG(b.push_step == want[0] && b.want_version == want[1] &&
-                          b.chunk_version == want[2] && b.barrier_id == want[3],
-                      "%s %s: s went to %lld %lld %lld %lld", m->name,
+                          b.chunk_version == want[2] && b.barrier_id == want[3] &&
+                          b.opt_step == want[4],
+                      "%s %s: s went to %lld %lld %lld %lld %lld", m->name,
                       reply ? "reply" : "request", (long long)b.push_step,
                       (long long)b.want_version, (long long)b.chunk_version,
-                      (long long)b.barrier_id);
+                      (long long)b.barrier_id, (long long)b.opt_step);
             CHECK_EQ_INT(ps_header_get_s(&b), meaning == PS_S_NONE ? 0 : 10 + meaning);
         }
-    CHECK_EQ_INT(PS_S_PUSH_STEP, 1); /* the arithmetic above: 11 .. 14 */
-    CHECK_EQ_INT(PS_S_BARRIER_ID, 4);
+    CHECK_EQ_INT(PS_S_PUSH_STEP, 1); /* the arithmetic above: 11 .. 15 */
+    CHECK_EQ_INT(PS_S_OPT_STEP, 5);
 }
 
 /* The frames a layout has, each of the size full()'s header gives it. */
@@ -282,7 +286,9 @@ static int ask(void *s, uint32_t t, int rank, uint64_t seq, ps_header *r)
 PS_TEST(the_server_dispatches_every_type_as_its_row_says)
 {
     ps_test_server sv;
-    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --mode async --quiet"));
+    /* momentum: the state requests have state to read and load */
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --mode async --optimizer momentum "
+                                          "--quiet"));
     void *w0 = ps_test_dealer(sv.port), *w1 = ps_test_dealer(sv.port);
     void *tool = ps_test_dealer(sv.port);
     ps_header r;
@@ -314,7 +320,9 @@ PS_TEST(the_server_dispatches_every_type_as_its_row_says)
      * of its chunk */
     for (uint32_t t = 1; t <= PS_MSG_TYPE_MAX; t++) {
         const ps_msg_info *m = ps_msg_info_of(t);
-        if (t == PS_MSG_BARRIER) /* worker 1 is there already */
+        /* worker 1 is there already */
+        int both = t == PS_MSG_BARRIER || t == PS_MSG_ALLREDUCE || t == PS_MSG_BROADCAST;
+        if (both)
             CHECK_OK(tell(w1, t, 1, 999));
         CHECK_OK(ask(w0, t, 0, ++seq, &r));
         CHECK_EQ_INT(r.seq, seq);
@@ -330,9 +338,10 @@ PS_TEST(the_server_dispatches_every_type_as_its_row_says)
             CHECK_MSG(r.type == t && (r.flags & PS_FLAG_REPLY), "%s: got %s %d (%s)", m->name,
                       ps_msg_type_name(r.type), r.err_code, r.err_text);
         }
-        if (t == PS_MSG_BARRIER) {
-            CHECK_OK(ps_test_recv(w1, PS_TEST_RPC_MS, &r, NULL, 0, NULL));
-            CHECK_EQ_INT(r.type, PS_MSG_BARRIER);
+        if (both) {
+            float out[4];
+            CHECK_OK(ps_test_recv(w1, PS_TEST_RPC_MS, &r, out, 4, NULL));
+            CHECK_EQ_INT(r.type, t);
             CHECK_EQ_INT(r.seq, 999);
         }
     }

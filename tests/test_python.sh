@@ -1,7 +1,8 @@
 #!/bin/sh
 # The Python package against live servers: every tests/python/test_*.py
 # (test_client.py: the ps.Client binding; test_torch.py: ps.torch, the
-# examples, ps_launch --exec), each printing PASS/FAIL/SKIP lines for
+# examples, ps_launch --exec; test_torch_dropin.py: PyTorch's habits through
+# ps.torch and the ported scripts), each printing PASS/FAIL/SKIP lines for
 # tests/run.sh.
 # Always Debian's /usr/bin/python3: that is where python3-torch lives (a
 # python3 earlier on PATH may be another interpreter without it).

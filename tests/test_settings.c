@@ -373,7 +373,7 @@ PS_TEST(help_names_the_variables_of_a_worker_alone)
     CHECK(worker && server);
     unwrap(worker);
     unwrap(server);
-    int w = strstr(worker, "env PS_RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK") &&
+    int w = strstr(worker, "env PS_RANK, RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK") &&
             strstr(worker, "default sync; env PS_MODE");
     int s = strstr(server, "env PS_") == NULL && strstr(server, "(default sync)");
     free(worker);
@@ -444,7 +444,7 @@ PS_TEST(defaults_are_the_tables_in_every_program_and_libps)
     CHECK_STR(env, "PS_MODE");
     CHECK_STR(def, "sync");
     CHECK_OK(ps_client_setting("rank", &env, NULL));
-    CHECK_STR(env, "PS_RANK SLURM_PROCID OMPI_COMM_WORLD_RANK PMI_RANK");
+    CHECK_STR(env, "PS_RANK RANK SLURM_PROCID OMPI_COMM_WORLD_RANK PMI_RANK");
     CHECK_EQ_INT(ps_client_setting("bind", &env, &def), PS_ENOTFOUND); /* a server's */
     CHECK_EQ_INT(ps_client_setting(NULL, &env, &def), PS_ENOTFOUND);
 }

@@ -31,8 +31,8 @@ ERR_TEXT_MAX = 200
 
 MODE_SYNC, MODE_ASYNC = 1, 2
 
-# enum ps_opt_kind, in order from PS_OPT_NONE = 0
-OPT_KINDS = ("none", "sgd", "momentum", "nesterov", "adagrad", "adam")
+# enum ps_opt_kind by value from PS_OPT_NONE = 0 (6 is the tables' FTRL, no dense kind)
+OPT_KINDS = ("none", "sgd", "momentum", "nesterov", "adagrad", "adam", None, "average", "add")
 
 # PS_OPT_PARAMS, in table order: (field, flag, default, is an integer)
 OPT_PARAMS = (
@@ -117,6 +117,15 @@ class RequestStruct(Structure):
         ("err", c_char * (ERR_TEXT_MAX + 1)),
         ("_priv", _RequestPrivate),
     ]
+
+
+BARRIER_RANKS_MAX = 32
+
+
+class BarrierInfo(Structure):
+    """ps_barrier_info: whom the open barrier with the lowest id waits for."""
+    _fields_ = [("id", c_int64), ("missing", c_uint32), ("nranks", c_uint32),
+                ("ranks", ctypes.c_int32 * BARRIER_RANKS_MAX)]
 
 
 class Stats(Structure):
@@ -211,6 +220,18 @@ _proto("ps_client_set_wire_dtype", c_int, _P, c_int)
 _proto("ps_client_shm_region", None, _P, POINTER(c_void_p), POINTER(c_size_t))
 _proto("ps_opt_parse", c_int, c_char_p, POINTER(c_int))
 _proto("ps_client_setting", c_int, c_char_p, POINTER(c_char_p), POINTER(c_char_p))
+_proto("ps_client_interrupt", None, _P)
+_proto("ps_request_wait_for", c_int, _R, c_int)
+_proto("ps_client_barrier_post", c_int, _P, c_int64, _R)
+_proto("ps_client_barrier_info", c_int, _P, POINTER(BarrierInfo))
+_proto("ps_client_hyper", c_int, _P, POINTER(OptConfig), c_int64, POINTER(OptConfig))
+_proto("ps_client_assign", c_int, _P, c_uint64, c_void_p, _R)
+_proto("ps_client_state", c_int, _P, c_uint64, c_void_p, c_int, _R)
+_proto("ps_client_set_state", c_int, _P, c_uint64, c_void_p, c_int, c_int64, _R)
+_proto("ps_client_clock", c_int, _P, c_uint64, _R)
+_proto("ps_client_allreduce", c_int, _P, c_int64, c_void_p, c_void_p, c_size_t, _R)
+_proto("ps_client_broadcast", c_int, _P, c_int64, c_void_p, c_void_p, c_size_t, _R)
+_proto("ps_client_leave", c_int, _P)
 
 _proto("ps_backend_host_create", c_int, POINTER(_P))
 _proto("ps_backend_host_destroy", None, _P)
@@ -227,6 +248,9 @@ _proto("ps_exchange_finish", c_int, _P)
 _proto("ps_exchange_pull_final", c_int, _P)
 _proto("ps_exchange_take_wait_ns", c_int64, _P)
 _proto("ps_exchange_close", None, _P)
+_proto("ps_exchange_set_wait_timeout", None, _P, c_int)
+_proto("ps_exchange_set_back", c_int, _P, c_int, c_void_p)
+_proto("ps_exchange_interrupt", None, _P)
 
 def setting(name):
     """A worker's run setting from libps's table (ps_client_setting), by its

@@ -18,7 +18,7 @@ import ctypes
 import os
 import weakref
 
-from . import _lib
+from . import _lib, _signals
 from ._buffers import float_buffer
 from ._lib import lib
 
@@ -75,6 +75,23 @@ def _from_env(value, name, env):
         return value, None
     var, v = _env_first(_lib.setting(name)[0], env)
     return (v, var) if v is not None else (_lib.setting(name)[1], None)
+
+
+# the port of the one server MASTER_ADDR names, unless PS_PORT says
+MASTER_PORT_DEFAULT = 5555
+
+
+def _master_server(env):
+    """torchrun's convention: no PS_SERVERS, but MASTER_ADDR (the host of
+    rank 0): one server there, tcp://MASTER_ADDR:PS_PORT (5555; not
+    MASTER_PORT, which torchrun's own store listens on)."""
+    host = env.get("MASTER_ADDR")
+    if not host:
+        return None
+    port = env.get("PS_PORT") or MASTER_PORT_DEFAULT
+    if ":" in host and not host.startswith("["):
+        host = "[%s]" % host  # an IPv6 address
+    return "tcp://%s:%s" % (host, port)
 
 
 def _shm_setting(value, env):
@@ -177,7 +194,7 @@ def optimizer_expectation(expect, env):
     if kind:
         if kind not in _lib.OPT_KINDS[1:]:
             raise ValueError("optimizer must be one of %s, got %r"
-                             % (", ".join(_lib.OPT_KINDS[1:]), kind))
+                             % (", ".join(k for k in _lib.OPT_KINDS[1:] if k), kind))
         c.kind = _lib.OPT_KINDS.index(kind)
     for p, (field, flag, _, is_int) in enumerate(_lib.OPT_PARAMS):
         if field in given:
@@ -228,9 +245,10 @@ def table_options(dim, init="uniform", scale=0.01, seed=0, optimizer=None, max_r
     if kind == "ftrl":
         o.opt.kind = _lib.OPT_FTRL
     elif kind is not None:
-        if kind not in _lib.OPT_KINDS[1:]:
+        rules = _lib.OPT_KINDS[1:_lib.OPT_FTRL]  # sgd .. adam: not the worker-side kinds
+        if kind not in rules:
             raise ValueError("a table's optimizer must be one of %s or ftrl, got %r"
-                             % (", ".join(_lib.OPT_KINDS[1:]), kind))
+                             % (", ".join(rules), kind))
         o.opt.kind = _lib.OPT_KINDS.index(kind)
     fields = {f: is_int for f, _, _, is_int in _lib.OPT_PARAMS}
     for k, v in opt.items():
@@ -278,6 +296,15 @@ class Request:
             raise PSError(self._c.status, self.err, self.what)
         return self._c.version
 
+    def wait_for(self, seconds):
+        """Wait at most that long: True once it completed (then wait()
+        returns at once, or raises), False while it is pending."""
+        if self._client is not None:
+            if lib.ps_request_wait_for(ctypes.byref(self._c), int(seconds * 1000)) < 0:
+                return False
+            self._finished()
+        return True
+
     @property
     def status(self):
         """0, or the PS_E* code of the first failure (valid once done)."""
@@ -308,9 +335,16 @@ class _Handle:
 
     def __init__(self, ptr):
         self.ptr = ptr
-        self.closer = lib.ps_client_close  # an exchange that adopts it replaces this
+        self.closer = lib.ps_client_close  # an exchange that adopts it replaces these
+        self.interrupter = lib.ps_client_interrupt
+        _signals.watch(self, lib)  # Ctrl-C interrupts what waits in libps
+
+    def interrupt(self):
+        """From another thread (the Ctrl-C watcher), while open."""
+        self.interrupter(self.ptr)
 
     def close(self):
+        _signals.forget(self)
         ptr, self.ptr = self.ptr, None
         if ptr:
             self.closer(ptr)
@@ -322,9 +356,12 @@ class Client:
     Every argument left None comes from the environment, as for ps_worker
     (the same variables, from libps's settings table), else ps_worker's
     default:
-      servers       "tcp://H:P,..." or a list; PS_SERVERS
-      rank          PS_RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK (0)
-      num_workers   PS_NUM_WORKERS, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE, PMI_SIZE (1)
+      servers       "tcp://H:P,..." or a list; PS_SERVERS, else one server at
+                    MASTER_ADDR (torchrun's) on port PS_PORT (5555)
+      rank          PS_RANK, RANK (torchrun), SLURM_PROCID, OMPI_COMM_WORLD_RANK,
+                    PMI_RANK (0)
+      num_workers   PS_NUM_WORKERS, WORLD_SIZE (torchrun), SLURM_NTASKS,
+                    OMPI_COMM_WORLD_SIZE, PMI_SIZE (1)
       mode          'sync' | 'async'; PS_MODE ('sync')
       max_staleness async: -1 unbounded, k >= 0 bounded; PS_MAX_STALENESS (-1)
       chunk_size    bytes or "4M"; PS_CHUNK_SIZE (4 MiB)
@@ -359,10 +396,11 @@ class Client:
                  heartbeat_ms=None, expect=None, env=None, shm=None, server_timeout_ms=None,
                  admin_token=None, wire_dtype=None, on_nonfinite=None):
         env = os.environ if env is None else env
-        servers = _from_env(servers, "servers", env)[0]
+        servers = _from_env(servers, "servers", env)[0] or _master_server(env)
         if not servers:
             raise ValueError("no servers: pass servers='tcp://HOST:PORT,...' or set PS_SERVERS "
-                             "(ps_launch --exec sets it for its workers)")
+                             "(ps_launch --exec sets it for its workers), or MASTER_ADDR for "
+                             "one server there on port PS_PORT (5555)")
         if not isinstance(servers, str):
             servers = ",".join(servers)
         self.servers = servers
@@ -590,12 +628,106 @@ class Client:
         """The partitions server `server` splits each table into (after start)."""
         return lib.ps_client_server_parts(self._ptr, server)
 
+    # ---- for a framework's optimizer (ps.torch; include/ps_client.h) ----
+
+    def hyper(self, change=None, from_step=0):
+        """Change the servers' hyper-parameters ({'lr': 0.05, ...}: the table's
+        fields) from step from_step on (sync: that round on; async: the next
+        push on); none: only ask.  Returns the servers' optimizer as it runs
+        now: {'optimizer': 'momentum', 'lr': ..., every hyper-parameter}."""
+        c = optimizer_expectation(change or {}, {})
+        now = _lib.OptConfig()
+        self._check(lib.ps_client_hyper(self._ptr, ctypes.byref(c), from_step,
+                                        ctypes.byref(now)), "hyper-parameters")
+        out = {"optimizer": _lib.OPT_KINDS[now.kind] if 0 <= now.kind < len(_lib.OPT_KINDS)
+               else None}
+        for field, _, _, _ in _lib.OPT_PARAMS:
+            out[field] = getattr(now, field)
+        return out
+
+    def assign(self, key, values):
+        """Overwrite the tensor's weights on the servers (its version and
+        optimizer state stay)."""
+        what = "assign of key %d" % key
+        a, keep = self._buffer(key, values, what + ": values", False)
+        return self._post(what, keep, lambda r: lib.ps_client_assign(self._ptr, key, a, r))
+
+    def _planes(self, key, arr, nstate, what, writable):
+        if key not in self._counts:
+            raise KeyError("%s: key %d was not registered" % (what, key))
+        addr, n, keep = float_buffer(arr, what, writable)
+        if n != self._counts[key] * nstate:
+            raise ValueError("%s: %d floats, but key %d holds %d x %d state arrays"
+                             % (what, n, key, self._counts[key], nstate))
+        return addr, keep
+
+    def state(self, key, dst, nstate):
+        """The servers' optimizer state of the tensor into dst (count x nstate
+        floats, chunk after chunk: include/ps_client.h); wait() returns the
+        optimizer's step count."""
+        what = "state of key %d" % key
+        a, keep = self._planes(key, dst, nstate, what + ": dst", True)
+        return self._post(what, keep, lambda r: lib.ps_client_state(self._ptr, key, a, nstate, r))
+
+    def set_state(self, key, src, nstate, step):
+        """Load the tensor's optimizer state (laid out as state() gives it)
+        of step count `step`."""
+        what = "set_state of key %d" % key
+        a, keep = self._planes(key, src, nstate, what + ": src", False)
+        return self._post(what, keep,
+                          lambda r: lib.ps_client_set_state(self._ptr, key, a, nstate, step, r))
+
+    def clock(self, key):
+        """The step this worker's next push of the tensor carries (wait()
+        returns it): sync the open round, async its pushes so far."""
+        what = "clock of key %d" % key
+        if key not in self._counts:
+            raise KeyError("%s: key %d was not registered" % (what, key))
+        return self._post(what, None, lambda r: lib.ps_client_clock(self._ptr, key, r))
+
+    def _collective(self, fn, name, coll_id, src, dst):
+        what = "%s %d" % (name, coll_id)
+        s, n, ks = float_buffer(src, what + ": src", False)
+        d, m, kd = float_buffer(dst, what + ": dst", True)
+        if n != m or n == 0:
+            raise ValueError("%s: src has %d floats, dst %d (equal, at least 1)" % (what, n, m))
+        return self._post(what, (ks, kd), lambda r: fn(self._ptr, coll_id, s, d, n, r))
+
+    def allreduce(self, coll_id, src, dst):
+        """dst = the mean of every worker's src (float32, equal lengths),
+        summed in rank order on server 0; each id once."""
+        return self._collective(lib.ps_client_allreduce, "allreduce", coll_id, src, dst)
+
+    def broadcast(self, coll_id, src, dst):
+        """dst = rank 0's src (byte for byte); every worker gives arrays of
+        the same length; each id once."""
+        return self._collective(lib.ps_client_broadcast, "broadcast", coll_id, src, dst)
+
+    def leave(self):
+        """This worker is done: rounds and barriers go on without it (its
+        pulls are still answered; push nothing more)."""
+        self._check(lib.ps_client_leave(self._ptr), "leave")
+
+    def barrier_info(self):
+        """(barrier id, [ranks it still waits for]) of the open barrier with
+        the lowest id on server 0; (-1, []) when none is open."""
+        bi = _lib.BarrierInfo()
+        self._check(lib.ps_client_barrier_info(self._ptr, ctypes.byref(bi)), "barrier info")
+        return bi.id, [bi.ranks[k] for k in range(bi.nranks)]
+
     # ---- blocking helpers ----
 
     def barrier(self, barrier_id=0):
         """Wait until every worker has reached barrier `barrier_id`; use
         each id once (ids from 2^61 up are the wrapper's)."""
         self._check(lib.ps_client_barrier(self._ptr, barrier_id), "barrier %d" % barrier_id)
+
+    def barrier_post(self, barrier_id):
+        """The barrier as a Request (wait_for it and say meanwhile whom it
+        waits for: barrier_info)."""
+        what = "barrier %d" % barrier_id
+        return self._post(what, None,
+                          lambda r: lib.ps_client_barrier_post(self._ptr, barrier_id, r))
 
     def stats(self, server=0):
         """Server `server`'s counters as a dict."""

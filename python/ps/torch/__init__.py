@@ -1,41 +1,49 @@
 """ps.torch: train any torch.nn.Module through the parameter servers.
 
-The lines a PyTorch training script adds:
+The lines a PyTorch training script changes (docs/TORCH.md has the table
+of Horovod's and DDP's calls and the porting diffs of two real scripts):
 
     import ps.torch
-    model = ps.torch.wrap(model)     # a ps.Client from PS_SERVERS, PS_RANK, ...
-    for x, y in loader:              # an ordinary loop, with no optimizer step:
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()              # the servers apply the update
-    model.pull_final()               # every worker ends with the servers' weights
-    model.close()
-
-or, keeping a torch optimizer's calls (its settings are checked against the
-servers' at start, and it is never stepped locally):
-
-    opt = ps.torch.DistributedOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05))
-    for x, y in loader:
-        opt.zero_grad()
+    optimizer = ps.torch.DistributedOptimizer(optimizer, model=model)
+    for x, y in loader:                    # the loop stays as it was
+        optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
-        opt.step()
-    opt.pull_final()
+        optimizer.step()
+        scheduler.step()                   # any torch.optim.lr_scheduler
+    optimizer.pull_final()                 # every worker ends with the same weights
+
+The optimizer is a torch.optim.Optimizer of the user's class (isinstance
+holds; schedulers, state_dict, load_state_dict and zero_grad are torch's).
+Where the update runs is its `update` argument (_dist.py): "server" (the
+servers' optimizer; the default for SGD, Adam and Adagrad, which they run)
+or "worker" (any torch optimizer: the servers average, every worker steps
+its own).  The servers, rank and size come from the environment (PS_*, or
+torchrun's RANK, WORLD_SIZE and MASTER_ADDR; ps_launch --exec sets PS_*),
+or a ps.Client.  Horovod's names are here too: init, rank, size,
+local_rank, local_size, allreduce, broadcast_object, broadcast_parameters,
+broadcast_optimizer_state, join, Compression, Average; so
+`import ps.torch as hvd` ports a Horovod script.
 
 What happens (DESIGN.md "Overlap on the worker", the machinery ps_worker
-uses, client/exchange.c inside libps): every parameter that requires grad is
-registered, in named_parameters() order, with a key made of its position and
-a CRC of its name and shape, so workers that wrap different models (or the
-same layers in another order) are refused at start.  Worker 0's initial
-weights win: it inits the servers, every worker waits at a barrier and then
-pulls them.  Each backward pushes every gradient the moment autograd has made
-it (last layer first) and posts the pull of the next version into a back
-buffer; before a module's forward its parameters swap to that buffer: async
-as soon as it has landed, sync once it has (waiting for that layer only).
-Each backward is one step: do not call backward twice per step.  Gradient
-clipping and other edits of .grad after backward do not reach the servers
-(the gradient has left by then).  See _optim.py for how torch optimizers map
-to the servers' flags.
+uses, client/exchange.c inside libps): every parameter that requires grad
+is registered, in order, with a key made of its position and a CRC of its
+name and shape, so workers that wrap different models are refused at
+start.  Worker 0's initial weights win (and its buffers and frozen
+parameters: BatchNorm statistics); a worker that restarts goes on from the
+servers' clock.  Each backward pushes each gradient the moment autograd has
+made it (last layer first) and posts the pull of the next version; before a
+module's forward its parameters take that version (sync: waiting for that
+layer only).  Gradients edited between backward and step() (clipping) wait
+for step() instead; backward_passes_per_step and no_sync() accumulate.
+Ctrl-C interrupts any wait in libps (KeyboardInterrupt); the start and end
+barriers say whom they wait for and give up after wait_timeout; join()
+lets workers with uneven step counts finish.
+
+wrap(model) is the older form: no optimizer, every backward a step, the
+servers' update.
 """
 
+import copy
 import sys
 
 try:
@@ -47,26 +55,113 @@ except ImportError as e:  # a python3 first on PATH that is not Debian's
                       % (sys.executable, e)) from e
 
 from ..client import Client, PSError
+from . import _context
+from ._context import (Average, Sum, allreduce, allreduce_, broadcast_object,
+                       broadcast_optimizer_state, broadcast_parameters, init, local_rank,
+                       local_size, rank, size)
+from ._dist import Adasum, Compression, ServersOptimizer
+from ._dist import make as _make
 from ._exchange import Exchange, param_key
 from ._optim import server_flags, server_settings
 
-__all__ = ["wrap", "DistributedModel", "DistributedOptimizer", "server_flags",
-           "server_settings", "param_key", "Client", "PSError"]
+__all__ = ["DistributedOptimizer", "DistributedModel", "wrap", "init", "rank", "size",
+           "local_rank", "local_size", "allreduce", "allreduce_", "broadcast_object",
+           "broadcast_parameters", "broadcast_optimizer_state", "join", "Compression",
+           "Average", "Sum", "Adasum", "server_flags", "server_settings", "param_key",
+           "Client", "PSError"]
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
+                         backward_passes_per_step=1, op=None, gradient_predivide_factor=1.0,
+                         *, model=None, client=None, update=None, grad_edits=None,
+                         init_from_rank0=True, wait_timeout=600.0, sync_buffers_every=0):
+    """optimizer trained through the servers: an instance of a class derived
+    from optimizer's (so isinstance, lr schedulers and state_dict work), with
+    optimizer's parameter groups and state.  Blocks until every server said
+    hello and the weights are pulled; raises PSError (EMISMATCH naming what
+    differs, ETIMEDOUT) or ValueError.
+
+      named_parameters  model.named_parameters(): the names in the keys (as
+                        Horovod); or model=
+      model             the model: its forward takes each layer's weights
+                        as they land (sync: overlapping the pulls), its
+                        buffers and frozen parameters are rank 0's at
+                        start; without it step() takes the weights
+      update            'server': the servers run the optimizer (they must
+                        run what server_flags(optimizer) says; SGD, Adam,
+                        Adagrad).  'worker': each worker steps it (any
+                        torch optimizer; servers with --optimizer average in
+                        sync mode, add in async).  Default: server when
+                        they can run it.  Pick server to keep the update
+                        off the GPU's critical path (the servers' CPUs
+                        update while the workers compute); worker for an
+                        optimizer the servers lack (Adadelta, RMSprop,
+                        LAMB), per-group settings, or to clip the averaged
+                        gradient (synchronize())
+      grad_edits        None: the first step looks whether .grad is edited
+                        between backward and step() (clipping); then pushes
+                        wait for step().  True: they always do; False:
+                        pushes go during backward and an edit is refused
+      backward_passes_per_step  k micro-batches accumulate into one push
+      compression       Compression.none / fp16 / bf16: the wire type
+                        (the servers' --wire-dtype must agree)
+      op                Average (the servers average); Sum, Adasum refused
+      client            a ps.Client not yet started (default: init()'s)
+      init_from_rank0   worker 0's initial weights win (default)
+      wait_timeout      seconds the start and end barriers wait for the
+                        other workers, saying every 10 s whom (0: forever)
+      sync_buffers_every  average the model's buffers every N steps (0:
+                        only at pull_final/join)
+
+    The older form DistributedOptimizer(model, optimizer=None, client=None)
+    (the update on the servers, optimizer checked against theirs) works too."""
+    if isinstance(optimizer, torch.nn.Module):
+        model, optimizer = optimizer, named_parameters
+        client = compression if client is None else client
+        if optimizer is None:
+            optimizer = ServersOptimizer(model.parameters())
+        return _make(optimizer, model=model, client=client, update=update or "server",
+                     grad_edits=grad_edits, init_from_rank0=init_from_rank0,
+                     wait_timeout=wait_timeout, sync_buffers_every=sync_buffers_every)
+    return _make(optimizer, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor, model, client, update, grad_edits, init_from_rank0,
+                 wait_timeout, sync_buffers_every)
 
 
 class DistributedModel(torch.nn.Module):
-    """model wrapped by ps.torch.wrap: calls model, trains through the
-    servers.  .module is the model itself (its state_dict has no prefix)."""
+    """A model trained through the servers: calls it.  .module is the model
+    itself (its state_dict has no prefix); a deepcopy is a copy of it, a
+    plain model."""
 
-    def __init__(self, module, client=None, optimizer=None, init_from_rank0=True):
+    def __init__(self, module, client=None, optimizer=None, init_from_rank0=True,
+                 wait_timeout=600.0):
         super().__init__()
-        expect = server_settings(optimizer) if optimizer is not None else None
         self.module = module
-        # not a submodule attribute: the exchange is no part of the state
-        object.__setattr__(self, "exchange", Exchange(module, client, expect, init_from_rank0))
+        expect = server_settings(optimizer) if optimizer is not None else None
+        if client is None:
+            client = _context.init()
+        ex = Exchange(module.named_parameters(), client, expect, module, init_from_rank0,
+                      "server", wait_timeout)
+        ex.auto_step = True  # no step(): every backward is one
+        # not submodule attributes: no part of the state
+        object.__setattr__(self, "exchange", ex)
+        object.__setattr__(self, "_optimizer", None)
+        _context.on_start(client, None, ex, module)
+
+    @classmethod
+    def _of(cls, module, exchange, optimizer):
+        m = cls.__new__(cls)
+        torch.nn.Module.__init__(m)
+        m.module = module
+        object.__setattr__(m, "exchange", exchange)
+        object.__setattr__(m, "_optimizer", optimizer)
+        return m
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
+
+    def __deepcopy__(self, memo):
+        return copy.deepcopy(self.module, memo)
 
     @property
     def client(self):
@@ -74,7 +169,7 @@ class DistributedModel(torch.nn.Module):
 
     @property
     def steps(self):
-        """Steps (backward passes) pushed so far."""
+        """Steps pushed so far (the latest parameter's)."""
         return max(self.exchange.steps)
 
     def finish(self):
@@ -83,9 +178,29 @@ class DistributedModel(torch.nn.Module):
         self.exchange.finish()
 
     def pull_final(self):
-        """After the last step, on every worker: barrier, then the servers'
-        final weights into the parameters."""
+        """After the last step, on every worker: a barrier, then the
+        servers' final weights into the parameters, and the buffers
+        averaged."""
         self.exchange.pull_final()
+        _context.average_buffers(self.module, self.client)
+
+    def join(self):
+        """Uneven step counts: this worker is done; see
+        DistributedOptimizer.join."""
+        self.exchange.join()
+        _context.average_buffers(self.module, self.client)
+
+    def average_buffers(self):
+        """Every floating buffer (BatchNorm statistics) becomes the workers'
+        mean (a collective: every worker calls it)."""
+        _context.average_buffers(self.module, self.client)
+
+    def no_sync(self):
+        """Backward passes inside it accumulate in .grad without a push."""
+        if self._optimizer is not None:
+            return self._optimizer.no_sync()
+        raise RuntimeError("no_sync() needs a DistributedOptimizer: wrap() pushes every "
+                           "backward")
 
     def take_wait_ns(self):
         return self.exchange.take_wait_ns()
@@ -102,71 +217,23 @@ class DistributedModel(torch.nn.Module):
         self.close()
 
 
-def wrap(model, client=None, optimizer=None, init_from_rank0=True):
-    """Train model through the servers: returns a DistributedModel.
+def wrap(model, client=None, optimizer=None, init_from_rank0=True, wait_timeout=600.0):
+    """Train model through the servers without an optimizer step: every
+    backward is a step, the servers apply the update.  Returns a
+    DistributedModel.
 
     client: a ps.Client that is not started yet (None: one from the
-    environment, PS_SERVERS, PS_RANK, ...).  optimizer: a torch optimizer
-    whose settings the servers must run (checked at start; never stepped).
-    init_from_rank0: worker 0's initial weights win (False: every worker
-    inits and the first init of each chunk wins, fine when all are seeded
-    alike).  Blocks until every server has said hello and the weights are
-    pulled; raises PSError (EMISMATCH naming what differs, ETIMEDOUT)."""
-    return DistributedModel(model, client, optimizer, init_from_rank0)
+    environment).  optimizer: a torch optimizer whose settings the servers
+    must run (checked at start; never stepped).  init_from_rank0: worker 0's
+    initial weights win (False: every worker inits and the first init of
+    each chunk wins, fine when all are seeded alike)."""
+    return DistributedModel(model, client, optimizer, init_from_rank0, wait_timeout)
 
 
-class DistributedOptimizer:
-    """A drop-in for a torch optimizer: zero_grad/step keep their places in
-    the loop, the update happens on the servers.
-
-    DistributedOptimizer(model, optimizer=None, client=None): optimizer is a
-    torch optimizer over model's parameters whose settings the servers must
-    run (mapped by server_settings; checked at start).  step() runs the
-    closure if given and returns its loss; the pushes and pulls happened in
-    backward and forward."""
-
-    def __init__(self, model, optimizer=None, client=None, init_from_rank0=True):
-        self.optimizer = optimizer
-        self.model = wrap(model, client, optimizer, init_from_rank0)
-        self.exchange = self.model.exchange
-        self.param_groups = (optimizer.param_groups if optimizer is not None
-                             else [{"params": list(self.exchange.params)}])
-
-    @property
-    def client(self):
-        return self.exchange.client
-
-    def zero_grad(self, set_to_none=False):
-        """As torch 1.13's optimizers: zero each .grad in place by default.
-        (set_to_none=True frees them instead; then every backward allocates
-        them anew, and glibc giving that memory back to the system and
-        faulting it in again cost up to twice the step's compute in the
-        benchmark's VM.)"""
-        for p in self.exchange.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.detach_()
-                p.grad.zero_()
-
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        return loss
-
-    def finish(self):
-        self.model.finish()
-
-    def pull_final(self):
-        self.model.pull_final()
-
-    def close(self):
-        self.model.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+def join():
+    """hvd.join(): this worker is done (uneven step counts); returns when
+    every worker has joined.  The last DistributedOptimizer's."""
+    opt = _context._ctx.optimizer
+    if opt is None:
+        raise RuntimeError("join() needs a DistributedOptimizer")
+    opt.join()

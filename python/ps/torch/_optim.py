@@ -21,9 +21,24 @@ w -= lr*g/(sqrt(h) + eps); weight decay adds wd*w to the gradient first.
 Refused, because the servers do something else: SGD dampening != 0, Adam
 amsgrad, maximize, Adagrad lr_decay != 0 or initial_accumulator_value != 0,
 AdamW with weight decay, several parameter groups with different settings,
-any other optimizer.  Learning-rate schedulers do not reach the servers:
-use their step decay (--lr-decay F --lr-decay-every N).
+any other optimizer: those run with update="worker" (ps.torch
+DistributedOptimizer: the servers average, each worker steps its own torch
+optimizer).  A learning-rate scheduler, or any change of a group's
+hyper-parameters, is sent to the servers by DistributedOptimizer before the
+next step's pushes (ps.Client.hyper).
+
+The servers' optimizer state in torch's form (state_dict): momentum and
+nesterov keep one array, momentum_buffer; adagrad one, sum (and step); adam
+two, exp_avg and exp_avg_sq (and step, the servers' step count).
 """
+
+import torch
+
+# the servers' kind -> the names of its state arrays in torch's state
+STATE_NAMES = {"sgd": (), "momentum": ("momentum_buffer",), "nesterov": ("momentum_buffer",),
+               "adagrad": ("sum",), "adam": ("exp_avg", "exp_avg_sq")}
+# kinds whose torch state has a step count
+STEP_KINDS = ("adagrad", "adam")
 
 
 def _group_settings(opt):
@@ -90,3 +105,39 @@ def server_flags(opt):
     for k, v in s.items():
         words += ["--" + k.replace("_", "-"), "%.9g" % v]
     return " ".join(words)
+
+
+def hyper_of(opt):
+    """The hyper-parameters opt runs with as the servers name them
+    (server_settings without the kind), float32 as the servers keep them."""
+    out = {}
+    for k, v in server_settings(opt).items():
+        if k != "optimizer":
+            out[k] = float(torch.tensor(v, dtype=torch.float32))
+    return out
+
+
+def planes_to_state(kind, planes, step, pushed):
+    """One parameter's torch optimizer state from the servers' arrays
+    (tensors shaped as the parameter) and step count; None when it has none
+    yet (torch has none before the first step; pushed: steps this worker
+    pushed, for kinds whose state has no count)."""
+    if (step if kind in STEP_KINDS else pushed) <= 0:
+        return None
+    if kind == "sgd":
+        return {"momentum_buffer": None}
+    st = dict(zip(STATE_NAMES[kind], planes))
+    if kind in STEP_KINDS:
+        st["step"] = torch.tensor(float(step))
+    return st
+
+
+def state_to_planes(kind, state):
+    """(arrays, step) the servers take from one parameter's torch state, or
+    None when the kind keeps none or the state is empty."""
+    names = STATE_NAMES[kind]
+    if not names or not state or any(state.get(n) is None for n in names):
+        return None
+    step = state.get("step", -1)  # -1: the servers keep their count (momentum has none)
+    step = int(step.item() if torch.is_tensor(step) else step)
+    return [state[n] for n in names], step

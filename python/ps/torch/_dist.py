@@ -1,0 +1,454 @@
+"""ps.torch.DistributedOptimizer: the user's torch optimizer, made to train
+through the servers.
+
+As Horovod's and BytePS's, it is an instance of a class made on the spot
+that derives from the user's optimizer class (so isinstance holds, every
+lr_scheduler takes it, state_dict() and zero_grad() are torch's) and shares
+the user's optimizer's parameter groups and state.  What differs is step(),
+by where the update runs (`update`; None: as the servers were started):
+
+  server  (servers started with the optimizer: SGD with or without momentum
+          or nesterov, Adam, Adagrad, as server_flags() says) the servers
+          apply the update while the workers compute; step() pushes what
+          backward did not, and a hyper-parameter that changed (a
+          scheduler, a hand edit of param_groups) is sent to them before the
+          next pushes: sync rounds from that step on use it, async pushes
+          from then on.  state_dict() holds the servers' optimizer state
+          (momentum, Adam's moments and step), load_state_dict() gives it
+          back to them.
+  worker  (servers started with --optimizer average in sync mode, add in
+          async mode; any torch optimizer) every worker steps its own
+          optimizer: sync, the servers average the round's gradients, step()
+          puts the mean in .grad and steps (exact: every worker makes the
+          same update); async, step() steps and pushes what it changed in
+          the weights (the delta), which the servers add, as BytePS does.
+
+Gradients leave during backward (overlapping it) unless something edits
+them between backward and step() (clip_grad_norm_, GradScaler.unscale_):
+the first step pushes at step() and looks; if the gradients were edited,
+every push waits for step() from then on (grad_edits=True says so up front,
+False refuses edits).  backward_passes_per_step=k and no_sync() accumulate
+micro-batches into one push.
+"""
+
+import contextlib
+import sys
+
+import torch
+
+from .. import _lib
+from ..client import PSError, parse_wire_dtype
+from . import _context
+from ._exchange import Exchange
+from ._optim import (STATE_NAMES, hyper_of, planes_to_state, server_flags, server_settings,
+                     state_to_planes)
+
+_EMISMATCH = _lib.ERRORS.index("EMISMATCH")
+
+
+class Compression:
+    """Horovod's compression argument: the wire type of gradients and
+    weights (the servers must run the same --wire-dtype)."""
+    none = "f32"
+    fp16 = "f16"
+    bf16 = "bf16"
+
+
+Average, Sum, Adasum = _context.Average, _context.Sum, "adasum"
+
+
+class ServersOptimizer(torch.optim.Optimizer):
+    """The optimizer of DistributedOptimizer(model) without a torch one: the
+    servers run whatever they were started with, unchecked."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+
+
+class _Methods:
+    """The methods the made class adds to the user's optimizer class
+    (copied into it, so each uses super(self.__class__, self))."""
+
+    # ---- set-up ----
+
+    def _ps_setup(self, named, model, client, update, k, grad_edits, wire, init_from_rank0,
+                  wait_timeout, sync_buffers_every):
+        self._ps_synced = False
+        self._ps_skip = False
+        self._ps_steps = 0
+        self._ps_buffers_every = sync_buffers_every
+        self._ps_model = model
+        self._ps_view = None
+        self._ps_kind = None
+        mode_async = client.mode == _lib.MODE_ASYNC
+        servers_own = isinstance(self, ServersOptimizer)
+        if update == "server":
+            expect = None if servers_own else server_settings(self)
+            self._ps_kind = None if servers_own else expect["optimizer"]
+            how = "server"
+        elif update == "worker":
+            expect = {"optimizer": "add" if mode_async else "average"}
+            self._ps_kind = expect["optimizer"]
+            how = "worker-async" if mode_async else "worker-sync"
+        else:  # as the servers run: checked once they said
+            expect, how = None, "auto"
+        try:
+            ex = Exchange(named, client, expect, model, init_from_rank0, how, wait_timeout, wire)
+        except PSError as e:
+            if e.code == _EMISMATCH and "optimizer:" in e.message:
+                raise PSError(e.code, e.message + "; the servers must run %s: update='worker' "
+                              "takes ps_server --optimizer average (sync) or add (async), "
+                              "update='server' the optimizer of server_flags(optimizer)"
+                              % self._ps_kind, "start") from None
+            raise
+        self._ps_ex = ex
+        self._ps_update = ex.update
+        if how == "auto" and ex.update == "server" and not servers_own:
+            self._ps_check_servers(client)
+        ex.passes_per_step = k
+        ex.push_mode = {None: "probe", True: "step", False: "backward"}[grad_edits]
+        self._ps_grad_edits = grad_edits
+        ex.on_step_start = self._ps_step_start
+        self._ps_known = None
+        if self._ps_update == "server":
+            now = client.hyper()  # what they run now (another worker may have changed it)
+            self._ps_kind = now["optimizer"]
+            if not servers_own:
+                self._ps_known = {key: now[key] for key in hyper_of(self)}
+        _context.on_start(client, self, ex, model)
+        if self._ps_update != "server":
+            # every worker starts from rank 0's optimizer state and settings
+            sd = _context.broadcast_object(_context._to_cpu(
+                super(self.__class__, self).state_dict()), client=client)
+            if client.rank != 0:
+                super(self.__class__, self).load_state_dict(sd)
+
+    def _ps_check_servers(self, client):
+        """update=None and the servers run an optimizer: it must be this
+        kind (its hyper-parameters are the torch optimizer's from the first
+        step on, as a scheduler's changes are)."""
+        now = client.hyper()
+        try:
+            mine = server_settings(self)
+        except ValueError as e:
+            client.close()
+            raise ValueError("%s; or start the servers with --optimizer average (sync) or add "
+                             "(async), and every worker steps its own" % e) from None
+        if mine["optimizer"] != now["optimizer"]:
+            client.close()
+            raise PSError(_EMISMATCH, "optimizer: server has %s, worker %d has %s; start the "
+                          "servers with %s, or with --optimizer average (sync) or add (async) "
+                          "to step it on the workers" % (now["optimizer"], client.rank,
+                                                         mine["optimizer"], server_flags(self)),
+                          "start")
+
+    @property
+    def exchange(self):
+        return self._ps_ex
+
+    @property
+    def client(self):
+        return self._ps_ex.client
+
+    @property
+    def model(self):
+        """The wrapped model (ps.torch.DistributedModel): calls it, and
+        has finish(), pull_final(), join(), no_sync()."""
+        from . import DistributedModel
+        if self._ps_model is None:
+            raise AttributeError("this DistributedOptimizer was made without model=; its "
+                                 "parameters are still trained (step() takes the weights)")
+        if self._ps_view is None:
+            self._ps_view = DistributedModel._of(self._ps_model, self._ps_ex, self)
+        return self._ps_view
+
+    @property
+    def update(self):
+        """Where the update runs: 'server', 'worker-sync' or 'worker-async'."""
+        return self._ps_update
+
+    # ---- each step ----
+
+    def _ps_step_start(self):
+        """Before the step's first forward or push (after the exchange's
+        check of written weights): changed hyper-parameters go to the
+        servers, to apply from this step."""
+        if self._ps_update == "server" and self._ps_known is not None:
+            self._ps_send_hyper()
+
+    def _ps_send_hyper(self):
+        try:
+            now = server_settings(self)
+        except ValueError as e:
+            raise ValueError("the optimizer's hyper-parameters changed to something the servers "
+                             "cannot run: %s" % e) from None
+        if now["optimizer"] != self._ps_kind:
+            raise ValueError("the optimizer became %s, but the servers run %s: the kind cannot "
+                             "change during a run" % (now["optimizer"], self._ps_kind))
+        want = hyper_of(self)
+        change = {k: v for k, v in want.items() if self._ps_known.get(k) != v}
+        if change:
+            got = self.client.hyper(change, min(self._ps_ex.steps))
+            self._ps_known = {k: got[k] for k in want}
+
+    def _ps_push(self):
+        """This step's gradients to the servers: what backward left (or all,
+        when pushes wait for step()), after the edit checks."""
+        ex = self._ps_ex
+        edited = ex.edited_after_backward()
+        if ex.push_mode == "probe":
+            ex.push_mode = "step" if edited else "backward"
+            if edited:
+                sys.stderr.write(
+                    "ps.torch[%d]: the gradients are edited between backward and step() "
+                    "(clipping, unscaling): they go to the servers at step() from now on, "
+                    "not during backward (grad_edits=True says so and skips this check)\n"
+                    % ex.client.rank)
+        elif ex.push_mode == "backward":
+            late = [ex.names[i] for i in edited if ex.pushed[i]]
+            if late:
+                raise RuntimeError(
+                    "the gradient of %s changed after backward (clip_grad_norm_, "
+                    "GradScaler.unscale_, an edit of .grad), but it had gone to the servers "
+                    "during backward, so the edit cannot take effect: make the optimizer with "
+                    "DistributedOptimizer(..., grad_edits=True), and gradients wait for step()"
+                    % ", ".join(late[:3]))
+        ex.begin_step()
+        ex.push_rest()
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        ex = self._ps_ex
+        if ex.closed:
+            raise PSError(_lib.ERRORS.index("ECLOSED"), "the exchange is closed", "step")
+        if self._ps_skip and not self._ps_synced:
+            raise RuntimeError("step() under skip_synchronize() needs synchronize() first")
+        if self._ps_update == "worker-async":
+            ex.begin_step()
+            before = ex.stage_deltas()
+            super(self.__class__, self).step()
+            ex.push_deltas(before)
+            ex.note_weights()
+            if ex.module is None:
+                ex.take_weights()
+        elif self._ps_update == "worker-sync":
+            if not self._ps_synced:
+                self._ps_push()
+                ex.means_into_grads()
+            super(self.__class__, self).step()
+            ex.note_weights()
+        else:
+            if self._ps_synced:
+                late = ex.edited_after_backward()
+                if late:
+                    raise RuntimeError(
+                        "the gradient of %s changed after synchronize(): the servers apply "
+                        "the update, so they had it already; edit gradients before "
+                        "synchronize() (or before step() without it), or use update='worker'"
+                        % ex.names[late[0]])
+            else:
+                self._ps_push()
+            if ex.module is None:
+                ex.take_weights()
+        self._ps_synced = False
+        self._ps_steps += 1
+        ex.end_step()
+        if self._ps_buffers_every and self._ps_model is not None and \
+                self._ps_steps % self._ps_buffers_every == 0:
+            _context.average_buffers(self._ps_model, self.client)
+        return loss
+
+    def synchronize(self):
+        """Horovod's: push this step's gradients now; with the update on the
+        workers, wait for the mean and put it in .grad (clip it then, and
+        step() under skip_synchronize()).  With the update on the servers
+        they apply it: an edit after this cannot reach them (step() says
+        so)."""
+        ex = self._ps_ex
+        if self._ps_synced or self._ps_update == "worker-async":
+            return
+        self._ps_push()
+        if self._ps_update == "worker-sync":
+            ex.means_into_grads()
+        ex._end_of_backward()  # edits from here on are the user's
+        self._ps_synced = True
+
+    def zero_grad(self, set_to_none=False):
+        """torch's (in place by default, as torch 1.13's); noted, so the next
+        backward's pushes copy the gradient instead of adding it to zeros."""
+        super(self.__class__, self).zero_grad(set_to_none)
+        self._ps_ex.note_zeroed()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Horovod's: step() inside it does not synchronize (call
+        synchronize() before)."""
+        self._ps_skip = True
+        try:
+            yield
+        finally:
+            self._ps_skip = False
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside it accumulate in .grad without a push (as
+        DDP's no_sync); the next backward outside pushes the sum, or step()."""
+        self._ps_ex.no_sync_depth += 1
+        try:
+            yield
+        finally:
+            self._ps_ex.no_sync_depth -= 1
+
+    # ---- state ----
+
+    def state_dict(self):
+        """torch's state_dict; with the update on the servers its state is
+        theirs (fetched now), so a checkpoint holds it."""
+        if self._ps_update == "server":
+            self._ps_fetch_state()
+        return super(self.__class__, self).state_dict()
+
+    def load_state_dict(self, state_dict):
+        """torch's; with the update on the servers, rank 0's state goes to
+        them (the others' is taken from there), after the requests in
+        flight, and the loaded hyper-parameters before the next step."""
+        super(self.__class__, self).load_state_dict(state_dict)
+        if self._ps_update == "server" and self.client.rank == 0:
+            self._ps_store_state()
+
+    def _ps_params(self):
+        ex = self._ps_ex
+        return list(zip(ex.params, ex.keys, ex.steps))
+
+    def _ps_fetch_state(self):
+        ex = self._ps_ex
+        ex.finish()
+        ns = len(STATE_NAMES[self._ps_kind])
+        ce = ex.client.chunk_elems
+        reqs = []
+        for p, key, pushed in self._ps_params():
+            if ns == 0:
+                reqs.append((p, None, None, pushed))
+                continue
+            buf = torch.empty(p.numel() * ns, dtype=torch.float32)
+            reqs.append((p, buf, ex.client.state(key, buf, ns), pushed))
+        for p, buf, r, pushed in reqs:
+            step = r.wait() if r is not None else pushed
+            planes = [] if buf is None else _split_planes(buf, p.numel(), ns, ce)
+            st = planes_to_state(self._ps_kind, [t.view(p.shape).to(p.device) for t in planes],
+                                 step, pushed)
+            if st is None:
+                self.state.pop(p, None)
+            else:
+                self.state[p] = st
+
+    def _ps_store_state(self):
+        ex = self._ps_ex
+        ex.finish()
+        ns = len(STATE_NAMES[self._ps_kind])
+        ce = ex.client.chunk_elems
+        reqs = []
+        for p, key, _ in self._ps_params():
+            got = state_to_planes(self._ps_kind, self.state.get(p))
+            if got is None:
+                continue
+            planes, step = got
+            buf = _join_planes([t.detach().reshape(-1).float().cpu() for t in planes], ns, ce)
+            reqs.append(ex.client.set_state(key, buf, ns, step))
+        for r in reqs:
+            r.wait()
+
+    # ---- the end ----
+
+    def finish(self):
+        """Wait for the requests in flight (e.g. before evaluating)."""
+        self._ps_ex.finish()
+
+    def pull_final(self):
+        """After the last step, on every worker: a barrier, the servers'
+        final weights (where they hold them), and the buffers averaged."""
+        self._ps_ex.pull_final()
+        if self._ps_model is not None:
+            _context.average_buffers(self._ps_model, self.client)
+
+    def join(self):
+        """Uneven step counts (as hvd.join() and DDP's Join): this worker is
+        done; sync rounds and barriers go on without it; returns once every
+        worker has joined, with the final weights and averaged buffers."""
+        self._ps_ex.join()
+        if self._ps_model is not None:
+            _context.average_buffers(self._ps_model, self.client)
+
+    def take_wait_ns(self):
+        return self._ps_ex.take_wait_ns()
+
+    def close(self):
+        self._ps_ex.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _split_planes(buf, n, ns, ce):
+    """The servers' state of one tensor (chunk after chunk, each chunk's
+    arrays one after the other: ps_client_state) as ns flat arrays."""
+    out = [torch.empty(n, dtype=torch.float32) for _ in range(ns)]
+    for o in range(0, n, ce):
+        m = min(ce, n - o)
+        for k in range(ns):
+            out[k][o:o + m] = buf[o * ns + k * m:o * ns + (k + 1) * m]
+    return out
+
+
+def _join_planes(planes, ns, ce):
+    n = planes[0].numel()
+    buf = torch.empty(n * ns, dtype=torch.float32)
+    for o in range(0, n, ce):
+        m = min(ce, n - o)
+        for k in range(ns):
+            buf[o * ns + k * m:o * ns + (k + 1) * m] = planes[k][o:o + m]
+    return buf
+
+
+def make(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1,
+         op=None, gradient_predivide_factor=1.0, model=None, client=None, update=None,
+         grad_edits=None, init_from_rank0=True, wait_timeout=600.0, sync_buffers_every=0):
+    """DistributedOptimizer(optimizer, ...): see ps.torch.DistributedOptimizer."""
+    del gradient_predivide_factor  # with the mean it changes nothing
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError("DistributedOptimizer takes a torch.optim.Optimizer, got %s"
+                        % type(optimizer).__name__)
+    if op not in (None, Average):
+        raise ValueError("op=%r: the servers average the workers' gradients (op=Average); "
+                         "for a sum, scale the learning rate by the number of workers" % (op,))
+    if update not in (None, "server", "worker"):
+        raise ValueError("update must be 'server' (the servers run the optimizer) or 'worker' "
+                         "(each worker steps it), got %r" % (update,))
+    if int(backward_passes_per_step) < 1:
+        raise ValueError("backward_passes_per_step must be at least 1")
+    names = {}
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+        names = {id(p): n for n, p in named_parameters}
+        if len(names) < len(named_parameters):
+            raise ValueError("named_parameters names a parameter twice")
+    elif model is not None:
+        names = {id(p): n for n, p in model.named_parameters()}
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    named = [(names.get(id(p), "param.%d" % i), p) for i, p in enumerate(params)]
+    if client is None:
+        client = _context.init()
+    wire = None if compression is None else parse_wire_dtype(compression)
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               {k: v for k, v in _Methods.__dict__.items() if k not in ("__dict__", "__weakref__")})
+    obj = cls.__new__(cls)
+    obj.__dict__.update(optimizer.__dict__)  # the same param_groups and state
+    obj._ps_setup(named, model, client, update, int(backward_passes_per_step), grad_edits, wire,
+                  init_from_rank0, wait_timeout, sync_buffers_every)
+    return obj

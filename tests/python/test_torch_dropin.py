@@ -1,0 +1,602 @@
+#!/usr/bin/python3
+"""ps.torch as a drop-in for PyTorch habits (issue 23), against live
+bin/ps_server processes: DistributedOptimizer is a torch optimizer whose
+schedulers and hyper-parameter edits reach the servers from a stated step;
+clipping changes what the servers apply; accumulation is one push; state_dict
+holds the servers' optimizer state and round-trips bitwise; the update runs
+on the workers with any torch optimizer (sync exact and equal, async
+deltas); buffers are rank 0's; tensors handed out outlive close(); a
+restarted worker loses no step; Ctrl-C, slow starts and uneven steps never
+hang; collectives and torchrun's variables; the ported example scripts.
+
+Most cases use the arithmetic of one weight: SGD at lr 0.1 from 0 with
+gradient 1, so every expected weight is a float32 computation here."""
+
+import copy
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+import pstest
+
+from test_torch import Net, data, flat, need_torch, run_workers
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    import ps
+    import ps.torch
+except ImportError:  # python3-torch missing: need_torch skips every case, saying so
+    torch = nn = None
+
+ROOT = pstest.ROOT
+FMNIST = "/usr/share/datasets/fashion-mnist"
+
+
+def f32(x):
+    return torch.tensor(x, dtype=torch.float32).item()
+
+
+def one_weight():
+    w = nn.Parameter(torch.zeros(1))
+    return w
+
+
+def push_one(dopt, w, g=1.0):
+    """One step of gradient g for the single weight w."""
+    dopt.zero_grad()
+    (w * g).sum().backward()
+    dopt.step()
+
+
+def client(srv, mode, rank=0, nw=1, **kw):
+    return ps.Client(servers=srv.endpoint, rank=rank, num_workers=nw, mode=mode, **kw)
+
+
+@need_torch
+class Optimizer(unittest.TestCase):
+    def setUp(self):
+        torch.set_num_threads(1)
+
+    def test_a_torch_optimizer_whose_step_lr_changes_the_servers_step_from_its_step(self):
+        s = pstest.Server("--num-workers", "1", "--mode", "sync", "--lr", "0.1")
+        w = one_weight()
+        dopt = ps.torch.DistributedOptimizer(torch.optim.SGD([w], lr=0.1), [("w", w)],
+                                             client=client(s, "sync"))
+        self.assertIsInstance(dopt, torch.optim.SGD)
+        self.assertIsInstance(dopt, torch.optim.Optimizer)
+        self.assertEqual(dopt.update, "server")
+        sched = torch.optim.lr_scheduler.StepLR(dopt, step_size=2, gamma=0.5)
+        want, lrs = 0.0, [0.1, 0.1, 0.05, 0.05, 0.025]
+        for t in range(5):
+            push_one(dopt, w)
+            sched.step()
+            want = f32(want - f32(lrs[t]))
+            self.assertEqual(w.item(), want, "step %d: the servers moved by another lr" % t)
+        dopt.close()
+
+    def test_an_lr_edit_reaches_async_servers_from_the_next_push(self):
+        s = pstest.Server("--num-workers", "1", "--mode", "async", "--lr", "0.1")
+        w = one_weight()
+        dopt = ps.torch.DistributedOptimizer(torch.optim.SGD([w], lr=0.1), [("w", w)],
+                                             client=client(s, "async"))
+        push_one(dopt, w)
+        dopt.param_groups[0]["lr"] = 0.5
+        push_one(dopt, w)
+        dopt.finish()
+        self.assertEqual(w.item(), f32(f32(-0.1) - f32(0.5)))
+        self.assertEqual(dopt.client.hyper()["lr"], f32(0.5))
+        # a change the servers cannot run is refused, saying why
+        dopt.param_groups[0]["nesterov"] = True
+        with self.assertRaises(ValueError) as cm:
+            push_one(dopt, w)
+        self.assertIn("nesterov", str(cm.exception))
+        dopt.close()
+
+    def test_clipping_changes_the_applied_update_by_its_exact_factor(self):
+        s = pstest.Server("--num-workers", "1", "--mode", "sync", "--lr", "0.1")
+        w = nn.Parameter(torch.zeros(2))
+        dopt = ps.torch.DistributedOptimizer(torch.optim.SGD([w], lr=0.1), [("w", w)],
+                                             client=client(s, "sync"))
+        g = torch.tensor([3.0, 4.0])   # norm 5, clipped to 1
+        ref = nn.Parameter(torch.zeros(2))
+        for t in range(3):
+            dopt.zero_grad()
+            (w * g).sum().backward()
+            torch.nn.utils.clip_grad_norm_([w], 1.0)
+            dopt.step()
+            ref.grad = g.clone()
+            torch.nn.utils.clip_grad_norm_([ref], 1.0)
+            with torch.no_grad():
+                ref.add_(ref.grad, alpha=-0.1)  # SGD's own arithmetic
+            self.assertTrue(torch.equal(w.detach(), ref.detach()), "step %d: %s vs %s"
+                            % (t, w.tolist(), ref.tolist()))
+        self.assertEqual(dopt.exchange.push_mode, "step")  # the first step saw the edit
+        dopt.close()
+
+    def test_an_edit_after_pushes_left_in_backward_is_refused_saying_how(self):
+        s = pstest.Server("--num-workers", "1", "--mode", "async", "--lr", "0.1")
+        w = one_weight()
+        dopt = ps.torch.DistributedOptimizer(torch.optim.SGD([w], lr=0.1), [("w", w)],
+                                             client=client(s, "async"), grad_edits=False)
+        dopt.zero_grad()
+        (w * 2.0).sum().backward()
+        w.grad.mul_(0.5)
+        with self.assertRaises(RuntimeError) as cm:
+            dopt.step()
+        self.assertIn("grad_edits=True", str(cm.exception))
+        dopt.close()
+
+    def test_k_micro_batches_are_one_push_of_their_sum(self):
+        for how in ("backward_passes_per_step", "no_sync"):
+            s = pstest.Server("--num-workers", "1", "--mode", "sync", "--lr", "0.1")
+            w = nn.Parameter(torch.zeros(2))
+            kw = {"backward_passes_per_step": 2} if how != "no_sync" else {}
+            dopt = ps.torch.DistributedOptimizer(torch.optim.SGD([w], lr=0.1), [("w", w)],
+                                                 client=client(s, "sync"), **kw)
+            g1, g2 = torch.tensor([1.0, 2.0]), torch.tensor([3.0, -1.0])
+            for t in range(2):
+                dopt.zero_grad()
+                if how == "no_sync":
+                    with dopt.no_sync():
+                        (w * g1).sum().backward()
+                else:
+                    (w * g1).sum().backward()
+                (w * g2).sum().backward()
+                dopt.step()
+            want = torch.zeros(2)
+            for t in range(2):
+                want = want - 0.1 * (g1 + g2)
+            self.assertTrue(torch.equal(w.detach(), want), "%s: %s" % (how, w.tolist()))
+            self.assertEqual(dopt.exchange.steps, [2])
+            self.assertEqual(dopt.client.stats()["updates"], 2)  # not 4
+            dopt.close()
+            s.stop()
+
+    def test_state_dict_round_trip_restores_weights_and_adam_state_bitwise(self):
+        x, y = data(10 * 16, seed=2)
+        s = pstest.Server("--num-workers", "1", "--mode", "sync", "--optimizer", "adam", "--lr",
+                          "0.01")
+        model = Net(3)
+        dopt = ps.torch.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                             model=model, client=client(s, "sync"))
+
+        def steps(a, b):
+            for k in range(a, b):
+                dopt.zero_grad()
+                F.cross_entropy(model(x[k * 16:(k + 1) * 16]), y[k * 16:(k + 1) * 16]).backward()
+                dopt.step()
+            dopt.finish()
+
+        steps(0, 3)
+        msd, osd = copy.deepcopy(model.state_dict()), copy.deepcopy(dopt.state_dict())
+        self.assertEqual(sorted(osd["state"][0]), ["exp_avg", "exp_avg_sq", "step"])
+        self.assertEqual(osd["state"][0]["step"].item(), 3.0)
+        self.assertGreater(osd["state"][0]["exp_avg_sq"].abs().sum().item(), 0)
+        steps(3, 5)
+        after5 = flat(model).clone()
+        model.load_state_dict(msd)
+        dopt.load_state_dict(osd)
+        again = dopt.state_dict()
+        for i in osd["state"]:
+            for k in osd["state"][i]:
+                self.assertTrue(torch.equal(again["state"][i][k], osd["state"][i][k]), (i, k))
+        steps(3, 5)  # from the servers: rank 0's loaded weights and state
+        self.assertTrue(torch.equal(flat(model), after5), "steps 3-4 again differ")
+        dopt.close()
+
+    def test_the_servers_momentum_is_the_state_dicts_momentum_buffer(self):
+        s = pstest.Server("--num-workers", "1", "--mode", "sync", "--optimizer", "momentum",
+                          "--lr", "0.1", "--momentum", "0.5")
+        w = one_weight()
+        dopt = ps.torch.DistributedOptimizer(torch.optim.SGD([w], lr=0.1, momentum=0.5),
+                                             [("w", w)], client=client(s, "sync"))
+        self.assertEqual(dopt.state_dict()["state"], {})  # none before the first step, as torch
+        push_one(dopt, w)
+        push_one(dopt, w)
+        self.assertEqual(dopt.state_dict()["state"][0]["momentum_buffer"].item(), 1.5)
+        dopt.close()
+
+
+@need_torch
+class WorkerSide(unittest.TestCase):
+    def setUp(self):
+        torch.set_num_threads(1)
+
+    def test_sync_adadelta_is_the_same_on_every_worker_and_matches_one_worker(self):
+        x, y = data(6 * 32, seed=7)
+
+        def train(W, r, batch, srv, model):
+            # (the models are made before the threads: torch's generator is global)
+            dopt = ps.torch.DistributedOptimizer(torch.optim.Adadelta(model.parameters()),
+                                                 model=model, client=client(srv, "sync", r, W))
+            self.assertEqual(dopt.update, "worker-sync")
+            for k in range(6):
+                dopt.zero_grad()
+                lo = (k * W + r) * batch
+                F.cross_entropy(model(x[lo:lo + batch]), y[lo:lo + batch]).backward()
+                dopt.step()
+            out = flat(model).clone(), dopt.state_dict()["state"][0]["square_avg"].clone()
+            dopt.close()
+            return out
+
+        s1 = pstest.Server("--num-workers", "1", "--mode", "sync", "--optimizer", "average")
+        one = train(1, 0, 32, s1, Net(11))
+        s2 = pstest.Server("--num-workers", "2", "--mode", "sync", "--optimizer", "average")
+        models = [Net(11), Net(12)]  # rank 0's first weights win
+        (w0, st0), (w1, st1) = run_workers(lambda r: train(2, r, 16, s2, models[r]), 2)
+        self.assertTrue(torch.equal(w0, w1) and torch.equal(st0, st1), "the workers differ")
+        # the mean of two means of 16 against one mean of 32: float32 rounding apart
+        self.assertLess((w0 - one[0]).abs().max().item(), 1e-5)
+        # and plain torch, one process, batch 32: the same arithmetic exactly
+        model = Net(11)
+        opt = torch.optim.Adadelta(model.parameters())
+        for k in range(6):
+            opt.zero_grad()
+            F.cross_entropy(model(x[k * 32:(k + 1) * 32]), y[k * 32:(k + 1) * 32]).backward()
+            opt.step()
+        self.assertTrue(torch.equal(flat(model), one[0]), "1 worker differs from plain torch")
+
+    def test_workers_push_weight_deltas_that_the_servers_add(self):
+        for mode in ("sync", "async"):
+            s = pstest.Server("--num-workers", "1", "--mode", mode, "--optimizer", "add")
+            w = one_weight()
+            dopt = ps.torch.DistributedOptimizer(torch.optim.SGD([w], lr=0.1), [("w", w)],
+                                                 client=client(s, mode))
+            self.assertEqual(dopt.update, "worker-async")
+            ref = torch.zeros(1)
+            for t in range(4):
+                push_one(dopt, w)
+                ref = ref - 0.1  # the worker's own step; the servers add its delta
+            dopt.pull_final()
+            if mode == "sync":  # each delta on the weights it was made from: exactly
+                self.assertTrue(torch.equal(w.detach(), ref), "%s vs %s" % (w.item(), ref.item()))
+            else:  # a delta may be made on weights a pull replaced since: rounding
+                self.assertLess(abs(w.item() - ref.item()), 1e-6)
+            dopt.close()
+            s.stop()
+
+    def test_update_worker_needs_servers_that_average_and_says_so(self):
+        s = pstest.Server("--num-workers", "1", "--mode", "sync", "--lr", "0.1")
+        w = one_weight()
+        with self.assertRaises(ps.PSError) as cm:
+            ps.torch.DistributedOptimizer(torch.optim.Adadelta([w]), [("w", w)],
+                                          client=client(s, "sync"), update="worker")
+        self.assertEqual(cm.exception.code, ps.EMISMATCH)
+        self.assertIn("--optimizer average", str(cm.exception))
+        # an optimizer the servers lack, on servers that run one: refused too
+        with self.assertRaises(ValueError) as cm:
+            ps.torch.DistributedOptimizer(torch.optim.Adadelta([w]), [("w", w)],
+                                          client=client(s, "sync"))
+        self.assertIn("--optimizer average", str(cm.exception))
+
+
+class BNNet(nn.Module if torch else object):
+    def __init__(self, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.fc = nn.Linear(64, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.out = nn.Linear(8, 3)
+        self.frozen = nn.Parameter(torch.randn(3), requires_grad=False)
+
+    def forward(self, x):
+        return self.out(F.relu(self.bn(self.fc(x.flatten(1))))) + self.frozen
+
+
+@need_torch
+class ModelState(unittest.TestCase):
+    def setUp(self):
+        torch.set_num_threads(1)
+
+    def test_buffers_and_frozen_parameters_are_rank_0s_at_start_and_averaged_at_the_end(self):
+        x, y = data(8 * 32, seed=5)
+        s = pstest.Server("--num-workers", "2", "--mode", "sync", "--lr", "0.1")
+        models = [BNNet(1), BNNet(2)]
+        with torch.no_grad():
+            models[1].bn.running_var.fill_(5.0)
+        want = models[0].bn.running_var.clone(), models[0].frozen.clone()
+
+        def work(r):
+            m = models[r]
+            dopt = ps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                                 model=m, client=client(s, "sync", r, 2))
+            start = m.bn.running_var.clone(), m.frozen.clone()
+            for k in range(4):
+                dopt.zero_grad()
+                lo = (k * 2 + r) * 16
+                F.cross_entropy(m(x[lo:lo + 16]), y[lo:lo + 16]).backward()
+                dopt.step()
+            mid = m.bn.running_mean.clone()
+            dopt.pull_final()
+            end = m.bn.running_mean.clone(), flat(m).clone()
+            dopt.close()
+            return start, mid, end
+
+        a, b = run_workers(work, 2)
+        for r, res in enumerate((a, b)):
+            self.assertTrue(torch.equal(res[0][0], want[0]), "worker %d running_var" % r)
+            self.assertTrue(torch.equal(res[0][1], want[1]), "worker %d frozen" % r)
+        self.assertFalse(torch.equal(a[1], b[1]))  # their batches differ ...
+        self.assertTrue(torch.equal(a[2][0], b[2][0]))  # ... until the end
+        self.assertTrue(torch.equal(a[2][0], (a[1] + b[1]) / 2))
+        self.assertTrue(torch.equal(a[2][1], b[2][1]))
+
+    def test_weights_loaded_after_wrapping_are_rank_0s_on_every_worker(self):
+        s = pstest.Server("--num-workers", "2", "--mode", "sync", "--lr", "0.1")
+        loaded = [torch.full((1,), 3.0), torch.full((1,), 7.0)]
+
+        def work(r):
+            w = one_weight()
+            dopt = ps.torch.DistributedOptimizer(torch.optim.SGD([w], lr=0.1), [("w", w)],
+                                                 client=client(s, "sync", r, 2))
+            push_one(dopt, w)
+            with torch.no_grad():
+                w.copy_(loaded[r])  # as load_state_dict does
+            push_one(dopt, w)
+            out = w.item()
+            dopt.close()
+            return out
+
+        a, b = run_workers(work, 2)
+        self.assertEqual(a, b)
+        self.assertEqual(a, f32(3.0 - f32(0.1)))
+
+    def test_tensors_handed_out_outlive_close_and_a_deepcopy_is_a_plain_model(self):
+        script = r"""
+import copy, sys
+sys.path.insert(0, %r)
+import torch, torch.nn as nn, ps, ps.torch
+torch.set_num_threads(1)
+model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+opt = ps.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model,
+                                    client=ps.Client(servers=sys.argv[1], mode="sync",
+                                                     shm=sys.argv[2]))
+model(torch.ones(1, 4)).sum().backward()
+opt.step()
+opt.finish()
+sd = model.state_dict()
+copied = copy.deepcopy(model)
+before = {k: v.clone() for k, v in sd.items()}
+opt.close()
+torch.manual_seed(0)
+junk = [torch.randn(1 << 16) for _ in range(64)]  # reuse what close() freed
+print("same", all(torch.equal(sd[k], before[k]) for k in sd))
+print("copy", copied(torch.ones(1, 4)).shape, len(copied[0]._forward_pre_hooks))
+print("model", model(torch.ones(1, 4)).shape)
+"""
+        path = os.path.join(pstest.TMP, "lifetimes.py")
+        with open(path, "w") as f:
+            f.write(script % os.path.join(ROOT, "python"))
+        for shm in ("auto", "off"):
+            s = pstest.Server("--num-workers", "1", "--mode", "sync", "--lr", "0.1")
+            out = subprocess.run([pstest.PYTHON, path, s.endpoint, shm], capture_output=True,
+                                 text=True, timeout=60)
+            self.assertEqual(out.returncode, 0, "shm %s: rc %d %s" % (shm, out.returncode,
+                                                                     out.stderr[-1500:]))
+            self.assertIn("same True", out.stdout)
+            self.assertIn("copy torch.Size([1, 2]) 1", out.stdout)  # a no-op hook, not ours
+            self.assertIn("model torch.Size([1, 2])", out.stdout)
+            s.stop()
+
+    def test_a_restarted_worker_goes_on_from_the_restored_servers_clock(self):
+        ck = tempfile.mkdtemp(dir=pstest.TMP)
+        # sync, a checkpoint every round: the restored servers hold round 4 exactly
+        args = ("--num-workers", "1", "--mode", "sync", "--lr", "0.1", "--checkpoint-dir", ck,
+                "--checkpoint-every", "1")
+        s = pstest.Server(*args)
+        w = one_weight()
+        dopt = ps.torch.DistributedOptimizer(torch.optim.SGD([w], lr=0.1), [("w", w)],
+                                             client=client(s, "sync"))
+        for t in range(4):
+            push_one(dopt, w)
+        dopt.finish()
+        saved = copy.deepcopy({"w": w.detach()}), copy.deepcopy(dopt.state_dict())
+        dopt.close()
+        s.stop()
+        s = pstest.Server(*(args + ("--restore",)))
+        w = one_weight()
+        dopt = ps.torch.DistributedOptimizer(torch.optim.SGD([w], lr=0.1), [("w", w)],
+                                             client=client(s, "sync"))
+        self.assertEqual(dopt.exchange.steps, [4])  # the servers' clock, not 0
+        dopt.load_state_dict(saved[1])
+        for t in range(3):
+            push_one(dopt, w)
+        dopt.pull_final()
+        st = dopt.client.stats()
+        self.assertEqual((st["dup_dropped"], st["updates"]), (0, 7))
+        want = 0.0
+        for t in range(7):
+            want = f32(want - f32(0.1))
+        self.assertEqual(w.item(), want)
+        dopt.close()
+
+
+WAITER = r"""
+import sys
+sys.path.insert(0, %r)
+import torch, torch.nn as nn, ps, ps.torch
+torch.set_num_threads(1)
+w = nn.Parameter(torch.zeros(1))
+opt = ps.torch.DistributedOptimizer(torch.optim.SGD([w], lr=0.1), [("w", w)], wait_timeout=%s,
+                                    client=ps.Client(servers=sys.argv[1], rank=int(sys.argv[2]),
+                                                     num_workers=2, mode="sync"))
+print("started", flush=True)
+for t in range(int(sys.argv[3])):
+    opt.zero_grad()
+    (w * 1.0).sum().backward()
+    opt.step()
+print("stepped", flush=True)
+import time
+time.sleep(60)
+"""
+
+
+@need_torch
+class NoHangs(unittest.TestCase):
+    def waiter(self, timeout=600):
+        path = os.path.join(pstest.TMP, "waiter-%s.py" % timeout)
+        with open(path, "w") as f:
+            f.write(WAITER % (os.path.join(ROOT, "python"), timeout))
+        return path
+
+    def test_sigint_ends_a_worker_blocked_in_a_sync_wait_within_a_second(self):
+        s = pstest.Server("--num-workers", "2", "--mode", "sync", "--lr", "0.1")
+        path = self.waiter()
+        # worker 1 starts, steps once, then sleeps: worker 0's second step
+        # waits for the round worker 1 never finishes
+        w1 = subprocess.Popen([pstest.PYTHON, path, s.endpoint, "1", "1"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        w0 = subprocess.Popen([pstest.PYTHON, path, s.endpoint, "0", "3"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            self.assertEqual(w0.stdout.readline().strip(), "started")
+            time.sleep(1.0)  # in the wait by now
+            self.assertIsNone(w0.poll())
+            t0 = time.time()
+            w0.send_signal(signal.SIGINT)
+            rc = w0.wait(5)
+            took = time.time() - t0
+        finally:
+            for p in (w0, w1):
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        err = w0.stderr.read()
+        self.assertEqual(rc, -signal.SIGINT, err[-1500:])  # ended by SIGINT: 130 in a shell
+        self.assertIn("KeyboardInterrupt", err)
+        self.assertLess(took, 1.0)
+
+    def test_the_start_barrier_names_whom_it_waits_for_and_gives_up_after_the_timeout(self):
+        s = pstest.Server("--num-workers", "2", "--mode", "sync", "--lr", "0.1")
+        t0 = time.time()
+        out = subprocess.run([pstest.PYTHON, self.waiter(6), s.endpoint, "0", "1"],
+                             capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertLess(time.time() - t0, 20)
+        self.assertIn("waiting for worker 1 at the start barrier", out.stderr)
+        self.assertIn("gave up at the start barrier after 6 s", out.stderr)
+        self.assertIn("PS_ETIMEDOUT", out.stderr)
+
+    def test_uneven_step_counts_end_cleanly_with_join(self):
+        x, y = data(20 * 16, seed=2)
+        s = pstest.Server("--num-workers", "2", "--mode", "sync", "--lr", "0.1")
+
+        models = [Net(4), Net(5)]
+
+        def work(r):
+            m = models[r]
+            dopt = ps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                                 model=m, client=client(s, "sync", r, 2))
+            for k in range(10 if r == 0 else 7):
+                dopt.zero_grad()
+                lo = (2 * k + r) * 8
+                F.cross_entropy(m(x[lo:lo + 8]), y[lo:lo + 8]).backward()
+                dopt.step()
+            dopt.join()
+            out = flat(m).clone(), dopt.exchange.steps[0]
+            dopt.close()
+            return out
+
+        a, b = run_workers(work, 2)
+        self.assertTrue(torch.equal(a[0], b[0]))
+        self.assertEqual((a[1], b[1]), (10, 7))
+
+
+@need_torch
+class Collectives(unittest.TestCase):
+    def test_allreduce_and_broadcast_object_go_through_the_servers(self):
+        s = pstest.Server("--num-workers", "2", "--mode", "sync", "--lr", "0.1")
+
+        def work(r):
+            w = one_weight()
+            c = client(s, "sync", r, 2)
+            dopt = ps.torch.DistributedOptimizer(torch.optim.SGD([w], lr=0.1), [("w", w)],
+                                                 client=c)
+            mean = ps.torch._context.allreduce(torch.tensor([1.0 + r, 10.0 * r]), client=c)
+            acc = ps.torch._context.allreduce(torch.tensor(0.5 + r), client=c)
+            got = ps.torch._context.broadcast_object({"rank": r, "x": [1, 2]} if r == 0 else None,
+                                                     client=c)
+            dopt.close()
+            return mean, acc.item(), got
+
+        for mean, acc, got in run_workers(work, 2):
+            self.assertTrue(torch.equal(mean, torch.tensor([1.5, 5.0])))
+            self.assertEqual(acc, 1.0)
+            self.assertEqual(got, {"rank": 0, "x": [1, 2]})
+
+    def test_torchrun_variables_give_rank_size_and_servers(self):
+        s = pstest.Server("--num-workers", "2", "--mode", "async", "--lr", "0.1")
+        host, port = s.endpoint[len("tcp://"):].rsplit(":", 1)
+        env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": host,
+               "PS_PORT": port, "MASTER_PORT": "29500", "PS_MODE": "async"}
+        out = subprocess.run(
+            [pstest.PYTHON, "-c", "import sys; sys.path.insert(0, %r)\n"
+             "import ps, ps.torch\n"
+             "c = ps.torch.init()\n"
+             "print(c.servers, ps.torch.rank(), ps.torch.size(), ps.torch.local_rank())\n"
+             % os.path.join(ROOT, "python")],
+            capture_output=True, text=True, timeout=60, env=dict(env, PATH=os.environ["PATH"]))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.split(), ["tcp://%s:%s" % (host, port), "1", "2", "1"])
+
+
+@need_torch
+class Ports(unittest.TestCase):
+    def code_lines(self, name):
+        with open(os.path.join(ROOT, "examples", name)) as f:
+            return [line for line in f if not line.lstrip().startswith("#")]
+
+    def test_the_mnist_port_adds_at_most_6_lines_and_trains_like_the_plain_script(self):
+        plain, port = self.code_lines("torch_mnist.py"), self.code_lines("torch_mnist_ps.py")
+        added = list(port)
+        for line in plain:
+            self.assertIn(line, added, "the port lost %r" % line)
+            added.remove(line)
+        self.assertLessEqual(len(added), 6, "".join(added))
+        self.assertTrue(all("# ps.torch" in line for line in added), "".join(added))
+        if not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")):
+            self.skipTest("no Fashion-MNIST in %s" % FMNIST)
+        # one worker through the servers (Adadelta on the worker): the plain
+        # script's losses exactly
+        s = pstest.Server("--num-workers", "1", "--mode", "sync", "--optimizer", "average")
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), PS_SERVERS=s.endpoint,
+                   PS_MODE="sync")
+        args = ["--epochs", "1", "--steps", "12", "--log-interval", "4", "--threads", "1"]
+        runs = [subprocess.run([pstest.PYTHON, os.path.join(ROOT, "examples", f)] + args,
+                               capture_output=True, text=True, timeout=240, env=env)
+                for f in ("torch_mnist.py", "torch_mnist_ps.py")]
+        for r in runs:
+            self.assertEqual(r.returncode, 0, r.stderr[-1500:])
+        losses = [re.findall(r"Loss: ([0-9.]+)", r.stdout) for r in runs]
+        self.assertEqual(len(losses[0]), 3)
+        self.assertEqual(losses[0], losses[1])
+        acc = [re.search(r"Accuracy: (\d+)/", r.stdout).group(1) for r in runs]
+        self.assertEqual(acc[0], acc[1])
+
+    def test_the_horovod_script_runs_with_two_workers_and_averaged_metrics(self):
+        if not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")):
+            self.skipTest("no Fashion-MNIST in %s" % FMNIST)
+        launch = os.path.join(pstest.BIN, "ps_launch")
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        out = subprocess.run([launch, "--servers", "1", "--workers", "2", "--mode", "sync",
+                              "--optimizer", "average", "--exec", pstest.PYTHON,
+                              os.path.join(ROOT, "examples", "torch_horovod_mnist.py"),
+                              "--epochs", "1", "--steps", "30", "--log-interval", "10"],
+                             capture_output=True, text=True, timeout=240, env=env)
+        self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-2000:])
+        self.assertEqual(len(re.findall(r"\[worker [01]\] Train Epoch: 1 \[\d+/30000", out.stdout)),
+                         6)
+        m = re.findall(r"\[worker (\d)\] Test set: Average loss: [0-9.]+, Accuracy: ([0-9.]+)%",
+                       out.stdout)
+        self.assertEqual([w for w, _ in m], ["0"], out.stdout[-2000:])  # rank 0 prints
+        self.assertGreater(float(m[0][1]), 30.0)
+
+
+if __name__ == "__main__":
+    pstest.main()
