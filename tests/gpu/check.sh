@@ -323,12 +323,14 @@ print("torch %s (CUDA %s), cuda available: %s" % (torch.__version__, torch.versi
                 _res=FAILED _note="$PY: $torch_line: its torch cannot use the GPU"
             fi
             row python_cuda_staging "$_res" 0 "$_note"
+            row python_cuda_dropin "$_res" 0 "$_note"
             row example_ps_launch_gpus "$_res" 0 "$_note"
             return
         fi
         ;;
     *)
         row python_cuda_staging skipped 0 "$PY has no torch: $torch_line"
+        row python_cuda_dropin skipped 0 "$PY has no torch: $torch_line"
         row example_ps_launch_gpus skipped 0 "$PY has no torch: $torch_line"
         return
         ;;
@@ -336,6 +338,11 @@ print("torch %s (CUDA %s), cuda available: %s" % (torch.__version__, torch.versi
     if step python_cuda_staging 150 30 sh -c 'cd tests/python && exec "$@"' sh $RUN "$PY" \
         test_torch.py cuda_parameters_are_staged_through_pinned_memory; then
         test_row python_cuda_staging
+    fi
+    if step python_cuda_dropin 150 30 sh -c 'cd tests/python && exec "$@"' sh $RUN "$PY" \
+        test_torch_dropin.py \
+        a_cuda_model_trains_like_the_cpu_model_updated_on_workers_and_on_servers; then
+        test_row python_cuda_dropin
     fi
     # Fashion-MNIST when it is here, else IDX files of the same shapes
     data=/usr/share/datasets/fashion-mnist
@@ -457,17 +464,23 @@ bench() {
     if [ "$LIM" -lt 60 ]; then
         row gpu_bench skipped 0 "out of the time budget ($(left) s of $budget left)"
         row gpu_bench_pytorch skipped 0 "out of the time budget"
+        row gpu_bench_pstorch skipped 0 "out of the time budget"
         return
     fi
     # steps sized to what is left: 12 runs per model and the PyTorch runs
     _mlp=$((LIM * 5)) _cnn=$((LIM * 3 / 2))
     [ "$_mlp" -gt 2000 ] && _mlp=2000
     [ "$_cnn" -gt 600 ] && _cnn=600
-    step gpu_bench "$LIM" 60 $RUN env GPU_REPS=1 GPU_MLP_STEPS=$_mlp GPU_CNN_STEPS=$_cnn GPU_DEVICE="$DEV" \
-        BENCH_TIMEOUT=$((LIM / 4)) PYTHON="$PY" sh bench/gpu_bench.sh
+    # two alternating repetitions where the time allows (medians of pairs)
+    _reps=1
+    [ "$LIM" -ge 300 ] && _reps=2
+    step gpu_bench "$LIM" 60 $RUN env GPU_REPS=$_reps GPU_MLP_STEPS=$_mlp GPU_CNN_STEPS=$_cnn \
+        GPU_DEVICE="$DEV" GPU_TORCH_DATA="${data:-}" BENCH_TIMEOUT=$((LIM / 6)) PYTHON="$PY" \
+        sh bench/gpu_bench.sh
     _l=$out/logs/gpu_bench.log
     _ours=$(sed -n 's/^gpu_bench: ours: //p' "$_l" | tail -n 1)
     _torch=$(sed -n 's/^gpu_bench: pytorch: //p' "$_l" | tail -n 1)
+    _pst=$(sed -n 's/^gpu_bench: ps.torch: //p' "$_l" | tail -n 1)
     case $_ours in
     ok*) row gpu_bench ok "$SECS" "MLP $_mlp, CNN $_cnn steps; tables in logs/gpu_bench.log" ;;
     skipped*) row gpu_bench skipped "$SECS" "${_ours#skipped: }" ;;
@@ -478,11 +491,17 @@ bench() {
     skipped*) row gpu_bench_pytorch skipped 0 "${_torch#skipped: }" ;;
     *) row gpu_bench_pytorch FAILED 0 "${_torch:-not reached: $(why_failed logs/gpu_bench.log)}" ;;
     esac
+    case $_pst in
+    ok*) row gpu_bench_pstorch ok 0 "${_pst#ok: }" ;;
+    skipped*) row gpu_bench_pstorch skipped 0 "${_pst#skipped: }" ;;
+    *) row gpu_bench_pstorch FAILED 0 "${_pst:-not reached: $(why_failed logs/gpu_bench.log)}" ;;
+    esac
 }
 
 if [ -n "$SKIP" ]; then
-    for p in test_cuda test_train_cuda python_cuda_staging example_ps_launch_gpus \
-        fault_sticky_error worker_runs memcheck test_cuda_tf32 gpu_bench gpu_bench_pytorch; do
+    for p in test_cuda test_train_cuda python_cuda_staging python_cuda_dropin example_ps_launch_gpus \
+        fault_sticky_error worker_runs memcheck test_cuda_tf32 gpu_bench gpu_bench_pytorch \
+        gpu_bench_pstorch; do
         row $p skipped 0 "$SKIP"
     done
 else

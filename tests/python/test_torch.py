@@ -467,7 +467,7 @@ class EndToEnd(unittest.TestCase):
             self.skipTest("no CUDA device")
         x, y = data(4 * 32, seed=11)
         s = pstest.Server("--num-workers", "1", "--mode", "sync", "--lr", "0.2")
-        _, cpu_end = train(s.endpoint, 1, 0, 32, 4, "sync", 5, x, y)
+        _, cpu_end = train(s.endpoint, 1, 0, 32, 4, "sync", Net(5), x, y)
         s2 = pstest.Server("--num-workers", "1", "--mode", "sync", "--lr", "0.2")
         model = Net(5).cuda()
         net = ps.torch.wrap(model, ps.Client(servers=s2.endpoint, mode="sync"))

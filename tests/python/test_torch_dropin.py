@@ -327,6 +327,41 @@ class ModelState(unittest.TestCase):
         self.assertTrue(torch.equal(a[2][0], (a[1] + b[1]) / 2))
         self.assertTrue(torch.equal(a[2][1], b[2][1]))
 
+    def test_a_cuda_model_trains_like_the_cpu_model_updated_on_workers_and_on_servers(self):
+        """The drop-in with CUDA tensors (parameters, gradients and BatchNorm
+        buffers staged through pinned memory): Adadelta stepped on the worker
+        (sync, servers average) and SGD with momentum run by the servers, each
+        against the same model on the CPU; float32 GEMMs on the GPU round
+        apart from the CPU's, nothing more."""
+        if not torch.cuda.is_available():
+            self.skipTest("no CUDA device")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        x, y = data(6 * 32, seed=9)
+        cases = (("worker", lambda ps_: torch.optim.Adadelta(ps_), ("--optimizer", "average")),
+                 ("server", lambda ps_: torch.optim.SGD(ps_, lr=0.1, momentum=0.5),
+                  ("--optimizer", "momentum", "--lr", "0.1", "--momentum", "0.5")))
+        for where, make_opt, flags in cases:
+            ends = []
+            for dev in ("cpu", "cuda"):
+                s = pstest.Server("--num-workers", "1", "--mode", "sync", *flags)
+                m = BNNet(3).to(dev)
+                dopt = ps.torch.DistributedOptimizer(make_opt(m.parameters()), model=m,
+                                                     client=client(s, "sync"))
+                for k in range(6):
+                    dopt.zero_grad()
+                    xb, yb = x[k * 32:(k + 1) * 32].to(dev), y[k * 32:(k + 1) * 32].to(dev)
+                    F.cross_entropy(m(xb), yb).backward()
+                    dopt.step()
+                dopt.pull_final()
+                self.assertEqual(m.bn.running_var.device.type, dev)
+                ends.append((flat(m).cpu(), m.bn.running_var.detach().cpu()))
+                dopt.close()
+                s.stop()
+            (wc, vc), (wg, vg) = ends
+            self.assertLess((wc - wg).abs().max().item(), 1e-4, where)
+            self.assertLess((vc - vg).abs().max().item(), 1e-4, where)
+
     def test_weights_loaded_after_wrapping_are_rank_0s_on_every_worker(self):
         s = pstest.Server("--num-workers", "2", "--mode", "sync", "--lr", "0.1")
         loaded = [torch.full((1,), 3.0), torch.full((1,), 7.0)]
