@@ -27,7 +27,7 @@
  * in it).  The checkpoint directory is under TMPDIR.
  *
  *   build/bench/sparse_bench [--time 0.3] [--rounds 5] [--ids 1048576]
- *                            [--fill 4000000] [--only rows|store]
+ *                            [--fill 4000000] [--only rows|store] [--dim 16|64|128]
  * Prints Markdown tables and GOAL lines (bench/run.sh's format). */
 #include <errno.h>
 #include <fcntl.h>
@@ -48,12 +48,13 @@
 #include "bench_ids.h"
 
 #define MAX_ROUNDS 31
-#define INFLIGHT 2
+#define INFLIGHT 8
 
 enum { V_PULL, V_GATHER, V_PUSH, V_SCATTER, NV };
 
 static double row_s = 0.3;
 static int rounds = 5;
+static int only_dim; /* --dim: that dim alone (a profile's run) */
 static char workdir[512];
 
 static int free_port(void)
@@ -260,6 +261,8 @@ static int rows_part(size_t nids)
     for (int t = 0; t < 3; t++) {
         size_t d = dims[t];
         uint64_t key = (uint64_t)t + 1;
+        if (only_dim && (int)d != only_dim)
+            continue;
         b.dense = malloc(nids * d * sizeof(float));
         for (int s = 0; s < INFLIGHT; s++)
             b.buf[s] = malloc(BATCH * d * sizeof(float));
@@ -469,7 +472,7 @@ static int store_part(size_t fill)
 static void usage(void)
 {
     fprintf(stderr, "usage: sparse_bench [--time S (0.3)] [--rounds R (5)] [--ids N (1048576)] "
-                    "[--fill ROWS (4000000)] [--only rows|store]\n");
+                    "[--fill ROWS (4000000)] [--only rows|store] [--dim D]\n");
 }
 
 int main(int argc, char **argv)
@@ -497,6 +500,8 @@ int main(int argc, char **argv)
             fill = (size_t)atol(v);
         else if (!strcmp(a, "--only"))
             only = v;
+        else if (!strcmp(a, "--dim"))
+            only_dim = atoi(v);
         else {
             usage();
             return 2;
