@@ -772,10 +772,19 @@ PS_TEST(synthetic_ctr_is_a_pure_function_of_the_sample_index)
     CHECK(memcmp(te->labels, a->labels + 60, 40 * sizeof *a->labels) == 0);
     ps_dataset_free(tr);
     ps_dataset_free(te);
-    CHECK_EQ_INT(ps_dataset_synthetic_ctr(0, 10, 1, 5, (1u << 27) + 1, 1.05, &tr, why,
+    CHECK_EQ_INT(ps_dataset_synthetic_ctr(0, 10, 1, 5, (1ull << 40) + 1, 1.05, &tr, why,
                                           sizeof why),
                  PS_EINVAL);
-    CHECK_MSG(strstr(why, "rows in [1, 134217728]"), "%s", why);
+    CHECK_MSG(strstr(why, "rows in [1, 1099511627776]"), "%s", why);
+    /* a billion ids: the tail past the table's 2^22 ranks is drawn too */
+    CHECK_OK(ps_dataset_synthetic_ctr(0, 2000, 1, 4, 1000000000, 1.05, &tr, why, sizeof why));
+    int past = 0;
+    for (size_t k = 0; k < 2000 * 4; k++) {
+        CHECK(tr->ids[k] < 1000000000);
+        past += tr->ids[k] >= (1u << 22);
+    }
+    CHECK_MSG(past > 2000 * 4 / 10, "%d of 8000 ids past the table", past);
+    ps_dataset_free(tr);
     ps_dataset_free(a);
     ps_dataset_free(b);
     ps_dataset_free(c);
