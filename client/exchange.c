@@ -951,17 +951,18 @@ static int table_status(ps_exchange *x, int ti, const ps_request *r, const char 
     if (device_failed(x))
         return device_failed(x);
     if (worth_logging(x, rc))
-        ps_log(x->failed++ ? PS_LOG_DEBUG : PS_LOG_ERROR, "step %lld: %s of table %d failed: %s (%s)",
-               (long long)step, what, ti, ps_strerror(rc), r->err);
+        ps_log(x->failed++ ? PS_LOG_DEBUG : PS_LOG_ERROR,
+               "step %lld: %s of table %d failed: %s (%s)", (long long)step, what, ti,
+               ps_strerror(rc), r->err);
     return rc;
 }
 
-/* Batch s's push: wait for it (block) or look; once complete, its rows are
+/* Wait for batch s's push, if in flight: then its ids and gradients are
  * free and the pull it carried has landed. */
-static int settle_push(ps_exchange *x, int ti, tbatch *s, int block)
+static int settle_push(ps_exchange *x, int ti, tbatch *s)
 {
     xtable *t = &x->tb[ti];
-    if (!s->pushing || (!block && !ps_request_test(&s->push)))
+    if (!s->pushing)
         return 0;
     table_wait(x, t, &s->push, s->step);
     s->pushing = 0;
@@ -979,11 +980,11 @@ static int settle_push(ps_exchange *x, int ti, tbatch *s, int block)
     return rc;
 }
 
-/* Batch s's own pull: wait for it (block) or look. */
-static int settle_pull(ps_exchange *x, int ti, tbatch *s, int block)
+/* Wait for batch s's own pull, if in flight. */
+static int settle_pull(ps_exchange *x, int ti, tbatch *s)
 {
     xtable *t = &x->tb[ti];
-    if (s->pull != TPULL_OWN || (!block && !ps_request_test(&s->preq)))
+    if (s->pull != TPULL_OWN)
         return 0;
     table_wait(x, t, &s->preq, s->want);
     s->pull = TPULL_NONE;
@@ -1023,7 +1024,7 @@ int ps_exchange_table_next(ps_exchange *x, int ti, const uint64_t *ids, size_t n
     /* the slot's last batch, three before: its push must be done with its
      * ids (it had two steps) */
     int rc;
-    if (s->b >= 0 && ((rc = settle_push(x, ti, s, 1)) || (rc = settle_pull(x, ti, s, 1))))
+    if (s->b >= 0 && ((rc = settle_push(x, ti, s)) || (rc = settle_pull(x, ti, s))))
         return rc;
     /* rows[b % 2] was batch b-2's, pushed (its compute is over) */
     table_dedup(t, s, ids, n, stride);
@@ -1055,9 +1056,9 @@ int ps_exchange_table_rows(ps_exchange *x, int ti, ps_exchange_rows *out)
     int rc = 0;
     if (!s->landed) {
         if (s->pull == TPULL_OWN)
-            rc = settle_pull(x, ti, s, 1);
+            rc = settle_pull(x, ti, s);
         else if (s->pull == TPULL_CARRIED)
-            rc = settle_push(x, ti, &t->s[(s->b + TSLOTS - 1) % TSLOTS], 1);
+            rc = settle_push(x, ti, &t->s[(s->b + TSLOTS - 1) % TSLOTS]);
         if (!rc && !s->landed)
             rc = s->rc ? s->rc : PS_ESTATE; /* failed before, or never asked for */
         if (rc)
@@ -1065,7 +1066,7 @@ int ps_exchange_table_rows(ps_exchange *x, int ti, ps_exchange_rows *out)
     }
     /* the gradient buffer was batch cur-2's: its push must be done reading it */
     tbatch *old = &t->s[(t->cur + 1) % TSLOTS];
-    if (old->b == t->cur - 2 && (rc = settle_push(x, ti, old, 1)))
+    if (old->b == t->cur - 2 && (rc = settle_push(x, ti, old)))
         return rc;
     s->taken = 1;
     out->nentries = s->nentries;
@@ -1135,9 +1136,9 @@ static int table_finish(ps_exchange *x, int ti)
         if (b < 0)
             continue;
         tbatch *s = &t->s[b % TSLOTS];
-        int r = settle_push(x, ti, s, 1);
+        int r = settle_push(x, ti, s);
         if (!r)
-            r = settle_pull(x, ti, s, 1);
+            r = settle_pull(x, ti, s);
         if (!rc)
             rc = r;
     }
