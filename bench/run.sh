@@ -8,7 +8,7 @@
 #                      it the accuracy sections of the existing
 #                      docs/BENCHMARKS.md are kept as they were
 #   BENCH_PROFILE=0    skip the perf profile of the transport path
-#   BENCH_ONLY="transport apply train load torch shm cluster multihost"   run only these; the
+#   BENCH_ONLY="transport apply train load torch shm cluster multihost tables"   run only these; the
 #                      document keeps its sections of the parts that did not run
 #   BENCH_DOC=FILE     write FILE instead of docs/BENCHMARKS.md
 # Every figure is a ratio against a baseline measured in the same run: the
@@ -18,7 +18,7 @@ BUILD=${BUILD:-build}
 export BUILD
 export PS_BIN_DIR=${PS_BIN_DIR:-bin}
 DOC=${BENCH_DOC:-docs/BENCHMARKS.md}
-ONLY=${BENCH_ONLY:-"transport apply train load torch shm cluster multihost"}
+ONLY=${BENCH_ONLY:-"transport apply train load torch shm cluster multihost tables"}
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/ps_benchrun.XXXXXX") || exit 1
 trap 'rm -rf "$OUT"' EXIT
 start=$(date +%s)
@@ -50,7 +50,7 @@ part() {
     echo "$(( $(date +%s) - _t0 ))" >"$OUT/$_name.secs"
 }
 
-for b in transport_bench apply_bench shm_bench; do
+for b in transport_bench apply_bench shm_bench table_bench sparse_bench; do
     if [ ! -x "$BUILD/bench/$b" ]; then
         echo "run.sh: $BUILD/bench/$b is missing; run make bench" >&2
         exit 1
@@ -76,6 +76,9 @@ wanted cluster && part cluster sh bench/cluster_bench.sh
 # simulated hosts with shaped links (root; a SKIP line where network
 # namespaces cannot be made)
 wanted multihost && part multihost sh bench/multihost.sh
+# embedding tables: the store, rows through a server, ps_worker's CTR model
+# against PyTorch, the id space from 1e5 to 1e9
+wanted tables && part tables sh bench/tables_bench.sh
 if [ "${BENCH_ACCURACY:-0}" = 1 ]; then
     part accuracy sh bench/accuracy.sh
 else
@@ -89,7 +92,7 @@ echo "bench: done in $total s"
 
 # A part that did not run (BENCH_ONLY, or it failed) keeps its section of
 # the existing document, between <!-- part:NAME:begin/end --> markers.
-PARTS="transport profile apply train load torch shm cluster multihost"
+PARTS="transport profile apply train load torch shm cluster multihost tables"
 ran="" kept="" missing=""
 for p in $PARTS; do
     if [ -s "$OUT/$p.md" ] && [ "$(cat "$OUT/$p.rc" 2>/dev/null)" = 0 ]; then
@@ -156,7 +159,7 @@ because the machine may be shared and noisy.
 
 EOF
 goal_lines "$OUT/transport.md" "$OUT/apply.md" "$OUT/train.md" "$OUT/shm.md" "$OUT/cluster.md" \
-    "$OUT/torch.md" "$tacc" "$OUT/multihost.md" |
+    "$OUT/torch.md" "$tacc" "$OUT/multihost.md" "$OUT/tables.md" |
     sed 's/^/- /'
 echo "<!-- accuracy-goals:begin -->"
 goal_lines "$acc" | sed 's/^/- /'
@@ -444,6 +447,18 @@ EOF
 sh bench/multihost.sh --intro
 echo
 partmd multihost
+cat <<EOF
+
+## 11. Embedding tables
+
+\`bench/tables_bench.sh\` (\`BENCH_ONLY=tables make bench\`): the table store alone,
+rows through one server against a gather/scatter in one process, memory per
+row and checkpoints, ps_worker's click-through model through the servers
+against PyTorch on the same data, and the id space grown from 1e5 to 1e9;
+each subsection says how it was measured.
+
+EOF
+partmd tables
 } >"$DOC.tmp" && mv "$DOC.tmp" "$DOC"
 echo "bench: wrote $DOC"
 exit $status

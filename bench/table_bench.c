@@ -25,19 +25,9 @@
 #include "ps_opt_table.h"
 #include "table.h"
 
-#define BATCH 4096
-#define NBATCH 32
+#include "bench_ids.h"
 
 enum { K_PULL, K_GATHER, K_PUSH, K_SCATTER, K_DENSE, NK };
-
-/* xorshift64*: the bench's random numbers (ranks, the permutation, ids) */
-static uint64_t rnd(uint64_t *x)
-{
-    *x ^= *x >> 12;
-    *x ^= *x << 25;
-    *x ^= *x >> 27;
-    return *x * 0x2545f4914f6cdd1dull;
-}
 
 typedef struct bench {
     size_t nids, d;
@@ -48,54 +38,6 @@ typedef struct bench {
     ps_table *t;
     ps_opt_config opt;
 } bench;
-
-/* Zipf(s) ranks 0 .. n-1 by inverse CDF; BATCH unique ones per batch. */
-static void make_batches(bench *b, double s, uint64_t seed)
-{
-    size_t n = b->nids;
-    double *cdf = malloc(n * sizeof *cdf);
-    uint32_t *perm = malloc(n * sizeof *perm);
-    uint8_t *seen = calloc(n, 1);
-    if (!cdf || !perm || !seen) {
-        fprintf(stderr, "table_bench: out of memory for %zu ids\n", n);
-        exit(1);
-    }
-    double acc = 0;
-    for (size_t r = 0; r < n; r++)
-        cdf[r] = acc += 1.0 / pow((double)(r + 1), s);
-    for (size_t r = 0; r < n; r++)
-        perm[r] = (uint32_t)r;
-    uint64_t x = seed;
-    for (size_t r = n - 1; r > 0; r--) { /* Fisher-Yates */
-        size_t j = (size_t)(rnd(&x) % (r + 1));
-        uint32_t tmp = perm[r];
-        perm[r] = perm[j];
-        perm[j] = tmp;
-    }
-    for (int k = 0; k < NBATCH; k++) {
-        size_t got = 0;
-        while (got < BATCH) {
-            double u = (double)(rnd(&x) >> 11) * 0x1p-53 * acc;
-            size_t lo = 0, hi = n - 1;
-            while (lo < hi) {
-                size_t mid = (lo + hi) / 2;
-                if (cdf[mid] < u)
-                    lo = mid + 1;
-                else
-                    hi = mid;
-            }
-            if (seen[lo] == k + 1)
-                continue;
-            seen[lo] = (uint8_t)(k + 1);
-            b->ids[k][got] = (lo + 1) * 0x9e3779b97f4a7c15ull; /* a hashed feature id: distinct */
-            b->idx[k][got] = perm[lo];
-            got++;
-        }
-    }
-    free(cdf);
-    free(perm);
-    free(seen);
-}
 
 static void run(bench *b, int kernel, int k)
 {
@@ -191,7 +133,7 @@ int main(int argc, char **argv)
     }
     static bench b;
     b.nids = nids;
-    make_batches(&b, 1.05, 12345);
+    bench_make_batches(nids, 1.05, 12345, b.ids, b.idx);
     fprintf(stderr, "table_bench: %d batches of %d unique ids, Zipf 1.05 over %zu ids; best of "
             "%d rounds of ~%.2f s\n", NBATCH, BATCH, nids, rounds, tsec);
     printf("| dim | rows in store | pull rows/s | gather rows/s | pull / gather | push rows/s "

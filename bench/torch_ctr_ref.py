@@ -16,8 +16,9 @@ differs: torch's own RNG draws the initial values and the sample order.
 
 Prints progress lines and then one line:
   torch_ctr_ref: <single|ddp-gloo> <spec> W=<w> samples/s <total> loss <mean
-  of the last pass> test auc <auc>
-samples/s is the sum over the processes of samples trained / training time.
+  of the last pass> test auc <auc> peak rss MB <rank 0> [<rank 1> ...]
+samples/s is the sum over the processes of samples trained / training time;
+peak rss each process's own (getrusage), in rank order.
 
   bench/torch_ctr_ref.py --model ctr:rows=100000,mlp=64-1 --data synthetic-ctr:200000
   bench/torch_ctr_ref.py --backend ddp --world 2 --data synthetic-ctr:200000
@@ -29,6 +30,7 @@ import argparse
 import importlib.util
 import math
 import os
+import resource
 import sys
 import time
 
@@ -206,7 +208,10 @@ def train(rank, world, args, port, results):
                                     torch.from_numpy(ti[i:i + 4096].view(np.int64)))
                                 for i in range(0, held, 4096)]).numpy()
         test_auc = auc(scores, tl)
-    results[rank] = (args.epochs * steps * args.batch / t_train, loss_sum / steps, test_auc)
+    # Linux: ru_maxrss in KiB
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    results[rank] = (args.epochs * steps * args.batch / t_train, loss_sum / steps, test_auc,
+                     rss_mb)
     if world > 1:
         dist.destroy_process_group()
 
@@ -235,9 +240,9 @@ def main():
         results = mp.Manager().dict()
         mp.spawn(train, args=(world, args, free_port(), results), nprocs=world, join=True)
     total = sum(r[0] for r in results.values())
-    print("torch_ctr_ref: %s %s W=%d samples/s %.0f loss %.4f test auc %.4f" %
+    print("torch_ctr_ref: %s %s W=%d samples/s %.0f loss %.4f test auc %.4f peak rss MB %s" %
           ("ddp-gloo" if world > 1 else "single", args.model, world, total, results[0][1],
-           results[0][2]))
+           results[0][2], " ".join("%.0f" % results[r][3] for r in range(world))))
 
 
 if __name__ == "__main__":

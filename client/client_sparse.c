@@ -26,6 +26,11 @@ struct psc_sparse {
     size_t nparts_cap;
     uint32_t *slots;
     size_t slots_cap;
+    /* the placement (placer_init) */
+    size_t *pbase;
+    int8_t *pshift;
+    size_t servers_cap;
+    int sshift;
 };
 
 static struct psc_sparse *scratch(ps_client *c)
@@ -48,6 +53,8 @@ void psc_sparse_free(ps_client *c)
     free(x->npull);
     free(x->slot_of);
     free(x->slots);
+    free(x->pbase);
+    free(x->pshift);
     free(x);
     c->sparse = NULL;
 }
@@ -118,14 +125,56 @@ static size_t total_parts(const ps_client *c)
     return n;
 }
 
-static size_t flat_part(const ps_client *c, uint64_t key, uint64_t id)
+/* log2(n) when n is a power of two, else -1. */
+static int pow2_shift(uint64_t n)
 {
-    uint64_t h = ps_table_row_hash(key, id);
-    int s = ps_table_row_server(h, c->nservers);
+    return n && !(n & (n - 1)) ? __builtin_ctzll(n) : -1;
+}
+
+/* The placement of one request's rows (common/ps_table_row.h): each
+ * server's first flat partition, and shifts for the server count and the
+ * partition counts that are powers of two (the usual), whose divisions
+ * were most of a split's time. */
+static int placer_init(struct psc_sparse *x, const ps_client *c)
+{
+    size_t ns = (size_t)c->nservers;
+    if (ns > x->servers_cap) {
+        size_t *b = realloc(x->pbase, ns * sizeof *b);
+        if (b)
+            x->pbase = b;
+        int8_t *sh = b ? realloc(x->pshift, ns * sizeof *sh) : NULL;
+        if (!sh)
+            return PS_ENOMEM;
+        x->pshift = sh;
+        x->servers_cap = ns;
+    }
     size_t base = 0;
-    for (int k = 0; k < s; k++)
-        base += c->server_parts[k];
-    return base + ps_table_row_part(h, c->nservers, c->server_parts[s]);
+    for (size_t s = 0; s < ns; s++) {
+        x->pbase[s] = base;
+        x->pshift[s] = (int8_t)pow2_shift(c->server_parts[s]);
+        base += c->server_parts[s];
+    }
+    x->sshift = pow2_shift((uint64_t)ns);
+    return 0;
+}
+
+/* The flat partition of (key, id): ps_table_row_server and
+ * ps_table_row_part's arithmetic. */
+static size_t flat_part(const struct psc_sparse *x, const ps_client *c, uint64_t key,
+                        uint64_t id)
+{
+    uint64_t h = ps_table_row_hash(key, id), q;
+    size_t s;
+    if (x->sshift >= 0) {
+        s = (size_t)(h & (((uint64_t)1 << x->sshift) - 1));
+        q = h >> x->sshift;
+    } else {
+        s = (size_t)(h % (uint64_t)c->nservers);
+        q = h / (uint64_t)c->nservers;
+    }
+    int ps = x->pshift[s];
+    return x->pbase[s] + (size_t)(ps >= 0 ? q & (((uint64_t)1 << ps) - 1)
+                                          : q % c->server_parts[s]);
 }
 
 static void flat_split(const ps_client *c, size_t flat, int *server, uint32_t *part)
@@ -186,7 +235,7 @@ static int dedup_pull(ps_client *c, const psc_table *t, const uint64_t *ids, siz
         if (fresh) {
             u[k] = ids[j];
             op->first[k] = (int64_t)j;
-            x->part[k] = (uint32_t)flat_part(c, t->key, ids[j]);
+            x->part[k] = (uint32_t)flat_part(x, c, t->key, ids[j]);
             x->npull[x->part[k]]++;
         } else {
             op->next[last[k]] = (int64_t)j;
@@ -214,7 +263,7 @@ long psc_sparse_begin(ps_client *c, uint32_t type, uint32_t ti, ps_request *r,
     float *sums = NULL;
     uint32_t npu = 0, nsu = 0, *spart = NULL;
     long nslots = 0;
-    int rc = !x || grow_parts(x, np, np) ? PS_ENOMEM : 0;
+    int rc = !x || grow_parts(x, np, np) || placer_init(x, c) ? PS_ENOMEM : 0;
     if (!rc) {
         memset(x->npush, 0, np * sizeof *x->npush);
         memset(x->npull, 0, np * sizeof *x->npull);
@@ -258,7 +307,7 @@ long psc_sparse_begin(ps_client *c, uint32_t type, uint32_t ti, ps_request *r,
             if (fresh) {
                 su[k] = ids[j];
                 memcpy(sk, gj, d * sizeof *sk);
-                spart[k] = (uint32_t)flat_part(c, t->key, ids[j]);
+                spart[k] = (uint32_t)flat_part(x, c, t->key, ids[j]);
                 x->npush[spart[k]]++;
             } else {
                 for (size_t e = 0; e < d; e++)

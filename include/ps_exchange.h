@@ -172,9 +172,103 @@ int ps_exchange_before_use(ps_exchange *x, int i);
  * step+1.  Then take ps_exchange_grad (and ps_exchange_weights). */
 int ps_exchange_grad_ready(ps_exchange *x, int i, int64_t step);
 
+/* ---- embedding tables (ps_client.h "embedding tables") ----
+ * A table's rows live on the servers; the exchange moves one batch's rows
+ * at a time, overlapped with compute like the tensors' weights.  Per table
+ * the caller hands the ids of each batch one step ahead and, per step:
+ *   ps_exchange_table_next(x, t, ids of batch s+1)   while batch s computes
+ *   ps_exchange_table_rows(x, t, &r)                 batch s's unique ids,
+ *                                                    rows, gradient buffer
+ *   (forward reads r.rows, backward writes r.grads)
+ *   ps_exchange_table_push(x, t, s)                  posts the gradients
+ * (the first next, before step 0, hands batch 0).  Dense tensors and tables
+ * share one clock: `s` is the step of the dense grad_ready calls, and every
+ * table is pushed once every step, in step order, also when its batch has
+ * no ids (every partition's clock moves, docs/PROTOCOL.md "Tables").
+ *
+ *   next:  deduplicates the ids (first-seen order; each entry's index) into
+ *          the batch's buffers.  async: posts the pull of its rows at once
+ *          (answered with the rows as they are; with --max-staleness k, once
+ *          the slowest worker is within k steps of the step that reads them).
+ *          sync: the rows of batch s+1 must be version s+1, after every
+ *          worker's step-s gradients, so the pull goes out as the pull part
+ *          of step s's push (one SPUSHPULL per partition); when next comes
+ *          after that push, a pull of version s+1 goes out at once.
+ *   rows:  waits for the batch's rows only when they have not landed (the
+ *          time counts in comm-wait), and for the push of two batches
+ *          before, whose gradient buffer this batch reuses.
+ *   push:  posts the gradients in r.grads (duplicates of an id are the
+ *          caller's to sum: one gradient row per unique id) and is not
+ *          waited for; the next batch handed becomes the current one.
+ *
+ * Buffers: two batches in flight at most (the one computing, the next one
+ * landing): a table holds two row and two gradient buffers of max_ids x dim
+ * floats and three id lists of max_ids, host memory, sized by the batch and
+ * not by the table, whatever the row count.  They are the exchange's; what
+ * ps_exchange_table_rows returns stays valid until the push of two batches
+ * later (at most until ps_exchange_close).  A table's ids handed to next are
+ * read during the call only.  Threads: the training thread, as every call
+ * above.  Timeline: a "sparse pull", "sparse push" or "sparse pushpull"
+ * event per request (args.step: the version asked for, the step pushed),
+ * and "wait" events as the tensors'; args.layer is the tag.  Errors are
+ * logged with the table's index, as the tensors'. */
+
+/* Add table `key` with opts (ps_client_register_table: before
+ * ps_exchange_start, in the same order on every worker) for batches of at
+ * most max_ids ids; its index is the number of tables added before; tag
+ * is its timeline args.layer (-1: none).  PS_ESTATE after start, PS_EINVAL
+ * for max_ids 0 or over 2^30, or what register_table refuses (the client's
+ * last error says), PS_ENOMEM. */
+int ps_exchange_add_table(ps_exchange *x, uint64_t key, const ps_table_options *opts,
+                          size_t max_ids, int tag);
+int ps_exchange_num_tables(const ps_exchange *x);
+
+/* The ids of the next batch of table t: n ids (at most max_ids), entry e's
+ * id ids[e * stride] (stride 1: an array of ids; F: field f's column of
+ * a samples x F array, ids + f), repeats allowed.  See above.  PS_ESTATE
+ * before start, or when two batches are handed already and the current one
+ * is not pushed; PS_EINVAL (n, stride 0). */
+int ps_exchange_table_next(ps_exchange *x, int t, const uint64_t *ids, size_t n, size_t stride);
+
+/* The current batch of a table: its entries' rows as the CTR model's
+ * embedding bag reads them. */
+typedef struct ps_exchange_rows {
+    size_t nentries;      /* the ids handed to next */
+    size_t nunique;       /* distinct ids among them */
+    size_t dim;
+    const uint64_t *ids;  /* [nunique] the distinct ids, in the order first seen */
+    const int32_t *index; /* [nentries] entry e's id is ids[index[e]], its row
+                             rows[index[e] * dim ..] */
+    const float *rows;    /* [nunique x dim] */
+    float *grads;         /* [nunique x dim] the caller writes their gradients here */
+    int64_t version;      /* the lowest version of the partitions the rows came from
+                             (-1: no partition answered: no ids) */
+} ps_exchange_rows;
+
+/* Table t's current batch (the oldest handed and not pushed), waiting for
+ * its rows if they have not landed.  PS_ESTATE when no batch is handed;
+ * a request's failure (logged). */
+int ps_exchange_table_rows(ps_exchange *x, int t, ps_exchange_rows *out);
+
+/* Post the current batch's gradients (ps_exchange_table_rows' grads) as
+ * step `step`, with the pull of the next batch in sync mode; the next batch
+ * becomes the current one.  PS_ESTATE unless ps_exchange_table_rows gave
+ * this batch; PS_EINVAL for a step not above the last one pushed (steps go
+ * up by one: the servers refuse a step beyond a partition's clock). */
+int ps_exchange_table_push(ps_exchange *x, int t, int64_t step);
+
+/* Blocking, outside the batches (an evaluation): the rows of ids[0..n)
+ * (repeats allowed) into rows[i * dim ..], at the version of this worker's
+ * clock (sync: after every round it pushed to), from the servers as they
+ * are; rows not made yet are made with the initializer's values.  Counts in
+ * comm-wait. */
+int ps_exchange_table_lookup(ps_exchange *x, int t, const uint64_t *ids, size_t n,
+                             float *rows);
+
 /* Wait for every request in flight and swap in what landed, e.g. before an
- * evaluation or at the end.  The first error is returned; every tensor is
- * waited for anyway. */
+ * evaluation or at the end.  The first error is returned; every tensor and
+ * table is waited for anyway (a sync table's next batch handed and not yet
+ * pulled stays so: the next push carries its pull). */
 int ps_exchange_finish(ps_exchange *x);
 
 /* After the last step and ps_exchange_finish: wait at a barrier for every

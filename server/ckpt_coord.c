@@ -589,6 +589,9 @@ static int restore_part(const ps_ckpt_restore_to *to, const ps_ckpt_part_view *v
         rc = clear_rows(t);
     for (size_t k = 0; !rc && v->delta && k < v->ndeleted; k++)
         ps_table_remove(t, ps_ckpt_id(v->deleted, k));
+    /* the hash at its size first: the rows come in the writer's hash order */
+    if (!rc && v->nrows)
+        rc = ps_table_reserve(t, v->nrows, why, why_len);
     for (size_t k = 0; !rc && k < v->nrows; k++) {
         ps_table_row_view r;
         ps_ckpt_part_row(v, k, &r);

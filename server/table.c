@@ -650,6 +650,11 @@ int ps_table_restore_row(ps_table *t, const ps_table_row_view *v, char *why, siz
     return 0;
 }
 
+int ps_table_reserve(ps_table *t, uint64_t rows, char *why, size_t why_len)
+{
+    return tbl_has_room(&t->r, rows) ? 0 : tbl_reserve(&t->r, rows, 0, why, why_len);
+}
+
 int ps_table_remove(ps_table *t, uint64_t id)
 {
     int found;

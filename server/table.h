@@ -255,6 +255,12 @@ int ps_table_touch(ps_table *t, uint64_t id);
  * and count; touched and dirty.  Errors: PS_EMISMATCH (dim or nstate differ
  * from the table's), PS_ETOOBIG, PS_ENOMEM. */
 int ps_table_restore_row(ps_table *t, const ps_table_row_view *v, char *why, size_t why_len);
+/* Room for `rows` rows more than the table holds, made now (before
+ * restoring a checkpoint's record: its rows come in the hash order of the
+ * table that wrote them, which a hash of the same function that grows as
+ * they come packs into one long run, every insertion probing all of it;
+ * at its final size the probes stay short).  PS_ETOOBIG, PS_ENOMEM. */
+int ps_table_reserve(ps_table *t, uint64_t rows, char *why, size_t why_len);
 /* Delete row id (an incremental checkpoint's deletion): 1 when it existed, 0
  * when not.  Recorded in the deletion list like an eviction. */
 int ps_table_remove(ps_table *t, uint64_t id);

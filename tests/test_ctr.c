@@ -3,7 +3,8 @@
  * the model's gradients against finite differences, the binary
  * cross-entropy, AUC on hand-computed cases with ties, the Criteo parser on
  * hand-written files, the synthetic generator (deterministic, Zipf shaped),
- * the spec, and ps_worker end to end. */
+ * the spec, the servers' tables (their first rows are the local tables'),
+ * and ps_worker end to end, alone and through servers. */
 #include <stdint.h>
 #include <string.h>
 
@@ -17,8 +18,10 @@
 #include "layers.h"
 #include "model.h"
 #include "ps_error.h"
+#include "ps_exchange.h"
 #include "ps_table_row.h"
 #include "ps_test.h"
+#include "ps_test_server.h"
 #include "rng.h"
 
 static ps_backend *cpu(void)
@@ -208,7 +211,8 @@ PS_TEST(local_rows_start_at_the_pure_initializer_and_follow_sgd_and_adagrad)
     CHECK_OK(sgd->fetch(sgd, 1, ids, 3, rows));
     CHECK_OK(ada->fetch(ada, 1, ids, 3, rows2));
     for (int i = 0; i < 3; i++) {
-        ps_table_init_row(5, 1, ids[i], PS_TABLE_INIT_UNIFORM, 0.05f, dim, init);
+        ps_table_init_row(5, PS_EMB_TABLE_KEY(1), ids[i], PS_TABLE_INIT_UNIFORM, 0.05f, dim,
+                          init);
         for (int j = 0; j < dim; j++) {
             CHECK(rows[i * dim + j] == init[j] && rows2[i * dim + j] == init[j]);
             CHECK(init[j] >= -0.05f && init[j] < 0.05f);
@@ -256,7 +260,7 @@ PS_TEST(local_rows_start_at_the_pure_initializer_and_follow_sgd_and_adagrad)
     uint64_t fresh = 77;
     CHECK_OK(sgd->push(sgd, 0, &fresh, 1, g1, 2));
     CHECK_OK(sgd->fetch(sgd, 0, &fresh, 1, rows));
-    ps_table_init_row(5, 0, fresh, PS_TABLE_INIT_UNIFORM, 0.05f, dim, init);
+    ps_table_init_row(5, PS_EMB_TABLE_KEY(0), fresh, PS_TABLE_INIT_UNIFORM, 0.05f, dim, init);
     for (int j = 0; j < dim; j++)
         CHECK(rows[j] == init[j] - 0.5f * g1[j]);
     sgd->destroy(sgd);
@@ -768,10 +772,19 @@ PS_TEST(synthetic_ctr_is_a_pure_function_of_the_sample_index)
     CHECK(memcmp(te->labels, a->labels + 60, 40 * sizeof *a->labels) == 0);
     ps_dataset_free(tr);
     ps_dataset_free(te);
-    CHECK_EQ_INT(ps_dataset_synthetic_ctr(0, 10, 1, 5, (1u << 27) + 1, 1.05, &tr, why,
+    CHECK_EQ_INT(ps_dataset_synthetic_ctr(0, 10, 1, 5, (1ull << 40) + 1, 1.05, &tr, why,
                                           sizeof why),
                  PS_EINVAL);
-    CHECK_MSG(strstr(why, "rows in [1, 134217728]"), "%s", why);
+    CHECK_MSG(strstr(why, "rows in [1, 1099511627776]"), "%s", why);
+    /* a billion ids: the tail past the table's 2^22 ranks is drawn too */
+    CHECK_OK(ps_dataset_synthetic_ctr(0, 2000, 1, 4, 1000000000, 1.05, &tr, why, sizeof why));
+    int past = 0;
+    for (size_t k = 0; k < 2000 * 4; k++) {
+        CHECK(tr->ids[k] < 1000000000);
+        past += tr->ids[k] >= (1u << 22);
+    }
+    CHECK_MSG(past > 2000 * 4 / 10, "%d of 8000 ids past the table", past);
+    ps_dataset_free(tr);
     ps_dataset_free(a);
     ps_dataset_free(b);
     ps_dataset_free(c);
@@ -865,13 +878,14 @@ PS_TEST(ps_worker_ctr_one_epoch_of_synthetic_ctr_reaches_test_auc_0_75)
           ps_test_file_has(log, "epoch 1 test auc "));
 }
 
-PS_TEST(ps_worker_ctr_refuses_servers_cuda_a_file_and_other_data_with_exit_2)
+PS_TEST(ps_worker_ctr_refuses_cuda_a_file_and_other_data_with_exit_2)
 {
     struct {
         const char *args, *says;
     } cases[] = {
-        {"--servers tcp://127.0.0.1:1 --model ctr --data synthetic-ctr:100",
-         "cannot live on the servers yet"},
+        {"--servers tcp://127.0.0.1:1 --model ctr --data synthetic-ctr:100 --load m.bin",
+         "--load: --model ctr keeps its embedding tables outside the model file, which cannot "
+         "hold them yet (the servers' checkpoints hold them"},
         {"--servers none --model ctr --data synthetic-ctr:100 --device cuda:0",
          "runs on the CPU only for now"},
         {"--servers none --model ctr --data synthetic-ctr:100 --save m.bin",
@@ -894,4 +908,161 @@ PS_TEST(ps_worker_ctr_refuses_servers_cuda_a_file_and_other_data_with_exit_2)
         CHECK_MSG(ok, "%s: exit %d: %s", cases[i].args, st, text ? text : "");
         free(text);
     }
+}
+
+/* ---- through servers ---------------------------------------------------------- */
+
+/* Field f's table as ps_worker declares it (ps_ctr_table_options), fetched
+ * through a server, starts where the local tables do: the same rows, bit
+ * for bit, for the same seed. */
+PS_TEST(servers_tables_start_from_the_local_tables_rows)
+{
+    enum { F = 3, N = 5 };
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 1 --mode sync"));
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", sv.port);
+    char why[256];
+    ps_ctr_spec cs;
+    CHECK_OK(ps_ctr_spec_parse("ctr:fields=3,dim=8,opt=sgd,lr=0.5", &cs, why, sizeof why));
+    ps_client_options o;
+    ps_client_options_default(&o);
+    o.servers = ep;
+    o.mode = PS_MODE_SYNC;
+    ps_backend *b = NULL;
+    ps_exchange *x = NULL;
+    ps_row_source *remote = NULL, *local = NULL;
+    int rc = ps_backend_host_create(&b);
+    if (!rc)
+        rc = ps_exchange_open(&o, b, &x);
+    for (int f = 0; f < F && !rc; f++) {
+        ps_table_options to;
+        ps_ctr_table_options(&cs, 77, &to);
+        rc = ps_exchange_add_table(x, PS_EMB_TABLE_KEY(f), &to, N, f);
+    }
+    if (!rc && !(rc = ps_exchange_start(x)))
+        rc = ps_row_source_servers_create(x, 0, F, &remote);
+    if (!rc)
+        rc = ps_row_source_local_create(F, cs.dim, 77, cs.opt, cs.lr, PS_CTR_ADAGRAD_EPS, &local);
+    const uint64_t ids[N] = {0, 1, 99, 123456789, UINT64_MAX};
+    float got[N * 8], want[N * 8];
+    int same = 1;
+    for (int f = 0; f < F && !rc; f++) {
+        if ((rc = remote->fetch(remote, f, ids, N, got)) ||
+            (rc = local->fetch(local, f, ids, N, want)))
+            break;
+        same &= memcmp(got, want, sizeof got) == 0;
+    }
+    /* a batch's gradients go with its step: a push of loose ids is refused */
+    int refused = remote && remote->push(remote, 0, ids, 1, got, 0) == PS_ESTATE;
+    if (remote)
+        remote->destroy(remote);
+    if (local)
+        local->destroy(local);
+    ps_exchange_close(x);
+    ps_backend_host_destroy(b);
+    ps_test_stop(sv.pid, 5000);
+    CHECK_MSG(rc == 0, "%s", ps_strerror(rc));
+    CHECK(same);
+    CHECK(refused);
+}
+
+/* The last "epoch N test auc X loss Y (scores FP)" of a log: X, and FP
+ * into fp. */
+static double epoch_auc(const char *path, char *fp, size_t fp_len)
+{
+    char *text = ps_test_read_file(path, NULL);
+    const char *p = text, *last = NULL;
+    while (p && (p = strstr(p, " (scores ")))
+        last = p++;
+    const char *line = last;
+    while (line && line > text && line[-1] != '\n')
+        line--;
+    const char *a = line ? strstr(line, " test auc ") : NULL;
+    double auc = a && a < last ? strtod(a + 10, NULL) : -1;
+    snprintf(fp, fp_len, "%.16s", last ? last + 9 : "");
+    free(text);
+    return auc;
+}
+
+/* One pass of synthetic-ctr:200000, 8 fields, through S servers in `mode`
+ * by W workers: 0 when every process exited 0; rank 0's test AUC and its
+ * scores' fingerprint. */
+static int ctr_through_servers(int S, int W, const char *mode, const char *tag, double *auc,
+                               char *fp, size_t fp_len)
+{
+    int spid[4], wpid[4], port[4];
+    char eps[256] = "", words[1024], log[512];
+    size_t off = 0;
+    for (int k = 0; k < S; k++) {
+        port[k] = ps_test_free_port();
+        off += (size_t)snprintf(eps + off, sizeof eps - off, "%stcp://127.0.0.1:%d",
+                                k ? "," : "", port[k]);
+    }
+    for (int k = 0; k < S; k++) {
+        snprintf(words, sizeof words, "--bind tcp://127.0.0.1:%d --rank %d --num-servers %d "
+                 "--num-workers %d --mode %s --optimizer sgd --lr 0.05", port[k], k, S, W, mode);
+        snprintf(log, sizeof log, "%s/%s-server%d.log", ps_test_tmpdir(), tag, k);
+        spid[k] = ps_test_spawn_words("ps_server", words, log);
+    }
+    for (int r = 0; r < W; r++) {
+        snprintf(words, sizeof words, "--servers %s --rank %d --num-workers %d --mode %s "
+                 "--model ctr:fields=8,rows=100000,mlp=64-1 --data synthetic-ctr:200000 "
+                 "--log-every 1000", eps, r, W, mode);
+        snprintf(log, sizeof log, "%s/%s-worker%d.log", ps_test_tmpdir(), tag, r);
+        wpid[r] = ps_test_spawn_words("ps_worker", words, log);
+    }
+    int bad = 0;
+    for (int r = 0; r < W; r++)
+        if (wpid[r] <= 0 || ps_test_wait(wpid[r], 240000) != 0) {
+            snprintf(log, sizeof log, "%s/%s-worker%d.log", ps_test_tmpdir(), tag, r);
+            char *text = ps_test_read_file(log, NULL);
+            printf("# %s worker %d failed: %s\n", tag, r, text ? text : "");
+            free(text);
+            bad = 1;
+        }
+    for (int k = 0; k < S; k++) {
+        if (spid[k] <= 0 || ps_test_stop(spid[k], 5000) != 0)
+            bad = 1;
+        /* the closing line counts every table's rows */
+        snprintf(log, sizeof log, "%s/%s-server%d.log", ps_test_tmpdir(), tag, k);
+        if (!ps_test_file_has(log, ", 8 tables: ")) {
+            printf("# %s server %d: no closing line with its tables\n", tag, k);
+            bad = 1;
+        }
+    }
+    snprintf(log, sizeof log, "%s/%s-worker0.log", ps_test_tmpdir(), tag);
+    *auc = epoch_auc(log, fp, fp_len);
+    return bad ? -1 : 0;
+}
+
+/* One PyTorch process on the same model and data (bench/torch_ctr_ref.py
+ * --model ctr:fields=8,rows=100000,mlp=64-1 --data synthetic-ctr:200000
+ * --batch 64) reaches test AUC 0.8026; these runs 0.8029 (sync) and 0.8024
+ * (async) here: 0.6 leaves room for any machine and still fails a run
+ * whose rows do not train (0.5). */
+PS_TEST(ps_worker_ctr_through_2_servers_sync_and_async_reaches_test_auc_0_6)
+{
+    const char *modes[] = {"sync", "async"};
+    for (int i = 0; i < 2; i++) {
+        double auc;
+        char fp[32];
+        CHECK_OK(ctr_through_servers(2, 1, modes[i], modes[i], &auc, fp, sizeof fp));
+        printf("# %s through 2 servers: test auc %.4f\n", modes[i], auc);
+        CHECK_MSG(auc >= 0.6, "%s: test auc %.4f", modes[i], auc);
+    }
+}
+
+PS_TEST(ps_worker_ctr_sync_two_workers_through_servers_repeats_bit_for_bit)
+{
+    double auc[2];
+    char fp[2][32];
+    for (int run = 0; run < 2; run++)
+        CHECK_OK(ctr_through_servers(2, 2, "sync", run ? "sync2b" : "sync2a", &auc[run], fp[run],
+                                     sizeof fp[run]));
+    printf("# sync, 2 workers: test auc %.4f and %.4f, scores %s and %s\n", auc[0], auc[1],
+           fp[0], fp[1]);
+    CHECK_MSG(strlen(fp[0]) == 16, "no scores fingerprint in the log");
+    CHECK_STR(fp[1], fp[0]);
+    CHECK(auc[0] >= 0.6);
 }

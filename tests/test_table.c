@@ -849,6 +849,47 @@ PS_TEST(checkpoint_full_and_incremental_restore_bitwise)
     ps_table_destroy(r);
 }
 
+/* A checkpoint's rows come in the hash order of the table that wrote them
+ * (PS_TABLE_ROWS_DIRTY); into a hash of the same function that grows as
+ * they come they would pile into one run, each insertion probing all of it
+ * (quadratic: 13 s to restore 200000 rows).  Reserved first, the probes
+ * stay as short as in any order. */
+static void collect_id(void *arg, const ps_table_row_view *v)
+{
+    saver *s = arg;
+    s->rows[s->n++].id = v->id;
+}
+
+PS_TEST(restoring_rows_in_the_writers_hash_order_probes_little_once_reserved)
+{
+    enum { N = 100000, D = 2 };
+    ps_table_config c = config(D, PS_OPT_SGD, PS_TABLE_INIT_UNIFORM);
+    ps_table *t = make(&c), *r = make(&c);
+    CHECK(t && r);
+    static uint64_t ids[N];
+    static float g[N * D];
+    for (int i = 0; i < N; i++)
+        ids[i] = sm((uint64_t)i + 77);
+    CHECK_OK(ps_table_push(t, ids, N, g, N * D, 1, NULL, 0));
+    static saved order[N];
+    saver so = {order, 0};
+    ps_table_foreach(t, PS_TABLE_ROWS_DIRTY, collect_id, &so);
+    CHECK_EQ_INT(so.n, N);
+    CHECK_OK(ps_table_reserve(r, N, NULL, 0));
+    for (int i = 0; i < N; i++) {
+        ps_table_row_view v;
+        CHECK(ps_table_get_row(t, order[i].id, &v));
+        CHECK_OK(ps_table_restore_row(r, &v, NULL, 0));
+    }
+    ps_table_counts st;
+    ps_table_stats(r, &st);
+    CHECK_EQ_INT(st.rows, N);
+    CHECK_MSG(st.probes <= 3 * st.lookups, "%llu probes for %llu lookups",
+              (unsigned long long)st.probes, (unsigned long long)st.lookups);
+    ps_table_destroy(t);
+    ps_table_destroy(r);
+}
+
 PS_TEST(remove_keeps_every_other_row_found)
 {
     ps_table_config c = config(3, PS_OPT_MOMENTUM, PS_TABLE_INIT_UNIFORM);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ps_client.h"
 #include "ps_error.h"
 #include "ps_flags.h"
 
@@ -189,9 +190,12 @@ int ps_ctr_spec_parse(const char *spec, ps_ctr_spec *out, char *why, size_t why_
 struct ps_ctr_sparse {
     int fields, dim, max_batch;
     ps_pool pool;
-    ps_emb_batch *t; /* per field */
-    int n;           /* samples of the batch set_ids gave; 0: none */
-    int fetched;     /* its rows were fetched */
+    ps_emb_batch *t; /* per field: set_ids' deduplication, fetch's rows */
+    ps_emb_lent *v;  /* per field: what forward and backward read and write, t's
+                        buffers or a source's (take) */
+    int n;           /* samples of the batch set_ids or take gave; 0: none */
+    int fetched;     /* its rows were fetched (or taken) */
+    int lent;        /* taken: the rows and gradients are the source's */
 };
 
 int ps_ctr_sparse_create(const ps_ctr_spec *spec, int max_batch, ps_ctr_sparse **out)
@@ -200,7 +204,10 @@ int ps_ctr_sparse_create(const ps_ctr_spec *spec, int max_batch, ps_ctr_sparse *
     if (max_batch < 1)
         return PS_EINVAL;
     ps_ctr_sparse *sp = calloc(1, sizeof *sp);
-    if (!sp || !(sp->t = calloc((size_t)spec->fields, sizeof *sp->t))) {
+    if (!sp || !(sp->t = calloc((size_t)spec->fields, sizeof *sp->t)) ||
+        !(sp->v = calloc((size_t)spec->fields, sizeof *sp->v))) {
+        if (sp)
+            free(sp->t);
         free(sp);
         return PS_ENOMEM;
     }
@@ -226,6 +233,7 @@ void ps_ctr_sparse_destroy(ps_ctr_sparse *sp)
     for (int f = 0; f < sp->fields; f++)
         ps_emb_batch_release(&sp->t[f]);
     free(sp->t);
+    free(sp->v);
     free(sp);
 }
 
@@ -233,6 +241,7 @@ int ps_ctr_sparse_set_ids(ps_ctr_sparse *sp, const uint64_t *ids, int n)
 {
     sp->n = 0;
     sp->fetched = 0;
+    sp->lent = 0;
     if (n < 1 || n > sp->max_batch)
         return PS_EINVAL;
     for (int f = 0; f < sp->fields; f++) {
@@ -253,15 +262,51 @@ int ps_ctr_sparse_fetch(ps_ctr_sparse *sp, ps_row_source *src)
         int rc = src->fetch(src, f, eb->ids, eb->nunique, eb->rows);
         if (rc)
             return rc;
+        sp->v[f] = (ps_emb_lent){eb->nentries, eb->nunique, eb->ids, eb->index, eb->rows,
+                                 eb->grads};
     }
     sp->fetched = 1;
+    return 0;
+}
+
+int ps_ctr_sparse_ahead(ps_ctr_sparse *sp, ps_row_source *src, const uint64_t *ids, int n)
+{
+    if (!src->ahead)
+        return PS_EINVAL;
+    if (n < 1 || n > sp->max_batch)
+        return PS_EINVAL;
+    for (int f = 0; f < sp->fields; f++) {
+        int rc = src->ahead(src, f, ids + f, (size_t)n, (size_t)sp->fields);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int ps_ctr_sparse_take(ps_ctr_sparse *sp, ps_row_source *src, int n)
+{
+    sp->n = 0;
+    sp->fetched = 0;
+    sp->lent = 0;
+    if (!src->lend)
+        return PS_EINVAL;
+    for (int f = 0; f < sp->fields; f++) {
+        int rc = src->lend(src, f, &sp->v[f]);
+        if (rc)
+            return rc;
+        if (sp->v[f].nentries != (size_t)n)
+            return PS_EINVAL;
+    }
+    sp->n = n;
+    sp->fetched = 1;
+    sp->lent = 1;
     return 0;
 }
 
 /* Field f's bags: one entry per sample. */
 static ps_emb_bags field_bags(const ps_ctr_sparse *sp, int f)
 {
-    ps_emb_bags bags = {sp->n, NULL, sp->t[f].index, NULL, sp->t[f].nunique};
+    ps_emb_bags bags = {sp->n, NULL, sp->v[f].index, NULL, sp->v[f].nunique};
     return bags;
 }
 
@@ -274,7 +319,7 @@ int ps_ctr_sparse_forward(ps_backend *b, ps_ctr_sparse *sp, int n, float *emb)
     size_t stride = (size_t)sp->fields * sp->dim;
     for (int f = 0; f < sp->fields; f++) {
         ps_emb_bags bags = field_bags(sp, f);
-        int rc = ps_emb_bag_forward(b, &bags, sp->pool, sp->t[f].rows, sp->dim,
+        int rc = ps_emb_bag_forward(b, &bags, sp->pool, sp->v[f].rows, sp->dim,
                                     emb + (size_t)f * sp->dim, stride);
         if (rc)
             return rc;
@@ -290,7 +335,7 @@ int ps_ctr_sparse_backward(ps_backend *b, ps_ctr_sparse *sp, const float *demb)
     for (int f = 0; f < sp->fields; f++) {
         ps_emb_bags bags = field_bags(sp, f);
         int rc = ps_emb_bag_backward(b, &bags, sp->pool, demb + (size_t)f * sp->dim, stride,
-                                     sp->dim, sp->t[f].grads);
+                                     sp->dim, sp->v[f].grads);
         if (rc)
             return rc;
     }
@@ -302,12 +347,26 @@ int ps_ctr_sparse_push(ps_ctr_sparse *sp, ps_row_source *src, int64_t step)
     if (!sp->fetched)
         return PS_ESTATE;
     for (int f = 0; f < sp->fields; f++) {
-        ps_emb_batch *eb = &sp->t[f];
-        int rc = src->push(src, f, eb->ids, eb->nunique, eb->grads, step);
+        const ps_emb_lent *v = &sp->v[f];
+        int rc = sp->lent ? src->push_lent(src, f, step)
+                          : src->push(src, f, v->ids, v->nunique, v->grads, step);
         if (rc)
             return rc;
     }
+    sp->fetched = 0; /* the lent buffers go back to the source */
     return 0;
+}
+
+void ps_ctr_table_options(const ps_ctr_spec *s, uint64_t seed, ps_table_options *o)
+{
+    ps_table_options_default(o);
+    o->dim = (uint32_t)s->dim;
+    o->init = PS_TABLE_INIT_UNIFORM;
+    o->init_scale = PS_EMB_INIT_SCALE;
+    o->seed = seed;
+    o->opt.kind = s->opt;
+    o->opt.lr = s->lr;
+    o->opt.eps = PS_CTR_ADAGRAD_EPS;
 }
 
 const ps_emb_batch *ps_ctr_sparse_table(const ps_ctr_sparse *sp, int f)

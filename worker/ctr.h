@@ -82,8 +82,27 @@ int ps_ctr_sparse_fetch(ps_ctr_sparse *sp, ps_row_source *src);
 int ps_ctr_sparse_forward(ps_backend *b, ps_ctr_sparse *sp, int n, float *emb);
 /* From demb (laid out as emb): every field's unique-row gradients. */
 int ps_ctr_sparse_backward(ps_backend *b, ps_ctr_sparse *sp, const float *demb);
-/* Those gradients to src, for the worker's step. */
+/* Those gradients to src, for the worker's step (a batch taken: the
+ * source's push_lent).  PS_ESTATE unless the rows were fetched or taken
+ * since the last push. */
 int ps_ctr_sparse_push(ps_ctr_sparse *sp, ps_row_source *src, int64_t step);
+
+/* With a source that fetches ahead (src->ahead, embedding.h): the next
+ * batch's ids (laid out as set_ids'), handed to src while this batch
+ * computes; and take, instead of set_ids and fetch, lends this batch's
+ * rows from src (its deduplication, its buffers; forward, backward and
+ * push then use them).  PS_EINVAL for a source without them or an n that
+ * is not the batch's. */
+int ps_ctr_sparse_ahead(ps_ctr_sparse *sp, ps_row_source *src, const uint64_t *ids, int n);
+int ps_ctr_sparse_take(ps_ctr_sparse *sp, ps_row_source *src, int n);
+
+/* Field f's table as the servers declare it (ps_client.h), under key
+ * PS_EMB_TABLE_KEY(f): dim, the spec's optimizer and lr (adagrad's eps
+ * PS_CTR_ADAGRAD_EPS), the local tables' initializer (uniform in
+ * +-PS_EMB_INIT_SCALE with `seed`), so --servers none and the servers
+ * start from the same rows. */
+typedef struct ps_table_options ps_table_options;
+void ps_ctr_table_options(const ps_ctr_spec *s, uint64_t seed, ps_table_options *o);
 /* Field f's share of the batch (its unique ids, rows and gradients). */
 const ps_emb_batch *ps_ctr_sparse_table(const ps_ctr_sparse *sp, int f);
 

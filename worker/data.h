@@ -75,7 +75,8 @@ int ps_dataset_open(const char *spec, int split, uint64_t seed, ps_dataset **out
  *   synthetic-ctr:N[,test=H][,zipf=S]
  *       samples 0..N-1 train, the H after them (default max(1, N/10)) test;
  *       13 dense features; `fields` ids per sample, each field's Zipf
- *       distributed (exponent S, default 1.05) over ids 0..rows-1; labels
+ *       distributed (exponent S, default 1.05) over ids 0..rows-1 (past
+ *       2^22 ids the tail's inverse CDF is an integral's); labels
  *       drawn from a planted logistic rule over hidden weights of the ids
  *       and the dense features.  Every value is a pure function of (seed,
  *       sample, field): python/ps/data_ctr.py gives the same samples
@@ -106,8 +107,9 @@ int ps_dataset_is_ctr(const char *spec);
 int ps_dataset_open_ctr(const char *spec, uint64_t seed, int fields, uint64_t rows,
                         ps_dataset **train, ps_dataset **test, char *why, size_t why_len);
 
-/* Synthetic samples start .. start+n-1 (see above; rows at most 2^27, for
- * the Zipf table of rows doubles). */
+/* Synthetic samples start .. start+n-1 (see above; rows up to 2^40: the
+ * Zipf inverse holds a table of at most 2^22 running sums, 32 MiB, and
+ * takes the ranks beyond them from an integral, data_ctr.py's formula). */
 int ps_dataset_synthetic_ctr(uint64_t start, size_t n, uint64_t seed, int fields, uint64_t rows,
                              double zipf, ps_dataset **out, char *why, size_t why_len);
 

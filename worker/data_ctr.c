@@ -42,7 +42,11 @@ fail:
 #define SYN_BIAS (-2.0)         /* about 25% clicks, like Criteo */
 #define SYN_WEIGHT 0.75         /* hidden weight of a (field, id): uniform in +-this */
 #define SYN_DENSE_WEIGHT 3.0    /* dense coefficients: uniform in +-this */
-#define SYN_MAX_ROWS (1u << 27) /* the Zipf table: rows doubles */
+/* The Zipf inverse CDF: a table of the first SYN_TABLE_ROWS ranks' running
+ * sums (the whole of it up to that many rows), the rest of the ranks by
+ * the integral of k^-s (below), so any id space costs at most 32 MiB */
+#define SYN_TABLE_ROWS ((uint64_t)1 << 22)
+#define SYN_MAX_ROWS ((uint64_t)1 << 40)
 #define TAG_IDS 0x6374722d69647321ull    /* "ctr-ids!" */
 #define TAG_DENSE 0x6374722d64656e73ull  /* "ctr-dens" */
 #define TAG_WEIGHT 0x6374722d77656967ull /* "ctr-weig" */
@@ -69,6 +73,49 @@ static uint64_t upper_bound(const double *cdf, uint64_t n, double v)
     return lo < n ? lo : n - 1;
 }
 
+/* The antiderivative of x^-s: x^(1-s) / (1-s), ln x for s = 1; and its
+ * inverse.  Our portable exp and log (data_ctr.py has the same). */
+static double zipf_f(double x, double s)
+{
+    return s == 1.0 ? ps_rng_log(x) : ps_rng_exp((1.0 - s) * ps_rng_log(x)) / (1.0 - s);
+}
+
+static double zipf_f_inv(double y, double s)
+{
+    return s == 1.0 ? ps_rng_exp(y) : ps_rng_exp(ps_rng_log((1.0 - s) * y) / (1.0 - s));
+}
+
+/* Ranks 0 .. rows-1 with weights (k+1)^-s: the table's nt running sums,
+ * and beyond them (rows > nt) the tail's mass as the integral of x^-s
+ * from nt + 1/2 (the midpoint rule's sum of the ranks after nt). */
+typedef struct zipf_inv {
+    const double *cdf;
+    uint64_t nt, rows;
+    double s, f0, total;
+} zipf_inv;
+
+static void zipf_init(zipf_inv *z, const double *cdf, uint64_t nt, uint64_t rows, double s)
+{
+    *z = (zipf_inv){cdf, nt, rows, s, 0.0, cdf[nt - 1]};
+    if (rows > nt) {
+        z->f0 = zipf_f((double)nt + 0.5, s);
+        z->total = cdf[nt - 1] + (zipf_f((double)rows + 0.5, s) - z->f0);
+    }
+}
+
+/* The rank of u in (0, 1): the table's count of sums <= u * total, or
+ * past the table the x where the tail's integral from nt + 1/2 to x + 1/2
+ * reaches what is left, rounded down, at most rows - 1. */
+static uint64_t zipf_rank(const zipf_inv *z, double u)
+{
+    double v = u * z->total;
+    if (z->rows == z->nt || v < z->cdf[z->nt - 1])
+        return upper_bound(z->cdf, z->nt, v);
+    double x = zipf_f_inv(z->f0 + (v - z->cdf[z->nt - 1]), z->s) - 0.5;
+    uint64_t k = !(x < (double)z->rows) ? z->rows - 1 : x < 0 ? 0 : (uint64_t)x;
+    return k < z->nt ? z->nt : k > z->rows - 1 ? z->rows - 1 : k;
+}
+
 int ps_dataset_synthetic_ctr(uint64_t start, size_t n, uint64_t seed, int fields, uint64_t rows,
                              double zipf, ps_dataset **out, char *why, size_t why_len)
 {
@@ -76,14 +123,16 @@ int ps_dataset_synthetic_ctr(uint64_t start, size_t n, uint64_t seed, int fields
     if (n == 0 || n > (size_t)INT32_MAX || fields < 1 || rows < 1 || rows > SYN_MAX_ROWS ||
         !(zipf >= 0 && zipf <= 10)) {
         snprintf(why, why_len,
-                 "synthetic-ctr: need 1 to %d samples, fields >= 1, rows in [1, %u] (the "
+                 "synthetic-ctr: need 1 to %d samples, fields >= 1, rows in [1, %llu] (the "
                  "model's rows=) and a Zipf exponent in [0, 10]; got %zu samples, fields %d, "
                  "rows %llu, zipf %g",
-                 INT32_MAX, SYN_MAX_ROWS, n, fields, (unsigned long long)rows, zipf);
+                 INT32_MAX, (unsigned long long)SYN_MAX_ROWS, n, fields,
+                 (unsigned long long)rows, zipf);
         return PS_EINVAL;
     }
     ps_dataset *ds = ctr_alloc(n, fields);
-    double *cdf = malloc(rows * sizeof *cdf);
+    uint64_t nt = rows < SYN_TABLE_ROWS ? rows : SYN_TABLE_ROWS;
+    double *cdf = malloc(nt * sizeof *cdf);
     if (!ds || !cdf) {
         snprintf(why, why_len, "synthetic-ctr:%zu: out of memory", n);
         ps_dataset_free(ds);
@@ -94,18 +143,20 @@ int ps_dataset_synthetic_ctr(uint64_t start, size_t n, uint64_t seed, int fields
     snprintf(ds->name, sizeof ds->name, "synthetic-ctr samples %llu..%llu (seed %llu)",
              (unsigned long long)start, (unsigned long long)(start + n - 1),
              (unsigned long long)seed);
-    /* inverse-CDF table of ranks 1..rows with weights k^-zipf, summed in order */
+    /* inverse-CDF table of ranks 1..nt with weights k^-zipf, summed in order */
     double acc = 0.0;
-    for (uint64_t k = 0; k < rows; k++) {
+    for (uint64_t k = 0; k < nt; k++) {
         acc += ps_rng_exp(-zipf * ps_rng_log((double)(k + 1)));
         cdf[k] = acc;
     }
+    zipf_inv zi;
+    zipf_init(&zi, cdf, nt, rows, zipf);
     for (size_t s = 0; s < n; s++) {
         uint64_t i = start + s;
         uint64_t *ids = ds->ids + s * (size_t)fields;
         double z = SYN_BIAS;
         for (int f = 0; f < fields; f++) {
-            ids[f] = upper_bound(cdf, rows, unit(seed, TAG_IDS, i, (uint64_t)f) * cdf[rows - 1]);
+            ids[f] = zipf_rank(&zi, unit(seed, TAG_IDS, i, (uint64_t)f));
             z += SYN_WEIGHT * (2.0 * unit(seed, TAG_WEIGHT, (uint64_t)f, ids[f]) - 1.0);
         }
         float *dense = ds->images + s * PS_CTR_DENSE;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ps_error.h"
+#include "ps_exchange.h"
 #include "ps_table_row.h"
 #include "rng.h"
 
@@ -176,7 +177,7 @@ int ps_emb_batch_set(ps_emb_batch *eb, const uint64_t *ids, size_t n, size_t str
 
 void ps_emb_init_row(uint64_t seed, int table, uint64_t id, int dim, float *row)
 {
-    ps_table_init_row(seed, (uint64_t)table, id, PS_TABLE_INIT_UNIFORM, PS_EMB_INIT_SCALE,
+    ps_table_init_row(seed, PS_EMB_TABLE_KEY(table), id, PS_TABLE_INIT_UNIFORM, PS_EMB_INIT_SCALE,
                       (uint32_t)dim, row);
 }
 
@@ -362,4 +363,87 @@ size_t ps_row_source_local_rows(const ps_row_source *s)
     for (int i = 0; i < ls->ntables; i++)
         n += ls->t[i].count;
     return n;
+}
+
+/* ---- the servers' tables ---------------------------------------------------- */
+
+typedef struct servers_source {
+    ps_row_source iface;
+    ps_exchange *x;
+    int first, ntables;
+} servers_source;
+
+static int servers_table(const servers_source *ss, int table)
+{
+    return table >= 0 && table < ss->ntables ? ss->first + table : -1;
+}
+
+static int servers_fetch(ps_row_source *s, int table, const uint64_t *ids, size_t n, float *rows)
+{
+    servers_source *ss = s->ctx;
+    int t = servers_table(ss, table);
+    return t < 0 ? PS_EINVAL : ps_exchange_table_lookup(ss->x, t, ids, n, rows);
+}
+
+static int servers_push(ps_row_source *s, int table, const uint64_t *ids, size_t n,
+                        const float *grads, int64_t step)
+{
+    (void)s, (void)table, (void)ids, (void)n, (void)grads, (void)step;
+    return PS_ESTATE; /* the servers take a batch's gradients with its step: push_lent */
+}
+
+static int servers_ahead(ps_row_source *s, int table, const uint64_t *ids, size_t n,
+                         size_t stride)
+{
+    servers_source *ss = s->ctx;
+    int t = servers_table(ss, table);
+    return t < 0 ? PS_EINVAL : ps_exchange_table_next(ss->x, t, ids, n, stride);
+}
+
+static int servers_lend(ps_row_source *s, int table, ps_emb_lent *out)
+{
+    servers_source *ss = s->ctx;
+    int t = servers_table(ss, table);
+    ps_exchange_rows r;
+    int rc = t < 0 ? PS_EINVAL : ps_exchange_table_rows(ss->x, t, &r);
+    if (rc)
+        return rc;
+    *out = (ps_emb_lent){r.nentries, r.nunique, r.ids, r.index, r.rows, r.grads};
+    return 0;
+}
+
+static int servers_push_lent(ps_row_source *s, int table, int64_t step)
+{
+    servers_source *ss = s->ctx;
+    int t = servers_table(ss, table);
+    return t < 0 ? PS_EINVAL : ps_exchange_table_push(ss->x, t, step);
+}
+
+static void servers_destroy(ps_row_source *s)
+{
+    if (s)
+        free(s->ctx);
+}
+
+int ps_row_source_servers_create(ps_exchange *x, int first, int tables, ps_row_source **out)
+{
+    *out = NULL;
+    if (!x || first < 0 || tables < 1 || first + tables > ps_exchange_num_tables(x))
+        return PS_EINVAL;
+    servers_source *ss = calloc(1, sizeof *ss);
+    if (!ss)
+        return PS_ENOMEM;
+    ss->x = x;
+    ss->first = first;
+    ss->ntables = tables;
+    ss->iface.name = "the servers' tables";
+    ss->iface.ctx = ss;
+    ss->iface.fetch = servers_fetch;
+    ss->iface.push = servers_push;
+    ss->iface.destroy = servers_destroy;
+    ss->iface.ahead = servers_ahead;
+    ss->iface.lend = servers_lend;
+    ss->iface.push_lent = servers_push_lent;
+    *out = &ss->iface;
+    return 0;
 }

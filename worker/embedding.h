@@ -11,9 +11,12 @@
  *                    index of its unique row; holds the unique rows and
  *                    their gradients
  *   ps_row_source    where the unique rows come from (fetch) and where
- *                    their gradients go (push): local tables here
- *                    (ps_row_source_local_create), the servers through the
- *                    exchange later; the training loop does not know which
+ *                    their gradients go (push): local tables
+ *                    (ps_row_source_local_create), or the servers through
+ *                    the exchange (ps_row_source_servers_create), which
+ *                    fetch the next batch's rows while this one computes
+ *                    and deduplicate its ids themselves; the training loop
+ *                    does not know which
  *   ps_emb_bag_*     the layer: forward gathers from the unique rows and
  *                    pools; backward writes one gradient row per unique id,
  *                    duplicates summed: what is pushed
@@ -102,6 +105,20 @@ int ps_emb_batch_set(ps_emb_batch *eb, const uint64_t *ids, size_t n, size_t str
  * pure function of (seed, table, id): ps_emb_init_row.  ids hold no
  * duplicates (a ps_emb_batch's unique ids). */
 typedef struct ps_row_source ps_row_source;
+
+/* One table's share of the current batch as a source that follows the
+ * batches itself lends it (the servers, through the exchange): the batch's
+ * distinct ids in the order first seen, each entry's place among them, their
+ * rows and the buffer for their gradients, all the source's (valid until
+ * the push after next). */
+typedef struct ps_emb_lent {
+    size_t nentries, nunique;
+    const uint64_t *ids;
+    const int32_t *index;
+    const float *rows;
+    float *grads;
+} ps_emb_lent;
+
 struct ps_row_source {
     const char *name; /* for logs: "local tables" */
     void *ctx;
@@ -112,12 +129,29 @@ struct ps_row_source {
     int (*push)(ps_row_source *s, int table, const uint64_t *ids, size_t n, const float *grads,
                 int64_t step);
     void (*destroy)(ps_row_source *s);
+    /* A source that fetches a batch's rows while the one before computes
+     * (NULL in local tables), per table and step:
+     *   ahead   the ids of the batch after the current one: n entries,
+     *           entry e's id ids[e * stride]; deduplicated by the source
+     *   lend    the current batch, once its rows are in
+     *   push_lent  its gradients (the lent grads) for `step`; the batch
+     *           handed ahead becomes the current one
+     * fetch and push above then serve what is outside the batches (an
+     * evaluation's rows; push is refused). */
+    int (*ahead)(ps_row_source *s, int table, const uint64_t *ids, size_t n, size_t stride);
+    int (*lend)(ps_row_source *s, int table, ps_emb_lent *out);
+    int (*push_lent)(ps_row_source *s, int table, int64_t step);
 };
 
+/* Table t's key: on the servers, and the `table` of the initializer; above
+ * the keys of the dense params (0, 1, ...: model.c). */
+#define PS_EMB_TABLE_KEY(t) ((uint64_t)1 << 40 | (uint64_t)(t))
+
 /* The initial row of (table, id): the servers' initializer
- * (common/ps_table_row.h, ps_table_init_row) uniform in [-PS_EMB_INIT_SCALE,
+ * (common/ps_table_row.h, ps_table_init_row) for table key
+ * PS_EMB_TABLE_KEY(table), uniform in [-PS_EMB_INIT_SCALE,
  * PS_EMB_INIT_SCALE), so local tables start where server tables declared
- * with that seed, initializer and scale do. */
+ * with that key, seed, initializer and scale do. */
 #define PS_EMB_INIT_SCALE 0.05f
 void ps_emb_init_row(uint64_t seed, int table, uint64_t id, int dim, float *row);
 
@@ -131,5 +165,14 @@ int ps_row_source_local_create(int tables, int dim, uint64_t seed, int opt, floa
                                ps_row_source **out);
 /* Rows the local tables hold over all tables (for logs and tests). */
 size_t ps_row_source_local_rows(const ps_row_source *s);
+
+/* The servers' tables: tables 0 .. tables-1 are the exchange's tables
+ * first .. first+tables-1 (ps_exchange_add_table, before it started), whose
+ * batches go through it (include/ps_exchange.h): no table on the worker,
+ * only the buffers of two batches.  fetch is ps_exchange_table_lookup; push
+ * is refused (PS_ESTATE): gradients go a batch at a time, push_lent.  x
+ * must outlive the source.  PS_EINVAL, PS_ENOMEM. */
+typedef struct ps_exchange ps_exchange;
+int ps_row_source_servers_create(ps_exchange *x, int first, int tables, ps_row_source **out);
 
 #endif

@@ -13,6 +13,7 @@
 #include "ctr.h"
 #include "data.h"
 #include "ps_error.h"
+#include "ps_hash.h"
 #include "rng.h"
 
 #define MAX_MLP_SIZES 64
@@ -616,8 +617,18 @@ int ps_model_push_rows(ps_model *m, ps_row_source *src, int64_t step)
     return m->sparse ? ps_ctr_sparse_push(m->sparse, src, step) : PS_EINVAL;
 }
 
+int ps_model_ahead_ids(ps_model *m, ps_row_source *src, const uint64_t *ids, int n)
+{
+    return m->sparse ? ps_ctr_sparse_ahead(m->sparse, src, ids, n) : PS_EINVAL;
+}
+
+int ps_model_take_rows(ps_model *m, ps_row_source *src, int n)
+{
+    return m->sparse ? ps_ctr_sparse_take(m->sparse, src, n) : PS_EINVAL;
+}
+
 int ps_model_evaluate_ctr(ps_model *m, const ps_dataset *ds, ps_row_source *src, double *auc,
-                          double *mean_loss, char *why, size_t why_len)
+                          double *mean_loss, uint64_t *scores_fp, char *why, size_t why_len)
 {
     size_t ss = ps_dataset_sample_size(ds);
     if (!m->sparse || ds->num_fields != m->ctr.fields || ss != (size_t)m->ctr.dense ||
@@ -658,8 +669,11 @@ int ps_model_evaluate_ctr(ps_model *m, const ps_dataset *ds, ps_row_source *src,
     } else if (rc) {
         snprintf(why, why_len, "evaluate: no AUC on %s: %s", ds->name,
                  rc == PS_EINVAL ? "its labels are all of one class" : ps_strerror(rc));
-    } else if (mean_loss) {
-        *mean_loss = loss_sum / (double)ds->count;
+    } else {
+        if (mean_loss)
+            *mean_loss = loss_sum / (double)ds->count;
+        if (scores_fp)
+            *scores_fp = ps_fnv1a(PS_FNV1A_BASIS, scores, ds->count * sizeof *scores);
     }
     free(scores);
     return rc;

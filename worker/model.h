@@ -137,10 +137,13 @@ int ps_model_evaluate(ps_model *m, const ps_dataset *ds, double *accuracy, doubl
 /* ---- the click-through model's tables ----------------------------------
  * Each step: ps_model_set_ids (the batch's ids, deduplicated per table),
  * ps_model_fetch_rows (their rows from the row source), load, forward,
- * backward, ps_model_push_rows (one gradient row per unique id).  The model
- * calls only the row source's functions, so where the rows live (local
- * tables, the servers) is the caller's choice.  On an mlp or cnn model the
- * three return PS_EINVAL. */
+ * backward, ps_model_push_rows (one gradient row per unique id).  With a
+ * source that fetches ahead (the servers' tables, embedding.h), each step
+ * instead hands the next batch's ids (ps_model_ahead_ids) and takes this
+ * batch's rows (ps_model_take_rows), which the source deduplicated and
+ * fetched while the batch before computed.  The model calls only the row
+ * source's functions, so where the rows live (local tables, the servers) is
+ * the caller's choice.  On an mlp or cnn model these return PS_EINVAL. */
 
 /* Tables (one per field) and their row width; 0 for mlp and cnn. */
 int ps_model_num_tables(const ps_model *m);
@@ -155,15 +158,22 @@ int ps_model_set_ids(ps_model *m, const uint64_t *ids, int n);
 int ps_model_fetch_rows(ps_model *m, ps_row_source *src);
 /* step: the worker's step the gradients belong to. */
 int ps_model_push_rows(ps_model *m, ps_row_source *src, int64_t step);
+/* The next batch's ids (as set_ids'), to src ahead; this batch's rows from
+ * src (ctr.h: ps_ctr_sparse_ahead, ps_ctr_sparse_take). */
+int ps_model_ahead_ids(ps_model *m, ps_row_source *src, const uint64_t *ids, int n);
+int ps_model_take_rows(ps_model *m, ps_row_source *src, int n);
 
 /* Test AUC (auc.h) and mean loss over all of ds, a click-through dataset
  * (data.h) that fits the model, in batches of max_batch with the current
  * weights and src's rows (fetching creates the rows of ids never trained,
- * at their initial values).  mean_loss may be NULL.  Errors: PS_EINVAL
- * (with why) for data that does not fit or labels of one class, PS_EDATA
- * when the scores are NaN (training diverged). */
+ * at their initial values).  mean_loss may be NULL; scores_fp (may be
+ * NULL) gets the FNV-1a of every sample's score (float32 bits, host
+ * order): equal for two runs exactly when they score the set alike, e.g.
+ * two sync runs that trained the same model.  Errors: PS_EINVAL (with why)
+ * for data that does not fit or labels of one class, PS_EDATA when the
+ * scores are NaN (training diverged). */
 int ps_model_evaluate_ctr(ps_model *m, const ps_dataset *ds, ps_row_source *src, double *auc,
-                          double *mean_loss, char *why, size_t why_len);
+                          double *mean_loss, uint64_t *scores_fp, char *why, size_t why_len);
 
 /* Save every param->w to path (written to path.tmp then renamed, so a crash
  * never leaves half a file): magic, version, spec, param counts, the weights

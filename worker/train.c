@@ -9,10 +9,13 @@
  * loop trains alone with local SGD, the compute-only baseline.
  *
  * The click-through model (--model ctr) adds its tables, which are not
- * params: each step fetches the rows of the batch's ids from a row source and
+ * params: each step takes the rows of the batch's ids from a row source and
  * pushes one gradient row per id back (embedding.h); the loop calls only the
- * row source's functions, so where rows live is set up once (local tables
- * now).  Its test metric is AUC. */
+ * row source's functions, so where rows live is set up once: local tables
+ * without servers, else the servers' tables through the exchange, to which
+ * the loop hands each batch's ids one step ahead (the data order is known),
+ * so a batch's rows are fetched while the batch before computes.  Its test
+ * metric is AUC. */
 #include "train.h"
 
 #include <errno.h>
@@ -245,15 +248,30 @@ static int connect_servers(worker *w)
         ps_error("cannot allocate buffers on %s: %s", w->b->name, ps_strerror(rc));
         return rc;
     }
+    /* the click-through model's tables live on the servers: declared from
+     * the spec, with buffers for two batches */
+    const ps_ctr_spec *cs = ps_model_ctr_spec(w->m);
+    for (int f = 0; cs && f < cs->fields && !rc; f++) {
+        ps_table_options to;
+        ps_ctr_table_options(cs, c->seed, &to);
+        rc = ps_exchange_add_table(w->x, PS_EMB_TABLE_KEY(f), &to, (size_t)c->batch, f);
+    }
+    if (rc) {
+        ps_error("--model %s: cannot declare its tables: %s", c->model, ps_strerror(rc));
+        return rc;
+    }
     if ((rc = ps_exchange_start(w->x)))
         return rc;
     /* the exchange may have moved the buffers (into shared memory) */
     take_buffers(w, 0, w->nparams);
-    return 0;
+    if (cs && (rc = ps_row_source_servers_create(w->x, 0, cs->fields, &w->rows)))
+        ps_error("--model %s: %s", c->model, ps_strerror(rc));
+    return rc;
 }
 
-/* The click-through model's data, after what only it refuses: the servers
- * cannot hold its tables yet, nor can the GPU run its embedding kernels. */
+/* The click-through model's data, after what only it refuses: the GPU
+ * cannot run its embedding kernels yet, nor can a model file hold its
+ * tables. */
 static int open_ctr(worker *w, char *why, size_t why_len)
 {
     const ps_train_config *c = w->cfg;
@@ -261,13 +279,6 @@ static int open_ctr(worker *w, char *why, size_t why_len)
     int rc = ps_ctr_spec_parse(c->model, &cs, why, why_len);
     if (rc)
         return rc;
-    if (c->servers) {
-        snprintf(why, why_len,
-                 "--model %s: its embedding tables cannot live on the servers yet: train it "
-                 "with --servers none (local tables)",
-                 c->model);
-        return PS_EINVAL;
-    }
     if (c->device && strcmp(c->device, "cpu") != 0) {
         snprintf(why, why_len,
                  "--model %s --device %s: the click-through model runs on the CPU only for now "
@@ -279,20 +290,25 @@ static int open_ctr(worker *w, char *why, size_t why_len)
     if (c->save_path || c->load_path) {
         snprintf(why, why_len,
                  "%s: --model %s keeps its embedding tables outside the model file, which "
-                 "cannot hold them yet",
-                 c->save_path ? "--save" : "--load", c->model);
+                 "cannot hold them yet%s",
+                 c->save_path ? "--save" : "--load", c->model,
+                 c->servers ? " (the servers' checkpoints hold them: ps_server "
+                              "--checkpoint-dir)" : "");
         return PS_EINVAL;
     }
     return ps_dataset_open_ctr(c->data, c->seed, cs.fields, cs.rows, &w->train, &w->test, why,
                                why_len);
 }
 
-/* The tables' rows: local tables, made as batches touch them. */
+/* The tables' rows: without servers local tables, made as batches touch
+ * them (through servers connect_servers declares them); and the batch's ids. */
 static int start_tables(worker *w, char *why, size_t why_len)
 {
     const ps_ctr_spec *cs = ps_model_ctr_spec(w->m);
-    int rc = ps_row_source_local_create(cs->fields, cs->dim, w->cfg->seed, cs->opt, cs->lr,
-                                        PS_CTR_ADAGRAD_EPS, &w->rows);
+    int rc = w->cfg->servers ? 0
+                             : ps_row_source_local_create(cs->fields, cs->dim, w->cfg->seed,
+                                                          cs->opt, cs->lr, PS_CTR_ADAGRAD_EPS,
+                                                          &w->rows);
     if (!rc && !(w->hids = malloc((size_t)w->cfg->batch * cs->fields * sizeof *w->hids)))
         rc = PS_ENOMEM;
     if (rc)
@@ -312,18 +328,34 @@ static const char *metric_name(const worker *w)
 static int evaluate(worker *w, int64_t epoch, double *metric_out)
 {
     double metric = 0, loss = 0;
+    uint64_t fp = 0;
     char why[256];
-    int rc = w->rows ? ps_model_evaluate_ctr(w->m, w->test, w->rows, &metric, &loss, why,
+    int rc = w->rows ? ps_model_evaluate_ctr(w->m, w->test, w->rows, &metric, &loss, &fp, why,
                                              sizeof why)
                      : ps_model_evaluate(w->m, w->test, &metric, &loss, why, sizeof why);
     if (rc) {
         ps_error("evaluation failed: %s", why);
         return rc;
     }
-    ps_info("epoch %lld test %s %.4f loss %.4f", (long long)epoch, metric_name(w), metric, loss);
+    /* the click-through model: the scores' fingerprint tells runs that
+     * trained the same model (sync runs repeat bit for bit) */
+    char more[64] = "";
+    if (w->rows)
+        snprintf(more, sizeof more, " (scores %016llx)", (unsigned long long)fp);
+    ps_info("epoch %lld test %s %.4f loss %.4f%s", (long long)epoch, metric_name(w), metric, loss,
+            more);
     if (metric_out)
         *metric_out = metric;
     return 0;
+}
+
+/* The data loader ahead of the step: the ids of step `step`'s batch to a
+ * row source that fetches ahead. */
+static int hand_ids_ahead(worker *w, int64_t step, int64_t per_epoch)
+{
+    int rc = ps_data_shard_fill_ids(w->shard, (uint64_t)(step / per_epoch),
+                                    (size_t)(step % per_epoch), w->hids);
+    return rc ? rc : ps_model_ahead_ids(w->m, w->rows, w->hids, w->cfg->batch);
 }
 
 static int train_loop(worker *w)
@@ -349,18 +381,26 @@ static int train_loop(worker *w)
     if (w->rows)
         ps_info("embedding tables: %d of %d-wide rows, in %s", ps_model_num_tables(w->m),
                 ps_model_table_dim(w->m), w->rows->name);
+    /* a source that fetches ahead gets the first batch's ids now */
+    int ahead = w->rows && w->rows->ahead;
+    if (ahead && total > 0 && (rc = hand_ids_ahead(w, 0, per_epoch)))
+        return rc;
     for (w->step = 0; w->step < total && !rc && !g_stop; w->step++) {
         int64_t k = w->step % per_epoch, epoch = w->step / per_epoch;
         /* our slice of global batch k of the epoch's shuffle, the same on every worker */
         if ((rc = ps_data_shard_fill(w->shard, (uint64_t)epoch, (size_t)k, w->hx, w->hy)) ||
-            (w->rows && (rc = ps_data_shard_fill_ids(w->shard, (uint64_t)epoch, (size_t)k,
-                                                     w->hids))))
+            (w->rows && !ahead &&
+             (rc = ps_data_shard_fill_ids(w->shard, (uint64_t)epoch, (size_t)k, w->hids))))
             break;
         int64_t t0 = ps_now_ns();
         float loss = 0;
-        /* the click-through model's rows of this batch, from wherever they live */
-        if (w->rows && ((rc = ps_model_set_ids(w->m, w->hids, c->batch)) ||
-                        (rc = ps_model_fetch_rows(w->m, w->rows))))
+        /* the click-through model's rows of this batch, from wherever they live:
+         * the next batch's ids go ahead, before this batch's rows are waited for */
+        if (ahead && ((w->step + 1 < total && (rc = hand_ids_ahead(w, w->step + 1, per_epoch))) ||
+                      (rc = ps_model_take_rows(w->m, w->rows, c->batch))))
+            break;
+        if (w->rows && !ahead && ((rc = ps_model_set_ids(w->m, w->hids, c->batch)) ||
+                                  (rc = ps_model_fetch_rows(w->m, w->rows))))
             break;
         if ((rc = ps_model_load_batch(w->m, w->hx, w->hy, c->batch)) ||
             (rc = ps_model_forward(w->m, ps_model_input(w->m), ps_model_labels(w->m), c->batch,

@@ -19,7 +19,12 @@ counter-based generator, so any sample can be made alone:
             k = 1..rows (s = zipf, 1.05 by default), cdf = their running
             sum in order; id = the number of cdf entries <= U * cdf[-1]
             (at most rows - 1).  k^-s is exp(-s log k) with the exp and
-            log below.
+            log below.  Past TABLE_ROWS (2^22) ranks the table stops: cdf
+            holds the first T = TABLE_ROWS sums and the mass of the rest is
+            F(rows + 1/2) - F(T + 1/2) with F(x) = x^(1-s) / (1-s)
+            (ln x for s = 1, x^a as exp(a log x)); a v past cdf[-1] is
+            rank floor(F^-1(F(T + 1/2) + v - cdf[-1]) - 1/2), within
+            [T, rows - 1].
   dense     feature j: r = U(TAG_DENSE, i, j), scale s_j = 2^j, raw count
             x = floor(s_j * r / (1 - r)) (a heavy tail like Criteo's
             counts); the feature is float32(log(1 + x)), DLRM's transform.
@@ -47,6 +52,7 @@ DENSE = 13
 FIELDS = 26
 ROWS = 1000000
 ZIPF = 1.05
+TABLE_ROWS = 1 << 22
 
 # the planted rule: about 25% positives (as Criteo); the true logits rank the
 # test samples with an AUC near 0.9, a model that learned the frequent ids in
@@ -114,10 +120,36 @@ def exp(x):
 
 
 def zipf_cdf(rows=ROWS, zipf=ZIPF):
-    """The running sum of k^-zipf for k = 1..rows, float64 (the inverse-CDF
-    table of the ids)."""
-    k = np.arange(1, rows + 1, dtype=np.float64)
+    """The running sum of k^-zipf for k = 1..min(rows, TABLE_ROWS), float64
+    (the inverse-CDF table of the ids)."""
+    k = np.arange(1, min(rows, TABLE_ROWS) + 1, dtype=np.float64)
     return np.cumsum(exp(-zipf * log(k)))
+
+
+def _zipf_f(x, s):
+    return log(x) if s == 1.0 else exp((1.0 - s) * log(x)) / (1.0 - s)
+
+
+def _zipf_f_inv(y, s):
+    return exp(y) if s == 1.0 else exp(log((1.0 - s) * y) / (1.0 - s))
+
+
+def _zipf_ranks(u, cdf, rows, zipf):
+    """The ranks of uniforms u (float64 array) by the table and, past it,
+    the tail's integral."""
+    nt = len(cdf)
+    if rows == nt:
+        return np.minimum(np.searchsorted(cdf, u * cdf[-1], side="right"), rows - 1)
+    f0 = float(_zipf_f(np.float64(nt + 0.5), zipf))
+    total = cdf[-1] + (float(_zipf_f(np.float64(rows + 0.5), zipf)) - f0)
+    v = u * total
+    head = np.minimum(np.searchsorted(cdf, v, side="right"), nt - 1)
+    tail = v >= cdf[-1]
+    x = _zipf_f_inv(f0 + (v[tail] - cdf[-1]), zipf) - 0.5
+    k = np.where(x < float(rows), np.floor(np.maximum(x, 0.0)), float(rows - 1))
+    head = head.astype(_U64)
+    head[tail] = np.clip(k, nt, rows - 1).astype(_U64)
+    return head
 
 
 def test_count(n):
@@ -135,8 +167,7 @@ def generate(start, n, seed=1, fields=FIELDS, rows=ROWS, zipf=ZIPF, cdf=None):
     ids = np.empty((n, fields), dtype=_U64)
     z = np.full(n, BIAS)
     for f in range(fields):
-        v = _uniform(seed, TAG_IDS, i, f) * cdf[-1]
-        ids[:, f] = np.minimum(np.searchsorted(cdf, v, side="right"), rows - 1)
+        ids[:, f] = _zipf_ranks(_uniform(seed, TAG_IDS, i, f), cdf, rows, zipf)
         z = z + WEIGHT * (2.0 * _uniform(seed, TAG_WEIGHT, f, ids[:, f]) - 1.0)
     dense = np.empty((n, DENSE), dtype=np.float32)
     for j in range(DENSE):

@@ -53,6 +53,12 @@ class SyntheticCtr(unittest.TestCase):
         # and rows, a flatter Zipf: every setting reaches both generators
         self.check_same(200000, 500, 7, 3, 50, 0.8)
 
+    def test_id_spaces_past_the_table_match_the_c_generator(self):
+        # past 2^22 ids the tail's ranks come from an integral: a billion
+        # ids, and zipf 1 (its logarithm) just past the table
+        self.check_same(0, 2000, 1, 8, 10 ** 9, 1.05)
+        self.check_same(5000, 1000, 3, 4, data_ctr.TABLE_ROWS + 1000, 1.0)
+
 
 if __name__ == "__main__":
     pstest.main()
