@@ -466,8 +466,10 @@ PS_TEST(log_window_loss_is_the_mean_of_the_steps_losses)
     const char *spec = "mlp:784-8-10", *data = "synthetic:256";
     char csv[256], flags[768], log[512];
     snprintf(csv, sizeof csv, "%s/window.csv", ps_test_tmpdir());
-    snprintf(flags, sizeof flags, "--model %s --data %s --batch 8 --seed 5 --lr 0.1 --steps %d "
-             "--epochs 200 --log-every %d --eval-every 100000 --log-csv %s", spec, data, STEPS, EVERY, csv);
+    snprintf(flags, sizeof flags,
+             "--model %s --data %s --batch 8 --seed 5 --lr 0.1 --steps %d --epochs 200 "
+             "--log-every %d --eval-every 100000 --log-csv %s",
+             spec, data, STEPS, EVERY, csv);
     snprintf(log, sizeof log, "%s/window.log", ps_test_tmpdir());
     CHECK_EQ_INT(ps_test_wait(start_worker(NULL, 0, flags, log), 60000), 0);
     float *losses = malloc(STEPS * sizeof *losses);

@@ -100,8 +100,9 @@ void ps_layer_release(ps_layer *l, ps_backend *b);
 int ps_layer_forward(ps_backend *b, ps_layer *l, const float *x, float *y, int n);
 
 /* Backward of the last forward of this layer (same n; maxpool uses the argmax
- * that forward saved, or finds the maxima again in x and y).  x and y are that forward's input and output, dy the
- * gradient of the loss with respect to y.  Writes (overwrites) the parameter
+ * that forward saved, or finds the maxima again in x and y).  x and y are
+ * that forward's input and output, dy the gradient of the loss with respect
+ * to y.  Writes (overwrites) the parameter
  * gradients into l->weight->g and l->bias->g, and dx (the gradient with
  * respect to x) unless dx is NULL (the first layer needs none).  relu may run
  * in place (dx == dy); flatten with dx == dy does nothing. */

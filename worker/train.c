@@ -537,6 +537,8 @@ out:
     if (w.rows)
         w.rows->destroy(w.rows);
     if (w.b) {
+        /* a failed step may have left copies out of the host batches queued */
+        (void)w.b->stream_sync(w.b, PS_STREAM_COMPUTE);
         for (int i = 0; i < 2; i++) {
             if (w.hx[i])
                 w.b->free_host(w.b, w.hx[i]);

@@ -17,9 +17,9 @@
 # the bundle; test_cuda (exact FP32, then TF32); test_train's
 # cuda_sync_run_matches_cpu; ps_worker --device cuda:0 for the MLP and the
 # CNN, compute-only (the CNN also with PS_CUDNN=0, cuDNN off) and through a
-# server with 1 and 2 workers on the GPU, sync and async, --shm auto and off; the Python CUDA test and the PyTorch
-# example through ps_launch --gpus --exec with the machine's python3 (its
-# torch must have CUDA); a sticky CUDA error injected into a worker
+# server with 1 and 2 workers on the GPU, sync and async, --shm auto and
+# off; the Python CUDA test and the PyTorch example through ps_launch --gpus
+# --exec with the machine's python3 (its torch must have CUDA); a sticky CUDA error injected into a worker
 # (tests/fake_cudart.c), which must end it, naming the error; a
 # compute-sanitizer memcheck run of a few steps; bench/gpu_bench.sh, ours
 # against PyTorch on the same GPU.
