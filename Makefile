@@ -121,6 +121,14 @@ ifeq ($(BUILD_CUDA),1)
   # device's own, the one that matches its driver
   LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
   CUDA_SRCS := $(wildcard worker/*.cu)
+  # cuDNN (convolutions and pooling in one call per batch) when its header is
+  # in the toolkit; without it the backend does them with im2col + cuBLAS
+  HAVE_CUDNN := $(shell test -f $(CUDA_HOME)/include/cudnn.h && echo 1)
+  ifeq ($(HAVE_CUDNN),1)
+    CFLAGS += -DPS_HAVE_CUDNN=1
+    NVCCFLAGS += -DPS_HAVE_CUDNN=1
+    LDLIBS += -lcudnn
+  endif
   FAKE_CUDART := $(BUILD)/tests/libfake_cudart.so
 endif
 
@@ -162,7 +170,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS))
 .PHONY: all test bench deps clean run install uninstall
 all: $(PROGRAMS) $(LIB)/libps.a $(LIB)/libps.so $(EXAMPLES) tests-build
 	@if [ "$(BUILD_CUDA)" != 1 ]; then echo "make: CUDA backend skipped (no nvcc at $(NVCC), or CUDA=0)"; \
-	else echo "make: CUDA backend for $(CUDA_BUILT)$(if $(CUDA_NOT_BUILT), (not $(addprefix sm_,$(CUDA_NOT_BUILT)): $(NVCC) cannot build them))"; fi
+	else echo "make: CUDA backend for $(CUDA_BUILT)$(if $(CUDA_NOT_BUILT), (not $(addprefix sm_,$(CUDA_NOT_BUILT)): $(NVCC) cannot build them)), $(if $(HAVE_CUDNN),with cuDNN,without cuDNN (no $(CUDA_HOME)/include/cudnn.h))"; fi
 
 tests-build: $(TESTS) $(BUILD)/tests/public_header.o $(BUILD)/tests/readme_client \
   $(BUILD)/tests/abi_layout $(FAKE_CUDART) $(BUILD)/tests/ctr_dump

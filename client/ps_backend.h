@@ -1,7 +1,9 @@
-/* Compute backend interface (libps: the exchange moves data through it): one struct of function pointers with a CPU
- * implementation (OpenBLAS, backend_cpu.c) and a CUDA implementation (cuBLAS +
- * our kernels, backend_cuda.cu).  Layers call only these, so the same layer
- * code runs on both.  All tensors are float32, row-major; images are NCHW.
+/* Compute backend interface (libps: the exchange moves data through it): one
+ * struct of function pointers with a CPU implementation (OpenBLAS,
+ * backend_cpu.c) and a CUDA implementation (cuBLAS + our kernels,
+ * backend_cuda.cu, and cuDNN, backend_cudnn.cu).  Layers call only these,
+ * so the same layer code runs on both.  All tensors are float32, row-major;
+ * images are NCHW.
  *
  * Memory: `alloc` returns device memory (host memory for the CPU backend);
  * `alloc_host` returns host memory the device can copy from/to asynchronously
@@ -23,6 +25,13 @@ enum { PS_STREAM_COMPUTE = 0, PS_STREAM_COPY = 1 };
 
 typedef struct ps_event ps_event;
 typedef struct ps_backend ps_backend;
+
+/* A batch's k x k convolution, stride 1, zero padding pad on each side:
+ * x[n, c, h, w] with weights [k_out, c, k, k] gives y[n, k_out, oh, ow],
+ * oh = h + 2 pad - k + 1 (ow likewise), as im2col + gemm computes it. */
+typedef struct ps_conv_shape {
+    int n, c, h, w, k_out, k, pad;
+} ps_conv_shape;
 
 struct ps_backend {
     const char *name; /* "cpu" or "cuda:N": for messages; test host_memory, not the name */
@@ -81,6 +90,33 @@ struct ps_backend {
                        int W, float *dx);
     /* y += alpha * x */
     int (*axpy)(ps_backend *b, float *y, float alpha, const float *x, size_t n);
+
+    /* Optional whole-batch operations (cuDNN on CUDA); NULL where the backend
+     * has none, and the layers then use im2col, gemm and maxpool_fwd/bwd
+     * above, as on the CPU.  All run on PS_STREAM_COMPUTE and overwrite their
+     * output.  A backend may keep per-shape state (descriptors, the chosen
+     * algorithm, a workspace) made at the first call with a shape: calls come
+     * from one thread at a time.
+     * y = x (*) w, the cross-correlation im2col + gemm computes (no bias) */
+    int (*conv_fwd)(ps_backend *b, const ps_conv_shape *s, const float *x, const float *w,
+                    float *y);
+    /* dx = the adjoint of conv_fwd in x, applied to dy */
+    int (*conv_bwd_data)(ps_backend *b, const ps_conv_shape *s, const float *w, const float *dy,
+                         float *dx);
+    /* dw = the gradient of sum(dy . conv_fwd(x, w)) in w, summed over the batch */
+    int (*conv_bwd_filter)(ps_backend *b, const ps_conv_shape *s, const float *x,
+                           const float *dy, float *dw);
+    /* 2x2 max-pool, stride 2, like maxpool_fwd but without an argmax: its
+     * backward finds each window's maximum again from the forward's x and y */
+    int (*pool_fwd)(ps_backend *b, const float *x, int NC, int H, int W, float *y);
+    int (*pool_bwd)(ps_backend *b, const float *x, const float *y, const float *dy, int NC, int H,
+                    int W, float *dx);
+    /* softmax_xent that does not wait: loss and correct (either may be NULL)
+     * are host memory from alloc_host, written when PS_STREAM_COMPUTE gets
+     * there, so they are read after stream_sync(PS_STREAM_COMPUTE).  NULL
+     * where softmax_xent is complete on return anyway (the CPU). */
+    int (*softmax_xent_async)(ps_backend *b, const float *logits, const int32_t *labels, int n,
+                              int classes, float *dlogits, float *loss, int *correct);
 
     /* events and streams */
     int (*event_create)(ps_backend *b, ps_event **out);

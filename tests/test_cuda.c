@@ -15,6 +15,18 @@
  *   softmax_xent dlogits: |g - c| <= 2 (classes + 64) u * (|d| + onehot / n)
  *               (exp/log of the GPU within 2 ulp, the row sum within classes u)
  *   softmax_xent loss:    |g - c| <= 2 (classes + 16) u * max(1, loss)
+ *   cuDNN (the layers on a backend with conv_fwd etc. against the CPU's
+ *   im2col + gemm): y, dx, dW, db each |g - c| <= 2 (K + 2) u * S, S the
+ *   same layer run on the CPU with |x|, |W|, |b|, |dy| and K its terms
+ *   (forward C k^2, backward data K_out k^2, filter and bias n OH OW); exact
+ *   FP32 takes only gemm-like algorithms, for which this classic bound holds.
+ *   With PS_CUDA_TF32=1 inputs round to 10 mantissa bits and cuDNN may use
+ *   FFT or Winograd transforms: 2^-9 S + 2^-12 max(S) is added.  Max-pool
+ *   forward and backward: exact (inputs all distinct, so no ties).
+ *   A whole CNN step with cuDNN and with PS_CUDNN=0: the loss within
+ *   1e-5 max(1, loss) (TF32 2e-3); each gradient within 5e-3 of its norm
+ *   (TF32 2e-2) in the 2-norm, since a ReLU input within rounding of 0 may
+ *   flip its mask on one path and move a few terms of a weight's gradient.
  *
  * Without a CUDA build or a usable device every case is skipped. */
 #include <stdint.h>
@@ -555,6 +567,327 @@ PS_TEST(maxpool_fwd_bwd_match_cpu_exactly)
     CHECK_OK(g_gpu->maxpool_bwd(g_gpu, dy.g, am.g, NC, H, W, dx.g));
     CHECK_OK(pair_down(&dx, nx * sizeof(float), (void **)&hc, (void **)&hg));
     CHECK_EXACT(hg, hc, nx);
+}
+
+/* ---- cuDNN: the layers on the GPU's whole-batch operations -------------- */
+
+#include "layers.h"
+#include "model.h"
+
+static int cudnn_off(void)
+{
+    const char *e = getenv("PS_CUDNN");
+    return e && strcmp(e, "0") == 0;
+}
+
+/* cuDNN built in and asked for: it must be in use, or the comparison below
+ * would pass on the im2col path it is meant to replace */
+#define NEED_CUDNN()                                                                   \
+    do {                                                                               \
+        NEED_GPU();                                                                    \
+        if (!have_cudnn_build())                                                       \
+            SKIP("skipped: built without cuDNN (no cudnn.h under CUDA_HOME)");         \
+        if (cudnn_off())                                                               \
+            SKIP("skipped: PS_CUDNN=0");                                               \
+        CHECK_MSG(g_gpu->conv_fwd && g_gpu->pool_fwd,                                  \
+                  "cuDNN is built in but the backend has no conv_fwd/pool_fwd: it did "  \
+                  "not start (see the warning above)");                                \
+    } while (0)
+
+static int have_cudnn_build(void)
+{
+#ifdef PS_HAVE_CUDNN
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Every element of a within the bound above of c, scale S and K terms. */
+static long diff_dnn(const float *g, const float *c, const float *S, double K, size_t n)
+{
+    double smax = 0;
+    for (size_t i = 0; i < n; i++)
+        smax = S[i] > smax ? S[i] : smax;
+    int tf32 = tf32_on();
+    for (size_t i = 0; i < n; i++) {
+        double tol = (2.0 * (K + 2) * U + (tf32 ? 0x1p-9 : 0.0)) * S[i] +
+                     (tf32 ? 0x1p-12 * smax : 0.0);
+        if (!(fabs((double)g[i] - (double)c[i]) <= tol))
+            return (long)i;
+    }
+    return -1;
+}
+
+#define CHECK_DNN(what, g, c, S, K, n)                                                 \
+    do {                                                                               \
+        long at_ = diff_dnn((g), (c), (S), (K), (n));                                   \
+        CHECK_MSG(at_ < 0, "%s element %ld: gpu %.9g, cpu %.9g, scale %.3g", what, at_, \
+                  (double)(g)[at_], (double)(c)[at_], (double)(S)[at_]);               \
+    } while (0)
+
+/* One conv layer forward and backward on both backends with n images. */
+static void dnn_conv_case(int n, int C, int H, int W, int K_out, int k)
+{
+    ps_layer lc, lg;
+    CHECK_OK(ps_layer_conv2d(&lc, C, H, W, K_out, k));
+    lg = lc;
+    size_t nx = (size_t)n * ps_layer_in_size(&lc), ny = (size_t)n * ps_layer_out_size(&lc);
+    size_t nw = ps_layer_weight_count(&lc), nb = (size_t)K_out;
+    float *X = rnd_host(nx, 1.0f), *Wt = rnd_host(nw, 1.0f), *B = rnd_host(nb, 1.0f);
+    float *DY = rnd_host(ny, 1.0f);
+    CHECK(X && Wt && B && DY);
+    pair x, w, bias, y, dy, dx, gw, gb;
+    CHECK_OK(pair_up(&x, X, nx * 4));
+    CHECK_OK(pair_up(&w, Wt, nw * 4));
+    CHECK_OK(pair_up(&bias, B, nb * 4));
+    CHECK_OK(pair_up(&dy, DY, ny * 4));
+    CHECK_OK(pair_up(&y, DY, ny * 4)); /* overwritten */
+    CHECK_OK(pair_up(&dx, X, nx * 4)); /* overwritten */
+    CHECK_OK(pair_up(&gw, Wt, nw * 4)); /* overwritten */
+    CHECK_OK(pair_up(&gb, B, nb * 4)); /* overwritten */
+    ps_param pwc = {.count = nw, .w = w.c, .g = gw.c}, pbc = {.key = 1, .count = nb, .w = bias.c,
+                                                              .g = gb.c};
+    ps_param pwg = {.count = nw, .w = w.g, .g = gw.g}, pbg = {.key = 1, .count = nb, .w = bias.g,
+                                                              .g = gb.g};
+    lc.weight = &pwc, lc.bias = &pbc, lg.weight = &pwg, lg.bias = &pbg;
+    int rc = ps_layer_alloc(&lc, g_cpu, n);
+    if (!rc)
+        rc = ps_layer_alloc(&lg, g_gpu, n);
+    int no_col = !lg.col; /* cuDNN needs no im2col scratch */
+    if (!rc)
+        rc = ps_layer_forward(g_cpu, &lc, x.c, y.c, n);
+    if (!rc)
+        rc = ps_layer_forward(g_gpu, &lg, x.g, y.g, n);
+    if (!rc)
+        rc = ps_layer_backward(g_cpu, &lc, x.c, y.c, dy.c, dx.c, n);
+    if (!rc)
+        rc = ps_layer_backward(g_gpu, &lg, x.g, y.g, dy.g, dx.g, n);
+    float *hy[2], *hdx[2], *hgw[2], *hgb[2];
+    if (!rc)
+        rc = pair_down(&y, ny * 4, (void **)&hy[0], (void **)&hy[1]);
+    if (!rc)
+        rc = pair_down(&dx, nx * 4, (void **)&hdx[0], (void **)&hdx[1]);
+    if (!rc)
+        rc = pair_down(&gw, nw * 4, (void **)&hgw[0], (void **)&hgw[1]);
+    if (!rc)
+        rc = pair_down(&gb, nb * 4, (void **)&hgb[0], (void **)&hgb[1]);
+    /* the scales: the same layer on the CPU with every input's magnitude */
+    float *ax = abs_host(X, nx), *aw = abs_host(Wt, nw), *ab = abs_host(B, nb),
+          *ady = abs_host(DY, ny);
+    float *Sy = host(ny * 4), *Sdx = host(nx * 4), *Sgw = host(nw * 4), *Sgb = host(nb * 4);
+    if (!rc && !(ax && aw && ab && ady && Sy && Sdx && Sgw && Sgb))
+        rc = PS_ENOMEM;
+    if (!rc) {
+        pwc.w = aw, pwc.g = Sgw, pbc.w = ab, pbc.g = Sgb;
+        rc = ps_layer_forward(g_cpu, &lc, ax, Sy, n);
+        if (!rc)
+            rc = ps_layer_backward(g_cpu, &lc, ax, Sy, ady, Sdx, n);
+    }
+    ps_layer_release(&lc, g_cpu);
+    ps_layer_release(&lg, g_gpu);
+    CHECK_OK(rc);
+    CHECK_MSG(no_col, "the cuDNN layer allocated im2col columns");
+    double terms = (double)n * lc.out_h * lc.out_w;
+    CHECK_DNN("y", hy[1], hy[0], Sy, (double)C * k * k + 1, ny);
+    CHECK_DNN("dx", hdx[1], hdx[0], Sdx, (double)K_out * k * k, nx);
+    CHECK_DNN("dW", hgw[1], hgw[0], Sgw, terms, nw);
+    CHECK_DNN("db", hgb[1], hgb[0], Sgb, terms, nb);
+}
+
+PS_TEST(cudnn_conv_forward_and_backward_match_cpu)
+{
+    NEED_CUDNN();
+    seed(11);
+    /* n, C, H, W, K_out, k: the CNN's two convolutions with odd batches,
+     * then small odd shapes (H != W, C != K_out), a 1x1 and a 7x7 */
+    static const int shapes[][6] = {{7, 1, 28, 28, 32, 5}, {5, 32, 14, 14, 64, 5},
+                                    {3, 3, 7, 5, 4, 3},    {1, 2, 4, 6, 3, 1},
+                                    {2, 4, 9, 11, 5, 7},   {64, 1, 28, 28, 32, 5}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int *s = shapes[i];
+        dnn_conv_case(s[0], s[1], s[2], s[3], s[4], s[5]);
+        if (ps_test_stopped())
+            return;
+    }
+    /* the first shape again: its plan is reused, same results */
+    dnn_conv_case(7, 1, 28, 28, 32, 5);
+}
+
+static void dnn_pool_case(int n, int C, int H, int W)
+{
+    ps_layer lc, lg;
+    CHECK_OK(ps_layer_maxpool(&lc, C, H, W));
+    lg = lc;
+    size_t nx = (size_t)n * ps_layer_in_size(&lc), ny = (size_t)n * ps_layer_out_size(&lc);
+    /* all inputs distinct (i -> i * 7919 mod P is one-to-one for i < P, P
+     * not a multiple of the prime 7919, and the quotients stay apart in
+     * float), so no window has a tie that the two could route differently */
+    float *X = host(nx * 4), *DY = rnd_host(ny, 1.0f);
+    CHECK(X && DY);
+    const size_t P = 2000003;
+    CHECK(nx < P);
+    for (size_t i = 0; i < nx; i++)
+        X[i] = (float)((i * 7919u) % P) / (float)P - 0.5f;
+    pair x, y, dy, dx;
+    CHECK_OK(pair_up(&x, X, nx * 4));
+    CHECK_OK(pair_up(&dy, DY, ny * 4));
+    CHECK_OK(pair_up(&y, DY, ny * 4)); /* overwritten */
+    CHECK_OK(pair_up(&dx, X, nx * 4)); /* overwritten */
+    int rc = ps_layer_alloc(&lc, g_cpu, n);
+    if (!rc)
+        rc = ps_layer_alloc(&lg, g_gpu, n);
+    int no_argmax = !lg.argmax;
+    if (!rc)
+        rc = ps_layer_forward(g_cpu, &lc, x.c, y.c, n);
+    if (!rc)
+        rc = ps_layer_forward(g_gpu, &lg, x.g, y.g, n);
+    if (!rc)
+        rc = ps_layer_backward(g_cpu, &lc, x.c, y.c, dy.c, dx.c, n);
+    if (!rc)
+        rc = ps_layer_backward(g_gpu, &lg, x.g, y.g, dy.g, dx.g, n);
+    ps_layer_release(&lc, g_cpu);
+    ps_layer_release(&lg, g_gpu);
+    CHECK_OK(rc);
+    CHECK_MSG(no_argmax, "the cuDNN pool allocated an argmax");
+    float *hc, *hg;
+    CHECK_OK(pair_down(&y, ny * 4, (void **)&hc, (void **)&hg));
+    CHECK_EXACT(hg, hc, ny);
+    CHECK_OK(pair_down(&dx, nx * 4, (void **)&hc, (void **)&hg));
+    CHECK_EXACT(hg, hc, nx);
+}
+
+PS_TEST(cudnn_maxpool_forward_and_backward_match_cpu_exactly)
+{
+    NEED_CUDNN();
+    seed(12);
+    static const int shapes[][4] = {{7, 32, 28, 28}, {5, 64, 14, 14}, {3, 3, 10, 14}, {1, 1, 2, 2}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int *s = shapes[i];
+        dnn_pool_case(s[0], s[1], s[2], s[3]);
+        if (ps_test_stopped())
+            return;
+    }
+}
+
+/* ||a - b||_2 <= tol ||b||_2 (b all zero: a must be too) */
+static int close_in_norm(const float *a, const float *b, size_t n, double tol, double *rel)
+{
+    double d = 0, nb = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)a[i] - (double)b[i];
+        d += e * e;
+        nb += (double)b[i] * b[i];
+    }
+    *rel = nb > 0 ? sqrt(d / nb) : sqrt(d);
+    return *rel <= tol;
+}
+
+/* One forward + backward of model m on backend b with the batch X, Y; the
+ * loss and every gradient back to host memory (tracked). */
+static int cnn_step(ps_backend *b, ps_model *m, const float *X, const int32_t *Y, int n,
+                    float *loss, float **grads)
+{
+    int rc = ps_model_load_batch(m, X, Y, n);
+    if (!rc)
+        rc = ps_model_forward(m, ps_model_input(m), ps_model_labels(m), n, NULL, loss, NULL);
+    if (!rc)
+        rc = ps_model_backward(m, NULL);
+    for (int p = 0; !rc && p < ps_model_num_params(m); p++) {
+        ps_param *q = &ps_model_params(m)[p];
+        if (!(grads[p] = host(q->count * sizeof(float))))
+            return PS_ENOMEM;
+        rc = down(b, grads[p], q->g, q->count * sizeof(float));
+    }
+    return rc;
+}
+
+PS_TEST(cnn_step_with_cudnn_matches_cudnn_off)
+{
+    NEED_CUDNN();
+    seed(13);
+    enum { N = 37, MAXP = 16 };
+    /* a second backend on the same GPU with cuDNN off, from the environment
+     * it reads at creation */
+    ps_backend *off = NULL;
+    char why[256];
+    setenv("PS_CUDNN", "0", 1);
+    int rc = ps_backend_cuda_create(0, &off, why, sizeof why);
+    unsetenv("PS_CUDNN");
+    CHECK_MSG(rc == 0, "%s", why);
+    int off_has_cudnn = off->conv_fwd != NULL;
+    ps_model *m[2] = {NULL, NULL};
+    ps_backend *bs[2] = {g_gpu, off};
+    size_t in = 28 * 28;
+    float *X = rnd_host((size_t)N * in, 1.0f);
+    int32_t *Y = host(N * sizeof(int32_t));
+    float loss[2] = {0, 0}, *grads[2][MAXP];
+    if (!X || !Y)
+        rc = PS_ENOMEM;
+    for (int i = 0; !rc && i < N; i++)
+        Y[i] = (int32_t)((rnd() + 1.0f) * 5.0f) % 10;
+    for (int i = 0; i < 2 && !rc; i++) {
+        /* the same seed: the same initial weights on both */
+        rc = ps_model_create("cnn", 1, 28, 28, 10, N, bs[i], 7, &m[i], why, sizeof why);
+        if (!rc && ps_model_num_params(m[i]) > MAXP)
+            rc = PS_EINVAL;
+        if (!rc)
+            rc = cnn_step(bs[i], m[i], X, Y, N, &loss[i], grads[i]);
+    }
+    int np = rc ? 0 : ps_model_num_params(m[0]);
+    double worst = 0, gtol = tf32_on() ? 2e-2 : 5e-3;
+    int bad = -1;
+    for (int p = 0; p < np; p++) {
+        double rel;
+        if (!close_in_norm(grads[0][p], grads[1][p], ps_model_params(m[0])[p].count, gtol, &rel) &&
+            bad < 0)
+            bad = p;
+        worst = rel > worst ? rel : worst;
+    }
+    ps_model_destroy(m[0]);
+    ps_model_destroy(m[1]);
+    off->destroy(off);
+    CHECK_OK(rc);
+    CHECK_MSG(!off_has_cudnn, "PS_CUDNN=0 left cuDNN on");
+    printf("# CNN step, cuDNN vs im2col + cuBLAS: loss %.7g vs %.7g, worst gradient %.3g of "
+           "its norm\n", loss[0], loss[1], worst);
+    double ltol = (tf32_on() ? 2e-3 : 1e-5) * (fabs(loss[1]) > 1 ? fabs(loss[1]) : 1);
+    CHECK_NEAR(loss[0], loss[1], ltol);
+    CHECK_MSG(bad < 0, "gradient %d differs by more than %.3g of its norm (worst %.3g)", bad,
+              gtol, worst);
+}
+
+/* The loss read without waiting: it arrives in pinned memory once the
+ * compute stream gets there, equal to the waiting call's bit for bit (the
+ * same kernels), step after step with nothing but the last sync. */
+PS_TEST(softmax_xent_async_matches_the_waiting_call)
+{
+    NEED_GPU();
+    seed(14);
+    enum { N = 67, CL = 10, STEPS = 3 };
+    float *L = rnd_host((size_t)N * CL * STEPS, 3.0f);
+    int32_t *lab = host(N * sizeof(int32_t));
+    float *loss = pinned(g_gpu, STEPS * sizeof(float));
+    int *corr = pinned(g_gpu, STEPS * sizeof(int));
+    CHECK(L && lab && loss && corr && g_gpu->softmax_xent_async);
+    for (int r = 0; r < N; r++)
+        lab[r] = (int32_t)((rnd() + 1.0f) * 5.0f) % CL;
+    pair lg, lb, d;
+    CHECK_OK(pair_up(&lg, L, (size_t)N * CL * STEPS * 4));
+    CHECK_OK(pair_up(&lb, lab, N * sizeof(int32_t)));
+    CHECK_OK(pair_up(&d, L, (size_t)N * CL * 4));
+    for (int s = 0; s < STEPS; s++)
+        CHECK_OK(g_gpu->softmax_xent_async(g_gpu, (float *)lg.g + (size_t)s * N * CL, lb.g, N,
+                                           CL, d.g, &loss[s], &corr[s]));
+    CHECK_OK(g_gpu->stream_sync(g_gpu, PS_STREAM_COMPUTE));
+    for (int s = 0; s < STEPS; s++) {
+        float want = 0;
+        int want_c = 0;
+        CHECK_OK(g_gpu->softmax_xent(g_gpu, (float *)lg.g + (size_t)s * N * CL, lb.g, N, CL, d.g,
+                                     &want, &want_c));
+        CHECK_MSG(loss[s] == want, "step %d: %.9g vs %.9g", s, loss[s], want);
+        CHECK_EQ_INT(corr[s], want_c);
+    }
 }
 
 /* ---- streams and events ------------------------------------------------ */

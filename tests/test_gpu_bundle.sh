@@ -38,7 +38,7 @@ for l in libps.so.0 libzmq.so.5 libmsgpackc.so.2 libopenblas.so.0.gz libgfortran
     libsodium.so.23 libz.so.1 cxx/libstdc++.so.6 cxx/libgcc_s.so.1; do
     [ -e "$B/lib/$l" ] || bad="$bad no lib/$l;"
 done
-for l in libc.so.6 libm.so.6 libcudart.so.13 libcublas.so.13 libcuda.so.1; do
+for l in libc.so.6 libm.so.6 libcudart.so.13 libcublas.so.13 libcuda.so.1 libcudnn.so.9; do
     [ -e "$B/lib/$l" ] && bad="$bad carries $l (the machine's own must be used);"
 done
 for f in bin/ps_server bin/ps_worker bin/ps_launch python/ps/__init__.py python/ps/torch/_exchange.py \
@@ -51,6 +51,12 @@ if [ "$cuda" = 1 ]; then
     done
     grep -qx 'libcudart.so.13\|libcudart.so.1[0-9]' "$B/lib/cuda-needs" ||
         bad="$bad lib/cuda-needs does not name libcudart;"
+    # built with cuDNN: the machine's is named, none is carried
+    if ldd "$BIN/ps_worker" 2>/dev/null | grep -q 'libcudnn\.so'; then
+        grep -qx 'libcudnn\.so\.[0-9]*' "$B/lib/cuda-needs" ||
+            bad="$bad lib/cuda-needs does not name libcudnn;"
+        ls "$B/lib" | grep -q '^libcudnn' && bad="$bad carries cuDNN;"
+    fi
 fi
 if [ -z "$bad" ]; then
     echo "PASS bundle_holds_its_libraries_not_glibc_or_cuda_and_is_small ($kib KiB)"

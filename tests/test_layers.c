@@ -267,12 +267,160 @@ static double numeric(ps_backend *b, ps_layer *l, const float *x, float *y, cons
     return (lp - lm) / (hi - lo);
 }
 
+/* ---- whole-batch operations (ps_backend.h's optional conv_* and pool_*) ----
+ * Direct loops in double, installed on a CPU backend: the layers must call
+ * them instead of im2col + gemm and argmax pooling, with the shapes and
+ * buffers the contract names.  Every call is counted. */
+static int g_batch_calls;
+
+static int conv_oh(const ps_conv_shape *s) { return s->h + 2 * s->pad - s->k + 1; }
+static int conv_ow(const ps_conv_shape *s) { return s->w + 2 * s->pad - s->k + 1; }
+
+/* x[n, c, oy + ky - pad, ox + kx - pad], 0 in the padding */
+static double conv_in(const ps_conv_shape *s, const float *x, int n, int c, int oy, int ox, int ky,
+                      int kx)
+{
+    int iy = oy + ky - s->pad, ix = ox + kx - s->pad;
+    if (iy < 0 || iy >= s->h || ix < 0 || ix >= s->w)
+        return 0;
+    return x[(((size_t)n * s->c + c) * s->h + iy) * s->w + ix];
+}
+
+static size_t conv_y_at(const ps_conv_shape *s, int n, int ko, int oy, int ox)
+{
+    return (((size_t)n * s->k_out + ko) * conv_oh(s) + oy) * conv_ow(s) + ox;
+}
+
+static size_t conv_w_at(const ps_conv_shape *s, int ko, int c, int ky, int kx)
+{
+    return (((size_t)ko * s->c + c) * s->k + ky) * s->k + kx;
+}
+
+static int direct_conv_fwd(ps_backend *b, const ps_conv_shape *s, const float *x, const float *w,
+                           float *y)
+{
+    (void)b;
+    g_batch_calls++;
+    for (int n = 0; n < s->n; n++)
+        for (int ko = 0; ko < s->k_out; ko++)
+            for (int oy = 0; oy < conv_oh(s); oy++)
+                for (int ox = 0; ox < conv_ow(s); ox++) {
+                    double acc = 0;
+                    for (int c = 0; c < s->c; c++)
+                        for (int ky = 0; ky < s->k; ky++)
+                            for (int kx = 0; kx < s->k; kx++)
+                                acc += conv_in(s, x, n, c, oy, ox, ky, kx) *
+                                       w[conv_w_at(s, ko, c, ky, kx)];
+                    y[conv_y_at(s, n, ko, oy, ox)] = (float)acc;
+                }
+    return 0;
+}
+
+/* the adjoint as a scatter: every output's dy goes back to the inputs it read */
+static int direct_conv_bwd_data(ps_backend *b, const ps_conv_shape *s, const float *w,
+                                const float *dy, float *dx)
+{
+    (void)b;
+    g_batch_calls++;
+    size_t nx = (size_t)s->n * s->c * s->h * s->w;
+    double *acc = calloc(nx, sizeof *acc);
+    if (!acc)
+        return PS_ENOMEM;
+    for (int n = 0; n < s->n; n++)
+        for (int ko = 0; ko < s->k_out; ko++)
+            for (int oy = 0; oy < conv_oh(s); oy++)
+                for (int ox = 0; ox < conv_ow(s); ox++)
+                    for (int c = 0; c < s->c; c++)
+                        for (int ky = 0; ky < s->k; ky++)
+                            for (int kx = 0; kx < s->k; kx++) {
+                                int iy = oy + ky - s->pad, ix = ox + kx - s->pad;
+                                if (iy >= 0 && iy < s->h && ix >= 0 && ix < s->w)
+                                    acc[(((size_t)n * s->c + c) * s->h + iy) * s->w + ix] +=
+                                        (double)dy[conv_y_at(s, n, ko, oy, ox)] *
+                                        w[conv_w_at(s, ko, c, ky, kx)];
+                            }
+    for (size_t i = 0; i < nx; i++)
+        dx[i] = (float)acc[i];
+    free(acc);
+    return 0;
+}
+
+static int direct_conv_bwd_filter(ps_backend *b, const ps_conv_shape *s, const float *x,
+                                  const float *dy, float *dw)
+{
+    (void)b;
+    g_batch_calls++;
+    for (int ko = 0; ko < s->k_out; ko++)
+        for (int c = 0; c < s->c; c++)
+            for (int ky = 0; ky < s->k; ky++)
+                for (int kx = 0; kx < s->k; kx++) {
+                    double acc = 0;
+                    for (int n = 0; n < s->n; n++)
+                        for (int oy = 0; oy < conv_oh(s); oy++)
+                            for (int ox = 0; ox < conv_ow(s); ox++)
+                                acc += conv_in(s, x, n, c, oy, ox, ky, kx) *
+                                       dy[conv_y_at(s, n, ko, oy, ox)];
+                    dw[conv_w_at(s, ko, c, ky, kx)] = (float)acc;
+                }
+    return 0;
+}
+
+static int direct_pool_fwd(ps_backend *b, const float *x, int NC, int H, int W, float *y)
+{
+    (void)b;
+    g_batch_calls++;
+    for (int p = 0; p < NC; p++)
+        for (int oy = 0; oy < H / 2; oy++)
+            for (int ox = 0; ox < W / 2; ox++) {
+                const float *r0 = x + ((size_t)p * H + 2 * oy) * W + 2 * ox, *r1 = r0 + W;
+                float m = fmaxf(fmaxf(r0[0], r0[1]), fmaxf(r1[0], r1[1]));
+                y[((size_t)p * (H / 2) + oy) * (W / 2) + ox] = m;
+            }
+    return 0;
+}
+
+/* each window's dy to the first of its inputs equal to the forward's y */
+static int direct_pool_bwd(ps_backend *b, const float *x, const float *y, const float *dy, int NC,
+                           int H, int W, float *dx)
+{
+    (void)b;
+    g_batch_calls++;
+    for (int p = 0; p < NC; p++)
+        for (int oy = 0; oy < H / 2; oy++)
+            for (int ox = 0; ox < W / 2; ox++) {
+                size_t o = ((size_t)p * (H / 2) + oy) * (W / 2) + ox;
+                int hit = 0;
+                for (int q = 0; q < 4; q++) {
+                    size_t i = ((size_t)p * H + 2 * oy + q / 2) * W + 2 * ox + q % 2;
+                    dx[i] = !hit && x[i] == y[o] ? dy[o] : 0.0f;
+                    hit |= x[i] == y[o];
+                }
+            }
+    return 0;
+}
+
+/* The CPU backend, with the direct whole-batch operations when batch_ops. */
+static int test_backend(int batch_ops, ps_backend **out)
+{
+    int rc = ps_backend_cpu_create(1, out);
+    if (rc || !batch_ops)
+        return rc;
+    ps_backend *b = *out;
+    b->conv_fwd = direct_conv_fwd;
+    b->conv_bwd_data = direct_conv_bwd_data;
+    b->conv_bwd_filter = direct_conv_bwd_filter;
+    b->pool_fwd = direct_pool_fwd;
+    b->pool_bwd = direct_pool_bwd;
+    return 0;
+}
+
 /* Check dW, db and dx of l (already shaped) at a random point.  kinky: keep
- * inputs away from 0 (ReLU).  Returns the number of mismatches (printed). */
-static int check_layer_grads(ps_layer *l, int n, int kinky, uint64_t seed)
+ * inputs away from 0 (ReLU).  batch_ops: on a backend with whole-batch
+ * convolution and pooling.  Returns the number of mismatches (printed). */
+static int check_layer_grads(ps_layer *l, int n, int kinky, uint64_t seed, int batch_ops)
 {
     ps_backend *b;
-    if (ps_backend_cpu_create(1, &b))
+    if (test_backend(batch_ops, &b))
         return 1;
     ps_rng r;
     ps_rng_seed(&r, seed);
@@ -325,14 +473,14 @@ PS_TEST(linear_backward_matches_finite_differences)
 {
     ps_layer l;
     CHECK_OK(ps_layer_linear(&l, 4, 5));
-    CHECK_EQ_INT(check_layer_grads(&l, 3, 0, 1), 0);
+    CHECK_EQ_INT(check_layer_grads(&l, 3, 0, 1, 0), 0);
 }
 
 PS_TEST(relu_backward_matches_finite_differences)
 {
     ps_layer l;
     CHECK_OK(ps_layer_relu(&l, 3, 2, 2));
-    CHECK_EQ_INT(check_layer_grads(&l, 2, 1, 2), 0);
+    CHECK_EQ_INT(check_layer_grads(&l, 2, 1, 2, 0), 0);
 }
 
 PS_TEST(conv2d_backward_matches_finite_differences)
@@ -341,9 +489,14 @@ PS_TEST(conv2d_backward_matches_finite_differences)
     /* H != W and C_in != C_out so transposed indexing cannot pass */
     CHECK_OK(ps_layer_conv2d(&l, 2, 5, 4, 3, 3));
     CHECK_EQ_INT(l.pad, 1);
-    CHECK_EQ_INT(check_layer_grads(&l, 2, 0, 3), 0);
+    CHECK_EQ_INT(check_layer_grads(&l, 2, 0, 3, 0), 0);
     CHECK_OK(ps_layer_conv2d(&l, 1, 6, 6, 2, 5));
-    CHECK_EQ_INT(check_layer_grads(&l, 2, 0, 4), 0);
+    CHECK_EQ_INT(check_layer_grads(&l, 2, 0, 4, 0), 0);
+    /* the whole-batch path: the layer hands the operations what they need */
+    g_batch_calls = 0;
+    CHECK_OK(ps_layer_conv2d(&l, 2, 5, 4, 3, 3));
+    CHECK_EQ_INT(check_layer_grads(&l, 3, 0, 3, 1), 0);
+    CHECK_MSG(g_batch_calls > 0, "the whole-batch convolutions were not called");
     CHECK_EQ_INT(ps_layer_conv2d(&l, 1, 6, 6, 2, 4), PS_EINVAL); /* even k: no 'same' */
 }
 
@@ -356,8 +509,88 @@ PS_TEST(maxpool_backward_matches_finite_differences)
     /* uniform values in [-1, 1): a tie within eps would need two of the 4
      * values of a window within 2e-3; the fixed seed has none (the check
      * would print it) */
-    CHECK_EQ_INT(check_layer_grads(&l, 2, 0, 5), 0);
+    CHECK_EQ_INT(check_layer_grads(&l, 2, 0, 5, 0), 0);
+    g_batch_calls = 0;
+    CHECK_EQ_INT(check_layer_grads(&l, 2, 0, 5, 1), 0);
+    CHECK_MSG(g_batch_calls > 0, "the whole-batch pooling was not called");
     CHECK_EQ_INT(ps_layer_maxpool(&l, 2, 5, 6), PS_EINVAL);
+}
+
+/* A backend with whole-batch convolution and pooling: the layers need no
+ * im2col columns or argmax, call each operation once per forward or
+ * backward, and give what im2col + gemm and argmax pooling give on a backend
+ * without them (convolutions within float rounding of sums of 27 and 3*6*4
+ * products, pooling exactly).  A layer allocated for one kind of backend and
+ * run on the other is refused, not run on missing scratch. */
+PS_TEST(layers_use_whole_batch_operations_when_the_backend_has_them)
+{
+    enum { N = 3 };
+    ps_backend *plain, *batch;
+    CHECK_OK(test_backend(0, &plain));
+    CHECK_OK(test_backend(1, &batch));
+    ps_layer conv[2], pool[2];
+    int rc = 0;
+    for (int i = 0; i < 2 && !rc; i++) {
+        ps_backend *b = i ? batch : plain;
+        if (!(rc = ps_layer_conv2d(&conv[i], 3, 6, 4, 4, 3)) &&
+            !(rc = ps_layer_maxpool(&pool[i], 4, 6, 4)) &&
+            !(rc = ps_layer_alloc(&conv[i], b, N)))
+            rc = ps_layer_alloc(&pool[i], b, N);
+    }
+    int scratch_ok = conv[0].col && pool[0].argmax && !conv[1].col && !pool[1].argmax;
+    ps_rng r;
+    ps_rng_seed(&r, 21);
+    enum { NX = N * 3 * 6 * 4, NY = N * 4 * 6 * 4, NP = N * 4 * 3 * 2, NW = 4 * 3 * 3 * 3 };
+    float x[NX], w[NW], bias[4], dy[NY], dp[NP];
+    float y[2][NY], dx[2][NX], gw[2][NW], gb[2][4], py[2][NP], pdx[2][NY];
+    fill_uniform(&r, x, NX, -1, 1);
+    fill_uniform(&r, w, NW, -1, 1);
+    fill_uniform(&r, bias, 4, -1, 1);
+    fill_uniform(&r, dy, NY, -1, 1);
+    fill_uniform(&r, dp, NP, -1, 1);
+    ps_param pw[2], pb[2];
+    int calls[2] = {0, 0};
+    for (int i = 0; i < 2 && !rc; i++) {
+        ps_backend *b = i ? batch : plain;
+        pw[i] = (ps_param){.key = 0, .count = NW, .w = w, .g = gw[i]};
+        pb[i] = (ps_param){.key = 1, .count = 4, .w = bias, .g = gb[i]};
+        conv[i].weight = &pw[i];
+        conv[i].bias = &pb[i];
+        g_batch_calls = 0;
+        /* both pools read the plain conv's output (the convs differ in
+         * rounding), and their backward reads it and their own y */
+        if (!(rc = ps_layer_forward(b, &conv[i], x, y[i], N)) &&
+            !(rc = ps_layer_forward(b, &pool[i], y[0], py[i], N)) &&
+            !(rc = ps_layer_backward(b, &pool[i], y[0], py[i], dp, pdx[i], N)))
+            rc = ps_layer_backward(b, &conv[i], x, y[i], dy, dx[i], N);
+        calls[i] = g_batch_calls;
+    }
+    /* scratch of the other kind of backend: refused */
+    int cross_conv = rc ? 0 : ps_layer_forward(plain, &conv[1], x, y[1], N);
+    int cross_pool = rc ? 0 : ps_layer_backward(plain, &pool[1], y[0], py[1], dp, pdx[1], N);
+    for (int i = 0; i < 2; i++) {
+        ps_backend *b = i ? batch : plain;
+        ps_layer_release(&conv[i], b);
+        ps_layer_release(&pool[i], b);
+    }
+    plain->destroy(plain);
+    batch->destroy(batch);
+    CHECK_OK(rc);
+    CHECK_MSG(scratch_ok, "col/argmax: plain %p %p, whole-batch %p %p (want set, set, NULL, NULL)",
+              (void *)conv[0].col, (void *)pool[0].argmax, (void *)conv[1].col,
+              (void *)pool[1].argmax);
+    CHECK_EQ_INT(calls[0], 0);
+    CHECK_EQ_INT(calls[1], 5); /* conv fwd, pool fwd, pool bwd, conv bwd filter + data */
+    CHECK_EQ_INT(cross_conv, PS_ESTATE);
+    CHECK_EQ_INT(cross_pool, PS_ESTATE);
+    struct { const char *name; const float *a, *b; int n; double tol; } t[] = {
+        {"y", y[0], y[1], NY, 1e-5}, {"pool y", py[0], py[1], NP, 0},
+        {"pool dx", pdx[0], pdx[1], NY, 0}, {"dx", dx[0], dx[1], NX, 1e-5},
+        {"dW", gw[0], gw[1], NW, 1e-4}, {"db", gb[0], gb[1], 4, 0}};
+    for (size_t k = 0; k < sizeof t / sizeof *t; k++)
+        for (int i = 0; i < t[k].n; i++)
+            CHECK_MSG(fabs((double)t[k].a[i] - t[k].b[i]) <= t[k].tol, "%s[%d]: %.9g vs %.9g",
+                      t[k].name, i, t[k].a[i], t[k].b[i]);
 }
 
 PS_TEST(flatten_is_identity)
@@ -365,7 +598,7 @@ PS_TEST(flatten_is_identity)
     ps_layer l;
     CHECK_OK(ps_layer_flatten(&l, 2, 3, 4));
     CHECK_EQ_INT(ps_layer_out_size(&l), 24);
-    CHECK_EQ_INT(check_layer_grads(&l, 2, 0, 6), 0);
+    CHECK_EQ_INT(check_layer_grads(&l, 2, 0, 6, 0), 0);
 }
 
 /* ---- models ----------------------------------------------------------------- */

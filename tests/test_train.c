@@ -1,14 +1,17 @@
 /* End-to-end training through real ps_server and ps_worker processes:
  * sync W=2 x batch b equals W=1 x batch 2b, async converges, a short
  * Fashion-MNIST run learns, bad input exits non-zero with a clear message,
- * output files are checked (and their directories made) before the run. */
+ * output files are checked (and their directories made) before the run, the
+ * logged loss is the mean of the steps' losses. */
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "backend.h"
+#include "data.h"
 #include "model.h"
+#include "ps_error.h"
 #include "ps_test.h"
 
 /* Start a server on a free port; writes its endpoint into ep. */
@@ -403,6 +406,85 @@ PS_TEST(output_directories_are_created)
     CHECK_EQ_INT(ps_test_wait(start_worker(NULL, 0, flags, log), 20000), 0);
     CHECK_MSG(ps_test_file_has(csv, "time_s,epoch,iter,loss"), "%s has no CSV header", csv);
     CHECK_MSG(ps_test_file_has(csv, ",1,2,"), "%s has no row for iteration 2", csv);
+}
+
+/* The losses of a compute-only run, step by step through the model's API:
+ * what ps_worker --servers none --lr 0.1 computes.  losses[i] for i < steps. */
+static int local_losses(const char *spec, const char *data, int batch, uint64_t seed, int steps,
+                        float *losses)
+{
+    char why[256];
+    ps_backend *b = NULL;
+    ps_dataset *ds = NULL;
+    ps_data_shard *sh = NULL;
+    ps_model *m = NULL;
+    float *x = NULL;
+    int32_t *y = NULL;
+    int rc = ps_backend_cpu_create(1, &b);
+    if (!rc)
+        rc = ps_dataset_open(data, PS_SPLIT_TRAIN, seed, &ds, why, sizeof why);
+    if (!rc)
+        rc = ps_data_shard_create(ds, 0, 1, batch, seed, &sh, why, sizeof why);
+    if (!rc)
+        rc = ps_model_create(spec, ds->channels, ds->height, ds->width, ds->num_classes, batch, b,
+                             seed, &m, why, sizeof why);
+    if (!rc && (!(x = malloc((size_t)batch * ps_dataset_sample_size(ds) * sizeof *x)) ||
+                !(y = malloc((size_t)batch * sizeof *y))))
+        rc = PS_ENOMEM;
+    size_t per_epoch = rc ? 1 : ps_data_shard_steps_per_epoch(sh);
+    for (int s = 0; s < steps && !rc; s++) {
+        rc = ps_data_shard_fill(sh, (uint64_t)s / per_epoch, (size_t)s % per_epoch, x, y);
+        if (!rc)
+            rc = ps_model_load_batch(m, x, y, batch);
+        if (!rc)
+            rc = ps_model_forward(m, ps_model_input(m), ps_model_labels(m), batch, NULL,
+                                  &losses[s], NULL);
+        if (!rc)
+            rc = ps_model_backward(m, NULL);
+        if (!rc)
+            rc = ps_model_sgd_step(m, 0.1f);
+    }
+    free(x);
+    free(y);
+    ps_model_destroy(m);
+    ps_data_shard_destroy(sh);
+    ps_dataset_free(ds);
+    if (b)
+        b->destroy(b);
+    return rc;
+}
+
+/* The logged loss of a window is the mean of its steps' losses, added in
+ * step order in a double, whether the worker adds each as its step ends or
+ * (as now) keeps them until the log step: the CSV's figures equal those
+ * summed here step by step, to the printed digit.  --log-every 4099 over
+ * 4100 steps makes a window longer than the 4096 losses the worker holds
+ * before it adds them up, and a last window of one step. */
+PS_TEST(log_window_loss_is_the_mean_of_the_steps_losses)
+{
+    enum { STEPS = 4100, EVERY = 4099 };
+    const char *spec = "mlp:784-8-10", *data = "synthetic:256";
+    char csv[256], flags[768], log[512];
+    snprintf(csv, sizeof csv, "%s/window.csv", ps_test_tmpdir());
+    snprintf(flags, sizeof flags,
+             "--model %s --data %s --batch 8 --seed 5 --lr 0.1 --steps %d --epochs 200 "
+             "--log-every %d --eval-every 100000 --log-csv %s",
+             spec, data, STEPS, EVERY, csv);
+    snprintf(log, sizeof log, "%s/window.log", ps_test_tmpdir());
+    CHECK_EQ_INT(ps_test_wait(start_worker(NULL, 0, flags, log), 60000), 0);
+    float *losses = malloc(STEPS * sizeof *losses);
+    CHECK(losses);
+    int rc = local_losses(spec, data, 8, 5, STEPS, losses);
+    char want[2][64];
+    double sum = 0;
+    for (int s = 0; s < EVERY; s++)
+        sum += losses[s];
+    snprintf(want[0], sizeof want[0], ",%d,%.6f,", EVERY, sum / EVERY);
+    snprintf(want[1], sizeof want[1], ",%d,%.6f,", STEPS, (double)losses[STEPS - 1]);
+    free(losses);
+    CHECK_OK(rc);
+    for (int i = 0; i < 2; i++)
+        CHECK_MSG(ps_test_file_has(csv, want[i]), "%s has no row with '%s'", csv, want[i]);
 }
 
 /* The same sync run on the CPU and on cuda:0 (1 worker, same seed and data)

@@ -1,6 +1,7 @@
-/* CUDA compute backend: cuBLAS for gemm, our own kernels for the rest
- * (worker/backend.h is the contract; backend_cpu.c is the reference the tests
- * compare against).
+/* CUDA compute backend: cuBLAS for gemm, our own kernels for the rest, and
+ * cuDNN for whole-batch convolutions and pooling where it is there
+ * (backend_cudnn.cu).  worker/backend.h is the contract; backend_cpu.c is the
+ * reference the tests compare against.
  *
  * Launch shapes:
  *   - elementwise kernels (fill, relu, axpy, bias_add, im2col, col2im,
@@ -19,9 +20,6 @@
  * at the same time on different streams; each entry point selects the device
  * for its calling thread first.  softmax_xent with loss/correct uses per-
  * backend scratch and must not run concurrently with itself. */
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
-
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
@@ -29,32 +27,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern "C" {
-#include "backend.h"
-#include "ps_error.h"
-#include "ps_log.h"
-}
+#include "backend_cuda_impl.h"
 
-/* ---- error checking ---------------------------------------------------- */
-
-#define CUDA_CHECK(call)                                                            \
-    do {                                                                            \
-        cudaError_t ps_e_ = (call);                                                 \
-        if (ps_e_ != cudaSuccess) {                                                 \
-            ps_error("%s:%d: %s: %s", __FILE__, __LINE__, #call,                    \
-                     cudaGetErrorString(ps_e_));                                    \
-            return PS_EDEVICE;                                                      \
-        }                                                                           \
-    } while (0)
-
-/* for functions that cannot return an error: log and go on */
-#define CUDA_LOG(call)                                                              \
-    do {                                                                            \
-        cudaError_t ps_e_ = (call);                                                 \
-        if (ps_e_ != cudaSuccess)                                                   \
-            ps_error("%s:%d: %s: %s", __FILE__, __LINE__, #call,                    \
-                     cudaGetErrorString(ps_e_));                                    \
-    } while (0)
+/* ---- error checking (CUDA_CHECK, CUDA_LOG, LAUNCH_CHECK: backend_cuda_impl.h) */
 
 #define CUBLAS_CHECK(call)                                                          \
     do {                                                                            \
@@ -62,19 +37,6 @@ extern "C" {
         if (ps_s_ != CUBLAS_STATUS_SUCCESS) {                                       \
             ps_error("%s:%d: %s: %s", __FILE__, __LINE__, #call,                    \
                      cublas_status_str(ps_s_));                                     \
-            return PS_EDEVICE;                                                      \
-        }                                                                           \
-    } while (0)
-
-/* Launch errors (bad configuration, no kernel image for this GPU) show up in
- * cudaGetLastError right after the launch; faults inside the kernel show up
- * at the next synchronizing call. */
-#define LAUNCH_CHECK(kernel_name)                                                   \
-    do {                                                                            \
-        cudaError_t ps_e_ = cudaGetLastError();                                     \
-        if (ps_e_ != cudaSuccess) {                                                 \
-            ps_error("%s:%d: launch of %s: %s", __FILE__, __LINE__, kernel_name,    \
-                     cudaGetErrorString(ps_e_));                                    \
             return PS_EDEVICE;                                                      \
         }                                                                           \
     } while (0)
@@ -96,34 +58,9 @@ static const char *cublas_status_str(cublasStatus_t s)
     }
 }
 
-/* ---- backend state ----------------------------------------------------- */
-
-struct xent_result {
-    float loss; /* mean over rows */
-    int correct;
-};
-
-struct cuda_ctx {
-    int device;
-    unsigned max_blocks; /* grid cap for grid-stride kernels */
-    cudaStream_t stream[2];
-    cublasHandle_t blas;
-    /* softmax_xent: per-row loss and hit, reduced by a second kernel */
-    float *row_loss;
-    int *row_correct;
-    size_t row_cap;
-    xent_result *d_result; /* device */
-    xent_result *h_result; /* pinned host */
-    char name[24];
-};
+/* ---- launch shapes (the backend's state: backend_cuda_impl.h) ------------ */
 
 enum { THREADS = 256 };
-
-static cuda_ctx *ctx_of(ps_backend *b) { return (cuda_ctx *)b->ctx; }
-
-/* The current device is per host thread; the comm thread and the training
- * thread each call in, so every entry point sets it (cheap after the first). */
-#define SET_DEVICE(c) CUDA_CHECK(cudaSetDevice((c)->device))
 
 static unsigned grid_for(const cuda_ctx *c, size_t n)
 {
@@ -601,8 +538,10 @@ static int cu_relu_bwd(ps_backend *b, float *dx, const float *dy, const float *y
     return 0;
 }
 
-static int cu_softmax_xent(ps_backend *b, const float *logits, const int32_t *labels, int n,
-                           int classes, float *dlogits, float *loss, int *correct)
+/* The loss and the number correct, when asked for, reach *loss and *correct
+ * (pinned host memory) by a copy on the compute stream: nothing waits here. */
+static int cu_softmax_xent_async(ps_backend *b, const float *logits, const int32_t *labels,
+                                 int n, int classes, float *dlogits, float *loss, int *correct)
 {
     cuda_ctx *c = ctx_of(b);
     if (n <= 0 || classes <= 0)
@@ -611,7 +550,8 @@ static int cu_softmax_xent(ps_backend *b, const float *logits, const int32_t *la
     cudaStream_t s = c->stream[PS_STREAM_COMPUTE];
     const bool want = loss || correct;
     if (want && (size_t)n > c->row_cap) {
-        /* every earlier use ended in a stream sync, so the old buffers are idle */
+        /* earlier launches may still read the old buffers */
+        CUDA_CHECK(cudaStreamSynchronize(s));
         size_t cap = c->row_cap ? c->row_cap : 256;
         while (cap < (size_t)n)
             cap *= 2;
@@ -635,11 +575,30 @@ static int cu_softmax_xent(ps_backend *b, const float *logits, const int32_t *la
     LAUNCH_CHECK("k_softmax_xent");
     if (!want)
         return 0;
+    /* d_result is reused by the next call: the copies below are ordered
+     * before that call's reduction on the same stream */
     k_xent_reduce<<<1, THREADS, 0, s>>>(c->row_loss, c->row_correct, n, c->d_result);
     LAUNCH_CHECK("k_xent_reduce");
-    CUDA_CHECK(cudaMemcpyAsync(c->h_result, c->d_result, sizeof(xent_result),
-                               cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    if (loss)
+        CUDA_CHECK(cudaMemcpyAsync(loss, &c->d_result->loss, sizeof(float),
+                                   cudaMemcpyDeviceToHost, s));
+    if (correct)
+        CUDA_CHECK(cudaMemcpyAsync(correct, &c->d_result->correct, sizeof(int),
+                                   cudaMemcpyDeviceToHost, s));
+    return 0;
+}
+
+static int cu_softmax_xent(ps_backend *b, const float *logits, const int32_t *labels, int n,
+                           int classes, float *dlogits, float *loss, int *correct)
+{
+    cuda_ctx *c = ctx_of(b);
+    const bool want = loss || correct;
+    int rc = cu_softmax_xent_async(b, logits, labels, n, classes, dlogits,
+                                   want ? &c->h_result->loss : NULL,
+                                   want ? &c->h_result->correct : NULL);
+    if (rc || !want)
+        return rc;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream[PS_STREAM_COMPUTE]));
     if (loss)
         *loss = c->h_result->loss;
     if (correct)
@@ -858,6 +817,7 @@ static void release_ctx(cuda_ctx *c)
     for (int i = 0; i < 2; i++)
         if (c->stream[i])
             CUDA_LOG(cudaStreamSynchronize(c->stream[i]));
+    ps_cudnn_release(c);
     if (c->blas) {
         cublasStatus_t st = cublasDestroy(c->blas);
         if (st != CUBLAS_STATUS_SUCCESS)
@@ -1053,6 +1013,8 @@ extern "C" int ps_backend_cuda_create(int device, ps_backend **out, char *why, s
     b->maxpool_fwd = cu_maxpool_fwd;
     b->maxpool_bwd = cu_maxpool_bwd;
     b->axpy = cu_axpy;
+    b->softmax_xent_async = cu_softmax_xent_async;
+    ps_cudnn_attach(b, c, use_tf32); /* conv_* and pool_*, or NULL */
     b->event_create = cu_event_create;
     b->event_destroy = cu_event_destroy;
     b->event_record = cu_event_record;

@@ -135,6 +135,18 @@ void ps_layer_describe(const ps_layer *l, char *buf, size_t len)
     }
 }
 
+/* Whether the backend does a whole batch's convolution (or pooling) in one
+ * call; the layer then needs no im2col columns (no argmax). */
+static int batch_conv(const ps_backend *b)
+{
+    return b->conv_fwd && b->conv_bwd_data && b->conv_bwd_filter;
+}
+
+static int batch_pool(const ps_backend *b)
+{
+    return b->pool_fwd && b->pool_bwd;
+}
+
 int ps_layer_alloc(ps_layer *l, ps_backend *b, int max_batch)
 {
     if (max_batch <= 0)
@@ -142,10 +154,10 @@ int ps_layer_alloc(ps_layer *l, ps_backend *b, int max_batch)
     ps_layer_release(l, b);
     l->max_batch = max_batch;
     int rc = 0;
-    if (l->kind == PS_LAYER_CONV2D) {
+    if (l->kind == PS_LAYER_CONV2D && !batch_conv(b)) {
         size_t n = (size_t)l->in_c * l->k * l->k * l->out_h * l->out_w;
         rc = b->alloc(b, n * sizeof(float), (void **)&l->col);
-    } else if (l->kind == PS_LAYER_MAXPOOL) {
+    } else if (l->kind == PS_LAYER_MAXPOOL && !batch_pool(b)) {
         size_t n = (size_t)max_batch * ps_layer_out_size(l);
         rc = b->alloc(b, n, (void **)&l->argmax);
     } else if (l->kind == PS_LAYER_INTERACT) {
@@ -199,11 +211,24 @@ static int check_call(const ps_layer *l, int n)
             return rc_;                                                                            \
     } while (0)
 
+static ps_conv_shape conv_shape_of(const ps_layer *l, int n)
+{
+    ps_conv_shape s = {n, l->in_c, l->in_h, l->in_w, l->out_c, l->k, l->pad};
+    return s;
+}
+
 static int conv_forward(ps_backend *b, ps_layer *l, const float *x, float *y, int n)
 {
     int ckk = l->in_c * l->k * l->k, hw = l->out_h * l->out_w;
     size_t in_sz = ps_layer_in_size(l), out_sz = ps_layer_out_size(l);
     const float *w = l->weight->w;
+    if (batch_conv(b)) {
+        ps_conv_shape s = conv_shape_of(l, n);
+        TRY(b->conv_fwd(b, &s, x, w, y));
+        return b->bias_add(b, y, l->bias->w, n, l->out_c, hw);
+    }
+    if (!l->col) /* allocated for a backend with whole-batch convolutions */
+        return PS_ESTATE;
     /* One im2col + gemm per image keeps the scratch at one image's columns;
      * images run in order on the compute stream, so the buffer is reused. */
     for (int i = 0; i < n; i++) {
@@ -222,6 +247,13 @@ static int conv_backward(ps_backend *b, ps_layer *l, const float *x, const float
     const float *w = l->weight->w;
     float *dw = l->weight->g;
     TRY(b->bias_grad(b, l->bias->g, dy, n, l->out_c, hw));
+    if (batch_conv(b)) {
+        ps_conv_shape s = conv_shape_of(l, n);
+        TRY(b->conv_bwd_filter(b, &s, x, dy, dw));
+        return dx ? b->conv_bwd_data(b, &s, w, dy, dx) : 0;
+    }
+    if (!l->col)
+        return PS_ESTATE;
     for (int i = 0; i < n; i++) {
         const float *dyi = dy + i * out_sz;
         TRY(b->im2col(b, x + i * in_sz, l->in_c, l->in_h, l->in_w, l->k, l->pad, l->col));
@@ -319,6 +351,10 @@ int ps_layer_forward(ps_backend *b, ps_layer *l, const float *x, float *y, int n
     case PS_LAYER_RELU: return b->relu_fwd(b, y, x, total_in);
     case PS_LAYER_CONV2D: return conv_forward(b, l, x, y, n);
     case PS_LAYER_MAXPOOL:
+        if (batch_pool(b))
+            return b->pool_fwd(b, x, n * l->in_c, l->in_h, l->in_w, y);
+        if (!l->argmax)
+            return PS_ESTATE;
         return b->maxpool_fwd(b, x, n * l->in_c, l->in_h, l->in_w, y, l->argmax);
     case PS_LAYER_FLATTEN:
         /* NCHW is already N x (C*H*W) in memory */
@@ -353,7 +389,13 @@ int ps_layer_backward(ps_backend *b, ps_layer *l, const float *x, const float *y
         return dx ? b->relu_bwd(b, dx, dy, y, total_in) : 0;
     case PS_LAYER_CONV2D: return conv_backward(b, l, x, dy, dx, n);
     case PS_LAYER_MAXPOOL:
-        return dx ? b->maxpool_bwd(b, dy, l->argmax, n * l->in_c, l->in_h, l->in_w, dx) : 0;
+        if (!dx)
+            return 0;
+        if (batch_pool(b))
+            return b->pool_bwd(b, x, y, dy, n * l->in_c, l->in_h, l->in_w, dx);
+        if (!l->argmax)
+            return PS_ESTATE;
+        return b->maxpool_bwd(b, dy, l->argmax, n * l->in_c, l->in_h, l->in_w, dx);
     case PS_LAYER_FLATTEN:
         if (!dx || dx == dy)
             return 0;
@@ -369,6 +411,18 @@ int ps_loss_softmax_xent(ps_backend *b, const float *logits, const int32_t *labe
     if (n <= 0 || classes <= 0)
         return PS_EINVAL;
     return b->softmax_xent(b, logits, labels, n, classes, dlogits, loss, correct);
+}
+
+int ps_loss_softmax_xent_async(ps_backend *b, const float *logits, const int32_t *labels, int n,
+                               int classes, float *dlogits, float *loss, int *correct)
+{
+    if (n <= 0 || classes <= 0)
+        return PS_EINVAL;
+    /* without an asynchronous form the results are there on return, which
+     * is as early as the contract asks */
+    if (!b->softmax_xent_async)
+        return b->softmax_xent(b, logits, labels, n, classes, dlogits, loss, correct);
+    return b->softmax_xent_async(b, logits, labels, n, classes, dlogits, loss, correct);
 }
 
 int ps_loss_bce_logits(ps_backend *b, const float *logits, const int32_t *labels, int n,

@@ -52,8 +52,10 @@ typedef struct ps_layer {
     ps_param *bias;          /* linear/conv2d: [out] / [out_c]; else NULL */
     /* scratch, owned by the layer, allocated by ps_layer_alloc for max_batch */
     int max_batch;
-    float *col;              /* conv2d: im2col of one image [in_c*k*k, out_h*out_w] */
-    uint8_t *argmax;         /* maxpool: window index of each output of the last forward */
+    float *col;              /* conv2d: im2col of one image [in_c*k*k, out_h*out_w]; NULL
+                                when the backend convolves whole batches (conv_fwd) */
+    uint8_t *argmax;         /* maxpool: window index of each output of the last forward;
+                                NULL when the backend pools from x and y (pool_fwd) */
     /* interact only: fields embeddings of dim each per sample, joined by dot
      * products (dot) or side by side; emb [max_batch x fields*dim] is filled
      * by the caller before forward, demb (same shape) written by backward */
@@ -86,8 +88,10 @@ size_t ps_layer_bias_count(const ps_layer *l);
 void ps_layer_describe(const ps_layer *l, char *buf, size_t len);
 
 /* Allocate the layer's scratch for batches of up to max_batch samples (device
- * memory of b); free it with ps_layer_release.  Release is safe on a layer
- * that was never allocated (all-zero scratch fields). */
+ * memory of b, which forward and backward must then be given: the scratch
+ * depends on the backend's optional operations); free it with
+ * ps_layer_release.  Release is safe on a layer that was never allocated
+ * (all-zero scratch fields). */
 int ps_layer_alloc(ps_layer *l, ps_backend *b, int max_batch);
 void ps_layer_release(ps_layer *l, ps_backend *b);
 
@@ -96,8 +100,9 @@ void ps_layer_release(ps_layer *l, ps_backend *b);
 int ps_layer_forward(ps_backend *b, ps_layer *l, const float *x, float *y, int n);
 
 /* Backward of the last forward of this layer (same n; maxpool uses the argmax
- * that forward saved).  x and y are that forward's input and output, dy the
- * gradient of the loss with respect to y.  Writes (overwrites) the parameter
+ * that forward saved, or finds the maxima again in x and y).  x and y are
+ * that forward's input and output, dy the gradient of the loss with respect
+ * to y.  Writes (overwrites) the parameter
  * gradients into l->weight->g and l->bias->g, and dx (the gradient with
  * respect to x) unless dx is NULL (the first layer needs none).  relu may run
  * in place (dx == dy); flatten with dx == dy does nothing. */
@@ -110,6 +115,13 @@ int ps_layer_backward(ps_backend *b, ps_layer *l, const float *x, const float *y
  * makes the call wait for the device). */
 int ps_loss_softmax_xent(ps_backend *b, const float *logits, const int32_t *labels, int n,
                          int classes, float *dlogits, float *loss, int *correct);
+
+/* The same without waiting: loss and correct (either may be NULL) are host
+ * memory from b->alloc_host, filled when PS_STREAM_COMPUTE gets there (read
+ * them after b->stream_sync(b, PS_STREAM_COMPUTE)); on the CPU, before it
+ * returns. */
+int ps_loss_softmax_xent_async(ps_backend *b, const float *logits, const int32_t *labels, int n,
+                               int classes, float *dlogits, float *loss, int *correct);
 
 /* Binary cross-entropy on logits[n] (one per sample) against int32 labels 0
  * or 1: writes dlogits = (sigmoid(z) - y) / n = d(mean loss)/d(logits) and,

@@ -487,8 +487,8 @@ int ps_model_load_batch(ps_model *m, const float *host_x, const int32_t *host_la
     return rc;
 }
 
-int ps_model_forward(ps_model *m, const float *x, const int32_t *labels, int n,
-                     const ps_model_hooks *hooks, float *loss, int *correct)
+static int forward(ps_model *m, const float *x, const int32_t *labels, int n,
+                   const ps_model_hooks *hooks, float *loss, int *correct, int defer)
 {
     m->have_grad = 0;
     if (n <= 0 || n > m->max_batch || !x)
@@ -513,11 +513,26 @@ int ps_model_forward(ps_model *m, const float *x, const int32_t *labels, int n,
     if (m->sparse)
         rc = ps_loss_bce_logits(m->b, m->act[m->nlayers], labels, n, m->dact[m->nlayers], loss,
                                 correct);
+    else if (defer)
+        rc = ps_loss_softmax_xent_async(m->b, m->act[m->nlayers], labels, n, m->num_classes,
+                                        m->dact[m->nlayers], loss, correct);
     else
         rc = ps_loss_softmax_xent(m->b, m->act[m->nlayers], labels, n, m->num_classes,
                                   m->dact[m->nlayers], loss, correct);
     m->have_grad = rc == 0;
     return rc;
+}
+
+int ps_model_forward(ps_model *m, const float *x, const int32_t *labels, int n,
+                     const ps_model_hooks *hooks, float *loss, int *correct)
+{
+    return forward(m, x, labels, n, hooks, loss, correct, 0);
+}
+
+int ps_model_forward_deferred(ps_model *m, const float *x, const int32_t *labels, int n,
+                              const ps_model_hooks *hooks, float *loss, int *correct)
+{
+    return forward(m, x, labels, n, hooks, loss, correct, 1);
 }
 
 int ps_model_backward(ps_model *m, const ps_model_hooks *hooks)

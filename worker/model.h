@@ -114,6 +114,12 @@ int ps_model_load_batch(ps_model *m, const float *host_x, const int32_t *host_la
  * ps_model_fetch_rows (PS_ESTATE without them). */
 int ps_model_forward(ps_model *m, const float *x, const int32_t *labels, int n,
                      const ps_model_hooks *hooks, float *loss, int *correct);
+/* ps_model_forward that does not wait for the loss: loss and correct (either
+ * may be NULL) are host memory from the backend's alloc_host, filled when
+ * PS_STREAM_COMPUTE gets there (read them after stream_sync of it); on the
+ * CPU, and for the ctr model's host-side loss, before it returns. */
+int ps_model_forward_deferred(ps_model *m, const float *x, const int32_t *labels, int n,
+                              const ps_model_hooks *hooks, float *loss, int *correct);
 /* Logits of the last forward: device, n x num_classes (ctr: n x 1). */
 const float *ps_model_logits(const ps_model *m);
 

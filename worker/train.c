@@ -67,8 +67,17 @@ typedef struct worker {
     FILE *csv;
     ps_dataset *train, *test;
     ps_data_shard *shard; /* this worker's slice of each global batch (data.h) */
-    float *hx;         /* host batch */
-    int32_t *hy;
+    /* host batches (the backend's host memory: pinned on CUDA), two so that
+     * the next is filled while the copy of this one may still be queued;
+     * loaded[i] is recorded after the copy out of buffer i */
+    float *hx[2];
+    int32_t *hy[2];
+    ps_event *loaded[2];
+    /* each step's mean loss, written by the device in its own time
+     * (ps_model_forward_deferred) and summed at the log steps: the host waits
+     * for the device there, not every step */
+    float *losses;     /* loss_cap slots (the backend's host memory) */
+    int loss_cap, pending;
     /* the click-through model: where its tables' rows come from, and the
      * batch's ids (NULL for mlp and cnn) */
     ps_row_source *rows;
@@ -358,6 +367,22 @@ static int hand_ids_ahead(worker *w, int64_t step, int64_t per_epoch)
     return rc ? rc : ps_model_ahead_ids(w->m, w->rows, w->hids, w->cfg->batch);
 }
 
+/* The most steps' losses held before they are summed, whatever --log-every. */
+enum { LOSS_SLOTS = 4096 };
+
+/* Wait for the steps' losses and add them to *sum in step order: the number
+ * the log shows is the same as if each had been added in its own step. */
+static int take_losses(worker *w, double *sum)
+{
+    int rc = w->b->stream_sync(w->b, PS_STREAM_COMPUTE);
+    if (rc)
+        return rc;
+    for (int i = 0; i < w->pending; i++)
+        *sum += w->losses[i];
+    w->pending = 0;
+    return 0;
+}
+
 static int train_loop(worker *w)
 {
     const ps_train_config *c = w->cfg;
@@ -387,13 +412,16 @@ static int train_loop(worker *w)
         return rc;
     for (w->step = 0; w->step < total && !rc && !g_stop; w->step++) {
         int64_t k = w->step % per_epoch, epoch = w->step / per_epoch;
-        /* our slice of global batch k of the epoch's shuffle, the same on every worker */
-        if ((rc = ps_data_shard_fill(w->shard, (uint64_t)epoch, (size_t)k, w->hx, w->hy)) ||
+        int buf = (int)(w->step & 1);
+        /* our slice of global batch k of the epoch's shuffle, the same on every
+         * worker, into the buffer whose copy two steps ago has been done */
+        if ((rc = w->b->event_sync(w->b, w->loaded[buf])) ||
+            (rc = ps_data_shard_fill(w->shard, (uint64_t)epoch, (size_t)k, w->hx[buf],
+                                     w->hy[buf])) ||
             (w->rows && !ahead &&
              (rc = ps_data_shard_fill_ids(w->shard, (uint64_t)epoch, (size_t)k, w->hids))))
             break;
         int64_t t0 = ps_now_ns();
-        float loss = 0;
         /* the click-through model's rows of this batch, from wherever they live:
          * the next batch's ids go ahead, before this batch's rows are waited for */
         if (ahead && ((w->step + 1 < total && (rc = hand_ids_ahead(w, w->step + 1, per_epoch))) ||
@@ -402,9 +430,10 @@ static int train_loop(worker *w)
         if (w->rows && !ahead && ((rc = ps_model_set_ids(w->m, w->hids, c->batch)) ||
                                   (rc = ps_model_fetch_rows(w->m, w->rows))))
             break;
-        if ((rc = ps_model_load_batch(w->m, w->hx, w->hy, c->batch)) ||
-            (rc = ps_model_forward(w->m, ps_model_input(w->m), ps_model_labels(w->m), c->batch,
-                                   &hooks, &loss, NULL)))
+        if ((rc = ps_model_load_batch(w->m, w->hx[buf], w->hy[buf], c->batch)) ||
+            (rc = w->b->event_record(w->b, w->loaded[buf], PS_STREAM_COMPUTE)) ||
+            (rc = ps_model_forward_deferred(w->m, ps_model_input(w->m), ps_model_labels(w->m),
+                                            c->batch, &hooks, &w->losses[w->pending++], NULL)))
             break;
         int64_t t1 = ps_now_ns();
         if ((rc = ps_model_backward(w->m, &hooks)) ||
@@ -415,10 +444,12 @@ static int train_loop(worker *w)
         int64_t t2 = ps_now_ns();
         ps_trace_event(w->trace, "forward", "compute", TID_TRAIN, t0, t1, w->step, -1);
         ps_trace_event(w->trace, "backward", "compute", TID_TRAIN, t1, t2, w->step, -1);
-        win_loss += loss;
         win_steps++;
         int64_t it = w->step + 1;
-        if (it % c->log_every == 0 || it == total) {
+        int log_now = it % c->log_every == 0 || it == total;
+        if ((log_now || w->pending == w->loss_cap) && (rc = take_losses(w, &win_loss)))
+            break;
+        if (log_now) {
             int64_t now = ps_now_ns();
             double dt = (double)(now - t_win) * 1e-9;
             double sps = (double)win_steps * c->batch / dt;
@@ -514,10 +545,15 @@ int ps_train_run(const ps_train_config *c)
     w.params = ps_model_params(w.m);
     w.nparams = ps_model_num_params(w.m);
     size_t ss = ps_dataset_sample_size(w.train);
-    w.hx = malloc((size_t)c->batch * ss * sizeof(float));
-    w.hy = malloc((size_t)c->batch * sizeof(int32_t));
-    if (!w.hx || !w.hy) {
-        rc = PS_ENOMEM;
+    w.loss_cap = c->log_every < LOSS_SLOTS ? c->log_every : LOSS_SLOTS;
+    rc = w.b->alloc_host(w.b, (size_t)w.loss_cap * sizeof(float), (void **)&w.losses);
+    for (int i = 0; i < 2 && !rc; i++)
+        if (!(rc = w.b->alloc_host(w.b, (size_t)c->batch * ss * sizeof(float),
+                                   (void **)&w.hx[i])) &&
+            !(rc = w.b->alloc_host(w.b, (size_t)c->batch * sizeof(int32_t), (void **)&w.hy[i])))
+            rc = w.b->event_create(w.b, &w.loaded[i]);
+    if (rc) {
+        ps_error("--batch %d: cannot allocate the host batches: %s", c->batch, ps_strerror(rc));
         goto out;
     }
     if ((rc = open_outputs(&w)) || (c->servers && (rc = connect_servers(&w)))) {
@@ -540,10 +576,21 @@ out:
     ps_model_destroy(w.m);
     if (w.rows)
         w.rows->destroy(w.rows);
-    if (w.b)
+    if (w.b) {
+        /* a failed step may have left copies out of the host batches queued */
+        (void)w.b->stream_sync(w.b, PS_STREAM_COMPUTE);
+        for (int i = 0; i < 2; i++) {
+            if (w.hx[i])
+                w.b->free_host(w.b, w.hx[i]);
+            if (w.hy[i])
+                w.b->free_host(w.b, w.hy[i]);
+            if (w.loaded[i])
+                w.b->event_destroy(w.b, w.loaded[i]);
+        }
+        if (w.losses)
+            w.b->free_host(w.b, w.losses);
         w.b->destroy(w.b);
-    free(w.hx);
-    free(w.hy);
+    }
     free(w.hids);
     ps_data_shard_destroy(w.shard);
     ps_dataset_free(w.train);

@@ -55,7 +55,7 @@ case $(probe "$B/bin/ps_server") in
 *GLIBCXX* | *CXXABI* | *libstdc++* | *libgcc_s*) L=$L:$B/lib/cxx ;;
 esac
 case $(probe "$B/bin/ps_worker") in
-*libcublas* | *libcudart*)
+*libcublas* | *libcudart* | *libcudnn*)
     for d in ${CUDA_HOME:+$CUDA_HOME/lib64 $CUDA_HOME/targets/x86_64-linux/lib} \
         $(command -v nvcc >/dev/null 2>&1 && echo "$(dirname "$(command -v nvcc)")/../lib64") \
         /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do

@@ -19,7 +19,8 @@
 #             the paths (tests/gpu/bundle-run.sh)
 #   MANIFEST  what was built, where and with what, and what the machine must
 #             have: glibc, the CUDA libraries (the device's own, matching its
-#             driver: libcublas alone is 600 MB with libcublasLt)
+#             driver: libcublas alone is 600 MB with libcublasLt) and cuDNN
+#             (libcudnn.so.9, with its engines beside it)
 #
 #   sh tests/gpu/bundle.sh --out DIR [--archs "sm_80 sm_90 + PTX compute_90"]
 #   environment: BUILD (build), BIN (bin), LIB (lib), NVCC (for the MANIFEST)
@@ -55,6 +56,9 @@ system_lib() {
     linux-vdso.so.* | ld-linux*.so.* | libc.so.* | libm.so.* | libmvec.so.* | libpthread.so.* | \
         libdl.so.* | librt.so.* | libresolv.so.* | libutil.so.* | libanl.so.* | libnsl.so.*) return 0 ;;
     libcuda.so.* | libcudart.so.* | libcublas.so.* | libcublasLt.so.* | libnvidia-*) return 0 ;;
+    # cuDNN: 0.1 MB itself, but it loads its engines (hundreds of MB) from
+    # its own folder at run time; the device's toolkit has them
+    libcudnn.so.* | libcudnn_*.so.*) return 0 ;;
     esac
     return 1
 }

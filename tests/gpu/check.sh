@@ -16,10 +16,10 @@
 # a skipped part is never ok): the GPU and its compute mode (nvidia-smi);
 # the bundle; test_cuda (exact FP32, then TF32); test_train's
 # cuda_sync_run_matches_cpu; ps_worker --device cuda:0 for the MLP and the
-# CNN, compute-only and through a server with 1 and 2 workers on the GPU,
-# sync and async, --shm auto and off; the Python CUDA test and the PyTorch
-# example through ps_launch --gpus --exec with the machine's python3 (its
-# torch must have CUDA); a sticky CUDA error injected into a worker
+# CNN, compute-only (the CNN also with PS_CUDNN=0, cuDNN off) and through a
+# server with 1 and 2 workers on the GPU, sync and async, --shm auto and
+# off; the Python CUDA test and the PyTorch example through ps_launch --gpus
+# --exec with the machine's python3 (its torch must have CUDA); a sticky CUDA error injected into a worker
 # (tests/fake_cudart.c), which must end it, naming the error; a
 # compute-sanitizer memcheck run of a few steps; bench/gpu_bench.sh, ours
 # against PyTorch on the same GPU.
@@ -228,10 +228,11 @@ cuda_tests() {
 }
 
 # ---- ps_worker on cuda:0
-# workers NAME SPEC W MODE SHM STEPS: MODE none: one worker alone (compute
-# only); else one server and W workers on the GPU at once
+# workers NAME SPEC W MODE SHM STEPS [ENV]: MODE none: one worker alone
+# (compute only); else one server and W workers on the GPU at once.  ENV:
+# VAR=VALUE words for the workers' environment
 workers() {
-    _name=$1 _spec=$2 _w=$3 _mode=$4 _shm=$5 _steps=$6
+    _name=$1 _spec=$2 _w=$3 _mode=$4 _shm=$5 _steps=$6 _env=${7:-}
     LIM=$(limit 60)
     if [ "$LIM" -lt 15 ]; then
         row "$_name" skipped 0 "out of the time budget ($(left) s of $budget left)"
@@ -253,8 +254,8 @@ workers() {
     fi
     _r=0 _wp=""
     while [ "$_r" -lt "$_w" ]; do
-        timeout -k 5 "$LIM" $RUN ps_worker --servers "$EP" --rank "$_r" --num-workers "$_w" \
-            $_flags >"$_d/worker$_r.log" 2>&1 &
+        timeout -k 5 "$LIM" env $_env $RUN ps_worker --servers "$EP" --rank "$_r" \
+            --num-workers "$_w" $_flags >"$_d/worker$_r.log" 2>&1 &
         _wp="$_wp $!"
         _r=$((_r + 1))
     done
@@ -286,6 +287,8 @@ workers() {
 worker_runs() {
     workers worker_mlp_alone mlp:784-256-128-10 1 none - 400
     workers worker_cnn_alone cnn 1 none - 100
+    # the same without cuDNN (im2col + cuBLAS): both samples/s in the rows
+    workers worker_cnn_alone_cudnn_off cnn 1 none - 100 PS_CUDNN=0
     for spec in mlp cnn; do
         if [ "$spec" = mlp ]; then s=mlp:784-256-128-10 n=400; else s=cnn n=100; fi
         for w in 1 2; do
