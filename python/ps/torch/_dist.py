@@ -119,7 +119,7 @@ class _Methods:
         if self._ps_update == "server":
             now = client.hyper()  # what they run now (another worker may have changed it)
             self._ps_kind = now["optimizer"]
-            if not servers_own:
+            if not servers_own and ex.params:  # (only tables: nothing runs it)
                 self._ps_known = {key: now[key] for key in hyper_of(self)}
         _context.on_start(client, self, ex, model)
         if self._ps_update != "server":
