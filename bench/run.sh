@@ -8,7 +8,7 @@
 #                      it the accuracy sections of the existing
 #                      docs/BENCHMARKS.md are kept as they were
 #   BENCH_PROFILE=0    skip the perf profile of the transport path
-#   BENCH_ONLY="transport apply train load torch shm cluster multihost tables"   run only these; the
+#   BENCH_ONLY="transport apply train load torch shm cluster multihost tables dlrm"   run only these; the
 #                      document keeps its sections of the parts that did not run
 #   BENCH_DOC=FILE     write FILE instead of docs/BENCHMARKS.md
 # Every figure is a ratio against a baseline measured in the same run: the
@@ -18,7 +18,7 @@ BUILD=${BUILD:-build}
 export BUILD
 export PS_BIN_DIR=${PS_BIN_DIR:-bin}
 DOC=${BENCH_DOC:-docs/BENCHMARKS.md}
-ONLY=${BENCH_ONLY:-"transport apply train load torch shm cluster multihost tables"}
+ONLY=${BENCH_ONLY:-"transport apply train load torch shm cluster multihost tables dlrm"}
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/ps_benchrun.XXXXXX") || exit 1
 trap 'rm -rf "$OUT"' EXIT
 start=$(date +%s)
@@ -79,6 +79,8 @@ wanted multihost && part multihost sh bench/multihost.sh
 # embedding tables: the store, rows through a server, ps_worker's CTR model
 # against PyTorch, the id space from 1e5 to 1e9
 wanted tables && part tables sh bench/tables_bench.sh
+# PyTorch's DLRM with ps.torch's server tables against DDP gloo and one process
+wanted dlrm && part dlrm sh bench/dlrm_bench.sh
 if [ "${BENCH_ACCURACY:-0}" = 1 ]; then
     part accuracy sh bench/accuracy.sh
 else
@@ -92,7 +94,7 @@ echo "bench: done in $total s"
 
 # A part that did not run (BENCH_ONLY, or it failed) keeps its section of
 # the existing document, between <!-- part:NAME:begin/end --> markers.
-PARTS="transport profile apply train load torch shm cluster multihost tables"
+PARTS="transport profile apply train load torch shm cluster multihost tables dlrm"
 ran="" kept="" missing=""
 for p in $PARTS; do
     if [ -s "$OUT/$p.md" ] && [ "$(cat "$OUT/$p.rc" 2>/dev/null)" = 0 ]; then
@@ -159,7 +161,7 @@ because the machine may be shared and noisy.
 
 EOF
 goal_lines "$OUT/transport.md" "$OUT/apply.md" "$OUT/train.md" "$OUT/shm.md" "$OUT/cluster.md" \
-    "$OUT/torch.md" "$tacc" "$OUT/multihost.md" "$OUT/tables.md" |
+    "$OUT/torch.md" "$tacc" "$OUT/multihost.md" "$OUT/tables.md" "$OUT/dlrm.md" |
     sed 's/^/- /'
 echo "<!-- accuracy-goals:begin -->"
 goal_lines "$acc" | sed 's/^/- /'
@@ -459,6 +461,17 @@ each subsection says how it was measured.
 
 EOF
 partmd tables
+cat <<EOF
+
+## 12. PyTorch's DLRM with its tables on the servers
+
+\`bench/dlrm_bench.sh\` (\`BENCH_ONLY=dlrm make bench\`): examples/torch_dlrm.py
+through ps.torch (tables on the servers, prefetched) against DDP gloo and one
+PyTorch process on the same data, model and seed, and the id space grown to
+1e9 per table.
+
+EOF
+partmd dlrm
 } >"$DOC.tmp" && mv "$DOC.tmp" "$DOC"
 echo "bench: wrote $DOC"
 exit $status

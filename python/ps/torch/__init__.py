@@ -63,18 +63,21 @@ from ._dist import Adasum, Compression, ServersOptimizer
 from ._dist import make as _make
 from ._exchange import Exchange, param_key
 from ._optim import server_flags, server_settings
+from ._tables import MAX_IDS, MIN_BYTES, Embedding, EmbeddingBag, ServerEmbedding
 
 __all__ = ["DistributedOptimizer", "DistributedModel", "wrap", "init", "rank", "size",
            "local_rank", "local_size", "allreduce", "allreduce_", "broadcast_object",
            "broadcast_parameters", "broadcast_optimizer_state", "join", "Compression",
            "Average", "Sum", "Adasum", "server_flags", "server_settings", "param_key",
-           "Client", "PSError"]
+           "Client", "PSError", "Embedding", "EmbeddingBag", "ServerEmbedding"]
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=None, gradient_predivide_factor=1.0,
                          *, model=None, client=None, update=None, grad_edits=None,
-                         init_from_rank0=True, wait_timeout=600.0, sync_buffers_every=0):
+                         init_from_rank0=True, wait_timeout=600.0, sync_buffers_every=0,
+                         tables=None, table_optimizer=None, table_max_ids=MAX_IDS,
+                         table_min_bytes=MIN_BYTES):
     """optimizer trained through the servers: an instance of a class derived
     from optimizer's (so isinstance, lr schedulers and state_dict work), with
     optimizer's parameter groups and state.  Blocks until every server said
@@ -112,9 +115,26 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                         other workers, saying every 10 s whom (0: forever)
       sync_buffers_every  average the model's buffers every N steps (0:
                         only at pull_final/join)
+      tables            which nn.Embedding / nn.EmbeddingBag modules of
+                        model become tables on the servers (the module is
+                        replaced by a ServerEmbedding, its weight dropped
+                        from the model and the optimizer): None, those of
+                        at least table_min_bytes of weight (64 MiB) and
+                        those on the meta device; "all"; a list of module
+                        names; a dict name -> that table's options
+                        (optimizer, init, scale, seed, max_rows, max_ids);
+                        [] none.  docs/TORCH.md "Embedding tables"
+      table_optimizer   the tables' optimizer on the servers: "adagrad"
+                        (default, lr 0.01), "adam" (lazy), "sgd", a dict
+                        {'optimizer': 'adagrad', 'lr': 0.05, ...} or a
+                        torch Adagrad / SparseAdam / SGD
+      table_max_ids     the ids one batch may give a table (16 x dim x this
+                        bytes of buffers per table)
 
     The older form DistributedOptimizer(model, optimizer=None, client=None)
     (the update on the servers, optimizer checked against theirs) works too."""
+    tab = dict(tables=tables, table_optimizer=table_optimizer, table_max_ids=table_max_ids,
+               table_min_bytes=table_min_bytes)
     if isinstance(optimizer, torch.nn.Module):
         model, optimizer = optimizer, named_parameters
         client = compression if client is None else client
@@ -122,10 +142,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
             optimizer = ServersOptimizer(model.parameters())
         return _make(optimizer, model=model, client=client, update=update or "server",
                      grad_edits=grad_edits, init_from_rank0=init_from_rank0,
-                     wait_timeout=wait_timeout, sync_buffers_every=sync_buffers_every)
+                     wait_timeout=wait_timeout, sync_buffers_every=sync_buffers_every, **tab)
     return _make(optimizer, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, model, client, update, grad_edits, init_from_rank0,
-                 wait_timeout, sync_buffers_every)
+                 wait_timeout, sync_buffers_every, **tab)
 
 
 class DistributedModel(torch.nn.Module):

@@ -39,6 +39,7 @@ import torch
 from .. import _lib
 from ..client import PSError, parse_wire_dtype
 from . import _context
+from . import _tables
 from ._exchange import Exchange
 from ._optim import (STATE_NAMES, hyper_of, planes_to_state, server_flags, server_settings,
                      state_to_planes)
@@ -72,7 +73,7 @@ class _Methods:
     # ---- set-up ----
 
     def _ps_setup(self, named, model, client, update, k, grad_edits, wire, init_from_rank0,
-                  wait_timeout, sync_buffers_every):
+                  wait_timeout, sync_buffers_every, tables=()):
         self._ps_synced = False
         self._ps_skip = False
         self._ps_steps = 0
@@ -93,7 +94,8 @@ class _Methods:
         else:  # as the servers run: checked once they said
             expect, how = None, "auto"
         try:
-            ex = Exchange(named, client, expect, model, init_from_rank0, how, wait_timeout, wire)
+            ex = Exchange(named, client, expect, model, init_from_rank0, how, wait_timeout, wire,
+                          tables)
         except PSError as e:
             if e.code == _EMISMATCH and "optimizer:" in e.message:
                 raise PSError(e.code, e.message + "; the servers must run %s: update='worker' "
@@ -105,6 +107,10 @@ class _Methods:
         self._ps_update = ex.update
         if how == "auto" and ex.update == "server" and not servers_own:
             self._ps_check_servers(client)
+        if tables and k > 1:
+            client.close()
+            raise ValueError("backward_passes_per_step=%d with embedding tables on the servers: "
+                             "a table takes one batch per step" % k)
         ex.passes_per_step = k
         ex.push_mode = {None: "probe", True: "step", False: "backward"}[grad_edits]
         self._ps_grad_edits = grad_edits
@@ -113,7 +119,7 @@ class _Methods:
         if self._ps_update == "server":
             now = client.hyper()  # what they run now (another worker may have changed it)
             self._ps_kind = now["optimizer"]
-            if not servers_own:
+            if not servers_own and ex.params:  # (only tables: nothing runs it)
                 self._ps_known = {key: now[key] for key in hyper_of(self)}
         _context.on_start(client, self, ex, model)
         if self._ps_update != "server":
@@ -161,6 +167,41 @@ class _Methods:
         if self._ps_view is None:
             self._ps_view = DistributedModel._of(self._ps_model, self._ps_ex, self)
         return self._ps_view
+
+    @property
+    def tables(self):
+        """The model's embedding modules on the servers, by name (module
+        order: prefetch's list order)."""
+        return {t.name: t.module for t in self._ps_ex.tables}
+
+    def prefetch(self, ids):
+        """Hand the ids of an upcoming batch to the model's server tables so
+        their rows are fetched while this batch computes: one tensor per
+        table (a list in the order of .tables, a dict by name, or the ids
+        alone with one table), exactly the ids the module's forward will
+        get (its input; any shape).  Batches are taken in the order handed,
+        at most two ahead of the step: call it once per step with the next
+        batch (and once before the first forward with the first batch, or
+        let that forward fetch its own).  prefetching(loader) does this."""
+        ex = self._ps_ex
+        for t, i in zip(ex.tables, _tables.ids_per_table(ex.tables, ids)):
+            t.hand(i)
+
+    def prefetching(self, loader, ids_of):
+        """The batches of loader, each one's table ids handed (prefetch) one
+        batch ahead: ids_of(batch) is what prefetch takes.  The loop's body
+        runs one step per batch, as usual."""
+        it = iter(loader)
+        try:
+            cur = next(it)
+        except StopIteration:
+            return
+        self.prefetch(ids_of(cur))
+        for nxt in it:
+            self.prefetch(ids_of(nxt))
+            yield cur
+            cur = nxt
+        yield cur
 
     @property
     def update(self):
@@ -309,12 +350,27 @@ class _Methods:
         theirs (fetched now), so a checkpoint holds it."""
         if self._ps_update == "server":
             self._ps_fetch_state()
-        return super(self.__class__, self).state_dict()
+        sd = super(self.__class__, self).state_dict()
+        if self._ps_ex.tables:
+            sd["ps_tables"] = {t.name: t.declaration() for t in self._ps_ex.tables}
+        return sd
 
     def load_state_dict(self, state_dict):
         """torch's; with the update on the servers, rank 0's state goes to
         them (the others' is taken from there), after the requests in
-        flight, and the loaded hyper-parameters before the next step."""
+        flight, and the loaded hyper-parameters before the next step.  Its
+        tables (ps_tables: their declarations) must be this model's; their
+        rows come from the servers' checkpoints."""
+        mine = {t.name: t.declaration() for t in self._ps_ex.tables}
+        theirs = state_dict.get("ps_tables", {})
+        for name, d in theirs.items():
+            m = mine.get(name)
+            if m is None or (m["key"], m["embedding_dim"]) != (d["key"], d["embedding_dim"]):
+                raise ValueError("load_state_dict: table %r of the state (key %#x, dim %d) is not "
+                                 "one of this model's server tables (%s)"
+                                 % (name, d["key"], d["embedding_dim"], ", ".join(mine) or
+                                    "none"))
+        state_dict = {k: v for k, v in state_dict.items() if k != "ps_tables"}
         super(self.__class__, self).load_state_dict(state_dict)
         if self._ps_update == "server" and self.client.rank == 0:
             self._ps_store_state()
@@ -418,7 +474,9 @@ def _join_planes(planes, ns, ce):
 
 def make(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1,
          op=None, gradient_predivide_factor=1.0, model=None, client=None, update=None,
-         grad_edits=None, init_from_rank0=True, wait_timeout=600.0, sync_buffers_every=0):
+         grad_edits=None, init_from_rank0=True, wait_timeout=600.0, sync_buffers_every=0,
+         tables=None, table_optimizer=None, table_max_ids=_tables.MAX_IDS,
+         table_min_bytes=_tables.MIN_BYTES):
     """DistributedOptimizer(optimizer, ...): see ps.torch.DistributedOptimizer."""
     del gradient_predivide_factor  # with the mean it changes nothing
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -432,6 +490,13 @@ def make(optimizer, named_parameters=None, compression=None, backward_passes_per
                          "(each worker steps it), got %r" % (update,))
     if int(backward_passes_per_step) < 1:
         raise ValueError("backward_passes_per_step must be at least 1")
+    chosen = []
+    if model is not None:  # its big embeddings become server tables, their weights dropped
+        chosen = _tables.choose(model, tables, table_optimizer, table_max_ids, table_min_bytes)
+        _tables.drop_weights(optimizer, [w for _, w, _ in chosen])
+    elif tables:
+        raise ValueError("tables= needs model=: the wrapper replaces the model's embedding "
+                         "modules")
     names = {}
     if named_parameters is not None:
         named_parameters = list(named_parameters)
@@ -450,5 +515,5 @@ def make(optimizer, named_parameters=None, compression=None, backward_passes_per
     obj = cls.__new__(cls)
     obj.__dict__.update(optimizer.__dict__)  # the same param_groups and state
     obj._ps_setup(named, model, client, update, int(backward_passes_per_step), grad_edits, wire,
-                  init_from_rank0, wait_timeout, sync_buffers_every)
+                  init_from_rank0, wait_timeout, sync_buffers_every, [t for _, _, t in chosen])
     return obj

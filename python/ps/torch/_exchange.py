@@ -170,7 +170,7 @@ class Exchange:
     ps.torch.DistributedOptimizer)."""
 
     def __init__(self, named_params, client=None, expect=None, module=None, init_from_rank0=True,
-                 update="server", wait_timeout=600.0, wire_dtype=None):
+                 update="server", wait_timeout=600.0, wire_dtype=None, tables=()):
         if client is None:
             client = Client(expect=expect)
         elif expect:
@@ -201,7 +201,8 @@ class Exchange:
                 raise TypeError("parameter %r is sparse; ps.torch trains dense tensors" % name)
             self.names.append(name)
             self.params.append(p)
-        if not self.params:
+        self.tables = list(tables)    # ps.torch._tables._Table: rows on the servers
+        if not self.params and not self.tables:
             raise ValueError("the model has no parameters that require grad")
         self.cuda = any(p.device.type == "cuda" for p in self.params)
         n = len(self.params)
@@ -288,6 +289,8 @@ class Exchange:
             if rc:
                 raise PSError(rc, _lib.last_error(self.client._ptr), "parameter %r" % name)
             self.client._counts[self.keys[i]] = p.numel()  # for the client's own requests
+        for k, t in enumerate(self.tables):
+            t.add(self, k)
         if init_from_rank0:
             lib.ps_exchange_set_init(x, 1 if self.client.rank == 0 else 0)
         rc = lib.ps_exchange_start(x)
@@ -339,6 +342,8 @@ class Exchange:
                 # the first round makes them a mean gradient
                 self._copy_in(self.params[i].data, i)
         self._wver = [p._version for p in self.params]
+        for t in self.tables:  # one clock with the tensors
+            t.step = min(self.steps) if self.steps else 0
 
     def _attach(self, module):
         for i, p in enumerate(self.params):
@@ -549,6 +554,8 @@ class Exchange:
                       for p in self.params]
 
     def end_step(self):
+        for t in self.tables:
+            t.push()
         self.pushed = [False] * len(self.params)
         self.passes = [0] * len(self.params)
         self._in_step = False
