@@ -11,6 +11,8 @@
 #                    step runs under `timeout`, within what is left
 #     --build        build here (make CUDA=1 WERROR=0) instead; also done when
 #                    the bundle cannot run here
+#     --no-bench     leave the benchmark out (its rows say skipped): a quick
+#                    check of the tests and the workers, about two minutes
 #
 # Parts, each a row of the summary (ok, FAILED, or skipped with the reason;
 # a skipped part is never ok): the GPU and its compute mode (nvidia-smi);
@@ -30,15 +32,16 @@
 # on a machine without a GPU (the CUDA parts then fail or skip, as they must).
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$(pwd -P)
-bundle="" out=${OUT:-} budget=450 build=0
+bundle="" out=${OUT:-} budget=450 build=0 nobench=0
 while [ $# -gt 0 ]; do
     case $1 in
     --bundle) bundle=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
     --build) build=1; shift ;;
+    --no-bench) nobench=1; shift ;;
     *)
-        echo "check.sh: unknown argument '$1' (--bundle DIR --out DIR --budget S --build)" >&2
+        echo "check.sh: unknown argument '$1' (--bundle DIR --out DIR --budget S --build --no-bench)" >&2
         exit 2
         ;;
     esac
@@ -327,6 +330,7 @@ print("torch %s (CUDA %s), cuda available: %s" % (torch.__version__, torch.versi
             fi
             row python_cuda_staging "$_res" 0 "$_note"
             row python_cuda_dropin "$_res" 0 "$_note"
+            row python_cuda_tables "$_res" 0 "$_note"
             row example_ps_launch_gpus "$_res" 0 "$_note"
             return
         fi
@@ -334,6 +338,7 @@ print("torch %s (CUDA %s), cuda available: %s" % (torch.__version__, torch.versi
     *)
         row python_cuda_staging skipped 0 "$PY has no torch: $torch_line"
         row python_cuda_dropin skipped 0 "$PY has no torch: $torch_line"
+        row python_cuda_tables skipped 0 "$PY has no torch: $torch_line"
         row example_ps_launch_gpus skipped 0 "$PY has no torch: $torch_line"
         return
         ;;
@@ -346,6 +351,10 @@ print("torch %s (CUDA %s), cuda available: %s" % (torch.__version__, torch.versi
         test_torch_dropin.py \
         a_cuda_model_trains_like_the_cpu_model_updated_on_workers_and_on_servers; then
         test_row python_cuda_dropin
+    fi
+    if step python_cuda_tables 150 30 sh -c 'cd tests/python && exec "$@"' sh $RUN "$PY" \
+        test_torch_tables.py cuda_model_rows_are_staged_to_its_device_and_equal_the_cpu_model; then
+        test_row python_cuda_tables
     fi
     # Fashion-MNIST when it is here, else IDX files of the same shapes
     data=/usr/share/datasets/fashion-mnist
@@ -464,6 +473,12 @@ memcheck_row() {
 # ---- the benchmark, ours against PyTorch on the same GPU
 bench() {
     LIM=$(limit 600)
+    if [ "$nobench" = 1 ]; then
+        for _p in gpu_bench gpu_bench_pytorch gpu_bench_pstorch; do
+            row $_p skipped 0 "--no-bench"
+        done
+        return
+    fi
     if [ "$LIM" -lt 60 ]; then
         row gpu_bench skipped 0 "out of the time budget ($(left) s of $budget left)"
         row gpu_bench_pytorch skipped 0 "out of the time budget"
@@ -502,7 +517,8 @@ bench() {
 }
 
 if [ -n "$SKIP" ]; then
-    for p in test_cuda test_train_cuda python_cuda_staging python_cuda_dropin example_ps_launch_gpus \
+    for p in test_cuda test_train_cuda python_cuda_staging python_cuda_dropin python_cuda_tables \
+        example_ps_launch_gpus \
         fault_sticky_error worker_runs memcheck test_cuda_tf32 gpu_bench gpu_bench_pytorch \
         gpu_bench_pstorch; do
         row $p skipped 0 "$SKIP"
