@@ -96,9 +96,17 @@ struct dnn_plan {
     size_t ws_fwd, ws_data, ws_filter;
 };
 
+/* How a shape's algorithms are chosen (PS_CUDNN_ALGO): by cuDNN's
+ * heuristics (the default: no timing at start, the same choice every run),
+ * by timing every candidate once (find, as PyTorch's cudnn.benchmark), or by
+ * timing with non-deterministic algorithms admitted too (fastest: a sync
+ * run's rounding may then differ from run to run). */
+enum { ALGO_HEURISTIC = 0, ALGO_FIND = 1, ALGO_FASTEST = 2 };
+
 struct dnn_state {
     cudnnHandle_t h;
     bool tf32;
+    int algo; /* ALGO_* */
     void *ws;       /* the shared workspace (device) */
     size_t ws_size;
     uint64_t clock;
@@ -190,10 +198,10 @@ static bool tensor_math(cudnnMathType_t m)
 /* Whether a heuristic's answer may be taken: it works, fits WS_CAP and is
  * deterministic; in exact FP32 (strict) also FMA math and a sum of products. */
 template <typename Perf>
-static bool usable(const Perf &p, bool strict, bool sum_of_products)
+static bool usable(const Perf &p, bool strict, bool sum_of_products, bool any_order)
 {
     if (p.status != CUDNN_STATUS_SUCCESS || p.memory > WS_CAP ||
-        p.determinism != CUDNN_DETERMINISTIC)
+        (p.determinism != CUDNN_DETERMINISTIC && !any_order))
         return false;
     return !strict || (!tensor_math(p.mathType) && sum_of_products);
 }
@@ -223,11 +231,12 @@ template <typename Perf, typename Pred>
 static int pick(const Perf *perf, int count, bool exact, Pred sum_of_products, const char *what,
                 const cuda_ctx *c, const ps_conv_shape *s)
 {
+    const bool any_order = c->dnn->algo == ALGO_FASTEST;
     for (int i = 0; i < count; i++)
-        if (usable(perf[i], exact, sum_of_products(perf[i].algo)))
+        if (usable(perf[i], exact, sum_of_products(perf[i].algo), any_order))
             return i;
     for (int i = 0; i < count; i++)
-        if (usable(perf[i], false, true)) {
+        if (usable(perf[i], false, true, any_order)) {
             if (exact)
                 ps_warn("%s: cuDNN %s of %dx%dx%dx%d k%d -> %d: no deterministic sum-of-products "
                         "algorithm; algorithm %d instead (results within the transform's "
@@ -283,12 +292,26 @@ static int conv_plan_make(cuda_ctx *c, dnn_plan *p, const ps_conv_shape *s)
     cudnnConvolutionBwdDataAlgoPerf_t dp[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     cudnnConvolutionBwdFilterAlgoPerf_t wp[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int nf = 0, nd = 0, nw = 0;
-    DNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(d->h, p->x, p->w, p->conv[0], p->y,
-                                                     CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &nf, fp));
-    DNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-        d->h, p->w, p->y, p->conv[1], p->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &nd, dp));
-    DNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-        d->h, p->x, p->y, p->conv[2], p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &nw, wp));
+    if (d->algo == ALGO_HEURISTIC) {
+        DNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
+            d->h, p->x, p->w, p->conv[0], p->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &nf, fp));
+        DNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+            d->h, p->w, p->y, p->conv[1], p->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &nd, dp));
+        DNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+            d->h, p->x, p->y, p->conv[2], p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &nw,
+            wp));
+    } else {
+        /* each candidate run once on scratch cuDNN allocates, fastest first;
+         * once per shape, outside the timed steps of a run that keeps its
+         * batch size */
+        DNN_CHECK(cudnnFindConvolutionForwardAlgorithm(
+            d->h, p->x, p->w, p->conv[0], p->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &nf, fp));
+        DNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(
+            d->h, p->w, p->y, p->conv[1], p->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &nd, dp));
+        DNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(
+            d->h, p->x, p->y, p->conv[2], p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &nw,
+            wp));
+    }
     const bool exact = !d->tf32;
     int i_f = pick(fp, nf, exact, fwd_sum_of_products, "forward", c, s);
     int i_d = pick(dp, nd, exact, data_sum_of_products, "backward data", c, s);
@@ -475,6 +498,19 @@ void ps_cudnn_attach(ps_backend *b, cuda_ctx *c, bool tf32)
         return;
     }
     d->tf32 = tf32;
+    static const char *const algo_names[] = {"heuristic", "find", "fastest"};
+    const char *algo = getenv("PS_CUDNN_ALGO");
+    if (algo && *algo) {
+        d->algo = -1;
+        for (int i = 0; i < 3; i++)
+            if (strcmp(algo, algo_names[i]) == 0)
+                d->algo = i;
+        if (d->algo < 0) {
+            ps_warn("%s: PS_CUDNN_ALGO must be heuristic, find or fastest, got '%s': "
+                    "heuristic", c->name, algo);
+            d->algo = ALGO_HEURISTIC;
+        }
+    }
     cudnnStatus_t st = cudnnCreate(&d->h);
     const char *step = "cudnnCreate";
     if (st == CUDNN_STATUS_SUCCESS) {
@@ -498,9 +534,12 @@ void ps_cudnn_attach(ps_backend *b, cuda_ctx *c, bool tf32)
     b->pool_fwd = dnn_pool_fwd;
     b->pool_bwd = dnn_pool_bwd;
     size_t v = cudnnGetVersion();
-    ps_info("%s: cuDNN %zu.%zu.%zu for convolutions and pooling, %s", c->name, v / 10000,
-            v / 100 % 100, v % 100,
-            tf32 ? "TF32 tensor cores allowed (PS_CUDA_TF32=1)" : "exact FP32");
+    ps_info("%s: cuDNN %zu.%zu.%zu for convolutions and pooling, %s, algorithms by %s",
+            c->name, v / 10000, v / 100 % 100, v % 100,
+            tf32 ? "TF32 tensor cores allowed (PS_CUDA_TF32=1)" : "exact FP32",
+            d->algo == ALGO_HEURISTIC ? "cuDNN's heuristics"
+            : d->algo == ALGO_FIND    ? "timing the deterministic ones (PS_CUDNN_ALGO=find)"
+                                      : "timing all (PS_CUDNN_ALGO=fastest)");
 }
 
 void ps_cudnn_release(cuda_ctx *c)
