@@ -29,7 +29,7 @@
  * at most STAGE_BYTES_MAX; with options.shm_bytes a quarter of the arena.
  * Pages never touched cost nothing. */
 #define STAGE_BYTES_PER_TABLE (8u << 20)
-#define STAGE_BYTES_MAX (64u << 20)
+#define STAGE_BYTES_MAX (32u << 20)
 
 /* A block of the stage in use (a table request's ids and rows). */
 typedef struct stage_block {

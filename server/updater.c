@@ -156,7 +156,7 @@ static void copy_free(void *data, void *hint)
  * why says.  *not_finite: whether a value of the copy is NaN or Inf (a
  * weight beyond float16's 65504 becomes Inf). */
 int upd_copy_payload(ps_updater *u, zmq_msg_t *pl, const float *w, size_t n, uint32_t dtype,
-                        int *not_finite, char *why, size_t why_len)
+                     int *not_finite, char *why, size_t why_len)
 {
     *not_finite = 0;
     size_t bytes = n * ps_dtype_size(dtype);
@@ -497,14 +497,14 @@ static void upd_torch(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *
         upd_error(u, r, rc, why);
 }
 
-/* A pushed gradient g of n values (a dense chunk's, or a sparse push's rows) holds NaN or Inf (bad of them, the first
- * at index first): counted, then as --on-nonfinite says refused (returns 1,
- * the reply's reason in why; upd_error logs it), or skipped (*g becomes
- * NULL: the shard counts the push and moves no weight) or applied, each
- * logged (rate-limited).  A check of its own over the values, apart from
+/* A pushed gradient g of n values (a dense chunk's, or a sparse push's
+ * rows) holds NaN or Inf (bad of them, the first at index first): counted,
+ * then as --on-nonfinite says refused (returns 1, the reply's reason in
+ * why; upd_error logs it), or skipped (*g becomes NULL: the shard counts
+ * the push and moves no weight) or applied, each logged (rate-limited).  A check of its own over the values, apart from
  * the optimizer's vectorised loops: one compare per value. */
 int upd_nonfinite(ps_updater *u, const ps_header *h, size_t n, const float **g, size_t bad,
-                     size_t first, char *why, size_t why_len)
+                  size_t first, char *why, size_t why_len)
 {
     u->nonfinite++;
     int mode = u->cfg.on_nonfinite;

@@ -146,8 +146,7 @@ void upd_thook_ready(void *user, void *waiter, int64_t version)
     upd_req_free(r);
 }
 
-/* A sparse request (frames pl[0..2] as its row of the message table has
- * them; the I/O thread checked them).  1 when r is kept. */
+/* A sparse request (updater_internal.h).  1 when r is kept. */
 int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
 {
     r->dim = h->dim;
