@@ -501,8 +501,9 @@ static void upd_torch(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *
  * rows) holds NaN or Inf (bad of them, the first at index first): counted,
  * then as --on-nonfinite says refused (returns 1, the reply's reason in
  * why; upd_error logs it), or skipped (*g becomes NULL: the shard counts
- * the push and moves no weight) or applied, each logged (rate-limited).  A check of its own over the values, apart from
- * the optimizer's vectorised loops: one compare per value. */
+ * the push and moves no weight) or applied, each logged (rate-limited).
+ * A check of its own over the values, apart from the optimizer's vectorised
+ * loops: one compare per value. */
 int upd_nonfinite(ps_updater *u, const ps_header *h, size_t n, const float **g, size_t bad,
                   size_t first, char *why, size_t why_len)
 {

@@ -12,8 +12,9 @@
 /* A sparse push the table's partition may keep (a sync push before a lower
  * rank's): its ids (a copy) and rows (the frame, an aligned float32 copy,
  * or in the worker's arena, shm its reference: the worker writes them again
- * only once the push is answered), and its request, answered when the rows are in the round (the
- * push's acknowledgement, or a pushpull's rows, `want` its version). */
+ * only once the push is answered), and its request, answered when the rows
+ * are in the round (the push's acknowledgement, or a pushpull's rows,
+ * `want` its version). */
 typedef struct shold {
     uint64_t *ids;
     zmq_msg_t msg;
