@@ -298,7 +298,8 @@ static int sub_send(ps_client *c, uint32_t i)
     /* a table's request: its frames are made anew for every send */
     zmq_msg_t sf[3];
     int nsf = 0;
-    if (s->sp && psc_sparse_frames(c, i, &h, c->wire_dtype, sf, &nsf) != 0) {
+    if (s->sp && !psc_sparse_shm(c, i, &h) &&
+        psc_sparse_frames(c, i, &h, c->wire_dtype, sf, &nsf) != 0) {
         psc_set_error(r, PS_ENOMEM, "%s: out of memory building a %s",
                       c->endpoints[s->server], ps_msg_type_name(s->type));
         psc_slot_finish(c, i);

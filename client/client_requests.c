@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "client_requests.h"
+#include "client_sparse.h"
 #include "ps_time.h"
 
 /* Completions: any thread. */
@@ -214,12 +215,13 @@ static uint32_t slot_alloc(struct psc_slots *sl)
     return i;
 }
 
-static void slot_free(struct psc_slots *sl, uint32_t i)
+static void slot_free(ps_client *c, uint32_t i)
 {
+    struct psc_slots *sl = c->slots;
     psc_sub *s = &sl->sub[i];
     sl->server[s->server].nlive--;
     s->req = NULL;
-    psc_sparse_sub_free(s->sp);
+    psc_sparse_sub_free(c, s->sp);
     s->sp = NULL;
     s->gen = s->gen + 1 ? s->gen + 1 : 1;
     s->next_free = sl->free_head;
@@ -270,11 +272,11 @@ uint32_t psc_slot_find(const ps_client *c, uint64_t seq, int server)
     return i;
 }
 
-void psc_slot_drop(ps_client *c, uint32_t i) { slot_free(c->slots, i); }
+void psc_slot_drop(ps_client *c, uint32_t i) { slot_free(c, i); }
 
 void psc_slot_finish(ps_client *c, uint32_t i)
 {
     ps_request *r = c->slots->sub[i].req;
-    slot_free(c->slots, i);
+    slot_free(c, i);
     psc_part_done(c, r);
 }

@@ -37,18 +37,14 @@ typedef struct psc_sparse_sub {
     float *rows;        /* their npush x dim gradient rows (float32) */
     uint64_t *pull_ids; /* npull ids */
     uint32_t *pull_u;   /* each one's unique index in op */
+    /* same host: its block of the arena's stage (blk_len 0: none), how many
+     * times it went through it, and whether a reply came (the server is
+     * done with the block: it is given back then, unless a resend of it may
+     * still be on its way) */
+    uint64_t blk_off, blk_len;
+    uint32_t shm_sends;
+    int answered;
 } psc_sparse_sub;
-
-/* Free a slot's sparse part and its share of the request's. */
-static inline void psc_sparse_sub_free(psc_sparse_sub *sp)
-{
-    if (!sp)
-        return;
-    psc_sparse_op *op = sp->op;
-    free(sp);
-    if (op && --op->refs == 0)
-        free(op);
-}
 
 /* One message in flight to one server.  Indexed by the low 32 bits of the
  * request id; the high 32 bits are the slot's generation, so a reply to a

@@ -24,8 +24,26 @@
 #include "ps_log.h"
 #include "ps_shm.h"
 
+/* The stage for tables' requests with an arena of the default size: this
+ * much per table (4096 ids of dim 128 pulled and pushed at once are 6 MiB),
+ * at most STAGE_BYTES_MAX; with options.shm_bytes a quarter of the arena.
+ * Pages never touched cost nothing. */
+#define STAGE_BYTES_PER_TABLE (8u << 20)
+#define STAGE_BYTES_MAX (32u << 20)
+
+/* A block of the stage in use (a table request's ids and rows). */
+typedef struct stage_block {
+    uint64_t off, len;
+} stage_block;
+
 struct psc_shm {
     ps_shm_arena arena; /* base NULL: none */
+    /* the stage: the part of the arena where tables' requests are written
+     * (comm thread): [stage_off, + stage_len), its blocks in use sorted by
+     * offset */
+    uint64_t stage_off, stage_len;
+    stage_block *blocks;
+    size_t nblocks, cap_blocks;
     int failed;         /* it could not be made (said once): the network, from then on */
     int servers;        /* how many map it */
     unsigned char on[]; /* per server: its payloads go through the arena */
@@ -43,14 +61,18 @@ int psc_shm_setup(ps_client *c)
     if (!c->opt.shm || m->failed)
         return 0;
     if (!m->arena.base) {
-        size_t bytes = c->opt.shm_bytes;
+        size_t bytes = c->opt.shm_bytes, stage = 0;
+        if (c->ntables) /* the tables' requests: a part of a given arena, or more */
+            stage = bytes ? bytes / 4 : STAGE_BYTES_PER_TABLE * c->ntables < STAGE_BYTES_MAX
+                                             ? STAGE_BYTES_PER_TABLE * c->ntables
+                                             : STAGE_BYTES_MAX;
         if (!bytes) {
             /* six buffers a tensor: front and back weights, three gradients
              * (the exchange's), one spare; pages not touched cost nothing */
             for (size_t t = 0; t < c->nspecs; t++)
                 bytes += 6 * ((c->specs[t].count * sizeof(float) + PS_SHM_ALIGN - 1) &
                               ~(size_t)(PS_SHM_ALIGN - 1));
-            bytes += 64 << 10;
+            bytes += (64 << 10) + stage;
         }
         char why[256];
         if (ps_shm_create(bytes, &m->arena, why, sizeof why) != 0) {
@@ -58,6 +80,11 @@ int psc_shm_setup(ps_client *c)
             ps_warn("libps: no shared-memory arena (%s): payloads go over the network", why);
             m->failed = 1;
             return 0;
+        }
+        unsigned char *st = stage ? ps_shm_alloc(&m->arena, stage) : NULL;
+        if (st) {
+            m->stage_off = (uint64_t)(st - m->arena.base);
+            m->stage_len = stage;
         }
     }
     snprintf(hq->shm_name, sizeof hq->shm_name, "%s", m->arena.name);
@@ -104,10 +131,72 @@ int psc_shm_use(const ps_client *c, const psc_sub *s, uint64_t *off, uint64_t *d
     }
 }
 
+int psc_shm_on(const ps_client *c, int server)
+{
+    return c->shm && c->shm->on[server];
+}
+
+void *psc_shm_block(ps_client *c, int server, size_t bytes, uint64_t *off)
+{
+    struct psc_shm *m = c->shm;
+    if (!psc_shm_on(c, server) || !bytes || bytes > m->stage_len)
+        return NULL;
+    if (m->nblocks == m->cap_blocks) {
+        size_t ncap = m->cap_blocks ? 2 * m->cap_blocks : 16;
+        stage_block *b = realloc(m->blocks, ncap * sizeof *b);
+        if (!b)
+            return NULL;
+        m->blocks = b;
+        m->cap_blocks = ncap;
+    }
+    /* first fit: the gaps before each block in use, and after the last */
+    uint64_t len = (bytes + PS_SHM_ALIGN - 1) & ~(uint64_t)(PS_SHM_ALIGN - 1);
+    uint64_t at = m->stage_off, end = m->stage_off + m->stage_len;
+    size_t k = 0;
+    while (k < m->nblocks && m->blocks[k].off - at < len) {
+        at = m->blocks[k].off + m->blocks[k].len;
+        k++;
+    }
+    if (k == m->nblocks && end - at < len)
+        return NULL; /* full: this request goes over the network */
+    memmove(m->blocks + k + 1, m->blocks + k, (m->nblocks - k) * sizeof *m->blocks);
+    m->blocks[k] = (stage_block){at, len};
+    m->nblocks++;
+    *off = at;
+    return m->arena.base + at;
+}
+
+void psc_shm_block_free(ps_client *c, uint64_t off)
+{
+    struct psc_shm *m = c->shm;
+    size_t lo = 0, hi = m ? m->nblocks : 0;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (m->blocks[mid].off < off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < (m ? m->nblocks : 0) && m->blocks[lo].off == off) {
+        memmove(m->blocks + lo, m->blocks + lo + 1, (m->nblocks - lo - 1) * sizeof *m->blocks);
+        m->nblocks--;
+    }
+}
+
+void *psc_shm_at(const ps_client *c, uint64_t off, size_t bytes)
+{
+    const struct psc_shm *m = c->shm;
+    if (!m || !m->arena.base || off < m->stage_off || bytes > m->stage_len ||
+        off - m->stage_off > m->stage_len - bytes)
+        return NULL;
+    return m->arena.base + off;
+}
+
 void psc_shm_close(ps_client *c)
 {
     if (!c->shm)
         return;
+    free(c->shm->blocks);
     ps_shm_close(&c->shm->arena);
     free(c->shm);
     c->shm = NULL;

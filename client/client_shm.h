@@ -24,6 +24,18 @@ void psc_shm_hello_reply(ps_client *c, int s, const ps_hello *rep);
 int psc_shm_use(const ps_client *c, const psc_sub *s, uint64_t *off, uint64_t *dst_off);
 /* Does [p, p + bytes) lie in the arena?  Then *off is where. */
 int psc_shm_holds(const ps_client *c, const void *p, size_t bytes, uint64_t *off);
+/* Does server s map the arena (its payloads go through it)? */
+int psc_shm_on(const ps_client *c, int s);
+/* Comm thread: a block of `bytes` in the arena's stage for a table's
+ * request to server s (one that maps the arena), *off its offset; NULL when
+ * the server does not map it or the stage has no room (the request goes
+ * over the network).  Given back with psc_shm_block_free once the server
+ * is done with it. */
+void *psc_shm_block(ps_client *c, int s, size_t bytes, uint64_t *off);
+void psc_shm_block_free(ps_client *c, uint64_t off);
+/* The stage's bytes [off, off + bytes) (a reply's rows), NULL when they are
+ * not inside it. */
+void *psc_shm_at(const ps_client *c, uint64_t off, size_t bytes);
 /* Unmap and close the arena (after the comm thread stopped). */
 void psc_shm_close(ps_client *c);
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client_shm.h"
 #include "ps_dtype.h"
 #include "ps_error.h"
 #include "ps_table_row.h"
@@ -366,6 +367,9 @@ long psc_sparse_begin(ps_client *c, uint32_t type, uint32_t ti, ps_request *r,
         sp->versioned = type != PS_MSG_SPUSHPULL || mtype == PS_MSG_SPUSHPULL;
         sp->npush = 0; /* filled below */
         sp->npull = 0;
+        sp->blk_off = sp->blk_len = 0;
+        sp->shm_sends = 0;
+        sp->answered = 0;
         sp->push_ids = (uint64_t *)(sp + 1);
         sp->pull_ids = sp->push_ids + a;
         sp->rows = (float *)(sp->pull_ids + b);
@@ -454,21 +458,92 @@ int psc_sparse_frames(const ps_client *c, uint32_t i, ps_header *h, uint32_t dty
     return 0;
 }
 
+void psc_sparse_sub_free(ps_client *c, psc_sparse_sub *sp)
+{
+    if (!sp)
+        return;
+    /* a block the server may still write (no reply came, or a resend of
+     * it may yet arrive) stays taken */
+    if (sp->blk_len && sp->answered && sp->shm_sends == 1)
+        psc_shm_block_free(c, sp->blk_off);
+    psc_sparse_op *op = sp->op;
+    free(sp);
+    if (op && --op->refs == 0)
+        free(op);
+}
+
+/* Where the reply's rows of slot s begin in its block (ps_proto_sparse_shm_bytes). */
+static uint64_t reply_at(const psc_sub *s, size_t d)
+{
+    const psc_sparse_sub *sp = s->sp;
+    if (s->type == PS_MSG_SPULL)
+        return 8 * (uint64_t)sp->npull;
+    return (8 + 4 * (uint64_t)d) * sp->npush + (s->type == PS_MSG_SPUSHPULL ? 8 * sp->npull : 0);
+}
+
+int psc_sparse_shm(ps_client *c, uint32_t i, ps_header *h)
+{
+    psc_sub *s = &c->slots->sub[i];
+    psc_sparse_sub *sp = s->sp;
+    size_t d = c->tables[sp->table].opts.dim;
+    int pull = s->type == PS_MSG_SPULL, pushpull = s->type == PS_MSG_SPUSHPULL;
+    size_t n = pull ? sp->npull : sp->npush;
+    uint64_t bytes = reply_at(s, d) + (pull || pushpull ? 4 * (uint64_t)d * sp->npull : 0);
+    if (!psc_shm_on(c, s->server) || !bytes)
+        return 0;
+    if (!sp->blk_len) {
+        if (!psc_shm_block(c, s->server, bytes, &sp->blk_off))
+            return 0; /* the stage is full: over the network */
+        sp->blk_len = bytes;
+    }
+    /* the frames' bytes one after the other, float32 */
+    char *at = psc_shm_at(c, sp->blk_off, bytes);
+    memcpy(at, pull ? sp->pull_ids : sp->push_ids, 8 * n);
+    if (!pull) {
+        memcpy(at + 8 * n, sp->rows, 4 * d * n);
+        if (pushpull)
+            memcpy(at + (8 + 4 * d) * n, sp->pull_ids, 8 * sp->npull);
+    }
+    h->dim = (uint32_t)d;
+    h->count = n;
+    h->dtype = PS_DTYPE_F32;
+    h->npull = pushpull ? sp->npull : 0;
+    if (!pull)
+        h->npush = s->npush; /* `m`: sent when > 1 */
+    h->flags |= PS_FLAG_SHM;
+    h->shm_off = sp->blk_off;
+    sp->shm_sends++;
+    return 1;
+}
+
 int psc_sparse_reply(const ps_client *c, uint32_t i, const ps_header *h, const zmq_msg_t *rows,
                      char *why, size_t why_len)
 {
     const psc_sub *s = &c->slots->sub[i];
-    const psc_sparse_sub *sp = s->sp;
+    psc_sparse_sub *sp = s->sp;
+    size_t d = c->tables[sp->table].opts.dim;
+    const char *data = (h->flags & PS_FLAG_SHM) ? NULL : zmq_msg_data((zmq_msg_t *)rows);
+    if (h->flags & PS_FLAG_SHM) {
+        /* the server wrote the rows into this slot's block, after its request */
+        uint64_t want = sp->blk_off + reply_at(s, d);
+        if (sp->blk_len && sp->op && h->count == sp->npull && h->dim == d)
+            data = psc_shm_at(c, h->shm_off, (size_t)h->count * d * sizeof(float));
+        if (!data || h->shm_off != want) {
+            ps_errorf(why, why_len, "%s reply says its rows are at offset %llu of the arena, "
+                "not where this request wanted them", ps_msg_type_name(h->type),
+                (unsigned long long)h->shm_off);
+            return PS_EPROTO;
+        }
+    }
+    sp->answered = 1;
     if (!sp->op) /* a push's acknowledgement: nothing to write */
         return 0;
-    size_t d = sp->op->dim;
     if (h->count != sp->npull || h->dim != d) {
         ps_errorf(why, why_len, "%s reply of %llu rows of dim %u, for %zu rows of dim %zu",
             ps_msg_type_name(h->type), (unsigned long long)h->count, h->dim, sp->npull, d);
         return PS_EPROTO;
     }
     size_t rb = d * ps_dtype_size(h->dtype);
-    const char *data = zmq_msg_data((zmq_msg_t *)rows);
     for (size_t k = 0; k < sp->npull; k++) {
         const char *row = data + k * rb;
         for (int64_t j = sp->op->first[sp->pull_u[k]]; j >= 0; j = sp->op->next[j])

@@ -16,8 +16,10 @@
  *    them (duplicates filled from the one row fetched), widened from the wire
  *    type.
  * The messages' ids and rows are copies (made here, on the comm thread,
- * narrowed to the wire type when the frames are built), so each resend is
- * built afresh and no frame holds the caller's buffers.  Comm thread only;
+ * narrowed to the wire type when the frames are built, or same host written
+ * float32 to a block of the arena's stage, where the server also writes the
+ * rows it answers with), so each resend is built afresh and no frame holds
+ * the caller's buffers.  Comm thread only;
  * everything here is freed with its slot (client_requests.c). */
 #ifndef PS_CLIENT_SPARSE_H
 #define PS_CLIENT_SPARSE_H
@@ -48,11 +50,21 @@ long psc_sparse_begin(ps_client *c, uint32_t type, uint32_t t, ps_request *r,
 int psc_sparse_frames(const ps_client *c, uint32_t i, ps_header *h, uint32_t dtype,
                       zmq_msg_t *f, int *nf);
 
+/* Same host: when slot i's server maps the arena and its stage has room,
+ * write the slot's ids and rows to its block there (once made, kept until
+ * the slot is freed) and fill the header for it (PS_FLAG_SHM, `o`, n, np,
+ * dim, float32): 1, and no frame goes; else 0 (the frames go). */
+int psc_sparse_shm(ps_client *c, uint32_t i, ps_header *h);
+
 /* A reply to sparse slot i: its rows frame (checked against the header by
  * the caller) written to the caller's positions.  0, or PS_EPROTO when it is
  * not the reply this slot wants (why says). */
 int psc_sparse_reply(const ps_client *c, uint32_t i, const ps_header *h, const zmq_msg_t *rows,
                      char *why, size_t why_len);
+
+/* Free a slot's sparse part, its share of the request's, and its block of
+ * the arena's stage once the server is done with it (client_requests.c). */
+void psc_sparse_sub_free(ps_client *c, psc_sparse_sub *sp);
 
 /* Free the scratch (at close). */
 void psc_sparse_free(ps_client *c);

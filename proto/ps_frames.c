@@ -21,7 +21,8 @@ int ps_payload_frames(int layout)
 static int takes_shm(const ps_msg_info *m) { return m->shm; }
 
 /* The frames of a table's layout (PS_PL_IDS .. IDS_ROWS_IDS), checked:
- * `dim`, the counts against their limits, each frame's bytes. */
+ * `dim`, the counts against their limits, each frame's bytes (bytes NULL:
+ * in the worker's arena, float32, no frame; ps_proto_sparse_shm_bytes). */
 static int check_sparse(const ps_header *h, int layout, int reply, const size_t *bytes,
                         char *why, size_t why_len)
 {
@@ -46,7 +47,15 @@ static int check_sparse(const ps_header *h, int layout, int reply, const size_t 
         ps_errorf(why, why_len, "%s %s: rows of unknown dtype %u", name, what, h->dtype);
         return PS_EPROTO;
     }
-    if (has_rows && nrows * h->dim * es > PS_MAX_PAYLOAD_BYTES) {
+    if (!bytes && h->dtype != PS_DTYPE_F32) {
+        ps_errorf(why, why_len, "%s %s in shared memory: rows are float32 (d = %d), got d = %u",
+            name, what, PS_DTYPE_F32, h->dtype);
+        return PS_EPROTO;
+    }
+    /* in the arena a request names room for its reply's rows too */
+    if (!bytes && !reply && layout != PS_PL_IDS_ROWS)
+        nrows = layout == PS_PL_IDS ? h->count : h->count > h->npull ? h->count : h->npull;
+    if ((has_rows || !bytes) && nrows * h->dim * es > PS_MAX_PAYLOAD_BYTES) {
         ps_errorf(why, why_len, "%s %s: %llu rows of %u x %zu bytes are over the %llu-byte "
             "payload limit", name, what, (unsigned long long)nrows, h->dim, es,
             (unsigned long long)PS_MAX_PAYLOAD_BYTES);
@@ -68,7 +77,7 @@ static int check_sparse(const ps_header *h, int layout, int reply, const size_t 
         fname[nf] = "ids to pull";
         want[nf++] = 8 * h->npull;
     }
-    for (int i = 0; i < nf; i++)
+    for (int i = 0; bytes && i < nf; i++)
         if (bytes[i] != want[i]) {
             ps_errorf(why, why_len, "%s %s: frame %d (%s) has %zu bytes, not %llu (n = %llu, "
                 "np = %llu, dim = %u, d = %u)", name, what, i + 1, fname[i], bytes[i],
@@ -99,6 +108,8 @@ int ps_proto_check_frames(const ps_header *h, int nframes, const size_t *bytes, 
                 ps_msg_type_name(h->type), reply ? "reply" : "request", nframes);
             return PS_EPROTO;
         }
+        if (layout >= PS_PL_IDS)
+            return check_sparse(h, layout, reply, NULL, why, why_len);
         /* a request whose reply has a payload names where it goes */
         if ((needs || (!reply && ps_msg_reply_has_payload(h->type))) &&
             (h->count == 0 || ps_dtype_size(h->dtype) == 0)) {
@@ -143,4 +154,15 @@ int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes
 {
     size_t bytes[3] = {payload_bytes, 0, 0};
     return ps_proto_check_frames(h, nframes, bytes, why, why_len);
+}
+
+uint64_t ps_proto_sparse_shm_bytes(const ps_header *h, uint64_t *reply_at)
+{
+    uint64_t row = (uint64_t)h->dim * sizeof(float);
+    if (h->type == PS_MSG_SPULL) {
+        *reply_at = 8 * h->count;
+        return *reply_at + h->count * row;
+    }
+    *reply_at = (8 + row) * h->count + (h->type == PS_MSG_SPUSHPULL ? 8 * h->npull : 0);
+    return *reply_at + (h->type == PS_MSG_SPUSHPULL ? h->npull * row : 0);
 }

@@ -20,7 +20,9 @@
  *                1 one payload frame (count x dtype-size bytes), or a table's frames
  *   rep_payload  the same for the reply
  *   shm          1: with PS_FLAG_SHM the payload (or a pull's destination) is in the
- *                worker's shared-memory arena instead of a frame
+ *                worker's shared-memory arena instead of a frame (a table's: its frames'
+ *                bytes one after the other, then room for the reply's rows:
+ *                ps_proto_sparse_shm_bytes)
  *   s_req, s_rep what the header's `s` means in the request / the reply (PS_S_<..>,
  *                below); NONE: sent as 0 and not read
  *   handler      the server's io_on_<handler> (server/server_msg.c); proto never
@@ -69,16 +71,16 @@
       "acknowledged (with checkpoints: once one has the declaration written); the first one "  \
       "stays, another is refused with `PS_EMISMATCH` naming the field")                         \
     X(SPULL, 12, "spull", WORKER, PS_HK(K) | PS_HK(C) | PS_HK(DIM), PS_HK(DIM), PS_PL_IDS,       \
-      PS_PL_ROWS, 0, WANT_VERSION, CHUNK_VERSION, sparse,                                        \
+      PS_PL_ROWS, 1, WANT_VERSION, CHUNK_VERSION, sparse,                                        \
       "rows of table `k` in partition `c`: their ids (`n`, frame 1)",                            \
       "the rows in the ids' order (`n` x `dim`)")                                                \
-    X(SPUSH, 13, "spush", WORKER, PS_HK(K) | PS_HK(C) | PS_HK(DIM), 0, PS_PL_IDS_ROWS, 0, 0,     \
+    X(SPUSH, 13, "spush", WORKER, PS_HK(K) | PS_HK(C) | PS_HK(DIM), 0, PS_PL_IDS_ROWS, 0, 1,     \
       PUSH_STEP, CHUNK_VERSION, sparse,                                                          \
       "gradient rows for table `k`, partition `c`: ids (`n`, frame 1), rows (frame 2); every "   \
       "partition gets one per step, `n` = 0 when no row of it was touched",                     \
       "acknowledged")                                                                            \
     X(SPUSHPULL, 14, "spushpull", WORKER, PS_HK(K) | PS_HK(C) | PS_HK(DIM), PS_HK(DIM),          \
-      PS_PL_IDS_ROWS_IDS, PS_PL_ROWS, 0, PUSH_STEP, CHUNK_VERSION, sparse,                       \
+      PS_PL_IDS_ROWS_IDS, PS_PL_ROWS, 1, PUSH_STEP, CHUNK_VERSION, sparse,                       \
       "a sparse push (frames 1, 2), then the rows of the `np` ids of frame 3 at the version "    \
       "after it (`s` + `m`)",                                                                    \
       "the rows (`n` x `dim`)")                                                                  \

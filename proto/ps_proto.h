@@ -185,6 +185,13 @@ int ps_proto_check_payload(const ps_header *h, int nframes, size_t payload_bytes
 int ps_proto_check_frames(const ps_header *h, int nframes, const size_t *bytes, char *why,
                           size_t why_len);
 
+/* A table's request in the worker's arena (PS_FLAG_SHM, checked by
+ * ps_proto_check_frames): at `o` its frames' bytes one after the other (ids,
+ * float32 rows, ids to pull, as its layout), then room for the rows its
+ * reply writes there (a pull's `n`, a pushpull's `np`), which begin at `o`
+ * + *reply_at.  The block's bytes. */
+uint64_t ps_proto_sparse_shm_bytes(const ps_header *h, uint64_t *reply_at);
+
 /* How many frames a layout (enum ps_payload) has after the header. */
 int ps_payload_frames(int layout);
 

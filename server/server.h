@@ -25,7 +25,11 @@
  *   server_config.c   ps_server_config_default/check, ps_server_owner
  *   updater.c         an update thread: its ps_shard and the owner end of its
  *                     PAIR, and an immutable ps_updater_config copied before
- *                     it starts (it never sees struct ps_server)
+ *                     it starts (it never sees struct ps_server); its dense
+ *                     chunks' requests and the replies
+ *   updater_tables.c  the update thread's sparse requests (SPULL, SPUSH,
+ *                     SPUSHPULL) on its table partitions
+ *   updater_internal.h struct ps_updater and what those two share
  *   updater_frames.h  every frame on a PAIR, both directions (the tags, the
  *                     command, stats, checkpoint and progress frames)
  *   shard.c           the chunks of one update thread and the consistency rules

@@ -359,11 +359,22 @@ static void io_on_sparse(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         io_error(s, &f[0], h, PS_EPROTO, why);
         return;
     }
+    /* same host: ids and rows in the worker's arena, and room for the rows
+     * of the reply, every byte inside it (the frames' checks said the rest) */
+    ps_shm_peer *shm = NULL;
+    uint64_t reply_at;
+    if ((h->flags & PS_FLAG_SHM) &&
+        (rc = ps_shm_table_take(s->shm, h->rank, h->shm_off,
+                                ps_proto_sparse_shm_bytes(h, &reply_at), &shm, why,
+                                sizeof why)) != 0) {
+        io_error(s, &f[0], h, rc, why);
+        return;
+    }
     /* a push changes the partition: a mutation */
     int mutates = h->type != PS_MSG_SPULL;
     if (mutates)
         s->mut++;
-    ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0};
+    ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm};
     srv_send_cmd_frames(s, (int)h->chunk, &cmd, &f[0], &f[2], nf - 2);
 }
 

@@ -1,4 +1,4 @@
-#include "updater.h"
+#include "updater_internal.h"
 
 #include <errno.h>
 #include <math.h>
@@ -29,25 +29,6 @@
  * behind. */
 #define COPY_MAP_BYTES (128u << 10)
 
-/* A request an update thread answers now or, for a queued pull, later. */
-typedef struct req_ctx {
-    zmq_msg_t id;
-    uint64_t seq;
-    int32_t rank;
-    uint32_t type;    /* PS_MSG_PUSH here: a deferred acknowledgement (no weights) */
-    uint64_t key;
-    uint32_t chunk;
-    uint64_t mut;     /* its mutation number (ps_cmd_frame.mut), 0 for a pull */
-    int64_t t_arrive; /* for the timeline */
-    ps_shm_peer *shm; /* PS_FLAG_SHM: the worker's arena (a reference) */
-    uint64_t shm_off; /* where a pull's weights go in it */
-    uint64_t count;   /* PS_FLAG_SHM pull: the destination's elements */
-    /* sparse: the table's rows are dim wide; a pull's npull ids (a copy) */
-    uint32_t dim;
-    uint64_t *pids;
-    size_t npull;
-} req_ctx;
-
 /* A received gradient the shard may keep: the message itself, or an aligned
  * copy when ZeroMQ handed us a buffer that is not 4-byte aligned, or (same
  * host) the worker's arena, where it stays until released: the worker may
@@ -60,43 +41,6 @@ typedef struct hold {
     ps_shm_peer *shm;
     req_ctx *ack;
 } hold;
-
-/* A sparse push the table's partition may keep (a sync push before a lower
- * rank's): its ids (a copy) and rows (the frame, or an aligned float32
- * copy), and its request, answered when the rows are in the round (the
- * push's acknowledgement, or a pushpull's rows, `want` its version). */
-typedef struct shold {
-    uint64_t *ids;
-    zmq_msg_t msg;
-    float *copy;
-    const float *g;
-    req_ctx *r;
-    int64_t want;
-} shold;
-
-struct ps_updater {
-    ps_updater_config cfg; /* set at create, read-only after */
-    _Atomic uint64_t *mem_used; /* the shard config's: chunks and large reply copies */
-    uint64_t max_memory;
-    pthread_t tid;
-    int started;
-    void *pair;            /* owner end; used only by this thread once started */
-    ps_shard *shard;
-    ps_tparts *tparts;     /* this thread's partition of every table */
-    float *rows;           /* a sparse reply's rows before they become its payload */
-    size_t rows_cap;
-    req_ctx *spare;
-    uint64_t bytes_in, bytes_out, errors; /* bytes_in: of sparse requests (the shard
-                                             counts its own) */
-    uint64_t nonfinite;    /* pushes whose gradient held NaN or Inf */
-    ps_rlimit rl;
-    int64_t reported_min;  /* progress last sent to the I/O thread */
-    int reported_have;
-    uint64_t ff_seen;      /* fast-forwarded rounds already logged (chunks and tables) */
-    uint64_t jump_seen;    /* async steps skipped after a restore, already logged */
-    int destroying;        /* the shard is being destroyed: kept pushes were not applied */
-    ps_dup_log dup;
-};
 
 /* Send [tag, identity, header, payload?] to the I/O thread.  Blocking: the I/O
  * thread always drains replies, so this never waits for long.  With durable
@@ -151,7 +95,7 @@ static void upd_send(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t
     upd_send_as(u, id, h, payload, 0, 0);
 }
 
-static void upd_error(ps_updater *u, req_ctx *r, int code, const char *why)
+void upd_error(ps_updater *u, req_ctx *r, int code, const char *why)
 {
     ps_header h;
     ps_reply_error(&h, r->seq, r->rank, r->key, r->chunk, code, why);
@@ -163,7 +107,7 @@ static void upd_error(ps_updater *u, req_ctx *r, int code, const char *why)
     upd_send(u, &r->id, &h, NULL);
 }
 
-static void upd_ack(ps_updater *u, req_ctx *r, int64_t version, uint64_t snap)
+void upd_ack(ps_updater *u, req_ctx *r, int64_t version, uint64_t snap)
 {
     ps_header h;
     ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk);
@@ -211,8 +155,8 @@ static void copy_free(void *data, void *hint)
  * counted against --max-memory: PS_ETOOBIG when it does not fit, PS_ENOMEM;
  * why says.  *not_finite: whether a value of the copy is NaN or Inf (a
  * weight beyond float16's 65504 becomes Inf). */
-static int copy_payload(ps_updater *u, zmq_msg_t *pl, const float *w, size_t n, uint32_t dtype,
-                        int *not_finite, char *why, size_t why_len)
+int upd_copy_payload(ps_updater *u, zmq_msg_t *pl, const float *w, size_t n, uint32_t dtype,
+                     int *not_finite, char *why, size_t why_len)
 {
     *not_finite = 0;
     size_t bytes = n * ps_dtype_size(dtype);
@@ -254,20 +198,23 @@ static int copy_payload(ps_updater *u, zmq_msg_t *pl, const float *w, size_t n, 
     return PS_ENOMEM;
 }
 
-/* The reply to r with payload pl (taken): count (a table's: rows of dim),
- * elems elements of dtype, the weights of `version`. */
-static void upd_reply_payload(ps_updater *u, req_ctx *r, zmq_msg_t *pl, uint64_t count,
-                              uint32_t dim, size_t elems, uint32_t dtype, int64_t version)
+void upd_reply_payload(ps_updater *u, req_ctx *r, zmq_msg_t *pl, uint64_t count, uint32_t dim,
+                       size_t elems, uint32_t dtype, int64_t version)
 {
     ps_header h;
     ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk);
     h.chunk_version = version;
     h.count = count;
     h.dim = dim;
-    h.dtype = dtype;
-    u->bytes_out += elems * ps_dtype_size(dtype);
+    h.dtype = pl ? dtype : PS_DTYPE_F32;
+    if (!pl) { /* written to the worker's arena already */
+        h.flags |= PS_FLAG_SHM;
+        h.shm_off = r->shm_off;
+    }
+    u->bytes_out += elems * ps_dtype_size(h.dtype);
     upd_send_as(u, &r->id, &h, pl, r->mut, 0);
-    zmq_msg_close(pl);
+    if (pl)
+        zmq_msg_close(pl);
     if (u->cfg.trace)
         ps_trace_event(u->cfg.trace, "pull", "serve", 1 + u->cfg.idx, r->t_arrive, ps_now_ns(),
                        version, -1);
@@ -292,18 +239,7 @@ static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int
             return;
         }
         memcpy(dst, w, bytes);
-        ps_header h;
-        ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk);
-    h.chunk_version = version;
-        h.count = n;
-        h.dtype = PS_DTYPE_F32;
-        h.flags |= PS_FLAG_SHM;
-        h.shm_off = r->shm_off;
-        u->bytes_out += bytes;
-        upd_send_as(u, &r->id, &h, NULL, r->mut, 0);
-        if (u->cfg.trace)
-            ps_trace_event(u->cfg.trace, "pull", "serve", 1 + u->cfg.idx, r->t_arrive,
-                           ps_now_ns(), version, -1);
+        upd_reply_payload(u, r, NULL, n, 0, n, PS_DTYPE_F32, version);
         return;
     }
     /* float32 on the wire: the weights themselves go (zero-copy); a narrower
@@ -320,7 +256,7 @@ static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int
     if (!pinned) {
         char why[256];
         int not_finite = 0;
-        int rc = copy_payload(u, &pl, w, n, dtype, &not_finite, why, sizeof why);
+        int rc = upd_copy_payload(u, &pl, w, n, dtype, &not_finite, why, sizeof why);
         if (rc) {
             upd_error(u, r, rc, why);
             return;
@@ -338,7 +274,7 @@ static void upd_weights(ps_updater *u, req_ctx *r, const float *w, size_t n, int
     upd_reply_payload(u, r, &pl, n, 0, n, dtype, version);
 }
 
-static void req_free(req_ctx *r)
+void upd_req_free(req_ctx *r)
 {
     if (!r)
         return;
@@ -355,14 +291,14 @@ static void hook_ready(void *user, void *waiter, const float *w, size_t n, int64
         upd_ack(user, r, version, 0);
     else
         upd_weights(user, r, w, n, version);
-    req_free(r);
+    upd_req_free(r);
 }
 
 static void hook_cancel(void *user, void *waiter)
 {
     req_ctx *r = waiter;
     upd_error(user, r, PS_ECLOSED, "the server is shutting down; this pull was still waiting");
-    req_free(r);
+    upd_req_free(r);
 }
 
 /* A resend of a queued request (same rank, id and type): answer it on the
@@ -413,7 +349,7 @@ static void hook_release(void *user, void *v)
             ps_shard_weights(u->shard, r->key, r->chunk, &n, &version);
             upd_ack(u, r, version, 0);
         }
-        req_free(r);
+        upd_req_free(r);
         h->ack = NULL;
     }
     hold_free(h);
@@ -461,7 +397,7 @@ static void upd_await(ps_updater *u, req_ctx *r, int64_t want)
  * sit unaligned in ZeroMQ's receive buffer, and a narrower wire type is
  * widened here, in the update thread (exactly: ps_dtype.h).  NULL when out
  * of memory. */
-static const float *frame_values(const ps_header *h, zmq_msg_t *pl, float **copy)
+const float *upd_frame_values(const ps_header *h, zmq_msg_t *pl, float **copy)
 {
     const void *data = zmq_msg_data(pl);
     size_t n = (size_t)h->count;
@@ -477,7 +413,7 @@ static const float *frame_values(const ps_header *h, zmq_msg_t *pl, float **copy
 /* What a push (h) to a restored chunk or table partition skipped, said:
  * steps of an async rank beyond its restored clock, rounds of a sync one
  * fast-forwarded (the counts over both, and what was said already). */
-static void note_restore_skips(ps_updater *u, const ps_header *h)
+void upd_note_restore_skips(ps_updater *u, const ps_header *h)
 {
     const char *what = ps_msg_is_sparse(h->type) ? "table %llu partition %u"
                                                  : "key %llu chunk %u";
@@ -502,214 +438,6 @@ static void note_restore_skips(ps_updater *u, const ps_header *h)
     }
 }
 
-/* ---- tables: sparse pulls and pushes ----
- * Each returns 1 when r is kept (queued on its partition, or waiting with a
- * kept push): the caller must not free or reuse it; 0 when it was answered
- * (the caller frees or reuses it). */
-
-/* The ids of frame f (8 x n bytes, any alignment), copied; NULL when out of
- * memory (an empty array for n 0 is a valid, non-NULL one). */
-static uint64_t *ids_of(zmq_msg_t *f, size_t n)
-{
-    uint64_t *ids = malloc(n ? n * sizeof *ids : 1);
-    if (ids && n)
-        memcpy(ids, zmq_msg_data(f), n * sizeof *ids);
-    return ids;
-}
-
-/* Answer a sparse pull (or pushpull) with the rows of its ids at `version`:
- * read them (those missing are created), in the wire type. */
-static void upd_rows(ps_updater *u, req_ctx *r, int64_t version)
-{
-    char why[256];
-    size_t n = r->npull, len = n * r->dim;
-    if (len > u->rows_cap) {
-        float *p = realloc(u->rows, len * sizeof *p);
-        if (!p) {
-            upd_error(u, r, PS_ENOMEM, "out of memory reading the rows of a sparse pull");
-            return;
-        }
-        u->rows = p;
-        u->rows_cap = len;
-    }
-    int rc = ps_tparts_rows(u->tparts, r->key, r->pids, n, u->rows, len, why, sizeof why);
-    zmq_msg_t pl;
-    uint32_t dtype = u->cfg.wire_dtype;
-    int not_finite; /* rows beyond float16 go as Inf, as dense pulls' do */
-    if (!rc)
-        rc = copy_payload(u, &pl, u->rows, len, dtype, &not_finite, why, sizeof why);
-    if (rc) {
-        upd_error(u, r, rc, why);
-        return;
-    }
-    upd_reply_payload(u, r, &pl, n, r->dim, len, dtype, version);
-}
-
-/* A sparse pull of version `want` (the ids in r): answered now or queued. */
-static int upd_spull(ps_updater *u, req_ctx *r, int64_t want)
-{
-    char why[256];
-    int64_t version = 0;
-    int queued = 0;
-    int rc = ps_tparts_pull(u->tparts, r->key, want, r, &queued, &version, why, sizeof why);
-    if (rc)
-        upd_error(u, r, rc, why);
-    else if (queued == 0)
-        upd_rows(u, r, version);
-    return queued == 1; /* 2: a resend of a queued pull, which now answers on r's route */
-}
-
-/* What follows a sparse push that is in: a pushpull's pull of the version
- * after it, or the push's acknowledgement (sync with checkpoints: once the
- * round is complete, as upd_await). */
-static int upd_spush_done(ps_updater *u, req_ctx *r, int64_t want, int64_t version)
-{
-    if (r->type == PS_MSG_SPUSHPULL)
-        return upd_spull(u, r, want);
-    if (!u->cfg.defer_acks) {
-        upd_ack(u, r, version, 0);
-        return 0;
-    }
-    char why[256];
-    int queued = 0;
-    int rc = ps_tparts_await(u->tparts, r->key, want, r, &queued, &version, why, sizeof why);
-    if (rc)
-        upd_error(u, r, rc, why);
-    else if (queued == 0)
-        upd_ack(u, r, version, 0);
-    return queued == 1;
-}
-
-static void shold_free(shold *g)
-{
-    if (!g)
-        return;
-    free(g->ids);
-    zmq_msg_close(&g->msg);
-    free(g->copy);
-    free(g);
-}
-
-/* The partition added a kept push to its round (rc 0), or could not. */
-static void thook_release(void *user, void *v, int rc, const char *why)
-{
-    ps_updater *u = user;
-    shold *g = v;
-    req_ctx *r = g->r;
-    int64_t want = g->want;
-    shold_free(g);
-    if (rc)
-        upd_error(u, r, rc, why);
-    else if (upd_spush_done(u, r, want, want - 1))
-        return;
-    req_free(r);
-}
-
-static void thook_ready(void *user, void *waiter, int64_t version)
-{
-    req_ctx *r = waiter;
-    if (r->type == PS_MSG_SPUSH) /* a deferred acknowledgement: its round is complete */
-        upd_ack(user, r, version, 0);
-    else
-        upd_rows(user, r, version);
-    req_free(r);
-}
-
-/* A sparse request (frames pl[0..2] as its row of the message table has
- * them; the I/O thread checked them).  1 when r is kept. */
-/* A pushed gradient g of n values (a dense chunk's, or a sparse push's rows) holds NaN or Inf (bad of them, the first
- * at index first): counted, then as --on-nonfinite says refused (returns 1,
- * the reply's reason in why; upd_error logs it), or skipped (*g becomes
- * NULL: the shard counts the push and moves no weight) or applied, each
- * logged (rate-limited).  A check of its own over the values, apart from
- * the optimizer's vectorised loops: one compare per value. */
-static int nonfinite(ps_updater *u, const ps_header *h, size_t n, const float **g, size_t bad,
-                     size_t first, char *why, size_t why_len)
-{
-    u->nonfinite++;
-    int mode = u->cfg.on_nonfinite;
-    snprintf(why, why_len, "push of step %lld from worker %d to %s %llu %s %u: %zu of %zu "
-             "values are not finite (element %zu is %g); %s (--on-nonfinite %s)",
-             (long long)h->push_step, h->rank, ps_msg_is_sparse(h->type) ? "table" : "key",
-             (unsigned long long)h->key, ps_msg_is_sparse(h->type) ? "partition" : "chunk",
-             h->chunk, bad, n, first, (double)(*g)[first],
-             mode == PS_NONFINITE_REFUSE ? "refused" : mode == PS_NONFINITE_SKIP ? "skipped"
-                                                                                 : "applied",
-             mode == PS_NONFINITE_REFUSE ? "refuse" : mode == PS_NONFINITE_SKIP ? "skip"
-                                                                                : "apply");
-    if (mode == PS_NONFINITE_REFUSE)
-        return 1;
-    if (ps_rlimit_allow(&u->rl))
-        ps_warn("%s", why);
-    if (mode == PS_NONFINITE_SKIP)
-        *g = NULL;
-    return 0;
-}
-
-static int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
-{
-    r->dim = h->dim;
-    u->bytes_in += zmq_msg_size(&pl[0]) + zmq_msg_size(&pl[1]) + zmq_msg_size(&pl[2]);
-    if (h->type == PS_MSG_SPULL) {
-        r->npull = (size_t)h->count;
-        if (!(r->pids = ids_of(&pl[0], r->npull))) {
-            upd_error(u, r, PS_ENOMEM, "out of memory receiving a sparse pull");
-            return 0;
-        }
-        return upd_spull(u, r, h->want_version);
-    }
-    size_t n = (size_t)h->count;
-    int64_t m = h->npush > 1 ? h->npush : 1;
-    shold *g = calloc(1, sizeof *g);
-    if (g) {
-        zmq_msg_init(&g->msg);
-        zmq_msg_move(&g->msg, &pl[1]);
-        static const float no_rows[1];
-        ps_header vh = *h; /* the rows frame as values */
-        vh.count = n * h->dim;
-        g->g = n ? frame_values(&vh, &g->msg, &g->copy) : no_rows;
-        g->ids = ids_of(&pl[0], n);
-        g->r = r;
-        g->want = h->push_step + m;
-    }
-    if (h->type == PS_MSG_SPUSHPULL) {
-        r->npull = (size_t)h->npull;
-        r->pids = ids_of(&pl[2], r->npull);
-    }
-    if (!g || !g->g || !g->ids || (h->type == PS_MSG_SPUSHPULL && !r->pids)) {
-        shold_free(g);
-        upd_error(u, r, PS_ENOMEM, "out of memory receiving a sparse push");
-        return 0;
-    }
-    char why[256];
-    size_t first = 0, bad = n ? ps_dtype_nonfinite(PS_DTYPE_F32, g->g, n * h->dim, &first) : 0;
-    if (bad) {
-        const float *rows = g->g;
-        if (nonfinite(u, h, n * h->dim, &rows, bad, first, why, sizeof why)) {
-            shold_free(g);
-            upd_error(u, r, PS_ENONFINITE, why);
-            return 0;
-        }
-        if (!rows) /* skip: the rank's push counts (its clock, the round), no row moves */
-            n = 0;
-    }
-    int kept = 0, dup = 0;
-    int64_t version = 0;
-    int rc = ps_tparts_push(u->tparts, h->key, h->rank, h->push_step, m, g->ids, n, g->g, g,
-                            &kept, &dup, &version, why, sizeof why);
-    if (kept) /* thook_release answers r once its rows are in the round */
-        return 1;
-    shold_free(g);
-    if (rc) {
-        upd_error(u, r, rc, why);
-        return 0;
-    }
-    if (dup)
-        ps_dup_log_note(&u->dup, h);
-    note_restore_skips(u, h);
-    return upd_spush_done(u, r, h->push_step + m, version);
-}
-
 
 /* ASSIGN, SETSTATE, STATE and CLOCK (what ps.torch asks of a chunk:
  * shard.h), answered at once; payloads float32 both ways. */
@@ -722,7 +450,7 @@ static void upd_torch(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *
     ps_reply_header(&rep, h->type, r->seq, r->rank, r->key, r->chunk);
     if (h->type == PS_MSG_ASSIGN || h->type == PS_MSG_SETSTATE) {
         float *copy = NULL;
-        const float *v = frame_values(h, pl, &copy);
+        const float *v = upd_frame_values(h, pl, &copy);
         if (!v)
             rc = PS_ENOMEM;
         else if (h->type == PS_MSG_ASSIGN)
@@ -769,6 +497,36 @@ static void upd_torch(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *
         upd_error(u, r, rc, why);
 }
 
+/* A pushed gradient g of n values (a dense chunk's, or a sparse push's
+ * rows) holds NaN or Inf (bad of them, the first at index first): counted,
+ * then as --on-nonfinite says refused (returns 1, the reply's reason in
+ * why; upd_error logs it), or skipped (*g becomes NULL: the shard counts
+ * the push and moves no weight) or applied, each logged (rate-limited).
+ * A check of its own over the values, apart from the optimizer's vectorised
+ * loops: one compare per value. */
+int upd_nonfinite(ps_updater *u, const ps_header *h, size_t n, const float **g, size_t bad,
+                  size_t first, char *why, size_t why_len)
+{
+    u->nonfinite++;
+    int mode = u->cfg.on_nonfinite;
+    snprintf(why, why_len, "push of step %lld from worker %d to %s %llu %s %u: %zu of %zu "
+             "values are not finite (element %zu is %g); %s (--on-nonfinite %s)",
+             (long long)h->push_step, h->rank, ps_msg_is_sparse(h->type) ? "table" : "key",
+             (unsigned long long)h->key, ps_msg_is_sparse(h->type) ? "partition" : "chunk",
+             h->chunk, bad, n, first, (double)(*g)[first],
+             mode == PS_NONFINITE_REFUSE ? "refused" : mode == PS_NONFINITE_SKIP ? "skipped"
+                                                                                 : "applied",
+             mode == PS_NONFINITE_REFUSE ? "refuse" : mode == PS_NONFINITE_SKIP ? "skip"
+                                                                                : "apply");
+    if (mode == PS_NONFINITE_REFUSE)
+        return 1;
+    if (ps_rlimit_allow(&u->rl))
+        ps_warn("%s", why);
+    if (mode == PS_NONFINITE_SKIP)
+        *g = NULL;
+    return 0;
+}
+
 static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_peer *shm,
                         zmq_msg_t *id, zmq_msg_t *pl)
 {
@@ -796,7 +554,7 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
     r->shm_off = h->type == PS_MSG_PUSHPULL ? h->shm_dst : h->shm_off;
     r->count = h->count;
     /* the payload in the arena (the I/O thread checked the range) */
-    const void *in_arena = shm && h->type != PS_MSG_PULL
+    const void *in_arena = shm && h->type != PS_MSG_PULL && !ps_msg_is_sparse(h->type)
                                ? ps_shm_peer_at(shm, h->shm_off, h->count * sizeof(float))
                                : NULL;
     char why[256];
@@ -809,7 +567,7 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
     switch (h->type) {
     case PS_MSG_INIT: {
         float *wide = NULL;
-        const void *vals = in_arena ? in_arena : frame_values(h, pl, &wide);
+        const void *vals = in_arena ? in_arena : upd_frame_values(h, pl, &wide);
         if (!vals) {
             upd_error(u, r, PS_ENOMEM, "out of memory receiving an init");
             break;
@@ -840,7 +598,7 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
             ps_shm_peer_ref(shm);
         } else {
             zmq_msg_move(&g->msg, pl);
-            g->g = frame_values(h, &g->msg, &g->copy);
+            g->g = upd_frame_values(h, &g->msg, &g->copy);
             if (!g->g) {
                 hold_free(g);
                 upd_error(u, r, PS_ENOMEM, "out of memory receiving a push");
@@ -853,7 +611,7 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
         }
         const float *grad = g->g;
         size_t first = 0, bad = ps_dtype_nonfinite(PS_DTYPE_F32, grad, (size_t)h->count, &first);
-        if (bad && nonfinite(u, h, (size_t)h->count, &grad, bad, first, why, sizeof why)) {
+        if (bad && upd_nonfinite(u, h, (size_t)h->count, &grad, bad, first, why, sizeof why)) {
             hold_free(g);
             upd_error(u, r, PS_ENONFINITE, why);
             break;
@@ -878,7 +636,7 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
         }
         if (dup)
             ps_dup_log_note(&u->dup, h);
-        note_restore_skips(u, h);
+        upd_note_restore_skips(u, h);
         if (h->type == PS_MSG_PUSHPULL) /* the version after the pushes it holds */
             upd_pull(u, r, h->push_step + (h->npush > 1 ? h->npush : 1));
         else if (u->cfg.defer_acks)
@@ -925,15 +683,6 @@ static void upd_stats(ps_updater *u, ps_stats *st)
     st->bytes_out = u->bytes_out;
     st->errors = u->errors;
     st->nonfinite = u->nonfinite;
-}
-
-/* PS_CMD_TABLE: take this thread's partition of a table just declared. */
-static void upd_table(ps_updater *u, const ps_cmd_frame *cf)
-{
-    char why[256];
-    int rc = ps_tparts_adopt(u->tparts, cf->h.key, &cf->h.table, cf->store, why, sizeof why);
-    if (rc)
-        ps_error("update thread %d: %s", u->cfg.idx, why);
 }
 
 static void upd_send_stats(ps_updater *u, char tag, uint64_t token, const ps_stats *st)
@@ -1059,7 +808,7 @@ static void *upd_main(void *arg)
     ps_tparts_destroy(u->tparts);
     u->tparts = NULL;
     st.errors = u->errors;
-    req_free(u->spare);
+    upd_req_free(u->spare);
     u->spare = NULL;
     ps_rlimit_flush(&u->rl, ps_now_ns(), 1);
     ps_dup_log_flush(&u->dup, ps_now_ns());
@@ -1094,7 +843,7 @@ int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, v
     ps_shard_set_merge(u->shard, hook_merge);
     ps_tparts_config tc = {sc->mode,     sc->max_staleness, sc->num_workers, cfg->num_servers,
                            cfg->nparts,  cfg->idx,          sc->max_memory, sc->mem_used};
-    ps_tparts_hooks th = {u, thook_release, thook_ready, hook_cancel, hook_merge};
+    ps_tparts_hooks th = {u, upd_thook_release, upd_thook_ready, hook_cancel, hook_merge};
     rc = ps_tparts_create(&tc, &th, &u->tparts);
     if (rc) {
         ps_shard_destroy(u->shard);

@@ -29,6 +29,7 @@ typedef struct tj_job {
     int max_staleness;    /* async: -1 (default) or k */
     int wire_dtype;       /* the clients' (0: float32) */
     int on_nonfinite;     /* the clients' (0: refuse, the default) */
+    int no_shm;           /* the clients' options.shm 0: everything over the network */
 } tj_job;
 
 static inline int tj_have_server(void)
@@ -81,6 +82,7 @@ static inline int tj_client(tj_job *j, int r)
     o.hello_timeout_ms = TJ_WAIT_MS;
     o.request_timeout_ms = 2000;
     o.on_nonfinite = j->on_nonfinite;
+    o.shm = !j->no_shm;
     int rc = ps_client_open(&o, &j->c[r]);
     if (rc) {
         fprintf(stderr, "open: %s\n", ps_client_last_error(NULL));

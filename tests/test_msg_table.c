@@ -233,7 +233,7 @@ PS_TEST(payload_and_shared_memory_follow_each_row)
             CHECK_MSG((rc == 0) == m->shm, "%s %s in shared memory: %d (%s)", m->name,
                       reply ? "reply" : "request", rc, why);
             if (!m->shm)
-                CHECK(strstr(why, "the shared-memory flag is for init, push, pull and pushpull"));
+                CHECK(strstr(why, "the shared-memory flag is for init, push, pull, pushpull, spull, spush and spushpull"));
             CHECK_EQ_INT(ps_msg_request_has_payload(t), m->req_payload == PS_PL_VALUES);
             CHECK_EQ_INT(ps_msg_reply_has_payload(t), m->rep_payload == PS_PL_VALUES);
         }

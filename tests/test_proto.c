@@ -717,9 +717,29 @@ PS_TEST(a_table_message_takes_its_frames_each_of_its_size)
     CHECK_OK(ps_proto_check_frames(&h, 3, pp, why, sizeof why));
     CHECK_EQ_INT(ps_proto_check_frames(&h, 3, pp_bad, why, sizeof why), PS_EPROTO);
     CHECK_MSG(strstr(why, "frame 3 (ids to pull)"), "%s", why);
-    /* no shared memory for tables (yet) */
+    /* in the worker's arena: no frame, float32, the reply's rows within the
+     * limit too; the block is the frames' bytes, then the rows pulled */
     h.flags = PS_FLAG_SHM;
+    CHECK_OK(ps_proto_check_frames(&h, 0, pp, why, sizeof why));
+    CHECK_EQ_INT(ps_proto_check_frames(&h, 3, pp, why, sizeof why), PS_EPROTO);
+    uint64_t at;
+    CHECK_EQ_INT(ps_proto_sparse_shm_bytes(&h, &at), 8 + 8 + 24 + 3 * 8);
+    CHECK_EQ_INT(at, 8 + 8 + 24);
+    h.dtype = PS_DTYPE_BF16;
     CHECK_EQ_INT(ps_proto_check_frames(&h, 0, pp, why, sizeof why), PS_EPROTO);
+    CHECK_MSG(strstr(why, "in shared memory: rows are float32"), "%s", why);
+    h.dtype = PS_DTYPE_F32;
+    h.dim = 1024, h.npull = PS_MAX_PAYLOAD_BYTES / 4096 + 1;
+    CHECK_EQ_INT(ps_proto_check_frames(&h, 0, pp, why, sizeof why), PS_ETOOBIG);
+    ps_header_init(&h, PS_MSG_SPULL);
+    h.flags = PS_FLAG_SHM, h.count = 3, h.dim = 5, h.dtype = PS_DTYPE_F32;
+    CHECK_OK(ps_proto_check_frames(&h, 0, pp, why, sizeof why));
+    CHECK_EQ_INT(ps_proto_sparse_shm_bytes(&h, &at), 3 * 8 + 3 * 20);
+    CHECK_EQ_INT(at, 3 * 8);
+    ps_header_init(&h, PS_MSG_SPUSH);
+    h.flags = PS_FLAG_SHM, h.count = 3, h.dim = 5, h.dtype = PS_DTYPE_F32;
+    CHECK_EQ_INT(ps_proto_sparse_shm_bytes(&h, &at), 3 * 8 + 3 * 20);
+    CHECK_EQ_INT(at, 3 * 8 + 3 * 20);
 }
 
 /* A TABLE request's declaration round-trips field for field; the values

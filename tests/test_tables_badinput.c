@@ -10,6 +10,7 @@
 #include "ps_error.h"
 #include "ps_exchange.h"
 #include "ps_proto.h"
+#include "ps_shm.h"
 #include "ps_table_row.h"
 #include "ps_test.h"
 #include "ps_test_server.h"
@@ -107,7 +108,7 @@ PS_TEST(every_bad_table_message_is_refused_and_nothing_is_applied)
         {"a step beyond the clock", PS_ESTATE, "a push may not skip steps"},
         {"one frame missing", PS_EPROTO, "needs 2 frames after its header, got 1"},
         {"pushpull's pull ids of another size", PS_EPROTO, "frame 3 (ids to pull)"},
-        {"rows in shared memory", PS_EPROTO, "the shared-memory flag is for"},
+        {"rows in an arena never named at hello", PS_EHELLO, "arena is not mapped here"},
         {"an unknown dtype", PS_EPROTO, "field 'd' must be"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -162,6 +163,128 @@ PS_TEST(every_bad_table_message_is_refused_and_nothing_is_applied)
     CHECK_EQ_INT(r.chunk_version, 1);
     zmq_close(d);
     zmq_close(tool);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
+}
+
+/* Same host: a worker whose arena the server mapped at hello sends a
+ * table's ids and rows in it.  A good pull and push go through it (the rows
+ * written after the request's bytes, where the reply says); every request
+ * whose bytes, or the room for its reply's rows, reach outside the arena's
+ * buffers (before them, past the end, unaligned, far beyond), or
+ * whose rows are not float32, or that also sends frames, is refused naming
+ * what, and nothing of it is applied. */
+PS_TEST(table_requests_in_shared_memory_are_checked_byte_for_byte_and_nothing_bad_applied)
+{
+    TJ_NEED_SERVER();
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 1 --mode async --threads 2 --quiet"));
+    ps_shm_arena a;
+    char w[256];
+    CHECK_MSG(ps_shm_create(1 << 16, &a, w, sizeof w) == 0, "%s", w);
+    void *d = ps_test_dealer(sv.port);
+    ps_header h = ps_test_header(PS_MSG_HELLO, 0, 1, 0, 0, 0), r;
+    h.hello.mode = PS_MODE_ASYNC;
+    h.hello.max_staleness = -1;
+    h.hello.num_workers = 1;
+    h.hello.num_servers = 1;
+    h.hello.opt.kind = PS_OPT_NONE;
+    snprintf(h.hello.shm_name, sizeof h.hello.shm_name, "%s", a.name);
+    h.hello.shm_nonce = a.nonce;
+    h.hello.shm_size = a.size;
+    CHECK_OK(ask(d, &h, NULL, NULL, 0, &r, NULL, 0));
+    CHECK_MSG(r.type == PS_MSG_HELLO && r.hello.shm == 1, "hello: %s %s", r.err_text,
+              r.hello.shm_why);
+    uint64_t seq = 10, id = 5;
+    CHECK_OK(declare(d, ++seq, DIM, &r));
+    CHECK_EQ_INT(r.type, PS_MSG_TABLE);
+    uint32_t part = ps_table_row_part(ps_table_row_hash(KEY, id), 1, 2);
+    /* the row over the network */
+    ps_header q = hdr(PS_MSG_SPULL, ++seq, KEY, part, 0);
+    q.count = 1;
+    const void *pull[1] = {&id};
+    size_t pull_b[1] = {8};
+    float before[DIM], row[DIM];
+    CHECK_OK(ask(d, &q, pull, pull_b, 1, &r, before, DIM));
+    CHECK_EQ_INT(r.type, PS_MSG_SPULL);
+
+    /* a pull through the arena: the id at off, its row written after it */
+    unsigned char *blk = ps_shm_alloc(&a, 4096);
+    CHECK(blk != NULL);
+    uint64_t off = (uint64_t)(blk - a.base);
+    memcpy(blk, &id, 8);
+    h = hdr(PS_MSG_SPULL, ++seq, KEY, part, 0);
+    h.flags = PS_FLAG_SHM, h.shm_off = off, h.count = 1;
+    CHECK_OK(ask(d, &h, NULL, NULL, 0, &r, NULL, 0));
+    CHECK_MSG(r.type == PS_MSG_SPULL && (r.flags & PS_FLAG_SHM) && r.shm_off == off + 8 &&
+                  r.count == 1 && r.dim == DIM,
+              "shm pull: %s %s at %llu", ps_msg_type_name(r.type), r.err_text,
+              (unsigned long long)r.shm_off);
+    CHECK(memcmp(blk + 8, before, sizeof before) == 0);
+    /* a push through it: applied on arrival (sgd, lr 0.5) */
+    float g[DIM] = {1, -2, 0.25f, 8};
+    memcpy(blk, &id, 8);
+    memcpy(blk + 8, g, sizeof g);
+    h = hdr(PS_MSG_SPUSH, ++seq, KEY, part, 0);
+    h.flags = PS_FLAG_SHM, h.shm_off = off, h.count = 1;
+    CHECK_OK(ask(d, &h, NULL, NULL, 0, &r, NULL, 0));
+    CHECK_MSG(r.type == PS_MSG_SPUSH && r.chunk_version == 1, "shm push: %s", r.err_text);
+    float after[DIM];
+    for (int k = 0; k < DIM; k++)
+        after[k] = before[k] - 0.5f * g[k];
+    q.seq = ++seq;
+    CHECK_OK(ask(d, &q, pull, pull_b, 1, &r, row, DIM));
+    CHECK(memcmp(row, after, sizeof after) == 0);
+    ps_stats st0;
+    CHECK_OK(ps_test_stats(sv.port, &st0));
+
+    struct {
+        const char *what;
+        int code;
+        const char *text;
+    } cases[] = {
+        {"ids in the arena's header", PS_EPROTO, "are outside its arena"},
+        {"rows past the end", PS_EPROTO, "are outside its arena"},
+        {"an unaligned offset", PS_EPROTO, "are outside its arena"},
+        {"an offset far beyond it", PS_EPROTO, "are outside its arena"},
+        {"room for the pulled rows past the end", PS_EPROTO, "are outside its arena"},
+        {"a pull's rows past the end", PS_EPROTO, "are outside its arena"},
+        {"bfloat16 rows", PS_EPROTO, "in shared memory: rows are float32"},
+        {"frames as well", PS_EPROTO, "in shared memory takes no payload frame"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        h = hdr(PS_MSG_SPUSH, ++seq, KEY, part, 1);
+        h.flags = PS_FLAG_SHM, h.shm_off = off, h.count = 1;
+        const void *f[2] = {&id, g};
+        size_t b[2] = {8, sizeof g};
+        int nf = 0;
+        switch (c) {
+        case 0: h.shm_off = 64; break;
+        case 1: h.shm_off = a.size - 16; break;
+        case 2: h.shm_off = off + 2; break;
+        case 3: h.shm_off = (1ull << 61) - 8; break;
+        case 4: h.type = PS_MSG_SPUSHPULL, h.npull = 4096; break;
+        case 5: h.type = PS_MSG_SPULL, h.count = 4096, h.want_version = 0; break;
+        case 6: h.dtype = PS_DTYPE_BF16; break;
+        case 7: nf = 2; break;
+        }
+        CHECK_MSG(ask(d, &h, f, b, nf, &r, NULL, 0) == 0, "%s: no reply", cases[c].what);
+        CHECK_EQ_INT(r.seq, seq);
+        CHECK_MSG(r.type == PS_MSG_ERROR && r.err_code == cases[c].code &&
+                      strstr(r.err_text, cases[c].text),
+                  "%s: got %s %d: %s", cases[c].what, ps_msg_type_name(r.type), r.err_code,
+                  r.err_text);
+    }
+    /* nothing of it applied: the row, its version, the counters */
+    q.seq = ++seq;
+    CHECK_OK(ask(d, &q, pull, pull_b, 1, &r, row, DIM));
+    CHECK_EQ_INT(r.chunk_version, 1);
+    CHECK(memcmp(row, after, sizeof after) == 0);
+    ps_stats st1;
+    CHECK_OK(ps_test_stats(sv.port, &st1));
+    CHECK_EQ_INT(st1.rows, st0.rows);
+    CHECK_EQ_INT(st1.updates, st0.updates);
+    zmq_close(d);
+    ps_shm_close(&a);
     CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
 }
 

@@ -81,7 +81,9 @@ static size_t batch(int rank, int step, uint64_t *ids)
 /* W workers, `steps` sync rounds of sparse pushes (posted in a different
  * order each step) and pulls or pushpulls; every pulled row bitwise equal
  * to the rank-order mean computed here.  sgd (w - lr * mean); dt: the wire
- * type (0: float32). */
+ * type (0: float32); shm: the clients' shared-memory arena, which every
+ * server (same host) maps, so the rows go through it, float32 whatever the
+ * wire type, as dense payloads do. */
 /* x as it arrives after a trip through the wire type dt (float32: itself) */
 static float via(int dt, float x)
 {
@@ -94,15 +96,19 @@ static float via(int dt, float x)
     return y;
 }
 
-static void sync_case(int W, int S, int T, int pushpull, int dt)
+static void sync_case(int W, int S, int T, int pushpull, int dt, int shm)
 {
     tj_job j;
+    int wt = shm ? 0 : dt; /* what the rows travel as */
     char flags[160];
     snprintf(flags, sizeof flags, "--mode sync --optimizer sgd --lr 0.1 --threads %d%s%s", T,
              dt ? " --wire-dtype " : "", dt ? ps_dtype_name((uint32_t)dt) : "");
     CHECK_OK(tj_prepare(&j, S, W, flags, 4, PS_TABLE_INIT_NORMAL));
     j.wire_dtype = dt;
+    j.no_shm = !shm;
     CHECK_OK(tj_connect(&j));
+    for (int r = 0; r < W; r++)
+        CHECK_EQ_INT(ps_client_shm_servers(j.c[r]), shm ? S : 0);
     ref rf = {.dim = 4};
     enum { MAXB = 16 };
     static const int orders[4][3] = {{0, 1, 2}, {2, 1, 0}, {1, 2, 0}, {2, 0, 1}};
@@ -119,7 +125,7 @@ static void sync_case(int W, int S, int T, int pushpull, int dt)
     for (int r = 0; r < W; r++) {
         CHECK_MSG(tj_wait(&req[r]) == 0, "pull: %s", req[r].err);
         for (size_t i = 0; i < n[r] * 4; i++)
-            CHECK(rows[r][i] == via(dt, ref_row(&rf, &j, ids[r][i / 4])[i % 4]));
+            CHECK(rows[r][i] == via(wt, ref_row(&rf, &j, ids[r][i / 4])[i % 4]));
     }
     for (int t = 0; t < steps; t++) {
         /* the gradients, and the mean the servers must apply */
@@ -151,7 +157,7 @@ static void sync_case(int W, int S, int T, int pushpull, int dt)
             }
             for (int a = 0; a < nu; a++)
                 for (int k = 0; k < 4; k++)
-                    us[a][k] = via(dt, us[a][k]);
+                    us[a][k] = via(wt, us[a][k]);
             /* into the round, rank after rank */
             for (int a = 0; a < nu; a++) {
                 int at = 0;
@@ -200,10 +206,10 @@ static void sync_case(int W, int S, int T, int pushpull, int dt)
             for (size_t i = 0; i < nn[r]; i++) {
                 const float *want = ref_row(&rf, &j, next[r][i]);
                 for (int k = 0; k < 4; k++)
-                    CHECK_MSG(rows[r][i * 4 + k] == via(dt, want[k]),
+                    CHECK_MSG(rows[r][i * 4 + k] == via(wt, want[k]),
                               "step %d rank %d id %llu: %.9g, expected %.9g", t, r,
                               (unsigned long long)next[r][i], (double)rows[r][i * 4 + k],
-                              (double)via(dt, want[k]));
+                              (double)via(wt, want[k]));
             }
             memcpy(ids[r], next[r], sizeof next[r]);
             n[r] = nn[r];
@@ -216,13 +222,13 @@ static void sync_case(int W, int S, int T, int pushpull, int dt)
 PS_TEST(sync_two_workers_rows_are_the_rank_order_mean_bitwise)
 {
     TJ_NEED_SERVER();
-    sync_case(2, 2, 2, 0, 0);
+    sync_case(2, 2, 2, 0, 0, 0);
 }
 
 PS_TEST(sync_three_workers_pushpull_rows_are_the_rank_order_mean_bitwise)
 {
     TJ_NEED_SERVER();
-    sync_case(3, 2, 3, 1, 0);
+    sync_case(3, 2, 3, 1, 0, 0);
 }
 
 /* bfloat16 and float16 on the wire: the servers sum the widened rows in
@@ -230,10 +236,27 @@ PS_TEST(sync_three_workers_pushpull_rows_are_the_rank_order_mean_bitwise)
 PS_TEST(sync_rows_through_bf16_and_f16_are_the_mean_of_the_narrowed_rows)
 {
     TJ_NEED_SERVER();
-    sync_case(2, 2, 2, 1, PS_DTYPE_BF16);
+    sync_case(2, 2, 2, 1, PS_DTYPE_BF16, 0);
     if (ps_test_stopped())
         return;
-    sync_case(2, 1, 2, 0, PS_DTYPE_F16);
+    sync_case(2, 1, 2, 0, PS_DTYPE_F16, 0);
+}
+
+/* Same host, the rows of pulls, pushes and pushpulls go through the
+ * workers' arenas: the same rank-order means bitwise as over TCP (the
+ * cases above), and float32 exact with the servers' --wire-dtype bf16,
+ * which rows over the network would have rounded (so they did not take
+ * it). */
+PS_TEST(rows_through_shared_memory_are_the_rank_order_mean_bitwise_and_not_narrowed)
+{
+    TJ_NEED_SERVER();
+    sync_case(2, 2, 2, 0, 0, 1);
+    if (ps_test_stopped())
+        return;
+    sync_case(3, 2, 3, 1, 0, 1);
+    if (ps_test_stopped())
+        return;
+    sync_case(2, 2, 2, 1, PS_DTYPE_BF16, 1);
 }
 
 /* ---- async: each push on arrival; the sums exact ---- */

@@ -1,0 +1,98 @@
+/* An update thread's parts, shared by its modules: updater.c (the thread,
+ * dense chunks, replies) and updater_tables.c (the tables' sparse requests).
+ * Everything here runs on the update thread alone. */
+#ifndef PS_UPDATER_INTERNAL_H
+#define PS_UPDATER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <zmq.h>
+
+#include "dup_log.h"
+#include "ratelimit.h"
+#include "shm_peer.h"
+#include "updater.h"
+
+/* A request an update thread answers now or, for a queued pull, later. */
+typedef struct req_ctx {
+    zmq_msg_t id;
+    uint64_t seq;
+    int32_t rank;
+    uint32_t type;    /* PS_MSG_PUSH here: a deferred acknowledgement (no weights) */
+    uint64_t key;
+    uint32_t chunk;
+    uint64_t mut;     /* its mutation number (ps_cmd_frame.mut), 0 for a pull */
+    int64_t t_arrive; /* for the timeline */
+    ps_shm_peer *shm; /* PS_FLAG_SHM: the worker's arena (a reference) */
+    uint64_t shm_off; /* where a pull's weights (a table's: rows) go in it */
+    uint64_t count;   /* PS_FLAG_SHM pull: the destination's elements */
+    /* sparse: the table's rows are dim wide; a pull's npull ids (a copy) */
+    uint32_t dim;
+    uint64_t *pids;
+    size_t npull;
+} req_ctx;
+
+struct ps_updater {
+    ps_updater_config cfg; /* set at create, read-only after */
+    _Atomic uint64_t *mem_used; /* the shard config's: chunks and large reply copies */
+    uint64_t max_memory;
+    pthread_t tid;
+    int started;
+    void *pair;            /* owner end; used only by this thread once started */
+    ps_shard *shard;
+    ps_tparts *tparts;     /* this thread's partition of every table */
+    float *rows;           /* a sparse reply's rows before they become its payload */
+    size_t rows_cap;
+    req_ctx *spare;
+    uint64_t bytes_in, bytes_out, errors; /* bytes_in: of sparse requests (the shard
+                                             counts its own) */
+    uint64_t nonfinite;    /* pushes whose gradient held NaN or Inf */
+    ps_rlimit rl;
+    int64_t reported_min;  /* progress last sent to the I/O thread */
+    int reported_have;
+    uint64_t ff_seen;      /* fast-forwarded rounds already logged (chunks and tables) */
+    uint64_t jump_seen;    /* async steps skipped after a restore, already logged */
+    int destroying;        /* the shard is being destroyed: kept pushes were not applied */
+    ps_dup_log dup;
+};
+
+/* Replies (updater.c).  upd_error answers r with error `code` (why says
+ * what was wrong); upd_ack acknowledges r at `version` (snap: an init's
+ * first snapshot, else 0); upd_reply_payload answers r with payload pl
+ * (taken; NULL: the values are in the worker's arena at r->shm_off, float32,
+ * and only the header goes): count (a table's: rows of dim), elems elements
+ * of dtype, the weights of `version`. */
+void upd_error(ps_updater *u, req_ctx *r, int code, const char *why);
+void upd_ack(ps_updater *u, req_ctx *r, int64_t version, uint64_t snap);
+void upd_reply_payload(ps_updater *u, req_ctx *r, zmq_msg_t *pl, uint64_t count, uint32_t dim,
+                       size_t elems, uint32_t dtype, int64_t version);
+/* *pl a copy of the n values w in dtype, counted against --max-memory when
+ * large; *not_finite when a value of it is NaN or Inf.  0, PS_ETOOBIG or
+ * PS_ENOMEM (why says). */
+int upd_copy_payload(ps_updater *u, zmq_msg_t *pl, const float *w, size_t n, uint32_t dtype,
+                     int *not_finite, char *why, size_t why_len);
+/* The float32 values of payload frame pl (h->count elements of h->dtype):
+ * the frame itself, or an aligned copy in *copy (the caller frees it); NULL
+ * when out of memory. */
+const float *upd_frame_values(const ps_header *h, zmq_msg_t *pl, float **copy);
+/* Say what a push h to a restored chunk or partition skipped. */
+void upd_note_restore_skips(ps_updater *u, const ps_header *h);
+/* A pushed gradient g of n values holds bad NaN or Inf, the first at
+ * index first: 1 when --on-nonfinite refuses it (why says), else 0 (*g
+ * NULL: skipped). */
+int upd_nonfinite(ps_updater *u, const ps_header *h, size_t n, const float **g, size_t bad,
+                  size_t first, char *why, size_t why_len);
+void upd_req_free(req_ctx *r);
+
+/* The tables (updater_tables.c).  upd_sparse: a SPULL, SPUSH or SPUSHPULL
+ * (frames pl[0..2] as its row of the message table has them, or with
+ * PS_FLAG_SHM all of it in r->shm; the I/O thread checked them); 1 when r
+ * is kept (answered later), 0 when it was answered. */
+int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl);
+/* PS_CMD_TABLE: take this thread's partition of a table just declared. */
+void upd_table(ps_updater *u, const ps_cmd_frame *cf);
+/* The partitions' hooks (table_part.h). */
+void upd_thook_release(void *user, void *v, int rc, const char *why);
+void upd_thook_ready(void *user, void *waiter, int64_t version);
+
+#endif
