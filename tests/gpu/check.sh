@@ -15,14 +15,15 @@
 # Parts, each a row of the summary (ok, FAILED, or skipped with the reason;
 # a skipped part is never ok): the GPU and its compute mode (nvidia-smi);
 # the bundle; test_cuda (exact FP32, then TF32); test_train's
-# cuda_sync_run_matches_cpu; ps_worker --device cuda:0 for the MLP and the
-# CNN, compute-only and through a server with 1 and 2 workers on the GPU,
-# sync and async, --shm auto and off; the Python CUDA test and the PyTorch
-# example through ps_launch --gpus --exec with the machine's python3 (its
-# torch must have CUDA); a sticky CUDA error injected into a worker
-# (tests/fake_cudart.c), which must end it, naming the error; a
-# compute-sanitizer memcheck run of a few steps; bench/gpu_bench.sh, ours
-# against PyTorch on the same GPU.
+# cuda_sync_run_matches_cpu and cuda_sync_ctr_run_matches_cpu; ps_worker
+# --device cuda:0 for the MLP and the CNN, compute-only and through a server
+# with 1 and 2 workers on the GPU, sync and async, --shm auto and off, and
+# for the CTR model compute-only and through one server; the Python CUDA
+# test and the PyTorch example through ps_launch --gpus --exec with the
+# machine's python3 (its torch must have CUDA); a sticky CUDA error
+# injected into a worker (tests/fake_cudart.c), which must end it, naming
+# the error; a compute-sanitizer memcheck run of a few steps;
+# bench/gpu_bench.sh, ours against PyTorch on the same GPU.
 # Exit status: 0 when no part FAILED (so 0 on a machine without a GPU, where
 # every GPU part says skipped), 1 otherwise, 2 for a bad argument.
 # CHECK_DEVICE=cpu (with a stand-in nvidia-smi on PATH) runs the workers,
@@ -221,8 +222,8 @@ DEV=${CHECK_DEVICE:-cuda:0}
 # ---- the CUDA tests
 cuda_tests() {
     if step test_cuda 150 20 $RUN "$TESTDIR/test_cuda"; then test_row test_cuda; fi
-    if step test_train_cuda 120 20 $RUN env PS_BIN_DIR="$BINDIR" "$TESTDIR/test_train" \
-        cuda_sync_run_matches_cpu; then
+    if step test_train_cuda 150 20 $RUN env PS_BIN_DIR="$BINDIR" "$TESTDIR/test_train" \
+        cuda_sync_run_matches_cpu cuda_sync_ctr_run_matches_cpu; then
         test_row test_train_cuda
     fi
 }
@@ -231,7 +232,7 @@ cuda_tests() {
 # workers NAME SPEC W MODE SHM STEPS: MODE none: one worker alone (compute
 # only); else one server and W workers on the GPU at once
 workers() {
-    _name=$1 _spec=$2 _w=$3 _mode=$4 _shm=$5 _steps=$6
+    _name=$1 _spec=$2 _w=$3 _mode=$4 _shm=$5 _steps=$6 _data=${7:-synthetic:8192}
     LIM=$(limit 60)
     if [ "$LIM" -lt 15 ]; then
         row "$_name" skipped 0 "out of the time budget ($(left) s of $budget left)"
@@ -240,7 +241,7 @@ workers() {
     _d=$out/logs/$_name
     mkdir -p "$_d"
     _t0=$(date +%s)
-    _flags="--device $DEV --model $_spec --data synthetic:8192 --batch 64 --steps $_steps --log-every 100"
+    _flags="--device $DEV --model $_spec --data $_data --batch 64 --steps $_steps --log-every 100"
     EP=none SRV=""
     if [ "$_mode" != none ]; then
         server "$_d/server.log" "$_w" "$_mode"
@@ -286,6 +287,10 @@ workers() {
 worker_runs() {
     workers worker_mlp_alone mlp:784-256-128-10 1 none - 400
     workers worker_cnn_alone cnn 1 none - 100
+    # the click-through model: rows staged to the GPU, gradients back, its
+    # tables local, then on one server
+    workers worker_ctr_cuda ctr:fields=8,rows=100000 1 none - 200 synthetic-ctr:20000
+    workers worker_ctr_cuda_server ctr:fields=8,rows=100000 1 sync auto 200 synthetic-ctr:20000
     for spec in mlp cnn; do
         if [ "$spec" = mlp ]; then s=mlp:784-256-128-10 n=400; else s=cnn n=100; fi
         for w in 1 2; do
