@@ -131,6 +131,49 @@ struct ps_backend {
     int (*stream_sync)(ps_backend *b, int stream);
 
     void (*destroy)(ps_backend *b);
+
+    /* ---- the click-through model (worker/embedding.h, worker/layers.h) ----
+     * Optional: NULL on a backend without them (the host backend), where
+     * the model refuses to run.  All pointers are the backend's memory
+     * except where said; every call is enqueued on PS_STREAM_COMPUTE.
+     *
+     * emb_bag_fwd: for s < nbags, j < dim: out[s * out_stride + j] = the sum
+     * over entries e of bag s (offsets[s] .. offsets[s+1]-1; offsets NULL:
+     * entry s alone) with index[e] >= 0 of weights[e] (NULL: 1) times
+     * rows[index[e] * dim + j], in entry order; with mean, then times
+     * 1/count of those entries (0 for none).  index < the rows there are
+     * (the caller checked). */
+    int (*emb_bag_fwd)(ps_backend *b, int nbags, const int32_t *offsets, const int32_t *index,
+                       const float *weights, int mean, const float *rows, int dim, float *out,
+                       size_t out_stride);
+    /* emb_bag_bwd: the scatter-add of the bags' gradient into unique rows as
+     * a gather, deterministic without atomics: the caller lists every row's
+     * entries (a CSR by unique row, built on the host, which knows the
+     * batch's index).  For u < nrows, j < dim: grads[u * dim + j] = the sum
+     * over k in start[u] .. start[u+1]-1, in that order, of coef[k] times
+     * dout[bag[k] * dout_stride + j] (overwrites every row; none listed: 0). */
+    int (*emb_bag_bwd)(ps_backend *b, int nrows, int dim, const int32_t *start,
+                       const int32_t *bag, const float *coef, const float *dout,
+                       size_t dout_stride, float *grads);
+    /* The interact layer (layers.h, PS_LAYER_INTERACT) over n samples: x
+     * [n, in], emb [n, fields * dim], y [n, out]: y = x then the embeddings
+     * (cat), or x then the dots of the pairs (i, j), j < i, of vectors 0 = x,
+     * 1..fields = the embeddings (dot, in == dim).  Backward writes demb and
+     * dx (when non-NULL) from dy, every sum in the order of the pairs. */
+    int (*interact_fwd)(ps_backend *b, const float *x, const float *emb, int n, int in,
+                        int fields, int dim, int dot, float *y);
+    int (*interact_bwd)(ps_backend *b, const float *x, const float *emb, const float *dy, int n,
+                        int in, int fields, int dim, int dot, float *dx, float *demb);
+    /* Binary cross-entropy on logits[n] against labels 0 or 1 (the
+     * backend's memory): dlogits = (sigmoid(z) - y) / n and, into host
+     * memory when non-NULL (the call then waits), the mean loss and the
+     * number of rows with (z > 0) == y.  A label that is not 0 or 1:
+     * PS_EINVAL where the labels are host memory, a NaN loss elsewhere. */
+    int (*bce_logits)(ps_backend *b, const float *logits, const int32_t *labels, int n,
+                      float *dlogits, float *loss, int *correct);
+    /* the state of the five above where the backend keeps it apart from ctx
+     * (CUDA: worker/backend_cuda_emb.cu's) */
+    void *ctr_ctx;
 };
 
 /* The host-memory backend (backend_host.c) is created with

@@ -246,7 +246,8 @@ enum {
       "(defaults): fields (26), dense (13), dim (16), rows: ids per field of synthetic data "     \
       "(1000000), pool=sum|mean (sum), mlp=H1-...-1 (512-256-1), the tables' opt=sgd|adagrad "   \
       "and lr (adagrad, 0.05).  The tables live on the servers (each batch's rows fetched "      \
-      "while the one before computes), with --servers none in the worker; CPU only for now")    \
+      "while the one before computes), with --servers none in the worker; on the CPU or a "      \
+      "GPU (--device)")                                                                          \
     X(batch, (_, WORKER, _, _, _), "--batch", "B", NULL, INT, batch, "64", NULL, 1, 65536, _,    \
       0, "samples per step per worker")                                                          \
     X(epochs, (_, WORKER, _, _, _), "--epochs", "E", NULL, INT, epochs, "1", NULL, 1, 100000,    \

@@ -25,8 +25,20 @@
  *   forward and backward: exact (inputs all distinct, so no ties).
  *   A whole CNN step with cuDNN and with PS_CUDNN=0: the loss within
  *   1e-5 max(1, loss) (TF32 2e-3); each gradient within 5e-3 of its norm
- *   (TF32 2e-2) in the 2-norm, since a ReLU input within rounding of 0 may
- *   flip its mask on one path and move a few terms of a weight's gradient.
+ *   (TF32 1e-1) in the 2-norm, since a ReLU input within rounding of 0, or
+ *   a max-pool window of near-equal entries, may choose differently on one
+ *   path and move a few terms of a weight's gradient.
+ *   embedding bags, interact: |g - c| <= 2 (m + 2) u * (the same on |inputs|),
+ *               m the terms of the longest sum (the kernels keep the CPU's
+ *               order without fused multiply-adds: equal on x86-64 in fact)
+ *   bce_logits dlogits: |g - c| <= 8 u (|d| + 1/n) (exp of the GPU within 1
+ *               ulp in double, then rounded to float); loss within 1e-6
+ *               relative; `correct` exact
+ *   a CTR step (embeddings, interaction, MLPs, BCE, SGD on weights and rows)
+ *               CUDA vs CPU after 3 steps: every weight and row within
+ *               1e-5 + 1e-4 |cpu| (gemm's order differs: measured ~1e-7);
+ *               with PS_CUDA_TF32=1 (gemm inputs to 10 mantissa bits)
+ *               1e-3 + 1e-2 |cpu|
  *
  * Without a CUDA build or a usable device every case is skipped. */
 #include <stdint.h>
@@ -35,6 +47,9 @@
 #include <string.h>
 
 #include "backend.h"
+#include "embedding.h"
+#include "layers.h"
+#include "model.h"
 #include "ps_error.h"
 #include "ps_test.h"
 
@@ -973,6 +988,262 @@ PS_TEST(copies_across_streams_are_ordered_by_events)
     CHECK_EQ_INT(q, 1);
     CHECK_EXACT(dst, want, n);
     CHECK_EXACT(dst2, src, n);
+}
+
+/* ---- the click-through model ------------------------------------------ */
+
+/* nbags bags of 0..maxlen entries over nrows unique rows (duplicates and
+ * empty bags among them), a fifth of the entries padding, weights in
+ * [0.5, 2); every one of nbags * maxlen entries valid (for offsets NULL). */
+static void random_bags(int nbags, int maxlen, size_t nrows, int32_t *off, int32_t *index,
+                        float *weights)
+{
+    for (int e = 0; e < nbags * maxlen; e++) {
+        index[e] = (rnd() + 1.0f) * 2.5f < 1.0f ? -1 : (int32_t)((rnd() + 1.0f) * 0.5f * nrows);
+        if (index[e] >= (int32_t)nrows)
+            index[e] = (int32_t)nrows - 1;
+        weights[e] = 1.25f + 0.75f * rnd();
+    }
+    off[0] = 0;
+    for (int s = 0; s < nbags; s++)
+        off[s + 1] = off[s] + (int32_t)((rnd() + 1.0f) * 0.5f * (maxlen + 1)) % (maxlen + 1);
+}
+
+static void emb_bag_case(int dim, int pool, int wt, int single)
+{
+    enum { NB = 300, MAXLEN = 6, NROWS = 200 };
+    size_t stride = (size_t)dim + 3, outn = NB * stride;
+    int32_t *off = host((NB + 1) * sizeof(int32_t)), *index = host(NB * MAXLEN * sizeof(int32_t));
+    float *weights = host(NB * MAXLEN * sizeof(float));
+    float *rows = rnd_host((size_t)NROWS * dim, 1.0f), *dout = rnd_host(outn, 1.0f);
+    float *want = host(outn * sizeof(float)), *scale = host(outn * sizeof(float));
+    float *got = host(outn * sizeof(float)), *dev_out = dev(g_gpu, outn * sizeof(float));
+    size_t gn = (size_t)NROWS * dim;
+    float *gw = host(gn * sizeof(float)), *gs = host(gn * sizeof(float));
+    float *gg = host(gn * sizeof(float)), *dev_dout = dev(g_gpu, outn * sizeof(float));
+    CHECK(off && index && weights && rows && dout && want && scale && got && dev_out && gw &&
+          gs && gg && dev_dout);
+    random_bags(NB, MAXLEN, NROWS, off, index, weights);
+    ps_emb_bags bags = {NB, single ? NULL : off, index, wt ? weights : NULL, NROWS};
+    float *arows = abs_host(rows, gn), *adout = abs_host(dout, outn);
+    float *aw = abs_host(weights, NB * MAXLEN);
+    CHECK(arows && adout && aw);
+    ps_emb_bags abags = bags;
+    abags.weights = wt ? aw : NULL;
+    for (size_t i = 0; i < outn; i++)
+        want[i] = scale[i] = 7.0f; /* between the rows: untouched */
+    CHECK_OK(ps_emb_bag_forward(g_cpu, &bags, (ps_pool)pool, rows, dim, want, stride));
+    CHECK_OK(ps_emb_bag_forward(g_cpu, &abags, (ps_pool)pool, arows, dim, scale, stride));
+    ps_emb_dev *d = NULL;
+    CHECK_OK(ps_emb_dev_create(g_gpu, NB * MAXLEN, NB, dim, &d));
+    int rc = g_gpu->fill(g_gpu, dev_out, 7.0f, outn);
+    if (!rc)
+        rc = ps_emb_dev_forward(d, &bags, (ps_pool)pool, rows, dev_out, stride);
+    if (!rc)
+        rc = down(g_gpu, got, dev_out, outn * sizeof(float));
+    /* backward, twice: the second reuses the staging */
+    for (int pass = 0; pass < 2 && !rc; pass++) {
+        rc = up(g_gpu, dev_dout, dout, outn * sizeof(float));
+        if (!rc)
+            rc = ps_emb_dev_backward(d, &bags, (ps_pool)pool, dev_dout, stride);
+        if (!rc)
+            rc = ps_emb_dev_grads(d, gg);
+    }
+    ps_emb_dev_destroy(d);
+    CHECK_OK(rc);
+    CHECK_BOUND(got, want, scale, 2.0 * (MAXLEN + 2) * U, outn);
+    CHECK_OK(ps_emb_bag_backward(g_cpu, &bags, (ps_pool)pool, dout, stride, dim, gw));
+    CHECK_OK(ps_emb_bag_backward(g_cpu, &abags, (ps_pool)pool, adout, stride, dim, gs));
+    for (size_t i = 0; i < gn; i++) /* rows no entry reads: exactly 0 on both */
+        gs[i] = gs[i] > 0 ? gs[i] : 1.0f;
+    CHECK_BOUND(gg, gw, gs, 2.0 * (NB * MAXLEN + 2) * U, gn);
+}
+
+PS_TEST(emb_bag_forward_backward_match_cpu_on_random_bags)
+{
+    NEED_GPU();
+    seed(31);
+    static const int dims[] = {16, 13, 64, 1};
+    for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
+        for (int c = 0; c < 8; c++) {
+            emb_bag_case(dims[di], c & 1, c >> 1 & 1, c >> 2 & 1);
+            if (ps_test_stopped())
+                return;
+            arena_reset();
+        }
+}
+
+static void interact_case(int n, int in, int F, int E, int dot, int with_dx)
+{
+    int out = in + (dot ? (F + 1) * F / 2 : F * E);
+    size_t nx = (size_t)n * in, ne = (size_t)n * F * E, ny = (size_t)n * out;
+    float *x = rnd_host(nx, 1.0f), *emb = rnd_host(ne, 1.0f), *dy = rnd_host(ny, 1.0f);
+    CHECK(x && emb && dy);
+    float *ax = abs_host(x, nx), *aemb = abs_host(emb, ne), *ady = abs_host(dy, ny);
+    float *sy = host(ny * sizeof(float)), *sdx = host(nx * sizeof(float));
+    float *semb = host(ne * sizeof(float));
+    CHECK(ax && aemb && ady && sy && sdx && semb);
+    pair px, pe, pdy, py, pdx, pdemb;
+    CHECK_OK(pair_up(&px, x, nx * sizeof(float)));
+    CHECK_OK(pair_up(&pe, emb, ne * sizeof(float)));
+    CHECK_OK(pair_up(&pdy, dy, ny * sizeof(float)));
+    CHECK_OK(pair_up(&py, dy, ny * sizeof(float)));      /* overwritten */
+    CHECK_OK(pair_up(&pdx, x, nx * sizeof(float)));      /* overwritten (or kept) */
+    CHECK_OK(pair_up(&pdemb, emb, ne * sizeof(float)));  /* overwritten */
+    CHECK_OK(g_cpu->interact_fwd(g_cpu, px.c, pe.c, n, in, F, E, dot, py.c));
+    CHECK_OK(g_gpu->interact_fwd(g_gpu, px.g, pe.g, n, in, F, E, dot, py.g));
+    CHECK_OK(g_cpu->interact_bwd(g_cpu, px.c, pe.c, pdy.c, n, in, F, E, dot,
+                                 with_dx ? pdx.c : NULL, pdemb.c));
+    CHECK_OK(g_gpu->interact_bwd(g_gpu, px.g, pe.g, pdy.g, n, in, F, E, dot,
+                                 with_dx ? pdx.g : NULL, pdemb.g));
+    CHECK_OK(g_cpu->interact_fwd(g_cpu, ax, aemb, n, in, F, E, dot, sy));
+    CHECK_OK(g_cpu->interact_bwd(g_cpu, ax, aemb, ady, n, in, F, E, dot, sdx, semb));
+    float *yc, *yg, *dxc, *dxg, *dec, *deg;
+    CHECK_OK(pair_down(&py, ny * sizeof(float), (void **)&yc, (void **)&yg));
+    CHECK_OK(pair_down(&pdx, nx * sizeof(float), (void **)&dxc, (void **)&dxg));
+    CHECK_OK(pair_down(&pdemb, ne * sizeof(float), (void **)&dec, (void **)&deg));
+    CHECK_BOUND(yg, yc, sy, 2.0 * (E + 2) * U, ny);
+    CHECK_BOUND(deg, dec, semb, 2.0 * (F + 3) * U, ne);
+    if (with_dx)
+        CHECK_BOUND(dxg, dxc, sdx, 2.0 * (F + 3) * U, nx);
+    else
+        CHECK_EXACT(dxg, x, nx); /* dx NULL: nothing written */
+}
+
+PS_TEST(interact_cat_and_dot_match_cpu)
+{
+    NEED_GPU();
+    seed(37);
+    interact_case(37, 7, 5, 13, 0, 1);
+    interact_case(37, 13, 5, 13, 1, 1);
+    interact_case(64, 16, 26, 16, 1, 1);
+    interact_case(5, 4, 3, 4, 1, 0);
+    interact_case(3, 2, 1, 1, 0, 0);
+}
+
+static void bce_case(int n, int with_loss)
+{
+    float *z = rnd_host((size_t)n, 12.0f);
+    int32_t *lab = host((size_t)n * sizeof(int32_t));
+    CHECK(z && lab);
+    for (int r = 0; r < n; r++)
+        lab[r] = rnd() > 0.3f;
+    pair pz, pl, pd;
+    CHECK_OK(pair_up(&pz, z, (size_t)n * sizeof(float)));
+    CHECK_OK(pair_up(&pl, lab, (size_t)n * sizeof(int32_t)));
+    CHECK_OK(pair_up(&pd, z, (size_t)n * sizeof(float)));
+    float lc = 0, lg = 0;
+    int cc = 0, cg = 0;
+    CHECK_OK(g_cpu->bce_logits(g_cpu, pz.c, pl.c, n, pd.c, &lc, &cc));
+    CHECK_OK(g_gpu->bce_logits(g_gpu, pz.g, pl.g, n, pd.g, with_loss ? &lg : NULL,
+                               with_loss ? &cg : NULL));
+    float *dc, *dg;
+    CHECK_OK(pair_down(&pd, (size_t)n * sizeof(float), (void **)&dc, (void **)&dg));
+    float *S = host((size_t)n * sizeof(float));
+    CHECK(S);
+    for (int r = 0; r < n; r++)
+        S[r] = fabsf(dc[r]) + 1.0f / (float)n;
+    CHECK_BOUND(dg, dc, S, 8.0 * U, (size_t)n);
+    if (with_loss) {
+        CHECK_NEAR(lg, lc, 1e-6 * lc);
+        CHECK_EQ_INT(cg, cc);
+    }
+}
+
+PS_TEST(bce_logits_matches_cpu)
+{
+    NEED_GPU();
+    seed(41);
+    bce_case(1, 1);
+    bce_case(64, 1);
+    bce_case(5000, 1); /* grows the per-row scratch */
+    bce_case(300, 0);
+}
+
+/* Three SGD steps of a CTR model, tables updated in between, on each
+ * backend from the same seed and batches. */
+static void ctr_step_case(const char *spec)
+{
+    enum { N = 64, F = 4, D = 13, DIM = 16, STEPS = 3, IDS = 40 };
+    ps_backend *bk[2] = {g_cpu, g_gpu};
+    ps_model *m[2] = {NULL, NULL};
+    ps_row_source *src[2] = {NULL, NULL};
+    char why[512];
+    float loss[2][STEPS];
+    float *x = host(N * D * sizeof(float));
+    uint64_t *ids = host(N * F * sizeof(uint64_t));
+    int32_t *y = host(N * sizeof(int32_t));
+    CHECK(x && ids && y);
+    int rc = 0;
+    for (int k = 0; k < 2 && !rc; k++) {
+        seed(43);
+        rc = ps_model_create(spec, D, 1, 1, 2, N, bk[k], 5, &m[k], why, sizeof why);
+        if (!rc)
+            rc = ps_row_source_local_create(F, DIM, 5, PS_OPT_SGD, 0.5f, 1e-8f, &src[k]);
+        for (int step = 0; step < STEPS && !rc; step++) {
+            for (int i = 0; i < N * D; i++)
+                x[i] = rnd() + 1.0f;
+            for (int i = 0; i < N * F; i++) /* duplicates in every field */
+                ids[i] = (uint64_t)((rnd() + 1.0f) * 0.5f * IDS);
+            for (int i = 0; i < N; i++)
+                y[i] = rnd() > 0.0f;
+            if (!(rc = ps_model_load_batch(m[k], x, y, N)) &&
+                !(rc = ps_model_set_ids(m[k], ids, N)) &&
+                !(rc = ps_model_fetch_rows(m[k], src[k])) &&
+                !(rc = ps_model_forward(m[k], ps_model_input(m[k]), ps_model_labels(m[k]), N,
+                                        NULL, &loss[k][step], NULL)) &&
+                !(rc = ps_model_backward(m[k], NULL)) && !(rc = ps_model_sgd_step(m[k], 0.5f)))
+                rc = ps_model_push_rows(m[k], src[k], step);
+        }
+    }
+    double worst = 0, abs_tol = tf32_on() ? 1e-3 : 1e-5, rel_tol = tf32_on() ? 1e-2 : 1e-4;
+    for (int step = 0; step < STEPS && !rc; step++) {
+        double e = fabs((double)loss[1][step] - loss[0][step]) /
+                   (abs_tol + rel_tol * loss[0][step]);
+        worst = e > worst ? e : worst;
+    }
+    for (int p = 0; !rc && p < ps_model_num_params(m[0]); p++) {
+        ps_param *pc = &ps_model_params(m[0])[p], *pg = &ps_model_params(m[1])[p];
+        float *h = host(pc->count * sizeof(float));
+        if (!h || (rc = down(g_gpu, h, pg->w, pc->count * sizeof(float))))
+            break;
+        for (size_t i = 0; i < pc->count; i++) {
+            double e = fabs((double)h[i] - pc->w[i]) / (abs_tol + rel_tol * fabs(pc->w[i]));
+            worst = e > worst ? e : worst;
+        }
+    }
+    uint64_t all[IDS + 1];
+    float rc0[(IDS + 1) * DIM], rg0[(IDS + 1) * DIM];
+    for (int i = 0; i <= IDS; i++)
+        all[i] = (uint64_t)i;
+    for (int f = 0; f < F && !rc; f++) {
+        if ((rc = src[0]->fetch(src[0], f, all, IDS + 1, rc0)) ||
+            (rc = src[1]->fetch(src[1], f, all, IDS + 1, rg0)))
+            break;
+        for (int i = 0; i < (IDS + 1) * DIM; i++) {
+            double e = fabs((double)rg0[i] - rc0[i]) / (abs_tol + rel_tol * fabs(rc0[i]));
+            worst = e > worst ? e : worst;
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        if (src[k])
+            src[k]->destroy(src[k]);
+        ps_model_destroy(m[k]);
+    }
+    CHECK_MSG(rc == 0, "%s: %s %s", spec, ps_strerror(rc), why);
+    printf("# %s: CUDA vs CPU after %d steps, worst %.3g of the tolerance, losses %.6f %.6f\n",
+           spec, STEPS, worst, (double)loss[1][STEPS - 1], (double)loss[0][STEPS - 1]);
+    CHECK_MSG(worst <= 1.0, "%s: %.3g x the tolerance", spec, worst);
+}
+
+PS_TEST(ctr_steps_match_cpu_cat_sum_and_dot_mean)
+{
+    NEED_GPU();
+    ctr_step_case("ctr:fields=4,dense=13,dim=16,mlp=32-1,opt=sgd,lr=0.5");
+    if (ps_test_stopped())
+        return;
+    ctr_step_case("ctr:fields=4,dense=13,dim=16,bot=24-16,mlp=32-16-1,pool=mean,interact=dot,"
+                  "opt=sgd,lr=0.5");
 }
 
 /* The exchange stages through pinned host memory exactly when this is 0. */

@@ -16,5 +16,12 @@ int ps_backend_create(const char *device, int threads, ps_backend **out, char *w
 int ps_backend_cpu_create(int threads, ps_backend **out);
 /* Defined only when built with CUDA (PS_HAVE_CUDA). */
 int ps_backend_cuda_create(int device, ps_backend **out, char *why, size_t why_len);
+/* backend_cuda_emb.cu: the click-through model's kernels (ps_backend.h's
+ * emb_bag_fwd .. bce_logits) onto the CUDA backend b that create is making,
+ * on its device and compute stream (a cudaStream_t); detach frees their
+ * state (also after a failed attach).  0 or PS_EDEVICE, PS_ENOMEM. */
+int ps_backend_cuda_ctr_attach(ps_backend *b, int device, void *compute_stream,
+                               unsigned max_blocks);
+void ps_backend_cuda_ctr_detach(ps_backend *b);
 
 #endif

@@ -264,6 +264,157 @@ static int cpu_maxpool_bwd(ps_backend *b, const float *dy, const uint8_t *argmax
     return 0;
 }
 
+/* ---- the click-through model ------------------------------------------- */
+
+static int cpu_emb_bag_fwd(ps_backend *b, int nbags, const int32_t *offsets,
+                           const int32_t *index, const float *weights, int mean,
+                           const float *rows, int dim, float *out, size_t out_stride)
+{
+    (void)b;
+    if (nbags < 0 || dim < 1)
+        return PS_EINVAL;
+    for (int s = 0; s < nbags; s++) {
+        float *o = out + (size_t)s * out_stride;
+        int32_t begin = offsets ? offsets[s] : s, end = offsets ? offsets[s + 1] : s + 1;
+        int count = 0;
+        for (int j = 0; j < dim; j++)
+            o[j] = 0.0f;
+        for (int32_t e = begin; e < end; e++) {
+            if (index[e] < 0)
+                continue;
+            const float *r = rows + (size_t)index[e] * dim;
+            float w = weights ? weights[e] : 1.0f;
+            count++;
+            for (int j = 0; j < dim; j++)
+                o[j] += w * r[j];
+        }
+        /* a mean of one row or a sum: no multiply (as the CUDA kernel) */
+        float scale = !mean ? 1.0f : count ? 1.0f / (float)count : 0.0f;
+        if (scale != 1.0f)
+            for (int j = 0; j < dim; j++)
+                o[j] *= scale;
+    }
+    return 0;
+}
+
+static int cpu_emb_bag_bwd(ps_backend *b, int nrows, int dim, const int32_t *start,
+                           const int32_t *bag, const float *coef, const float *dout,
+                           size_t dout_stride, float *grads)
+{
+    (void)b;
+    if (nrows < 0 || dim < 1)
+        return PS_EINVAL;
+    for (int u = 0; u < nrows; u++) {
+        float *g = grads + (size_t)u * dim;
+        for (int j = 0; j < dim; j++)
+            g[j] = 0.0f;
+        for (int32_t k = start[u]; k < start[u + 1]; k++) {
+            const float *d = dout + (size_t)bag[k] * dout_stride;
+            for (int j = 0; j < dim; j++)
+                g[j] += coef[k] * d[j];
+        }
+    }
+    return 0;
+}
+
+static int cpu_interact_fwd(ps_backend *b, const float *x, const float *emb, int n, int in,
+                            int F, int E, int dot, float *y)
+{
+    (void)b;
+    if (n < 0 || in < 1 || F < 1 || E < 1 || (dot && in != E))
+        return PS_EINVAL;
+    int out = in + (dot ? (F + 1) * F / 2 : F * E);
+    for (int s = 0; s < n; s++) {
+        const float *xs = x + (size_t)s * in, *es = emb + (size_t)s * F * E;
+        float *ys = y + (size_t)s * out;
+        memcpy(ys, xs, (size_t)in * sizeof(float));
+        if (!dot) {
+            memcpy(ys + in, es, (size_t)F * E * sizeof(float));
+            continue;
+        }
+        float *z = ys + in;
+        for (int i = 1; i <= F; i++) {
+            const float *vi = es + (size_t)(i - 1) * E;
+            for (int j = 0; j < i; j++) {
+                const float *vj = j ? es + (size_t)(j - 1) * E : xs;
+                float d = 0.0f;
+                for (int k = 0; k < E; k++)
+                    d += vi[k] * vj[k];
+                *z++ = d;
+            }
+        }
+    }
+    return 0;
+}
+
+/* The copied parts pass their gradient through; a dot d = vi.vj sends
+ * dd * vj to vi and dd * vi to vj. */
+static int cpu_interact_bwd(ps_backend *b, const float *x, const float *emb, const float *dy,
+                            int n, int in, int F, int E, int dot, float *dx, float *demb)
+{
+    (void)b;
+    if (n < 0 || in < 1 || F < 1 || E < 1 || (dot && in != E))
+        return PS_EINVAL;
+    int out = in + (dot ? (F + 1) * F / 2 : F * E);
+    for (int s = 0; s < n; s++) {
+        const float *xs = x + (size_t)s * in, *es = emb + (size_t)s * F * E;
+        const float *ds = dy + (size_t)s * out;
+        float *des = demb + (size_t)s * F * E, *dxs = dx ? dx + (size_t)s * in : NULL;
+        if (dxs)
+            memcpy(dxs, ds, (size_t)in * sizeof(float));
+        if (!dot) {
+            memcpy(des, ds + in, (size_t)F * E * sizeof(float));
+            continue;
+        }
+        memset(des, 0, (size_t)F * E * sizeof(float));
+        const float *dz = ds + in;
+        for (int i = 1; i <= F; i++) {
+            const float *vi = es + (size_t)(i - 1) * E;
+            float *dvi = des + (size_t)(i - 1) * E;
+            for (int j = 0; j < i; j++) {
+                const float *vj = j ? es + (size_t)(j - 1) * E : xs;
+                float *dvj = j ? des + (size_t)(j - 1) * E : dxs;
+                float g = *dz++;
+                for (int k = 0; k < E; k++)
+                    dvi[k] += g * vj[k];
+                if (dvj)
+                    for (int k = 0; k < E; k++)
+                        dvj[k] += g * vi[k];
+            }
+        }
+    }
+    return 0;
+}
+
+static int cpu_bce_logits(ps_backend *b, const float *logits, const int32_t *labels, int n,
+                          float *dlogits, float *loss, int *correct)
+{
+    (void)b;
+    if (n <= 0)
+        return PS_EINVAL;
+    for (int r = 0; r < n; r++)
+        if (labels[r] != 0 && labels[r] != 1)
+            return PS_EINVAL;
+    double total = 0.0;
+    int hits = 0;
+    float inv_n = 1.0f / (float)n;
+    for (int r = 0; r < n; r++) {
+        double z = logits[r], y = labels[r];
+        /* e^-|z| never overflows; log1p keeps the loss of a confident right
+         * answer (tiny e^-|z|) from rounding to 0 */
+        double t = exp(-fabs(z));
+        total += (z > 0 ? z : 0) - z * y + log1p(t);
+        double p = z >= 0 ? 1.0 / (1.0 + t) : t / (1.0 + t); /* sigmoid(z) */
+        dlogits[r] = (float)(p - y) * inv_n;
+        hits += (z > 0) == (labels[r] == 1);
+    }
+    if (loss)
+        *loss = (float)(total / n);
+    if (correct)
+        *correct = hits;
+    return 0;
+}
+
 int ps_backend_cpu_create(int threads, ps_backend **out)
 {
     if (!out)
@@ -287,5 +438,10 @@ int ps_backend_cpu_create(int threads, ps_backend **out)
     b->col2im = cpu_col2im;
     b->maxpool_fwd = cpu_maxpool_fwd;
     b->maxpool_bwd = cpu_maxpool_bwd;
+    b->emb_bag_fwd = cpu_emb_bag_fwd;
+    b->emb_bag_bwd = cpu_emb_bag_bwd;
+    b->interact_fwd = cpu_interact_fwd;
+    b->interact_bwd = cpu_interact_bwd;
+    b->bce_logits = cpu_bce_logits;
     return 0;
 }

@@ -841,6 +841,7 @@ static void cu_destroy(ps_backend *b)
 {
     if (!b)
         return;
+    ps_backend_cuda_ctr_detach(b);
     release_ctx(ctx_of(b));
     free(b);
 }
@@ -990,6 +991,15 @@ extern "C" int ps_backend_cuda_create(int device, ps_backend **out, char *why, s
     }
     if (use_tf32)
         ps_info("%s: cuBLAS gemm uses TF32 tensor cores (PS_CUDA_TF32=1)", c->name);
+    if (ps_backend_cuda_ctr_attach(b, device, c->stream[PS_STREAM_COMPUTE], c->max_blocks)) {
+        if (why && why_len)
+            snprintf(why, why_len, "--device cuda:%d: the click-through model's kernels could "
+                     "not be set up (the log says why)", device);
+        ps_backend_cuda_ctr_detach(b);
+        release_ctx(c);
+        free(b);
+        return PS_EDEVICE;
+    }
 
     b->name = c->name;
     b->ctx = c;

@@ -196,18 +196,23 @@ struct ps_ctr_sparse {
     int n;           /* samples of the batch set_ids or take gave; 0: none */
     int fetched;     /* its rows were fetched (or taken) */
     int lent;        /* taken: the rows and gradients are the source's */
+    ps_emb_dev **dev; /* per field, on a device backend: the layer's staging */
 };
 
-int ps_ctr_sparse_create(const ps_ctr_spec *spec, int max_batch, ps_ctr_sparse **out)
+int ps_ctr_sparse_create(const ps_ctr_spec *spec, int max_batch, ps_backend *b,
+                         ps_ctr_sparse **out)
 {
     *out = NULL;
     if (max_batch < 1)
         return PS_EINVAL;
     ps_ctr_sparse *sp = calloc(1, sizeof *sp);
     if (!sp || !(sp->t = calloc((size_t)spec->fields, sizeof *sp->t)) ||
-        !(sp->v = calloc((size_t)spec->fields, sizeof *sp->v))) {
-        if (sp)
+        !(sp->v = calloc((size_t)spec->fields, sizeof *sp->v)) ||
+        (!b->host_memory && !(sp->dev = calloc((size_t)spec->fields, sizeof *sp->dev)))) {
+        if (sp) {
             free(sp->t);
+            free(sp->v);
+        }
         free(sp);
         return PS_ENOMEM;
     }
@@ -217,6 +222,9 @@ int ps_ctr_sparse_create(const ps_ctr_spec *spec, int max_batch, ps_ctr_sparse *
     sp->max_batch = max_batch;
     for (int f = 0; f < sp->fields; f++) {
         int rc = ps_emb_batch_init(&sp->t[f], (size_t)max_batch, spec->dim);
+        if (!rc && sp->dev)
+            rc = ps_emb_dev_create(b, (size_t)max_batch, (size_t)max_batch, spec->dim,
+                                   &sp->dev[f]);
         if (rc) {
             ps_ctr_sparse_destroy(sp);
             return rc;
@@ -230,8 +238,12 @@ void ps_ctr_sparse_destroy(ps_ctr_sparse *sp)
 {
     if (!sp)
         return;
-    for (int f = 0; f < sp->fields; f++)
+    for (int f = 0; f < sp->fields; f++) {
         ps_emb_batch_release(&sp->t[f]);
+        if (sp->dev)
+            ps_emb_dev_destroy(sp->dev[f]);
+    }
+    free(sp->dev);
     free(sp->t);
     free(sp->v);
     free(sp);
@@ -319,8 +331,11 @@ int ps_ctr_sparse_forward(ps_backend *b, ps_ctr_sparse *sp, int n, float *emb)
     size_t stride = (size_t)sp->fields * sp->dim;
     for (int f = 0; f < sp->fields; f++) {
         ps_emb_bags bags = field_bags(sp, f);
-        int rc = ps_emb_bag_forward(b, &bags, sp->pool, sp->v[f].rows, sp->dim,
-                                    emb + (size_t)f * sp->dim, stride);
+        float *out = emb + (size_t)f * sp->dim;
+        int rc = sp->dev ? ps_emb_dev_forward(sp->dev[f], &bags, sp->pool, sp->v[f].rows, out,
+                                              stride)
+                         : ps_emb_bag_forward(b, &bags, sp->pool, sp->v[f].rows, sp->dim, out,
+                                              stride);
         if (rc)
             return rc;
     }
@@ -334,8 +349,16 @@ int ps_ctr_sparse_backward(ps_backend *b, ps_ctr_sparse *sp, const float *demb)
     size_t stride = (size_t)sp->fields * sp->dim;
     for (int f = 0; f < sp->fields; f++) {
         ps_emb_bags bags = field_bags(sp, f);
-        int rc = ps_emb_bag_backward(b, &bags, sp->pool, demb + (size_t)f * sp->dim, stride,
-                                     sp->dim, sp->v[f].grads);
+        const float *dout = demb + (size_t)f * sp->dim;
+        int rc = sp->dev ? ps_emb_dev_backward(sp->dev[f], &bags, sp->pool, dout, stride)
+                         : ps_emb_bag_backward(b, &bags, sp->pool, dout, stride, sp->dim,
+                                               sp->v[f].grads);
+        if (rc)
+            return rc;
+    }
+    /* every field's kernels and copies enqueued first, then one wait */
+    for (int f = 0; sp->dev && f < sp->fields; f++) {
+        int rc = ps_emb_dev_grads(sp->dev[f], sp->v[f].grads);
         if (rc)
             return rc;
     }

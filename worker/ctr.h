@@ -64,11 +64,14 @@ int ps_ctr_spec_parse(const char *spec, ps_ctr_spec *out, char *why, size_t why_
  * For a batch: set_ids deduplicates each field's ids (ps_emb_batch), fetch
  * brings their rows from a row source, forward pools them into the model's
  * input, backward turns the gradient of that input into one gradient row
- * per unique id, and push hands those to the row source.  Host memory (the
- * layer's kernels are host loops, embedding.h). */
+ * per unique id, and push hands those to the row source.  The ids, rows
+ * and gradients are host memory; emb and demb are b's (on a device, each
+ * field's rows cross over in forward and its gradients come back in
+ * backward: ps_emb_dev, embedding.h). */
 typedef struct ps_ctr_sparse ps_ctr_sparse;
 
-int ps_ctr_sparse_create(const ps_ctr_spec *spec, int max_batch, ps_ctr_sparse **out);
+int ps_ctr_sparse_create(const ps_ctr_spec *spec, int max_batch, ps_backend *b,
+                         ps_ctr_sparse **out);
 void ps_ctr_sparse_destroy(ps_ctr_sparse *sp);
 
 /* The batch's ids: ids[s * fields + f] is field f's id of sample s, for

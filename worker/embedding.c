@@ -33,10 +33,8 @@ static float bag_scale(const ps_emb_bags *bags, ps_pool pool, int s)
     return count ? 1.0f / (float)count : 0.0f;
 }
 
-static int check_bags(ps_backend *b, const ps_emb_bags *bags, int dim)
+static int check_shape(const ps_emb_bags *bags, int dim)
 {
-    if (!b->host_memory)
-        return PS_EDEVICE; /* host loops: no device kernels yet */
     if (bags->nbags < 0 || dim < 1)
         return PS_EINVAL;
     if (bags->offsets && bags->nbags > 0 && bags->offsets[0] != 0)
@@ -51,30 +49,22 @@ static int check_bags(ps_backend *b, const ps_emb_bags *bags, int dim)
     return 0;
 }
 
+static int check_bags(ps_backend *b, const ps_emb_bags *bags, int dim)
+{
+    /* host pointers: ps_emb_dev_* on a device */
+    return b->host_memory ? check_shape(bags, dim) : PS_EDEVICE;
+}
+
 int ps_emb_bag_forward(ps_backend *b, const ps_emb_bags *bags, ps_pool pool, const float *rows,
                        int dim, float *out, size_t out_stride)
 {
     int rc = check_bags(b, bags, dim);
     if (rc)
         return rc;
-    for (int s = 0; s < bags->nbags; s++) {
-        float *o = out + (size_t)s * out_stride;
-        for (int j = 0; j < dim; j++)
-            o[j] = 0.0f;
-        for (int32_t e = bag_begin(bags, s); e < bag_end(bags, s); e++) {
-            if (bags->index[e] < 0)
-                continue;
-            const float *r = rows + (size_t)bags->index[e] * dim;
-            float w = bags->weights ? bags->weights[e] : 1.0f;
-            for (int j = 0; j < dim; j++)
-                o[j] += w * r[j];
-        }
-        float scale = bag_scale(bags, pool, s);
-        if (scale != 1.0f)
-            for (int j = 0; j < dim; j++)
-                o[j] *= scale;
-    }
-    return 0;
+    if (!b->emb_bag_fwd)
+        return PS_EDEVICE;
+    return b->emb_bag_fwd(b, bags->nbags, bags->offsets, bags->index, bags->weights,
+                          pool == PS_POOL_MEAN, rows, dim, out, out_stride);
 }
 
 int ps_emb_bag_backward(ps_backend *b, const ps_emb_bags *bags, ps_pool pool, const float *dout,
@@ -97,6 +87,217 @@ int ps_emb_bag_backward(ps_backend *b, const ps_emb_bags *bags, ps_pool pool, co
                 g[j] += w * d[j];
         }
     }
+    return 0;
+}
+
+/* ---- the layer on a device ------------------------------------------------ */
+
+struct ps_emb_dev {
+    ps_backend *b;
+    int dim;
+    size_t max_entries, max_bags;
+    /* forward's staging: the rows, then the index, offsets and weights, each
+     * at a 256-byte boundary; one copy to the device (fwd_d) */
+    unsigned char *fwd_h, *fwd_d;
+    size_t fwd_cap;
+    /* backward's: the CSR by unique row (start, bag, coef); and the
+     * gradients, back from the device */
+    unsigned char *bwd_h, *bwd_d;
+    size_t bwd_cap;
+    float *grads_h, *grads_d;
+    int32_t *cursor; /* host scratch for building the CSR */
+    /* recorded after each staging copy (and the gradients' copy back): the
+     * pinned buffer is free again, or the gradients are in, once it has
+     * happened */
+    ps_event *fwd_ev, *bwd_ev, *grads_ev;
+    int fwd_used, bwd_used, grads_pending;
+    size_t grads_rows;
+};
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+void ps_emb_dev_destroy(ps_emb_dev *d)
+{
+    if (!d)
+        return;
+    ps_backend *b = d->b;
+    /* nothing of ours may be in flight when the buffers go */
+    if (d->fwd_ev || d->bwd_ev || d->grads_ev)
+        (void)b->stream_sync(b, PS_STREAM_COMPUTE);
+    if (d->fwd_h)
+        b->free_host(b, d->fwd_h);
+    if (d->bwd_h)
+        b->free_host(b, d->bwd_h);
+    if (d->grads_h)
+        b->free_host(b, d->grads_h);
+    if (d->fwd_d)
+        b->free(b, d->fwd_d);
+    if (d->bwd_d)
+        b->free(b, d->bwd_d);
+    if (d->grads_d)
+        b->free(b, d->grads_d);
+    ps_event *ev[3] = {d->fwd_ev, d->bwd_ev, d->grads_ev};
+    for (int i = 0; i < 3; i++)
+        if (ev[i])
+            b->event_destroy(b, ev[i]);
+    free(d->cursor);
+    free(d);
+}
+
+int ps_emb_dev_create(ps_backend *b, size_t max_entries, size_t max_bags, int dim,
+                      ps_emb_dev **out)
+{
+    *out = NULL;
+    if (!b->emb_bag_fwd || !b->emb_bag_bwd)
+        return PS_EDEVICE;
+    if (max_entries < 1 || max_entries > INT32_MAX / 4 || max_bags < 1 ||
+        max_bags > INT32_MAX / 4 || dim < 1 ||
+        max_entries > SIZE_MAX / 4 / sizeof(float) / (size_t)dim)
+        return PS_EINVAL;
+    ps_emb_dev *d = calloc(1, sizeof *d);
+    if (!d)
+        return PS_ENOMEM;
+    d->b = b;
+    d->dim = dim;
+    d->max_entries = max_entries;
+    d->max_bags = max_bags;
+    size_t rows = max_entries * (size_t)dim * sizeof(float), ints = max_entries * sizeof(int32_t);
+    d->fwd_cap = align256(rows) + align256(ints) + align256((max_bags + 1) * sizeof(int32_t)) +
+                 align256(max_entries * sizeof(float));
+    d->bwd_cap = align256(ints + sizeof(int32_t)) + align256(ints) + align256(ints);
+    int rc;
+    if (!(d->cursor = malloc(ints + sizeof(int32_t))))
+        rc = PS_ENOMEM;
+    else if (!(rc = b->alloc_host(b, d->fwd_cap, (void **)&d->fwd_h)) &&
+             !(rc = b->alloc_host(b, d->bwd_cap, (void **)&d->bwd_h)) &&
+             !(rc = b->alloc_host(b, rows, (void **)&d->grads_h)) &&
+             !(rc = b->alloc(b, d->fwd_cap, (void **)&d->fwd_d)) &&
+             !(rc = b->alloc(b, d->bwd_cap, (void **)&d->bwd_d)) &&
+             !(rc = b->alloc(b, rows, (void **)&d->grads_d)) &&
+             !(rc = b->event_create(b, &d->fwd_ev)) && !(rc = b->event_create(b, &d->bwd_ev)))
+        rc = b->event_create(b, &d->grads_ev);
+    if (rc) {
+        ps_emb_dev_destroy(d);
+        return rc;
+    }
+    *out = d;
+    return 0;
+}
+
+/* bytes of n items of `size` into the staging at *off; the offset of them */
+static size_t stage(unsigned char *h, size_t *off, const void *src, size_t n, size_t size)
+{
+    size_t at = *off;
+    if (src && n)
+        memcpy(h + at, src, n * size);
+    *off = at + align256(n * size);
+    return at;
+}
+
+int ps_emb_dev_forward(ps_emb_dev *d, const ps_emb_bags *bags, ps_pool pool, const float *rows,
+                       float *out, size_t out_stride)
+{
+    ps_backend *b = d->b;
+    int rc = check_shape(bags, d->dim);
+    if (rc)
+        return rc;
+    size_t entries = (size_t)bag_begin(bags, bags->nbags);
+    if (entries > d->max_entries || (size_t)bags->nbags > d->max_bags ||
+        bags->nrows > d->max_entries)
+        return PS_EINVAL;
+    if (bags->nbags == 0)
+        return 0;
+    /* the last batch's copy out of the staging must be done before it is
+     * written again (long since, as a rule: a step lies between) */
+    if (d->fwd_used && (rc = b->event_sync(b, d->fwd_ev)))
+        return rc;
+    size_t off = 0;
+    size_t o_rows = stage(d->fwd_h, &off, rows, bags->nrows * (size_t)d->dim, sizeof(float));
+    size_t o_index = stage(d->fwd_h, &off, bags->index, entries, sizeof(int32_t));
+    size_t o_offsets = stage(d->fwd_h, &off, bags->offsets,
+                             bags->offsets ? (size_t)bags->nbags + 1 : 0, sizeof(int32_t));
+    size_t o_weights = stage(d->fwd_h, &off, bags->weights, bags->weights ? entries : 0,
+                             sizeof(float));
+    if ((rc = b->copy(b, d->fwd_d, d->fwd_h, off, 0, PS_STREAM_COMPUTE)) ||
+        (rc = b->event_record(b, d->fwd_ev, PS_STREAM_COMPUTE)))
+        return rc;
+    d->fwd_used = 1;
+    unsigned char *dd = d->fwd_d;
+    return b->emb_bag_fwd(b, bags->nbags, bags->offsets ? (const int32_t *)(dd + o_offsets) : NULL,
+                          (const int32_t *)(dd + o_index),
+                          bags->weights ? (const float *)(dd + o_weights) : NULL,
+                          pool == PS_POOL_MEAN, (const float *)(dd + o_rows), d->dim, out,
+                          out_stride);
+}
+
+int ps_emb_dev_backward(ps_emb_dev *d, const ps_emb_bags *bags, ps_pool pool, const float *dout,
+                        size_t dout_stride)
+{
+    ps_backend *b = d->b;
+    int rc = check_shape(bags, d->dim);
+    if (rc)
+        return rc;
+    size_t entries = (size_t)bag_begin(bags, bags->nbags), nrows = bags->nrows;
+    if (entries > d->max_entries || (size_t)bags->nbags > d->max_bags || nrows > d->max_entries)
+        return PS_EINVAL;
+    if (d->bwd_used && (rc = b->event_sync(b, d->bwd_ev)))
+        return rc;
+    /* the CSR: count each row's entries, prefix sums, then every entry in
+     * entry order into its row's run, with its bag and weight x scale */
+    size_t o_start = 0, o_bag = align256((nrows + 1) * sizeof(int32_t));
+    size_t o_coef = o_bag + align256(entries * sizeof(int32_t));
+    int32_t *start = (int32_t *)(d->bwd_h + o_start), *bag = (int32_t *)(d->bwd_h + o_bag);
+    float *coef = (float *)(d->bwd_h + o_coef);
+    memset(d->cursor, 0, (nrows + 1) * sizeof *d->cursor);
+    for (size_t e = 0; e < entries; e++)
+        if (bags->index[e] >= 0)
+            d->cursor[bags->index[e] + 1]++;
+    for (size_t u = 0; u < nrows; u++)
+        d->cursor[u + 1] += d->cursor[u];
+    memcpy(start, d->cursor, (nrows + 1) * sizeof *start);
+    for (int s = 0; s < bags->nbags; s++) {
+        float scale = bag_scale(bags, pool, s);
+        for (int32_t e = bag_begin(bags, s); e < bag_end(bags, s); e++) {
+            int32_t u = bags->index[e];
+            if (u < 0)
+                continue;
+            int32_t k = d->cursor[u]++;
+            bag[k] = s;
+            coef[k] = (bags->weights ? bags->weights[e] : 1.0f) * scale;
+        }
+    }
+    size_t used = o_coef + entries * sizeof(float);
+    if ((rc = b->copy(b, d->bwd_d, d->bwd_h, used, 0, PS_STREAM_COMPUTE)) ||
+        (rc = b->event_record(b, d->bwd_ev, PS_STREAM_COMPUTE)))
+        return rc;
+    d->bwd_used = 1;
+    if (nrows == 0) {
+        d->grads_pending = 1;
+        d->grads_rows = 0;
+        return b->event_record(b, d->grads_ev, PS_STREAM_COMPUTE);
+    }
+    unsigned char *dd = d->bwd_d;
+    size_t bytes = nrows * (size_t)d->dim * sizeof(float);
+    if ((rc = b->emb_bag_bwd(b, (int)nrows, d->dim, (const int32_t *)(dd + o_start),
+                             (const int32_t *)(dd + o_bag), (const float *)(dd + o_coef), dout,
+                             dout_stride, d->grads_d)) ||
+        (rc = b->copy(b, d->grads_h, d->grads_d, bytes, 1, PS_STREAM_COMPUTE)) ||
+        (rc = b->event_record(b, d->grads_ev, PS_STREAM_COMPUTE)))
+        return rc;
+    d->grads_pending = 1;
+    d->grads_rows = nrows;
+    return 0;
+}
+
+int ps_emb_dev_grads(ps_emb_dev *d, float *grads)
+{
+    if (!d->grads_pending)
+        return PS_ESTATE;
+    int rc = d->b->event_sync(d->b, d->grads_ev);
+    if (rc)
+        return rc;
+    d->grads_pending = 0;
+    memcpy(grads, d->grads_h, d->grads_rows * (size_t)d->dim * sizeof(float));
     return 0;
 }
 

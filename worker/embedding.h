@@ -21,11 +21,18 @@
  *                    pools; backward writes one gradient row per unique id,
  *                    duplicates summed: what is pushed
  *
- * Rows, gradients and the layer's input and output are host memory: the
- * kernels are plain loops, so the click-through model runs on the CPU
- * backend only until they have CUDA versions checked on a GPU (the layer
- * refuses other backends with PS_EDEVICE).  Functions that can fail return
- * 0 or a PS_E* code. */
+ * Rows and gradients are host memory wherever the model runs: the row
+ * sources hand them there (the exchange's buffers, the local tables).  On
+ * the CPU the layer (ps_emb_bag_*) reads and writes them in place, through
+ * the backend's emb_bag_fwd (client/ps_backend.h) and a host scatter.  On a
+ * device, ps_emb_dev_* carry one table's batch across: forward copies its
+ * unique rows and bags host->device through pinned staging and pools on the
+ * device into the model's input; backward builds on the host, from the
+ * index it knows, a CSR of every unique row's entries, so the device sums
+ * each row's gradient in entry order without atomics (deterministic, the
+ * same order as the host scatter), and copies the gradient rows back to
+ * pinned memory for the push.  Functions that can fail return 0 or a PS_E*
+ * code. */
 #ifndef PS_EMBEDDING_H
 #define PS_EMBEDDING_H
 
@@ -51,7 +58,8 @@ typedef struct ps_emb_bags {
 } ps_emb_bags;
 
 /* Both passes refuse (PS_EINVAL) offsets that do not start at 0 or go
- * down, and an index of nrows or more; PS_EDEVICE on a device backend. */
+ * down, and an index of nrows or more; PS_EDEVICE on a device backend (or
+ * one without emb_bag_fwd): ps_emb_dev_* there. */
 
 /* out[s * out_stride + j] for s < nbags, j < dim: the pool of
  * weights[e] * rows[index[e] * dim + j] over bag s's entries; a mean divides
@@ -67,6 +75,28 @@ int ps_emb_bag_forward(ps_backend *b, const ps_emb_bags *bags, ps_pool pool, con
  * no entry reads get zeros). */
 int ps_emb_bag_backward(ps_backend *b, const ps_emb_bags *bags, ps_pool pool, const float *dout,
                         size_t dout_stride, int dim, float *grads);
+
+/* ---- the layer on a device ----------------------------------------------
+ * One table's batch on a device backend (one with emb_bag_fwd and
+ * emb_bag_bwd; any other: PS_EDEVICE): the bags and rows stay host memory,
+ * out and dout are the backend's.  Every copy and kernel is enqueued on
+ * PS_STREAM_COMPUTE; the staging of a pass is reused by the next pass of
+ * its kind once the copy out of it has happened (an event).  Batches of up
+ * to max_entries entries (and unique rows) in max_bags bags of dim-wide
+ * rows; PS_EINVAL beyond, or for bags the layer refuses; PS_ENOMEM. */
+typedef struct ps_emb_dev ps_emb_dev;
+int ps_emb_dev_create(ps_backend *b, size_t max_entries, size_t max_bags, int dim,
+                      ps_emb_dev **out);
+void ps_emb_dev_destroy(ps_emb_dev *d);
+/* ps_emb_bag_forward with rows (host) copied to the device first. */
+int ps_emb_dev_forward(ps_emb_dev *d, const ps_emb_bags *bags, ps_pool pool, const float *rows,
+                       float *out, size_t out_stride);
+/* ps_emb_bag_backward's gradients, on their way back: ps_emb_dev_grads
+ * waits for them and copies them into grads (host, nrows x dim);
+ * PS_ESTATE without a backward since the last. */
+int ps_emb_dev_backward(ps_emb_dev *d, const ps_emb_bags *bags, ps_pool pool, const float *dout,
+                        size_t dout_stride);
+int ps_emb_dev_grads(ps_emb_dev *d, float *grads);
 
 /* ---- one table's share of a batch ---------------------------------------- */
 typedef struct ps_emb_batch {

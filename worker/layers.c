@@ -270,72 +270,20 @@ static int conv_backward(ps_backend *b, ps_layer *l, const float *x, const float
     return 0;
 }
 
-/* Host loops (the interaction is small next to the MLP's gemms); a device
- * backend is refused until they have CUDA versions checked on a GPU. */
+/* The backend's kernels (ps_backend.h); a backend without them is refused. */
 static int interact_forward(ps_backend *b, const ps_layer *l, const float *x, float *y, int n)
 {
-    if (!b->host_memory)
+    if (!b->interact_fwd)
         return PS_EDEVICE;
-    int in = l->in_c, F = l->fields, E = l->dim, out = l->out_c;
-    for (int s = 0; s < n; s++) {
-        const float *xs = x + (size_t)s * in, *es = l->emb + (size_t)s * F * E;
-        float *ys = y + (size_t)s * out;
-        memcpy(ys, xs, (size_t)in * sizeof(float));
-        if (!l->dot) {
-            memcpy(ys + in, es, (size_t)F * E * sizeof(float));
-            continue;
-        }
-        float *z = ys + in;
-        for (int i = 1; i <= F; i++) {
-            const float *vi = es + (size_t)(i - 1) * E;
-            for (int j = 0; j < i; j++) {
-                const float *vj = j ? es + (size_t)(j - 1) * E : xs;
-                float d = 0.0f;
-                for (int k = 0; k < E; k++)
-                    d += vi[k] * vj[k];
-                *z++ = d;
-            }
-        }
-    }
-    return 0;
+    return b->interact_fwd(b, x, l->emb, n, l->in_c, l->fields, l->dim, l->dot, y);
 }
 
-/* dx (when non-NULL) and l->demb from dy: the copied parts pass their
- * gradient through; a dot d = vi.vj sends dd * vj to vi and dd * vi to vj. */
 static int interact_backward(ps_backend *b, const ps_layer *l, const float *x, const float *dy,
                              float *dx, int n)
 {
-    if (!b->host_memory)
+    if (!b->interact_bwd)
         return PS_EDEVICE;
-    int in = l->in_c, F = l->fields, E = l->dim, out = l->out_c;
-    for (int s = 0; s < n; s++) {
-        const float *xs = x + (size_t)s * in, *es = l->emb + (size_t)s * F * E;
-        const float *ds = dy + (size_t)s * out;
-        float *des = l->demb + (size_t)s * F * E, *dxs = dx ? dx + (size_t)s * in : NULL;
-        if (dxs)
-            memcpy(dxs, ds, (size_t)in * sizeof(float));
-        if (!l->dot) {
-            memcpy(des, ds + in, (size_t)F * E * sizeof(float));
-            continue;
-        }
-        memset(des, 0, (size_t)F * E * sizeof(float));
-        const float *dz = ds + in;
-        for (int i = 1; i <= F; i++) {
-            const float *vi = es + (size_t)(i - 1) * E;
-            float *dvi = des + (size_t)(i - 1) * E;
-            for (int j = 0; j < i; j++) {
-                const float *vj = j ? es + (size_t)(j - 1) * E : xs;
-                float *dvj = j ? des + (size_t)(j - 1) * E : dxs;
-                float g = *dz++;
-                for (int k = 0; k < E; k++)
-                    dvi[k] += g * vj[k];
-                if (dvj)
-                    for (int k = 0; k < E; k++)
-                        dvj[k] += g * vi[k];
-            }
-        }
-    }
-    return 0;
+    return b->interact_bwd(b, x, l->emb, dy, n, l->in_c, l->fields, l->dim, l->dot, dx, l->demb);
 }
 
 int ps_layer_forward(ps_backend *b, ps_layer *l, const float *x, float *y, int n)
@@ -428,29 +376,9 @@ int ps_loss_softmax_xent_async(ps_backend *b, const float *logits, const int32_t
 int ps_loss_bce_logits(ps_backend *b, const float *logits, const int32_t *labels, int n,
                        float *dlogits, float *loss, int *correct)
 {
-    if (!b->host_memory)
+    if (!b->bce_logits)
         return PS_EDEVICE;
     if (n <= 0)
         return PS_EINVAL;
-    for (int r = 0; r < n; r++)
-        if (labels[r] != 0 && labels[r] != 1)
-            return PS_EINVAL;
-    double total = 0.0;
-    int hits = 0;
-    float inv_n = 1.0f / (float)n;
-    for (int r = 0; r < n; r++) {
-        double z = logits[r], y = labels[r];
-        /* e^-|z| never overflows; log1p keeps the loss of a confident right
-         * answer (tiny e^-|z|) from rounding to 0 */
-        double t = exp(-fabs(z));
-        total += (z > 0 ? z : 0) - z * y + log1p(t);
-        double p = z >= 0 ? 1.0 / (1.0 + t) : t / (1.0 + t); /* sigmoid(z) */
-        dlogits[r] = (float)(p - y) * inv_n;
-        hits += (z > 0) == (labels[r] == 1);
-    }
-    if (loss)
-        *loss = (float)(total / n);
-    if (correct)
-        *correct = hits;
-    return 0;
+    return b->bce_logits(b, logits, labels, n, dlogits, loss, correct);
 }

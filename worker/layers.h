@@ -40,7 +40,8 @@ typedef enum {
     PS_LAYER_FLATTEN = 4, /* NCHW -> N x (C*H*W): a no-op, y may equal x */
     PS_LAYER_INTERACT = 5 /* the click-through model's join of its dense vector x
                              with the pooled embeddings in l->emb (ctr.h): cat
-                             or DLRM's pairwise dots; CPU only for now */
+                             or DLRM's pairwise dots (the backend's
+                             interact_fwd/bwd) */
 } ps_layer_kind;
 
 typedef struct ps_layer {
@@ -126,8 +127,9 @@ int ps_loss_softmax_xent_async(ps_backend *b, const float *logits, const int32_t
 /* Binary cross-entropy on logits[n] (one per sample) against int32 labels 0
  * or 1: writes dlogits = (sigmoid(z) - y) / n = d(mean loss)/d(logits) and,
  * when non-NULL, the mean loss (as max(z, 0) - z y + log(1 + e^-|z|), finite
- * for any finite z) and the number of samples with (z > 0) == y.  A host
- * loop: PS_EDEVICE on a device backend; PS_EINVAL for another label. */
+ * for any finite z) and the number of samples with (z > 0) == y: the
+ * backend's bce_logits (PS_EDEVICE without one).  Another label: PS_EINVAL
+ * on the CPU, a NaN loss on a device (whose labels are not read back). */
 int ps_loss_bce_logits(ps_backend *b, const float *logits, const int32_t *labels, int n,
                        float *dlogits, float *loss, int *correct);
 

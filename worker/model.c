@@ -295,12 +295,13 @@ int ps_model_create(const char *spec, int in_c, int in_h, int in_w, int num_clas
     m->num_classes = num_classes;
     m->max_batch = max_batch;
     int rc = build_layers(m, spec, why, why_len);
-    if (!rc && ps_ctr_spec_is(spec) && !b->host_memory) {
+    if (!rc && ps_ctr_spec_is(spec) &&
+        (!b->emb_bag_fwd || !b->emb_bag_bwd || !b->interact_fwd || !b->interact_bwd ||
+         !b->bce_logits)) {
         snprintf(why, why_len,
-                 "--model %s: the click-through model runs on the CPU only for now (its "
-                 "embedding gather and scatter have no CUDA kernels checked on a GPU yet): "
-                 "use --device cpu",
-                 spec);
+                 "--model %s: the %s backend has no kernels for the click-through model's "
+                 "embeddings, interaction and loss: use --device cpu or cuda:N",
+                 spec, b->name);
         rc = PS_EDEVICE;
     }
     if (rc) {
@@ -389,7 +390,7 @@ int ps_model_create(const char *spec, int in_c, int in_h, int in_w, int num_clas
         (rc = b->alloc(b, (size_t)max_batch * sizeof(int32_t), (void **)&m->labels)))
         goto fail;
 
-    if (m->ctr.fields && (rc = ps_ctr_sparse_create(&m->ctr, max_batch, &m->sparse)))
+    if (m->ctr.fields && (rc = ps_ctr_sparse_create(&m->ctr, max_batch, b, &m->sparse)))
         goto fail;
     if ((rc = init_params(m, seed)))
         goto fail;

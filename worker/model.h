@@ -18,7 +18,8 @@
  *                      binary cross-entropy.  Its input is the dense
  *                      features (in_c x in_h x in_w = dense, 2 classes) plus
  *                      each batch's ids (ps_model_set_ids), whose rows come
- *                      from a row source (embedding.h); CPU only for now
+ *                      from a row source (embedding.h) to the host, and
+ *                      on to the device (ps_emb_dev) on a device backend
  *
  * Parameters: ps_model_params() is an array of ps_param (layers.h) whose index
  * is the key: for each layer with parameters, in layer order, its weights then

@@ -278,9 +278,8 @@ static int connect_servers(worker *w)
     return rc;
 }
 
-/* The click-through model's data, after what only it refuses: the GPU
- * cannot run its embedding kernels yet, nor can a model file hold its
- * tables. */
+/* The click-through model's data, after what only it refuses: a model
+ * file cannot hold its tables. */
 static int open_ctr(worker *w, char *why, size_t why_len)
 {
     const ps_train_config *c = w->cfg;
@@ -288,14 +287,6 @@ static int open_ctr(worker *w, char *why, size_t why_len)
     int rc = ps_ctr_spec_parse(c->model, &cs, why, why_len);
     if (rc)
         return rc;
-    if (c->device && strcmp(c->device, "cpu") != 0) {
-        snprintf(why, why_len,
-                 "--model %s --device %s: the click-through model runs on the CPU only for now "
-                 "(its embedding gather and scatter kernels cannot be checked without a GPU "
-                 "yet): use --device cpu",
-                 c->model, c->device);
-        return PS_EDEVICE;
-    }
     if (c->save_path || c->load_path) {
         snprintf(why, why_len,
                  "%s: --model %s keeps its embedding tables outside the model file, which "

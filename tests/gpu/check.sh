@@ -17,11 +17,13 @@
 # Parts, each a row of the summary (ok, FAILED, or skipped with the reason;
 # a skipped part is never ok): the GPU and its compute mode (nvidia-smi);
 # the bundle; test_cuda (exact FP32, then TF32); test_train's
-# cuda_sync_run_matches_cpu; ps_worker --device cuda:0 for the MLP and the
-# CNN, compute-only (the CNN also with PS_CUDNN=0, cuDNN off) and through a
-# server with 1 and 2 workers on the GPU, sync and async, --shm auto and
-# off; the Python CUDA test and the PyTorch example through ps_launch --gpus
-# --exec with the machine's python3 (its torch must have CUDA); a sticky CUDA error injected into a worker
+# cuda_sync_run_matches_cpu and cuda_sync_ctr_run_matches_cpu; ps_worker
+# --device cuda:0 for the MLP and the CNN, compute-only (the CNN also with
+# PS_CUDNN=0, cuDNN off) and through a server with 1 and 2 workers on the
+# GPU, sync and async, --shm auto and off, and for the CTR model
+# compute-only and through one server; the Python CUDA tests and the
+# PyTorch example through ps_launch --gpus --exec with the machine's python3
+# (its torch must have CUDA); a sticky CUDA error injected into a worker
 # (tests/fake_cudart.c), which must end it, naming the error; a
 # compute-sanitizer memcheck run of a few steps; bench/gpu_bench.sh, ours
 # against PyTorch on the same GPU.
@@ -224,8 +226,8 @@ DEV=${CHECK_DEVICE:-cuda:0}
 # ---- the CUDA tests
 cuda_tests() {
     if step test_cuda 150 20 $RUN "$TESTDIR/test_cuda"; then test_row test_cuda; fi
-    if step test_train_cuda 120 20 $RUN env PS_BIN_DIR="$BINDIR" "$TESTDIR/test_train" \
-        cuda_sync_run_matches_cpu; then
+    if step test_train_cuda 150 20 $RUN env PS_BIN_DIR="$BINDIR" "$TESTDIR/test_train" \
+        cuda_sync_run_matches_cpu cuda_sync_ctr_run_matches_cpu; then
         test_row test_train_cuda
     fi
 }
@@ -235,7 +237,7 @@ cuda_tests() {
 # (compute only); else one server and W workers on the GPU at once.  ENV:
 # VAR=VALUE words for the workers' environment
 workers() {
-    _name=$1 _spec=$2 _w=$3 _mode=$4 _shm=$5 _steps=$6 _env=${7:-}
+    _name=$1 _spec=$2 _w=$3 _mode=$4 _shm=$5 _steps=$6 _data=${7:-synthetic:8192} _env=${8:-}
     LIM=$(limit 60)
     if [ "$LIM" -lt 15 ]; then
         row "$_name" skipped 0 "out of the time budget ($(left) s of $budget left)"
@@ -244,7 +246,7 @@ workers() {
     _d=$out/logs/$_name
     mkdir -p "$_d"
     _t0=$(date +%s)
-    _flags="--device $DEV --model $_spec --data synthetic:8192 --batch 64 --steps $_steps --log-every 100"
+    _flags="--device $DEV --model $_spec --data $_data --batch 64 --steps $_steps --log-every 100"
     EP=none SRV=""
     if [ "$_mode" != none ]; then
         server "$_d/server.log" "$_w" "$_mode"
@@ -291,7 +293,11 @@ worker_runs() {
     workers worker_mlp_alone mlp:784-256-128-10 1 none - 400
     workers worker_cnn_alone cnn 1 none - 100
     # the same without cuDNN (im2col + cuBLAS): both samples/s in the rows
-    workers worker_cnn_alone_cudnn_off cnn 1 none - 100 PS_CUDNN=0
+    workers worker_cnn_alone_cudnn_off cnn 1 none - 100 synthetic:8192 PS_CUDNN=0
+    # the click-through model: rows staged to the GPU, gradients back, its
+    # tables local, then on one server
+    workers worker_ctr_cuda ctr:fields=8,rows=100000 1 none - 200 synthetic-ctr:20000
+    workers worker_ctr_cuda_server ctr:fields=8,rows=100000 1 sync auto 200 synthetic-ctr:20000
     for spec in mlp cnn; do
         if [ "$spec" = mlp ]; then s=mlp:784-256-128-10 n=400; else s=cnn n=100; fi
         for w in 1 2; do
@@ -439,12 +445,19 @@ memcheck() {
     if [ -z "$cs" ]; then
         row memcheck_cnn_alone skipped 0 "no compute-sanitizer (PATH, CUDA_HOME, /usr/local/cuda)"
         row memcheck_mlp_server skipped 0 "no compute-sanitizer"
+        row memcheck_ctr_alone skipped 0 "no compute-sanitizer"
         return
     fi
     if step memcheck_cnn_alone 150 30 $RUN "$cs" --tool memcheck --error-exitcode 9 \
         --print-limit 20 "$BINDIR/ps_worker" --servers none --device "$DEV" --model cnn \
         --data synthetic:512 --batch 16 --steps 4; then
         memcheck_row memcheck_cnn_alone
+    fi
+    # the click-through model's embedding kernels and staging
+    if step memcheck_ctr_alone 120 30 $RUN "$cs" --tool memcheck --error-exitcode 9 \
+        --print-limit 20 "$BINDIR/ps_worker" --servers none --device "$DEV" \
+        --model ctr:fields=4,rows=1000,mlp=32-1 --data synthetic-ctr:2048 --batch 32 --steps 6; then
+        memcheck_row memcheck_ctr_alone
     fi
     # through a server: the exchange's copies, events and pinned staging
     LIM=$(limit 120)
