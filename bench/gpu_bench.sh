@@ -108,6 +108,11 @@ for model in mlp cnn; do
             record cnn_async_1_b256 "$(measure async 1 cnn $((steps / 4)) 256)"
             record cnn_nocudnn_1 "$(export PS_CUDNN=0; measure none 1 cnn "$steps")"
             record cnn_nocudnn_1_b256 "$(export PS_CUDNN=0; measure none 1 cnn $((steps / 4)) 256)"
+            for how in find fastest; do
+                record "cnn_${how}_1" "$(export PS_CUDNN_ALGO=$how; measure none 1 cnn "$steps")"
+                record "cnn_${how}_1_b256" \
+                    "$(export PS_CUDNN_ALGO=$how; measure none 1 cnn $((steps / 4)) 256)"
+            done
         fi
         r=$((r + 1))
     done
@@ -140,14 +145,18 @@ done
 awk -v c="$(best cnn_none_1_b256)" -v a="$(best cnn_async_1_b256)" 'BEGIN {
     printf "| cnn | 256 | %.0f | %.0f | %s | | |\n", c, a, (c > 0 ? sprintf("%.3f", a / c) : "-") }'
 echo
-echo "CNN compute-only, cuDNN (default) against PS_CUDNN=0 (im2col + GEMM per image):"
+echo "CNN compute-only samples/s: cuDNN with its heuristics' algorithms (the default), with"
+echo "the deterministic ones timed (PS_CUDNN_ALGO=find), with any timed (fastest), and"
+echo "PS_CUDNN=0 (im2col + GEMM per image):"
 echo
-echo "| batch | cuDNN samples/s | PS_CUDNN=0 samples/s | ratio |"
-echo "| ---: | ---: | ---: | ---: |"
+echo "| batch | cuDNN heuristic | find | fastest | PS_CUDNN=0 | heuristic / PS_CUDNN=0 |"
+echo "| ---: | ---: | ---: | ---: | ---: | ---: |"
 for b in 64 256; do
     sfx=$([ $b = 256 ] && echo _b256)
-    awk -v b="$b" -v c="$(best "cnn_none_1$sfx")" -v n="$(best "cnn_nocudnn_1$sfx")" 'BEGIN {
-        printf "| %d | %.0f | %.0f | %s |\n", b, c, n, (n > 0 ? sprintf("%.2f", c / n) : "-") }'
+    awk -v b="$b" -v c="$(best "cnn_none_1$sfx")" -v n="$(best "cnn_nocudnn_1$sfx")" \
+        -v f="$(best "cnn_find_1$sfx")" -v x="$(best "cnn_fastest_1$sfx")" 'BEGIN {
+        printf "| %d | %.0f | %.0f | %.0f | %.0f | %s |\n", b, c, f, x, n,
+            (n > 0 ? sprintf("%.2f", c / n) : "-") }'
 done
 
 # PyTorch, when it is there

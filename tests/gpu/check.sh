@@ -504,7 +504,7 @@ bench() {
     [ "$_cnn" -gt 600 ] && _cnn=600
     # two alternating repetitions where the time allows (medians of pairs)
     _reps=1
-    [ "$LIM" -ge 300 ] && _reps=2
+    [ "$LIM" -ge 240 ] && _reps=2
     step gpu_bench "$LIM" 60 $RUN env GPU_REPS=$_reps GPU_MLP_STEPS=$_mlp GPU_CNN_STEPS=$_cnn \
         GPU_DEVICE="$DEV" GPU_TORCH_DATA="${data:-}" BENCH_TIMEOUT=$((LIM / 6)) PYTHON="$PY" \
         sh bench/gpu_bench.sh
