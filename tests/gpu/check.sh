@@ -13,6 +13,10 @@
 #                    the bundle cannot run here
 #     --no-bench     leave the benchmark out (its rows say skipped): a quick
 #                    check of the tests and the workers, about two minutes
+#     --only GROUPS  run only these of: tests python fault workers memcheck
+#                    tf32 bench (space-separated; the GPU and the bundle are
+#                    always checked), e.g. a second call that reruns what a
+#                    first one found failing, or the benchmark alone
 #
 # Parts, each a row of the summary (ok, FAILED, or skipped with the reason;
 # a skipped part is never ok): the GPU and its compute mode (nvidia-smi);
@@ -35,6 +39,7 @@
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$(pwd -P)
 bundle="" out=${OUT:-} budget=450 build=0 nobench=0
+only="tests python fault workers memcheck tf32 bench"
 while [ $# -gt 0 ]; do
     case $1 in
     --bundle) bundle=$2; shift 2 ;;
@@ -42,8 +47,21 @@ while [ $# -gt 0 ]; do
     --budget) budget=$2; shift 2 ;;
     --build) build=1; shift ;;
     --no-bench) nobench=1; shift ;;
+    --only)
+        for g in $2; do
+            case " $only " in
+            *" $g "*) ;;
+            *)
+                echo "check.sh: --only takes tests python fault workers memcheck tf32 bench, got '$g'" >&2
+                exit 2
+                ;;
+            esac
+        done
+        only=$2
+        shift 2
+        ;;
     *)
-        echo "check.sh: unknown argument '$1' (--bundle DIR --out DIR --budget S --build --no-bench)" >&2
+        echo "check.sh: unknown argument '$1' (--bundle DIR --out DIR --budget S --build --no-bench --only GROUPS)" >&2
         exit 2
         ;;
     esac
@@ -53,6 +71,8 @@ if ! command -v timeout >/dev/null 2>&1; then
     echo "check.sh: needs timeout(1) (coreutils) to bound every step" >&2
     exit 2
 fi
+# wanted GROUP: whether --only names it
+wanted() { case " $only " in *" $1 "*) return 0 ;; esac; return 1; }
 START=$(date +%s)
 DEADLINE=$((START + budget))
 [ -n "$out" ] || out=$(mktemp -d "${TMPDIR:-/tmp}/ps_gpu_check.XXXXXX") || exit 2
@@ -362,28 +382,7 @@ print("torch %s (CUDA %s), cuda available: %s" % (torch.__version__, torch.versi
         test_torch_tables.py cuda_model_rows_are_staged_to_its_device_and_equal_the_cpu_model; then
         test_row python_cuda_tables
     fi
-    # Fashion-MNIST when it is here, else IDX files of the same shapes
-    data=/usr/share/datasets/fashion-mnist
-    if [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
-        data=$WORK/fmnist
-        timeout 60 "$PY" - "$data" <<'EOF' >"$out/logs/example_data.log" 2>&1
-import os, random, struct, sys
-d = sys.argv[1]
-os.makedirs(d, exist_ok=True)
-rng = random.Random(1)
-for split, n in (("train", 4096), ("t10k", 512)):
-    labels = bytes(rng.randrange(10) for _ in range(n))
-    # each class lights its own band of rows, so there is something to learn
-    img = bytearray(n * 784)
-    for i, c in enumerate(labels):
-        for p in range(784):
-            img[i * 784 + p] = (200 if p // 28 in (2 * c + 4, 2 * c + 5) else 0) + rng.randrange(50)
-    with open(os.path.join(d, split + "-images-idx3-ubyte"), "wb") as f:
-        f.write(struct.pack(">HBBIII", 0, 8, 3, n, 28, 28) + bytes(img))
-    with open(os.path.join(d, split + "-labels-idx1-ubyte"), "wb") as f:
-        f.write(struct.pack(">HBBI", 0, 8, 1, n) + labels)
-EOF
-    fi
+    example_data
     if step example_ps_launch_gpus 150 30 $RUN ps_launch --servers 1 --workers 1 \
         --gpus "$( [ "$DEV" = cpu ] && echo none || echo 0)" \
         --mode async --lr 0.05 --exec "$PY" examples/torch_fashion_mnist.py --data "$data" \
@@ -483,6 +482,33 @@ memcheck_row() {
     fi
 }
 
+# example_data: Fashion-MNIST when it is here, else IDX files of the same
+# shapes made on the spot (once); sets data
+example_data() {
+    [ -n "${data:-}" ] && return 0
+    data=/usr/share/datasets/fashion-mnist
+    if [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
+        data=$WORK/fmnist
+        timeout 60 "$PY" - "$data" <<'EOF' >"$out/logs/example_data.log" 2>&1
+import os, random, struct, sys
+d = sys.argv[1]
+os.makedirs(d, exist_ok=True)
+rng = random.Random(1)
+for split, n in (("train", 4096), ("t10k", 512)):
+    labels = bytes(rng.randrange(10) for _ in range(n))
+    # each class lights its own band of rows, so there is something to learn
+    img = bytearray(n * 784)
+    for i, c in enumerate(labels):
+        for p in range(784):
+            img[i * 784 + p] = (200 if p // 28 in (2 * c + 4, 2 * c + 5) else 0) + rng.randrange(50)
+    with open(os.path.join(d, split + "-images-idx3-ubyte"), "wb") as f:
+        f.write(struct.pack(">HBBIII", 0, 8, 3, n, 28, 28) + bytes(img))
+    with open(os.path.join(d, split + "-labels-idx1-ubyte"), "wb") as f:
+        f.write(struct.pack(">HBBI", 0, 8, 1, n) + labels)
+EOF
+    fi
+}
+
 # ---- the benchmark, ours against PyTorch on the same GPU
 bench() {
     LIM=$(limit 600)
@@ -502,18 +528,19 @@ bench() {
     _mlp=$((LIM * 5)) _cnn=$((LIM * 3 / 2))
     [ "$_mlp" -gt 2000 ] && _mlp=2000
     [ "$_cnn" -gt 600 ] && _cnn=600
+    [ -n "$PY" ] && example_data
     # two alternating repetitions where the time allows (medians of pairs)
     _reps=1
     [ "$LIM" -ge 240 ] && _reps=2
     step gpu_bench "$LIM" 60 $RUN env GPU_REPS=$_reps GPU_MLP_STEPS=$_mlp GPU_CNN_STEPS=$_cnn \
         GPU_DEVICE="$DEV" GPU_TORCH_DATA="${data:-}" BENCH_TIMEOUT=$((LIM / 6)) PYTHON="$PY" \
-        sh bench/gpu_bench.sh
+        GPU_DEADLINE=$(($(date +%s) + LIM - 10)) sh bench/gpu_bench.sh
     _l=$out/logs/gpu_bench.log
     _ours=$(sed -n 's/^gpu_bench: ours: //p' "$_l" | tail -n 1)
     _torch=$(sed -n 's/^gpu_bench: pytorch: //p' "$_l" | tail -n 1)
     _pst=$(sed -n 's/^gpu_bench: ps.torch: //p' "$_l" | tail -n 1)
     case $_ours in
-    ok*) row gpu_bench ok "$SECS" "MLP $_mlp, CNN $_cnn steps; tables in logs/gpu_bench.log" ;;
+    ok*) row gpu_bench ok "$SECS" "MLP $_mlp, CNN $_cnn steps${_ours#ok}; tables in logs/gpu_bench.log" ;;
     skipped*) row gpu_bench skipped "$SECS" "${_ours#skipped: }" ;;
     *) row gpu_bench FAILED "$SECS" "${_ours:-$(why_failed logs/gpu_bench.log)}" ;;
     esac
@@ -537,15 +564,16 @@ if [ -n "$SKIP" ]; then
         row $p skipped 0 "$SKIP"
     done
 else
-    cuda_tests
-    python_parts
-    fault_sticky
-    worker_runs
-    memcheck
-    if step test_cuda_tf32 120 20 $RUN env PS_CUDA_TF32=1 "$TESTDIR/test_cuda"; then
+    wanted tests && cuda_tests
+    wanted python && python_parts
+    wanted fault && fault_sticky
+    wanted workers && worker_runs
+    wanted memcheck && memcheck
+    if wanted tf32 && step test_cuda_tf32 120 20 $RUN env PS_CUDA_TF32=1 "$TESTDIR/test_cuda"
+    then
         test_row test_cuda_tf32
     fi
-    bench
+    wanted bench && bench
 fi
 
 {
