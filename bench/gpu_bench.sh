@@ -5,7 +5,8 @@
 # with 2 workers sharing the GPU; the overlap ratio is compute-only samples/s
 # over through-servers samples/s (1.00 = communication fully hidden).  With
 # PyTorch installed, the same models in PyTorch (same layers, batch, SGD,
-# FP32 without TF32, timed steps after warm-up) and ours over PyTorch, the
+# FP32 without TF32, timed steps after warm-up; ours leave out the first
+# fifth of their steps, --warmup) and ours over PyTorch, the
 # CNN also at batch 256; our CNN with cuDNN turned off (PS_CUDNN=0) beside
 # it; 2 workers sharing the GPU over 1; comm-wait of 1 async worker; and
 # ps.torch's CNN (examples/torch_fashion_mnist.py) on the GPU through 1
@@ -58,15 +59,17 @@ FLAGS="--device $DEVICE --lr $LR --epochs 1000 --eval-every 1000000000"
 # (nothing past the deadline)
 measure() {
     in_time || return 1
-    _b=${5:-$BATCH} _le=$(($4 / 4 > 0 ? $4 / 4 : 1))
+    # the first fifth is warm-up (cuDNN's plans, kernels loaded on first use),
+    # left out of the summary as PyTorch's timing below leaves out its own
+    _b=${5:-$BATCH} _le=$(($4 / 4 > 0 ? $4 / 4 : 1)) _wu=$(($4 / 5))
     if [ "$1" = none ]; then
         run_workers "$2" none --model "$3" --data "$DATA" --steps "$4" --batch "$_b" \
-            --log-every "$_le" $FLAGS
+            --log-every "$_le" --warmup "$_wu" $FLAGS
         return
     fi
     start_servers 1 "$2" "$1" --lr "$LR" || return 1
     _v=$(run_workers "$2" "$1" --model "$3" --data "$DATA" --steps "$4" --batch "$_b" \
-        --log-every "$_le" $FLAGS)
+        --log-every "$_le" --warmup "$_wu" $FLAGS)
     _rc=$?
     stop_servers
     [ "$_rc" -eq 0 ] && echo "$_v"

@@ -277,6 +277,10 @@ enum {
       "output:")                                                                                 \
     X(log_every, (_, WORKER, _, _, _), "--log-every", "N", NULL, INT, log_every, "100", NULL,    \
       1, 1 << 30, _, 0, "progress line every N steps")                                           \
+    X(warmup, (_, WORKER, _, _, _), "--warmup", "N", NULL, INT, warmup, "0", NULL, 0, 1 << 30,   \
+      _, 0,                                                                                      \
+      "leave the first N steps out of the summary's time and samples/s (cuDNN's plans, GPU "     \
+      "kernels loaded on first use, the first pulls)")                                           \
     X(eval_every, (_, WORKER, _, _, _), "--eval-every", "N", NULL, INT, eval_every, "0", NULL,   \
       0, 1 << 30, _, 0, "test accuracy (AUC for ctr) every N steps; 0: after each epoch")        \
     X(eval_all, (_, WORKER, _, _, _), "--eval-all", "", NULL, BOOL, eval_all, NULL, NULL, 0, 0,  \

@@ -408,6 +408,40 @@ PS_TEST(output_directories_are_created)
     CHECK_MSG(ps_test_file_has(csv, ",1,2,"), "%s has no row for iteration 2", csv);
 }
 
+/* --warmup N: the summary's time covers the steps after the N-th only (the
+ * CSV's clock runs from the start): 200 of 800 steps, so a quarter of the
+ * run's time, where ignoring it would give the whole run's. */
+PS_TEST(warmup_steps_are_left_out_of_the_summarys_time)
+{
+    char csv[256], flags[768], log[512];
+    snprintf(csv, sizeof csv, "%s/warm.csv", ps_test_tmpdir());
+    snprintf(flags, sizeof flags, "--data synthetic:4096 --model mlp:784-256-128-10 --batch 64 "
+             "--epochs 100 --steps 800 --warmup 600 --log-every 200 --eval-every 1000000 "
+             "--log-csv %s", csv);
+    snprintf(log, sizeof log, "%s/warm.log", ps_test_tmpdir());
+    CHECK_EQ_INT(ps_test_wait(start_worker(NULL, 0, flags, log), 60000), 0);
+    char *text = ps_test_read_file(csv, NULL);
+    double t600 = -1, t800 = -1;
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        double t;
+        long long epoch, it;
+        if (sscanf(p, "%lf,%lld,%lld,", &t, &epoch, &it) == 3)
+            *(it == 600 ? &t600 : it == 800 ? &t800 : &t) = t;
+    }
+    free(text);
+    char *l = ps_test_read_file(log, NULL);
+    const char *sum = l ? strstr(l, "summary: time ") : NULL;
+    double T = sum ? strtod(sum + 14, NULL) : -1;
+    free(l);
+    printf("# summary time %.1f s; the CSV: step 600 at %.3f s, 800 at %.3f s\n", T, t600, t800);
+    CHECK_MSG(t600 > 0 && t800 > t600 && T >= 0, "no CSV rows 600 and 800 or no summary");
+    /* %.1f: within 0.1 s of the last 200 steps' time, and not the whole run */
+    CHECK_MSG(fabs(T - (t800 - t600)) <= 0.1 + 0.2 * (t800 - t600),
+              "summary time %.1f s, the steps after the warm-up took %.3f s", T, t800 - t600);
+    CHECK_MSG(T < 0.6 * t800, "summary time %.1f s of a %.3f s run: the warm-up was counted", T,
+              t800);
+}
+
 /* The losses of a compute-only run, step by step through the model's API:
  * what ps_worker --servers none --lr 0.1 computes.  losses[i] for i < steps. */
 static int local_losses(const char *spec, const char *data, int batch, uint64_t seed, int steps,
@@ -531,16 +565,21 @@ PS_TEST(cuda_sync_run_matches_cpu)
     CHECK_MSG(worst <= 1.0, "CUDA run differs from the CPU run: %.3g x the tolerance", worst);
 }
 
-/* The last "test auc X loss Y" of a worker log: X and Y, or -1 and -1. */
+/* The last "test auc X loss Y" of a worker log (an evaluation line; the
+ * summary's "test auc X" has no loss): X and Y, or -1 and -1. */
 static void final_auc_loss(const char *path, double *auc, double *loss)
 {
     char *text = ps_test_read_file(path, NULL);
-    const char *p = text, *last = NULL;
-    while (p && (p = strstr(p, "test auc ")))
-        last = p++;
-    *auc = last ? strtod(last + 9, NULL) : -1;
-    const char *l = last ? strstr(last, " loss ") : NULL;
-    *loss = l && !memchr(last, '\n', (size_t)(l - last)) ? strtod(l + 6, NULL) : -1;
+    const char *p = text;
+    *auc = *loss = -1;
+    while (p && (p = strstr(p, "test auc "))) {
+        const char *l = strstr(p, " loss "), *nl = strchr(p, '\n');
+        if (l && (!nl || l < nl)) {
+            *auc = strtod(p + 9, NULL);
+            *loss = strtod(l + 6, NULL);
+        }
+        p++;
+    }
     free(text);
 }
 

@@ -385,7 +385,8 @@ static int train_loop(worker *w)
     ps_model_hooks hooks = {w, w->x ? before_layer : NULL, w->x ? grad_ready : NULL};
     int rc = 0;
     double metric = -1;
-    int64_t t_start = ps_now_ns(), t_win = t_start;
+    int64_t t_start = ps_now_ns(), t_win = t_start, t_run = t_start;
+    int64_t timed_from = 0; /* the first step the summary counts (--warmup) */
     int64_t win_steps = 0;
     double win_loss = 0;
     int do_eval = c->rank == 0 || c->eval_all;
@@ -450,12 +451,19 @@ static int train_loop(worker *w)
                     (long long)epoch + 1, (long long)it, (long long)total,
                     win_loss / (double)win_steps, sps, waitp);
             if (w->csv)
-                fprintf(w->csv, "%.3f,%lld,%lld,%.6f,%.1f,%.2f\n", (double)(now - t_start) * 1e-9,
+                fprintf(w->csv, "%.3f,%lld,%lld,%.6f,%.1f,%.2f\n", (double)(now - t_run) * 1e-9,
                         (long long)epoch + 1, (long long)it, win_loss / (double)win_steps, sps,
                         waitp);
             t_win = now;
             win_steps = 0;
             win_loss = 0;
+        }
+        /* the summary's clock starts after the warm-up, on an idle device */
+        if (it == c->warmup && it < total) {
+            if ((rc = w->b->stream_sync(w->b, PS_STREAM_COMPUTE)))
+                break;
+            t_start = ps_now_ns();
+            timed_from = it;
         }
         int epoch_end = (it % per_epoch == 0) && it < total;
         int eval_now = c->eval_every > 0 ? it % c->eval_every == 0 && it < total : epoch_end;
@@ -480,7 +488,7 @@ static int train_loop(worker *w)
         return PS_ECLOSED;
     }
     if (!rc) {
-        double sps = elapsed > 0 ? (double)w->step * c->batch / elapsed : 0;
+        double sps = elapsed > 0 ? (double)(w->step - timed_from) * c->batch / elapsed : 0;
         if (metric >= 0)
             ps_info("summary: time %.1f s, %.0f samples/s per worker, test %s %.4f", elapsed,
                     sps, metric_name(w), metric);

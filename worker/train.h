@@ -25,6 +25,7 @@ typedef struct ps_train_config {
     uint64_t seed;
     const char *data;      /* directory with IDX files, or "synthetic:N" */
     int log_every, eval_every; /* iterations; eval_every 0: once per epoch */
+    int warmup;            /* steps left out of the summary's time and samples/s */
     int eval_all;          /* every worker evaluates, not only rank 0 */
     const char *log_csv, *timeline, *save_path, *load_path;
     const char *curve_dir;
