@@ -28,7 +28,11 @@
  *                     it starts (it never sees struct ps_server)
  *   updater_frames.h  every frame on a PAIR, both directions (the tags, the
  *                     command, stats, checkpoint and progress frames)
- *   shard.c           the chunks of one update thread and the consistency rules
+ *   shard.c           the chunks of one update thread: the table, weight
+ *                     buffers and pins, memory, checkpoint views
+ *   shard_rules.c     the consistency rules over them: sync rounds, async
+ *                     clocks, pulls that wait, live ranks
+ *   shard_internal.h  struct ps_shard and its chunk, shared by those two
  *   table_part.c      the table partitions of one update thread and their rules
  *                     (the same as chunks'), each on a table store: table.c on
  *                     table_hash.c (rows in memory) and table_opt.c (a row's
