@@ -610,11 +610,6 @@ void ps_shard_mark_snapshot(ps_shard *s, uint64_t seq)
             s->table[i]->snap = seq;
 }
 
-void ps_shard_set_merge(ps_shard *s, int (*merge)(void *user, void *queued, void *incoming))
-{
-    s->merge = merge;
-}
-
 void ps_shard_set_trace(ps_shard *s, ps_trace *t, int tid)
 {
     s->trace = t;

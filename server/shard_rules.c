@@ -453,3 +453,8 @@ void ps_shard_set_live(ps_shard *s, int rank, int live)
 uint64_t ps_shard_fast_forwards(const ps_shard *s) { return s->ff_rounds; }
 
 uint64_t ps_shard_jumped(const ps_shard *s) { return s->jumped; }
+
+void ps_shard_set_merge(ps_shard *s, int (*merge)(void *user, void *queued, void *incoming))
+{
+    s->merge = merge;
+}
