@@ -1,7 +1,7 @@
 /* The hello's settings: the rows of the settings table that servers and
  * workers must agree on (common/ps_settings.h, the hello column), where
- * ps_hello keeps them, and the one comparison rule.  ps_proto.c encodes and
- * decodes them under the rows' keys. */
+ * ps_hello keeps them, and the one comparison rule.  ps_proto.c encodes
+ * them under the rows' keys and ps_proto_decode.c decodes them. */
 #include <stddef.h>
 #include <stdio.h>
 

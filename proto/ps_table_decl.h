@@ -2,9 +2,9 @@
  * handles it: its fields in one list (wire key, name in messages), the
  * defaults, the range check, the one comparison rule and the fingerprint.
  * libps checks a declaration at register and sends it in a TABLE message
- * (ps_proto.c encodes and decodes the map `tb` from the list below); the
- * server keeps the first and compares later ones, and its checkpoints hold
- * it.  No state. */
+ * (ps_proto.c encodes, ps_proto_decode.c decodes the map `tb` from the list
+ * below); the server keeps the first and compares later ones, and its
+ * checkpoints hold it.  No state. */
 #ifndef PS_TABLE_DECL_H
 #define PS_TABLE_DECL_H
 

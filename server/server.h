@@ -32,7 +32,11 @@
  *   updater_internal.h struct ps_updater and what those two share
  *   updater_frames.h  every frame on a PAIR, both directions (the tags, the
  *                     command, stats, checkpoint and progress frames)
- *   shard.c           the chunks of one update thread and the consistency rules
+ *   shard.c           the chunks of one update thread: the table, weight
+ *                     buffers and pins, memory, checkpoint views
+ *   shard_rules.c     the consistency rules over them: sync rounds, async
+ *                     clocks, pulls that wait, live ranks
+ *   shard_internal.h  struct ps_shard and its chunk, shared by those two
  *   table_part.c      the table partitions of one update thread and their rules
  *                     (the same as chunks'), each on a table store: table.c on
  *                     table_hash.c (rows in memory) and table_opt.c (a row's

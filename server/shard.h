@@ -2,6 +2,7 @@
  * per-worker clocks, optimizer state and the consistency rules of
  * docs/PROTOCOL.md "Semantics".  No sockets and no threads here: one ps_shard
  * belongs to one thread and nothing in it is locked.
+ * (shard.c holds the chunks, shard_rules.c the rules over them.)
  *
  * Ownership:
  *  - The shard owns each chunk's weights, optimizer state and sync sum.
