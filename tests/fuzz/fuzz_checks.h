@@ -204,6 +204,44 @@ FUZZ_FN const char *fuzz_decode_ok_rc(int rc, const char *why, char *msg, size_t
     return NULL;
 }
 
+/* A table message (spull, spush, spushpull and their replies): frames of
+ * ids and rows whose sizes follow n, np and dim (tests/test_proto.c checks
+ * those combinations).  Here, whatever the header: a refusal is PS_EPROTO or
+ * PS_ETOOBIG with a reason, and nothing is accepted with the wrong number of
+ * frames for its layout (none in shared memory), or, where the layout has
+ * ids or rows, a dim outside [1, PS_MAX_TABLE_DIM] or rows in shared memory
+ * that are not float32. */
+FUZZ_FN const char *fuzz_sparse_payload_oracle(const ps_header *h, size_t plen, char *msg,
+                                               size_t len)
+{
+    char why[256];
+    int reply = (h->flags & PS_FLAG_REPLY) != 0;
+    int layout = reply ? ps_msg_reply_layout(h->type) : ps_msg_request_layout(h->type);
+    int shm = (h->flags & PS_FLAG_SHM) != 0;
+    const ps_msg_info *m = ps_msg_info_of(h->type);
+    for (int nframes = 0; nframes <= 3; nframes++) {
+        why[0] = 0;
+        int rc = ps_proto_check_payload(h, nframes, plen, why, sizeof why);
+        if (rc && ((rc != PS_EPROTO && rc != PS_ETOOBIG) || !why[0]))
+            return fuzz_fail(msg, len, "check_payload(%s) failed with %d and reason '%s'",
+                             ps_msg_type_name(h->type), rc, why);
+        if (rc)
+            continue;
+        const char *bad =
+            shm && !(m && m->shm)                                   ? "shared memory"
+            : nframes != (shm ? 0 : ps_payload_frames(layout))      ? "frame count"
+            : !ps_payload_frames(layout)                            ? NULL /* a bare ack */
+            : h->dim < 1 || h->dim > PS_MAX_TABLE_DIM               ? "dim"
+            : shm && h->dtype != PS_DTYPE_F32                       ? "dtype in shared memory"
+                                                                    : NULL;
+        if (bad)
+            return fuzz_fail(msg, len, "check_payload(%s%s%s, %d frames, dim %u, d %u) accepted "
+                             "a wrong %s", ps_msg_type_name(h->type), reply ? " reply" : "",
+                             shm ? " in shared memory" : "", nframes, h->dim, h->dtype, bad);
+    }
+    return NULL;
+}
+
 /* ps_proto_check_payload must accept exactly: with the shared-memory flag,
  * no frame, for the types whose row takes shared memory, with a count and a
  * known dtype where a payload (or a request's reply payload) lives in the
@@ -211,6 +249,8 @@ FUZZ_FN const char *fuzz_decode_ok_rc(int rc, const char *why, char *msg, size_t
  * count x dtype-size bytes (count > 0, known dtype) for types with one. */
 FUZZ_FN const char *fuzz_payload_oracle(const ps_header *h, size_t plen, char *msg, size_t len)
 {
+    if (ps_msg_is_sparse(h->type))
+        return fuzz_sparse_payload_oracle(h, plen, msg, len);
     char why[256];
     int reply = (h->flags & PS_FLAG_REPLY) != 0;
     int needs = reply ? ps_msg_reply_has_payload(h->type) : ps_msg_request_has_payload(h->type);
