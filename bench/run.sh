@@ -140,6 +140,10 @@ tacc="$OUT/torch_accuracy.section"
 section "$tacc" "$OUT/torch_accuracy.md" torch-accuracy "$measured." \
     "Not measured yet: run \`BENCH_ACCURACY=1 make bench\` (about 10 minutes here)."
 
+# the GPU section: never measured by make bench, kept from the document
+gpus="$OUT/gpu.section"
+section "$gpus" /dev/null gpu "" \
+    "No figures yet: run tests/gpu/check.sh on a machine with an NVIDIA GPU (tests/gpu/README.md)."
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
 mkdir -p "$(dirname "$DOC")"
 {
@@ -346,8 +350,14 @@ cat <<EOF
 
 \`bench/gpu_bench.sh\` (run by \`tests/gpu/check.sh\` on a machine with an
 NVIDIA GPU): compute-only against through-servers samples/s on cuda:0 for both
-models, 1 and 2 workers per GPU, async and sync, and against PyTorch when it
-is installed.  Not run here: this machine has no GPU.
+models, 1 and 2 workers per GPU, async and sync, the CNN at batch 64 and 256,
+cuDNN's algorithm choices against im2col, and against PyTorch on the same GPU.
+\`make bench\` does not run it (the machine it runs on has no GPU): the figures
+below are kept from the last GPU check, with the machine they were measured on.
+
+<!-- gpu:begin -->
+$(cat "$gpus")
+<!-- gpu:end -->
 
 ## 7. PyTorch through ps.torch
 
