@@ -1,21 +1,22 @@
 /* The exchange (include/ps_exchange.h): per-tensor double buffers, the
- * staging between device and host memory, and the requests that move them. */
+ * staging between device and host memory, and the requests that move them;
+ * local aggregation, the start and final barriers, and the exchange's life
+ * (open, start, finish, close).  The embedding tables' batches are
+ * exchange_table.c's; what both share is in exchange_internal.h. */
 #include "ps_exchange.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "exchange_internal.h"
 #include "local_group.h"
 #include "ps_backend.h"
 #include "ps_trace.h"
 #include "ps_error.h"
 #include "ps_log.h"
-#include "ps_table_row.h"
 #include "ps_time.h"
 
-/* A wait shorter than this is not worth a timeline event. */
-#define WAIT_EVENT_NS 20000
 /* The barrier every worker reaches after its last step. */
 #define FINAL_BARRIER_ID 1
 /* While the start or final barrier waits, say for whom: first after this
@@ -29,7 +30,7 @@
 #define NGRAD 3
 
 /* One tensor's buffers and requests. */
-typedef struct tensor {
+struct tensor {
     uint64_t key;
     size_t count;
     int tag;           /* timeline args.layer */
@@ -59,100 +60,7 @@ typedef struct tensor {
     /* local aggregation, a member (local rank > 0): */
     int lg_wait;       /* posted a gradient; the weights it leads to are not in yet */
     uint64_t lg_seen;  /* the generation of the leader's weights last taken */
-} tensor;
-
-/* ---- a table's batches (ps_exchange_table_*) ----
- * Batch b's ids live in slot b % TSLOTS (its pull reads them, then its
- * push), its rows in rows[b % 2] and its gradients in grads[b % 2]: while
- * batch b computes, batch b+1's rows land and batch b-1's push may still be
- * on the wire, reading its ids and gradients. */
-#define TSLOTS 3
-#define TABLE_MAX_IDS ((size_t)1 << 30)
-
-enum { TPULL_NONE, TPULL_OWN, TPULL_CARRY, TPULL_CARRIED };
-
-typedef struct tbatch {
-    int64_t b;            /* the batch held; -1: none */
-    uint64_t *ids;        /* [max_ids] its distinct ids, first seen first */
-    int32_t *index;       /* [max_ids] each entry's place in ids */
-    size_t nentries, nunique;
-    int pull;             /* TPULL_OWN: its own SPULL (in `preq`) is in flight;
-                             TPULL_CARRY: the push of the batch before will
-                             carry it (sync); TPULL_CARRIED: that push's
-                             SPUSHPULL is in flight */
-    int landed;           /* its rows are in */
-    int taken;            /* ps_exchange_table_rows gave it */
-    int pushing;          /* its push (in `push`) posted, not yet seen complete */
-    int carries;          /* that push is a SPUSHPULL with the next batch's pull */
-    int64_t want;         /* the version its pull asks for */
-    int64_t step;         /* the step of its push */
-    int64_t pull_ns, push_ns; /* when they were posted (timeline) */
-    int64_t version;      /* of the rows that landed */
-    int rc;               /* why its rows did not land */
-    ps_request preq, push;
-} tbatch;
-
-typedef struct xtable {
-    uint64_t key;
-    size_t dim, max_ids;
-    int tag;
-    tbatch s[TSLOTS];
-    float *rows[2], *grads[2];
-    int64_t given;        /* batches handed to next */
-    int64_t cur;          /* the current batch: the oldest handed and not pushed */
-    int64_t clock;        /* the step after the last push: the version pulls ask for */
-    /* the deduplication's map id -> place, entries of older batches told
-     * apart by their stamp (never cleared) */
-    size_t hcap;
-    uint64_t *hkey;
-    int32_t *hval;
-    uint32_t *hstamp;
-    uint32_t stamp;
-} xtable;
-
-struct ps_exchange {
-    ps_backend *b;
-    ps_client *client;
-    int mode;
-    int accumulate;    /* async: a gradient need not wait for the wire */
-    int64_t max_sum;   /* how many may wait in a sum (--max-staleness; unbounded: max) */
-    int num_workers;
-    int init;          /* ps_exchange_set_init: -1 every worker inits, 1 this one, 0 another */
-    int started;
-    int in_arena;      /* the buffers live in the client's shared-memory arena */
-    void *registered;  /* the arena as registered with the device (pinned) */
-    tensor *t;
-    int n, cap;
-    xtable *tb;        /* the embedding tables */
-    int ntb, captb;
-    int64_t wait_ns;   /* time blocked on requests since ps_exchange_take_wait_ns */
-    uint64_t summed;   /* gradients that went out in a sum instead of waiting */
-    ps_trace *trace;
-    int wait_tid, request_tid;
-    int interrupted;   /* ps_exchange_interrupt was called (atomic) */
-    int failed;        /* a request failure was logged */
-    int device_rc;     /* a gradient copy off the device failed: its PS_E* (atomic;
-                        * set on the comm thread by copy_done) */
-    int wait_timeout_ms; /* the start and final barriers give up after it (0: never) */
-    /* local aggregation (ps_exchange_set_local_group) */
-    char lg_name[256];
-    int lg_rank, lg_size, lg_timeout_ms;
-    ps_lgroup *lg;     /* set once open (atomic: ps_exchange_interrupt reads it) */
-    int lg_done;       /* the final weights went through the group */
-    float *lg_scratch; /* leader on a device: host memory for the sum */
 };
-
-/* A member of a local group: the leader talks to the servers for it. */
-static int member(const ps_exchange *x) { return x->lg_size > 1 && x->lg_rank > 0; }
-static int leader(const ps_exchange *x) { return x->lg_size > 1 && x->lg_rank == 0; }
-
-/* A failure to log: not the PS_ECLOSED that ps_exchange_interrupt, or a
- * failed device (copy_done), causes. */
-static int worth_logging(const ps_exchange *x, int rc)
-{
-    return rc != PS_ECLOSED || !(__atomic_load_n(&x->interrupted, __ATOMIC_ACQUIRE) ||
-                                 __atomic_load_n(&x->device_rc, __ATOMIC_ACQUIRE));
-}
 
 /* ---------- staging: the only code that differs with the memory kind ---------- */
 
@@ -162,7 +70,7 @@ static int worth_logging(const ps_exchange *x, int rc)
  * push, and the training thread waiting for it, forever.  So the first
  * failure is recorded and the client interrupted (a flag and an eventfd
  * write, fine on this thread): every request fails, whatever waits returns,
- * and the exchange's calls return the device's error (device_failed). */
+ * and the exchange's calls return the device's error (psx_device_failed). */
 static int copy_done(void *arg)
 {
     tensor *t = arg;
@@ -179,13 +87,6 @@ static int copy_done(void *arg)
     __atomic_store_n(&x->device_rc, -r, __ATOMIC_RELEASE);
     ps_client_interrupt(x->client);
     return 0;
-}
-
-/* The device error copy_done met, or 0: it, not the PS_ECLOSED of the
- * interrupt it caused, is what the exchange's calls return. */
-static int device_failed(const ps_exchange *x)
-{
-    return __atomic_load_n(&x->device_rc, __ATOMIC_ACQUIRE);
 }
 
 /* The way out: make gradient g, issued on the compute stream, readable by
@@ -244,12 +145,12 @@ static int landed(ps_exchange *x, int i)
     t->wire = NULL; /* the server is done with it */
     ps_request *push = push_req(t);
     int rc = push->status ? push->status : t->pull.status;
-    if (rc && device_failed(x))
-        return device_failed(x); /* said by copy_done */
+    if (rc && psx_device_failed(x))
+        return psx_device_failed(x); /* said by copy_done */
     if (rc) {
         /* the first failure says why; the other tensors' (the same cause,
          * as a rule) only with --verbose */
-        if (worth_logging(x, rc))
+        if (psx_worth_logging(x, rc))
             ps_log(x->failed++ ? PS_LOG_DEBUG : PS_LOG_ERROR,
                    "step %lld: %s of param %d failed: %s (%s)", (long long)t->step,
                    push->status ? "push" : "pull", i, ps_strerror(rc),
@@ -263,7 +164,7 @@ static int landed(ps_exchange *x, int i)
     t->landed = 1;
     /* the host's other workers take the same weights (what landed: the
      * back buffer in host memory, the pinned landing on a device) */
-    if (leader(x))
+    if (psx_leader(x))
         ps_lgroup_publish(x->lg, i, x->b->host_memory ? t->back : t->host_pull);
     return 0;
 }
@@ -351,7 +252,7 @@ static int post(ps_exchange *x, tensor *t, float *send_buf, int64_t step, int np
     t->pp = 1;
     if ((rc = ps_client_pushpull_sum(x->client, t->key, send, landing(x, t, t->back), step,
                                      npush, ready, t, &t->pull)))
-        return device_failed(x) ? device_failed(x) : rc;
+        return psx_device_failed(x) ? psx_device_failed(x) : rc;
     t->in_flight = 1;
     t->push_logged = 0;
     t->wire = send_buf;
@@ -380,7 +281,7 @@ static int pull_front(ps_exchange *x, tensor *t)
 
 static int lg_fail(ps_exchange *x, int rc, const char *why)
 {
-    if (worth_logging(x, rc))
+    if (psx_worth_logging(x, rc))
         ps_error("%s", why);
     return rc;
 }
@@ -483,7 +384,7 @@ static int lg_open(ps_exchange *x)
     if (rc)
         return lg_fail(x, rc, why);
     __atomic_store_n(&x->lg, g, __ATOMIC_RELEASE);
-    if (leader(x) && !x->b->host_memory && !(x->lg_scratch = malloc(most * sizeof(float))))
+    if (psx_leader(x) && !x->b->host_memory && !(x->lg_scratch = malloc(most * sizeof(float))))
         return PS_ENOMEM;
     ps_info("local aggregation: local rank %d of %d on this host (group %s): %s", x->lg_rank,
             x->lg_size, x->lg_name,
@@ -517,7 +418,7 @@ static void note_wait(ps_exchange *x, int64_t id, const char *what, int level)
     const char *why = "every worker waits here for all --num-workers";
     ps_barrier_info bi;
     int rc = ps_client_barrier_info(x->client, &bi);
-    if (!worth_logging(x, rc))
+    if (!psx_worth_logging(x, rc))
         return;
     if (rc || bi.id != id || bi.missing == 0) {
         ps_log(level, "waiting at the %s barrier for the other workers (%s %d)", what, why,
@@ -563,7 +464,7 @@ static int wait_barrier(ps_exchange *x, int64_t id, const char *what)
         note_wait(x, id, what, PS_LOG_INFO);
         note_at = ps_now_ns() + WAIT_NOTE_EVERY_NS;
     }
-    if (rc && worth_logging(x, rc))
+    if (rc && psx_worth_logging(x, rc))
         ps_error("%s barrier failed: %s", what, bar.err);
     return rc;
 }
@@ -780,7 +681,7 @@ int ps_exchange_start(ps_exchange *x)
                        "without it");
     if (x->lg_size > 1 && (rc = lg_open(x)))
         return rc;
-    if (member(x)) {
+    if (psx_member(x)) {
         /* no servers: the leader's first weights */
         x->started = 1;
         for (int i = 0; i < x->n; i++)
@@ -790,7 +691,7 @@ int ps_exchange_start(ps_exchange *x)
     }
     rc = ps_client_start(x->client);
     if (rc) {
-        if (worth_logging(x, rc))
+        if (psx_worth_logging(x, rc))
             ps_error("cannot start: %s", ps_client_last_error(x->client));
         return rc;
     }
@@ -811,13 +712,13 @@ int ps_exchange_start(ps_exchange *x)
                      x->t[i].pull.err);
             return rc;
         }
-        if (leader(x))
+        if (psx_leader(x))
             ps_lgroup_publish(x->lg, i, landing(x, &x->t[i], x->t[i].front));
         /* host_pull is the next pull's landing: the copy out of it must be done */
         if ((rc = x->b->stream_sync(x->b, PS_STREAM_COMPUTE)))
             return rc;
     }
-    if (leader(x)) {
+    if (psx_leader(x)) {
         char why[400];
         if ((rc = ps_lgroup_wait_members(x->lg, why, sizeof why)))
             return lg_fail(x, rc, why);
@@ -842,7 +743,7 @@ float *ps_exchange_grad(const ps_exchange *x, int i)
 
 int ps_exchange_before_use(ps_exchange *x, int i)
 {
-    if (member(x)) /* sync: the weights its last gradient leads to */
+    if (psx_member(x)) /* sync: the weights its last gradient leads to */
         return lg_take(x, i, x->mode == PS_MODE_SYNC && x->t[i].lg_wait);
     /* sync: this tensor's version t+1 only; async: take it if it is there */
     int rc = settle(x, i, x->mode == PS_MODE_SYNC);
@@ -853,9 +754,9 @@ int ps_exchange_grad_ready(ps_exchange *x, int i, int64_t step)
 {
     tensor *t = &x->t[i];
     int rc;
-    if (member(x))
+    if (psx_member(x))
         return lg_post(x, i);
-    if (leader(x) && (rc = lg_sum(x, i)))
+    if (psx_leader(x) && (rc = lg_sum(x, i)))
         return rc;
     if (x->accumulate && t->in_flight && t->acc_n < x->max_sum &&
         !(ps_request_test(push_req(t)) && ps_request_test(&t->pull))) {
@@ -907,328 +808,10 @@ static int flush_sum(ps_exchange *x, int i)
     return post(x, t, sum, t->acc_step, (int)m);
 }
 
-/* ---------- embedding tables ---------- */
-
-static xtable *table_at(const ps_exchange *x, int t)
-{
-    return t >= 0 && t < x->ntb ? &x->tb[t] : NULL;
-}
-
-static void table_free(xtable *t)
-{
-    for (int k = 0; k < TSLOTS; k++) {
-        free(t->s[k].ids);
-        free(t->s[k].index);
-    }
-    for (int k = 0; k < 2; k++) {
-        free(t->rows[k]);
-        free(t->grads[k]);
-    }
-    free(t->hkey);
-    free(t->hval);
-    free(t->hstamp);
-}
-
-int ps_exchange_add_table(ps_exchange *x, uint64_t key, const ps_table_options *opts,
-                          size_t max_ids, int tag)
-{
-    if (x->started)
-        return PS_ESTATE;
-    /* the dim's range is the client's to say (below); the buffers need it first */
-    if (!opts || max_ids < 1 || max_ids > TABLE_MAX_IDS || opts->dim < 1 || opts->dim > 65536)
-        return PS_EINVAL;
-    if (x->ntb == x->captb) {
-        int cap = x->captb ? 2 * x->captb : 8;
-        xtable *more = realloc(x->tb, (size_t)cap * sizeof *more);
-        if (!more)
-            return PS_ENOMEM;
-        x->tb = more;
-        x->captb = cap;
-    }
-    xtable *t = &x->tb[x->ntb];
-    memset(t, 0, sizeof *t);
-    t->key = key;
-    t->dim = opts->dim;
-    t->max_ids = max_ids;
-    t->tag = tag;
-    /* the map at most half full: probes stay short */
-    t->hcap = 1;
-    while (t->hcap < 2 * max_ids)
-        t->hcap *= 2;
-    int ok = (t->hkey = malloc(t->hcap * sizeof *t->hkey)) &&
-             (t->hval = malloc(t->hcap * sizeof *t->hval)) &&
-             (t->hstamp = calloc(t->hcap, sizeof *t->hstamp));
-    for (int k = 0; ok && k < TSLOTS; k++) {
-        t->s[k].b = -1;
-        ok = (t->s[k].ids = malloc(max_ids * sizeof *t->s[k].ids)) &&
-             (t->s[k].index = malloc(max_ids * sizeof *t->s[k].index));
-    }
-    for (int k = 0; ok && k < 2; k++)
-        ok = (t->rows[k] = malloc(max_ids * t->dim * sizeof(float))) &&
-             (t->grads[k] = calloc(max_ids * t->dim, sizeof(float)));
-    int rc = ok ? ps_client_register_table(x->client, key, opts) : PS_ENOMEM;
-    if (rc) {
-        table_free(t);
-        return rc;
-    }
-    x->ntb++;
-    return 0;
-}
-
-int ps_exchange_num_tables(const ps_exchange *x)
-{
-    return x->ntb;
-}
-
-/* The ids of batch s: its distinct ids in first-seen order and each entry's
- * place among them. */
-static void table_dedup(xtable *t, tbatch *s, const uint64_t *ids, size_t n, size_t stride)
-{
-    if (++t->stamp == 0) { /* wrapped: stamps of 2^32 batches ago would match */
-        memset(t->hstamp, 0, t->hcap * sizeof *t->hstamp);
-        t->stamp = 1;
-    }
-    size_t mask = t->hcap - 1, nu = 0;
-    for (size_t e = 0; e < n; e++) {
-        uint64_t id = ids[e * stride];
-        size_t h = (size_t)ps_table_mix(id) & mask;
-        while (t->hstamp[h] == t->stamp && t->hkey[h] != id)
-            h = (h + 1) & mask;
-        if (t->hstamp[h] != t->stamp) {
-            t->hstamp[h] = t->stamp;
-            t->hkey[h] = id;
-            t->hval[h] = (int32_t)nu;
-            s->ids[nu++] = id;
-        }
-        s->index[e] = t->hval[h];
-    }
-    s->nentries = n;
-    s->nunique = nu;
-}
-
-/* Wait for table request r (counted as comm-wait; a "wait" event past
- * WAIT_EVENT_NS, args.step `step`). */
-static void table_wait(ps_exchange *x, const xtable *t, ps_request *r, int64_t step)
-{
-    if (ps_request_test(r))
-        return;
-    int64_t t0 = ps_now_ns();
-    ps_request_wait(r);
-    int64_t t1 = ps_now_ns();
-    x->wait_ns += t1 - t0;
-    if (t1 - t0 > WAIT_EVENT_NS)
-        ps_trace_event(x->trace, "wait", "comm", x->wait_tid, t0, t1, step, t->tag);
-}
-
-/* The status of table ti's completed request r; a failure is logged as the
- * tensors' are (the first one says why). */
-static int table_status(ps_exchange *x, int ti, const ps_request *r, const char *what,
-                        int64_t step)
-{
-    int rc = r->status;
-    if (!rc)
-        return 0;
-    if (device_failed(x))
-        return device_failed(x);
-    if (worth_logging(x, rc))
-        ps_log(x->failed++ ? PS_LOG_DEBUG : PS_LOG_ERROR,
-               "step %lld: %s of table %d failed: %s (%s)", (long long)step, what, ti,
-               ps_strerror(rc), r->err);
-    return rc;
-}
-
-/* Wait for batch s's push, if in flight: then its ids and gradients are
- * free and the pull it carried has landed. */
-static int settle_push(ps_exchange *x, int ti, tbatch *s)
-{
-    xtable *t = &x->tb[ti];
-    if (!s->pushing)
-        return 0;
-    table_wait(x, t, &s->push, s->step);
-    s->pushing = 0;
-    ps_trace_event(x->trace, s->carries ? "sparse pushpull" : "sparse push", "comm",
-                   x->request_tid, s->push_ns, s->push.done_ns, s->step, t->tag);
-    int rc = table_status(x, ti, &s->push, s->carries ? "pushpull" : "push", s->step);
-    if (s->carries) {
-        tbatch *n = &t->s[(s->b + 1) % TSLOTS];
-        n->pull = TPULL_NONE;
-        n->landed = !rc;
-        n->rc = rc;
-        n->version = s->push.version;
-        s->carries = 0;
-    }
-    return rc;
-}
-
-/* Wait for batch s's own pull, if in flight. */
-static int settle_pull(ps_exchange *x, int ti, tbatch *s)
-{
-    xtable *t = &x->tb[ti];
-    if (s->pull != TPULL_OWN)
-        return 0;
-    table_wait(x, t, &s->preq, s->want);
-    s->pull = TPULL_NONE;
-    ps_trace_event(x->trace, "sparse pull", "comm", x->request_tid, s->pull_ns, s->preq.done_ns,
-                   s->want, t->tag);
-    s->rc = table_status(x, ti, &s->preq, "pull", s->want);
-    s->landed = !s->rc;
-    s->version = s->preq.version;
-    return s->rc;
-}
-
-/* Post the pull of batch s's rows into rows[b % 2]: the version of the step
- * that computes it (this worker's clock, one more when a batch computes
- * before it). */
-static int post_pull(ps_exchange *x, int ti, tbatch *s)
-{
-    xtable *t = &x->tb[ti];
-    s->want = t->clock + (s->b - t->cur);
-    s->pull_ns = ps_now_ns();
-    if (ps_client_sparse_pull(x->client, t->key, s->ids, s->nunique, t->rows[s->b % 2], s->want,
-                              &s->preq))
-        return s->rc = table_status(x, ti, &s->preq, "pull", s->want);
-    s->pull = TPULL_OWN;
-    return 0;
-}
-
-int ps_exchange_table_next(ps_exchange *x, int ti, const uint64_t *ids, size_t n, size_t stride)
-{
-    xtable *t = table_at(x, ti);
-    if (!t || (n && !ids) || stride < 1 || n > t->max_ids)
-        return PS_EINVAL;
-    /* two batches in flight at most: the current one and this */
-    if (!x->started || member(x) || t->given > t->cur + 1)
-        return PS_ESTATE;
-    int64_t b = t->given;
-    tbatch *s = &t->s[b % TSLOTS];
-    /* the slot's last batch, three before: its push must be done with its
-     * ids (it had two steps) */
-    int rc;
-    if (s->b >= 0 && ((rc = settle_push(x, ti, s)) || (rc = settle_pull(x, ti, s))))
-        return rc;
-    /* rows[b % 2] was batch b-2's, pushed (its compute is over) */
-    table_dedup(t, s, ids, n, stride);
-    s->b = b;
-    s->landed = s->taken = s->pushing = s->carries = 0;
-    s->pull = TPULL_NONE;
-    s->rc = 0;
-    s->version = -1;
-    t->given++;
-    /* sync: batch b is computed at step clock+1, after every worker's
-     * gradients of the current step: the current batch's push carries the
-     * pull (after it, in one message per partition) */
-    if (x->mode == PS_MODE_SYNC && b == t->cur + 1) {
-        s->pull = TPULL_CARRY;
-        return 0;
-    }
-    return post_pull(x, ti, s);
-}
-
-int ps_exchange_table_rows(ps_exchange *x, int ti, ps_exchange_rows *out)
-{
-    memset(out, 0, sizeof *out);
-    xtable *t = table_at(x, ti);
-    if (!t)
-        return PS_EINVAL;
-    if (t->cur >= t->given)
-        return PS_ESTATE;
-    tbatch *s = &t->s[t->cur % TSLOTS];
-    int rc = 0;
-    if (!s->landed) {
-        if (s->pull == TPULL_OWN)
-            rc = settle_pull(x, ti, s);
-        else if (s->pull == TPULL_CARRIED)
-            rc = settle_push(x, ti, &t->s[(s->b + TSLOTS - 1) % TSLOTS]);
-        if (!rc && !s->landed)
-            rc = s->rc ? s->rc : PS_ESTATE; /* failed before, or never asked for */
-        if (rc)
-            return rc;
-    }
-    /* the gradient buffer was batch cur-2's: its push must be done reading it */
-    tbatch *old = &t->s[(t->cur + 1) % TSLOTS];
-    if (old->b == t->cur - 2 && (rc = settle_push(x, ti, old)))
-        return rc;
-    s->taken = 1;
-    out->nentries = s->nentries;
-    out->nunique = s->nunique;
-    out->dim = t->dim;
-    out->ids = s->ids;
-    out->index = s->index;
-    out->rows = t->rows[s->b % 2];
-    out->grads = t->grads[s->b % 2];
-    out->version = s->version;
-    return 0;
-}
-
-int ps_exchange_table_push(ps_exchange *x, int ti, int64_t step)
-{
-    xtable *t = table_at(x, ti);
-    if (!t || step < t->clock || step > INT64_MAX / 2)
-        return PS_EINVAL;
-    if (t->cur >= t->given || !t->s[t->cur % TSLOTS].taken)
-        return PS_ESTATE;
-    tbatch *s = &t->s[t->cur % TSLOTS];
-    tbatch *next = t->given > t->cur + 1 ? &t->s[(t->cur + 1) % TSLOTS] : NULL;
-    const float *g = t->grads[s->b % 2];
-    s->step = step;
-    s->push_ns = ps_now_ns();
-    s->carries = next && next->pull == TPULL_CARRY;
-    int rc = s->carries ? ps_client_sparse_pushpull(x->client, t->key, s->ids, s->nunique, g,
-                                                    next->ids, next->nunique,
-                                                    t->rows[next->b % 2], step, &s->push)
-                        : ps_client_sparse_push(x->client, t->key, s->ids, s->nunique, g, step,
-                                                &s->push);
-    if (rc) {
-        s->carries = 0;
-        return table_status(x, ti, &s->push, "push", step);
-    }
-    s->pushing = 1;
-    if (s->carries) {
-        next->pull = TPULL_CARRIED;
-        next->want = step + 1;
-        next->pull_ns = s->push_ns;
-    }
-    t->cur++;
-    t->clock = step + 1;
-    return 0;
-}
-
-int ps_exchange_table_lookup(ps_exchange *x, int ti, const uint64_t *ids, size_t n, float *rows)
-{
-    xtable *t = table_at(x, ti);
-    if (!t || (n && (!ids || !rows)))
-        return PS_EINVAL;
-    if (!x->started || member(x))
-        return PS_ESTATE;
-    ps_request r;
-    if (ps_client_sparse_pull(x->client, t->key, ids, n, rows, t->clock, &r) == 0)
-        table_wait(x, t, &r, t->clock);
-    return table_status(x, ti, &r, "lookup", t->clock);
-}
-
-/* Every request of table ti in flight, waited for; the first error. */
-static int table_finish(ps_exchange *x, int ti)
-{
-    xtable *t = &x->tb[ti];
-    int rc = 0;
-    /* oldest first: a push may carry the next batch's pull */
-    for (int64_t b = t->given - TSLOTS; b < t->given; b++) {
-        if (b < 0)
-            continue;
-        tbatch *s = &t->s[b % TSLOTS];
-        int r = settle_push(x, ti, s);
-        if (!r)
-            r = settle_pull(x, ti, s);
-        if (!rc)
-            rc = r;
-    }
-    return rc;
-}
-
 int ps_exchange_finish(ps_exchange *x)
 {
     int rc = 0;
-    if (member(x)) {
+    if (psx_member(x)) {
         for (int i = 0; i < x->n && !rc; i++)
             if (x->t[i].lg_wait)
                 rc = lg_take(x, i, 1);
@@ -1243,18 +826,14 @@ int ps_exchange_finish(ps_exchange *x)
         if (!rc)
             rc = r;
     }
-    for (int i = 0; i < x->ntb; i++) {
-        int r = table_finish(x, i);
-        if (!rc)
-            rc = r;
-    }
-    return rc;
+    int r = psx_tables_finish(x);
+    return rc ? rc : r;
 }
 
 int ps_exchange_pull_final(ps_exchange *x)
 {
     int rc;
-    if (member(x)) {
+    if (psx_member(x)) {
         char why[400];
         if ((rc = ps_lgroup_wait_final(x->lg, why, sizeof why)))
             return lg_fail(x, rc, why);
@@ -1270,7 +849,7 @@ int ps_exchange_pull_final(ps_exchange *x)
         return rc;
     for (int i = 0; i < x->n && !rc; i++)
         rc = pull_front(x, &x->t[i]);
-    if (!rc && leader(x)) {
+    if (!rc && psx_leader(x)) {
         for (int i = 0; i < x->n; i++)
             ps_lgroup_publish(x->lg, i, landing(x, &x->t[i], x->t[i].front));
         ps_lgroup_set_final(x->lg);
@@ -1330,8 +909,6 @@ void ps_exchange_close(ps_exchange *x)
             b->event_destroy(b, t->pull_copied);
     }
     free(x->t);
-    for (int i = 0; i < x->ntb; i++)
-        table_free(&x->tb[i]);
-    free(x->tb);
+    psx_tables_free(x);
     free(x);
 }

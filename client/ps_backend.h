@@ -1,9 +1,9 @@
 /* Compute backend interface (libps: the exchange moves data through it): one
  * struct of function pointers with a CPU implementation (OpenBLAS,
- * backend_cpu.c) and a CUDA implementation (cuBLAS + our kernels,
- * backend_cuda.cu, and cuDNN, backend_cudnn.cu).  Layers call only these,
- * so the same layer code runs on both.  All tensors are float32, row-major;
- * images are NCHW.
+ * backend_cpu.c) and a CUDA implementation (cuBLAS, backend_cuda.cu; our
+ * kernels, backend_cuda_kernels.cu; cuDNN, backend_cudnn.cu).  Layers call
+ * only these, so the same layer code runs on both.  All tensors are float32,
+ * row-major; images are NCHW.
  *
  * Memory: `alloc` returns device memory (host memory for the CPU backend);
  * `alloc_host` returns host memory the device can copy from/to asynchronously

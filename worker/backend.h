@@ -1,6 +1,6 @@
 /* The compute backends of ps_worker: the CPU one (OpenBLAS, backend_cpu.c)
- * and the CUDA one (cuBLAS + our kernels, backend_cuda.cu), behind the
- * interface of client/ps_backend.h. */
+ * and the CUDA one (cuBLAS, backend_cuda.cu, + our kernels,
+ * backend_cuda_kernels.cu), behind the interface of client/ps_backend.h. */
 #ifndef PS_BACKEND_H
 #define PS_BACKEND_H
 

@@ -68,7 +68,7 @@ struct ctr_ctx {
     cudaStream_t s; /* the backend's compute stream */
     unsigned max_blocks;
     /* bce_logits with loss/correct: per-row results, reduced by a second
-     * kernel; grown like backend_cuda.cu's softmax scratch */
+     * kernel; grown like backend_cuda_kernels.cu's softmax scratch */
     double *row_loss;
     int *row_hit;
     size_t row_cap;

@@ -1,6 +1,7 @@
-/* What the CUDA backend's two files share (backend_cuda.cu: cuBLAS and our
- * kernels; backend_cudnn.cu: cuDNN): the backend's state and the checks that
- * turn a CUDA error into a message and a PS_E* code.  C++, for nvcc only. */
+/* What the CUDA backend's three files share (backend_cuda.cu: memory,
+ * cuBLAS, events, create; backend_cuda_kernels.cu: our kernels;
+ * backend_cudnn.cu: cuDNN): the backend's state and the checks that turn a
+ * CUDA error into a message and a PS_E* code.  C++, for nvcc only. */
 #ifndef PS_BACKEND_CUDA_IMPL_H
 #define PS_BACKEND_CUDA_IMPL_H
 
@@ -54,6 +55,9 @@ struct xent_result {
 
 struct dnn_state; /* backend_cudnn.cu */
 
+/* Threads per block of our kernels; max_blocks counts blocks of this size. */
+enum { THREADS = 256 };
+
 struct cuda_ctx {
     int device;
     unsigned max_blocks; /* grid cap for grid-stride kernels */
@@ -74,6 +78,10 @@ static inline cuda_ctx *ctx_of(ps_backend *b) { return (cuda_ctx *)b->ctx; }
 /* The current device is per host thread; the comm thread and the training
  * thread each call in, so every entry point sets it (cheap after the first). */
 #define SET_DEVICE(c) CUDA_CHECK(cudaSetDevice((c)->device))
+
+/* backend_cuda_kernels.cu: fill b's fill, bias_add, bias_grad, relu_*,
+ * softmax_xent*, im2col, col2im, maxpool_* and axpy entries. */
+void ps_cuda_kernels_attach(ps_backend *b);
 
 /* backend_cudnn.cu.  Attach: start cuDNN on c's compute stream and fill b's
  * conv_* and pool_* entries; they stay NULL (the layers then use im2col +
