@@ -9,8 +9,7 @@
 # progress on stderr.
 #
 #   DLRM_ROUNDS=3         rounds of the comparison
-#   DLRM_ROWS=400000      rows per table (the goals are stated at
-#                         4e6: DDP then takes 3.2 GB per rank; DLRM_ROWS=4000000)
+#   DLRM_ROWS=4000000     rows per table (DDP then holds 4.2 GB per rank)
 #   DLRM_STEPS=300        steps per worker (one process: 2 x that many, the
 #                         same samples)
 #   DLRM_SCALE="1000000000"  id spaces of the servers-only rows
@@ -18,7 +17,7 @@ cd "$(dirname "$0")/.." || exit 1
 . bench/lib.sh
 bench_init
 ROUNDS=${DLRM_ROUNDS:-3}
-ROWS=${DLRM_ROWS:-400000}
+ROWS=${DLRM_ROWS:-4000000}
 STEPS=${DLRM_STEPS:-300}
 SCALE=${DLRM_SCALE:-"1000000000"}
 PY=/usr/bin/python3

@@ -121,9 +121,16 @@ def exp(x):
 
 def zipf_cdf(rows=ROWS, zipf=ZIPF):
     """The running sum of k^-zipf for k = 1..min(rows, TABLE_ROWS), float64
-    (the inverse-CDF table of the ids)."""
-    k = np.arange(1, min(rows, TABLE_ROWS) + 1, dtype=np.float64)
-    return np.cumsum(exp(-zipf * log(k)))
+    (the inverse-CDF table of the ids).  The terms are made a slice at a
+    time, so log's and exp's temporaries stay small beside the 32 MiB
+    table (a worker's peak memory must not follow the id space), then
+    summed in one sequential pass: the same sums as ps_worker's."""
+    n = min(rows, TABLE_ROWS)
+    out = np.empty(n, dtype=np.float64)
+    for lo in range(0, n, 1 << 16):
+        hi = min(n, lo + (1 << 16))
+        out[lo:hi] = exp(-zipf * log(np.arange(lo + 1, hi + 1, dtype=np.float64)))
+    return np.cumsum(out, out=out)
 
 
 def _zipf_f(x, s):
