@@ -472,7 +472,7 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
     int rc = split_endpoints(c, o->servers);
     if (rc)
         goto fail;
-    if ((rc = psc_requests_new(c)) || (rc = psc_liveness_new(c)) || (rc = psc_rejoin_new(c)) ||
+    if ((rc = psc_requests_new(c, psc_sparse_sub_free)) || (rc = psc_liveness_new(c)) || (rc = psc_rejoin_new(c)) ||
         (rc = psc_tokens_new(c, o->admin_token))) {
         rc = open_fail(rc, "out of memory");
         goto fail;

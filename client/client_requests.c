@@ -18,7 +18,6 @@
 #include <string.h>
 
 #include "client_requests.h"
-#include "client_sparse.h"
 #include "ps_time.h"
 
 /* Completions: any thread. */
@@ -28,7 +27,7 @@ struct psc_waits {
     int nwaiters;      /* threads in psc_wait_until (atomic) */
 };
 
-int psc_requests_new(ps_client *c)
+int psc_requests_new(ps_client *c, void (*sp_free)(ps_client *c, psc_sparse_sub *sp))
 {
     struct psc_waits *w = calloc(1, sizeof *w);
     struct psc_slots *sl = calloc(1, sizeof *sl);
@@ -47,6 +46,7 @@ int psc_requests_new(ps_client *c)
     pthread_condattr_destroy(&ca);
     sl->free_head = PSC_NO_SLOT;
     sl->server = ss;
+    sl->sp_free = sp_free;
     c->waits = w;
     c->slots = sl;
     return 0;
@@ -221,7 +221,8 @@ static void slot_free(ps_client *c, uint32_t i)
     psc_sub *s = &sl->sub[i];
     sl->server[s->server].nlive--;
     s->req = NULL;
-    psc_sparse_sub_free(c, s->sp);
+    if (s->sp)
+        sl->sp_free(c, s->sp);
     s->sp = NULL;
     s->gen = s->gen + 1 ? s->gen + 1 : 1;
     s->next_free = sl->free_head;

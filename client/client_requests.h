@@ -87,10 +87,14 @@ struct psc_slots {
     uint32_t free_head;      /* the free slots, linked by next_free */
     uint32_t live;           /* live slots */
     psc_slot_server *server; /* per server, nservers of them */
+    /* frees a slot's sparse part (client_sparse.c's psc_sparse_sub_free,
+     * handed in at open: the slot table sits below the sparse requests) */
+    void (*sp_free)(ps_client *c, psc_sparse_sub *sp);
 };
 
-/* Open (c->nservers set): completions and the slot table.  0 or PS_ENOMEM. */
-int psc_requests_new(ps_client *c);
+/* Open (c->nservers set): completions and the slot table, whose slots'
+ * sparse parts sp_free frees.  0 or PS_ENOMEM. */
+int psc_requests_new(ps_client *c, void (*sp_free)(ps_client *c, psc_sparse_sub *sp));
 /* Close, once nothing completes a request any more. */
 void psc_requests_free(ps_client *c);
 

@@ -63,7 +63,8 @@ int psc_sparse_reply(const ps_client *c, uint32_t i, const ps_header *h, const z
                      char *why, size_t why_len);
 
 /* Free a slot's sparse part, its share of the request's, and its block of
- * the arena's stage once the server is done with it (client_requests.c). */
+ * the arena's stage once the server is done with it: the slot table's
+ * sp_free (client_requests.h), called when the slot is freed. */
 void psc_sparse_sub_free(ps_client *c, psc_sparse_sub *sp);
 
 /* Free the scratch (at close). */

@@ -2,14 +2,14 @@
  * staging between device and host memory, and the requests that move them;
  * local aggregation, the start and final barriers, and the exchange's life
  * (open, start, finish, close).  The embedding tables' batches are
- * exchange_table.c's; what both share is in exchange_internal.h. */
+ * exchange_table.c's; what both share is in exchange_state.h. */
 #include "ps_exchange.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "exchange_internal.h"
+#include "exchange_state.h"
 #include "local_group.h"
 #include "ps_backend.h"
 #include "ps_trace.h"

@@ -4,11 +4,11 @@
  * rows are pulled while the batch before computes (in sync carried by that
  * batch's push, one message), then their gradients pushed; and lookups
  * outside training.  The dense tensors, and the state both share, are
- * exchange.c's (exchange_internal.h). */
+ * exchange.c's (exchange_state.h). */
 #include <stdlib.h>
 #include <string.h>
 
-#include "exchange_internal.h"
+#include "exchange_state.h"
 #include "ps_log.h"
 #include "ps_table_row.h"
 #include "ps_time.h"

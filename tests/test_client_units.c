@@ -12,6 +12,7 @@
 #include "client_rejoin.h"
 #include "client_requests.h"
 #include "client_resend.h"
+#include "client_sparse.h"
 #include "ps_error.h"
 #include "ps_test.h"
 #include "ps_time.h"
@@ -48,7 +49,7 @@ static ps_client *fake_client(int request_timeout_ms, int heartbeat_ms, int serv
     c->endpoints = eps;
     c->nservers = 2;
     c->started = started;
-    if (psc_requests_new(c) || psc_liveness_new(c) || psc_rejoin_new(c)) {
+    if (psc_requests_new(c, psc_sparse_sub_free) || psc_liveness_new(c) || psc_rejoin_new(c)) {
         fake_free(c);
         return NULL;
     }

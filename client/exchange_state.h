@@ -11,8 +11,8 @@
  * exchange.c calls the tables' part only to finish and free them
  * (psx_tables_finish, psx_tables_free).  Only those two files include this;
  * nothing here is exported (client/libps.map). */
-#ifndef PS_EXCHANGE_INTERNAL_H
-#define PS_EXCHANGE_INTERNAL_H
+#ifndef PS_EXCHANGE_STATE_H
+#define PS_EXCHANGE_STATE_H
 
 #include <stdint.h>
 
