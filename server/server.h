@@ -29,7 +29,9 @@
  *                     chunks' requests and the replies
  *   updater_tables.c  the update thread's sparse requests (SPULL, SPUSH,
  *                     SPUSHPULL) on its table partitions
- *   updater_internal.h struct ps_updater and what those two share
+ *   updater_reply.c   struct ps_updater and what those two share: the
+ *                     replies, a push's values read and checked
+ *   updater_config.h  what an update thread is given (ps_updater_config)
  *   updater_frames.h  every frame on a PAIR, both directions (the tags, the
  *                     command, stats, checkpoint and progress frames)
  *   shard.c           the chunks of one update thread: the table, weight

@@ -6,7 +6,7 @@
  * (for the ROUTER), counters, checkpoint parts and progress out.
  *
  * It knows nothing of struct ps_server: everything it needs is in a
- * ps_updater_config, copied at create and never changed after, so the thread
+ * ps_updater_config (updater_config.h), copied at create and never changed after, so the thread
  * reads no memory another thread writes (the shard's memory charge aside,
  * which is atomic).
  *
@@ -17,36 +17,11 @@
 #ifndef PS_UPDATER_H
 #define PS_UPDATER_H
 
-#include "ps_trace.h"
 #include "shard.h"
 #include "table_part.h"
+#include "updater_config.h"
 #include "updater_frames.h"
 
-typedef struct ps_updater ps_updater;
-
-typedef struct ps_updater_config {
-    int idx;             /* this thread's index: log lines, trace lane 1 + idx */
-    int mode;            /* PS_MODE_SYNC or PS_MODE_ASYNC */
-    uint32_t wire_dtype; /* pull replies in payload frames go in this enum ps_dtype
-                            (converted from the float32 weights); incoming payloads
-                            are converted from whatever their header's dtype says */
-    int num_workers;
-    int num_servers;     /* tables: a row cap or filter of a whole table is split over */
-    int nparts;          /* num_servers x nparts partitions (nparts: the update threads) */
-    int on_nonfinite;    /* enum ps_on_nonfinite: a pushed gradient with NaN or Inf */
-    ps_trace *trace;     /* "apply", "pull" and "snapshot" events; NULL: none.  Shared by
-                            every thread (ps_trace locks), outlives the updater */
-    /* what checkpoints ask of the replies (ps_ckpt_policy, ckpt_coord.h) */
-    int hold_inits;      /* an init acknowledgement goes as PS_OUT_INIT */
-    int durable;         /* push and pull replies go as PS_OUT_HELD with their version */
-    int defer_acks;      /* sync: a push is acknowledged when its round is complete */
-    int report_progress; /* PS_OUT_PROGRESS whenever the lowest chunk version moves */
-    int ack_bound;       /* async, by count: push acks and pushpull replies go as
-                            PS_OUT_ACK with their mutation number */
-    _Atomic uint64_t *copies; /* bytes of pull replies sent as copies and not yet freed by
-                                 ZeroMQ (shared by every updater); they are charged to the
-                                 shard config's mem_used too, against max_memory */
-} ps_updater_config;
 
 /* Create the updater and its shard (sc: the store's rules and the shared
  * memory charge; sc->mem_used and cfg->copies must be set and outlive every

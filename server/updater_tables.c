@@ -1,4 +1,4 @@
-/* An update thread's tables (updater_internal.h): sparse pulls, pushes and
+/* An update thread's tables (updater_tables.h): sparse pulls, pushes and
  * pushpulls on this thread's partition of each table (server/table_part.h),
  * their rows over the network or, same host, in the worker's arena. */
 #include <stdlib.h>
@@ -7,7 +7,7 @@
 #include "ps_dtype.h"
 #include "ps_error.h"
 #include "ps_log.h"
-#include "updater_internal.h"
+#include "updater_tables.h"
 
 /* A sparse push the table's partition may keep (a sync push before a lower
  * rank's): its ids (a copy) and rows (the frame, an aligned float32 copy,
@@ -147,7 +147,7 @@ void upd_thook_ready(void *user, void *waiter, int64_t version)
     upd_req_free(r);
 }
 
-/* A sparse request (updater_internal.h).  1 when r is kept. */
+/* A sparse request (updater_tables.h).  1 when r is kept. */
 int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
 {
     r->dim = h->dim;

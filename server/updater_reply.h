@@ -1,8 +1,10 @@
-/* An update thread's parts, shared by its modules: updater.c (the thread,
- * dense chunks, replies) and updater_tables.c (the tables' sparse requests).
- * Everything here runs on the update thread alone. */
-#ifndef PS_UPDATER_INTERNAL_H
-#define PS_UPDATER_INTERNAL_H
+/* An update thread's state and what its modules share (updater_reply.c):
+ * a request's context, the replies, and reading and checking a push's
+ * values.  updater.c (the thread, dense chunks) and updater_tables.c (the
+ * tables' sparse requests) both answer through it.  Everything here runs on
+ * the update thread alone. */
+#ifndef PS_UPDATER_REPLY_H
+#define PS_UPDATER_REPLY_H
 
 #include <pthread.h>
 #include <stdint.h>
@@ -10,8 +12,17 @@
 
 #include "dup_log.h"
 #include "ratelimit.h"
+#include "shard.h"
 #include "shm_peer.h"
-#include "updater.h"
+#include "table_part.h"
+#include "updater_config.h"
+#include "updater_frames.h"
+
+/* Pull replies of at least this many bytes are sent from the chunk's weight
+ * buffer itself (zero-copy, ps_shard_pin); smaller ones are copied, which
+ * costs less than the pin (ZeroMQ copies frames under 8 KiB into its send
+ * batch anyway) and needs no spare buffer. */
+#define ZC_MIN_BYTES 8192
 
 /* A request an update thread answers now or, for a queued pull, later. */
 typedef struct req_ctx {
@@ -56,12 +67,14 @@ struct ps_updater {
     ps_dup_log dup;
 };
 
-/* Replies (updater.c).  upd_error answers r with error `code` (why says
+/* Replies.  upd_send sends reply h (and payload, sent, when not NULL) to
+ * the worker with identity id; upd_error answers r with error `code` (why says
  * what was wrong); upd_ack acknowledges r at `version` (snap: an init's
  * first snapshot, else 0); upd_reply_payload answers r with payload pl
  * (taken; NULL: the values are in the worker's arena at r->shm_off, float32,
  * and only the header goes): count (a table's: rows of dim), elems elements
  * of dtype, the weights of `version`. */
+void upd_send(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload);
 void upd_error(ps_updater *u, req_ctx *r, int code, const char *why);
 void upd_ack(ps_updater *u, req_ctx *r, int64_t version, uint64_t snap);
 void upd_reply_payload(ps_updater *u, req_ctx *r, zmq_msg_t *pl, uint64_t count, uint32_t dim,
@@ -83,16 +96,5 @@ void upd_note_restore_skips(ps_updater *u, const ps_header *h);
 int upd_nonfinite(ps_updater *u, const ps_header *h, size_t n, const float **g, size_t bad,
                   size_t first, char *why, size_t why_len);
 void upd_req_free(req_ctx *r);
-
-/* The tables (updater_tables.c).  upd_sparse: a SPULL, SPUSH or SPUSHPULL
- * (frames pl[0..2] as its row of the message table has them, or with
- * PS_FLAG_SHM all of it in r->shm; the I/O thread checked them); 1 when r
- * is kept (answered later), 0 when it was answered. */
-int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl);
-/* PS_CMD_TABLE: take this thread's partition of a table just declared. */
-void upd_table(ps_updater *u, const ps_cmd_frame *cf);
-/* The partitions' hooks (table_part.h). */
-void upd_thook_release(void *user, void *v, int rc, const char *why);
-void upd_thook_ready(void *user, void *waiter, int64_t version);
 
 #endif

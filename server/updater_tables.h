@@ -1,0 +1,18 @@
+/* An update thread's tables (updater_tables.c), as updater.c calls them. */
+#ifndef PS_UPDATER_TABLES_H
+#define PS_UPDATER_TABLES_H
+
+#include "updater_reply.h"
+
+/* The tables (updater_tables.c).  upd_sparse: a SPULL, SPUSH or SPUSHPULL
+ * (frames pl[0..2] as its row of the message table has them, or with
+ * PS_FLAG_SHM all of it in r->shm; the I/O thread checked them); 1 when r
+ * is kept (answered later), 0 when it was answered. */
+int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl);
+/* PS_CMD_TABLE: take this thread's partition of a table just declared. */
+void upd_table(ps_updater *u, const ps_cmd_frame *cf);
+/* The partitions' hooks (table_part.h). */
+void upd_thook_release(void *user, void *v, int rc, const char *why);
+void upd_thook_ready(void *user, void *waiter, int64_t version);
+
+#endif
