@@ -529,7 +529,8 @@ bench() {
     [ "$_mlp" -gt 2000 ] && _mlp=2000
     [ "$_cnn" -gt 600 ] && _cnn=600
     [ -n "$PY" ] && example_data
-    # two alternating repetitions where the time allows (medians of pairs)
+    # two repetitions where the time allows (ours: the best of each; ps.torch:
+    # the median of its pairs)
     _reps=1
     [ "$LIM" -ge 240 ] && _reps=2
     step gpu_bench "$LIM" 60 $RUN env GPU_REPS=$_reps GPU_MLP_STEPS=$_mlp GPU_CNN_STEPS=$_cnn \
