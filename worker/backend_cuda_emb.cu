@@ -17,46 +17,11 @@
  * block, grid-stride loop, the grid capped at what the device keeps
  * resident.  bce_logits: one thread per row in double (as the CPU), then
  * one block reduces the loss and the hits in a fixed order. */
-#include <cuda_runtime.h>
-
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-extern "C" {
-#include "backend.h"
-#include "ps_error.h"
-#include "ps_log.h"
-}
-
-/* as backend_cuda.cu's: file, line, the call and the runtime's words */
-#define CUDA_CHECK(call)                                                            \
-    do {                                                                            \
-        cudaError_t ps_e_ = (call);                                                 \
-        if (ps_e_ != cudaSuccess) {                                                 \
-            ps_error("%s:%d: %s: %s", __FILE__, __LINE__, #call,                    \
-                     cudaGetErrorString(ps_e_));                                    \
-            return PS_EDEVICE;                                                      \
-        }                                                                           \
-    } while (0)
-
-#define CUDA_LOG(call)                                                              \
-    do {                                                                            \
-        cudaError_t ps_e_ = (call);                                                 \
-        if (ps_e_ != cudaSuccess)                                                   \
-            ps_error("%s:%d: %s: %s", __FILE__, __LINE__, #call,                    \
-                     cudaGetErrorString(ps_e_));                                    \
-    } while (0)
-
-#define LAUNCH_CHECK(kernel_name)                                                   \
-    do {                                                                            \
-        cudaError_t ps_e_ = cudaGetLastError();                                     \
-        if (ps_e_ != cudaSuccess) {                                                 \
-            ps_error("%s:%d: launch of %s: %s", __FILE__, __LINE__, kernel_name,    \
-                     cudaGetErrorString(ps_e_));                                    \
-            return PS_EDEVICE;                                                      \
-        }                                                                           \
-    } while (0)
+#include "backend_cuda_impl.h" /* CUDA_CHECK, CUDA_LOG, LAUNCH_CHECK, THREADS */
 
 struct bce_result {
     double loss; /* sum over rows */
@@ -76,9 +41,7 @@ struct ctr_ctx {
     bce_result *h_result; /* pinned host */
 };
 
-enum { THREADS = 256 };
-
-static ctr_ctx *ctx_of(ps_backend *b) { return (ctr_ctx *)b->ctr_ctx; }
+static ctr_ctx *ctr_of(ps_backend *b) { return (ctr_ctx *)b->ctr_ctx; }
 
 static unsigned grid_for(const ctr_ctx *c, size_t n)
 {
@@ -139,7 +102,7 @@ static int cu_emb_bag_fwd(ps_backend *b, int nbags, const int32_t *offsets, cons
                           const float *weights, int mean, const float *rows, int dim, float *out,
                           size_t out_stride)
 {
-    ctr_ctx *c = ctx_of(b);
+    ctr_ctx *c = ctr_of(b);
     if (nbags < 0 || dim < 1 || out_stride < (size_t)dim)
         return PS_EINVAL;
     if (nbags == 0)
@@ -156,7 +119,7 @@ static int cu_emb_bag_bwd(ps_backend *b, int nrows, int dim, const int32_t *star
                           const int32_t *bag, const float *coef, const float *dout,
                           size_t dout_stride, float *grads)
 {
-    ctr_ctx *c = ctx_of(b);
+    ctr_ctx *c = ctr_of(b);
     if (nrows < 0 || dim < 1)
         return PS_EINVAL;
     if (nrows == 0)
@@ -269,7 +232,7 @@ static int interact_shape(int n, int in, int F, int E, int dot, int *out)
 static int cu_interact_fwd(ps_backend *b, const float *x, const float *emb, int n, int in, int F,
                            int E, int dot, float *y)
 {
-    ctr_ctx *c = ctx_of(b);
+    ctr_ctx *c = ctr_of(b);
     int out, rc = interact_shape(n, in, F, E, dot, &out);
     if (rc || n == 0)
         return rc;
@@ -283,7 +246,7 @@ static int cu_interact_fwd(ps_backend *b, const float *x, const float *emb, int 
 static int cu_interact_bwd(ps_backend *b, const float *x, const float *emb, const float *dy,
                            int n, int in, int F, int E, int dot, float *dx, float *demb)
 {
-    ctr_ctx *c = ctx_of(b);
+    ctr_ctx *c = ctr_of(b);
     int out, rc = interact_shape(n, in, F, E, dot, &out);
     if (rc || n == 0)
         return rc;
@@ -362,7 +325,7 @@ static __global__ void k_bce_reduce(const double *row_loss, const int *row_hit, 
 static int cu_bce_logits(ps_backend *b, const float *logits, const int32_t *labels, int n,
                          float *dlogits, float *loss, int *correct)
 {
-    ctr_ctx *c = ctx_of(b);
+    ctr_ctx *c = ctr_of(b);
     if (n <= 0)
         return PS_EINVAL;
     CUDA_CHECK(cudaSetDevice(c->device));
@@ -404,7 +367,7 @@ static int cu_bce_logits(ps_backend *b, const float *logits, const int32_t *labe
 
 extern "C" void ps_backend_cuda_ctr_detach(ps_backend *b)
 {
-    ctr_ctx *c = b ? ctx_of(b) : NULL;
+    ctr_ctx *c = b ? ctr_of(b) : NULL;
     if (!c)
         return;
     CUDA_LOG(cudaSetDevice(c->device));
