@@ -56,6 +56,7 @@ struct ps_lgroup {
     int timeout_ms;
     const int *interrupted;
     int unlinked;
+    int owner_died;     /* this process found the mutex's holder dead */
     uint64_t take_seen; /* ps_lgroup_take: the generation to pass */
 };
 
@@ -91,7 +92,24 @@ static void bind_arrays(ps_lgroup *g, size_t counters_at, size_t floats_at, uint
     g->g = g->w + total;
 }
 
-static int alive(int pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+/* A process that is there and not a zombie: a peer killed a moment ago
+ * stays a zombie until its parent (a launcher, a shell) reaps it, and must
+ * count as dead before that. */
+static int alive(int pid)
+{
+    if (pid <= 0 || (kill(pid, 0) != 0 && errno != EPERM))
+        return 0;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 1; /* no /proc: kill's answer stands */
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *paren = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold ')' */
+    return !(paren && paren[1] == ' ' && paren[2] == 'Z');
+}
 
 static int name_ok(const char *s)
 {
@@ -105,15 +123,29 @@ static int name_ok(const char *s)
     return 1;
 }
 
-/* Lock the segment's mutex; a holder that died leaves it consistent (every
- * update under it is a few stores) but the group is aborted: a peer is gone. */
+/* The mutex's holder died: the mutex is consistent again (every update
+ * under it is a few stores) but the group is aborted, and this process, the
+ * one that saw the death, names the dead peer when its wait ends. */
+static void holder_died(ps_lgroup *g)
+{
+    pthread_mutex_consistent(&g->h->mu);
+    __atomic_store_n(&g->h->abort, 1, __ATOMIC_RELEASE);
+    g->owner_died = 1;
+}
+
 static void lock(ps_lgroup *g)
 {
-    int rc = pthread_mutex_lock(&g->h->mu);
-    if (rc == EOWNERDEAD) {
-        pthread_mutex_consistent(&g->h->mu);
-        __atomic_store_n(&g->h->abort, 1, __ATOMIC_RELEASE);
-    }
+    if (pthread_mutex_lock(&g->h->mu) == EOWNERDEAD)
+        holder_died(g);
+}
+
+/* The first rank other than this one whose process is gone, or -1. */
+static int dead_peer(const ps_lgroup *g)
+{
+    for (int r = 0; r < g->size; r++)
+        if (r != g->rank && g->h->pids[r] && !alive(g->h->pids[r]))
+            return r;
+    return -1;
 }
 
 static void unlock(ps_lgroup *g) { pthread_mutex_unlock(&g->h->mu); }
@@ -128,6 +160,17 @@ static int wait_for(ps_lgroup *g, pred_fn pred, int i, const char *what, char *w
     for (;;) {
         if (pred(g, i))
             return 0;
+        /* a peer this process saw die (its own scan, or the mutex it
+         * held) is named; an abort another worker raised is not ours to
+         * explain: that worker says why */
+        int dead = !__atomic_load_n(&g->h->abort, __ATOMIC_ACQUIRE) || g->owner_died
+                       ? dead_peer(g) : -1;
+        if (dead >= 0) {
+            __atomic_store_n(&g->h->abort, 1, __ATOMIC_RELEASE);
+            ps_errorf(why, why_len, "local aggregation: local worker %d (pid %d) of this "
+                      "host died (while waiting for %s)", dead, g->h->pids[dead], what);
+            return PS_ECLOSED;
+        }
         if (__atomic_load_n(&g->h->abort, __ATOMIC_ACQUIRE)) {
             ps_errorf(why, why_len, "local aggregation: another worker of this host stopped "
                       "(while waiting for %s)", what);
@@ -136,15 +179,6 @@ static int wait_for(ps_lgroup *g, pred_fn pred, int i, const char *what, char *w
         if (g->interrupted && __atomic_load_n(g->interrupted, __ATOMIC_ACQUIRE)) {
             ps_errorf(why, why_len, "interrupted");
             return PS_ECLOSED;
-        }
-        for (int r = 0; r < g->size; r++) {
-            int pid = g->h->pids[r];
-            if (r != g->rank && pid && !alive(pid)) {
-                __atomic_store_n(&g->h->abort, 1, __ATOMIC_RELEASE);
-                ps_errorf(why, why_len, "local aggregation: local worker %d (pid %d) of this "
-                          "host died (while waiting for %s)", r, pid, what);
-                return PS_ECLOSED;
-            }
         }
         if (g->timeout_ms > 0 && ps_now_ns() > deadline) {
             ps_errorf(why, why_len, "local aggregation: waited %d ms for %s; giving up",
@@ -158,11 +192,8 @@ static int wait_for(ps_lgroup *g, pred_fn pred, int i, const char *what, char *w
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000L;
         }
-        int rc = pthread_cond_timedwait(&g->h->cv, &g->h->mu, &ts);
-        if (rc == EOWNERDEAD) {
-            pthread_mutex_consistent(&g->h->mu);
-            __atomic_store_n(&g->h->abort, 1, __ATOMIC_RELEASE);
-        }
+        if (pthread_cond_timedwait(&g->h->cv, &g->h->mu, &ts) == EOWNERDEAD)
+            holder_died(g);
     }
 }
 

@@ -15,7 +15,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -346,6 +348,64 @@ PS_TEST(a_dead_member_stops_every_wait_of_the_group_naming_it)
                                "weights from the leader)"),
               "member said: %s", why_take);
     CHECK_MSG(take_ms < WAIT_MS / 2, "the member's take ended after %lld ms", (long long)take_ms);
+}
+
+/* A member SIGKILLed while it holds the group's lock (a take copies the
+ * weights under it): the leader's next lock finds the holder dead, and its
+ * wait names the dead worker as a scan would, even before the member's
+ * parent reaps it (a zombie counts as dead).  The member copies 32 MB per
+ * take in a loop, so the kill lands under the lock nearly every time. */
+PS_TEST(a_member_killed_holding_the_lock_is_named_by_the_leader)
+{
+    enum { BIG = 8 << 20 };
+    const size_t counts[1] = {BIG};
+    const char *name = group_name("held");
+    char why[400], why_sum[400] = "";
+    ps_lgroup *lead = NULL;
+    int rc = ps_lgroup_open(name, 0, 2, counts, 1, WAIT_MS, NULL, &lead, why, sizeof why);
+    CHECK_MSG(rc == 0, "leader: %s", why);
+    float *w = calloc(BIG, sizeof *w);
+    CHECK(w != NULL);
+    ps_lgroup_publish(lead, 0, w);
+    int ready[2];
+    CHECK(pipe(ready) == 0);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        ps_lgroup *g = NULL;
+        char cwhy[400];
+        if (ps_lgroup_open(name, 1, 2, counts, 1, WAIT_MS, NULL, &g, cwhy, sizeof cwhy))
+            _exit(1);
+        int took = 0;
+        for (int k = 0;; k++) {
+            uint64_t seen = 0;
+            ps_lgroup_take(g, 0, w, &seen, 0, &took, cwhy, sizeof cwhy);
+            if (k == 0 && write(ready[1], "r", 1) != 1)
+                _exit(1);
+        }
+    }
+    CHECK(pid > 0);
+    char c = 0;
+    int got = read(ready[0], &c, 1) == 1;
+    close(ready[0]);
+    close(ready[1]);
+    ps_test_sleep_ms(100);
+    kill(pid, SIGKILL);
+    ps_test_sleep_ms(50); /* dead, not reaped: a zombie */
+    int64_t t0 = ps_now_ns();
+    int rc_sum = got ? ps_lgroup_sum_grads(lead, 0, w, why_sum, sizeof why_sum) : -1;
+    int64_t sum_ms = ms_since(t0);
+    int st = ps_test_wait((int)pid, WAIT_MS);
+    ps_lgroup_close(lead);
+    free(w);
+    CHECK_MSG(got, "the child did not open the group and take");
+    CHECK_EQ_INT(st, 128 + SIGKILL);
+    CHECK_EQ_INT(rc_sum, PS_ECLOSED);
+    char want[160];
+    snprintf(want, sizeof want, "local worker 1 (pid %d) of this host died", (int)pid);
+    CHECK_MSG(strstr(why_sum, want), "leader said: %s", why_sum);
+    CHECK_MSG(sum_ms < WAIT_MS / 2, "the leader noticed the death after %lld ms",
+              (long long)sum_ms);
 }
 
 PS_TEST(an_abort_or_the_interrupt_flag_ends_a_wait_that_has_no_timeout)
