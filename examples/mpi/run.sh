@@ -79,7 +79,7 @@ servers=$!
 # workers: rank and count from OMPI_COMM_WORLD_*, servers from PS_SERVERS;
 # GPU = local rank
 workers=""
-trap '[ -n "$workers" ] && kill -TERM $workers' TERM INT
+trap '[ -n "$workers" ] && echo "run.sh: a signal: stopping the workers (mpirun $workers), then the servers" >&2 && kill -TERM $workers' TERM INT
 $MPIRUN -np "$W" --map-by "ppr:$WPH:node" $FWD \
     sh -c 'if [ "$GPUS" -gt 0 ]; then
             export CUDA_VISIBLE_DEVICES=$((OMPI_COMM_WORLD_LOCAL_RANK % GPUS)) && set -- cuda:0
