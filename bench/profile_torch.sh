@@ -67,6 +67,7 @@ perf script -i "$W/perf.data" -F comm,pid,tid,ip,dso 2>/dev/null | awk '
     } else if (tid == pid) {
         if (kern) c = "worker training thread: kernel (page faults, syscalls)"
         else if (lib ~ /libtorch|libc10|dnnl|mkl|openblas|gomp|sleef/) c = "worker training thread: PyTorch compute"
+        else if (dso ~ /^JIT|perf-[0-9]+\.map$/) c = "worker training thread: PyTorch compute (oneDNN JIT kernels)"
         else if (lib ~ /python/) c = "worker training thread: Python interpreter (loop, hooks)"
         else if (lib ~ /libps/) c = "worker training thread: libps (exchange calls)"
         else c = "worker training thread: libc (copies, malloc) and other"
