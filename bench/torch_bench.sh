@@ -166,6 +166,15 @@ echo "Training thread CPU ms/step: time.thread_time() of each worker's training 
 echo "timed steps (median of the runs): against the wall time per step (64000 / samples/s) it"
 echo "tells how long that thread waited, for the servers or for a core.  Load average (1 min)"
 echo "of this machine at the start and the end: $LOAD0 / $(cut -d' ' -f1 /proc/loadavg)."
+# the ceiling of the 2-worker ratios: a worker that shares the cores with
+# another and a server does not step faster than the loop alone on a core
+# of its own, so async can reach at most alone / DDP of DDP
+ceil=$(paired none ddp)
+echo
+printf "Ceiling: the loop alone runs at %.2fx a DDP rank (paired, median).  Two async workers\n" "$ceil"
+echo "and a server on $(nproc) cores cannot each step faster than one process alone on a core of"
+echo "its own, so no ratio of async to DDP above that is reachable on this machine: ps.torch"
+echo "async reaches $(awk -v a="$(median ps_async)" -v n="$none" 'BEGIN { printf "%.2f", (n > 0 ? a / n : 0) }') of the loop alone per worker."
 
 
 # where the time goes, when a goal was missed: one ps.torch async run under perf
