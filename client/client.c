@@ -284,8 +284,26 @@ int ps_client_set_state(ps_client *c, uint64_t key, const float *src, int nstate
     return post_data(c, PS_MSG_SETSTATE, key, src, NULL, opt_step, 1, NULL, NULL, nstate, req);
 }
 
+/* A table's clock: a message to each partition of each server. */
+static int post_table_clock(ps_client *c, long t, ps_request *req)
+{
+    size_t parts = 0;
+    for (int s = 0; s < c->nservers; s++)
+        parts += c->server_parts[s];
+    psc_req_reset(c, req, (int)parts);
+    psc_op o = {.type = PS_MSG_CLOCK, .server = -1, .tensor = (uint32_t)t, .req = req,
+                .npush = 1, .table = 1};
+    int rc = psc_post(c, &o);
+    if (rc)
+        psc_req_fail(req, rc, ps_strerror(rc));
+    return rc;
+}
+
 int ps_client_clock(ps_client *c, uint64_t key, ps_request *req)
 {
+    long t;
+    if (req && c && c->started && find_tensor(c, key) < 0 && (t = find_table(c, key)) >= 0)
+        return post_table_clock(c, t, req);
     return post_data(c, PS_MSG_CLOCK, key, NULL, NULL, 0, 1, NULL, NULL, 1, req);
 }
 

@@ -460,6 +460,23 @@ static void do_op(ps_client *c, const psc_op *o)
         do_sparse(c, o);
         return;
     }
+    /* a table's clock: every partition of every server (the request takes
+     * the smallest answer, as a tensor's over its chunks) */
+    if (o->type == PS_MSG_CLOCK && o->table) {
+        for (int sv = 0; sv < c->nservers; sv++)
+            for (uint32_t p = 0; p < c->server_parts[sv]; p++) {
+                uint32_t i = op_slot(c, o, sv);
+                if (i == PSC_NO_SLOT) {
+                    psc_set_error(r, PS_ENOMEM, "out of memory for request slots");
+                    psc_part_done(c, r); /* this partition's reply will never come */
+                    continue;
+                }
+                c->slots->sub[i].key = c->tables[o->tensor].key;
+                c->slots->sub[i].chunk = p;
+                sub_send(c, i);
+            }
+        return;
+    }
     /* a message per chunk for the types that name one (init, push, pull ...) */
     if (ps_msg_info_of(o->type)->req_keys & PS_HK(C)) {
         const ps_placement *p = &c->place;

@@ -38,6 +38,8 @@ typedef struct psc_op {
     size_t nids;
     const uint64_t *ids2;
     size_t nids2;
+    int table;        /* CLOCK of a table (tensor: its index in c->tables): a message
+                         to every partition of every server */
 } psc_op;
 
 /* Where a STATS reply goes (psc_op.out of a STATS op); either may be NULL. */

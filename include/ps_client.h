@@ -323,10 +323,11 @@ int ps_client_state(ps_client *c, uint64_t key, float *dst, int nstate, ps_reque
 int ps_client_set_state(ps_client *c, uint64_t key, const float *src, int nstate,
                         int64_t opt_step, ps_request *req);
 
-/* The step this worker's next push of the tensor carries (req->version, the
- * smallest over its chunks): sync, the open round; async, its pushes so far.
- * A restarted worker goes on from it, so none of its pushes is dropped as a
- * duplicate. */
+/* The step this worker's next push of the tensor or table carries
+ * (req->version, the smallest over the tensor's chunks, or over every
+ * partition of the table on every server): sync, the open round; async, its
+ * pushes so far.  A restarted worker goes on from it, so none of its pushes
+ * is dropped as a duplicate. */
 int ps_client_clock(ps_client *c, uint64_t key, ps_request *req);
 
 /* Collectives, held on server 0 until every live worker sent the same id

@@ -100,8 +100,8 @@
       "load the chunk's optimizer state: the payload as a state reply has it",                   \
       "acknowledged")                                                                            \
     X(CLOCK, 19, "clock", WORKER, PS_HK(K) | PS_HK(C), 0, 0, 0, 0, NONE, PUSH_STEP, data,        \
-      "the step this worker's next push to the chunk carries (a restarted worker goes on "       \
-      "from it)",                                                                                \
+      "the step this worker's next push to the chunk (or to partition `c` of table `k`) "       \
+      "carries (a restarted worker goes on from it)",                                           \
       "that step: sync, the open round; async, the worker's pushes there so far")                \
     X(ALLREDUCE, 20, "allreduce", WORKER, 0, 0, 1, 1, 0, BARRIER_ID, BARRIER_ID, collective,     \
       "add the payload to collective `s` (sent to server 0)",                                    \

@@ -198,6 +198,19 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 }
 
 /* INIT, PUSH, PULL, PUSHPULL: to the update thread that owns the chunk. */
+/* A table request for partition h->chunk, which this server does not have
+ * (its partitions are its update threads): refused, 1. */
+static int no_partition(ps_server *s, zmq_msg_t *id, const ps_header *h)
+{
+    if (h->chunk < (uint32_t)s->cfg.threads)
+        return 0;
+    char why[256];
+    ps_errorf(why, sizeof why, "table %llu has %d partitions on this server (its --threads), "
+        "so no partition %u", (unsigned long long)h->key, s->cfg.threads, h->chunk);
+    io_error(s, id, h, PS_EPROTO, why);
+    return 1;
+}
+
 static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 {
     char why[256];
@@ -231,6 +244,14 @@ static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
             "outside its arena", h->rank, (unsigned long long)h->shm_dst,
             (unsigned long long)(h->count * sizeof(float)));
         io_error(s, &f[0], h, PS_EPROTO, why);
+        return;
+    }
+    /* the clock of a table's partition: to the thread that owns it */
+    if (h->type == PS_MSG_CLOCK && srv_find_table(s, h->key)) {
+        if (no_partition(s, &f[0], h))
+            return;
+        ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h};
+        srv_send_cmd(s, (int)h->chunk, &cmd, &f[0], NULL);
         return;
     }
     /* what carries a payload in changes the chunk: it is a mutation */
@@ -346,13 +367,8 @@ static void io_on_sparse(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         io_error(s, &f[0], h, PS_ENOTFOUND, why);
         return;
     }
-    if (h->chunk >= (uint32_t)s->cfg.threads) {
-        ps_errorf(why, sizeof why, "table %llu has %d partitions on this server (its "
-            "--threads), so no partition %u", (unsigned long long)h->key, s->cfg.threads,
-            h->chunk);
-        io_error(s, &f[0], h, PS_EPROTO, why);
+    if (no_partition(s, &f[0], h))
         return;
-    }
     if (h->dim != t->decl.dim) {
         ps_errorf(why, sizeof why, "rows of table %llu have dim %u, not %u",
             (unsigned long long)h->key, t->decl.dim, h->dim);

@@ -518,6 +518,21 @@ void ps_tparts_set_live(ps_tparts *t, int rank, int live)
 
 /* ---- counters and checkpoints ---- */
 
+int ps_tparts_clock(const ps_tparts *t, uint64_t key, int rank, int64_t *step, char *why,
+                    size_t why_len)
+{
+    const tpart *p = find_declared(t, key, why, why_len);
+    if (!p)
+        return PS_ENOTFOUND;
+    if (rank < 0 || rank >= t->cfg.num_workers) {
+        ps_errorf(why, why_len, "clock of rank %d: ranks are 0..%d", rank,
+            t->cfg.num_workers - 1);
+        return PS_EPROTO;
+    }
+    *step = t->cfg.mode == PS_MODE_SYNC ? ps_table_version(p->store) : p->clock[rank];
+    return 0;
+}
+
 int64_t ps_tparts_min_version(const ps_tparts *t, int *have)
 {
     *have = t->n > 0;

@@ -133,6 +133,14 @@ int ps_tparts_await(ps_tparts *t, uint64_t key, int64_t want, void *waiter, int 
 int ps_tparts_rows(ps_tparts *t, uint64_t key, const uint64_t *ids, size_t n, float *out,
                    size_t out_len, char *why, size_t why_len);
 
+/* The step `rank`'s next push to this partition of table `key` carries, as
+ * ps_shard_clock's for a chunk: sync, the open round (the partition's
+ * version); async, the rank's clock.  A restarted worker asks before its
+ * first push (CLOCK), so none of its pushes is taken for a duplicate.
+ * Errors: PS_ENOTFOUND, PS_EPROTO (rank). */
+int ps_tparts_clock(const ps_tparts *t, uint64_t key, int rank, int64_t *step, char *why,
+                    size_t why_len);
+
 /* The live set (ps_shard_set_live's rules): a rank that is not live is
  * skipped by sync rounds and the SSP rule; dropping one may finish rounds
  * and answer waiters (hooks run). */

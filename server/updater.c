@@ -231,8 +231,12 @@ static void upd_torch(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *
         if (!rc)
             upd_ack(u, r, version, 0);
     } else if (h->type == PS_MSG_CLOCK) {
-        if (!(rc = ps_shard_clock(u->shard, h->key, h->chunk, h->rank, &rep.push_step, why,
-                                  sizeof why)))
+        /* a table's partition here (the I/O thread sent it to its owner), or a chunk */
+        if (!(rc = ps_tparts_decl(u->tparts, h->key)
+                       ? ps_tparts_clock(u->tparts, h->key, h->rank, &rep.push_step, why,
+                                         sizeof why)
+                       : ps_shard_clock(u->shard, h->key, h->chunk, h->rank, &rep.push_step,
+                                        why, sizeof why)))
             upd_send(u, &r->id, &rep, NULL);
     } else {
         const float *st[2];

@@ -301,6 +301,17 @@ PS_TEST(async_pushes_apply_on_arrival_and_sum_exactly)
     CHECK_EQ_INT(st[0].updates + st[1].updates, 2 * STEPS * 4);
     CHECK_EQ_INT(st[0].rows + st[1].rows, N);
     CHECK_EQ_INT(st[0].partitions + st[1].partitions, 4);
+    /* the clock a restarted worker asks for: its pushes so far, the
+     * smallest over the 4 partitions; a key that is no table nor tensor is
+     * refused before anything is sent */
+    for (int r = 0; r < 2; r++) {
+        ps_request ck;
+        CHECK_OK(ps_client_clock(j.c[r], j.table, &ck));
+        CHECK_MSG(tj_wait(&ck) == 0, "%s", ck.err);
+        CHECK_EQ_INT(ck.version, STEPS);
+    }
+    ps_request bad;
+    CHECK_EQ_INT(ps_client_clock(j.c[0], j.table + 1, &bad), PS_ENOTFOUND);
     CHECK_OK(tj_stop(&j));
 }
 

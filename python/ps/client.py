@@ -678,11 +678,12 @@ class Client:
                           lambda r: lib.ps_client_set_state(self._ptr, key, a, nstate, step, r))
 
     def clock(self, key):
-        """The step this worker's next push of the tensor carries (wait()
-        returns it): sync the open round, async its pushes so far."""
+        """The step this worker's next push of the tensor or table carries
+        (wait() returns it; a table's: the smallest over its partitions):
+        sync the open round, async its pushes so far.  A key that is neither
+        (libps knows the tables ps.torch declares through its exchange)
+        raises PSError PS_ENOTFOUND."""
         what = "clock of key %d" % key
-        if key not in self._counts:
-            raise KeyError("%s: key %d was not registered" % (what, key))
         return self._post(what, None, lambda r: lib.ps_client_clock(self._ptr, key, r))
 
     def _collective(self, fn, name, coll_id, src, dst):

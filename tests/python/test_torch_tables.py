@@ -7,8 +7,10 @@ ps.table_init's rows, the servers' first rows), with repeated ids,
 padding_idx (its row never changes on the servers), per_sample_weights and
 max mode; prefetched batches give the same as unprefetched ones; a table of
 2^40 rows trains without the worker's memory growing; the declarations are
-in the optimizer's state_dict; a short DLRM run learns."""
+in the optimizer's state_dict; a worker restarted against restored servers
+goes on from each table's clock there; a short DLRM run learns."""
 
+import copy
 import os
 import re
 import subprocess
@@ -185,6 +187,56 @@ class Tables(unittest.TestCase):
         self.same_as_local(lambda: nn.EmbeddingBag(N, DIM, mode="sum"), b, 1, prefetch=True)
         self.same_as_local(lambda: nn.EmbeddingBag(N, DIM, mode="sum"),
                            [[st[0]] * 2 for st in b], 2, prefetch=True)
+
+    def test_a_restarted_worker_goes_on_with_its_tables_from_the_restored_servers(self):
+        """A worker stopped after 4 sync steps, its servers stopped (a last
+        checkpoint) and restored, a new worker process's model loading the
+        optimizer's state_dict: the 3 steps after it leave the rows bitwise
+        where 7 steps without the stop leave them, nothing dropped as a
+        duplicate (the rows and their clock came back with the servers)."""
+        ck = os.path.join(pstest.TMP, "tables-restart")
+        os.makedirs(ck, exist_ok=True)
+        args = ("--num-workers", "1", "--mode", "sync", "--checkpoint-dir", ck,
+                "--checkpoint-every", "1")
+        make = lambda: nn.EmbeddingBag(N, DIM, mode="sum")
+        b = [[((ids([1, 2, 3], [3, 3, 39], [7, 1, 1]),), {})],
+             [((ids([5, 5, 5], [2, 9, 1]),), {})],
+             [((ids([0, 1, 2], [4, 4, 8]),), {})],
+             [((ids([39, 38, 1], [2, 2, 2]),), {})],
+             [((ids([1, 2, 3], [10, 11, 12]),), {})],
+             [((ids([7, 7, 9], [3, 4, 5]),), {})],
+             [((ids([0, 0, 1], [39, 1, 2]),), {})]]
+
+        def worker(endpoint, batches, state):
+            m = Bag(make())
+            dopt = ps.torch.DistributedOptimizer(
+                torch.optim.SGD(m.parameters(), lr=LR), model=m,
+                client=ps.Client(servers=endpoint, rank=0, num_workers=1, mode="sync"),
+                tables="all", table_optimizer={"optimizer": "sgd", "lr": LR})
+            if state is not None:
+                dopt.load_state_dict(state)
+            steps = [t.step for t in dopt.exchange.tables]
+            for (args, kw), in batches:
+                dopt.zero_grad()
+                loss_of(m(*args, **kw)).backward()
+                dopt.step()
+            dopt.finish()
+            rows = m.emb.table.lookup(torch.arange(N), None, "cpu")[1]
+            saved = copy.deepcopy(dopt.state_dict())
+            st = dopt.client.stats()
+            dopt.close()
+            return steps, rows, saved, st
+
+        s = pstest.Server(*args)
+        steps0, _, saved, _ = worker(s.endpoint, b[:4], None)
+        s.stop()
+        s = pstest.Server(*(args + ("--restore",)))
+        steps1, rows, _, st = worker(s.endpoint, b[4:], saved)
+        s.stop()
+        self.assertEqual(steps0, [0])
+        self.assertEqual(steps1, [4])  # each table's clock on the restored servers
+        self.assertEqual(st["dup_dropped"], 0)
+        self.assert_bitwise(rows, local_run(make, b, 1)[1])
 
     def test_a_forward_with_other_ids_than_prefetched_is_refused(self):
         s = pstest.Server("--num-workers", "1", "--mode", "async")

@@ -333,7 +333,9 @@ class Exchange:
         that ran on, or were restored, pushes nothing they take for a
         duplicate), with the servers' weights."""
         reqs = [self.client.clock(k) for k in self.keys]
+        treqs = [self.client.clock(t.key) for t in self.tables]
         self.steps = [r.wait() for r in reqs]
+        tsteps = [r.wait() for r in treqs]
         for i in range(len(self.params)):
             if self.weights_from_servers:
                 self._take_front(i, force=True)
@@ -342,8 +344,11 @@ class Exchange:
                 # the first round makes them a mean gradient
                 self._copy_in(self.params[i].data, i)
         self._wver = [p._version for p in self.params]
-        for t in self.tables:  # one clock with the tensors
-            t.step = min(self.steps) if self.steps else 0
+        # each table's own clock on the servers (the smallest over its
+        # partitions): the same as the tensors' but after a crash between
+        # two pushes, and the only one a model of tables alone has
+        for t, step in zip(self.tables, tsteps):
+            t.step = step
 
     def _attach(self, module):
         for i, p in enumerate(self.params):
