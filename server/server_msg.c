@@ -197,7 +197,6 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     srv_send(s, &f[0], &r);
 }
 
-/* INIT, PUSH, PULL, PUSHPULL: to the update thread that owns the chunk. */
 /* A table request for partition h->chunk, which this server does not have
  * (its partitions are its update threads): refused, 1. */
 static int no_partition(ps_server *s, zmq_msg_t *id, const ps_header *h)
@@ -211,6 +210,9 @@ static int no_partition(ps_server *s, zmq_msg_t *id, const ps_header *h)
     return 1;
 }
 
+/* INIT, PUSH, PULL, PUSHPULL and the torch family (ASSIGN, STATE, SETSTATE,
+ * CLOCK): to the update thread that owns the chunk, or for the CLOCK of a
+ * table, to the one that owns its partition. */
 static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 {
     char why[256];
