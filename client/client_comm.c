@@ -409,16 +409,23 @@ static void do_cancel(ps_client *c, const psc_op *o)
 }
 
 /* A slot for one message of op o to `server`, with o's request, type, step,
- * gradient count and reply destination; PSC_NO_SLOT when out of memory. */
+ * gradient count and reply destination.  PSC_NO_SLOT when out of memory:
+ * the request has the error, and the parts this message would have
+ * completed (its reply, its payload's release) are done. */
 static uint32_t op_slot(ps_client *c, const psc_op *o, int server)
 {
     uint32_t i = psc_slot_new(c, server, o->type, o->req);
-    if (i != PSC_NO_SLOT) {
-        psc_sub *s = &c->slots->sub[i];
-        s->step = o->step;
-        s->npush = o->npush > 1 ? (uint32_t)o->npush : 1;
-        s->out = o->out;
+    if (i == PSC_NO_SLOT) {
+        psc_set_error(o->req, PS_ENOMEM, "out of memory for request slots");
+        psc_part_done(c, o->req);
+        if (ps_msg_request_has_payload(o->type))
+            psc_part_done(c, o->req);
+        return i;
     }
+    psc_sub *s = &c->slots->sub[i];
+    s->step = o->step;
+    s->npush = o->npush > 1 ? (uint32_t)o->npush : 1;
+    s->out = o->out;
     return i;
 }
 
@@ -451,7 +458,6 @@ static void do_sparse(ps_client *c, const psc_op *o)
  * pending to the number of messages (plus one per payload frame). */
 static void do_op(ps_client *c, const psc_op *o)
 {
-    ps_request *r = o->req;
     if (o->type == PSC_OP_CANCEL) {
         do_cancel(c, o);
         return;
@@ -464,17 +470,12 @@ static void do_op(ps_client *c, const psc_op *o)
      * the smallest answer, as a tensor's over its chunks) */
     if (o->type == PS_MSG_CLOCK && o->table) {
         for (int sv = 0; sv < c->nservers; sv++)
-            for (uint32_t p = 0; p < c->server_parts[sv]; p++) {
-                uint32_t i = op_slot(c, o, sv);
-                if (i == PSC_NO_SLOT) {
-                    psc_set_error(r, PS_ENOMEM, "out of memory for request slots");
-                    psc_part_done(c, r); /* this partition's reply will never come */
-                    continue;
+            for (uint32_t p = 0, i; p < c->server_parts[sv]; p++)
+                if ((i = op_slot(c, o, sv)) != PSC_NO_SLOT) {
+                    c->slots->sub[i].key = c->tables[o->tensor].key;
+                    c->slots->sub[i].chunk = p;
+                    sub_send(c, i);
                 }
-                c->slots->sub[i].key = c->tables[o->tensor].key;
-                c->slots->sub[i].chunk = p;
-                sub_send(c, i);
-            }
         return;
     }
     /* a message per chunk for the types that name one (init, push, pull ...) */
@@ -482,18 +483,11 @@ static void do_op(ps_client *c, const psc_op *o)
         const ps_placement *p = &c->place;
         size_t planes = o->planes > 1 ? (size_t)o->planes : 1;
         size_t first = p->first_chunk[o->tensor], n = p->tensor_chunks[o->tensor];
-        int payload = ps_msg_request_has_payload(o->type);
         for (size_t k = 0; k < n; k++) {
             const ps_chunk_place *cp = &p->chunks[first + k];
             uint32_t i = op_slot(c, o, cp->server);
-            if (i == PSC_NO_SLOT) {
-                psc_set_error(r, PS_ENOMEM, "out of memory for request slots");
-                /* this chunk's reply and release will never come */
-                psc_part_done(c, r);
-                if (payload)
-                    psc_part_done(c, r);
+            if (i == PSC_NO_SLOT)
                 continue;
-            }
             psc_sub *s = &c->slots->sub[i];
             s->key = cp->key;
             s->chunk = cp->chunk;
@@ -507,13 +501,8 @@ static void do_op(ps_client *c, const psc_op *o)
     }
     /* control message to one server (a TABLE names its table) */
     uint32_t i = op_slot(c, o, o->server);
-    if (i == PSC_NO_SLOT) {
-        psc_set_error(r, PS_ENOMEM, "out of memory for request slots");
-        psc_part_done(c, r);
-        if (ps_msg_request_has_payload(o->type))
-            psc_part_done(c, r);
+    if (i == PSC_NO_SLOT)
         return;
-    }
     if (o->type == PS_MSG_TABLE)
         c->slots->sub[i].key = c->tables[o->tensor].key;
     /* a collective's payload, both ways */
