@@ -353,11 +353,11 @@ PS_TEST(a_dead_member_stops_every_wait_of_the_group_naming_it)
 /* A member SIGKILLed while it holds the group's lock (a take copies the
  * weights under it): the leader's next lock finds the holder dead, and its
  * wait names the dead worker as a scan would, even before the member's
- * parent reaps it (a zombie counts as dead).  The member copies 32 MB per
+ * parent reaps it (a zombie counts as dead).  The member copies 4 MB per
  * take in a loop, so the kill lands under the lock nearly every time. */
 PS_TEST(a_member_killed_holding_the_lock_is_named_by_the_leader)
 {
-    enum { BIG = 8 << 20 };
+    enum { BIG = 1 << 20 };
     const size_t counts[1] = {BIG};
     const char *name = group_name("held");
     char why[400], why_sum[400] = "";
