@@ -139,23 +139,6 @@ class CTR(nn.Module):
         return self.top(torch.cat([x] + es, dim=1)).squeeze(1)
 
 
-def auc(scores, labels):
-    """Exact AUC: ranks with ties averaged (worker/auc.h)."""
-    order = np.argsort(scores, kind="mergesort")
-    s = scores[order]
-    ranks = np.empty(len(s))
-    i = 0
-    while i < len(s):
-        j = i
-        while j < len(s) and s[j] == s[i]:
-            j += 1
-        ranks[order[i:j]] = (i + j + 1) / 2.0  # 1-based average rank of the run
-        i = j
-    pos = labels.sum()
-    neg = len(labels) - pos
-    return (ranks[labels == 1].sum() - pos * (pos + 1) / 2.0) / (pos * neg)
-
-
 def train(rank, world, args, port, results):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)  # the same initial model on every rank
@@ -207,7 +190,7 @@ def train(rank, world, args, port, results):
             scores = torch.cat([net(torch.from_numpy(td[i:i + 4096]),
                                     torch.from_numpy(ti[i:i + 4096].view(np.int64)))
                                 for i in range(0, held, 4096)]).numpy()
-        test_auc = auc(scores, tl)
+        test_auc = data_ctr.auc(scores, tl)
     # Linux: ru_maxrss in KiB
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     results[rank] = (args.epochs * steps * args.batch / t_train, loss_sum / steps, test_auc,

@@ -103,23 +103,6 @@ class DLRM(nn.Module):
         return self.top(torch.cat([x, z], dim=1)).squeeze(1)
 
 
-def auc(scores, labels):
-    """Exact AUC, ties averaged."""
-    order = np.argsort(scores, kind="mergesort")
-    s = scores[order]
-    ranks = np.empty(len(s))
-    i = 0
-    while i < len(s):
-        j = i
-        while j < len(s) and s[j] == s[i]:
-            j += 1
-        ranks[order[i:j]] = (i + j + 1) / 2.0
-        i = j
-    pos = labels.sum()
-    neg = len(labels) - pos
-    return float((ranks[labels == 1].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
-
-
 def criteo(path, n, tables, rows):
     """The first n lines of a Criteo text file: (dense, ids, labels)."""
     dense, ids, labels = [], [], []
@@ -170,7 +153,7 @@ def evaluate(model, test):
     with torch.no_grad():
         for lo in range(0, len(y), 4096):
             out.append(model(d[lo:lo + 4096], i[lo:lo + 4096]).numpy())
-    return auc(np.concatenate(out), y.numpy())
+    return data_ctr.auc(np.concatenate(out), y.numpy())
 
 
 def run(a, rank, world, port=None):

@@ -196,3 +196,21 @@ def splits(n, seed=1, fields=FIELDS, rows=ROWS, zipf=ZIPF):
     train = generate(0, n, seed, fields, rows, zipf, cdf)
     test = generate(n, test_count(n), seed, fields, rows, zipf, cdf)
     return train, test
+
+
+def auc(scores, labels):
+    """Exact test AUC, ranks with ties averaged, as ps_worker reports it
+    (worker/auc.h): scores and labels (0/1) numpy arrays of one length."""
+    order = np.argsort(scores, kind="mergesort")
+    s = scores[order]
+    ranks = np.empty(len(s))
+    i = 0
+    while i < len(s):
+        j = i
+        while j < len(s) and s[j] == s[i]:
+            j += 1
+        ranks[order[i:j]] = (i + j + 1) / 2.0  # 1-based average rank of the run
+        i = j
+    pos = labels.sum()
+    neg = len(labels) - pos
+    return float((ranks[labels == 1].sum() - pos * (pos + 1) / 2.0) / (pos * neg))

@@ -59,6 +59,16 @@ class SyntheticCtr(unittest.TestCase):
         self.check_same(0, 2000, 1, 8, 10 ** 9, 1.05)
         self.check_same(5000, 1000, 3, 4, data_ctr.TABLE_ROWS + 1000, 1.0)
 
+    def test_auc_is_the_share_of_ordered_pairs_with_ties_counted_half(self):
+        rng = np.random.default_rng(3)
+        scores = rng.integers(0, 6, 300).astype(np.float64)  # many ties
+        labels = (rng.random(300) < 0.3).astype(np.int64)
+        p, n = scores[labels == 1], scores[labels == 0]
+        pairs = (p[:, None] > n[None, :]).sum() + 0.5 * (p[:, None] == n[None, :]).sum()
+        self.assertAlmostEqual(data_ctr.auc(scores, labels), pairs / (len(p) * len(n)), 12)
+        self.assertEqual(data_ctr.auc(np.array([0.1, 0.4, 0.35, 0.8]),
+                                      np.array([0, 0, 1, 1])), 0.75)
+
 
 if __name__ == "__main__":
     pstest.main()
