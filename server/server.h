@@ -223,6 +223,9 @@ typedef struct ps_server_config {
     const char *admin_token_file; /* a SHUTDOWN message carrying this file's token may
                                      stop the server (server/admin.h); NULL: only
                                      signals (and, with curve_dir, admin keys) */
+    int metrics_port;           /* serve Prometheus metrics on this port (server_metrics.h);
+                                   0: off (the default) */
+    const char *metrics_bind;   /* ... on this address; NULL: 127.0.0.1; copied */
 } ps_server_config;
 
 /* Defaults: those of the settings table (common/ps_settings.h: rank 0, 1
@@ -267,6 +270,10 @@ void ps_server_totals(const ps_server *s, ps_stats *out);
 
 /* Close sockets and free.  After ps_server_run returned, or instead of it. */
 void ps_server_close(ps_server *s);
+
+/* The registry of --metrics-port (server_metrics.h), or NULL with metrics
+ * off: tests add a collector of their own to it. */
+struct ps_metrics *ps_server_metrics(ps_server *s);
 
 /* Update thread owning (key, chunk) among `threads`. */
 int ps_server_owner(uint64_t key, uint32_t chunk, int threads);
