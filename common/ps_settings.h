@@ -353,12 +353,12 @@ enum {
       "--hostfile, P = 29400); off: none (docs/OPERATIONS.md, Metrics)")                         \
     X(job_file, (_, _, LAUNCH, _, _), "--job-file", "FILE", NULL, STR, job_file, NULL, NULL, 1,  \
       900, _, 0,                                                                                 \
-      "write the job's processes to FILE once they run: each one's role, rank, host, "           \
-      "endpoint and /metrics address (ps_top --job FILE reads it), and the CURVE keys")           \
+      "write the job's processes to FILE as they start: each one's role, rank, endpoint and "    \
+      "/metrics address (ps_top --job FILE reads it), and the CURVE keys")                       \
     X(metrics_targets, (_, _, LAUNCH, _, _), "--metrics-targets", "FILE", NULL, STR,             \
       metrics_targets, NULL, NULL, 1, 900, _, 0,                                                 \
-      "write the /metrics addresses to FILE as Prometheus file_sd targets with labels job, "     \
-      "role and rank (examples/prometheus/)")                                                    \
+      "write the /metrics addresses to FILE as Prometheus file_sd targets with labels ps_job, "  \
+      "role and ps_rank (examples/prometheus/)")                                                 \
     X(bin_dir, (_, _, LAUNCH, _, _), "--bin-dir", "DIR", NULL, STR, bin_dir, NULL, NULL, 1,      \
       900, _, 0, "where ps_server and ps_worker are (default: the directory of ps_launch)")      \
     X(server_arg, (_, _, LAUNCH, _, _), "--server-arg", "ARG", NULL, OWN, _, NULL, NULL, 0, 0,   \
@@ -382,7 +382,8 @@ enum {
       "run PROGRAM ARGS as each worker instead of ps_worker (the rest of the command "           \
       "line; {rank} in ARGS becomes the rank).  It finds its settings in its environment:"       \
       " PS_SERVERS, PS_NUM_SERVERS, PS_RANK, PS_NUM_WORKERS, PS_MODE, PS_MAX_STALENESS, "        \
-      "PS_DEVICE, PS_TIMELINE (with --timeline-dir), and PS_<NAME> for each shared flag "        \
+      "PS_DEVICE, PS_TIMELINE (with --timeline-dir), PS_METRICS_PORT (with metrics: a "          \
+      "ps.Client serves there), and PS_<NAME> for each shared flag "                             \
       "given (--lr-decay-every: PS_LR_DECAY_EVERY)")                                             \
     X(dry_run, (_, _, LAUNCH, _, _), "--dry-run", "", NULL, BOOL, dry_run, NULL, NULL, 0, 0, _,  \
       0, "print the commands (and their hosts) and start nothing")                               \

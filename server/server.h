@@ -57,6 +57,9 @@
  *   barrier.c         barriers waiting for every live worker
  *   collective.c      allreduce and broadcast waiting for every live worker
  *   stats_req.c       STATS requests waiting for every owner's counters
+ *   server_metrics.c  --metrics-port: the blocks each update thread and the
+ *                     I/O thread publish for a scrape, read without a lock,
+ *                     and the server's families
  *   outbox.c          messages for a PAIR whose owner is behind
  *   hs_monitor.c      the ROUTER's connection events: disconnects, and CURVE
  *                     handshake failures the ZAP handler never sees
@@ -109,6 +112,8 @@
  *    drains replies, so an owner blocked on sending a reply always resumes.
  *  - Stats: the I/O thread asks every owner for its counters and answers when
  *    all have replied (so a STATS sent after a reply reflects that request).
+ *    A Prometheus scrape does not go that way (it would queue behind the
+ *    updates): it reads what the threads publish (server_metrics.h).
  *  - A rank belongs to the connection whose hello was accepted last; another
  *    connection's hello for it is refused while that one is live, unless it
  *    carries the rank's token (server/workers.h).
