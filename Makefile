@@ -50,13 +50,17 @@ CUDA      ?= auto
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 
-PKGS      := libzmq msgpack libmicrohttpd
-PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKGS      := libzmq msgpack
+# libmicrohttpd: its header only; metrics/ps_metrics_http.c loads the library
+# when an exporter starts (a process with metrics off never maps it)
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) libmicrohttpd 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
-# libcurl: ps_top reads the workers' /metrics with it (ps_top and the tests only)
+# libcurl: ps_top reads the workers' /metrics with it; the tests link it
+# as needed (only the programs that call it depend on it)
 CURL_LIBS   := $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
+CURL_IF_USED := -Wl,--as-needed $(CURL_LIBS) -Wl,--no-as-needed
 
 BUILD := build$(if $(filter 1,$(SAN)),-san,)
 # sanitized programs and library live apart so the two builds never mix
@@ -239,11 +243,11 @@ $(BIN)/ps_top: $(BUILD)/tools/ps_top_main.o $(BUILD)/libtools.a $(LIB)/libps.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(CURL_LIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS) $(CURL_LIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS) $(CURL_IF_USED)
 $(BUILD)/examples/%: $(BUILD)/examples/%.o $(LIB)/libps.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
-	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS) $(CURL_LIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS)
 
 # libps's public headers stand alone: -Iinclude and nothing else
 $(BUILD)/tests/public_header.o: tests/public_header.c $(PUBLIC_HEADERS)
@@ -364,7 +368,7 @@ $(PS_PC): Makefile
 	@mkdir -p $(@D)
 	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
 	  'Name: ps' 'Description: parameter server client library (libps)' 'Version: $(VERSION)' \
-	  'Requires.private: libzmq msgpack libmicrohttpd' 'Cflags: -I$${includedir}' \
+	  'Requires.private: libzmq msgpack' 'Cflags: -I$${includedir}' \
 	  'Libs: -L$${libdir}$(PC_RPATH) -lps' 'Libs.private: -lm -pthread' >$@
 .PHONY: $(PS_PC)
 

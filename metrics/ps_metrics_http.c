@@ -1,6 +1,7 @@
 #include "ps_metrics_http.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -25,18 +26,56 @@ struct ps_metrics_http {
 
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
+/* libmicrohttpd is loaded the first time an exporter starts, not linked:
+ * with metrics off (the default) no process maps it, nor the GnuTLS it
+ * brings (several MiB, in every program and in libps.so's users). */
+#ifndef PS_MHD_SONAME
+#define PS_MHD_SONAME "libmicrohttpd.so.12"
+#endif
+static struct {
+    struct MHD_Daemon *(*start)(unsigned int flags, uint16_t port, MHD_AcceptPolicyCallback apc,
+                                void *apc_cls, MHD_AccessHandlerCallback dh, void *dh_cls, ...);
+    void (*stop)(struct MHD_Daemon *d);
+    struct MHD_Response *(*response)(size_t size, void *buffer, enum MHD_ResponseMemoryMode m);
+    enum MHD_Result (*header)(struct MHD_Response *r, const char *name, const char *value);
+    enum MHD_Result (*queue)(struct MHD_Connection *c, unsigned int status,
+                             struct MHD_Response *r);
+    void (*destroy)(struct MHD_Response *r);
+    char why[256]; /* why it could not be loaded; "" when it was */
+} mhd;
+static pthread_once_t mhd_once = PTHREAD_ONCE_INIT;
+
+static void mhd_load(void)
+{
+    void *h = dlopen(PS_MHD_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(mhd.why, sizeof mhd.why, "%s (Debian: libmicrohttpd12)", dlerror());
+        return;
+    }
+#define SYM_(field, name)                                                    \
+    if (!(*(void **)&mhd.field = dlsym(h, name)) && !mhd.why[0])             \
+        snprintf(mhd.why, sizeof mhd.why, "%s has no %s", PS_MHD_SONAME, name);
+    SYM_(start, "MHD_start_daemon")
+    SYM_(stop, "MHD_stop_daemon")
+    SYM_(response, "MHD_create_response_from_buffer")
+    SYM_(header, "MHD_add_response_header")
+    SYM_(queue, "MHD_queue_response")
+    SYM_(destroy, "MHD_destroy_response")
+#undef SYM_
+}
+
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, char *body,
                              const char *type)
 {
     struct MHD_Response *r =
-        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+        mhd.response(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(body);
         return MHD_NO;
     }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
-    enum MHD_Result rc = MHD_queue_response(conn, status, r);
-    MHD_destroy_response(r);
+    mhd.header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    enum MHD_Result rc = mhd.queue(conn, status, r);
+    mhd.destroy(r);
     return rc;
 }
 
@@ -123,6 +162,11 @@ int ps_metrics_http_start(ps_metrics *m, const char *addr, int port, ps_metrics_
         ps_errorf(why, why_len, "--metrics-port must be in [0, 65535], got %d", port);
         return PS_EINVAL;
     }
+    pthread_once(&mhd_once, mhd_load);
+    if (mhd.why[0]) {
+        ps_errorf(why, why_len, "cannot serve metrics: %s", mhd.why);
+        return PS_EIO;
+    }
     ps_metrics_http *h = calloc(1, sizeof *h);
     if (!h)
         return PS_ENOMEM;
@@ -139,10 +183,10 @@ int ps_metrics_http_start(ps_metrics *m, const char *addr, int port, ps_metrics_
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    h->d = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | (family == AF_INET6 ? MHD_USE_IPv6 : 0),
-                            0, NULL, NULL, on_request, h, MHD_OPTION_LISTEN_SOCKET, fd,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_CONNECTION_LIMIT,
-                            32u, MHD_OPTION_END);
+    h->d = mhd.start(MHD_USE_AUTO_INTERNAL_THREAD | (family == AF_INET6 ? MHD_USE_IPv6 : 0), 0,
+                     NULL, NULL, on_request, h, MHD_OPTION_LISTEN_SOCKET, fd,
+                     MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_CONNECTION_LIMIT, 32u,
+                     MHD_OPTION_END);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (!h->d) {
         ps_errorf(why, why_len, "cannot serve metrics on %s:%d: libmicrohttpd did not start "
@@ -171,6 +215,6 @@ void ps_metrics_http_stop(ps_metrics_http *h)
 {
     if (!h)
         return;
-    MHD_stop_daemon(h->d); /* closes the listening socket */
+    mhd.stop(h->d); /* closes the listening socket */
     free(h);
 }

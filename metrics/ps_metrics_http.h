@@ -1,6 +1,8 @@
 /* The HTTP exporter of a metrics registry: GET /metrics answers with the
  * exposition (text/plain; version=0.0.4), served by libmicrohttpd on a
  * thread of its own (no HTTP of ours: the library parses every request).
+ * The library is loaded (dlopen) when the first exporter starts, so a
+ * process with metrics off never maps it; without it, start says so.
  *
  * Bound to 127.0.0.1 unless the caller names another address (the
  * --metrics-bind setting): the figures say how a job runs, so they are

@@ -416,9 +416,14 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
     ps_dup_log_tick(&u->dup);
 }
 
-static void upd_stats(ps_updater *u, ps_stats *st)
+/* The thread's counters; with versions, the shard's version range too (a
+ * walk over every chunk). */
+static void upd_counters(ps_updater *u, ps_stats *st, int versions)
 {
-    ps_shard_stats(u->shard, st);
+    if (versions)
+        ps_shard_stats(u->shard, st);
+    else
+        ps_shard_counters(u->shard, st);
     ps_tparts_stats(u->tparts, st);
     st->bytes_in += u->bytes_in;
     st->bytes_out = u->bytes_out;
@@ -432,12 +437,7 @@ static void upd_stats(ps_updater *u, ps_stats *st)
 static void upd_publish(ps_updater *u, int64_t now)
 {
     ps_stats st;
-    ps_shard_counters(u->shard, &st);
-    ps_tparts_stats(u->tparts, &st);
-    st.bytes_in += u->bytes_in;
-    st.bytes_out = u->bytes_out;
-    st.errors = u->errors;
-    st.nonfinite = u->nonfinite;
+    upd_counters(u, &st, 0);
     ps_srv_mthread_publish(u->cfg.mblock, &st, now);
     size_t n = ps_tparts_count(u->tparts);
     if (n > u->nmslot) { /* a table was declared: find its label's slot once */
@@ -555,7 +555,7 @@ static void *upd_main(void *arg)
                 upd_request(u, &cf.h, cf.mut, cf.shm, &f[0], &f[1]);
             } else if (cf.cmd == PS_CMD_STATS) {
                 ps_stats st;
-                upd_stats(u, &st);
+                upd_counters(u, &st, 1);
                 upd_send_stats(u, PS_OUT_STATS, cf.stats_token, &st);
             } else if (cf.cmd == PS_CMD_STOP) {
                 stop = 1;
@@ -583,7 +583,7 @@ static void *upd_main(void *arg)
     if (u->cfg.mblock) /* the last figures stay for the scrapes until the exporter stops */
         upd_publish(u, ps_now_ns());
     ps_stats st;
-    upd_stats(u, &st);
+    upd_counters(u, &st, 1);
     size_t ntab = ps_tparts_count(u->tparts);
     ps_table_total *tot = calloc(ntab ? ntab : 1, sizeof *tot);
     for (size_t i = 0; tot && i < ntab; i++) {

@@ -204,60 +204,23 @@ PS_TEST(top_lines_are_sorted_slowest_first_with_rates_over_the_interval)
 
 /* ---------------------------------------------------------------- a live server */
 
+/* A server on a thread of this process with its metrics on mport. */
 typedef struct isrv {
+    ps_test_isrv t;
     ps_server *s;
-    pthread_t th;
-    int port, mport, running;
-    char ep[64];
+    int port, mport;
 } isrv;
-
-static void *isrv_main(void *arg)
-{
-    isrv *v = arg;
-    ps_server_run(v->s);
-    return NULL;
-}
 
 static int isrv_start(isrv *v, int mode, int num_workers)
 {
-    memset(v, 0, sizeof *v);
-    ps_log_set_level(PS_LOG_WARN);
-    ps_server_config c;
-    ps_server_config_default(&c);
-    v->port = ps_test_free_port();
     v->mport = ps_test_free_port();
-    snprintf(v->ep, sizeof v->ep, "tcp://127.0.0.1:%d", v->port);
-    c.bind = v->ep;
-    c.num_workers = num_workers;
-    c.mode = mode;
-    c.max_staleness = mode == PS_MODE_SYNC ? 0 : -1;
-    c.opt.kind = PS_OPT_SGD;
-    c.opt.lr = 0.5f;
-    c.shm = PS_SHM_OFF;
-    c.metrics_port = v->mport;
-    char why[512];
-    int rc = ps_server_open(&c, &v->s, why, sizeof why);
-    if (rc) {
-        printf("# ps_server_open: %s\n", why);
-        return rc;
-    }
-    if (pthread_create(&v->th, NULL, isrv_main, v)) {
-        ps_server_close(v->s);
-        return PS_ENOMEM;
-    }
-    v->running = 1;
-    return 0;
+    int rc = ps_test_isrv_start(&v->t, mode, num_workers, -1, 0.5f, v->mport);
+    v->s = v->t.s;
+    v->port = v->t.port;
+    return rc;
 }
 
-static void isrv_stop(isrv *v)
-{
-    if (!v->running)
-        return;
-    ps_server_stop(v->s);
-    pthread_join(v->th, NULL);
-    ps_server_close(v->s);
-    v->running = 0;
-}
+static void isrv_stop(isrv *v) { ps_test_isrv_stop(&v->t); }
 
 /* The value of `name` on the server's page (-1: no such sample). */
 static double scraped(const isrv *v, const char *name)
@@ -416,4 +379,35 @@ PS_TEST(a_scrape_stopped_in_a_collector_holds_nothing_the_update_path_waits_for)
     isrv_stop(&v);
     sem_destroy(&g.entered);
     sem_destroy(&g.release);
+}
+
+/* Does process pid map a library whose path holds name? */
+static int maps(int pid, const char *name)
+{
+    char path[64], line[1024];
+    snprintf(path, sizeof path, "/proc/%d/maps", pid);
+    FILE *f = fopen(path, "r");
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f))
+        found = strstr(line, name) != NULL;
+    if (f)
+        fclose(f);
+    return found;
+}
+
+PS_TEST(a_server_with_metrics_off_maps_no_http_library)
+{
+    ps_test_server off, on;
+    char words[64];
+    CHECK_OK(ps_test_server_start(&off, 1, "--quiet"));
+    snprintf(words, sizeof words, "--quiet --metrics-port %d", ps_test_free_port());
+    CHECK_OK(ps_test_server_start(&on, 1, words));
+    /* both answer: they are past their start */
+    ps_stats st;
+    CHECK_OK(ps_test_stats(off.port, &st));
+    CHECK_OK(ps_test_stats(on.port, &st));
+    CHECK(!maps(off.pid, "libmicrohttpd") && !maps(off.pid, "libgnutls"));
+    CHECK(maps(on.pid, "libmicrohttpd"));
+    CHECK_OK(ps_test_stop(off.pid, PS_TEST_RPC_MS));
+    CHECK_OK(ps_test_stop(on.pid, PS_TEST_RPC_MS));
 }

@@ -24,7 +24,6 @@ T=$(mktemp -d "${TMPDIR:-/tmp}/ps_test_monitoring.XXXXXX") || exit 1
 PY=/usr/bin/python3
 TMUX_SOCK=ps_test_monitoring_$$
 CASES="promtool_check_metrics_passes_on_every_process prometheus_scrapes_samples_updates_rows_and_comm_wait ps_top_once_prints_every_server_and_worker ps_top_live_view_refreshes_under_tmux_and_quits_on_q ps_top_reads_a_curve_server_with_an_accepted_key"
-failed=0
 PIDS=""
 
 stop_pid() { # PID: SIGTERM, then SIGKILL after 5 s
@@ -42,20 +41,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
 
-pass() { echo "PASS $1"; }
-fail() {
-    echo "FAIL $1: $2"
-    failed=1
-    if [ -n "${3:-}" ] && [ -f "$3" ]; then
-        echo "---- $1: last lines of $3" >&2
-        grep -v ' iter [0-9]*/' "$3" | tail -n 30 >&2
-    fi
-}
-skip_all() {
-    for c in $CASES; do echo "SKIP $c: skipped: $1"; done
-    exit 0
-}
-done_case() { if [ -z "$why" ]; then pass "$1"; else fail "$1" "${why#; }" "${2:-}"; fi; }
+# pass, fail, skip_all (the job runs on between the cases: no leftover check)
+. "$ROOT/tests/engine_lib.sh"
+end_case() { if [ -z "$why" ]; then pass "$1"; else fail "$1" "${why#; }" "${2:-}"; fi; }
 # free_port: a free TCP port on 127.0.0.1
 free_port() {
     "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -140,7 +128,7 @@ for t in $TARGETS_OF; do
     n=$((n + 1))
 done
 [ "$n" -eq 4 ] || why="$why; $n processes in the job file, expected launch, 1 server, 2 workers"
-done_case $case "$T/promtool.out"
+end_case $case "$T/promtool.out"
 
 # ---------------------------------------------------------------- Prometheus
 case=prometheus_scrapes_samples_updates_rows_and_comm_wait
@@ -172,7 +160,7 @@ set -- $(query 'ps_worker_samples_total')
 [ "${1:-0}" -eq 2 ] || why="$why; ${1:-0} series of ps_worker_samples_total, expected 2"
 set -- $(query 'up{job="ps"} == 1')
 [ "${1:-0}" -eq 4 ] || why="$why; ${1:-0} targets up, expected 4 (launch, server, 2 workers)"
-done_case $case "$T/prom/prometheus.log"
+end_case $case "$T/prom/prometheus.log"
 
 # ---------------------------------------------------------------- ps_top --once
 case=ps_top_once_prints_every_server_and_worker
@@ -185,7 +173,7 @@ grep -q "no answer" "$T/top.out" && why="$why; a process did not answer"
 # the workers train: their samples/s (the third column) are numbers above 0
 awk '$1 == "worker" { if ($4 + 0 <= 0) bad = 1 } END { exit bad }' "$T/top.out" ||
     why="$why; a worker's samples/s is not above 0"
-done_case $case "$T/top.out"
+end_case $case "$T/top.out"
 
 # ---------------------------------------------------------------- ps_top live
 case=ps_top_live_view_refreshes_under_tmux_and_quits_on_q
@@ -221,7 +209,7 @@ else
         sleep 0.1
     done
     tmux -L "$TMUX_SOCK" kill-server 2>/dev/null
-    done_case $case "$T/tmux.screen"
+    end_case $case "$T/tmux.screen"
 fi
 
 # the job is done with: stop it as an operator would
@@ -250,7 +238,7 @@ rc=$?
 grep -q "^server 0 .*no answer: no answer from tcp://127.0.0.1:$SP" "$T/top-refused.out" ||
     why="$why; with a refused key, no 'no answer' line"
 stop_pid "$SRV_PID"
-done_case $case "$T/top-curve.out"
+end_case $case "$T/top-curve.out"
 
 stop_pid "$LAUNCH_PID"
 exit $failed
