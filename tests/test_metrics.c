@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "ps_client.h"
@@ -410,4 +411,49 @@ PS_TEST(a_server_with_metrics_off_maps_no_http_library)
     CHECK(maps(on.pid, "libmicrohttpd"));
     CHECK_OK(ps_test_stop(off.pid, PS_TEST_RPC_MS));
     CHECK_OK(ps_test_stop(on.pid, PS_TEST_RPC_MS));
+}
+
+PS_TEST(checkpoints_are_counted_timed_and_aged)
+{
+    ps_test_server sv;
+    char words[512], target[64], why[256];
+    int mport = ps_test_free_port();
+    snprintf(words, sizeof words,
+             "--quiet --num-workers 1 --mode async --checkpoint-dir %s/ckpt-metrics "
+             "--checkpoint-every 2 --metrics-port %d", ps_test_tmpdir(), mport);
+    CHECK_OK(ps_test_server_start(&sv, 1, words));
+    void *d = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(d, 0, PS_MODE_ASYNC, 1, -1));
+    float w[N] = {0};
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 3, 0, 0), r;
+    h.total = N;
+    CHECK_OK(ps_test_rpc(d, &h, w, N, &r, NULL, 0, NULL));
+    for (int k = 0; k < 4; k++) { /* a checkpoint every 2 pushes */
+        h = ps_test_header(PS_MSG_PUSH, 0, 10 + (uint64_t)k, 3, 0, k);
+        CHECK_OK(ps_test_rpc(d, &h, w, N, &r, NULL, 0, NULL));
+        CHECK_EQ_INT(r.type, PS_MSG_PUSH);
+    }
+    /* the acknowledgements waited for a checkpoint (the I/O thread publishes
+     * right after it released them: poll, within a bound) */
+    snprintf(target, sizeof target, "127.0.0.1:%d", mport);
+    ps_strbuf page = {0};
+    const char *t = "";
+    int n = 0;
+    double written = 0;
+    for (int i = 0; i < 500 && written < 1; i++) {
+        CHECK_OK(ps_top_scrape(target, 5000, &page, why, sizeof why));
+        t = ps_strbuf_str(&page);
+        written = ps_top_metric(t, "ps_server_checkpoints_total", &n);
+        if (written < 1)
+            usleep(10000);
+    }
+    CHECK_MSG(n == 1 && written >= 1, "%s", t);
+    CHECK(ps_top_metric(t, "ps_server_checkpoint_write_seconds_count", &n) == written);
+    CHECK(ps_top_metric(t, "ps_server_checkpoint_failures_total", &n) == 0 && n == 1);
+    double age = ps_top_metric(t, "ps_server_checkpoint_age_seconds", &n);
+    CHECK(n == 1 && age >= 0 && age < 60);
+    CHECK(ps_top_metric(t, "ps_server_checkpoint_last_success_timestamp_seconds", &n) > 1e9);
+    ps_strbuf_free(&page);
+    zmq_close(d);
+    CHECK_OK(ps_test_stop(sv.pid, PS_TEST_RPC_MS));
 }

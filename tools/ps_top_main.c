@@ -199,7 +199,7 @@ static void sample_one(top *t, int i)
     ps_top_proc *p = &t->p[i];
     ps_top_sample s;
     memset(&s, 0, sizeof s);
-    char why[512] = "";
+    char why[sizeof p->err] = "";
     p->err[0] = 0;
     if (t->conn[i]) {
         int rc = ps_top_conn_stats(t->conn[i], t->o.timeout_ms, &s.st, why, sizeof why);
