@@ -151,13 +151,21 @@ static int pick_ports(int n, int *ports, char *why, size_t len)
     return rc;
 }
 
-/* The value of a shared flag given to ps_launch itself, or NULL. */
+/* The value of a shared flag given to ps_launch itself, else among the
+ * worker flags (--flag V or --flag=V), or NULL. */
 static const char *own_flag(const ps_launch_opts *o, const char *flag)
 {
     const char *v = NULL;
     for (int k = 0; k + 1 < o->shared.n; k += 2)
         if (!strcmp(o->shared.v[k], flag))
             v = o->shared.v[k + 1];
+    size_t n = strlen(flag);
+    for (int k = 0; !v && k < o->nwflags; k++) {
+        if (!strcmp(o->wflags[k], flag) && k + 1 < o->nwflags)
+            v = o->wflags[k + 1];
+        else if (!strncmp(o->wflags[k], flag, n) && o->wflags[k][n] == '=')
+            v = o->wflags[k] + n + 1;
+    }
     return v;
 }
 

@@ -275,6 +275,23 @@ grep -v '^\[server [01]\] \|^\[worker [01]\] \|^ps_launch: ' "$T/f1.out" >"$T/f1
 no_leftovers || why="$why; processes left behind"
 if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/f1.out"; fi
 
+case=launch_serves_its_metrics_and_says_where_every_process_serves_its_own
+why=""
+# --metrics-bind among the worker flags goes to every process, ps_launch too
+timeout 30 "$LAUNCH" --servers 1 --workers 2 $FAKE -- --metrics-bind 127.0.0.2 >"$T/m1.out" 2>&1 ||
+    why="exit status $?"
+for l in "ps_launch: metrics of ps_launch at http://127.0.0.2:" \
+    "ps_launch: metrics of server 0 at http://127.0.0.2:" \
+    "ps_launch: metrics of worker 1 at http://127.0.0.2:"; do
+    has "$T/m1.out" "$l" || why="$why; no line '$l'"
+done
+grep -Eq -- "--metrics-port [0-9]+ --metrics-bind 127\.0\.0\.2" "$T/m1.out" ||
+    why="$why; the server did not get its port and the bind"
+timeout 30 "$LAUNCH" --servers 1 --workers 1 $FAKE --metrics-port off >"$T/m2.out" 2>&1 ||
+    why="$why; --metrics-port off: exit status $?"
+grep -q -- "metrics" "$T/m2.out" && why="$why; --metrics-port off still serves metrics"
+if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/m1.out"; fi
+
 case=launch_worker_exit_stops_all
 why=""
 timeout 30 "$LAUNCH" --servers 1 --workers 3 $FAKE -- --fake-exit 1:3 --fake-hang >"$T/f2.out" 2>&1
