@@ -555,8 +555,12 @@ PS_TEST(a_live_rank_cannot_be_taken_and_an_async_push_cannot_skip_steps)
     CHECK(strstr(r.err_text, "held by another connection"));
     CHECK_OK(hello_tok(b, 0, tok ^ 1, 11, &r));
     CHECK_EQ_INT(r.err_code, PS_ESTATE);
-    /* the spoofed push of the issue: step 2^62-1 would have frozen the chunk */
+    /* the spoofed push of the issue: refused, as b does not hold rank 0 ... */
     CHECK_OK(push_step(b, 0, 12, 5, ((int64_t)1 << 62) - 1, &r));
+    CHECK_EQ_INT(r.err_code, PS_EPERM);
+    CHECK(strstr(r.err_text, "worker 0 is held by another connection"));
+    /* ... and from the holder itself step 2^62-1 would have frozen the chunk */
+    CHECK_OK(push_step(a, 0, 12, 5, ((int64_t)1 << 62) - 1, &r));
     CHECK_EQ_INT(r.err_code, PS_ESTATE);
     CHECK(strstr(r.err_text, "next step is 1"));
     CHECK_OK(push_step(a, 0, 13, 5, 2, &r)); /* one ahead is a skip too */
