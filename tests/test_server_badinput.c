@@ -230,6 +230,13 @@ PS_TEST(bad_requests_get_error_replies_with_the_right_code)
     CHECK_OK(ps_test_recv(s, PS_TEST_RPC_MS, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_ERROR);
     CHECK_EQ_INT(r.err_code, PS_EVERSION);
+    /* a declaration whose `tb` nests 5 deep: answered, naming the field */
+    static const char deep_tb[] = "\x86\xa1v\x01\xa1t\x0b\xa1q\x32\xa1r\x00\xa1k\x07"
+                                  "\xa2tb\x81\xa3" "dim\x91\x91\x91\x91\x01";
+    CHECK_OK(send_frames(s, 1, (const void *[]){deep_tb}, (size_t[]){sizeof deep_tb - 1}));
+    EXPECT_ERROR(PS_EPROTO, 50);
+    CHECK_MSG(strstr(r.err_text, "field 'tb' nests deeper"), "%s", r.err_text);
+    CHECK_EQ_INT(r.key, 7);
     /* absurd count: 2^40 elements (out of the field's range) */
     kv f4[] = {{"v", 'u', 1, 0, 0}, {"t", 'u', 3, 0, 0}, {"q", 'u', 16, 0, 0},
                {"r", 'i', 0, 0, 0}, {"k", 'u', 10, 0, 0}, {"n", 'u', 1ull << 40, 0, 0},
