@@ -123,7 +123,7 @@ static int flatten(const uint8_t *p, size_t len, uint8_t *flat, size_t *flat_len
     int found = 0;
     for (uint64_t i = 0; i < n; i += 2) {
         size_t k = pos;
-        if (skip_value(p, len, &pos) < 0)
+        if (scan(p, len, &pos, 1) < 0) /* a key nesting deep: no header of ours */
             return -1;
         memcpy(flat + out, p + k, pos - k); /* the key, as it is */
         out += pos - k;
