@@ -411,9 +411,11 @@ static void ck_final(ps_server *s)
 static void publish_io(ps_server *s)
 {
     ps_srv_io_figures f = {0};
-    f.errors = s->io_errors;
+    ps_stats io = srv_io_stats(s);
+    f.errors = io.errors;
+    f.forged = io.forged;
     f.dropped = s->dropped;
-    f.workers_seen = (uint64_t)ps_workers_seen(s->workers);
+    f.workers_seen = io.workers_seen;
     f.workers_lost = ps_workers_lost(s->workers);
     f.workers_rejoined = ps_workers_rejoined(s->workers);
     f.hellos_refused = ps_workers_refused(s->workers);

@@ -22,7 +22,7 @@ struct ps_srv_metrics {
     ps_srv_mthread *th;        /* [threads], each 64-byte aligned */
     /* the I/O thread's block */
     struct {
-        _Atomic uint64_t errors, dropped, workers_seen, workers_lost, workers_rejoined,
+        _Atomic uint64_t errors, forged, dropped, workers_seen, workers_lost, workers_rejoined,
             hellos_refused, peer_refused, shutdowns_refused, curve_refused, checkpoints,
             checkpoint_failures;
         _Atomic int64_t checkpoint_done_ns;
@@ -105,6 +105,7 @@ void ps_srv_mthread_table(ps_srv_mthread *b, int slot, const ps_table_counts *c)
 void ps_srv_metrics_io(ps_srv_metrics *m, const ps_srv_io_figures *f)
 {
     st(&m->io.errors, f->errors);
+    st(&m->io.forged, f->forged);
     st(&m->io.dropped, f->dropped);
     st(&m->io.workers_seen, f->workers_seen);
     st(&m->io.workers_lost, f->workers_lost);
@@ -208,6 +209,9 @@ static void collect(void *user, ps_metrics_out *o)
             "Workers silent past --worker-timeout.", ld(&m->io.workers_lost));
     counter(o, m, "ps_server_workers_rejoined_total", "Lost workers that came back.",
             ld(&m->io.workers_rejoined));
+    counter(o, m, "ps_server_forged_requests_total",
+            "Requests refused (PS_EPERM) because another connection holds their rank.",
+            ld(&m->io.forged));
     counter(o, m, "ps_server_hellos_refused_total",
             "Hellos refused: the rank is held by another live connection.",
             ld(&m->io.hellos_refused));

@@ -68,6 +68,7 @@ typedef struct ps_srv_mthread {
 /* What the I/O thread publishes after each round of its loop. */
 typedef struct ps_srv_io_figures {
     uint64_t errors;            /* error replies of the I/O thread */
+    uint64_t forged;            /* requests refused: another connection holds their rank */
     uint64_t dropped;           /* undecodable messages */
     uint64_t workers_seen, workers_lost, workers_rejoined, hellos_refused;
     uint64_t peer_refused;      /* pulls refused to peers not reading their replies */
