@@ -29,13 +29,15 @@ CC        ?= cc
 DEP_PROBE := command -v $(CC) >/dev/null 2>&1 || echo build-essential; \
   if command -v pkg-config >/dev/null 2>&1; then \
     for m in libzmq:libzmq3-dev msgpack:libmsgpack-dev zlib:zlib1g-dev \
-             libmicrohttpd:libmicrohttpd-dev libcurl:libcurl4-openssl-dev; do \
+             libmicrohttpd:libmicrohttpd-dev libcurl:libcurl4-openssl-dev \
+             json-c:libjson-c-dev; do \
       pkg-config --exists $${m%%:*} || echo $${m\#*:}; done; \
     pkg-config --exists openblas || [ -f /usr/include/cblas.h ] || echo libopenblas-dev; \
   else \
     echo pkg-config; \
     for m in zmq.h:libzmq3-dev msgpack.h:libmsgpack-dev zlib.h:zlib1g-dev \
-             microhttpd.h:libmicrohttpd-dev curl/curl.h:libcurl4-openssl-dev; do \
+             microhttpd.h:libmicrohttpd-dev curl/curl.h:libcurl4-openssl-dev \
+             json-c/json.h:libjson-c-dev; do \
       [ -f /usr/include/$${m%%:*} ] || echo $${m\#*:}; done; \
   fi
 ifneq ($(filter-out deps clean uninstall,$(or $(MAKECMDGOALS),all)),)
@@ -61,6 +63,12 @@ BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas
 # as needed (only the programs that call it depend on it)
 CURL_LIBS   := $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
 CURL_IF_USED := -Wl,--as-needed $(CURL_LIBS) -Wl,--no-as-needed
+# coord/ (etcd's JSON gateway: libcurl for HTTP, json-c for the bodies):
+# ps_server and ps_launch, the tests and benchmarks as needed
+JSON_CFLAGS := $(shell pkg-config --cflags json-c 2>/dev/null)
+JSON_LIBS   := $(shell pkg-config --libs json-c 2>/dev/null || echo -ljson-c)
+COORD_LIBS  := $(CURL_LIBS) $(JSON_LIBS)
+COORD_IF_USED := -Wl,--as-needed $(COORD_LIBS) -Wl,--no-as-needed
 
 BUILD := build$(if $(filter 1,$(SAN)),-san,)
 # sanitized programs and library live apart so the two builds never mix
@@ -71,16 +79,18 @@ LIB   := $(if $(filter 1,$(SAN)),$(BUILD)/lib,lib)
 INC_common := -Iinclude -Icommon
 INC_metrics := $(INC_common) -Imetrics
 INC_proto  := $(INC_common) -Iproto
-INC_server := $(INC_proto) -Imetrics -Iserver
+INC_coord  := $(INC_common) -Icoord
+INC_server := $(INC_proto) -Imetrics -Icoord -Iserver
 INC_client := $(INC_proto) -Imetrics -Iclient
 INC_worker := $(INC_client) -Iworker
-INC_launch := $(INC_metrics) -Ilaunch
+INC_launch := $(INC_metrics) -Icoord -Ilaunch
 INC_tools  := $(INC_client) -Itools
-INCLUDES   := -Iinclude -Icommon -Imetrics -Iproto -Iserver -Iclient -Iworker -Ilaunch -Itools
+INCLUDES   := -Iinclude -Icommon -Imetrics -Iproto -Icoord -Iserver -Iclient -Iworker -Ilaunch -Itools
 INC := $(INCLUDES)
 $(BUILD)/common/%.o: INC := $(INC_common)
 $(BUILD)/metrics/%.o: INC := $(INC_metrics)
 $(BUILD)/proto/%.o:  INC := $(INC_proto)
+$(BUILD)/coord/%.o:  INC := $(INC_coord)
 $(BUILD)/server/%.o: INC := $(INC_server)
 $(BUILD)/client/%.o: INC := $(INC_client)
 $(BUILD)/worker/%.o: INC := $(INC_worker)
@@ -96,7 +106,7 @@ ifeq ($(SAN),1)
                  -fno-sanitize-recover=undefined
   LDSAN := -fsanitize=address,undefined
 endif
-CFLAGS  := $(CFLAGS_BASE) $(PKG_CFLAGS) $(BLAS_CFLAGS) $(EXTRA_CFLAGS)
+CFLAGS  := $(CFLAGS_BASE) $(PKG_CFLAGS) $(BLAS_CFLAGS) $(JSON_CFLAGS) $(EXTRA_CFLAGS)
 LDLIBS  := $(PKG_LIBS) $(BLAS_LIBS) -lz -lm -pthread $(LDSAN)
 
 # --- CUDA detection: build the backend when nvcc is there, say so when not.
@@ -150,6 +160,9 @@ endif
 # ps_worker program alone.
 LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c metrics/*.c proto/*.c client/*.c))
 SERVER_SRCS := $(filter-out %_main.c,$(wildcard server/*.c))
+# coord/: the coordination service's client (etcd) and the shard groups'
+# configuration in it; ps_server and ps_launch use it
+COORD_SRCS  := $(wildcard coord/*.c)
 WORKER_SRCS := $(filter-out %_main.c,$(wildcard worker/*.c))
 # ps_launch: the plan and the supervisor (launch/ may include only common/
 # and include/, which its objects' include path enforces)
@@ -165,6 +178,7 @@ BENCH_SRCS  := $(wildcard bench/*_bench.c)
 obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
 LIB_OBJS    := $(call obj,$(LIB_SRCS))
 SERVER_OBJS := $(call obj,$(SERVER_SRCS))
+COORD_OBJS  := $(call obj,$(COORD_SRCS))
 WORKER_OBJS := $(call obj,$(WORKER_SRCS)) $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRCS))
 LAUNCH_OBJS := $(call obj,$(LAUNCH_SRCS))
 TOOLS_OBJS  := $(call obj,$(TOOLS_SRCS))
@@ -213,6 +227,9 @@ $(LIB)/libps.so: $(LIB)/$(LIBPS_SO)
 $(BUILD)/libserver.a: $(SERVER_OBJS)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
+$(BUILD)/libcoord.a: $(COORD_OBJS)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
 $(BUILD)/libworker.a: $(WORKER_OBJS)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
@@ -224,11 +241,12 @@ $(BUILD)/libtools.a: $(TOOLS_OBJS)
 	rm -f $@ && ar rcs $@ $^
 
 ALL_LIBS := $(BUILD)/libserver.a $(BUILD)/libworker.a $(BUILD)/liblaunch.a $(BUILD)/libtools.a \
-  $(LIB)/libps.a
+  $(BUILD)/libcoord.a $(LIB)/libps.a
 
-$(BIN)/ps_server: $(BUILD)/server/ps_server_main.o $(BUILD)/libserver.a $(LIB)/libps.a
+$(BIN)/ps_server: $(BUILD)/server/ps_server_main.o $(BUILD)/libserver.a $(BUILD)/libcoord.a \
+  $(LIB)/libps.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(COORD_LIBS)
 $(BIN)/ps_worker: $(BUILD)/worker/ps_worker_main.o $(BUILD)/libworker.a $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -243,11 +261,11 @@ $(BIN)/ps_top: $(BUILD)/tools/ps_top_main.o $(BUILD)/libtools.a $(LIB)/libps.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(CURL_LIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS) $(CURL_IF_USED)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS) $(COORD_IF_USED)
 $(BUILD)/examples/%: $(BUILD)/examples/%.o $(LIB)/libps.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
-	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS) $(COORD_IF_USED)
 
 # libps's public headers stand alone: -Iinclude and nothing else
 $(BUILD)/tests/public_header.o: tests/public_header.c $(PUBLIC_HEADERS)

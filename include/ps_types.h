@@ -33,13 +33,15 @@
     X(PS_EDATA, 14, "bad data file")                                         \
     X(PS_EHELLO, 15, "say hello (again): the server dropped or does not know this rank") \
     X(PS_ENONFINITE, 16, "a gradient holds NaN or Inf")                      \
-    X(PS_EPERM, 17, "the rank is held by another connection")
+    X(PS_EPERM, 17, "the rank is held by another connection")                \
+    X(PS_ENOTPRIMARY, 18, "not the primary of this shard group: go to the one named") \
+    X(PS_ESTALE, 19, "a stale epoch or revision: the configuration moved on")
 
 enum {
 #define PS_ERR_ENUM_(name, value, text) name = value,
     PS_ERRORS(PS_ERR_ENUM_)
 #undef PS_ERR_ENUM_
-    PS_ECODE_MAX = 17
+    PS_ECODE_MAX = 19
 };
 
 /* Short, static description of a PS_E* code; never NULL. */

@@ -136,6 +136,47 @@ int ps_test_spawn_words(const char *prog, const char *words, const char *log_pat
     return pid;
 }
 
+int ps_test_etcd_start(ps_test_etcd *e, const char *log_path)
+{
+    memset(e, 0, sizeof *e);
+    e->pid = -1;
+    if (access("/usr/bin/etcd", X_OK) != 0)
+        return -1;
+    static int n;
+    int cp = ps_test_free_port(), pp = ps_test_free_port();
+    char dir[512], curl[64], purl[64], cluster[96];
+    snprintf(dir, sizeof dir, "%s/etcd-%d", ps_test_tmpdir(), n++);
+    snprintf(curl, sizeof curl, "http://127.0.0.1:%d", cp);
+    snprintf(purl, sizeof purl, "http://127.0.0.1:%d", pp);
+    snprintf(cluster, sizeof cluster, "default=%s", purl);
+    char *argv[] = {"/usr/bin/etcd", "--data-dir", dir, "--listen-client-urls", curl,
+                    "--advertise-client-urls", curl, "--listen-peer-urls", purl,
+                    "--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
+                    "--log-level", "warn", NULL};
+    int pid = ps_test_spawn(argv, log_path);
+    if (pid < 0)
+        return -1;
+    /* ready once its client port accepts a connection */
+    for (int t = 0; t < 200; t++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)cp)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        int ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        if (fd >= 0)
+            close(fd);
+        if (ok) {
+            e->pid = pid;
+            snprintf(e->url, sizeof e->url, "%s", curl);
+            return 0;
+        }
+        if (waitpid(pid, NULL, WNOHANG) == pid)
+            return -1;
+        ps_test_sleep_ms(50);
+    }
+    ps_test_stop(pid, 2000);
+    return -1;
+}
+
 void ps_test_sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};

@@ -111,6 +111,17 @@ int ps_test_spawn_words(const char *prog, const char *words, const char *log_pat
 /* Sleep ms milliseconds (resumed after a signal). */
 void ps_test_sleep_ms(int ms);
 
+/* A real etcd (the coordination service of replicated servers) on free
+ * loopback ports, its data in the test's scratch directory: 0 with its pid
+ * and client URL, or -1 (the etcd program is missing: the test skips, or
+ * it did not start: log_path says why).  Stopped by ps_test_stop(pid) or
+ * at the program's exit, as every child. */
+typedef struct ps_test_etcd {
+    int pid;
+    char url[64];
+} ps_test_etcd;
+int ps_test_etcd_start(ps_test_etcd *e, const char *log_path);
+
 /* Helpers for tests that read what programs wrote. */
 /* The whole of a file (also /proc files, which have no size), with a NUL
  * after it; *len (when len is not NULL) is its length without the NUL.
