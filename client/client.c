@@ -21,6 +21,7 @@
 #include "client_internal.h"
 #include "client_metrics.h"
 #include "client_rejoin.h"
+#include "client_route.h"
 #include "client_requests.h"
 #include "client_resend.h"
 #include "client_shm.h"
@@ -383,6 +384,14 @@ int ps_client_setting(const char *name, const char **env, const char **def)
     return 0;
 }
 
+/* An endpoint to connect to, checked (why: PSC_ERRBUF bytes).  For a
+ * connect (bind 0) the form to hand to ZeroMQ is the one given. */
+static int check_endpoint(const char *ep, char *why)
+{
+    char form[PS_ENDPOINT_MAX];
+    return ps_endpoint_check(ep, 0, form, sizeof form, why, PSC_ERRBUF) != 0 ? PS_EINVAL : 0;
+}
+
 /* Split `servers` at commas into c->endpoints (blanks around each trimmed)
  * and check each one, so a mistake reads "'127.0.0.1:5555' is not an
  * endpoint: write tcp://HOST:PORT, ..." instead of ZeroMQ's "Invalid
@@ -396,7 +405,7 @@ static int split_endpoints(ps_client *c, const char *servers)
     for (const char *p = c->servers_str; *p; p++)
         cap += *p == ',';
     c->endpoints = calloc(cap, sizeof *c->endpoints);
-    if (!c->endpoints)
+    if (!c->endpoints || psc_route_new(c, (int)cap) != 0)
         return open_fail(PS_ENOMEM, "out of memory");
     char *save = NULL;
     for (char *tok = strtok_r(c->servers_str, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -407,9 +416,9 @@ static int split_endpoints(ps_client *c, const char *servers)
             *--e = 0;
         if (!*tok)
             continue;
-        /* for a connect (bind 0) the form to hand to ZeroMQ is the one given */
-        char form[PS_ENDPOINT_MAX], why[PSC_ERRBUF];
-        if (ps_endpoint_check(tok, 0, form, sizeof form, why, sizeof why) != 0)
+        /* "a|b": a group's members, its primary first (client_route.h) */
+        char why[PSC_ERRBUF];
+        if (psc_route_add(c, c->nservers, tok, check_endpoint, why) != 0)
             return open_fail(PS_EINVAL, "%s", why);
         c->endpoints[c->nservers++] = tok;
     }
@@ -436,6 +445,7 @@ static void client_free(ps_client *c)
     free(c->server_parts);
     psc_sparse_free(c);
     free(c->endpoints);
+    psc_route_free(c);
     free(c->servers_str);
     free(c->curve_dir);
     free(c);

@@ -34,6 +34,7 @@
 #include "client_comm.h"
 #include "client_metrics.h"
 #include "client_rejoin.h"
+#include "client_route.h"
 #include "client_requests.h"
 #include "client_resend.h"
 #include "client_shm.h"
@@ -296,6 +297,12 @@ static int sub_send(ps_client *c, uint32_t i)
     ps_request *r = s->req;
     ps_header h;
     fill_header(c, i, &h);
+    /* a replicated group between members: it waits for our hello there */
+    if (s->type != PS_MSG_HELLO && psc_route_moving(c, s->server) && psc_rejoin_park(c, i) == 0) {
+        if (ps_msg_request_has_payload(s->type))
+            psc_part_done(c, r); /* no frame holds the buffer: its release is now */
+        return 0;
+    }
     int payload = ps_msg_request_has_payload(s->type);
     /* a table's request: its frames are made anew for every send */
     zmq_msg_t sf[3];
@@ -562,6 +569,63 @@ static void rejoin(ps_client *c, int server, const ps_header *refusal)
         psc_rejoin_unsent(c, server);
 }
 
+static void socket_reset(ps_client *c, int s);
+
+/* Replicated groups (client_route.h): group g moves to the member
+ * client_route.c chose.  A new socket there; every request that waited on
+ * the group waits for our hello to it (client_rejoin.c), then goes again. */
+static void move_group(ps_client *c, int g, const char *why)
+{
+    socket_reset(c, g);
+    psc_server_heard(c, g, ps_now_ns()); /* its silence counts from here */
+    psc_rejoin_served(c, g);             /* a fresh count of hellos */
+    const struct psc_slots *sl = c->slots;
+    uint32_t hello = psc_rejoin_slot(c, g);
+    for (uint32_t i = 0; i < sl->n; i++) {
+        psc_sub *s = &sl->sub[i];
+        if (!s->req || s->server != g || s->parked)
+            continue;
+        /* hellos go again at once; the rest once the member took us */
+        if (s->type == PS_MSG_HELLO || psc_rejoin_park(c, i) != 0)
+            resend(c, i);
+    }
+    if (hello == PSC_NO_SLOT && __atomic_load_n(&c->started, __ATOMIC_ACQUIRE)) {
+        ps_header h;
+        ps_header_init(&h, PS_MSG_ERROR);
+        h.err_code = PS_ENOTPRIMARY;
+        snprintf(h.err_text, sizeof h.err_text, "moved here: %s", why);
+        rejoin(c, g, &h);
+    }
+}
+
+/* A member of a replicated group answered PS_ENOTPRIMARY (h): move, or ask
+ * it again shortly (its promotion is under way); the refused request i
+ * (PSC_NO_SLOT: a heartbeat's) waits for the hello. */
+static void not_primary(ps_client *c, int g, uint32_t i, const ps_header *h)
+{
+    if (i != PSC_NO_SLOT && c->slots->sub[i].type != PS_MSG_HELLO &&
+        psc_rejoin_park(c, i) != 0)
+        c->slots->sub[i].deadline_ns = 0; /* not parked (start): resent soon */
+    if (psc_route_refused(c, g, h, ps_now_ns()))
+        move_group(c, g, h->err_text);
+}
+
+/* A hello to group g is due again (after a refusal): the one on its way is
+ * sent again, else a new one. */
+static void hello_again(ps_client *c, int g)
+{
+    uint32_t i = psc_rejoin_slot(c, g);
+    if (i != PSC_NO_SLOT) {
+        resend(c, i);
+    } else if (__atomic_load_n(&c->started, __ATOMIC_ACQUIRE)) {
+        ps_header h;
+        ps_header_init(&h, PS_MSG_ERROR);
+        h.err_code = PS_ENOTPRIMARY;
+        snprintf(h.err_text, sizeof h.err_text, "asking the group's member again");
+        rejoin(c, g, &h);
+    }
+}
+
 static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_t *pm,
                          int nframes)
 {
@@ -573,6 +637,11 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
     if (rc) {
         /* without a valid header there is no request id to answer */
         ps_warn("libps: dropped a message from %s: %s", ep, why);
+        return;
+    }
+    if (h.type == PS_MSG_ERROR && h.err_code == PS_ENOTPRIMARY && psc_route_any(c)) {
+        not_primary(c, server, h.seq == HEARTBEAT_SEQ ? PSC_NO_SLOT : psc_slot_find(c, h.seq, server),
+                    &h);
         return;
     }
     if (h.type == PS_MSG_HEARTBEAT || (h.type == PS_MSG_ERROR && h.seq == HEARTBEAT_SEQ)) {
@@ -590,6 +659,8 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
     if (psc_rejoin_reply(c, i, &h)) {
         /* the answer to a hello that rejoins this server: if it took us
          * back, what waited for that goes again */
+        if (h.type == PS_MSG_HELLO)
+            psc_route_settled(c, server, ps_now_ns());
         for (uint32_t k = psc_rejoin_unpark(c, server, 0); k != PSC_NO_SLOT;
              k = psc_rejoin_unpark(c, server, k + 1))
             resend(c, k);
@@ -699,7 +770,7 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
 static void drain_socket(ps_client *c, int server)
 {
     void *sock = c->comm->socks[server];
-    for (int got = 0;; got = 1) {
+    for (int got = 0; sock && sock == c->comm->socks[server]; got = 1) {
         zmq_msg_t hm, pm, extra;
         zmq_msg_init(&hm);
         if (zmq_msg_recv(&hm, sock, ZMQ_DONTWAIT) < 0) {
@@ -759,11 +830,12 @@ static int open_socket(ps_client *c, int s, char *why, size_t why_len)
             return rc;
         }
     }
-    if (zmq_connect(z, c->endpoints[s]) != 0) {
-        ps_errorf(why, why_len, "cannot connect to '%s': %s", c->endpoints[s],
+    if (zmq_connect(z, psc_route_endpoint(c, s)) != 0) {
+        ps_errorf(why, why_len, "cannot connect to '%s': %s", psc_route_endpoint(c, s),
                   zmq_strerror(errno));
         return PS_EINVAL;
     }
+    psc_route_watch(c, s, m->zctx, z); /* a replicated group: its disconnects */
     return 0;
 }
 
@@ -792,6 +864,7 @@ static void socket_reset(ps_client *c, int s)
     struct psc_comm *m = c->comm;
     /* linger 0: ZeroMQ discards what it still queues for the server and
      * releases those payloads (psc_release_cb) on its own threads */
+    psc_route_unwatch(c, s, m->socks[s]);
     zmq_close(m->socks[s]);
     m->socks[s] = NULL;
     char why[PSC_ERRBUF];
@@ -806,6 +879,10 @@ static void socket_reset(ps_client *c, int s)
     if (m->poll_items) {
         m->poll_items[s].socket = m->socks[s];
         m->poll_items[s].fd = -1; /* with no socket: ignored by the poll */
+        if (psc_route_any(c)) {
+            m->poll_items[c->nservers + 1 + s].socket = psc_route_watch_socket(c, s);
+            m->poll_items[c->nservers + 1 + s].fd = -1;
+        }
     }
 }
 
@@ -815,8 +892,10 @@ static void close_sockets(ps_client *c)
     if (!m->socks)
         return;
     for (int s = 0; s < c->nservers; s++)
-        if (m->socks[s])
+        if (m->socks[s]) {
+            psc_route_unwatch(c, s, m->socks[s]);
             zmq_close(m->socks[s]);
+        }
     free(m->socks);
     m->socks = NULL;
 }
@@ -869,7 +948,8 @@ static void *comm_main(void *arg)
         close_sockets(c);
         return NULL;
     }
-    int n = c->nservers + 1;
+    /* the sockets, the eventfd, and with replicated groups their monitors */
+    int n = c->nservers + 1 + (psc_route_any(c) ? c->nservers : 0);
     zmq_pollitem_t *items = calloc((size_t)n, sizeof *items);
     if (!items) {
         ps_error("libps: out of memory in the comm thread");
@@ -885,11 +965,19 @@ static void *comm_main(void *arg)
         items[c->nservers].fd = m->efd;
         items[c->nservers].events = ZMQ_POLLIN;
     }
+    for (int s = 0; items && psc_route_any(c) && s < c->nservers; s++) {
+        items[c->nservers + 1 + s].socket = psc_route_watch_socket(c, s);
+        items[c->nservers + 1 + s].fd = -1;
+        items[c->nservers + 1 + s].events = ZMQ_POLLIN;
+    }
     m->poll_items = items;
     int stop = items == NULL;
     while (!stop) {
         int64_t now = ps_now_ns();
         long timeout = psc_liveness_timeout_ms(c, now);
+        long rt = psc_route_timeout_ms(c, now);
+        if (rt >= 0 && (timeout < 0 || rt < timeout))
+            timeout = rt;
         if (m->held_len) {
             /* a device copy is in flight: look again in 20 us, not 1 ms */
             struct timespec ts = {0, 20000};
@@ -926,6 +1014,19 @@ static void *comm_main(void *arg)
             send_heartbeats(c);
         for (int s = psc_give_up_next(c, now, 0); s >= 0; s = psc_give_up_next(c, now, s + 1))
             socket_reset(c, s);
+        for (int s = 0; psc_route_any(c) && s < c->nservers; s++) {
+            /* a replicated group's member lost: its connection closed, or
+             * silent past the failure timeout while requests wait */
+            char why[96] = "";
+            if ((items[c->nservers + 1 + s].revents & ZMQ_POLLIN) && psc_route_watch_read(c, s))
+                snprintf(why, sizeof why, "its connection closed");
+            else if (psc_lost(c, now, s))
+                snprintf(why, sizeof why, "silent for %d ms", psc_route_failure_ms(c));
+            if (why[0] && psc_route_lost(c, s, why, now))
+                move_group(c, s, why);
+            else if (psc_route_retry_due(c, s, now))
+                hello_again(c, s);
+        }
     }
     fail_everything(c);
     m->poll_items = NULL;

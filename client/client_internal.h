@@ -29,6 +29,8 @@
  *                    order
  *  client_metrics.c  the Prometheus exporter a client asks for (metrics_port)
  *                    and the client's counters
+ *  client_route.c    replicated servers: each group's members, which one is
+ *                    the primary, when to move to another
  *  Calls go one way: client.c -> client_comm.c -> client_resend.c,
  *  client_rejoin.c and client_sparse.c -> client_requests.c (token and shm
  *  call none of them).
@@ -136,6 +138,8 @@ struct ps_client {
                                    thread); made on first use */
     struct psc_metrics *metrics;/* client_metrics.c: the registry, its exporter and
                                    the client's counters; NULL with metrics off */
+    struct psc_route *route;    /* client_route.c: each server group's members and
+                                   the one libps talks to (comm thread after start) */
 };
 
 #endif

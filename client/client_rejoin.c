@@ -38,6 +38,7 @@
 
 #include "client_rejoin.h"
 #include "client_requests.h"
+#include "client_route.h"
 #include "client_shm.h"
 #include "client_token.h"
 #include "ps_log.h"
@@ -97,7 +98,7 @@ uint32_t psc_rejoin_hello(ps_client *c, int server, const ps_header *refusal)
         sv->rejoins >= REJOIN_MAX)
         return PSC_NO_SLOT;
     ps_warn("libps: %s does not count this worker as live (%s); saying hello again to rejoin",
-            c->endpoints[server],
+            psc_route_endpoint(c, server),
             refusal->err_text[0] ? refusal->err_text : ps_strerror(refusal->err_code));
     uint32_t i = psc_slot_new(c, server, PS_MSG_HELLO, &sv->req);
     if (i == PSC_NO_SLOT) {
@@ -113,7 +114,7 @@ void psc_rejoin_unsent(ps_client *c, int server)
 {
     const ps_request *r = &c->rejoin[server].req;
     char why[2 * PSC_ERRBUF];
-    snprintf(why, sizeof why, "cannot rejoin %s: %s", c->endpoints[server], r->err);
+    snprintf(why, sizeof why, "cannot rejoin %s: %s", psc_route_endpoint(c, server), r->err);
     fail_parked(c, server, r->status ? r->status : PS_EIO, why);
 }
 
@@ -126,7 +127,7 @@ int psc_rejoin_park(ps_client *c, uint32_t i)
     if (!hello_on_its_way(sv) && sv->rejoins >= REJOIN_MAX) {
         if (sv->rejoins++ == REJOIN_MAX) /* once, not per refused request */
             ps_error("libps: %s refused this worker again after %d hellos in a row; its "
-                     "requests fail", c->endpoints[s->server], REJOIN_MAX);
+                     "requests fail", psc_route_endpoint(c, s->server), REJOIN_MAX);
         return -1;
     }
     s->parked = 1;
@@ -136,12 +137,23 @@ int psc_rejoin_park(ps_client *c, uint32_t i)
 
 void psc_rejoin_served(ps_client *c, int server) { c->rejoin[server].rejoins = 0; }
 
+uint32_t psc_rejoin_slot(ps_client *c, int server)
+{
+    if (!hello_on_its_way(&c->rejoin[server]))
+        return PSC_NO_SLOT;
+    const struct psc_slots *sl = c->slots;
+    for (uint32_t i = 0; i < sl->n; i++)
+        if (sl->sub[i].req == &c->rejoin[server].req)
+            return i;
+    return PSC_NO_SLOT;
+}
+
 int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h)
 {
     int server = c->slots->sub[i].server;
     if (c->slots->sub[i].req != &c->rejoin[server].req)
         return 0;
-    const char *ep = c->endpoints[server];
+    const char *ep = psc_route_endpoint(c, server);
     char why[PSC_ERRBUF] = "";
     int code = 0;
     if (h->type == PS_MSG_ERROR) {

@@ -40,5 +40,7 @@ int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h);
  * has taken us back: unparked, for the caller to send again; PSC_NO_SLOT
  * when none is left (or the hello is still on its way). */
 uint32_t psc_rejoin_unpark(ps_client *c, int server, uint32_t from);
+/* The slot of the hello to `server` that is on its way, or PSC_NO_SLOT. */
+uint32_t psc_rejoin_slot(ps_client *c, int server);
 
 #endif

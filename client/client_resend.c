@@ -25,6 +25,7 @@
 
 #include "client_requests.h"
 #include "client_resend.h"
+#include "client_route.h"
 #include "ps_log.h"
 #include "ps_time.h"
 
@@ -102,7 +103,7 @@ uint32_t psc_resend_next(ps_client *c, int64_t now, uint32_t from)
         int heard = lv->heard_ns[s->server] > s->deadline_ns - s->backoff_ns;
         ps_log(heard ? PS_LOG_DEBUG : PS_LOG_WARN,
                "libps: no reply from %s to %s key %llu chunk %u after %lld ms, resending",
-               c->endpoints[s->server], ps_msg_type_name(s->type), (unsigned long long)s->key,
+               psc_route_endpoint(c, s->server), ps_msg_type_name(s->type), (unsigned long long)s->key,
                s->chunk, (long long)(s->backoff_ns / 1000000));
         s->backoff_ns = s->backoff_ns * 2 < RESEND_MAX_BACKOFF_NS ? s->backoff_ns * 2
                                                                    : RESEND_MAX_BACKOFF_NS;
@@ -111,13 +112,21 @@ uint32_t psc_resend_next(ps_client *c, int64_t now, uint32_t from)
     return PSC_NO_SLOT;
 }
 
+/* The heartbeats' period (ms): a replicated group's member is lost after
+ * failure_ms of silence, so they go at least four times in that. */
+static int hb_period_ms(const ps_client *c)
+{
+    int hb = c->opt.heartbeat_ms, f = psc_route_failure_ms(c) / 4;
+    return f > 0 && f < hb ? f : hb;
+}
+
 int psc_heartbeat_due(ps_client *c, int64_t now)
 {
     if (c->opt.heartbeat_ms <= 0 || !__atomic_load_n(&c->started, __ATOMIC_ACQUIRE))
         return 0;
     if (now < c->live->next_hb_ns)
         return 0;
-    c->live->next_hb_ns = now + (int64_t)c->opt.heartbeat_ms * 1000000LL;
+    c->live->next_hb_ns = now + (int64_t)hb_period_ms(c) * 1000000LL;
     return 1;
 }
 
@@ -147,7 +156,7 @@ static void fail_server(ps_client *c, int s)
     const struct psc_slots *sl = c->slots;
     char why[PS_ERR_TEXT_MAX + 1];
     snprintf(why, sizeof why, "no reply from %s for %g s (ps_server down?); giving up",
-             c->endpoints[s], c->opt.server_timeout_ms / 1000.0);
+             psc_route_endpoint(c, s), c->opt.server_timeout_ms / 1000.0);
     ps_error("libps: %s", why);
     for (uint32_t i = 0; i < sl->n && sl->server[s].nlive; i++)
         if (sl->sub[i].req && sl->sub[i].server == s) {
@@ -170,6 +179,15 @@ static void pause_check(ps_client *c, int64_t now)
     ps_info("libps: this process did not run for %.1f s (stopped?); the servers' silence "
             "counts from now", (double)late * 1e-9);
     lv->resumed_ns = now;
+}
+
+int psc_lost(ps_client *c, int64_t now, int s)
+{
+    int f = psc_route_failure_ms(c);
+    if (!f || !__atomic_load_n(&c->started, __ATOMIC_ACQUIRE) || !c->slots->server[s].nlive ||
+        c->opt.heartbeat_ms <= 0)
+        return 0;
+    return now - silent_since(c, s) > (int64_t)f * 1000000LL;
 }
 
 int psc_give_up_next(ps_client *c, int64_t now, int from)
@@ -209,6 +227,11 @@ long psc_liveness_timeout_ms(const ps_client *c, int64_t now)
     }
     if (c->opt.request_timeout_ms > 0 && c->slots->live)
         sooner(&timeout, lv->next_resend_check - now);
+    int f = psc_route_failure_ms(c); /* a replicated group's member may be lost */
+    for (int s = 0; f && c->opt.heartbeat_ms > 0 && __atomic_load_n(&c->started, __ATOMIC_ACQUIRE) &&
+                    s < c->nservers; s++)
+        if (c->slots->server[s].nlive)
+            sooner(&timeout, silent_since(c, s) + (int64_t)f * 1000000LL - now);
     if (c->opt.heartbeat_ms > 0 && __atomic_load_n(&c->started, __ATOMIC_ACQUIRE))
         sooner(&timeout, lv->next_hb_ns - now);
     return timeout;

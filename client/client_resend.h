@@ -42,6 +42,9 @@ void psc_liveness_wake_by(ps_client *c, int64_t wake_by_ns);
  * first makes silence count afresh from now, so a resumed worker does not
  * give up on servers whose replies are still on their way. */
 int psc_give_up_next(ps_client *c, int64_t now, int from);
+/* Replicated groups: has server s's member been silent past the failure
+ * timeout (client_route.h) while requests wait on it? */
+int psc_lost(ps_client *c, int64_t now, int s);
 /* How long the poll may sleep before resends, heartbeats or giving up are
  * due: ms, or -1 when nothing is due. */
 long psc_liveness_timeout_ms(const ps_client *c, int64_t now);

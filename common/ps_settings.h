@@ -342,6 +342,31 @@ enum {
       NULL, 0, 0, _, 0,                                                                          \
       "stop as on SIGTERM (final checkpoint, stopped: line) when standard input ends: a "        \
       "server started over a connection ends with it (ps_launch over ssh gives it)")             \
+    X(srv_head_repl, (SERVER, _, _, _, _), "", "", NULL, HEAD, _, NULL, NULL, 0, 0, _, 0,        \
+      "replicas (docs/OPERATIONS.md \"Replicas\"):")                                            \
+    X(group, (SERVER, _, _, _, _), "--group", "LIST", NULL, STR, group, NULL, NULL, 1, 4096, _,   \
+      PS_SET_BY_LAUNCH,                                                                          \
+      "this server's shard group when it has replicas: the endpoints of its members in "         \
+      "member order, EP|EP[|EP] (member 0 starts as its primary); needs --coord")                \
+    X(member, (SERVER, _, _, _, _), "--member", "M", NULL, INT, member, "0", NULL, 0, 2, _,       \
+      PS_SET_BY_LAUNCH, "which member of --group this server is")                                \
+    X(coord, (SERVER, _, LAUNCH, _, _), "--coord", "URLS", NULL, STR, coord, NULL, NULL, 1, 900,  \
+      _, 0,                                                                                      \
+      "etcd's client endpoints, http://HOST:PORT[,...]: the coordination service through "       \
+      "which the servers of a shard group decide who is its primary (needed with replicas)")     \
+    X(job, (SERVER, _, LAUNCH, _, _), "--job", "NAME", NULL, STR, job, NULL, NULL, 1, 100, _, 0,  \
+      "the job's name in etcd (its keys are /ps/NAME/...), one per running job; ps_launch "      \
+      "picks a new one by default")                                                              \
+    X(replicas, (_, _, LAUNCH, _, _), "--replicas", "R", NULL, INT, replicas, "0", NULL, 0, 2,    \
+      _, 0,                                                                                      \
+      "backups of every server's shard (chunks and table partitions), each a ps_server of its "  \
+      "own (on other hosts when the hostfile has them): a push is acknowledged once every live " \
+      "one holds it, and when a primary is lost one of them takes over; needs --coord")          \
+    X(failure_timeout, (SERVER, WORKER, LAUNCH, LIBPS, _), "--failure-timeout", "S",             \
+      "PS_FAILURE_TIMEOUT", SECS, failure_timeout_ms, "1", NULL, 0, 3600, _, 0,                  \
+      "with replicas: a primary, replica or worker connection silent this long (a closed one "   \
+      "at once) is taken as lost; the group's primary is then decided again and workers move "   \
+      "to it")                                                                                   \
     X(timeline_dir, (_, _, LAUNCH, _, _), "--timeline-dir", "DIR", NULL, STR, timeline_dir,      \
       NULL, NULL, 1, 900, _, 0,                                                                  \
       "each process writes Chrome trace events to DIR/server-i.json or "                         \

@@ -89,6 +89,11 @@ typedef struct ps_client_options {
                               (ps_client_metrics_*) at http://metrics_bind:metrics_port/metrics;
                               0 (the default, PS_METRICS_PORT): none */
     const char *metrics_bind; /* the address it listens on; NULL: 127.0.0.1 */
+    int failure_timeout_ms;/* with replicas (servers given as groups, "a|b,c|d": each group's
+                              members, its primary first): a primary silent this long
+                              (its connection closed: at once) is taken as lost and the
+                              group's requests go to the member that took over, with
+                              hellos and resends; 0: the default, 1000 */
 } ps_client_options;
 
 /* One posted operation, allocated by the caller and filled by libps.

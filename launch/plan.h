@@ -59,6 +59,11 @@ typedef struct ps_launch_opts {
                                * NULL: ps_worker */
     int nexec;
     int help;                 /* --help or -h (1), --version (2), --help-markdown (3) */
+    /* replicas: R backups of each server's shard, etcd at coord, the job's name
+     * there (NULL: one ps_launch makes up), the failure timeout */
+    int replicas;
+    const char *coord, *job;
+    int failure_timeout_ms;
 } ps_launch_opts;
 
 /* Parse ps_launch's command line (argv[0] is the program) and check every

@@ -11,7 +11,8 @@ int ps_payload_frames(int layout)
     switch (layout) {
     case PS_PL_VALUES:
     case PS_PL_IDS:
-    case PS_PL_ROWS: return 1;
+    case PS_PL_ROWS:
+    case PS_PL_BYTES: return 1;
     case PS_PL_IDS_ROWS: return 2;
     case PS_PL_IDS_ROWS_IDS: return 3;
     default: return 0;
@@ -134,6 +135,15 @@ int ps_proto_check_frames(const ps_header *h, int nframes, const size_t *bytes, 
     }
     if (!want)
         return 0;
+    if (layout == PS_PL_BYTES) {
+        if (h->count == 0 || h->count > PS_MAX_PAYLOAD_BYTES || bytes[0] != h->count) {
+            ps_errorf(why, why_len, "%s %s: a frame of %zu bytes, n = %llu (1 .. %llu)",
+                ps_msg_type_name(h->type), reply ? "reply" : "request", bytes[0],
+                (unsigned long long)h->count, (unsigned long long)PS_MAX_PAYLOAD_BYTES);
+            return PS_EPROTO;
+        }
+        return 0;
+    }
     if (layout != PS_PL_VALUES)
         return check_sparse(h, layout, reply, bytes, why, why_len);
     size_t es = ps_dtype_size(h->dtype);

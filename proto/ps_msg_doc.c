@@ -12,6 +12,7 @@ static const char *from_doc(int from)
     case PS_FROM_LIVE: return "a worker after hello, or rank -1";
     case PS_FROM_WORKER: return "a worker after hello";
     case PS_FROM_ADMIN: return "a worker after hello, or rank -1, with authority (SECURITY.md)";
+    case PS_FROM_PEER: return "a server of the shard group (rank -1)";
     default: return "nobody: a reply only";
     }
 }
@@ -44,6 +45,7 @@ static const char *frames_doc(int layout)
     case PS_PL_ROWS: return "rows";
     case PS_PL_IDS_ROWS: return "ids, rows";
     case PS_PL_IDS_ROWS_IDS: return "ids, rows, ids";
+    case PS_PL_BYTES: return "bytes";
     default: return "values";
     }
 }

@@ -113,6 +113,27 @@
     X(LEAVE, 22, "leave", WORKER, 0, 0, 0, 0, 0, NONE, NONE, leave,                              \
       "this worker is done (join): rounds and barriers stop waiting for it; its pulls are "      \
       "still answered",                                                                          \
+      "acknowledged")                                                                            \
+    X(REPL_HELLO, 23, "replhello", PEER, PS_HK(H) | PS_HK(EP) | PS_HK(MB), PS_HK(EP), 0, 0, 0,  \
+      NONE, NONE, repl,                                                                          \
+      "a shard group's primary (member `mb`, epoch `ep`, its config in `h`) to a member: from "  \
+      "now on the messages flagged `f` & 4 on this connection are the group's stream",           \
+      "taken (`ep`: the epoch the member is at now); `PS_ESTALE` when etcd names another "       \
+      "primary or a later epoch")                                                                \
+    X(REPL_LIVE, 24, "repllive", PEER, PS_HK(K) | PS_HK(C) | PS_HK(EP), 0, 0, 0, 0, NONE, NONE,  \
+      repl,                                                                                      \
+      "the primary's stream: worker `k` is lost (`c` = 0), back (1) or left (2) the live sets",  \
+      "acknowledged")                                                                            \
+    X(REPL_JOIN, 25, "repljoin", PEER, PS_HK(H) | PS_HK(EP) | PS_HK(MB) | PS_HK(K) | PS_HK(C), 0, \
+      0, 0, 0, NONE, NONE, repl,                                                                 \
+      "a replacement server (member `mb`, incarnation `k`, its config in `h`) to the primary: "  \
+      "`c` = 0 send me the group's state (a snapshot, then the stream); 1 I loaded it, add me",  \
+      "acknowledged (`c` = 0: the snapshot is on its way)")                                      \
+    X(REPL_SNAP, 26, "replsnap", PEER, PS_HK(K) | PS_HK(C) | PS_HK(EP) | PS_HK(TOT) | PS_HK(RS),  \
+      0, PS_PL_BYTES, 0, 0, NONE, NONE, repl,                                                    \
+      "the primary's stream to a replacement: bytes [`k`, `k` + `n`) of update thread `c`'s "    \
+      "part of the snapshot (`tot` bytes: u64 length of the chunk records, the chunk records, "  \
+      "the table partition records), with the stream in it up to its message `rs`",            \
       "acknowledged")
 /* clang-format on */
 
@@ -121,7 +142,8 @@
 #define PS_HDR_KEYS(X)                                                                           \
     X(V, "v") X(T, "t") X(F, "f") X(Q, "q") X(R, "r") X(K, "k") X(C, "c") X(S, "s") X(N, "n")     \
     X(D, "d") X(TOT, "tot") X(EC, "ec") X(ET, "et") X(H, "h") X(ST, "st") X(ADM, "adm")           \
-    X(BW, "bw") X(O, "o") X(M, "m") X(P, "p") X(DIM, "dim") X(NP, "np") X(TB, "tb")
+    X(BW, "bw") X(O, "o") X(M, "m") X(P, "p") X(DIM, "dim") X(NP, "np") X(TB, "tb")           \
+    X(EP, "ep") X(MB, "mb") X(RS, "rs")
 
 enum ps_hdr_key {
 #define PS_HK_ENUM_(name, key) PS_HK_##name,
@@ -140,7 +162,8 @@ enum ps_payload {
     PS_PL_IDS = 2,          /* one frame: `n` ids */
     PS_PL_ROWS = 3,         /* one frame: `n` rows */
     PS_PL_IDS_ROWS = 4,     /* `n` ids, then their `n` rows */
-    PS_PL_IDS_ROWS_IDS = 5  /* `n` ids, their `n` rows, then `np` ids */
+    PS_PL_IDS_ROWS_IDS = 5, /* `n` ids, their `n` rows, then `np` ids */
+    PS_PL_BYTES = 6         /* one frame: `n` bytes (a snapshot's, server to server) */
 };
 
 /* Who may send a request of a type (the table's `from`). */
@@ -150,7 +173,10 @@ enum ps_msg_from {
     PS_FROM_LIVE,       /* rank -1, or a worker rank this server counts as live (it said
                            hello and was not dropped) */
     PS_FROM_WORKER,     /* a live worker rank only */
-    PS_FROM_ADMIN       /* as LIVE, and only with authority (server/admin.h) */
+    PS_FROM_ADMIN,      /* as LIVE, and only with authority (server/admin.h) */
+    PS_FROM_PEER        /* another server of the shard group, rank -1 (server/repl.h
+                           checks which: the primary of the epoch, a member, a key the
+                           servers authorise) */
 };
 
 /* What the header's `s` means in a message (the table's s_req, s_rep); each

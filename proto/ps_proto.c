@@ -238,7 +238,11 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     wbuf w = {buf, 0, cap, 0};
     msgpack_packer pk;
     msgpack_packer_init(&pk, &w, wbuf_write);
-    int is_hello = h->type == PS_MSG_HELLO || h->type == PS_MSG_HYPER; /* they carry `h` */
+    int is_hello = h->type == PS_MSG_HELLO || h->type == PS_MSG_HYPER ||
+                   ((h->type == PS_MSG_REPL_HELLO || h->type == PS_MSG_REPL_JOIN) &&
+                    !(h->flags & PS_FLAG_REPLY)); /* they carry `h` */
+    int is_ep = h->epoch != 0; /* replicas: the group's epoch, and a member */
+    int is_rs = h->type == PS_MSG_REPL_SNAP && !(h->flags & PS_FLAG_REPLY);
     int is_stats = h->type == PS_MSG_STATS && (h->flags & PS_FLAG_REPLY);
     int is_error = h->type == PS_MSG_ERROR;
     int has_bw = is_stats && h->barrier.id >= 0;
@@ -251,7 +255,8 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     size_t alen = h->type == PS_MSG_SHUTDOWN ? strnlen(h->admin, PS_ADMIN_TOKEN_MAX) : 0;
     size_t n = 11 + (size_t)is_hello + (size_t)is_stats + 2 * (size_t)is_error + (alen > 0) +
                (size_t)has_bw + (size_t)is_shm + (size_t)is_sum + (size_t)is_dst +
-               (size_t)is_sparse + (size_t)is_np + (size_t)is_decl;
+               (size_t)is_sparse + (size_t)is_np + (size_t)is_decl + 2 * (size_t)is_ep +
+               (size_t)is_rs;
     msgpack_pack_map(&pk, n);
     pk_u64(&pk, "v", h->version);
     pk_u64(&pk, "t", h->type);
@@ -279,6 +284,12 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
         pk_u64(&pk, "np", h->npull);
     if (is_decl)
         pk_decl(&pk, &h->table);
+    if (is_ep) {
+        pk_u64(&pk, "ep", h->epoch);
+        pk_i64(&pk, "mb", h->member);
+    }
+    if (is_rs)
+        pk_u64(&pk, "rs", h->stream_pos);
     if (is_error) {
         pk_i64(&pk, "ec", h->err_code);
         size_t tl = strnlen(h->err_text, PS_ERR_TEXT_MAX);

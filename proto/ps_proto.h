@@ -64,7 +64,10 @@ const ps_msg_info *ps_msg_info_of(uint32_t type);
 #define PS_FLAG_SHM 0x2u    /* the payload is in the worker's shared-memory arena at
                                offset `shm_off` (no payload frame): a push's gradient,
                                a pull's destination (docs/PROTOCOL.md "Same host") */
-#define PS_FLAG_MASK 0x3u
+#define PS_FLAG_REPL 0x4u   /* forwarded by the shard group's primary (epoch `ep`) to a
+                               member: `q` is the stream's sequence number and the reply
+                               goes back to the primary (docs/PROTOCOL.md "Replicas") */
+#define PS_FLAG_MASK 0x7u
 
 /* A worker's shared-memory arena, announced in its hello (name "" : none). */
 #define PS_SHM_NAME_LEN 48
@@ -138,6 +141,12 @@ typedef struct ps_header {
     ps_stats stats;    /* STATS reply only */
     ps_barrier_info barrier; /* STATS reply only, optional: id -1 when absent */
     char admin[PS_ADMIN_TOKEN_MAX + 1]; /* SHUTDOWN request: the admin token; "" none */
+    /* Replicas (key "ep", sent when not 0, and "mb" with it): the shard group's
+     * epoch, and a member slot: the sender's (REPL_HELLO, REPL_JOIN), the
+     * primary's (a PS_ENOTPRIMARY error) */
+    uint64_t epoch;
+    int32_t member;
+    uint64_t stream_pos; /* REPL_SNAP ("rs"): the last stream message its part holds */
 } ps_header;
 
 /* Fill h with defaults: current version, rank -1, no barrier info

@@ -624,6 +624,9 @@ static int decode_field(int ki, const msgpack_object *v, ps_header *h, char *why
     case PS_HK_DIM: FIELD_U(v, "dim", h->dim, 1, PS_MAX_TABLE_DIM); break;
     case PS_HK_NP: FIELD_U(v, "np", h->npull, 0, PS_MAX_SPARSE_IDS); break;
     case PS_HK_TB: return decode_decl(v, &h->table, why, why_len);
+    case PS_HK_EP: FIELD_U(v, "ep", h->epoch, 0, UINT64_MAX); break;
+    case PS_HK_MB: FIELD_I(v, "mb", h->member, 0, 2); break;
+    case PS_HK_RS: FIELD_U(v, "rs", h->stream_pos, 0, UINT64_MAX); break;
     case PS_HK_EC: FIELD_I(v, "ec", h->err_code, 0, 1000); break;
     case PS_HK_ET: {
         if (v->type != MSGPACK_OBJECT_STR) {
@@ -676,7 +679,9 @@ static void drop_inapplicable(ps_header *d)
         d->err_code = 0;
         memset(d->err_text, 0, sizeof d->err_text);
     }
-    if (d->type != PS_MSG_HELLO && d->type != PS_MSG_HYPER) /* HYPER: its optimizer in h */
+    if (d->type != PS_MSG_HELLO && d->type != PS_MSG_HYPER &&
+        ((d->type != PS_MSG_REPL_HELLO && d->type != PS_MSG_REPL_JOIN) || reply))
+        /* HYPER: its optimizer in h; REPL_HELLO, REPL_JOIN: the sender's config */
         memset(&d->hello, 0, sizeof d->hello);
     else if (!reply) { /* the server's answer to an arena, its update threads */
         d->hello.shm = 0;
@@ -698,6 +703,10 @@ static void drop_inapplicable(ps_header *d)
         d->npull = 0;
     if (d->type != PS_MSG_TABLE || reply)
         memset(&d->table, 0, sizeof d->table);
+    if (d->type != PS_MSG_REPL_SNAP || reply)
+        d->stream_pos = 0;
+    if (!d->epoch) /* a member is named with an epoch only */
+        d->member = 0;
 }
 
 /* The checked header of a map with v = 1, into d (ps_header_init'ed). */

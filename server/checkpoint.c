@@ -357,8 +357,9 @@ int ps_ckpt_serialize(const ps_shard *s, ps_tparts *tp, int mode, int num_worker
     out->counters.pulls += t.pulls;
     out->counters.updates += t.updates;
     out->counters.dup_dropped += t.dup_dropped;
-    /* every change so far is in this snapshot: the next delta starts here */
-    for (size_t i = 0; i < out->nparts; i++) {
+    /* every change so far is in this snapshot: the next delta starts here
+     * (not after a replica's snapshot: the checkpoints never saw it) */
+    for (size_t i = 0; full != 2 && i < out->nparts; i++) {
         ps_tpart_view v;
         ps_tparts_view(tp, i, &v);
         ps_table_mark_clean(v.store);
@@ -643,6 +644,94 @@ static size_t part_record_bytes(const unsigned char *p, size_t avail, int W)
            (size_t)n[3] * rb;
 }
 
+/* Check the chunk records from d + *off to end: nchunks of them (each
+ * within bounds, nstate state arrays), or UINT64_MAX: as many as there
+ * are.  *off ends after the last one, *first_part there too.  0, or -1
+ * with why. */
+static int scan_records(const unsigned char *d, size_t *off_io, size_t end, int W, int nstate,
+                        uint64_t nchunks, size_t *first_part, char *why, size_t why_len)
+{
+    size_t off = *off_io;
+    uint64_t count = 0;
+    int to_end = nchunks == UINT64_MAX;
+    while (off < end && count < nchunks) {
+        if (end - off < REC_FIXED + 8 * (size_t)W) {
+            ps_errorf(why, why_len, "chunk record %llu is cut short", (unsigned long long)count);
+            return -1;
+        }
+        uint32_t ns;
+        uint64_t n;
+        memcpy(&ns, d + off + 12, 4);
+        memcpy(&n, d + off + 16, 8);
+        if ((int)ns != nstate || n == 0 || n > (end - off) / 4) {
+            ps_errorf(why, why_len, "chunk record %llu: %u state arrays (want %d), %llu elements",
+                      (unsigned long long)count, ns, nstate, (unsigned long long)n);
+            return -1;
+        }
+        size_t rb = record_bytes(W, (size_t)n, nstate);
+        if (rb > end - off) {
+            ps_errorf(why, why_len, "chunk record %llu is cut short", (unsigned long long)count);
+            return -1;
+        }
+        off += rb;
+        count++;
+    }
+    if (!to_end && count != nchunks) {
+        ps_errorf(why, why_len, "%llu chunk records, the header says %llu",
+                  (unsigned long long)count, (unsigned long long)nchunks);
+        return -1;
+    }
+    *first_part = off;
+    *off_io = off;
+    return 0;
+}
+
+/* The partition records from d + *off on (nparts of them, or UINT64_MAX:
+ * up to end), each within bounds. */
+static int scan_parts(const unsigned char *d, size_t *off_io, size_t end, int W, uint64_t nparts,
+                      char *why, size_t why_len)
+{
+    size_t off = *off_io;
+    for (uint64_t count = 0; count < nparts && (nparts != UINT64_MAX || off < end); count++) {
+        size_t rb = part_record_bytes(d + off, end - off, W);
+        if (!rb) {
+            ps_errorf(why, why_len, "table partition record %llu is cut short or out of range",
+                      (unsigned long long)count);
+            return -1;
+        }
+        off += rb;
+    }
+    *off_io = off;
+    return 0;
+}
+
+int ps_ckpt_view_records(const void *buf, size_t len, const void *tbuf, size_t tlen,
+                         int num_workers, int nstate, ps_ckpt_file *chunks, ps_ckpt_file *parts,
+                         char *why, size_t why_len)
+{
+    memset(chunks, 0, sizeof *chunks);
+    memset(parts, 0, sizeof *parts);
+    size_t off = 0, fp;
+    if (len && scan_records(buf, &off, len, num_workers, nstate, UINT64_MAX, &fp, why, why_len))
+        return PS_EDATA;
+    if (off != len) {
+        ps_errorf(why, why_len, "%zu bytes after the chunk records", len - off);
+        return PS_EDATA;
+    }
+    off = 0;
+    if (tlen && scan_parts(tbuf, &off, tlen, num_workers, UINT64_MAX, why, why_len))
+        return PS_EDATA;
+    chunks->meta.num_workers = parts->meta.num_workers = num_workers;
+    chunks->data = (unsigned char *)buf;
+    chunks->size = len + 4; /* as a file: a trailer's 4 bytes past the records */
+    chunks->first = 0;
+    chunks->first_part = len;
+    parts->data = (unsigned char *)tbuf;
+    parts->size = tlen + 4;
+    parts->first = parts->first_part = 0;
+    return 0;
+}
+
 int ps_ckpt_read(const char *path, ps_ckpt_file *f, char *why, size_t why_len)
 {
     memset(f, 0, sizeof *f);
@@ -727,35 +816,11 @@ int ps_ckpt_read(const char *path, ps_ckpt_file *f, char *why, size_t why_len)
     m->hello = p;
     /* every record in bounds, as many as the header says */
     int W = m->num_workers, nstate = ps_opt_state_arrays(m->opt.kind);
-    size_t off = hb, end = size - 4;
-    uint64_t count = 0;
-    while (off < end && count < m->nchunks) {
-        if (end - off < REC_FIXED + 8 * (size_t)W)
-            CORRUPT("chunk record %llu is cut short", (unsigned long long)count);
-        uint32_t ns;
-        uint64_t n;
-        memcpy(&ns, d + off + 12, 4);
-        memcpy(&n, d + off + 16, 8);
-        if ((int)ns != nstate || n == 0 || n > (end - off) / 4)
-            CORRUPT("chunk record %llu: %u state arrays (want %d), %llu elements",
-                    (unsigned long long)count, ns, nstate, (unsigned long long)n);
-        size_t rb = record_bytes(W, (size_t)n, nstate);
-        if (rb > end - off)
-            CORRUPT("chunk record %llu is cut short", (unsigned long long)count);
-        off += rb;
-        count++;
-    }
-    if (count != m->nchunks)
-        CORRUPT("%llu chunk records, the header says %llu", (unsigned long long)count,
-                (unsigned long long)m->nchunks);
-    size_t first_part = off;
-    for (count = 0; count < m->nparts; count++) {
-        size_t rb = part_record_bytes(d + off, end - off, W);
-        if (!rb)
-            CORRUPT("table partition record %llu is cut short or out of range",
-                    (unsigned long long)count);
-        off += rb;
-    }
+    size_t off = hb, end = size - 4, first_part;
+    char msg[200];
+    if (scan_records(d, &off, end, W, nstate, m->nchunks, &first_part, msg, sizeof msg) ||
+        scan_parts(d, &off, end, W, m->nparts, msg, sizeof msg))
+        CORRUPT("%s", msg);
     if (off != end)
         CORRUPT("%zu bytes after the %llu chunk and %llu table partition records the header "
                 "counts", end - off, (unsigned long long)m->nchunks,

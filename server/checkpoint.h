@@ -112,6 +112,8 @@ uint64_t ps_ckpt_config_fp(int rank, int num_servers, int num_workers, int mode,
  * clean (the next delta starts here).  PS_ENOMEM (nothing is marked then). */
 int ps_ckpt_serialize(const ps_shard *s, ps_tparts *tp, int mode, int num_workers, int full,
                       ps_ckpt_part *out);
+/* (full 2: every partition whole, and no table is marked: a replica's
+ * snapshot, which the checkpoints' delta chain does not see.) */
 
 /* Write parts under dir as checkpoint m->seq (see above), keep the newest
  * `keep` full ones and the deltas after them.  *path gets the final file
@@ -141,6 +143,15 @@ typedef struct ps_ckpt_file {
     size_t first;        /* offset of the first chunk record */
     size_t first_part;   /* offset of the first table partition record */
 } ps_ckpt_file;
+
+/* Records held in memory as two files' views (a primary's snapshot for a
+ * replacement member, server/repl.h): chunk records buf[0, len) (read with
+ * ps_ckpt_next_chunk on *chunks) and partition records tbuf[0, tlen)
+ * (ps_ckpt_next_part on *parts), each checked as ps_ckpt_read checks a
+ * file's; the views borrow the buffers.  PS_EDATA with why. */
+int ps_ckpt_view_records(const void *buf, size_t len, const void *tbuf, size_t tlen,
+                         int num_workers, int nstate, ps_ckpt_file *chunks, ps_ckpt_file *parts,
+                         char *why, size_t why_len);
 
 /* A table partition's record as ps_ckpt_next_part reads it; pointers into
  * the file's data.  The id lists are little-endian u64 at any alignment:

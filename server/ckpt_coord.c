@@ -617,6 +617,43 @@ static int restore_part(const ps_ckpt_restore_to *to, const ps_ckpt_part_view *v
     return ps_tparts_restored(tp, v->key, v->version, v->clock);
 }
 
+int ps_ckpt_load_records(ps_shard *shard, ps_tparts *tp, const ps_tparts_config *tc, int idx,
+                         int num_workers, int nstate, const void *buf, size_t len,
+                         const void *tbuf, size_t tlen, char *why, size_t why_len)
+{
+    ps_ckpt_file cf, pf;
+    int rc = ps_ckpt_view_records(buf, len, tbuf, tlen, num_workers, nstate, &cf, &pf, why,
+                                  why_len);
+    if (rc)
+        return rc;
+    /* restore_part finds a partition by its number: this thread's alone */
+    ps_tparts *parts[PS_SERVER_MAX_THREADS] = {0};
+    parts[idx] = tp;
+    ps_ckpt_restore_to to = {NULL, parts, idx + 1, tc, NULL, NULL};
+    size_t off = 0;
+    ps_ckpt_part_view v;
+    while (!rc && ps_ckpt_next_part(&pf, &off, &v)) {
+        if (v.part != (uint32_t)idx) {
+            ps_errorf(why, why_len, "table %llu: a record of partition %u sent to update thread "
+                      "%d", (unsigned long long)v.key, v.part, idx);
+            return PS_EDATA;
+        }
+        rc = restore_part(&to, &v, why, why_len);
+    }
+    off = 0;
+    ps_shard_chunk_view c;
+    while (!rc && ps_ckpt_next_chunk(&cf, &off, &c))
+        rc = ps_shard_restore_chunk(shard, &c, why, why_len);
+    if (!rc)
+        for (size_t k = 0; ; k++) { /* the next checkpoint here holds what changes from now */
+            ps_tpart_view pv;
+            if (!ps_tparts_view(tp, k, &pv))
+                break;
+            ps_table_mark_clean(pv.store);
+        }
+    return rc;
+}
+
 /* Read checkpoint seq and check it: 0 with f filled, PS_EMISMATCH (another
  * configuration: why says, the restore stops), or another error (this one
  * is unusable: why says, an older one may do). */

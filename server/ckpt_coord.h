@@ -116,6 +116,15 @@ typedef struct ps_ckpt_restore_to {
 int ps_ckpt_coord_restore(ps_ckpt_coord *c, const ps_ckpt_restore_to *to, uint8_t *hello,
                           uint64_t *model_fp, char *why, size_t why_len);
 
+/* A replacement member (server/repl.h), on update thread idx: load its part
+ * of the primary's snapshot (ps_ckpt_view_records: chunk records buf,
+ * partition records tbuf) into its shard and partitions, as --restore
+ * would; the tables are declared already.  PS_EDATA (a bad record, or one
+ * of another thread), PS_EMISMATCH, PS_ENOMEM with why. */
+int ps_ckpt_load_records(ps_shard *shard, ps_tparts *tp, const ps_tparts_config *tc, int idx,
+                         int num_workers, int nstate, const void *buf, size_t len,
+                         const void *tbuf, size_t tlen, char *why, size_t why_len);
+
 /* Start the writer thread (once the update threads run; checkpoints are on).
  * The time between checkpoints counts from here.  PS_ENOMEM when no thread
  * could be made: files are then written on the I/O thread, in

@@ -150,6 +150,27 @@ static ps_stats srv_io_stats(const ps_server *s)
     return io;
 }
 
+void srv_reply_out(ps_server *s, int tag, int64_t version, zmq_msg_t *f, int nf)
+{
+    ps_held_reply *m;
+    if (tag != PS_OUT_REPLY && ps_ckpt_coord_hold(s->ck, tag, version, ps_now_ns(), &m)) {
+        /* they wait until a checkpoint holds them */
+        if (m) {
+            for (int k = 0; k < nf; k++) {
+                zmq_msg_init(&m->f[k]);
+                zmq_msg_move(&m->f[k], &f[k]);
+            }
+            m->nf = nf;
+        } else {
+            ps_error("out of memory holding a reply; dropped (the worker resends)");
+        }
+        ps_zmsg_close_all(f, nf);
+        return;
+    }
+    ps_zmsg_send_all(s->router, f, nf, ZMQ_DONTWAIT);
+    ps_zmsg_close_all(f, nf);
+}
+
 /* Take everything update thread i has sent.  Its last message (its final
  * counters) sets own[i].stopped. */
 static void io_read_pair(ps_server *s, int i)
@@ -162,8 +183,11 @@ static void io_read_pair(ps_server *s, int i)
         const char *td = zmq_msg_data(&tag);
         char t = tlen >= 1 ? td[0] : 0;
         int64_t version = 0; /* HELD, INIT, ACK: what a checkpoint must hold */
-        if (tlen == 1 + sizeof version)
+        uint64_t rseq = 0;   /* a mutation the group's members must acknowledge first */
+        if (tlen >= 1 + sizeof version)
             memcpy(&version, td + 1, sizeof version);
+        if (tlen == 1 + sizeof version + sizeof rseq)
+            memcpy(&rseq, td + 1 + sizeof version, sizeof rseq);
         int more = zmq_msg_more(&tag);
         zmq_msg_close(&tag);
         if (t == PS_OUT_REPLY || t == PS_OUT_HELD || t == PS_OUT_INIT || t == PS_OUT_ACK) {
@@ -174,23 +198,20 @@ static void io_read_pair(ps_server *s, int i)
             ps_zmsg_recv_rest(s->own[i].pair, more, f, &nf, 3);
             if (nf == 3)
                 ps_peers_count(s->peers, &f[0], &f[2]);
-            ps_held_reply *m;
-            if (t != PS_OUT_REPLY && ps_ckpt_coord_hold(s->ck, t, version, ps_now_ns(), &m)) {
-                /* they wait until a checkpoint holds them */
-                if (m) {
-                    for (int k = 0; k < nf; k++) {
-                        zmq_msg_init(&m->f[k]);
-                        zmq_msg_move(&m->f[k], &f[k]);
-                    }
-                    m->nf = nf;
-                } else {
-                    ps_error("out of memory holding a reply; dropped (the worker resends)");
-                }
-                ps_zmsg_close_all(f, nf);
-                continue;
+            if (rseq && ps_repl_hold(s->repl, rseq, t, version, f, nf))
+                continue; /* moved: the members acknowledge it first */
+            srv_reply_out(s, t, version, f, nf);
+            continue;
+        }
+        if (t == PS_OUT_LOADED) {
+            int rc = PS_EIO;
+            zmq_msg_t m;
+            if (more && ps_zmsg_recv(s->own[i].pair, &m, 0) == 0) {
+                if (zmq_msg_size(&m) == sizeof rc)
+                    memcpy(&rc, zmq_msg_data(&m), sizeof rc);
+                zmq_msg_close(&m);
             }
-            ps_zmsg_send_all(s->router, f, nf, ZMQ_DONTWAIT);
-            ps_zmsg_close_all(f, nf);
+            ps_repl_loaded(s->repl, i, rc);
             continue;
         }
         union {
@@ -216,7 +237,9 @@ static void io_read_pair(ps_server *s, int i)
             }
             zmq_msg_close(&m);
         }
-        if (t == PS_OUT_CKPT) {
+        if (t == PS_OUT_CKPT && got && (u.cf.token & PS_REPL_SNAP_TOKEN)) {
+            ps_repl_snap_part(s->repl, i, &u.cf); /* a replacement member's */
+        } else if (t == PS_OUT_CKPT) {
             if (got)
                 send_released(s, ps_ckpt_coord_part(s->ck, i, &u.cf, s->model_fp,
                                                   ps_workers_hello_flags(s->workers)));
@@ -286,7 +309,7 @@ static int owner_running(const ps_server *s, int i)
  * PUMP_EPOLL (errno says) or PUMP_EROUTER (logged). */
 static int io_pump(ps_server *s, int what, long timeout_ms)
 {
-    zmq_pollitem_t it[PS_SERVER_MAX_THREADS + 4];
+    zmq_pollitem_t it[PS_SERVER_MAX_THREADS + 4 + PS_REPL_MAX_POLL];
     int who[PS_SERVER_MAX_THREADS]; /* it[first + k] is owner who[k] */
     int n = 0, np = 0, stop_at = -1, writer_at = -1, router_at = -1, mon_at = -1;
     if (what & PUMP_STOP) {
@@ -304,6 +327,14 @@ static int io_pump(ps_server *s, int what, long timeout_ms)
             mon_at = n;
             it[n++] = (zmq_pollitem_t){ps_hs_monitor_socket(s->mon), 0, ZMQ_POLLIN, 0};
         }
+    }
+    int repl_at = -1;
+    if ((what & PUMP_ROUTER) && s->repl) {
+        repl_at = n;
+        ps_repl_poll_items(s->repl, it, &n);
+        long rt = ps_repl_timeout_ms(s->repl, ps_now_ns());
+        if (timeout_ms < 0 || rt < timeout_ms)
+            timeout_ms = rt;
     }
     int first = n;
     for (int i = 0; i < s->cfg.threads; i++)
@@ -330,6 +361,8 @@ static int io_pump(ps_server *s, int what, long timeout_ms)
     /* disconnects first: a worker restarted at once finds its rank free */
     if (mon_at >= 0 && (it[mon_at].revents & ZMQ_POLLIN))
         srv_read_monitor(s);
+    if (repl_at >= 0)
+        ps_repl_dispatch(s->repl, it, repl_at, ps_now_ns());
     if (router_at >= 0 && (it[router_at].revents & ZMQ_POLLIN) && srv_read_router(s) < 0)
         return PUMP_EROUTER;
     return PUMP_OK;

@@ -235,6 +235,13 @@ typedef struct ps_server_config {
     int metrics_port;           /* serve Prometheus metrics on this port (server_metrics.h);
                                    0: off (the default) */
     const char *metrics_bind;   /* ... on this address; NULL: 127.0.0.1; copied */
+    /* replicas (server/repl.h): group NULL is off */
+    const char *group;          /* the endpoints of this shard group's members, "a|b[|c]"
+                                   (member 0 first); copied */
+    int member;                 /* which of them this server is */
+    const char *coord;          /* etcd's endpoints (coord/ps_etcd.h); copied */
+    const char *job;            /* the job's name in etcd (/ps/JOB/...); copied */
+    int failure_timeout_ms;     /* a member silent this long is lost (default 1000) */
 } ps_server_config;
 
 /* Defaults: those of the settings table (common/ps_settings.h: rank 0, 1

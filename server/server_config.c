@@ -87,6 +87,13 @@ int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
         BAD("on-checkpoint-failure must be stall, continue or exit");
     if (c->on_worker_loss == PS_LOSS_DROP && c->worker_timeout_ms == 0)
         BAD("on-worker-loss drop needs a worker timeout (--worker-timeout)");
+    if (c->group && !c->coord)
+        BAD("--group needs --coord: the etcd endpoints through which the group's members "
+            "decide who is its primary");
+    if (c->group && (c->member < 0 || c->member > 2))
+        BAD("member must be 0, 1 or 2, got %d", c->member);
+    if (c->failure_timeout_ms < 0)
+        BAD("failure-timeout must be >= 0");
     return 0;
 #undef BAD
 }

@@ -7,7 +7,9 @@
  *   server_msg.c   one ROUTER message: decode, check, dispatch by type
  *                  (proto/ps_msg_table.h), answer or hand to an owner
  *   server_io.c    what the loop and the messages both do: send on the
- *                  ROUTER, hand a command to an owner, mark stopping */
+ *                  ROUTER, hand a command to an owner, mark stopping
+ * The replicas' files (repl.c, repl_join.c: server/repl.h) include it too:
+ * they run on the I/O thread and call the srv_ functions below. */
 #ifndef PS_SERVER_INTERNAL_H
 #define PS_SERVER_INTERNAL_H
 
@@ -26,6 +28,7 @@
 #include "ps_curve.h"
 #include "ps_trace.h"
 #include "ratelimit.h"
+#include "repl.h"
 #include "server.h"
 #include "server_metrics.h"
 #include "shm_table.h"
@@ -88,7 +91,7 @@ struct ps_server {
     uint64_t shutdowns_refused;
     int threads_running, run_called, stopping, io_failed;
     /* options */
-    char *timeline_path, *curve_dir, *ckpt_dir;
+    char *timeline_path, *curve_dir, *ckpt_dir, *group, *coord, *job;
     ps_trace *trace;
     ps_curve_auth *auth;
     ps_hs_monitor *mon;      /* CURVE: handshakes the ZAP handler never sees */
@@ -99,6 +102,7 @@ struct ps_server {
     srv_table *tables;
     size_t ntables, cap_tables;
     ps_srv_metrics *met;     /* --metrics-port (server_metrics.h); NULL: off */
+    ps_repl *repl;           /* --group: replicas and failover (repl.h); NULL: off */
 };
 
 /* ---- server_io.c ---- */
@@ -127,6 +131,10 @@ srv_table *srv_add_table(ps_server *s, uint64_t key, const ps_table_options *dec
 ps_tparts_config srv_tparts_config(ps_server *s);
 /* The tables' fingerprint of the tables declared here (a hello's `tfp`). */
 uint64_t srv_tables_fp(const ps_server *s);
+/* A reply for the ROUTER, frames [identity, header, payload?] (moved): held
+ * by the checkpoint coordinator when tag (PS_OUT_HELD, _INIT, _ACK with
+ * version) says it waits for a checkpoint, else sent now. */
+void srv_reply_out(ps_server *s, int tag, int64_t version, zmq_msg_t *f, int nf);
 /* Give update thread i what its outbox holds, as far as its PAIR takes it. */
 void srv_flush_outbox(ps_server *s, int i);
 /* No checkpoint is started by schedule from here on; one that completes is
@@ -139,6 +147,14 @@ void srv_set_stopping(ps_server *s);
 void srv_check_workers(ps_server *s, int64_t now);
 /* Where the collectives (collective.h) send their answers. */
 ps_coll_to srv_coll_to(ps_server *s);
+/* This server's side of a hello: its config. */
+ps_hello srv_my_hello(const ps_server *s);
+/* The group's stream: worker `rank` leaves (0), comes back (1) or left (2,
+ * a LEAVE) the live sets. */
+void srv_stream_live(ps_server *s, int rank, int live);
+/* A stream message a joining member kept (f: route, header, frames): handle
+ * it now as it would have been (its sender was checked then). */
+void srv_stream_dispatch(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h);
 /* Read up to IO_BATCH messages from the ROUTER.  -1 on a socket error. */
 int srv_read_router(ps_server *s);
 /* Take the connection events that came (disconnects, handshake failures). */

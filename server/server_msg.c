@@ -35,7 +35,7 @@
  * start of its push-to-apply time). */
 static int64_t recv_ns(const ps_server *s) { return s->met ? ps_now_ns() : 0; }
 
-static ps_hello my_hello(const ps_server *s)
+ps_hello srv_my_hello(const ps_server *s)
 {
     ps_hello h;
     memset(&h, 0, sizeof h);
@@ -99,6 +99,15 @@ static void set_live(ps_server *s, int r, int live)
     for (int i = 0; i < s->cfg.threads; i++)
         srv_send_cmd(s, i, &cmd, NULL, NULL);
     ps_barriers_set_live(s->barriers, r, live);
+    /* the group's members: in the stream's order (2: it left) */
+    ps_repl_forward_live(s->repl, r, !live && s->left[r] ? 2 : live);
+}
+
+void srv_stream_live(ps_server *s, int rank, int live)
+{
+    s->left[rank] = live == 2;
+    set_live(s, rank, live == 1);
+    ps_colls_set_live(s->colls, rank, live == 1 || live == 2);
 }
 
 /* Apply --on-worker-loss to every worker silent for longer than the timeout. */
@@ -145,7 +154,7 @@ typedef void (*io_handler)(ps_server *s, zmq_msg_t *f, int nf, const ps_header *
 static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 {
     (void)nf;
-    ps_hello mine = my_hello(s);
+    ps_hello mine = srv_my_hello(s);
     char why[256], who[32];
     snprintf(who, sizeof who, h->rank >= 0 ? "worker %d" : "rank %d", h->rank);
     ps_hello theirs = h->hello;
@@ -202,7 +211,7 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         s->tables_fp = h->hello.tables_fp;
     ps_header r;
     ps_reply_header(&r, PS_MSG_HELLO, h->seq, h->rank, h->key, h->chunk);
-    r.hello = my_hello(s);
+    r.hello = srv_my_hello(s);
     r.hello.token = token;
     if (h->rank >= 0) /* does it move payloads through shared memory? */
         ps_shm_table_hello(s->shm, h->rank, &h->hello, &r.hello);
@@ -274,6 +283,10 @@ static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         s->mut++;
     ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm,
                         .recv_ns = recv_ns(s)};
+    /* the group's members get it in the order the owner does */
+    cmd.rseq = ps_repl_forward(s->repl, f, nf, h,
+                               shm ? ps_shm_peer_at(shm, h->shm_off, h->count * sizeof(float))
+                                   : NULL);
     srv_send_cmd(s, ps_server_owner(h->key, h->chunk, s->cfg.threads), &cmd, &f[0],
                  nf >= 3 ? &f[2] : NULL);
 }
@@ -283,27 +296,25 @@ static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 /* The TABLE reply: with checkpoints, once a checkpoint holds the
  * declaration (snap: the first snapshot that does; 0: the next one), as an
  * init's acknowledgement; else at once. */
-static void table_ack(ps_server *s, zmq_msg_t *id, const ps_header *req, uint64_t snap)
+static void table_ack(ps_server *s, zmq_msg_t *id, const ps_header *req, uint64_t snap,
+                      uint64_t rseq)
 {
     ps_header r;
     ps_reply_header(&r, PS_MSG_TABLE, req->seq, req->rank, req->key, req->chunk);
-    ps_held_reply *m;
-    if (!ps_ckpt_coord_policy(s->ck)->on ||
-        !ps_ckpt_coord_hold(s->ck, PS_OUT_INIT, (int64_t)snap, ps_now_ns(), &m)) {
-        srv_send(s, id, &r);
-        return;
-    }
     char buf[PS_HEADER_MAX];
     size_t len;
-    if (!m || ps_proto_encode(&r, buf, sizeof buf, &len) != 0) {
-        ps_error("out of memory holding a reply; dropped (the worker resends)");
-        return; /* m, if any, stays with nf 0: released as nothing */
-    }
-    zmq_msg_init(&m->f[0]);
-    zmq_msg_move(&m->f[0], id);
-    zmq_msg_init_size(&m->f[1], len);
-    memcpy(zmq_msg_data(&m->f[1]), buf, len);
-    m->nf = 2;
+    if (ps_proto_encode(&r, buf, sizeof buf, &len) != 0)
+        return;
+    zmq_msg_t f[2];
+    zmq_msg_init(&f[0]);
+    zmq_msg_move(&f[0], id);
+    zmq_msg_init_size(&f[1], len);
+    memcpy(zmq_msg_data(&f[1]), buf, len);
+    int tag = ps_ckpt_coord_policy(s->ck)->on ? PS_OUT_INIT : PS_OUT_REPLY;
+    /* the group's members first, then a checkpoint */
+    if (rseq && ps_repl_hold(s->repl, rseq, tag, (int64_t)snap, f, 2))
+        return;
+    srv_reply_out(s, tag, (int64_t)snap, f, 2);
 }
 
 /* TABLE: the first declaration of a table is kept and its partitions made,
@@ -326,7 +337,7 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
             io_error(s, &f[0], h, PS_EMISMATCH, why);
             return;
         }
-        table_ack(s, &f[0], h, t->snap);
+        table_ack(s, &f[0], h, t->snap, 0);
         return;
     }
     /* its partitions' stores are made here, so a refusal (--max-memory)
@@ -347,6 +358,7 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         io_error(s, &f[0], h, rc, why);
         return;
     }
+    uint64_t rseq = ps_repl_forward_io(s->repl, h);
     for (int i = 0; i < T; i++) {
         ps_cmd_frame cmd = {.cmd = PS_CMD_TABLE, .h = *h, .store = stores[i]};
         srv_send_cmd(s, i, &cmd, NULL, NULL);
@@ -359,7 +371,7 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
             (double)t->decl.init_scale, (unsigned long long)t->decl.seed,
             ps_table_opt_name(t->decl.opt.kind), (unsigned long long)t->decl.max_rows,
             t->decl.min_count, T);
-    table_ack(s, &f[0], h, 0);
+    table_ack(s, &f[0], h, 0, rseq);
 }
 
 /* SPULL, SPUSH, SPUSHPULL: to the update thread of partition `c`, once the
@@ -407,6 +419,8 @@ static void io_on_sparse(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         s->mut++;
     ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm,
                         .recv_ns = recv_ns(s)};
+    cmd.rseq = ps_repl_forward(s->repl, f, nf, h,
+                               shm ? ps_shm_peer_at(shm, h->shm_off, reply_at) : NULL);
     srv_send_cmd_frames(s, (int)h->chunk, &cmd, &f[0], &f[2], nf - 2);
 }
 
@@ -462,6 +476,7 @@ static void io_on_hyper(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     const ps_opt_config *in = &h->hello.opt;
     ps_opt_config next = s->opt_now;
     char why[256];
+    uint64_t rseq = 0;
     if (in->kind != PS_OPT_NONE && in->kind != next.kind) {
         ps_errorf(why, sizeof why, "optimizer: the server runs %s, worker %d asks for %s; "
             "the optimizer cannot change while the servers run (start them with it)",
@@ -491,6 +506,7 @@ static void io_on_hyper(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
             ps_info("worker %d changed the optimizer to %s: the pushes from now on use it",
                     h->rank, d);
         s->opt_now = next;
+        rseq = ps_repl_forward_io(s->repl, h);
         ps_cmd_frame cmd = {.cmd = PS_CMD_OPT, .h = *h};
         cmd.h.hello.opt = next;
         cmd.h.push_step = from;
@@ -499,9 +515,10 @@ static void io_on_hyper(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     }
     ps_header r;
     ps_reply_header(&r, PS_MSG_HYPER, h->seq, h->rank, h->key, h->chunk);
-    r.hello = my_hello(s);
+    r.hello = srv_my_hello(s);
     r.hello.opt = s->opt_now;
-    srv_send(s, &f[0], &r);
+    if (!ps_repl_hold_io(s->repl, rseq, &f[0], &r))
+        srv_send(s, &f[0], &r);
 }
 
 /* ALLREDUCE and BROADCAST: held here, on server 0, until every live worker
@@ -537,6 +554,21 @@ static void io_on_leave(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     io_ack(s, &f[0], h);
 }
 
+/* REPL_HELLO, REPL_LIVE, REPL_JOIN, REPL_SNAP: the members of a shard
+ * group among themselves (repl.h). */
+static void io_on_repl(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    if (h->rank != -1) {
+        io_error(s, &f[0], h, PS_EPROTO, "a shard group's members send these as rank -1");
+        return;
+    }
+    if (!s->repl) {
+        io_error(s, &f[0], h, PS_ESTATE, "this server has no replicas (no --group)");
+        return;
+    }
+    ps_repl_on_message(s->repl, f, nf, h);
+}
+
 /* ps_coll_to: [id, header, payload?] on the ROUTER. */
 static void coll_send(void *user, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload)
 {
@@ -566,7 +598,7 @@ static const io_handler handlers[PS_MSG_TYPE_MAX + 1] = {
 /* The types rank -1 may send. */
 static int from_a_tool(const ps_msg_info *m)
 {
-    return m->from != PS_FROM_WORKER && m->from != PS_FROM_NOBODY;
+    return m->from != PS_FROM_WORKER && m->from != PS_FROM_NOBODY && m->from != PS_FROM_PEER;
 }
 
 /* May h's sender send it, by its type's `from`?  0, or a refusal sent. */
@@ -574,6 +606,8 @@ static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const p
 {
     char why[256];
     if (m->from == PS_FROM_ANY) /* hello: it checks the rank itself, after the config */
+        return 0;
+    if (m->from == PS_FROM_PEER && h->rank == -1) /* the group's members: repl.h checks */
         return 0;
     if (h->rank >= s->cfg.num_workers) {
         ps_errorf(why, sizeof why, "rank %d is out of range: this server has --num-workers %d",
@@ -668,8 +702,25 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         io_error(s, &f[0], &h, rc, why);
         return;
     }
+    if ((h.flags & PS_FLAG_REPL) && m->from != PS_FROM_PEER) {
+        /* the group's stream: the primary checked the worker's request */
+        if (!s->repl)
+            io_error(s, &f[0], &h, PS_ESTATE, "this server has no replicas (no --group)");
+        else if (ps_repl_accept(s->repl, f, nf, &h) == 0)
+            handlers[h.type](s, f, nf, &h);
+        return;
+    }
+    if (h.rank >= 0 && !ps_repl_serves(s->repl)) {
+        ps_repl_not_primary(s->repl, &f[0], &h); /* libps goes to the primary */
+        return;
+    }
     if (io_sender_may(s, f, &h, m) == 0)
         handlers[h.type](s, f, nf, &h);
+}
+
+void srv_stream_dispatch(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    handlers[h->type](s, f, nf, h);
 }
 
 /* A connection closed: what it held goes. */
@@ -678,6 +729,7 @@ static void conn_gone(void *user, int fd)
     ps_server *s = user;
     ps_workers_gone(s->workers, fd);
     ps_peers_gone(s->peers, fd);
+    ps_repl_conn_gone(s->repl, fd);
 }
 
 void srv_read_monitor(ps_server *s) { ps_hs_monitor_read(s->mon, conn_gone, s); }

@@ -48,6 +48,8 @@ void ps_server_close(ps_server *s)
         srv_stop_threads(s);
     srv_close_waiters(s);
     ps_srv_metrics_close(s->met); /* no scrape reads the server after this */
+    ps_repl_close(s->repl);       /* its sockets before the context */
+    s->repl = NULL;
     /* every frame still held goes before the context */
     ps_barriers_destroy(s->barriers);
     ps_colls_destroy(s->colls);
@@ -85,6 +87,9 @@ void ps_server_close(ps_server *s)
     free(s->timeline_path);
     free(s->curve_dir);
     free(s->ckpt_dir);
+    free(s->group);
+    free(s->coord);
+    free(s->job);
     ps_admin_close(s->admin);
     free(s);
 }
@@ -285,6 +290,12 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     s->cfg.timeline = s->timeline_path;
     s->cfg.curve_dir = s->curve_dir;
     s->cfg.checkpoint_dir = s->ckpt_dir;
+    s->group = dup_opt(c->group, &fail);
+    s->coord = dup_opt(c->coord, &fail);
+    s->job = dup_opt(c->job, &fail);
+    s->cfg.group = s->group;
+    s->cfg.coord = s->coord;
+    s->cfg.job = s->job;
     atomic_init(&s->mem_used, 0);
     atomic_init(&s->copies, 0);
     int T = c->threads;
@@ -325,7 +336,8 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         ps_info("metrics: %s", ps_srv_metrics_url(s->met));
     if ((rc = open_timeline(s, why, why_len)) != 0 || (rc = open_owners(s, why, why_len)) != 0 ||
         (c->restore && (rc = restore(s, why, why_len)) != 0) ||
-        (rc = open_router(s, why, why_len)) != 0) {
+        (rc = open_router(s, why, why_len)) != 0 ||
+        (s->group && (rc = ps_repl_open(s, &s->repl, why, why_len)) != 0)) {
         ps_server_close(s);
         return rc;
     }

@@ -601,6 +601,18 @@ int64_t ps_shard_min_version(const ps_shard *s, int *have)
     return s->count ? s->minv : 0;
 }
 
+int ps_shard_opt_kind(const ps_shard *s) { return s->cfg.opt.kind; }
+
+size_t ps_shard_open_rounds(const ps_shard *s)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->cap; i++) {
+        const chunk *ch = s->table[i];
+        n += ch && (ch->next_rank > 0 || ch->npend > 0);
+    }
+    return n;
+}
+
 void ps_shard_mark_snapshot(ps_shard *s, uint64_t seq)
 {
     for (size_t i = 0; i < s->cap; i++)

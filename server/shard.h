@@ -263,6 +263,13 @@ void ps_shard_add_counters(ps_shard *s, const ps_stats *base);
  * up to date incrementally (cheap to call after every request). */
 int64_t ps_shard_min_version(const ps_shard *s, int *have);
 
+/* Sync: chunks whose open round holds a push (summed or kept); 0 at the
+ * quiet point between rounds, where a snapshot needs no round's sums
+ * (a replica's catch-up, server/repl.h).  A walk over every chunk. */
+size_t ps_shard_open_rounds(const ps_shard *s);
+/* Its optimizer's kind (enum ps_opt_kind). */
+int ps_shard_opt_kind(const ps_shard *s);
+
 /* Rounds skipped by fast-forwards so far (see ps_shard_restore_chunk). */
 uint64_t ps_shard_fast_forwards(const ps_shard *s);
 

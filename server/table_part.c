@@ -607,6 +607,16 @@ uint64_t ps_tparts_fast_forwards(const ps_tparts *t) { return t->ff_rounds; }
 
 uint64_t ps_tparts_jumped(const ps_tparts *t) { return t->jumped; }
 
+const ps_tparts_config *ps_tparts_cfg(const ps_tparts *t) { return &t->cfg; }
+
+size_t ps_tparts_open_rounds(const ps_tparts *t)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < t->n; i++)
+        n += t->parts[i]->next_rank > 0 || t->parts[i]->npend > 0;
+    return n;
+}
+
 size_t ps_tparts_count(const ps_tparts *t) { return t->n; }
 
 int ps_tparts_view(const ps_tparts *t, size_t i, ps_tpart_view *v)

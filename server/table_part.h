@@ -162,6 +162,10 @@ void ps_tparts_set_recv(ps_tparts *t, int64_t recv_ns);
  * since a restore (as ps_shard_fast_forwards and ps_shard_jumped). */
 uint64_t ps_tparts_fast_forwards(const ps_tparts *t);
 uint64_t ps_tparts_jumped(const ps_tparts *t);
+/* What it was made with. */
+const ps_tparts_config *ps_tparts_cfg(const ps_tparts *t);
+/* Sync: partitions whose open round holds a push (ps_shard_open_rounds). */
+size_t ps_tparts_open_rounds(const ps_tparts *t);
 
 /* ---- checkpoints ---- */
 

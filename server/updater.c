@@ -10,6 +10,8 @@
 #include <zmq.h>
 
 #include "checkpoint.h"
+#include "ckpt_coord.h"
+#include "optimizer.h"
 #include "dup_log.h"
 #include "ps_dtype.h"
 #include "ps_error.h"
@@ -17,6 +19,7 @@
 #include "ps_time.h"
 #include "ratelimit.h"
 #include "reply.h"
+#include "repl.h"
 #include "server_metrics.h"
 #include "updater_reply.h"
 #include "updater_tables.h"
@@ -268,9 +271,11 @@ static void upd_torch(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *
         upd_error(u, r, rc, why);
 }
 
-static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_peer *shm,
-                        zmq_msg_t *id, zmq_msg_t *pl)
+static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, uint64_t rseq,
+                        ps_shm_peer *shm, zmq_msg_t *id, zmq_msg_t *pl)
 {
+    if (rseq)
+        u->last_rseq = rseq;
     if (!u->spare) {
         u->spare = calloc(1, sizeof *u->spare);
         if (!u->spare) {
@@ -289,6 +294,7 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
     r->key = h->key;
     r->chunk = h->chunk;
     r->mut = mut;
+    r->rseq = rseq;
     r->t_arrive = u->cfg.trace ? ps_now_ns() : 0;
     r->shm = shm; /* the request's reference from here on */
     /* where a pull's weights go: a pushpull names a second place */
@@ -491,9 +497,12 @@ static void upd_checkpoint(ps_updater *u, uint64_t token, int full)
     ps_ckpt_frame cf;
     memset(&cf, 0, sizeof cf);
     cf.token = token;
-    cf.rc = ps_ckpt_serialize(u->shard, u->tparts, u->cfg.mode, u->cfg.num_workers, full,
-                              &cf.part);
-    if (!cf.rc) /* an init of these chunks waits for this checkpoint at most */
+    int repl = (token & PS_REPL_SNAP_TOKEN) != 0;
+    /* a replacement's snapshot is whole and starts no delta chain (2) */
+    cf.rc = ps_ckpt_serialize(u->shard, u->tparts, u->cfg.mode, u->cfg.num_workers,
+                              repl ? 2 : full, &cf.part);
+    cf.rseq = u->last_rseq;
+    if (!cf.rc && !repl) /* an init of these chunks waits for this checkpoint at most */
         ps_shard_mark_snapshot(u->shard, token);
     char tag = PS_OUT_CKPT;
     zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
@@ -501,6 +510,34 @@ static void upd_checkpoint(ps_updater *u, uint64_t token, int full)
     if (u->cfg.trace)
         ps_trace_event(u->cfg.trace, "snapshot", "checkpoint", 1 + u->cfg.idx, t0, ps_now_ns(),
                        (int64_t)token, -1);
+}
+
+/* No sync round of this thread holds a push: a snapshot here needs no
+ * round's sums (a replacement's, server/repl.h). */
+static int upd_quiet(const ps_updater *u)
+{
+    return u->cfg.mode != PS_MODE_SYNC ||
+           (ps_shard_open_rounds(u->shard) == 0 && ps_tparts_open_rounds(u->tparts) == 0);
+}
+
+/* A replacement member loads its part of the primary's snapshot: the chunk
+ * records into the shard, the partition records into the tables (declared
+ * already: the stream declares them first). */
+static void upd_load(ps_updater *u, const ps_cmd_frame *cf)
+{
+    char why[512] = "";
+    ps_tparts_config tc = *ps_tparts_cfg(u->tparts);
+    const char *b = cf->load_block;
+    int rc = ps_ckpt_load_records(u->shard, u->tparts, &tc, u->cfg.idx, u->cfg.num_workers,
+                                  ps_opt_state_arrays(ps_shard_opt_kind(u->shard)),
+                                  b + cf->chunks_at, cf->chunks_len, b + cf->parts_at,
+                                  cf->parts_len, why, sizeof why);
+    free(cf->load_block);
+    if (rc)
+        ps_error("update thread %d: loading the primary's snapshot: %s", u->cfg.idx, why);
+    char tag = PS_OUT_LOADED;
+    zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
+    zmq_send(u->pair, &rc, sizeof rc, 0);
 }
 
 /* Tell the I/O thread when this thread's lowest chunk version moved (it
@@ -552,15 +589,19 @@ static void *upd_main(void *arg)
                 ps_tparts_set_recv(u->tparts, cf.recv_ns);
             }
             if (cf.cmd == PS_CMD_REQ) {
-                upd_request(u, &cf.h, cf.mut, cf.shm, &f[0], &f[1]);
+                upd_request(u, &cf.h, cf.mut, cf.rseq, cf.shm, &f[0], &f[1]);
             } else if (cf.cmd == PS_CMD_STATS) {
                 ps_stats st;
                 upd_counters(u, &st, 1);
                 upd_send_stats(u, PS_OUT_STATS, cf.stats_token, &st);
             } else if (cf.cmd == PS_CMD_STOP) {
                 stop = 1;
+            } else if (cf.cmd == PS_CMD_CKPT && cf.snap_quiet && !upd_quiet(u)) {
+                u->snap_token = cf.ckpt_seq; /* taken once no sync round holds a push */
             } else if (cf.cmd == PS_CMD_CKPT) {
                 upd_checkpoint(u, cf.ckpt_seq, cf.ckpt_full);
+            } else if (cf.cmd == PS_CMD_LOAD) {
+                upd_load(u, &cf);
             } else if (cf.cmd == PS_CMD_LIVE) {
                 ps_shard_set_live(u->shard, cf.rank, cf.live);
                 ps_tparts_set_live(u->tparts, cf.rank, cf.live);
@@ -568,6 +609,10 @@ static void *upd_main(void *arg)
                 upd_table(u, &cf);
             } else if (cf.cmd == PS_CMD_OPT) {
                 ps_shard_set_opt(u->shard, cf.h.push_step, &cf.h.hello.opt);
+            }
+            if (u->snap_token && upd_quiet(u)) {
+                upd_checkpoint(u, u->snap_token, 1);
+                u->snap_token = 0;
             }
             if (u->cfg.report_progress && !stop)
                 upd_progress(u);

@@ -26,9 +26,16 @@
  *   PS_CMD_LIVE   [cmd]   rank cmd.rank joins (cmd.live 1) or leaves (0) the live set
  *   PS_CMD_OPT    [cmd]   the optimizer cmd.h.hello.opt from step cmd.h.push_step on
  *                         (a HYPER request: ps_shard_set_opt)
+ *   PS_CMD_LOAD   [cmd]   a replacement member (server/repl.h): load cmd.load (this
+ *                         thread's part of the primary's snapshot, in cmd.load_block,
+ *                         which it frees);
+ *                         answer PS_OUT_LOADED
  *
  * owner -> I/O thread: the first frame is a tag, one byte (PS_OUT_HELD,
- * PS_OUT_INIT, PS_OUT_ACK: the byte and an int64, native byte order).
+ * PS_OUT_INIT, PS_OUT_ACK: the byte and an int64, native byte order).  A
+ * reply to a request the primary sent on to its group's members
+ * (cmd.rseq != 0) has both and then the uint64 rseq: it waits for the
+ * members' acknowledgements (server/repl.h) before what the tag says.
  *   PS_OUT_REPLY    [tag] [identity] [header] [payload?]   for the ROUTER, as it is
  *   PS_OUT_HELD     [tag version] [identity] [header] [payload?]
  *                   durable rounds: for the ROUTER once a checkpoint holds `version`
@@ -44,7 +51,10 @@
  *   PS_OUT_STOPPED  [tag] [ps_stats_frame] [ps_table_total...]   final counters, and
  *                   each table's partition here (an array, one frame); the owner's last
  *                   message
- *   PS_OUT_CKPT     [tag] [ps_ckpt_frame]       the chunks PS_CMD_CKPT asked for
+ *   PS_OUT_CKPT     [tag] [ps_ckpt_frame]       the chunks PS_CMD_CKPT asked for (with
+ *                   token & PS_REPL_SNAP_TOKEN: a replacement's snapshot, taken
+ *                   where no sync round is open when cmd.snap_quiet)
+ *   PS_OUT_LOADED   [tag] [int rc]              PS_CMD_LOAD is done
  *   PS_OUT_PROGRESS [tag] [ps_progress_frame]   the owner's lowest chunk version moved
  *                   (only with ps_updater_config.report_progress) */
 #ifndef PS_UPDATER_FRAMES_H
@@ -64,7 +74,8 @@ enum {
     PS_CMD_CKPT = 4,
     PS_CMD_LIVE = 5,
     PS_CMD_TABLE = 6,
-    PS_CMD_OPT = 7
+    PS_CMD_OPT = 7,
+    PS_CMD_LOAD = 8
 };
 
 /* Frames a PAIR message of PS_CMD_REQ carries after its command: the
@@ -79,7 +90,8 @@ enum {
     PS_OUT_STATS = 'S',
     PS_OUT_STOPPED = 'X',
     PS_OUT_CKPT = 'C',
-    PS_OUT_PROGRESS = 'P'
+    PS_OUT_PROGRESS = 'P',
+    PS_OUT_LOADED = 'L'
 };
 
 /* Each command reads its own fields; the others are 0. */
@@ -100,6 +112,12 @@ typedef struct ps_cmd_frame {
     ps_table *store;      /* TABLE: this thread's partition of table h.key */
     int64_t recv_ns;      /* REQ, with --metrics-port: when the I/O thread read it (ps_now_ns;
                              the push-to-apply histogram starts there); else 0 */
+    uint64_t rseq;        /* REQ: its number in the primary's stream to the members (the
+                             reply's tag carries it); 0 none */
+    int snap_quiet;       /* CKPT of a replacement's snapshot: wait for a point where no
+                             sync round of this thread holds a push */
+    void *load_block;     /* LOAD: malloc'd (the receiver frees it), holding the chunk */
+    size_t chunks_at, chunks_len, parts_at, parts_len; /* records and the partitions' */
 } ps_cmd_frame;
 
 /* One table's partition at the end (PS_OUT_STOPPED). */
@@ -115,6 +133,8 @@ typedef struct ps_stats_frame {
 
 typedef struct ps_ckpt_frame {
     uint64_t token;    /* the checkpoint's sequence number */
+    uint64_t rseq;     /* a replacement's snapshot: the last stream message (cmd.rseq)
+                          this thread had applied when it was taken */
     int rc;            /* 0, or PS_ENOMEM: part is empty */
     ps_ckpt_part part; /* part.buf now belongs to the I/O thread */
 } ps_ckpt_frame;

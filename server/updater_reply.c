@@ -30,7 +30,7 @@
  * an init acknowledgement until a checkpoint holds the chunk (snap: the
  * first snapshot that held it, 0 none yet). */
 static void upd_send_as(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload,
-                        uint64_t mut, uint64_t snap)
+                        uint64_t mut, uint64_t snap, uint64_t rseq)
 {
     char buf[PS_HEADER_MAX];
     size_t len;
@@ -39,7 +39,7 @@ static void upd_send_as(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_ms
                  ps_msg_type_name(h->type));
         return;
     }
-    char tag[1 + sizeof(int64_t)] = {PS_OUT_REPLY};
+    char tag[1 + 2 * sizeof(int64_t)] = {PS_OUT_REPLY};
     size_t tlen = 1;
     int64_t arg = 0;
     /* with checkpoints, a chunk a worker was told exists is in one first, so
@@ -59,9 +59,13 @@ static void upd_send_as(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_ms
         tag[0] = PS_OUT_ACK;
         arg = (int64_t)mut;
     }
-    if (tag[0] != PS_OUT_REPLY) {
+    if (tag[0] != PS_OUT_REPLY || rseq) {
         memcpy(tag + 1, &arg, sizeof arg);
-        tlen = sizeof tag;
+        tlen = 1 + sizeof arg;
+    }
+    if (rseq) { /* it waits for the group's members first (server/repl.h) */
+        memcpy(tag + tlen, &rseq, sizeof rseq);
+        tlen += sizeof rseq;
     }
     zmq_send(u->pair, tag, tlen, ZMQ_SNDMORE);
     zmq_msg_send(id, u->pair, ZMQ_SNDMORE);
@@ -72,7 +76,7 @@ static void upd_send_as(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_ms
 
 void upd_send(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *payload)
 {
-    upd_send_as(u, id, h, payload, 0, 0);
+    upd_send_as(u, id, h, payload, 0, 0, 0);
 }
 
 void upd_error(ps_updater *u, req_ctx *r, int code, const char *why)
@@ -84,7 +88,7 @@ void upd_error(ps_updater *u, req_ctx *r, int code, const char *why)
         ps_warn("refused %s from worker %d (key %llu chunk %u): %s: %s",
                 ps_msg_type_name(r->type), r->rank, (unsigned long long)r->key, r->chunk,
                 ps_strerror(code), why);
-    upd_send(u, &r->id, &h, NULL);
+    upd_send_as(u, &r->id, &h, NULL, 0, 0, r->rseq);
 }
 
 void upd_ack(ps_updater *u, req_ctx *r, int64_t version, uint64_t snap)
@@ -92,7 +96,7 @@ void upd_ack(ps_updater *u, req_ctx *r, int64_t version, uint64_t snap)
     ps_header h;
     ps_reply_header(&h, r->type, r->seq, r->rank, r->key, r->chunk);
     h.chunk_version = version;
-    upd_send_as(u, &r->id, &h, NULL, r->mut, snap);
+    upd_send_as(u, &r->id, &h, NULL, r->mut, snap, r->rseq);
 }
 
 /* A pull reply's copy of the weights: this header, then the data at
@@ -183,7 +187,7 @@ void upd_reply_payload(ps_updater *u, req_ctx *r, zmq_msg_t *pl, uint64_t count,
         h.shm_off = r->shm_off;
     }
     u->bytes_out += elems * ps_dtype_size(h.dtype);
-    upd_send_as(u, &r->id, &h, pl, r->mut, 0);
+    upd_send_as(u, &r->id, &h, pl, r->mut, 0, r->rseq);
     if (pl)
         zmq_msg_close(pl);
     if (u->cfg.trace)

@@ -33,6 +33,7 @@ typedef struct req_ctx {
     uint64_t key;
     uint32_t chunk;
     uint64_t mut;     /* its mutation number (ps_cmd_frame.mut), 0 for a pull */
+    uint64_t rseq;    /* its number in the primary's stream to the members (cmd.rseq) */
     int64_t t_arrive; /* for the timeline */
     ps_shm_peer *shm; /* PS_FLAG_SHM: the worker's arena (a reference) */
     uint64_t shm_off; /* where a pull's weights (a table's: rows) go in it */
@@ -67,6 +68,8 @@ struct ps_updater {
     ps_dup_log dup;
     int *mslot;            /* metrics: table partition i's slot in the block */
     size_t nmslot;
+    uint64_t last_rseq;    /* the last stream message (cmd.rseq) handed to this thread */
+    uint64_t snap_token;   /* a replacement's snapshot waiting for a quiet point (0: none) */
 };
 
 /* Replies.  upd_send sends reply h (and payload, sent, when not NULL) to

@@ -47,6 +47,7 @@ int main(void)
     FIELD(ps_client_options, on_nonfinite);
     FIELD(ps_client_options, metrics_port);
     FIELD(ps_client_options, metrics_bind);
+    FIELD(ps_client_options, failure_timeout_ms);
 
     STRUCT(ps_table_options);
     FIELD(ps_table_options, dim);

@@ -46,7 +46,14 @@ static ps_header full(uint32_t t, int reply)
         ps_table_options_default(&h.table);
         h.table.dim = 4;
     }
-    if (t == PS_MSG_HELLO || t == PS_MSG_HYPER) {
+    if (t >= PS_MSG_REPL_HELLO) { /* the group's epoch, a member, a snapshot's place */
+        h.epoch = 2;
+        h.member = 1;
+        h.total = 64;
+        h.stream_pos = 9;
+    }
+    if (t == PS_MSG_HELLO || t == PS_MSG_HYPER ||
+        ((t == PS_MSG_REPL_HELLO || t == PS_MSG_REPL_JOIN) && !reply)) {
         h.hello.mode = PS_MODE_SYNC;
         h.hello.num_workers = 1;
         h.hello.num_servers = 1;
@@ -159,9 +166,11 @@ PS_TEST(a_message_without_a_key_its_row_requires_is_refused_naming_the_key)
      * error ec, and s in the replies of init, push, pull, pushpull; table k tb,
      * spull, spush, spushpull k c dim s, and s in their replies, dim in the
      * replies of spull and spushpull; hyper h s and h, assign, state, clock k
-     * c and s in the reply, setstate k c s and s, allreduce and broadcast s x2 */
+     * c and s in the reply, setstate k c s and s, allreduce and broadcast s x2;
+     * replhello h ep mb and ep, repllive k c ep, repljoin h ep mb k c, replsnap
+     * k c ep tot rs */
     CHECK_EQ_INT(refused, 2 + 2 + 3 * 3 + 2 + 1 + 1 + 4 + 2 + 3 * 4 + 3 + 2 + 3 + 3 * 3 + 4 +
-                              2 * 2);
+                              2 * 2 + 4 + 3 + 5 + 5);
     /* the step of a push: named with what it is */
     ps_header a = full(PS_MSG_PUSH, 0), b;
     size_t len = encode_without(&a, "s", buf, sizeof buf);
@@ -204,7 +213,7 @@ PS_TEST(s_goes_to_the_field_its_row_names_and_nowhere_else)
 /* The frames a layout has, each of the size full()'s header gives it. */
 static int layout_frames(int layout, size_t *bytes)
 {
-    static const size_t sizes[6][3] = {{0}, {16}, {8}, {16}, {8, 16}, {8, 16, 8}};
+    static const size_t sizes[7][3] = {{0}, {16}, {8}, {16}, {8, 16}, {8, 16, 8}, {4}};
     memcpy(bytes, sizes[layout], sizeof sizes[layout]);
     return ps_payload_frames(layout);
 }
@@ -267,6 +276,12 @@ static int tell(void *s, uint32_t t, int rank, uint64_t seq)
             frames[0] = &id;
         return ps_test_send_frames(s, &h, frames, bytes, nf);
     }
+    if (ps_msg_request_layout(t) == PS_PL_BYTES) { /* a snapshot's 4 bytes */
+        h.count = 4;
+        const void *frames[1] = {pay};
+        size_t bytes[1] = {4};
+        return ps_test_send_frames(s, &h, frames, bytes, 1);
+    }
     int data = ps_msg_request_has_payload(t);
     return ps_test_send(s, &h, data ? pay : NULL, data ? 4 : 0);
 }
@@ -313,6 +328,10 @@ PS_TEST(the_server_dispatches_every_type_as_its_row_says)
         else if (m->from == PS_FROM_ANY || m->from == PS_FROM_LIVE)
             CHECK_MSG(r.type == t && (r.flags & PS_FLAG_REPLY), "%s from rank -1: %s", m->name,
                       r.err_text);
+        else if (m->from == PS_FROM_PEER) /* a server without replicas */
+            CHECK_MSG(r.type == PS_MSG_ERROR && r.err_code == PS_ESTATE &&
+                          strstr(r.err_text, "no replicas"),
+                      "%s from rank -1: %s", m->name, r.err_text);
     }
     CHECK_OK(ps_test_hello(w0, 0, PS_MODE_ASYNC, 2, -1));
     CHECK_OK(ps_test_hello(w1, 1, PS_MODE_ASYNC, 2, -1));
@@ -334,6 +353,10 @@ PS_TEST(the_server_dispatches_every_type_as_its_row_says)
         } else if (m->from == PS_FROM_ADMIN) { /* this server takes no shutdown message */
             CHECK_EQ_INT(r.type, PS_MSG_ERROR);
             CHECK_EQ_INT(r.err_code, PS_EAUTH);
+        } else if (m->from == PS_FROM_PEER) { /* servers send these, not workers */
+            CHECK_EQ_INT(r.type, PS_MSG_ERROR);
+            CHECK_MSG(r.err_code == PS_EPROTO && strstr(r.err_text, "as rank -1"), "%s: %s",
+                      m->name, r.err_text);
         } else {
             CHECK_MSG(r.type == t && (r.flags & PS_FLAG_REPLY), "%s: got %s %d (%s)", m->name,
                       ps_msg_type_name(r.type), r.err_code, r.err_text);

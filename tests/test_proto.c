@@ -1,6 +1,7 @@
 /* Wire format: every message type round-trips field for field, and decode
  * refuses anything that is not exactly a valid header. */
 #include <msgpack.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "ps_error.h"
@@ -38,6 +39,11 @@ static void full(ps_header *h, uint32_t type, uint32_t flags)
     }
     if (type == PS_MSG_TABLE && !(flags & PS_FLAG_REPLY))
         h->table.dim = 3;
+    if (type >= PS_MSG_REPL_HELLO) { /* the group's epoch and a member */
+        h->epoch = 0xabcdef0123ull;
+        h->member = 2;
+        h->stream_pos = type == PS_MSG_REPL_SNAP && !(flags & PS_FLAG_REPLY) ? 1ull << 50 : 0;
+    }
 }
 
 static int same_common(const ps_header *a, const ps_header *b)
@@ -49,7 +55,8 @@ static int same_common(const ps_header *a, const ps_header *b)
            a->opt_step == b->opt_step &&
            a->count == b->count && a->dtype == b->dtype &&
            a->total == b->total && a->dim == b->dim && a->npull == b->npull &&
-           a->table.dim == b->table.dim;
+           a->table.dim == b->table.dim && a->epoch == b->epoch && a->member == b->member &&
+           a->stream_pos == b->stream_pos;
 }
 
 PS_TEST(every_plain_type_request_and_reply_round_trips)
@@ -58,6 +65,9 @@ PS_TEST(every_plain_type_request_and_reply_round_trips)
         if (t == PS_MSG_HELLO || t == PS_MSG_HYPER || t == PS_MSG_ERROR)
             continue;
         for (uint32_t f = 0; f <= PS_FLAG_REPLY; f++) {
+            /* a primary's hello and a replacement's join carry its config */
+            if (!f && (t == PS_MSG_REPL_HELLO || t == PS_MSG_REPL_JOIN))
+                continue;
             ps_header a, b;
             full(&a, t, f);
             CHECK_OK(rt(&a, &b));
@@ -248,7 +258,7 @@ PS_TEST(decode_refuses_wrong_types_and_out_of_range_values)
     char why[256];
     struct { const char *k; int kind; int64_t v; int want; } cases[] = {
         {"t", X_U, 0, PS_EPROTO},            {"t", X_U, PS_MSG_TYPE_MAX + 1, PS_EPROTO},
-        {"t", X_STR, 0, PS_EPROTO},          {"f", X_U, 4, PS_EPROTO},
+        {"t", X_STR, 0, PS_EPROTO},          {"f", X_U, 8, PS_EPROTO},
         {"f", X_I, -1, PS_EPROTO},           {"q", X_I, -1, PS_EPROTO},
         {"q", X_STR, 0, PS_EPROTO},          {"r", X_I, -2, PS_EPROTO},
         {"r", X_U, PS_MAX_RANK + 1, PS_EPROTO}, {"r", X_F, 1, PS_EPROTO},
@@ -1069,4 +1079,47 @@ PS_TEST(hello_and_admin_tokens_round_trip_and_bad_admin_tokens_are_refused)
     msgpack_pack_str_body(&m.pk, longer, sizeof longer);
     CHECK_EQ_INT(dec(&m, why, sizeof why), PS_EPROTO);
     mk_free(&m);
+}
+
+/* Replicas: a primary's hello carries its config, the group's epoch and its
+ * member; the stream's flag and a snapshot piece's position come back; a
+ * PS_ENOTPRIMARY error names the primary and the epoch. */
+PS_TEST(replica_fields_round_trip)
+{
+    ps_header a, b;
+    ps_header_init(&a, PS_MSG_REPL_HELLO);
+    a.epoch = 7;
+    a.member = 1;
+    a.hello.mode = PS_MODE_ASYNC;
+    a.hello.num_workers = 3;
+    a.hello.num_servers = 2;
+    a.hello.max_staleness = -1;
+    CHECK_OK(rt(&a, &b));
+    CHECK_EQ_INT(b.epoch, 7);
+    CHECK_EQ_INT(b.member, 1);
+    CHECK_EQ_INT(b.hello.num_workers, 3);
+    ps_header_init(&a, PS_MSG_PUSH);
+    a.flags = PS_FLAG_REPL;
+    a.rank = 1;
+    a.epoch = 9;
+    a.count = 4;
+    a.dtype = PS_DTYPE_F32;
+    CHECK_OK(rt(&a, &b));
+    CHECK_EQ_INT(b.flags, PS_FLAG_REPL);
+    CHECK_EQ_INT(b.epoch, 9);
+    CHECK_EQ_INT(b.stream_pos, 0); /* only a snapshot piece has one */
+    ps_header_init(&a, PS_MSG_ERROR);
+    a.flags = PS_FLAG_REPLY;
+    a.seq = 5;
+    a.err_code = PS_ENOTPRIMARY;
+    snprintf(a.err_text, sizeof a.err_text, "go to member 2");
+    a.epoch = 3;
+    a.member = 2;
+    CHECK_OK(rt(&a, &b));
+    CHECK_EQ_INT(b.err_code, PS_ENOTPRIMARY);
+    CHECK_EQ_INT(b.member, 2);
+    CHECK_EQ_INT(b.epoch, 3);
+    /* a member is 0, 1 or 2 */
+    char why[256];
+    CHECK_EQ_INT(one_field("mb", X_U, 3, why, sizeof why), PS_EPROTO);
 }

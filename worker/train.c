@@ -227,6 +227,7 @@ static int connect_servers(worker *w)
     o.request_timeout_ms = c->request_timeout_ms;
     o.hello_timeout_ms = c->hello_timeout_ms;
     o.heartbeat_ms = c->heartbeat_ms;
+    o.failure_timeout_ms = c->failure_timeout_ms;
     o.server_timeout_ms = c->server_timeout_ms;
     o.curve_dir = c->curve_dir;
     o.shm = c->shm;

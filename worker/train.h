@@ -38,6 +38,8 @@ typedef struct ps_train_config {
     int on_nonfinite;       /* enum ps_on_nonfinite: refuse (default) stops at the step whose
                                gradient holds NaN or Inf, before it is pushed */
     int server_timeout_ms;  /* give up on a server silent this long while we wait (0: never) */
+    int failure_timeout_ms; /* with replicas: move to another member of a group whose
+                               primary is silent this long */
     int local_size;         /* --local-aggregate: workers per host that sum their gradients
                                (ranks h*local_size.. of host h); 1: off */
     int metrics_port;       /* serve /metrics here (0: off) ... */

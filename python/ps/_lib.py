@@ -101,6 +101,7 @@ class ClientOptions(Structure):
         ("on_nonfinite", c_int),
         ("metrics_port", c_int),
         ("metrics_bind", c_char_p),
+        ("failure_timeout_ms", c_int),
     ]
 
 

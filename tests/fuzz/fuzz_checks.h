@@ -329,6 +329,24 @@ FUZZ_FN const char *fuzz_payload_oracle(const ps_header *h, size_t plen, char *m
     }
     char why[256];
     int reply = (h->flags & PS_FLAG_REPLY) != 0;
+    if ((reply ? ps_msg_reply_layout(h->type) : ps_msg_request_layout(h->type)) == PS_PL_BYTES) {
+        /* a snapshot's piece: one frame of exactly `n` bytes, 1 .. the payload limit */
+        for (int nframes = 0; nframes <= 2; nframes++) {
+            size_t sizes[3] = {plen, (size_t)h->count, (size_t)h->count + 1};
+            for (int s = 0; s < 3; s++) {
+                size_t bytes = nframes ? sizes[s] : 0;
+                int want = !(h->flags & PS_FLAG_SHM) && nframes == 1 && h->count >= 1 &&
+                           h->count <= PS_MAX_PAYLOAD_BYTES && bytes == h->count;
+                why[0] = 0;
+                int rc = ps_proto_check_payload(h, nframes, bytes, why, sizeof why);
+                if ((rc == 0) != want || (rc && !why[0]))
+                    return fuzz_fail(msg, len, "check_payload(%s, %d frames, %zu bytes) = %d, "
+                                     "expected %s", ps_msg_type_name(h->type), nframes, bytes,
+                                     rc, want ? "ok" : "an error");
+            }
+        }
+        return NULL;
+    }
     int needs = reply ? ps_msg_reply_has_payload(h->type) : ps_msg_request_has_payload(h->type);
     const ps_msg_info *m = ps_msg_info_of(h->type);
     int shm = (h->flags & PS_FLAG_SHM) != 0;

@@ -54,6 +54,10 @@ static int put_gz(const char *target, const char *name, const void *a, size_t al
 static size_t seed_payload(const ps_header *h, uint8_t *out, size_t cap)
 {
     int reply = (h->flags & PS_FLAG_REPLY) != 0;
+    if (!reply && ps_msg_request_layout(h->type) == PS_PL_BYTES) { /* a snapshot's bytes */
+        memset(out, 0x5a, h->count < cap ? h->count : cap);
+        return h->count < cap ? h->count : cap;
+    }
     if (!ps_msg_is_sparse(h->type)) {
         float v[4] = {1.0f, -2.5f, 0.0f, 3.25f};
         memcpy(out, v, h->count * sizeof(float));
@@ -141,7 +145,19 @@ static int proto_seeds(void)
             }
             if (t == PS_MSG_INIT)
                 h.total = 12;
-            if (t == PS_MSG_HELLO || t == PS_MSG_HYPER) { /* both carry `h` */
+            if (t >= PS_MSG_REPL_HELLO) { /* replicas: the epoch, a member, rank -1 */
+                h.rank = -1;
+                h.epoch = 3;
+                h.member = 1;
+                h.total = 16;
+                h.stream_pos = 40;
+                if (t == PS_MSG_REPL_SNAP && !reply) {
+                    h.count = 4;
+                    payload = 1;
+                }
+            }
+            if (t == PS_MSG_HELLO || t == PS_MSG_HYPER ||
+                ((t == PS_MSG_REPL_HELLO || t == PS_MSG_REPL_JOIN) && !reply)) { /* carry `h` */
                 h.hello.mode = reply ? PS_MODE_SYNC : PS_MODE_ASYNC;
                 h.hello.max_staleness = reply ? 0 : 3;
                 h.hello.num_workers = 2;

@@ -1,0 +1,310 @@
+/* Replicas and failover (server/repl.h, client/client_route.h) with a real
+ * etcd: a push is acknowledged once every live member holds it, a replica
+ * takes over when its primary is killed, libps moves to it and resends,
+ * and nothing acknowledged is lost or applied twice. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ps_client.h"
+#include "ps_error.h"
+#include "ps_test.h"
+#include "ps_test_server.h"
+#include "ps_time.h"
+
+#define KEY 7
+#define N 1000
+
+static ps_test_etcd g_etcd;
+
+static const char *etcd_up(void)
+{
+    if (g_etcd.pid <= 0 || kill(g_etcd.pid, 0) != 0) {
+        char log[512];
+        snprintf(log, sizeof log, "%s/etcd.log", ps_test_tmpdir());
+        if (ps_test_etcd_start(&g_etcd, log) != 0)
+            return NULL;
+    }
+    return g_etcd.url;
+}
+
+/* A group of `members` servers for server rank g of ns, each with the
+ * words given; eps gets "ep0|ep1|..." (what workers list). */
+typedef struct group {
+    ps_test_server sv[3];
+    int n;
+    char eps[256];
+} group;
+
+static int group_start(group *gr, int members, int g, int ns, const char *job, const char *words)
+{
+    gr->n = members;
+    int port[3];
+    size_t w = 0;
+    for (int k = 0; k < members; k++) {
+        port[k] = ps_test_free_port();
+        w += (size_t)snprintf(gr->eps + w, sizeof gr->eps - w, "%stcp://127.0.0.1:%d",
+                              k ? "|" : "", port[k]);
+    }
+    for (int k = 0; k < members; k++) {
+        char all[1024];
+        snprintf(all, sizeof all, "--bind tcp://127.0.0.1:%d --rank %d --num-servers %d "
+                 "--group %s --member %d --coord %s --job %s %s", port[k], g, ns, gr->eps, k,
+                 g_etcd.url, job, words);
+        if (ps_test_server_start(&gr->sv[k], 0, all) != 0)
+            return -1;
+        gr->sv[k].port = port[k];
+    }
+    return 0;
+}
+
+static ps_client *client(const char *servers, int rank, int nw, int mode, char *why,
+                         size_t why_len)
+{
+    ps_client_options o;
+    ps_client_options_default(&o);
+    o.servers = servers;
+    o.rank = rank;
+    o.num_workers = nw;
+    o.mode = mode;
+    o.hello_timeout_ms = 20000;
+    o.request_timeout_ms = 2000;
+    o.heartbeat_ms = 200;
+    o.server_timeout_ms = 30000;
+    o.failure_timeout_ms = 1000; /* shm: the default, on: the payloads through the arena */
+    ps_client *c;
+    if (ps_client_open(&o, &c) != 0) {
+        snprintf(why, why_len, "open: %s", ps_client_last_error(NULL));
+        return NULL;
+    }
+    if (ps_client_register(c, KEY, N) != 0 || ps_client_start(c) != 0) {
+        snprintf(why, why_len, "start: %s", ps_client_last_error(c));
+        ps_client_close(c);
+        return NULL;
+    }
+    return c;
+}
+
+static int wait_req(ps_request *r) { return ps_request_wait_for(r, 30000); }
+
+/* Async, one group of two, payloads through shared memory (the primary
+ * copies them out of the arena for its member): pushes acknowledged before
+ * the primary is killed and after it are each applied exactly once by the
+ * member that took over. */
+PS_TEST(async_replica_takes_over_nothing_lost)
+{
+    if (!etcd_up())
+        SKIP("no etcd (install etcd-server: make deps)");
+    group gr;
+    CHECK_OK(group_start(&gr, 2, 0, 1, "t1", "--mode async --num-workers 1 --lr 1"));
+    char why[512];
+    ps_client *c = client(gr.eps, 0, 1, PS_MODE_ASYNC, why, sizeof why);
+    CHECK_MSG(c, "%s", why);
+    static float w[N], g[N], out[N];
+    for (int i = 0; i < N; i++) {
+        w[i] = (float)i;
+        g[i] = 1.0f / 1024; /* exact in float: sums stay exact */
+    }
+    ps_request r;
+    CHECK_OK(ps_client_init(c, KEY, w, &r));
+    CHECK_OK(wait_req(&r));
+    int pushes = 0;
+    for (; pushes < 20; pushes++) {
+        CHECK_OK(ps_client_push(c, KEY, g, pushes, &r));
+        CHECK_OK(wait_req(&r));
+    }
+    int64_t t0 = ps_now_ns();
+    kill(gr.sv[0].pid, SIGKILL);
+    CHECK_EQ_INT(ps_test_wait(gr.sv[0].pid, 5000), 128 + SIGKILL);
+    for (; pushes < 40; pushes++) {
+        CHECK_OK(ps_client_push(c, KEY, g, pushes, &r));
+        CHECK_MSG(wait_req(&r) == 0, "push %d after the kill: %s", pushes, r.err);
+    }
+    double took = (double)(ps_now_ns() - t0) * 1e-9;
+    CHECK_OK(ps_client_pull(c, KEY, out, 0, &r));
+    CHECK_OK(wait_req(&r));
+    for (int i = 0; i < N; i++)
+        CHECK_MSG(out[i] == w[i] - 40.0f / 1024, "element %d: %.9g, want %.9g", i,
+                  (double)out[i], (double)(w[i] - 40.0f / 1024));
+    CHECK(ps_test_file_has(gr.sv[1].log, "is now the primary of group 0"));
+    CHECK(ps_test_file_has(gr.sv[0].log, "worker 0: payloads through shared memory"));
+    printf("# 20 pushes after the kill in %.2f s\n", took);
+    ps_client_close(c);
+    CHECK_EQ_INT(ps_test_stop(gr.sv[1].pid, 5000), 0);
+}
+
+static int64_t max_version(int port)
+{
+    ps_stats st;
+    return ps_test_stats(port, &st) == 0 ? st.max_version : -1;
+}
+
+static int64_t min_version(int port)
+{
+    ps_stats st;
+    return ps_test_stats(port, &st) == 0 ? st.min_version : -1;
+}
+
+#define TKEY (1ull << 40)
+#define DIM 4
+#define IDS 64
+#define STEPS 300
+
+/* Async with a table and a dense key over two groups of two: the primary of
+ * each is killed while pushes are on their way.  Every push acknowledged is
+ * applied exactly once by the survivors (each partition's and chunk's
+ * version counts its updates: all STEPS, no more), and the rows hold exactly
+ * the sum of what was pushed. */
+PS_TEST(async_tables_kill_each_primary_no_loss_no_double)
+{
+    if (!etcd_up())
+        SKIP("no etcd (install etcd-server: make deps)");
+    unsigned seed = (unsigned)ps_now_ns();
+    srand(seed);
+    int k0 = 50 + rand() % 100, k1 = 160 + rand() % 100;
+    printf("# seed %u: group 0's primary killed at step %d, group 1's at step %d\n", seed, k0, k1);
+    group gr[2];
+    for (int g = 0; g < 2; g++)
+        CHECK_OK(group_start(&gr[g], 2, g, 2, "t2", "--mode async --num-workers 1 --lr 1"));
+    char servers[600];
+    snprintf(servers, sizeof servers, "%s,%s", gr[0].eps, gr[1].eps);
+    ps_client_options o;
+    ps_client_options_default(&o);
+    o.servers = servers;
+    o.num_workers = 1;
+    o.mode = PS_MODE_ASYNC;
+    o.hello_timeout_ms = 20000;
+    o.request_timeout_ms = 2000;
+    o.heartbeat_ms = 200;
+    o.shm = 0;
+    ps_client *c;
+    CHECK_OK(ps_client_open(&o, &c));
+    ps_table_options t;
+    ps_table_options_default(&t);
+    t.dim = DIM;
+    t.init = PS_TABLE_INIT_ZEROS;
+    t.opt.kind = PS_OPT_SGD;
+    t.opt.lr = 1;
+    CHECK_OK(ps_client_register(c, KEY, N));
+    CHECK_OK(ps_client_register_table(c, TKEY, &t));
+    CHECK_MSG(ps_client_start(c) == 0, "%s", ps_client_last_error(c));
+    static float w[N], g[N], out[N];
+    static float want[IDS * DIM], rows[IDS * DIM], grads[IDS * DIM];
+    uint64_t ids[IDS];
+    for (int i = 0; i < N; i++)
+        g[i] = 1.0f / 64;
+    ps_request r, rd;
+    CHECK_OK(ps_client_init(c, KEY, w, &r));
+    CHECK_OK(wait_req(&r));
+    for (int step = 0; step < STEPS; step++) {
+        size_t n = 0;
+        for (uint64_t id = 0; id < IDS; id++)
+            if (rand() % 3 == 0) { /* a third of the ids, gradients exact in float */
+                ids[n] = id;
+                for (int d = 0; d < DIM; d++) {
+                    grads[n * DIM + (size_t)d] = (float)(1 + rand() % 4) / 256;
+                    want[id * DIM + (uint64_t)d] -= grads[n * DIM + (size_t)d];
+                }
+                n++;
+            }
+        CHECK_OK(ps_client_sparse_push(c, TKEY, ids, n, grads, step, &r));
+        CHECK_OK(ps_client_push(c, KEY, g, step, &rd));
+        if (step == k0 || step == k1) { /* while the pushes are on their way */
+            int pid = gr[step == k1].sv[0].pid;
+            kill(pid, SIGKILL);
+            CHECK_EQ_INT(ps_test_wait(pid, 5000), 128 + SIGKILL);
+        }
+        CHECK_MSG(wait_req(&r) == 0, "sparse push %d: %s", step, r.err);
+        CHECK_MSG(wait_req(&rd) == 0, "push %d: %s", step, rd.err);
+    }
+    for (uint64_t id = 0; id < IDS; id++)
+        ids[id] = id;
+    CHECK_OK(ps_client_sparse_pull(c, TKEY, ids, IDS, rows, 0, &r));
+    CHECK_OK(wait_req(&r));
+    CHECK_OK(ps_client_pull(c, KEY, out, 0, &r));
+    CHECK_OK(wait_req(&r));
+    for (int i = 0; i < IDS * DIM; i++)
+        CHECK_MSG(rows[i] == want[i], "row value %d: %.9g, want %.9g", i, (double)rows[i],
+                  (double)want[i]);
+    for (int i = 0; i < N; i++)
+        CHECK_MSG(out[i] == -(float)STEPS / 64, "element %d: %.9g", i, (double)out[i]);
+    /* the survivors applied every push once: every version is STEPS */
+    for (int k = 0; k < 2; k++) {
+        int port = gr[k].sv[1].port;
+        CHECK_EQ_INT(max_version(port), STEPS);
+        CHECK_EQ_INT(min_version(port), STEPS);
+    }
+    ps_client_close(c);
+    for (int k = 0; k < 2; k++)
+        CHECK_EQ_INT(ps_test_stop(gr[k].sv[1].pid, 5000), 0);
+}
+
+/* A ps_worker run of `steps` steps over the servers, its model saved to
+ * save (worker 0): 0, or the first worker's exit status. */
+static int train(const char *servers, const char *save, int steps, const char *extra,
+                 const char *tag, int *pid)
+{
+    char words[2048], log[512];
+    for (int rank = 0; rank < 2; rank++) {
+        snprintf(words, sizeof words, "--servers %s --num-workers 2 --rank %d --mode sync "
+                 "--steps %d --data synthetic:65536 --batch 32 --log-every 10 "
+                 "--model mlp:784-128-10 --request-timeout 2000 --seed 3 %s%s %s", servers,
+                 rank, steps, rank == 0 ? "--save " : "", rank == 0 ? save : "", extra);
+        snprintf(log, sizeof log, "%s/%s-w%d.log", ps_test_tmpdir(), tag, rank);
+        pid[rank] = ps_test_spawn_words("ps_worker", words, log);
+        if (pid[rank] < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Sync, 2 servers x --replicas 1, 2 workers: the primary of each group is
+ * killed in turn at a random step; the final model is bitwise the one of an
+ * uninterrupted run. */
+PS_TEST(sync_kill_each_primary_bitwise)
+{
+    if (!etcd_up())
+        SKIP("no etcd (install etcd-server: make deps)");
+    const int steps = 600;
+    unsigned seed = (unsigned)ps_now_ns();
+    srand(seed);
+    int k0 = 5 + rand() % 20, k1 = 30 + rand() % 20; /* in tens of steps */
+    printf("# seed %u: group 0's primary killed at step %d, group 1's at step %d\n", seed,
+           k0 * 10, k1 * 10);
+    char ref[512], got[512];
+    snprintf(ref, sizeof ref, "%s/ref.model", ps_test_tmpdir());
+    snprintf(got, sizeof got, "%s/kill.model", ps_test_tmpdir());
+    const char *words = "--mode sync --num-workers 2 --lr 0.05";
+    for (int run = 0; run < 2; run++) {
+        group gr[2];
+        for (int g = 0; g < 2; g++)
+            CHECK_OK(group_start(&gr[g], 2, g, 2, run ? "t3b" : "t3a", words));
+        char servers[600], log[512];
+        snprintf(servers, sizeof servers, "%s,%s", gr[0].eps, gr[1].eps);
+        int w[2];
+        CHECK_OK(train(servers, run ? got : ref, steps, "", run ? "kill" : "ref", w));
+        snprintf(log, sizeof log, "%s/%s-w0.log", ps_test_tmpdir(), run ? "kill" : "ref");
+        for (int k = 0; run && k < 2; k++) {
+            char needle[32];
+            snprintf(needle, sizeof needle, " iter %d/", (k ? k1 : k0) * 10);
+            CHECK_MSG(ps_test_wait_for_text(log, needle, 60000, w[0]) == 0,
+                      "worker 0 did not reach%s", needle);
+            kill(gr[k].sv[0].pid, SIGKILL);
+            CHECK_EQ_INT(ps_test_wait(gr[k].sv[0].pid, 5000), 128 + SIGKILL);
+        }
+        CHECK_EQ_INT(ps_test_wait(w[0], 120000), 0);
+        CHECK_EQ_INT(ps_test_wait(w[1], 120000), 0);
+        for (int g = 0; g < 2; g++)
+            for (int k = run; k < 2; k++)
+                CHECK_EQ_INT(ps_test_stop(gr[g].sv[k].pid, 5000), 0);
+    }
+    size_t na, nb;
+    char *a = ps_test_read_file(ref, &na), *b = ps_test_read_file(got, &nb);
+    CHECK(a && b);
+    CHECK_MSG(na == nb && memcmp(a, b, na) == 0, "the model of the run with kills differs from "
+              "the uninterrupted run's (%zu and %zu bytes)", na, nb);
+    free(a);
+    free(b);
+}
