@@ -362,6 +362,13 @@ enum {
       "backups of every server's shard (chunks and table partitions), each a ps_server of its "  \
       "own (on other hosts when the hostfile has them): a push is acknowledged once every live " \
       "one holds it, and when a primary is lost one of them takes over; needs --coord")          \
+    X(restart_servers, (_, _, LAUNCH, _, _), "--restart-servers", "N", NULL, INT,                \
+      restart_servers, "-1", NULL, -1, 100000, _, 0,                                             \
+      "start a new server for one that died, at most N times in the job: with --replicas it "    \
+      "copies its group's state from the primary while training goes on and becomes a "          \
+      "replica; without, it restarts from its checkpoint (--restore; give --server-arg "          \
+      "--checkpoint-dir=DIR) and the workers wait for it within --server-timeout.  -1 (the "     \
+      "default): 10 with --replicas, else 0 (a lost server ends the job)")                        \
     X(failure_timeout, (SERVER, WORKER, LAUNCH, LIBPS, _), "--failure-timeout", "S",             \
       "PS_FAILURE_TIMEOUT", SECS, failure_timeout_ms, "1", NULL, 0, 3600, _, 0,                  \
       "with replicas: a primary, replica or worker connection silent this long (a closed one "   \

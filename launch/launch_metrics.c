@@ -61,7 +61,7 @@ int ps_launch_metrics_open(const ps_launch_plan *plan, const ps_launch_counts *c
     if (!m)
         return PS_ENOMEM;
     m->counts = counts;
-    m->planned[PS_LAUNCH_SERVER] = plan->num_servers;
+    m->planned[PS_LAUNCH_SERVER] = plan->server_procs;
     m->planned[PS_LAUNCH_WORKER] = plan->num_workers;
     int rc = PS_ENOMEM;
     if ((m->reg = ps_metrics_create()) && !ps_metrics_add(m->reg, collect, m))
@@ -134,8 +134,7 @@ int ps_launch_write_job(const char *path, const ps_launch_plan *plan, const char
     char t[300];
     ps_strbuf_add(&b, "# ps_launch job: role rank endpoint metrics (ps_top --job reads it)\n"
                       "servers ");
-    for (int i = 0; i < plan->num_servers; i++)
-        ps_strbuf_addf(&b, "%s%s", i ? "," : "", plan->cmds[i].endpoint);
+    ps_launch_server_list(plan, &b);
     ps_strbuf_add(&b, "\n");
     if (curve_dir)
         ps_strbuf_addf(&b, "curve-keys %s\n", curve_dir);

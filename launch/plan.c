@@ -432,12 +432,12 @@ static const ps_strvec *gpu_list(const ps_launch_opts *o, const ps_launch_site *
  * BIN/ps_launch --remote-child [env VAR=x...] args...'`: the remote wrapper
  * (remote.h) takes signals from the ssh channel and stops the program when
  * the connection ends. */
-static void cmd_finish(ps_launch_cmd *cmd, const ps_strvec *args, const ps_launch_opts *o,
-                       const ps_launch_site *site)
+static void cmd_finish_into(ps_strvec *argv, const ps_launch_cmd *cmd, const ps_strvec *args,
+                            const ps_launch_opts *o, const ps_launch_site *site)
 {
     if (!cmd->host) {
         for (int i = 0; i < args->n; i++)
-            ps_strvec_push(&cmd->argv, args->v[i]);
+            ps_strvec_push(argv, args->v[i]);
         return;
     }
     ps_strbuf r = {0};
@@ -468,17 +468,23 @@ static void cmd_finish(ps_launch_cmd *cmd, const ps_strvec *args, const ps_launc
         remote_quote(&r, args->v[i]);
     }
     /* the user's ssh and options first: for ssh the first value given wins */
-    push_words(&cmd->argv, site->ssh && *site->ssh ? site->ssh : "ssh");
+    push_words(argv, site->ssh && *site->ssh ? site->ssh : "ssh");
     for (int i = 0; i < o->ssh_opts.n; i++)
-        ps_strvec_push(&cmd->argv, o->ssh_opts.v[i]);
-    ps_strvec_push(&cmd->argv, "-o");
-    ps_strvec_push(&cmd->argv, "BatchMode=yes");
-    ps_strvec_push(&cmd->argv, cmd->host);
+        ps_strvec_push(argv, o->ssh_opts.v[i]);
+    ps_strvec_push(argv, "-o");
+    ps_strvec_push(argv, "BatchMode=yes");
+    ps_strvec_push(argv, cmd->host);
     if (r.failed)
-        cmd->argv.failed = 1;
+        argv->failed = 1;
     else
-        ps_strvec_push(&cmd->argv, ps_strbuf_str(&r));
+        ps_strvec_push(argv, ps_strbuf_str(&r));
     ps_strbuf_free(&r);
+}
+
+static void cmd_finish(ps_launch_cmd *cmd, const ps_strvec *args, const ps_launch_opts *o,
+                       const ps_launch_site *site)
+{
+    cmd_finish_into(&cmd->argv, cmd, args, o, site);
 }
 
 /* S and W from the flags and the hostfile, checked against each other. */
@@ -568,13 +574,14 @@ static int plan_aggregate(const ps_launch_opts *o, const ps_launch_hostfile *hf,
 static void plan_place(const ps_launch_opts *o, const ps_launch_site *site, ps_launch_plan *p)
 {
     const ps_launch_hostfile *hf = site->hostfile;
-    int S = p->num_servers, W = p->num_workers;
+    int S = p->num_servers, W = p->num_workers, NP = p->server_procs;
     int local_idx[PS_LAUNCH_MAX_WORKERS]; /* a worker's index among those on its host */
     const ps_launch_host *whost[PS_LAUNCH_MAX_WORKERS];
-    for (int r = 0; r < S; r++)
-        p->cmds[r].role = PS_LAUNCH_SERVER, p->cmds[r].rank = r;
+    /* server process i: member i / S of group i % S */
+    for (int i = 0; i < NP; i++)
+        p->cmds[i].role = PS_LAUNCH_SERVER, p->cmds[i].rank = i % S, p->cmds[i].member = i / S;
     for (int r = 0; r < W; r++) {
-        p->cmds[S + r].role = PS_LAUNCH_WORKER, p->cmds[S + r].rank = r;
+        p->cmds[NP + r].role = PS_LAUNCH_WORKER, p->cmds[NP + r].rank = r;
         whost[r] = NULL, local_idx[r] = r;
     }
     if (hf) {
@@ -583,24 +590,28 @@ static void plan_place(const ps_launch_opts *o, const ps_launch_site *site, ps_l
             for (int j = 0; j < hf->hosts[h].servers; j++)
                 p->cmds[s++].host = hf->hosts[h].name;
             for (int j = 0; j < hf->hosts[h].workers; j++, w++) {
-                p->cmds[S + w].host = hf->hosts[h].name;
+                p->cmds[NP + w].host = hf->hosts[h].name;
                 whost[w] = &hf->hosts[h];
                 local_idx[w] = j;
             }
         }
+        /* member k of group g on the host of group (g + k) mod S's primary:
+         * another host whenever the groups' primaries are spread over hosts */
+        for (int i = S; i < NP; i++)
+            p->cmds[i].host = p->cmds[(i % S + i / S) % S].host;
     }
-    for (int r = 0; r < S; r++) {
-        ps_launch_cmd *c = &p->cmds[r];
+    for (int i = 0; i < NP; i++) {
+        ps_launch_cmd *c = &p->cmds[i];
         ps_strbuf e = {0};
         if (hf)
-            ps_strbuf_addf(&e, "tcp://%s:%d", host_addr(c->host), o->base_port + r);
+            ps_strbuf_addf(&e, "tcp://%s:%d", host_addr(c->host), o->base_port + i);
         else
-            ps_strbuf_addf(&e, "tcp://127.0.0.1:%d", site->ports[r]);
+            ps_strbuf_addf(&e, "tcp://127.0.0.1:%d", site->ports[i]);
         c->endpoint = ps_strbuf_take(&e);
     }
     const ps_strvec *gpus = gpu_list(o, site);
     for (int r = 0; r < W; r++) {
-        ps_launch_cmd *c = &p->cmds[S + r];
+        ps_launch_cmd *c = &p->cmds[NP + r];
         /* one worker per GPU, round-robin; each sees only its GPU, as cuda:0 */
         char gpu[64] = "";
         if (!strcmp(o->gpus, "auto") && whost[r]) {
@@ -645,12 +656,26 @@ static void server_args(const ps_launch_opts *o, const ps_launch_plan *p, const 
 {
     if (hostfile) {
         ps_strvec_push(a, "--bind");
-        ps_strvec_pushf(a, "tcp://*:%d", o->base_port + c->rank);
+        ps_strvec_pushf(a, "tcp://*:%d", o->base_port + c->rank + c->member * p->num_servers);
     } else {
         push_flag(a, "--bind", c->endpoint);
     }
     push_flag_int(a, "--rank", c->rank);
     push_flag_int(a, "--num-servers", p->num_servers);
+    if (p->replicas) { /* its shard group: the members' endpoints, etcd, the job */
+        ps_strbuf g = {0};
+        for (int k = 0; k <= p->replicas; k++)
+            ps_strbuf_addf(&g, "%s%s", k ? "|" : "", p->cmds[c->rank + k * p->num_servers].endpoint);
+        push_flag(a, "--group", ps_strbuf_str(&g));
+        ps_strbuf_free(&g);
+        push_flag_int(a, "--member", c->member);
+        push_flag(a, "--coord", o->coord);
+        push_flag(a, "--job", o->job);
+    }
+    if (o->failure_timeout_ms != 1000) {
+        ps_strvec_push(a, "--failure-timeout");
+        ps_strvec_pushf(a, "%g", o->failure_timeout_ms / 1000.0);
+    }
     /* with aggregation per host, each host's first worker is the servers' worker */
     push_flag_int(a, "--num-workers", p->num_workers / p->local_aggregate);
     push_flag(a, "--mode", ps_launch_mode_name(o->mode));
@@ -679,6 +704,10 @@ static void worker_args(const ps_launch_opts *o, const ps_launch_plan *p, const 
     push_flag_int(a, "--rank", c->rank);
     push_flag_int(a, "--num-workers", p->num_workers);
     push_flag(a, "--mode", ps_launch_mode_name(o->mode));
+    if (o->failure_timeout_ms != 1000) {
+        ps_strvec_push(a, "--failure-timeout");
+        ps_strvec_pushf(a, "%g", o->failure_timeout_ms / 1000.0);
+    }
     for (int k = 0; k + 1 < o->shared.n; k += 2)
         push_flag(a, o->shared.v[k], o->shared.v[k + 1]);
     wflag w;
@@ -820,12 +849,36 @@ int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
     int S, W, L, rc = plan_sizes(o, hf, &S, &W, why, len);
     if (rc || (rc = plan_aggregate(o, hf, W, &L, why, len)))
         return rc;
-    p->cmds = calloc((size_t)(S + W), sizeof *p->cmds);
+    if (o->replicas && !o->coord) {
+        snprintf(why, len, P ": --replicas needs --coord: etcd's endpoints (--coord auto: "
+                 "ps_launch runs one on this host)");
+        return PS_EINVAL;
+    }
+    int NP = S * (1 + o->replicas);
+    if (NP > PS_LAUNCH_MAX_SERVERS * 3 || (hf && o->base_port + NP - 1 > 65535)) {
+        snprintf(why, len, P ": %d servers x %d members is too many processes (or ports past "
+                 "65535)", S, 1 + o->replicas);
+        return PS_EINVAL;
+    }
+    p->restarts = o->restart_servers >= 0 ? o->restart_servers : o->replicas ? 10 : 0;
+    if (p->restarts && !o->replicas) {
+        int ckpt = 0;
+        for (int k = 0; k < o->server_args.n; k++)
+            ckpt |= !strncmp(o->server_args.v[k], "--checkpoint-dir", 16);
+        if (!ckpt) {
+            snprintf(why, len, P ": --restart-servers without --replicas restarts a server from "
+                     "its checkpoint: give --server-arg --checkpoint-dir=DIR");
+            return PS_EINVAL;
+        }
+    }
+    p->cmds = calloc((size_t)(NP + W), sizeof *p->cmds);
     if (!p->cmds)
         return PS_ENOMEM;
     p->num_servers = S;
     p->num_workers = W;
-    p->n = S + W;
+    p->replicas = o->replicas;
+    p->server_procs = NP;
+    p->n = NP + W;
     p->mode = o->mode;
     p->exec = o->exec != NULL;
     p->local_aggregate = L;
@@ -834,8 +887,7 @@ int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
         p->cmds[i].metrics_port = site->metrics_ports[1 + i];
 
     ps_strbuf list = {0};
-    for (int r = 0; r < S; r++)
-        ps_strbuf_addf(&list, "%s%s", r ? "," : "", p->cmds[r].endpoint ? p->cmds[r].endpoint : "");
+    ps_launch_server_list(p, &list);
     int oom = list.failed;
     for (int i = 0; i < p->n && !oom; i++) {
         ps_launch_cmd *c = &p->cmds[i];
@@ -850,7 +902,14 @@ int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
                 worker_args(o, p, c, ps_strbuf_str(&list), &a);
         }
         cmd_finish(c, &a, o, site);
-        oom = a.failed || c->argv.failed || c->env.failed ||
+        if (c->role == PS_LAUNCH_SERVER && p->restarts) {
+            /* a new server for it: with replicas the same command (it copies the
+             * group's state), else the same from its checkpoint */
+            if (!p->replicas)
+                ps_strvec_push(&a, "--restore");
+            cmd_finish_into(&c->restart_argv, c, &a, o, site);
+        }
+        oom = a.failed || c->argv.failed || c->env.failed || c->restart_argv.failed ||
               (c->role == PS_LAUNCH_SERVER ? !c->endpoint : !c->device);
         ps_strvec_free(&a);
     }
@@ -862,6 +921,15 @@ int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
     return 0;
 }
 
+void ps_launch_server_list(const ps_launch_plan *p, ps_strbuf *out)
+{
+    for (int g = 0; g < p->num_servers; g++)
+        for (int k = 0; k <= p->replicas; k++) {
+            const char *ep = p->cmds[g + k * p->num_servers].endpoint;
+            ps_strbuf_addf(out, "%s%s", k ? "|" : g ? "," : "", ep ? ep : "");
+        }
+}
+
 void ps_launch_plan_free(ps_launch_plan *p)
 {
     for (int i = 0; i < p->n; i++) {
@@ -869,6 +937,7 @@ void ps_launch_plan_free(ps_launch_plan *p)
         free(p->cmds[i].device);
         ps_strvec_free(&p->cmds[i].env);
         ps_strvec_free(&p->cmds[i].argv);
+        ps_strvec_free(&p->cmds[i].restart_argv);
     }
     free(p->cmds);
     memset(p, 0, sizeof *p);
@@ -908,13 +977,18 @@ int ps_launch_plan_notes(const ps_launch_opts *o, const ps_launch_site *site,
 
 int ps_launch_plan_print(const ps_launch_plan *p, ps_strbuf *out)
 {
-    ps_strbuf_addf(out, "# ps_launch plan: %d server%s, %d worker%s, mode %s\n", p->num_servers,
-                   p->num_servers == 1 ? "" : "s", p->num_workers, p->num_workers == 1 ? "" : "s",
-                   ps_launch_mode_name(p->mode));
+    ps_strbuf_addf(out, "# ps_launch plan: %d server%s", p->num_servers,
+                   p->num_servers == 1 ? "" : "s");
+    if (p->replicas)
+        ps_strbuf_addf(out, " x %d members (--replicas %d)", 1 + p->replicas, p->replicas);
+    ps_strbuf_addf(out, ", %d worker%s, mode %s\n", p->num_workers,
+                   p->num_workers == 1 ? "" : "s", ps_launch_mode_name(p->mode));
     for (int i = 0; i < p->n; i++) {
         const ps_launch_cmd *c = &p->cmds[i];
-        ps_strbuf_addf(out, "# %s %d on %s", ps_launch_role_name(c->role), c->rank,
-                       c->host ? c->host : "this host");
+        ps_strbuf_addf(out, "# %s %d", ps_launch_role_name(c->role), c->rank);
+        if (c->role == PS_LAUNCH_SERVER && p->replicas)
+            ps_strbuf_addf(out, " member %d", c->member);
+        ps_strbuf_addf(out, " on %s", c->host ? c->host : "this host");
         if (c->role == PS_LAUNCH_SERVER)
             ps_strbuf_addf(out, ", reached at %s\n", c->endpoint);
         else

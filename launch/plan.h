@@ -64,6 +64,7 @@ typedef struct ps_launch_opts {
     int replicas;
     const char *coord, *job;
     int failure_timeout_ms;
+    int restart_servers;      /* -1: the default (10 with replicas, else 0) */
 } ps_launch_opts;
 
 /* Parse ps_launch's command line (argv[0] is the program) and check every
@@ -125,17 +126,24 @@ char *ps_launch_bin_dir(const ps_launch_opts *o, const char *exe_dir, const char
 /* One process to start. */
 typedef struct ps_launch_cmd {
     int role, rank;
+    int member;               /* servers with --replicas: which member of group `rank` */
     const char *host;         /* hostfile host name (into the hostfile); NULL: this host */
     char *endpoint;           /* servers: what workers connect to */
     char *device;             /* workers: "cpu" or "cuda:0" */
     ps_strvec env;            /* "NAME=value" entries to add to the environment */
     ps_strvec argv;           /* argv[0]: program path, or "ssh" */
+    ps_strvec restart_argv;   /* servers: what a new one for it runs (--restart-servers; with
+                                 --replicas 0 argv and --restore); empty: none */
     int metrics_port;         /* it serves /metrics here (--metrics-port); 0: not */
 } ps_launch_cmd;
 
 typedef struct ps_launch_plan {
-    ps_launch_cmd *cmds;      /* servers in rank order, then workers */
+    ps_launch_cmd *cmds;      /* servers (member 0 of each group in rank order, then member
+                                 1 of each, ...), then workers */
     int n, num_servers, num_workers;
+    int replicas;             /* --replicas R: server_procs = num_servers x (R + 1) */
+    int server_procs;
+    int restarts;             /* servers that may be started again in the job */
     int mode;                 /* o->mode */
     int exec;                 /* the workers run --exec's program, not ps_worker */
     int local_aggregate;      /* ps_worker --local-aggregate: workers per host that sum
@@ -167,7 +175,8 @@ int ps_launch_metrics_ports(const ps_launch_opts *o, int S, int W, const int *fr
                             int *ports, int *off, int *need_free, char *why, size_t len);
 
 /* The plan's sizes as ps_launch_plan_build finds them (flags, hostfile):
- * S servers and W workers.  0 or PS_EINVAL with why. */
+ * S servers (shard groups) and W workers.  0 or PS_EINVAL with why.  The
+ * processes: S x (1 + replicas) servers and the W workers. */
 int ps_launch_plan_sizes(const ps_launch_opts *o, const ps_launch_hostfile *hf, int *S, int *W,
                          char *why, size_t len);
 
@@ -195,6 +204,11 @@ int ps_launch_plan_sizes(const ps_launch_opts *o, const ps_launch_hostfile *hf, 
 int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
                          ps_launch_plan *p, char *why, size_t len);
 void ps_launch_plan_free(ps_launch_plan *p);
+
+/* The servers as workers list them: "EP,EP,..." in rank order; with
+ * replicas each entry is its group's members, "EP|EP[|EP]" (the primary
+ * first).  Appends to out. */
+void ps_launch_server_list(const ps_launch_plan *p, ps_strbuf *out);
 
 /* What ps_launch says on stderr before it starts or prints the plan: the
  * output flags that only worker 0 gets, and for this host which GPUs the

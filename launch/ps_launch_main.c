@@ -16,8 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "coord_local.h"
 #include "plan.h"
 #include "ps_error.h"
 #include "ps_flags.h"
@@ -180,6 +182,7 @@ static int metrics_ports(const ps_launch_opts *o, const ps_launch_hostfile *hf, 
     *mports = NULL;
     if (ps_launch_plan_sizes(o, hf, &S, &W, why, sizeof why))
         return refuse(PS_EINVAL, why);
+    S *= 1 + o->replicas; /* every server process serves its own */
     int *p = calloc((size_t)(1 + S + W), sizeof *p), *fr = NULL;
     if (!p)
         return refuse(PS_ENOMEM, why);
@@ -218,8 +221,11 @@ static int metrics_start(const ps_launch_opts *o, const ps_launch_plan *plan, co
         }
         fprintf(stderr, P ": metrics of ps_launch at %s\n", ps_launch_metrics_url(*lm));
         for (int i = 0; i < plan->n; i++)
-            fprintf(stderr, P ": metrics of %s %d at http://%s/metrics\n",
+            fprintf(stderr, P ": metrics of %s %d%s at http://%s/metrics\n",
                     ps_launch_role_name(plan->cmds[i].role), plan->cmds[i].rank,
+                    plan->replicas && plan->cmds[i].role == PS_LAUNCH_SERVER
+                        ? (const char *[]){" member 0", " member 1", " member 2"}[plan->cmds[i].member]
+                        : "",
                     ps_launch_metrics_target(plan, i, plan->cmds[i].metrics_port, bind, t,
                                              sizeof t));
     }
@@ -307,6 +313,33 @@ static int check_local(const ps_launch_opts *o, const ps_launch_plan *plan, cons
     return rc;
 }
 
+/* --replicas: the job's name in etcd (made up when not given), and with
+ * --coord auto (or none, on this host) the local etcd to start: its URL
+ * goes into o->coord now, the plan hands it to the servers.  0, or the
+ * exit status after a message. */
+static int coord_setup(ps_launch_opts *o, ps_launch_etcd *e)
+{
+    static char job[96];
+    if (!o->job) {
+        snprintf(job, sizeof job, "ps-%ld-%lld", (long)getpid(), (long long)time(NULL));
+        o->job = job;
+    }
+    if (o->coord && strcmp(o->coord, "auto"))
+        return 0;
+    if (o->hostfile) {
+        fprintf(stderr, P ": --replicas over a hostfile needs --coord URLS: an etcd every host "
+                "reaches (docs/OPERATIONS.md \"Replicas\")\n");
+        return 2;
+    }
+    char why[512];
+    if (ps_launch_etcd_plan(e, why, sizeof why)) {
+        fprintf(stderr, "%s\n", why);
+        return 2;
+    }
+    o->coord = e->url;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     ps_launch_opts o;
@@ -314,7 +347,8 @@ int main(int argc, char **argv)
     ps_launch_plan plan = {0};
     ps_strvec gpus = {0};
     ps_strbuf text = {0};
-    int ports[PS_LAUNCH_MAX_SERVERS], *mports = NULL, moff = 0;
+    int ports[3 * PS_LAUNCH_MAX_SERVERS], *mports = NULL, moff = 0;
+    ps_launch_etcd etcd = {0};
     ps_launch_counts counts = {0};
     ps_launch_metrics *lm = NULL;
     char *exe_dir = NULL, *bin_dir = NULL;
@@ -365,13 +399,15 @@ int main(int argc, char **argv)
             rc = refuse(PS_ENOMEM, why);
             goto out;
         }
-        if (pick_ports(o.servers, ports, why, sizeof why)) {
+        if (pick_ports(o.servers * (1 + o.replicas), ports, why, sizeof why)) {
             fprintf(stderr, "%s\n", why);
             rc = 1;
             goto out;
         }
     }
     if ((rc = metrics_ports(&o, o.hostfile ? &hf : NULL, &mports, &moff)))
+        goto out;
+    if (o.replicas && (rc = coord_setup(&o, &etcd)) != 0)
         goto out;
     /* On other hosts, the programs are at the same path as here, and the
      * commands run in this working directory. */
@@ -397,11 +433,20 @@ int main(int argc, char **argv)
     }
     if (!o.hostfile && (rc = check_local(&o, &plan, bin_dir)))
         goto out;
+    if (etcd.auto_) { /* --coord auto: this job's own etcd, on this host */
+        if ((rc = ps_launch_etcd_start(&etcd, why, sizeof why)) != 0) {
+            rc = refuse(rc, why);
+            goto out;
+        }
+        fprintf(stderr, P ": etcd for this job at %s (pid %ld, --coord auto)\n", etcd.url,
+                (long)etcd.pid);
+    }
     if ((rc = metrics_start(&o, &plan, mports, &counts, &lm)))
         goto out;
     fflush(stdout);
     rc = ps_launch_supervise(&plan, &counts);
 out:
+    ps_launch_etcd_stop(&etcd);
     ps_launch_metrics_close(lm);
     free(mports);
     ps_strbuf_free(&text);

@@ -53,6 +53,8 @@ struct supervisor {
     int killed;           /* SIGKILL sent */
     int servers_sig;      /* the signal the servers get once the workers have ended; 0: none */
     int workers_ok, workers;
+    int replicas;         /* the plan's: a lost server's group carries on */
+    int restarts;         /* new servers that may still be started */
     char failure[512];    /* what made us stop, for the last line */
     int64_t t0;
     /* worker summaries seen in the output, for the closing line */
@@ -101,14 +103,23 @@ static void describe_status(int st, char *out, size_t n)
     }
 }
 
+/* "server 2", or with replicas "server 2.1" (member 1 of group 2). */
+static void child_label(const child *c, char *out, size_t n)
+{
+    if (c->cmd->role == PS_LAUNCH_SERVER && c->sv->replicas)
+        snprintf(out, n, "server %d.%d", c->cmd->rank, c->cmd->member);
+    else
+        snprintf(out, n, "%s %d", ps_launch_role_name(c->cmd->role), c->cmd->rank);
+}
+
 static void child_name(const child *c, char *out, size_t n)
 {
-    const char *role = ps_launch_role_name(c->cmd->role);
+    char label[48];
+    child_label(c, label, sizeof label);
     if (c->cmd->host)
-        snprintf(out, n, "%s %d (pid %ld, ssh to %s)", role, c->cmd->rank, (long)c->pid,
-                 c->cmd->host);
+        snprintf(out, n, "%s (pid %ld, ssh to %s)", label, (long)c->pid, c->cmd->host);
     else
-        snprintf(out, n, "%s %d (pid %ld)", role, c->cmd->rank, (long)c->pid);
+        snprintf(out, n, "%s (pid %ld)", label, (long)c->pid);
 }
 
 static void write_all(int fd, const char *p, size_t n)
@@ -172,13 +183,15 @@ static void emit_line(child *c, int stream, const char *line, size_t n)
         }
     }
     ps_strbuf_reset(&b);
-    ps_strbuf_addf(&b, "[%s %d] ", ps_launch_role_name(c->cmd->role), c->cmd->rank);
+    char label[48];
+    child_label(c, label, sizeof label);
+    ps_strbuf_addf(&b, "[%s] ", label);
     size_t head = b.n;
     ps_strbuf_addn(&b, line, n);
     ps_strbuf_add(&b, "\n");
     if (b.failed) { /* out of memory: the line all the same, in pieces */
         char pre[64];
-        snprintf(pre, sizeof pre, "[%s %d] ", ps_launch_role_name(c->cmd->role), c->cmd->rank);
+        snprintf(pre, sizeof pre, "[%s] ", label);
         write_all(fd, pre, strlen(pre));
         write_all(fd, line, n);
         write_all(fd, "\n", 1);
@@ -269,7 +282,14 @@ static const char *gpu_env(const ps_launch_cmd *k)
 /* Start one process with stdout/stderr on pipes.  The child gets its own
  * process group (so ps_launch alone decides which signals reach it, and a
  * stop reaches anything it forked) and, on Linux, SIGTERM if ps_launch dies. */
+static int spawn_argv(child *c, char *const *argv, char *why, size_t len);
+
 static int spawn(child *c, char *why, size_t len)
+{
+    return spawn_argv(c, c->cmd->argv.v, why, len);
+}
+
+static int spawn_argv(child *c, char *const *argv, char *why, size_t len)
 {
     int out[2], err[2], in[2] = {-1, -1};
     if (pipe(out) || pipe(err) || (c->cmd->host && pipe(in))) {
@@ -283,8 +303,7 @@ static int spawn(child *c, char *why, size_t len)
             fcntl(in[i], F_SETFD, FD_CLOEXEC);
     }
     /* ssh's stdin is our pipe to the remote wrapper; the rest read nothing */
-    pid_t pid = ps_launch_spawn(c->cmd->argv.v, in[0], out[1], err[1],
-                                c->cmd->host ? NULL : c->cmd->env.v);
+    pid_t pid = ps_launch_spawn(argv, in[0], out[1], err[1], c->cmd->host ? NULL : c->cmd->env.v);
     int fork_errno = errno;
     close(out[1]);
     close(err[1]);
@@ -363,6 +382,39 @@ static void stop_all(supervisor *sv, int sig, int servers_only)
     sv->deadline = ps_launch_now_ms() + STOP_GRACE_MS;
 }
 
+/* Server c died while the workers train: start a new one for it (its
+ * restart_argv: with replicas it copies its group's state from the
+ * primary and becomes a replica; without, it restores its checkpoint and
+ * the workers wait for it).  0 started; -1 not (said why). */
+static int restart_server(supervisor *sv, child *c, const char *name, const char *how)
+{
+    if (sv->restarts <= 0 || !c->cmd->restart_argv.n)
+        return -1;
+    sv->restarts--;
+    close_stream(c, 0);
+    close_stream(c, 1);
+    c->signalled = 0;
+    c->remote_status = -1;
+    char why[512];
+    if (spawn_argv(c, c->cmd->restart_argv.v, why, sizeof why)) {
+        fprintf(stderr, P ": %s %s; a new one could not be started: %s\n", name, how, why);
+        return -1;
+    }
+    c->reaped = 0;
+    if (sv->counts)
+        atomic_fetch_add_explicit(&sv->counts->started[PS_LAUNCH_SERVER], 1,
+                                  memory_order_relaxed);
+    char label[48];
+    child_label(c, label, sizeof label);
+    fprintf(stderr, P ": %s %s; started a new %s (pid %ld) at %s, %s (%d more may be "
+            "started)\n", name, how, label, (long)c->pid, c->cmd->endpoint,
+            sv->replicas ? "which copies its group's state from the primary while training goes "
+                           "on"
+                         : "from its checkpoint (--restore); the workers wait for it",
+            sv->restarts);
+    return 0;
+}
+
 static void on_exit_child(supervisor *sv, child *c)
 {
     char name[300], how[160];
@@ -387,6 +439,14 @@ static void on_exit_child(supervisor *sv, child *c)
                 sv->state = ST_STOP_SERVERS;
                 stop_all(sv, SIGTERM, 1);
             }
+            return;
+        }
+        if (c->cmd->role == PS_LAUNCH_SERVER && restart_server(sv, c, name, how) == 0)
+            return;
+        if (c->cmd->role == PS_LAUNCH_SERVER && sv->replicas) {
+            /* its group's other members carry on */
+            fprintf(stderr, P ": %s %s; its group goes on with its other members (no new "
+                    "server: --restart-servers is spent)\n", name, how);
             return;
         }
         fprintf(stderr, P ": %s %s%s; stopping the others\n", name, how,
@@ -476,6 +536,8 @@ int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts)
     sv.counts = counts;
     sv.n = plan->n;
     sv.workers = plan->num_workers;
+    sv.replicas = plan->replicas;
+    sv.restarts = plan->restarts;
     sv.acc0 = -1;
     sv.ch = calloc((size_t)sv.n, sizeof *sv.ch);
     struct pollfd *pfd = calloc((size_t)(2 * sv.n + 1), sizeof *pfd);
@@ -518,8 +580,10 @@ int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts)
         const ps_launch_cmd *k = c->cmd;
         if (sv.counts)
             atomic_fetch_add_explicit(&sv.counts->started[k->role], 1, memory_order_relaxed);
+        char label[48];
+        child_label(c, label, sizeof label);
         if (k->role == PS_LAUNCH_SERVER)
-            fprintf(stderr, P ": started server %d (pid %ld)%s%s at %s\n", k->rank, (long)c->pid,
+            fprintf(stderr, P ": started %s (pid %ld)%s%s at %s\n", label, (long)c->pid,
                     k->host ? " on " : "", k->host ? k->host : "", k->endpoint);
         else
             fprintf(stderr, P ": started worker %d (pid %ld)%s%s, device %s%s%s\n", k->rank,
@@ -626,7 +690,7 @@ int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts)
         ps_strbuf_addf(&b, P ": done in %.1f s: %d worker%s finished (mode %s), %d server%s "
                              "stopped",
                        secs, sv.workers, sv.workers == 1 ? "" : "s", ps_launch_mode_name(plan->mode),
-                       plan->num_servers, plan->num_servers == 1 ? "" : "s");
+                       plan->server_procs, plan->server_procs == 1 ? "" : "s");
         if (sv.nrate)
             ps_strbuf_addf(&b, "; %.0f samples/s over all workers", sv.sum_rate);
         if (sv.acc0 >= 0)

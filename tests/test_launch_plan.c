@@ -1062,3 +1062,63 @@ PS_TEST(remote_status_lines_become_wait_statuses)
     for (size_t i = 0; i < sizeof not_status / sizeof not_status[0]; i++)
         CHECK_MSG(!ps_launch_remote_status(not_status[i], &st), "'%s' was taken", not_status[i]);
 }
+
+/* --replicas: each server's group of members, each a ps_server with the
+ * group's endpoints, its member, etcd and the job; workers list the groups
+ * "a|b"; with a hostfile a member sits on the host of another group's
+ * primary; a lost server is started again (its restart_argv) unless
+ * --restart-servers 0; --restart-servers without replicas needs a
+ * checkpoint directory and restarts with --restore. */
+PS_TEST(replicas_plan_makes_groups_on_other_hosts)
+{
+    ps_launch_opts o;
+    ps_launch_hostfile h;
+    ps_launch_plan p;
+    CHECK_OK(host_plan(&o, &h, &p,
+                       ARGV("--hostfile", "hosts", "--base-port", "30000", "--replicas", "1",
+                            "--coord", "http://etcd:2379", "--job", "j7", "--failure-timeout",
+                            "0.5", "--")));
+    CHECK(p.num_servers == 3 && p.server_procs == 6 && p.n == 9 && p.replicas == 1);
+    CHECK_EQ_INT(p.restarts, 10);
+    /* member 1 of group g: on the host of group (g + 1) mod 3's primary */
+    CHECK_STR(p.cmds[3].endpoint, "tcp://h1:30003");
+    CHECK_STR(p.cmds[4].endpoint, "tcp://h3:30004");
+    CHECK_STR(p.cmds[5].endpoint, "tcp://h1:30005");
+    CHECK(p.cmds[4].rank == 1 && p.cmds[4].member == 1);
+    const char *srv = joined(&p.cmds[4].argv);
+    CHECK_MSG(strstr(srv, "--bind \"tcp://*:30004\" --rank 1 --num-servers 3 --group "
+                          "\"tcp://h1:30001|tcp://h3:30004\" --member 1 --coord "
+                          "http://etcd:2379 --job j7 --failure-timeout 0.5"),
+              "%s", srv);
+    CHECK_STR(joined(&p.cmds[4].restart_argv), srv); /* a replacement: the same command */
+    CHECK_MSG(strstr(joined(&p.cmds[6].argv),
+                     "--servers \"tcp://h1:30000|tcp://h1:30003,tcp://h1:30001|tcp://h3:30004,"
+                     "tcp://h3:30002|tcp://h1:30005\""),
+              "%s", joined(&p.cmds[6].argv));
+    ps_launch_plan_free(&p);
+    ps_launch_hostfile_free(&h);
+    ps_launch_opts_free(&o);
+    /* without --coord: refused, naming it */
+    CHECK_EQ_INT(host_plan(&o, &h, &p, ARGV("--hostfile", "hosts", "--replicas", "1", "--")),
+                 PS_EINVAL);
+    CHECK(strstr(why, "--replicas needs --coord"));
+    ps_launch_plan_free(&p);
+    ps_launch_hostfile_free(&h);
+    ps_launch_opts_free(&o);
+    /* no replicas: a restart restores the checkpoint, which it needs */
+    CHECK_EQ_INT(local_plan(&o, &p, NULL, ARGV("--servers", "1", "--workers", "1",
+                                              "--restart-servers", "2", "--")),
+                 PS_EINVAL);
+    CHECK(strstr(why, "--checkpoint-dir"));
+    ps_launch_plan_free(&p);
+    ps_launch_opts_free(&o);
+    CHECK_OK(local_plan(&o, &p, NULL, ARGV("--servers", "1", "--workers", "1",
+                                          "--restart-servers", "2", "--server-arg",
+                                          "--checkpoint-dir=ck", "--")));
+    CHECK_EQ_INT(p.restarts, 2);
+    const char *r = joined(&p.cmds[0].restart_argv);
+    CHECK_MSG(strstr(r, "--checkpoint-dir=ck --restore") && !strstr(joined(&p.cmds[0].argv),
+                                                                   "--restore"), "%s", r);
+    ps_launch_plan_free(&p);
+    ps_launch_opts_free(&o);
+}

@@ -308,3 +308,144 @@ PS_TEST(sync_kill_each_primary_bitwise)
     free(a);
     free(b);
 }
+
+/* The pid in the last line of log that holds needle ("... (pid N) ..."),
+ * or -1. */
+static int pid_after(const char *log, const char *needle)
+{
+    char *text = ps_test_read_file(log, NULL);
+    int pid = -1;
+    for (char *p = text; p && (p = strstr(p, needle)); p++) {
+        const char *q = strstr(p, "(pid ");
+        if (q)
+            pid = atoi(q + 5);
+    }
+    free(text);
+    return pid;
+}
+
+/* Occurrences of needle in the file at path. */
+static int count_in(const char *path, const char *needle)
+{
+    char *text = ps_test_read_file(path, NULL);
+    int n = 0;
+    for (char *p = text; p && (p = strstr(p, needle)); p++)
+        n++;
+    free(text);
+    return n;
+}
+
+/* Wait until path holds needle at least n times (60 s at most). */
+static int wait_count(const char *path, const char *needle, int n, int pid)
+{
+    for (int t = 0; t < 1200; t++) {
+        if (count_in(path, needle) >= n)
+            return 0;
+        if (pid > 0 && kill(pid, 0) != 0)
+            return -1;
+        ps_test_sleep_ms(50);
+    }
+    return -1;
+}
+
+#define LAUNCH_WORKER_FLAGS                                                                    \
+    "-- --steps 800 --data synthetic:65536 --batch 32 --log-every 10 --model mlp:784-128-10 " \
+    "--seed 3 --save "
+
+/* ps_launch of a sync job, 2 servers and 2 workers (more flags in extra),
+ * its model saved to save, its output in log; the pid, or -1. */
+static int launch(const char *extra, const char *save, const char *log)
+{
+    char words[2048];
+    snprintf(words, sizeof words, "--servers 2 --workers 2 --gpus none --mode sync "
+             "--metrics-port off %s " LAUNCH_WORKER_FLAGS "%s", extra, save);
+    return ps_test_spawn_words("ps_launch", words, log);
+}
+
+/* The model of an uninterrupted ps_launch run without replicas (once per
+ * program): the reference every run with kills must match bitwise. */
+static const char *reference_model(void)
+{
+    static char ref[512];
+    if (ref[0])
+        return ref;
+    char log[512];
+    snprintf(ref, sizeof ref, "%s/launch-ref.model", ps_test_tmpdir());
+    snprintf(log, sizeof log, "%s/launch-ref.log", ps_test_tmpdir());
+    int pid = launch("", ref, log);
+    if (pid < 0 || ps_test_wait(pid, 180000) != 0)
+        ref[0] = 0;
+    return ref[0] ? ref : NULL;
+}
+
+static int same_files(const char *a, const char *b)
+{
+    size_t na, nb;
+    char *x = ps_test_read_file(a, &na), *y = ps_test_read_file(b, &nb);
+    int same = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+/* ps_launch --replicas 1 (its own etcd): group 0's primary is killed; the
+ * supervisor starts a replacement, which copies the group's state from the
+ * promoted member while training goes on and becomes its replica; then the
+ * promoted primary is killed too, and the replacement takes over.  The
+ * model is bitwise the one of a run without replicas or kills. */
+PS_TEST(replacement_catches_up_and_a_second_kill_is_survived)
+{
+    if (!etcd_up())
+        SKIP("no etcd (install etcd-server: make deps)");
+    const char *ref = reference_model();
+    CHECK_MSG(ref, "the reference run failed");
+    unsigned seed = (unsigned)ps_now_ns();
+    srand(seed);
+    int k0 = 5 + rand() % 20;
+    printf("# seed %u: the primary of group 0 killed at step %d\n", seed, k0 * 10);
+    char log[512], got[512], needle[64];
+    snprintf(log, sizeof log, "%s/launch-rr.log", ps_test_tmpdir());
+    snprintf(got, sizeof got, "%s/launch-rr.model", ps_test_tmpdir());
+    int pl = launch("--replicas 1 --coord auto", got, log);
+    CHECK(pl > 0);
+    snprintf(needle, sizeof needle, " iter %d/", k0 * 10);
+    CHECK_MSG(ps_test_wait_for_text(log, needle, 120000, pl) == 0, "no%s", needle);
+    int p0 = pid_after(log, "started server 0.0");
+    CHECK(p0 > 0);
+    kill(p0, SIGKILL);
+    /* the replacement for 0.0 joins group 0, whose primary is now 0.1 */
+    CHECK_MSG(wait_count(log, "caught up (", 1, pl) == 0, "no replacement caught up");
+    int p1 = pid_after(log, "started server 0.1");
+    CHECK(p1 > 0);
+    kill(p1, SIGKILL); /* the promoted primary: the replacement takes over */
+    CHECK_EQ_INT(ps_test_wait(pl, 180000), 0);
+    CHECK(count_in(log, "started a new server 0.0") == 1);
+    CHECK(count_in(log, "started a new server 0.1") == 1);
+    CHECK_MSG(count_in(log, "is now the primary of group 0") == 2,
+              "two promotions in group 0, seen %d", count_in(log, "is now the primary of group 0"));
+    CHECK_MSG(same_files(ref, got), "the model differs from the uninterrupted run's");
+}
+
+/* ps_launch --replicas 0 --restart-servers 1 with a checkpoint every round:
+ * a killed server is restarted from its checkpoint, the workers wait for it
+ * and go on, and (durable rounds) the model is the uninterrupted run's. */
+PS_TEST(restart_servers_without_replicas)
+{
+    const char *ref = reference_model();
+    CHECK_MSG(ref, "the reference run failed");
+    char log[512], got[512], extra[1024];
+    snprintf(log, sizeof log, "%s/launch-rs.log", ps_test_tmpdir());
+    snprintf(got, sizeof got, "%s/launch-rs.model", ps_test_tmpdir());
+    snprintf(extra, sizeof extra, "--restart-servers 1 --server-arg --checkpoint-dir=%s/ck "
+             "--server-arg --checkpoint-every=1", ps_test_tmpdir());
+    int pl = launch(extra, got, log);
+    CHECK(pl > 0);
+    CHECK(ps_test_wait_for_text(log, " iter 200/", 120000, pl) == 0);
+    int p1 = pid_after(log, "started server 1 ");
+    CHECK(p1 > 0);
+    kill(p1, SIGKILL);
+    CHECK_EQ_INT(ps_test_wait(pl, 180000), 0);
+    CHECK(count_in(log, "started a new server 1 ") == 1);
+    CHECK(count_in(log, "restored "));
+    CHECK_MSG(same_files(ref, got), "the model differs from the uninterrupted run's");
+}

@@ -77,7 +77,7 @@ static void add(run *r, int role, int rank, const char *script, const char *cons
     for (; env && *env; env++)
         ps_strvec_push(&k->env, *env);
     if (role == PS_LAUNCH_SERVER)
-        p->num_servers++;
+        p->num_servers++, p->server_procs++;
     else
         p->num_workers++;
 }
