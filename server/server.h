@@ -45,7 +45,8 @@
  *                     arithmetic)
  *   dup_log.c         the duplicate pushes an update thread dropped, said in a
  *                     line per window
- *   optimizer.c       the update kernels
+ *   optimizer.c       the update kernels (their results checked: a value that
+ *                     would not be finite keeps its old one)
  *   ckpt_coord.c      checkpoint coordination: when one is due, collecting
  *                     the parts, the writer thread, the replies held until a
  *                     checkpoint makes them durable, --restore.  It sends

@@ -187,6 +187,7 @@ static int open_owners(ps_server *s, char *why, size_t why_len)
     sc.opt = c->opt;
     sc.max_memory = c->max_memory;
     sc.mem_used = &s->mem_used;
+    sc.guard = c->on_nonfinite != PS_NONFINITE_APPLY;
     ps_updater_config uc;
     memset(&uc, 0, sizeof uc);
     uc.copies = &s->copies;

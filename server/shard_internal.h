@@ -94,6 +94,7 @@ struct ps_shard {
      * before the first use (a change every chunk has passed is folded in) */
     opt_change sched[PS_SHARD_MAX_OPT_CHANGES];
     int nsched;
+    ps_shard_nonfinite nf;    /* results not finite, not yet taken */
 };
 
 /* The chunk (key, c), or NULL. */

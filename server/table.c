@@ -36,6 +36,7 @@ struct ps_table {
     int ncontrib, last_rank;
     int64_t version;
     float *scratch;      /* dim floats: the mean of a summed push */
+    ps_table_nonfinite nf; /* updates whose results were not finite, since taken */
     ps_table_counts st;  /* created and evicted: restored bases (r counts the rest) */
 };
 
@@ -323,7 +324,14 @@ static void update_row(ps_table *t, uint64_t p, const float *g, float lr, int64_
 {
     uint32_t s = tbl_slot_at(&t->r, p);
     t->r.map[p] |= TBL_DIRTY;
-    tbl_apply_row(&t->o, tbl_rec_w(tbl_rec(&t->r, s)), t->cfg.dim, tbl_cnt(&t->r, s), g, lr, m);
+    char *rec = tbl_rec(&t->r, s);
+    size_t kept = tbl_apply_row(&t->o, tbl_rec_w(rec), t->cfg.dim, tbl_cnt(&t->r, s), g, lr, m,
+                                t->cfg.guard);
+    if (kept) {
+        if (t->nf.rows++ == 0)
+            t->nf.id = tbl_rec_id(rec);
+        t->nf.values += kept;
+    }
     tbl_touch(&t->r, s);
     t->st.updated++;
 }
@@ -537,6 +545,12 @@ void ps_table_round_finish(ps_table *t)
     t->version++;
     t->st.rounds++;
     ps_table_round_cancel(t);
+}
+
+void ps_table_take_nonfinite(ps_table *t, ps_table_nonfinite *out)
+{
+    *out = t->nf;
+    memset(&t->nf, 0, sizeof t->nf);
 }
 
 int ps_table_round_contributors(const ps_table *t, int *last_rank)

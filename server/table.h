@@ -40,6 +40,10 @@
  *    the next ones added, as server/shard.c) divided by the number of
  *    pushes in the round, as the dense path divides.
  *
+ * With cfg.guard (--on-nonfinite refuse and skip) every update's results
+ * are checked in the kernel's pass: a value whose new value or state would
+ * not be finite keeps its old ones, noted for ps_table_take_nonfinite.
+ *
  * Initializer: a pure function of (seed, table, id, element index i), the
  * formula of common/ps_table_row.h (ps_table_init_row), which libps, the
  * local tables of ps_worker and python/ps/table_init.py share.
@@ -117,6 +121,11 @@ typedef struct ps_table_config {
      * in, and its evictions with it: with it the order follows the rounds,
      * and a run is repeatable. */
     int passive_pulls;
+    /* Check every update's results (--on-nonfinite refuse and skip): a value
+     * whose new value or optimizer state would be NaN or +-Inf keeps its old
+     * ones (ps_opt_apply_checked, server/optimizer.h), and the update is noted for
+     * ps_table_take_nonfinite.  0 (--on-nonfinite apply): applied as computed. */
+    int guard;
     uint64_t max_memory;        /* bytes, over everything sharing mem_used */
     _Atomic uint64_t *mem_used; /* shared charge; NULL: a private counter */
 } ps_table_config;
@@ -201,6 +210,16 @@ void ps_table_round_finish(ps_table *t);
 void ps_table_round_cancel(ps_table *t);
 /* Pushes in the open round, and the last rank added (-1: none). */
 int ps_table_round_contributors(const ps_table *t, int *last_rank);
+
+/* The row updates since the last call whose results were not finite (the
+ * table's guard kept those values; see ps_table_config.guard): how many,
+ * the values kept, and the first row's id. */
+typedef struct ps_table_nonfinite {
+    uint64_t rows;
+    uint64_t values;
+    uint64_t id;
+} ps_table_nonfinite;
+void ps_table_take_nonfinite(ps_table *t, ps_table_nonfinite *out);
 
 /* Updates applied: sync rounds finished, or async pushes (m each).  The
  * learning-rate decay of update t uses ps_opt_lr_at(opt, t). */

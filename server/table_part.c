@@ -44,6 +44,8 @@ struct ps_tparts {
     uint8_t *live;
     uint64_t ff_rounds, jumped;
     uint64_t pushes, pulls, updates, dups;
+    uint64_t nf_key;        /* updates with results not finite, not yet taken */
+    ps_table_nonfinite nf;
 };
 
 static tpart *find(const ps_tparts *t, uint64_t key)
@@ -151,6 +153,7 @@ int ps_tparts_make_store(const ps_tparts_config *cfg, uint64_t key, const ps_tab
     /* sync, capped: the LRU order (and so which row is evicted) follows the
      * rounds, not the order the workers' pulls arrive in */
     c.passive_pulls = cfg->mode == PS_MODE_SYNC && c.max_rows;
+    c.guard = cfg->guard;
     c.max_memory = cfg->max_memory;
     c.mem_used = cfg->mem_used;
     return ps_table_create(&c, out, why, why_len);
@@ -308,6 +311,30 @@ int ps_tparts_rows(ps_tparts *t, uint64_t key, const uint64_t *ids, size_t n, fl
     return ps_table_pull(p->store, ids, n, out, out_len, why, why_len);
 }
 
+/* ---- results that were not finite ---- */
+
+static void note_nonfinite(ps_tparts *t, tpart *p)
+{
+    ps_table_nonfinite x;
+    ps_table_take_nonfinite(p->store, &x);
+    if (!x.rows)
+        return;
+    if (!t->nf.rows) {
+        t->nf_key = p->key;
+        t->nf = x;
+    } else {
+        t->nf.rows += x.rows;
+        t->nf.values += x.values;
+    }
+}
+
+void ps_tparts_take_nonfinite(ps_tparts *t, uint64_t *key, ps_table_nonfinite *out)
+{
+    *key = t->nf_key;
+    *out = t->nf;
+    memset(&t->nf, 0, sizeof t->nf);
+}
+
 /* ---- the sync round ---- */
 
 /* Add, in rank order, every push of the open round that is next in line (a
@@ -325,7 +352,13 @@ static void advance(ps_tparts *t, tpart *p)
             tpend q = p->pend[i];
             p->pend[i] = p->pend[--p->npend];
             char why[PS_ERR_TEXT_MAX];
-            int rc = ps_table_round_add(p->store, r, q.ids, q.n, q.g, q.n * p->decl.dim, why,
+            const float *g = q.g;
+            int rc = t->hooks.take ? t->hooks.take(t->hooks.user, q.hold, &g, q.n * p->decl.dim,
+                                                   why, sizeof why)
+                                   : 0;
+            size_t n = g ? q.n : 0; /* NULL: skipped (--on-nonfinite skip) */
+            if (!rc)
+                rc = ps_table_round_add(p->store, r, q.ids, n, g, n * p->decl.dim, why,
                                         sizeof why);
             if (rc) {
                 /* not in the round: its resend is taken again, and the
@@ -348,6 +381,7 @@ static void advance(ps_tparts *t, tpart *p)
         return;
     }
     ps_table_round_finish(p->store);
+    note_nonfinite(t, p);
     t->updates++;
     p->ff_ok = 0;
     if (p->nwait)
@@ -442,6 +476,7 @@ static int push_async(ps_tparts *t, tpart *p, int rank, int64_t step, int64_t m,
     int rc = ps_table_push(p->store, ids, n, g, n * p->decl.dim, m, why, why_len);
     if (rc)
         return rc;
+    note_nonfinite(t, p);
     if (jump) {
         t->jumped += (uint64_t)(step - p->clock[rank]);
         p->jump[rank / 64] &= ~(1ull << (rank % 64));

@@ -23,6 +23,7 @@ typedef struct shold {
     ps_shm_peer *shm;
     req_ctx *r;
     int64_t want;
+    upd_push_id pid;
 } shold;
 
 /* ---- tables: sparse pulls and pushes ----
@@ -137,6 +138,15 @@ void upd_thook_release(void *user, void *v, int rc, const char *why)
     upd_req_free(r);
 }
 
+int upd_thook_take(void *user, void *v, const float **g, size_t len, char *why,
+                   size_t why_len)
+{
+    shold *k = v;
+    if (!k->shm)
+        return 0;
+    return upd_take_from_arena(user, &k->pid, g, len, &k->copy, why, why_len);
+}
+
 void upd_thook_ready(void *user, void *waiter, int64_t version)
 {
     req_ctx *r = waiter;
@@ -201,6 +211,7 @@ int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
         g->ids = ids_of(ids, n);
         g->r = r;
         g->want = h->push_step + m;
+        g->pid = (upd_push_id){h->type, h->rank, h->key, h->chunk, h->push_step};
     }
     if (h->type == PS_MSG_SPUSHPULL) {
         r->npull = (size_t)h->npull;
@@ -234,6 +245,10 @@ int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
         upd_error(u, r, rc, why);
         return 0;
     }
+    /* an update (this push's, or the round it completed) whose results were
+     * not finite: refused to this push */
+    if (upd_results_nonfinite(u, r))
+        return 0;
     if (dup)
         ps_dup_log_note(&u->dup, h);
     upd_note_restore_skips(u, h);
