@@ -349,6 +349,34 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     table_ack(s, &f[0], h, 0);
 }
 
+/* A sparse pull's reply (over the network) sized before anything is built:
+ * npull rows of dim values in the wire type may pass neither a frame's
+ * limit nor what the connection may leave unread, and its rows and their
+ * copy must fit in --max-memory.  PS_ETOOBIG naming the numbers, or 0. */
+static int sparse_reply_fits(ps_server *s, const ps_header *h, char *why, size_t why_len)
+{
+    if (h->type == PS_MSG_SPUSH || (h->flags & PS_FLAG_SHM))
+        return 0; /* no rows back, or written into the worker's arena */
+    uint64_t n = h->type == PS_MSG_SPULL ? h->count : h->npull;
+    uint64_t bytes = n * h->dim * ps_dtype_size(s->cfg.wire_dtype);
+    uint64_t peer = ps_peers_byte_limit(s->peers);
+    const char *what = NULL;
+    uint64_t limit = 0;
+    if (bytes > PS_MAX_PAYLOAD_BYTES)
+        what = "the frame limit", limit = PS_MAX_PAYLOAD_BYTES;
+    else if (bytes > peer)
+        what = "--max-peer-bytes", limit = peer;
+    else if (2 * bytes > s->cfg.max_memory) /* its rows, and their copy as the payload */
+        what = "--max-memory / 2", limit = s->cfg.max_memory / 2;
+    if (!what)
+        return 0;
+    ps_errorf(why, why_len, "the reply of %llu bytes (%llu ids x dim %u x %zu) is over %s, "
+        "%llu bytes: pull fewer ids at a time (a duplicate id gets its row too)",
+        (unsigned long long)bytes, (unsigned long long)n, h->dim,
+        ps_dtype_size(s->cfg.wire_dtype), what, (unsigned long long)limit);
+    return PS_ETOOBIG;
+}
+
 /* SPULL, SPUSH, SPUSHPULL: to the update thread of partition `c`, once the
  * table and the rows' width are this server's. */
 static void io_on_sparse(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
@@ -375,6 +403,10 @@ static void io_on_sparse(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         ps_errorf(why, sizeof why, "rows of table %llu have dim %u, not %u",
             (unsigned long long)h->key, t->decl.dim, h->dim);
         io_error(s, &f[0], h, PS_EPROTO, why);
+        return;
+    }
+    if ((rc = sparse_reply_fits(s, h, why, sizeof why)) != 0) {
+        io_error(s, &f[0], h, rc, why);
         return;
     }
     /* same host: ids and rows in the worker's arena, and room for the rows

@@ -209,26 +209,111 @@ static int size_error(const ps_table *t, const char *what, size_t n, size_t len,
     return PS_EPROTO;
 }
 
+/* t->pos grows with the largest request, charged to max_memory like the
+ * rows; one past POS_KEEP entries (a large request) goes back after it. */
+#define POS_KEEP 65536u
+
+static int pos_reserve(ps_table *t, size_t n, char *why, size_t why_len)
+{
+    if (n <= t->npos)
+        return 0;
+    size_t ncap = t->npos ? t->npos : 256;
+    while (ncap < n)
+        ncap *= 2;
+    uint64_t more = (uint64_t)(ncap - t->npos) * sizeof *t->pos;
+    if (!tbl_charge(&t->r, more)) {
+        ps_errorf(why, why_len, "table %llu: no room in --max-memory (%llu bytes) for the "
+            "scratch of a request of %zu ids", (unsigned long long)t->cfg.table,
+            (unsigned long long)t->cfg.max_memory, n);
+        return PS_ETOOBIG;
+    }
+    uint64_t *p = realloc(t->pos, ncap * sizeof *p);
+    if (!p) {
+        tbl_uncharge(&t->r, more);
+        ps_errorf(why, why_len, "table %llu: out of memory for a request of %zu ids",
+            (unsigned long long)t->cfg.table, n);
+        return PS_ENOMEM;
+    }
+    t->pos = p;
+    t->npos = ncap;
+    return 0;
+}
+
+/* A refused request changes nothing: its scratch back to the npos it had. */
+static void pos_undo(ps_table *t, size_t npos)
+{
+    if (t->npos <= npos)
+        return;
+    uint64_t *p = npos ? realloc(t->pos, npos * sizeof *p) : NULL;
+    if (npos && !p)
+        return; /* stays larger, still charged */
+    if (!npos)
+        free(t->pos);
+    tbl_uncharge(&t->r, (uint64_t)(t->npos - npos) * sizeof *t->pos);
+    t->pos = p;
+    t->npos = npos;
+}
+
+static void pos_release(ps_table *t)
+{
+    if (t->npos <= POS_KEEP)
+        return;
+    tbl_uncharge(&t->r, (uint64_t)t->npos * sizeof *t->pos);
+    free(t->pos);
+    t->pos = NULL;
+    t->npos = 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The distinct values among v[0..n) (a copy sorted; n when out of memory:
+ * the caller then charges them all).  A request's duplicate ids make one
+ * row: they are counted once where rows are charged. */
+static size_t count_distinct(const uint64_t *v, size_t n)
+{
+    if (n < 2)
+        return n;
+    uint64_t *c = malloc(n * sizeof *c);
+    if (!c)
+        return n;
+    memcpy(c, v, n * sizeof *c);
+    qsort(c, n, sizeof *c, cmp_u64);
+    size_t d = 1;
+    for (size_t i = 1; i < n; i++)
+        d += c[i] != c[i - 1];
+    free(c);
+    return d;
+}
+
+/* The distinct ids of ids[0..n) whose pos is `mark` (NO_ROW: those missing). */
+static uint64_t distinct_missing(const ps_table *t, const uint64_t *ids, size_t n)
+{
+    uint64_t *m = malloc(n * sizeof *m);
+    size_t k = 0;
+    if (!m)
+        return n;
+    for (size_t i = 0; i < n; i++)
+        if (t->pos[i] == NO_ROW)
+            m[k++] = ids[i];
+    size_t d = count_distinct(m, k);
+    free(m);
+    return d;
+}
+
 /* Entry positions of ids[0..n) into t->pos (NO_ROW: no row yet), and room
- * for the rows missing.  *gen: the hash's generation they hold for.  t->pos
- * is scratch, like the request itself not charged (8 bytes per id of the
- * largest request). */
+ * for the rows missing, each id once.  *gen: the hash's generation they
+ * hold for.  t->pos is scratch (pos_reserve; the caller calls pos_release
+ * once done). */
 static int look_up(ps_table *t, const uint64_t *ids, size_t n, uint64_t *gen, char *why,
                    size_t why_len)
 {
-    if (n > t->npos) {
-        size_t ncap = t->npos ? t->npos : 256;
-        while (ncap < n)
-            ncap *= 2;
-        uint64_t *p = realloc(t->pos, ncap * sizeof *p);
-        if (!p) {
-            ps_errorf(why, why_len, "table %llu: out of memory for a request of %zu ids",
-                (unsigned long long)t->cfg.table, n);
-            return PS_ENOMEM;
-        }
-        t->pos = p;
-        t->npos = ncap;
-    }
+    int rc = pos_reserve(t, n, why, why_len);
+    if (rc)
+        return rc;
     uint64_t missing = 0;
     for (size_t i = 0; i < n; i++) {
         if (i + PREFETCH < n)
@@ -244,7 +329,11 @@ static int look_up(ps_table *t, const uint64_t *ids, size_t n, uint64_t *gen, ch
         missing += !found;
     }
     *gen = t->r.map_gen; /* before the reserve: growing the hash moves the entries */
-    return missing && !tbl_has_room(&t->r, missing) ? tbl_reserve(&t->r, missing, 0, why, why_len) : 0;
+    if (!missing || tbl_has_room(&t->r, missing))
+        return 0;
+    if (missing > 1) /* room for each distinct id only */
+        missing = distinct_missing(t, ids, n);
+    return tbl_has_room(&t->r, missing) ? 0 : tbl_reserve(&t->r, missing, 0, why, why_len);
 }
 
 /* The entry of ids[i]'s row now: as looked up while the hash has not moved,
@@ -298,9 +387,12 @@ int ps_table_pull(ps_table *t, const uint64_t *ids, size_t n, float *out, size_t
         return 0;
     }
     uint64_t gen;
+    size_t npos = t->npos;
     int rc = look_up(t, ids, n, &gen, why, why_len);
-    if (rc)
+    if (rc) {
+        pos_undo(t, npos);
         return rc;
+    }
     for (size_t i = 0; i < n; i++) {
         float *o = out + i * d;
         prefetch_row(t, i, n, gen);
@@ -315,6 +407,7 @@ int ps_table_pull(ps_table *t, const uint64_t *ids, size_t n, float *out, size_t
         tbl_touch(&t->r, s);
     }
     t->st.pulled += n;
+    pos_release(t);
     return 0;
 }
 
@@ -348,9 +441,12 @@ int ps_table_push(ps_table *t, const uint64_t *ids, size_t n, const float *g, si
         return PS_EPROTO;
     }
     uint64_t gen;
+    size_t npos = t->npos;
     int rc = look_up(t, ids, n, &gen, why, why_len);
-    if (rc)
+    if (rc) {
+        pos_undo(t, npos);
         return rc;
+    }
     float lr = ps_opt_lr_at(&t->cfg.opt, t->version + m);
     float inv = 1.0f / (float)m;
     for (size_t i = 0; i < n; i++) {
@@ -371,6 +467,7 @@ int ps_table_push(ps_table *t, const uint64_t *ids, size_t n, const float *g, si
     }
     t->version += m;
     t->st.pushed += n;
+    pos_release(t);
     return 0;
 }
 
@@ -439,6 +536,36 @@ static int acc_grow(ps_table *t, size_t ncap, uint64_t more, char *why, size_t w
     return 0;
 }
 
+/* The ids of a push new to the round (*fresh) and those of them with no
+ * row (*missing), each id once: 1 when that is fewer than counted (a push
+ * with an id twice), else 0. */
+static int round_distinct(ps_table *t, const uint64_t *ids, size_t n, size_t *fresh,
+                          uint64_t *missing)
+{
+    uint64_t *f = malloc(2 * n * sizeof *f);
+    if (!f)
+        return 0;
+    uint64_t *m = f + n;
+    size_t nf = 0, nm = 0;
+    for (size_t i = 0; i < n; i++) {
+        int found;
+        acc_find(t, ids[i], &found);
+        if (found)
+            continue;
+        f[nf++] = ids[i];
+        tbl_find(&t->r, ids[i], &found);
+        if (!found)
+            m[nm++] = ids[i];
+    }
+    size_t df = count_distinct(f, nf), dm = count_distinct(m, nm);
+    free(f);
+    if (df == *fresh && dm == *missing)
+        return 0;
+    *fresh = df;
+    *missing = dm;
+    return 1;
+}
+
 int ps_table_round_add(ps_table *t, int rank, const uint64_t *ids, size_t n, const float *g,
                        size_t g_len, char *why, size_t why_len)
 {
@@ -470,15 +597,22 @@ int ps_table_round_add(ps_table *t, int rank, const uint64_t *ids, size_t n, con
         }
     }
     uint64_t more;
-    size_t ncap = acc_size(t, t->acc_n + fresh, &more);
+    size_t ncap;
     int rc = 0;
-    if (missing && !tbl_has_room(&t->r, missing))
-        rc = tbl_reserve(&t->r, missing, more, why, why_len);
-    else if (more && !tbl_charge(&t->r, more)) {
-        ps_errorf(why, why_len, "table %llu needs %llu more bytes for the sums of a round of "
-            "%zu rows; %llu bytes (--max-memory) reached", (unsigned long long)t->cfg.table,
-            (unsigned long long)more, t->acc_n + fresh, (unsigned long long)t->cfg.max_memory);
-        rc = PS_ETOOBIG;
+    for (int pass = 0; pass < 2; pass++) {
+        ncap = acc_size(t, t->acc_n + fresh, &more);
+        rc = 0;
+        if (missing && !tbl_has_room(&t->r, missing))
+            rc = tbl_reserve(&t->r, missing, more, why, why_len);
+        else if (more && !tbl_charge(&t->r, more)) {
+            ps_errorf(why, why_len, "table %llu needs %llu more bytes for the sums of a round "
+                "of %zu rows; %llu bytes (--max-memory) reached",
+                (unsigned long long)t->cfg.table, (unsigned long long)more, t->acc_n + fresh,
+                (unsigned long long)t->cfg.max_memory);
+            rc = PS_ETOOBIG;
+        }
+        if (rc != PS_ETOOBIG || pass || fresh < 2 || !round_distinct(t, ids, n, &fresh, &missing))
+            break; /* else again, each id counted once */
     }
     if (!rc && more)
         rc = acc_grow(t, ncap, more, why, why_len);

@@ -28,9 +28,10 @@
  * (shared by every shard and table of a server, atomically) before it is
  * made, and an operation that would pass max_memory is refused with
  * PS_ETOOBIG before it changes anything (the deletion list alone is charged
- * but never refused: an eviction cannot wait).  Not charged: a request's
- * scratch (8 bytes per id of the largest request so far), like the request
- * itself.
+ * but never refused: an eviction cannot wait).  A request's scratch (8
+ * bytes per id) is charged too, and given back after a request of more
+ * than 65536 ids.  A request's duplicate ids are one row: the rows it may
+ * create are counted once each.
  *
  * Updates (the optimizer: ps_table_config.opt), only ever on rows touched:
  *  - async: ps_table_push applies each gradient row on arrival;

@@ -660,7 +660,7 @@ void ps_updater_destroy(ps_updater *u)
     u->destroying = 1;
     ps_shard_destroy(u->shard); /* before the PAIR: its hooks may still reply */
     ps_tparts_destroy(u->tparts);
-    free(u->rows);
+    upd_rows_shrink(u);
     if (u->pair)
         zmq_close(u->pair);
     free(u);

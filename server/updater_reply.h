@@ -52,7 +52,8 @@ struct ps_updater {
     void *pair;            /* owner end; used only by this thread once started */
     ps_shard *shard;
     ps_tparts *tparts;     /* this thread's partition of every table */
-    float *rows;           /* a sparse reply's rows before they become its payload */
+    float *rows;           /* a sparse reply's rows before they become its payload
+                              (charged to --max-memory: updater_tables.h) */
     size_t rows_cap;
     req_ctx *spare;
     uint64_t bytes_in, bytes_out, errors; /* bytes_in: of sparse requests (the shard

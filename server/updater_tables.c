@@ -1,6 +1,8 @@
 /* An update thread's tables (updater_tables.h): sparse pulls, pushes and
  * pushpulls on this thread's partition of each table (server/table_part.h),
  * their rows over the network or, same host, in the worker's arena. */
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,8 +57,21 @@ static void upd_rows(ps_updater *u, req_ctx *r, int64_t version)
         return;
     }
     if (!dst && len > u->rows_cap) {
+        /* the rows before they become the payload: memory of the server's,
+         * charged to --max-memory before it is taken */
+        uint64_t more = (uint64_t)(len - u->rows_cap) * sizeof(float);
+        uint64_t before = atomic_fetch_add(u->mem_used, more);
+        if (before + more > u->max_memory) {
+            atomic_fetch_sub(u->mem_used, more);
+            snprintf(why, sizeof why, "no room in --max-memory (%llu of %llu bytes in use) for "
+                     "the %zu rows of this pull: retry later, or pull fewer ids at a time",
+                     (unsigned long long)before, (unsigned long long)u->max_memory, n);
+            upd_error(u, r, PS_ETOOBIG, why);
+            return;
+        }
         float *p = realloc(u->rows, len * sizeof *p);
         if (!p) {
+            atomic_fetch_sub(u->mem_used, more);
             upd_error(u, r, PS_ENOMEM, "out of memory reading the rows of a sparse pull");
             return;
         }
@@ -70,11 +85,21 @@ static void upd_rows(ps_updater *u, req_ctx *r, int64_t version)
     int not_finite; /* rows beyond float16 go as Inf, as dense pulls' do */
     if (!rc && !dst)
         rc = upd_copy_payload(u, &pl, u->rows, len, dtype, &not_finite, why, sizeof why);
+    if (u->rows_cap > UPD_ROWS_KEEP)
+        upd_rows_shrink(u); /* a large request's scratch goes back at once */
     if (rc) {
         upd_error(u, r, rc, why);
         return;
     }
     upd_reply_payload(u, r, dst ? NULL : &pl, n, r->dim, len, dtype, version);
+}
+
+void upd_rows_shrink(ps_updater *u)
+{
+    atomic_fetch_sub(u->mem_used, (uint64_t)u->rows_cap * sizeof(float));
+    free(u->rows);
+    u->rows = NULL;
+    u->rows_cap = 0;
 }
 
 /* A sparse pull of version `want` (the ids in r): answered now or queued. */

@@ -975,3 +975,36 @@ PS_TEST(bad_inputs_are_refused_with_a_message)
     CHECK(strcmp(ps_table_opt_name(PS_TABLE_OPT_FTRL), "ftrl") == 0);
     ps_table_destroy(t);
 }
+
+/* A request's duplicate ids make one row and are charged as one: 20000
+ * copies of a new id fit where 20000 rows would not (with the request's
+ * scratch, 8 bytes an id), in a pull, an async push and a sync round. */
+PS_TEST(duplicate_ids_of_a_request_are_charged_once)
+{
+    enum { N = 20000 };
+    static uint64_t ids[N];
+    static float out[N * 8], g[N * 8];
+    for (int kind = 0; kind < 3; kind++) {
+        _Atomic uint64_t used;
+        atomic_init(&used, 0);
+        ps_table_config c = config(8, PS_OPT_SGD, PS_TABLE_INIT_UNIFORM);
+        c.mem_used = &used;
+        c.max_memory = 400000; /* 20000 rows of 40 bytes and their hash do not fit */
+        ps_table *t = make(&c);
+        CHECK(t);
+        for (int i = 0; i < N; i++)
+            ids[i] = 12345 + (uint64_t)kind;
+        char why[256] = "";
+        int rc = kind == 0   ? ps_table_pull(t, ids, N, out, N * 8, why, sizeof why)
+                 : kind == 1 ? ps_table_push(t, ids, N, g, N * 8, 1, why, sizeof why)
+                             : ps_table_round_add(t, 0, ids, N, g, N * 8, why, sizeof why);
+        CHECK_MSG(rc == 0, "kind %d: %s", kind, why);
+        if (kind == 2)
+            ps_table_round_finish(t);
+        ps_table_counts st;
+        ps_table_stats(t, &st);
+        CHECK_EQ_INT(st.rows, 1);
+        ps_table_destroy(t);
+        CHECK_EQ_INT(atomic_load(&used), 0);
+    }
+}

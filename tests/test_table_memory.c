@@ -1,0 +1,136 @@
+/* A table server's memory under a worker that asks too much (issue 30):
+ * replies sized before they are built, a request's duplicate ids charged
+ * once, the update thread's scratch charged and given back after a large
+ * request; each against a live bin/ps_server from a raw DEALER, with the
+ * server's resident memory read from /proc/PID/status. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "ps_client.h"
+#include "ps_error.h"
+#include "ps_proto.h"
+#include "ps_table_row.h"
+#include "ps_test.h"
+#include "ps_test_server.h"
+#include "tables_job.h"
+
+#define KEY 7
+
+/* Send h with frames; the reply into r (rows into out, at most cap floats,
+ * *got of them).  0, or -1 when none came. */
+static int ask(void *d, const ps_header *h, const void *const *f, const size_t *b, int n,
+               ps_header *r, float *out, size_t cap, size_t *got)
+{
+    if (ps_test_send_frames(d, h, f, b, n))
+        return -1;
+    return ps_test_recv(d, 30000, r, out, cap, got) == 0 ? 0 : -1;
+}
+
+static int declare(void *d, int rank, uint64_t seq, uint64_t key, uint32_t dim, ps_header *r)
+{
+    ps_header h = ps_test_header(PS_MSG_TABLE, rank, seq, key, 0, 0);
+    ps_table_options_default(&h.table);
+    h.table.dim = dim;
+    h.table.opt.kind = PS_OPT_ADAGRAD;
+    return ask(d, &h, NULL, NULL, 0, r, NULL, 0, NULL);
+}
+
+/* A sparse message of `type` for table key, partition part: count ids
+ * (npull for a pushpull's pull), rows of dim. */
+static ps_header sparse(uint32_t type, int rank, uint64_t seq, uint64_t key, uint32_t part,
+                        uint32_t dim, uint64_t count)
+{
+    ps_header h = ps_test_header(type, rank, seq, key, part, 0);
+    h.dim = dim;
+    h.dtype = PS_DTYPE_F32;
+    h.count = count;
+    return h;
+}
+
+#define REFUSED(r, code, text)                                                                  \
+    CHECK_MSG((r).type == PS_MSG_ERROR && (r).err_code == (code) && strstr((r).err_text, text), \
+              "got %s %d: %s (expected %d: ...%s...)", ps_msg_type_name((r).type),            \
+              (r).err_code, (r).err_text, code, text)
+
+/* An 8 MiB SPULL of 2^20 copies of one id on a dim-512 table would be a
+ * 2 GiB reply: refused before anything is built, naming both numbers (also
+ * as a SPUSHPULL's pull), the server's peak resident memory bounded.  2^15
+ * copies of a new id (a 64 MiB reply) are answered: the id makes one row,
+ * charged once, and the scratch the reply took goes back.  Then normal
+ * traffic goes on. */
+PS_TEST(a_reply_is_sized_before_it_is_built_and_duplicate_ids_make_one_row)
+{
+    TJ_NEED_SERVER();
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 1 --mode async --max-memory 160M "
+                                  "--max-peer-bytes 1G --quiet"));
+    void *d = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(d, 0, PS_MODE_ASYNC, 1, -1));
+    ps_header r;
+    const uint32_t dim = 512;
+    CHECK_OK(declare(d, 0, 10, KEY, dim, &r));
+    CHECK_EQ_INT(r.type, PS_MSG_TABLE);
+    long rss0 = ps_test_status_kb(sv.pid, "VmRSS");
+    CHECK(rss0 > 0);
+
+    const size_t big = 1u << 20;
+    uint64_t *ids = malloc(big * sizeof *ids);
+    float *rows = malloc(((size_t)1 << 15) * dim * sizeof *rows);
+    CHECK(ids && rows);
+    uint64_t id = 42;
+    for (size_t i = 0; i < big; i++)
+        ids[i] = id;
+    uint32_t part = ps_table_row_part(ps_table_row_hash(KEY, id), 1, 1);
+    const void *f[3] = {ids, NULL, ids};
+    size_t b[3] = {big * 8, 0, big * 8};
+    ps_header h = sparse(PS_MSG_SPULL, 0, 11, KEY, part, dim, big);
+    CHECK_OK(ask(d, &h, f, b, 1, &r, NULL, 0, NULL));
+    REFUSED(r, PS_ETOOBIG, "reply of 2147483648 bytes (1048576 ids x dim 512 x 4)");
+    REFUSED(r, PS_ETOOBIG, "over the frame limit, 1073741824 bytes");
+    h = sparse(PS_MSG_SPUSHPULL, 0, 12, KEY, part, dim, 0);
+    h.npull = big;
+    size_t bpp[3] = {0, 0, big * 8};
+    CHECK_OK(ask(d, &h, f, bpp, 3, &r, NULL, 0, NULL));
+    REFUSED(r, PS_ETOOBIG, "reply of 2147483648 bytes");
+    long hwm = ps_test_status_kb(sv.pid, "VmHWM");
+    CHECK_MSG(hwm < rss0 + 64 * 1024, "the server's peak went from %ld to %ld KiB", rss0, hwm);
+
+    /* 2^15 copies of one new id: a 64 MiB reply of the same row; the id
+     * makes one row (the old server reserved 2^15 and had no room) */
+    const size_t mid = 1u << 15;
+    h = sparse(PS_MSG_SPULL, 0, 13, KEY, part, dim, mid);
+    b[0] = mid * 8;
+    size_t got = 0;
+    CHECK_OK(ask(d, &h, f, b, 1, &r, rows, mid * dim, &got));
+    CHECK_MSG(r.type == PS_MSG_SPULL && got == mid * dim, "got %s (%zu values): %s",
+              ps_msg_type_name(r.type), got, r.err_text);
+    CHECK(memcmp(rows, rows + (mid - 1) * dim, dim * sizeof(float)) == 0);
+    ps_stats st;
+    CHECK_OK(ps_test_stats(sv.port, &st));
+    CHECK_MSG(st.rows == 1 && st.table_bytes < (1u << 20), "rows %llu, table bytes %llu",
+              (unsigned long long)st.rows, (unsigned long long)st.table_bytes);
+    /* its scratch went back: resident memory near where it was */
+    ps_test_sleep_ms(200);
+    long rss1 = ps_test_status_kb(sv.pid, "VmRSS");
+    CHECK_MSG(rss1 < rss0 + 32 * 1024, "resident %ld KiB before, %ld after the 64 MiB reply",
+              rss0, rss1);
+
+    /* and the table serves as before */
+    uint64_t two[2] = {5, 6};
+    for (int k = 0; k < 2; k++) {
+        uint32_t p = ps_table_row_part(ps_table_row_hash(KEY, two[k]), 1, 1);
+        h = sparse(PS_MSG_SPULL, 0, 20 + (uint64_t)k, KEY, p, dim, 1);
+        const void *g[1] = {&two[k]};
+        size_t gb[1] = {8};
+        CHECK_OK(ask(d, &h, g, gb, 1, &r, rows, dim, &got));
+        CHECK_MSG(r.type == PS_MSG_SPULL && got == dim, "pull of id %llu: %s",
+                  (unsigned long long)two[k], r.err_text);
+    }
+    free(ids);
+    free(rows);
+    zmq_close(d);
+    CHECK_OK(ps_test_stop(sv.pid, 5000));
+}
