@@ -154,10 +154,19 @@ enum {
       PS_SERVER_MAX_THREADS, _, PS_SET_BY_LAUNCH,                                                \
       "update threads; each chunk is owned by one of them (by hash), so the hot path takes "     \
       "no lock")                                                                                 \
-    X(max_memory, (SERVER, _, _, _, _), "--max-memory", "BYTES", NULL, SIZE, max_memory, "8G",   \
+    X(max_memory, (SERVER, _, _, _, _), "--max-memory", "BYTES", NULL, SIZE, max_memory, NULL,   \
       NULL, 4096, 1ll << 50, _, 0,                                                               \
-      "cap on weights + optimizer state and on pull replies sent as copies and not yet "         \
-      "read; inits (and copies) beyond it are refused")                                          \
+      "cap on weights + optimizer state, table rows and pull replies sent as copies and not "    \
+      "yet read; inits, rows and copies beyond it are refused (default: half of the host's "     \
+      "MemAvailable when the server starts, 8G when /proc/meminfo says none; "                   \
+      "docs/OPERATIONS.md)")                                                                     \
+    X(table_memory_per_worker, (SERVER, _, _, _, _), "--table-memory-per-worker", "BYTES", NULL, \
+      SIZE, table_memory_per_worker, NULL, NULL, 4096, 1ll << 50, _, 0,                          \
+      "table rows one worker's pulls and pushes may make on this server; beyond it that "        \
+      "worker's requests that make rows are refused and the others go on (default: "            \
+      "--max-memory x 1.25 / --num-workers, a quarter more than an even share)")                 \
+    X(max_tables, (SERVER, _, _, _, _), "--max-tables", "N", NULL, INT, max_tables, "1024",       \
+      NULL, 1, 1000000, _, 0, "embedding tables a job may declare; more are refused")           \
     X(max_peer_replies, (SERVER, _, _, _, _), "--max-peer-replies", "N", NULL, INT,              \
       max_peer_replies, "10000", NULL, 1, 1000000000, _, 0,                                      \
       "pull replies one connection may leave unread before its pulls are refused "               \

@@ -67,6 +67,8 @@ struct ps_server {
     size_t out_total;        /* messages waiting in every owner's outbox */
     int efd;
     _Atomic uint64_t mem_used;   /* chunks and large reply copies (--max-memory) */
+    _Atomic uint64_t *worker_mem; /* per worker: the table rows it made (their share,
+                                     --table-memory-per-worker) */
     _Atomic uint64_t copies;     /* of which reply copies */
     ps_peers *peers;             /* what each peer's unread replies hold */
     uint64_t model_fp;

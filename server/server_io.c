@@ -124,9 +124,17 @@ uint64_t srv_tables_fp(const ps_server *s)
 ps_tparts_config srv_tparts_config(ps_server *s)
 {
     const ps_server_config *c = &s->cfg;
-    return (ps_tparts_config){c->mode,    c->max_staleness, c->num_workers, c->num_servers,
-                              c->threads, 0,                c->max_memory,  &s->mem_used,
-                              c->on_nonfinite != PS_NONFINITE_APPLY};
+    return (ps_tparts_config){c->mode,
+                              c->max_staleness,
+                              c->num_workers,
+                              c->num_servers,
+                              c->threads,
+                              0,
+                              c->max_memory,
+                              &s->mem_used,
+                              c->on_nonfinite != PS_NONFINITE_APPLY,
+                              s->worker_mem,
+                              ps_server_worker_share(c)};
 }
 
 /* From here on no checkpoint is started by schedule, and one that completes

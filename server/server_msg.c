@@ -316,6 +316,13 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         table_ack(s, &f[0], h, t->snap);
         return;
     }
+    if (s->ntables >= (size_t)s->cfg.max_tables) {
+        ps_errorf(why, sizeof why, "table %llu: this server holds %zu tables, --max-tables %d: "
+            "declare fewer tables (several fields can share one, their ids apart) or raise it",
+            (unsigned long long)h->key, s->ntables, s->cfg.max_tables);
+        io_error(s, &f[0], h, PS_ETOOBIG, why);
+        return;
+    }
     /* its partitions' stores are made here, so a refusal (--max-memory)
      * reaches the worker that declared it */
     ps_table *stores[PS_SERVER_MAX_THREADS] = {0};

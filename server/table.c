@@ -32,11 +32,14 @@ struct ps_table {
     uint64_t *acc_ids;
     float *acc_rows;
     uint32_t *acc_map;
+    int32_t *acc_maker;  /* per sum: the rank whose push brought an id with no row (its
+                            row charged to it already), -2 - rank when the row existed */
     size_t acc_n, acc_cap, acc_hcap;
     int ncontrib, last_rank;
     int64_t version;
     float *scratch;      /* dim floats: the mean of a summed push */
     ps_table_nonfinite nf; /* updates whose results were not finite, since taken */
+    int maker;           /* the worker the next pull or push is for (-1: none) */
     ps_table_counts st;  /* created and evicted: restored bases (r counts the rest) */
 };
 
@@ -96,11 +99,14 @@ int ps_table_create(const ps_table_config *cfg, ps_table **out, char *why, size_
     t->o = (tbl_opt){cfg->opt, cfg->ftrl_beta, cfg->ftrl_l1, cfg->ftrl_l2};
     t->nstate = ps_table_state_arrays(cfg->opt.kind);
     t->last_rank = -1;
+    t->maker = -1;
     t->ncells = cfg->min_count >= 2 ? (cfg->filter_cells ? cfg->filter_cells
                                                         : PS_TABLE_FILTER_CELLS) : 0;
-    tbl_rows_config rc_ = {cfg->table, cfg->dim * (uint32_t)(1 + t->nstate),
-                           cfg->opt.kind == PS_OPT_ADAM, cfg->max_rows, cfg->max_memory,
-                           cfg->mem_used};
+    tbl_rows_config rc_ = {cfg->table,      cfg->dim * (uint32_t)(1 + t->nstate),
+                           cfg->opt.kind == PS_OPT_ADAM, cfg->max_rows,
+                           cfg->max_memory, cfg->mem_used,
+                           cfg->worker_mem, cfg->num_workers,
+                           cfg->worker_share};
     rc = tbl_rows_init(&t->r, &rc_, sizeof *t + cfg->dim * sizeof(float) + t->ncells, why,
                        why_len);
     if (rc) {
@@ -128,6 +134,7 @@ void ps_table_destroy(ps_table *t)
     free(t->acc_ids);
     free(t->acc_rows);
     free(t->acc_map);
+    free(t->acc_maker);
     free(t->scratch);
     tbl_rows_free(&t->r); /* gives back every byte charged */
     free(t);
@@ -308,9 +315,10 @@ static uint64_t distinct_missing(const ps_table *t, const uint64_t *ids, size_t 
  * for the rows missing, each id once.  *gen: the hash's generation they
  * hold for.  t->pos is scratch (pos_reserve; the caller calls pos_release
  * once done). */
-static int look_up(ps_table *t, const uint64_t *ids, size_t n, uint64_t *gen, char *why,
-                   size_t why_len)
+static int look_up(ps_table *t, const uint64_t *ids, size_t n, uint64_t *gen, uint64_t *charged,
+                   char *why, size_t why_len)
 {
+    *charged = 0;
     int rc = pos_reserve(t, n, why, why_len);
     if (rc)
         return rc;
@@ -329,11 +337,48 @@ static int look_up(ps_table *t, const uint64_t *ids, size_t n, uint64_t *gen, ch
         missing += !found;
     }
     *gen = t->r.map_gen; /* before the reserve: growing the hash moves the entries */
-    if (!missing || tbl_has_room(&t->r, missing))
+    if (!missing)
         return 0;
-    if (missing > 1) /* room for each distinct id only */
+    /* the rows it may make: charged to its worker's share first, then room */
+    rc = tbl_worker_charge(&t->r, t->maker, missing, why, why_len);
+    int distinct = 0;
+    if (rc && missing > 1) { /* each distinct id once */
         missing = distinct_missing(t, ids, n);
-    return tbl_has_room(&t->r, missing) ? 0 : tbl_reserve(&t->r, missing, 0, why, why_len);
+        distinct = 1;
+        rc = tbl_worker_charge(&t->r, t->maker, missing, why, why_len);
+    }
+    if (rc)
+        return rc;
+    *charged = t->r.cfg.worker_mem ? missing : 0;
+    if (tbl_has_room(&t->r, missing))
+        return 0;
+    if (missing > 1 && !distinct) {
+        uint64_t d = distinct_missing(t, ids, n);
+        tbl_worker_uncharge(&t->r, t->maker, *charged ? missing - d : 0);
+        missing = d;
+        *charged = *charged ? d : 0;
+    }
+    rc = tbl_has_room(&t->r, missing) ? 0 : tbl_reserve(&t->r, missing, 0, why, why_len);
+    if (rc) {
+        tbl_worker_uncharge(&t->r, t->maker, *charged);
+        *charged = 0;
+    }
+    return rc;
+}
+
+/* A pull's or push's rows are made: what its worker was charged for and
+ * did not make (ids the filter did not admit, duplicates) goes back. */
+static void charge_settle(ps_table *t, uint64_t charged, uint64_t created_before)
+{
+    uint64_t made = t->r.created - created_before;
+    if (charged > made)
+        tbl_worker_uncharge(&t->r, t->maker, charged - made);
+}
+
+void ps_table_set_maker(ps_table *t, int rank)
+{
+    t->maker = rank;
+    t->r.maker = rank >= 0 ? (uint32_t)rank : TBL_NO_MAKER;
 }
 
 /* The entry of ids[i]'s row now: as looked up while the hash has not moved,
@@ -386,9 +431,9 @@ int ps_table_pull(ps_table *t, const uint64_t *ids, size_t n, float *out, size_t
         t->st.pulled += n;
         return 0;
     }
-    uint64_t gen;
+    uint64_t gen, charged, created = t->r.created;
     size_t npos = t->npos;
-    int rc = look_up(t, ids, n, &gen, why, why_len);
+    int rc = look_up(t, ids, n, &gen, &charged, why, why_len);
     if (rc) {
         pos_undo(t, npos);
         return rc;
@@ -407,6 +452,7 @@ int ps_table_pull(ps_table *t, const uint64_t *ids, size_t n, float *out, size_t
         tbl_touch(&t->r, s);
     }
     t->st.pulled += n;
+    charge_settle(t, charged, created);
     pos_release(t);
     return 0;
 }
@@ -440,9 +486,9 @@ int ps_table_push(ps_table *t, const uint64_t *ids, size_t n, const float *g, si
             (unsigned long long)t->cfg.table, (long long)m);
         return PS_EPROTO;
     }
-    uint64_t gen;
+    uint64_t gen, charged, created = t->r.created;
     size_t npos = t->npos;
-    int rc = look_up(t, ids, n, &gen, why, why_len);
+    int rc = look_up(t, ids, n, &gen, &charged, why, why_len);
     if (rc) {
         pos_undo(t, npos);
         return rc;
@@ -467,6 +513,7 @@ int ps_table_push(ps_table *t, const uint64_t *ids, size_t n, const float *g, si
     }
     t->version += m;
     t->st.pushed += n;
+    charge_settle(t, charged, created);
     pos_release(t);
     return 0;
 }
@@ -504,7 +551,7 @@ static size_t acc_size(const ps_table *t, size_t need, uint64_t *more)
     while (ncap < need)
         ncap *= 2;
     *more = (ncap - t->acc_cap) * (sizeof(uint64_t) + t->cfg.dim * sizeof(float) +
-                                   2 * sizeof(uint32_t));
+                                   2 * sizeof(uint32_t) + sizeof(int32_t));
     return ncap;
 }
 
@@ -518,7 +565,10 @@ static int acc_grow(ps_table *t, size_t ncap, uint64_t more, char *why, size_t w
     float *rows = ids ? realloc(t->acc_rows, ncap * t->cfg.dim * sizeof *rows) : NULL;
     if (rows)
         t->acc_rows = rows;
-    uint32_t *map = rows ? calloc(2 * ncap, sizeof *map) : NULL;
+    int32_t *mk = rows ? realloc(t->acc_maker, ncap * sizeof *mk) : NULL;
+    if (mk)
+        t->acc_maker = mk;
+    uint32_t *map = mk ? calloc(2 * ncap, sizeof *map) : NULL;
     if (!map) {
         tbl_uncharge(&t->r, more);
         ps_errorf(why, why_len, "table %llu: out of memory for the sums of a round",
@@ -583,22 +633,37 @@ int ps_table_round_add(ps_table *t, int rank, const uint64_t *ids, size_t n, con
     if (g_len != n * d)
         return size_error(t, "push", n, g_len, why, why_len);
     /* the ids new to the round (sums to add), and those of them with no row
-     * (rows the round may create): room for both, charged at once, before
-     * anything changes */
+     * (rows the round may create, charged to this rank's share; t->pos
+     * marks them): room for both, charged at once, before anything changes */
+    size_t npos = t->npos;
+    int rc = pos_reserve(t, n, why, why_len);
+    if (rc)
+        return rc;
     size_t fresh = 0;
     uint64_t missing = 0;
     for (size_t i = 0; i < n; i++) {
         int found;
+        t->pos[i] = 0;
         acc_find(t, ids[i], &found);
         if (!found) {
             fresh++;
             tbl_find(&t->r, ids[i], &found);
             missing += !found;
+            t->pos[i] = found ? 0 : NO_ROW;
         }
     }
-    uint64_t more;
+    int distinct = 0;
+    rc = tbl_worker_charge(&t->r, rank, missing, why, why_len);
+    if (rc && fresh > 1 && round_distinct(t, ids, n, &fresh, &missing)) {
+        distinct = 1;
+        rc = tbl_worker_charge(&t->r, rank, missing, why, why_len);
+    }
+    if (rc) {
+        pos_undo(t, npos);
+        return rc;
+    }
+    uint64_t charged = t->r.cfg.worker_mem ? missing : 0, more;
     size_t ncap;
-    int rc = 0;
     for (int pass = 0; pass < 2; pass++) {
         ncap = acc_size(t, t->acc_n + fresh, &more);
         rc = 0;
@@ -611,15 +676,20 @@ int ps_table_round_add(ps_table *t, int rank, const uint64_t *ids, size_t n, con
                 (unsigned long long)t->cfg.max_memory);
             rc = PS_ETOOBIG;
         }
-        if (rc != PS_ETOOBIG || pass || fresh < 2 || !round_distinct(t, ids, n, &fresh, &missing))
+        if (rc != PS_ETOOBIG || pass || distinct || fresh < 2 ||
+            !round_distinct(t, ids, n, &fresh, &missing))
             break; /* else again, each id counted once */
     }
     if (!rc && more)
         rc = acc_grow(t, ncap, more, why, why_len);
-    if (rc)
+    if (rc) {
+        tbl_worker_uncharge(&t->r, rank, charged);
+        pos_undo(t, npos);
         return rc;
+    }
     t->r.reserved += missing;
     /* in rank order: the first contributor's row copied, the next ones added */
+    uint64_t marked = 0;
     for (size_t i = 0; i < n; i++) {
         const float *restrict gi = g + i * d;
         int found;
@@ -631,16 +701,22 @@ int ps_table_round_add(ps_table *t, int rank, const uint64_t *ids, size_t n, con
         } else {
             t->acc_ids[t->acc_n] = ids[i];
             memcpy(t->acc_rows + t->acc_n * d, gi, d * sizeof(float));
+            int made = t->pos[i] == NO_ROW && marked < charged;
+            marked += (uint64_t)made;
+            t->acc_maker[t->acc_n] = made ? rank : -2 - rank;
             t->acc_map[e] = (uint32_t)++t->acc_n;
         }
     }
+    tbl_worker_uncharge(&t->r, rank, charged - marked); /* an id twice: one row */
+    pos_release(t);
     t->ncontrib++;
     t->last_rank = rank;
     t->st.pushed += n;
     return 0;
 }
 
-void ps_table_round_cancel(ps_table *t)
+/* Forget the open round's sums (its rows' charges settled or given back). */
+static void round_reset(ps_table *t)
 {
     if (t->acc_n)
         memset(t->acc_map, 0, t->acc_hcap * sizeof *t->acc_map);
@@ -648,6 +724,14 @@ void ps_table_round_cancel(ps_table *t)
     t->ncontrib = 0;
     t->last_rank = -1;
     t->r.reserved = 0;
+}
+
+void ps_table_round_cancel(ps_table *t)
+{
+    for (size_t e = 0; e < t->acc_n; e++)
+        if (t->acc_maker[e] >= 0)
+            tbl_worker_uncharge(&t->r, t->acc_maker[e], 1);
+    round_reset(t);
 }
 
 void ps_table_round_finish(ps_table *t)
@@ -660,25 +744,33 @@ void ps_table_round_finish(ps_table *t)
     /* the mean over the pushes summed, as shard.c's finish_round divides */
     float nw = (float)t->ncontrib;
     float lr = ps_opt_lr_at(&t->cfg.opt, t->version + 1);
+    uint32_t maker = t->r.maker;
     for (size_t e = 0; e < t->acc_n; e++) {
         float *restrict sum = t->acc_rows + e * d;
         for (size_t k = 0; k < d; k++)
             sum[k] = sum[k] / nw;
         uint64_t id = t->acc_ids[e];
+        int32_t mk = t->acc_maker[e];
         int found;
         uint64_t p = tbl_find(&t->r, id, &found);
-        if (!found) {
-            if (t->cells && filter_count(t, id) < t->cfg.min_count) {
-                t->st.filtered_pushes++;
-                continue;
-            }
+        if (!found && t->cells && filter_count(t, id) < t->cfg.min_count) {
+            t->st.filtered_pushes++;
+            tbl_worker_uncharge(&t->r, mk, 1);
+            continue;
+        }
+        if (found) {
+            tbl_worker_uncharge(&t->r, mk, 1); /* made meanwhile, by another's pull */
+        } else {
+            /* its maker charged at round_add (a row gone since: nobody's) */
+            t->r.maker = mk >= 0 ? (uint32_t)mk : TBL_NO_MAKER;
             p = create_row(t, id, p); /* room reserved by round_add */
         }
         update_row(t, p, sum, lr, 1);
     }
+    t->r.maker = maker;
     t->version++;
     t->st.rounds++;
-    ps_table_round_cancel(t);
+    round_reset(t);
 }
 
 void ps_table_take_nonfinite(ps_table *t, ps_table_nonfinite *out)

@@ -19,8 +19,9 @@
  * up to about 2 MiB each), never one per row; slots stay dense (0 .. rows-1:
  * an evicted row's slot goes to the new row).  Beyond the values and the
  * optimizer state a row costs its id (8 bytes) and its share of the hash
- * (4 bytes / load, 5.3 to 8 bytes): at most 16 bytes (a capped table adds 8
- * for its LRU links), plus the unused part of the last slab.  (Adam's count,
+ * (4 bytes / load, 5.3 to 8 bytes): at most 16 bytes (a capped table adds 12
+ * for its LRU links and the row's maker), plus the unused part of the last
+ * slab.  (Adam's count,
  * 4 bytes, is optimizer state: ps_table_row_bytes counts it.)
  *
  * Memory: every allocation that grows with the rows (slabs, the hash, the
@@ -129,6 +130,15 @@ typedef struct ps_table_config {
     int guard;
     uint64_t max_memory;        /* bytes, over everything sharing mem_used */
     _Atomic uint64_t *mem_used; /* shared charge; NULL: a private counter */
+    /* Per-worker shares (NULL: none): each row is charged to the worker
+     * whose pull or push made it (ps_table_set_maker; a sync round's rows
+     * to the rank whose push brought the id), num_workers counters shared
+     * by every table of the server, each at most worker_share bytes; a
+     * request that would pass its worker's share is refused (PS_ETOOBIG)
+     * before it changes anything.  See table_hash.h "Makers". */
+    _Atomic uint64_t *worker_mem;
+    int num_workers;
+    uint64_t worker_share;
 } ps_table_config;
 
 /* Counters of one table. */
@@ -164,6 +174,10 @@ const ps_table_config *ps_table_get_config(const ps_table *t);
 /* The initializer's values of row id (dim floats into out):
  * ps_table_init_row with cfg's seed, table, kind and scale. */
 void ps_table_initial_row(const ps_table_config *cfg, uint64_t id, float *out);
+
+/* The worker the next pulls and pushes are for (their new rows are charged
+ * to its share); -1: nobody (restores). */
+void ps_table_set_maker(ps_table *t, int rank);
 
 /* Values of the rows of ids[0..n) into out (out_len floats: n * dim): rows
  * that do not exist are created (when the filter admits the id; else out

@@ -154,6 +154,9 @@ int ps_tparts_make_store(const ps_tparts_config *cfg, uint64_t key, const ps_tab
      * rounds, not the order the workers' pulls arrive in */
     c.passive_pulls = cfg->mode == PS_MODE_SYNC && c.max_rows;
     c.guard = cfg->guard;
+    c.worker_mem = cfg->worker_mem;
+    c.num_workers = cfg->num_workers;
+    c.worker_share = cfg->worker_share;
     c.max_memory = cfg->max_memory;
     c.mem_used = cfg->mem_used;
     return ps_table_create(&c, out, why, why_len);
@@ -302,13 +305,16 @@ int ps_tparts_await(ps_tparts *t, uint64_t key, int64_t want, void *waiter, int 
     return answer_or_queue(t, p, want, waiter, queued, version, why, why_len);
 }
 
-int ps_tparts_rows(ps_tparts *t, uint64_t key, const uint64_t *ids, size_t n, float *out,
-                   size_t out_len, char *why, size_t why_len)
+int ps_tparts_rows(ps_tparts *t, uint64_t key, int rank, const uint64_t *ids, size_t n,
+                   float *out, size_t out_len, char *why, size_t why_len)
 {
     tpart *p = find_declared(t, key, why, why_len);
     if (!p)
         return PS_ENOTFOUND;
-    return ps_table_pull(p->store, ids, n, out, out_len, why, why_len);
+    ps_table_set_maker(p->store, rank);
+    int rc = ps_table_pull(p->store, ids, n, out, out_len, why, why_len);
+    ps_table_set_maker(p->store, -1);
+    return rc;
 }
 
 /* ---- results that were not finite ---- */
@@ -473,7 +479,9 @@ static int push_async(ps_tparts *t, tpart *p, int rank, int64_t step, int64_t m,
             (long long)p->clock[rank]);
         return PS_ESTATE;
     }
+    ps_table_set_maker(p->store, rank);
     int rc = ps_table_push(p->store, ids, n, g, n * p->decl.dim, m, why, why_len);
+    ps_table_set_maker(p->store, -1);
     if (rc)
         return rc;
     note_nonfinite(t, p);

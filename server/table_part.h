@@ -90,6 +90,8 @@ typedef struct ps_tparts_config {
     uint64_t max_memory;         /* bytes, over everything sharing mem_used */
     _Atomic uint64_t *mem_used;  /* shared charge; NULL: a private counter */
     int guard;                   /* check the updates' results (ps_table_config.guard) */
+    _Atomic uint64_t *worker_mem; /* rows charged to their makers (ps_table_config) */
+    uint64_t worker_share;
 } ps_tparts_config;
 
 int ps_tparts_create(const ps_tparts_config *cfg, const ps_tparts_hooks *hooks, ps_tparts **out);
@@ -142,10 +144,11 @@ int ps_tparts_pull(ps_tparts *t, uint64_t key, int64_t want, void *waiter, int *
 int ps_tparts_await(ps_tparts *t, uint64_t key, int64_t want, void *waiter, int *queued,
                     int64_t *version, char *why, size_t why_len);
 /* The current rows of ids[0..n) of table `key` into out (n x dim floats),
- * creating those missing (ps_table_pull).  Errors: PS_ENOTFOUND, PS_EPROTO
- * (out_len), PS_ETOOBIG, PS_ENOMEM. */
-int ps_tparts_rows(ps_tparts *t, uint64_t key, const uint64_t *ids, size_t n, float *out,
-                   size_t out_len, char *why, size_t why_len);
+ * creating those missing (ps_table_pull), charged to worker `rank`'s
+ * share.  Errors: PS_ENOTFOUND, PS_EPROTO (out_len), PS_ETOOBIG (past
+ * --max-memory or the worker's share), PS_ENOMEM. */
+int ps_tparts_rows(ps_tparts *t, uint64_t key, int rank, const uint64_t *ids, size_t n,
+                   float *out, size_t out_len, char *why, size_t why_len);
 
 /* The step `rank`'s next push to this partition of table `key` carries, as
  * ps_shard_clock's for a chunk: sync, the open round (the partition's

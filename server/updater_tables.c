@@ -78,8 +78,8 @@ static void upd_rows(ps_updater *u, req_ctx *r, int64_t version)
         u->rows = p;
         u->rows_cap = len;
     }
-    int rc = ps_tparts_rows(u->tparts, r->key, r->pids, n, dst ? dst : u->rows, len, why,
-                            sizeof why);
+    int rc = ps_tparts_rows(u->tparts, r->key, r->rank, r->pids, n, dst ? dst : u->rows, len,
+                            why, sizeof why);
     zmq_msg_t pl;
     uint32_t dtype = u->cfg.wire_dtype;
     int not_finite; /* rows beyond float16 go as Inf, as dense pulls' do */

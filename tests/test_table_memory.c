@@ -9,6 +9,8 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "ctr.h"
+#include "embedding.h"
 #include "ps_client.h"
 #include "ps_error.h"
 #include "ps_proto.h"
@@ -131,6 +133,143 @@ PS_TEST(a_reply_is_sized_before_it_is_built_and_duplicate_ids_make_one_row)
     }
     free(ids);
     free(rows);
+    zmq_close(d);
+    CHECK_OK(ps_test_stop(sv.pid, 5000));
+}
+
+/* ---- one worker's flood of new ids ---- */
+
+/* Has child pid exited (a zombie, not reaped yet)? */
+static int exited(int pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    char *text = ps_test_read_file(path, NULL);
+    const char *p = text ? strrchr(text, ')') : NULL;
+    int z = !p || (p[1] == ' ' && p[2] == 'Z');
+    free(text);
+    return z;
+}
+
+/* One raw SPULL of n ids of table key on partition 0 (--threads 1): its
+ * reply's type and error code. */
+static int flood_pull(void *d, int rank, uint64_t seq, uint64_t key, uint32_t dim,
+                      const uint64_t *ids, size_t n, ps_header *r)
+{
+    ps_header h = sparse(PS_MSG_SPULL, rank, seq, key, 0, dim, n);
+    const void *f[1] = {ids};
+    size_t b[1] = {n * 8};
+    return ask(d, &h, f, b, 1, r, NULL, 0, NULL);
+}
+
+/* Three async workers, --max-memory 256M (so a share of 256M x 1.25 / 3 =
+ * 106.7 MiB each).  Worker 2, a raw client, declares field 0's table as
+ * ps_worker does and pulls random 64-bit ids, 4096 a request, until the
+ * server refuses it: the refusal names its share.  Then workers 0 and 1,
+ * two ps_worker processes training the click-through model on the same
+ * tables, run an epoch to the end (exit 0) while worker 2 keeps pulling new
+ * ids, every request refused; the server's peak resident memory stays
+ * within the budget and what a server needs beside it. */
+PS_TEST(a_worker_flooding_new_ids_is_refused_while_two_ctr_workers_finish)
+{
+    TJ_NEED_SERVER();
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 3 --mode async --max-memory 256M "
+                                  "--optimizer sgd --lr 0.05"));
+    CHECK(ps_test_wait_for_text(sv.log, "table rows per worker 111848106 bytes", 5000, sv.pid) ==
+          0);
+    void *d = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(d, 2, PS_MODE_ASYNC, 3, -1));
+    const char *spec = "ctr:fields=8,rows=100000,mlp=64-1";
+    ps_ctr_spec cs;
+    char why[256];
+    CHECK_OK(ps_ctr_spec_parse(spec, &cs, why, sizeof why));
+    ps_header h = ps_test_header(PS_MSG_TABLE, 2, 1, PS_EMB_TABLE_KEY(0), 0, 0), r;
+    ps_ctr_table_options(&cs, 1, &h.table); /* ps_worker's --seed 1 */
+    CHECK_OK(ask(d, &h, NULL, NULL, 0, &r, NULL, 0, NULL));
+    CHECK_EQ_INT(r.type, PS_MSG_TABLE);
+
+    enum { B = 4096 };
+    static uint64_t ids[B];
+    uint64_t x = 0x9e3779b97f4a7c15ull, seq = 10;
+    int refused = 0, sent = 0;
+    for (; sent < 1000 && !refused; sent++) {
+        for (int i = 0; i < B; i++)
+            ids[i] = ps_table_mix(x++);
+        CHECK_OK(flood_pull(d, 2, ++seq, PS_EMB_TABLE_KEY(0), (uint32_t)cs.dim, ids, B, &r));
+        if (r.type == PS_MSG_ERROR) {
+            REFUSED(r, PS_ETOOBIG, "worker 2's rows here take");
+            REFUSED(r, PS_ETOOBIG, "of its share of 111848106 (--table-memory-per-worker)");
+            refused = 1;
+        }
+    }
+    CHECK_MSG(refused, "%d requests of %d new ids were all answered", sent, B);
+    printf("# worker 2 refused after %d requests of %d new ids\n", sent, B);
+
+    /* the honest workers train while worker 2 goes on */
+    int wpid[2];
+    char words[1024], log[2][512];
+    for (int k = 0; k < 2; k++) {
+        snprintf(words, sizeof words, "--servers tcp://127.0.0.1:%d --rank %d --num-workers 3 "
+                 "--mode async --model %s --data synthetic-ctr:200000 --log-every 1000",
+                 sv.port, k, spec);
+        snprintf(log[k], sizeof log[k], "%s/flood-worker%d.log", ps_test_tmpdir(), k);
+        wpid[k] = ps_test_spawn_words("ps_worker", words, log[k]);
+        CHECK(wpid[k] > 0);
+    }
+    int more = 0, answered = 0;
+    for (int k = 0; k < 2; k++)
+        while (!exited(wpid[k]) && !ps_test_file_has(log[k], "at the final barrier") &&
+               more < 20000) {
+            for (int i = 0; i < B; i++)
+                ids[i] = ps_table_mix(x++);
+            CHECK_OK(flood_pull(d, 2, ++seq, PS_EMB_TABLE_KEY(0), (uint32_t)cs.dim, ids, B, &r));
+            more++;
+            answered += r.type != PS_MSG_ERROR;
+        }
+    /* worker 2's part of ps_worker's final barrier, for them to finish */
+    h = ps_test_header(PS_MSG_BARRIER, 2, ++seq, 0, 0, 1);
+    CHECK_OK(ask(d, &h, NULL, NULL, 0, &r, NULL, 0, NULL));
+    CHECK_EQ_INT(r.type, PS_MSG_BARRIER);
+    for (int k = 0; k < 2; k++) {
+        int st = ps_test_wait(wpid[k], 60000);
+        char *text = ps_test_read_file(log[k], NULL);
+        CHECK_MSG(st == 0, "ps_worker %d exited %d: %s", k, st, text ? text : "");
+        free(text);
+    }
+    CHECK_MSG(answered == 0, "%d of worker 2's %d later requests of new ids were answered",
+              answered, more);
+    long hwm = ps_test_status_kb(sv.pid, "VmHWM");
+    printf("# worker 2 sent %d more requests, all refused; server peak %ld KiB\n", more, hwm);
+    CHECK_MSG(hwm < (256 + 160) * 1024, "server peak %ld KiB", hwm);
+    zmq_close(d);
+    CHECK_OK(ps_test_stop(sv.pid, 5000));
+}
+
+/* --max-tables: a declaration beyond it is refused naming it, one of a
+ * table declared already is still answered; and the start line says the
+ * budget the host gave (no --max-memory) and each worker's share. */
+PS_TEST(tables_past_max_tables_are_refused_and_the_start_line_says_the_budget)
+{
+    TJ_NEED_SERVER();
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --mode async --max-tables 3"));
+    CHECK_MSG(ps_test_wait_for_text(sv.log, "bytes MemAvailable said at start; --max-memory to "
+                                    "set it), table rows per worker ", 5000, sv.pid) == 0 &&
+                  ps_test_file_has(sv.log, "(--max-memory x 1.25 / workers), at most 3 tables"),
+              "%s", sv.log);
+    void *d = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(d, 0, PS_MODE_ASYNC, 2, -1));
+    ps_header r;
+    for (uint64_t k = 0; k < 4; k++) {
+        CHECK_OK(declare(d, 0, 10 + k, 100 + k, 4, &r));
+        if (k < 3)
+            CHECK_EQ_INT(r.type, PS_MSG_TABLE);
+        else
+            REFUSED(r, PS_ETOOBIG, "table 103: this server holds 3 tables, --max-tables 3");
+    }
+    CHECK_OK(declare(d, 0, 20, 101, 4, &r));
+    CHECK_EQ_INT(r.type, PS_MSG_TABLE);
     zmq_close(d);
     CHECK_OK(ps_test_stop(sv.pid, 5000));
 }
