@@ -346,13 +346,14 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         srv_send_cmd(s, i, &cmd, NULL, NULL);
     }
     ps_info("table %llu declared by %s: dim %u, %s initializer (scale %g, seed %llu), %s, "
-            "row cap %llu, filter %u (%d partitions here)", (unsigned long long)h->key, who,
+            "row cap %llu (%s when full), filter %u (%d partitions here)",
+            (unsigned long long)h->key, who,
             t->decl.dim, t->decl.init == PS_TABLE_INIT_ZEROS     ? "zeros"
                          : t->decl.init == PS_TABLE_INIT_UNIFORM ? "uniform"
                                                                  : "normal",
             (double)t->decl.init_scale, (unsigned long long)t->decl.seed,
             ps_table_opt_name(t->decl.opt.kind), (unsigned long long)t->decl.max_rows,
-            t->decl.min_count, T);
+            t->decl.full == PS_TABLE_FULL_REFUSE ? "refuse" : "evict", t->decl.min_count, T);
     table_ack(s, &f[0], h, 0);
 }
 

@@ -311,6 +311,27 @@ static uint64_t distinct_missing(const ps_table *t, const uint64_t *ids, size_t 
     return d;
 }
 
+/* A capped table that refuses new rows when full (ps_table_config.
+ * full_refuse): PS_ETOOBIG when `missing` more rows (each distinct id once;
+ * *missing may come down to that) do not fit under the cap with the rows
+ * that exist and those a sync round reserved. */
+static int full_refuses(ps_table *t, const uint64_t *ids, size_t n, uint64_t *missing,
+                        char *why, size_t why_len)
+{
+    uint64_t have = t->r.rows + t->r.reserved;
+    if (have + *missing <= t->cfg.max_rows)
+        return 0;
+    if (ids && *missing > 1)
+        *missing = distinct_missing(t, ids, n);
+    if (have + *missing <= t->cfg.max_rows)
+        return 0;
+    ps_errorf(why, why_len, "table %llu is full here: %llu rows, its max_rows share %llu, and "
+        "it refuses new rows then (full=refuse): %llu new ids refused",
+        (unsigned long long)t->cfg.table, (unsigned long long)have,
+        (unsigned long long)t->cfg.max_rows, (unsigned long long)*missing);
+    return PS_ETOOBIG;
+}
+
 /* Entry positions of ids[0..n) into t->pos (NO_ROW: no row yet), and room
  * for the rows missing, each id once.  *gen: the hash's generation they
  * hold for.  t->pos is scratch (pos_reserve; the caller calls pos_release
@@ -350,6 +371,11 @@ static int look_up(ps_table *t, const uint64_t *ids, size_t n, uint64_t *gen, ui
     if (rc)
         return rc;
     *charged = t->r.cfg.worker_mem ? missing : 0;
+    if (t->cfg.full_refuse && (rc = full_refuses(t, ids, n, &missing, why, why_len)) != 0) {
+        tbl_worker_uncharge(&t->r, t->maker, *charged);
+        *charged = 0;
+        return rc;
+    }
     if (tbl_has_room(&t->r, missing))
         return 0;
     if (missing > 1 && !distinct) {
@@ -662,7 +688,16 @@ int ps_table_round_add(ps_table *t, int rank, const uint64_t *ids, size_t n, con
         pos_undo(t, npos);
         return rc;
     }
-    uint64_t charged = t->r.cfg.worker_mem ? missing : 0, more;
+    uint64_t charged = t->r.cfg.worker_mem ? missing : 0, more; /* settled below */
+    if (t->cfg.full_refuse && t->r.rows + t->r.reserved + missing > t->cfg.max_rows) {
+        if (!distinct && fresh > 1 && round_distinct(t, ids, n, &fresh, &missing))
+            distinct = 1;
+        if ((rc = full_refuses(t, NULL, 0, &missing, why, why_len)) != 0) {
+            tbl_worker_uncharge(&t->r, rank, charged);
+            pos_undo(t, npos);
+            return rc;
+        }
+    }
     size_t ncap;
     for (int pass = 0; pass < 2; pass++) {
         ncap = acc_size(t, t->acc_n + fresh, &more);

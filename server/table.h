@@ -114,6 +114,8 @@ typedef struct ps_table_config {
     ps_opt_config opt;
     float ftrl_beta, ftrl_l1, ftrl_l2; /* FTRL's beta, l1 and l2, each >= 0 */
     uint64_t max_rows;      /* 0: no cap; else evict the least recently touched */
+    int full_refuse;        /* capped: refuse (PS_ETOOBIG) what would make a row in a full
+                               table instead of evicting one */
     uint32_t min_count;     /* frequency filter: 0 or 1 off; N <= 255: a row at the Nth pull */
     uint32_t filter_cells;  /* its size in cells (bytes); 0: PS_TABLE_FILTER_CELLS */
     /* A pull creates no row and touches none (a missing row's values are the

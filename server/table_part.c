@@ -145,6 +145,7 @@ int ps_tparts_make_store(const ps_tparts_config *cfg, uint64_t key, const ps_tab
     c.max_rows = d.max_rows ? share(cfg, d.max_rows) : 0;
     if (c.max_rows > PS_TABLE_MAX_ROWS)
         c.max_rows = PS_TABLE_MAX_ROWS;
+    c.full_refuse = c.max_rows && d.full == PS_TABLE_FULL_REFUSE;
     c.min_count = d.min_count;
     if (d.min_count >= 2 && d.filter_cells) {
         uint64_t cells = share(cfg, d.filter_cells);
