@@ -51,8 +51,6 @@ typedef struct owner {
 typedef struct srv_table {
     uint64_t key;
     ps_table_options decl;
-    uint64_t snap;    /* the first checkpoint snapshot that holds it (1: restored); 0: none
-                         yet, the next one will */
     int restored;     /* from --restore: a worker's other declaration is refused naming
                          the checkpoint */
     ps_table_counts total; /* at stop: the counters of its partitions, summed */
@@ -122,7 +120,7 @@ srv_table *srv_find_table(ps_server *s, uint64_t key);
 /* Add a declared table (normalized here): its entry, or NULL when out of
  * memory. */
 srv_table *srv_add_table(ps_server *s, uint64_t key, const ps_table_options *decl,
-                         uint64_t snap, int restored);
+                         int restored);
 /* What the update threads' table partitions are made with. */
 ps_tparts_config srv_tparts_config(ps_server *s);
 /* The tables' fingerprint of the tables declared here (a hello's `tfp`). */

@@ -95,7 +95,7 @@ srv_table *srv_find_table(ps_server *s, uint64_t key)
 }
 
 srv_table *srv_add_table(ps_server *s, uint64_t key, const ps_table_options *decl,
-                         uint64_t snap, int restored)
+                         int restored)
 {
     if (s->ntables == s->cap_tables) {
         size_t ncap = s->cap_tables ? 2 * s->cap_tables : 8;
@@ -110,7 +110,6 @@ srv_table *srv_add_table(ps_server *s, uint64_t key, const ps_table_options *dec
     t->key = key;
     t->decl = *decl;
     ps_table_decl_normalize(&t->decl);
-    t->snap = snap;
     t->restored = restored;
     return t;
 }

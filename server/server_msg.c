@@ -267,30 +267,16 @@ static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 
 /* ---- tables ---- */
 
-/* The TABLE reply: with checkpoints, once a checkpoint holds the
- * declaration (snap: the first snapshot that does; 0: the next one), as an
- * init's acknowledgement; else at once. */
-static void table_ack(ps_server *s, zmq_msg_t *id, const ps_header *req, uint64_t snap)
+/* The TABLE reply, at once.  With checkpoints too: a declaration does not
+ * wait for one (it did, a checkpoint of every table per declaration); a
+ * server restored from a checkpoint older than it answers the table's
+ * requests PS_ENOTFOUND, and libps declares its tables again
+ * (client/client_rejoin.c). */
+static void table_ack(ps_server *s, zmq_msg_t *id, const ps_header *req)
 {
     ps_header r;
     ps_reply_header(&r, PS_MSG_TABLE, req->seq, req->rank, req->key, req->chunk);
-    ps_held_reply *m;
-    if (!ps_ckpt_coord_policy(s->ck)->on ||
-        !ps_ckpt_coord_hold(s->ck, PS_OUT_INIT, (int64_t)snap, ps_now_ns(), &m)) {
-        srv_send(s, id, &r);
-        return;
-    }
-    char buf[PS_HEADER_MAX];
-    size_t len;
-    if (!m || ps_proto_encode(&r, buf, sizeof buf, &len) != 0) {
-        ps_error("out of memory holding a reply; dropped (the worker resends)");
-        return; /* m, if any, stays with nf 0: released as nothing */
-    }
-    zmq_msg_init(&m->f[0]);
-    zmq_msg_move(&m->f[0], id);
-    zmq_msg_init_size(&m->f[1], len);
-    memcpy(zmq_msg_data(&m->f[1]), buf, len);
-    m->nf = 2;
+    srv_send(s, id, &r);
 }
 
 /* TABLE: the first declaration of a table is kept and its partitions made,
@@ -313,7 +299,7 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
             io_error(s, &f[0], h, PS_EMISMATCH, why);
             return;
         }
-        table_ack(s, &f[0], h, t->snap);
+        table_ack(s, &f[0], h);
         return;
     }
     if (s->ntables >= (size_t)s->cfg.max_tables) {
@@ -330,7 +316,7 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     int T = s->cfg.threads;
     for (int i = 0; i < T && !rc; i++)
         rc = ps_tparts_make_store(&tc, h->key, &h->table, &stores[i], why, sizeof why);
-    if (!rc && !(t = srv_add_table(s, h->key, &h->table, 0, 0))) {
+    if (!rc && !(t = srv_add_table(s, h->key, &h->table, 0))) {
         ps_errorf(why, sizeof why, "out of memory declaring table %llu",
             (unsigned long long)h->key);
         rc = PS_ENOMEM;
@@ -342,7 +328,8 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         return;
     }
     for (int i = 0; i < T; i++) {
-        ps_cmd_frame cmd = {.cmd = PS_CMD_TABLE, .h = *h, .store = stores[i]};
+        ps_cmd_frame cmd = {.cmd = PS_CMD_TABLE, .h = *h, .store = stores[i],
+                            .after_restore = s->cfg.restore};
         srv_send_cmd(s, i, &cmd, NULL, NULL);
     }
     ps_info("table %llu declared by %s: dim %u, %s initializer (scale %g, seed %llu), %s, "
@@ -354,7 +341,7 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
             (double)t->decl.init_scale, (unsigned long long)t->decl.seed,
             ps_table_opt_name(t->decl.opt.kind), (unsigned long long)t->decl.max_rows,
             t->decl.full == PS_TABLE_FULL_REFUSE ? "refuse" : "evict", t->decl.min_count, T);
-    table_ack(s, &f[0], h, 0);
+    table_ack(s, &f[0], h);
 }
 
 /* A sparse pull's reply (over the network) sized before anything is built:

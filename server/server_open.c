@@ -95,7 +95,7 @@ static int set_int(void *sock, int opt, int v) { return zmq_setsockopt(sock, opt
 static void restored_table(void *user, uint64_t key, const ps_table_options *decl)
 {
     ps_server *s = user;
-    if (!srv_add_table(s, key, decl, 1, 1))
+    if (!srv_add_table(s, key, decl, 1))
         ps_error("out of memory noting table %llu: a worker's declaration of it is taken as "
                  "new", (unsigned long long)key);
 }

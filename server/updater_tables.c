@@ -286,7 +286,19 @@ void upd_table(ps_updater *u, const ps_cmd_frame *cf)
 {
     char why[256];
     int rc = ps_tparts_adopt(u->tparts, cf->h.key, &cf->h.table, cf->store, why, sizeof why);
-    if (rc)
+    if (rc) {
         ps_error("update thread %d: %s", u->cfg.idx, why);
+        return;
+    }
+    if (!cf->after_restore)
+        return;
+    /* the workers may be steps ahead of it: a sync partition fast-forwards
+     * to their round once, an async one takes each rank's first push */
+    int64_t *zero = calloc((size_t)u->cfg.num_workers, sizeof *zero);
+    if (!zero || ps_tparts_restored(u->tparts, cf->h.key, 0, zero) != 0)
+        ps_error("update thread %d: table %llu, declared after the restore, could not start "
+                 "as restored (out of memory): its workers' pushes beyond step 0 are refused",
+                 u->cfg.idx, (unsigned long long)cf->h.key);
+    free(zero);
 }
 
