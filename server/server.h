@@ -79,8 +79,9 @@
  *    per-worker clocks, sync round sums, queued pulls; and partition i of
  *    every embedding table (server/table_part.h: rows placed there by a hash
  *    of (table, id)).  Nothing is shared, so nothing is locked; the only
- *    shared datum is the atomic memory charge taken when a chunk or a row is
- *    created.
+ *    shared data are the atomic memory charge taken when a chunk or a row is
+ *    created and each worker's charge for the table rows its requests made
+ *    (--table-memory-per-worker).
  *  - Tables are declared by a TABLE message: the I/O thread keeps the first
  *    declaration (and compares later ones), makes each thread's partition
  *    store and hands it over (PS_CMD_TABLE), and routes a sparse message to
