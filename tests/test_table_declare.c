@@ -92,6 +92,7 @@ PS_TEST(a_declaration_is_answered_without_waiting_for_a_checkpoint)
              "--checkpoint-every 1 --restore --quiet", dir);
     CHECK_OK(ps_test_server_start(&sv, 1, words));
     d = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(d, 0, PS_MODE_ASYNC, 1, -1));
     CHECK_OK(declare(d, 70, 100, 8, 0, &r));
     CHECK_MSG(r.type == PS_MSG_ERROR && r.err_code == PS_EMISMATCH && strstr(r.err_text, "full"),
               "%s %d %s", ps_msg_type_name(r.type), r.err_code, r.err_text);
