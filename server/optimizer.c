@@ -448,22 +448,16 @@ float ps_opt_lr_at(const ps_opt_config *c, int64_t t)
 
 /* The worker-side kinds (ps_types.h): the new weights are the push itself
  * (average: the round's mean) or the old ones plus it (add). */
-#define AVG_LOOP(WI, WO)                            \
-    for (size_t i = 0; i < n; i++) {                \
-        float ow = WI[i], nw = g[i];                \
-        int ok = FIN(nw) | off;                     \
-        WO[i] = ok ? nw : ow;                       \
-        kept += (uint32_t)!ok;                      \
-    }
-
-#define ADD_LOOP(WI, WO)                            \
+#define NEW_LOOP(WI, WO, NEW)                       \
     for (size_t i = 0; i < n; i++) {                \
         float ow = WI[i];                           \
-        float nw = ow + g[i];                       \
+        float nw = NEW;                             \
         int ok = FIN(nw) | off;                     \
         WO[i] = ok ? nw : ow;                       \
         kept += (uint32_t)!ok;                      \
     }
+#define AVG_LOOP(WI, WO) NEW_LOOP(WI, WO, g[i])
+#define ADD_LOOP(WI, WO) NEW_LOOP(WI, WO, ow + g[i])
 
 static size_t average_in(float *restrict w, const float *restrict g, size_t n, int off)
 {
