@@ -21,6 +21,15 @@
 
 #define KEY 7
 
+/* Under AddressSanitizer freed memory waits in its quarantine (still
+ * resident) and every allocation carries shadow memory: the bounds on the
+ * server's resident memory hold for the plain build only. */
+#ifdef __SANITIZE_ADDRESS__
+#define RSS_CHECKED 0
+#else
+#define RSS_CHECKED 1
+#endif
+
 /* Send h with frames; the reply into r (rows into out, at most cap floats,
  * *got of them).  0, or -1 when none came. */
 static int ask(void *d, const ps_header *h, const void *const *f, const size_t *b, int n,
@@ -78,10 +87,10 @@ PS_TEST(a_reply_is_sized_before_it_is_built_and_duplicate_ids_make_one_row)
     long rss0 = ps_test_status_kb(sv.pid, "VmRSS");
     CHECK(rss0 > 0);
 
-    const size_t big = 1u << 20;
-    uint64_t *ids = malloc(big * sizeof *ids);
-    float *rows = malloc(((size_t)1 << 15) * dim * sizeof *rows);
-    CHECK(ids && rows);
+    enum { BIG = 1 << 20, MID = 1 << 15 };
+    const size_t big = BIG;
+    static uint64_t ids[BIG];
+    static float rows[(size_t)MID * 512];
     uint64_t id = 42;
     for (size_t i = 0; i < big; i++)
         ids[i] = id;
@@ -98,11 +107,12 @@ PS_TEST(a_reply_is_sized_before_it_is_built_and_duplicate_ids_make_one_row)
     CHECK_OK(ask(d, &h, f, bpp, 3, &r, NULL, 0, NULL));
     REFUSED(r, PS_ETOOBIG, "reply of 2147483648 bytes");
     long hwm = ps_test_status_kb(sv.pid, "VmHWM");
-    CHECK_MSG(hwm < rss0 + 64 * 1024, "the server's peak went from %ld to %ld KiB", rss0, hwm);
+    CHECK_MSG(hwm < rss0 + 64 * 1024 || !RSS_CHECKED, "the server's peak went from %ld to %ld KiB",
+              rss0, hwm);
 
     /* 2^15 copies of one new id: a 64 MiB reply of the same row; the id
      * makes one row (the old server reserved 2^15 and had no room) */
-    const size_t mid = 1u << 15;
+    const size_t mid = MID;
     h = sparse(PS_MSG_SPULL, 0, 13, KEY, part, dim, mid);
     b[0] = mid * 8;
     size_t got = 0;
@@ -117,8 +127,8 @@ PS_TEST(a_reply_is_sized_before_it_is_built_and_duplicate_ids_make_one_row)
     /* its scratch went back: resident memory near where it was */
     ps_test_sleep_ms(200);
     long rss1 = ps_test_status_kb(sv.pid, "VmRSS");
-    CHECK_MSG(rss1 < rss0 + 32 * 1024, "resident %ld KiB before, %ld after the 64 MiB reply",
-              rss0, rss1);
+    CHECK_MSG(rss1 < rss0 + 32 * 1024 || !RSS_CHECKED, "resident %ld KiB before, %ld after the "
+              "64 MiB reply", rss0, rss1);
 
     /* and the table serves as before */
     uint64_t two[2] = {5, 6};
@@ -131,8 +141,6 @@ PS_TEST(a_reply_is_sized_before_it_is_built_and_duplicate_ids_make_one_row)
         CHECK_MSG(r.type == PS_MSG_SPULL && got == dim, "pull of id %llu: %s",
                   (unsigned long long)two[k], r.err_text);
     }
-    free(ids);
-    free(rows);
     zmq_close(d);
     CHECK_OK(ps_test_stop(sv.pid, 5000));
 }
@@ -241,7 +249,7 @@ PS_TEST(a_worker_flooding_new_ids_is_refused_while_two_ctr_workers_finish)
               answered, more);
     long hwm = ps_test_status_kb(sv.pid, "VmHWM");
     printf("# worker 2 sent %d more requests, all refused; server peak %ld KiB\n", more, hwm);
-    CHECK_MSG(hwm < (256 + 160) * 1024, "server peak %ld KiB", hwm);
+    CHECK_MSG(hwm < (256 + 160) * 1024 || !RSS_CHECKED, "server peak %ld KiB", hwm);
     zmq_close(d);
     CHECK_OK(ps_test_stop(sv.pid, 5000));
 }
