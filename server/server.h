@@ -40,9 +40,9 @@
  *                     clocks, pulls that wait, live ranks
  *   shard_internal.h  struct ps_shard and its chunk, shared by those two
  *   table_part.c      the table partitions of one update thread and their rules
- *                     (the same as chunks'), each on a table store: table.c on
- *                     table_hash.c (rows in memory) and table_opt.c (a row's
- *                     arithmetic)
+ *                     (the same as chunks'), each on a table store: table.c
+ *                     (its sync rounds table_round.c) on table_hash.c (rows in
+ *                     memory) and table_opt.c (a row's arithmetic)
  *   dup_log.c         the duplicate pushes an update thread dropped, said in a
  *                     line per window
  *   optimizer.c       the update kernels (their results checked: a value that
