@@ -100,6 +100,8 @@ typedef struct ps_cmd_frame {
     ps_table *store;      /* TABLE: this thread's partition of table h.key */
     int after_restore;    /* TABLE: declared on a restored server whose checkpoint did
                              not hold it: its partition starts as restored, at version 0 */
+    int64_t recv_ns;      /* REQ, with --metrics-port: when the I/O thread read it (ps_now_ns;
+                             the push-to-apply histogram starts there); else 0 */
 } ps_cmd_frame;
 
 /* One table's partition at the end (PS_OUT_STOPPED). */
