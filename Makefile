@@ -63,11 +63,12 @@ BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas
 # as needed (only the programs that call it depend on it)
 CURL_LIBS   := $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
 CURL_IF_USED := -Wl,--as-needed $(CURL_LIBS) -Wl,--no-as-needed
-# coord/ (etcd's JSON gateway: libcurl for HTTP, json-c for the bodies):
-# ps_server and ps_launch, the tests and benchmarks as needed
+# coord/ (etcd's JSON gateway: json-c for the bodies, libcurl for HTTP,
+# which coord/ps_etcd.c loads when an etcd client opens, as metrics/ loads
+# libmicrohttpd): ps_server, the tests and benchmarks as needed
 JSON_CFLAGS := $(shell pkg-config --cflags json-c 2>/dev/null)
 JSON_LIBS   := $(shell pkg-config --libs json-c 2>/dev/null || echo -ljson-c)
-COORD_LIBS  := $(CURL_LIBS) $(JSON_LIBS)
+COORD_LIBS  := $(JSON_LIBS) -ldl
 COORD_IF_USED := -Wl,--as-needed $(COORD_LIBS) -Wl,--no-as-needed
 
 BUILD := build$(if $(filter 1,$(SAN)),-san,)
@@ -261,11 +262,11 @@ $(BIN)/ps_top: $(BUILD)/tools/ps_top_main.o $(BUILD)/libtools.a $(LIB)/libps.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(CURL_LIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS) $(COORD_IF_USED)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS) $(COORD_IF_USED) $(CURL_IF_USED)
 $(BUILD)/examples/%: $(BUILD)/examples/%.o $(LIB)/libps.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
-	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS) $(COORD_IF_USED)
+	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS) $(COORD_IF_USED) $(CURL_IF_USED)
 
 # libps's public headers stand alone: -Iinclude and nothing else
 $(BUILD)/tests/public_header.o: tests/public_header.c $(PUBLIC_HEADERS)

@@ -1,6 +1,7 @@
 #include "ps_etcd.h"
 
 #include <curl/curl.h>
+#include <dlfcn.h>
 #include <inttypes.h>
 #include <json-c/json.h>
 #include <pthread.h>
@@ -21,8 +22,53 @@ struct ps_etcd {
     struct curl_slist *hdrs;
 };
 
+/* libcurl is loaded the first time an etcd client opens, not linked: a
+ * server without replicas (and every other program) maps neither it nor
+ * the TLS libraries it brings, as metrics/ps_metrics_http.c does for
+ * libmicrohttpd. */
+#ifndef PS_CURL_SONAME
+#define PS_CURL_SONAME "libcurl.so.4"
+#endif
+static struct {
+    CURLcode (*global_init)(long flags);
+    CURL *(*init)(void);
+    void (*cleanup)(CURL *h);
+    void (*reset)(CURL *h);
+    CURLcode (*setopt)(CURL *h, CURLoption opt, ...);
+    CURLcode (*perform)(CURL *h);
+    CURLcode (*getinfo)(CURL *h, CURLINFO info, ...);
+    const char *(*strerror)(CURLcode rc);
+    struct curl_slist *(*slist_append)(struct curl_slist *l, const char *s);
+    void (*slist_free_all)(struct curl_slist *l);
+    char why[256]; /* why it could not be loaded; "" when it was */
+} cu;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static void g_init(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+static void g_init(void)
+{
+    void *h = dlopen(PS_CURL_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(cu.why, sizeof cu.why, "%s (Debian: libcurl4)", dlerror());
+        return;
+    }
+#define SYM_(field, name)                                                    \
+    if (!(*(void **)&cu.field = dlsym(h, name)) && !cu.why[0])              \
+        snprintf(cu.why, sizeof cu.why, "%s has no %s", PS_CURL_SONAME, name);
+    SYM_(global_init, "curl_global_init")
+    SYM_(init, "curl_easy_init")
+    SYM_(cleanup, "curl_easy_cleanup")
+    SYM_(reset, "curl_easy_reset")
+    SYM_(setopt, "curl_easy_setopt")
+    SYM_(perform, "curl_easy_perform")
+    SYM_(getinfo, "curl_easy_getinfo")
+    SYM_(strerror, "curl_easy_strerror")
+    SYM_(slist_append, "curl_slist_append")
+    SYM_(slist_free_all, "curl_slist_free_all")
+#undef SYM_
+    if (!cu.why[0])
+        cu.global_init(CURL_GLOBAL_DEFAULT);
+}
+
 void ps_etcd_global_init(void) { pthread_once(&g_once, g_init); }
 
 void ps_etcd_kv_free(ps_etcd_kv *kv)
@@ -132,8 +178,13 @@ int ps_etcd_open(const char *urls, long timeout_ms, ps_etcd **out, char *why, si
         return PS_EINVAL;
     }
     ps_etcd_global_init();
-    e->h = curl_easy_init();
-    e->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+    if (cu.why[0]) {
+        ps_errorf(why, why_len, "cannot load libcurl for etcd: %s", cu.why);
+        ps_etcd_close(e);
+        return PS_EIO;
+    }
+    e->h = cu.init();
+    e->hdrs = cu.slist_append(NULL, "Content-Type: application/json");
     if (!e->h || !e->hdrs) {
         ps_etcd_close(e);
         return PS_ENOMEM;
@@ -147,8 +198,9 @@ void ps_etcd_close(ps_etcd *e)
     if (!e)
         return;
     if (e->h)
-        curl_easy_cleanup(e->h);
-    curl_slist_free_all(e->hdrs);
+        cu.cleanup(e->h);
+    if (e->hdrs)
+        cu.slist_free_all(e->hdrs);
     for (int i = 0; i < e->nurls; i++)
         free(e->urls[i]);
     free(e);
@@ -192,28 +244,28 @@ static int call(ps_etcd *e, const char *path, json_object *req, json_object **re
         snprintf(url, sizeof url, "%s%s", e->urls[i], path);
         body b = {0};
         e->body_err[0] = 0;
-        curl_easy_reset(e->h);
-        curl_easy_setopt(e->h, CURLOPT_URL, url);
-        curl_easy_setopt(e->h, CURLOPT_POST, 1L);
-        curl_easy_setopt(e->h, CURLOPT_POSTFIELDS, txt);
-        curl_easy_setopt(e->h, CURLOPT_HTTPHEADER, e->hdrs);
-        curl_easy_setopt(e->h, CURLOPT_WRITEFUNCTION, on_body);
-        curl_easy_setopt(e->h, CURLOPT_WRITEDATA, &b);
-        curl_easy_setopt(e->h, CURLOPT_TIMEOUT_MS, e->timeout_ms);
-        curl_easy_setopt(e->h, CURLOPT_CONNECTTIMEOUT_MS, e->timeout_ms);
-        curl_easy_setopt(e->h, CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(e->h, CURLOPT_ERRORBUFFER, e->body_err);
-        CURLcode rc = curl_easy_perform(e->h);
+        cu.reset(e->h);
+        cu.setopt(e->h, CURLOPT_URL, url);
+        cu.setopt(e->h, CURLOPT_POST, 1L);
+        cu.setopt(e->h, CURLOPT_POSTFIELDS, txt);
+        cu.setopt(e->h, CURLOPT_HTTPHEADER, e->hdrs);
+        cu.setopt(e->h, CURLOPT_WRITEFUNCTION, on_body);
+        cu.setopt(e->h, CURLOPT_WRITEDATA, &b);
+        cu.setopt(e->h, CURLOPT_TIMEOUT_MS, e->timeout_ms);
+        cu.setopt(e->h, CURLOPT_CONNECTTIMEOUT_MS, e->timeout_ms);
+        cu.setopt(e->h, CURLOPT_NOSIGNAL, 1L);
+        cu.setopt(e->h, CURLOPT_ERRORBUFFER, e->body_err);
+        CURLcode rc = cu.perform(e->h);
         if (rc != CURLE_OK || b.oom) {
             snprintf(last_err, sizeof last_err, "%s: %s", url,
-                     b.oom ? "out of memory" : e->body_err[0] ? e->body_err : curl_easy_strerror(rc));
+                     b.oom ? "out of memory" : e->body_err[0] ? e->body_err : cu.strerror(rc));
             free(b.p);
             if (b.oom)
                 break;
             continue;
         }
         long status = 0;
-        curl_easy_getinfo(e->h, CURLINFO_RESPONSE_CODE, &status);
+        cu.getinfo(e->h, CURLINFO_RESPONSE_CODE, &status);
         json_object *j = b.p ? json_tokener_parse(b.p) : NULL;
         json_object *err = NULL, *msg = NULL;
         if (j && (json_object_object_get_ex(j, "error", &err) ||

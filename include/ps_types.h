@@ -241,7 +241,9 @@ enum { PS_TABLE_FULL_EVICT = 0, PS_TABLE_FULL_REFUSE = 1 };
     X(evicted, "evict")                                                       \
     X(filtered, "filt")                                                       \
     X(nonfinite, "nonf")                                                      \
-    X(forged, "forged")
+    X(forged, "forged")                                                       \
+    X(repl_epoch, "rep")                                                      \
+    X(repl_lag, "rlag")
 
 typedef struct ps_stats {
 #define PS_STATS_FIELD_(f, key) uint64_t f;
@@ -252,7 +254,9 @@ typedef struct ps_stats {
      * tables take; evicted: rows evicted by row caps; filtered: pulled ids
      * the frequency filters had not admitted yet and gradient rows dropped for
      * them; forged: requests refused (PS_EPERM) because another connection
-     * held their rank */
+     * held their rank; repl_epoch: with replicas, the shard group's epoch
+     * this server acts on (0: none); repl_lag: on a primary, the most stream
+     * messages a member of its group has not acknowledged yet */
     int64_t min_version, max_version; /* over the server's chunks and table partitions
                                          (wire keys vmin, vmax) */
 } ps_stats;

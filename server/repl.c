@@ -461,6 +461,7 @@ void repl_apply(ps_repl *r, const ps_group_cfg *c, int64_t now)
     if (c->primary == r->me && cfg_has(c, r->me, r->inc)) {
         if (was != PS_REPL_PRIMARY) {
             r->role = PS_REPL_PRIMARY;
+            r->promotions += was == PS_REPL_MEMBER;
             r->have_pid = 0;
             r->rseq = r->base = 0;
             for (int k = 0; k < r->n; k++)
@@ -483,6 +484,7 @@ void repl_apply(ps_repl *r, const ps_group_cfg *c, int64_t now)
             } else if (in && r->m[k].joining) { /* a replacement that caught up */
                 r->m[k].joining = 0;
                 r->m[k].in_cfg = 1;
+                r->caught_up++;
             } else if (in && !r->m[k].dealer) {
                 repl_open_member(r, k, 0, now);
             }
@@ -1116,6 +1118,36 @@ int64_t ps_repl_lag(const ps_repl *r, int m, int64_t now, int64_t *oldest_ns)
     }
     *oldest_ns = oldest ? now - oldest : 0;
     return lag;
+}
+
+void ps_repl_stats(const ps_repl *r, uint64_t *epoch, uint64_t *lag)
+{
+    *epoch = *lag = 0;
+    if (!r)
+        return;
+    *epoch = r->cfg.epoch;
+    int64_t now = ps_now_ns(), old;
+    for (int k = 0; k < r->n; k++) {
+        int64_t l = ps_repl_lag(r, k, now, &old);
+        if (l > (int64_t)*lag)
+            *lag = (uint64_t)l;
+    }
+}
+
+void ps_repl_figures(const ps_repl *r, ps_srv_io_figures *f)
+{
+    for (int k = 0; k < 3; k++)
+        f->repl_lag[k] = -1;
+    if (!r)
+        return;
+    int64_t now = ps_now_ns();
+    f->repl_role = r->role;
+    f->repl_epoch = r->cfg.epoch;
+    f->repl_promotions = r->promotions;
+    f->repl_redirects = r->redirects;
+    f->repl_caught_up = r->caught_up;
+    for (int k = 0; k < r->n && k < 3; k++)
+        f->repl_lag[k] = ps_repl_lag(r, k, now, &f->repl_lag_ns[k]);
 }
 
 void ps_repl_describe(const ps_repl *r, char *out, size_t cap)

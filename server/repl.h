@@ -134,6 +134,13 @@ void ps_repl_loaded(ps_repl *r, int owner, int rc);
 /* One line: the role, epoch, members and each one's lag ("-" without
  * replicas). */
 void ps_repl_describe(const ps_repl *r, char *out, size_t cap);
+/* The figures the metrics show (server_metrics.h: role, epoch, counts,
+ * each member's lag).  NULL r: none (role 0). */
+struct ps_srv_io_figures;
+void ps_repl_figures(const ps_repl *r, struct ps_srv_io_figures *f);
+/* For STATS: the epoch and the most messages a member has not
+ * acknowledged (0, 0 without replicas). */
+void ps_repl_stats(const ps_repl *r, uint64_t *epoch, uint64_t *lag);
 /* Member m's lag: stream messages sent and not yet acknowledged, and the
  * age of the oldest (ns); -1 when m is not a member this primary sends to. */
 int64_t ps_repl_lag(const ps_repl *r, int m, int64_t now, int64_t *oldest_ns);

@@ -86,6 +86,7 @@ struct ps_repl {
     int64_t next_hb_ns;
     uint64_t unheld, member_errors, redirects;
     uint64_t snaps;      /* snapshots made for replacements */
+    uint64_t promotions, caught_up;
     /* the poll items ps_repl_poll_items added: their member slots (-1 the
      * agent, REPL_POLL_JOIN the join's DEALER) */
     int poll_slot[PS_REPL_MAX_POLL];

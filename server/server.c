@@ -144,6 +144,7 @@ static ps_stats srv_io_stats(const ps_server *s)
     io.errors = s->io_errors;
     io.workers_seen = (uint64_t)ps_workers_seen(s->workers);
     io.forged = ps_workers_forged(s->workers);
+    ps_repl_stats(s->repl, &io.repl_epoch, &io.repl_lag);
     return io;
 }
 
@@ -456,6 +457,7 @@ static void publish_io(ps_server *s)
     f.checkpoints = ps_ckpt_coord_count(s->ck);
     f.checkpoint_failures = ps_ckpt_coord_failures(s->ck);
     ps_ckpt_coord_last(s->ck, &f.checkpoint_done_ns, &f.checkpoint_took_ns);
+    ps_repl_figures(s->repl, &f);
     ps_srv_metrics_io(s->met, &f);
 }
 

@@ -26,6 +26,8 @@ struct ps_srv_metrics {
             hellos_refused, peer_refused, shutdowns_refused, curve_refused, checkpoints,
             checkpoint_failures;
         _Atomic int64_t checkpoint_done_ns;
+        _Atomic uint64_t repl_role, repl_epoch, repl_promotions, repl_redirects, repl_caught_up;
+        _Atomic int64_t repl_lag[3], repl_lag_ns[3];
         ps_metrics_hist checkpoint_write;
         uint64_t observed; /* checkpoints already in the histogram (I/O thread only) */
     } io;
@@ -122,6 +124,61 @@ void ps_srv_metrics_io(ps_srv_metrics *m, const ps_srv_io_figures *f)
                               memory_order_relaxed);
     }
     st(&m->io.checkpoints, f->checkpoints);
+    st(&m->io.repl_role, (uint64_t)f->repl_role);
+    st(&m->io.repl_epoch, f->repl_epoch);
+    st(&m->io.repl_promotions, f->repl_promotions);
+    st(&m->io.repl_redirects, f->repl_redirects);
+    st(&m->io.repl_caught_up, f->repl_caught_up);
+    for (int k = 0; k < 3; k++) {
+        atomic_store_explicit(&m->io.repl_lag[k], f->repl_lag[k], memory_order_relaxed);
+        atomic_store_explicit(&m->io.repl_lag_ns[k], f->repl_lag_ns[k], memory_order_relaxed);
+    }
+}
+
+/* Replicas (server/repl.h): the role, epoch and each member's lag. */
+static void collect_repl(ps_metrics_out *o, const ps_srv_metrics *m)
+{
+    uint64_t role = ld(&m->io.repl_role);
+    if (!role)
+        return;
+    ps_metrics_family(o, "ps_server_replica_primary", PS_METRIC_GAUGE,
+                      "1 while this server is its shard group's primary, else 0 (a replica, "
+                      "joining, or deposed).");
+    ps_metrics_sample_u64(o, m->base, role == 1);
+    ps_metrics_family(o, "ps_server_replica_epoch", PS_METRIC_GAUGE,
+                      "The shard group's configuration epoch this server acts on.");
+    ps_metrics_sample_u64(o, m->base, ld(&m->io.repl_epoch));
+    ps_metrics_family(o, "ps_server_replica_promotions_total", PS_METRIC_COUNTER,
+                      "Times this server became its group's primary after a failure.");
+    ps_metrics_sample_u64(o, m->base, ld(&m->io.repl_promotions));
+    ps_metrics_family(o, "ps_server_replica_redirects_total", PS_METRIC_COUNTER,
+                      "Workers' requests answered PS_ENOTPRIMARY (sent to the primary).");
+    ps_metrics_sample_u64(o, m->base, ld(&m->io.repl_redirects));
+    ps_metrics_family(o, "ps_server_replica_caught_up_total", PS_METRIC_COUNTER,
+                      "Replacements this primary brought in with a snapshot of its state.");
+    ps_metrics_sample_u64(o, m->base, ld(&m->io.repl_caught_up));
+    char lab[2 * LABEL_MAX];
+    ps_metrics_family(o, "ps_server_replica_lag_messages", PS_METRIC_GAUGE,
+                      "On the primary, per member: messages of the stream it has not "
+                      "acknowledged yet (the replies waiting for it).");
+    for (int k = 0; k < 3; k++) {
+        int64_t v = atomic_load_explicit(&m->io.repl_lag[k], memory_order_relaxed);
+        if (v < 0)
+            continue;
+        snprintf(lab, sizeof lab, "%s,member=\"%d\"", m->base, k);
+        ps_metrics_sample_u64(o, lab, (uint64_t)v);
+    }
+    ps_metrics_family(o, "ps_server_replica_lag_seconds", PS_METRIC_GAUGE,
+                      "On the primary, per member: how long its oldest unacknowledged "
+                      "message of the stream has waited.");
+    for (int k = 0; k < 3; k++) {
+        if (atomic_load_explicit(&m->io.repl_lag[k], memory_order_relaxed) < 0)
+            continue;
+        snprintf(lab, sizeof lab, "%s,member=\"%d\"", m->base, k);
+        ps_metrics_sample(o, lab,
+                          (double)atomic_load_explicit(&m->io.repl_lag_ns[k],
+                                                       memory_order_relaxed) * 1e-9);
+    }
 }
 
 /* ---- the scrape ---- */
@@ -260,6 +317,7 @@ static void collect(void *user, ps_metrics_out *o)
               "Seconds since the last checkpoint was written.", age);
     }
 
+    collect_repl(o, m);
     size_t n = atomic_load_explicit(&m->ntables, memory_order_acquire);
     if (!n)
         return;

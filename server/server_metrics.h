@@ -77,6 +77,11 @@ typedef struct ps_srv_io_figures {
     uint64_t checkpoints, checkpoint_failures;
     int64_t checkpoint_done_ns; /* ps_now_ns of the last written checkpoint; 0: none */
     int64_t checkpoint_took_ns; /* how long its write took */
+    /* replicas (server/repl.h); role 0: none */
+    int repl_role;              /* PS_REPL_PRIMARY .. */
+    uint64_t repl_epoch, repl_promotions, repl_redirects, repl_caught_up;
+    int64_t repl_lag[3];        /* per member: stream messages not acknowledged; -1: none */
+    int64_t repl_lag_ns[3];     /* the age of the oldest */
 } ps_srv_io_figures;
 
 typedef struct ps_srv_metrics ps_srv_metrics;

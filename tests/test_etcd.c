@@ -135,8 +135,9 @@ PS_TEST(etcd_unreachable_endpoint_named)
         SKIP("no etcd");
     char two[160];
     snprintf(two, sizeof two, "%s,%s/", url, live);
-    CHECK_OK(ps_etcd_open(two, 500, &e, why, sizeof why));
-    CHECK_OK(ps_etcd_put(e, "/t/two", "y", 1, 0, NULL, why, sizeof why));
+    CHECK_OK(ps_etcd_open(two, 2000, &e, why, sizeof why));
+    int rc = ps_etcd_put(e, "/t/two", "y", 1, 0, NULL, why, sizeof why);
+    CHECK_MSG(rc == 0, "%s", why);
     CHECK_STR(ps_etcd_endpoint(e), live);
     ps_etcd_close(e);
 }

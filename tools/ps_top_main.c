@@ -149,10 +149,17 @@ static int gather(top *t, char *why, size_t len)
     char *list = t->o.servers ? strdup(t->o.servers) : NULL, *save = NULL;
     int r = 0;
     for (char *e = list ? strtok_r(list, ",", &save) : NULL; e; e = strtok_r(NULL, ",", &save)) {
-        ps_top_proc *p = find_server(t, r);
-        if (!p && !(p = add_proc(t, PS_TOP_SERVER, r)))
-            break;
-        snprintf(p->endpoint, sizeof p->endpoint, "%s", e);
+        /* a replicated server: its group's members "a|b", a line each */
+        for (int k = 0; e; k++) {
+            char *bar = strchr(e, '|');
+            if (bar)
+                *bar = 0;
+            ps_top_proc *p = k ? NULL : find_server(t, r);
+            if (!p && !(p = add_proc(t, PS_TOP_SERVER, r)))
+                break;
+            snprintf(p->endpoint, sizeof p->endpoint, "%s", e);
+            e = bar ? bar + 1 : NULL;
+        }
         r++;
     }
     free(list);

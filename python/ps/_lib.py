@@ -49,7 +49,7 @@ OPT_PARAMS = (
 # PS_STATS_COUNTERS, in order
 STATS_COUNTERS = ("pushes", "pulls", "inits", "updates", "bytes_in", "bytes_out", "dup_dropped",
                   "errors", "chunks", "workers_seen", "partitions", "rows", "table_bytes",
-                  "evicted", "filtered", "nonfinite", "forged")
+                  "evicted", "filtered", "nonfinite", "forged", "repl_epoch", "repl_lag")
 
 # enum ps_table_init, and the tables-only optimizer kind PS_TABLE_OPT_FTRL
 TABLE_INITS = ("zeros", "uniform", "normal")
