@@ -277,6 +277,8 @@ struct ps_curve_auth {
     int ready, bind_errno;
     /* owned by the handler thread from here on */
     keylist keys, admins;
+    char self_pub[PS_CURVE_KEY_LEN + 1], self_name[32]; /* this server's own key: the other
+                                                            members of its shard group */
     int64_t scanned_ns;
     struct timespec scanned_mtime, admin_mtime;
     quiet_slot quiet[QUIET_SLOTS];
@@ -429,6 +431,13 @@ static int zap_decide(ps_curve_auth *a, zmq_msg_t *f, int nf, const char **user)
             ps_debug("accepted CURVE client from %s: key %s (%s)", addr, key, *user);
             return 1;
         }
+    /* a peer that holds this server's own secret key: another member of its
+     * shard group (server/repl.h), user id "server-RANK" */
+    if (memcmp(a->self_pub, key, PS_CURVE_KEY_LEN) == 0) {
+        *user = a->self_name;
+        ps_debug("accepted CURVE client from %s: this server's own key (%s)", addr, *user);
+        return 1;
+    }
     snprintf(peer, sizeof peer, "%s %s", addr, key);
     log_refusal(a, peer, "refused CURVE client from %s: key %s is not in %s", addr, key, a->adir);
     return 0;
@@ -534,6 +543,8 @@ int ps_curve_server_setup(void *zmq_ctx, void *router_socket, const char *dir, i
         return PS_ENOMEM;
     }
     a->ctx = zmq_ctx;
+    memcpy(a->self_pub, pub, sizeof a->self_pub);
+    snprintf(a->self_name, sizeof a->self_name, "%s", name);
     snprintf(a->dir, sizeof a->dir, "%s", dir);
     snprintf(a->adir, sizeof a->adir, "%s/authorized", dir);
     snprintf(a->mdir, sizeof a->mdir, "%s/admin", dir);

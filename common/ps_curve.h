@@ -85,7 +85,10 @@ typedef struct ps_curve_auth ps_curve_auth;
  * frame tells the server which key the peer proved it holds.  Keys in
  * DIR/admin (optional, re-read like authorized/) are accepted too, and
  * looked up first: their user id is "admin/" and the file name ("admin/ops"),
- * which no file in authorized/ can give (a name has no '/').
+ * which no file in authorized/ can give (a name has no '/').  A client
+ * that holds this server's own key pair (server-<server_rank>) is accepted
+ * too, with that user id: the other members of its shard group
+ * (server/repl.h), which share the key, stream to each other with it.
  * The caller keeps owning router_socket and zmq_ctx; on success *out is the
  * handler, which the caller must stop with ps_curve_auth_stop.  On failure
  * *out is NULL and nothing is left running. */

@@ -638,8 +638,19 @@ static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const p
     char why[256];
     if (m->from == PS_FROM_ANY) /* hello: it checks the rank itself, after the config */
         return 0;
-    if (m->from == PS_FROM_PEER && h->rank == -1) /* the group's members: repl.h checks */
-        return 0;
+    if (m->from == PS_FROM_PEER && h->rank == -1) {
+        /* the group's members (repl.h checks which); under CURVE only a peer
+         * that holds this server's key, as its members do */
+        char own[32];
+        snprintf(own, sizeof own, "server-%d", s->cfg.rank);
+        const char *uid = s->curve_dir ? zmq_msg_gets(&f[1], "User-Id") : own;
+        if (uid && !strcmp(uid, own))
+            return 0;
+        ps_errorf(why, sizeof why, "%s is for the members of a shard group, which hold its "
+            "server key (%s); this peer's key is %s", m->name, own, uid ? uid : "unknown");
+        io_error(s, &f[0], h, PS_EAUTH, why);
+        return -1;
+    }
     if (h->rank >= s->cfg.num_workers) {
         ps_errorf(why, sizeof why, "rank %d is out of range: this server has --num-workers %d",
             h->rank, s->cfg.num_workers);

@@ -7,8 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "ps_client.h"
+#include "ps_curve.h"
 #include "ps_error.h"
 #include "ps_test.h"
 #include "ps_test_server.h"
@@ -448,4 +450,79 @@ PS_TEST(restart_servers_without_replicas)
     CHECK(count_in(log, "started a new server 1 ") == 1);
     CHECK(count_in(log, "restored "));
     CHECK_MSG(same_files(ref, got), "the model differs from the uninterrupted run's");
+}
+
+/* With CURVE keys the members of a group stream to each other with their
+ * shared server key, which each accepts as its own; a worker's key may not
+ * speak for a member (a REPL_HELLO under it is refused); and a failover
+ * works as without keys. */
+PS_TEST(curve_members_authenticate_with_the_group_key)
+{
+    if (!etcd_up())
+        SKIP("no etcd (install etcd-server: make deps)");
+    char why[512], dir[512], words[1024];
+    if (ps_curve_available(why, sizeof why))
+        SKIP("%s", why);
+    snprintf(dir, sizeof dir, "%s/keys", ps_test_tmpdir());
+    CHECK_OK(ps_curve_keygen(dir, 1, 1, 0, why, sizeof why));
+    snprintf(words, sizeof words, "--mode async --num-workers 1 --lr 1 --curve-keys %s", dir);
+    group gr;
+    CHECK_OK(group_start(&gr, 2, 0, 1, "t6", words));
+    ps_client_options o;
+    ps_client_options_default(&o);
+    o.servers = gr.eps;
+    o.num_workers = 1;
+    o.mode = PS_MODE_ASYNC;
+    o.hello_timeout_ms = 20000;
+    o.request_timeout_ms = 2000;
+    o.heartbeat_ms = 200;
+    o.curve_dir = dir;
+    ps_client *c;
+    CHECK_OK(ps_client_open(&o, &c));
+    CHECK_OK(ps_client_register(c, KEY, N));
+    CHECK_MSG(ps_client_start(c) == 0, "%s", ps_client_last_error(c));
+    static float w[N], g[N], out[N];
+    for (int i = 0; i < N; i++)
+        g[i] = 1.0f / 8;
+    ps_request r;
+    CHECK_OK(ps_client_init(c, KEY, w, &r));
+    CHECK_OK(wait_req(&r));
+    for (int step = 0; step < 10; step++) {
+        CHECK_OK(ps_client_push(c, KEY, g, step, &r));
+        CHECK_OK(wait_req(&r));
+    }
+    CHECK(ps_test_wait_for_text(gr.sv[1].log, "taking its stream", 5000, 0) == 0);
+    /* worker 0's key, as a member of group 0: refused */
+    void *ctx = zmq_ctx_new(), *d = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+    CHECK_OK(ps_curve_client_setup(d, dir, 0, 0, why, sizeof why));
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", gr.sv[1].port);
+    CHECK_OK(zmq_connect(d, ep));
+    ps_header h = ps_test_header(PS_MSG_REPL_HELLO, -1, 9, 0, 0, 0), rep;
+    h.epoch = 5;
+    h.member = 0;
+    h.hello.mode = PS_MODE_ASYNC;
+    h.hello.num_workers = 1;
+    h.hello.num_servers = 1;
+    h.hello.max_staleness = -1;
+    CHECK_OK(ps_test_send(d, &h, NULL, 0));
+    CHECK_OK(ps_test_recv(d, 5000, &rep, NULL, 0, NULL));
+    CHECK_MSG(rep.type == PS_MSG_ERROR && rep.err_code == PS_EAUTH &&
+                  strstr(rep.err_text, "server-0"),
+              "%s", rep.err_text);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    kill(gr.sv[0].pid, SIGKILL);
+    CHECK_EQ_INT(ps_test_wait(gr.sv[0].pid, 5000), 128 + SIGKILL);
+    for (int step = 10; step < 20; step++) {
+        CHECK_OK(ps_client_push(c, KEY, g, step, &r));
+        CHECK_MSG(wait_req(&r) == 0, "push %d: %s", step, r.err);
+    }
+    CHECK_OK(ps_client_pull(c, KEY, out, 0, &r));
+    CHECK_OK(wait_req(&r));
+    CHECK_MSG(out[0] == -20.0f / 8, "%.9g", (double)out[0]);
+    ps_client_close(c);
+    CHECK_EQ_INT(ps_test_stop(gr.sv[1].pid, 5000), 0);
 }
