@@ -371,8 +371,10 @@ void repl_join_read(ps_repl *r, int64_t now)
                 send_join(r, j->done, now);
             continue;
         }
-        /* not now (a member still listed for this slot, another join): again later */
+        /* not now (a member still listed for this slot, another join): again
+         * shortly (the primary is removing what stood in the way) */
         ps_info("replicas: the primary answered the join: %s; asking again", h.err_text);
+        j->asked_ns = now - (int64_t)r->failure_ms * 2000000LL + (int64_t)r->failure_ms * 250000LL;
     }
 }
 

@@ -337,13 +337,15 @@ static int count_in(const char *path, const char *needle)
     return n;
 }
 
-/* Wait until path holds needle at least n times (60 s at most). */
+/* Wait until path holds needle at least n times (60 s at most; -1 as soon
+ * as the ps_launch writing it, pid, says it is done). */
 static int wait_count(const char *path, const char *needle, int n, int pid)
 {
     for (int t = 0; t < 1200; t++) {
         if (count_in(path, needle) >= n)
             return 0;
-        if (pid > 0 && kill(pid, 0) != 0)
+        if (pid > 0 && (kill(pid, 0) != 0 || count_in(path, "all workers finished") ||
+                        count_in(path, "ps_launch: failed")))
             return -1;
         ps_test_sleep_ms(50);
     }
@@ -525,4 +527,43 @@ PS_TEST(curve_members_authenticate_with_the_group_key)
     CHECK_MSG(out[0] == -20.0f / 8, "%.9g", (double)out[0]);
     ps_client_close(c);
     CHECK_EQ_INT(ps_test_stop(gr.sv[1].pid, 5000), 0);
+}
+
+/* A bounded chaos loop: ps_launch --replicas 1, sync; up to 6 times a
+ * random server process (a primary or a replica, of either group) is killed
+ * with SIGKILL, each once the replacement of the one before caught up.  No
+ * hang (the run ends within its time), no loss: the model is bitwise the one
+ * of the uninterrupted run without replicas. */
+PS_TEST(chaos_random_kills_no_hang_no_loss)
+{
+    if (!etcd_up())
+        SKIP("no etcd (install etcd-server: make deps)");
+    const char *ref = reference_model();
+    CHECK_MSG(ref, "the reference run failed");
+    unsigned seed = (unsigned)ps_now_ns();
+    srand(seed);
+    char log[512], got[512];
+    snprintf(log, sizeof log, "%s/launch-chaos.log", ps_test_tmpdir());
+    snprintf(got, sizeof got, "%s/launch-chaos.model", ps_test_tmpdir());
+    int pl = launch("--replicas 1 --coord auto", got, log);
+    CHECK(pl > 0);
+    CHECK(ps_test_wait_for_text(log, " iter 20/", 120000, pl) == 0);
+    int kills = 0;
+    for (; kills < 6; kills++) {
+        char label[32];
+        snprintf(label, sizeof label, "server %d.%d (pid", rand() % 2, rand() % 2);
+        int pid = pid_after(log, label);
+        if (pid <= 0 || kill(pl, 0) != 0 || count_in(log, "all workers finished"))
+            break;
+        printf("# kill %d: %.*s %d\n", kills + 1, (int)strlen(label) - 5, label, pid);
+        kill(pid, SIGKILL);
+        /* its replacement is a member again before the next kill */
+        if (wait_count(log, "caught up (", kills + 1, pl) != 0)
+            break;
+        ps_test_sleep_ms(100 + rand() % 300);
+    }
+    printf("# seed %u: %d kills\n", seed, kills);
+    CHECK_EQ_INT(ps_test_wait(pl, 180000), 0);
+    CHECK_MSG(kills >= 2, "only %d kills fell inside the training", kills);
+    CHECK_MSG(same_files(ref, got), "the model differs from the uninterrupted run's");
 }
