@@ -8,7 +8,7 @@
 #                      it the accuracy sections of the existing
 #                      docs/BENCHMARKS.md are kept as they were
 #   BENCH_PROFILE=0    skip the perf profile of the transport path
-#   BENCH_ONLY="transport apply train load torch shm cluster multihost tables dlrm metrics"   run only these; the
+#   BENCH_ONLY="transport apply train load torch shm cluster multihost tables dlrm metrics replicas"   run only these; the
 #                      document keeps its sections of the parts that did not run
 #   BENCH_DOC=FILE     write FILE instead of docs/BENCHMARKS.md
 # Every figure is a ratio against a baseline measured in the same run: the
@@ -18,7 +18,7 @@ BUILD=${BUILD:-build}
 export BUILD
 export PS_BIN_DIR=${PS_BIN_DIR:-bin}
 DOC=${BENCH_DOC:-docs/BENCHMARKS.md}
-ONLY=${BENCH_ONLY:-"transport apply train load torch shm cluster multihost tables dlrm metrics"}
+ONLY=${BENCH_ONLY:-"transport apply train load torch shm cluster multihost tables dlrm metrics replicas"}
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/ps_benchrun.XXXXXX") || exit 1
 trap 'rm -rf "$OUT"' EXIT
 start=$(date +%s)
@@ -50,7 +50,7 @@ part() {
     echo "$(( $(date +%s) - _t0 ))" >"$OUT/$_name.secs"
 }
 
-for b in transport_bench apply_bench shm_bench table_bench sparse_bench; do
+for b in transport_bench apply_bench shm_bench table_bench sparse_bench repl_bench; do
     if [ ! -x "$BUILD/bench/$b" ]; then
         echo "run.sh: $BUILD/bench/$b is missing; run make bench" >&2
         exit 1
@@ -83,6 +83,9 @@ wanted tables && part tables sh bench/tables_bench.sh
 wanted dlrm && part dlrm sh bench/dlrm_bench.sh
 # --metrics-port on and scraped against off; one scrape's time
 wanted metrics && part metrics sh bench/metrics_bench.sh
+# replicas: the failover pause, nothing lost over kills, a replacement's
+# catch-up, and what replication costs against --replicas 0
+wanted replicas && part replicas sh bench/replicas_bench.sh
 if [ "${BENCH_ACCURACY:-0}" = 1 ]; then
     part accuracy sh bench/accuracy.sh
 else
@@ -96,7 +99,7 @@ echo "bench: done in $total s"
 
 # A part that did not run (BENCH_ONLY, or it failed) keeps its section of
 # the existing document, between <!-- part:NAME:begin/end --> markers.
-PARTS="transport profile apply train load torch shm cluster multihost tables dlrm metrics"
+PARTS="transport profile apply train load torch shm cluster multihost tables dlrm metrics replicas"
 ran="" kept="" missing=""
 for p in $PARTS; do
     if [ -s "$OUT/$p.md" ] && [ "$(cat "$OUT/$p.rc" 2>/dev/null)" = 0 ]; then
@@ -167,7 +170,8 @@ because the machine may be shared and noisy.
 
 EOF
 goal_lines "$OUT/transport.md" "$OUT/apply.md" "$OUT/train.md" "$OUT/shm.md" "$OUT/cluster.md" \
-    "$OUT/torch.md" "$tacc" "$OUT/multihost.md" "$OUT/tables.md" "$OUT/dlrm.md" "$OUT/metrics.md" |
+    "$OUT/torch.md" "$tacc" "$OUT/multihost.md" "$OUT/tables.md" "$OUT/dlrm.md" "$OUT/metrics.md" \
+    "$OUT/replicas.md" |
     sed 's/^/- /'
 echo "<!-- accuracy-goals:begin -->"
 goal_lines "$acc" | sed 's/^/- /'
@@ -496,6 +500,21 @@ one scrape of a server with 8 tables while 2 workers train
 
 EOF
 partmd metrics
+cat <<EOF
+
+## 14. Replicas: failover pause, nothing lost, catch-up, and their cost
+
+\`bench/replicas_bench.sh\` (\`BENCH_ONLY=replicas make bench\`): shard groups of a
+primary and a replica with a real etcd (build/bench/repl_bench: the
+failover pause per worker over 10 kills of a primary, the values lost or
+applied twice over 20 kills in async and sync with a table and a dense key,
+and a replacement's catch-up of a 4e6-row table while 2 workers train), and
+ps_launch --replicas 1 against --replicas 0 for the MLP and the DLRM in
+both modes (docs/OPERATIONS.md "Replicas").  On this machine every process
+shares its 2 cores: the figures are what a loaded host gives.
+
+EOF
+partmd replicas
 } >"$DOC.tmp" && mv "$DOC.tmp" "$DOC"
 echo "bench: wrote $DOC"
 exit $status

@@ -53,9 +53,10 @@ struct repl_join {
     uint64_t *tot, *got, *upto;
     uint8_t *state;          /* 0 coming, 1 sent to load, 2 loaded */
     int nloaded;
-    kept *head, *tail;
-    size_t nkept;
+    kept **head, **tail;     /* per update thread: the stream kept until its part loads */
+    size_t nkept, applied, skipped;
     uint64_t bytes;
+    int64_t got_ns;          /* when the last part was whole */
     /* the primary's side: one replacement at a time */
     int slot;                /* -1: none */
     uint64_t inc, token, sent;
@@ -77,13 +78,13 @@ static repl_join *join_of(ps_repl *r)
 
 static void free_kept(repl_join *j)
 {
-    while (j->head) {
-        kept *k = j->head;
-        j->head = k->next;
-        ps_zmsg_close_all(k->f, k->nf);
-        free(k);
-    }
-    j->tail = NULL;
+    for (int o = 0; j->head && o < j->T; o++)
+        while (j->head[o]) {
+            kept *k = j->head[o];
+            j->head[o] = k->next;
+            ps_zmsg_close_all(k->f, k->nf);
+            free(k);
+        }
     j->nkept = 0;
 }
 
@@ -103,6 +104,8 @@ void repl_join_close(ps_repl *r)
     free(j->got);
     free(j->upto);
     free(j->state);
+    free(j->head);
+    free(j->tail);
     free(j);
     r->join = NULL;
 }
@@ -141,7 +144,9 @@ int repl_join_start(ps_repl *r, int64_t now, char *why, size_t why_len)
     j->got = calloc((size_t)j->T, sizeof *j->got);
     j->upto = calloc((size_t)j->T, sizeof *j->upto);
     j->state = calloc((size_t)j->T, 1);
-    if (!j->part || !j->tot || !j->got || !j->upto || !j->state)
+    j->head = calloc((size_t)j->T, sizeof *j->head);
+    j->tail = calloc((size_t)j->T, sizeof *j->tail);
+    if (!j->part || !j->tot || !j->got || !j->upto || !j->state || !j->head || !j->tail)
         return PS_ENOMEM;
     if (r->cfg.primary == r->me) {
         ps_errorf(why, why_len, "group %d's configuration names member %d (this slot) as the "
@@ -169,11 +174,27 @@ static int takes_now(uint32_t t)
            t == PS_MSG_REPL_LIVE;
 }
 
+/* The update thread a stream message goes to (-1: the I/O thread's). */
+static int owner_of(const ps_repl *r, const ps_header *h)
+{
+    if (ps_msg_is_sparse(h->type))
+        return (int)h->chunk;
+    if (h->type == PS_MSG_INIT || h->type == PS_MSG_PUSH || h->type == PS_MSG_ASSIGN ||
+        h->type == PS_MSG_SETSTATE)
+        return ps_server_owner(h->key, h->chunk, r->s->cfg.threads);
+    return -1;
+}
+
 int repl_join_stream(ps_repl *r, zmq_msg_t *f, int nf, const ps_header *h)
 {
     repl_join *j = r->join;
-    if (r->role != PS_REPL_JOINING || !j || j->nloaded == j->T || takes_now(h->type))
+    if (r->role != PS_REPL_JOINING || !j || takes_now(h->type))
         return 0;
+    int o = owner_of(r, h);
+    if (o < 0 || o >= j->T)
+        return 0;
+    if (j->state[o]) /* its part is loading or loaded: after it in the PAIR's order */
+        return h->seq <= j->upto[o] ? -1 : 0;
     kept *k = calloc(1, sizeof *k);
     if (!k) {
         /* without it the copy would differ: give up this replacement */
@@ -188,53 +209,46 @@ int repl_join_stream(ps_repl *r, zmq_msg_t *f, int nf, const ps_header *h)
         zmq_msg_init(&k->f[i]);
         zmq_msg_move(&k->f[i], &f[i]);
     }
-    if (j->tail)
-        j->tail->next = k;
+    if (j->tail[o])
+        j->tail[o]->next = k;
     else
-        j->head = k;
-    j->tail = k;
+        j->head[o] = k;
+    j->tail[o] = k;
     j->nkept++;
     j->progress_ns = ps_now_ns();
     return -1;
 }
 
-/* The update thread a kept message goes to (-1: the I/O thread's). */
-static int owner_of(const ps_repl *r, const ps_header *h)
-{
-    if (ps_msg_is_sparse(h->type))
-        return (int)h->chunk;
-    if (h->type == PS_MSG_INIT || h->type == PS_MSG_PUSH || h->type == PS_MSG_ASSIGN ||
-        h->type == PS_MSG_SETSTATE)
-        return ps_server_owner(h->key, h->chunk, r->s->cfg.threads);
-    return -1;
-}
-
-/* Every part is loaded: the kept stream goes to the update threads, but for
- * what their parts hold already; then ask to be a member. */
-static void replay(ps_repl *r, int64_t now)
+/* Update thread o was handed its part (PS_CMD_LOAD): what the stream
+ * brought it meanwhile follows in its PAIR, but for what the part holds
+ * already (seq <= its upto). */
+static void flush_owner(ps_repl *r, int o)
 {
     repl_join *j = r->join;
-    size_t n = 0, skipped = 0;
-    while (j->head) {
-        kept *k = j->head;
-        j->head = k->next;
-        int o = owner_of(r, &k->h);
-        if (o >= 0 && o < j->T && k->h.seq <= j->upto[o]) {
-            skipped++;
+    while (j->head[o]) {
+        kept *k = j->head[o];
+        j->head[o] = k->next;
+        if (k->h.seq <= j->upto[o]) {
+            j->skipped++;
         } else {
             srv_stream_dispatch(r->s, k->f, k->nf, &k->h);
-            n++;
+            j->applied++;
         }
         ps_zmsg_close_all(k->f, k->nf);
         free(k);
     }
-    j->tail = NULL;
-    j->nkept = 0;
-    double secs = (double)(now - j->t0) * 1e-9;
-    ps_info("replicas: loaded the primary's snapshot of group %d: %.1f MB in %.2f s (%.0f MB/s); "
-            "%zu stream messages kept meanwhile applied, %zu already in it; asking to be a member",
-            r->g, (double)j->bytes / 1e6, secs, secs > 0 ? (double)j->bytes / 1e6 / secs : 0.0, n,
-            skipped);
+    j->tail[o] = NULL;
+}
+
+/* Every part is loaded: ask to be a member. */
+static void loaded_all(ps_repl *r, int64_t now)
+{
+    repl_join *j = r->join;
+    double secs = (double)(now - j->t0) * 1e-9, got = (double)(j->got_ns - j->t0) * 1e-9;
+    ps_info("replicas: loaded the primary's snapshot of group %d: %.1f MB in %.2f s (%.0f MB/s; "
+            "all of it here after %.2f s); %zu stream messages kept meanwhile applied, %zu "
+            "already in it; asking to be a member", r->g, (double)j->bytes / 1e6, secs,
+            secs > 0 ? (double)j->bytes / 1e6 / secs : 0.0, got, j->applied, j->skipped);
     j->done = 1;
     send_join(r, 1, now);
 }
@@ -255,7 +269,7 @@ void ps_repl_loaded(ps_repl *r, int owner, int rc)
     }
     j->state[owner] = 2;
     if (++j->nloaded == j->T)
-        replay(r, ps_now_ns());
+        loaded_all(r, ps_now_ns());
 }
 
 static int from_primary(const ps_repl *r, const zmq_msg_t *id)
@@ -335,6 +349,8 @@ static void on_snap(ps_repl *r, zmq_msg_t *f, int nf, const ps_header *h, int64_
     j->part[c] = NULL; /* the update thread frees it */
     j->state[c] = 1;
     srv_send_cmd(r->s, c, &cmd, NULL, NULL);
+    flush_owner(r, c);
+    j->got_ns = now;
 }
 
 void repl_join_read(ps_repl *r, int64_t now)

@@ -562,6 +562,7 @@ static void upd_load(ps_updater *u, const ps_cmd_frame *cf)
     char why[512] = "";
     ps_tparts_config tc = *ps_tparts_cfg(u->tparts);
     const char *b = cf->load_block;
+    int64_t t0 = ps_now_ns();
     int rc = ps_ckpt_load_records(u->shard, u->tparts, &tc, u->cfg.idx, u->cfg.num_workers,
                                   ps_opt_state_arrays(ps_shard_opt_kind(u->shard)),
                                   b + cf->chunks_at, cf->chunks_len, b + cf->parts_at,
@@ -569,6 +570,10 @@ static void upd_load(ps_updater *u, const ps_cmd_frame *cf)
     free(cf->load_block);
     if (rc)
         ps_error("update thread %d: loading the primary's snapshot: %s", u->cfg.idx, why);
+    else
+        ps_info("update thread %d loaded its part of the primary's snapshot: %.1f MB in %.2f s",
+                u->cfg.idx, (double)(cf->chunks_len + cf->parts_len) / 1e6,
+                (double)(ps_now_ns() - t0) * 1e-9);
     char tag = PS_OUT_LOADED;
     zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
     zmq_send(u->pair, &rc, sizeof rc, 0);
