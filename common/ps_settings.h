@@ -322,7 +322,7 @@ enum {
     X(checkpoint_dir, (SERVER, _, _, _, _), "--checkpoint-dir", "DIR", NULL, STR,                \
       checkpoint_dir, NULL, NULL, 1, 900, _, 0,                                                  \
       "write atomic, checksummed checkpoints of this server's shard to DIR "                     \
-      "(DIR/shard-RANK-SEQ.ckpt, the newest 2 are kept)")                                        \
+      "(DIR/shard-RANK-SEQ.ckpt, the newest 2 are kept; with --group in DIR/member-M)")          \
     X(checkpoint_every, (SERVER, _, _, _, _), "--checkpoint-every", "N|Ts", NULL, OWN, _, NULL,  \
       NULL, 0, 0, _, 0,                                                                          \
       "sync: every N rounds; async: every N pushes received, and no push is acknowledged "       \

@@ -291,6 +291,17 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     s->timeline_path = dup_opt(c->timeline, &fail);
     s->curve_dir = dup_opt(c->curve_dir, &fail);
     s->ckpt_dir = dup_opt(c->checkpoint_dir, &fail);
+    if (s->ckpt_dir && c->group) {
+        /* every member of a shard group writes its own checkpoints, in
+         * DIR/member-M (they share the rank, so the file names) */
+        char *d = malloc(strlen(s->ckpt_dir) + 16);
+        if (d)
+            sprintf(d, "%s/member-%d", s->ckpt_dir, c->member);
+        else
+            fail = 1;
+        free(s->ckpt_dir);
+        s->ckpt_dir = d;
+    }
     s->cfg.timeline = s->timeline_path;
     s->cfg.curve_dir = s->curve_dir;
     s->cfg.checkpoint_dir = s->ckpt_dir;

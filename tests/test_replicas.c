@@ -2,6 +2,7 @@
  * etcd: a push is acknowledged once every live member holds it, a replica
  * takes over when its primary is killed, libps moves to it and resends,
  * and nothing acknowledged is lost or applied twice. */
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,7 +101,10 @@ PS_TEST(async_replica_takes_over_nothing_lost)
     if (!etcd_up())
         SKIP("no etcd (install etcd-server: make deps)");
     group gr;
-    CHECK_OK(group_start(&gr, 2, 0, 1, "t1", "--mode async --num-workers 1 --lr 1"));
+    char words[700];
+    snprintf(words, sizeof words, "--mode async --num-workers 1 --lr 1 --checkpoint-dir %s/ck1 "
+             "--checkpoint-every 8", ps_test_tmpdir());
+    CHECK_OK(group_start(&gr, 2, 0, 1, "t1", words));
     char why[512];
     ps_client *c = client(gr.eps, 0, 1, PS_MODE_ASYNC, why, sizeof why);
     CHECK_MSG(c, "%s", why);
@@ -135,6 +139,18 @@ PS_TEST(async_replica_takes_over_nothing_lost)
     printf("# 20 pushes after the kill in %.2f s\n", took);
     ps_client_close(c);
     CHECK_EQ_INT(ps_test_stop(gr.sv[1].pid, 5000), 0);
+    /* each member wrote its own checkpoints, in DIR/member-M */
+    for (int k = 0; k < 2; k++) {
+        char ck[700];
+        snprintf(ck, sizeof ck, "%s/ck1/member-%d", ps_test_tmpdir(), k);
+        DIR *d = opendir(ck);
+        int n = 0;
+        for (struct dirent *e; d && (e = readdir(d));)
+            n += strstr(e->d_name, ".ckpt") != NULL;
+        if (d)
+            closedir(d);
+        CHECK_MSG(n > 0, "no checkpoint in %s", ck);
+    }
 }
 
 static int64_t max_version(int port)
