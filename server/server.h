@@ -68,6 +68,11 @@
  *   admin.c           who may stop the server with a SHUTDOWN message
  *   ratelimit.c, reply.c, zmsg.c
  *                     rate-limited logging, reply headers, multipart frames
+ *   repl.c            --group: replicas and failover (repl.h has the picture):
+ *                     roles, the primary's stream to the members, the replies
+ *                     held until they acknowledged, failure detection
+ *   repl_join.c       a replacement member's catch-up (snapshot, then stream)
+ *   repl_coord.c      the agent thread between them and etcd (coord/)
  * Apart from the updaters and the checkpoint writer, every module runs on
  * the I/O thread and none of them touches a socket it does not own: barriers
  * and stats requests answer through a ps_reply_to the I/O thread provides.
