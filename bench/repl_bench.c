@@ -501,7 +501,7 @@ static int part_pause(int kills)
            "pauses (2 workers).\n", normal, done, np);
     printf("\nGOAL failover pause median <= 1 s, max <= 3 s over %d kills (median %.3f s, max "
            "%.3f s): %s\n", kills, med, max,
-           done == kills && np == 2 * kills && med <= 1.0 && max <= 3.0 ? "met" : "MISSED");
+           done == kills && np == 2 * kills && med <= 1.0 && max <= 3.0 ? "MET" : "MISSED");
     (void)worst_per_kill;
     for (int r = 0; r < 2; r++) {
         ps_client_close(w[r].c);
@@ -641,7 +641,7 @@ static int part_loss(int kills)
         ok &= rc == 0 && killed == kills && lost == 0 && twice == 0;
     }
     printf("\nGOAL 0 acknowledged updates lost over %d kills, dense and tables, sync and async: "
-           "%s\n", kills, ok ? "met" : "MISSED");
+           "%s\n", kills, ok ? "MET" : "MISSED");
     return 0;
 }
 
@@ -751,7 +751,7 @@ static int part_catchup(int nrows)
            (double)(k1 - k0) * 1e-9, steps1 - steps0);
     printf("\nThe primary's line: %s", pline[0] ? strstr(pline, "member") : "(none)\n");
     printf("\nGOAL catch-up of a 4e6-row dim-16 adagrad table while 2 workers train >= 200 MB/s "
-           "(%.0f MB/s): %s\n", rate, !rc && !caught && rate >= 200 && nrows >= 4000000 ? "met"
+           "(%.0f MB/s): %s\n", rate, !rc && !caught && rate >= 200 && nrows >= 4000000 ? "MET"
                                                                                     : "MISSED");
     for (int r = 0; r < 2; r++) {
         if (w[r].err)

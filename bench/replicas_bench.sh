@@ -78,7 +78,10 @@ case " $ONLY " in *" overhead "*)
         done
     done
     echo
-    [ $ok = 1 ] && v=met || v=MISSED
+    echo "Every member applies every update: here the replicas' work shares the host's"
+    echo "$(nproc) cores with the primaries and the workers, where a deployment gives it other hosts."
+    echo
+    [ $ok = 1 ] && v=MET || v=MISSED
     echo "GOAL replication overhead: samples/s with --replicas 1 >= 0.8x --replicas 0, async and sync, MLP and DLRM: $v"
     ;;
 esac

@@ -1,10 +1,12 @@
 /* What the replicas' files share (server/repl.h has the contract):
- *   repl.c        roles, the configuration, the primary's stream and the
- *                 replies held for it, failure detection
+ *   repl.c        roles, the configuration, failure detection, the members'
+ *                 messages, open and close
+ *   repl_stream.c the primary's stream to the members, the replies held for
+ *                 it, the DEALERs, each member's lag
  *   repl_join.c   a replacement member: the snapshot it asks for, loads and
  *                 catches up from; the primary's side of it
  *   repl_coord.c  the agent thread between them and etcd
- * Only repl.c and repl_join.c include this; everything here runs on the I/O
+ * Only the repl*.c files include this; everything here runs on the I/O
  * thread. */
 #ifndef PS_REPL_INTERNAL_H
 #define PS_REPL_INTERNAL_H
@@ -97,9 +99,24 @@ struct ps_repl {
 
 /* repl.c */
 const char *repl_role_name(int role);
+
+/* repl_stream.c */
 void *repl_dealer(ps_repl *r, int slot, char *why, size_t why_len);
 void repl_send(void *d, const ps_header *h, const zmq_msg_t *frames, int nframes);
 int repl_open_member(ps_repl *r, int slot, int joining, int64_t now);
+/* The primary's hello to member slot (its stream on that connection). */
+void repl_send_hello(ps_repl *r, int slot);
+/* Close the DEALER to member slot; it is no longer waited for or sent to. */
+void repl_close_member(ps_repl *r, int slot);
+/* Member slot acknowledged stream message q (its reply came). */
+void repl_held_ack(ps_repl *r, uint64_t q, int slot);
+/* Member slot is no longer waited for: what waited only for it goes out. */
+void repl_held_drop_member(ps_repl *r, int slot);
+/* Everything held is dropped, not sent (the workers resend to the next
+ * primary). */
+void repl_held_drop_all(ps_repl *r);
+
+/* repl.c */
 void repl_propose(ps_repl *r, const ps_group_cfg *next, int what, const char *why, int64_t seen);
 void repl_remove(ps_repl *r, int slot, const char *why, int64_t seen);
 void repl_apply(ps_repl *r, const ps_group_cfg *c, int64_t now);
