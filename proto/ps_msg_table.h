@@ -117,7 +117,8 @@
     X(REPL_HELLO, 23, "replhello", PEER, PS_HK(H) | PS_HK(EP) | PS_HK(MB), PS_HK(EP), 0, 0, 0,  \
       NONE, NONE, repl,                                                                          \
       "a shard group's primary (member `mb`, epoch `ep`, its config in `h`) to a member: from "  \
-      "now on the messages flagged `f` & 4 on this connection are the group's stream",           \
+      "now on the messages flagged `f` & 4 on this connection are the group's stream, its "      \
+      "numbers from `rs` + 1 on",                                                                \
       "taken (`ep`: the epoch the member is at now); `PS_ESTALE` when etcd names another "       \
       "primary or a later epoch")                                                                \
     X(REPL_LIVE, 24, "repllive", PEER, PS_HK(K) | PS_HK(C) | PS_HK(EP), 0, 0, 0, 0, NONE, NONE,  \

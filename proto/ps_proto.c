@@ -242,7 +242,8 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
                    ((h->type == PS_MSG_REPL_HELLO || h->type == PS_MSG_REPL_JOIN) &&
                     !(h->flags & PS_FLAG_REPLY)); /* they carry `h` */
     int is_ep = h->epoch != 0; /* replicas: the group's epoch, and a member */
-    int is_rs = h->type == PS_MSG_REPL_SNAP && !(h->flags & PS_FLAG_REPLY);
+    int is_rs = (h->type == PS_MSG_REPL_SNAP || h->type == PS_MSG_REPL_HELLO) &&
+                !(h->flags & PS_FLAG_REPLY);
     int is_stats = h->type == PS_MSG_STATS && (h->flags & PS_FLAG_REPLY);
     int is_error = h->type == PS_MSG_ERROR;
     int has_bw = is_stats && h->barrier.id >= 0;

@@ -146,7 +146,8 @@ typedef struct ps_header {
      * primary's (a PS_ENOTPRIMARY error) */
     uint64_t epoch;
     int32_t member;
-    uint64_t stream_pos; /* REPL_SNAP ("rs"): the last stream message its part holds */
+    uint64_t stream_pos; /* "rs": REPL_SNAP, the last stream message its part holds;
+                            REPL_HELLO, the last one before this connection's */
 } ps_header;
 
 /* Fill h with defaults: current version, rank -1, no barrier info

@@ -703,7 +703,7 @@ static void drop_inapplicable(ps_header *d)
         d->npull = 0;
     if (d->type != PS_MSG_TABLE || reply)
         memset(&d->table, 0, sizeof d->table);
-    if (d->type != PS_MSG_REPL_SNAP || reply)
+    if ((d->type != PS_MSG_REPL_SNAP && d->type != PS_MSG_REPL_HELLO) || reply)
         d->stream_pos = 0;
     if (!d->epoch) /* a member is named with an epoch only */
         d->member = 0;

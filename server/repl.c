@@ -75,7 +75,7 @@ void repl_propose(ps_repl *r, const ps_group_cfg *next, int what, const char *wh
 /* Step down: this server is no longer part of its group (removed, or its
  * lease is gone).  What it held is dropped (the workers resend to the
  * primary), and it stops with exit 1, so that the supervisor replaces it. */
-static void step_down(ps_repl *r, const char *why)
+void repl_step_down(ps_repl *r, const char *why)
 {
     if (r->role == PS_REPL_DEPOSED)
         return;
@@ -102,7 +102,9 @@ void repl_apply(ps_repl *r, const ps_group_cfg *c, int64_t now)
             r->role = PS_REPL_PRIMARY;
             r->promotions += was == PS_REPL_MEMBER;
             r->have_pid = 0;
-            r->rseq = r->base = 0;
+            /* its update threads saw the old primary's numbers up to recv_hi:
+             * ours go on from there, so a snapshot's "up to" stays true */
+            r->rseq = r->base = r->recv_hi;
             for (int k = 0; k < r->n; k++)
                 if (k != r->me && ps_group_find(c, k) >= 0)
                     repl_open_member(r, k, 0, now);
@@ -134,7 +136,7 @@ void repl_apply(ps_repl *r, const ps_group_cfg *c, int64_t now)
     }
     if (cfg_has(c, r->me, r->inc)) {
         if (was == PS_REPL_PRIMARY) {
-            step_down(r, "another member was made the primary of this group");
+            repl_step_down(r, "another member was made the primary of this group");
             return;
         }
         r->role = PS_REPL_MEMBER;
@@ -151,7 +153,7 @@ void repl_apply(ps_repl *r, const ps_group_cfg *c, int64_t now)
         return; /* not added yet */
     char why[320];
     snprintf(why, sizeof why, "no longer a member of group %d (%s)", r->g, d);
-    step_down(r, why);
+    repl_step_down(r, why);
 }
 
 /* What the agent answered. */
@@ -161,7 +163,7 @@ static void coord_result(ps_repl *r, const ps_repl_coord_result *res, int64_t no
         char why[400];
         snprintf(why, sizeof why, "this server's etcd lease is gone (%s): it cannot know whether "
                  "its group chose another primary", res->why);
-        step_down(r, why);
+        repl_step_down(r, why);
         return;
     }
     int what = (int)res->tag;
@@ -269,6 +271,7 @@ static void timers(ps_repl *r, int64_t now)
             }
         }
         /* a member that answers but leaves a message unacknowledged lost it */
+        repl_waited_release(r, now, ACK_LATE_FACTOR * ms_ns(r->failure_ms));
         if (r->nheld && r->cap) {
             held *e = &r->ring[r->base & (r->cap - 1)];
             if (e->rseq == r->base && now - e->t0 > ACK_LATE_FACTOR * ms_ns(r->failure_ms))
@@ -341,10 +344,13 @@ static void read_member(ps_repl *r, int slot, int64_t now)
         m->heard_ns = now;
         if (h.type == PS_MSG_ERROR) {
             if (h.err_code == PS_ESTALE || h.err_code == PS_ENOTPRIMARY) {
-                /* it holds a later epoch (etcd says who we are now), or lost our
-                 * hello: say it again (a stale one is refused) */
-                if (r->role == PS_REPL_PRIMARY && m->dealer)
-                    repl_send_hello(r, slot);
+                /* it holds a later epoch: etcd says who we are now (a member
+                 * that missed part of our stream is not taken back: it stops
+                 * at the gap, or is removed when it does not acknowledge) */
+                if (m->joining) {
+                    repl_join_failed(r, slot, "it refused the stream (a new process?)");
+                    return;
+                }
                 if (!r->load_busy) {
                     r->load_busy = 1;
                     ps_warn("replicas: member %d refused the stream: %s; asking etcd", slot,
@@ -359,10 +365,37 @@ static void read_member(ps_repl *r, int slot, int64_t now)
                         "far)", slot, (unsigned long long)h.seq, h.err_text,
                         (unsigned long long)r->member_errors);
         }
+        if (h.type == PS_MSG_HEARTBEAT && (h.flags & PS_FLAG_REPL) && h.seq) {
+            /* every stream message up to q is there (in order, no gap) */
+            repl_held_ack_upto(r, h.seq, slot);
+            continue;
+        }
         if (h.type == PS_MSG_REPL_HELLO || h.type == PS_MSG_HEARTBEAT || !h.seq)
             continue;
         repl_held_ack(r, h.seq, slot);
     }
+}
+
+void ps_repl_flush_acks(ps_repl *r)
+{
+    if (!r || !r->ack_due || !r->have_pid)
+        return;
+    /* one acknowledgement of everything received so far: a member holds a
+     * message once its I/O thread took it (its update thread takes them in
+     * order; one that dies with them is no longer a member) */
+    ps_header a;
+    ps_header_init(&a, PS_MSG_HEARTBEAT);
+    a.flags = PS_FLAG_REPLY | PS_FLAG_REPL;
+    a.seq = r->recv_hi;
+    a.rank = -1;
+    a.epoch = r->cfg.epoch;
+    a.member = r->me;
+    zmq_msg_t id;
+    zmq_msg_init(&id);
+    zmq_msg_copy(&id, &r->pid);
+    srv_send(r->s, &id, &a);
+    zmq_msg_close(&id);
+    r->ack_due = 0;
 }
 
 void ps_repl_dispatch(ps_repl *r, const zmq_pollitem_t *it, int first, int64_t now)
@@ -422,9 +455,46 @@ static int same_id(const zmq_msg_t *a, const zmq_msg_t *b)
            memcmp(zmq_msg_data((zmq_msg_t *)a), zmq_msg_data((zmq_msg_t *)b), n) == 0;
 }
 
+int repl_keep_pending(ps_repl *r, zmq_msg_t *f, int nf)
+{
+    if (!r->pend_hello || !same_id(&f[0], &r->pend_id))
+        return 0;
+    repl_msg *k = calloc(1, sizeof *k);
+    if (!k)
+        return 0;
+    k->nf = nf < PS_CMD_MAX_FRAMES ? nf : PS_CMD_MAX_FRAMES;
+    for (int i = 0; i < k->nf; i++) {
+        zmq_msg_init(&k->f[i]);
+        zmq_msg_copy(&k->f[i], &f[i]);
+    }
+    if (r->pq_tail)
+        r->pq_tail->next = k;
+    else
+        r->pq_head = k;
+    r->pq_tail = k;
+    return 1;
+}
+
+/* The messages kept while a hello was checked: delivered now (their
+ * sender's hello was taken) or dropped (it was not). */
+static void pending_release(ps_repl *r, int deliver)
+{
+    while (r->pq_head) {
+        repl_msg *k = r->pq_head;
+        r->pq_head = k->next;
+        if (deliver)
+            srv_deliver(r->s, k->f, k->nf);
+        ps_zmsg_close_all(k->f, k->nf);
+        free(k);
+    }
+    r->pq_tail = NULL;
+}
+
 int ps_repl_accept(ps_repl *r, zmq_msg_t *f, int nf, const ps_header *h)
 {
     char why[256];
+    if (r && repl_keep_pending(r, f, nf))
+        return -1; /* its sender's hello is being checked: after it */
     if (!r || (r->role != PS_REPL_MEMBER && r->role != PS_REPL_JOINING) || !r->have_pid ||
         !same_id(&f[0], &r->pid)) {
         snprintf(why, sizeof why, "server %d member %d takes the group's stream only from the "
@@ -451,6 +521,21 @@ int ps_repl_accept(ps_repl *r, zmq_msg_t *f, int nf, const ps_header *h)
         }
     }
     r->p_heard_ns = ps_now_ns();
+    if (h->seq) {
+        /* the stream's numbers come in order, one after the other: a gap is
+         * a message lost (a connection that broke), and this member is no
+         * longer the primary's copy */
+        if (r->recv_hi && h->seq != r->recv_hi + 1) {
+            char why[160];
+            snprintf(why, sizeof why, "stream messages %llu..%llu from the primary never came "
+                     "(the next to come was a %s)", (unsigned long long)r->recv_hi + 1,
+                     (unsigned long long)h->seq - 1, ps_msg_type_name(h->type));
+            repl_step_down(r, why);
+            return -1;
+        }
+        r->recv_hi = h->seq;
+        r->ack_due = 1;
+    }
     return repl_join_stream(r, f, nf, h);
 }
 
@@ -483,8 +568,11 @@ static int on_hello(ps_repl *r, zmq_msg_t *f, const ps_header *h, int64_t now)
     r->pfd = zmq_msg_get(&f[1], ZMQ_SRCFD);
     r->p_heard_ns = now;
     r->p_gone_ns = 0;
+    r->recv_hi = h->stream_pos; /* its stream goes on from there */
+    r->ack_due = 0;
     ps_info("replicas: member %d (%s) is the primary of group %d at epoch %llu: taking its "
-            "stream", h->member, r->m[h->member].ep, r->g, (unsigned long long)h->epoch);
+            "stream from message %llu on", h->member, r->m[h->member].ep, r->g,
+            (unsigned long long)h->epoch, (unsigned long long)h->stream_pos + 1);
     ps_header rep;
     ps_reply_header(&rep, PS_MSG_REPL_HELLO, h->seq, -1, 0, 0);
     rep.epoch = r->cfg.epoch;
@@ -505,6 +593,9 @@ void repl_pending_hello(ps_repl *r, int64_t now)
     zmq_msg_move(&f[1], &r->pend_hdr);
     r->pend_hello = 0;
     ps_header h = r->pend_h;
+    zmq_msg_t id; /* the answer takes f[0] */
+    zmq_msg_init(&id);
+    zmq_msg_copy(&id, &f[0]);
     if (h.epoch > r->cfg.epoch || h.member != r->cfg.primary) {
         char why[256];
         snprintf(why, sizeof why, "etcd holds epoch %llu with primary %d for group %d, not "
@@ -514,6 +605,9 @@ void repl_pending_hello(ps_repl *r, int64_t now)
     } else {
         on_hello(r, f, &h, now);
     }
+    /* what came after the hello on its connection: as if it came now */
+    pending_release(r, r->have_pid && same_id(&id, &r->pid));
+    zmq_msg_close(&id);
     ps_zmsg_close_all(f, 2);
 }
 
@@ -734,6 +828,7 @@ void ps_repl_close(ps_repl *r)
         zmq_msg_close(&r->pend_id);
         zmq_msg_close(&r->pend_hdr);
     }
+    pending_release(r, 0);
     ps_repl_coord_stop(r->agent);
     free(r);
 }

@@ -19,10 +19,16 @@
  *    PS_FLAG_REPL with the epoch and a stream sequence number in `q`.  A
  *    member applies the stream in order, so each update thread of it sees
  *    the same requests in the same order as the primary's: the same state
- *    (sync: bitwise).  Its replies (with `q`) are its acknowledgements.
+ *    (sync: bitwise).  A member acknowledges what its I/O thread took, all
+ *    up to a number at once (a HEARTBEAT reply, PS_FLAG_REPL, q the last
+ *    one, after each read: ps_repl_flush_acks); the numbers come one after
+ *    the other, and a member that finds a gap stops (it lost a message).
  *  - The reply to a worker's mutation waits (ps_repl_hold) until every
  *    member of the current configuration acknowledged it; a member removed
- *    from the configuration is no longer waited for.
+ *    from the configuration is no longer waited for.  In sync mode every
+ *    reply of an update thread waits until the members hold all that was
+ *    forwarded before it (a pull may show a round that another worker's
+ *    push closed: no worker sees a round the next primary could lack).
  *  - A member refuses a stream whose epoch is older than the one it holds,
  *    or that comes on another connection than the primary's hello: a
  *    deposed primary cannot have anything acknowledged.
@@ -80,6 +86,9 @@ void ps_repl_poll_items(ps_repl *r, zmq_pollitem_t *it, int *n);
 /* After the poll: what came on those items (it: the array, first: where
  * ps_repl_poll_items put them), then the timers (heartbeats, silence).  */
 void ps_repl_dispatch(ps_repl *r, const zmq_pollitem_t *it, int first, int64_t now);
+/* A member: acknowledge what came from the primary's stream so far (once
+ * per round of the loop, after the ROUTER was read). */
+void ps_repl_flush_acks(ps_repl *r);
 /* The longest the loop may sleep (ms) before ps_repl_dispatch is due. */
 long ps_repl_timeout_ms(const ps_repl *r, int64_t now);
 
@@ -114,10 +123,12 @@ uint64_t ps_repl_forward_io(ps_repl *r, const ps_header *h);
 /* A worker leaves (live 0) or comes back (1) to the live sets. */
 void ps_repl_forward_live(ps_repl *r, int rank, int live);
 
-/* A reply tagged rseq: frames [identity, header, payload?] (moved in when
- * held).  tag and version: what the checkpoint coordinator is then asked
- * (PS_OUT_REPLY when nothing).  1: held until the members acknowledged it
- * (ps_repl releases it through srv_reply_out); 0: not held (send it). */
+/* A reply of an update thread tagged rseq (0: none): frames [identity,
+ * header, payload?] (moved in when held).  tag and version: what the
+ * checkpoint coordinator is then asked (PS_OUT_REPLY when nothing).  1: held
+ * until the members acknowledged it (sync mode: everything forwarded so
+ * far), released through srv_reply_out, or a member's own reply to the
+ * stream (dropped: it acknowledges at receipt); 0: send it. */
 int ps_repl_hold(ps_repl *r, uint64_t rseq, int tag, int64_t version, zmq_msg_t *f, int nf);
 /* The same for a reply the I/O thread makes: [id, h]. */
 int ps_repl_hold_io(ps_repl *r, uint64_t rseq, zmq_msg_t *id, const ps_header *h);

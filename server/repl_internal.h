@@ -18,6 +18,7 @@
 #include "ratelimit.h"
 #include "repl.h"
 #include "repl_coord.h"
+#include "updater_frames.h"
 
 /* What a change asked of etcd was for (the agent's tag). */
 enum {
@@ -39,6 +40,7 @@ typedef struct repl_member {
     int64_t heard_ns; /* when anything last came from it (0: never) */
     int64_t since_ns; /* when we began to expect it */
     uint64_t sent, acked;
+    uint64_t acked_upto; /* every stream message up to it acknowledged */
 } repl_member;
 
 /* A reply held until the members acknowledged its stream message rseq. */
@@ -52,6 +54,26 @@ typedef struct held {
     zmq_msg_t f[3];
     int64_t t0;     /* when it was sent to the members */
 } held;
+
+/* A reply of sync mode, held until the members acknowledged every stream
+ * message up to `upto` (all that came before the round it may show). */
+typedef struct waited {
+    struct waited *next;
+    uint64_t upto;
+    unsigned need;
+    int tag;
+    int64_t version;
+    int nf;
+    zmq_msg_t f[3];
+    int64_t t0;
+} waited;
+
+/* A message kept while its sender's hello is checked. */
+typedef struct repl_msg {
+    struct repl_msg *next;
+    int nf;
+    zmq_msg_t f[PS_CMD_MAX_FRAMES];
+} repl_msg;
 
 /* A replacement's join, on both sides (repl_join.c). */
 typedef struct repl_join repl_join;
@@ -72,19 +94,26 @@ struct ps_repl {
     int64_t cas_seen_ns; /* when the failure that asked for it was seen */
     char cas_why[200];
     ps_rlimit rl;
-    /* a member: the primary's connection (its REPL_HELLO's route and fd) */
+    uint64_t dealers_made; /* each DEALER's identity is its own */
+    /* a member: the primary's connection (its REPL_HELLO's route and fd), the
+     * last stream number taken from it, and an acknowledgement to send */
     zmq_msg_t pid;
     int have_pid, pfd;
+    uint64_t recv_hi;
+    int ack_due;
     int64_t p_heard_ns, p_since_ns, p_gone_ns;
-    /* a hello of a later epoch, kept until etcd answers */
+    /* a hello of a later epoch, kept until etcd answers, and what came after
+     * it on its connection */
     int pend_hello;
     zmq_msg_t pend_id, pend_hdr;
     ps_header pend_h;
+    repl_msg *pq_head, *pq_tail;
     /* the primary: the stream's numbers and the replies held for them,
      * ring[q & (cap - 1)] for q in [base, rseq] */
     uint64_t rseq, base;
     held *ring;
     size_t cap, nheld;
+    waited *wq_head, *wq_tail; /* sync mode: replies in the order they came */
     int64_t next_hb_ns;
     uint64_t unheld, member_errors, redirects;
     uint64_t snaps;      /* snapshots made for replacements */
@@ -108,10 +137,16 @@ int repl_open_member(ps_repl *r, int slot, int joining, int64_t now);
 void repl_send_hello(ps_repl *r, int slot);
 /* Close the DEALER to member slot; it is no longer waited for or sent to. */
 void repl_close_member(ps_repl *r, int slot);
-/* Member slot acknowledged stream message q (its reply came). */
+/* Member slot acknowledged stream message q (its reply came), or every one
+ * up to q. */
 void repl_held_ack(ps_repl *r, uint64_t q, int slot);
+void repl_held_ack_upto(ps_repl *r, uint64_t q, int slot);
 /* Member slot is no longer waited for: what waited only for it goes out. */
 void repl_held_drop_member(ps_repl *r, int slot);
+/* Sync mode: send the held replies whose members acknowledged enough; with
+ * late_ns, remove a member that leaves the oldest unacknowledged that long
+ * while it answers. */
+void repl_waited_release(ps_repl *r, int64_t now, int64_t late_ns);
 /* Everything held is dropped, not sent (the workers resend to the next
  * primary). */
 void repl_held_drop_all(ps_repl *r);
@@ -121,6 +156,11 @@ void repl_propose(ps_repl *r, const ps_group_cfg *next, int what, const char *wh
 void repl_remove(ps_repl *r, int slot, const char *why, int64_t seen);
 void repl_apply(ps_repl *r, const ps_group_cfg *c, int64_t now);
 void repl_pending_hello(ps_repl *r, int64_t now);
+/* A message from the connection whose hello is being checked: kept (a
+ * copy) for after it, 1; else 0. */
+int repl_keep_pending(ps_repl *r, zmq_msg_t *f, int nf);
+/* This server leaves its group (exit 1; why says why). */
+void repl_step_down(ps_repl *r, const char *why);
 
 /* repl_join.c: the replacement's side */
 /* Start catching up (role JOINING at open): ask the primary. */

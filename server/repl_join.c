@@ -293,6 +293,8 @@ static void on_snap(ps_repl *r, zmq_msg_t *f, int nf, const ps_header *h, int64_
 {
     repl_join *j = r->join;
     char why[256];
+    if (repl_keep_pending(r, f, nf))
+        return; /* its sender's hello is being checked: after it */
     if (r->role != PS_REPL_JOINING || !j || !from_primary(r, &f[0]) || h->epoch < r->cfg.epoch) {
         refuse(r, &f[0], h, PS_ESTALE, "a snapshot is taken only by a joining member from the "
                "primary that said hello");
@@ -487,6 +489,9 @@ static void on_join(ps_repl *r, zmq_msg_t *f, const ps_header *h, int64_t now)
         repl_remove(r, k, "a new process replaces it", now);
         return;
     }
+    if (j->slot == k && j->inc != h->key)
+        /* a new process of the one that was joining: that one is gone */
+        repl_join_failed(r, k, "a new process replaces it");
     if (j->slot >= 0 && (j->slot != k || j->inc != h->key)) {
         snprintf(why, sizeof why, "member %d is joining group %d now: one at a time, ask again",
                  j->slot, r->g);

@@ -27,7 +27,10 @@ static int mutation(uint32_t t)
 static int set_int(void *sock, int opt, int v) { return zmq_setsockopt(sock, opt, &v, sizeof v); }
 
 /* A DEALER of ours to member `slot` (the stream, or a join), routed as
- * "psrepl-G-ME-INC" so that a reconnect keeps its identity. */
+ * "psrepl-G-ME-INC-N": a reconnect keeps its identity, and each socket has
+ * its own (a ROUTER ignores a second peer with an identity in use, taking
+ * its first frame for the identity when it tries again: a new stream on
+ * the old one's identity could lose its first messages). */
 void *repl_dealer(ps_repl *r, int slot, char *why, size_t why_len)
 {
     void *d = zmq_socket(r->s->ctx, ZMQ_DEALER);
@@ -36,7 +39,8 @@ void *repl_dealer(ps_repl *r, int slot, char *why, size_t why_len)
         return NULL;
     }
     char id[64];
-    int n = snprintf(id, sizeof id, "psrepl-%d-%d-%" PRIx64, r->g, r->me, r->inc);
+    int n = snprintf(id, sizeof id, "psrepl-%d-%d-%" PRIx64 "-%" PRIu64, r->g, r->me, r->inc,
+                     ++r->dealers_made);
     int64_t maxmsg = (int64_t)PS_MAX_PAYLOAD_BYTES + PS_HEADER_MAX;
     if (set_int(d, ZMQ_LINGER, 0) || set_int(d, ZMQ_SNDHWM, 0) || set_int(d, ZMQ_RCVHWM, 0) ||
         zmq_setsockopt(d, ZMQ_ROUTING_ID, id, (size_t)n) ||
@@ -105,6 +109,7 @@ void repl_send_hello(ps_repl *r, int slot)
     h.rank = -1;
     h.epoch = r->cfg.epoch;
     h.member = r->me;
+    h.stream_pos = r->rseq; /* its stream on this connection starts after it */
     h.hello = srv_my_hello(r->s);
     repl_send(r->m[slot].dealer, &h, NULL, 0);
 }
@@ -124,6 +129,7 @@ int repl_open_member(ps_repl *r, int slot, int joining, int64_t now)
     m->since_ns = now;
     m->heard_ns = 0;
     m->sent = m->acked = 0;
+    m->acked_upto = r->rseq; /* it takes the stream from here */
     m->asked = 0;
     repl_send_hello(r, slot);
     return 0;
@@ -189,6 +195,100 @@ void repl_held_ack(ps_repl *r, uint64_t q, int slot)
         held_free(r, e, 1);
 }
 
+void repl_held_ack_upto(ps_repl *r, uint64_t q, int slot)
+{
+    repl_member *m = &r->m[slot];
+    uint64_t from = m->acked_upto + 1 > r->base ? m->acked_upto + 1 : r->base;
+    if (q > r->rseq)
+        q = r->rseq;
+    for (uint64_t k = from; k <= q && r->nheld; k++)
+        repl_held_ack(r, k, slot);
+    if (q > m->acked_upto)
+        m->acked_upto = q;
+    repl_waited_release(r, 0, 0);
+}
+
+static unsigned need_mask(const ps_repl *r);
+
+static int waited_done(const ps_repl *r, const waited *w)
+{
+    for (int k = 0; k < r->n; k++)
+        if ((w->need & (1u << k)) && r->m[k].in_cfg && r->m[k].dealer &&
+            r->m[k].acked_upto < w->upto)
+            return 0;
+    return 1;
+}
+
+void repl_waited_release(ps_repl *r, int64_t now, int64_t late_ns)
+{
+    while (r->wq_head && waited_done(r, r->wq_head)) {
+        waited *w = r->wq_head;
+        r->wq_head = w->next;
+        if (!r->wq_head)
+            r->wq_tail = NULL;
+        srv_reply_out(r->s, w->tag, w->version, w->f, w->nf);
+        free(w);
+    }
+    waited *w = r->wq_head;
+    if (!w || !late_ns || now - w->t0 <= late_ns)
+        return;
+    for (int k = 0; k < r->n; k++)
+        if ((w->need & (1u << k)) && r->m[k].in_cfg && r->m[k].acked_upto < w->upto &&
+            r->m[k].heard_ns > w->t0) {
+            char why[160];
+            snprintf(why, sizeof why, "stream message %llu unacknowledged for %.1f s while it "
+                     "answers others", (unsigned long long)r->m[k].acked_upto + 1,
+                     (double)(now - w->t0) * 1e-9);
+            repl_remove(r, k, why, now);
+        }
+}
+
+static void waited_drop_all(ps_repl *r)
+{
+    while (r->wq_head) {
+        waited *w = r->wq_head;
+        r->wq_head = w->next;
+        ps_zmsg_close_all(w->f, w->nf);
+        free(w);
+    }
+    r->wq_tail = NULL;
+}
+
+/* Sync mode: a reply of an update thread may show a round that pushes of
+ * other workers closed; it goes once the members hold every message
+ * forwarded so far (so a worker never sees a round the next primary could
+ * lack). 1: held (moved); 0: send it now. */
+static int waited_hold(ps_repl *r, uint64_t rseq, int tag, int64_t version, zmq_msg_t *f,
+                       int nf)
+{
+    held *e = rseq ? held_at(r, rseq) : NULL;
+    if (e)
+        held_free(r, e, 0); /* what it waited for is part of this */
+    waited w0 = {.upto = r->rseq, .need = need_mask(r)};
+    if (!w0.need || (!r->wq_head && waited_done(r, &w0)))
+        return 0;
+    waited *w = malloc(sizeof *w);
+    if (!w) {
+        r->unheld++;
+        return 0;
+    }
+    *w = w0;
+    for (int k = 0; k < nf && k < 3; k++) {
+        zmq_msg_init(&w->f[k]);
+        zmq_msg_move(&w->f[k], &f[k]);
+    }
+    w->nf = nf < 3 ? nf : 3;
+    w->tag = tag;
+    w->version = version;
+    w->t0 = ps_now_ns();
+    if (r->wq_tail)
+        r->wq_tail->next = w;
+    else
+        r->wq_head = w;
+    r->wq_tail = w;
+    return 1;
+}
+
 /* Member slot is no longer waited for: what waited only for it goes out. */
 void repl_held_drop_member(ps_repl *r, int slot)
 {
@@ -200,6 +300,9 @@ void repl_held_drop_member(ps_repl *r, int slot)
         if (!e->need && e->have)
             held_free(r, e, 1);
     }
+    for (waited *w = r->wq_head; w; w = w->next)
+        w->need &= ~(1u << slot);
+    repl_waited_release(r, 0, 0);
 }
 
 /* Everything held is dropped (not sent): the workers resend to the next
@@ -209,6 +312,7 @@ void repl_held_drop_all(ps_repl *r)
     for (size_t i = 0; i < r->cap; i++)
         if (r->ring[i].rseq)
             held_free(r, &r->ring[i], 0);
+    waited_drop_all(r);
 }
 
 /* The members a new message waits for: those of the configuration (not a
@@ -232,7 +336,29 @@ static int has_targets(const ps_repl *r)
 
 int ps_repl_hold(ps_repl *r, uint64_t rseq, int tag, int64_t version, zmq_msg_t *f, int nf)
 {
-    held *e = r ? held_at(r, rseq) : NULL;
+    if (!r)
+        return 0;
+    if (r->role == PS_REPL_PRIMARY && r->s->cfg.mode == PS_MODE_SYNC)
+        return waited_hold(r, rseq, tag, version, f, nf);
+    if (!rseq)
+        return 0;
+    if (r->role != PS_REPL_PRIMARY) {
+        /* a member's own reply to the primary's stream: acknowledged when it
+         * came (ps_repl_flush_acks); a refusal says this member differs */
+        ps_header h;
+        if (nf >= 2 && ps_proto_decode(zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), &h, NULL, 0) == 0 &&
+            h.type == PS_MSG_ERROR) {
+            r->member_errors++;
+            if (ps_rlimit_allow(&r->rl))
+                ps_warn("replicas: message %llu of the primary's stream was refused here: %s "
+                        "(%llu so far): this member may differ from its primary",
+                        (unsigned long long)rseq, h.err_text,
+                        (unsigned long long)r->member_errors);
+        }
+        ps_zmsg_close_all(f, nf);
+        return 1;
+    }
+    held *e = held_at(r, rseq);
     if (!e)
         return 0;
     if (!e->need) {
@@ -312,6 +438,8 @@ static uint64_t stream_out(ps_repl *r, ps_header *fh, const zmq_msg_t *frames, i
 uint64_t ps_repl_forward(ps_repl *r, const zmq_msg_t *f, int nf, const ps_header *h,
                          const void *arena_bytes)
 {
+    if (r && (h->flags & PS_FLAG_REPL) && r->role != PS_REPL_PRIMARY)
+        return h->seq; /* a member applies the stream: its own reply is not sent */
     if (!r || r->role != PS_REPL_PRIMARY || !mutation(h->type) || !has_targets(r))
         return 0;
     ps_header fh = *h;
@@ -387,15 +515,18 @@ int64_t ps_repl_lag(const ps_repl *r, int m, int64_t now, int64_t *oldest_ns)
     if (!r || r->role != PS_REPL_PRIMARY || m < 0 || m >= r->n || m == r->me ||
         !r->m[m].dealer)
         return -1;
-    int64_t oldest = 0, lag = 0;
-    for (size_t i = 0; i < r->cap; i++) {
+    /* the stream messages it has not acknowledged, and since when the
+     * oldest reply waits for it */
+    const repl_member *mm = &r->m[m];
+    int64_t oldest = 0, lag = r->rseq > mm->acked_upto ? (int64_t)(r->rseq - mm->acked_upto) : 0;
+    for (size_t i = 0; lag && i < r->cap; i++) {
         const held *e = &r->ring[i];
-        if (!e->rseq || !(e->need & (1u << m)))
-            continue;
-        lag++;
-        if (!oldest || e->t0 < oldest)
+        if (e->rseq && (e->need & (1u << m)) && (!oldest || e->t0 < oldest))
             oldest = e->t0;
     }
+    for (const waited *w = r->wq_head; lag && w; w = w->next)
+        if ((w->need & (1u << m)) && mm->acked_upto < w->upto && (!oldest || w->t0 < oldest))
+            oldest = w->t0;
     *oldest_ns = oldest ? now - oldest : 0;
     return lag;
 }

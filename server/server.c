@@ -196,7 +196,7 @@ static void io_read_pair(ps_server *s, int i)
             ps_zmsg_recv_rest(s->own[i].pair, more, f, &nf, 3);
             if (nf == 3)
                 ps_peers_count(s->peers, &f[0], &f[2]);
-            if (rseq && ps_repl_hold(s->repl, rseq, t, version, f, nf))
+            if (s->repl && ps_repl_hold(s->repl, rseq, t, version, f, nf))
                 continue; /* moved: the members acknowledge it first */
             srv_reply_out(s, t, version, f, nf);
             continue;
@@ -363,6 +363,7 @@ static int io_pump(ps_server *s, int what, long timeout_ms)
         ps_repl_dispatch(s->repl, it, repl_at, ps_now_ns());
     if (router_at >= 0 && (it[router_at].revents & ZMQ_POLLIN) && srv_read_router(s) < 0)
         return PUMP_EROUTER;
+    ps_repl_flush_acks(s->repl);
     return PUMP_OK;
 }
 

@@ -152,6 +152,9 @@ ps_hello srv_my_hello(const ps_server *s);
 /* The group's stream: worker `rank` leaves (0), comes back (1) or left (2,
  * a LEAVE) the live sets. */
 void srv_stream_live(ps_server *s, int rank, int live);
+/* Handle message f (route, header, frames) as if it came on the ROUTER now
+ * (replicas: what was kept while its sender's hello was checked). */
+void srv_deliver(ps_server *s, zmq_msg_t *f, int nf);
 /* A stream message a joining member kept (f: route, header, frames): handle
  * it now as it would have been (its sender was checked then). */
 void srv_stream_dispatch(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h);

@@ -760,6 +760,8 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         handlers[h.type](s, f, nf, &h);
 }
 
+void srv_deliver(ps_server *s, zmq_msg_t *f, int nf) { io_message(s, f, nf, nf); }
+
 void srv_stream_dispatch(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 {
     handlers[h->type](s, f, nf, h);

@@ -369,34 +369,46 @@ static int wait_count(const char *path, const char *needle, int n, int pid)
 }
 
 #define LAUNCH_WORKER_FLAGS                                                                    \
-    "-- --steps 800 --data synthetic:65536 --batch 32 --log-every 10 --model mlp:784-128-10 " \
-    "--seed 3 --save "
+    "-- --steps %d --data synthetic:65536 --batch 32 --log-every 10 --model mlp:784-128-10 "  \
+    "--seed 3 --save %s"
 
-/* ps_launch of a sync job, 2 servers and 2 workers (more flags in extra),
- * its model saved to save, its output in log; the pid, or -1. */
-static int launch(const char *extra, const char *save, const char *log)
+/* ps_launch of a sync job of `steps` steps, 2 servers and 2 workers (more
+ * flags in extra), its model saved to save, its output in log; the pid, or
+ * -1. */
+static int launch_steps(int steps, const char *extra, const char *save, const char *log)
 {
     char words[2048];
     snprintf(words, sizeof words, "--servers 2 --workers 2 --gpus none --mode sync "
-             "--metrics-port off %s " LAUNCH_WORKER_FLAGS "%s", extra, save);
+             "--metrics-port off %s " LAUNCH_WORKER_FLAGS, extra, steps, save);
     return ps_test_spawn_words("ps_launch", words, log);
 }
 
-/* The model of an uninterrupted ps_launch run without replicas (once per
- * program): the reference every run with kills must match bitwise. */
-static const char *reference_model(void)
+static int launch(const char *extra, const char *save, const char *log)
 {
-    static char ref[512];
-    if (ref[0])
-        return ref;
-    char log[512];
-    snprintf(ref, sizeof ref, "%s/launch-ref.model", ps_test_tmpdir());
-    snprintf(log, sizeof log, "%s/launch-ref.log", ps_test_tmpdir());
-    int pid = launch("", ref, log);
-    if (pid < 0 || ps_test_wait(pid, 180000) != 0)
-        ref[0] = 0;
-    return ref[0] ? ref : NULL;
+    return launch_steps(800, extra, save, log);
 }
+
+/* The model of an uninterrupted ps_launch run of `steps` steps without
+ * replicas (once per program and step count): the reference every run with
+ * kills must match bitwise. */
+static const char *reference_model_of(int steps)
+{
+    static char ref[2][512];
+    static int made[2];
+    int k = steps != 800;
+    if (made[k])
+        return ref[k][0] ? ref[k] : NULL;
+    made[k] = 1;
+    char log[512];
+    snprintf(ref[k], sizeof ref[k], "%s/launch-ref-%d.model", ps_test_tmpdir(), steps);
+    snprintf(log, sizeof log, "%s/launch-ref-%d.log", ps_test_tmpdir(), steps);
+    int pid = launch_steps(steps, "", ref[k], log);
+    if (pid < 0 || ps_test_wait(pid, 180000) != 0)
+        ref[k][0] = 0;
+    return ref[k][0] ? ref[k] : NULL;
+}
+
+static const char *reference_model(void) { return reference_model_of(800); }
 
 static int same_files(const char *a, const char *b)
 {
@@ -554,14 +566,15 @@ PS_TEST(chaos_random_kills_no_hang_no_loss)
 {
     if (!etcd_up())
         SKIP("no etcd (install etcd-server: make deps)");
-    const char *ref = reference_model();
+    const int steps = 2000; /* long enough for several kills on an idle machine */
+    const char *ref = reference_model_of(steps);
     CHECK_MSG(ref, "the reference run failed");
     unsigned seed = (unsigned)ps_now_ns();
     srand(seed);
     char log[512], got[512];
     snprintf(log, sizeof log, "%s/launch-chaos.log", ps_test_tmpdir());
     snprintf(got, sizeof got, "%s/launch-chaos.model", ps_test_tmpdir());
-    int pl = launch("--replicas 1 --coord auto", got, log);
+    int pl = launch_steps(steps, "--replicas 1 --coord auto", got, log);
     CHECK(pl > 0);
     CHECK(ps_test_wait_for_text(log, " iter 20/", 120000, pl) == 0);
     int kills = 0;
@@ -576,7 +589,7 @@ PS_TEST(chaos_random_kills_no_hang_no_loss)
         /* its replacement is a member again before the next kill */
         if (wait_count(log, "caught up (", kills + 1, pl) != 0)
             break;
-        ps_test_sleep_ms(100 + rand() % 300);
+        ps_test_sleep_ms(50 + rand() % 150);
     }
     printf("# seed %u: %d kills\n", seed, kills);
     CHECK_EQ_INT(ps_test_wait(pl, 180000), 0);
