@@ -38,3 +38,31 @@ uint64_t ps_table_row_hash(uint64_t table, uint64_t id)
 {
     return sm(sm(table ^ 0x7461626c652d726full) ^ id);
 }
+
+void ps_table_rowwise_adagrad(float *restrict w, float *restrict m, const float *restrict g,
+                              size_t d, float lr, float eps, float wd)
+{
+    /* the mean of the squares, summed in order (FBGEMM's CPU kernel); the
+     * sum stays in order: no -ffast-math, so the compiler keeps it */
+    float sq = 0.0f;
+    if (wd != 0.0f) {
+        for (size_t i = 0; i < d; i++) {
+            float gi = g[i] + wd * w[i];
+            sq += gi * gi;
+        }
+    } else {
+        for (size_t i = 0; i < d; i++)
+            sq += g[i] * g[i];
+    }
+    float sum = *m + sq / (float)d;
+    *m = sum;
+    float r = lr / (sqrtf(sum) + eps);
+    if (wd != 0.0f) {
+        float c = 1.0f - r * wd;
+        for (size_t i = 0; i < d; i++)
+            w[i] = c * w[i] - g[i] * r;
+    } else {
+        for (size_t i = 0; i < d; i++)
+            w[i] = w[i] - g[i] * r;
+    }
+}

@@ -39,6 +39,7 @@
 #ifndef PS_TABLE_ROW_H
 #define PS_TABLE_ROW_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ps_types.h"
@@ -59,6 +60,13 @@ static inline uint64_t ps_table_mix(uint64_t x)
  * uniform's a, normal's s. */
 void ps_table_init_row(uint64_t seed, uint64_t table, uint64_t id, int kind, float scale,
                        uint32_t dim, float *out);
+
+/* Row-wise adagrad (PS_TABLE_OPT_ROWWISE_ADAGRAD, ps_types.h has the
+ * formula, FBGEMM's EXACT_ROWWISE_ADAGRAD) on one row of d values w with its
+ * state float *m, gradient row g: the servers' tables and ps_worker's local
+ * tables. */
+void ps_table_rowwise_adagrad(float *restrict w, float *restrict m, const float *restrict g,
+                              size_t d, float lr, float eps, float wd);
 
 /* h above. */
 uint64_t ps_table_row_hash(uint64_t table, uint64_t id);

@@ -406,7 +406,7 @@ static int decode_decl(const msgpack_object *m, ps_table_options *o, char *why, 
         }
         PS_TABLE_DECL_FIELDS(DECL_GET_)
 #undef DECL_GET_
-        FIELD_I(v, name, o->opt.kind, 0, PS_TABLE_OPT_FTRL); /* "opt" */
+        FIELD_I(v, name, o->opt.kind, 0, PS_TABLE_OPT_ROWWISE_ADAGRAD); /* "opt" */
     }
     o->opt.given = PS_OPT_GIVEN_ALL;
     if (!(seen & 1u)) {

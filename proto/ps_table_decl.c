@@ -26,12 +26,20 @@ int ps_table_decl_kind(const ps_table_options *o)
     return o->opt.kind == PS_OPT_NONE ? PS_OPT_ADAGRAD : o->opt.kind;
 }
 
-/* The dense kind whose hyper-parameters `kind` uses (FTRL: sgd's). */
-static int params_of(int kind) { return kind == PS_TABLE_OPT_FTRL ? PS_OPT_SGD : kind; }
+/* The dense kind whose hyper-parameters `kind` uses (FTRL: sgd's;
+ * row-wise adagrad: adagrad's). */
+static int params_of(int kind)
+{
+    return kind == PS_TABLE_OPT_FTRL               ? PS_OPT_SGD
+           : kind == PS_TABLE_OPT_ROWWISE_ADAGRAD ? PS_OPT_ADAGRAD
+                                                  : kind;
+}
 
 static const char *kind_name(int kind)
 {
-    return kind == PS_TABLE_OPT_FTRL ? "ftrl" : ps_opt_name(kind);
+    return kind == PS_TABLE_OPT_FTRL               ? "ftrl"
+           : kind == PS_TABLE_OPT_ROWWISE_ADAGRAD ? "rowwise_adagrad"
+                                                  : ps_opt_name(kind);
 }
 
 int ps_table_decl_check(uint64_t key, const ps_table_options *o, char *why, size_t why_len)
@@ -55,10 +63,12 @@ int ps_table_decl_check(uint64_t key, const ps_table_options *o, char *why, size
         return PS_EINVAL;
     }
     int kind = ps_table_decl_kind(o);
-    if (kind != PS_TABLE_OPT_FTRL && (kind < PS_OPT_SGD || kind > PS_OPT_KIND_MAX)) {
+    if (kind != PS_TABLE_OPT_FTRL && kind != PS_TABLE_OPT_ROWWISE_ADAGRAD &&
+        (kind < PS_OPT_SGD || kind > PS_OPT_KIND_MAX)) {
         ps_errorf(why, why_len, "table %llu: the optimizer must be sgd (%d), momentum, "
-            "nesterov, adagrad, adam (%d) or ftrl (%d), or none (0: adagrad), got %d", tk,
-            PS_OPT_SGD, PS_OPT_ADAM, PS_TABLE_OPT_FTRL, o->opt.kind);
+            "nesterov, adagrad, adam (%d), ftrl (%d) or rowwise_adagrad (%d), or none (0: "
+            "adagrad), got %d", tk, PS_OPT_SGD, PS_OPT_ADAM, PS_TABLE_OPT_FTRL,
+            PS_TABLE_OPT_ROWWISE_ADAGRAD, o->opt.kind);
         return PS_EINVAL;
     }
     /* the hyper-parameters the kind uses, each in the range of its flag */

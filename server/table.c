@@ -22,6 +22,7 @@ struct ps_table {
     ps_table_config cfg;
     tbl_opt o;          /* cfg's optimizer, as table_opt.c takes it */
     int nstate;
+    size_t slen;        /* floats per state array (ps_table_state_len) */
     tbl_rows r;         /* the rows; r.reserved: those the open round may create */
     uint64_t *pos;      /* a request's entry positions (UINT64_MAX: no row), npos */
     size_t npos;
@@ -52,7 +53,7 @@ int ps_table_check_config(const ps_table_config *c, char *why, size_t why_len)
     unsigned long long tk = (unsigned long long)c->table;
     if (ps_table_state_arrays(c->opt.kind) < 0) { /* the store takes no "none" */
         ps_errorf(why, why_len, "table %llu: the optimizer must be sgd, momentum, nesterov, "
-            "adagrad, adam or ftrl, got kind %d (%s)", tk, c->opt.kind,
+            "adagrad, adam, ftrl or rowwise_adagrad, got kind %d (%s)", tk, c->opt.kind,
             ps_opt_name(c->opt.kind));
         return PS_EINVAL;
     }
@@ -94,10 +95,11 @@ int ps_table_create(const ps_table_config *cfg, ps_table **out, char *why, size_
     t->cfg = *cfg;
     t->o = (tbl_opt){cfg->opt, cfg->ftrl_beta, cfg->ftrl_l1, cfg->ftrl_l2};
     t->nstate = ps_table_state_arrays(cfg->opt.kind);
+    t->slen = ps_table_state_len(cfg->opt.kind, cfg->dim);
     t->last_rank = -1;
     t->ncells = cfg->min_count >= 2 ? (cfg->filter_cells ? cfg->filter_cells
                                                         : PS_TABLE_FILTER_CELLS) : 0;
-    tbl_rows_config rc_ = {cfg->table, cfg->dim * (uint32_t)(1 + t->nstate),
+    tbl_rows_config rc_ = {cfg->table, cfg->dim + (uint32_t)(t->nstate * t->slen),
                            cfg->opt.kind == PS_OPT_ADAM, cfg->max_rows, cfg->max_memory,
                            cfg->mem_used};
     rc = tbl_rows_init(&t->r, &rc_, sizeof *t + cfg->dim * sizeof(float) + t->ncells, why,
@@ -141,7 +143,7 @@ void ps_table_initial_row(const ps_table_config *c, uint64_t id, float *out)
 
 size_t ps_table_row_bytes(const ps_table *t)
 {
-    return (size_t)4 * t->cfg.dim * (size_t)(1 + t->nstate) +
+    return (size_t)4 * (t->cfg.dim + (size_t)t->nstate * t->slen) +
            (t->cfg.opt.kind == PS_OPT_ADAM ? 4 : 0);
 }
 
@@ -192,7 +194,7 @@ static uint64_t create_row(ps_table *t, uint64_t id, uint64_t pos)
     pos = tbl_create_row(&t->r, id, pos);
     float *w = tbl_rec_w(tbl_rec(&t->r, tbl_slot_at(&t->r, pos)));
     ps_table_initial_row(&t->cfg, id, w);
-    memset(w + t->cfg.dim, 0, (size_t)t->nstate * t->cfg.dim * sizeof(float));
+    memset(w + t->cfg.dim, 0, (size_t)t->nstate * t->slen * sizeof(float));
     return pos;
 }
 
@@ -560,9 +562,10 @@ static void view_of(const ps_table *t, uint32_t s, ps_table_row_view *v)
     v->id = tbl_rec_id(rec);
     v->dim = t->cfg.dim;
     v->nstate = t->nstate;
+    v->state_len = (uint32_t)t->slen;
     v->w = tbl_rec_w(rec);
     v->state[0] = t->nstate >= 1 ? v->w + d : NULL;
-    v->state[1] = t->nstate >= 2 ? v->w + 2 * d : NULL;
+    v->state[1] = t->nstate >= 2 ? v->w + d + t->slen : NULL;
     v->count = c ? *c : 0;
 }
 
@@ -641,7 +644,7 @@ int ps_table_restore_row(ps_table *t, const ps_table_row_view *v, char *why, siz
     float *w = tbl_rec_w(tbl_rec(&t->r, s));
     memcpy(w, v->w, d * sizeof(float));
     for (int k = 0; k < t->nstate; k++)
-        memcpy(w + (size_t)(k + 1) * d, v->state[k], d * sizeof(float));
+        memcpy(w + d + (size_t)k * t->slen, v->state[k], t->slen * sizeof(float));
     uint32_t *c = tbl_cnt(&t->r, s);
     if (c)
         *c = v->count;

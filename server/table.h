@@ -213,8 +213,11 @@ typedef struct ps_table_row_view {
     uint32_t dim;
     int nstate;            /* ps_table_state_arrays(kind) */
     const float *w;        /* dim values */
-    const float *state[2]; /* nstate arrays of dim floats (adam: m, v; ftrl: z, n) */
+    const float *state[2]; /* nstate arrays of state_len floats (adam: m, v; ftrl: z, n;
+                              row-wise adagrad: its one float) */
     uint32_t count;        /* adam: the row's updates (its t, saturating); else 0 */
+    uint32_t state_len;    /* floats per state array: dim (row-wise adagrad: 1); a view
+                              given to ps_table_restore_row has the table's */
 } ps_table_row_view;
 
 /* Read-only look at one row (no touch, nothing created): 1 and *v filled

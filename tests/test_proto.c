@@ -794,8 +794,10 @@ PS_TEST(a_table_declaration_round_trips_with_every_field)
     CHECK_EQ_INT(ps_table_decl_check(99, &b.table, why, sizeof why), PS_EINVAL);
     CHECK_MSG(strstr(why, "table 99 (ftrl): ") && strstr(why, "lr"), "%s", why);
     b.table.opt.lr = 0.5f;
-    b.table.opt.kind = 9;
+    b.table.opt.kind = PS_OPT_AVERAGE; /* a worker-side kind: no table's */
     CHECK_EQ_INT(ps_table_decl_check(99, &b.table, why, sizeof why), PS_EINVAL);
+    b.table.opt.kind = PS_TABLE_OPT_ROWWISE_ADAGRAD;
+    CHECK_OK(ps_table_decl_check(99, &b.table, why, sizeof why));
     b.table.opt.kind = PS_OPT_NONE; /* adagrad */
     CHECK_OK(ps_table_decl_check(99, &b.table, why, sizeof why));
     b.table.min_count = 256;

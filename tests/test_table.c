@@ -247,6 +247,20 @@ static void ref_update(const ps_table_config *c, refrow *r, const float *g, floa
     r->t++;
     float bc1 = (float)(1.0 - pow((double)o->beta1, (double)r->t));
     float bc2 = (float)(1.0 - pow((double)o->beta2, (double)r->t));
+    if (o->kind == PS_TABLE_OPT_ROWWISE_ADAGRAD) {
+        /* FBGEMM's EXACT_ROWWISE_ADAGRAD (weight_decay_mode 1): the mean of
+         * the squared (decayed) gradient, summed in order, into one float */
+        float sq = 0.0f;
+        for (uint32_t i = 0; i < c->dim; i++) {
+            float gp = g[i] + wd * r->w[i];
+            sq += gp * gp;
+        }
+        r->s0[0] = r->s0[0] + sq / (float)c->dim;
+        float mult = lr / (sqrtf(r->s0[0]) + o->eps), corr = 1.0f - mult * wd;
+        for (uint32_t i = 0; i < c->dim; i++)
+            r->w[i] = corr * r->w[i] - g[i] * mult;
+        return;
+    }
     for (uint32_t i = 0; i < c->dim; i++) {
         float w = r->w[i], gp = g[i] + wd * w;
         switch (o->kind) {
@@ -290,8 +304,9 @@ static int row_is(const ps_table *t, uint64_t id, const refrow *r, int nstate)
     size_t b = ps_table_get_config(t)->dim * sizeof(float);
     if (!ps_table_get_row(t, id, &v) || memcmp(v.w, r->w, b) != 0)
         return 0;
-    if ((nstate >= 1 && memcmp(v.state[0], r->s0, b) != 0) ||
-        (nstate >= 2 && memcmp(v.state[1], r->s1, b) != 0))
+    size_t sb = v.state_len * sizeof(float); /* row-wise adagrad: one float */
+    if ((nstate >= 1 && memcmp(v.state[0], r->s0, sb) != 0) ||
+        (nstate >= 2 && memcmp(v.state[1], r->s1, sb) != 0))
         return 0;
     return ps_table_get_config(t)->opt.kind != PS_OPT_ADAM || v.count == (uint32_t)r->t;
 }
@@ -348,10 +363,11 @@ static int check_kind(int kind, float wd, char *what, size_t len)
 
 PS_TEST(every_optimizer_matches_its_arithmetic_per_row_with_lazy_adam_t)
 {
-    const int kinds[6] = {PS_OPT_SGD, PS_OPT_MOMENTUM, PS_OPT_NESTEROV, PS_OPT_ADAGRAD,
-                          PS_OPT_ADAM, PS_TABLE_OPT_FTRL};
+    const int kinds[7] = {PS_OPT_SGD,  PS_OPT_MOMENTUM,   PS_OPT_NESTEROV,
+                          PS_OPT_ADAGRAD, PS_OPT_ADAM, PS_TABLE_OPT_FTRL,
+                          PS_TABLE_OPT_ROWWISE_ADAGRAD};
     char what[128] = "";
-    for (int k = 0; k < 6; k++) {
+    for (int k = 0; k < 7; k++) {
         CHECK_MSG(check_kind(kinds[k], 0.0f, what, sizeof what), "%s", what);
         CHECK_MSG(check_kind(kinds[k], 0.01f, what, sizeof what), "%s", what);
     }
@@ -728,6 +744,41 @@ PS_TEST(growth_to_a_million_rows_and_the_overhead_per_row)
     ps_table_destroy(t);
 }
 
+PS_TEST(rowwise_adagrad_keeps_one_state_float_a_row)
+{
+    /* the goal: (dim + 1) floats and at most 16 bytes a row (id and hash),
+     * besides the last slab's free rows */
+    enum { ROWS = 200000, BATCH = 4096, D = 16 };
+    ps_table_config c = config(D, PS_TABLE_OPT_ROWWISE_ADAGRAD, PS_TABLE_INIT_UNIFORM);
+    ps_table *t = make(&c);
+    CHECK(t);
+    CHECK_EQ_INT(ps_table_row_bytes(t), 4 * (D + 1));
+    static uint64_t ids[BATCH];
+    static float out[BATCH * D];
+    uint64_t x = 7;
+    for (int done = 0; done < ROWS; done += BATCH) {
+        int n = ROWS - done < BATCH ? ROWS - done : BATCH;
+        for (int i = 0; i < n; i++)
+            ids[i] = sm(x++);
+        CHECK_OK(ps_table_pull(t, ids, (size_t)n, out, (size_t)n * D, NULL, 0));
+    }
+    ps_table_counts st;
+    ps_table_stats(t, &st);
+    double rows = (double)st.rows;
+    double slack = (double)(st.slots - st.rows) * (8 + 4 * (D + 1)) / rows;
+    double per = (double)st.bytes / rows - slack;
+    printf("# row-wise adagrad, dim %d: %.2f bytes a row (values and state %d, the last slab's "
+           "free rows %.2f more)\n", D, per, 4 * (D + 1), slack);
+    CHECK_MSG(per <= 4.0 * (D + 1) + 16 + 0.1, "%.2f bytes a row", per);
+    /* a view's state is the one float, zero until the row's first update */
+    ps_table_row_view v;
+    CHECK(ps_table_get_row(t, ids[0], &v));
+    CHECK_EQ_INT(v.nstate, 1);
+    CHECK_EQ_INT(v.state_len, 1);
+    CHECK(v.state[0][0] == 0.0f);
+    ps_table_destroy(t);
+}
+
 /* ---- checkpoints ---- */
 
 typedef struct saved {
@@ -766,7 +817,7 @@ static int restore_all(ps_table *t, const saver *s)
     for (size_t i = 0; i < s->n; i++) {
         const saved *r = &s->rows[i];
         ps_table_row_view v = {r->id, ps_table_get_config(t)->dim, 2, r->w, {r->s0, r->s1},
-                               r->count};
+                               r->count, ps_table_get_config(t)->dim};
         if (ps_table_restore_row(t, &v, NULL, 0) != 0)
             return 0;
     }
@@ -936,7 +987,7 @@ PS_TEST(bad_inputs_are_refused_with_a_message)
         bad[i].c = config(4, PS_OPT_ADAGRAD, PS_TABLE_INIT_UNIFORM);
     bad[0].c.dim = 0, bad[0].says = "dim must be in [1, 65536], got 0";
     bad[1].c.dim = 65537, bad[1].says = "got 65537";
-    bad[2].c.opt.kind = 99, bad[2].says = "adagrad, adam or ftrl, got kind 99";
+    bad[2].c.opt.kind = 99, bad[2].says = "ftrl or rowwise_adagrad, got kind 99";
     bad[3].c.opt.kind = PS_OPT_NONE, bad[3].says = "got kind 0 (none)";
     bad[4].c.opt.lr = 0, bad[4].says = "lr must be in (0, 1e+06], got 0";
     bad[5].c.init = 3, bad[5].says = "got 3";
@@ -963,7 +1014,7 @@ PS_TEST(bad_inputs_are_refused_with_a_message)
     CHECK_EQ_INT(ps_table_push(t, ids, 2, buf, 7, 1, why, sizeof why), PS_EPROTO);
     CHECK_EQ_INT(ps_table_round_add(t, 0, ids, 2, buf, 9, why, sizeof why), PS_EPROTO);
     CHECK_EQ_INT(ps_table_round_add(t, -1, ids, 2, buf, 8, why, sizeof why), PS_ESTATE);
-    ps_table_row_view v = {5, 3, 0, buf, {NULL, NULL}, 0};
+    ps_table_row_view v = {5, 3, 0, buf, {NULL, NULL}, 0, 3};
     CHECK_EQ_INT(ps_table_restore_row(t, &v, why, sizeof why), PS_EMISMATCH);
     CHECK_MSG(strstr(why, "3 values") && strstr(why, "rows of 4 values"), "%s", why);
     v.dim = 4, v.nstate = 1;
@@ -973,5 +1024,6 @@ PS_TEST(bad_inputs_are_refused_with_a_message)
     CHECK_EQ_INT(st.rows, 0);
     CHECK_EQ_INT(ps_table_state_arrays(PS_OPT_NONE), -1);
     CHECK(strcmp(ps_table_opt_name(PS_TABLE_OPT_FTRL), "ftrl") == 0);
+    CHECK(strcmp(ps_table_opt_name(PS_TABLE_OPT_ROWWISE_ADAGRAD), "rowwise_adagrad") == 0);
     ps_table_destroy(t);
 }

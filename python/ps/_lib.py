@@ -51,9 +51,11 @@ STATS_COUNTERS = ("pushes", "pulls", "inits", "updates", "bytes_in", "bytes_out"
                   "errors", "chunks", "workers_seen", "partitions", "rows", "table_bytes",
                   "evicted", "filtered", "nonfinite")
 
-# enum ps_table_init, and the tables-only optimizer kind PS_TABLE_OPT_FTRL
+# enum ps_table_init, and the tables-only optimizer kinds PS_TABLE_OPT_FTRL and
+# PS_TABLE_OPT_ROWWISE_ADAGRAD
 TABLE_INITS = ("zeros", "uniform", "normal")
 OPT_FTRL = 6
+OPT_ROWWISE_ADAGRAD = 9
 
 
 class OptConfig(Structure):

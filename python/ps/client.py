@@ -231,8 +231,8 @@ def table_options(dim, init="uniform", scale=0.01, seed=0, optimizer=None, max_r
                   min_count=0, filter_cells=0, ftrl_beta=1.0, ftrl_l1=0.0, ftrl_l2=0.0):
     """ps_table_options for register_table.  optimizer: None (adagrad with the
     optimizer table's defaults) or a dict {'optimizer': 'sgd' | ... | 'adam' |
-    'ftrl', 'lr': ..., ...} with the hyper-parameters of include/ps_types.h's
-    table."""
+    'ftrl' | 'rowwise_adagrad', 'lr': ..., ...} with the hyper-parameters of
+    include/ps_types.h's table."""
     o = _lib.TableOptions()
     lib.ps_table_options_default(ctypes.byref(o))
     o.dim = dim
@@ -244,11 +244,13 @@ def table_options(dim, init="uniform", scale=0.01, seed=0, optimizer=None, max_r
     kind = opt.pop("optimizer", None)
     if kind == "ftrl":
         o.opt.kind = _lib.OPT_FTRL
+    elif kind == "rowwise_adagrad":
+        o.opt.kind = _lib.OPT_ROWWISE_ADAGRAD
     elif kind is not None:
         rules = _lib.OPT_KINDS[1:_lib.OPT_FTRL]  # sgd .. adam: not the worker-side kinds
         if kind not in rules:
-            raise ValueError("a table's optimizer must be one of %s or ftrl, got %r"
-                             % (", ".join(rules), kind))
+            raise ValueError("a table's optimizer must be one of %s, ftrl or rowwise_adagrad, "
+                             "got %r" % (", ".join(rules), kind))
         o.opt.kind = _lib.OPT_KINDS.index(kind)
     fields = {f: is_int for f, _, _, is_int in _lib.OPT_PARAMS}
     for k, v in opt.items():
