@@ -221,6 +221,10 @@ typedef struct ps_table_options {
     uint32_t filter_cells;
 } ps_table_options;
 
+/* A table's name (ps_client_name_table): for the servers' logs, at most this
+ * many printable characters. */
+#define PS_TABLE_NAME_MAX 63
+
 /* ---- a server's counters (STATS): X(field, wire key) ---- */
 #define PS_STATS_COUNTERS(X)                                                  \
     X(pushes, "push")                                                         \

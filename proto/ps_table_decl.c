@@ -26,9 +26,7 @@ int ps_table_decl_kind(const ps_table_options *o)
     return o->opt.kind == PS_OPT_NONE ? PS_OPT_ADAGRAD : o->opt.kind;
 }
 
-/* The dense kind whose hyper-parameters `kind` uses (FTRL: sgd's;
- * row-wise adagrad: adagrad's). */
-static int params_of(int kind)
+int ps_table_decl_params_kind(int kind)
 {
     return kind == PS_TABLE_OPT_FTRL               ? PS_OPT_SGD
            : kind == PS_TABLE_OPT_ROWWISE_ADAGRAD ? PS_OPT_ADAGRAD
@@ -73,7 +71,7 @@ int ps_table_decl_check(uint64_t key, const ps_table_options *o, char *why, size
     }
     /* the hyper-parameters the kind uses, each in the range of its flag */
     ps_opt_config c = o->opt;
-    c.kind = params_of(kind);
+    c.kind = ps_table_decl_params_kind(kind);
     c.given = 0;
     for (int p = 0; p < PS_OPT_NPARAMS; p++)
         if (ps_opt_uses(c.kind, p))
@@ -113,7 +111,7 @@ void ps_table_decl_normalize(ps_table_options *o)
     int kind = ps_table_decl_kind(o);
     o->opt.kind = kind;
     for (int p = 0; p < PS_OPT_NPARAMS; p++)
-        if (!ps_opt_uses(params_of(kind), p))
+        if (!ps_opt_uses(ps_table_decl_params_kind(kind), p))
             ps_opt_set(&o->opt, p, ps_opt_get(&d.opt, p));
     o->opt.given = PS_OPT_GIVEN_ALL;
     if (kind != PS_TABLE_OPT_FTRL) {

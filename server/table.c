@@ -18,6 +18,10 @@
 
 _Static_assert(PS_TABLE_MAX_ROWS == TBL_MAX_ROWS, "table.h and table_hash.h disagree");
 
+/* hyper-parameter changes a table holds until their round (more: the oldest
+ * takes effect early) */
+#define TABLE_SCHED 8
+
 struct ps_table {
     ps_table_config cfg;
     tbl_opt o;          /* cfg's optimizer, as table_opt.c takes it */
@@ -38,6 +42,13 @@ struct ps_table {
     int64_t version;
     float *scratch;      /* dim floats: the mean of a summed push */
     ps_table_counts st;  /* created and evicted: restored bases (r counts the rest) */
+    /* hyper-parameters changed (ps_table_set_opt), for the updates from
+     * version `from` on, oldest first */
+    struct {
+        int64_t from;
+        ps_opt_config opt;
+    } sched[TABLE_SCHED];
+    int nsched;
 };
 
 #define NO_ROW UINT64_MAX
@@ -330,10 +341,74 @@ static void update_row(ps_table *t, uint64_t p, const float *g, float lr, int64_
     t->st.updated++;
 }
 
+/* The hyper-parameters scheduled for the update of version `version` + 1
+ * on, taken now. */
+static void take_opt(ps_table *t, int64_t version)
+{
+    int k = 0;
+    while (k < t->nsched && t->sched[k].from <= version) {
+        t->cfg.opt = t->sched[k].opt;
+        t->o.opt = t->sched[k].opt;
+        k++;
+    }
+    if (k) {
+        t->nsched -= k;
+        memmove(t->sched, t->sched + k, (size_t)t->nsched * sizeof t->sched[0]);
+    }
+}
+
+void ps_table_set_opt(ps_table *t, int64_t from, const ps_opt_config *opt)
+{
+    if (t->nsched == TABLE_SCHED) /* the oldest change is due first: it takes effect now */
+        take_opt(t, t->sched[0].from);
+    ps_opt_config o = *opt;
+    o.kind = t->cfg.opt.kind;
+    int at = t->nsched; /* in the order of `from` (after the changes of the same) */
+    while (at > 0 && t->sched[at - 1].from > from)
+        at--;
+    memmove(t->sched + at + 1, t->sched + at, (size_t)(t->nsched - at) * sizeof t->sched[0]);
+    t->sched[at].from = from;
+    t->sched[at].opt = o;
+    t->nsched++;
+    take_opt(t, t->version);
+}
+
+int ps_table_assign(ps_table *t, const uint64_t *ids, size_t n, const float *rows, size_t len,
+                    char *why, size_t why_len)
+{
+    size_t d = t->cfg.dim;
+    if (len != n * d)
+        return size_error(t, "assign", n, len, why, why_len);
+    uint64_t gen;
+    int rc = look_up(t, ids, n, &gen, why, why_len); /* room for the rows to make */
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t p = t->pos[i];
+        if (p == NO_ROW || t->r.map_gen != gen) {
+            int found;
+            p = tbl_find(&t->r, ids[i], &found);
+            if (!found)
+                p = create_row(t, ids[i], p);
+        }
+        uint32_t s = tbl_slot_at(&t->r, p);
+        float *w = tbl_rec_w(tbl_rec(&t->r, s));
+        memcpy(w, rows + i * d, d * sizeof(float));
+        memset(w + d, 0, (size_t)t->nstate * t->slen * sizeof(float));
+        uint32_t *c = tbl_cnt(&t->r, s);
+        if (c)
+            *c = 0;
+        t->r.map[p] |= TBL_DIRTY;
+        tbl_touch(&t->r, s);
+    }
+    return 0;
+}
+
 int ps_table_push(ps_table *t, const uint64_t *ids, size_t n, const float *g, size_t g_len,
                   int64_t m, char *why, size_t why_len)
 {
     size_t d = t->cfg.dim;
+    take_opt(t, t->version);
     if (g_len != n * d)
         return size_error(t, "push", n, g_len, why, why_len);
     if (m < 1) {
@@ -517,6 +592,7 @@ void ps_table_round_finish(ps_table *t)
         return;
     }
     size_t d = t->cfg.dim;
+    take_opt(t, t->version); /* this round's hyper-parameters */
     /* the mean over the pushes summed, as shard.c's finish_round divides */
     float nw = (float)t->ncontrib;
     float lr = ps_opt_lr_at(&t->cfg.opt, t->version + 1);

@@ -202,6 +202,20 @@ void ps_table_round_cancel(ps_table *t);
 /* Pushes in the open round, and the last rank added (-1: none). */
 int ps_table_round_contributors(const ps_table *t, int *last_rank);
 
+/* New hyper-parameters (opt: complete; its kind is the table's whatever it
+ * says) for the updates after version `from`: the sync round that makes
+ * version from + 1 and every later one; 0 (or a version reached already):
+ * from the next update on.  A table holds 8 changes not due yet; a ninth
+ * makes the oldest take effect now. */
+void ps_table_set_opt(ps_table *t, int64_t from, const ps_opt_config *opt);
+
+/* Set the values of the rows of ids[0..n) (distinct) to rows (len = n * dim
+ * floats): rows missing are made (whatever the filter says), their optimizer
+ * state and count zeroed; touched and dirty.  Errors: PS_EPROTO (len),
+ * PS_ETOOBIG (the rows to make do not fit: nothing changed), PS_ENOMEM. */
+int ps_table_assign(ps_table *t, const uint64_t *ids, size_t n, const float *rows, size_t len,
+                    char *why, size_t why_len);
+
 /* Updates applied: sync rounds finished, or async pushes (m each).  The
  * learning-rate decay of update t uses ps_opt_lr_at(opt, t). */
 int64_t ps_table_version(const ps_table *t);

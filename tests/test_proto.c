@@ -765,6 +765,15 @@ PS_TEST(a_table_declaration_round_trips_with_every_field)
     a.table.filter_cells = 4096;
     CHECK_OK(rt(&a, &b));
     CHECK_EQ_INT(b.key, 99);
+    CHECK_STR(b.table_name, ""); /* no name: no `nm` */
+    /* its optional name (`nm`), printable, at most PS_TABLE_NAME_MAX */
+    snprintf(a.table_name, sizeof a.table_name, "emb_l.0.weight_q");
+    CHECK_OK(rt(&a, &b));
+    CHECK_STR(b.table_name, "emb_l.0.weight_q");
+    a.table_name[3] = '\n';
+    CHECK_EQ_INT(rt(&a, &b), PS_EPROTO);
+    a.table_name[0] = 0;
+    CHECK_OK(rt(&a, &b));
     char why[256];
     CHECK_MSG(ps_table_decl_compare(99, &a.table, "a", &b.table, "b", why, sizeof why) == 0,
               "%s", why);
