@@ -313,6 +313,24 @@ int ps_exchange_table_rows(ps_exchange *x, int ti, ps_exchange_rows *out)
     return 0;
 }
 
+int ps_exchange_table_extend(ps_exchange *x, int ti, const uint64_t *ids, size_t n)
+{
+    xtable *t = table_at(x, ti);
+    if (!t || (n && !ids))
+        return PS_EINVAL;
+    if (t->cur >= t->given || !t->s[t->cur % TSLOTS].taken)
+        return PS_ESTATE;
+    tbatch *s = &t->s[t->cur % TSLOTS];
+    if (n > t->max_ids - s->nunique)
+        return PS_ETOOBIG;
+    /* the batch's pull landed and its push is not posted: its ids and its
+     * gradient buffer are ours */
+    memcpy(s->ids + s->nunique, ids, n * sizeof *ids);
+    memset(t->grads[s->b % 2] + s->nunique * t->dim, 0, n * t->dim * sizeof(float));
+    s->nunique += n;
+    return 0;
+}
+
 int ps_exchange_table_push(ps_exchange *x, int ti, int64_t step)
 {
     xtable *t = table_at(x, ti);

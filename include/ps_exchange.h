@@ -250,6 +250,14 @@ typedef struct ps_exchange_rows {
  * a request's failure (logged). */
 int ps_exchange_table_rows(ps_exchange *x, int t, ps_exchange_rows *out);
 
+/* Add ids[0..n) (distinct, none of them the current batch's) to the current
+ * batch, after ps_exchange_table_rows gave it and before its push: its
+ * unique ids grow by n (an accumulation over micro-batches: their rows came
+ * from lookups), their gradient rows zeroed.  PS_ESTATE unless the batch was
+ * given and not pushed; PS_ETOOBIG when the batch would pass max_ids.
+ * ps_exchange_table_rows gives the batch again with them. */
+int ps_exchange_table_extend(ps_exchange *x, int t, const uint64_t *ids, size_t n);
+
 /* Post the current batch's gradients (ps_exchange_table_rows' grads) as
  * step `step`, with the pull of the next batch in sync mode; the next batch
  * becomes the current one.  PS_ESTATE unless ps_exchange_table_rows gave
