@@ -283,16 +283,20 @@ def run(a, rank, world, port=None):
         losses.append(float(loss))
         n += len(y)
     dt = time.perf_counter() - t0
+    table_row = ""
     if a.backend == "ps":
         opt.pull_final()
+        st = opt.client.stats(0)  # server 0's tables: bytes a row, all included
+        if st["rows"]:
+            table_row = " server table bytes/row %.1f" % (st["table_bytes"] / st["rows"])
     score = evaluate(model, test)
     score_grad = evaluate(model, test, grad=True)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     last = losses[-max(1, len(losses) // 10):]
     print("torch_dlrm: backend %s rank %d of %d samples/s %.1f loss %.4f test auc %.4f "
-          "(grad on %.4f) peak rss MB %.0f rss after wrap MB %.0f"
+          "(grad on %.4f) peak rss MB %.0f rss after wrap MB %.0f%s"
           % (a.backend, rank, world, n / dt if dt > 0 else 0.0, sum(last) / len(last), score,
-             score_grad, rss, wrapped_rss or rss_mb()), flush=True)
+             score_grad, rss, wrapped_rss or rss_mb(), table_row), flush=True)
     if a.backend == "ps":
         opt.close()
 

@@ -809,7 +809,8 @@ class FollowTheUser(unittest.TestCase):
                 bce(mm(dense, lS_o, lS_i), y).backward()
                 opt.step()
         self.assertEqual(seen, [[False] * 3] + [[True] * 3] * (steps - 1))
-        self.assertEqual([t.path for t in dopt.exchange.tables], [(2, 0), (2, 1), (2, 2)])
+        self.assertEqual([t.path for t in dopt.exchange.tables],
+                         [((2, 0), None), ((2, 1), None), ((2, 2), None)])
         dopt.pull_final()
         for (n, p), (_, q) in zip(model.named_parameters(), plain.named_parameters()):
             got = p.table.lookup(torch.arange(p.shape[0])) \
@@ -818,6 +819,48 @@ class FollowTheUser(unittest.TestCase):
         dopt.close()
         s.stop()
         self.assertIn("table 'emb_l.1' (key ", open(s.log).read())
+
+
+    def test_ids_sliced_from_an_argument_are_handed_at_the_start_too(self):
+        """examples/torch_dlrm.py's forward reads table f's ids as
+        ids[:, f:f+1] of its argument: a view, found by its storage; later
+        forwards hand it at their start (a last, smaller batch: not the same
+        view, each table fetches its own); bitwise the plain model's."""
+
+        class Sliced(nn.Module):
+            def __init__(self, sparse):
+                super().__init__()
+                self.emb = nn.ModuleList(nn.EmbeddingBag(N, DIM, mode="sum", sparse=sparse)
+                                         for _ in range(2))
+
+            def forward(self, x):
+                return sum(e(x[:, f:f + 1]) for f, e in enumerate(self.emb)) * \
+                    torch.arange(1, DIM + 1.0)
+
+        g = torch.Generator().manual_seed(8)
+        batches = [torch.randint(0, N, (6, 2), generator=g) for _ in range(3)]
+        batches.append(torch.randint(0, N, (4, 2), generator=g))
+        torch.manual_seed(SEED)
+        plain = Sliced(False)
+        popt = torch.optim.SGD(plain.parameters(), lr=LR)
+        s = pstest.Server("--num-workers", "1", "--mode", "sync")
+        torch.manual_seed(SEED)
+        m = Sliced(True)
+        dopt = ps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=LR), model=m,
+                                             client=sync_client(s))
+        seen = []
+        m.register_forward_hook(lambda mod, a, o: seen.append(
+            [t.auto and t.taken is not None for t in dopt.exchange.tables]))
+        for x in batches:
+            for mm, opt in ((plain, popt), (m, dopt)):
+                opt.zero_grad()
+                loss_of(mm(x)).backward()
+                opt.step()
+        self.assertEqual(seen, [[False, False], [True, True], [True, True], [False, False]])
+        dopt.finish()
+        for k in range(2):
+            self.assert_bitwise(rows_of(dopt, "emb.%d" % k), plain.emb[k].weight.detach())
+        dopt.close()
 
 
 if __name__ == "__main__":

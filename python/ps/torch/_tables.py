@@ -412,7 +412,7 @@ class _Table:
         self.index = -1
         self.handed = []                # ids (int64 CPU tensors) handed, not pushed
         self.auto = False               # the first handed one came from the forward's args
-        self.path = None                # where in the model's arguments its ids are
+        self.path = None                # where in the model's arguments its ids are (_path_of)
         self.taken = None               # (ids, index, rows leaf, padding row, rows) of this step
         self.extras = []                # (unique ids, leaf) of other training forwards
         self.step = 0                   # the step of the next push
@@ -690,19 +690,41 @@ def _tensors_of(obj, path=(), out=None, depth=0):
 
 
 def _path_of(ex, inp):
+    """Where the forward's argument the ids inp are, or are a view of (a
+    slice ids[:, f:f+1], a column): (path in the arguments, None or the view
+    as (offset, size, stride, the argument's size and stride)); None."""
+    if not torch.is_tensor(inp):
+        return None
     for path, t in getattr(ex, "_table_args", ()):
         if t is inp:
-            return path
+            return (path, None)
+    if inp._base is None:
+        return None
+    for path, t in getattr(ex, "_table_args", ()):
+        if t.dtype == inp.dtype and t.device == inp.device and \
+                t.storage().data_ptr() == inp.storage().data_ptr():
+            return (path, (inp.storage_offset() - t.storage_offset(), tuple(inp.shape),
+                           tuple(inp.stride()), tuple(t.shape), tuple(t.stride())))
     return None
 
 
-def _at(args, path):
+def _at(args, where):
+    """The ids at `where` (_path_of) in this forward's arguments, or None
+    when they are not there (another structure, another shape)."""
+    path, view = where
     for k in path:
         try:
             args = args[k]
         except (IndexError, KeyError, TypeError):
             return None
-    return args if torch.is_tensor(args) else None
+    if not torch.is_tensor(args):
+        return None
+    if view is None:
+        return args
+    off, size, stride, shape, astride = view
+    if tuple(args.shape) != shape or tuple(args.stride()) != astride:
+        return None
+    return args.as_strided(size, stride, args.storage_offset() + off)
 
 
 def attach(ex, model):
