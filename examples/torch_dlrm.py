@@ -47,6 +47,12 @@ import numpy as np
 
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_here, "..", "python"))
+# OpenBLAS keeps its own threads (torch.set_num_threads does not bound them)
+# and they spin (sched_yield) between calls: on a host shared with servers or
+# other ranks they take those processes' CPU.  --threads bounds them too,
+# read before torch loads it.
+_threads = [v for k, v in zip(sys.argv, sys.argv[1:]) if k == "--threads"]
+os.environ.setdefault("OPENBLAS_NUM_THREADS", _threads[-1] if _threads else "1")
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402

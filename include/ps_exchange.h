@@ -222,6 +222,12 @@ int ps_exchange_grad_ready(ps_exchange *x, int i, int64_t step);
 int ps_exchange_add_table(ps_exchange *x, uint64_t key, const ps_table_options *opts,
                           size_t max_ids, int tag);
 int ps_exchange_num_tables(const ps_exchange *x);
+/* Table t's distinct ids in ascending order as int64 (torch's order of its
+ * ids) instead of first seen, each entry's index following them (on: 1;
+ * 0: first seen, the default).  ps.torch: torch's backward then sums a
+ * row's entries in the order it would for the ids themselves.  Before
+ * start; PS_EINVAL, PS_ESTATE. */
+int ps_exchange_table_sorted(ps_exchange *x, int t, int on);
 
 /* The ids of the next batch of table t: n ids (at most max_ids), entry e's
  * id ids[e * stride] (stride 1: an array of ids; F: field f's column of

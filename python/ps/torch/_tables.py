@@ -73,6 +73,7 @@ class _Rows(Structure):
 
 _lib._proto("ps_exchange_add_table", c_int, c_void_p, c_uint64, POINTER(_lib.TableOptions),
             c_size_t, c_int)
+_lib._proto("ps_exchange_table_sorted", c_int, c_void_p, c_int, c_int)
 _lib._proto("ps_exchange_table_next", c_int, c_void_p, c_int, c_void_p, c_size_t, c_size_t)
 _lib._proto("ps_exchange_table_rows", c_int, c_void_p, c_int, POINTER(_Rows))
 _lib._proto("ps_exchange_table_extend", c_int, c_void_p, c_int, c_void_p, c_size_t)
@@ -307,9 +308,15 @@ def _table_arg(func, args, kwargs):
 
 
 def _bound(func, args, kwargs):
-    ba = _SIGS[func].bind(*args, **kwargs)
-    ba.apply_defaults()
-    return ba.arguments
+    """The call's arguments by name, defaults filled (a signature's bind,
+    without its cost: this is on every forward)."""
+    names, defaults = _PARAMS[func]
+    if len(args) > len(names) or any(k not in defaults and k not in names for k in kwargs):
+        _SIGS[func].bind(*args, **kwargs)  # raises torch's TypeError
+    a = dict(defaults)
+    a.update(zip(names, args))
+    a.update(kwargs)
+    return a
 
 
 def _no_max_norm(t, max_norm):
@@ -390,6 +397,10 @@ _SIGS = {F.embedding: inspect.signature(F.embedding),
              n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("input", "dim", "index")])}
 _SIGS[torch.Tensor.gather] = _SIGS[torch.gather]
 _SIGS[torch.Tensor.index_select] = _SIGS[torch.index_select]
+# per routed function: its parameters' names, and the defaults
+_PARAMS = {f: ([n for n, q in sig.parameters.items() if q.kind != q.KEYWORD_ONLY],
+               {n: q.default for n, q in sig.parameters.items() if q.default is not q.empty})
+           for f, sig in _SIGS.items()}
 
 
 # ---- one table's batches ----
@@ -418,6 +429,7 @@ class _Table:
         self.step = 0                   # the step of the next push
         self.told = False
         self.known = {}                 # its hyper-parameters as the servers run them
+        self._views = {}                # the exchange's buffers as numpy (_view)
 
     def __deepcopy__(self, memo):
         return self
@@ -432,6 +444,8 @@ class _Table:
         """Declare the table in the exchange (before its start), named."""
         o = table_options(self.dim, **self.options)
         rc = lib.ps_exchange_add_table(ex._x, self.key, ctypes.byref(o), self.max_ids, -1)
+        if rc == 0:  # its ids in torch's order (_take)
+            rc = lib.ps_exchange_table_sorted(ex._x, index, 1)
         if rc == 0:
             rc = lib.ps_client_name_table(ex.client._ptr, self.key,
                                           self.name[-_lib_name_max():].encode())
@@ -493,12 +507,9 @@ class _Table:
         """(index into the rows, rows, the padding id's row or None) for a
         forward whose ids are inp (see the module's text for which rows)."""
         ids = _flat_ids(inp)
-        self.check_range(ids)
         device = inp.device if torch.is_tensor(inp) else torch.device("cpu")
-        if not torch.is_grad_enabled():
-            return self._lookup(ids, padding_idx, device, False)
-        train = self.root is None or self.root.training
-        if train:
+        train = torch.is_grad_enabled() and (self.root is None or self.root.training)
+        if train:  # the handed ids were checked (hand)
             if self.taken is None:
                 if not self.handed:
                     self.path = _path_of(self.ex, inp) if self.path is None else self.path
@@ -509,6 +520,7 @@ class _Table:
                 self._not_handed()
             elif torch.equal(self.taken[0], ids):
                 return self.taken[1:4]
+        self.check_range(ids)
         return self._lookup(ids, padding_idx, device, train)
 
     def _not_handed(self):
@@ -522,25 +534,45 @@ class _Table:
                              % (self.ex.client.rank, self.name))
 
     def _take(self, ids, padding_idx, device):
-        """The batch's rows as a leaf, in the order of their ids (the
-        exchange's are in first-seen order): torch's backward sums a row's
-        entries in the order its sort of the indices gives, the same for any
-        indices in the same order as the ids, so the leaf's gradient rows are
-        bitwise the plain weight's."""
+        """The batch's rows as a leaf.  The exchange gives the distinct ids
+        in ascending order (ps_exchange_table_sorted): torch's backward sums
+        a row's entries in the order its sort of the indices gives, the same
+        for any indices in the same order as the ids, so the leaf's gradient
+        rows are bitwise the plain weight's."""
         r = self._rows()
         n, u = r.nentries, r.nunique
-        uniq = np.ctypeslib.as_array(r.ids, (u,)).view(np.int64) if u else np.zeros(0, np.int64)
-        order = np.argsort(uniq, kind="stable")
-        rank = np.empty(u, np.int64)
-        rank[order] = np.arange(u)
-        index = torch.from_numpy(rank[np.ctypeslib.as_array(r.index, (n,))]) \
-            if n else torch.zeros(0, dtype=torch.int64)
-        rows = torch.from_numpy(np.ctypeslib.as_array(r.rows, (u, self.dim))[order]) \
-            if u else torch.zeros(0, self.dim)
-        index, leaf, pad = _stage(index, rows, uniq[order], padding_idx, device)
-        leaf.requires_grad_(True)
-        self.taken = (ids, index, leaf, pad, r, order)
+        index = torch.from_numpy(self._view(r.index, np.int32)[:n].astype(np.int64))
+        rows = torch.from_numpy(self._view(r.rows, np.float32, self.dim)[:u].copy())
+        pad = None
+        if padding_idx is not None:
+            pad = self._pad(self._view(r.ids, np.int64)[:u], padding_idx, rows)
+        leaf = rows.to(device).requires_grad_(True)
+        index = index.to(device)
+        self.taken = (ids, index, leaf, pad, r)
         return index, leaf, pad
+
+    def _view(self, ptr, dtype, dim=None):
+        """The exchange's buffer at ptr (ids, index, rows or gradients of
+        max_ids entries: they are fixed for the table's life) as numpy."""
+        addr = ctypes.cast(ptr, c_void_p).value
+        v = self._views.get((addr, dim))
+        if v is None:
+            n = self.max_ids * (dim or 1)
+            v = np.ctypeslib.as_array((ctypes.c_char * (n * np.dtype(dtype).itemsize))
+                                      .from_address(addr)).view(dtype)
+            v = v.reshape(self.max_ids, dim) if dim else v
+            self._views[(addr, dim)] = v
+        return v
+
+    @staticmethod
+    def _pad(uniq, padding_idx, rows):
+        """torch's padding row: zeros here (the servers' row gets zero
+        gradients); its position, or None."""
+        at = np.nonzero(uniq == padding_idx)[0]
+        if not len(at):
+            return None
+        rows[int(at[0])] = 0
+        return int(at[0])
 
     def _lookup(self, ids, padding_idx, device, grad):
         """(index, rows, padding row) outside the batches; grad: a leaf whose
@@ -574,14 +606,14 @@ class _Table:
             if r.nunique:
                 ctypes.memset(r.grads, 0, r.nunique * self.dim * 4)
         else:
-            _, _, leaf, _, r, order = self.taken
+            _, _, leaf, _, r = self.taken
             if r.nunique:
-                dst = np.ctypeslib.as_array(r.grads, (r.nunique, self.dim))
+                dst = torch.from_numpy(self._view(r.grads, np.float32, self.dim)[:r.nunique])
                 g = leaf.grad
                 if g is None:
-                    dst[...] = 0
+                    dst.zero_()
                 else:
-                    dst[order] = g.detach().to("cpu").numpy()
+                    dst.copy_(g.detach())
         if self.extras:
             self._add_extras(r)
         self._check(lib.ps_exchange_table_push(self._x("push"), self.index, self.step),
