@@ -412,7 +412,7 @@ class QREmbeddingBag(nn.Module if torch else object):
         return eq * er
 
 
-def dlrm_batches(rows, steps, batch=8, per_bag=3, seed=5):
+def dlrm_batches(rows, steps, batch=16, per_bag=3, seed=5):
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(steps):
