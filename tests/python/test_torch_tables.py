@@ -476,7 +476,8 @@ class FollowTheUser(unittest.TestCase):
         freed_mb = (before - rss_anon_kb()) / 1024.0
         self.assertEqual(list(dopt.tables), ["emb_l.0", "emb_l.1"])
         self.assertEqual([g["lr"] for g in dopt.param_groups if "ps_table" in g], [0.125, 0.125])
-        self.assertGreater(freed_mb, 60, "the wrap freed %.0f MB of a 98 MB table" % freed_mb)
+        # (half: an ASan build's allocator keeps some of what is freed)
+        self.assertGreater(freed_mb, 49, "the wrap freed %.0f MB of a 98 MB table" % freed_mb)
         for dense, lS_o, lS_i, y in batches:
             dopt.zero_grad()
             bce(model(dense, lS_o, lS_i), y).backward()
