@@ -500,6 +500,30 @@ class FollowTheUser(unittest.TestCase):
             ps.torch.DistributedOptimizer(torch.optim.Adam(m.parameters()), model=m, client=c)
         c.close()
 
+    def test_a_tables_only_model_with_sparse_adam_runs_lazy_adam_on_the_servers(self):
+        """torch.optim.SparseAdam over a lone sparse EmbeddingBag (no dense
+        tensor): the table runs the servers' lazy Adam with its lr, betas and
+        eps; the rows it touched move, the others do not."""
+        s = pstest.Server("--num-workers", "1", "--mode", "sync")
+        torch.manual_seed(SEED)
+        m = nn.EmbeddingBag(N, DIM, mode="sum", sparse=True)
+        before = m.weight.detach().clone()
+        dopt = ps.torch.DistributedOptimizer(
+            torch.optim.SparseAdam(m.parameters(), lr=0.01, betas=(0.8, 0.99)), model=m,
+            client=sync_client(s))
+        self.assertEqual(dopt.state_dict()["ps_tables"]["weight"]["options"]["optimizer"],
+                         {"optimizer": "adam", "lr": 0.01, "weight_decay": 0.0, "beta1": 0.8,
+                          "beta2": 0.99, "eps": 1e-08})
+        for _ in range(2):
+            dopt.zero_grad()
+            m(ids([1, 2], [2, 5])).sum().backward()
+            dopt.step()
+        dopt.finish()
+        rows = rows_of(dopt, "weight")
+        moved = [bool((rows[i] != before[i]).any()) for i in range(N)]
+        self.assertEqual([i for i in range(N) if moved[i]], [1, 2, 5])
+        dopt.close()
+
     def test_rowwise_adagrad_tables_equal_ps_torch_rowwise_adagrad_bitwise(self):
         """ps.torch.RowWiseAdagrad over the whole model: its tables run
         rowwise_adagrad on the servers (one float a row), its dense layers

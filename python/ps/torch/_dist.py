@@ -82,7 +82,9 @@ class _Methods:
         self._ps_view = None
         self._ps_kind = None
         mode_async = client.mode == _lib.MODE_ASYNC
-        servers_own = isinstance(self, ServersOptimizer)
+        # no dense tensor (a model of server tables alone): nothing of the
+        # servers' dense optimizer to check
+        servers_own = isinstance(self, ServersOptimizer) or not named
         if update == "server":
             expect = None if servers_own else server_settings(self)
             self._ps_kind = None if servers_own else expect["optimizer"]

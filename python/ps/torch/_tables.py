@@ -829,7 +829,7 @@ def _candidates(model):
     for mname, m in model.named_modules():
         if isinstance(m, _EMBEDDINGS):
             if isinstance(m.weight, torch.Tensor):
-                out.append((mname, m, "weight", m.weight,
+                out.append((mname or "weight", m, "weight", m.weight,
                             "EmbeddingBag" if isinstance(m, torch.nn.EmbeddingBag)
                             else "Embedding"))
             continue
