@@ -138,6 +138,12 @@ int ps_exchange_num_tables(const ps_exchange *x)
     return x->ntb;
 }
 
+int ps_exchange_name_table(ps_exchange *x, int ti, const char *name)
+{
+    xtable *t = table_at(x, ti);
+    return t ? ps_client_name_table(x->client, t->key, name) : PS_EINVAL;
+}
+
 int ps_exchange_table_sorted(ps_exchange *x, int ti, int on)
 {
     xtable *t = table_at(x, ti);

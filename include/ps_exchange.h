@@ -222,6 +222,9 @@ int ps_exchange_grad_ready(ps_exchange *x, int i, int64_t step);
 int ps_exchange_add_table(ps_exchange *x, uint64_t key, const ps_table_options *opts,
                           size_t max_ids, int tag);
 int ps_exchange_num_tables(const ps_exchange *x);
+/* Name table t for the servers' logs (ps_client_name_table).  Before
+ * start. */
+int ps_exchange_name_table(ps_exchange *x, int t, const char *name);
 /* Table t's distinct ids in ascending order as int64 (torch's order of its
  * ids) instead of first seen, each entry's index following them (on: 1;
  * 0: first seen, the default).  ps.torch: torch's backward then sums a

@@ -1187,6 +1187,11 @@ static int ctr_through_servers(int S, int W, const char *mode, const char *tag, 
             printf("# %s server %d: no closing line with its tables\n", tag, k);
             bad = 1;
         }
+        /* and names them by field (the declaration's name) */
+        if (!ps_test_file_has(log, "table 'ctr field 7' (key ")) {
+            printf("# %s server %d: its log does not name the tables by field\n", tag, k);
+            bad = 1;
+        }
     }
     snprintf(log, sizeof log, "%s/%s-worker0.log", ps_test_tmpdir(), tag);
     *auc = epoch_auc(log, fp, fp_len);

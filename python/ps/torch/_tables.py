@@ -74,6 +74,7 @@ class _Rows(Structure):
 _lib._proto("ps_exchange_add_table", c_int, c_void_p, c_uint64, POINTER(_lib.TableOptions),
             c_size_t, c_int)
 _lib._proto("ps_exchange_table_sorted", c_int, c_void_p, c_int, c_int)
+_lib._proto("ps_exchange_name_table", c_int, c_void_p, c_int, ctypes.c_char_p)
 _lib._proto("ps_exchange_table_next", c_int, c_void_p, c_int, c_void_p, c_size_t, c_size_t)
 _lib._proto("ps_exchange_table_rows", c_int, c_void_p, c_int, POINTER(_Rows))
 _lib._proto("ps_exchange_table_extend", c_int, c_void_p, c_int, c_void_p, c_size_t)
@@ -94,6 +95,8 @@ INIT_MAX_BYTES = 4 << 30
 # libps copies of them (about 3 x) is freed to a malloc arena that keeps it
 _ASSIGN_BYTES = 1 << 20
 _ASSIGN_INFLIGHT = 4
+# a table's name on the wire at most (PS_TABLE_NAME_MAX): a longer one's end is sent
+_NAME_MAX = 63
 # the wrapper's barrier after the tables' first rows are written (2^61 and up:
 # ps.Client.barrier)
 _ROWS_BARRIER = (1 << 61) + 2
@@ -447,8 +450,7 @@ class _Table:
         if rc == 0:  # its ids in torch's order (_take)
             rc = lib.ps_exchange_table_sorted(ex._x, index, 1)
         if rc == 0:
-            rc = lib.ps_client_name_table(ex.client._ptr, self.key,
-                                          self.name[-_lib_name_max():].encode())
+            rc = lib.ps_exchange_name_table(ex._x, index, self.name[-_NAME_MAX:].encode())
         if rc:
             raise PSError(rc, _lib.last_error(ex.client._ptr), "table %r" % self.name)
         ex.client._tables[self.key] = self.dim  # for the client's own requests (assign)
@@ -489,8 +491,10 @@ class _Table:
 
     def check_range(self, ids):
         """IndexError, as torch's, for an id outside [0, num_embeddings)."""
-        if self.num is not None and ids.numel() and (int(ids.min()) < 0 or
-                                                     int(ids.max()) >= self.num):
+        if self.num is None or not ids.numel():
+            return
+        lo, hi = torch.aminmax(ids)
+        if int(lo) < 0 or int(hi) >= self.num:
             bad = ids[(ids < 0) | (ids >= self.num)][0]
             raise IndexError("index out of range in self: table %r has %d rows, got id %d "
                              "(hashed ids: tables={%r: {'hashed_ids': True}} or "
@@ -530,7 +534,7 @@ class _Table:
             self.told = True
             sys.stderr.write("ps.torch[%d]: table %r: a training forward's ids are not those "
                              "handed by prefetch(); its rows were looked up (a round trip), "
-                             "and the handed batch waits for the next forward\n"
+                             "and the handed batch goes unused this step\n"
                              % (self.ex.client.rank, self.name))
 
     def _take(self, ids, padding_idx, device):
@@ -678,19 +682,10 @@ class _Table:
             r.wait()
 
 
-def _lib_name_max():
-    return 63  # PS_TABLE_NAME_MAX: the end of a long name is kept
-
-
 def _stage(index, rows, uniq, padding_idx, device):
-    """The batch's rows on the model's device, torch's padding row (zeros;
-    the servers' row gets zero gradients) and its position."""
-    pad = None
-    if padding_idx is not None:
-        at = np.nonzero(uniq == padding_idx)[0]
-        if len(at):
-            pad = int(at[0])
-            rows[pad] = 0
+    """The rows on the model's device, torch's padding row zeroed and its
+    position (_pad)."""
+    pad = None if padding_idx is None else _Table._pad(uniq, padding_idx, rows)
     return index.to(device), rows.to(device), pad
 
 
