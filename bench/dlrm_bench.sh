@@ -80,6 +80,8 @@ ps_run() {
     done
     for p in $_pids; do wait "$p"; done
     _p=${SERVER_PIDS# }
+    # with BENCH_TIMEOUT the pid is timeout's: the server is its child
+    _c=$(pgrep -P "$_p" -x ps_server 2>/dev/null) && _p=$_c
     awk '/^VmHWM/ { printf "%.0f\n", $2 / 1024 }' "/proc/$_p/status" >"$WORK/$_tag.srv" 2>/dev/null
     stop_servers
     cat "$WORK/$_tag.w0.log" "$WORK/$_tag.w1.log" >"$WORK/$_tag.log"

@@ -294,8 +294,6 @@ static void table_ack(ps_server *s, zmq_msg_t *id, const ps_header *req, uint64_
     m->nf = 2;
 }
 
-/* TABLE: the first declaration of a table is kept and its partitions made,
- * one per update thread; a later one must be the same. */
 /* A declared table's name, from a later declaration (a restored table's
  * checkpoint has none): here and in the update threads (a name-only
  * PS_CMD_TABLE). */
@@ -308,6 +306,8 @@ static void table_named(ps_server *s, srv_table *t, const ps_header *h)
     }
 }
 
+/* TABLE: the first declaration of a table is kept and its partitions made,
+ * one per update thread; a later one must be the same. */
 static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 {
     (void)nf;
@@ -356,9 +356,8 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     }
     char label[128];
     ps_info("%s declared by %s: dim %u, %s initializer (scale %g, seed %llu), %s, "
-            "row cap %llu, filter %u (%d partitions here)", srv_table_label(t, label, sizeof label),
-            who,
-            t->decl.dim, t->decl.init == PS_TABLE_INIT_ZEROS     ? "zeros"
+            "row cap %llu, filter %u (%d partitions here)",
+            srv_table_label(t, label, sizeof label), who, t->decl.dim, t->decl.init == PS_TABLE_INIT_ZEROS     ? "zeros"
                          : t->decl.init == PS_TABLE_INIT_UNIFORM ? "uniform"
                                                                  : "normal",
             (double)t->decl.init_scale, (unsigned long long)t->decl.seed,
@@ -454,12 +453,6 @@ static void io_on_heartbeat(ps_server *s, zmq_msg_t *f, int nf, const ps_header 
     io_ack(s, &f[0], h);
 }
 
-/* New hyper-parameters from step h->push_step on (those h->hello.opt gives
- * and the optimizer uses; none: a question).  Sync rounds from that step
- * use them, async pushes from now on (ps_shard_set_opt, on every owner:
- * they take the command in order with the requests).  Hellos still compare
- * with the configuration the server started with; the reply says what runs
- * now. */
 /* HYPER with a table's key: that table's hyper-parameters (those its kind
  * uses), from step h->push_step on as the dense ones; the reply says what
  * the table runs now (its kind in `opt`). */
@@ -526,6 +519,12 @@ static void io_on_table_hyper(ps_server *s, zmq_msg_t *f, const ps_header *h)
     srv_send(s, &f[0], &r);
 }
 
+/* New hyper-parameters from step h->push_step on (those h->hello.opt gives
+ * and the optimizer uses; none: a question).  Sync rounds from that step
+ * use them, async pushes from now on (ps_shard_set_opt, on every owner:
+ * they take the command in order with the requests).  Hellos still compare
+ * with the configuration the server started with; the reply says what runs
+ * now. */
 static void io_on_hyper(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 {
     (void)nf;
