@@ -85,6 +85,8 @@ struct ps_ckpt_coord {
     ps_held_reply *held_head, *held_tail;
     size_t nheld_init;
     ckpt_writer wr;
+    int64_t last_done_ns, last_took_ns; /* the last written checkpoint: when (ps_now_ns)
+                                            and how long its write took */
 };
 
 static void free_parts(ps_ckpt_part *parts, int n)
@@ -232,6 +234,8 @@ static ps_held_reply *done(ps_ckpt_coord *c)
         c->fail_streak = 0;
         c->fail_log_ns = 0;
         c->count++;
+        c->last_done_ns = now;
+        c->last_took_ns = w->t1 - w->t0;
         double ms = (double)(w->t1 - w->t0) * 1e-6;
         /* each says what it holds, so the loss of a crash can be counted: the
          * updates in it, and the inits and pushes of this process it holds
@@ -481,6 +485,12 @@ void ps_held_reply_free(ps_held_reply *m)
 
 uint64_t ps_ckpt_coord_count(const ps_ckpt_coord *c) { return c->count; }
 
+void ps_ckpt_coord_last(const ps_ckpt_coord *c, int64_t *done_ns, int64_t *took_ns)
+{
+    *done_ns = c->last_done_ns;
+    *took_ns = c->last_took_ns;
+}
+
 uint64_t ps_ckpt_coord_failures(const ps_ckpt_coord *c) { return c->nfail; }
 
 int ps_ckpt_coord_failing(const ps_ckpt_coord *c, char *why, size_t why_len, int64_t *since_ns)
@@ -639,13 +649,26 @@ static int read_one(ps_ckpt_coord *c, uint64_t seq, ps_ckpt_file *f, char *path,
 
 /* The chain of checkpoint seqs[i]: its seqs from the newest (chain[0] =
  * seqs[i]) back to the full one, each read back whole.  Its length, 0 when
- * a file of it is unusable (said), -1 on a configuration mismatch (why). */
-static int chain_of(ps_ckpt_coord *c, const uint64_t *seqs, int n, int i, uint64_t *chain,
-                    char *why, size_t why_len)
+ * a file of it is unusable (said; bad[k] marks seqs[k] found so, and a chain
+ * through it is not read again), -1 on a configuration mismatch (why). */
+static int chain_of(ps_ckpt_coord *c, const uint64_t *seqs, int n, int i, uint8_t *bad,
+                    uint64_t *chain, char *why, size_t why_len)
 {
     int len = 0;
     char path[1024], msg[512];
     for (uint64_t seq = seqs[i];;) {
+        int at = i;
+        while (at < n && seqs[at] != seq)
+            at++;
+        if (at < n && bad[at]) {
+            if (at == i)
+                ps_warn("checkpoint %llu is unusable (above): skipped",
+                        (unsigned long long)seq);
+            else
+                ps_warn("checkpoint %llu builds on checkpoint %llu, which is unusable "
+                        "(above): skipped", (unsigned long long)seqs[i], (unsigned long long)seq);
+            return 0;
+        }
         ps_ckpt_file f;
         int rc = read_one(c, seq, &f, path, sizeof path, msg, sizeof msg);
         if (rc == PS_EMISMATCH) {
@@ -653,6 +676,8 @@ static int chain_of(ps_ckpt_coord *c, const uint64_t *seqs, int n, int i, uint64
             return -1;
         }
         if (rc) {
+            if (at < n)
+                bad[at] = 1;
             ps_warn("checkpoint %s is corrupt or unreadable (%s): %s%s", path, msg,
                     seq == seqs[i] ? "skipped" : "the ones after it cannot be restored",
                     i + 1 < n ? "; trying the one before it" : "");
@@ -697,9 +722,16 @@ int ps_ckpt_coord_restore(ps_ckpt_coord *c, const ps_ckpt_restore_to *to, uint8_
         return PS_EDATA;
     }
     c->seq = seqs[0] + 1;
+    uint8_t *bad = calloc((size_t)n, 1);
+    if (!bad) {
+        free(seqs);
+        ps_errorf(why, why_len, "--restore: out of memory");
+        return PS_ENOMEM;
+    }
     for (int i = 0; i < n; i++) {
-        int len = chain_of(c, seqs, n, i, chain, why, why_len);
+        int len = chain_of(c, seqs, n, i, bad, chain, why, why_len);
         if (len < 0) {
+            free(bad);
             free(seqs);
             return PS_EMISMATCH;
         }
@@ -722,6 +754,7 @@ int ps_ckpt_coord_restore(ps_ckpt_coord *c, const ps_ckpt_restore_to *to, uint8_
         }
         if (rc) {
             ps_ckpt_file_free(&f);
+            free(bad);
             free(seqs);
             return rc;
         }
@@ -734,6 +767,7 @@ int ps_ckpt_coord_restore(ps_ckpt_coord *c, const ps_ckpt_restore_to *to, uint8_
             if (rc) {
                 ps_errorf(why, why_len, "--restore: %s: %s", path, msg);
                 ps_ckpt_file_free(&f);
+                free(bad);
                 free(seqs);
                 return rc == PS_EMISMATCH ? PS_EDATA : rc;
             }
@@ -771,10 +805,19 @@ int ps_ckpt_coord_restore(ps_ckpt_coord *c, const ps_ckpt_restore_to *to, uint8_
                 (long long)m->min_version, (long long)m->max_version,
                 (unsigned long long)m->counters.updates, known, c->num_workers,
                 (unsigned long long)m->model_fp);
+        /* what the newer ones held is gone: say how much */
+        if (i > 0)
+            ps_warn("--restore fell back to checkpoint %llu: the %d newer checkpoint(s), %llu "
+                    "to %llu, could not be restored (above); the updates they held after "
+                    "version %lld of this server are lost",
+                    (unsigned long long)m->seq, i, (unsigned long long)seqs[i - 1],
+                    (unsigned long long)seqs[0], (long long)m->min_version);
         ps_ckpt_file_free(&f);
+        free(bad);
         free(seqs);
         return 0;
     }
+    free(bad);
     ps_errorf(why, why_len,
         "--restore: none of the %d checkpoint(s) of server %d in %s is valid (see the lines above); "
         "refusing to start from an unknown state", n, rank, dir);

@@ -138,6 +138,18 @@ static void add_table_totals(ps_server *s, const void *data, size_t len)
     }
 }
 
+/* The I/O thread's own counters, as STATS and the totals add them to the
+ * owners': none holds chunks, so the version range is the owners'. */
+static ps_stats srv_io_stats(const ps_server *s)
+{
+    ps_stats io;
+    memset(&io, 0, sizeof io);
+    io.errors = s->io_errors;
+    io.workers_seen = (uint64_t)ps_workers_seen(s->workers);
+    io.forged = ps_workers_forged(s->workers);
+    return io;
+}
+
 /* Take everything update thread i has sent.  Its last message (its final
  * counters) sets own[i].stopped. */
 static void io_read_pair(ps_server *s, int i)
@@ -211,8 +223,8 @@ static void io_read_pair(ps_server *s, int i)
         } else if (t == PS_OUT_PROGRESS) {
             ps_ckpt_coord_progress(s->ck, i, u.pf.min_version, u.pf.have);
         } else if (t == PS_OUT_STATS) {
-            ps_stats_reqs_part(s->stats, &u.of, s->io_errors,
-                               (uint64_t)ps_workers_seen(s->workers), s->barriers);
+            ps_stats io = srv_io_stats(s);
+            ps_stats_reqs_part(s->stats, &u.of, &io, s->barriers);
         } else if (t == PS_OUT_STOPPED) {
             s->own[i].final = u.of.st;
             s->own[i].stopped = 1;
@@ -355,8 +367,8 @@ void srv_stop_threads(ps_server *s)
     memset(&s->totals, 0, sizeof s->totals);
     for (int i = 0; i < T; i++)
         ps_stats_add(&s->totals, &have, &s->own[i].final);
-    s->totals.errors += s->io_errors;
-    s->totals.workers_seen = (uint64_t)ps_workers_seen(s->workers);
+    ps_stats io = srv_io_stats(s);
+    ps_stats_add(&s->totals, &have, &io);
 }
 
 /* Pump the owners' messages and the writer's wake-up until no checkpoint is
@@ -395,6 +407,28 @@ static void ck_final(ps_server *s)
     ck_wait_idle(s);
 }
 
+/* --metrics-port: the I/O thread's figures, where a scrape reads them. */
+static void publish_io(ps_server *s)
+{
+    ps_srv_io_figures f = {0};
+    ps_stats io = srv_io_stats(s);
+    f.errors = io.errors;
+    f.forged = io.forged;
+    f.dropped = s->dropped;
+    f.workers_seen = io.workers_seen;
+    f.workers_lost = ps_workers_lost(s->workers);
+    f.workers_rejoined = ps_workers_rejoined(s->workers);
+    f.hellos_refused = ps_workers_refused(s->workers);
+    f.peer_refused = ps_peers_refused(s->peers);
+    f.shutdowns_refused = s->shutdowns_refused;
+    if (s->auth)
+        f.curve_refused = ps_curve_auth_refused(s->auth) + ps_hs_monitor_failed(s->mon);
+    f.checkpoints = ps_ckpt_coord_count(s->ck);
+    f.checkpoint_failures = ps_ckpt_coord_failures(s->ck);
+    ps_ckpt_coord_last(s->ck, &f.checkpoint_done_ns, &f.checkpoint_took_ns);
+    ps_srv_metrics_io(s->met, &f);
+}
+
 int ps_server_run(ps_server *s)
 {
     if (s->run_called)
@@ -423,10 +457,14 @@ int ps_server_run(ps_server *s)
         ps_peers_sweep(s->peers, now);
         ck_maybe(s, now);
         ps_rlimit_flush(&s->rl, now, 0);
+        if (s->met)
+            publish_io(s);
     }
     ck_final(s);
     srv_stop_threads(s);
     srv_close_waiters(s);
+    if (s->met) /* the last checkpoint's figures too */
+        publish_io(s);
     if (s->io_failed)
         rc = PS_EIO;
     ps_rlimit_flush(&s->rl, ps_now_ns(), 1);
@@ -448,6 +486,10 @@ int ps_server_run(ps_server *s)
         off += (size_t)snprintf(extra + off, sizeof extra - off,
                                 ", %llu hellos refused (rank held by another connection)",
                                 (unsigned long long)ps_workers_refused(s->workers));
+    if (t->forged && off < sizeof extra)
+        off += (size_t)snprintf(extra + off, sizeof extra - off,
+                                ", %llu requests refused (their rank held by another "
+                                "connection)", (unsigned long long)t->forged);
     if (ps_peers_refused(s->peers) && off < sizeof extra)
         off += (size_t)snprintf(extra + off, sizeof extra - off,
                                 ", %llu pulls refused to peers not reading their replies",
@@ -502,4 +544,6 @@ void ps_server_stop(ps_server *s)
 void ps_server_totals(const ps_server *s, ps_stats *out) { *out = s->totals; }
 
 const char *ps_server_endpoint(const ps_server *s) { return s->endpoint; }
+
+struct ps_metrics *ps_server_metrics(ps_server *s) { return ps_srv_metrics_registry(s->met); }
 

@@ -114,6 +114,7 @@ srv_table *srv_add_table(ps_server *s, uint64_t key, const ps_table_options *dec
     t->snap = snap;
     t->restored = restored;
     t->opt_now = t->decl.opt;
+    ps_srv_metrics_add_table(s->met, key); /* before any update thread hears of it */
     return t;
 }
 

@@ -31,6 +31,10 @@
 #include "workers.h"
 #include "zmsg.h"
 
+/* With metrics: when a request reached the update thread's hand-over (the
+ * start of its push-to-apply time). */
+static int64_t recv_ns(const ps_server *s) { return s->met ? ps_now_ns() : 0; }
+
 static ps_hello my_hello(const ps_server *s)
 {
     ps_hello h;
@@ -123,6 +127,14 @@ static void tables_said(ps_server *s, char *why, size_t why_len)
     }
 }
 
+/* The connection a message came on (f[0] its route, f[1] its header frame),
+ * as workers.h takes it; borrows f. */
+static ps_conn conn_of(zmq_msg_t *f)
+{
+    return (ps_conn){zmq_msg_data(&f[0]), zmq_msg_size(&f[0]), zmq_msg_get(&f[1], ZMQ_SRCFD),
+                     zmq_msg_gets(&f[1], "User-Id")};
+}
+
 /* ================= one handler per message type ================= */
 
 /* Each gets a request that the dispatch (io_message) checked against its
@@ -165,8 +177,8 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         ps_peer_name(&f[0], &f[1], h->rank, peer, sizeof peer);
         /* a holder that just hung up is gone by now, not live */
         srv_read_monitor(s);
-        rc = ps_workers_hello(s->workers, h->rank, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]),
-                              zmq_msg_get(&f[1], ZMQ_SRCFD), h->hello.token, ps_now_ns(), peer,
+        ps_conn c = conn_of(f);
+        rc = ps_workers_hello(s->workers, h->rank, &c, h->hello.token, ps_now_ns(), peer,
                               &token, &rejoined, why, sizeof why);
         if (rc) { /* logged by the table, rate-limited */
             io_error_quiet(s, &f[0], h, rc, why);
@@ -253,7 +265,7 @@ static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     if (h->type == PS_MSG_CLOCK && srv_find_table(s, h->key)) {
         if (no_partition(s, &f[0], h))
             return;
-        ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h};
+        ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .recv_ns = recv_ns(s)};
         srv_send_cmd(s, (int)h->chunk, &cmd, &f[0], NULL);
         return;
     }
@@ -261,7 +273,8 @@ static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     int mutates = ps_msg_request_has_payload(h->type);
     if (mutates)
         s->mut++;
-    ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm};
+    ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm,
+                        .recv_ns = recv_ns(s)};
     srv_send_cmd(s, ps_server_owner(h->key, h->chunk, s->cfg.threads), &cmd, &f[0],
                  nf >= 3 ? &f[2] : NULL);
 }
@@ -409,7 +422,8 @@ static void io_on_sparse(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     int mutates = h->type != PS_MSG_SPULL;
     if (mutates)
         s->mut++;
-    ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm};
+    ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm,
+                        .recv_ns = recv_ns(s)};
     srv_send_cmd_frames(s, (int)h->chunk, &cmd, &f[0], &f[2], nf - 2);
 }
 
@@ -654,7 +668,8 @@ static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const p
         io_error(s, &f[0], h, PS_EPROTO, why);
         return -1;
     }
-    int ws; /* anything from a live worker counts as a sign of life */
+    int ws; /* anything from a worker's own connection counts as a sign of life */
+    ps_conn c = conn_of(f);
     if (h->rank < 0) {
         if (m->from == PS_FROM_WORKER) {
             char list[128];
@@ -663,22 +678,26 @@ static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const p
             io_error(s, &f[0], h, PS_ESTATE, why);
             return -1;
         }
-    } else if ((ws = ps_workers_heard(s->workers, h->rank, zmq_msg_data(&f[0]),
-                                      zmq_msg_size(&f[0]), ps_now_ns())) != PS_WORKER_LIVE) {
+    } else if ((ws = ps_workers_heard(s->workers, h->rank, &c, ps_now_ns(), why, sizeof why)) !=
+               PS_WORKER_LIVE) {
         if (ws == PS_WORKER_UNKNOWN)
             ps_errorf(why, sizeof why, "worker %d sent %s before hello; say hello first", h->rank,
                 m->name);
-        else
+        else if (ws == PS_WORKER_DROPPED)
             ps_errorf(why, sizeof why, "worker %d was dropped after %d ms without a message "
                 "(--on-worker-loss drop); say hello again to rejoin", h->rank,
                 s->cfg.worker_timeout_ms);
-        /* PS_EHELLO: libps says hello again on it and resends (rejoins); a
-         * heartbeat comes once a second from every such worker: answered,
-         * not logged */
-        if (h->type == PS_MSG_HEARTBEAT)
-            io_error_quiet(s, &f[0], h, PS_EHELLO, why);
+        /* PS_EPERM: the rank is another connection's (logged by the table,
+         * rate-limited); PS_EHELLO: libps says hello again on it and
+         * resends (rejoins; libps does the same on PS_EPERM, with the rank's
+         * token, so a worker whose old connection the server has not seen
+         * close yet gets its rank back); a heartbeat comes once a second
+         * from every such worker: answered, not logged */
+        int code = ws == PS_WORKER_FORGED ? PS_EPERM : PS_EHELLO;
+        if (h->type == PS_MSG_HEARTBEAT || ws == PS_WORKER_FORGED)
+            io_error_quiet(s, &f[0], h, code, why);
         else
-            io_error(s, &f[0], h, PS_EHELLO, why);
+            io_error(s, &f[0], h, code, why);
         return -1;
     }
     if (m->from == PS_FROM_ADMIN &&

@@ -26,7 +26,7 @@ SONAME = "libps.so.0"
 # X(name, value): PS_ERRORS
 ERRORS = ("OK", "EINVAL", "ENOMEM", "EPROTO", "EIO", "ETIMEDOUT", "ENOTFOUND", "ESTATE",
           "EMISMATCH", "ECLOSED", "EVERSION", "ETOOBIG", "EDEVICE", "EAUTH", "EDATA",
-          "EHELLO", "ENONFINITE")
+          "EHELLO", "ENONFINITE", "EPERM")
 ERR_TEXT_MAX = 200
 
 MODE_SYNC, MODE_ASYNC = 1, 2
@@ -49,7 +49,7 @@ OPT_PARAMS = (
 # PS_STATS_COUNTERS, in order
 STATS_COUNTERS = ("pushes", "pulls", "inits", "updates", "bytes_in", "bytes_out", "dup_dropped",
                   "errors", "chunks", "workers_seen", "partitions", "rows", "table_bytes",
-                  "evicted", "filtered", "nonfinite")
+                  "evicted", "filtered", "nonfinite", "forged")
 
 # enum ps_table_init, and the tables-only optimizer kinds PS_TABLE_OPT_FTRL and
 # PS_TABLE_OPT_ROWWISE_ADAGRAD
@@ -101,6 +101,8 @@ class ClientOptions(Structure):
         ("server_timeout_ms", c_int),
         ("admin_token", c_char_p),
         ("on_nonfinite", c_int),
+        ("metrics_port", c_int),
+        ("metrics_bind", c_char_p),
     ]
 
 
@@ -253,6 +255,8 @@ _proto("ps_exchange_grad_ready", c_int, _P, c_int, c_int64)
 _proto("ps_exchange_finish", c_int, _P)
 _proto("ps_exchange_pull_final", c_int, _P)
 _proto("ps_exchange_take_wait_ns", c_int64, _P)
+_proto("ps_exchange_step_done", None, _P, c_uint64)
+_proto("ps_client_metrics_url", c_char_p, _P)
 _proto("ps_exchange_close", None, _P)
 _proto("ps_exchange_set_wait_timeout", None, _P, c_int)
 _proto("ps_exchange_set_back", c_int, _P, c_int, c_void_p)
