@@ -67,6 +67,13 @@ void ps_table_init_row(uint64_t seed, uint64_t table, uint64_t id, int kind, flo
  * tables. */
 void ps_table_rowwise_adagrad(float *restrict w, float *restrict m, const float *restrict g,
                               size_t d, float lr, float eps, float wd);
+/* The same, its results checked with guard (the servers' --on-nonfinite
+ * refuse and skip): when the state or any new value would not be finite,
+ * the row and its state keep their old values and d is returned (the
+ * values kept); else 0, the row updated exactly as without guard. */
+size_t ps_table_rowwise_adagrad_checked(float *restrict w, float *restrict m,
+                                        const float *restrict g, size_t d, float lr, float eps,
+                                        float wd, int guard);
 
 /* h above. */
 uint64_t ps_table_row_hash(uint64_t table, uint64_t id);

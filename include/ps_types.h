@@ -92,7 +92,8 @@ enum ps_opt_kind {
      * a hyper-parameter nor keeps state. */
     PS_OPT_AVERAGE = 7,
     PS_OPT_ADD = 8
-    /* 9 is the tables' row-wise adagrad (below): never a dense kind */
+    /* 10 is the tables' row-wise adagrad (below): never a dense kind (9
+     * is left to the next dense one) */
 };
 #define PS_OPT_KIND_MAX 5        /* the update rules the servers run: sgd .. adam */
 #define PS_OPT_WORKER_KIND_MAX 8 /* and, after the tables' 6, the worker-side kinds */
@@ -107,7 +108,7 @@ enum ps_opt_kind {
  *   m += (g'_0^2 + g'_1^2 + ... + g'_{d-1}^2) / d   (summed in that order, float)
  *   r = lr / (sqrt(m) + eps);  w = (1 - r * weight_decay) * w - r * g
  * Its hyper-parameters are adagrad's: lr, eps, weight_decay (and the decay). */
-#define PS_TABLE_OPT_ROWWISE_ADAGRAD 9
+#define PS_TABLE_OPT_ROWWISE_ADAGRAD 10
 
 /* A table row's first values (ps_table_options.init), pure functions of
  * (seed, table, id): docs/PROTOCOL.md "Tables" has the formulas. */
@@ -220,7 +221,15 @@ typedef struct ps_table_options {
      * may admit an id early when its cells are shared, never late. */
     uint32_t min_count;
     uint32_t filter_cells;
+    /* What a partition that holds its share of max_rows does with a new id:
+     * PS_TABLE_FULL_EVICT (0, the default) evicts its least recently
+     * touched row; PS_TABLE_FULL_REFUSE makes none: the request (pull or
+     * push) that would is refused with PS_ETOOBIG, to its worker alone, and
+     * the rows there stay.  Without max_rows it means nothing. */
+    uint32_t full;
 } ps_table_options;
+
+enum { PS_TABLE_FULL_EVICT = 0, PS_TABLE_FULL_REFUSE = 1 };
 
 /* A table's name (ps_client_name_table): for the servers' logs, at most this
  * many printable characters. */

@@ -117,7 +117,8 @@
     X(SASSIGN, 23, "sassign", WORKER, PS_HK(K) | PS_HK(C) | PS_HK(DIM), 0, PS_PL_IDS_ROWS, 0, 1,  \
       NONE, CHUNK_VERSION, sparse,                                                               \
       "set the rows of table `k`, partition `c`: ids (`n`, frame 1), rows (frame 2, float32): "  \
-      "those missing are made (charged to --max-memory), their optimizer state zeroed",          \
+      "those missing are made (charged to --max-memory and the worker's share), their "     \
+      "optimizer state zeroed",                                                                  \
       "acknowledged")
 /* clang-format on */
 

@@ -806,6 +806,133 @@ PS_TEST(rowwise_adagrad_keeps_one_state_float_a_row)
     ps_table_destroy(t);
 }
 
+/* Row-wise adagrad's results are checked as every table optimizer's
+ * (cfg.guard): a gradient whose squares overflow would make the row's one
+ * state float Inf (and freeze the row: r = lr / Inf); the row and its state
+ * keep their old values instead, counted as dim values kept.  Without the
+ * guard the state becomes Inf, as computed.  A finite update after it is
+ * exactly the kernel's. */
+PS_TEST(rowwise_adagrad_results_that_are_not_finite_keep_the_row_and_its_state)
+{
+    enum { D = 8 };
+    for (int guard = 0; guard < 2; guard++) {
+        ps_table_config c = config(D, PS_TABLE_OPT_ROWWISE_ADAGRAD, PS_TABLE_INIT_UNIFORM);
+        c.guard = guard;
+        ps_table *t = make(&c);
+        CHECK(t);
+        uint64_t id = 77;
+        float w0[D], g[D], w[D];
+        CHECK_OK(ps_table_pull(t, &id, 1, w0, D, NULL, 0));
+        for (int k = 0; k < D; k++)
+            g[k] = 1e20f; /* finite; its square is not */
+        CHECK_OK(ps_table_push(t, &id, 1, g, D, 1, NULL, 0));
+        ps_table_row_view v;
+        CHECK(ps_table_get_row(t, id, &v));
+        ps_table_nonfinite nf;
+        ps_table_take_nonfinite(t, &nf);
+        if (guard) {
+            CHECK(memcmp(v.w, w0, sizeof w0) == 0);
+            CHECK(v.state[0][0] == 0.0f);
+            CHECK_EQ_INT(nf.rows, 1);
+            CHECK_EQ_INT(nf.values, D);
+            CHECK_EQ_INT(nf.id, id);
+        } else {
+            CHECK(isinf(v.state[0][0]));
+            CHECK_EQ_INT(nf.rows, 0);
+        }
+        if (guard) {
+            /* a finite gradient then: the kernel's update from the old row */
+            float m = 0.0f;
+            memcpy(w, w0, sizeof w);
+            for (int k = 0; k < D; k++)
+                g[k] = 0.5f - 0.125f * (float)k;
+            ps_table_rowwise_adagrad(w, &m, g, D, c.opt.lr, c.opt.eps, c.opt.weight_decay);
+            CHECK_OK(ps_table_push(t, &id, 1, g, D, 1, NULL, 0));
+            CHECK(ps_table_get_row(t, id, &v));
+            CHECK(memcmp(v.w, w, sizeof w) == 0);
+            CHECK(v.state[0][0] == m);
+            ps_table_take_nonfinite(t, &nf);
+            CHECK_EQ_INT(nf.rows, 0);
+        }
+        ps_table_destroy(t);
+    }
+}
+
+/* A row-wise adagrad row is charged to its worker at its real size: one
+ * state float, not dim of them (adagrad's). */
+PS_TEST(rowwise_adagrad_rows_are_charged_at_their_size)
+{
+    enum { D = 16 };
+    uint64_t cost[2];
+    int kinds[2] = {PS_OPT_ADAGRAD, PS_TABLE_OPT_ROWWISE_ADAGRAD};
+    for (int k = 0; k < 2; k++) {
+        static _Atomic uint64_t wm[1];
+        atomic_init(&wm[0], 0);
+        ps_table_config c = config(D, kinds[k], PS_TABLE_INIT_UNIFORM);
+        c.worker_mem = wm;
+        c.num_workers = 1;
+        c.worker_share = UINT64_MAX;
+        ps_table *t = make(&c);
+        CHECK(t);
+        uint64_t id = 5;
+        float out[D];
+        ps_table_set_maker(t, 0);
+        CHECK_OK(ps_table_pull(t, &id, 1, out, D, NULL, 0));
+        cost[k] = atomic_load(&wm[0]);
+        ps_table_destroy(t);
+    }
+    CHECK_MSG(cost[1] >= 8 + 4 * (D + 1), "%llu", (unsigned long long)cost[1]);
+    CHECK_MSG(cost[0] - cost[1] == 4 * (D - 1), "adagrad %llu, row-wise %llu bytes a row",
+              (unsigned long long)cost[0], (unsigned long long)cost[1]);
+}
+
+/* Rows a SASSIGN makes are charged to the worker that sent it, as a pull's;
+ * past its share it is refused and changes nothing. */
+PS_TEST(assigned_rows_are_charged_to_their_worker_within_its_share)
+{
+    enum { D = 4 };
+    static _Atomic uint64_t wm[2];
+    atomic_init(&wm[0], 0);
+    atomic_init(&wm[1], 0);
+    ps_table_config c = config(D, PS_OPT_SGD, PS_TABLE_INIT_UNIFORM);
+    c.worker_mem = wm;
+    c.num_workers = 2;
+    c.worker_share = UINT64_MAX;
+    ps_table *t = make(&c);
+    CHECK(t);
+    uint64_t ids[4] = {10, 11, 12, 13};
+    float rows[4 * D], out[4 * D];
+    for (int i = 0; i < 4 * D; i++)
+        rows[i] = (float)i;
+    ps_table_set_maker(t, 1);
+    CHECK_OK(ps_table_assign(t, ids, 1, rows, D, NULL, 0));
+    uint64_t cost = atomic_load(&wm[1]);
+    CHECK(cost >= 8 + 4 * D);
+    CHECK_EQ_INT(atomic_load(&wm[0]), 0);
+    ps_table_destroy(t);
+    atomic_store(&wm[1], 0);
+
+    c.worker_share = 2 * cost;
+    t = make(&c);
+    ps_table_set_maker(t, 1);
+    CHECK_OK(ps_table_assign(t, ids, 2, rows, 2 * D, NULL, 0));
+    CHECK_EQ_INT(atomic_load(&wm[1]), 2 * cost);
+    char why[256] = "";
+    CHECK_EQ_INT(ps_table_assign(t, ids + 2, 2, rows + 2 * D, 2 * D, why, sizeof why),
+                 PS_ETOOBIG);
+    CHECK_MSG(strstr(why, "worker 1's rows here take"), "%s", why);
+    ps_table_counts st;
+    ps_table_stats(t, &st);
+    CHECK_EQ_INT(st.rows, 2);
+    /* setting rows that exist makes none: no charge */
+    CHECK_OK(ps_table_assign(t, ids, 2, rows + 2 * D, 2 * D, NULL, 0));
+    CHECK_EQ_INT(atomic_load(&wm[1]), 2 * cost);
+    ps_table_set_maker(t, -1);
+    CHECK_OK(ps_table_pull(t, ids, 2, out, 2 * D, NULL, 0));
+    CHECK(memcmp(out, rows + 2 * D, sizeof(float) * 2 * D) == 0);
+    ps_table_destroy(t);
+}
+
 /* ---- checkpoints ---- */
 
 typedef struct saved {
@@ -1053,4 +1180,126 @@ PS_TEST(bad_inputs_are_refused_with_a_message)
     CHECK(strcmp(ps_table_opt_name(PS_TABLE_OPT_FTRL), "ftrl") == 0);
     CHECK(strcmp(ps_table_opt_name(PS_TABLE_OPT_ROWWISE_ADAGRAD), "rowwise_adagrad") == 0);
     ps_table_destroy(t);
+}
+
+/* A request's duplicate ids make one row and are charged as one: 20000
+ * copies of a new id fit where 20000 rows would not (with the request's
+ * scratch, 8 bytes an id), in a pull, an async push and a sync round. */
+PS_TEST(duplicate_ids_of_a_request_are_charged_once)
+{
+    enum { N = 20000 };
+    static uint64_t ids[N];
+    static float out[N * 8], g[N * 8];
+    for (int kind = 0; kind < 3; kind++) {
+        _Atomic uint64_t used;
+        atomic_init(&used, 0);
+        ps_table_config c = config(8, PS_OPT_SGD, PS_TABLE_INIT_UNIFORM);
+        c.mem_used = &used;
+        c.max_memory = 400000; /* 20000 rows of 40 bytes and their hash do not fit */
+        ps_table *t = make(&c);
+        CHECK(t);
+        for (int i = 0; i < N; i++)
+            ids[i] = 12345 + (uint64_t)kind;
+        char why[256] = "";
+        int rc = kind == 0   ? ps_table_pull(t, ids, N, out, N * 8, why, sizeof why)
+                 : kind == 1 ? ps_table_push(t, ids, N, g, N * 8, 1, why, sizeof why)
+                             : ps_table_round_add(t, 0, ids, N, g, N * 8, why, sizeof why);
+        CHECK_MSG(rc == 0, "kind %d: %s", kind, why);
+        if (kind == 2)
+            ps_table_round_finish(t);
+        ps_table_counts st;
+        ps_table_stats(t, &st);
+        CHECK_EQ_INT(st.rows, 1);
+        ps_table_destroy(t);
+        CHECK_EQ_INT(atomic_load(&used), 0);
+    }
+}
+
+/* Each row is charged to the worker whose request made it: a pull, an
+ * async push, a sync round (the rank whose push brought the id); past its
+ * share a worker's request is refused, changing nothing, and another
+ * worker's goes on; in a capped table an evicted row's charge goes back to
+ * its maker; restored rows are nobody's; a cancelled round gives its
+ * charges back; destroying the table gives back the capped rows'. */
+PS_TEST(rows_are_charged_to_the_worker_that_made_them_within_its_share)
+{
+    enum { W = 3 };
+    static _Atomic uint64_t wm[W];
+    for (int capped = 0; capped < 2; capped++) {
+        for (int k = 0; k < W; k++)
+            atomic_init(&wm[k], 0);
+        ps_table_config c = config(4, PS_OPT_SGD, PS_TABLE_INIT_UNIFORM);
+        c.worker_mem = wm;
+        c.num_workers = W;
+        c.max_rows = capped ? 10 : 0;
+        c.worker_share = UINT64_MAX;
+        ps_table *t = make(&c);
+        CHECK(t);
+        /* the cost of a row, from a first one */
+        uint64_t ids[16];
+        float out[16 * 4], g[16 * 4] = {0};
+        for (int i = 0; i < 16; i++)
+            ids[i] = 1000 + (uint64_t)i;
+        ps_table_set_maker(t, 0);
+        CHECK_OK(ps_table_pull(t, ids, 1, out, 4, NULL, 0));
+        uint64_t cost = atomic_load(&wm[0]);
+        CHECK(cost >= 8 + 16 + 8);
+        ps_table_destroy(t);
+        CHECK_EQ_INT(atomic_load(&wm[0]), capped ? 0 : cost);
+        atomic_store(&wm[0], 0);
+
+        c.worker_share = 6 * cost; /* six rows each */
+        t = make(&c);
+        ps_table_set_maker(t, 0);
+        CHECK_OK(ps_table_pull(t, ids, 4, out, 16, NULL, 0));  /* rows 0..3: worker 0 */
+        ps_table_set_maker(t, 1);
+        CHECK_OK(ps_table_push(t, ids + 2, 4, g, 16, 1, NULL, 0)); /* 4, 5: worker 1 */
+        CHECK_EQ_INT(atomic_load(&wm[0]), 4 * cost);
+        CHECK_EQ_INT(atomic_load(&wm[1]), 2 * cost);
+        /* worker 0 past its share: refused, nothing made */
+        char why[256] = "";
+        ps_table_set_maker(t, 0);
+        CHECK_EQ_INT(ps_table_pull(t, ids + 6, 3, out, 12, why, sizeof why), PS_ETOOBIG);
+        CHECK_MSG(strstr(why, "worker 0's rows here take") && strstr(why, "max_rows"), "%s", why);
+        ps_table_counts st;
+        ps_table_stats(t, &st);
+        CHECK_EQ_INT(st.rows, 6);
+        CHECK_EQ_INT(atomic_load(&wm[0]), 4 * cost);
+        /* a sync round: ids 6 (worker 2 brings it first), 7 (worker 1) */
+        CHECK_OK(ps_table_round_add(t, 1, ids + 7, 1, g, 4, NULL, 0));
+        CHECK_OK(ps_table_round_add(t, 2, ids + 6, 2, g, 8, NULL, 0));
+        ps_table_round_finish(t);
+        CHECK_EQ_INT(atomic_load(&wm[1]), 3 * cost);
+        CHECK_EQ_INT(atomic_load(&wm[2]), 1 * cost);
+        /* a round cancelled gives its charge back */
+        CHECK_OK(ps_table_round_add(t, 2, ids + 8, 1, g, 4, NULL, 0));
+        CHECK_EQ_INT(atomic_load(&wm[2]), 2 * cost);
+        ps_table_round_cancel(t);
+        CHECK_EQ_INT(atomic_load(&wm[2]), 1 * cost);
+        ps_table_stats(t, &st);
+        CHECK_EQ_INT(st.rows, 8);
+        if (capped) {
+            /* two more rows by worker 2 fill the cap; a third evicts the least
+             * recently touched, worker 0's row 0 (pulled first) */
+            ps_table_set_maker(t, 2);
+            CHECK_OK(ps_table_pull(t, ids + 8, 3, out, 12, NULL, 0));
+            ps_table_stats(t, &st);
+            CHECK_EQ_INT(st.rows, 10);
+            CHECK_EQ_INT(st.evicted, 1);
+            CHECK_EQ_INT(atomic_load(&wm[0]), 3 * cost);
+            CHECK_EQ_INT(atomic_load(&wm[2]), 4 * cost);
+        }
+        /* a restored row is nobody's */
+        ps_table_set_maker(t, -1);
+        float w[4] = {1, 2, 3, 4};
+        ps_table_row_view v = {999, 4, 0, w, {NULL, NULL}, 0, 4};
+        CHECK_OK(ps_table_restore_row(t, &v, NULL, 0));
+        uint64_t sum = atomic_load(&wm[0]) + atomic_load(&wm[1]) + atomic_load(&wm[2]);
+        ps_table_stats(t, &st);
+        CHECK_EQ_INT(sum, (st.rows - 1) * cost);
+        ps_table_destroy(t);
+        sum = atomic_load(&wm[0]) + atomic_load(&wm[1]) + atomic_load(&wm[2]);
+        CHECK_MSG(capped ? sum == 0 : sum == 8 * cost, "capped %d: %llu left", capped,
+                  (unsigned long long)sum);
+    }
 }

@@ -51,9 +51,12 @@ static void put_sizes(char *buf, size_t len, const char *key, const int *sizes, 
         off += (size_t)snprintf(buf + off, len - off, i ? "-%d" : "%d", sizes[i]);
 }
 
-enum { K_FIELDS, K_DENSE, K_DIM, K_ROWS, K_POOL, K_INTERACT, K_BOT, K_MLP, K_OPT, K_LR, K_COUNT };
-static const char *const keys[K_COUNT] = {"fields", "dense", "dim", "rows", "pool",
-                                          "interact", "bot", "mlp", "opt", "lr"};
+enum {
+    K_FIELDS, K_DENSE, K_DIM, K_ROWS, K_POOL, K_INTERACT, K_BOT, K_MLP, K_OPT, K_LR, K_CAP,
+    K_FULL, K_COUNT
+};
+static const char *const keys[K_COUNT] = {"fields", "dense", "dim",  "rows", "pool", "interact",
+                                          "bot",    "mlp",   "opt",  "lr",   "cap",  "full"};
 
 static int parse_value(ps_ctr_spec *s, int k, const char *prog, const char *val, char *why,
                        size_t why_len)
@@ -88,10 +91,16 @@ static int parse_value(ps_ctr_spec *s, int k, const char *prog, const char *val,
             return PS_EINVAL;
         }
         break;
+    case K_CAP:
+        if (!(rc = ps_parse_int(prog, "cap", val, 1, 1LL << 40, &v, why, why_len)))
+            s->cap = (uint64_t)v;
+        break;
     case K_POOL:
-    case K_INTERACT: {
-        static const char *const names[][2] = {
-            [K_POOL] = {"sum", "mean"}, [K_INTERACT] = {"cat", "dot"}};
+    case K_INTERACT:
+    case K_FULL: {
+        static const char *const names[][2] = {[K_POOL] = {"sum", "mean"},
+                                               [K_INTERACT] = {"cat", "dot"},
+                                               [K_FULL] = {"evict", "refuse"}};
         int which = !strcmp(val, names[k][0]) ? 0 : !strcmp(val, names[k][1]) ? 1 : -1;
         if (which < 0) {
             snprintf(why, why_len, "%s: %s must be %s or %s, got '%s'", prog, keys[k],
@@ -100,6 +109,8 @@ static int parse_value(ps_ctr_spec *s, int k, const char *prog, const char *val,
         }
         if (k == K_POOL)
             s->pool = which ? PS_POOL_MEAN : PS_POOL_SUM;
+        else if (k == K_FULL)
+            s->full = which ? PS_TABLE_FULL_REFUSE : PS_TABLE_FULL_EVICT;
         else
             s->dot = which;
         break;
@@ -143,7 +154,8 @@ int ps_ctr_spec_parse(const char *spec, ps_ctr_spec *out, char *why, size_t why_
         if (k == K_COUNT || len >= sizeof tok) {
             snprintf(why, why_len,
                      "%s: expected KEY=VALUE with KEY one of fields, dense, dim, rows, pool, "
-                     "interact, bot, mlp, opt, lr (e.g. ctr:dim=16,mlp=512-256-1), got '%.*s'",
+                     "interact, bot, mlp, opt, lr, cap, full (e.g. ctr:dim=16,mlp=512-256-1), "
+                     "got '%.*s'",
                      prog, (int)(len > 40 ? 40 : len), p);
             return PS_EINVAL;
         }
@@ -186,6 +198,10 @@ int ps_ctr_spec_parse(const char *spec, ps_ctr_spec *out, char *why, size_t why_
              s.opt == PS_OPT_ADAGRAD ? "adagrad" : s.opt == PS_OPT_SGD ? "sgd"
                                                                        : "rowwise_adagrad",
              (double)s.lr);
+    off = strlen(c);
+    if (s.cap)
+        snprintf(c + off, cl - off, ",cap=%llu,full=%s", (unsigned long long)s.cap,
+                 s.full == PS_TABLE_FULL_REFUSE ? "refuse" : "evict");
     if (strlen(c) >= cl - 1) {
         snprintf(why, why_len, "%s: spec too long", prog);
         return PS_EINVAL;
@@ -399,6 +415,8 @@ void ps_ctr_table_options(const ps_ctr_spec *s, uint64_t seed, ps_table_options 
     o->opt.kind = s->opt;
     o->opt.lr = s->lr;
     o->opt.eps = PS_CTR_ADAGRAD_EPS;
+    o->max_rows = s->cap;
+    o->full = (uint32_t)s->full;
 }
 
 const ps_emb_batch *ps_ctr_sparse_table(const ps_ctr_sparse *sp, int f)

@@ -50,6 +50,8 @@ typedef struct ps_ctr_spec {
     int ntop, top[PS_CTR_MAX_MLP];
     int opt;              /* PS_OPT_SGD, PS_OPT_ADAGRAD or PS_TABLE_OPT_ROWWISE_ADAGRAD */
     float lr;
+    uint64_t cap;         /* each field's table: max_rows (0: none) */
+    int full;             /* and what it does when full: PS_TABLE_FULL_EVICT or _REFUSE */
     char canonical[256];  /* every key, in the order above */
 } ps_ctr_spec;
 

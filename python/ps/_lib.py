@@ -55,7 +55,7 @@ STATS_COUNTERS = ("pushes", "pulls", "inits", "updates", "bytes_in", "bytes_out"
 # PS_TABLE_OPT_ROWWISE_ADAGRAD
 TABLE_INITS = ("zeros", "uniform", "normal")
 OPT_FTRL = 6
-OPT_ROWWISE_ADAGRAD = 9
+OPT_ROWWISE_ADAGRAD = 10
 
 
 class OptConfig(Structure):
@@ -79,7 +79,12 @@ class TableOptions(Structure):
         ("max_rows", c_uint64),
         ("min_count", c_uint32),
         ("filter_cells", c_uint32),
+        ("full", c_uint32),
     ]
+
+
+# ps_table_options.full: what a table at its max_rows does with a new id
+TABLE_FULL = ("evict", "refuse")
 
 
 class ClientOptions(Structure):

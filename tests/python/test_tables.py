@@ -85,8 +85,18 @@ class Tables(unittest.TestCase):
                 c.register_table(2, 4, init="gaussian")
             with self.assertRaises(ValueError):
                 c.register_table(2, 4, optimizer={"optimizer": "lamb"})
+            with self.assertRaises(ValueError):
+                c.register_table(2, 4, max_rows=8, full="drop")
             c.register_table(2, 4, optimizer={"optimizer": "ftrl", "lr": 0.1}, ftrl_l1=0.5)
+            c.register_table(6, 4, max_rows=2, full="refuse")
             c.start()
+            # a table at its cap that refuses: a new id is refused, those there served
+            two = np.empty((2, 4), np.float32)
+            c.sparse_pull(6, [10, 11], two, 0).wait()
+            with self.assertRaises(ps.PSError) as cm:
+                c.sparse_pull(6, [12], two[:1], 0).wait()
+            self.assertIn("is full here: 2 rows, its max_rows share 2", str(cm.exception))
+            c.sparse_pull(6, [11, 10], two, 0).wait()
             rows = np.empty((2, 4), np.float32)
             with self.assertRaises(KeyError):
                 c.sparse_pull(5, [1, 2], rows, 0)
@@ -104,7 +114,8 @@ class Tables(unittest.TestCase):
         """sparse_assign: float32 rows as given (the bf16 wire narrows
         gradients, not these), state zeroed (the adagrad step after it is
         the first), rows made on the partitions holding them, an id twice
-        refused, and past --max-memory a refusal that changes nothing."""
+        refused, and past --max-memory (a worker's share larger than it) a
+        refusal that changes nothing."""
         _, eps = pstest.servers(2, "--num-workers", "1", "--mode", "async",
                                 "--wire-dtype", "bf16")
         ids = np.array([3, 1 << 50, 17, 99], np.uint64)
@@ -129,7 +140,8 @@ class Tables(unittest.TestCase):
             with self.assertRaises(ps.PSError) as cm:
                 c.sparse_assign(5, [7, 7], np.zeros((2, 4), np.float32)).wait()
             self.assertIn("id 7 given twice", str(cm.exception))
-        s = pstest.Server("--num-workers", "1", "--mode", "async", "--max-memory", "4M")
+        s = pstest.Server("--num-workers", "1", "--mode", "async", "--max-memory", "4M",
+                          "--table-memory-per-worker", "64M")
         with ps.Client(servers=s.endpoint, rank=0, num_workers=1, mode="async") as c:
             c.register_table(6, 64, init="zeros")
             c.start()

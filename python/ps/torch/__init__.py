@@ -129,7 +129,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                         sparse=True or is that large; "all"; a list of
                         module or parameter names; a dict name -> that
                         table's options (optimizer, init, scale, seed,
-                        max_rows, max_ids, hashed_ids); [] none.
+                        max_rows, full, max_ids, hashed_ids); [] none.
                         docs/TORCH.md "Embedding tables"
       table_optimizer   None: each table follows its parameter group in
                         optimizer (SGD, Adagrad, SparseAdam, RowWiseAdagrad;

@@ -858,7 +858,8 @@ def choose(model, optimizer, tables=None, table_optimizer=None, max_ids=MAX_IDS,
                  is that large; "all"; a list of module or parameter names;
                  a dict name -> that table's options ({'optimizer': ...,
                  'init': ..., 'scale': ..., 'seed': ..., 'max_rows': ...,
-                 'max_ids': ..., 'hashed_ids': ...}); [] none
+                 'full': 'evict' | 'refuse', 'max_ids': ..., 'hashed_ids': ...});
+                 [] none
       table_optimizer  the tables' optimizer (optimizer_settings); None:
                  each follows its parameter group (follow())"""
     if tables is not None and tables != "all" and not isinstance(tables, (list, tuple, set,
