@@ -86,8 +86,8 @@
       "the rows (`n` x `dim`)")                                                                  \
     X(HYPER, 15, "hyper", WORKER, PS_HK(H), PS_HK(H), 0, 0, 0, PUSH_STEP, NONE, hyper,           \
       "change the optimizer's hyper-parameters (those `h` gives) from step `s` on; none "        \
-      "given: only ask",                                                                         \
-      "the server's optimizer as it is now, in `h`")                                             \
+      "given: only ask; `k` a table's key: that table's optimizer (0: the dense one)",          \
+      "the server's (or the table's) optimizer as it is now, in `h`")                                             \
     X(ASSIGN, 16, "assign", WORKER, PS_HK(K) | PS_HK(C), 0, 1, 0, 0, NONE, CHUNK_VERSION, data,  \
       "overwrite the chunk's weights with the payload (a loaded model); its version and "        \
       "optimizer state stay",                                                                    \
@@ -114,23 +114,29 @@
       "this worker is done (join): rounds and barriers stop waiting for it; its pulls are "      \
       "still answered",                                                                          \
       "acknowledged")                                                                            \
-    X(REPL_HELLO, 23, "replhello", PEER, PS_HK(H) | PS_HK(EP) | PS_HK(MB), PS_HK(EP), 0, 0, 0,  \
+    X(SASSIGN, 23, "sassign", WORKER, PS_HK(K) | PS_HK(C) | PS_HK(DIM), 0, PS_PL_IDS_ROWS, 0, 1,  \
+      NONE, CHUNK_VERSION, sparse,                                                               \
+      "set the rows of table `k`, partition `c`: ids (`n`, frame 1), rows (frame 2, float32): "  \
+      "those missing are made (charged to --max-memory and the worker's share), their "     \
+      "optimizer state zeroed",                                                                  \
+      "acknowledged")                                                                            \
+    X(REPL_HELLO, 24, "replhello", PEER, PS_HK(H) | PS_HK(EP) | PS_HK(MB), PS_HK(EP), 0, 0, 0,  \
       NONE, NONE, repl,                                                                          \
       "a shard group's primary (member `mb`, epoch `ep`, its config in `h`) to a member: from "  \
       "now on the messages flagged `f` & 4 on this connection are the group's stream, its "      \
       "numbers from `rs` + 1 on",                                                                \
       "taken (`ep`: the epoch the member is at now); `PS_ESTALE` when etcd names another "       \
       "primary or a later epoch")                                                                \
-    X(REPL_LIVE, 24, "repllive", PEER, PS_HK(K) | PS_HK(C) | PS_HK(EP), 0, 0, 0, 0, NONE, NONE,  \
+    X(REPL_LIVE, 25, "repllive", PEER, PS_HK(K) | PS_HK(C) | PS_HK(EP), 0, 0, 0, 0, NONE, NONE,  \
       repl,                                                                                      \
       "the primary's stream: worker `k` is lost (`c` = 0), back (1) or left (2) the live sets",  \
       "acknowledged")                                                                            \
-    X(REPL_JOIN, 25, "repljoin", PEER, PS_HK(H) | PS_HK(EP) | PS_HK(MB) | PS_HK(K) | PS_HK(C), 0, \
+    X(REPL_JOIN, 26, "repljoin", PEER, PS_HK(H) | PS_HK(EP) | PS_HK(MB) | PS_HK(K) | PS_HK(C), 0, \
       0, 0, 0, NONE, NONE, repl,                                                                 \
       "a replacement server (member `mb`, incarnation `k`, its config in `h`) to the primary: "  \
       "`c` = 0 send me the group's state (a snapshot, then the stream); 1 I loaded it, add me",  \
       "acknowledged (`c` = 0: the snapshot is on its way)")                                      \
-    X(REPL_SNAP, 26, "replsnap", PEER, PS_HK(K) | PS_HK(C) | PS_HK(EP) | PS_HK(TOT) | PS_HK(RS),  \
+    X(REPL_SNAP, 27, "replsnap", PEER, PS_HK(K) | PS_HK(C) | PS_HK(EP) | PS_HK(TOT) | PS_HK(RS),  \
       0, PS_PL_BYTES, 0, 0, NONE, NONE, repl,                                                    \
       "the primary's stream to a replacement: bytes [`k`, `k` + `n`) of update thread `c`'s "    \
       "part of the snapshot (`tot` bytes: u64 length of the chunk records, the chunk records, "  \
@@ -144,7 +150,7 @@
     X(V, "v") X(T, "t") X(F, "f") X(Q, "q") X(R, "r") X(K, "k") X(C, "c") X(S, "s") X(N, "n")     \
     X(D, "d") X(TOT, "tot") X(EC, "ec") X(ET, "et") X(H, "h") X(ST, "st") X(ADM, "adm")           \
     X(BW, "bw") X(O, "o") X(M, "m") X(P, "p") X(DIM, "dim") X(NP, "np") X(TB, "tb")           \
-    X(EP, "ep") X(MB, "mb") X(RS, "rs")
+    X(NM, "nm") X(EP, "ep") X(MB, "mb") X(RS, "rs")
 
 enum ps_hdr_key {
 #define PS_HK_ENUM_(name, key) PS_HK_##name,

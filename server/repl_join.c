@@ -420,6 +420,16 @@ static void preamble(ps_repl *r, int slot)
         h.rank = -1;
         h.key = s->tables[i].key;
         h.table = s->tables[i].decl;
+        snprintf(h.table_name, sizeof h.table_name, "%s", s->tables[i].name);
+        to_joiner(r, slot, &h);
+        /* its optimizer as HYPER changed it */
+        ps_header_init(&h, PS_MSG_HYPER);
+        h.rank = -1;
+        h.key = s->tables[i].key;
+        h.hello = srv_my_hello(s);
+        h.hello.opt = s->tables[i].opt_now;
+        h.hello.opt.kind = ps_table_decl_params_kind(s->tables[i].opt_now.kind);
+        h.hello.opt.given = PS_OPT_GIVEN_ALL;
         to_joiner(r, slot, &h);
     }
     ps_header h;

@@ -19,7 +19,8 @@
 static int mutation(uint32_t t)
 {
     return t == PS_MSG_INIT || t == PS_MSG_PUSH || t == PS_MSG_PUSHPULL || t == PS_MSG_ASSIGN ||
-           t == PS_MSG_SETSTATE || t == PS_MSG_SPUSH || t == PS_MSG_SPUSHPULL;
+           t == PS_MSG_SETSTATE || t == PS_MSG_SPUSH || t == PS_MSG_SPUSHPULL ||
+           t == PS_MSG_SASSIGN;
 }
 
 /* ---------------------------------------------------------------- sockets */

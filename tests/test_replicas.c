@@ -216,6 +216,14 @@ PS_TEST(async_tables_kill_each_primary_no_loss_no_double)
     ps_request r, rd;
     CHECK_OK(ps_client_init(c, KEY, w, &r));
     CHECK_OK(wait_req(&r));
+    /* rows set (SASSIGN) before the kills: the members hold them too */
+    for (uint64_t id = 0; id < IDS; id++) {
+        ids[id] = id;
+        for (int d = 0; d < DIM; d++)
+            want[id * DIM + (uint64_t)d] = rows[id * DIM + (uint64_t)d] = 0.5f;
+    }
+    CHECK_OK(ps_client_sparse_assign(c, TKEY, ids, IDS, rows, &r));
+    CHECK_MSG(wait_req(&r) == 0, "sparse assign: %s", r.err);
     for (int step = 0; step < STEPS; step++) {
         size_t n = 0;
         for (uint64_t id = 0; id < IDS; id++)

@@ -42,10 +42,12 @@ STEP_KINDS = ("adagrad", "adam")
 
 
 def _group_settings(opt):
-    """The one set of hyper-parameters of all of opt's parameter groups."""
+    """The one set of hyper-parameters of all of opt's parameter groups (but
+    the server tables' own: ps.torch._tables)."""
     keys = [k for k in opt.defaults if k != "params"]
-    first = {k: opt.param_groups[0].get(k) for k in keys}
-    for g in opt.param_groups[1:]:
+    groups = [g for g in opt.param_groups if "ps_table" not in g] or [opt.defaults]
+    first = {k: groups[0].get(k) for k in keys}
+    for g in groups[1:]:
         for k in keys:
             if g.get(k) != first[k]:
                 raise ValueError("%s: parameter groups differ in %s (%r and %r); the servers run "
@@ -85,7 +87,8 @@ def server_settings(opt):
             _refuse(opt, "weight_decay=%r (decoupled decay)" % out["weight_decay"])
         b1, b2 = s["betas"]
         out.update(optimizer="adam", beta1=float(b1), beta2=float(b2), eps=float(s["eps"]))
-    elif name == "Adagrad":
+    elif name in ("Adagrad", "RowWiseAdagrad", "RWSAdagrad", "RowWiseSparseAdagrad"):
+        # the row-wise ones: Adagrad on dense gradients (their rows: the tables')
         if s.get("lr_decay"):
             _refuse(opt, "lr_decay=%r" % s["lr_decay"])
         if s.get("initial_accumulator_value"):
