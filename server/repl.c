@@ -30,6 +30,10 @@
  * failure timeouts after it was sent lost it (a reconnect dropped it): it
  * is no longer an exact copy and is removed. */
 #define ACK_LATE_FACTOR 8
+/* A replacement still catching up may be silent this many failure timeouts
+ * (its update threads load the snapshot, and its I/O thread does not read
+ * while they cannot take more): nothing waits for it meanwhile. */
+#define JOIN_SILENT_FACTOR 10
 /* The lease: this many failure timeouts, at least LEASE_MIN_S. */
 #define LEASE_MIN_S 5
 
@@ -261,7 +265,10 @@ static void timers(ps_repl *r, int64_t now)
                 continue;
             int64_t last = m->heard_ns > m->since_ns ? m->heard_ns : m->since_ns;
             char why[160];
-            if (now - last > silent_limit(r, m->heard_ns)) {
+            int64_t limit = silent_limit(r, m->heard_ns);
+            if (m->joining && !m->in_cfg)
+                limit *= JOIN_SILENT_FACTOR;
+            if (now - last > limit) {
                 snprintf(why, sizeof why, "%s for %.1f s", m->heard_ns ? "silent" : "never heard from",
                          (double)(now - last) * 1e-9);
                 if (m->in_cfg)

@@ -389,6 +389,13 @@ void repl_join_read(ps_repl *r, int64_t now)
                 send_join(r, j->done, now);
             continue;
         }
+        if (j->done && h.err_code == PS_ESTALE) {
+            /* what it loaded is no longer followed by a stream: start over */
+            char w[400];
+            snprintf(w, sizeof w, "the primary will not add this replacement: %s", h.err_text);
+            repl_step_down(r, w);
+            return;
+        }
         /* not now (a member still listed for this slot, another join): again
          * shortly (the primary is removing what stood in the way) */
         ps_info("replicas: the primary answered the join: %s; asking again", h.err_text);
@@ -478,8 +485,10 @@ static void on_join(ps_repl *r, zmq_msg_t *f, const ps_header *h, int64_t now)
     }
     if (h->chunk == 1) { /* it loaded the snapshot: add it */
         if (j->slot != k || j->inc != h->key || j->parts_left) {
-            refuse(r, &f[0], h, PS_ESTATE, "no snapshot of this primary was sent to it: ask "
-                   "again with c = 0");
+            /* its join was given up (or another primary's): it starts over
+             * as a new process */
+            refuse(r, &f[0], h, PS_ESTALE, "no snapshot of this primary was sent to it (its "
+                   "join was given up, or another primary sent it)");
             return;
         }
         j->add_pending = 1;
