@@ -767,6 +767,8 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
         int64_t v = ps_header_get_s(&h);
         if (r->version < 0 || v < r->version)
             r->version = v;
+        if (h.type == PS_MSG_CLOCK && s->out && v > *(int64_t *)s->out)
+            *(int64_t *)s->out = v; /* ps_client_join: the largest too */
         break;
     }
     case PS_MSG_HELLO:

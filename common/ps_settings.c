@@ -106,7 +106,7 @@ long long ps_setting_default(const ps_setting *r)
     long long v = 0;
     if (r->def && ps_setting_parse_value("default", r->flag, r, r->def, &v, why, sizeof why))
         v = 0;
-    return v;
+    return r->type == PS_SETTING_RANGE ? v & 0xffffffff : v; /* a RANGE's: its MAX */
 }
 
 /* "sync|async" -> "sync or async", "f32|bf16|f16" -> "f32, bf16 or f16". */
@@ -169,6 +169,26 @@ int ps_setting_parse_value(const char *prog, const char *what, const ps_setting 
         *v = 1;
         return 0;
     }
+    case PS_SETTING_RANGE: {
+        /* N, or MIN:MAX: *v holds MIN in its high 32 bits, MAX in its low */
+        const char *colon = text ? strchr(text, ':') : NULL;
+        long long lo = 0, hi = 0;
+        char first[32];
+        if (colon) {
+            size_t n = (size_t)(colon - text);
+            snprintf(first, sizeof first, "%.*s", (int)(n < sizeof first ? n : sizeof first - 1),
+                     text);
+        }
+        if (ps_parse_int(prog, what, colon ? first : text, r->lo, r->hi, &lo, why, len) ||
+            ps_parse_int(prog, what, colon ? colon + 1 : text, r->lo, r->hi, &hi, why, len))
+            return PS_EINVAL;
+        if (lo > hi) {
+            ps_errorf(why, len, "%s: %s MIN:MAX needs MIN <= MAX, got '%s'", prog, what, text);
+            return PS_EINVAL;
+        }
+        *v = (long long)((uint64_t)lo << 32 | (uint64_t)hi);
+        return 0;
+    }
     default:
         ps_errorf(why, len, "%s: %s is not a value setting", prog, what);
         return PS_EINVAL;
@@ -180,6 +200,14 @@ int ps_setting_parse_value(const char *prog, const char *what, const ps_setting 
 void ps_setting_field_set(const ps_setting_field *f, void *cfg, long long v)
 {
     char *p = (char *)cfg + f->off;
+    if (rows[f->id].type == PS_SETTING_RANGE) { /* MAX here, MIN in its own field */
+        int32_t max = (int32_t)(v & 0xffffffff), min = (int32_t)((uint64_t)v >> 32);
+        if (f->size == sizeof max)
+            memcpy(p, &max, sizeof max);
+        if (f->size_min == sizeof min)
+            memcpy((char *)cfg + f->off_min, &min, sizeof min);
+        return;
+    }
     if (f->size == sizeof(int32_t)) {
         int32_t x = (int32_t)v;
         memcpy(p, &x, sizeof x);
@@ -202,6 +230,12 @@ long long ps_setting_field_get(const ps_setting_field *f, const void *cfg)
         const char *s;
         memcpy(&s, p, sizeof s);
         return s != NULL;
+    }
+    if (rows[f->id].type == PS_SETTING_RANGE) { /* its MAX, as the hello carries it */
+        int32_t max = 0;
+        if (f->size == sizeof max)
+            memcpy(&max, p, sizeof max);
+        return max;
     }
     if (f->size == sizeof(int32_t)) {
         int32_t x;
@@ -498,7 +532,8 @@ static void tail_text(const ps_setting *r, unsigned prog, int md, char *out, siz
     const char *sep = "";
     out[0] = 0;
 #define ADD_(...) (o += (size_t)snprintf(out + o, o < len ? len - o : 0, __VA_ARGS__))
-    if (!md && (r->type == PS_SETTING_INT || r->type == PS_SETTING_SECS)) {
+    if (!md && (r->type == PS_SETTING_INT || r->type == PS_SETTING_SECS ||
+                r->type == PS_SETTING_RANGE)) {
         char lo[24], hi[24];
         num_text(r->lo, lo, sizeof lo);
         num_text(r->hi, hi, sizeof hi);

@@ -62,7 +62,10 @@
  *   OPT     the optimizer's flags (PS_OPT_PARAMS) go here; help is their heading
  *   SHARED  ps_launch: the rows servers and workers share, and the optimizer's
  *   HEAD    a heading in --help (the help text), no flag
- * Rows of the first six types have a field; the others name it _. */
+ *   RANGE   N or MIN:MAX, integers in [lo, hi], MIN <= MAX: the field holds MAX
+ *           and the int field named like it with _min after it (num_workers_min)
+ *           MIN (N alone: both N)
+ * Rows of the first six types and RANGE have a field; the others name it _. */
 enum {
     PS_SETTING_INT,
     PS_SETTING_SIZE,
@@ -75,7 +78,8 @@ enum {
     PS_SETTING_REST,
     PS_SETTING_OPT,
     PS_SETTING_SHARED,
-    PS_SETTING_HEAD
+    PS_SETTING_HEAD,
+    PS_SETTING_RANGE
 };
 
 /* The props column: */
@@ -131,11 +135,14 @@ enum {
     X(num_servers, (SERVER, _, _, _, _), "--num-servers", "S", "PS_NUM_SERVERS", INT,            \
       num_servers, "1", NULL, 1, PS_MAX_SERVERS, HELLO("ns"), PS_SET_BY_LAUNCH,                  \
       "number of servers (a worker counts the endpoints it is given)")                           \
-    X(num_workers, (SERVER, WORKER, _, LIBPS, _), "--num-workers", "W",                          \
-      "PS_NUM_WORKERS WORLD_SIZE SLURM_NTASKS OMPI_COMM_WORLD_SIZE PMI_SIZE", INT, num_workers,  \
-      "1", NULL, 1, PS_MAX_WORKERS, HELLO("nw"), PS_SET_BY_LAUNCH,                               \
+    X(num_workers, (SERVER, WORKER, _, LIBPS, _), "--num-workers", "W|MIN:MAX",                  \
+      "PS_NUM_WORKERS WORLD_SIZE SLURM_NTASKS OMPI_COMM_WORLD_SIZE PMI_SIZE", RANGE,             \
+      num_workers, "1", NULL, 1, PS_MAX_WORKERS, HELLO("nw"), PS_SET_BY_LAUNCH,                  \
       "number of workers: give the real count for a cluster (the servers refuse a worker "       \
-      "whose count differs)")                                                                    \
+      "whose count differs); MIN:MAX, an elastic job: ranks 0..MAX-1 (MAX is the count "         \
+      "servers and workers agree on), workers join and leave while training goes on, and "      \
+      "barriers wait for MIN members, so the job starts with MIN (docs/OPERATIONS.md "           \
+      "\"Elastic jobs\")")                                                                       \
     X(mode, (SERVER, WORKER, LAUNCH, LIBPS, _), "--mode", "sync|async", "PS_MODE", ENUM, mode,   \
       "sync", "sync=1 async=2", 0, 0, HELLO("mode"), PS_SET_BY_LAUNCH,                           \
       "consistency: sync, every step waits for the gradients of all workers (summed in "         \
@@ -509,8 +516,8 @@ const char *ps_setting_choice_name(const ps_setting *r, long long v);
  * an ENUM's smallest and largest. */
 void ps_setting_range(const ps_setting *r, long long *lo, long long *hi);
 
-/* The row's default as a number (as ps_setting_parse_value gives it); 0
- * when it has none. */
+/* The row's default as a number (as ps_setting_parse_value gives it; a
+ * RANGE's MAX); 0 when it has none. */
 long long ps_setting_default(const ps_setting *r);
 
 /* Parse text as row r takes it (its type and range) into *v (a number; an
@@ -525,6 +532,7 @@ int ps_setting_parse_value(const char *prog, const char *what, const ps_setting 
 typedef struct ps_setting_field {
     int id;
     size_t off, size;
+    size_t off_min, size_min; /* RANGE: where MIN goes (size_min 0: elsewhere none) */
 } ps_setting_field;
 
 /* The fields of program P's rows (P: SERVER, WORKER, LAUNCH, LIBPS, KEYGEN
@@ -550,14 +558,15 @@ typedef struct ps_setting_field {
  * nothing when P does not take the row or the row has no field. */
 #define PS_SETTING_BIND(P, T, progs, type, id, field)                                      \
     PS_SET_IF_IN(P, progs)(PS_SET_IF_FIELD_##type(                                          \
-        {PS_SET_##id, offsetof(T, field), sizeof(((T *)0)->field)}, ))
+        {PS_SET_##id, offsetof(T, field), sizeof(((T *)0)->field) PS_SET_MIN_##type(T, field)}, ))
 
 /* Set every field of program prog's rows (fields[0..n)) in cfg to its
  * default; the rest of cfg is left alone. */
 void ps_settings_defaults(unsigned prog, const ps_setting_field *fields, int n, void *cfg);
 
-/* Read field f of cfg as a number (a STR's pointer as 0 / 1: set or not);
- * set a number field. */
+/* Read field f of cfg as a number (a STR's pointer as 0 / 1: set or not; a
+ * RANGE's MAX); set a number field (a RANGE's from ps_setting_parse_value's
+ * number: MIN and MAX, MIN only where f has a field for it). */
 long long ps_setting_field_get(const ps_setting_field *f, const void *cfg);
 void ps_setting_field_set(const ps_setting_field *f, void *cfg, long long v);
 
@@ -566,7 +575,7 @@ void ps_setting_field_set(const ps_setting_field *f, void *cfg, long long v);
 #define PS_SET_FIELD_HELLO(id, progs, flag, arg, env, type, field, def, choices, lo, hi, hello, \
                            ...)                                                             \
     PS_SET_IF_HELLO_##hello(                                                                \
-        {PS_SET_##id, offsetof(ps_hello, field), sizeof(((ps_hello *)0)->field)}, )
+        {PS_SET_##id, offsetof(ps_hello, field), sizeof(((ps_hello *)0)->field), 0, 0}, )
 
 /* ------------------------------------------------------------ command lines */
 
@@ -682,6 +691,21 @@ void ps_settings_opt_env(const char *flag, char *out, size_t len);
 #define PS_SET_IF_FIELD_OPT PS_SET_DROP
 #define PS_SET_IF_FIELD_SHARED PS_SET_DROP
 #define PS_SET_IF_FIELD_HEAD PS_SET_DROP
+#define PS_SET_IF_FIELD_RANGE PS_SET_KEEP
+/* a RANGE row's MIN field (field##_min) in the binding; nothing for the others */
+#define PS_SET_MIN_RANGE(T, f) , offsetof(T, f##_min), sizeof(((T *)0)->f##_min)
+#define PS_SET_MIN_INT(T, f) , 0, 0
+#define PS_SET_MIN_SIZE(T, f) , 0, 0
+#define PS_SET_MIN_SECS(T, f) , 0, 0
+#define PS_SET_MIN_ENUM(T, f) , 0, 0
+#define PS_SET_MIN_STR(T, f) , 0, 0
+#define PS_SET_MIN_BOOL(T, f) , 0, 0
+#define PS_SET_MIN_OWN(T, f) , 0, 0
+#define PS_SET_MIN_LOG(T, f) , 0, 0
+#define PS_SET_MIN_REST(T, f) , 0, 0
+#define PS_SET_MIN_OPT(T, f) , 0, 0
+#define PS_SET_MIN_SHARED(T, f) , 0, 0
+#define PS_SET_MIN_HEAD(T, f) , 0, 0
 /* the hello column: PS_SET_IF_HELLO_##hello(x...) is x for HELLO("key") rows,
  * PS_SET_HELLO_KEY_##hello their key (NULL for _) */
 #define PS_SET_IF_HELLO_HELLO(key) PS_SET_KEEP

@@ -94,6 +94,10 @@ typedef struct ps_client_options {
                               (its connection closed: at once) is taken as lost and the
                               group's requests go to the member that took over, with
                               hellos and resends; 0: the default, 1000 */
+    int num_workers_min;   /* an elastic job's MIN (PS_NUM_WORKERS=MIN:MAX; the default
+                              and a plain count: num_workers).  libps does not read it:
+                              a worker that starts in a running elastic job calls
+                              ps_client_join */
 } ps_client_options;
 
 /* One posted operation, allocated by the caller and filled by libps.
@@ -377,6 +381,15 @@ int ps_client_broadcast(ps_client *c, int64_t id, const float *src, float *dst, 
  * it; its pulls are still answered, and collectives still wait for it.
  * Blocks until every server acknowledged.  Push nothing more afterwards. */
 int ps_client_leave(ps_client *c);
+
+/* An elastic job (ps_server --num-workers MIN:MAX): this worker, started
+ * while the others train (its hello made it a member), asks every chunk and
+ * table partition for its clock and tells every server that its gradients
+ * count from *step on, the largest of those clocks: the rounds before it go
+ * on without it, on every chunk alike.  Then pull the weights of version
+ * *step (sync) and push step *step first.  Blocks until every server
+ * acknowledged.  PS_ESTATE from a server of a fixed-size job. */
+int ps_client_join(ps_client *c, int64_t *step);
 
 /* The element type of the gradients this client pushes and of the weights it
  * pulls on the network: PS_DTYPE_F32 (the default), PS_DTYPE_BF16 or

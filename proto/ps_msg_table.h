@@ -127,9 +127,11 @@
       "numbers from `rs` + 1 on",                                                                \
       "taken (`ep`: the epoch the member is at now); `PS_ESTALE` when etcd names another "       \
       "primary or a later epoch")                                                                \
-    X(REPL_LIVE, 25, "repllive", PEER, PS_HK(K) | PS_HK(C) | PS_HK(EP), 0, 0, 0, 0, NONE, NONE,  \
+    X(REPL_LIVE, 25, "repllive", PEER, PS_HK(K) | PS_HK(C) | PS_HK(EP), 0, 0, 0, 0, PUSH_STEP,  \
+      NONE,                                                                                      \
       repl,                                                                                      \
-      "the primary's stream: worker `k` is lost (`c` = 0), back (1) or left (2) the live sets",  \
+      "the primary's stream: worker `k` is lost (`c` = 0), back (1) or left (2) the live sets, " \
+      "or (3) a member from step `s` on",                                                        \
       "acknowledged")                                                                            \
     X(REPL_JOIN, 26, "repljoin", PEER, PS_HK(H) | PS_HK(EP) | PS_HK(MB) | PS_HK(K) | PS_HK(C), 0, \
       0, 0, 0, NONE, NONE, repl,                                                                 \
@@ -141,6 +143,10 @@
       "the primary's stream to a replacement: bytes [`k`, `k` + `n`) of update thread `c`'s "    \
       "part of the snapshot (`tot` bytes: u64 length of the chunk records, the chunk records, "  \
       "the table partition records), with the stream in it up to its message `rs`",            \
+      "acknowledged")                                                                            \
+    X(JOIN, 28, "join", WORKER, 0, 0, 0, 0, 0, PUSH_STEP, NONE, join,                            \
+      "an elastic job's new member (after its hello): its gradients count from step `s` on, "    \
+      "on every chunk and partition; the rounds before it go on without it",                    \
       "acknowledged")
 /* clang-format on */
 

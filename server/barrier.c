@@ -28,6 +28,7 @@ struct ps_barriers {
     int ndone, done_next;
     uint8_t *dropped; /* per rank: out of the live set */
     int ndropped;
+    int min;          /* an elastic job's MIN: none completes with fewer live */
 };
 
 int ps_barriers_create(int num_workers, ps_reply_to to, ps_barriers **out)
@@ -82,7 +83,7 @@ static int barrier_try(ps_barriers *bs, int i)
     int W = bs->num_workers, arrived = 0;
     for (int r = 0; r < W; r++)
         arrived += b->arrived[r] && !bs->dropped[r];
-    if (arrived < W - bs->ndropped)
+    if (arrived < W - bs->ndropped || arrived < bs->min)
         return 0;
     ps_debug("barrier %lld: all %d live workers arrived", (long long)b->id, W - bs->ndropped);
     for (size_t k = 0; k < b->nw; k++)
@@ -172,6 +173,11 @@ void ps_barriers_set_live(ps_barriers *bs, int rank, int live)
     for (int i = 0; i < bs->nopen;)
         if (!barrier_try(bs, i))
             i++;
+}
+
+void ps_barriers_set_min(ps_barriers *bs, int min)
+{
+    bs->min = min;
 }
 
 void ps_barriers_close(ps_barriers *bs)

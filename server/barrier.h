@@ -39,6 +39,10 @@ int ps_barriers_arrive(ps_barriers *b, zmq_msg_t *id, const ps_header *h, const 
  * answers the barriers every remaining live worker has reached. */
 void ps_barriers_set_live(ps_barriers *b, int rank, int live);
 
+/* An elastic job's MIN: a barrier completes only once at least min live
+ * workers have reached it (the job starts with MIN members). */
+void ps_barriers_set_min(ps_barriers *b, int min);
+
 /* At stop: answer every waiting request with PS_ECLOSED. */
 void ps_barriers_close(ps_barriers *b);
 

@@ -622,11 +622,14 @@ static void on_live(ps_repl *r, zmq_msg_t *f, int nf, const ps_header *h)
 {
     if (ps_repl_accept(r, f, nf, h) != 0)
         return;
-    if (h->key >= (uint64_t)r->s->cfg.num_workers || h->chunk > 2) {
+    if (h->key >= (uint64_t)r->s->cfg.num_workers || h->chunk > 3) {
         answer_error(r, &f[0], h, PS_EPROTO, "a live change names a rank out of range");
         return;
     }
-    srv_stream_live(r->s, (int)h->key, (int)h->chunk);
+    if (h->chunk == 3)
+        srv_stream_join(r->s, (int)h->key, h->push_step);
+    else
+        srv_stream_live(r->s, (int)h->key, (int)h->chunk);
     ps_header rep;
     ps_reply_header(&rep, PS_MSG_REPL_LIVE, h->seq, -1, h->key, h->chunk);
     srv_send(r->s, &f[0], &rep);

@@ -120,6 +120,9 @@ uint64_t ps_repl_forward(ps_repl *r, const zmq_msg_t *f, int nf, const ps_header
 /* The same for a message the I/O thread answers itself (TABLE, HYPER,
  * LEAVE): its reply is then held with ps_repl_hold_io. */
 uint64_t ps_repl_forward_io(ps_repl *r, const ps_header *h);
+/* The primary's stream: live worker rank's membership starts at step
+ * (REPL_LIVE with c = 3). */
+void ps_repl_forward_join(ps_repl *r, int rank, int64_t step);
 /* A worker leaves (live 0) or comes back (1) to the live sets. */
 void ps_repl_forward_live(ps_repl *r, int rank, int live);
 

@@ -508,6 +508,19 @@ void ps_repl_forward_live(ps_repl *r, int rank, int live)
     stream_out(r, &fh, NULL, 0, 0);
 }
 
+void ps_repl_forward_join(ps_repl *r, int rank, int64_t step)
+{
+    if (!r || r->role != PS_REPL_PRIMARY || !has_targets(r))
+        return;
+    ps_header fh;
+    ps_header_init(&fh, PS_MSG_REPL_LIVE);
+    fh.rank = -1;
+    fh.key = (uint64_t)rank;
+    fh.chunk = 3;
+    fh.push_step = step;
+    stream_out(r, &fh, NULL, 0, 0);
+}
+
 /* ---------------------------------------------------------------- what operators see */
 
 int64_t ps_repl_lag(const ps_repl *r, int m, int64_t now, int64_t *oldest_ns)

@@ -21,6 +21,8 @@
  *   server_io.c       what server.c and server_msg.c both do: send on the
  *                     ROUTER, hand a command to an owner, mark stopping
  *   server_open.c     ps_server_open and ps_server_close
+ *   membership.c      an elastic job's membership on the I/O thread: the live
+ *                     sets at open, JOIN to every owner (below, "Elastic jobs")
  *   server_internal.h struct ps_server, shared by those four files
  *   server_config.c   ps_server_config_default/check, ps_server_owner
  *   updater.c         an update thread: its ps_shard and the owner end of its
@@ -135,6 +137,22 @@
  *    (PS_CMD_LIVE to every owner: sync rounds and the SSP rule skip it,
  *    ps_shard_set_live; ps_barriers_set_live: barriers stop counting it); its
  *    requests are refused until it says hello again, which puts it back.
+ *  - Elastic jobs (--num-workers MIN:MAX with MIN < MAX; membership.c): ranks
+ *    0..MAX-1 may be members, and none is until its hello (the owners' live
+ *    sets start empty, ps_shard_set_elastic; a rank that never said hello is
+ *    not waited for).  A hello makes the rank a member (PS_CMD_LIVE 1: each
+ *    chunk counts it from its open round, or the next where the rank-order
+ *    sum had passed it, so no round it is not in can end meanwhile); the
+ *    worker then reads every chunk's clock and sends JOIN with the largest
+ *    (ps_client_join), and PS_CMD_JOIN raises its clock to that step on every
+ *    chunk and partition, ending the earlier rounds without it.  So the
+ *    rounds a joiner is in are the same on every chunk: a sync run depends
+ *    only on its membership history (who was in which round), not on the
+ *    timing.  LEAVE and the worker timeout remove a member (whatever
+ *    --on-worker-loss says); a round's mean divides by the gradients summed,
+ *    its members'.  Barriers complete only with MIN members arrived
+ *    (ps_barriers_set_min), so the job starts with MIN; fewer later is
+ *    logged, and rounds go on with whoever is a member.
  *  - Checkpoints (server/ckpt_coord.h, server/checkpoint.h): when one is due,
  *    the I/O thread sends PS_CMD_CKPT to every owner; each serializes its
  *    chunks between two messages (a memory copy, so the hot path stalls only
@@ -198,7 +216,9 @@ typedef struct ps_server_config {
     const char *bind;   /* ZeroMQ endpoint, e.g. tcp://0.0.0.0:5555 or ipc:///tmp/ps0; copied */
     int rank;           /* this server's rank, 0..num_servers-1 */
     int num_servers;    /* 1..65536 */
-    int num_workers;    /* 1..65536 */
+    int num_workers;    /* 1..65536; an elastic job's MAX */
+    int num_workers_min; /* an elastic job's MIN (--num-workers MIN:MAX, MIN < MAX); else
+                            num_workers (or 0: the same) */
     int mode;           /* PS_MODE_SYNC or PS_MODE_ASYNC */
     int max_staleness;  /* async: -1 unbounded, k >= 0 SSP; must be 0 in sync */
     ps_opt_config opt;  /* kind PS_OPT_SGD..PS_OPT_ADAM */

@@ -75,6 +75,9 @@ int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
         BAD("rank must be in [0, num-servers - 1 = %d], got %d", c->num_servers - 1, c->rank);
     if (c->num_workers < 1 || c->num_workers > PS_MAX_WORKERS)
         BAD("num-workers must be in [1, %d], got %d", PS_MAX_WORKERS, c->num_workers);
+    if (c->num_workers_min < 0 || c->num_workers_min > c->num_workers)
+        BAD("num-workers MIN:MAX needs 1 <= MIN <= MAX, got %d:%d", c->num_workers_min,
+            c->num_workers);
     if (c->mode != PS_MODE_SYNC && c->mode != PS_MODE_ASYNC)
         BAD("mode must be sync or async");
     if (c->mode == PS_MODE_SYNC && c->max_staleness != 0)

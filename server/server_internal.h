@@ -8,6 +8,7 @@
  *                  (proto/ps_msg_table.h), answer or hand to an owner
  *   server_io.c    what the loop and the messages both do: send on the
  *                  ROUTER, hand a command to an owner, mark stopping
+ * membership.c (an elastic job's membership) runs on the I/O thread too.
  * The replicas' files (repl.c, repl_join.c: server/repl.h) include it too:
  * they run on the I/O thread and call the srv_ functions below. */
 #ifndef PS_SERVER_INTERNAL_H
@@ -156,6 +157,14 @@ ps_hello srv_my_hello(const ps_server *s);
 /* The group's stream: worker `rank` leaves (0), comes back (1) or left (2,
  * a LEAVE) the live sets. */
 void srv_stream_live(ps_server *s, int rank, int live);
+/* membership.c: an elastic job (--num-workers MIN:MAX with MIN < MAX)? */
+int srv_elastic(const ps_server_config *c);
+/* At open, before any message: an elastic job's ranks out of the barriers'
+ * and collectives' live sets, the barriers' MIN, the workers' table told. */
+void srv_membership_open(ps_server *s);
+/* Live worker rank's membership starts at step (a JOIN, or the group's
+ * stream): every owner (PS_CMD_JOIN), the group's members, logged. */
+void srv_stream_join(ps_server *s, int rank, int64_t step);
 /* Handle message f (route, header, frames) as if it came on the ROUTER now
  * (replicas: what was kept while its sender's hello was checked). */
 void srv_deliver(ps_server *s, zmq_msg_t *f, int nf);

@@ -669,9 +669,29 @@ static void io_on_leave(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     if (!s->left[h->rank]) {
         s->left[h->rank] = 1;
         set_live(s, h->rank, 0);
-        ps_info("worker %d is done (it left): rounds and barriers go on without it",
-                h->rank);
+        if (!ps_workers_leave(s->workers, h->rank)) /* elastic: logged with the count */
+            ps_info("worker %d is done (it left): rounds and barriers go on without it",
+                    h->rank);
     }
+    io_ack(s, &f[0], h);
+}
+
+/* An elastic job's new member names the step its gradients count from
+ * (membership.c): the rounds before it go on without it, on every chunk and
+ * partition alike, however its hello raced them.  Only a member says it,
+ * and only in an elastic job (a fixed job's ranks are members from step 0). */
+static void io_on_join(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    (void)nf;
+    if (!srv_elastic(&s->cfg) || h->push_step < 0 || s->left[h->rank]) {
+        io_error(s, &f[0], h, PS_ESTATE, !srv_elastic(&s->cfg)
+                 ? "join is for an elastic job (ps_server --num-workers MIN:MAX); this one "
+                   "has a fixed number of workers"
+                 : h->push_step < 0 ? "join needs a step >= 0"
+                                    : "this worker left; a new process says hello first");
+        return;
+    }
+    srv_stream_join(s, h->rank, h->push_step);
     io_ack(s, &f[0], h);
 }
 

@@ -202,6 +202,7 @@ static int open_owners(ps_server *s, char *why, size_t why_len)
     uc.wire_dtype = c->wire_dtype;
     uc.on_nonfinite = c->on_nonfinite;
     uc.num_workers = c->num_workers;
+    uc.elastic = srv_elastic(c);
     uc.server_rank = c->rank;
     uc.num_servers = c->num_servers;
     uc.nparts = c->threads;
@@ -336,6 +337,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         ps_server_close(s);
         return PS_ENOMEM;
     }
+    srv_membership_open(s);
     if ((rc = ps_admin_open(c->admin_token_file, c->curve_dir != NULL, &s->admin, why,
                             why_len)) != 0 ||
         (rc = ps_ckpt_coord_create(&s->cfg, &s->ck, why, why_len)) != 0) {

@@ -248,6 +248,18 @@ int ps_shard_clock(ps_shard *s, uint64_t key, uint32_t chunk, int rank, int64_t 
  * earlier steps count as duplicates (async: to the slowest live clock). */
 void ps_shard_set_live(ps_shard *s, int rank, int live);
 
+/* Live rank's membership starts at step (an elastic job's new worker, JOIN):
+ * every chunk's clock of it is raised to step, and sync rounds before it
+ * are completed without it (a round that waited for it may end now; one
+ * whose only live ranks join later ends unchanged).  The rounds a joiner
+ * takes part in are thus the same on every chunk, however the hello raced
+ * them (server.h "Elastic jobs"). */
+void ps_shard_join(ps_shard *s, int rank, int64_t step);
+
+/* An elastic job (server.h "Elastic jobs"), right after create: no rank is
+ * live until it joins (ps_shard_set_live). */
+void ps_shard_set_elastic(ps_shard *s);
+
 /* ---- checkpoints (server/checkpoint.h) ---- */
 
 /* One chunk as a checkpoint sees it.  Pointers are valid until the next call

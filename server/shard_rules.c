@@ -135,6 +135,15 @@ static void finish_round(ps_shard *s, chunk *ch)
     ch->ff_ok = 0;
 }
 
+/* Sync: a live rank's membership starts at a later round than the open one. */
+static int joins_later(const ps_shard *s, const chunk *ch)
+{
+    for (int r = 0; r < s->cfg.num_workers; r++)
+        if (s->live[r] && ch->clock[r] > ch->version)
+            return 1;
+    return 0;
+}
+
 /* Sync: add, in rank order, every gradient of the open round that is next in
  * line (a kept push of rank next_rank; a rank that is not live is skipped),
  * and finish the round once every rank is in or skipped. */
@@ -158,15 +167,24 @@ static void advance(ps_shard *s, chunk *ch)
             }
             accumulate(ch, g);
             s->hooks.release(s->hooks.user, p.hold);
-        } else if (!s->live[r]) {
+        } else if (!s->live[r] || ch->clock[r] > ch->version) {
+            /* not live, or it joins at a later round (ps_shard_join) */
             ch->next_rank++;
         } else {
             return;
         }
     }
-    if (ch->ncontrib == 0 && ch->nskipped == 0) { /* nobody live: nothing to apply, start over */
+    if (ch->ncontrib == 0 && ch->nskipped == 0) {
         ch->next_rank = 0;
         ch->round_t0 = 0;
+        if (!joins_later(s, ch)) /* nobody live: nothing to apply, start over */
+            return;
+        /* the only live ranks join later: the round ends unchanged */
+        ch->version++;
+        shard_version_raised(s, ch->version - 1);
+        ch->ff_ok = 0;
+        if (ch->nwait)
+            wake(s, ch);
         return;
     }
     if (ch->ncontrib == 0) { /* every gradient was skipped: the round ends, unchanged */
@@ -449,7 +467,11 @@ int ps_shard_clock(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t *ste
     /* sync: a push below the open round is a duplicate, and one beyond it
      * is refused; a rank that pushed the open round already has its
      * gradient in, so its push of the same step is a harmless duplicate */
-    *step = s->cfg.mode == PS_MODE_SYNC ? ch->version : ch->clock[rank];
+    /* (sync: a live rank already in the open round, or whose membership
+     * starts at a later one, ps_shard_join: the round after, or that one) */
+    *step = s->cfg.mode != PS_MODE_SYNC ? ch->clock[rank]
+            : s->live[rank] && ch->clock[rank] > ch->version ? ch->clock[rank]
+                                                              : ch->version;
     return 0;
 }
 
@@ -483,6 +505,28 @@ void ps_shard_set_live(ps_shard *s, int rank, int live)
         }
     }
 }
+
+void ps_shard_set_elastic(ps_shard *s)
+{
+    memset(s->live, 0, (size_t)s->cfg.num_workers);
+}
+
+void ps_shard_join(ps_shard *s, int rank, int64_t step)
+{
+    if (rank < 0 || rank >= s->cfg.num_workers || !s->live[rank] || step < 0)
+        return;
+    for (size_t i = 0; i < s->cap; i++) {
+        chunk *ch = s->table[i];
+        if (!ch || ch->clock[rank] >= step)
+            continue;
+        ch->clock[rank] = step;
+        if (s->cfg.mode == PS_MODE_SYNC)
+            advance(s, ch); /* a round that waited for it may end without it */
+        else if (ch->nwait)
+            wake(s, ch);
+    }
+}
+
 uint64_t ps_shard_fast_forwards(const ps_shard *s) { return s->ff_rounds; }
 
 uint64_t ps_shard_jumped(const ps_shard *s) { return s->jumped; }

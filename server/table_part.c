@@ -400,7 +400,8 @@ static void advance(ps_tparts *t, tpart *p)
             }
             p->next_rank++;
             t->hooks.release(t->hooks.user, q.hold, 0, NULL);
-        } else if (!t->live[r]) {
+        } else if (!t->live[r] || p->clock[r] > ps_table_version(p->store)) {
+            /* not live, or it joins at a later round (ps_tparts_join) */
             p->next_rank++;
         } else {
             return;
@@ -410,6 +411,15 @@ static void advance(ps_tparts *t, tpart *p)
     if (ps_table_round_contributors(p->store, NULL) == 0) {
         ps_table_round_cancel(p->store); /* nobody live: nothing to apply */
         p->round_t0 = 0;
+        int64_t v = ps_table_version(p->store);
+        for (int r = 0; r < W; r++)
+            if (t->live[r] && p->clock[r] > v) {
+                /* the only live ranks join later: the round ends unchanged */
+                ps_table_set_version(p->store, v + 1);
+                if (p->nwait)
+                    wake(t, p);
+                break;
+            }
         return;
     }
     if (t->m_round && p->round_t0) /* to the last push's receipt (or now: a drop ended it) */
@@ -593,6 +603,27 @@ void ps_tparts_set_live(ps_tparts *t, int rank, int live)
     }
 }
 
+void ps_tparts_set_elastic(ps_tparts *t)
+{
+    memset(t->live, 0, (size_t)t->cfg.num_workers);
+}
+
+void ps_tparts_join(ps_tparts *t, int rank, int64_t step)
+{
+    if (rank < 0 || rank >= t->cfg.num_workers || !t->live[rank] || step < 0)
+        return;
+    for (size_t i = 0; i < t->n; i++) {
+        tpart *p = t->parts[i];
+        if (p->clock[rank] >= step)
+            continue;
+        p->clock[rank] = step;
+        if (t->cfg.mode == PS_MODE_SYNC)
+            advance(t, p);
+        else if (p->nwait)
+            wake(t, p);
+    }
+}
+
 /* ---- counters and checkpoints ---- */
 
 int ps_tparts_clock(const ps_tparts *t, uint64_t key, int rank, int64_t *step, char *why,
@@ -606,7 +637,10 @@ int ps_tparts_clock(const ps_tparts *t, uint64_t key, int rank, int64_t *step, c
             t->cfg.num_workers - 1);
         return PS_EPROTO;
     }
-    *step = t->cfg.mode == PS_MODE_SYNC ? ps_table_version(p->store) : p->clock[rank];
+    int64_t v = ps_table_version(p->store); /* sync: as ps_shard_clock */
+    *step = t->cfg.mode != PS_MODE_SYNC                 ? p->clock[rank]
+            : t->live[rank] && p->clock[rank] > v ? p->clock[rank]
+                                                  : v;
     return 0;
 }
 

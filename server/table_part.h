@@ -163,6 +163,10 @@ int ps_tparts_clock(const ps_tparts *t, uint64_t key, int rank, int64_t *step, c
  * skipped by sync rounds and the SSP rule; dropping one may finish rounds
  * and answer waiters (hooks run). */
 void ps_tparts_set_live(ps_tparts *t, int rank, int live);
+/* A live rank's membership starts at step (ps_shard_join's rules). */
+void ps_tparts_join(ps_tparts *t, int rank, int64_t step);
+/* Right after create: no rank live until it joins (ps_shard_set_elastic). */
+void ps_tparts_set_elastic(ps_tparts *t);
 
 /* Lowest partition version here; *have = 0 when no table is declared. */
 int64_t ps_tparts_min_version(const ps_tparts *t, int *have);

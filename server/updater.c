@@ -646,6 +646,10 @@ static void *upd_main(void *arg)
                 ps_shard_set_live(u->shard, cf.rank, cf.live);
                 ps_tparts_set_live(u->tparts, cf.rank, cf.live);
                 upd_results_nonfinite(u, NULL); /* rounds its loss completed */
+            } else if (cf.cmd == PS_CMD_JOIN) {
+                ps_shard_join(u->shard, cf.rank, cf.h.push_step);
+                ps_tparts_join(u->tparts, cf.rank, cf.h.push_step);
+                upd_results_nonfinite(u, NULL); /* rounds it completed */
             } else if (cf.cmd == PS_CMD_TABLE) {
                 upd_table(u, &cf);
             } else if (cf.cmd == PS_CMD_OPT) {
@@ -745,6 +749,10 @@ int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, v
     }
     if (cfg->mblock)
         ps_tparts_set_metrics(u->tparts, &cfg->mblock->apply, &cfg->mblock->round);
+    if (cfg->elastic) {
+        ps_shard_set_elastic(u->shard);
+        ps_tparts_set_elastic(u->tparts);
+    }
     u->pair = pair;
     *out = u;
     return 0;

@@ -24,6 +24,8 @@
  *   PS_CMD_STOP   [cmd]   answer queued pulls with PS_ECLOSED, send PS_OUT_STOPPED, exit
  *   PS_CMD_CKPT   [cmd]   serialize every chunk now; answer PS_OUT_CKPT with cmd.ckpt_seq
  *   PS_CMD_LIVE   [cmd]   rank cmd.rank joins (cmd.live 1) or leaves (0) the live set
+ *   PS_CMD_JOIN   [cmd]   live rank cmd.rank's membership starts at step cmd.h.push_step
+ *                         (an elastic job's JOIN: ps_shard_join)
  *   PS_CMD_OPT    [cmd]   the optimizer cmd.h.hello.opt from step cmd.h.push_step on
  *                         (a HYPER request: ps_shard_set_opt)
  *   PS_CMD_LOAD   [cmd]   a replacement member (server/repl.h): load cmd.load (this
@@ -75,7 +77,8 @@ enum {
     PS_CMD_LIVE = 5,
     PS_CMD_TABLE = 6,
     PS_CMD_OPT = 7,
-    PS_CMD_LOAD = 8
+    PS_CMD_LOAD = 8,
+    PS_CMD_JOIN = 9
 };
 
 /* Frames a PAIR message of PS_CMD_REQ carries after its command: the

@@ -26,6 +26,7 @@ typedef struct worker_info {
     int64_t conn_ns; /* when anything last came on the holder's connection */
     int silent;      /* PS_LOSS_WAIT: its silence was logged */
     int dropped;     /* PS_LOSS_DROP: out of the live set until it says hello */
+    int left;        /* elastic: it left (LEAVE): out of the membership */
 } worker_info;
 
 struct ps_workers {
@@ -34,6 +35,8 @@ struct ps_workers {
     worker_info **w;  /* per rank, NULL until its hello or its loss before one */
     uint8_t *hello;   /* per rank: it said hello (here or before a restore) */
     int seen, ndropped;
+    int min;          /* an elastic job's MIN (ps_workers_set_elastic); 0: not elastic */
+    int members;      /* elastic: ranks in the membership now */
     int64_t first_ns; /* the first hello of any worker (0: none yet) */
     int64_t wait_log_ns; /* PS_LOSS_WAIT: when the lost ranks were last named */
     uint64_t nlost, nrejoined, nrefused, nforged;
@@ -177,7 +180,16 @@ int ps_workers_hello(ps_workers *w, int rank, const ps_conn *c, uint64_t token, 
     int first = !w->hello[rank];
     if (!(wi = add(w, rank)))
         return PS_ENOMEM;
-    if (wi->dropped) {
+    if (w->min && (first || wi->dropped || wi->left)) {
+        /* elastic: a new member (or one that was removed, a new process) */
+        if (wi->dropped)
+            w->ndropped--;
+        wi->dropped = wi->left = 0;
+        w->members++;
+        *rejoined = 1;
+        ps_info("worker %d joins (identity %s): %d members (min %d, max %d)", rank, hex,
+                w->members, w->min, w->num_workers);
+    } else if (wi->dropped) {
         wi->dropped = 0;
         w->ndropped--;
         w->nrejoined++;
@@ -236,6 +248,10 @@ int ps_workers_restore(ps_workers *w, const uint8_t *hello, int64_t now)
         if (!wi)
             return PS_ENOMEM;
         wi->last_ns = now;
+        if (w->min) { /* elastic: a member again only by its hello */
+            wi->dropped = 1;
+            w->ndropped++;
+        }
     }
     return 0;
 }
@@ -320,7 +336,8 @@ int ps_workers_check(ps_workers *w, int64_t now)
         /* a rank that never said hello: silent since the first hello of any */
         int never = !w->hello[r];
         int64_t since = never ? w->first_ns : wi ? wi->last_ns : 0;
-        if ((never && !since) || (wi && (wi->dropped || wi->silent)) || now - since <= limit)
+        if ((never && (!since || w->min)) || (wi && (wi->dropped || wi->silent || wi->left)) ||
+            now - since <= limit)
             continue;
         if (never && !(wi = entry(w, r)))
             continue; /* out of memory: tried again next time */
@@ -333,6 +350,15 @@ int ps_workers_check(ps_workers *w, int64_t now)
                      silent_s);
         else
             snprintf(what, sizeof what, "silent for %.1f s", silent_s);
+        if (w->min) { /* elastic: a lost member is removed */
+            wi->dropped = 1;
+            w->ndropped++;
+            w->members--;
+            ps_warn("worker %d %s: removed; %d members (min %d)%s", r, what, w->members, w->min,
+                    w->members < w->min ? ": fewer than MIN, the job waits for workers to join"
+                    : "");
+            return r;
+        }
         if (w->on_loss == PS_LOSS_DROP) {
             wi->dropped = 1;
             w->ndropped++;
@@ -350,6 +376,25 @@ int ps_workers_check(ps_workers *w, int64_t now)
 }
 
 const uint8_t *ps_workers_hello_flags(const ps_workers *w) { return w->hello; }
+
+void ps_workers_set_elastic(ps_workers *w, int min) { w->min = min; }
+
+int ps_workers_members(const ps_workers *w)
+{
+    return w->min ? w->members : w->num_workers - w->ndropped;
+}
+
+int ps_workers_leave(ps_workers *w, int rank)
+{
+    worker_info *wi = w->w[rank];
+    if (!w->min || !wi || wi->left || wi->dropped || !w->hello[rank])
+        return 0;
+    wi->left = 1;
+    w->members--;
+    ps_info("worker %d left: %d members (min %d)%s", rank, w->members, w->min,
+            w->members < w->min ? ": fewer than MIN, the job waits for workers to join" : "");
+    return 1;
+}
 
 int ps_workers_seen(const ps_workers *w) { return w->seen; }
 

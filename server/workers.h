@@ -93,6 +93,18 @@ int ps_workers_check(ps_workers *w, int64_t now);
 /* num_workers flags: 1 = known (what a checkpoint records). */
 const uint8_t *ps_workers_hello_flags(const ps_workers *w);
 
+/* An elastic job (--num-workers MIN:MAX, server.h "Elastic jobs"): no rank is a
+ * member until its hello, which makes it one (*rejoined = 1: the caller puts it
+ * in the live sets; logged with the count); a rank that never said hello is
+ * not waited for; a member silent past the timeout is removed (returned by
+ * ps_workers_check whatever on_loss says).  Call before the first hello. */
+void ps_workers_set_elastic(ps_workers *w, int min);
+/* Elastic: rank left (LEAVE); 1 when it was a member (logged), 0 otherwise.
+ * Its next hello (a new process) makes it a member again. */
+int ps_workers_leave(ps_workers *w, int rank);
+/* The members now (elastic), or the ranks not dropped. */
+int ps_workers_members(const ps_workers *w);
+
 /* Known workers; workers lost and rejoined so far. */
 int ps_workers_seen(const ps_workers *w);
 uint64_t ps_workers_lost(const ps_workers *w);

@@ -48,6 +48,7 @@ int main(void)
     FIELD(ps_client_options, metrics_port);
     FIELD(ps_client_options, metrics_bind);
     FIELD(ps_client_options, failure_timeout_ms);
+    FIELD(ps_client_options, num_workers_min);
 
     STRUCT(ps_table_options);
     FIELD(ps_table_options, dim);

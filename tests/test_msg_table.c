@@ -168,9 +168,9 @@ PS_TEST(a_message_without_a_key_its_row_requires_is_refused_naming_the_key)
      * replies of spull and spushpull; hyper h s and h, assign, state, clock k
      * c and s in the reply, setstate k c s and s, allreduce and broadcast s x2,
      * sassign k c dim and s in its reply; replhello h ep mb and ep, repllive k
-     * c ep, repljoin h ep mb k c, replsnap k c ep tot rs */
+     * c s ep, repljoin h ep mb k c, replsnap k c ep tot rs; join s */
     CHECK_EQ_INT(refused, 2 + 2 + 3 * 3 + 2 + 1 + 1 + 4 + 2 + 3 * 4 + 3 + 2 + 3 + 3 * 3 + 4 +
-                              2 * 2 + 4 + 4 + 3 + 5 + 5);
+                              2 * 2 + 4 + 4 + 4 + 5 + 5 + 1);
     /* the step of a push: named with what it is */
     ps_header a = full(PS_MSG_PUSH, 0), b;
     size_t len = encode_without(&a, "s", buf, sizeof buf);
@@ -356,6 +356,10 @@ PS_TEST(the_server_dispatches_every_type_as_its_row_says)
         } else if (m->from == PS_FROM_PEER) { /* servers send these, not workers */
             CHECK_EQ_INT(r.type, PS_MSG_ERROR);
             CHECK_MSG(r.err_code == PS_EPROTO && strstr(r.err_text, "as rank -1"), "%s: %s",
+                      m->name, r.err_text);
+        } else if (t == PS_MSG_JOIN) { /* its handler: this job is not elastic */
+            CHECK_EQ_INT(r.type, PS_MSG_ERROR);
+            CHECK_MSG(r.err_code == PS_ESTATE && strstr(r.err_text, "elastic job"), "%s: %s",
                       m->name, r.err_text);
         } else {
             CHECK_MSG(r.type == t && (r.flags & PS_FLAG_REPLY), "%s: got %s %d (%s)", m->name,

@@ -172,6 +172,40 @@ static void clear_worker_env(void)
     }
 }
 
+/* --num-workers N or MIN:MAX (an elastic job): the field MAX, num_workers_min MIN */
+PS_TEST(a_range_setting_takes_n_or_min_max)
+{
+    ps_train_config c;
+    ps_settings_cmd cmd;
+    clear_worker_env();
+    CHECK_OK(worker_parse(&c, &cmd, ARGV("--num-workers", "2:4", "--rank", "3"), 1));
+    CHECK_EQ_INT(c.num_workers, 4);
+    CHECK_EQ_INT(c.num_workers_min, 2);
+    CHECK_OK(worker_parse(&c, &cmd, ARGV("--num-workers", "3"), 1));
+    CHECK_EQ_INT(c.num_workers, 3);
+    CHECK_EQ_INT(c.num_workers_min, 3);
+    setenv("PS_NUM_WORKERS", "1:8", 1); /* and from its variable */
+    CHECK_OK(worker_parse(&c, &cmd, ARGV("--batch", "2"), 1));
+    CHECK_EQ_INT(c.num_workers, 8);
+    CHECK_EQ_INT(c.num_workers_min, 1);
+    unsetenv("PS_NUM_WORKERS");
+    const ps_setting *r = ps_setting_at(PS_SET_num_workers);
+    char why[256];
+    long long v;
+    const char *bad[] = {"4:2", "0:3", "2:", ":2", "2:x", "1:70000"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        why[0] = 0;
+        CHECK_MSG(ps_setting_parse_value("ps_server", "--num-workers", r, bad[i], &v, why,
+                                         sizeof why) == PS_EINVAL && *why,
+                  "'%s' taken", bad[i]);
+    }
+    CHECK_OK(ps_setting_parse_value("ps_server", "--num-workers", r, "4:2", &v, why, sizeof why) ==
+             PS_EINVAL ? 0 : -1);
+    CHECK_MSG(strstr(why, "MIN <= MAX"), "%s", why);
+    /* the hello carries MAX alone */
+    CHECK_EQ_INT(ps_setting_default(r), 1);
+}
+
 PS_TEST(environment_fills_what_the_flags_do_not_give)
 {
     ps_train_config c;
@@ -215,7 +249,7 @@ static const ps_setting_field launch_fields[] = {PS_SETTING_FIELDS(LAUNCH)};
 
 static int has_field(const ps_setting *r)
 {
-    return r->type <= PS_SETTING_BOOL;
+    return r->type <= PS_SETTING_BOOL || r->type == PS_SETTING_RANGE;
 }
 
 PS_TEST(every_row_is_well_formed)

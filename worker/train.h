@@ -12,6 +12,7 @@
 typedef struct ps_train_config {
     const char *servers;   /* comma-separated endpoints; NULL: compute only, local SGD */
     int rank, num_workers;
+    int num_workers_min;   /* --num-workers MIN:MAX, an elastic job: MIN (else num_workers) */
     int mode;              /* PS_MODE_SYNC / PS_MODE_ASYNC */
     int max_staleness;     /* async: -1 unbounded */
     const char *model;     /* "mlp:784-256-128-10", "cnn" */

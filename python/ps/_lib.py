@@ -109,6 +109,7 @@ class ClientOptions(Structure):
         ("metrics_port", c_int),
         ("metrics_bind", c_char_p),
         ("failure_timeout_ms", c_int),
+        ("num_workers_min", c_int),
     ]
 
 

@@ -67,6 +67,22 @@ def _int_setting(value, names, env, what, default):
         raise ValueError("%s must be an integer, got %r" % (src, value)) from None
 
 
+def _range_setting(value, names, env, what, default):
+    """(MIN, MAX) from N or "MIN:MAX" (an elastic job, ps_server --num-workers
+    MIN:MAX), the argument or else the first set variable; N is (N, N)."""
+    if isinstance(value, str) and ":" in value or (
+            value is None and ":" in str(_env_first(names, env)[1] or "")):
+        src, text = (what, value) if value is not None else _env_first(names, env)
+        lo, _, hi = text.partition(":")
+        lo = _int_setting(lo, names, env, "%s (MIN of %s)" % (what, src), default)
+        hi = _int_setting(hi, names, env, "%s (MAX of %s)" % (what, src), default)
+        if not 1 <= lo <= hi:
+            raise ValueError("%s MIN:MAX needs 1 <= MIN <= MAX, got %r" % (src, text))
+        return lo, hi
+    n = _int_setting(value, names, env, what, default)
+    return n, n
+
+
 def _from_env(value, name, env):
     """(value, where it came from): the argument when given, else the first
     set variable of setting `name` (as ps_worker reads them), else its
@@ -416,7 +432,8 @@ class Client:
         if not isinstance(servers, str):
             servers = ",".join(servers)
         self.servers = servers
-        self.num_workers = _int_setting(num_workers, SIZE_ENV, env, "num_workers", 1)
+        self.num_workers_min, self.num_workers = _range_setting(num_workers, SIZE_ENV, env,
+                                                                "num_workers", 1)
         self.rank = _int_setting(rank, RANK_ENV, env, "rank", 0)
         if self.num_workers < 1:
             raise ValueError("num_workers must be at least 1, got %d" % self.num_workers)
@@ -439,6 +456,7 @@ class Client:
         lib.ps_client_options_default(ctypes.byref(o))
         o.servers = self.servers.encode()
         o.rank, o.num_workers, o.mode = self.rank, self.num_workers, self.mode
+        o.num_workers_min = self.num_workers_min
         o.max_staleness = self.max_staleness
         o.chunk_bytes = self.chunk_bytes
         o.expect = optimizer_expectation(expect, env)
