@@ -277,16 +277,18 @@ static int add_into(ps_exchange *x, tensor *t, float *acc, const float *g)
     return x->b->axpy(x->b, acc, 1.0f, g, t->count);
 }
 
-/* Pull tensor t's current weights on the servers (version 0: whatever they
- * hold) into its front, on the compute stream; the caller syncs it. */
-static int pull_front(ps_exchange *x, tensor *t)
+/* Pull tensor t's weights of version `want` on the servers (0: whatever
+ * they hold) into its front, on the compute stream; the caller syncs it. */
+static int pull_front_at(ps_exchange *x, tensor *t, int64_t want)
 {
-    int rc = ps_client_pull(x->client, t->key, landing(x, t, t->front), 0, &t->pull);
+    int rc = ps_client_pull(x->client, t->key, landing(x, t, t->front), want, &t->pull);
     if (!rc)
         rc = ps_request_wait(&t->pull);
     t->v_front = rc ? -1 : t->pull.version;
     return rc ? rc : stage_in(x, t, t->front, PS_STREAM_COMPUTE);
 }
+
+static int pull_front(ps_exchange *x, tensor *t) { return pull_front_at(x, t, 0); }
 
 /* ---------- local aggregation (local_group.h) ---------- */
 
@@ -716,11 +718,21 @@ int ps_exchange_start(ps_exchange *x)
             ps_error("init of param %d failed: %s %s", i, ps_strerror(rc), x->t[i].push.err);
             return rc;
         }
-    /* one worker inits: the others pull only once it has */
-    if (x->init >= 0 && (rc = wait_barrier(x, PS_EXCHANGE_INIT_BARRIER, "start")))
+    /* one worker inits: the others pull only once it has; an elastic job's
+     * first barrier also waits for MIN members (a joiner passes it at once) */
+    if ((x->init >= 0 || x->elastic) &&
+        (rc = wait_barrier(x, PS_EXCHANGE_INIT_BARRIER, "start")))
         return rc;
+    /* elastic: the step from which this worker's gradients count, the same
+     * on every chunk; sync then starts from the weights of that version */
+    if (x->elastic && (rc = ps_client_join(x->client, &x->start_step))) {
+        ps_error("cannot join the job: %s", ps_client_last_error(x->client));
+        return rc;
+    }
+    if (x->elastic && x->start_step > 0)
+        ps_info("joined the job at step %lld", (long long)x->start_step);
     for (int i = 0; i < x->n; i++) {
-        if ((rc = pull_front(x, &x->t[i]))) {
+        if ((rc = pull_front_at(x, &x->t[i], x->mode == PS_MODE_SYNC ? x->start_step : 0))) {
             ps_error("first pull of param %d failed: %s %s", i, ps_strerror(rc),
                      x->t[i].pull.err);
             return rc;
@@ -737,6 +749,15 @@ int ps_exchange_start(ps_exchange *x)
             return lg_fail(x, rc, why);
     }
     return 0;
+}
+
+void ps_exchange_set_elastic(ps_exchange *x) { x->elastic = 1; }
+
+int64_t ps_exchange_start_step(const ps_exchange *x) { return x->start_step; }
+
+int ps_exchange_leave(ps_exchange *x)
+{
+    return x->client ? ps_client_leave(x->client) : PS_ESTATE;
 }
 
 int ps_exchange_num_tensors(const ps_exchange *x)

@@ -47,6 +47,8 @@ struct ps_exchange {
     int64_t max_sum;   /* how many may wait in a sum (--max-staleness; unbounded: max) */
     int num_workers;
     int init;          /* ps_exchange_set_init: -1 every worker inits, 1 this one, 0 another */
+    int elastic;       /* ps_exchange_set_elastic: start with the barrier and a join */
+    int64_t start_step; /* the first step this worker pushes (a joiner's: ps_client_join) */
     int started;
     int in_arena;      /* the buffers live in the client's shared-memory arena */
     void *registered;  /* the arena as registered with the device (pinned) */

@@ -107,9 +107,12 @@ enum {
 #define PS_SETTINGS(X)                                                                           \
     X(lch_servers, (_, _, LAUNCH, _, _), "--servers", "S", NULL, INT, servers, NULL, NULL, 1,    \
       PS_LAUNCH_MAX_SERVERS, _, 0, "ps_server processes (required without --hostfile)")          \
-    X(lch_workers, (_, _, LAUNCH, _, _), "--workers", "W", NULL, INT, workers, NULL, NULL, 1,    \
-      PS_LAUNCH_MAX_WORKERS, _, 0,                                                               \
-      "ps_worker processes, or copies of the --exec program (required without --hostfile)")      \
+    X(lch_workers, (_, _, LAUNCH, _, _), "--workers", "W|MIN:MAX", NULL, RANGE, workers, NULL,   \
+      NULL, 1, PS_LAUNCH_MAX_WORKERS, _, 0,                                                      \
+      "ps_worker processes, or copies of the --exec program (required without --hostfile); "     \
+      "MIN:MAX (torchrun's --nnodes): an elastic job of MAX workers that goes on while MIN are "  \
+      "left, a lost one replaced (--restart-workers) and joining the running job "                \
+      "(docs/LAUNCH.md \"Elastic jobs\")")                                                        \
     X(gpus, (_, _, LAUNCH, _, _), "--gpus", "auto|none|IDS", NULL, STR, gpus, "auto", NULL, 1,   \
       900, _, 0,                                                                                 \
       "auto: one worker per GPU found (the entries of CUDA_VISIBLE_DEVICES when a "              \
@@ -380,6 +383,10 @@ enum {
       "backups of every server's shard (chunks and table partitions), each a ps_server of its "  \
       "own (on other hosts when the hostfile has them): a push is acknowledged once every live " \
       "one holds it, and when a primary is lost one of them takes over; needs --coord")          \
+    X(restart_workers, (_, _, LAUNCH, _, _), "--restart-workers", "N", NULL, INT,                \
+      restart_workers, "10", NULL, 0, 100000, _, 0,                                              \
+      "an elastic job (--workers MIN:MAX): start a new worker for one that died, at most N "      \
+      "times in the job; it joins the running job where it is")                                  \
     X(restart_servers, (_, _, LAUNCH, _, _), "--restart-servers", "N", NULL, INT,                \
       restart_servers, "-1", NULL, -1, 100000, _, 0,                                             \
       "start a new server for one that died, at most N times in the job: with --replicas it "    \

@@ -121,6 +121,18 @@ int ps_exchange_adopt(ps_client *c, const ps_client_options *o, ps_backend *b,
 void ps_exchange_set_init(ps_exchange *x, int inits);
 #define PS_EXCHANGE_INIT_BARRIER ((int64_t)1 << 61)
 
+/* An elastic job (ps_server --num-workers MIN:MAX), before ps_exchange_start:
+ * start then waits at the start barrier (the servers hold the job's first
+ * barrier until MIN members reached it; one that joins later passes it at
+ * once), joins (ps_client_join) and pulls the weights of the join step
+ * (sync), ps_exchange_start_step, from which the training loop goes on. */
+void ps_exchange_set_elastic(ps_exchange *x);
+/* The first step this worker pushes: 0, or in an elastic job its join step. */
+int64_t ps_exchange_start_step(const ps_exchange *x);
+/* This worker leaves the job (ps_client_leave): rounds and barriers go on
+ * without it.  After its last push, before ps_exchange_close. */
+int ps_exchange_leave(ps_exchange *x);
+
 /* The start barrier (ps_exchange_set_init) and the final one
  * (ps_exchange_pull_final) say after 5 s, and then every 10 s, which
  * workers they still wait for; with timeout_ms > 0 they give up after that

@@ -651,6 +651,16 @@ static void push_timeline(const ps_launch_opts *o, const ps_launch_cmd *c, ps_st
     ps_strvec_pushf(a, "%s/%s-%d.json", o->timeline_dir, ps_launch_role_name(c->role), c->rank);
 }
 
+/* --num-workers n, or in an elastic job MIN:MAX */
+static void push_workers(ps_strvec *a, const ps_launch_plan *p, int n)
+{
+    ps_strvec_push(a, "--num-workers");
+    if (p->num_workers_min > 0 && p->num_workers_min < p->num_workers)
+        ps_strvec_pushf(a, "%d:%d", p->num_workers_min, p->num_workers);
+    else
+        ps_strvec_pushf(a, "%d", n);
+}
+
 static void server_args(const ps_launch_opts *o, const ps_launch_plan *p, const ps_launch_cmd *c,
                         int hostfile, ps_strvec *a)
 {
@@ -677,7 +687,7 @@ static void server_args(const ps_launch_opts *o, const ps_launch_plan *p, const 
         ps_strvec_pushf(a, "%g", o->failure_timeout_ms / 1000.0);
     }
     /* with aggregation per host, each host's first worker is the servers' worker */
-    push_flag_int(a, "--num-workers", p->num_workers / p->local_aggregate);
+    push_workers(a, p, p->num_workers / p->local_aggregate);
     push_flag(a, "--mode", ps_launch_mode_name(o->mode));
     push_flag_int(a, "--threads", o->server_threads);
     if (hostfile) /* stop with the connection, even if the remote wrapper dies */
@@ -702,7 +712,7 @@ static void worker_args(const ps_launch_opts *o, const ps_launch_plan *p, const 
 {
     push_flag(a, "--servers", servers);
     push_flag_int(a, "--rank", c->rank);
-    push_flag_int(a, "--num-workers", p->num_workers);
+    push_workers(a, p, p->num_workers);
     push_flag(a, "--mode", ps_launch_mode_name(o->mode));
     if (o->failure_timeout_ms != 1000) {
         ps_strvec_push(a, "--failure-timeout");
@@ -748,7 +758,12 @@ static const char *exec_value(const ps_launch_opts *o, const ps_launch_plan *p,
     case PS_SET_servers: return servers;
     case PS_SET_num_servers: snprintf(buf, len, "%d", p->num_servers); return buf;
     case PS_SET_rank: snprintf(buf, len, "%d", c->rank); return buf;
-    case PS_SET_num_workers: snprintf(buf, len, "%d", p->num_workers); return buf;
+    case PS_SET_num_workers:
+        if (p->num_workers_min > 0 && p->num_workers_min < p->num_workers) /* elastic */
+            snprintf(buf, len, "%d:%d", p->num_workers_min, p->num_workers);
+        else
+            snprintf(buf, len, "%d", p->num_workers);
+        return buf;
     case PS_SET_mode: return ps_launch_mode_name(o->mode);
     case PS_SET_max_staleness: return servers_staleness(o);
     case PS_SET_device: return c->device;
@@ -860,6 +875,21 @@ int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
                  "65535)", S, 1 + o->replicas);
         return PS_EINVAL;
     }
+    /* --workers MIN:MAX: an elastic job of W = MAX workers (with a hostfile,
+     * its count) that goes on while MIN are left */
+    int Wmin = o->workers_min > 0 && o->workers_min < W ? o->workers_min : W;
+    if (Wmin < W && L > 1) {
+        snprintf(why, len, P ": --workers %d:%d (an elastic job) does not take "
+                 "--local-aggregate yet; run without it", Wmin, W);
+        return PS_EINVAL;
+    }
+    if (o->workers_min > W) {
+        snprintf(why, len, P ": --workers %d:%d: the hostfile places %d workers, fewer than MIN",
+                 o->workers_min, o->workers, W);
+        return PS_EINVAL;
+    }
+    p->num_workers_min = Wmin;
+    p->worker_restarts = Wmin < W ? o->restart_workers : 0;
     p->restarts = o->restart_servers >= 0 ? o->restart_servers : o->replicas ? 10 : 0;
     if (p->restarts && !o->replicas) {
         int ckpt = 0;
@@ -981,8 +1011,11 @@ int ps_launch_plan_print(const ps_launch_plan *p, ps_strbuf *out)
                    p->num_servers == 1 ? "" : "s");
     if (p->replicas)
         ps_strbuf_addf(out, " x %d members (--replicas %d)", 1 + p->replicas, p->replicas);
-    ps_strbuf_addf(out, ", %d worker%s, mode %s\n", p->num_workers,
-                   p->num_workers == 1 ? "" : "s", ps_launch_mode_name(p->mode));
+    ps_strbuf_addf(out, ", %d worker%s", p->num_workers, p->num_workers == 1 ? "" : "s");
+    if (p->num_workers_min > 0 && p->num_workers_min < p->num_workers)
+        ps_strbuf_addf(out, " (elastic: goes on while %d are left, %d new ones for lost ones)",
+                       p->num_workers_min, p->worker_restarts);
+    ps_strbuf_addf(out, ", mode %s\n", ps_launch_mode_name(p->mode));
     for (int i = 0; i < p->n; i++) {
         const ps_launch_cmd *c = &p->cmds[i];
         ps_strbuf_addf(out, "# %s %d", ps_launch_role_name(c->role), c->rank);

@@ -37,6 +37,8 @@ const char *ps_launch_role_name(int role);
  * (common/ps_settings.h), each in the field the row names. */
 typedef struct ps_launch_opts {
     int servers, workers;     /* 0: not given (then the hostfile decides) */
+    int workers_min;          /* --workers MIN:MAX: MIN (an elastic job when < MAX) */
+    int restart_workers;      /* elastic: new workers for lost ones, at most */
     int mode;                 /* PS_MODE_SYNC (default) or PS_MODE_ASYNC */
     const char *gpus;         /* "auto" (default), "none" or a list as given */
     ps_strvec gpu_ids;        /* --gpus LIST: its ids, in order */
@@ -144,6 +146,9 @@ typedef struct ps_launch_plan {
     int replicas;             /* --replicas R: server_procs = num_servers x (R + 1) */
     int server_procs;
     int restarts;             /* servers that may be started again in the job */
+    int num_workers_min;      /* an elastic job (--workers MIN:MAX): MIN; else num_workers
+                                 (0: the same) */
+    int worker_restarts;      /* elastic: workers that may be started again in the job */
     int mode;                 /* o->mode */
     int exec;                 /* the workers run --exec's program, not ps_worker */
     int local_aggregate;      /* ps_worker --local-aggregate: workers per host that sum

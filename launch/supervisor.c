@@ -55,6 +55,9 @@ struct supervisor {
     int workers_ok, workers;
     int replicas;         /* the plan's: a lost server's group carries on */
     int restarts;         /* new servers that may still be started */
+    int workers_min;      /* an elastic job's MIN (else workers, or 0) */
+    int worker_restarts;  /* elastic: new workers that may still be started */
+    int workers_gone;     /* elastic: workers that died and were not replaced */
     char failure[512];    /* what made us stop, for the last line */
     int64_t t0;
     /* worker summaries seen in the output, for the closing line */
@@ -415,6 +418,41 @@ static int restart_server(supervisor *sv, child *c, const char *name, const char
     return 0;
 }
 
+/* Worker c of an elastic job died while training goes on: start a new one
+ * with its command (it joins the running job: 1), or, with --restart-workers
+ * spent, go on without it while MIN are left (0); -1: the job cannot. */
+static int lost_worker(supervisor *sv, child *c, const char *name, const char *how)
+{
+    if (sv->workers_min <= 0 || sv->workers_min >= sv->workers) /* a fixed job */
+        return -1;
+    char why[512];
+    if (sv->worker_restarts > 0) {
+        sv->worker_restarts--;
+        close_stream(c, 0);
+        close_stream(c, 1);
+        c->signalled = 0;
+        c->remote_status = -1;
+        if (spawn_argv(c, c->cmd->argv.v, why, sizeof why) == 0) {
+            c->reaped = 0;
+            if (sv->counts)
+                atomic_fetch_add_explicit(&sv->counts->started[PS_LAUNCH_WORKER], 1,
+                                          memory_order_relaxed);
+            fprintf(stderr, P ": %s %s; started a new one (pid %ld), which joins the running "
+                    "job (%d more may be started)\n", name, how, (long)c->pid,
+                    sv->worker_restarts);
+            return 1;
+        }
+        fprintf(stderr, P ": %s %s; a new one could not be started: %s\n", name, how, why);
+    }
+    int left = sv->workers - sv->workers_ok - sv->workers_gone - 1;
+    if (left < sv->workers_min)
+        return -1;
+    sv->workers_gone++;
+    fprintf(stderr, P ": %s %s; the job goes on with %d worker%s (elastic, MIN %d)\n", name,
+            how, left, left == 1 ? "" : "s", sv->workers_min);
+    return 0;
+}
+
 static void on_exit_child(supervisor *sv, child *c)
 {
     char name[300], how[160];
@@ -432,8 +470,14 @@ static void on_exit_child(supervisor *sv, child *c)
                                      : &sv->counts->failed[c->cmd->role],
                                   1, memory_order_relaxed);
     if (sv->state == ST_RUN) {
-        if (c->cmd->role == PS_LAUNCH_WORKER && ok) {
-            if (++sv->workers_ok == sv->workers) {
+        /* elastic: a lost worker is replaced (1) or the job goes on without
+         * it while MIN are left (0, counted in workers_gone) */
+        int lost = c->cmd->role == PS_LAUNCH_WORKER && !ok ? lost_worker(sv, c, name, how) : -1;
+        if (lost == 1)
+            return;
+        if (c->cmd->role == PS_LAUNCH_WORKER && (ok || lost == 0)) {
+            sv->workers_ok += ok;
+            if (sv->workers_ok + sv->workers_gone == sv->workers) {
                 fprintf(stderr, P ": %s finished; stopping the servers\n",
                         sv->workers == 1 ? "the worker" : "all workers");
                 sv->state = ST_STOP_SERVERS;
@@ -538,6 +582,8 @@ int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts)
     sv.workers = plan->num_workers;
     sv.replicas = plan->replicas;
     sv.restarts = plan->restarts;
+    sv.workers_min = plan->num_workers_min;
+    sv.worker_restarts = plan->worker_restarts;
     sv.acc0 = -1;
     sv.ch = calloc((size_t)sv.n, sizeof *sv.ch);
     struct pollfd *pfd = calloc((size_t)(2 * sv.n + 1), sizeof *pfd);

@@ -28,7 +28,9 @@ struct ps_barriers {
     int ndone, done_next;
     uint8_t *dropped; /* per rank: out of the live set */
     int ndropped;
-    int min;          /* an elastic job's MIN: none completes with fewer live */
+    int min;          /* an elastic job's MIN: the first completes with no fewer live */
+    int64_t first_done; /* elastic: the first barrier that completed (the workers'
+                           start), answered at once to a joiner (-1: none yet) */
 };
 
 int ps_barriers_create(int num_workers, ps_reply_to to, ps_barriers **out)
@@ -44,6 +46,7 @@ int ps_barriers_create(int num_workers, ps_reply_to to, ps_barriers **out)
     }
     b->num_workers = num_workers;
     b->to = to;
+    b->first_done = -1;
     *out = b;
     return 0;
 }
@@ -83,8 +86,10 @@ static int barrier_try(ps_barriers *bs, int i)
     int W = bs->num_workers, arrived = 0;
     for (int r = 0; r < W; r++)
         arrived += b->arrived[r] && !bs->dropped[r];
-    if (arrived < W - bs->ndropped || arrived < bs->min)
+    if (arrived < W - bs->ndropped || (bs->first_done < 0 && arrived < bs->min))
         return 0;
+    if (bs->min && bs->first_done < 0)
+        bs->first_done = b->id;
     ps_debug("barrier %lld: all %d live workers arrived", (long long)b->id, W - bs->ndropped);
     for (size_t k = 0; k < b->nw; k++)
         answer(bs, &b->w[k].id, b->w[k].seq, b->w[k].rank, b->id);
@@ -101,11 +106,13 @@ static int barrier_try(ps_barriers *bs, int i)
 
 int ps_barriers_arrive(ps_barriers *bs, zmq_msg_t *id, const ps_header *h, const char **why)
 {
-    for (int i = 0; i < bs->ndone; i++)
-        if (bs->done[i] == h->barrier_id) {
-            answer(bs, id, h->seq, h->rank, h->barrier_id);
-            return 0;
-        }
+    int done = bs->min && bs->first_done == h->barrier_id;
+    for (int i = 0; i < bs->ndone && !done; i++)
+        done = bs->done[i] == h->barrier_id;
+    if (done) {
+        answer(bs, id, h->seq, h->rank, h->barrier_id);
+        return 0;
+    }
     barrier *b = NULL;
     int bi = -1;
     for (int i = 0; i < bs->nopen; i++)

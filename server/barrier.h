@@ -39,8 +39,10 @@ int ps_barriers_arrive(ps_barriers *b, zmq_msg_t *id, const ps_header *h, const 
  * answers the barriers every remaining live worker has reached. */
 void ps_barriers_set_live(ps_barriers *b, int rank, int live);
 
-/* An elastic job's MIN: a barrier completes only once at least min live
- * workers have reached it (the job starts with MIN members). */
+/* An elastic job's MIN: the first barrier completes only once at least min
+ * live workers have reached it (the workers' start: the job starts with MIN
+ * members), and a worker that reaches it later (one that joins the running
+ * job) is answered at once.  Later barriers wait for the members there are. */
 void ps_barriers_set_min(ps_barriers *b, int min);
 
 /* At stop: answer every waiting request with PS_ECLOSED. */

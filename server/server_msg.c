@@ -881,7 +881,10 @@ void srv_stream_dispatch(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 static void conn_gone(void *user, int fd)
 {
     ps_server *s = user;
-    ps_workers_gone(s->workers, fd);
+    for (int r; (r = ps_workers_gone(s->workers, fd)) >= 0;) {
+        set_live(s, r, 0); /* elastic: a member whose process ended */
+        ps_colls_set_live(s->colls, r, 0);
+    }
     ps_peers_gone(s->peers, fd);
     ps_repl_conn_gone(s->repl, fd);
 }

@@ -227,16 +227,25 @@ int ps_workers_hello(ps_workers *w, int rank, const ps_conn *c, uint64_t token, 
     return 0;
 }
 
-void ps_workers_gone(ps_workers *w, int fd)
+int ps_workers_gone(ps_workers *w, int fd)
 {
     for (int r = 0; fd >= 0 && r < w->num_workers; r++) {
         worker_info *wi = w->w[r];
         if (wi && wi->id_len && wi->fd == fd) {
-            ps_debug("worker %d's connection closed: its rank is free for the next hello", r);
             wi->id_len = 0;
             wi->fd = -1;
+            if (w->min && !wi->dropped && !wi->left) { /* elastic: no longer a member */
+                wi->dropped = 1;
+                w->ndropped++;
+                w->members--;
+                ps_info("worker %d's connection closed: removed; %d members (min %d)%s", r,
+                        w->members, w->min, w->members < w->min ? ", fewer than MIN" : "");
+                return r;
+            }
+            ps_debug("worker %d's connection closed: its rank is free for the next hello", r);
         }
     }
+    return -1;
 }
 
 int ps_workers_restore(ps_workers *w, const uint8_t *hello, int64_t now)
@@ -355,8 +364,7 @@ int ps_workers_check(ps_workers *w, int64_t now)
             w->ndropped++;
             w->members--;
             ps_warn("worker %d %s: removed; %d members (min %d)%s", r, what, w->members, w->min,
-                    w->members < w->min ? ": fewer than MIN, the job waits for workers to join"
-                    : "");
+                    w->members < w->min ? ", fewer than MIN" : "");
             return r;
         }
         if (w->on_loss == PS_LOSS_DROP) {
@@ -392,7 +400,7 @@ int ps_workers_leave(ps_workers *w, int rank)
     wi->left = 1;
     w->members--;
     ps_info("worker %d left: %d members (min %d)%s", rank, w->members, w->min,
-            w->members < w->min ? ": fewer than MIN, the job waits for workers to join" : "");
+            w->members < w->min ? ", fewer than MIN" : "");
     return 1;
 }
 

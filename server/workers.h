@@ -54,8 +54,10 @@ int ps_workers_hello(ps_workers *w, int rank, const ps_conn *c, uint64_t token, 
 
 /* The connection on socket fd closed (the ROUTER's monitor): a rank it held
  * is free for the next hello at once (fd: zmq_msg_get ZMQ_SRCFD of the
- * hello; -1 never matches). */
-void ps_workers_gone(ps_workers *w, int fd);
+ * hello; -1 never matches).  Elastic: a member it held is removed (logged)
+ * and its rank returned, to take out of the live sets (call again for the
+ * next); -1 when there is none (left). */
+int ps_workers_gone(ps_workers *w, int fd);
 
 /* Workers a checkpoint knew (hello: num_workers flags), heard from at now.
  * PS_ENOMEM. */

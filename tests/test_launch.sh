@@ -595,6 +595,48 @@ else
     kill_leftovers
 fi
 
+# An elastic job (--workers 2:4): a killed worker is removed at once (its
+# connection closed), the other three go on, and the new worker ps_launch
+# starts joins the running job where it is; all exit 0.
+case=launch_elastic_job_goes_on_without_a_killed_worker_and_its_replacement_joins
+if [ -n "$missing" ]; then
+    skip $case "$missing not built"
+else
+    why=""
+    out=$T/elastic.out
+    timeout 120 "$LAUNCH" --servers 1 --workers 2:4 --gpus none --mode sync --bin-dir "$BIN" \
+        -- --model mlp:784-64-10 --batch 32 --epochs 1000 --steps 3000 --lr 0.05 \
+        --log-every 500 --data "$DATA" --log-csv "$T/el-w{rank}.csv" >"$out" 2>&1 &
+    tpid=$!
+    wpid=""
+    if wait_for "$out" "[worker 2] " 30 "$tpid" && wait_for "$out" "iter 500/" 60 "$tpid"; then
+        wpid=$(pgrep -f "$T/el-w2.csv" | head -n 1)
+    fi
+    if [ -n "$wpid" ]; then
+        kill -9 "$wpid"
+        wait "$tpid"
+        rc=$?
+        [ "$rc" -eq 0 ] || why="exit status $rc, expected 0"
+        has "$out" "worker 2's connection closed: removed; 3 members (min 2)" ||
+            why="$why; the server did not remove worker 2 at once, leaving 3"
+        grep -q "^ps_launch: worker 2 (pid $wpid) was killed by signal 9 (SIGKILL); started a new one" "$out" ||
+            why="$why; ps_launch did not start a new worker 2"
+        [ "$(grep -c 'worker 2 joins' "$out")" -eq 2 ] || why="$why; worker 2 did not join again"
+        step=$(sed -n 's/.*\[worker 2\] .*joined the job at step \([0-9]*\)$/\1/p' "$out" | tail -n 1)
+        [ -n "$step" ] && [ "$step" -gt 0 ] ||
+            why="$why; the new worker 2 did not join the running job (step '$step')"
+        has "$out" "4 workers finished" || why="$why; not every worker finished"
+    else
+        kill -TERM "$(pgrep -P "$tpid")" 2>/dev/null
+        wait "$tpid"
+        why="worker 2 did not start or ps_launch ended first ($(grep '^ps_launch: ' "$out" | tail -n 1))"
+    fi
+    { no_leftovers && pids_gone "$out"; } ||
+        why="$why; processes left behind: $(pgrep -af "$T" | head -n 3)"
+    if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$out"; fi
+    kill_leftovers
+fi
+
 # Ctrl-C or SIGTERM to ps_launch in the middle of a real sync run: every
 # worker stops at once wherever it waits (no SIGKILL after the grace period),
 # ps_launch exits 128+N and leaves nothing behind.

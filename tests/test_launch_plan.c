@@ -466,6 +466,34 @@ PS_TEST(local_plan_has_the_exact_command_lines)
     ps_launch_opts_free(&o);
 }
 
+/* --workers MIN:MAX: MAX workers; servers and workers get --num-workers
+ * MIN:MAX; lost workers may be started again (--restart-workers) */
+PS_TEST(elastic_plan_gives_everyone_the_range)
+{
+    ps_launch_opts o;
+    ps_launch_plan p;
+    CHECK_OK(local_plan(&o, &p, NULL,
+                        ARGV("--servers", "1", "--workers", "2:4", "--gpus", "none",
+                             "--restart-workers", "3", "--", "--model", "cnn")));
+    CHECK(p.n == 5 && p.num_workers == 4 && p.num_workers_min == 2);
+    CHECK_EQ_INT(p.worker_restarts, 3);
+    CHECK(strstr(joined(&p.cmds[0].argv), " --num-workers 2:4 "));
+    for (int r = 0; r < 4; r++)
+        CHECK_MSG(strstr(joined(&p.cmds[1 + r].argv), " --num-workers 2:4 "), "%s",
+                  joined(&p.cmds[1 + r].argv));
+    ps_launch_plan_free(&p);
+    ps_launch_opts_free(&o);
+    /* a plain count is a fixed job: nothing is started again */
+    CHECK_OK(local_plan(&o, &p, NULL, ARGV("--servers", "1", "--workers", "3", "--gpus", "none")));
+    CHECK(p.num_workers_min == 3 && p.worker_restarts == 0);
+    CHECK(strstr(joined(&p.cmds[0].argv), " --num-workers 3 "));
+    ps_launch_plan_free(&p);
+    ps_launch_opts_free(&o);
+    /* MIN above MAX is refused */
+    CHECK(local_plan(&o, &p, NULL, ARGV("--servers", "1", "--workers", "4:2")) == PS_EINVAL);
+    ps_launch_opts_free(&o);
+}
+
 PS_TEST(local_plan_uses_the_gpus_found_or_the_cpu)
 {
     ps_launch_opts o;

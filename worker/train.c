@@ -216,6 +216,12 @@ static int connect_servers(worker *w)
     o.rank = c->rank;
     o.num_workers = c->num_workers;
     int L = c->local_size > 1 ? c->local_size : 1;
+    int elastic = c->num_workers_min > 0 && c->num_workers_min < c->num_workers;
+    if (elastic && L > 1) {
+        ps_error("--num-workers %d:%d (an elastic job) does not take --local-aggregate yet; "
+                 "run without it", c->num_workers_min, c->num_workers);
+        return PS_EINVAL;
+    }
     if (L > 1) {
         /* the servers see one worker per host: the host's leader */
         o.rank = c->rank / L;
@@ -242,6 +248,8 @@ static int connect_servers(worker *w)
     if (ps_exchange_metrics_url(w->x))
         ps_info("metrics: %s", ps_exchange_metrics_url(w->x));
     watch_exchange(w->x);
+    if (elastic) /* start joins the running job (docs/OPERATIONS.md "Elastic jobs") */
+        ps_exchange_set_elastic(w->x);
     if ((rc = ps_exchange_set_wire_dtype(w->x, c->wire_dtype)))
         return rc;
     if (L > 1) {
@@ -395,7 +403,6 @@ static int train_loop(worker *w)
     int rc = 0;
     double metric = -1;
     int64_t t_start = ps_now_ns(), t_win = t_start, t_run = t_start;
-    int64_t timed_from = 0; /* the first step the summary counts (--warmup) */
     int64_t win_steps = 0;
     double win_loss = 0;
     int do_eval = c->rank == 0 || c->eval_all;
@@ -409,9 +416,14 @@ static int train_loop(worker *w)
                 ps_model_table_dim(w->m), w->rows->name);
     /* a source that fetches ahead gets the first batch's ids now */
     int ahead = w->rows && w->rows->ahead;
-    if (ahead && total > 0 && (rc = hand_ids_ahead(w, 0, per_epoch)))
+    /* 0, or where this worker joined an elastic job */
+    int64_t first = w->x ? ps_exchange_start_step(w->x) : 0;
+    int64_t timed_from = first; /* the first step the summary counts (--warmup) */
+    if (first > 0)
+        ps_info("going on from step %lld, where this worker joined", (long long)first);
+    if (ahead && first < total && (rc = hand_ids_ahead(w, first, per_epoch)))
         return rc;
-    for (w->step = 0; w->step < total && !rc && !g_stop; w->step++) {
+    for (w->step = first; w->step < total && !rc && !g_stop; w->step++) {
         int64_t k = w->step % per_epoch, epoch = w->step / per_epoch;
         int buf = (int)(w->step & 1);
         /* our slice of global batch k of the epoch's shuffle, the same on every
@@ -470,7 +482,7 @@ static int train_loop(worker *w)
             win_loss = 0;
         }
         /* the summary's clock starts after the warm-up, on an idle device */
-        if (it == c->warmup && it < total) {
+        if (it == first + c->warmup && it < total) {
             if ((rc = w->b->stream_sync(w->b, PS_STREAM_COMPUTE)))
                 break;
             t_start = ps_now_ns();
