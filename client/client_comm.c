@@ -794,6 +794,14 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
     case PS_MSG_BROADCAST:
         r->version = h.barrier_id;
         break;
+    case PS_MSG_MEMBERS:
+        if (s->out) {
+            psc_members_out *o = s->out;
+            o->count = h.key <= INT32_MAX ? (int)h.key : -1;
+            o->index = (int)h.chunk - 1; /* c = 0: not a member */
+            o->version = h.members_version;
+        }
+        break;
     default:
         break;
     }

@@ -48,6 +48,12 @@ typedef struct psc_stats_out {
     ps_barrier_info *barrier;
 } psc_stats_out;
 
+/* What a MEMBERS reply says (ps_client_members). */
+typedef struct psc_members_out {
+    int count, index;
+    int64_t version;
+} psc_members_out;
+
 /* Open: make the queue, the eventfd and the ZeroMQ context, start the comm
  * thread and wait until its sockets are up: 0, or a PS_E* code with the
  * reason in c->last_error (nothing is left then). */

@@ -37,6 +37,37 @@ static int post_clock(ps_client *c, size_t t, int table, int64_t *max, ps_reques
     return rc;
 }
 
+int ps_client_members(ps_client *c, int *index, int *count, int64_t *version)
+{
+    if (!c || !index || !count)
+        return PS_EINVAL;
+    if (!c->started) {
+        snprintf(c->last_error, sizeof c->last_error, "members before start");
+        return PS_ESTATE;
+    }
+    c->last_error[0] = 0;
+    psc_members_out out = {0, -1, 0};
+    ps_request r;
+    psc_req_reset(c, &r, 1);
+    psc_op o = {.type = PS_MSG_MEMBERS, .server = 0, .req = &r, .out = &out};
+    int rc = psc_post(c, &o);
+    if (rc)
+        psc_req_fail(&r, rc, ps_strerror(rc));
+    if ((rc = ps_request_wait(&r)) != 0) {
+        snprintf(c->last_error, sizeof c->last_error, "members: %s", r.err);
+        return rc;
+    }
+    if (out.count < 0) {
+        snprintf(c->last_error, sizeof c->last_error, "members: a count out of range");
+        return PS_EPROTO;
+    }
+    *index = out.index;
+    *count = out.count;
+    if (version)
+        *version = out.version;
+    return 0;
+}
+
 int ps_client_join(ps_client *c, int64_t *step)
 {
     if (!c || !step)

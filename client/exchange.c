@@ -713,7 +713,9 @@ int ps_exchange_start(ps_exchange *x)
     x->started = 1;
     if (ps_client_shm_servers(x->client) > 0)
         to_arena(x);
-    for (int i = 0; i < x->n && x->init != 0; i++)
+    /* elastic: every worker inits (rank 0 may not be there); the first init
+     * of a chunk wins and everyone pulls it after the start barrier */
+    for (int i = 0; i < x->n && (x->init != 0 || x->elastic); i++)
         if ((rc = init_one(x, &x->t[i]))) {
             ps_error("init of param %d failed: %s %s", i, ps_strerror(rc), x->t[i].push.err);
             return rc;

@@ -391,6 +391,13 @@ int ps_client_leave(ps_client *c);
  * acknowledged.  PS_ESTATE from a server of a fixed-size job. */
 int ps_client_join(ps_client *c, int64_t *step);
 
+/* The membership now, from server 0: *count members (a fixed job: every
+ * rank), this worker the *index-th of them in rank order (-1: not a member);
+ * *version (may be NULL) counts its changes, so a training loop that reads
+ * it at a step boundary sees that it changed (dense ranks for the data
+ * split: ps.torch's ElasticSampler).  Blocks for one round trip. */
+int ps_client_members(ps_client *c, int *index, int *count, int64_t *version);
+
 /* The element type of the gradients this client pushes and of the weights it
  * pulls on the network: PS_DTYPE_F32 (the default), PS_DTYPE_BF16 or
  * PS_DTYPE_F16.  Buffers stay float32: the comm thread converts each pushed

@@ -122,10 +122,12 @@ void ps_exchange_set_init(ps_exchange *x, int inits);
 #define PS_EXCHANGE_INIT_BARRIER ((int64_t)1 << 61)
 
 /* An elastic job (ps_server --num-workers MIN:MAX), before ps_exchange_start:
- * start then waits at the start barrier (the servers hold the job's first
- * barrier until MIN members reached it; one that joins later passes it at
- * once), joins (ps_client_join) and pulls the weights of the join step
- * (sync), ps_exchange_start_step, from which the training loop goes on. */
+ * start then inits from this worker whatever ps_exchange_set_init said (the
+ * first init of a chunk wins: rank 0 may not be there), waits at the start
+ * barrier (the servers hold the job's first barrier until MIN members
+ * reached it; one that joins later passes it at once), joins
+ * (ps_client_join) and pulls the weights of the join step (sync; async: the
+ * current ones), ps_exchange_start_step, from which the loop goes on. */
 void ps_exchange_set_elastic(ps_exchange *x);
 /* The first step this worker pushes: 0, or in an elastic job its join step. */
 int64_t ps_exchange_start_step(const ps_exchange *x);

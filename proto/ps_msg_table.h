@@ -147,7 +147,11 @@
     X(JOIN, 28, "join", WORKER, 0, 0, 0, 0, 0, PUSH_STEP, NONE, join,                            \
       "an elastic job's new member (after its hello): its gradients count from step `s` on, "    \
       "on every chunk and partition; the rounds before it go on without it",                    \
-      "acknowledged")
+      "acknowledged")                                                                            \
+    X(MEMBERS, 29, "members", WORKER, 0, 0, 0, 0, 0, NONE, MEMBERS, members,                     \
+      "the workers that are members now (sent to server 0)",                                     \
+      "`k` members, this worker the (`c` - 1)-th of them in rank order (`c` = 0: not one); "    \
+      "`s` counts the changes so far (an elastic job's; a fixed job: every rank, version 0)")
 /* clang-format on */
 
 /* The header keys, in one list for the decoder and the table's key masks:
@@ -200,7 +204,8 @@ enum ps_s_meaning {
     PS_S_WANT_VERSION,  /* ps_header.want_version */
     PS_S_CHUNK_VERSION, /* ps_header.chunk_version */
     PS_S_BARRIER_ID,    /* ps_header.barrier_id */
-    PS_S_OPT_STEP       /* ps_header.opt_step */
+    PS_S_OPT_STEP,      /* ps_header.opt_step */
+    PS_S_MEMBERS        /* ps_header.members_version */
 };
 
 #endif

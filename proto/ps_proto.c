@@ -62,6 +62,7 @@ const char *ps_s_meaning_doc(int meaning)
     case PS_S_CHUNK_VERSION: return "the version of the chunk or partition";
     case PS_S_BARRIER_ID: return "the barrier's id";
     case PS_S_OPT_STEP: return "the optimizer's step count";
+    case PS_S_MEMBERS: return "the membership's version";
     default: return "nothing";
     }
 }
@@ -127,6 +128,7 @@ static size_t s_offset(uint32_t type, int reply)
     case PS_S_CHUNK_VERSION: return offsetof(ps_header, chunk_version);
     case PS_S_BARRIER_ID: return offsetof(ps_header, barrier_id);
     case PS_S_OPT_STEP: return offsetof(ps_header, opt_step);
+    case PS_S_MEMBERS: return offsetof(ps_header, members_version);
     default: return 0;
     }
 }

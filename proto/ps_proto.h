@@ -123,6 +123,7 @@ typedef struct ps_header {
     int64_t barrier_id;    /* BARRIER, ALLREDUCE, BROADCAST request and reply */
     int64_t opt_step;      /* STATE reply, SETSTATE request: the optimizer's step count
                               (adam's t of the last update) */
+    int64_t members_version; /* MEMBERS reply: how many times the membership changed */
     uint64_t count;    /* elements in the payload frame */
     uint32_t dtype;    /* enum ps_dtype; 0 when no payload */
     uint64_t total;    /* INIT: elements of the whole tensor (length check) */

@@ -676,6 +676,21 @@ static void io_on_leave(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     io_ack(s, &f[0], h);
 }
 
+/* Who the members are now, as the sender sees it: k members, it the
+ * (c - 1)-th, c = 0 when it is not one (server 0 answers; every server keeps
+ * the same table). */
+static void io_on_members(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    (void)nf;
+    int count, index;
+    ps_header r;
+    ps_reply_header(&r, h->type, h->seq, h->rank, 0, 0);
+    r.members_version = ps_workers_view(s->workers, h->rank, &count, &index);
+    r.key = (uint64_t)count;
+    r.chunk = (uint32_t)(index + 1); /* 0: not a member */
+    srv_send(s, &f[0], &r);
+}
+
 /* An elastic job's new member names the step its gradients count from
  * (membership.c): the rounds before it go on without it, on every chunk and
  * partition alike, however its hello raced them.  Only a member says it,

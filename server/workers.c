@@ -37,6 +37,7 @@ struct ps_workers {
     int seen, ndropped;
     int min;          /* an elastic job's MIN (ps_workers_set_elastic); 0: not elastic */
     int members;      /* elastic: ranks in the membership now */
+    int64_t changes;  /* elastic: membership changes so far (its version) */
     int64_t first_ns; /* the first hello of any worker (0: none yet) */
     int64_t wait_log_ns; /* PS_LOSS_WAIT: when the lost ranks were last named */
     uint64_t nlost, nrejoined, nrefused, nforged;
@@ -186,6 +187,7 @@ int ps_workers_hello(ps_workers *w, int rank, const ps_conn *c, uint64_t token, 
             w->ndropped--;
         wi->dropped = wi->left = 0;
         w->members++;
+        w->changes++;
         *rejoined = 1;
         ps_info("worker %d joins (identity %s): %d members (min %d, max %d)", rank, hex,
                 w->members, w->min, w->num_workers);
@@ -238,6 +240,7 @@ int ps_workers_gone(ps_workers *w, int fd)
                 wi->dropped = 1;
                 w->ndropped++;
                 w->members--;
+                w->changes++;
                 ps_info("worker %d's connection closed: removed; %d members (min %d)%s", r,
                         w->members, w->min, w->members < w->min ? ", fewer than MIN" : "");
                 return r;
@@ -363,6 +366,7 @@ int ps_workers_check(ps_workers *w, int64_t now)
             wi->dropped = 1;
             w->ndropped++;
             w->members--;
+            w->changes++;
             ps_warn("worker %d %s: removed; %d members (min %d)%s", r, what, w->members, w->min,
                     w->members < w->min ? ", fewer than MIN" : "");
             return r;
@@ -392,6 +396,21 @@ int ps_workers_members(const ps_workers *w)
     return w->min ? w->members : w->num_workers - w->ndropped;
 }
 
+int64_t ps_workers_view(const ps_workers *w, int rank, int *count, int *index)
+{
+    *count = 0;
+    *index = -1;
+    for (int r = 0; r < w->num_workers; r++) {
+        const worker_info *wi = w->w[r];
+        /* elastic: said hello, not removed, not left; fixed: every rank */
+        int member = !w->min || (w->hello[r] && wi && !wi->dropped && !wi->left);
+        if (member && r == rank)
+            *index = *count;
+        *count += member;
+    }
+    return w->changes;
+}
+
 int ps_workers_leave(ps_workers *w, int rank)
 {
     worker_info *wi = w->w[rank];
@@ -399,6 +418,7 @@ int ps_workers_leave(ps_workers *w, int rank)
         return 0;
     wi->left = 1;
     w->members--;
+    w->changes++;
     ps_info("worker %d left: %d members (min %d)%s", rank, w->members, w->min,
             w->members < w->min ? ", fewer than MIN" : "");
     return 1;

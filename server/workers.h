@@ -104,6 +104,10 @@ void ps_workers_set_elastic(ps_workers *w, int min);
 /* Elastic: rank left (LEAVE); 1 when it was a member (logged), 0 otherwise.
  * Its next hello (a new process) makes it a member again. */
 int ps_workers_leave(ps_workers *w, int rank);
+/* The membership as rank sees it: *count members, rank the *index-th of
+ * them in rank order (-1: not one); returns its version (changes so far).
+ * A fixed job: every rank, version 0. */
+int64_t ps_workers_view(const ps_workers *w, int rank, int *count, int *index);
 /* The members now (elastic), or the ranks not dropped. */
 int ps_workers_members(const ps_workers *w);
 

@@ -389,3 +389,39 @@ PS_TEST(a_fixed_job_refuses_a_join)
     ps_client_close(c);
     ps_test_stop(sv.pid, 10000);
 }
+
+/* The membership as each worker sees it: dense indices in rank order, a
+ * version that counts the changes. */
+PS_TEST(members_gives_dense_indices_and_a_version)
+{
+    ps_test_server sv;
+    CHECK_OK(ps_test_server_start(&sv, 1, "--mode async --num-workers 2:3"));
+    job j;
+    memset(&j, 0, sizeof j);
+    snprintf(j.eps, sizeof j.eps, "tcp://127.0.0.1:%d", sv.port);
+    j.mode = PS_MODE_ASYNC;
+    char why[256];
+    ps_client *c0 = open_client(&j, 0, why, sizeof why), *c2 = NULL, *c1 = NULL;
+    CHECK_MSG(c0, "%s", why);
+    c2 = open_client(&j, 2, why, sizeof why);
+    CHECK_MSG(c2, "%s", why);
+    int idx, n;
+    int64_t v0, v;
+    CHECK_OK(ps_client_members(c2, &idx, &n, &v0));
+    CHECK(idx == 1 && n == 2);
+    c1 = open_client(&j, 1, why, sizeof why);
+    CHECK_MSG(c1, "%s", why);
+    CHECK_OK(ps_client_members(c2, &idx, &n, &v));
+    CHECK(idx == 2 && n == 3 && v == v0 + 1);
+    CHECK_OK(ps_client_members(c1, &idx, &n, &v));
+    CHECK(idx == 1 && n == 3);
+    CHECK_OK(ps_client_leave(c0));
+    CHECK_OK(ps_client_members(c2, &idx, &n, &v));
+    CHECK(idx == 1 && n == 2 && v == v0 + 2);
+    CHECK_OK(ps_client_members(c0, &idx, &n, &v)); /* it left: not a member */
+    CHECK(idx == -1 && n == 2);
+    ps_client_close(c0);
+    ps_client_close(c1);
+    ps_client_close(c2);
+    ps_test_stop(sv.pid, 10000);
+}

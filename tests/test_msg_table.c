@@ -168,9 +168,10 @@ PS_TEST(a_message_without_a_key_its_row_requires_is_refused_naming_the_key)
      * replies of spull and spushpull; hyper h s and h, assign, state, clock k
      * c and s in the reply, setstate k c s and s, allreduce and broadcast s x2,
      * sassign k c dim and s in its reply; replhello h ep mb and ep, repllive k
-     * c s ep, repljoin h ep mb k c, replsnap k c ep tot rs; join s */
+     * c s ep, repljoin h ep mb k c, replsnap k c ep tot rs; join s; s in the
+     * reply of members */
     CHECK_EQ_INT(refused, 2 + 2 + 3 * 3 + 2 + 1 + 1 + 4 + 2 + 3 * 4 + 3 + 2 + 3 + 3 * 3 + 4 +
-                              2 * 2 + 4 + 4 + 4 + 5 + 5 + 1);
+                              2 * 2 + 4 + 4 + 4 + 5 + 5 + 1 + 1);
     /* the step of a push: named with what it is */
     ps_header a = full(PS_MSG_PUSH, 0), b;
     size_t len = encode_without(&a, "s", buf, sizeof buf);
@@ -189,25 +190,26 @@ PS_TEST(s_goes_to_the_field_its_row_names_and_nowhere_else)
             int meaning = reply ? m->s_rep : m->s_req;
             ps_header a = full(t, reply), b;
             a.push_step = 11, a.want_version = 12, a.chunk_version = 13, a.barrier_id = 14;
-            a.opt_step = 15;
+            a.opt_step = 15, a.members_version = 16;
             char buf[PS_HEADER_MAX], why[256];
             size_t len;
             CHECK_OK(ps_proto_encode(&a, buf, sizeof buf, &len));
             CHECK_MSG(ps_proto_decode(buf, len, &b, why, sizeof why) == 0, "%s", why);
-            int64_t want[] = {0, 0, 0, 0, 0};
+            int64_t want[] = {0, 0, 0, 0, 0, 0};
             if (meaning != PS_S_NONE)
                 want[meaning - PS_S_PUSH_STEP] = 10 + meaning;
             CHECK_MSG(b.push_step == want[0] && b.want_version == want[1] &&
                           b.chunk_version == want[2] && b.barrier_id == want[3] &&
-                          b.opt_step == want[4],
-                      "%s %s: s went to %lld %lld %lld %lld %lld", m->name,
+                          b.opt_step == want[4] && b.members_version == want[5],
+                      "%s %s: s went to %lld %lld %lld %lld %lld %lld", m->name,
                       reply ? "reply" : "request", (long long)b.push_step,
                       (long long)b.want_version, (long long)b.chunk_version,
-                      (long long)b.barrier_id, (long long)b.opt_step);
+                      (long long)b.barrier_id, (long long)b.opt_step,
+                      (long long)b.members_version);
             CHECK_EQ_INT(ps_header_get_s(&b), meaning == PS_S_NONE ? 0 : 10 + meaning);
         }
-    CHECK_EQ_INT(PS_S_PUSH_STEP, 1); /* the arithmetic above: 11 .. 15 */
-    CHECK_EQ_INT(PS_S_OPT_STEP, 5);
+    CHECK_EQ_INT(PS_S_PUSH_STEP, 1); /* the arithmetic above: 11 .. 16 */
+    CHECK_EQ_INT(PS_S_MEMBERS, 6);
 }
 
 /* The frames a layout has, each of the size full()'s header gives it. */

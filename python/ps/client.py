@@ -776,6 +776,29 @@ class Client:
         pulls are still answered; push nothing more)."""
         self._check(lib.ps_client_leave(self._ptr), "leave")
 
+    def join(self):
+        """An elastic job (num_workers="MIN:MAX"): this worker, started while
+        the others train, counts from the returned step on, on every chunk
+        (ps_client_join); pull that version and push that step first."""
+        step = ctypes.c_int64()
+        self._check(lib.ps_client_join(self._ptr, ctypes.byref(step)), "join")
+        return step.value
+
+    def members(self):
+        """(index, count, version): the members now, from server 0; this
+        worker the index-th of count in rank order (-1: not a member), and
+        how many times the membership changed (a fixed job: (rank,
+        num_workers, 0)).  The dense rank and size of an elastic job."""
+        i, n, v = ctypes.c_int(), ctypes.c_int(), ctypes.c_int64()
+        self._check(lib.ps_client_members(self._ptr, ctypes.byref(i), ctypes.byref(n),
+                                          ctypes.byref(v)), "members")
+        return i.value, n.value, v.value
+
+    @property
+    def elastic(self):
+        """num_workers was given as MIN:MAX with MIN < MAX."""
+        return self.num_workers_min < self.num_workers
+
     def barrier_info(self):
         """(barrier id, [ranks it still waits for]) of the open barrier with
         the lowest id on server 0; (-1, []) when none is open."""

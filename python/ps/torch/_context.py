@@ -15,7 +15,7 @@ import pickle
 
 import torch
 
-from ..client import RANK_ENV, SIZE_ENV, Client, _int_setting
+from ..client import RANK_ENV, SIZE_ENV, Client, _int_setting, _range_setting
 
 
 class _Context:
@@ -57,8 +57,19 @@ def rank():
 
 
 def size():
-    """The number of workers (PS_NUM_WORKERS, WORLD_SIZE, SLURM_NTASKS, ...)."""
-    return _client_or_env("num_workers", SIZE_ENV, 1)
+    """The number of workers (PS_NUM_WORKERS, WORLD_SIZE, SLURM_NTASKS, ...;
+    an elastic job's MAX: membership() has who takes part now)."""
+    if _ctx.client is not None:
+        return _ctx.client.num_workers
+    return _range_setting(None, SIZE_ENV, os.environ, "num_workers", 1)[1]
+
+
+def membership():
+    """(rank, size, version) among the members now, from server 0: this
+    worker's dense rank (-1 when it is not a member), how many there are, and
+    how many times the membership changed.  In a fixed job (rank(), size(),
+    0).  It needs the started client (as the collectives do)."""
+    return started_client("membership").members()
 
 
 def local_rank():

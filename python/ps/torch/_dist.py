@@ -77,6 +77,10 @@ class _Methods:
         self._ps_synced = False
         self._ps_skip = False
         self._ps_steps = 0
+        # an elastic job: the membership, read at step boundaries (membership())
+        self._ps_members = None
+        self._ps_members_every = 1
+        self._ps_members_cb = []
         self._ps_buffers_every = sync_buffers_every
         self._ps_model = model
         self._ps_view = None
@@ -300,10 +304,44 @@ class _Methods:
         self._ps_synced = False
         self._ps_steps += 1
         ex.end_step()
+        if self.client.elastic and self._ps_steps % self._ps_members_every == 0:
+            self._ps_follow_members()
         if self._ps_buffers_every and self._ps_model is not None and \
                 self._ps_steps % self._ps_buffers_every == 0:
             _context.average_buffers(self._ps_model, self.client)
         return loss
+
+    # ---- an elastic job's membership (docs/TORCH.md "Elastic jobs") ----
+
+    def _ps_follow_members(self):
+        now = self.client.members()
+        old, self._ps_members = self._ps_members, now
+        if old is not None and old[2] != now[2]:
+            for fn in list(self._ps_members_cb):
+                fn(now[0], now[1])
+
+    def membership(self):
+        """(rank, size, version): this worker's dense rank among the members,
+        their number and the membership's version, as of the last step
+        boundary (read after every step in an elastic job, every
+        members_every steps; a fixed job: (rank, size, 0))."""
+        if self._ps_members is None:
+            self._ps_members = self.client.members()
+        return self._ps_members
+
+    def on_membership_change(self, fn, every=None):
+        """Call fn(rank, size) at the step boundary after which the members
+        changed (a worker joined or left), as Horovod Elastic's reset
+        callbacks: re-split the data there (ElasticSampler.set_epoch does
+        at the next epoch).  every: read the membership every that many
+        steps (1)."""
+        self._ps_members_cb.append(fn)
+        if every is not None:
+            if every < 1:
+                raise ValueError("every must be at least 1, got %r" % (every,))
+            self._ps_members_every = int(every)
+        self.membership()
+        return fn
 
     def synchronize(self):
         """Horovod's: push this step's gradients now; with the update on the

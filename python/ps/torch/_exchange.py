@@ -294,6 +294,8 @@ class Exchange:
             t.add(self, k)
         if init_from_rank0:
             lib.ps_exchange_set_init(x, 1 if self.client.rank == 0 else 0)
+        if self.client.elastic:  # join the running job (docs/TORCH.md "Elastic jobs")
+            lib.ps_exchange_set_elastic(x)
         rc = lib.ps_exchange_start(x)
         if rc:
             raise self._start_error(rc)
