@@ -1,6 +1,8 @@
 #include "optimizer.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ps_error.h"
@@ -43,22 +45,55 @@ int ps_opt_state_arrays(int kind)
     case PS_OPT_MOMENTUM:
     case PS_OPT_NESTEROV:
     case PS_OPT_ADAGRAD: return 1;
-    case PS_OPT_ADAM: return 2;
+    case PS_OPT_ADAM:
+    case PS_OPT_ADAMW: return 2;
     default: return 0;
     }
 }
 
-/* ---- sgd ---- */
+/* Each kernel is torch.optim's single-tensor step (torch 1.13, foreach=False)
+ * operation for operation, so one worker through the servers repeats plain
+ * torch bit for bit.  torch's `a.add(b, alpha=x)` is one fused multiply-add
+ * on the CPU (fmaf(b, x, a)), `addcmul_(t1, t2, value=x)` is
+ * fmaf(x * t1, t2, a), `addcdiv_(t1, t2, value=x)` is a + (x * t1) / t2 and
+ * a tensor divided by a number divides (no reciprocal); its Python numbers
+ * (1 - beta1, lr / (1 - beta1^t), ...) are doubles rounded to float once.
+ * The hyper-parameters reach the servers as float32; those doubles are
+ * computed here from the number each float32 was most likely written as:
+ * the shortest decimal that rounds to it (ps_opt_decimal: 0.9f -> 0.9, 1e-3f ->
+ * 0.001), which is the script's double whenever that has at most 7
+ * significant digits (0.9, 0.999, 3e-4, 0.0078125).  So Adam and AdamW with
+ * torch's defaults repeat torch's bits; a value with more digits (a
+ * scheduler's 0.000904508..., 1 - 2^-10) rounds once more than in torch.
+ * -std=c11 gcc contracts nothing else into an fma.
+ *
+ * PS_OPT_FMA: the kernels are built twice (gcc's target_clones): with the
+ * FMA instructions, vectorized, and plain x86-64, where fmaf is libm's (the
+ * same results, slower); the loader picks the one the CPU runs. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__)
+#define PS_OPT_FMA __attribute__((target_clones("fma", "default")))
+#else
+#define PS_OPT_FMA
+#endif
 
-#define SGD_LOOP(WI, WO)                            \
-    for (size_t i = 0; i < n; i++)                  \
-        WO[i] = WI[i] - lr * (g[i] + wd * WI[i]);
+/* torch's `grad.add(param, alpha=wd)`, skipped when wd is 0 (as torch does:
+ * fmaf(w, 0, g) would not be g for an infinite w) */
+#define L2(gi, wi) (wd != 0.0f ? fmaf((wi), wd, (gi)) : (gi))
 
+/* ---- sgd: w.add_(g', alpha=-lr) ---- */
+
+#define SGD_LOOP(WI, WO)                                  \
+    for (size_t i = 0; i < n; i++)                        \
+        WO[i] = fmaf(L2(g[i], WI[i]), -lr, WI[i]);
+
+PS_OPT_FMA
 void ps_opt_sgd(float *restrict w, const float *restrict g, size_t n, float lr, float wd)
 {
     SGD_LOOP(w, w)
 }
 
+PS_OPT_FMA
 static void sgd_out(const float *restrict wi, float *restrict wo, const float *restrict g,
                     size_t n, float lr, float wd)
 {
@@ -73,21 +108,23 @@ void ps_opt_sgd_to(const float *w_in, float *w_out, const float *g, size_t n, fl
         sgd_out(w_in, w_out, g, n, lr, wd);
 }
 
-/* ---- momentum ---- */
+/* ---- momentum: v.mul_(mu).add_(g'); w.add_(v, alpha=-lr) (torch's first
+ * step clones g' into v: 0 * mu + g' is the same number) ---- */
 
-#define MOMENTUM_LOOP(WI, WO)                       \
-    for (size_t i = 0; i < n; i++) {                \
-        float gp = g[i] + wd * WI[i];               \
-        v[i] = mu * v[i] + gp;                      \
-        WO[i] = WI[i] - lr * v[i];                  \
+#define MOMENTUM_LOOP(WI, WO)                             \
+    for (size_t i = 0; i < n; i++) {                      \
+        v[i] = v[i] * mu + L2(g[i], WI[i]);               \
+        WO[i] = fmaf(v[i], -lr, WI[i]);                   \
     }
 
+PS_OPT_FMA
 void ps_opt_momentum(float *restrict w, float *restrict v, const float *restrict g, size_t n,
                      float lr, float mu, float wd)
 {
     MOMENTUM_LOOP(w, w)
 }
 
+PS_OPT_FMA
 static void momentum_out(const float *restrict wi, float *restrict wo, float *restrict v,
                          const float *restrict g, size_t n, float lr, float mu, float wd)
 {
@@ -103,21 +140,23 @@ void ps_opt_momentum_to(const float *w_in, float *w_out, float *v, const float *
         momentum_out(w_in, w_out, v, g, n, lr, mu, wd);
 }
 
-/* ---- nesterov ---- */
+/* ---- nesterov: as momentum, then g'.add(v, alpha=mu) is the step ---- */
 
-#define NESTEROV_LOOP(WI, WO)                       \
-    for (size_t i = 0; i < n; i++) {                \
-        float gp = g[i] + wd * WI[i];               \
-        v[i] = mu * v[i] + gp;                      \
-        WO[i] = WI[i] - lr * (gp + mu * v[i]);      \
+#define NESTEROV_LOOP(WI, WO)                             \
+    for (size_t i = 0; i < n; i++) {                      \
+        float gp = L2(g[i], WI[i]);                       \
+        v[i] = v[i] * mu + gp;                            \
+        WO[i] = fmaf(fmaf(v[i], mu, gp), -lr, WI[i]);     \
     }
 
+PS_OPT_FMA
 void ps_opt_nesterov(float *restrict w, float *restrict v, const float *restrict g, size_t n,
                      float lr, float mu, float wd)
 {
     NESTEROV_LOOP(w, w)
 }
 
+PS_OPT_FMA
 static void nesterov_out(const float *restrict wi, float *restrict wo, float *restrict v,
                          const float *restrict g, size_t n, float lr, float mu, float wd)
 {
@@ -133,20 +172,22 @@ void ps_opt_nesterov_to(const float *w_in, float *w_out, float *v, const float *
         nesterov_out(w_in, w_out, v, g, n, lr, mu, wd);
 }
 
-/* ---- adagrad: one block of b elements at offset o (gb, hb: g, h + o) ---- */
+/* ---- adagrad: h.addcmul_(g', g'); w.addcdiv_(g', sqrt(h) + eps, value=-lr);
+ * one block of b elements at offset o (gb, hb: g, h + o) ---- */
 
 #define ADAGRAD_BLOCK(WI, WO)                                   \
     for (size_t i = 0; i < b; i++) {                            \
-        float gp = gb[i] + wd * WI[i];                          \
-        hb[i] = hb[i] + gp * gp;                                \
+        float gp = L2(gb[i], WI[i]);                            \
+        hb[i] = fmaf(gp, gp, hb[i]);                            \
         d[i] = hb[i];                                           \
     }                                                           \
     ps_opt_sqrt_block(d, b);                                    \
     for (size_t i = 0; i < b; i++) {                            \
-        float gp = gb[i] + wd * WI[i]; /* WI is not written */  \
-        WO[i] = WI[i] - lr * gp / (d[i] + eps);                 \
+        float gp = L2(gb[i], WI[i]); /* WI is not written */    \
+        WO[i] = WI[i] + (-lr * gp) / (d[i] + eps);              \
     }
 
+PS_OPT_FMA
 void ps_opt_adagrad(float *restrict w, float *restrict h, const float *restrict g, size_t n,
                     float lr, float eps, float wd)
 {
@@ -159,6 +200,7 @@ void ps_opt_adagrad(float *restrict w, float *restrict h, const float *restrict 
     }
 }
 
+PS_OPT_FMA
 static void adagrad_out(const float *restrict wi, float *restrict wo, float *restrict h,
                         const float *restrict g, size_t n, float lr, float eps, float wd)
 {
@@ -180,28 +222,75 @@ void ps_opt_adagrad_to(const float *w_in, float *w_out, float *h, const float *g
         adagrad_out(w_in, w_out, h, g, n, lr, eps, wd);
 }
 
-/* ---- adam: one block, as adagrad's ---- */
+/* ---- adam and adamw: one block, as adagrad's.  adamw first scales the
+ * weights by keep = 1 - lr * wd (w.mul_), adam adds wd * w to the gradient;
+ * then m.mul_(b1).add_(g', alpha=1 - b1); v.mul_(b2).addcmul_(g', g',
+ * value=1 - b2); w.addcdiv_(m, sqrt(v) / sqrt(1 - b2^t) + eps,
+ * value=-lr / (1 - b1^t)) ---- */
 
 #define ADAM_BLOCK(WI, WO)                                      \
     for (size_t i = 0; i < b; i++) {                            \
-        float gp = gb[i] + wd * WI[i];                          \
-        mb[i] = b1 * mb[i] + c1 * gp;                           \
-        vb[i] = b2 * vb[i] + c2 * (gp * gp);                    \
-        d[i] = vb[i] / bc2;                                     \
+        float wk = WI[i] * keep;                                \
+        float gp = L2(gb[i], wk);                               \
+        WO[i] = wk;                                             \
+        mb[i] = fmaf(gp, c1, mb[i] * b1);                       \
+        vb[i] = fmaf(c2 * gp, gp, vb[i] * b2);                  \
+        d[i] = vb[i];                                           \
     }                                                           \
     ps_opt_sqrt_block(d, b);                                    \
     for (size_t i = 0; i < b; i++)                              \
-        WO[i] = WI[i] - lr * (mb[i] / bc1) / (d[i] + eps);
+        WO[i] = WO[i] + (step * mb[i]) / (d[i] / bc2s + eps);
 
-/* bias corrections once per step, in double, then rounded to float */
-#define ADAM_PROLOGUE                                           \
-    float bc1 = (float)(1.0 - pow((double)b1, (double)t));      \
-    float bc2 = (float)(1.0 - pow((double)b2, (double)t));      \
-    float c1 = 1.0f - b1, c2 = 1.0f - b2;                       \
+/* The shortest decimal that rounds to f, as a double (see above).  Kernels
+ * call it a few times per chunk (a table's row, often): the last values are
+ * kept, per thread. */
+double ps_opt_decimal(float f)
+{
+    static _Thread_local struct {
+        uint32_t bits;
+        int used;
+        double d;
+    } memo[4];
+    static _Thread_local unsigned next;
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    for (int k = 0; k < 4; k++)
+        if (memo[k].used && memo[k].bits == bits)
+            return memo[k].d;
+    double d = f;
+    char buf[32];
+    for (int p = 1; p <= 9 && isfinite(f); p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, (double)f);
+        if (strtof(buf, NULL) == f) {
+            d = strtod(buf, NULL);
+            break;
+        }
+    }
+    unsigned k = next++ % 4;
+    memo[k].bits = bits;
+    memo[k].used = 1;
+    memo[k].d = d;
+    return d;
+}
+
+/* torch's Python numbers: doubles, each rounded to float where a tensor
+ * op takes it */
+#define ADAM_PROLOGUE                                                         \
+    double b1d = ps_opt_decimal(b1), b2d = ps_opt_decimal(b2);                \
+    double lrd = ps_opt_decimal(lr);                                          \
+    double bc1 = 1.0 - pow(b1d, (double)t);                                   \
+    float bc2s = (float)sqrt(1.0 - pow(b2d, (double)t));                      \
+    float step = (float)-(lrd / bc1);                                         \
+    float c1 = (float)(1.0 - b1d), c2 = (float)(1.0 - b2d);                   \
+    float keep = decoupled ? (float)(1.0 - lrd * ps_opt_decimal(wd)) : 1.0f;  \
+    if (decoupled)                                                            \
+        wd = 0.0f;                                                            \
     float d[BLOCK];
 
-void ps_opt_adam(float *restrict w, float *restrict m, float *restrict v, const float *restrict g,
-                 size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t)
+PS_OPT_FMA
+static void adam_in(float *restrict w, float *restrict m, float *restrict v,
+                    const float *restrict g, size_t n, float lr, float b1, float b2, float eps,
+                    float wd, int decoupled, int64_t t)
 {
     ADAM_PROLOGUE
     for (size_t o = 0; o < n; o += BLOCK) {
@@ -212,9 +301,10 @@ void ps_opt_adam(float *restrict w, float *restrict m, float *restrict v, const 
     }
 }
 
+PS_OPT_FMA
 static void adam_out(const float *restrict wi, float *restrict wo, float *restrict m,
                      float *restrict v, const float *restrict g, size_t n, float lr, float b1,
-                     float b2, float eps, float wd, int64_t t)
+                     float b2, float eps, float wd, int decoupled, int64_t t)
 {
     ADAM_PROLOGUE
     for (size_t o = 0; o < n; o += BLOCK) {
@@ -225,13 +315,38 @@ static void adam_out(const float *restrict wi, float *restrict wo, float *restri
     }
 }
 
+static void adam_to(const float *w_in, float *w_out, float *m, float *v, const float *g,
+                    size_t n, float lr, float b1, float b2, float eps, float wd, int decoupled,
+                    int64_t t)
+{
+    if (w_in == w_out)
+        adam_in(w_out, m, v, g, n, lr, b1, b2, eps, wd, decoupled, t);
+    else
+        adam_out(w_in, w_out, m, v, g, n, lr, b1, b2, eps, wd, decoupled, t);
+}
+
+void ps_opt_adam(float *restrict w, float *restrict m, float *restrict v, const float *restrict g,
+                 size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t)
+{
+    adam_in(w, m, v, g, n, lr, b1, b2, eps, wd, 0, t);
+}
+
 void ps_opt_adam_to(const float *w_in, float *w_out, float *m, float *v, const float *g,
                     size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t)
 {
-    if (w_in == w_out)
-        ps_opt_adam(w_out, m, v, g, n, lr, b1, b2, eps, wd, t);
-    else
-        adam_out(w_in, w_out, m, v, g, n, lr, b1, b2, eps, wd, t);
+    adam_to(w_in, w_out, m, v, g, n, lr, b1, b2, eps, wd, 0, t);
+}
+
+void ps_opt_adamw(float *restrict w, float *restrict m, float *restrict v, const float *restrict g,
+                  size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t)
+{
+    adam_in(w, m, v, g, n, lr, b1, b2, eps, wd, 1, t);
+}
+
+void ps_opt_adamw_to(const float *w_in, float *w_out, float *m, float *v, const float *g,
+                     size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t)
+{
+    adam_to(w_in, w_out, m, v, g, n, lr, b1, b2, eps, wd, 1, t);
 }
 
 /* The learning rate of update t (1, 2, ...) under the step decay schedule. */
@@ -281,6 +396,10 @@ int ps_opt_apply_to(const ps_opt_config *cfg, const float *w_in, float *w_out, f
     case PS_OPT_ADAM:
         ps_opt_adam_to(w_in, w_out, s0, s1, g, n, c->lr, c->beta1, c->beta2, c->eps,
                        c->weight_decay, t);
+        return 0;
+    case PS_OPT_ADAMW:
+        ps_opt_adamw_to(w_in, w_out, s0, s1, g, n, c->lr, c->beta1, c->beta2, c->eps,
+                        c->weight_decay, t);
         return 0;
     case PS_OPT_AVERAGE: average_to(w_out, g, n); return 0;
     case PS_OPT_ADD:

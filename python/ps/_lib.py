@@ -32,7 +32,8 @@ ERR_TEXT_MAX = 200
 MODE_SYNC, MODE_ASYNC = 1, 2
 
 # enum ps_opt_kind by value from PS_OPT_NONE = 0 (6 is the tables' FTRL, no dense kind)
-OPT_KINDS = ("none", "sgd", "momentum", "nesterov", "adagrad", "adam", None, "average", "add")
+OPT_KINDS = ("none", "sgd", "momentum", "nesterov", "adagrad", "adam", None, "average", "add",
+             "adamw")
 
 # PS_OPT_PARAMS, in table order: (field, flag, default, is an integer)
 OPT_PARAMS = (

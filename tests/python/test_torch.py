@@ -211,9 +211,12 @@ class Wrapper(unittest.TestCase):
                          "--optimizer adam --lr 0.001 --weight-decay 0 --beta1 0.8 "
                          "--beta2 0.99 --eps 1e-07")
         self.assertIn("--optimizer adagrad", flags(torch.optim.Adagrad(p, lr=0.01)))
+        self.assertEqual(flags(torch.optim.AdamW(p, lr=1e-3, weight_decay=0.01)),
+                         "--optimizer adamw --lr 0.001 --weight-decay 0.01 --beta1 0.9 "
+                         "--beta2 0.999 --eps 1e-08")
         for opt, word in [(torch.optim.SGD(p, lr=0.1, momentum=0.9, dampening=0.1), "dampening"),
                           (torch.optim.Adam(p, amsgrad=True), "amsgrad"),
-                          (torch.optim.AdamW(p, weight_decay=0.01), "decoupled"),
+                          (torch.optim.AdamW(p, amsgrad=True), "amsgrad"),
                           (torch.optim.Adagrad(p, lr_decay=0.1), "lr_decay"),
                           (torch.optim.RMSprop(p), "RMSprop"),
                           (torch.optim.SGD([{"params": p}, {"params": [nn.Parameter(
