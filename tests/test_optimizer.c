@@ -11,6 +11,7 @@
 #include "ps_error.h"
 #include "ps_opt_table.h"
 #include "ps_test.h"
+#include "table.h"
 
 #define REL_TOL 2e-6
 #define STEPS 8
@@ -271,6 +272,42 @@ PS_TEST(lr_0_moves_no_weight_and_still_counts_adams_step)
     char why[128];
     CHECK_EQ_INT(ps_opt_check(&c, 0, why, sizeof why), PS_EINVAL);
     CHECK_MSG(strstr(why, "lr must be in [0, 1e+06]"), "%s", why);
+}
+
+/* The tables' range check is the same table's: lr 0 passes for every kind
+ * that takes it (a row's push then moves nothing), and FTRL, whose alpha
+ * divides, refuses it. */
+PS_TEST(tables_take_lr_0_except_ftrl)
+{
+    const int tkinds[6] = {PS_OPT_SGD,     PS_OPT_MOMENTUM, PS_OPT_NESTEROV,
+                           PS_OPT_ADAGRAD, PS_OPT_ADAM,     PS_TABLE_OPT_FTRL};
+    for (int k = 0; k < 6; k++) {
+        ps_table_config c;
+        memset(&c, 0, sizeof c);
+        c.table = 3, c.dim = 4, c.init = PS_TABLE_INIT_UNIFORM, c.init_scale = 0.5f, c.seed = 1;
+        c.max_memory = UINT64_MAX;
+        ps_opt_default(&c.opt);
+        c.opt.kind = tkinds[k];
+        c.opt.lr = 0;
+        c.ftrl_beta = 1.0f;
+        ps_table *t = NULL;
+        char why[256] = "";
+        int rc = ps_table_create(&c, &t, why, sizeof why);
+        if (tkinds[k] == PS_TABLE_OPT_FTRL) {
+            CHECK_EQ_INT(rc, PS_EINVAL);
+            CHECK_MSG(strstr(why, "lr (FTRL's alpha) must be > 0"), "%s", why);
+            continue;
+        }
+        CHECK_MSG(rc == 0, "%s: %s", ps_opt_name(tkinds[k]), why);
+        uint64_t id = 9;
+        float w0[4], g[4] = {1, -2, 3, -4}, w1[4];
+        CHECK_OK(ps_table_pull(t, &id, 1, w0, 4, why, sizeof why));
+        CHECK_OK(ps_table_push(t, &id, 1, g, 4, 1, why, sizeof why));
+        CHECK_OK(ps_table_pull(t, &id, 1, w1, 4, why, sizeof why));
+        CHECK_MSG(memcmp(w0, w1, sizeof w0) == 0, "%s: lr 0 moved a row",
+                  ps_opt_name(tkinds[k]));
+        ps_table_destroy(t);
+    }
 }
 
 PS_TEST(hyper_parameters_are_taken_as_their_shortest_decimal)

@@ -30,11 +30,12 @@ is registered, in order, with a key made of its position and a CRC of its
 name and shape, so workers that wrap different models are refused at
 start.  Worker 0's initial weights win (and its buffers and frozen
 parameters: BatchNorm statistics); a worker that restarts goes on from the
-servers' clock.  Each backward pushes each gradient the moment autograd has
-made it (last layer first) and posts the pull of the next version; before a
-module's forward its parameters take that version (sync: waiting for that
-layer only).  Gradients edited between backward and step() (clipping) wait
-for step() instead; backward_passes_per_step and no_sync() accumulate.
+servers' clock.  step() pushes each gradient as .grad holds it (so
+accumulation, clipping and unscaling are what they are in plain torch) and
+posts the pull of the next version, first layer first; before a module's
+forward its parameters take that version (sync: waiting for that layer
+only).  grad_edits=False pushes during backward instead, the moment autograd
+has made each gradient (last layer first).
 Ctrl-C interrupts any wait in libps (KeyboardInterrupt); the start and end
 barriers say whom they wait for and give up after wait_timeout; join()
 lets workers with uneven step counts finish.
@@ -101,10 +102,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                         optimizer the servers lack (Adadelta, RMSprop,
                         LAMB), per-group settings, or to clip the averaged
                         gradient (synchronize())
-      grad_edits        None: the first step looks whether .grad is edited
-                        between backward and step() (clipping); then pushes
-                        wait for step().  True: they always do; False:
-                        pushes go during backward and an edit is refused
+      grad_edits        None (or True): gradients go at step(), as .grad
+                        then holds them (micro-batches summed by several
+                        backward() calls, clipped, unscaled).  False: each
+                        goes during backward, overlapping it, for loops of
+                        one backward per step (or backward_passes_per_step /
+                        no_sync()) that never edit .grad: a break of that is
+                        refused when seen, after what had left was applied
       backward_passes_per_step  k micro-batches accumulate into one push
       compression       Compression.none / fp16 / bf16: the wire type
                         (the servers' --wire-dtype must agree)

@@ -23,12 +23,16 @@ by where the update runs (`update`; None: as the servers were started):
           same update); async, step() steps and pushes what it changed in
           the weights (the delta), which the servers add, as BytePS does.
 
-Gradients leave during backward (overlapping it) unless something edits
-them between backward and step() (clip_grad_norm_, GradScaler.unscale_):
-the first step pushes at step() and looks; if the gradients were edited,
-every push waits for step() from then on (grad_edits=True says so up front,
-False refuses edits).  backward_passes_per_step=k and no_sync() accumulate
-micro-batches into one push.
+Gradients leave at step(): what .grad holds then (micro-batches summed by
+several backward() calls, clipped, unscaled) is what the servers get, one
+push per step, whatever a step does; nothing is pushed twice (synchronize()
+after step() has nothing new).  grad_edits=False pushes each gradient
+during backward the moment autograd has made it (overlapping the rest of
+backward) for a loop that promises one backward per step (or
+backward_passes_per_step=k, or no_sync() around the passes that only
+accumulate) and no edit of .grad before step(); a break of that promise
+is refused when it is seen (the extra backward, at its first gradient; the
+edit, at step()), but what had left was applied.
 """
 
 import contextlib
@@ -76,6 +80,7 @@ class _Methods:
                   wait_timeout, sync_buffers_every, tables=()):
         self._ps_synced = False
         self._ps_skip = False
+        self._ps_backwards = 0  # the exchange's backward count at the last step()
         self._ps_steps = 0
         self._ps_buffers_every = sync_buffers_every
         self._ps_model = model
@@ -112,7 +117,7 @@ class _Methods:
             raise ValueError("backward_passes_per_step=%d with embedding tables on the servers: "
                              "a table takes one batch per step" % k)
         ex.passes_per_step = k
-        ex.push_mode = {None: "probe", True: "step", False: "backward"}[grad_edits]
+        ex.push_mode = "backward" if grad_edits is False else "step"
         self._ps_grad_edits = grad_edits
         ex.on_step_start = self._ps_step_start
         self._ps_known = None
@@ -233,26 +238,18 @@ class _Methods:
             self._ps_known = {k: got[k] for k in want}
 
     def _ps_push(self):
-        """This step's gradients to the servers: what backward left (or all,
-        when pushes wait for step()), after the edit checks."""
+        """This step's gradients to the servers: .grad as it is now (with
+        grad_edits=False, what backward did not push, after the check that
+        none it pushed was edited since)."""
         ex = self._ps_ex
-        edited = ex.edited_after_backward()
-        if ex.push_mode == "probe":
-            ex.push_mode = "step" if edited else "backward"
-            if edited:
-                sys.stderr.write(
-                    "ps.torch[%d]: the gradients are edited between backward and step() "
-                    "(clipping, unscaling): they go to the servers at step() from now on, "
-                    "not during backward (grad_edits=True says so and skips this check)\n"
-                    % ex.client.rank)
-        elif ex.push_mode == "backward":
-            late = [ex.names[i] for i in edited if ex.pushed[i]]
+        if ex.push_mode == "backward":
+            late = [ex.names[i] for i in ex.edited_after_backward() if ex.pushed[i]]
             if late:
                 raise RuntimeError(
                     "the gradient of %s changed after backward (clip_grad_norm_, "
-                    "GradScaler.unscale_, an edit of .grad), but it had gone to the servers "
-                    "during backward, so the edit cannot take effect: make the optimizer with "
-                    "DistributedOptimizer(..., grad_edits=True), and gradients wait for step()"
+                    "GradScaler.unscale_, an edit of .grad), but with grad_edits=False it had "
+                    "gone to the servers during backward, so the edit cannot take effect: leave "
+                    "grad_edits at its default (None), and gradients go at step()"
                     % ", ".join(late[:3]))
         ex.begin_step()
         ex.push_rest()
@@ -281,20 +278,12 @@ class _Methods:
                 ex.means_into_grads()
             super(self.__class__, self).step()
             ex.note_weights()
-        else:
-            if self._ps_synced:
-                late = ex.edited_after_backward()
-                if late:
-                    raise RuntimeError(
-                        "the gradient of %s changed after synchronize(): the servers apply "
-                        "the update, so they had it already; edit gradients before "
-                        "synchronize() (or before step() without it), or use update='worker'"
-                        % ex.names[late[0]])
-            else:
-                self._ps_push()
+        else:  # the servers apply .grad as it is now (synchronize() left it here)
+            self._ps_push()
             if ex.module is None:
                 ex.take_weights()
         self._ps_synced = False
+        self._ps_backwards = ex.backwards
         self._ps_steps += 1
         ex.end_step()
         if self._ps_buffers_every and self._ps_model is not None and \
@@ -303,18 +292,20 @@ class _Methods:
         return loss
 
     def synchronize(self):
-        """Horovod's: push this step's gradients now; with the update on the
-        workers, wait for the mean and put it in .grad (clip it then, and
-        step() under skip_synchronize()).  With the update on the servers
-        they apply it: an edit after this cannot reach them (step() says
-        so)."""
+        """Horovod's: with the update on the workers (sync), push this
+        step's gradients now, wait for the mean and put it in .grad (clip
+        it then, and step() under skip_synchronize()).  With the update on
+        the servers nothing comes back to edit: the push waits for step(),
+        so an edit after this still reaches them.  After step(), with no
+        backward since, there is nothing new: it does nothing."""
         ex = self._ps_ex
-        if self._ps_synced or self._ps_update == "worker-async":
+        if self._ps_synced or self._ps_update == "worker-async" or \
+                ex.backwards == self._ps_backwards:
             return
-        self._ps_push()
         if self._ps_update == "worker-sync":
+            self._ps_push()
             ex.means_into_grads()
-        ex._end_of_backward()  # edits from here on are the user's
+            ex.note_grads()  # edits from here on are the user's
         self._ps_synced = True
 
     def zero_grad(self, set_to_none=False):

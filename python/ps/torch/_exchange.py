@@ -218,7 +218,7 @@ class Exchange:
         self._x = self._b = None
         self._hooks = []
         # what the optimizer sets (ps.torch.DistributedOptimizer)
-        self.push_mode = "backward"   # backward | step | probe (the first step decides)
+        self.push_mode = "backward"   # backward (hooks push) | step (step() pushes)
         self.passes_per_step = 1
         self.no_sync_depth = 0
         self.on_step_start = None     # called before the first push or forward of a step
@@ -226,6 +226,7 @@ class Exchange:
         self._in_step = False         # begin_step ran for the step under way
         self._told_writes = False
         self._gver = [None] * n       # .grad (id, version) at the end of the last backward
+        self.backwards = 0            # backward passes that reached a parameter, ever
         self._zver = [None] * n       # .grad (id, version) as zero_grad left it: all zeros
         self._wver = [p._version for p in self.params]  # weights as we last left them
         self._end_queued = False
@@ -442,8 +443,18 @@ class Exchange:
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         if self.update == "worker-async" or self.push_mode != "backward" or self.no_sync_depth:
             return None
+        if self.pushed[i]:
+            # another backward after this step's gradient had left: the
+            # servers applied (or averaged) the earlier one alone
+            raise RuntimeError(
+                "parameter %r got a gradient from another backward() before step(), but its "
+                "gradient of this step had already gone to the servers (grad_edits=False pushes "
+                "during backward), which take it alone: for gradient accumulation say "
+                "backward_passes_per_step=k, or put the backward passes that only accumulate "
+                "in `with optimizer.no_sync():`, or leave grad_edits at its default (gradients "
+                "go at step())" % self.names[i])
         self.passes[i] += 1
-        if self.passes[i] < self.passes_per_step or self.pushed[i]:
+        if self.passes[i] < self.passes_per_step:
             return None
         self.begin_step()
         # what the optimizer would see: .grad after this backward adds to it
@@ -518,12 +529,18 @@ class Exchange:
 
     def _end_of_backward(self):
         self._end_queued = False
+        self.backwards += 1
         if self.cuda:
             self._drain(block=True)
-        self._gver = [None if p.grad is None else (id(p.grad), p.grad._version)
-                      for p in self.params]
+        self.note_grads()
         if self.auto_step:
             self.end_step()
+
+    def note_grads(self):
+        """.grad as it is now is what the pushes so far saw: an edit from
+        here on is one (edited_after_backward)."""
+        self._gver = [None if p.grad is None else (id(p.grad), p.grad._version)
+                      for p in self.params]
 
     # ---- steps (what DistributedOptimizer.step calls) ----
 
