@@ -347,6 +347,10 @@ int ps_client_broadcast(ps_client *c, int64_t id, const float *src, float *dst, 
  * it; its pulls are still answered, and collectives still wait for it.
  * Blocks until every server acknowledged.  Push nothing more afterwards. */
 int ps_client_leave(ps_client *c);
+/* The same to one server, as a request (wait on req, ps_request_wait_for):
+ * a worker that ends after an error leaves without waiting long on a server
+ * that may be gone. */
+int ps_client_leave_post(ps_client *c, int server, ps_request *req);
 
 /* The element type of the gradients this client pushes and of the weights it
  * pulls on the network: PS_DTYPE_F32 (the default), PS_DTYPE_BF16 or

@@ -233,6 +233,7 @@ _proto("ps_client_clock", c_int, _P, c_uint64, _R)
 _proto("ps_client_allreduce", c_int, _P, c_int64, c_void_p, c_void_p, c_size_t, _R)
 _proto("ps_client_broadcast", c_int, _P, c_int64, c_void_p, c_void_p, c_size_t, _R)
 _proto("ps_client_leave", c_int, _P)
+_proto("ps_client_leave_post", c_int, _P, c_int, _R)
 
 _proto("ps_backend_host_create", c_int, POINTER(_P))
 _proto("ps_backend_host_destroy", None, _P)

@@ -320,6 +320,75 @@ class Optimizer(unittest.TestCase):
             dopt.close()
             s.stop()
 
+    def test_a_group_added_after_wrapping_trains_as_in_plain_torch(self):
+        """Fine-tuning that unfreezes a layer after 3 steps and adds it as a
+        group with its own lr: its tensors train (averaged by allreduce,
+        stepped by the worker's optimizer), bitwise plain torch on one
+        worker, for the update on the servers and on the workers (issue 31:
+        accepted and never trained)."""
+        x, y = data(6 * 16, seed=8)
+
+        def train(model, opt, make_group):
+            for t in range(6):
+                if t == 3:
+                    model.fc2.requires_grad_(True)
+                    opt.add_param_group(make_group(model))
+                opt.zero_grad()
+                F.cross_entropy(model(x[t * 16:(t + 1) * 16]), y[t * 16:(t + 1) * 16]).backward()
+                opt.step()
+
+        for flags, update in ((("--optimizer", "momentum", "--lr", "0.1", "--momentum", "0.5"),
+                               "server"), (("--optimizer", "average"), "worker")):
+            def fresh():
+                m = Net(9)
+                m.fc2.requires_grad_(False)
+                body = [p for n, p in m.named_parameters() if not n.startswith("fc2")]
+                return m, torch.optim.SGD(body, lr=0.1, momentum=0.5)
+
+            group = lambda m: {"params": list(m.fc2.parameters()), "lr": 0.3}  # noqa: E731
+            ref, opt = fresh()
+            head0 = ref.fc2.weight.detach().clone()
+            train(ref, opt, group)
+            s = pstest.Server("--num-workers", "1", "--mode", "sync", *flags)
+            model, opt = fresh()
+            dopt = ps.torch.DistributedOptimizer(opt, model=model, client=client(s, "sync"),
+                                                 update=update)
+            train(model, dopt, group)
+            dopt.pull_final()
+            self.assertFalse(torch.equal(ref.fc2.weight, head0))  # the head trained
+            self.assertTrue(torch.equal(flat(ref), flat(model)), "%s: %s" % (update, (
+                flat(ref) - flat(model)).abs().max()))
+            self.assertEqual(len(dopt.state_dict()["param_groups"]), 2)
+            dopt.close()
+            s.stop()
+
+    def test_groups_added_after_wrapping_agree_on_two_workers(self):
+        x, y = data(6 * 32, seed=3)
+        s = pstest.Server("--num-workers", "2", "--mode", "sync", "--lr", "0.1")
+        models = [Net(1), Net(2)]  # rank 0's head wins when the group is added
+
+        def work(r):
+            m = models[r]
+            body = [p for n, p in m.named_parameters() if not n.startswith("fc2")]
+            m.fc2.requires_grad_(False)
+            dopt = ps.torch.DistributedOptimizer(torch.optim.SGD(body, lr=0.1), model=m,
+                                                 client=client(s, "sync", r, 2))
+            for t in range(6):
+                if t == 2:
+                    m.fc2.requires_grad_(True)
+                    dopt.add_param_group({"params": list(m.fc2.parameters()), "lr": 0.5})
+                dopt.zero_grad()
+                lo = (t * 2 + r) * 16
+                F.cross_entropy(m(x[lo:lo + 16]), y[lo:lo + 16]).backward()
+                dopt.step()
+            dopt.pull_final()
+            out = flat(m).clone()
+            dopt.close()
+            return out
+
+        a, b = run_workers(work, 2)
+        self.assertTrue(torch.equal(a, b))
+
     def test_state_dict_round_trip_restores_weights_and_adam_state_bitwise(self):
         x, y = data(10 * 16, seed=2)
         s = pstest.Server("--num-workers", "1", "--mode", "sync", "--optimizer", "adam", "--lr",
@@ -634,6 +703,37 @@ time.sleep(60)
 """
 
 
+ENDS = r"""
+import os, sys, time
+sys.path.insert(0, %r)
+import torch, torch.nn as nn, ps, ps.torch
+torch.set_num_threads(1)
+steps, end, fail_at = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+opt = ps.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model=model)
+state = {"t": 0}
+
+def hook(g):
+    if state["t"] == fail_at:
+        raise TypeError("a gradient hook refuses step %%d" %% fail_at)
+
+model[0].weight.register_hook(hook)
+for t in range(steps):
+    state["t"] = t
+    opt.zero_grad()
+    model(torch.ones(2, 4) * (t %% 7)).sum().backward()
+    opt.step()
+print("trained", steps, flush=True)
+if end == "pull_final":
+    opt.pull_final()
+    print("final", float(model[0].weight.sum()), flush=True)
+elif end == "close":
+    opt.close()
+# "exit": nothing, the interpreter's exit closes it
+"""
+
+
 @need_torch
 class NoHangs(unittest.TestCase):
     def waiter(self, timeout=600):
@@ -679,6 +779,147 @@ class NoHangs(unittest.TestCase):
         self.assertIn("waiting for worker 1 at the start barrier", out.stderr)
         self.assertIn("gave up at the start barrier after 6 s", out.stderr)
         self.assertIn("PS_ETIMEDOUT", out.stderr)
+
+    def ends(self, steps, end, fail_at=(-1, -1), timeout=120):
+        """Two worker processes of ENDS against a sync server (rank r: steps[r],
+        ending with end[r]); [(status, seconds, stdout, stderr)] by rank."""
+        path = os.path.join(pstest.TMP, "ends.py")
+        with open(path, "w") as f:
+            f.write(ENDS % os.path.join(ROOT, "python"))
+        s = pstest.Server("--num-workers", "2", "--mode", "sync", "--lr", "0.01")
+        procs, t0 = [], time.time()
+        for r in range(2):
+            env = dict(os.environ, PS_SERVERS=s.endpoint, PS_RANK=str(r), PS_NUM_WORKERS="2",
+                       PS_MODE="sync")
+            procs.append(subprocess.Popen([pstest.PYTHON, path, str(steps[r]), end[r],
+                                           str(fail_at[r])], stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, env=env))
+        out = []
+        for p in procs:
+            try:
+                o, e = p.communicate(timeout=max(1, timeout - (time.time() - t0)))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                o, e = p.communicate()
+                e += "\n(killed: still running after %d s)" % timeout
+            out.append((p.returncode, time.time() - t0, o, e))
+        return out
+
+    def test_uneven_step_counts_without_join_end_with_exit_0_on_both(self):
+        """300 and 290 steps, sync, no join(): the worker that ends first
+        leaves the rounds at pull_final(), close() or its exit, the other
+        finishes alone; both exit 0, with the same final weights where both
+        pull them (issue 31: the one ahead blocked in its step 291 while the
+        other waited at the final barrier until the 600 s timeout)."""
+        for end in (("pull_final", "pull_final"), ("exit", "exit"), ("close", "pull_final")):
+            res = self.ends((300, 290), end)
+            for r, (rc, took, o, e) in enumerate(res):
+                self.assertEqual(rc, 0, "%s, worker %d after %.0f s: %s" % (end, r, took,
+                                                                          e[-1500:]))
+                self.assertIn("trained %d" % (300, 290)[r], o)
+            if end == ("pull_final", "pull_final"):
+                finals = [re.search(r"final (\S+)", o).group(1) for _, _, o, _ in res]
+                self.assertEqual(finals[0], finals[1])
+
+    def test_an_exception_in_a_gradient_hook_exits_1_within_10_s(self):
+        """The exception ends its process with status 1 at once (hang guard:
+        10 s); the other worker, which was waiting on its round, goes on
+        without it and ends (issue 31: both stayed alive, idle)."""
+        res = self.ends((8, 40), ("pull_final", "pull_final"), fail_at=(3, -1))
+        rc, took, o, e = res[0]
+        self.assertEqual(rc, 1, e[-1500:])
+        self.assertIn("TypeError: a gradient hook refuses step 3", e)
+        self.assertIn("leaving the servers' rounds after an error", e)
+        self.assertLess(took, 10.0, e[-1500:])
+        rc, took, o, e = res[1]
+        self.assertEqual(rc, 0, e[-1500:])
+        self.assertIn("trained 40", o)
+
+    def test_a_worker_refused_at_hello_makes_its_peer_exit_with_the_reason(self):
+        """Worker 1 wraps another model: the server refuses its hello, and
+        worker 0, waiting for it at the start barrier, fails at once naming
+        worker 1 and why (hang guard: 30 s, against the 600 s wait timeout;
+        issue 31: it waited without being told)."""
+        script = os.path.join(pstest.TMP, "refused.py")
+        with open(script, "w") as f:
+            f.write("import sys\nsys.path.insert(0, %r)\n" % os.path.join(ROOT, "python") +
+                    "import torch, torch.nn as nn, ps.torch\n"
+                    "model = nn.Linear(4, int(sys.argv[1]))\n"
+                    "opt = ps.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), "
+                    "lr=0.01), model=model)\n"
+                    "print('started', flush=True)\n")
+        s = pstest.Server("--num-workers", "2", "--mode", "sync", "--lr", "0.01")
+        procs = []
+        for r, width in ((0, 2), (1, 3)):
+            env = dict(os.environ, PS_SERVERS=s.endpoint, PS_RANK=str(r), PS_NUM_WORKERS="2",
+                       PS_MODE="sync")
+            procs.append(subprocess.Popen([pstest.PYTHON, script, str(width)], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+            if r == 0:  # its hello first: the server takes its model
+                deadline = time.time() + 20
+                while "hello from worker 0" not in open(s.log).read() and time.time() < deadline:
+                    time.sleep(0.05)
+        t0 = time.time()
+        out = []
+        try:
+            for p in procs:
+                out.append(p.communicate(timeout=30) + (p.returncode,))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        took = time.time() - t0
+        (o0, e0, rc0), (o1, e1, rc1) = out
+        self.assertNotEqual(rc1, 0)
+        self.assertIn("model", e1)
+        self.assertNotEqual(rc0, 0, e0[-1500:])
+        self.assertNotIn("started", o0)
+        self.assertIn("worker 1 was refused at hello, so a barrier waiting for it fails: model", e0)
+        self.assertIn("PSError", e0)
+        self.assertLess(took, 30.0)
+
+    def test_a_killed_server_is_reported_within_10_s(self):
+        """SIGKILL the server under a training worker: the call waiting on it
+        raises PSError ETIMEDOUT naming the server (ps.torch's clients give
+        up on a server silent for 5 s: it answers the 1 s heartbeats while
+        alive) and the process exits 1 (hang guard: 10 s; issue 31: ~61 s)."""
+        script = os.path.join(pstest.TMP, "killed.py")
+        with open(script, "w") as f:
+            f.write("import sys\nsys.path.insert(0, %r)\n" % os.path.join(ROOT, "python") +
+                    "import torch, torch.nn as nn, ps.torch\n"
+                    "torch.set_num_threads(1)\n"
+                    "model = nn.Linear(4, 2)\n"
+                    "opt = ps.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), "
+                    "lr=0.01), model=model)\n"
+                    "for t in range(10 ** 9):\n"
+                    "    opt.zero_grad()\n"
+                    "    model(torch.ones(1, 4)).sum().backward()\n"
+                    "    opt.step()\n"
+                    "    if t == 20:\n"
+                    "        print('stepping', flush=True)\n")
+        s = pstest.Server("--num-workers", "1", "--mode", "sync", "--lr", "0.01")
+        env = dict(os.environ, PS_SERVERS=s.endpoint, PS_RANK="0", PS_NUM_WORKERS="1",
+                   PS_MODE="sync")
+        env.pop("PS_SERVER_TIMEOUT", None)
+        w = subprocess.Popen([pstest.PYTHON, script], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            self.assertEqual(w.stdout.readline().strip(), "stepping")
+            s.proc.kill()
+            t0 = time.time()
+            rc = w.wait(30)
+            took = time.time() - t0
+        finally:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+        err = w.stderr.read()
+        self.assertEqual(rc, 1, err[-1500:])
+        self.assertIn("no reply from %s for 5 s (ps_server down?)" % s.endpoint, err)
+        self.assertIn("PS_ETIMEDOUT", err)
+        self.assertLess(took, 10.0, err[-1500:])
 
     def test_uneven_step_counts_end_cleanly_with_join(self):
         x, y = data(20 * 16, seed=2)

@@ -202,17 +202,14 @@ class DistributedModel(torch.nn.Module):
         self.exchange.finish()
 
     def pull_final(self):
-        """After the last step, on every worker: a barrier, then the
-        servers' final weights into the parameters, and the buffers
-        averaged."""
+        """After the last step, on every worker, whatever its step count: the
+        servers' final weights into the parameters, the buffers averaged
+        (see DistributedOptimizer.pull_final)."""
         self.exchange.pull_final()
-        _context.average_buffers(self.module, self.client)
 
     def join(self):
-        """Uneven step counts: this worker is done; see
-        DistributedOptimizer.join."""
+        """hvd.join(): pull_final."""
         self.exchange.join()
-        _context.average_buffers(self.module, self.client)
 
     def average_buffers(self):
         """Every floating buffer (BatchNorm statistics) becomes the workers'

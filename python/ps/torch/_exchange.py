@@ -56,6 +56,7 @@ import torch
 from .. import _lib
 from ..client import Client, PSError
 from .._lib import lib
+from . import _context
 from ._pinning import _Pinner, _cudart_clear_error
 
 _ECLOSED = _lib.ERRORS.index("ECLOSED")
@@ -230,6 +231,7 @@ class Exchange:
         self._zver = [None] * n       # .grad (id, version) as zero_grad left it: all zeros
         self._wver = [p._version for p in self.params]  # weights as we last left them
         self._end_queued = False
+        self.left = False             # out of the servers' rounds: pull_final, join, close
         self.wait_timeout = wait_timeout
         if self.cuda:
             self._cuda_init()
@@ -265,6 +267,7 @@ class Exchange:
         # gives the parameters their own memory back)
         self.client._handle.closer = self._close_c
         self.client._handle.interrupter = lambda ptr, x=x: lib.ps_exchange_interrupt(x)
+        self.client._handle.before_close = self._depart  # closing (or exit) leaves first
         lib.ps_exchange_set_wait_timeout(x, int(self.wait_timeout * 1000) if self.wait_timeout
                                          else 0)
         for i, (name, p) in enumerate(zip(self.names, self.params)):
@@ -310,7 +313,10 @@ class Exchange:
 
     def _start_error(self, rc):
         msg = _lib.last_error(self.client._ptr) or _lib.strerror(rc)
-        if rc == _EMISMATCH and "model" in msg:
+        if rc == _EMISMATCH and "was refused at hello" in msg:
+            msg += ("; this worker and the servers agree, the one named does not: fix it (every "
+                    "worker wraps the same model and settings) and start it again")
+        elif rc == _EMISMATCH and "model" in msg:
             shown = ", ".join("%s %s" % (nm, tuple(p.shape))
                               for nm, p in list(zip(self.names, self.params))[:4])
             msg += ("; the servers hold another model than this worker's: every worker must "
@@ -702,25 +708,51 @@ class Exchange:
             for i in range(len(self.params)):
                 self._take_front(i)
 
-    def pull_final(self):
-        """After the last step, on every worker: wait at a barrier for all of
-        them, then (where the servers hold the weights) pull their final
-        weights into the parameters."""
+    def pull_final(self, what="pull_final"):
+        """After the last step, on every worker, whatever its step count
+        (join: DDP's Join, hvd.join()): this worker leaves the servers' live
+        sets (sync rounds and barriers go on without it: a worker with more
+        steps finishes them), waits until every worker has done the same,
+        then takes the servers' final weights (where they hold them) and the
+        workers' mean of the model's floating buffers (a collective).
+        Once: a second call does nothing."""
+        if self.left:
+            return
         self.finish()
+        self.client.leave()
+        self.left = True
+        self._wait_barrier(_JOIN_BARRIER, what)
         self._check(lib.ps_exchange_pull_final(self._x), "final pull")
         if self.weights_from_servers:
             for i in range(len(self.params)):
                 self._take_front(i, force=True)
             self.note_weights()
+        if self.module is not None:
+            _context.average_buffers(self.module, self.client)
 
     def join(self):
-        """Uneven step counts: this worker is done.  It leaves the servers'
-        live sets (sync rounds and barriers go on without it), waits until
-        every worker has joined, and takes the final weights."""
-        self.finish()
-        self.client.leave()
-        self._wait_barrier(_JOIN_BARRIER, "join")
-        self.pull_final()
+        """Uneven step counts: this worker is done (pull_final)."""
+        self.pull_final("join")
+
+    def _depart(self):
+        """Closing without pull_final: after an error (one being handled,
+        or the uncaught one the process ends with) leave the live sets at
+        once, so the others' rounds go on and this process ends now;
+        otherwise pull_final, as DDP's Join does for a worker out of data."""
+        if self.left or self._x is None or not self.client.started:
+            return
+        failing = sys.exc_info()[0] is not None or getattr(sys, "last_value", None) is not None
+        try:
+            if failing:
+                self.left = True
+                sys.stderr.write("ps.torch[%d]: leaving the servers' rounds after an error: the "
+                                 "other workers go on without this one\n" % self.client.rank)
+                self.client.leave(timeout=1.0)  # a server may be what failed
+            else:
+                self.pull_final("close")
+        except (PSError, RuntimeError, OSError) as e:
+            sys.stderr.write("ps.torch[%d]: closing without the final weights: %s\n"
+                             % (self.client.rank, e))
 
     def _wait_barrier(self, bid, what):
         """Barrier bid: say whom it waits for after 5 s and then every 10 s,
@@ -733,12 +765,13 @@ class Exchange:
             now = time.monotonic()
             if self.wait_timeout and now - t0 > self.wait_timeout:
                 raise PSError(_lib.ERRORS.index("ETIMEDOUT"), "gave up after %.0f s (the wait "
-                              "timeout) waiting for worker(s) %s: every worker calls %s()"
-                              % (self.wait_timeout, self._missing(), what), "%s barrier" % what)
+                              "timeout) waiting for worker(s) %s to end too (pull_final(), "
+                              "join(), close() or the end of its script)"
+                              % (self.wait_timeout, self._missing()), "%s barrier" % what)
             if now >= note:
-                sys.stderr.write("ps.torch[%d]: waiting at the %s barrier for worker(s) %s "
-                                 "(every worker calls %s())\n"
-                                 % (self.client.rank, what, self._missing(), what))
+                sys.stderr.write("ps.torch[%d]: done (%s); waiting for worker(s) %s to end too "
+                                 "(pull_final(), join(), close() or the end of its script)\n"
+                                 % (self.client.rank, what, self._missing()))
                 note = now + 10.0
 
     def _missing(self):
@@ -754,8 +787,8 @@ class Exchange:
         return lib.ps_exchange_take_wait_ns(self._x)
 
     def _close_c(self, client_ptr):
-        """The client's closer: give the parameters memory of their own, then
-        close the exchange (which closes the C client)."""
+        """The client's closer (after _depart): give the parameters memory of
+        their own, then close the exchange (which closes the C client)."""
         del client_ptr  # the exchange owns it
         x, self._x = self._x, None
         if x is None:

@@ -44,11 +44,13 @@ STATE_NAMES = {"sgd": (), "momentum": ("momentum_buffer",), "nesterov": ("moment
 STEP_KINDS = ("adagrad", "adam", "adamw")
 
 
-def _group_settings(opt):
-    """The one set of hyper-parameters of all of opt's parameter groups."""
+def _group_settings(opt, groups=None):
+    """The one set of hyper-parameters of all of opt's parameter groups (or
+    of those of `groups`: the groups whose tensors the servers hold)."""
+    groups = opt.param_groups if groups is None else groups
     keys = [k for k in opt.defaults if k != "params"]
-    first = {k: opt.param_groups[0].get(k) for k in keys}
-    for g in opt.param_groups[1:]:
+    first = {k: groups[0].get(k) for k in keys}
+    for g in groups[1:]:
         for k in keys:
             if g.get(k) != first[k]:
                 raise ValueError("%s: parameter groups differ in %s (%r and %r); the servers run "
@@ -62,11 +64,12 @@ def _refuse(opt, what):
                      "what)" % (type(opt).__name__, what))
 
 
-def server_settings(opt):
+def server_settings(opt, groups=None):
     """{'optimizer': 'momentum', 'lr': 0.05, 'momentum': 0.9, 'weight_decay': 0.0}
-    for a torch optimizer; ValueError when the servers cannot run it."""
+    for a torch optimizer (its groups, or `groups`); ValueError when the
+    servers cannot run it."""
     name = type(opt).__name__
-    s = _group_settings(opt)
+    s = _group_settings(opt, groups)
     if s.get("maximize"):
         _refuse(opt, "maximize=True")
     out = {"lr": float(s["lr"]), "weight_decay": float(s.get("weight_decay") or 0.0)}
@@ -109,11 +112,11 @@ def server_flags(opt):
     return " ".join(words)
 
 
-def hyper_of(opt):
+def hyper_of(opt, groups=None):
     """The hyper-parameters opt runs with as the servers name them
     (server_settings without the kind), float32 as the servers keep them."""
     out = {}
-    for k, v in server_settings(opt).items():
+    for k, v in server_settings(opt, groups).items():
         if k != "optimizer":
             out[k] = float(torch.tensor(v, dtype=torch.float32))
     return out
