@@ -968,6 +968,23 @@ class Collectives(unittest.TestCase):
             self.assertEqual(acc, 1.0)
             self.assertEqual(got, {"rank": 0, "x": [1, 2]})
 
+    def test_the_sampler_gives_each_worker_its_share(self):
+        """ps.torch.sampler: DistributedSampler with ps's rank and size (from
+        the environment here: no server needed)."""
+        shares = []
+        for r in range(3):
+            out = subprocess.run(
+                [pstest.PYTHON, "-c", "import sys; sys.path.insert(0, %r)\n"
+                 "import ps.torch\n"
+                 "s = ps.torch.sampler(list(range(10)), shuffle=False)\n"
+                 "print(' '.join(map(str, s)))" % os.path.join(ROOT, "python")],
+                capture_output=True, text=True, timeout=60,
+                env=dict(os.environ, PS_RANK=str(r), PS_NUM_WORKERS="3"))
+            self.assertEqual(out.returncode, 0, out.stderr)
+            shares.append([int(v) for v in out.stdout.split()])
+        self.assertEqual([len(x) for x in shares], [4, 4, 4])  # equal: 2 samples repeat
+        self.assertEqual(sorted(set(sum(shares, []))), list(range(10)))
+
     def test_torchrun_variables_give_rank_size_and_servers(self):
         s = pstest.Server("--num-workers", "2", "--mode", "async", "--lr", "0.1")
         host, port = s.endpoint[len("tcp://"):].rsplit(":", 1)

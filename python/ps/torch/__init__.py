@@ -59,7 +59,7 @@ from ..client import Client, PSError
 from . import _context
 from ._context import (Average, Sum, allreduce, allreduce_, broadcast_object,
                        broadcast_optimizer_state, broadcast_parameters, init, local_rank,
-                       local_size, rank, size)
+                       local_size, rank, sampler, size)
 from ._dist import Adasum, Compression, ServersOptimizer
 from ._dist import make as _make
 from ._exchange import Exchange, param_key
@@ -70,7 +70,7 @@ __all__ = ["DistributedOptimizer", "DistributedModel", "wrap", "init", "rank", "
            "local_rank", "local_size", "allreduce", "allreduce_", "broadcast_object",
            "broadcast_parameters", "broadcast_optimizer_state", "join", "Compression",
            "Average", "Sum", "Adasum", "server_flags", "server_settings", "param_key",
-           "Client", "PSError", "Embedding", "EmbeddingBag", "ServerEmbedding"]
+           "Client", "PSError", "Embedding", "EmbeddingBag", "ServerEmbedding", "sampler"]
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,

@@ -82,6 +82,16 @@ def local_size():
     return _int_setting(None, LOCAL_SIZE_ENV, os.environ, "local_size", 1)
 
 
+def sampler(dataset, shuffle=True, seed=0, drop_last=False):
+    """torch's DistributedSampler with this worker's rank and the number of
+    workers (rank(), size()): each worker reads its own 1/size() of the
+    dataset, every one the same number of batches (the last samples repeat
+    to fill the shares; drop_last=True drops them instead).  Call
+    set_epoch(e) before each epoch when shuffling, as with DDP."""
+    return torch.utils.data.DistributedSampler(dataset, num_replicas=size(), rank=rank(),
+                                               shuffle=shuffle, seed=seed, drop_last=drop_last)
+
+
 def started_client(what):
     c = _ctx.client
     if c is None or c.closed or not c.started:
