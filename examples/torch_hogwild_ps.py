@@ -91,7 +91,7 @@ def main():
     model = Net()
     train(ps.torch.rank(), args, model, dataset1)  # ps.torch: this process is one of them
     if ps.torch.rank() == 0:  # ps.torch
-        test(model, dataset2)
+        test(model, dataset2)  # ps.torch: rank 0 tests
 
 
 if __name__ == "__main__":

@@ -91,6 +91,8 @@ def train_epoch(model, optimizer, train_data, args, ntokens, epoch):
     hidden = model.init_hidden(args.batch_size)
     nbatches = (train_data.size(0) - 1 + args.bptt - 1) // args.bptt
     for batch, i in enumerate(range(0, train_data.size(0) - 1, args.bptt)):
+        if args.steps and batch == args.steps:
+            break
         data, targets = get_batch(train_data, i, args.bptt)
         hidden = repackage(hidden)
         optimizer.zero_grad()
@@ -124,6 +126,7 @@ def main():
     parser.add_argument("--dropout", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=1111)
     parser.add_argument("--log-interval", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=0, help="stop each epoch after N batches")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--save", default="", help="the model's state_dict here at the end")
     args = parser.parse_args()

@@ -1034,6 +1034,67 @@ class Ports(unittest.TestCase):
         acc = [re.search(r"Accuracy: (\d+)/", r.stdout).group(1) for r in runs]
         self.assertEqual(acc[0], acc[1])
 
+    def port_lines(self, plain, port):
+        """(lines of plain the port dropped, lines it added)."""
+        added, dropped = list(self.code_lines(port)), []
+        for line in self.code_lines(plain):
+            if line in added:
+                added.remove(line)
+            else:
+                dropped.append(line)
+        return dropped, added
+
+    def test_the_hogwild_port_drops_the_processes_and_trains_through_add_servers(self):
+        dropped, added = self.port_lines("torch_hogwild.py", "torch_hogwild_ps.py")
+        self.assertLessEqual(len(added), 6, "".join(added))
+        self.assertTrue(all("# ps.torch" in line for line in added), "".join(added))
+        self.assertLessEqual(len(dropped), 12, "".join(dropped))
+        self.assertTrue(any("mp.Process(" in line for line in dropped), "".join(dropped))
+        if not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")):
+            self.skipTest("no Fashion-MNIST in %s" % FMNIST)
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        out = subprocess.run([os.path.join(pstest.BIN, "ps_launch"), "--servers", "1",
+                              "--workers", "2", "--mode", "async", "--optimizer", "add",
+                              "--exec", pstest.PYTHON,
+                              os.path.join(ROOT, "examples", "torch_hogwild_ps.py"),
+                              "--steps", "40", "--log-interval", "20"],
+                             capture_output=True, text=True, timeout=240, env=env)
+        self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-2000:])
+        self.assertEqual(len(re.findall(r"\[worker [01]\] \d+\tTrain Epoch: 1", out.stdout)), 4)
+        m = re.findall(r"\[worker (\d)\] Test set: .* Accuracy: \d+/10000 \(([0-9.]+)%\)",
+                       out.stdout)
+        self.assertEqual([w for w, _ in m], ["0"], out.stdout[-2000:])  # rank 0 tests
+        self.assertGreater(float(m[0][1]), 20.0)  # 80 steps of 64 (chance: 10%)
+
+    def test_the_language_model_port_runs_adamw_on_the_servers_as_the_plain_script(self):
+        """One worker through servers running adamw (ps.torch.server_flags of
+        the script's AdamW), clipping on the worker: the plain script's
+        weights, bit for bit."""
+        dropped, added = self.port_lines("torch_word_lm.py", "torch_word_lm_ps.py")
+        self.assertEqual(dropped, [])
+        self.assertLessEqual(len(added), 5, "".join(added))
+        self.assertTrue(all("# ps.torch" in line for line in added), "".join(added))
+        if not os.path.isdir("/usr/share/common-licenses"):
+            self.skipTest("no /usr/share/common-licenses")
+        s = pstest.Server("--num-workers", "1", "--mode", "sync", "--optimizer", "adamw",
+                          "--lr", "0.003", "--weight-decay", "0.01")
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), PS_SERVERS=s.endpoint,
+                   PS_MODE="sync")
+        saved = [os.path.join(pstest.TMP, "lm-%d.pt" % k) for k in range(2)]
+        args = ["--epochs", "1", "--steps", "15", "--log-interval", "5", "--threads", "1"]
+        runs = [subprocess.run([pstest.PYTHON, os.path.join(ROOT, "examples", f)] + args +
+                               ["--save", path], capture_output=True, text=True, timeout=240,
+                               env=env)
+                for f, path in (("torch_word_lm.py", saved[0]), ("torch_word_lm_ps.py", saved[1]))]
+        for r in runs:
+            self.assertEqual(r.returncode, 0, r.stderr[-1500:])
+        ppl = [re.findall(r"(?:ppl|test ppl) +([0-9.]+)", r.stdout) for r in runs]
+        self.assertEqual(len(ppl[0]), 4)  # 2 logs, valid, test
+        self.assertEqual(ppl[0], ppl[1])
+        a, b = (torch.load(path) for path in saved)
+        for k in a:
+            self.assertTrue(torch.equal(a[k], b[k]), k)
+
     def test_the_horovod_script_runs_with_two_workers_and_averaged_metrics(self):
         if not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")):
             self.skipTest("no Fashion-MNIST in %s" % FMNIST)

@@ -37,8 +37,10 @@ forward its parameters take that version (sync: waiting for that layer
 only).  grad_edits=False pushes during backward instead, the moment autograd
 has made each gradient (last layer first).
 Ctrl-C interrupts any wait in libps (KeyboardInterrupt); the start and end
-barriers say whom they wait for and give up after wait_timeout; join()
-lets workers with uneven step counts finish.
+barriers say whom they wait for and give up after wait_timeout; a worker
+refused at hello fails its peers' start with the reason; pull_final() (which
+is join()), close() or the script's end lets workers with uneven step counts
+finish; an exception leaves the rounds and ends the process.
 
 wrap(model) is the older form: no optimizer, every backward a step, the
 servers' update.

@@ -5,15 +5,17 @@ weight buffer (what forward reads), a back buffer that pulls fill, two
 gradient buffers, and the rules of DESIGN.md "Overlap on the worker".  This
 module only calls it at the right moments:
 
-- a gradient hook per parameter (param.register_hook: called with the
-  parameter's gradient of this backward the moment autograd has made it,
-  last layer first) writes the gradient the optimizer would see (.grad plus
-  this one: accumulation works) into the exchange's gradient buffer and
-  calls ps_exchange_grad_ready, which posts the push and the pull of the
-  next version while backward goes on with the earlier layers.  When the
-  gradient must wait for step() (clipping, accumulation over k backward
-  passes, no_sync(), worker-side async deltas) the hook leaves it, and
-  step() pushes (push_rest);
+- step() (push_rest) writes each parameter's .grad into the exchange's
+  gradient buffer and calls ps_exchange_grad_ready, which posts the push
+  and the pull of the next version, first layer first: what .grad holds
+  then (several backward passes summed, clipped) is what the servers get.
+  With push_mode "backward" (grad_edits=False, and wrap()) a gradient hook
+  per parameter (param.register_hook: called with the parameter's gradient
+  of this backward the moment autograd has made it, last layer first)
+  pushes instead: the gradient the optimizer would see (.grad plus this one)
+  while backward goes on with the earlier layers; a backward beyond the
+  declared ones is refused there, before it pushes.  The hooks also count
+  backward passes (synchronize() after step() then has nothing new);
 - a forward pre-hook per module that owns parameters calls
   ps_exchange_before_use for them: sync waits for that layer's next version
   only (so early layers compute while later layers' pulls are in flight),
