@@ -550,7 +550,9 @@ static void release_held(ps_client *c)
 /* ---------- receiving ---------- */
 
 /* `server` refused us with `refusal` (PS_EHELLO: it dropped or forgot this
- * rank): say hello again, unless client_rejoin.c says not now. */
+ * rank; PS_EPERM: it counts another connection as this rank's, e.g. our old
+ * one, which it has not seen close): say hello again, with the rank's token,
+ * unless client_rejoin.c says not now. */
 static void rejoin(ps_client *c, int server, const ps_header *refusal)
 {
     uint32_t i = psc_rejoin_hello(c, server, refusal);
@@ -573,7 +575,7 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
     }
     if (h.type == PS_MSG_HEARTBEAT || (h.type == PS_MSG_ERROR && h.seq == HEARTBEAT_SEQ)) {
         /* an answer to a heartbeat; an error one: the server dropped or forgot us */
-        if (h.type == PS_MSG_ERROR && h.err_code == PS_EHELLO)
+        if (h.type == PS_MSG_ERROR && (h.err_code == PS_EHELLO || h.err_code == PS_EPERM))
             rejoin(c, server, &h); /* before a request runs into the refusal */
         return;
     }
@@ -595,7 +597,7 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
     ps_request *r = s->req;
     if (h.type == PS_MSG_ERROR) {
         /* "say hello again": parked until this server takes us back, then resent */
-        if (h.err_code == PS_EHELLO && psc_rejoin_park(c, i) == 0) {
+        if ((h.err_code == PS_EHELLO || h.err_code == PS_EPERM) && psc_rejoin_park(c, i) == 0) {
             rejoin(c, server, &h);
             return;
         }

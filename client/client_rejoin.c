@@ -3,9 +3,13 @@
  *
  * A server answers PS_EHELLO to any request but hello from a rank it does
  * not count as live: one it dropped (--on-worker-loss drop, after the worker
- * was silent, e.g. stopped with SIGSTOP) or one it does not know (it
- * restarted without a checkpoint that knew us).  Such a sub-request is not
- * failed.  It is parked (no resends), a hello goes to that server (the one
+ * was silent, e.g. stopped with SIGSTOP), one it does not know (it
+ * restarted without a checkpoint that knew us), or one whose old connection
+ * closed (ours, before ZeroMQ reconnected); and PS_EPERM when it counts
+ * another connection as the rank's (our old one, if it has not seen it
+ * close: the hello's token proves we are that worker; another process that
+ * holds the rank keeps it, and our hello is refused).  Such a sub-request
+ * is not failed.  It is parked (no resends), a hello goes to that server (the one
  * start sent; one at a time per server) and, once the server accepts it,
  * every sub-request parked on that server is sent again.  A refused
  * heartbeat starts the hello before any request runs into the refusal.
@@ -35,6 +39,7 @@
 #include "client_rejoin.h"
 #include "client_requests.h"
 #include "client_shm.h"
+#include "client_token.h"
 #include "ps_log.h"
 
 #define REJOIN_MAX 3
@@ -163,7 +168,10 @@ int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h)
         fail_parked(c, server, code, text);
         return 1;
     }
-    /* what the server must be told again: whether it (still) maps our arena */
+    /* the rank's token for our next hello there (new if it was not held),
+     * and what the server must be told again: whether it (still) maps our
+     * arena */
+    psc_tokens_keep(c, server, &h->hello);
     psc_shm_hello_reply(c, server, &h->hello);
     int n = 0;
     for (uint32_t k = next_parked(c, server, 0); k != PSC_NO_SLOT;

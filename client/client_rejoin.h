@@ -1,4 +1,4 @@
-/* libps: hello again after PS_EHELLO (client_rejoin.c).  Comm thread only,
+/* libps: hello again after PS_EHELLO or PS_EPERM (client_rejoin.c).  Comm thread only,
  * apart from new and free; its state (c->rejoin) is its own, with the
  * parked flag of each slot (psc_sub.parked).  It sends nothing: the comm
  * loop sends the hello it makes and what it unparks. */
@@ -13,8 +13,8 @@
 int psc_rejoin_new(ps_client *c);
 void psc_rejoin_free(ps_client *c);
 
-/* Sub-request i was refused with PS_EHELLO (its server dropped or forgot
- * this rank).  0: it is parked (no resends) until that server takes this
+/* Sub-request i was refused with PS_EHELLO or PS_EPERM (its server dropped
+ * or forgot this rank, or holds it for another connection).  0: it is parked (no resends) until that server takes this
  * worker back (psc_rejoin_hello); -1: the caller should fail it instead
  * (before start, a hello itself, or the server kept refusing us right after
  * each hello). */

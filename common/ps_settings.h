@@ -321,7 +321,8 @@ enum {
       "failure")                                                                                 \
     X(worker_timeout, (SERVER, _, _, _, _), "--worker-timeout", "S", NULL, SECS,                 \
       worker_timeout_ms, "0", NULL, 0, 86400, _, 0,                                              \
-      "a worker silent this many seconds (no message, no heartbeat) is lost; 0: never")          \
+      "a worker silent this many seconds (no message, no heartbeat) is lost, and so is one "    \
+      "that never said hello this long after the first worker did; 0: never")                  \
     X(on_worker_loss, (SERVER, _, _, _, _), "--on-worker-loss", "wait|drop", NULL, ENUM,         \
       on_worker_loss, "wait", "wait=0 drop=1", 0, 0, _, 0,                                       \
       "wait: log a lost worker and keep waiting for it; drop: go on without it (rounds "         \

@@ -38,3 +38,15 @@ uint64_t ps_table_row_hash(uint64_t table, uint64_t id)
 {
     return sm(sm(table ^ 0x7461626c652d726full) ^ id);
 }
+
+size_t ps_table_row_misplaced(uint64_t table, const uint64_t *ids, size_t n, int server,
+                              int nservers, uint32_t part, uint32_t nparts)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = ps_table_row_hash(table, ids[i]);
+        if (ps_table_row_server(h, nservers) != server ||
+            ps_table_row_part(h, nservers, nparts) != part)
+            return i;
+    }
+    return n;
+}

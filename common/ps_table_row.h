@@ -39,6 +39,7 @@
 #ifndef PS_TABLE_ROW_H
 #define PS_TABLE_ROW_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ps_types.h"
@@ -74,5 +75,12 @@ static inline uint32_t ps_table_row_part(uint64_t h, int nservers, uint32_t npar
 {
     return (uint32_t)((h / (uint64_t)nservers) % nparts);
 }
+
+/* The first of ids[0..n-1] that is not a row of partition `part` of server
+ * `server` (of nservers, nparts each) of table `table`: its index, or n when
+ * every id is.  A server checks each id of a table request against the
+ * partition it was sent to (docs/PROTOCOL.md "Tables"). */
+size_t ps_table_row_misplaced(uint64_t table, const uint64_t *ids, size_t n, int server,
+                              int nservers, uint32_t part, uint32_t nparts);
 
 #endif

@@ -32,13 +32,14 @@
     X(PS_EAUTH, 13, "authentication refused")                                \
     X(PS_EDATA, 14, "bad data file")                                         \
     X(PS_EHELLO, 15, "say hello (again): the server dropped or does not know this rank") \
-    X(PS_ENONFINITE, 16, "a gradient holds NaN or Inf")
+    X(PS_ENONFINITE, 16, "a gradient holds NaN or Inf")                      \
+    X(PS_EPERM, 17, "the rank is held by another connection")
 
 enum {
 #define PS_ERR_ENUM_(name, value, text) name = value,
     PS_ERRORS(PS_ERR_ENUM_)
 #undef PS_ERR_ENUM_
-    PS_ECODE_MAX = 16
+    PS_ECODE_MAX = 17
 };
 
 /* Short, static description of a PS_E* code; never NULL. */
@@ -236,7 +237,8 @@ typedef struct ps_table_options {
     X(table_bytes, "tbytes")                                                  \
     X(evicted, "evict")                                                       \
     X(filtered, "filt")                                                       \
-    X(nonfinite, "nonf")
+    X(nonfinite, "nonf")                                                      \
+    X(forged, "forged")
 
 typedef struct ps_stats {
 #define PS_STATS_FIELD_(f, key) uint64_t f;
@@ -246,7 +248,8 @@ typedef struct ps_stats {
      * thread); rows: table rows held; table_bytes: the memory they and their
      * tables take; evicted: rows evicted by row caps; filtered: pulled ids
      * the frequency filters had not admitted yet and gradient rows dropped for
-     * them */
+     * them; forged: requests refused (PS_EPERM) because another connection
+     * held their rank */
     int64_t min_version, max_version; /* over the server's chunks and table partitions
                                          (wire keys vmin, vmax) */
 } ps_stats;

@@ -13,13 +13,13 @@
 #include "ps_error.h"
 #include "ps_opt_table.h"
 
-/* Walk the msgpack bytes without allocating, checking that every container's
- * declared element count could fit in the bytes that remain and that nesting
- * stays shallow.  msgpack-c allocates a container's slots as soon as it reads
- * the count, so an absurd count in a tiny frame must be refused before it. */
-static int scan(const uint8_t *p, size_t len, size_t *pos, int depth)
+/* One msgpack element at *pos: its header and, for a scalar, its bytes are
+ * consumed; *items is how many elements it contains (an array's count, a
+ * map's twice its count; 0 for a scalar).  -1 when it is cut short or its
+ * declared count could not fit in the bytes that remain.  Never allocates. */
+static int elem(const uint8_t *p, size_t len, size_t *pos, uint64_t *items)
 {
-    if (depth > 4 || *pos >= len)
+    if (*pos >= len)
         return -1;
     uint8_t b = p[(*pos)++];
     size_t rem = len - *pos;
@@ -27,6 +27,7 @@ static int scan(const uint8_t *p, size_t len, size_t *pos, int depth)
     int container = 0; /* 1 array, 2 map */
 #define NEED(k) do { if (rem < (k)) return -1; } while (0)
 #define BE(k) ({ uint64_t v_ = 0; for (int i_ = 0; i_ < (k); i_++) v_ = v_ << 8 | p[*pos + i_]; *pos += (k); rem -= (k); v_; })
+    *items = 0;
     if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
         return 0;
     if ((b & 0xe0) == 0xa0)
@@ -68,11 +69,79 @@ static int scan(const uint8_t *p, size_t len, size_t *pos, int depth)
     }
     if (container == 2)
         n *= 2;
-    if (n > rem)
+    if (n > rem) /* every element takes at least one byte */
+        return -1;
+    *items = n;
+    return 0;
+}
+
+/* Walk one msgpack value without allocating, checking that every container's
+ * declared element count could fit in the bytes that remain and that nesting
+ * stays shallow (depth 0: the value itself).  msgpack-c allocates a
+ * container's slots as soon as it reads the count, so an absurd count in a
+ * tiny frame must be refused before it. */
+static int scan(const uint8_t *p, size_t len, size_t *pos, int depth)
+{
+    uint64_t n;
+    if (depth > 4 || elem(p, len, pos, &n) < 0)
         return -1;
     for (uint64_t i = 0; i < n; i++)
         if (scan(p, len, pos, depth + 1) < 0)
             return -1;
+    return 0;
+}
+
+/* Past one msgpack value however deep it nests (no recursion: the elements
+ * still to walk are counted); -1 when it is not well-formed. */
+static int skip_value(const uint8_t *p, size_t len, size_t *pos)
+{
+    for (uint64_t pending = 1; pending > 0; pending--) {
+        uint64_t n;
+        if (elem(p, len, pos, &n) < 0 || n > len - *pos)
+            return -1;
+        pending += n;
+    }
+    return 0;
+}
+
+/* A header too deep for scan may still be a well-formed map: then flat gets
+ * a copy of it (at most len bytes) whose values that nest too deep are nil,
+ * so its version and the fields an error reply echoes can be read, and
+ * *deep the first such value's key (a string key, else "?").  0 when so, -1
+ * when the bytes are no well-formed map. */
+static int flatten(const uint8_t *p, size_t len, uint8_t *flat, size_t *flat_len, char *deep,
+                   size_t deep_len)
+{
+    size_t pos = 0, out = 0;
+    uint64_t n;
+    snprintf(deep, deep_len, "?");
+    if (!len || !((p[0] & 0xf0) == 0x80 || p[0] == 0xde || p[0] == 0xdf) ||
+        elem(p, len, &pos, &n) < 0)
+        return -1;
+    memcpy(flat, p, pos);
+    out = pos;
+    int found = 0;
+    for (uint64_t i = 0; i < n; i += 2) {
+        size_t k = pos;
+        if (scan(p, len, &pos, 1) < 0) /* a key nesting deep: no header of ours */
+            return -1;
+        memcpy(flat + out, p + k, pos - k); /* the key, as it is */
+        out += pos - k;
+        size_t v = pos, t = pos;
+        if (skip_value(p, len, &pos) < 0)
+            return -1;
+        if (scan(p, len, &t, 1) == 0) { /* shallow enough: as it is */
+            memcpy(flat + out, p + v, pos - v);
+            out += pos - v;
+            continue;
+        }
+        flat[out++] = 0xc0;
+        if (!found++ && ((p[k] & 0xe0) == 0xa0))
+            snprintf(deep, deep_len, "%.*s", (int)(p[k] & 0x1f), (const char *)p + k + 1);
+    }
+    if (pos != len || !found)
+        return -1;
+    *flat_len = out;
     return 0;
 }
 
@@ -99,11 +168,15 @@ static int get_i64(const msgpack_object *o, int64_t *v)
     return -1;
 }
 
+/* A number as a float32: 0, -1 when it is no number, -2 when it is not
+ * zero but becomes ±0 as a float32 (a double below 1.4e-45): the protocol's
+ * numbers are float32, and such a value would decode as a given ±0 whose own
+ * encoding (an exact ±0) means something else ("not given", "+0"). */
 static int get_f32(const msgpack_object *o, float *v)
 {
     if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64) {
         *v = (float)o->via.f64;
-        return 0;
+        return *v == 0 && o->via.f64 != 0 ? -2 : 0;
     }
     int64_t i;
     if (get_i64(o, &i) == 0) {
@@ -163,7 +236,13 @@ static int field_i(const msgpack_object *o, const char *name, int64_t lo, int64_
 #define FIELD_F(obj, name, dst)                                                   \
     do {                                                                          \
         float v_;                                                                 \
-        if (get_f32(obj, &v_) < 0 || v_ != v_) {                                  \
+        int r_ = get_f32(obj, &v_);                                               \
+        if (r_ == -2) {                                                           \
+            ps_errorf(why, why_len, "field '%s' is %g, which a float32 cannot "   \
+                "hold (it would be 0)", name, (obj)->via.f64);                    \
+            return PS_EPROTO;                                                     \
+        }                                                                         \
+        if (r_ < 0 || v_ != v_) {                                                 \
             ps_errorf(why, why_len, "field '%s' must be a number", name);          \
             return PS_EPROTO;                                                     \
         }                                                                         \
@@ -237,13 +316,10 @@ static int decode_opt_param(const msgpack_object *v, const char *prefix, int p,
     float f;
     FIELD_F(v, name, f);
     ps_opt_set(c, p, f);
-    /* an older peer's 0 in a "zero means not given" row is not given; a
-     * value that only became 0 as a float32 (-4.7e-303) is given, and
-     * refused later as out of range */
-    int wire_zero = v->type == MSGPACK_OBJECT_FLOAT32 || v->type == MSGPACK_OBJECT_FLOAT64
-                        ? v->via.f64 == 0
-                        : f == 0;
-    *given = !r->zero_unset || !wire_zero;
+    /* an older peer's 0 (either sign) in a "zero means not given" row is not
+     * given; a value that would only become 0 as a float32 (-4.7e-303) was
+     * refused above */
+    *given = !r->zero_unset || f != 0;
     if (!*given) /* not given: left at +0, as if absent */
         ps_opt_set(c, p, 0);
     return 0;
@@ -673,7 +749,10 @@ static int decode_fields(const msgpack_object *root, ps_header *d, char *why, si
     return 0;
 }
 
-static int decode_map(const msgpack_object *root, ps_header *h, char *why, size_t why_len)
+/* The version of header map root, checked (PS_EPROTO without an unsigned
+ * `v`, PS_EVERSION for another), with what an error reply echoes recovered
+ * into h; h->version is set once the header is answerable. */
+static int decode_version(const msgpack_object *root, ps_header *h, char *why, size_t why_len)
 {
     int have_v = 0;
     uint64_t version = 0;
@@ -703,9 +782,17 @@ static int decode_map(const msgpack_object *root, ps_header *h, char *why, size_
         return PS_EVERSION;
     }
     h->version = PS_PROTO_VERSION; /* answerable from here on */
+    return 0;
+}
+
+static int decode_map(const msgpack_object *root, ps_header *h, char *why, size_t why_len)
+{
+    int rc = decode_version(root, h, why, why_len);
+    if (rc)
+        return rc;
     ps_header d;
     ps_header_init(&d, 0);
-    int rc = decode_fields(root, &d, why, why_len);
+    rc = decode_fields(root, &d, why, why_len);
     if (rc)
         return rc; /* h keeps what recover_echo found */
     *h = d;
@@ -726,9 +813,20 @@ int ps_proto_decode(const void *buf, size_t len, ps_header *h, char *why, size_t
         return PS_ETOOBIG;
     }
     size_t pos = 0;
+    uint8_t flat[PS_HEADER_MAX];
+    size_t flat_len = 0;
+    char deep[40];
+    int too_deep = 0;
     if (scan(buf, len, &pos, 0) < 0 || pos != len) {
-        ps_errorf(why, why_len, "header is not one well-formed msgpack value (%zu bytes)", len);
-        return PS_EPROTO;
+        /* a map nesting too deep is still answered, naming the field */
+        if (flatten(buf, len, flat, &flat_len, deep, sizeof deep) < 0) {
+            ps_errorf(why, why_len, "header is not one well-formed msgpack value (%zu bytes)",
+                len);
+            return PS_EPROTO;
+        }
+        too_deep = 1;
+        buf = flat;
+        len = flat_len;
     }
     msgpack_unpacked u;
     msgpack_unpacked_init(&u);
@@ -737,6 +835,12 @@ int ps_proto_decode(const void *buf, size_t len, ps_header *h, char *why, size_t
     if (msgpack_unpack_next(&u, buf, len, &off) != MSGPACK_UNPACK_SUCCESS || off != len) {
         ps_errorf(why, why_len, "header is not valid msgpack");
         rc = PS_EPROTO;
+    } else if (too_deep) {
+        rc = decode_version(&u.data, h, why, why_len);
+        if (!rc) {
+            ps_errorf(why, why_len, "field '%s' nests deeper than the header's 4 levels", deep);
+            rc = PS_EPROTO;
+        }
     } else {
         rc = decode_map(&u.data, h, why, why_len);
     }

@@ -447,36 +447,23 @@ static int write_all(int fd, const void *buf, size_t len)
     return 0;
 }
 
-/* Remove every checkpoint that is neither one of the newest `keep` nor in
- * the chain of one of them (a delta's prev, its prev, ... the full one). */
+/* Remove every checkpoint older than the newest `keep` full ones: those and
+ * every delta after the oldest of them stay (each chain from its full one
+ * on, so a damaged full one leaves the chain before it whole).  While there
+ * are fewer full ones, nothing is removed.  A file whose header cannot be
+ * read counts as no full one. */
 static void prune(const char *dir, int rank, int keep)
 {
     uint64_t *seqs;
     int n = ps_ckpt_list(dir, rank, &seqs, NULL, 0);
-    if (n <= keep) {
-        free(seqs);
-        return;
+    int fulls = 0, i = 0;
+    for (; i < n && fulls < keep; i++) /* newest first */
+        fulls += ps_ckpt_prev_of(dir, rank, seqs[i]) == 0;
+    char path[1024];
+    for (; fulls == keep && i < n; i++) {
+        ps_ckpt_path(dir, rank, seqs[i], path, sizeof path);
+        unlink(path);
     }
-    char *need = calloc((size_t)n, 1), path[1024];
-    if (!need) { /* keep everything rather than a file a chain needs */
-        free(seqs);
-        return;
-    }
-    for (int i = 0; i < keep && i < n; i++) {
-        /* newest first: a chain's files are older than its head */
-        int64_t s = (int64_t)seqs[i];
-        for (int k = i; k < n && s > 0; k++)
-            if (seqs[k] == (uint64_t)s) {
-                need[k] = 1;
-                s = ps_ckpt_prev_of(dir, rank, seqs[k]);
-            }
-    }
-    for (int i = 0; i < n; i++)
-        if (!need[i]) {
-            ps_ckpt_path(dir, rank, seqs[i], path, sizeof path);
-            unlink(path);
-        }
-    free(need);
     free(seqs);
 }
 

@@ -45,8 +45,9 @@
  * Writing: DIR/shard-<rank>.tmp is written, fsync'ed and renamed to the
  * versioned name, then the directory is fsync'ed, so a crash leaves either
  * the old set of files or the new one, never a half-written .ckpt; then
- * every checkpoint is removed that neither the newest `keep` nor a chain one
- * of them needs holds.
+ * every checkpoint older than the newest `keep` full ones is removed: the
+ * chains of those stay whole, so a damaged newest full one leaves the chain
+ * before it to restore (ckpt_coord.c). 
  *
  * Consistency: each update thread serializes its own chunks between two of
  * its messages (ps_ckpt_serialize), so no update is half in a checkpoint.  In
@@ -64,6 +65,8 @@
 #include "shard.h"
 #include "table_part.h"
 
+/* Full checkpoints kept, each with its deltas (the newest chain and the
+ * one before it). */
 #define PS_CKPT_KEEP 2
 /* A full checkpoint after this many deltas (a chain is at most this long
  * plus one). */
@@ -111,8 +114,8 @@ int ps_ckpt_serialize(const ps_shard *s, ps_tparts *tp, int mode, int num_worker
                       ps_ckpt_part *out);
 
 /* Write parts under dir as checkpoint m->seq (see above), keep the newest
- * `keep`.  *path gets the final file name; *bytes its size.  PS_EIO with the
- * failing step in why. */
+ * `keep` full ones and the deltas after them.  *path gets the final file
+ * name; *bytes its size.  PS_EIO with the failing step in why. */
 int ps_ckpt_write(const char *dir, const ps_ckpt_meta *m, const ps_ckpt_part *parts, int nparts,
                   int keep, char *path, size_t path_len, uint64_t *bytes, char *why,
                   size_t why_len);

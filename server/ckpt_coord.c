@@ -639,13 +639,26 @@ static int read_one(ps_ckpt_coord *c, uint64_t seq, ps_ckpt_file *f, char *path,
 
 /* The chain of checkpoint seqs[i]: its seqs from the newest (chain[0] =
  * seqs[i]) back to the full one, each read back whole.  Its length, 0 when
- * a file of it is unusable (said), -1 on a configuration mismatch (why). */
-static int chain_of(ps_ckpt_coord *c, const uint64_t *seqs, int n, int i, uint64_t *chain,
-                    char *why, size_t why_len)
+ * a file of it is unusable (said; bad[k] marks seqs[k] found so, and a chain
+ * through it is not read again), -1 on a configuration mismatch (why). */
+static int chain_of(ps_ckpt_coord *c, const uint64_t *seqs, int n, int i, uint8_t *bad,
+                    uint64_t *chain, char *why, size_t why_len)
 {
     int len = 0;
     char path[1024], msg[512];
     for (uint64_t seq = seqs[i];;) {
+        int at = i;
+        while (at < n && seqs[at] != seq)
+            at++;
+        if (at < n && bad[at]) {
+            if (at == i)
+                ps_warn("checkpoint %llu is unusable (above): skipped",
+                        (unsigned long long)seq);
+            else
+                ps_warn("checkpoint %llu builds on checkpoint %llu, which is unusable "
+                        "(above): skipped", (unsigned long long)seqs[i], (unsigned long long)seq);
+            return 0;
+        }
         ps_ckpt_file f;
         int rc = read_one(c, seq, &f, path, sizeof path, msg, sizeof msg);
         if (rc == PS_EMISMATCH) {
@@ -653,6 +666,8 @@ static int chain_of(ps_ckpt_coord *c, const uint64_t *seqs, int n, int i, uint64
             return -1;
         }
         if (rc) {
+            if (at < n)
+                bad[at] = 1;
             ps_warn("checkpoint %s is corrupt or unreadable (%s): %s%s", path, msg,
                     seq == seqs[i] ? "skipped" : "the ones after it cannot be restored",
                     i + 1 < n ? "; trying the one before it" : "");
@@ -697,9 +712,16 @@ int ps_ckpt_coord_restore(ps_ckpt_coord *c, const ps_ckpt_restore_to *to, uint8_
         return PS_EDATA;
     }
     c->seq = seqs[0] + 1;
+    uint8_t *bad = calloc((size_t)n, 1);
+    if (!bad) {
+        free(seqs);
+        ps_errorf(why, why_len, "--restore: out of memory");
+        return PS_ENOMEM;
+    }
     for (int i = 0; i < n; i++) {
-        int len = chain_of(c, seqs, n, i, chain, why, why_len);
+        int len = chain_of(c, seqs, n, i, bad, chain, why, why_len);
         if (len < 0) {
+            free(bad);
             free(seqs);
             return PS_EMISMATCH;
         }
@@ -722,6 +744,7 @@ int ps_ckpt_coord_restore(ps_ckpt_coord *c, const ps_ckpt_restore_to *to, uint8_
         }
         if (rc) {
             ps_ckpt_file_free(&f);
+            free(bad);
             free(seqs);
             return rc;
         }
@@ -734,6 +757,7 @@ int ps_ckpt_coord_restore(ps_ckpt_coord *c, const ps_ckpt_restore_to *to, uint8_
             if (rc) {
                 ps_errorf(why, why_len, "--restore: %s: %s", path, msg);
                 ps_ckpt_file_free(&f);
+                free(bad);
                 free(seqs);
                 return rc == PS_EMISMATCH ? PS_EDATA : rc;
             }
@@ -771,10 +795,19 @@ int ps_ckpt_coord_restore(ps_ckpt_coord *c, const ps_ckpt_restore_to *to, uint8_
                 (long long)m->min_version, (long long)m->max_version,
                 (unsigned long long)m->counters.updates, known, c->num_workers,
                 (unsigned long long)m->model_fp);
+        /* what the newer ones held is gone: say how much */
+        if (i > 0)
+            ps_warn("--restore fell back to checkpoint %llu: the %d newer checkpoint(s), %llu "
+                    "to %llu, could not be restored (above); the updates they held after "
+                    "version %lld of this server are lost",
+                    (unsigned long long)m->seq, i, (unsigned long long)seqs[i - 1],
+                    (unsigned long long)seqs[0], (long long)m->min_version);
         ps_ckpt_file_free(&f);
+        free(bad);
         free(seqs);
         return 0;
     }
+    free(bad);
     ps_errorf(why, why_len,
         "--restore: none of the %d checkpoint(s) of server %d in %s is valid (see the lines above); "
         "refusing to start from an unknown state", n, rank, dir);

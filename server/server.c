@@ -138,6 +138,18 @@ static void add_table_totals(ps_server *s, const void *data, size_t len)
     }
 }
 
+/* The I/O thread's own counters, as STATS and the totals add them to the
+ * owners': none holds chunks, so the version range is the owners'. */
+static ps_stats srv_io_stats(const ps_server *s)
+{
+    ps_stats io;
+    memset(&io, 0, sizeof io);
+    io.errors = s->io_errors;
+    io.workers_seen = (uint64_t)ps_workers_seen(s->workers);
+    io.forged = ps_workers_forged(s->workers);
+    return io;
+}
+
 /* Take everything update thread i has sent.  Its last message (its final
  * counters) sets own[i].stopped. */
 static void io_read_pair(ps_server *s, int i)
@@ -211,8 +223,8 @@ static void io_read_pair(ps_server *s, int i)
         } else if (t == PS_OUT_PROGRESS) {
             ps_ckpt_coord_progress(s->ck, i, u.pf.min_version, u.pf.have);
         } else if (t == PS_OUT_STATS) {
-            ps_stats_reqs_part(s->stats, &u.of, s->io_errors,
-                               (uint64_t)ps_workers_seen(s->workers), s->barriers);
+            ps_stats io = srv_io_stats(s);
+            ps_stats_reqs_part(s->stats, &u.of, &io, s->barriers);
         } else if (t == PS_OUT_STOPPED) {
             s->own[i].final = u.of.st;
             s->own[i].stopped = 1;
@@ -355,8 +367,8 @@ void srv_stop_threads(ps_server *s)
     memset(&s->totals, 0, sizeof s->totals);
     for (int i = 0; i < T; i++)
         ps_stats_add(&s->totals, &have, &s->own[i].final);
-    s->totals.errors += s->io_errors;
-    s->totals.workers_seen = (uint64_t)ps_workers_seen(s->workers);
+    ps_stats io = srv_io_stats(s);
+    ps_stats_add(&s->totals, &have, &io);
 }
 
 /* Pump the owners' messages and the writer's wake-up until no checkpoint is
@@ -448,6 +460,10 @@ int ps_server_run(ps_server *s)
         off += (size_t)snprintf(extra + off, sizeof extra - off,
                                 ", %llu hellos refused (rank held by another connection)",
                                 (unsigned long long)ps_workers_refused(s->workers));
+    if (t->forged && off < sizeof extra)
+        off += (size_t)snprintf(extra + off, sizeof extra - off,
+                                ", %llu requests refused (their rank held by another "
+                                "connection)", (unsigned long long)t->forged);
     if (ps_peers_refused(s->peers) && off < sizeof extra)
         off += (size_t)snprintf(extra + off, sizeof extra - off,
                                 ", %llu pulls refused to peers not reading their replies",

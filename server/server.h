@@ -70,7 +70,8 @@
  *
  *  - The I/O thread alone owns the ROUTER.  It receives every message,
  *    decodes and checks the header (ps_proto_decode, ps_proto_check_payload,
- *    rank < num_workers, hello first), and answers control messages itself:
+ *    rank < num_workers, hello first, on the rank's own connection), and
+ *    answers control messages itself:
  *    hello, barrier, stats, shutdown, heartbeat, and ps.torch's hyper (to
  *    every owner as PS_CMD_OPT), allreduce, broadcast and leave.
  *  - Update thread i owns every chunk with ps_server_owner(key, chunk, T) == i,
@@ -111,7 +112,10 @@
  *    all have replied (so a STATS sent after a reply reflects that request).
  *  - A rank belongs to the connection whose hello was accepted last; another
  *    connection's hello for it is refused while that one is live, unless it
- *    carries the rank's token (server/workers.h).
+ *    carries the rank's token, and every other message under the rank is
+ *    taken only from that connection (and, under CURVE, its key): refused
+ *    with PS_EPERM while the holder is live, PS_EHELLO when none is
+ *    (server/workers.h, docs/SECURITY.md).
  *  - Liveness: the I/O thread notes when it last heard from each worker (any
  *    message; the client library sends HEARTBEATs).  A worker silent for
  *    worker_timeout_ms is lost: with PS_LOSS_WAIT this is logged and everything

@@ -122,6 +122,14 @@ static void tables_said(ps_server *s, char *why, size_t why_len)
     }
 }
 
+/* The connection a message came on (f[0] its route, f[1] its header frame),
+ * as workers.h takes it; borrows f. */
+static ps_conn conn_of(zmq_msg_t *f)
+{
+    return (ps_conn){zmq_msg_data(&f[0]), zmq_msg_size(&f[0]), zmq_msg_get(&f[1], ZMQ_SRCFD),
+                     zmq_msg_gets(&f[1], "User-Id")};
+}
+
 /* ================= one handler per message type ================= */
 
 /* Each gets a request that the dispatch (io_message) checked against its
@@ -167,8 +175,8 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         ps_peer_name(&f[0], &f[1], h->rank, peer, sizeof peer);
         /* a holder that just hung up is gone by now, not live */
         srv_read_monitor(s);
-        rc = ps_workers_hello(s->workers, h->rank, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]),
-                              zmq_msg_get(&f[1], ZMQ_SRCFD), h->hello.token, ps_now_ns(), peer,
+        ps_conn c = conn_of(f);
+        rc = ps_workers_hello(s->workers, h->rank, &c, h->hello.token, ps_now_ns(), peer,
                               &token, &rejoined, why, sizeof why);
         if (rc) { /* logged by the table, rate-limited */
             io_error_quiet(s, &f[0], h, rc, why);
@@ -571,7 +579,8 @@ static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const p
         io_error(s, &f[0], h, PS_EPROTO, why);
         return -1;
     }
-    int ws; /* anything from a live worker counts as a sign of life */
+    int ws; /* anything from a worker's own connection counts as a sign of life */
+    ps_conn c = conn_of(f);
     if (h->rank < 0) {
         if (m->from == PS_FROM_WORKER) {
             char list[128];
@@ -580,22 +589,26 @@ static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const p
             io_error(s, &f[0], h, PS_ESTATE, why);
             return -1;
         }
-    } else if ((ws = ps_workers_heard(s->workers, h->rank, zmq_msg_data(&f[0]),
-                                      zmq_msg_size(&f[0]), ps_now_ns())) != PS_WORKER_LIVE) {
+    } else if ((ws = ps_workers_heard(s->workers, h->rank, &c, ps_now_ns(), why, sizeof why)) !=
+               PS_WORKER_LIVE) {
         if (ws == PS_WORKER_UNKNOWN)
             ps_errorf(why, sizeof why, "worker %d sent %s before hello; say hello first", h->rank,
                 m->name);
-        else
+        else if (ws == PS_WORKER_DROPPED)
             ps_errorf(why, sizeof why, "worker %d was dropped after %d ms without a message "
                 "(--on-worker-loss drop); say hello again to rejoin", h->rank,
                 s->cfg.worker_timeout_ms);
-        /* PS_EHELLO: libps says hello again on it and resends (rejoins); a
-         * heartbeat comes once a second from every such worker: answered,
-         * not logged */
-        if (h->type == PS_MSG_HEARTBEAT)
-            io_error_quiet(s, &f[0], h, PS_EHELLO, why);
+        /* PS_EPERM: the rank is another connection's (logged by the table,
+         * rate-limited); PS_EHELLO: libps says hello again on it and
+         * resends (rejoins; libps does the same on PS_EPERM, with the rank's
+         * token, so a worker whose old connection the server has not seen
+         * close yet gets its rank back); a heartbeat comes once a second
+         * from every such worker: answered, not logged */
+        int code = ws == PS_WORKER_FORGED ? PS_EPERM : PS_EHELLO;
+        if (h->type == PS_MSG_HEARTBEAT || ws == PS_WORKER_FORGED)
+            io_error_quiet(s, &f[0], h, code, why);
         else
-            io_error(s, &f[0], h, PS_EHELLO, why);
+            io_error(s, &f[0], h, code, why);
         return -1;
     }
     if (m->from == PS_FROM_ADMIN &&

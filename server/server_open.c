@@ -194,6 +194,7 @@ static int open_owners(ps_server *s, char *why, size_t why_len)
     uc.wire_dtype = c->wire_dtype;
     uc.on_nonfinite = c->on_nonfinite;
     uc.num_workers = c->num_workers;
+    uc.server_rank = c->rank;
     uc.num_servers = c->num_servers;
     uc.nparts = c->threads;
     uc.trace = s->trace;

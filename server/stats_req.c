@@ -61,8 +61,8 @@ int ps_stats_reqs_begin(ps_stats_reqs *q, zmq_msg_t *id, const ps_header *h, uin
     return 0;
 }
 
-void ps_stats_reqs_part(ps_stats_reqs *q, const ps_stats_frame *of, uint64_t io_errors,
-                        uint64_t workers_seen, const ps_barriers *bars)
+void ps_stats_reqs_part(ps_stats_reqs *q, const ps_stats_frame *of, const ps_stats *io,
+                        const ps_barriers *bars)
 {
     for (int i = 0; i < q->n; i++) {
         stats_req *r = &q->req[i];
@@ -74,8 +74,7 @@ void ps_stats_reqs_part(ps_stats_reqs *q, const ps_stats_frame *of, uint64_t io_
         ps_header h;
         ps_reply_header(&h, PS_MSG_STATS, r->seq, r->rank, 0, 0);
         h.stats = r->acc;
-        h.stats.errors += io_errors;
-        h.stats.workers_seen = workers_seen;
+        ps_stats_add(&h.stats, &r->have_versions, io);
         ps_barriers_info(bars, &h.barrier);
         q->to.send(q->to.user, &r->id, &h);
         zmq_msg_close(&r->id);

@@ -33,10 +33,11 @@ int ps_stats_reqs_begin(ps_stats_reqs *q, zmq_msg_t *id, const ps_header *h, uin
                         const char **why);
 
 /* An owner's counters (PS_OUT_STATS).  The last part answers the request,
- * with io_errors added to the owners' errors, workers_seen set, and who the
+ * with io's counters (the I/O thread's own: errors, workers_seen, forged;
+ * none of them holds chunks) added to the owners', and who the
  * oldest open barrier of bars waits for (`bw`, when one is open). */
-void ps_stats_reqs_part(ps_stats_reqs *q, const ps_stats_frame *of, uint64_t io_errors,
-                        uint64_t workers_seen, const ps_barriers *bars);
+void ps_stats_reqs_part(ps_stats_reqs *q, const ps_stats_frame *of, const ps_stats *io,
+                        const ps_barriers *bars);
 
 /* At stop: answer every request in flight with PS_ECLOSED. */
 void ps_stats_reqs_close(ps_stats_reqs *q);

@@ -17,6 +17,7 @@ typedef struct ps_updater_config {
                             (converted from the float32 weights); incoming payloads
                             are converted from whatever their header's dtype says */
     int num_workers;
+    int server_rank;     /* this server's rank: the rows of a table it holds */
     int num_servers;     /* tables: a row cap or filter of a whole table is split over */
     int nparts;          /* num_servers x nparts partitions (nparts: the update threads) */
     int on_nonfinite;    /* enum ps_on_nonfinite: a pushed gradient with NaN or Inf */

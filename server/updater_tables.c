@@ -7,6 +7,7 @@
 #include "ps_dtype.h"
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_table_row.h"
 #include "updater_tables.h"
 
 /* A sparse push the table's partition may keep (a sync push before a lower
@@ -39,6 +40,29 @@ static uint64_t *ids_of(const void *p, size_t n)
     if (ids && n)
         memcpy(ids, p, n * sizeof *ids);
     return ids;
+}
+
+/* Every one of the n ids (what of them, for the reason) is a row of this
+ * thread's partition of table h->key on this server: 0, or PS_EPROTO with
+ * an error reply naming the first that is not and where it belongs (no row
+ * is made for any of them). */
+static int upd_ids_here(ps_updater *u, req_ctx *r, const ps_header *h, const uint64_t *ids,
+                        size_t n, const char *what)
+{
+    const ps_updater_config *c = &u->cfg;
+    size_t i = ps_table_row_misplaced(h->key, ids, n, c->server_rank, c->num_servers,
+                                      (uint32_t)c->idx, (uint32_t)c->nparts);
+    if (i == n)
+        return 0;
+    uint64_t hash = ps_table_row_hash(h->key, ids[i]);
+    char why[256];
+    ps_errorf(why, sizeof why, "%s %llu (number %zu of the request) belongs to partition %u "
+        "of table %llu on server %d, not to partition %d on server %d where it was sent "
+        "(common/ps_table_row.h places a row)", what, (unsigned long long)ids[i], i,
+        ps_table_row_part(hash, c->num_servers, (uint32_t)c->nparts), (unsigned long long)h->key,
+        ps_table_row_server(hash, c->num_servers), c->idx, c->server_rank);
+    upd_error(u, r, PS_EPROTO, why);
+    return PS_EPROTO;
 }
 
 /* Answer a sparse pull (or pushpull) with the rows of its ids at `version`:
@@ -179,6 +203,8 @@ int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
             upd_error(u, r, PS_ENOMEM, "out of memory receiving a sparse pull");
             return 0;
         }
+        if (upd_ids_here(u, r, h, r->pids, r->npull, "id"))
+            return 0;
         return upd_spull(u, r, h->want_version);
     }
     int64_t m = h->npush > 1 ? h->npush : 1;
@@ -209,6 +235,11 @@ int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
     if (!g || !g->g || !g->ids || (h->type == PS_MSG_SPUSHPULL && !r->pids)) {
         shold_free(g);
         upd_error(u, r, PS_ENOMEM, "out of memory receiving a sparse push");
+        return 0;
+    }
+    if (upd_ids_here(u, r, h, g->ids, n, "pushed id") ||
+        (h->type == PS_MSG_SPUSHPULL && upd_ids_here(u, r, h, r->pids, r->npull, "id to pull"))) {
+        shold_free(g);
         return 0;
     }
     char why[256];

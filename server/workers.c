@@ -20,6 +20,7 @@ typedef struct worker_info {
     unsigned char id[256];
     size_t id_len;   /* 0: no connection (known from a restored checkpoint, or it closed) */
     int fd;          /* the connection's socket, -1 unknown */
+    char user[128];  /* the CURVE user id of its key ("" without CURVE) */
     uint64_t token;  /* proves a hello comes from the worker that holds the rank */
     int64_t last_ns; /* when anything last came from this rank */
     int64_t conn_ns; /* when anything last came on the holder's connection */
@@ -30,11 +31,14 @@ typedef struct worker_info {
 struct ps_workers {
     int num_workers, timeout_ms, on_loss;
     int64_t hold_ns;  /* the hold window */
-    worker_info **w;  /* per rank, NULL until its hello */
-    uint8_t *hello;   /* per rank: w[r] != NULL */
+    worker_info **w;  /* per rank, NULL until its hello or its loss before one */
+    uint8_t *hello;   /* per rank: it said hello (here or before a restore) */
     int seen, ndropped;
-    uint64_t nlost, nrejoined, nrefused;
+    int64_t first_ns; /* the first hello of any worker (0: none yet) */
+    int64_t wait_log_ns; /* PS_LOSS_WAIT: when the lost ranks were last named */
+    uint64_t nlost, nrejoined, nrefused, nforged;
     ps_rlimit rl;     /* refused hellos */
+    ps_rlimit rl_forged; /* messages for a rank another connection holds */
 };
 
 int ps_workers_create(int num_workers, int timeout_ms, int on_loss, ps_workers **out)
@@ -70,15 +74,27 @@ void ps_workers_destroy(ps_workers *w)
     free(w);
 }
 
-static worker_info *add(ps_workers *w, int rank)
+/* Rank's entry, made when missing (NULL: out of memory). */
+static worker_info *entry(ps_workers *w, int rank)
 {
+    if (w->w[rank])
+        return w->w[rank];
     worker_info *wi = calloc(1, sizeof *wi);
     if (!wi)
         return NULL;
     wi->fd = -1;
     w->w[rank] = wi;
-    w->hello[rank] = 1;
-    w->seen++;
+    return wi;
+}
+
+/* Rank said hello (or a checkpoint says it did): known from now on. */
+static worker_info *add(ps_workers *w, int rank)
+{
+    worker_info *wi = entry(w, rank);
+    if (wi && !w->hello[rank]) {
+        w->hello[rank] = 1;
+        w->seen++;
+    }
     return wi;
 }
 
@@ -105,19 +121,31 @@ static uint64_t new_token(void)
     return t;
 }
 
-static int same_conn(const worker_info *wi, const void *id, size_t n)
+static int same_conn(const worker_info *wi, const ps_conn *c)
 {
-    return wi->id_len == n && memcmp(wi->id, id, n) == 0;
+    return wi->id_len && wi->id_len == c->n && memcmp(wi->id, c->id, c->n) == 0;
+}
+
+/* c is the rank's holder: its connection and, under CURVE, its key. */
+static int is_holder(const worker_info *wi, const ps_conn *c)
+{
+    return same_conn(wi, c) && !strcmp(wi->user, c->user ? c->user : "");
+}
+
+/* The holder's connection is open and was heard from within the window. */
+static int holder_live(const ps_workers *w, const worker_info *wi, int64_t now)
+{
+    return wi->id_len && now - wi->conn_ns <= w->hold_ns;
 }
 
 /* May the connection id take rank r from its holder?  0, or PS_ESTATE with
  * why (and the refusal logged). */
-static int may_take(ps_workers *w, int r, const void *id, size_t n, uint64_t token,
-                    int64_t now, const char *who, char *why, size_t why_len)
+static int may_take(ps_workers *w, int r, const ps_conn *c, uint64_t token, int64_t now,
+                    const char *who, char *why, size_t why_len)
 {
     worker_info *wi = w->w[r];
-    if (!wi || !wi->id_len || wi->dropped || same_conn(wi, id, n) ||
-        now - wi->conn_ns > w->hold_ns || (token && token == wi->token))
+    if (!wi || wi->dropped || same_conn(wi, c) || !holder_live(w, wi, now) ||
+        (token && token == wi->token))
         return 0;
     char hex[40];
     id_hex(wi->id, wi->id_len, hex, sizeof hex);
@@ -133,31 +161,40 @@ static int may_take(ps_workers *w, int r, const void *id, size_t n, uint64_t tok
     return PS_ESTATE;
 }
 
-int ps_workers_hello(ps_workers *w, int rank, const void *id, size_t n, int fd,
-                     uint64_t token, int64_t now, const char *who, uint64_t *token_out,
-                     int *rejoined, char *why, size_t why_len)
+int ps_workers_hello(ps_workers *w, int rank, const ps_conn *c, uint64_t token, int64_t now,
+                     const char *who, uint64_t *token_out, int *rejoined, char *why,
+                     size_t why_len)
 {
     worker_info *wi = w->w[rank];
     char hex[40];
-    id_hex(id, n, hex, sizeof hex);
+    id_hex(c->id, c->n, hex, sizeof hex);
     *rejoined = 0;
-    int rc = may_take(w, rank, id, n, token, now, who, why, why_len);
+    int rc = may_take(w, rank, c, token, now, who, why, why_len);
     if (rc)
         return rc;
-    if (!wi) {
-        if (!(wi = add(w, rank)))
-            return PS_ENOMEM;
-        ps_info("hello from worker %d (identity %s), %d of %d workers", rank, hex, w->seen,
-                w->num_workers);
-    } else if (wi->dropped) {
+    if (!w->first_ns)
+        w->first_ns = now;
+    int first = !w->hello[rank];
+    if (!(wi = add(w, rank)))
+        return PS_ENOMEM;
+    if (wi->dropped) {
         wi->dropped = 0;
         w->ndropped--;
         w->nrejoined++;
         *rejoined = 1;
-        ps_info("worker %d said hello again (identity %s): rejoined at the current "
-                "version; rounds and barriers wait for %d of %d workers again",
-                rank, hex, w->num_workers - w->ndropped, w->num_workers);
-    } else if (!same_conn(wi, id, n)) {
+        if (first)
+            ps_info("hello at last from worker %d (identity %s), dropped for never saying "
+                    "hello: it joins at the current version; rounds and barriers wait for %d "
+                    "of %d workers again", rank, hex, w->num_workers - w->ndropped,
+                    w->num_workers);
+        else
+            ps_info("worker %d said hello again (identity %s): rejoined at the current "
+                    "version; rounds and barriers wait for %d of %d workers again",
+                    rank, hex, w->num_workers - w->ndropped, w->num_workers);
+    } else if (first) {
+        ps_info("hello from worker %d (identity %s), %d of %d workers", rank, hex, w->seen,
+                w->num_workers);
+    } else if (!same_conn(wi, c)) {
         ps_info("hello again from worker %d with a new connection (identity %s%s)", rank, hex,
                 !wi->id_len ? "; its old connection closed, or none since a restore"
                 : token && token == wi->token ? "; its token proves it is the same worker"
@@ -166,11 +203,12 @@ int ps_workers_hello(ps_workers *w, int rank, const void *id, size_t n, int fd,
         ps_debug("hello again from worker %d", rank);
     }
     /* a new holder gets a new token, unless it proved it is the holder */
-    if (!wi->token || !(same_conn(wi, id, n) || (token && token == wi->token)))
+    if (!wi->token || !(same_conn(wi, c) || (token && token == wi->token)))
         wi->token = new_token();
-    wi->id_len = n < sizeof wi->id ? n : sizeof wi->id;
-    memcpy(wi->id, id, wi->id_len);
-    wi->fd = fd;
+    wi->id_len = c->n < sizeof wi->id ? c->n : sizeof wi->id;
+    memcpy(wi->id, c->id, wi->id_len);
+    wi->fd = c->fd;
+    snprintf(wi->user, sizeof wi->user, "%s", c->user ? c->user : "");
     wi->last_ns = wi->conn_ns = now;
     wi->silent = 0;
     *token_out = wi->token;
@@ -192,7 +230,7 @@ void ps_workers_gone(ps_workers *w, int fd)
 int ps_workers_restore(ps_workers *w, const uint8_t *hello, int64_t now)
 {
     for (int r = 0; r < w->num_workers; r++) {
-        if (!hello[r] || w->w[r])
+        if (!hello[r] || w->hello[r])
             continue;
         worker_info *wi = add(w, r);
         if (!wi)
@@ -202,21 +240,74 @@ int ps_workers_restore(ps_workers *w, const uint8_t *hello, int64_t now)
     return 0;
 }
 
-int ps_workers_heard(ps_workers *w, int rank, const void *id, size_t n, int64_t now)
+int ps_workers_heard(ps_workers *w, int rank, const ps_conn *c, int64_t now, char *why,
+                     size_t why_len)
 {
     worker_info *wi = w->w[rank];
-    if (!wi)
+    if (!w->hello[rank])
         return PS_WORKER_UNKNOWN;
     if (wi->dropped)
         return PS_WORKER_DROPPED;
-    if (same_conn(wi, id, n))
-        wi->conn_ns = now;
+    if (!is_holder(wi, c)) {
+        /* not a sign of life of the rank: its holder's messages are */
+        if (!holder_live(w, wi, now)) {
+            ps_errorf(why, why_len, "this connection did not say hello for worker %d; say "
+                "hello on it first (the rank's old connection %s)", rank,
+                wi->id_len ? "went silent" : "closed, or none since a restore");
+            return PS_WORKER_UNHELD;
+        }
+        char mine[40], theirs[40];
+        id_hex(wi->id, wi->id_len, mine, sizeof mine);
+        id_hex(c->id, c->n, theirs, sizeof theirs);
+        int key = same_conn(wi, c); /* same connection, another key: not reached with ZeroMQ */
+        ps_errorf(why, why_len, "worker %d is held by another %s, live %.1f s ago; only the "
+            "connection whose hello was accepted may send for it (is another process running "
+            "with rank %d? a worker that restarted says hello again)", rank,
+            key ? "CURVE key" : "connection", (double)(now - wi->conn_ns) * 1e-9, rank);
+        w->nforged++;
+        if (ps_rlimit_allow(&w->rl_forged))
+            ps_warn("refused a message for worker %d from connection %s%s%s: the rank is held "
+                    "by connection %s%s%s (%llu such messages so far)", rank, theirs,
+                    c->user && *c->user ? ", key " : "", c->user ? c->user : "", mine,
+                    *wi->user ? ", key " : "", wi->user, (unsigned long long)w->nforged);
+        return PS_WORKER_FORGED;
+    }
+    wi->conn_ns = now;
     if (wi->silent)
         ps_info("worker %d is heard from again after %.1f s", rank,
                 (double)(now - wi->last_ns) * 1e-9);
     wi->silent = 0;
     wi->last_ns = now;
     return PS_WORKER_LIVE;
+}
+
+/* PS_LOSS_WAIT: name every rank it waits for, at most every
+ * PS_WORKERS_WAIT_LOG_MS. */
+static void log_waiting(ps_workers *w, int64_t now)
+{
+    if (now - w->wait_log_ns < (int64_t)PS_WORKERS_WAIT_LOG_MS * 1000000LL)
+        return;
+    char list[512];
+    size_t off = 0;
+    int n = 0;
+    list[0] = 0;
+    for (int r = 0; r < w->num_workers; r++) {
+        const worker_info *wi = w->w[r];
+        if (!wi || !wi->silent)
+            continue;
+        if (off < sizeof list && n < 16)
+            off += w->hello[r]
+                ? (size_t)snprintf(list + off, sizeof list - off, "%s%d (silent %.0f s)",
+                                   n ? ", " : "", r, (double)(now - wi->last_ns) * 1e-9)
+                : (size_t)snprintf(list + off, sizeof list - off, "%s%d (never said hello)",
+                                   n ? ", " : "", r);
+        n++;
+    }
+    if (!n)
+        return;
+    w->wait_log_ns = now;
+    ps_warn("waiting for %d worker%s: %s%s (--on-worker-loss wait; --on-worker-loss drop "
+            "goes on without them)", n, n == 1 ? "" : "s", list, n > 16 ? ", ..." : "");
 }
 
 int ps_workers_check(ps_workers *w, int64_t now)
@@ -226,21 +317,35 @@ int ps_workers_check(ps_workers *w, int64_t now)
     int64_t limit = (int64_t)w->timeout_ms * 1000000LL;
     for (int r = 0; r < w->num_workers; r++) {
         worker_info *wi = w->w[r];
-        if (!wi || wi->dropped || wi->silent || now - wi->last_ns <= limit)
+        /* a rank that never said hello: silent since the first hello of any */
+        int never = !w->hello[r];
+        int64_t since = never ? w->first_ns : wi ? wi->last_ns : 0;
+        if ((never && !since) || (wi && (wi->dropped || wi->silent)) || now - since <= limit)
             continue;
-        double silent_s = (double)(now - wi->last_ns) * 1e-9;
+        if (never && !(wi = entry(w, r)))
+            continue; /* out of memory: tried again next time */
+        double silent_s = (double)(now - since) * 1e-9;
         w->nlost++;
+        wi->last_ns = since;
+        char what[96];
+        if (never)
+            snprintf(what, sizeof what, "never said hello, %.1f s after the first worker did",
+                     silent_s);
+        else
+            snprintf(what, sizeof what, "silent for %.1f s", silent_s);
         if (w->on_loss == PS_LOSS_DROP) {
             wi->dropped = 1;
             w->ndropped++;
-            ps_warn("worker %d silent for %.1f s: dropped; rounds continue with %d of %d "
-                    "workers", r, silent_s, w->num_workers - w->ndropped, w->num_workers);
+            ps_warn("worker %d %s: dropped; rounds continue with %d of %d workers", r, what,
+                    w->num_workers - w->ndropped, w->num_workers);
             return r;
         }
         wi->silent = 1;
-        ps_warn("worker %d silent for %.1f s; rounds and barriers keep waiting for it "
-                "(--on-worker-loss wait)", r, silent_s);
+        ps_warn("worker %d %s; rounds and barriers keep waiting for it (--on-worker-loss "
+                "wait)", r, what);
     }
+    if (w->on_loss == PS_LOSS_WAIT)
+        log_waiting(w, now);
     return -1;
 }
 
@@ -253,3 +358,5 @@ uint64_t ps_workers_lost(const ps_workers *w) { return w->nlost; }
 uint64_t ps_workers_rejoined(const ps_workers *w) { return w->nrejoined; }
 
 uint64_t ps_workers_refused(const ps_workers *w) { return w->nrefused; }
+
+uint64_t ps_workers_forged(const ps_workers *w) { return w->nforged; }

@@ -157,8 +157,9 @@ PS_TEST(a_killed_server_restored_from_its_chain_ends_with_the_rows_of_an_uninter
     CHECK_OK(tj_stop(&b));
 }
 
-/* After a run with a checkpoint every round: the files kept are the newest
- * two and every one their chains need; a delta holds, of each partition,
+/* After a run with a checkpoint every round: the files kept are the two
+ * newest full ones and the deltas after each (every chain the newest two
+ * need, and the one before); a delta holds, of each partition,
  * only the rows its rounds changed; a restore with another declaration of
  * the table is refused at hello, naming both and the checkpoint's table. */
 PS_TEST(deltas_hold_what_changed_chains_are_kept_and_another_declaration_is_refused)
@@ -178,9 +179,15 @@ PS_TEST(deltas_hold_what_changed_chains_are_kept_and_another_declaration_is_refu
         char why[256], path[800];
         int n = ps_ckpt_list(dir, k, &seqs, why, sizeof why);
         CHECK_MSG(n >= 2, "server %d: %d checkpoints", k, n);
-        /* what the newest two need */
+        /* what the newest two need, and every one from the second newest
+         * full checkpoint on (its chain stays whole: the one to fall back
+         * to), and nothing older */
         int need[64] = {0}, fulls = 0, deltas = 0;
         CHECK(n <= 64);
+        for (int i = 0, f = 0; i < n && f < 2; i++) {
+            need[i] = 1;
+            f += ps_ckpt_prev_of(dir, k, seqs[i]) == 0;
+        }
         for (int i = 0; i < 2; i++)
             for (int64_t s = (int64_t)seqs[i]; s > 0;) {
                 int at = 0;
@@ -192,8 +199,8 @@ PS_TEST(deltas_hold_what_changed_chains_are_kept_and_another_declaration_is_refu
                 s = ps_ckpt_prev_of(dir, k, (uint64_t)s);
             }
         for (int i = 0; i < n; i++) {
-            CHECK_MSG(need[i], "server %d: checkpoint %llu is kept but no chain needs it", k,
-                      (unsigned long long)seqs[i]);
+            CHECK_MSG(need[i], "server %d: checkpoint %llu is kept but is older than the "
+                      "second newest full one", k, (unsigned long long)seqs[i]);
             ps_ckpt_file f;
             ps_ckpt_path(dir, k, seqs[i], path, sizeof path);
             CHECK_OK(ps_ckpt_read(path, &f, why, sizeof why));
@@ -215,14 +222,13 @@ PS_TEST(deltas_hold_what_changed_chains_are_kept_and_another_declaration_is_refu
                  * are this server's */
                 CHECK_MSG(rows > 0 && rows <= 2 * (BATCH + 10), "server %d: a delta of %llu rows",
                           k, (unsigned long long)rows);
-            } else {
-                fulls++;
+            } else if (!fulls++) { /* the newest (the one before may be the first: empty) */
                 CHECK_MSG(rows > 600, "server %d: a full checkpoint of %llu rows", k,
                           (unsigned long long)rows);
             }
             ps_ckpt_file_free(&f);
         }
-        CHECK_MSG(deltas > 0 && fulls > 0, "server %d: %d full, %d deltas", k, fulls, deltas);
+        CHECK_MSG(deltas > 0 && fulls == 2, "server %d: %d full, %d deltas", k, fulls, deltas);
         free(seqs);
     }
     /* restored, and a worker that declares the table with another width */
@@ -263,6 +269,93 @@ PS_TEST(deltas_hold_what_changed_chains_are_kept_and_another_declaration_is_refu
     CHECK_OK(tj_stop(&r));
     CHECK_MSG(ps_test_file_has(r.log[0], "with the full one and deltas before it"),
               "no chain restore in %s", r.log[0]);
+}
+
+/* One server, the job above: the newest full checkpoint damaged (one byte),
+ * --restore falls back to the chain before it (kept for that), says so and
+ * what was lost, and holds the rows of an uninterrupted run at that chain's
+ * newest version. */
+PS_TEST(a_damaged_newest_full_checkpoint_restores_the_chain_before_it)
+{
+    TJ_NEED_SERVER();
+    char dir[600], more[800], flags[900], path[800], why[256];
+    snprintf(dir, sizeof dir, "%s/fallback", ps_test_tmpdir());
+    snprintf(more, sizeof more, "--checkpoint-dir %s --checkpoint-every 1", dir);
+    snprintf(flags, sizeof flags, "--mode sync --optimizer sgd --lr 0.1 --threads 2 %s", more);
+    tj_job j;
+    CHECK_OK(tj_prepare(&j, 1, 2, flags, DIM, PS_TABLE_INIT_UNIFORM));
+    j.topt.opt.kind = PS_OPT_ADAGRAD;
+    j.topt.opt.lr = 0.05f;
+    j.topt.max_rows = 2400;
+    CHECK_OK(tj_connect(&j));
+    CHECK_OK(run_steps(&j, 0, 14, NULL));
+    CHECK_OK(tj_stop(&j));
+    /* the newest full one, and the newest checkpoint before it: the head of
+     * the chain before */
+    uint64_t *seqs = NULL;
+    int n = ps_ckpt_list(dir, 0, &seqs, why, sizeof why);
+    int full = 0;
+    while (full < n && ps_ckpt_prev_of(dir, 0, seqs[full]) != 0)
+        full++;
+    CHECK_MSG(full + 1 < n, "no checkpoint before the newest full one (of %d) is kept", n);
+    uint64_t lost_full = seqs[full], head = seqs[full + 1];
+    int64_t s = (int64_t)head;
+    while (s > 0) /* its chain is whole, down to its full one */
+        s = ps_ckpt_prev_of(dir, 0, (uint64_t)s);
+    CHECK_MSG(s == 0, "the chain of checkpoint %llu is not whole", (unsigned long long)head);
+    ps_ckpt_file f;
+    ps_ckpt_path(dir, 0, head, path, sizeof path);
+    CHECK_OK(ps_ckpt_read(path, &f, why, sizeof why));
+    int64_t v = f.meta.min_version;
+    ps_ckpt_file_free(&f);
+    free(seqs);
+    CHECK(v > 0 && v < 14);
+    /* one byte of the newest full one, in its rows */
+    ps_ckpt_path(dir, 0, lost_full, path, sizeof path);
+    FILE *fp = fopen(path, "r+b");
+    CHECK(fp);
+    fseek(fp, 0, SEEK_END);
+    long size = ftell(fp);
+    fseek(fp, size / 2, SEEK_SET);
+    int byte = fgetc(fp);
+    fseek(fp, size / 2, SEEK_SET);
+    fputc(byte ^ 0x40, fp);
+    fclose(fp);
+    /* the uninterrupted run to that version */
+    tj_job a;
+    CHECK_OK(tj_prepare(&a, 1, 2, "--mode sync --optimizer sgd --lr 0.1 --threads 2", DIM,
+                        PS_TABLE_INIT_UNIFORM));
+    a.topt = j.topt;
+    CHECK_OK(tj_connect(&a));
+    CHECK_OK(run_steps(&a, 0, (int)v, NULL));
+    float *want = all_rows(&a, (int)v);
+    CHECK(want);
+    CHECK_OK(tj_stop(&a));
+    /* restored: the chain before, and the log says what was lost */
+    tj_job r;
+    char rflags[1000];
+    snprintf(rflags, sizeof rflags, "%s --restore", flags);
+    CHECK_OK(tj_prepare(&r, 1, 2, rflags, DIM, PS_TABLE_INIT_UNIFORM));
+    r.topt = j.topt;
+    CHECK_OK(tj_connect(&r));
+    float *got = all_rows(&r, (int)v);
+    CHECK(got);
+    size_t diff = 0;
+    for (size_t i = 0; i < (size_t)IDS * DIM; i++)
+        diff += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+    CHECK_MSG(diff == 0, "%zu of %d floats differ from the run stopped at version %lld", diff,
+              IDS * DIM, (long long)v);
+    free(want);
+    free(got);
+    CHECK_OK(tj_stop(&r));
+    char line[200];
+    snprintf(line, sizeof line, "--restore fell back to checkpoint %llu: the ",
+             (unsigned long long)head);
+    CHECK_MSG(ps_test_file_has(r.log[0], line) &&
+                  ps_test_file_has(r.log[0], "could not be restored (above); the updates they "
+                                             "held after version ") &&
+                  ps_test_file_has(r.log[0], "CRC-32 mismatch"),
+              "no line about the fallback in %s", r.log[0]);
 }
 
 /* A checkpoint of format 2 (before tables) is read as it was: its chunks,

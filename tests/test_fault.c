@@ -278,6 +278,101 @@ PS_TEST(wait_policy_logs_a_silent_worker_and_keeps_its_round_open)
     zmq_close(b);
 }
 
+/* A sync job of 2 whose worker 1 died before its hello: worker 0 has pushed
+ * step 0 and pulls step 1 (and reaches a barrier), which need worker 1. */
+static void never_said_hello_case(const char *policy, proc *sv, void **a)
+{
+    char flags[256];
+    snprintf(flags, sizeof flags, "--num-workers 2 --mode sync --lr 1 --worker-timeout 0.5 "
+             "--on-worker-loss %s", policy);
+    char log[64];
+    snprintf(log, sizeof log, "never-hello-%s.log", policy);
+    CHECK_OK(server_start(sv, 0, flags, log));
+    *a = ps_test_dealer(sv->port);
+    CHECK_OK(ps_test_hello(*a, 0, PS_MODE_SYNC, 2, 0));
+    float w[2] = {1, 2}, g[2] = {1, 1};
+    ps_header h = ps_test_header(PS_MSG_INIT, 0, 1, 3, 0, 0), r;
+    h.total = 2;
+    CHECK_OK(rpc(*a, &h, w, 2, &r, NULL, 0));
+    h = ps_test_header(PS_MSG_PUSHPULL, 0, 2, 3, 0, 0);
+    CHECK_OK(ps_test_send(*a, &h, g, 2));
+}
+
+/* recv_hdr for up to ms, while a heartbeat of rank goes out every 100 ms
+ * (so the server does not count that worker as silent meanwhile). */
+static int recv_beating(void *s, int rank, int ms, ps_header *h, float *out, size_t cap)
+{
+    int rc = 1;
+    for (int t = 0; t < ms && rc == 1; t += 100) {
+        if (heartbeat(s, rank))
+            return -1;
+        rc = recv_hdr(s, 100, h, out, cap);
+    }
+    return rc;
+}
+
+PS_TEST(drop_policy_gives_up_on_a_worker_that_never_said_hello)
+{
+    proc sv;
+    void *a;
+    never_said_hello_case("drop", &sv, &a);
+    /* the round completes without worker 1, 0.5 s after worker 0's hello */
+    ps_header r;
+    float out[2];
+    CHECK_OK(recv_beating(a, 0, PS_TEST_RPC_MS, &r, out, 2));
+    CHECK_MSG(r.type == PS_MSG_PUSHPULL, "%s", r.err_text);
+    CHECK_EQ_INT(r.chunk_version, 1);
+    CHECK(out[0] == 0.0f && out[1] == 1.0f);
+    ps_header h = ps_test_header(PS_MSG_BARRIER, 0, 4, 0, 0, 1);
+    CHECK_OK(rpc(a, &h, NULL, 0, &r, NULL, 0));
+    CHECK_MSG(r.type == PS_MSG_BARRIER, "%s", r.err_text);
+    CHECK(ps_test_file_has(sv.log, "worker 1 never said hello, ") &&
+          ps_test_file_has(sv.log, "s after the first worker did: dropped; rounds continue "
+                                   "with 1 of 2 workers"));
+    /* its hello, late, puts it in at the current version */
+    void *b = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(b, 1, PS_MODE_SYNC, 2, 0));
+    CHECK(ps_test_file_has(sv.log, "hello at last from worker 1"));
+    float g[2] = {1, 1};
+    h = ps_test_header(PS_MSG_PUSH, 0, 5, 3, 0, 1);
+    CHECK_OK(ps_test_send(a, &h, g, 2));
+    h = ps_test_header(PS_MSG_PUSHPULL, 1, 6, 3, 0, 1);
+    CHECK_OK(ps_test_send(b, &h, g, 2));
+    CHECK_OK(recv_hdr(b, PS_TEST_RPC_MS, &r, out, 2));
+    CHECK_MSG(r.type == PS_MSG_PUSHPULL && r.chunk_version == 2, "%s", r.err_text);
+    CHECK(out[0] == -1.0f && out[1] == 0.0f);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
+    zmq_close(a);
+    zmq_close(b);
+}
+
+PS_TEST(wait_policy_names_a_worker_that_never_said_hello_and_keeps_waiting)
+{
+    proc sv;
+    void *a;
+    never_said_hello_case("wait", &sv, &a);
+    ps_header r;
+    float out[2], g[2] = {1, 1};
+    int said = 0;
+    for (int t = 0; t < 50 && !said; t++) { /* the round waits meanwhile */
+        CHECK_EQ_INT(recv_beating(a, 0, 100, &r, out, 2), 1);
+        said = ps_test_file_has(sv.log, "waiting for 1 worker: 1 (never said hello)");
+    }
+    CHECK_MSG(said, "no line naming worker 1 in %s", sv.log);
+    CHECK(ps_test_file_has(sv.log, "worker 1 never said hello, "));
+    CHECK_EQ_INT(recv_beating(a, 0, 300, &r, out, 2), 1); /* the round still waits */
+    void *b = ps_test_dealer(sv.port);
+    CHECK_OK(ps_test_hello(b, 1, PS_MODE_SYNC, 2, 0));
+    ps_header h = ps_test_header(PS_MSG_PUSH, 1, 3, 3, 0, 0);
+    CHECK_OK(ps_test_send(b, &h, g, 2));
+    CHECK_OK(recv_hdr(a, PS_TEST_RPC_MS, &r, out, 2));
+    CHECK_MSG(r.type == PS_MSG_PUSHPULL && r.chunk_version == 1, "%s", r.err_text);
+    CHECK(out[0] == 0.0f && out[1] == 1.0f);
+    CHECK_EQ_INT(ps_test_stop(sv.pid, PS_TEST_RPC_MS), 0);
+    zmq_close(a);
+    zmq_close(b);
+}
+
 PS_TEST(resent_pulls_and_barriers_wait_once_and_are_answered_once)
 {
     proc sv;
@@ -485,6 +580,15 @@ PS_TEST(restored_sync_server_applies_the_open_round_once_and_drops_older_resends
     char rflags[1100];
     snprintf(rflags, sizeof rflags, "%s --restore", flags);
     CHECK_OK(restart(&sv, rflags, "sync-once-2.log"));
+    /* the restored server knows both ranks, but no connection holds them:
+     * a resend before hello is refused with PS_EHELLO, and the workers say
+     * hello again (as libps does on that refusal) */
+    h = ps_test_header(PS_MSG_PUSH, 0, 4, 9, 0, 1);
+    CHECK_OK(rpc(a, &h, g0, 3, &r, NULL, 0));
+    CHECK_EQ_INT(r.type, PS_MSG_ERROR);
+    CHECK_EQ_INT(r.err_code, PS_EHELLO);
+    CHECK_OK(ps_test_hello(a, 0, PS_MODE_SYNC, 2, 0));
+    CHECK_OK(ps_test_hello(b, 1, PS_MODE_SYNC, 2, 0));
     /* the worker resends it (same request id), and an old one of round 0 */
     h = ps_test_header(PS_MSG_PUSH, 0, 4, 9, 0, 1);
     CHECK_OK(ps_test_send(a, &h, g0, 3));
@@ -535,6 +639,7 @@ PS_TEST(restored_async_server_drops_resent_pushes_below_the_restored_clock)
     char rflags[1100];
     snprintf(rflags, sizeof rflags, "%s --restore", flags);
     CHECK_OK(restart(&sv, rflags, "async-once-2.log"));
+    CHECK_OK(ps_test_hello(a, 0, PS_MODE_ASYNC, 1, -1)); /* a new connection: hello first */
     /* resends of steps 1 and 2 are duplicates; step 3 is new */
     for (int t = 1; t < 4; t++) {
         h = ps_test_header(PS_MSG_PUSH, 0, 10 + (uint64_t)t, 4, 0, t);
@@ -605,6 +710,7 @@ PS_TEST(restored_sync_server_fast_forwards_a_worker_that_got_further)
     char rflags[1100];
     snprintf(rflags, sizeof rflags, "%s --restore", flags);
     CHECK_OK(restart(&sv, rflags, "ff-2.log"));
+    CHECK_OK(ps_test_hello(a, 0, PS_MODE_SYNC, 1, 0)); /* a new connection: hello first */
     h = ps_test_header(PS_MSG_PUSHPULL, 0, 20, 4, 0, 5);
     CHECK_OK(rpc(a, &h, g, 2, &r, out, 2));
     CHECK_EQ_INT(r.type, PS_MSG_PUSHPULL);

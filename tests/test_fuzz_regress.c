@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../tests/fuzz/fuzz_checks.h"
+#include "ps_table_decl.h"
 #include "ps_test.h"
 
 typedef const char *(*check_fn)(const uint8_t *, size_t, char *, size_t);
@@ -139,16 +140,43 @@ PS_TEST(fuzz_seeds_are_valid_inputs)
     size_t size;
     ps_header h;
     char why[256];
-    static const char *const types[] = {"hello", "init",     "push",  "pull", "pushpull",
-                                        "barrier", "stats", "shutdown", "heartbeat"};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        snprintf(path, sizeof path, "%s/corpus/fuzz_proto/%s-request.bin", root, types[i]);
-        CHECK_MSG(read_all(path, &data, &size) == 0, "missing seed %s", path);
+    /* a request of every type (error is a reply only) */
+    for (uint32_t t = 1; t <= PS_MSG_TYPE_MAX; t++) {
+        if (t == PS_MSG_ERROR)
+            continue;
+        snprintf(path, sizeof path, "%s/corpus/fuzz_proto/%s-request.bin", root,
+                 ps_msg_type_name(t));
+        CHECK_MSG(read_all(path, &data, &size) == 0, "missing seed %s (make fuzz-seeds)", path);
         int rc = ps_proto_decode(data, size, &h, why, sizeof why);
         free(data);
         CHECK_MSG(rc == 0, "%s: %s", path, why);
-        CHECK_EQ_INT(h.type, i + 1 + (i >= 8)); /* heartbeat is 10, after error */
+        CHECK_EQ_INT(h.type, t);
     }
+    /* the table messages with their first frame: valid as the server takes
+     * them, and a declaration the server would accept */
+    static const char *const sparse[] = {"spull-request", "spull-reply", "spush-request",
+                                         "spushpull-request", "spushpull-reply"};
+    for (size_t i = 0; i < sizeof sparse / sizeof sparse[0]; i++) {
+        snprintf(path, sizeof path, "%s/corpus/fuzz_proto/%s-payload.bin", root, sparse[i]);
+        CHECK_MSG(read_all(path, &data, &size) == 0, "missing seed %s (make fuzz-seeds)", path);
+        size_t hl = fuzz_msgpack_len(data, size, 0, 0);
+        int rc = hl ? ps_proto_decode(data, hl, &h, why, sizeof why) : -1;
+        size_t frames[3] = {size - hl, 3 * 4 * 4, 2 * 8};
+        int nf = ps_payload_frames((h.flags & PS_FLAG_REPLY) ? ps_msg_reply_layout(h.type)
+                                                              : ps_msg_request_layout(h.type));
+        if (!rc)
+            rc = ps_proto_check_frames(&h, nf, frames, why, sizeof why);
+        free(data);
+        CHECK_MSG(rc == 0, "%s: %s", path, why);
+        CHECK(h.dim == 4 && h.count == 3);
+    }
+    snprintf(path, sizeof path, "%s/corpus/fuzz_proto/table-request.bin", root);
+    CHECK_MSG(read_all(path, &data, &size) == 0, "missing seed %s", path);
+    int drc = ps_proto_decode(data, size, &h, why, sizeof why);
+    free(data);
+    CHECK_MSG(drc == 0, "%s: %s", path, why);
+    CHECK_EQ_INT(h.table.opt.kind, PS_TABLE_OPT_FTRL);
+    CHECK_MSG(ps_table_decl_check(h.key, &h.table, why, sizeof why) == 0, "%s", why);
     snprintf(path, sizeof path, "%s/corpus/fuzz_proto/error-reply.bin", root);
     CHECK_MSG(read_all(path, &data, &size) == 0, "missing seed %s", path);
     int rc = ps_proto_decode(data, size, &h, why, sizeof why);
@@ -165,6 +193,41 @@ PS_TEST(fuzz_seeds_are_valid_inputs)
              ds->labels[1] == 9 && ds->num_classes == 10 && ds->images[1] == 23.0f / 255.0f;
     ps_dataset_free(ds);
     CHECK_MSG(ok, "the seed IDX files do not load as 2 images of 2x3 with labels 3, 9");
+}
+
+/* Found by fuzz_proto once the corpus had table seeds: a declaration of an
+ * FTRL table whose eps (or lr) was a tiny negative double decoded as a given
+ * -0 whose own encoding decoded as +0 ("not given"), so the round trip
+ * changed it; f2 a denormal double became 0 the same way.  The decoder was
+ * wrong: a number the protocol carries as a float32 that becomes 0 only as a
+ * float32 is refused, naming the field (tests/fuzz/regress/fuzz_proto/
+ * table-ftrl-*). */
+PS_TEST(a_table_declaration_number_that_underflows_float32_is_refused_naming_it)
+{
+    const char *root = fuzz_dir();
+    CHECK_MSG(root[0], "tests/fuzz/corpus not found");
+    static const struct {
+        const char *file, *field;
+    } cases[] = {{"table-ftrl-eps-underflows-float32", "'tb.eps' is -1.34e-200"},
+                 {"table-ftrl-lr-underflows-float32", "'tb.lr' is -2.19e-194"},
+                 {"table-ftrl-f2-denormal-double", "'tb.f2' is 1.3e-314"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[PATH_MAX + 64], why[256], msg[512];
+        uint8_t *data;
+        size_t size;
+        snprintf(path, sizeof path, "%s/regress/fuzz_proto/%s", root, cases[i].file);
+        CHECK_MSG(read_all(path, &data, &size) == 0, "missing %s", path);
+        ps_header h;
+        int rc = ps_proto_decode(data, size, &h, why, sizeof why);
+        const char *bad = fuzz_check_proto(data, size, msg, sizeof msg);
+        free(data);
+        CHECK_MSG(bad == NULL, "%s: %s", cases[i].file, bad);
+        CHECK_EQ_INT(rc, PS_EPROTO);
+        CHECK_MSG(strstr(why, cases[i].field) && strstr(why, "float32"), "%s: %s",
+                  cases[i].file, why);
+        CHECK_EQ_INT(h.version, PS_PROTO_VERSION); /* answered, q echoed */
+        CHECK_EQ_INT(h.seq, 1011);
+    }
 }
 
 /* The fix for the first fuzz_idx crash: a header promising ~76 GB of pixels

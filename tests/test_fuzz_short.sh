@@ -27,6 +27,13 @@ if ! make -s --no-print-directory fuzz-build >"$TMP/build.log" 2>&1; then
     done
     exit 1
 fi
+# the table messages are in fuzz_proto's corpus (make fuzz-seeds writes them)
+for m in table spull spush spushpull; do
+    if [ ! -f "tests/fuzz/corpus/fuzz_proto/$m-request.bin" ]; then
+        echo "FAIL $(case_name fuzz_proto): no $m seed in tests/fuzz/corpus/fuzz_proto (make fuzz-seeds)"
+        exit 1
+    fi
+done
 rc_all=0
 for t in $TARGETS; do
     mkdir -p "$TMP/$t/new" "$TMP/$t/found"

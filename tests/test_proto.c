@@ -602,6 +602,24 @@ PS_TEST(decode_refuses_absurd_container_counts_and_depth)
         deep[n++] = 0x91; /* [[[[[[ ... */
     deep[n++] = 0x01;
     CHECK_EQ_INT(ps_proto_decode(deep, n, &h, why, sizeof why), PS_EPROTO);
+    /* ... yet a map with its version: answerable, naming the field (the
+     * server's error reply echoes q and t) */
+    CHECK_EQ_INT(h.version, PS_PROTO_VERSION);
+    CHECK_EQ_INT(h.type, PS_MSG_PULL);
+    CHECK_MSG(strstr(why, "field 'x' nests deeper than the header's 4 levels"), "%s", why);
+    /* a value of a value too deep: the same; cut short or with a version
+     * too deep itself: not answerable */
+    const uint8_t tb[] = {0x83, 0xa1, 'v', 0x01, 0xa1, 'q', 0x2a, 0xa2, 't', 'b', 0x81, 0xa1,
+                          'x', 0x91, 0x91, 0x91, 0x91, 0x01};
+    CHECK_EQ_INT(ps_proto_decode(tb, sizeof tb, &h, why, sizeof why), PS_EPROTO);
+    CHECK_EQ_INT(h.version, PS_PROTO_VERSION);
+    CHECK_EQ_INT(h.seq, 42);
+    CHECK_MSG(strstr(why, "field 'tb' nests deeper"), "%s", why);
+    CHECK_EQ_INT(ps_proto_decode(tb, sizeof tb - 1, &h, why, sizeof why), PS_EPROTO);
+    CHECK_EQ_INT(h.version, 0);
+    const uint8_t deep_v[] = {0x81, 0xa1, 'v', 0x91, 0x91, 0x91, 0x91, 0x91, 0x01};
+    CHECK_EQ_INT(ps_proto_decode(deep_v, sizeof deep_v, &h, why, sizeof why), PS_EPROTO);
+    CHECK_EQ_INT(h.version, 0);
 }
 
 PS_TEST(decode_refuses_oversize_frame)

@@ -96,7 +96,8 @@ PS_TEST(async_push_applied_on_arrival_and_pull_returns_exact_values)
         CHECK_EQ_INT(r.chunk_version, k + 1);
         for (int i = 0; i < N; i++)
             w[i] = w[i] - 0.5f * (g[i] + 0.0f * w[i]);
-        h = ps_test_header(PS_MSG_PULL, rank[k], 20 + (uint64_t)k, 42, 3, 0);
+        /* the other worker sees it (on its own connection, as its rank) */
+        h = ps_test_header(PS_MSG_PULL, rank[(k + 1) % 3], 20 + (uint64_t)k, 42, 3, 0);
         CHECK_OK(ps_test_rpc(who[(k + 1) % 3], &h, NULL, 0, &r, out, N, &got));
         CHECK_EQ_INT(r.type, PS_MSG_PULL);
         CHECK_EQ_INT(r.chunk_version, k + 1);

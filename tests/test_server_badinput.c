@@ -230,6 +230,13 @@ PS_TEST(bad_requests_get_error_replies_with_the_right_code)
     CHECK_OK(ps_test_recv(s, PS_TEST_RPC_MS, &r, NULL, 0, NULL));
     CHECK_EQ_INT(r.type, PS_MSG_ERROR);
     CHECK_EQ_INT(r.err_code, PS_EVERSION);
+    /* a declaration whose `tb` nests 5 deep: answered, naming the field */
+    static const char deep_tb[] = "\x86\xa1v\x01\xa1t\x0b\xa1q\x32\xa1r\x00\xa1k\x07"
+                                  "\xa2tb\x81\xa3" "dim\x91\x91\x91\x91\x01";
+    CHECK_OK(send_frames(s, 1, (const void *[]){deep_tb}, (size_t[]){sizeof deep_tb - 1}));
+    EXPECT_ERROR(PS_EPROTO, 50);
+    CHECK_MSG(strstr(r.err_text, "field 'tb' nests deeper"), "%s", r.err_text);
+    CHECK_EQ_INT(r.key, 7);
     /* absurd count: 2^40 elements (out of the field's range) */
     kv f4[] = {{"v", 'u', 1, 0, 0}, {"t", 'u', 3, 0, 0}, {"q", 'u', 16, 0, 0},
                {"r", 'i', 0, 0, 0}, {"k", 'u', 10, 0, 0}, {"n", 'u', 1ull << 40, 0, 0},
@@ -555,8 +562,12 @@ PS_TEST(a_live_rank_cannot_be_taken_and_an_async_push_cannot_skip_steps)
     CHECK(strstr(r.err_text, "held by another connection"));
     CHECK_OK(hello_tok(b, 0, tok ^ 1, 11, &r));
     CHECK_EQ_INT(r.err_code, PS_ESTATE);
-    /* the spoofed push of the issue: step 2^62-1 would have frozen the chunk */
+    /* the spoofed push of the issue: refused, as b does not hold rank 0 ... */
     CHECK_OK(push_step(b, 0, 12, 5, ((int64_t)1 << 62) - 1, &r));
+    CHECK_EQ_INT(r.err_code, PS_EPERM);
+    CHECK(strstr(r.err_text, "worker 0 is held by another connection"));
+    /* ... and from the holder itself step 2^62-1 would have frozen the chunk */
+    CHECK_OK(push_step(a, 0, 12, 5, ((int64_t)1 << 62) - 1, &r));
     CHECK_EQ_INT(r.err_code, PS_ESTATE);
     CHECK(strstr(r.err_text, "next step is 1"));
     CHECK_OK(push_step(a, 0, 13, 5, 2, &r)); /* one ahead is a skip too */

@@ -204,17 +204,19 @@ PS_TEST(stats_answered_when_every_owner_replied)
     of.st.chunks = 1;
     of.st.min_version = 4;
     of.st.max_version = 9;
-    ps_stats_reqs_part(q, &of, 2, 1, b);
+    const ps_stats io = {.errors = 2, .workers_seen = 1, .forged = 7};
+    ps_stats_reqs_part(q, &of, &io, b);
     CHECK_EQ_INT(got.n, 0);
     of.st.min_version = 2;
     of.st.max_version = 6;
-    ps_stats_reqs_part(q, &of, 2, 1, b);
+    ps_stats_reqs_part(q, &of, &io, b);
     CHECK_EQ_INT(got.n, 1);
     CHECK_EQ_INT(got.h[0].type, PS_MSG_STATS);
     CHECK_EQ_INT(got.h[0].seq, 5);
     CHECK_EQ_INT(got.h[0].stats.pushes, 6);
     CHECK_EQ_INT(got.h[0].stats.errors, 2);
     CHECK_EQ_INT(got.h[0].stats.workers_seen, 1);
+    CHECK_EQ_INT(got.h[0].stats.forged, 7);
     CHECK_EQ_INT(got.h[0].stats.min_version, 2);
     CHECK_EQ_INT(got.h[0].stats.max_version, 9);
     CHECK_EQ_INT(got.h[0].barrier.id, 1);
@@ -225,6 +227,9 @@ PS_TEST(stats_answered_when_every_owner_replied)
     ps_barriers_destroy(b);
 }
 
+/* A connection as workers.h takes it: routing id `id`, socket fd, no key. */
+#define CONN(id, fd) (&(ps_conn){(id), strlen(id), (fd), NULL})
+
 PS_TEST(silent_worker_dropped_then_rejoins_on_hello)
 {
     ps_workers *w;
@@ -232,25 +237,25 @@ PS_TEST(silent_worker_dropped_then_rejoins_on_hello)
     int rejoined = -1;
     uint64_t tok = 0;
     char why[256];
-    CHECK_EQ_INT(ps_workers_heard(w, 0, "id0", 3, 0), PS_WORKER_UNKNOWN);
-    CHECK_OK(ps_workers_hello(w, 0, "id0", 3, -1, 0, 0, "test", &tok, &rejoined, why, sizeof why));
+    CHECK_EQ_INT(ps_workers_heard(w, 0, CONN("id0", -1), 0, why, sizeof why), PS_WORKER_UNKNOWN);
+    CHECK_OK(ps_workers_hello(w, 0, CONN("id0", -1), 0, 0, "test", &tok, &rejoined, why, sizeof why));
     CHECK_EQ_INT(rejoined, 0);
     CHECK(tok != 0);
     CHECK_EQ_INT(ps_workers_seen(w), 1);
     CHECK_EQ_INT(ps_workers_hello_flags(w)[0], 1);
     CHECK_EQ_INT(ps_workers_check(w, 50000000LL), -1);
-    CHECK_EQ_INT(ps_workers_heard(w, 0, "id0", 3, 60000000LL), PS_WORKER_LIVE);
+    CHECK_EQ_INT(ps_workers_heard(w, 0, CONN("id0", -1), 60000000LL, why, sizeof why), PS_WORKER_LIVE);
     CHECK_EQ_INT(ps_workers_check(w, 150000000LL), -1); /* heard at 60 ms */
     CHECK_EQ_INT(ps_workers_check(w, 200000000LL), 0);
     CHECK_EQ_INT(ps_workers_check(w, 300000000LL), -1); /* once */
-    CHECK_EQ_INT(ps_workers_heard(w, 0, "id0", 3, 300000000LL), PS_WORKER_DROPPED);
+    CHECK_EQ_INT(ps_workers_heard(w, 0, CONN("id0", -1), 300000000LL, why, sizeof why), PS_WORKER_DROPPED);
     /* dropped: its rank is free for any connection, which gets a new token */
     uint64_t tok2 = 0;
-    CHECK_OK(ps_workers_hello(w, 0, "id1", 3, -1, 0, 310000000LL, "test", &tok2, &rejoined, why,
+    CHECK_OK(ps_workers_hello(w, 0, CONN("id1", -1), 0, 310000000LL, "test", &tok2, &rejoined, why,
                               sizeof why));
     CHECK_EQ_INT(rejoined, 1);
     CHECK(tok2 != 0 && tok2 != tok);
-    CHECK_EQ_INT(ps_workers_heard(w, 0, "id1", 3, 320000000LL), PS_WORKER_LIVE);
+    CHECK_EQ_INT(ps_workers_heard(w, 0, CONN("id1", -1), 320000000LL, why, sizeof why), PS_WORKER_LIVE);
     CHECK_EQ_INT(ps_workers_lost(w), 1);
     CHECK_EQ_INT(ps_workers_rejoined(w), 1);
     ps_workers_destroy(w);
@@ -264,55 +269,140 @@ PS_TEST(a_rank_held_by_a_live_connection_takes_a_hello_only_with_its_token)
     uint64_t tok = 0, t2 = 0;
     char why[256] = "";
     const int64_t s = 1000000000LL;
-    CHECK_OK(ps_workers_hello(w, 1, "aaaaa", 5, -1, 0, 10 * s, "a", &tok, &rejoined, why,
+    CHECK_OK(ps_workers_hello(w, 1, CONN("aaaaa", -1), 0, 10 * s, "a", &tok, &rejoined, why,
                               sizeof why));
     /* another connection, no token or a wrong one, while the holder is live */
-    CHECK_EQ_INT(ps_workers_hello(w, 1, "bbbbb", 5, -1, 0, 11 * s, "b", &t2, &rejoined, why,
+    CHECK_EQ_INT(ps_workers_hello(w, 1, CONN("bbbbb", -1), 0, 11 * s, "b", &t2, &rejoined, why,
                                   sizeof why), PS_ESTATE);
     CHECK(strstr(why, "held by another connection"));
-    CHECK_EQ_INT(ps_workers_hello(w, 1, "bbbbb", 5, -1, tok + 1, 11 * s, "b", &t2, &rejoined, why,
+    CHECK_EQ_INT(ps_workers_hello(w, 1, CONN("bbbbb", -1), tok + 1, 11 * s, "b", &t2, &rejoined, why,
                                   sizeof why), PS_ESTATE);
-    /* messages on another connection do not keep the holder live ... */
-    CHECK_EQ_INT(ps_workers_heard(w, 1, "bbbbb", 5, 12 * s), PS_WORKER_LIVE);
-    CHECK_EQ_INT(ps_workers_hello(w, 1, "bbbbb", 5, -1, 0, 12 * s, "b", &t2, &rejoined, why,
+    /* messages on another connection are refused and do not keep the holder
+     * live ... */
+    CHECK_EQ_INT(ps_workers_heard(w, 1, CONN("bbbbb", -1), 12 * s, why, sizeof why),
+                 PS_WORKER_FORGED);
+    CHECK_EQ_INT(ps_workers_hello(w, 1, CONN("bbbbb", -1), 0, 12 * s, "b", &t2, &rejoined, why,
                                   sizeof why), PS_ESTATE);
     /* ... its own do */
-    CHECK_EQ_INT(ps_workers_heard(w, 1, "aaaaa", 5, 12 * s), PS_WORKER_LIVE);
-    CHECK_EQ_INT(ps_workers_hello(w, 1, "bbbbb", 5, -1, 0, 14 * s, "b", &t2, &rejoined, why,
+    CHECK_EQ_INT(ps_workers_heard(w, 1, CONN("aaaaa", -1), 12 * s, why, sizeof why),
+                 PS_WORKER_LIVE);
+    CHECK_EQ_INT(ps_workers_hello(w, 1, CONN("bbbbb", -1), 0, 14 * s, "b", &t2, &rejoined, why,
                                   sizeof why), PS_ESTATE);
     /* the same connection again: same token */
-    CHECK_OK(ps_workers_hello(w, 1, "aaaaa", 5, -1, 0, 14 * s, "a", &t2, &rejoined, why,
+    CHECK_OK(ps_workers_hello(w, 1, CONN("aaaaa", -1), 0, 14 * s, "a", &t2, &rejoined, why,
                               sizeof why));
     CHECK_EQ_INT(t2, tok);
     /* the token proves it is the same worker on a new connection */
-    CHECK_OK(ps_workers_hello(w, 1, "ccccc", 5, -1, tok, 14 * s, "c", &t2, &rejoined, why,
+    CHECK_OK(ps_workers_hello(w, 1, CONN("ccccc", -1), tok, 14 * s, "c", &t2, &rejoined, why,
                               sizeof why));
     CHECK_EQ_INT(t2, tok);
     /* a holder silent past the window loses the rank to any hello */
-    CHECK_OK(ps_workers_hello(w, 1, "ddddd", 5, -1, 0, 18 * s, "d", &t2, &rejoined, why,
+    CHECK_OK(ps_workers_hello(w, 1, CONN("ddddd", -1), 0, 18 * s, "d", &t2, &rejoined, why,
                               sizeof why));
     CHECK(t2 != tok);
     CHECK_EQ_INT(ps_workers_refused(w), 4);
     /* a holder whose connection closed frees the rank at once */
-    CHECK_OK(ps_workers_hello(w, 0, "ggggg", 5, 7, 0, 20 * s, "g", &t2, &rejoined, why,
+    CHECK_OK(ps_workers_hello(w, 0, CONN("ggggg", 7), 0, 20 * s, "g", &t2, &rejoined, why,
                               sizeof why));
-    CHECK_EQ_INT(ps_workers_hello(w, 0, "hhhhh", 5, 8, 0, 20 * s, "h", &t2, &rejoined, why,
+    CHECK_EQ_INT(ps_workers_hello(w, 0, CONN("hhhhh", 8), 0, 20 * s, "h", &t2, &rejoined, why,
                                   sizeof why), PS_ESTATE);
     ps_workers_gone(w, 8); /* not the holder's */
-    CHECK_EQ_INT(ps_workers_hello(w, 0, "hhhhh", 5, 8, 0, 20 * s, "h", &t2, &rejoined, why,
+    CHECK_EQ_INT(ps_workers_hello(w, 0, CONN("hhhhh", 8), 0, 20 * s, "h", &t2, &rejoined, why,
                                   sizeof why), PS_ESTATE);
     ps_workers_gone(w, 7);
-    CHECK_OK(ps_workers_hello(w, 0, "hhhhh", 5, 8, 0, 20 * s, "h", &t2, &rejoined, why,
+    CHECK_OK(ps_workers_hello(w, 0, CONN("hhhhh", 8), 0, 20 * s, "h", &t2, &rejoined, why,
                               sizeof why));
     ps_workers_destroy(w);
     /* restored ranks have no holder: the first hello is taken */
     CHECK_OK(ps_workers_create(2, 0, PS_LOSS_WAIT, &w));
     uint8_t known[2] = {1, 1};
     CHECK_OK(ps_workers_restore(w, known, 0));
-    CHECK_OK(ps_workers_hello(w, 0, "eeeee", 5, -1, 0, 1, "e", &t2, &rejoined, why, sizeof why));
+    CHECK_OK(ps_workers_hello(w, 0, CONN("eeeee", -1), 0, 1, "e", &t2, &rejoined, why, sizeof why));
     CHECK(t2 != 0);
-    CHECK_EQ_INT(ps_workers_hello(w, 0, "fffff", 5, -1, 0, 2, "f", &t2, &rejoined, why,
+    CHECK_EQ_INT(ps_workers_hello(w, 0, CONN("fffff", -1), 0, 2, "f", &t2, &rejoined, why,
                                   sizeof why), PS_ESTATE);
+    ps_workers_destroy(w);
+}
+
+PS_TEST(only_the_connection_holding_a_rank_speaks_for_it)
+{
+    ps_workers *w;
+    CHECK_OK(ps_workers_create(2, 0, PS_LOSS_WAIT, &w)); /* hold window: 3 s */
+    int rejoined;
+    uint64_t tok = 0;
+    char why[256] = "";
+    const int64_t s = 1000000000LL;
+    ps_conn a = {"aaaaa", 5, 7, "worker-1"}, b = {"bbbbb", 5, 8, "worker-2"};
+    ps_conn a_other_key = {"aaaaa", 5, 7, "worker-2"};
+    CHECK_OK(ps_workers_hello(w, 1, &a, 0, 10 * s, "a", &tok, &rejoined, why, sizeof why));
+    CHECK_EQ_INT(ps_workers_heard(w, 1, &a, 11 * s, why, sizeof why), PS_WORKER_LIVE);
+    /* another connection, or the same route under another key: refused,
+     * counted, and the reason names the rank */
+    CHECK_EQ_INT(ps_workers_heard(w, 1, &b, 11 * s, why, sizeof why), PS_WORKER_FORGED);
+    CHECK(strstr(why, "worker 1 is held by another connection"));
+    CHECK_EQ_INT(ps_workers_heard(w, 1, &a_other_key, 11 * s, why, sizeof why),
+                 PS_WORKER_FORGED);
+    CHECK(strstr(why, "CURVE key"));
+    CHECK_EQ_INT(ps_workers_forged(w), 2);
+    /* a forger's messages are no sign of life: the holder's silence counts */
+    CHECK_EQ_INT(ps_workers_heard(w, 1, &b, 14 * s + 1, why, sizeof why), PS_WORKER_UNHELD);
+    CHECK(strstr(why, "say hello on it first"));
+    /* the holder's connection closed: its rank waits for a hello, from any */
+    CHECK_EQ_INT(ps_workers_heard(w, 1, &a, 14 * s + 2, why, sizeof why), PS_WORKER_LIVE);
+    ps_workers_gone(w, 7);
+    CHECK_EQ_INT(ps_workers_heard(w, 1, &a, 15 * s, why, sizeof why), PS_WORKER_UNHELD);
+    CHECK_EQ_INT(ps_workers_heard(w, 1, &b, 15 * s, why, sizeof why), PS_WORKER_UNHELD);
+    CHECK_OK(ps_workers_hello(w, 1, &b, 0, 15 * s, "b", &tok, &rejoined, why, sizeof why));
+    CHECK_EQ_INT(ps_workers_heard(w, 1, &b, 15 * s, why, sizeof why), PS_WORKER_LIVE);
+    CHECK_EQ_INT(ps_workers_forged(w), 2);
+    /* a restored rank has no holder: nothing but a hello is taken for it */
+    ps_workers_destroy(w);
+    CHECK_OK(ps_workers_create(2, 0, PS_LOSS_WAIT, &w));
+    uint8_t known[2] = {1, 0};
+    CHECK_OK(ps_workers_restore(w, known, 0));
+    CHECK_EQ_INT(ps_workers_heard(w, 0, &a, 1, why, sizeof why), PS_WORKER_UNHELD);
+    CHECK_EQ_INT(ps_workers_heard(w, 1, &a, 1, why, sizeof why), PS_WORKER_UNKNOWN);
+    ps_workers_destroy(w);
+}
+
+PS_TEST(a_rank_that_never_says_hello_is_lost_after_the_timeout_from_the_first_hello)
+{
+    const int64_t ms = 1000000LL;
+    ps_workers *w;
+    int rejoined;
+    uint64_t tok;
+    char why[256];
+    ps_conn a = {"aaaaa", 5, -1, NULL}, b = {"bbbbb", 5, -1, NULL};
+    CHECK_OK(ps_workers_create(3, 100, PS_LOSS_DROP, &w));
+    /* before any hello nothing is waited for */
+    CHECK_EQ_INT(ps_workers_check(w, 1000 * ms), -1);
+    CHECK_OK(ps_workers_hello(w, 0, &a, 0, 1000 * ms, "a", &tok, &rejoined, why, sizeof why));
+    CHECK_EQ_INT(ps_workers_heard(w, 0, &a, 1090 * ms, why, sizeof why), PS_WORKER_LIVE);
+    CHECK_EQ_INT(ps_workers_check(w, 1090 * ms), -1);
+    /* 1 and 2 never said hello: dropped 100 ms after worker 0's hello */
+    CHECK_EQ_INT(ps_workers_check(w, 1101 * ms), 1);
+    CHECK_EQ_INT(ps_workers_check(w, 1101 * ms), 2);
+    CHECK_EQ_INT(ps_workers_check(w, 1101 * ms), -1);
+    CHECK_EQ_INT(ps_workers_lost(w), 2);
+    CHECK_EQ_INT(ps_workers_seen(w), 1);
+    CHECK_EQ_INT(ps_workers_hello_flags(w)[1], 0); /* not known: a checkpoint says so */
+    CHECK_EQ_INT(ps_workers_heard(w, 1, &b, 1200 * ms, why, sizeof why), PS_WORKER_UNKNOWN);
+    /* its hello, late, puts it back */
+    CHECK_OK(ps_workers_hello(w, 1, &b, 0, 1200 * ms, "b", &tok, &rejoined, why, sizeof why));
+    CHECK_EQ_INT(rejoined, 1);
+    CHECK_EQ_INT(ps_workers_seen(w), 2);
+    CHECK_EQ_INT(ps_workers_hello_flags(w)[1], 1);
+    CHECK_EQ_INT(ps_workers_heard(w, 1, &b, 1200 * ms, why, sizeof why), PS_WORKER_LIVE);
+    ps_workers_destroy(w);
+    /* wait: lost, not dropped */
+    CHECK_OK(ps_workers_create(2, 100, PS_LOSS_WAIT, &w));
+    CHECK_OK(ps_workers_hello(w, 0, &a, 0, 1000 * ms, "a", &tok, &rejoined, why, sizeof why));
+    CHECK_EQ_INT(ps_workers_heard(w, 0, &a, 1150 * ms, why, sizeof why), PS_WORKER_LIVE);
+    CHECK_EQ_INT(ps_workers_check(w, 1200 * ms), -1);
+    CHECK_EQ_INT(ps_workers_lost(w), 1);
+    CHECK_OK(ps_workers_hello(w, 1, &b, 0, 1300 * ms, "b", &tok, &rejoined, why, sizeof why));
+    CHECK_EQ_INT(rejoined, 0);
+    CHECK_EQ_INT(ps_workers_seen(w), 2);
     ps_workers_destroy(w);
 }
 

@@ -333,8 +333,15 @@ PS_TEST(another_users_arena_is_refused_and_the_honest_worker_trains_on)
     /* the attack came while the worker trained */
     CHECK_MSG(!ps_test_file_has(log, "epoch 40 iter 2560/2560"), "the worker was done before the "
               "attack: give it more epochs");
-    /* rank 1's final barrier, for the honest worker to finish */
+    /* rank 1's final barrier, for the honest worker to finish, on a
+     * connection of its own: hello first (the attacker's closed with its
+     * process; the server sees that within milliseconds) */
     void *s = ps_test_dealer(sv.port);
+    int held = 0;
+    for (int t = 0; t < 100 && !held; t++)
+        if (!(held = ps_test_hello(s, 1, PS_MODE_ASYNC, 2, -1) == 0))
+            ps_test_sleep_ms(50);
+    CHECK_MSG(held, "rank 1 was not freed when the attacker's connection closed");
     ps_header h = ps_test_header(PS_MSG_BARRIER, 1, 9, 0, 0, 1), r;
     CHECK(ps_test_send(s, &h, NULL, 0) == 0 && ps_test_recv(s, 50000, &r, NULL, 0, NULL) == 0 &&
           r.type == PS_MSG_BARRIER);

@@ -194,6 +194,33 @@ PS_TEST(initializer_is_reproduced_bit_for_bit_by_numpy)
     CHECK_EQ_INT(same, 8);
 }
 
+/* What a server checks of a table request's ids: each a row of the
+ * partition, and of the server, it was sent to (the placement of
+ * ps_table_row.h). */
+PS_TEST(misplaced_finds_the_first_id_of_another_server_or_partition)
+{
+    enum { S = 3, P = 4, N = 64 };
+    uint64_t ids[N];
+    size_t n = 0;
+    /* ids of server 1, partition 2 */
+    for (uint64_t id = 0; n < N; id++) {
+        uint64_t h = ps_table_row_hash(9, id);
+        if (ps_table_row_server(h, S) == 1 && ps_table_row_part(h, S, P) == 2)
+            ids[n++] = id;
+    }
+    CHECK_EQ_INT(ps_table_row_misplaced(9, ids, N, 1, S, 2, P), N);
+    CHECK_EQ_INT(ps_table_row_misplaced(9, ids, N, 0, S, 2, P), 0); /* another server */
+    CHECK_EQ_INT(ps_table_row_misplaced(9, ids, N, 1, S, 3, P), 0); /* another partition */
+    CHECK_EQ_INT(ps_table_row_misplaced(8, ids, N, 1, S, 2, P) < N, 1); /* another table */
+    CHECK_EQ_INT(ps_table_row_misplaced(9, ids, 0, 0, S, 0, P), 0);
+    /* one id of another server among them: found where it is */
+    uint64_t other = 0;
+    while (ps_table_row_server(ps_table_row_hash(9, other), S) == 1)
+        other++;
+    ids[37] = other;
+    CHECK_EQ_INT(ps_table_row_misplaced(9, ids, N, 1, S, 2, P), 37);
+}
+
 PS_TEST(rows_are_equal_across_stores_and_insertion_orders)
 {
     ps_table_config c = config(5, PS_OPT_ADAGRAD, PS_TABLE_INIT_NORMAL);

@@ -79,8 +79,11 @@ PS_TEST(every_bad_table_message_is_refused_and_nothing_is_applied)
     CHECK_EQ_INT(r.type, PS_MSG_TABLE);
     CHECK_OK(declare(d, ++seq, 2 * DIM, &r));
     REFUSED(r, PS_EMISMATCH, "table 7: dim: worker 0 has 8, server 0 has 4");
-    /* the partition of id 5 on this one server of 2 partitions */
+    /* the partition of id 5 on this one server of 2 partitions, and another
+     * id of it */
     uint32_t part = ps_table_row_part(ps_table_row_hash(KEY, id), 1, 2);
+    while (two[1] == id || ps_table_row_part(ps_table_row_hash(KEY, two[1]), 1, 2) != part)
+        two[1]++;
 
     /* the row as it is, and the counters */
     ps_header q = hdr(PS_MSG_SPULL, ++seq, KEY, part, 0);
@@ -110,7 +113,13 @@ PS_TEST(every_bad_table_message_is_refused_and_nothing_is_applied)
         {"pushpull's pull ids of another size", PS_EPROTO, "frame 3 (ids to pull)"},
         {"rows in an arena never named at hello", PS_EHELLO, "arena is not mapped here"},
         {"an unknown dtype", PS_EPROTO, "field 'd' must be"},
+        {"an id of the other partition", PS_EPROTO, "belongs to partition"},
+        {"an id to pull of the other partition", PS_EPROTO, "id to pull"},
     };
+    /* id 5 and one of the other partition */
+    uint64_t wrong[2] = {id, 0};
+    while (ps_table_row_part(ps_table_row_hash(KEY, wrong[1]), 1, 2) == part)
+        wrong[1]++;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         h = hdr(PS_MSG_SPUSH, ++seq, KEY, part, 0);
         h.count = 2;
@@ -129,6 +138,8 @@ PS_TEST(every_bad_table_message_is_refused_and_nothing_is_applied)
         case 8: h.type = PS_MSG_SPUSHPULL, h.npull = 2, b[2] = 8, nf = 3; break;
         case 9: h.flags = PS_FLAG_SHM, nf = 0; break;
         case 10: h.dtype = 9; break;
+        case 11: f[0] = wrong; break;
+        case 12: h.type = PS_MSG_SPUSHPULL, h.npull = 2, f[2] = wrong, nf = 3; break;
         }
         CHECK_MSG(ask(d, &h, f, b, nf, &r, NULL, 0) == 0, "%s: no reply", cases[c].what);
         CHECK_EQ_INT(r.seq, seq);
@@ -137,6 +148,16 @@ PS_TEST(every_bad_table_message_is_refused_and_nothing_is_applied)
                   "%s: got %s %d: %s", cases[c].what, ps_msg_type_name(r.type), r.err_code,
                   r.err_text);
     }
+    /* a pull of an id of the other partition: refused naming it and where it
+     * belongs; no row made (counted below) */
+    q.seq = ++seq;
+    const void *wpull[1] = {&wrong[1]};
+    CHECK_OK(ask(d, &q, wpull, pull_b, 1, &r, NULL, 0));
+    char where[96];
+    snprintf(where, sizeof where, "id %llu (number 0 of the request) belongs to partition %u",
+             (unsigned long long)wrong[1], 1 - part);
+    REFUSED(r, PS_EPROTO, where);
+    CHECK(strstr(r.err_text, "where it was sent"));
     /* from a tool: refused */
     h = hdr(PS_MSG_SPUSH, ++seq, KEY, part, 0);
     h.rank = -1;

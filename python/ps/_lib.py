@@ -26,7 +26,7 @@ SONAME = "libps.so.0"
 # X(name, value): PS_ERRORS
 ERRORS = ("OK", "EINVAL", "ENOMEM", "EPROTO", "EIO", "ETIMEDOUT", "ENOTFOUND", "ESTATE",
           "EMISMATCH", "ECLOSED", "EVERSION", "ETOOBIG", "EDEVICE", "EAUTH", "EDATA",
-          "EHELLO", "ENONFINITE")
+          "EHELLO", "ENONFINITE", "EPERM")
 ERR_TEXT_MAX = 200
 
 MODE_SYNC, MODE_ASYNC = 1, 2
@@ -50,7 +50,7 @@ OPT_PARAMS = (
 # PS_STATS_COUNTERS, in order
 STATS_COUNTERS = ("pushes", "pulls", "inits", "updates", "bytes_in", "bytes_out", "dup_dropped",
                   "errors", "chunks", "workers_seen", "partitions", "rows", "table_bytes",
-                  "evicted", "filtered", "nonfinite")
+                  "evicted", "filtered", "nonfinite", "forged")
 
 # enum ps_table_init, and the tables-only optimizer kind PS_TABLE_OPT_FTRL
 TABLE_INITS = ("zeros", "uniform", "normal")

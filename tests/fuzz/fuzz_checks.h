@@ -14,7 +14,10 @@
  *     decoded again: the round trip must give the same header and the same
  *     bytes).  The input is also split after its first msgpack value into
  *     header + payload, and ps_proto_check_payload must accept exactly the
- *     payloads the protocol allows for that header.
+ *     payloads the protocol allows for that header; a table message's
+ *     frames (ids, rows, ids to pull), sized from its header, must be
+ *     accepted exactly within the protocol's limits and refused one byte
+ *     off.
  *   fuzz_idx: one IDX file (plain or gzip).  It is loaded as the image file
  *     (with a made-up label file of the count its header claims) and as the
  *     label file (with a made-up image file of that count). */
@@ -186,6 +189,23 @@ FUZZ_FN const char *fuzz_header_in_range(const ps_header *h, char *msg, size_t l
     if (h->type == PS_MSG_HELLO && ps_opt_check(&o->opt, 1, why, sizeof why))
         return fuzz_fail(msg, len, "decode accepted a hello whose optimizer is out of range: %s",
                          why);
+    /* a declaration: every number of `tb` a number, a kind of the tables' */
+    const ps_table_options *t = &h->table;
+    if (h->type == PS_MSG_TABLE && !(h->flags & PS_FLAG_REPLY) &&
+        (t->opt.kind < 0 || t->opt.kind > PS_TABLE_OPT_FTRL || t->init_scale != t->init_scale ||
+         t->ftrl_beta != t->ftrl_beta || t->ftrl_l1 != t->ftrl_l1 || t->ftrl_l2 != t->ftrl_l2))
+        return fuzz_fail(msg, len, "decode accepted a table declaration of optimizer %d or with "
+                         "a NaN", t->opt.kind);
+    for (int p = 0; h->type == PS_MSG_TABLE && p < PS_OPT_NPARAMS; p++) {
+        double v = ps_opt_get(&t->opt, p);
+        if (v != v)
+            return fuzz_fail(msg, len, "decode accepted tb.%s = NaN", ps_opt_param_at(p)->key);
+    }
+    /* a message that is not a declaration carries none */
+    static const ps_table_options none;
+    if ((h->type != PS_MSG_TABLE || (h->flags & PS_FLAG_REPLY)) && memcmp(t, &none, sizeof none))
+        return fuzz_fail(msg, len, "decode filled a table declaration into a %s",
+                         ps_msg_type_name(h->type));
     const ps_barrier_info *b = &h->barrier;
     if (b->id < -1 || b->nranks > PS_BARRIER_RANKS_MAX || b->missing > PS_MAX_RANK + 1u)
         return fuzz_fail(msg, len, "decode accepted an out-of-range barrier");
@@ -242,6 +262,60 @@ FUZZ_FN const char *fuzz_sparse_payload_oracle(const ps_header *h, size_t plen, 
     return NULL;
 }
 
+/* A table message's frames over the network, sized as docs/PROTOCOL.md
+ * says (ids: 8 x n; rows: n x dim x the size of d; ids to pull: 8 x np):
+ * ps_proto_check_frames accepts them exactly when the header is within the
+ * limits (dim in [1, PS_MAX_TABLE_DIM], n and np at most
+ * PS_MAX_SPARSE_IDS, rows of a known d and at most PS_MAX_PAYLOAD_BYTES),
+ * and refuses every frame one byte too long or too short. */
+FUZZ_FN const char *fuzz_sparse_frames_oracle(const ps_header *h, char *msg, size_t len)
+{
+    int reply = (h->flags & PS_FLAG_REPLY) != 0;
+    int layout = reply ? ps_msg_reply_layout(h->type) : ps_msg_request_layout(h->type);
+    int nf = ps_payload_frames(layout);
+    if ((h->flags & PS_FLAG_SHM) || nf == 0)
+        return NULL;
+    int has_ids = layout != PS_PL_ROWS, has_rows = layout != PS_PL_IDS;
+    size_t es = ps_dtype_size(h->dtype);
+    int ok = h->dim >= 1 && h->dim <= PS_MAX_TABLE_DIM && h->count <= PS_MAX_SPARSE_IDS &&
+             (layout != PS_PL_IDS_ROWS_IDS || h->npull <= PS_MAX_SPARSE_IDS) &&
+             (!has_rows || (es && h->count * h->dim * es <= PS_MAX_PAYLOAD_BYTES));
+    if (h->count > PS_MAX_SPARSE_IDS || h->npull > PS_MAX_SPARSE_IDS)
+        return NULL; /* sizes past size_t's reach on 32 bits; refused, checked above */
+    size_t b[3];
+    int k = 0;
+    if (has_ids)
+        b[k++] = (size_t)(8 * h->count);
+    if (has_rows)
+        b[k++] = (size_t)(h->count * h->dim * (es ? es : 1));
+    if (layout == PS_PL_IDS_ROWS_IDS)
+        b[k++] = (size_t)(8 * h->npull);
+    char why[256];
+    why[0] = 0;
+    int rc = ps_proto_check_frames(h, nf, b, why, sizeof why);
+    if ((rc == 0) != ok)
+        return fuzz_fail(msg, len, "check_frames(%s%s, n %llu, np %llu, dim %u, d %u) with the "
+                         "frames the protocol sizes = %d (%s), expected %s",
+                         ps_msg_type_name(h->type), reply ? " reply" : "",
+                         (unsigned long long)h->count, (unsigned long long)h->npull, h->dim,
+                         h->dtype, rc, why, ok ? "ok" : "an error");
+    if (rc && ((rc != PS_EPROTO && rc != PS_ETOOBIG) || !why[0]))
+        return fuzz_fail(msg, len, "check_frames(%s) failed with %d and reason '%s'",
+                         ps_msg_type_name(h->type), rc, why);
+    for (int i = 0; ok && i < nf; i++)
+        for (int d = -1; d <= 1; d += 2) {
+            size_t c[3] = {b[0], b[1], b[2]};
+            if (d < 0 && c[i] == 0)
+                continue;
+            c[i] += (size_t)d;
+            if (ps_proto_check_frames(h, nf, c, why, sizeof why) != PS_EPROTO)
+                return fuzz_fail(msg, len, "check_frames(%s%s) took frame %d of %zu bytes, "
+                                 "not %zu", ps_msg_type_name(h->type), reply ? " reply" : "",
+                                 i + 1, c[i], b[i]);
+        }
+    return NULL;
+}
+
 /* ps_proto_check_payload must accept exactly: with the shared-memory flag,
  * no frame, for the types whose row takes shared memory, with a count and a
  * known dtype where a payload (or a request's reply payload) lives in the
@@ -249,8 +323,10 @@ FUZZ_FN const char *fuzz_sparse_payload_oracle(const ps_header *h, size_t plen, 
  * count x dtype-size bytes (count > 0, known dtype) for types with one. */
 FUZZ_FN const char *fuzz_payload_oracle(const ps_header *h, size_t plen, char *msg, size_t len)
 {
-    if (ps_msg_is_sparse(h->type))
-        return fuzz_sparse_payload_oracle(h, plen, msg, len);
+    if (ps_msg_is_sparse(h->type)) {
+        const char *bad = fuzz_sparse_payload_oracle(h, plen, msg, len);
+        return bad ? bad : fuzz_sparse_frames_oracle(h, msg, len);
+    }
     char why[256];
     int reply = (h->flags & PS_FLAG_REPLY) != 0;
     int needs = reply ? ps_msg_reply_has_payload(h->type) : ps_msg_request_has_payload(h->type);

@@ -1,7 +1,9 @@
 /* Writes the seed corpus of the fuzz targets (`make fuzz-seeds`):
  *   tests/fuzz/corpus/fuzz_proto/  the header of every message type (request
- *     and reply, as ps_proto_encode makes them), and the data-carrying ones
- *     again followed by their payload;
+ *     and reply, as ps_proto_encode makes them; a table's declaration with
+ *     every field of `tb`, the sparse ones with ids of a dim-4 table), and the
+ *     data-carrying ones again followed by their payload (a table message's
+ *     first frame: its ids, or its rows);
  *   tests/fuzz/corpus/fuzz_idx/    tiny IDX image and label files, plain and
  *     gzip.
  * Deterministic, so regenerating leaves the committed files unchanged unless
@@ -13,6 +15,7 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include "ps_client.h"
 #include "ps_proto.h"
 
 static const char *g_dir = "tests/fuzz/corpus";
@@ -46,6 +49,32 @@ static int put_gz(const char *target, const char *name, const void *a, size_t al
     return 0;
 }
 
+/* The payload of a seed: the values of a dense message, or the first frame
+ * of a table message's (its ids, or its rows where it has no ids). */
+static size_t seed_payload(const ps_header *h, uint8_t *out, size_t cap)
+{
+    int reply = (h->flags & PS_FLAG_REPLY) != 0;
+    if (!ps_msg_is_sparse(h->type)) {
+        float v[4] = {1.0f, -2.5f, 0.0f, 3.25f};
+        memcpy(out, v, h->count * sizeof(float));
+        return h->count * sizeof(float);
+    }
+    int layout = reply ? ps_msg_reply_layout(h->type) : ps_msg_request_layout(h->type);
+    size_t n = 0;
+    if (layout == PS_PL_ROWS) {
+        for (uint32_t i = 0; i < h->count * h->dim && n + 4 <= cap; i++, n += 4) {
+            float f = 0.125f * (float)i - 0.5f;
+            memcpy(out + n, &f, 4);
+        }
+    } else {
+        for (uint64_t i = 0; i < h->count && n + 8 <= cap; i++, n += 8) {
+            uint64_t id = 0x9e3779b97f4a7c15ull * (i + 1);
+            memcpy(out + n, &id, 8);
+        }
+    }
+    return n;
+}
+
 static int seed_header(const char *name, const ps_header *h, int with_payload)
 {
     uint8_t buf[PS_HEADER_MAX];
@@ -58,9 +87,9 @@ static int seed_header(const char *name, const ps_header *h, int with_payload)
     snprintf(file, sizeof file, "%s.bin", name);
     int rc = put("fuzz_proto", file, buf, n, NULL, 0);
     if (with_payload) {
-        float payload[4] = {1.0f, -2.5f, 0.0f, 3.25f};
+        uint8_t payload[256];
         snprintf(file, sizeof file, "%s-payload.bin", name);
-        rc |= put("fuzz_proto", file, buf, n, payload, h->count * sizeof(float));
+        rc |= put("fuzz_proto", file, buf, n, payload, seed_payload(h, payload, sizeof payload));
     }
     return rc;
 }
@@ -85,9 +114,34 @@ static int proto_seeds(void)
                 h.count = 4;
                 h.dtype = PS_DTYPE_F32;
             }
+            if (ps_msg_is_sparse(t)) { /* 3 ids of a dim-4 table; a push's ack has none */
+                int layout = reply ? ps_msg_reply_layout(t) : ps_msg_request_layout(t);
+                payload = layout != PS_PL_NONE;
+                h.count = payload ? 3 : 0;
+                h.dim = payload ? 4 : 0;
+                h.dtype = payload ? PS_DTYPE_F32 : 0;
+                if (layout == PS_PL_IDS_ROWS_IDS)
+                    h.npull = 2;
+            }
+            if (t == PS_MSG_TABLE && !reply) { /* FTRL, every field of `tb` set */
+                ps_table_options_default(&h.table);
+                h.table.dim = 16;
+                h.table.init = PS_TABLE_INIT_NORMAL;
+                h.table.init_scale = 0.01f;
+                h.table.seed = 42;
+                h.table.opt.kind = PS_TABLE_OPT_FTRL;
+                h.table.opt.lr = 0.05f;
+                h.table.opt.eps = 1e-8f;
+                h.table.ftrl_beta = 1.0f;
+                h.table.ftrl_l1 = 0.001f;
+                h.table.ftrl_l2 = 0.01f;
+                h.table.max_rows = 1000000;
+                h.table.min_count = 2;
+                h.table.filter_cells = 1u << 20;
+            }
             if (t == PS_MSG_INIT)
                 h.total = 12;
-            if (t == PS_MSG_HELLO) {
+            if (t == PS_MSG_HELLO || t == PS_MSG_HYPER) { /* both carry `h` */
                 h.hello.mode = reply ? PS_MODE_SYNC : PS_MODE_ASYNC;
                 h.hello.max_staleness = reply ? 0 : 3;
                 h.hello.num_workers = 2;
@@ -102,7 +156,12 @@ static int proto_seeds(void)
                 h.hello.opt.weight_decay = 0.0001f;
             }
             if (t == PS_MSG_STATS && reply) {
-                h.stats = (ps_stats){10, 20, 3, 9, 4096, 8192, 1, 0, 6, 2, -1, 9};
+                h.stats = (ps_stats){.pushes = 10, .pulls = 20, .inits = 3, .updates = 9,
+                                     .bytes_in = 4096, .bytes_out = 8192, .dup_dropped = 1,
+                                     .chunks = 6, .workers_seen = 2, .partitions = 2,
+                                     .rows = 100, .table_bytes = 6400, .evicted = 1,
+                                     .filtered = 2, .nonfinite = 1, .forged = 1,
+                                     .min_version = -1, .max_version = 9};
             }
             if (t == PS_MSG_ERROR) {
                 h.err_code = 6;
