@@ -269,9 +269,11 @@ class _Methods:
                                    self.client)
 
     def _ps_others(self):
-        """This optimizer's tensors that the servers do not hold, in group
-        order (the same on every worker)."""
-        return [p for g in self.param_groups for p in g["params"] if id(p) not in self._ps_mine]
+        """This optimizer's tensors that the servers do not hold and that
+        require grad (a frozen one costs nothing), in group order (the same
+        on every worker)."""
+        return [p for g in self.param_groups for p in g["params"]
+                if id(p) not in self._ps_mine and p.requires_grad]
 
     def _ps_average_others(self):
         """The workers' mean gradient into .grad of each tensor the servers
