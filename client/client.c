@@ -19,6 +19,7 @@
 
 #include "client_comm.h"
 #include "client_internal.h"
+#include "client_metrics.h"
 #include "client_rejoin.h"
 #include "client_requests.h"
 #include "client_resend.h"
@@ -421,6 +422,7 @@ static int split_endpoints(ps_client *c, const char *servers)
  * psc_shm_close), or were never made. */
 static void client_free(ps_client *c)
 {
+    psc_metrics_close(c); /* no scrape reads the client after this */
     psc_requests_free(c);
     psc_liveness_free(c);
     psc_rejoin_free(c);
@@ -493,6 +495,10 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
     if ((rc = psc_requests_new(c, psc_sparse_sub_free)) || (rc = psc_liveness_new(c)) || (rc = psc_rejoin_new(c)) ||
         (rc = psc_tokens_new(c, o->admin_token))) {
         rc = open_fail(rc, "out of memory");
+        goto fail;
+    }
+    if ((rc = psc_metrics_open(c, o))) {
+        open_fail(rc, "%s", c->last_error);
         goto fail;
     }
     rc = psc_comm_start(c);

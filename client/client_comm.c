@@ -32,6 +32,7 @@
 #include <zmq.h>
 
 #include "client_comm.h"
+#include "client_metrics.h"
 #include "client_rejoin.h"
 #include "client_requests.h"
 #include "client_resend.h"
@@ -134,6 +135,7 @@ int psc_post(ps_client *c, const psc_op *o)
     m->queue[(m->qhead + m->qlen) % m->qcap] = *o;
     int was_empty = m->qlen++ == 0;
     pthread_mutex_unlock(&m->mu);
+    psc_metrics_posted(c, o->type);
     /* the comm thread drains the whole queue after each wake-up, so only the
      * post that makes the queue non-empty needs to wake it */
     if (was_empty)

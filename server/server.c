@@ -407,6 +407,28 @@ static void ck_final(ps_server *s)
     ck_wait_idle(s);
 }
 
+/* --metrics-port: the I/O thread's figures, where a scrape reads them. */
+static void publish_io(ps_server *s)
+{
+    ps_srv_io_figures f = {0};
+    ps_stats io = srv_io_stats(s);
+    f.errors = io.errors;
+    f.forged = io.forged;
+    f.dropped = s->dropped;
+    f.workers_seen = io.workers_seen;
+    f.workers_lost = ps_workers_lost(s->workers);
+    f.workers_rejoined = ps_workers_rejoined(s->workers);
+    f.hellos_refused = ps_workers_refused(s->workers);
+    f.peer_refused = ps_peers_refused(s->peers);
+    f.shutdowns_refused = s->shutdowns_refused;
+    if (s->auth)
+        f.curve_refused = ps_curve_auth_refused(s->auth) + ps_hs_monitor_failed(s->mon);
+    f.checkpoints = ps_ckpt_coord_count(s->ck);
+    f.checkpoint_failures = ps_ckpt_coord_failures(s->ck);
+    ps_ckpt_coord_last(s->ck, &f.checkpoint_done_ns, &f.checkpoint_took_ns);
+    ps_srv_metrics_io(s->met, &f);
+}
+
 int ps_server_run(ps_server *s)
 {
     if (s->run_called)
@@ -435,10 +457,14 @@ int ps_server_run(ps_server *s)
         ps_peers_sweep(s->peers, now);
         ck_maybe(s, now);
         ps_rlimit_flush(&s->rl, now, 0);
+        if (s->met)
+            publish_io(s);
     }
     ck_final(s);
     srv_stop_threads(s);
     srv_close_waiters(s);
+    if (s->met) /* the last checkpoint's figures too */
+        publish_io(s);
     if (s->io_failed)
         rc = PS_EIO;
     ps_rlimit_flush(&s->rl, ps_now_ns(), 1);
@@ -517,4 +543,6 @@ void ps_server_stop(ps_server *s)
 void ps_server_totals(const ps_server *s, ps_stats *out) { *out = s->totals; }
 
 const char *ps_server_endpoint(const ps_server *s) { return s->endpoint; }
+
+struct ps_metrics *ps_server_metrics(ps_server *s) { return ps_srv_metrics_registry(s->met); }
 

@@ -57,6 +57,9 @@
  *   barrier.c         barriers waiting for every live worker
  *   collective.c      allreduce and broadcast waiting for every live worker
  *   stats_req.c       STATS requests waiting for every owner's counters
+ *   server_metrics.c  --metrics-port: the blocks each update thread and the
+ *                     I/O thread publish for a scrape, read without a lock,
+ *                     and the server's families
  *   outbox.c          messages for a PAIR whose owner is behind
  *   hs_monitor.c      the ROUTER's connection events: disconnects, and CURVE
  *                     handshake failures the ZAP handler never sees
@@ -110,6 +113,8 @@
  *    drains replies, so an owner blocked on sending a reply always resumes.
  *  - Stats: the I/O thread asks every owner for its counters and answers when
  *    all have replied (so a STATS sent after a reply reflects that request).
+ *    A Prometheus scrape does not go that way (it would queue behind the
+ *    updates): it reads what the threads publish (server_metrics.h).
  *  - A rank belongs to the connection whose hello was accepted last; another
  *    connection's hello for it is refused while that one is live, unless it
  *    carries the rank's token, and every other message under the rank is
@@ -227,6 +232,9 @@ typedef struct ps_server_config {
     const char *admin_token_file; /* a SHUTDOWN message carrying this file's token may
                                      stop the server (server/admin.h); NULL: only
                                      signals (and, with curve_dir, admin keys) */
+    int metrics_port;           /* serve Prometheus metrics on this port (server_metrics.h);
+                                   0: off (the default) */
+    const char *metrics_bind;   /* ... on this address; NULL: 127.0.0.1; copied */
 } ps_server_config;
 
 /* Defaults: those of the settings table (common/ps_settings.h: rank 0, 1
@@ -271,6 +279,10 @@ void ps_server_totals(const ps_server *s, ps_stats *out);
 
 /* Close sockets and free.  After ps_server_run returned, or instead of it. */
 void ps_server_close(ps_server *s);
+
+/* The registry of --metrics-port (server_metrics.h), or NULL with metrics
+ * off: tests add a collector of their own to it. */
+struct ps_metrics *ps_server_metrics(ps_server *s);
 
 /* Update thread owning (key, chunk) among `threads`. */
 int ps_server_owner(uint64_t key, uint32_t chunk, int threads);

@@ -27,6 +27,7 @@
 #include "ps_trace.h"
 #include "ratelimit.h"
 #include "server.h"
+#include "server_metrics.h"
 #include "shm_table.h"
 #include "stats_req.h"
 #include "updater.h"
@@ -97,6 +98,7 @@ struct ps_server {
     /* tables, in declaration order */
     srv_table *tables;
     size_t ntables, cap_tables;
+    ps_srv_metrics *met;     /* --metrics-port (server_metrics.h); NULL: off */
 };
 
 /* ---- server_io.c ---- */

@@ -112,6 +112,7 @@ srv_table *srv_add_table(ps_server *s, uint64_t key, const ps_table_options *dec
     ps_table_decl_normalize(&t->decl);
     t->snap = snap;
     t->restored = restored;
+    ps_srv_metrics_add_table(s->met, key); /* before any update thread hears of it */
     return t;
 }
 

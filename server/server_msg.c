@@ -31,6 +31,10 @@
 #include "workers.h"
 #include "zmsg.h"
 
+/* With metrics: when a request reached the update thread's hand-over (the
+ * start of its push-to-apply time). */
+static int64_t recv_ns(const ps_server *s) { return s->met ? ps_now_ns() : 0; }
+
 static ps_hello my_hello(const ps_server *s)
 {
     ps_hello h;
@@ -264,7 +268,7 @@ static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     if (h->type == PS_MSG_CLOCK && srv_find_table(s, h->key)) {
         if (no_partition(s, &f[0], h))
             return;
-        ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h};
+        ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .recv_ns = recv_ns(s)};
         srv_send_cmd(s, (int)h->chunk, &cmd, &f[0], NULL);
         return;
     }
@@ -272,7 +276,8 @@ static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     int mutates = ps_msg_request_has_payload(h->type);
     if (mutates)
         s->mut++;
-    ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm};
+    ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm,
+                        .recv_ns = recv_ns(s)};
     srv_send_cmd(s, ps_server_owner(h->key, h->chunk, s->cfg.threads), &cmd, &f[0],
                  nf >= 3 ? &f[2] : NULL);
 }
@@ -404,7 +409,8 @@ static void io_on_sparse(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     int mutates = h->type != PS_MSG_SPULL;
     if (mutates)
         s->mut++;
-    ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm};
+    ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm,
+                        .recv_ns = recv_ns(s)};
     srv_send_cmd_frames(s, (int)h->chunk, &cmd, &f[0], &f[2], nf - 2);
 }
 

@@ -47,6 +47,7 @@ void ps_server_close(ps_server *s)
     if (s->threads_running)
         srv_stop_threads(s);
     srv_close_waiters(s);
+    ps_srv_metrics_close(s->met); /* no scrape reads the server after this */
     /* every frame still held goes before the context */
     ps_barriers_destroy(s->barriers);
     ps_colls_destroy(s->colls);
@@ -203,6 +204,7 @@ static int open_owners(ps_server *s, char *why, size_t why_len)
     uc.defer_acks = pol->defer_acks;
     uc.report_progress = pol->report_progress;
     uc.ack_bound = pol->ack_bound;
+    uc.metrics = s->met;
     for (int i = 0; i < c->threads; i++) {
         char ep[64];
         snprintf(ep, sizeof ep, "inproc://ps-update-%d", i);
@@ -215,6 +217,7 @@ static int open_owners(ps_server *s, char *why, size_t why_len)
             return PS_EIO;
         }
         uc.idx = i;
+        uc.mblock = ps_srv_metrics_thread(s->met, i);
         int rc = ps_updater_create(&uc, &sc, pair, &s->own[i].upd);
         if (rc) {
             ps_errorf(why, why_len, "cannot create the shard store: %s", ps_strerror(rc));
@@ -313,6 +316,13 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         return rc;
     }
     s->cfg.admin_token_file = NULL; /* read; the caller's string need not outlive open */
+    s->cfg.metrics_bind = NULL;     /* the exporter has it */
+    if ((rc = ps_srv_metrics_open(c, &s->mem_used, &s->met, why, why_len)) != 0) {
+        ps_server_close(s);
+        return rc;
+    }
+    if (s->met)
+        ps_info("metrics: %s", ps_srv_metrics_url(s->met));
     if ((rc = open_timeline(s, why, why_len)) != 0 || (rc = open_owners(s, why, why_len)) != 0 ||
         (c->restore && (rc = restore(s, why, why_len)) != 0) ||
         (rc = open_router(s, why, why_len)) != 0) {

@@ -43,6 +43,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ps_metrics.h"
 #include "ps_proto.h"
 #include "ps_trace.h"
 
@@ -273,5 +274,16 @@ uint64_t ps_shard_jumped(const ps_shard *s);
 /* Trace an "apply" event (cat "update", args.step = the new version) on lane
  * tid of t for every update.  NULL: none (the default). */
 void ps_shard_set_trace(ps_shard *s, ps_trace *t, int tid);
+
+/* --metrics-port: time every update into `apply` (from the receipt of the
+ * oldest push it holds) and every sync round into `round` (its first push's
+ * receipt to its last's); NULL, NULL: off (the default).  The histograms
+ * outlive the shard. */
+void ps_shard_set_metrics(ps_shard *s, ps_metrics_hist *apply, ps_metrics_hist *round);
+/* The receipt (ps_now_ns) of the request handled next; 0: not known. */
+void ps_shard_set_recv(ps_shard *s, int64_t recv_ns);
+/* The counters of ps_shard_stats without the version range (which walks
+ * every chunk): O(1). */
+void ps_shard_counters(const ps_shard *s, ps_stats *out);
 
 #endif

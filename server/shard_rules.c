@@ -80,6 +80,11 @@ static void apply(ps_shard *s, chunk *ch, const float *g, int64_t m)
     ch->w = out;
     ch->version += m;
     s->st.updates += (uint64_t)m;
+    if (s->m_apply) { /* sync: from the round's first push; async: this push's receipt */
+        int64_t from = ch->round_t0 ? ch->round_t0 : s->recv_ns;
+        if (from)
+            ps_metrics_hist_observe(s->m_apply, ps_now_ns() - from);
+    }
     shard_version_raised(s, ch->version - m);
     if (s->trace)
         ps_trace_event(s->trace, "apply", "update", s->trace_tid, t0, ps_now_ns(), ch->version,
@@ -114,6 +119,9 @@ static void finish_round(ps_shard *s, chunk *ch)
     float nw = (float)ch->ncontrib;
     for (size_t i = 0; i < ch->n; i++)
         sum[i] = sum[i] / nw;
+    if (s->m_round && ch->round_t0) /* to the last push's receipt (or now: a drop ended it) */
+        ps_metrics_hist_observe(s->m_round, (s->recv_ns ? s->recv_ns : ps_now_ns()) -
+                                                ch->round_t0);
     apply(s, ch, sum, 1);
     ch->next_rank = 0;
     ch->ncontrib = 0;
@@ -144,6 +152,7 @@ static void advance(ps_shard *s, chunk *ch)
     }
     if (ch->ncontrib == 0 && ch->nskipped == 0) { /* nobody live: nothing to apply, start over */
         ch->next_rank = 0;
+        ch->round_t0 = 0;
         return;
     }
     if (ch->ncontrib == 0) { /* every gradient was skipped: the round ends, unchanged */
@@ -154,6 +163,7 @@ static void advance(ps_shard *s, chunk *ch)
     } else {
         finish_round(s, ch);
     }
+    ch->round_t0 = 0;
     ch->nskipped = 0;
     if (ch->nwait)
         wake(s, ch);
@@ -169,6 +179,7 @@ static void fast_forward(ps_shard *s, chunk *ch, int64_t step)
     ch->next_rank = 0;
     ch->ncontrib = 0;
     ch->nskipped = 0;
+    ch->round_t0 = 0;
     int64_t old = ch->version;
     s->ff_rounds += (uint64_t)(step - old);
     ch->version = step;
@@ -287,6 +298,8 @@ int ps_shard_push_sum(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t s
         return 0;
     }
     ch->clock[rank] = step + 1;
+    if (s->m_round && !ch->round_t0)
+        ch->round_t0 = s->recv_ns;
     /* sum in rank order so sync runs are bitwise repeatable: a push that comes
      * before a lower rank's waits (kept, not copied) until its turn */
     if (rank != ch->next_rank) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "ps_error.h"
+#include "ps_time.h"
 #include "shard.h"
 
 typedef struct tpend {
@@ -34,6 +35,7 @@ typedef struct tpart {
     size_t npend, cap_pend;
     twait *wait;           /* pulls and acknowledgements that wait, in arrival order */
     size_t nwait, cap_wait;
+    int64_t round_t0;      /* sync, with metrics: the open round's first push's receipt */
 } tpart;
 
 struct ps_tparts {
@@ -44,7 +46,28 @@ struct ps_tparts {
     uint8_t *live;
     uint64_t ff_rounds, jumped;
     uint64_t pushes, pulls, updates, dups;
+    ps_metrics_hist *m_apply, *m_round; /* ps_tparts_set_metrics; NULL: off */
+    int64_t recv_ns;                    /* the receipt of the request being handled */
 };
+
+/* An update of p was applied: time it from the oldest push it holds. */
+static void timed_apply(ps_tparts *t, tpart *p)
+{
+    if (!t->m_apply)
+        return;
+    int64_t from = p->round_t0 ? p->round_t0 : t->recv_ns;
+    if (from)
+        ps_metrics_hist_observe(t->m_apply, ps_now_ns() - from);
+    p->round_t0 = 0;
+}
+
+void ps_tparts_set_metrics(ps_tparts *t, ps_metrics_hist *apply, ps_metrics_hist *round)
+{
+    t->m_apply = apply;
+    t->m_round = round;
+}
+
+void ps_tparts_set_recv(ps_tparts *t, int64_t recv_ns) { t->recv_ns = recv_ns; }
 
 static tpart *find(const ps_tparts *t, uint64_t key)
 {
@@ -345,10 +368,15 @@ static void advance(ps_tparts *t, tpart *p)
     p->next_rank = 0;
     if (ps_table_round_contributors(p->store, NULL) == 0) {
         ps_table_round_cancel(p->store); /* nobody live: nothing to apply */
+        p->round_t0 = 0;
         return;
     }
+    if (t->m_round && p->round_t0) /* to the last push's receipt (or now: a drop ended it) */
+        ps_metrics_hist_observe(t->m_round, (t->recv_ns ? t->recv_ns : ps_now_ns()) -
+                                                p->round_t0);
     ps_table_round_finish(p->store);
     t->updates++;
+    timed_apply(t, p);
     p->ff_ok = 0;
     if (p->nwait)
         wake(t, p);
@@ -363,6 +391,7 @@ static void fast_forward(ps_tparts *t, tpart *p, int64_t step)
         t->hooks.release(t->hooks.user, p->pend[i].hold, 0, NULL);
     p->npend = 0;
     p->next_rank = 0;
+    p->round_t0 = 0;
     ps_table_round_cancel(p->store);
     t->ff_rounds += (uint64_t)(step - ps_table_version(p->store));
     ps_table_set_version(p->store, step);
@@ -394,6 +423,8 @@ static int push_sync(ps_tparts *t, tpart *p, int rank, int64_t step, const uint6
         t->dups++;
         return 0;
     }
+    if (t->m_round && !p->round_t0)
+        p->round_t0 = t->recv_ns;
     if (rank == p->next_rank) {
         int rc = ps_table_round_add(p->store, rank, ids, n, g, n * p->decl.dim, why, why_len);
         if (rc)
@@ -452,6 +483,7 @@ static int push_async(ps_tparts *t, tpart *p, int rank, int64_t step, int64_t m,
     }
     p->clock[rank] = step + m;
     t->updates += (uint64_t)m;
+    timed_apply(t, p);
     if (p->nwait)
         wake(t, p);
     return 0;

@@ -60,6 +60,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ps_metrics.h"
 #include "ps_proto.h"
 #include "table.h"
 
@@ -152,6 +153,11 @@ int64_t ps_tparts_min_version(const ps_tparts *t, int *have);
  * caller's); partitions, rows, table_bytes, evicted, filtered; the version
  * range widened over the partitions. */
 void ps_tparts_stats(const ps_tparts *t, ps_stats *st);
+/* --metrics-port: time updates and sync rounds as ps_shard_set_metrics does;
+ * NULL, NULL: off (the default). */
+void ps_tparts_set_metrics(ps_tparts *t, ps_metrics_hist *apply, ps_metrics_hist *round);
+/* The receipt (ps_now_ns) of the request handled next; 0: not known. */
+void ps_tparts_set_recv(ps_tparts *t, int64_t recv_ns);
 /* Rounds skipped by fast-forwards, and async steps skipped by first pushes,
  * since a restore (as ps_shard_fast_forwards and ps_shard_jumped). */
 uint64_t ps_tparts_fast_forwards(const ps_tparts *t);

@@ -17,6 +17,7 @@
 #include "ps_time.h"
 #include "ratelimit.h"
 #include "reply.h"
+#include "server_metrics.h"
 #include "updater_reply.h"
 #include "updater_tables.h"
 #include "zmsg.h"
@@ -415,14 +416,62 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
     ps_dup_log_tick(&u->dup);
 }
 
-static void upd_stats(ps_updater *u, ps_stats *st)
+/* The thread's counters; with versions, the shard's version range too (a
+ * walk over every chunk). */
+static void upd_counters(ps_updater *u, ps_stats *st, int versions)
 {
-    ps_shard_stats(u->shard, st);
+    if (versions)
+        ps_shard_stats(u->shard, st);
+    else
+        ps_shard_counters(u->shard, st);
     ps_tparts_stats(u->tparts, st);
     st->bytes_in += u->bytes_in;
     st->bytes_out = u->bytes_out;
     st->errors = u->errors;
     st->nonfinite = u->nonfinite;
+}
+
+/* --metrics-port: copy this thread's counters and its tables' figures into
+ * its block, where a scrape reads them (server_metrics.h).  The cheap
+ * counters only: no walk over the chunks. */
+static void upd_publish(ps_updater *u, int64_t now)
+{
+    ps_stats st;
+    upd_counters(u, &st, 0);
+    ps_srv_mthread_publish(u->cfg.mblock, &st, now);
+    size_t n = ps_tparts_count(u->tparts);
+    if (n > u->nmslot) { /* a table was declared: find its label's slot once */
+        int *p = realloc(u->mslot, n * sizeof *p);
+        if (!p)
+            return;
+        u->mslot = p;
+        for (size_t i = u->nmslot; i < n; i++) {
+            ps_tpart_view v;
+            ps_tparts_view(u->tparts, i, &v);
+            p[i] = ps_srv_metrics_table_slot(u->cfg.metrics, v.key);
+        }
+        u->nmslot = n;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ps_tpart_view v;
+        ps_table_counts c;
+        ps_tparts_view(u->tparts, i, &v);
+        ps_table_stats(v.store, &c);
+        ps_srv_mthread_table(u->cfg.mblock, u->mslot[i], &c);
+    }
+}
+
+/* The next command from the I/O thread.  With metrics, the counters are
+ * published first whenever the thread is about to wait for one. */
+static int upd_recv(ps_updater *u, zmq_msg_t *m)
+{
+    if (u->cfg.mblock) {
+        int rc = ps_zmsg_recv(u->pair, m, ZMQ_DONTWAIT);
+        if (rc == 0 || errno != EAGAIN)
+            return rc;
+        upd_publish(u, ps_now_ns());
+    }
+    return ps_zmsg_recv(u->pair, m, 0);
 }
 
 static void upd_send_stats(ps_updater *u, char tag, uint64_t token, const ps_stats *st)
@@ -485,7 +534,7 @@ static void *upd_main(void *arg)
     int stop = 0;
     while (!stop) {
         zmq_msg_t m, f[PS_CMD_MAX_FRAMES - 1]; /* the identity, then the request's */
-        if (ps_zmsg_recv(u->pair, &m, 0) < 0) {
+        if (upd_recv(u, &m) < 0) {
             if (errno == EINTR)
                 continue;
             ps_error("update thread %d: receive failed: %s", u->cfg.idx, zmq_strerror(errno));
@@ -498,11 +547,15 @@ static void *upd_main(void *arg)
         ps_cmd_frame cf;
         if (zmq_msg_size(&m) == sizeof cf) {
             memcpy(&cf, zmq_msg_data(&m), sizeof cf);
+            if (u->cfg.mblock) { /* where the push-to-apply time starts */
+                ps_shard_set_recv(u->shard, cf.recv_ns);
+                ps_tparts_set_recv(u->tparts, cf.recv_ns);
+            }
             if (cf.cmd == PS_CMD_REQ) {
                 upd_request(u, &cf.h, cf.mut, cf.shm, &f[0], &f[1]);
             } else if (cf.cmd == PS_CMD_STATS) {
                 ps_stats st;
-                upd_stats(u, &st);
+                upd_counters(u, &st, 1);
                 upd_send_stats(u, PS_OUT_STATS, cf.stats_token, &st);
             } else if (cf.cmd == PS_CMD_STOP) {
                 stop = 1;
@@ -518,12 +571,19 @@ static void *upd_main(void *arg)
             }
             if (u->cfg.report_progress && !stop)
                 upd_progress(u);
+            if (u->cfg.mblock) { /* busy: a scrape's figures are at most 1 ms old */
+                int64_t now = ps_now_ns();
+                if (ps_srv_mthread_due(u->cfg.mblock, now))
+                    upd_publish(u, now);
+            }
         }
         zmq_msg_close(&m);
         ps_zmsg_close_all(f, PS_CMD_MAX_FRAMES - 1);
     }
+    if (u->cfg.mblock) /* the last figures stay for the scrapes until the exporter stops */
+        upd_publish(u, ps_now_ns());
     ps_stats st;
-    upd_stats(u, &st);
+    upd_counters(u, &st, 1);
     size_t ntab = ps_tparts_count(u->tparts);
     ps_table_total *tot = calloc(ntab ? ntab : 1, sizeof *tot);
     for (size_t i = 0; tot && i < ntab; i++) {
@@ -580,6 +640,8 @@ int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, v
         return rc;
     }
     ps_shard_set_trace(u->shard, cfg->trace, 1 + cfg->idx);
+    if (cfg->mblock)
+        ps_shard_set_metrics(u->shard, &cfg->mblock->apply, &cfg->mblock->round);
     ps_shard_set_merge(u->shard, hook_merge);
     ps_tparts_config tc = {sc->mode,     sc->max_staleness, sc->num_workers, cfg->num_servers,
                            cfg->nparts,  cfg->idx,          sc->max_memory, sc->mem_used};
@@ -590,6 +652,8 @@ int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, v
         free(u);
         return rc;
     }
+    if (cfg->mblock)
+        ps_tparts_set_metrics(u->tparts, &cfg->mblock->apply, &cfg->mblock->round);
     u->pair = pair;
     *out = u;
     return 0;
@@ -624,6 +688,7 @@ void ps_updater_destroy(ps_updater *u)
     ps_shard_destroy(u->shard); /* before the PAIR: its hooks may still reply */
     ps_tparts_destroy(u->tparts);
     free(u->rows);
+    free(u->mslot);
     if (u->pair)
         zmq_close(u->pair);
     free(u);

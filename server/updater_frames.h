@@ -98,6 +98,8 @@ typedef struct ps_cmd_frame {
     int ckpt_full;        /* CKPT: every table partition whole (else only what changed
                              since the last checkpoint, where the table allows) */
     ps_table *store;      /* TABLE: this thread's partition of table h.key */
+    int64_t recv_ns;      /* REQ, with --metrics-port: when the I/O thread read it (ps_now_ns;
+                             the push-to-apply histogram starts there); else 0 */
 } ps_cmd_frame;
 
 /* One table's partition at the end (PS_OUT_STOPPED). */

@@ -65,6 +65,8 @@ struct ps_updater {
     uint64_t jump_seen;    /* async steps skipped after a restore, already logged */
     int destroying;        /* the shard is being destroyed: kept pushes were not applied */
     ps_dup_log dup;
+    int *mslot;            /* metrics: table partition i's slot in the block */
+    size_t nmslot;
 };
 
 /* Replies.  upd_send sends reply h (and payload, sent, when not NULL) to

@@ -203,3 +203,4 @@ ps_shard_hooks ps_test_hook_log_hooks(ps_test_hook_log *log)
     memset(log, 0, sizeof *log);
     return (ps_shard_hooks){log, log_release, log_ready, log_cancel};
 }
+

@@ -388,6 +388,9 @@ class Client:
                     --on-nonfinite decides)
       admin_token   the servers' --admin-token-file token, for shutdown_servers();
                     PS_ADMIN_TOKEN (none)
+      metrics_port  > 0: serve this client's Prometheus metrics there
+                    (metrics_url); PS_METRICS_PORT (0: none)
+      metrics_bind  the address they listen on; PS_METRICS_BIND (127.0.0.1)
       expect        the optimizer the servers must run, e.g. {'optimizer':
                     'adam', 'lr': 1e-3}; PS_OPTIMIZER, PS_LR, ... (nothing
                     checked when nothing is given)
@@ -399,7 +402,8 @@ class Client:
     def __init__(self, servers=None, rank=None, num_workers=None, mode=None, max_staleness=None,
                  chunk_size=None, curve_dir=None, hello_timeout_ms=None, request_timeout_ms=None,
                  heartbeat_ms=None, expect=None, env=None, shm=None, server_timeout_ms=None,
-                 admin_token=None, wire_dtype=None, on_nonfinite=None):
+                 admin_token=None, wire_dtype=None, on_nonfinite=None, metrics_port=None,
+                 metrics_bind=None):
         env = os.environ if env is None else env
         servers = _from_env(servers, "servers", env)[0] or _master_server(env)
         if not servers:
@@ -462,6 +466,11 @@ class Client:
             o.admin_token = str(self.admin_token).encode()
         if self.curve_dir:
             o.curve_dir = str(self.curve_dir).encode()
+        o.metrics_port = _int_setting(metrics_port, _lib.setting("metrics-port")[0], env,
+                                      "metrics_port", o.metrics_port)
+        self.metrics_bind = _from_env(metrics_bind, "metrics-bind", env)[0]
+        if self.metrics_bind:
+            o.metrics_bind = str(self.metrics_bind).encode()
         self.options = o
         self._env, self._expect = env, dict(expect or {})
         self._counts = {}       # key -> registered float count
@@ -532,6 +541,13 @@ class Client:
         self._check(lib.ps_client_register_table(self._ptr, key, ctypes.byref(o)),
                     "register table %d" % key)
         self._tables[key] = dim
+
+    @property
+    def metrics_url(self):
+        """Where this client serves its Prometheus metrics
+        ('http://127.0.0.1:9403/metrics'; metrics_port), or None."""
+        url = lib.ps_client_metrics_url(self._ptr) if self._ptr else None
+        return url.decode() if url else None
 
     def start(self):
         """Placement and hello with every server; PSError EMISMATCH when a

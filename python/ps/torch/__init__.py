@@ -80,7 +80,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          *, model=None, client=None, update=None, grad_edits=None,
                          init_from_rank0=True, wait_timeout=600.0, sync_buffers_every=0,
                          tables=None, table_optimizer=None, table_max_ids=MAX_IDS,
-                         table_min_bytes=MIN_BYTES):
+                         table_min_bytes=MIN_BYTES, samples_per_step=0):
     """optimizer trained through the servers: an instance of a class derived
     from optimizer's (so isinstance, lr schedulers and state_dict work), with
     optimizer's parameter groups and state.  Blocks until every server said
@@ -136,11 +136,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                         torch Adagrad / SparseAdam / SGD
       table_max_ids     the ids one batch may give a table (16 x dim x this
                         bytes of buffers per table)
+      samples_per_step  the samples one step() trains on (the batch): with
+                        the client's metrics on (PS_METRICS_PORT) they go to
+                        ps_worker_samples_total, every step() to
+                        ps_worker_steps_total (docs/OPERATIONS.md "Metrics")
 
     The older form DistributedOptimizer(model, optimizer=None, client=None)
     (the update on the servers, optimizer checked against theirs) works too."""
     tab = dict(tables=tables, table_optimizer=table_optimizer, table_max_ids=table_max_ids,
-               table_min_bytes=table_min_bytes)
+               table_min_bytes=table_min_bytes, samples_per_step=samples_per_step)
     if isinstance(optimizer, torch.nn.Module):
         model, optimizer = optimizer, named_parameters
         client = compression if client is None else client
