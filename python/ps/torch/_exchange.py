@@ -746,14 +746,18 @@ class Exchange:
         if self.left or self._x is None or not self.client.started:
             return
         failing = sys.exc_info()[0] is not None or getattr(sys, "last_value", None) is not None
-        try:
-            if failing:
-                self.left = True
-                sys.stderr.write("ps.torch[%d]: leaving the servers' rounds after an error: the "
-                                 "other workers go on without this one\n" % self.client.rank)
+        if failing:
+            self.left = True
+            try:
                 self.client.leave(timeout=1.0)  # a server may be what failed
-            else:
-                self.pull_final("close")
+                sys.stderr.write("ps.torch[%d]: left the servers' rounds after an error: the "
+                                 "other workers go on without this one\n" % self.client.rank)
+            except (PSError, OSError) as e:  # Ctrl-C closed the client's requests
+                sys.stderr.write("ps.torch[%d]: ending after an error without leaving the "
+                                 "servers' rounds (%s)\n" % (self.client.rank, e))
+            return
+        try:
+            self.pull_final("close")
         except (PSError, RuntimeError, OSError) as e:
             sys.stderr.write("ps.torch[%d]: closing without the final weights: %s\n"
                              % (self.client.rank, e))
