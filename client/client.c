@@ -681,7 +681,8 @@ static int declare_tables(ps_client *c, const ps_hello *reps)
             if ((rc = psc_post(c, &o)) != 0)
                 psc_req_fail(&reqs[posted], rc, ps_strerror(rc));
         }
-    /* with checkpoints a server answers once one holds the declaration */
+    /* answered at once (a server that loses a declaration to a restore says
+     * PS_ENOTFOUND later, and client_rejoin.c declares the tables again) */
     int timeout = c->opt.hello_timeout_ms ? c->opt.hello_timeout_ms : PSC_DEFAULT_HELLO_MS;
     int64_t deadline = ps_now_ns() + (int64_t)timeout * 1000000LL;
     for (size_t k = 0; k < posted; k++)

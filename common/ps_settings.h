@@ -156,10 +156,19 @@ enum {
       PS_SERVER_MAX_THREADS, _, PS_SET_BY_LAUNCH,                                                \
       "update threads; each chunk is owned by one of them (by hash), so the hot path takes "     \
       "no lock")                                                                                 \
-    X(max_memory, (SERVER, _, _, _, _), "--max-memory", "BYTES", NULL, SIZE, max_memory, "8G",   \
+    X(max_memory, (SERVER, _, _, _, _), "--max-memory", "BYTES", NULL, SIZE, max_memory, NULL,   \
       NULL, 4096, 1ll << 50, _, 0,                                                               \
-      "cap on weights + optimizer state and on pull replies sent as copies and not yet "         \
-      "read; inits (and copies) beyond it are refused")                                          \
+      "cap on weights + optimizer state, table rows and pull replies sent as copies and not "    \
+      "yet read; inits, rows and copies beyond it are refused (default: half of the host's "     \
+      "MemAvailable when the server starts, 8G when /proc/meminfo says none; "                   \
+      "docs/OPERATIONS.md)")                                                                     \
+    X(table_memory_per_worker, (SERVER, _, _, _, _), "--table-memory-per-worker", "BYTES", NULL, \
+      SIZE, table_memory_per_worker, NULL, NULL, 4096, 1ll << 50, _, 0,                          \
+      "table rows one worker's pulls and pushes may make on this server; beyond it that "        \
+      "worker's requests that make rows are refused and the others go on (default: "            \
+      "--max-memory x 1.25 / --num-workers, a quarter more than an even share)")                 \
+    X(max_tables, (SERVER, _, _, _, _), "--max-tables", "N", NULL, INT, max_tables, "1024",       \
+      NULL, 1, 1000000, _, 0, "embedding tables a job may declare; more are refused")           \
     X(max_peer_replies, (SERVER, _, _, _, _), "--max-peer-replies", "N", NULL, INT,              \
       max_peer_replies, "10000", NULL, 1, 1000000000, _, 0,                                      \
       "pull replies one connection may leave unread before its pulls are refused "               \
@@ -247,7 +256,9 @@ enum {
       "bot=H1-...-dim), then an MLP to one logit, binary cross-entropy and test AUC.  Keys "      \
       "(defaults): fields (26), dense (13), dim (16), rows: ids per field of synthetic data "     \
       "(1000000), pool=sum|mean (sum), mlp=H1-...-1 (512-256-1), the tables' opt=sgd|adagrad "   \
-      "and lr (adagrad, 0.05).  The tables live on the servers (each batch's rows fetched "      \
+      "and lr (adagrad, 0.05), cap: each table's max_rows (none) and full=evict|refuse, "       \
+      "what a table at its cap does with a new id (evict).  The tables live on the servers "    \
+      "(each batch's rows fetched "                                                              \
       "while the one before computes), with --servers none in the worker; on the CPU or a "      \
       "GPU (--device)")                                                                          \
     X(batch, (_, WORKER, _, _, _), "--batch", "B", NULL, INT, batch, "64", NULL, 1, 65536, _,    \

@@ -1,5 +1,6 @@
 #include "optimizer.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,16 +12,17 @@
 #include <xmmintrin.h>
 #endif
 
-/* Adagrad and adam need sqrt.  With -fmath-errno (the C default, and the
- * optimize attribute cannot turn it off per function) gcc guards every sqrtf
- * with a branch to set errno and refuses to vectorize the loop.  So those two
- * run in blocks: a vectorized loop, a sqrt pass over a small stack buffer
- * (SSE sqrtps where available), a second vectorized loop.  The arithmetic is
- * the same as one fused loop, operation for operation. */
+/* The kernels run in blocks of BLOCK values (their results are checked per
+ * block, below).  Adagrad and adam need sqrt.  With -fmath-errno (the C
+ * default, and the optimize attribute cannot turn it off per function) gcc
+ * guards every sqrtf with a branch to set errno and refuses to vectorize the
+ * loop.  So theirs have a vectorized loop, a sqrt pass over a small stack
+ * buffer (SSE sqrtps where available), a second vectorized loop.  The
+ * arithmetic is the same as one fused loop, operation for operation. */
 #define BLOCK 256
 
-/* In place and out of place: each kernel's loop is written once, as a macro
- * over WI (the weights read) and WO (the weights written), and instantiated
+/* In place and out of place: each kernel's blocks are written once, as a
+ * macro over WI (the weights read) and WO (the weights written), instantiated
  * twice: in place with WI and WO the same restrict pointer, out of place with
  * two restrict pointers.  One function cannot serve both (two restrict
  * pointers to the same array, one of them written, is undefined behaviour),
@@ -67,12 +69,14 @@ int ps_opt_state_arrays(int kind)
  * scheduler's 0.000904508..., 1 - 2^-10) rounds once more than in torch.
  * -std=c11 gcc contracts nothing else into an fma.
  *
- * PS_OPT_FMA: the kernels are built twice (gcc's target_clones): with the
- * FMA instructions, vectorized, and plain x86-64, where fmaf is libm's (the
- * same results, slower); the loader picks the one the CPU runs. */
+ * PS_OPT_FMA: the kernels are built three times (gcc's target_clones): for
+ * x86-64-v3 (AVX2 and FMA: the checks' integer ORs and counts vectorize at
+ * the floats' 8 lanes), with the FMA instructions alone (AVX: 4 lanes where a
+ * loop has integer operations), and plain x86-64, where fmaf is libm's.  The
+ * same results, at different speeds; the loader picks the one the CPU runs. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(__SANITIZE_ADDRESS__)
-#define PS_OPT_FMA __attribute__((target_clones("fma", "default")))
+#define PS_OPT_FMA __attribute__((target_clones("arch=x86-64-v3", "fma", "default")))
 #else
 #define PS_OPT_FMA
 #endif
@@ -81,165 +85,310 @@ int ps_opt_state_arrays(int kind)
  * fmaf(w, 0, g) would not be g for an infinite w) */
 #define L2(gi, wi) (wd != 0.0f ? fmaf((wi), wd, (gi)) : (gi))
 
+/* ---- the results checked ----
+ * A value whose new weight or state would not be finite keeps its old ones
+ * and is counted (unless the check is off: `off`).  Each kernel computes a
+ * block's new weights and states once, ORing whether each is finite
+ * (|x| <= FLT_MAX, false for NaN) as it goes.  The new states go to stack
+ * buffers of BLOCK values, and so do the new weights in place; out of
+ * place they go straight to w_out, in the pass that reads w_in (w_in still
+ * holds the old ones; a separate store pass would write w_out's lines, not
+ * in the cache, in bursts).  Then, when all are finite or the check is off,
+ * a plain copy stores the buffers (to lines the block's first pass read:
+ * cache hits); else a selecting loop stores, value by value, the new ones
+ * or the old ones.  No branch in a loop's body (the old values are read
+ * into locals first: `a[i] = ok ? x : a[i]` is a conditional store to gcc,
+ * which it does not vectorize).  A result is stored exactly as computed:
+ * the check changes no bit of torch's step.
+ *
+ * A block's weights (DECL declares the pointers): WI (read), WO (written),
+ * NW (where the first pass puts the new weights) and STORE_W(i) (the plain
+ * store of NW[i] to WO).  In place: one restrict pointer wb, and NW the
+ * buffer nwb; out of place: wib and wob, and NW is wob, stored already. */
+#define FIN(x) (fabsf(x) <= FLT_MAX)
+#define IN_PLACE float *restrict wb = w + o;
+#define OUT_OF_PLACE const float *restrict wib = wi + o; float *restrict wob = wo + o;
+#define STORE_IN_PLACE(i) wb[i] = nwb[i];
+#define STORE_OUT_OF_PLACE(i)
+
+#define BLOCKS_BEGIN(DECL)                                          \
+    uint32_t kept = 0;                                              \
+    for (size_t o = 0; o < n; o += BLOCK) {                         \
+        size_t b = n - o < BLOCK ? n - o : BLOCK;                   \
+        const float *restrict gb = g + o;                           \
+        DECL                                                        \
+        uint32_t bad = 0;
+#define BLOCKS_END                                                  \
+    }                                                               \
+    return kept;
+
 /* ---- sgd: w.add_(g', alpha=-lr) ---- */
 
-#define SGD_LOOP(WI, WO)                                  \
-    for (size_t i = 0; i < n; i++)                        \
-        WO[i] = fmaf(L2(g[i], WI[i]), -lr, WI[i]);
+#define SGD_BLOCKS(DECL, WI, WO, NW, STORE_W)                       \
+    BLOCKS_BEGIN(DECL)                                              \
+    for (size_t i = 0; i < b; i++) {                                \
+        NW[i] = fmaf(L2(gb[i], WI[i]), -lr, WI[i]);                 \
+        bad |= (uint32_t)!FIN(NW[i]);                               \
+    }                                                               \
+    if (!bad || off) {                                              \
+        for (size_t i = 0; i < b; i++) {                            \
+            STORE_W(i)                                              \
+        }                                                           \
+    } else {                                                        \
+        for (size_t i = 0; i < b; i++) {                            \
+            float ow = WI[i], nw = NW[i];                           \
+            int ok = FIN(nw);                                       \
+            WO[i] = ok ? nw : ow;                                   \
+            kept += (uint32_t)!ok;                                  \
+        }                                                           \
+    }                                                               \
+    BLOCKS_END
 
 PS_OPT_FMA
-void ps_opt_sgd(float *restrict w, const float *restrict g, size_t n, float lr, float wd)
+static size_t sgd_in(float *restrict w, const float *restrict g, size_t n, float lr, float wd,
+                     int off)
 {
-    SGD_LOOP(w, w)
+    float nwb[BLOCK];
+    SGD_BLOCKS(IN_PLACE, wb, wb, nwb, STORE_IN_PLACE)
 }
 
 PS_OPT_FMA
-static void sgd_out(const float *restrict wi, float *restrict wo, const float *restrict g,
-                    size_t n, float lr, float wd)
+static size_t sgd_out(const float *restrict wi, float *restrict wo, const float *restrict g,
+                      size_t n, float lr, float wd, int off)
 {
-    SGD_LOOP(wi, wo)
+    SGD_BLOCKS(OUT_OF_PLACE, wib, wob, wob, STORE_OUT_OF_PLACE)
+}
+
+void ps_opt_sgd(float *restrict w, const float *restrict g, size_t n, float lr, float wd)
+{
+    sgd_in(w, g, n, lr, wd, 1);
+}
+
+size_t ps_opt_sgd_checked(float *w, const float *g, size_t n, float lr, float wd, int guard)
+{
+    return sgd_in(w, g, n, lr, wd, !guard);
 }
 
 void ps_opt_sgd_to(const float *w_in, float *w_out, const float *g, size_t n, float lr, float wd)
 {
     if (w_in == w_out)
-        ps_opt_sgd(w_out, g, n, lr, wd);
+        sgd_in(w_out, g, n, lr, wd, 1);
     else
-        sgd_out(w_in, w_out, g, n, lr, wd);
+        sgd_out(w_in, w_out, g, n, lr, wd, 1);
 }
 
-/* ---- momentum: v.mul_(mu).add_(g'); w.add_(v, alpha=-lr) (torch's first
- * step clones g' into v: 0 * mu + g' is the same number) ---- */
-
-#define MOMENTUM_LOOP(WI, WO)                             \
-    for (size_t i = 0; i < n; i++) {                      \
-        v[i] = v[i] * mu + L2(g[i], WI[i]);               \
-        WO[i] = fmaf(v[i], -lr, WI[i]);                   \
+/* The store of a block with one state array sb, its new values in ns */
+#define STORE_1(WI, WO, NW, STORE_W, sb, ns)                        \
+    if (!bad || off) {                                              \
+        for (size_t i = 0; i < b; i++) {                            \
+            sb[i] = ns[i];                                          \
+            STORE_W(i)                                              \
+        }                                                           \
+    } else {                                                        \
+        for (size_t i = 0; i < b; i++) {                            \
+            float ow = WI[i], nw = NW[i], os = sb[i];               \
+            int ok = FIN(nw) & FIN(ns[i]);                          \
+            sb[i] = ok ? ns[i] : os;                                \
+            WO[i] = ok ? nw : ow;                                   \
+            kept += (uint32_t)!ok;                                  \
+        }                                                           \
     }
 
+/* ---- momentum: v.mul_(mu).add_(g'); w.add_(v, alpha=-lr) (torch's first
+ * step clones g' into v: 0 * mu + g' is the same number); nesterov: as
+ * momentum, then g'.add(v, alpha=mu) is the step.  STEP: the step's
+ * direction from gp and the new velocity nv[i] ---- */
+
+#define MOMENTUM_BLOCKS(DECL, WI, WO, NW, STORE_W, STEP)            \
+    BLOCKS_BEGIN(DECL)                                              \
+    float *restrict vb = v + o;                                     \
+    for (size_t i = 0; i < b; i++) {                                \
+        float gp = L2(gb[i], WI[i]);                                \
+        nv[i] = vb[i] * mu + gp;                                    \
+        NW[i] = fmaf(STEP, -lr, WI[i]);                             \
+        bad |= (uint32_t)!(FIN(NW[i]) & FIN(nv[i]));                \
+    }                                                               \
+    STORE_1(WI, WO, NW, STORE_W, vb, nv)                            \
+    BLOCKS_END
+
+#define MOMENTUM_STEP nv[i]
+#define NESTEROV_STEP fmaf(nv[i], mu, gp)
+
 PS_OPT_FMA
+static size_t momentum_in(float *restrict w, float *restrict v, const float *restrict g,
+                          size_t n, float lr, float mu, float wd, int off)
+{
+    float nwb[BLOCK], nv[BLOCK];
+    MOMENTUM_BLOCKS(IN_PLACE, wb, wb, nwb, STORE_IN_PLACE, MOMENTUM_STEP)
+}
+
+PS_OPT_FMA
+static size_t momentum_out(const float *restrict wi, float *restrict wo, float *restrict v,
+                           const float *restrict g, size_t n, float lr, float mu, float wd,
+                           int off)
+{
+    float nv[BLOCK];
+    MOMENTUM_BLOCKS(OUT_OF_PLACE, wib, wob, wob, STORE_OUT_OF_PLACE, MOMENTUM_STEP)
+}
+
+PS_OPT_FMA
+static size_t nesterov_in(float *restrict w, float *restrict v, const float *restrict g,
+                          size_t n, float lr, float mu, float wd, int off)
+{
+    float nwb[BLOCK], nv[BLOCK];
+    MOMENTUM_BLOCKS(IN_PLACE, wb, wb, nwb, STORE_IN_PLACE, NESTEROV_STEP)
+}
+
+PS_OPT_FMA
+static size_t nesterov_out(const float *restrict wi, float *restrict wo, float *restrict v,
+                           const float *restrict g, size_t n, float lr, float mu, float wd,
+                           int off)
+{
+    float nv[BLOCK];
+    MOMENTUM_BLOCKS(OUT_OF_PLACE, wib, wob, wob, STORE_OUT_OF_PLACE, NESTEROV_STEP)
+}
+
 void ps_opt_momentum(float *restrict w, float *restrict v, const float *restrict g, size_t n,
                      float lr, float mu, float wd)
 {
-    MOMENTUM_LOOP(w, w)
+    momentum_in(w, v, g, n, lr, mu, wd, 1);
 }
 
-PS_OPT_FMA
-static void momentum_out(const float *restrict wi, float *restrict wo, float *restrict v,
-                         const float *restrict g, size_t n, float lr, float mu, float wd)
+size_t ps_opt_momentum_checked(float *w, float *v, const float *g, size_t n, float lr, float mu,
+                               float wd, int guard)
 {
-    MOMENTUM_LOOP(wi, wo)
+    return momentum_in(w, v, g, n, lr, mu, wd, !guard);
 }
 
 void ps_opt_momentum_to(const float *w_in, float *w_out, float *v, const float *g, size_t n,
                         float lr, float mu, float wd)
 {
     if (w_in == w_out)
-        ps_opt_momentum(w_out, v, g, n, lr, mu, wd);
+        momentum_in(w_out, v, g, n, lr, mu, wd, 1);
     else
-        momentum_out(w_in, w_out, v, g, n, lr, mu, wd);
+        momentum_out(w_in, w_out, v, g, n, lr, mu, wd, 1);
 }
 
-/* ---- nesterov: as momentum, then g'.add(v, alpha=mu) is the step ---- */
-
-#define NESTEROV_LOOP(WI, WO)                             \
-    for (size_t i = 0; i < n; i++) {                      \
-        float gp = L2(g[i], WI[i]);                       \
-        v[i] = v[i] * mu + gp;                            \
-        WO[i] = fmaf(fmaf(v[i], mu, gp), -lr, WI[i]);     \
-    }
-
-PS_OPT_FMA
 void ps_opt_nesterov(float *restrict w, float *restrict v, const float *restrict g, size_t n,
                      float lr, float mu, float wd)
 {
-    NESTEROV_LOOP(w, w)
+    nesterov_in(w, v, g, n, lr, mu, wd, 1);
 }
 
-PS_OPT_FMA
-static void nesterov_out(const float *restrict wi, float *restrict wo, float *restrict v,
-                         const float *restrict g, size_t n, float lr, float mu, float wd)
+size_t ps_opt_nesterov_checked(float *w, float *v, const float *g, size_t n, float lr, float mu,
+                               float wd, int guard)
 {
-    NESTEROV_LOOP(wi, wo)
+    return nesterov_in(w, v, g, n, lr, mu, wd, !guard);
 }
 
 void ps_opt_nesterov_to(const float *w_in, float *w_out, float *v, const float *g, size_t n,
                         float lr, float mu, float wd)
 {
     if (w_in == w_out)
-        ps_opt_nesterov(w_out, v, g, n, lr, mu, wd);
+        nesterov_in(w_out, v, g, n, lr, mu, wd, 1);
     else
-        nesterov_out(w_in, w_out, v, g, n, lr, mu, wd);
+        nesterov_out(w_in, w_out, v, g, n, lr, mu, wd, 1);
 }
 
-/* ---- adagrad: h.addcmul_(g', g'); w.addcdiv_(g', sqrt(h) + eps, value=-lr);
- * one block of b elements at offset o (gb, hb: g, h + o) ---- */
+/* ---- adagrad: h.addcmul_(g', g'); w.addcdiv_(g', sqrt(h) + eps, value=-lr).
+ * The new state into nh and d (d's sqrt by the sqrt pass), the new weights,
+ * the store ---- */
 
-#define ADAGRAD_BLOCK(WI, WO)                                   \
-    for (size_t i = 0; i < b; i++) {                            \
-        float gp = L2(gb[i], WI[i]);                            \
-        hb[i] = fmaf(gp, gp, hb[i]);                            \
-        d[i] = hb[i];                                           \
-    }                                                           \
-    ps_opt_sqrt_block(d, b);                                    \
-    for (size_t i = 0; i < b; i++) {                            \
-        float gp = L2(gb[i], WI[i]); /* WI is not written */    \
-        WO[i] = WI[i] + (-lr * gp) / (d[i] + eps);              \
-    }
+#define ADAGRAD_BLOCKS(DECL, WI, WO, NW, STORE_W)                   \
+    BLOCKS_BEGIN(DECL)                                              \
+    float *restrict hb = h + o;                                     \
+    for (size_t i = 0; i < b; i++) {                                \
+        float gp = L2(gb[i], WI[i]);                                \
+        nh[i] = fmaf(gp, gp, hb[i]);                                \
+        d[i] = nh[i];                                               \
+    }                                                               \
+    ps_opt_sqrt_block(d, b);                                        \
+    for (size_t i = 0; i < b; i++) {                                \
+        float gp = L2(gb[i], WI[i]); /* the same as above */        \
+        NW[i] = WI[i] + (-lr * gp) / (d[i] + eps);                  \
+        bad |= (uint32_t)!(FIN(NW[i]) & FIN(nh[i]));                \
+    }                                                               \
+    STORE_1(WI, WO, NW, STORE_W, hb, nh)                            \
+    BLOCKS_END
 
 PS_OPT_FMA
+static size_t adagrad_in(float *restrict w, float *restrict h, const float *restrict g, size_t n,
+                         float lr, float eps, float wd, int off)
+{
+    float nwb[BLOCK], nh[BLOCK], d[BLOCK];
+    ADAGRAD_BLOCKS(IN_PLACE, wb, wb, nwb, STORE_IN_PLACE)
+}
+
+PS_OPT_FMA
+static size_t adagrad_out(const float *restrict wi, float *restrict wo, float *restrict h,
+                          const float *restrict g, size_t n, float lr, float eps, float wd,
+                          int off)
+{
+    float nh[BLOCK], d[BLOCK];
+    ADAGRAD_BLOCKS(OUT_OF_PLACE, wib, wob, wob, STORE_OUT_OF_PLACE)
+}
+
 void ps_opt_adagrad(float *restrict w, float *restrict h, const float *restrict g, size_t n,
                     float lr, float eps, float wd)
 {
-    float d[BLOCK];
-    for (size_t o = 0; o < n; o += BLOCK) {
-        size_t b = n - o < BLOCK ? n - o : BLOCK;
-        float *restrict wb = w + o, *restrict hb = h + o;
-        const float *restrict gb = g + o;
-        ADAGRAD_BLOCK(wb, wb)
-    }
+    adagrad_in(w, h, g, n, lr, eps, wd, 1);
 }
 
-PS_OPT_FMA
-static void adagrad_out(const float *restrict wi, float *restrict wo, float *restrict h,
-                        const float *restrict g, size_t n, float lr, float eps, float wd)
+size_t ps_opt_adagrad_checked(float *w, float *h, const float *g, size_t n, float lr, float eps,
+                              float wd, int guard)
 {
-    float d[BLOCK];
-    for (size_t o = 0; o < n; o += BLOCK) {
-        size_t b = n - o < BLOCK ? n - o : BLOCK;
-        const float *restrict wib = wi + o, *restrict gb = g + o;
-        float *restrict wob = wo + o, *restrict hb = h + o;
-        ADAGRAD_BLOCK(wib, wob)
-    }
+    return adagrad_in(w, h, g, n, lr, eps, wd, !guard);
 }
 
 void ps_opt_adagrad_to(const float *w_in, float *w_out, float *h, const float *g, size_t n,
                        float lr, float eps, float wd)
 {
     if (w_in == w_out)
-        ps_opt_adagrad(w_out, h, g, n, lr, eps, wd);
+        adagrad_in(w_out, h, g, n, lr, eps, wd, 1);
     else
-        adagrad_out(w_in, w_out, h, g, n, lr, eps, wd);
+        adagrad_out(w_in, w_out, h, g, n, lr, eps, wd, 1);
 }
 
-/* ---- adam and adamw: one block, as adagrad's.  adamw first scales the
- * weights by keep = 1 - lr * wd (w.mul_), adam adds wd * w to the gradient;
- * then m.mul_(b1).add_(g', alpha=1 - b1); v.mul_(b2).addcmul_(g', g',
- * value=1 - b2); w.addcdiv_(m, sqrt(v) / sqrt(1 - b2^t) + eps,
- * value=-lr / (1 - b1^t)) ---- */
+/* ---- adam and adamw.  adamw first scales the weights by keep = 1 - lr * wd
+ * (w.mul_), adam adds wd * w to the gradient; then m.mul_(b1).add_(g',
+ * alpha=1 - b1); v.mul_(b2).addcmul_(g', g', value=1 - b2);
+ * w.addcdiv_(m, sqrt(v) / sqrt(1 - b2^t) + eps, value=-lr / (1 - b1^t)).
+ * The new moments into nm, nv and d (d's sqrt by the sqrt pass), the new
+ * weights, the store of all three ---- */
 
-#define ADAM_BLOCK(WI, WO)                                      \
-    for (size_t i = 0; i < b; i++) {                            \
-        float wk = WI[i] * keep;                                \
-        float gp = L2(gb[i], wk);                               \
-        WO[i] = wk;                                             \
-        mb[i] = fmaf(gp, c1, mb[i] * b1);                       \
-        vb[i] = fmaf(c2 * gp, gp, vb[i] * b2);                  \
-        d[i] = vb[i];                                           \
-    }                                                           \
-    ps_opt_sqrt_block(d, b);                                    \
-    for (size_t i = 0; i < b; i++)                              \
-        WO[i] = WO[i] + (step * mb[i]) / (d[i] / bc2s + eps);
+#define ADAM_BLOCKS(DECL, WI, WO, NW, STORE_W)                      \
+    BLOCKS_BEGIN(DECL)                                              \
+    float *restrict mb = m + o, *restrict vb = v + o;               \
+    for (size_t i = 0; i < b; i++) {                                \
+        float gp = L2(gb[i], WI[i] * keep);                         \
+        nm[i] = fmaf(gp, c1, mb[i] * b1);                           \
+        nv[i] = fmaf(c2 * gp, gp, vb[i] * b2);                      \
+        d[i] = nv[i];                                               \
+        bad |= (uint32_t)!(FIN(nm[i]) & FIN(nv[i]));                \
+    }                                                               \
+    ps_opt_sqrt_block(d, b);                                        \
+    for (size_t i = 0; i < b; i++) {                                \
+        float wk = WI[i] * keep;                                    \
+        NW[i] = wk + (step * nm[i]) / (d[i] / bc2s + eps);          \
+        bad |= (uint32_t)!FIN(NW[i]);                               \
+    }                                                               \
+    if (!bad || off) {                                              \
+        for (size_t i = 0; i < b; i++) {                            \
+            mb[i] = nm[i];                                          \
+            vb[i] = nv[i];                                          \
+            STORE_W(i)                                              \
+        }                                                           \
+    } else {                                                        \
+        for (size_t i = 0; i < b; i++) {                            \
+            float ow = WI[i], nw = NW[i], om = mb[i], ov = vb[i];   \
+            int ok = FIN(nw) & FIN(nm[i]) & FIN(nv[i]);             \
+            mb[i] = ok ? nm[i] : om;                                \
+            vb[i] = ok ? nv[i] : ov;                                \
+            WO[i] = ok ? nw : ow;                                   \
+            kept += (uint32_t)!ok;                                  \
+        }                                                           \
+    }                                                               \
+    BLOCKS_END
 
 /* The shortest decimal that rounds to f, as a double (see above).  Kernels
  * call it a few times per chunk (a table's row, often): the last values are
@@ -285,68 +434,64 @@ double ps_opt_decimal(float f)
     float keep = decoupled ? (float)(1.0 - lrd * ps_opt_decimal(wd)) : 1.0f;  \
     if (decoupled)                                                            \
         wd = 0.0f;                                                            \
-    float d[BLOCK];
+    float nm[BLOCK], nv[BLOCK], d[BLOCK];
 
 PS_OPT_FMA
-static void adam_in(float *restrict w, float *restrict m, float *restrict v,
-                    const float *restrict g, size_t n, float lr, float b1, float b2, float eps,
-                    float wd, int decoupled, int64_t t)
+static size_t adam_in(float *restrict w, float *restrict m, float *restrict v,
+                      const float *restrict g, size_t n, float lr, float b1, float b2, float eps,
+                      float wd, int decoupled, int64_t t, int off)
 {
+    float nwb[BLOCK];
     ADAM_PROLOGUE
-    for (size_t o = 0; o < n; o += BLOCK) {
-        size_t b = n - o < BLOCK ? n - o : BLOCK;
-        float *restrict wb = w + o, *restrict mb = m + o, *restrict vb = v + o;
-        const float *restrict gb = g + o;
-        ADAM_BLOCK(wb, wb)
-    }
+    ADAM_BLOCKS(IN_PLACE, wb, wb, nwb, STORE_IN_PLACE)
 }
 
 PS_OPT_FMA
-static void adam_out(const float *restrict wi, float *restrict wo, float *restrict m,
-                     float *restrict v, const float *restrict g, size_t n, float lr, float b1,
-                     float b2, float eps, float wd, int decoupled, int64_t t)
+static size_t adam_out(const float *restrict wi, float *restrict wo, float *restrict m,
+                       float *restrict v, const float *restrict g, size_t n, float lr, float b1,
+                       float b2, float eps, float wd, int decoupled, int64_t t, int off)
 {
     ADAM_PROLOGUE
-    for (size_t o = 0; o < n; o += BLOCK) {
-        size_t b = n - o < BLOCK ? n - o : BLOCK;
-        const float *restrict wib = wi + o, *restrict gb = g + o;
-        float *restrict wob = wo + o, *restrict mb = m + o, *restrict vb = v + o;
-        ADAM_BLOCK(wib, wob)
-    }
+    ADAM_BLOCKS(OUT_OF_PLACE, wib, wob, wob, STORE_OUT_OF_PLACE)
 }
 
-static void adam_to(const float *w_in, float *w_out, float *m, float *v, const float *g,
-                    size_t n, float lr, float b1, float b2, float eps, float wd, int decoupled,
-                    int64_t t)
+static size_t adam_to(const float *w_in, float *w_out, float *m, float *v, const float *g,
+                      size_t n, float lr, float b1, float b2, float eps, float wd, int decoupled,
+                      int64_t t, int off)
 {
     if (w_in == w_out)
-        adam_in(w_out, m, v, g, n, lr, b1, b2, eps, wd, decoupled, t);
-    else
-        adam_out(w_in, w_out, m, v, g, n, lr, b1, b2, eps, wd, decoupled, t);
+        return adam_in(w_out, m, v, g, n, lr, b1, b2, eps, wd, decoupled, t, off);
+    return adam_out(w_in, w_out, m, v, g, n, lr, b1, b2, eps, wd, decoupled, t, off);
 }
 
 void ps_opt_adam(float *restrict w, float *restrict m, float *restrict v, const float *restrict g,
                  size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t)
 {
-    adam_in(w, m, v, g, n, lr, b1, b2, eps, wd, 0, t);
+    adam_in(w, m, v, g, n, lr, b1, b2, eps, wd, 0, t, 1);
+}
+
+size_t ps_opt_adam_checked(float *w, float *m, float *v, const float *g, size_t n, float lr,
+                           float b1, float b2, float eps, float wd, int64_t t, int guard)
+{
+    return adam_in(w, m, v, g, n, lr, b1, b2, eps, wd, 0, t, !guard);
 }
 
 void ps_opt_adam_to(const float *w_in, float *w_out, float *m, float *v, const float *g,
                     size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t)
 {
-    adam_to(w_in, w_out, m, v, g, n, lr, b1, b2, eps, wd, 0, t);
+    adam_to(w_in, w_out, m, v, g, n, lr, b1, b2, eps, wd, 0, t, 1);
 }
 
 void ps_opt_adamw(float *restrict w, float *restrict m, float *restrict v, const float *restrict g,
                   size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t)
 {
-    adam_in(w, m, v, g, n, lr, b1, b2, eps, wd, 1, t);
+    adam_in(w, m, v, g, n, lr, b1, b2, eps, wd, 1, t, 1);
 }
 
 void ps_opt_adamw_to(const float *w_in, float *w_out, float *m, float *v, const float *g,
                      size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t)
 {
-    adam_to(w_in, w_out, m, v, g, n, lr, b1, b2, eps, wd, 1, t);
+    adam_to(w_in, w_out, m, v, g, n, lr, b1, b2, eps, wd, 1, t, 1);
 }
 
 /* The learning rate of update t (1, 2, ...) under the step decay schedule. */
@@ -359,57 +504,83 @@ float ps_opt_lr_at(const ps_opt_config *c, int64_t t)
 
 /* The worker-side kinds (ps_types.h): the new weights are the push itself
  * (average: the round's mean) or the old ones plus it (add). */
-static void average_to(float *restrict w_out, const float *restrict g, size_t n)
+#define NEW_LOOP(WI, WO, NEW)                       \
+    for (size_t i = 0; i < n; i++) {                \
+        float ow = WI[i];                           \
+        float nw = NEW;                             \
+        int ok = FIN(nw) | off;                     \
+        WO[i] = ok ? nw : ow;                       \
+        kept += (uint32_t)!ok;                      \
+    }
+#define AVG_LOOP(WI, WO) NEW_LOOP(WI, WO, g[i])
+#define ADD_LOOP(WI, WO) NEW_LOOP(WI, WO, ow + g[i])
+
+static size_t average_in(float *restrict w, const float *restrict g, size_t n, int off)
 {
-    memcpy(w_out, g, n * sizeof(float));
+    uint32_t kept = 0;
+    AVG_LOOP(w, w)
+    return kept;
 }
 
-#define ADD_LOOP(WI, WO)                            \
-    for (size_t i = 0; i < n; i++)                  \
-        WO[i] = WI[i] + g[i];
-
-static void add_in(float *restrict w, const float *restrict g, size_t n) { ADD_LOOP(w, w) }
-
-static void add_out(const float *restrict wi, float *restrict wo, const float *restrict g,
-                    size_t n)
+static size_t average_out(const float *restrict wi, float *restrict wo, const float *restrict g,
+                          size_t n, int off)
 {
+    uint32_t kept = 0;
+    AVG_LOOP(wi, wo)
+    return kept;
+}
+
+static size_t add_in(float *restrict w, const float *restrict g, size_t n, int off)
+{
+    uint32_t kept = 0;
+    ADD_LOOP(w, w)
+    return kept;
+}
+
+static size_t add_out(const float *restrict wi, float *restrict wo, const float *restrict g,
+                      size_t n, int off)
+{
+    uint32_t kept = 0;
     ADD_LOOP(wi, wo)
+    return kept;
+}
+
+size_t ps_opt_apply_checked(const ps_opt_config *cfg, const float *w_in, float *w_out,
+                            float *s0, float *s1, const float *g, size_t n, int64_t t,
+                            int guard)
+{
+    float lr = ps_opt_lr_at(cfg, t), wd = cfg->weight_decay;
+    int off = !guard, in = w_in == w_out;
+    switch (cfg->kind) {
+    case PS_OPT_SGD:
+        return in ? sgd_in(w_out, g, n, lr, wd, off) : sgd_out(w_in, w_out, g, n, lr, wd, off);
+    case PS_OPT_MOMENTUM:
+        return in ? momentum_in(w_out, s0, g, n, lr, cfg->momentum, wd, off)
+                  : momentum_out(w_in, w_out, s0, g, n, lr, cfg->momentum, wd, off);
+    case PS_OPT_NESTEROV:
+        return in ? nesterov_in(w_out, s0, g, n, lr, cfg->momentum, wd, off)
+                  : nesterov_out(w_in, w_out, s0, g, n, lr, cfg->momentum, wd, off);
+    case PS_OPT_ADAGRAD:
+        return in ? adagrad_in(w_out, s0, g, n, lr, cfg->eps, wd, off)
+                  : adagrad_out(w_in, w_out, s0, g, n, lr, cfg->eps, wd, off);
+    case PS_OPT_ADAM:
+    case PS_OPT_ADAMW:
+        return adam_to(w_in, w_out, s0, s1, g, n, lr, cfg->beta1, cfg->beta2, cfg->eps, wd,
+                       cfg->kind == PS_OPT_ADAMW, t, off);
+    case PS_OPT_AVERAGE:
+        return in ? average_in(w_out, g, n, off) : average_out(w_in, w_out, g, n, off);
+    case PS_OPT_ADD: return in ? add_in(w_out, g, n, off) : add_out(w_in, w_out, g, n, off);
+    default: return 0;
+    }
 }
 
 int ps_opt_apply_to(const ps_opt_config *cfg, const float *w_in, float *w_out, float *s0,
                     float *s1, const float *g, size_t n, int64_t t)
 {
-    ps_opt_config at = *cfg;
-    at.lr = ps_opt_lr_at(cfg, t);
-    const ps_opt_config *c = &at;
-    switch (c->kind) {
-    case PS_OPT_SGD: ps_opt_sgd_to(w_in, w_out, g, n, c->lr, c->weight_decay); return 0;
-    case PS_OPT_MOMENTUM:
-        ps_opt_momentum_to(w_in, w_out, s0, g, n, c->lr, c->momentum, c->weight_decay);
-        return 0;
-    case PS_OPT_NESTEROV:
-        ps_opt_nesterov_to(w_in, w_out, s0, g, n, c->lr, c->momentum, c->weight_decay);
-        return 0;
-    case PS_OPT_ADAGRAD:
-        ps_opt_adagrad_to(w_in, w_out, s0, g, n, c->lr, c->eps, c->weight_decay);
-        return 0;
-    case PS_OPT_ADAM:
-        ps_opt_adam_to(w_in, w_out, s0, s1, g, n, c->lr, c->beta1, c->beta2, c->eps,
-                       c->weight_decay, t);
-        return 0;
-    case PS_OPT_ADAMW:
-        ps_opt_adamw_to(w_in, w_out, s0, s1, g, n, c->lr, c->beta1, c->beta2, c->eps,
-                        c->weight_decay, t);
-        return 0;
-    case PS_OPT_AVERAGE: average_to(w_out, g, n); return 0;
-    case PS_OPT_ADD:
-        if (w_in == w_out)
-            add_in(w_out, g, n);
-        else
-            add_out(w_in, w_out, g, n);
-        return 0;
-    default: return PS_EINVAL;
-    }
+    if (!ps_opt_kind_valid(cfg->kind))
+        return PS_EINVAL;
+    ps_opt_apply_checked(cfg, w_in, w_out, s0, s1, g, n, t, 0);
+    return 0;
 }
 
 int ps_opt_apply(const ps_opt_config *c, float *w, float *s0, float *s1, const float *g, size_t n,

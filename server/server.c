@@ -50,9 +50,6 @@ static void send_ckpt(ps_server *s, uint64_t seq)
                         .ckpt_full = ps_ckpt_coord_full(s->ck)};
     for (int i = 0; i < s->cfg.threads; i++)
         srv_send_cmd(s, i, &cmd, NULL, NULL);
-    for (size_t i = 0; i < s->ntables; i++)
-        if (!s->tables[i].snap)
-            s->tables[i].snap = seq;
 }
 
 /* Answer the request of held reply m with an error (PS_EIO, text: what

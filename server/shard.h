@@ -54,6 +54,14 @@ typedef struct ps_shard_hooks {
     void (*release)(void *user, void *hold);
     void (*ready)(void *user, void *waiter, const float *w, size_t n, int64_t version);
     void (*cancel)(void *user, void *waiter);
+    /* A kept gradient at the moment it goes into the round (NULL: as kept).
+     * The caller may replace *g (a copy; NULL: the push adds nothing, its
+     * turn is taken, as --on-nonfinite skip) or refuse it (nonzero, after
+     * answering it): the push is released and its rank's clock goes back,
+     * so its resend is taken and the round waits for it.  For gradients the
+     * sender can still write (the worker's arena), so that what is summed is
+     * what was checked. */
+    int (*take)(void *user, void *hold, const float **g, size_t n);
 } ps_shard_hooks;
 
 typedef struct ps_shard_config {
@@ -63,7 +71,21 @@ typedef struct ps_shard_config {
     ps_opt_config opt;
     uint64_t max_memory;         /* bytes, over every shard sharing mem_used */
     _Atomic uint64_t *mem_used;  /* shared charge; NULL: a private counter */
+    /* Check every update's results (--on-nonfinite refuse and skip): a value
+     * whose new weight or optimizer state would be NaN or +-Inf keeps its
+     * old ones (ps_opt_apply_checked, server/optimizer.h), and the update is noted
+     * for ps_shard_take_nonfinite.  0: applied as computed. */
+    int guard;
 } ps_shard_config;
+
+/* The updates since the last ps_shard_take_nonfinite whose results were not
+ * finite: how many, the values kept, and the first one's chunk.  A sync
+ * round's are those of the push (or set_live) that completed it. */
+typedef struct ps_shard_nonfinite {
+    uint64_t updates, values;
+    uint64_t key;
+    uint32_t chunk;
+} ps_shard_nonfinite;
 
 /* Weight buffers per chunk at most: the current weights and spares for the
  * updates that come while pull replies still send older versions. */
@@ -71,6 +93,8 @@ typedef struct ps_shard_config {
 
 /* Queued pulls per chunk beyond which a pull is refused with PS_ETOOBIG. */
 #define PS_SHARD_MAX_WAITERS(num_workers) (4 * (size_t)(num_workers) + 16)
+
+void ps_shard_take_nonfinite(ps_shard *s, ps_shard_nonfinite *out);
 
 /* Counters of one shard: pushes, pulls, inits, updates, bytes_in, dup_dropped,
  * chunks, min_version and max_version are filled (0/0 versions with no

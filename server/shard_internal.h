@@ -96,6 +96,7 @@ struct ps_shard {
      * before the first use (a change every chunk has passed is folded in) */
     opt_change sched[PS_SHARD_MAX_OPT_CHANGES];
     int nsched;
+    ps_shard_nonfinite nf;    /* results not finite, not yet taken */
     /* --metrics-port: where applies and sync rounds are timed (ps_shard_set_metrics;
      * NULL: off), and the receipt of the request being handled */
     ps_metrics_hist *m_apply, *m_round;

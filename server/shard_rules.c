@@ -74,8 +74,15 @@ static void apply(ps_shard *s, chunk *ch, const float *g, int64_t m)
     int dst = shard_write_buffer(s, ch);
     float *out = wbuf_data(ch->buf[dst]);
     /* sync: the round's hyper-parameters (ps_shard_set_opt) */
-    ps_opt_apply_to(opt_of_round(s, ch->version), ch->w, out, ch->s0, ch->s1, g, ch->n,
-                    ch->version + m - ch->t_base);
+    const ps_opt_config *opt = opt_of_round(s, ch->version);
+    int64_t t = ch->version + m - ch->t_base;
+    size_t kept = ps_opt_apply_checked(opt, ch->w, out, ch->s0, ch->s1, g, ch->n, t,
+                                       s->cfg.guard);
+    if (kept && s->nf.updates++ == 0) {
+        s->nf.key = ch->key;
+        s->nf.chunk = ch->chunk;
+    }
+    s->nf.values += kept;
     ch->cur = dst;
     ch->w = out;
     ch->version += m;
@@ -142,7 +149,14 @@ static void advance(ps_shard *s, chunk *ch)
         if (i < ch->npend) {
             pending p = ch->pend[i];
             ch->pend[i] = ch->pend[--ch->npend];
-            accumulate(ch, p.g);
+            const float *g = p.g;
+            if (g && s->hooks.take && s->hooks.take(s->hooks.user, p.hold, &g, ch->n)) {
+                /* refused now: its resend is taken, and the round waits for it */
+                ch->clock[r] = ch->version;
+                s->hooks.release(s->hooks.user, p.hold);
+                return;
+            }
+            accumulate(ch, g);
             s->hooks.release(s->hooks.user, p.hold);
         } else if (!s->live[r]) {
             ch->next_rank++;
@@ -167,6 +181,12 @@ static void advance(ps_shard *s, chunk *ch)
     ch->nskipped = 0;
     if (ch->nwait)
         wake(s, ch);
+}
+
+void ps_shard_take_nonfinite(ps_shard *s, ps_shard_nonfinite *out)
+{
+    *out = s->nf;
+    memset(&s->nf, 0, sizeof s->nf);
 }
 
 /* Sync, restored chunk: a worker is at `step`, beyond the restored round.

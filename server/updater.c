@@ -33,6 +33,7 @@ typedef struct hold {
     const float *g;
     ps_shm_peer *shm;
     req_ctx *ack;
+    upd_push_id pid;
 } hold;
 
 /* ZeroMQ's free callback of a zero-copy reply: runs on whichever thread
@@ -143,6 +144,34 @@ static void hold_free(hold *h)
     free(h->copy);
     ps_shm_peer_unref(h->shm);
     free(h);
+}
+
+/* A kept gradient goes into its round: from the arena, copied and checked
+ * now (upd_take_from_arena).  Refused: its acknowledgement, if it waits
+ * here, is the error; a pushpull's pull or a deferred acknowledgement
+ * waits on as the round does, for the push sent again. */
+static int hook_take(void *user, void *v, const float **g, size_t n)
+{
+    ps_updater *u = user;
+    hold *h = v;
+    if (!h->shm)
+        return 0;
+    char why[256];
+    int rc = upd_take_from_arena(u, &h->pid, g, n, &h->copy, why, sizeof why);
+    if (!rc)
+        return 0;
+    if (h->ack) {
+        upd_error(u, h->ack, rc, why);
+        upd_req_free(h->ack);
+        h->ack = NULL;
+    } else {
+        u->errors++;
+        if (ps_rlimit_allow(&u->rl))
+            ps_warn("refused a kept push of worker %d (key %llu chunk %u): %s; its round waits "
+                    "for the push again", h->pid.rank, (unsigned long long)h->pid.key,
+                    h->pid.chunk, why);
+    }
+    return rc;
 }
 
 /* The shard is done with a kept gradient.  From the arena, the push's
@@ -332,6 +361,7 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
             break;
         }
         zmq_msg_init(&g->msg);
+        g->pid = (upd_push_id){h->type, h->rank, h->key, h->chunk, h->push_step};
         if (in_arena) {
             /* read in place, from the worker's buffer */
             g->g = in_arena;
@@ -369,6 +399,10 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
             upd_error(u, r, rc, why);
             break;
         }
+        /* an update (this push's, or the round it completed) whose results
+         * were not finite: refused to this push (kept: only logged) */
+        if (upd_results_nonfinite(u, kept ? NULL : r))
+            break;
         if (kept && in_arena && h->type == PS_MSG_PUSH && !u->cfg.defer_acks) {
             /* kept in the worker's arena: acknowledged when released */
             g->ack = r;
@@ -564,6 +598,7 @@ static void *upd_main(void *arg)
             } else if (cf.cmd == PS_CMD_LIVE) {
                 ps_shard_set_live(u->shard, cf.rank, cf.live);
                 ps_tparts_set_live(u->tparts, cf.rank, cf.live);
+                upd_results_nonfinite(u, NULL); /* rounds its loss completed */
             } else if (cf.cmd == PS_CMD_TABLE) {
                 upd_table(u, &cf);
             } else if (cf.cmd == PS_CMD_OPT) {
@@ -633,7 +668,7 @@ int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, v
     u->cfg = *cfg;
     u->mem_used = sc->mem_used;
     u->max_memory = sc->max_memory;
-    ps_shard_hooks hk = {u, hook_release, hook_ready, hook_cancel};
+    ps_shard_hooks hk = {u, hook_release, hook_ready, hook_cancel, hook_take};
     int rc = ps_shard_create(sc, &hk, &u->shard);
     if (rc) {
         free(u);
@@ -644,8 +679,10 @@ int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, v
         ps_shard_set_metrics(u->shard, &cfg->mblock->apply, &cfg->mblock->round);
     ps_shard_set_merge(u->shard, hook_merge);
     ps_tparts_config tc = {sc->mode,     sc->max_staleness, sc->num_workers, cfg->num_servers,
-                           cfg->nparts,  cfg->idx,          sc->max_memory, sc->mem_used};
-    ps_tparts_hooks th = {u, upd_thook_release, upd_thook_ready, hook_cancel, hook_merge};
+                           cfg->nparts,  cfg->idx,          sc->max_memory, sc->mem_used,
+                           sc->guard,    cfg->worker_mem,   cfg->worker_share};
+    ps_tparts_hooks th = {u, upd_thook_release, upd_thook_ready, hook_cancel, hook_merge,
+                          upd_thook_take};
     rc = ps_tparts_create(&tc, &th, &u->tparts);
     if (rc) {
         ps_shard_destroy(u->shard);
@@ -687,7 +724,7 @@ void ps_updater_destroy(ps_updater *u)
     u->destroying = 1;
     ps_shard_destroy(u->shard); /* before the PAIR: its hooks may still reply */
     ps_tparts_destroy(u->tparts);
-    free(u->rows);
+    upd_rows_shrink(u);
     free(u->mslot);
     if (u->pair)
         zmq_close(u->pair);

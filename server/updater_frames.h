@@ -98,6 +98,8 @@ typedef struct ps_cmd_frame {
     int ckpt_full;        /* CKPT: every table partition whole (else only what changed
                              since the last checkpoint, where the table allows) */
     ps_table *store;      /* TABLE: this thread's partition of table h.key */
+    int after_restore;    /* TABLE: declared on a restored server whose checkpoint did
+                             not hold it: its partition starts as restored, at version 0 */
     int64_t recv_ns;      /* REQ, with --metrics-port: when the I/O thread read it (ps_now_ns;
                              the push-to-apply histogram starts there); else 0 */
 } ps_cmd_frame;

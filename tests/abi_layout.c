@@ -60,6 +60,7 @@ int main(void)
     FIELD(ps_table_options, max_rows);
     FIELD(ps_table_options, min_count);
     FIELD(ps_table_options, filter_cells);
+    FIELD(ps_table_options, full);
 
     STRUCT(ps_barrier_info);
     FIELD(ps_barrier_info, id);

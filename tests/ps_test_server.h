@@ -81,6 +81,7 @@ typedef struct ps_test_isrv {
     pthread_t th;
     int port, running;
     char ep[64];
+    uint64_t max_memory; /* its --max-memory: the host's default (ps_server_auto_memory) */
 } ps_test_isrv;
 static inline void *ps_test_isrv_main_(void *arg)
 {
@@ -108,6 +109,7 @@ static inline int ps_test_isrv_start(ps_test_isrv *v, int mode, int num_workers,
     c.threads = 1;
     c.shm = PS_SHM_OFF;
     c.metrics_port = metrics_port;
+    v->max_memory = c.max_memory;
     char why[512];
     int rc = ps_server_open(&c, &v->s, why, sizeof why);
     if (rc) {

@@ -276,7 +276,7 @@ PS_TEST(server_page_counts_sync_rounds_pushes_and_bytes_as_stats_does)
     CHECK_EQ_INT((int)scraped(&v, "ps_server_round_wait_seconds_count"), ROUNDS);
     CHECK_EQ_INT((int)scraped(&v, "ps_server_push_apply_seconds_count"), ROUNDS);
     CHECK(scraped(&v, "ps_server_memory_bytes") >= N * sizeof(float));
-    CHECK(scraped(&v, "ps_server_max_memory_bytes") == (double)(8ull << 30));
+    CHECK(scraped(&v, "ps_server_max_memory_bytes") == (double)v.t.max_memory);
     /* a push of an old round again: a duplicate; a push to a key nobody made:
      * refused */
     h = ps_test_header(PS_MSG_PUSH, 0, 90, 5, 0, 0);

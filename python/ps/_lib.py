@@ -78,7 +78,12 @@ class TableOptions(Structure):
         ("max_rows", c_uint64),
         ("min_count", c_uint32),
         ("filter_cells", c_uint32),
+        ("full", c_uint32),
     ]
+
+
+# ps_table_options.full: what a table at its max_rows does with a new id
+TABLE_FULL = ("evict", "refuse")
 
 
 class ClientOptions(Structure):

@@ -229,11 +229,14 @@ def _ids_buffer(ids, what):
 
 
 def table_options(dim, init="uniform", scale=0.01, seed=0, optimizer=None, max_rows=0,
-                  min_count=0, filter_cells=0, ftrl_beta=1.0, ftrl_l1=0.0, ftrl_l2=0.0):
+                  min_count=0, filter_cells=0, ftrl_beta=1.0, ftrl_l1=0.0, ftrl_l2=0.0,
+                  full="evict"):
     """ps_table_options for register_table.  optimizer: None (adagrad with the
     optimizer table's defaults) or a dict {'optimizer': 'sgd' | ... | 'adam' |
     'ftrl', 'lr': ..., ...} with the hyper-parameters of include/ps_types.h's
-    table."""
+    table.  max_rows: a row cap for the whole table (0: none); full: what a
+    table at its cap does with a new id, "evict" its least recently touched
+    row or "refuse" the request (PS_ETOOBIG)."""
     o = _lib.TableOptions()
     lib.ps_table_options_default(ctypes.byref(o))
     o.dim = dim
@@ -259,6 +262,9 @@ def table_options(dim, init="uniform", scale=0.01, seed=0, optimizer=None, max_r
         setattr(o.opt, k, int(v) if fields[k] else float(v))
     o.ftrl_beta, o.ftrl_l1, o.ftrl_l2 = ftrl_beta, ftrl_l1, ftrl_l2
     o.max_rows, o.min_count, o.filter_cells = max_rows, min_count, filter_cells
+    if full not in _lib.TABLE_FULL:
+        raise ValueError("full must be one of %s, got %r" % (", ".join(_lib.TABLE_FULL), full))
+    o.full = _lib.TABLE_FULL.index(full)
     return o
 
 

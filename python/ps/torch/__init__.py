@@ -128,7 +128,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                         at least table_min_bytes of weight (64 MiB) and
                         those on the meta device; "all"; a list of module
                         names; a dict name -> that table's options
-                        (optimizer, init, scale, seed, max_rows, max_ids);
+                        (optimizer, init, scale, seed, max_rows, full,
+                        max_ids);
                         [] none.  docs/TORCH.md "Embedding tables"
       table_optimizer   the tables' optimizer on the servers: "adagrad"
                         (default, lr 0.01), "adam" (lazy), "sgd", a dict
