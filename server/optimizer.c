@@ -88,28 +88,32 @@ int ps_opt_state_arrays(int kind)
 /* ---- the results checked ----
  * A value whose new weight or state would not be finite keeps its old ones
  * and is counted (unless the check is off: `off`).  Each kernel computes a
- * block's new weights and states once, ORing whether each is finite
- * (|x| <= FLT_MAX, false for NaN) as it goes.  The new states go to stack
- * buffers of BLOCK values, and so do the new weights in place; out of
- * place they go straight to w_out, in the pass that reads w_in (w_in still
- * holds the old ones; a separate store pass would write w_out's lines, not
- * in the cache, in bursts).  Then, when all are finite or the check is off,
- * a plain copy stores the buffers (to lines the block's first pass read:
- * cache hits); else a selecting loop stores, value by value, the new ones
- * or the old ones.  No branch in a loop's body (the old values are read
- * into locals first: `a[i] = ok ? x : a[i]` is a conditional store to gcc,
- * which it does not vectorize).  A result is stored exactly as computed:
- * the check changes no bit of torch's step.
+ * block's new weights and states once and stores them as torch's step
+ * does, ORing whether each is finite (|x| <= FLT_MAX, false for NaN) as it
+ * goes; the old ones it overwrites go to stack buffers of BLOCK values (in
+ * the cache).  A block whose results all are finite is done: no second
+ * pass.  Else a selecting loop puts back, value by value, the old weight
+ * and state of each value that has a new one not finite.  No branch in a
+ * loop's body (the values are read into locals first: `a[i] = ok ? x :
+ * a[i]` is a conditional store to gcc, which it does not vectorize).  A
+ * result is stored exactly as computed: the check changes no bit of
+ * torch's step.
+ *
+ * The Makefile builds this file with -fno-tree-loop-distribute-patterns:
+ * gcc would take the saving of the old values out of the loop that computes
+ * the new ones into a memcpy of its own, before it (rep movs, which costs
+ * more than a whole short row's update: the table store updates rows of a
+ * few dozen values, one call each).
  *
  * A block's weights (DECL declares the pointers): WI (read), WO (written),
- * NW (where the first pass puts the new weights) and STORE_W(i) (the plain
- * store of NW[i] to WO).  In place: one restrict pointer wb, and NW the
- * buffer nwb; out of place: wib and wob, and NW is wob, stored already. */
+ * WOLD (the old weights after the pass) and SAVE_W(i, x) (keeps WI[i], read
+ * into x).  In place: one restrict pointer wb, and the old weights saved to
+ * the buffer ob; out of place: wib and wob, and w_in keeps them. */
 #define FIN(x) (fabsf(x) <= FLT_MAX)
 #define IN_PLACE float *restrict wb = w + o;
 #define OUT_OF_PLACE const float *restrict wib = wi + o; float *restrict wob = wo + o;
-#define STORE_IN_PLACE(i) wb[i] = nwb[i];
-#define STORE_OUT_OF_PLACE(i)
+#define SAVE_IN_PLACE(i, x) ob[i] = (x);
+#define SAVE_OUT_OF_PLACE(i, x)
 
 #define BLOCKS_BEGIN(DECL)                                          \
     uint32_t kept = 0;                                              \
@@ -124,39 +128,37 @@ int ps_opt_state_arrays(int kind)
 
 /* ---- sgd: w.add_(g', alpha=-lr) ---- */
 
-#define SGD_BLOCKS(DECL, WI, WO, NW, STORE_W)                       \
+#define SGD_BLOCKS(DECL, WI, WO, WOLD, SAVE_W)                      \
     BLOCKS_BEGIN(DECL)                                              \
     for (size_t i = 0; i < b; i++) {                                \
-        NW[i] = fmaf(L2(gb[i], WI[i]), -lr, WI[i]);                 \
-        bad |= (uint32_t)!FIN(NW[i]);                               \
+        float ow = WI[i];                                           \
+        SAVE_W(i, ow)                                               \
+        float nw = fmaf(L2(gb[i], ow), -lr, ow);                    \
+        WO[i] = nw;                                                 \
+        bad |= (uint32_t)!FIN(nw);                                  \
     }                                                               \
-    if (!bad || off) {                                              \
+    if (bad && !off)                                                \
         for (size_t i = 0; i < b; i++) {                            \
-            STORE_W(i)                                              \
-        }                                                           \
-    } else {                                                        \
-        for (size_t i = 0; i < b; i++) {                            \
-            float ow = WI[i], nw = NW[i];                           \
+            float nw = WO[i];                                       \
             int ok = FIN(nw);                                       \
-            WO[i] = ok ? nw : ow;                                   \
+            WO[i] = ok ? nw : WOLD[i];                              \
             kept += (uint32_t)!ok;                                  \
         }                                                           \
-    }                                                               \
     BLOCKS_END
 
 PS_OPT_FMA
 static size_t sgd_in(float *restrict w, const float *restrict g, size_t n, float lr, float wd,
                      int off)
 {
-    float nwb[BLOCK];
-    SGD_BLOCKS(IN_PLACE, wb, wb, nwb, STORE_IN_PLACE)
+    float ob[BLOCK];
+    SGD_BLOCKS(IN_PLACE, wb, wb, ob, SAVE_IN_PLACE)
 }
 
 PS_OPT_FMA
 static size_t sgd_out(const float *restrict wi, float *restrict wo, const float *restrict g,
                       size_t n, float lr, float wd, int off)
 {
-    SGD_BLOCKS(OUT_OF_PLACE, wib, wob, wob, STORE_OUT_OF_PLACE)
+    SGD_BLOCKS(OUT_OF_PLACE, wib, wob, wib, SAVE_OUT_OF_PLACE)
 }
 
 void ps_opt_sgd(float *restrict w, const float *restrict g, size_t n, float lr, float wd)
@@ -177,49 +179,49 @@ void ps_opt_sgd_to(const float *w_in, float *w_out, const float *g, size_t n, fl
         sgd_out(w_in, w_out, g, n, lr, wd, 1);
 }
 
-/* The store of a block with one state array sb, its new values in ns */
-#define STORE_1(WI, WO, NW, STORE_W, sb, ns)                        \
-    if (!bad || off) {                                              \
+/* The old weight and state (in os, the state's buffer) put back where a
+ * value's new ones are not both finite, in a block that has one */
+#define SELECT_1(WO, WOLD, sb, os)                                  \
+    if (bad && !off)                                                \
         for (size_t i = 0; i < b; i++) {                            \
-            sb[i] = ns[i];                                          \
-            STORE_W(i)                                              \
-        }                                                           \
-    } else {                                                        \
-        for (size_t i = 0; i < b; i++) {                            \
-            float ow = WI[i], nw = NW[i], os = sb[i];               \
-            int ok = FIN(nw) & FIN(ns[i]);                          \
-            sb[i] = ok ? ns[i] : os;                                \
-            WO[i] = ok ? nw : ow;                                   \
+            float nw = WO[i], ns = sb[i];                           \
+            int ok = FIN(nw) & FIN(ns);                             \
+            sb[i] = ok ? ns : os[i];                                \
+            WO[i] = ok ? nw : WOLD[i];                              \
             kept += (uint32_t)!ok;                                  \
-        }                                                           \
-    }
+        }
 
 /* ---- momentum: v.mul_(mu).add_(g'); w.add_(v, alpha=-lr) (torch's first
  * step clones g' into v: 0 * mu + g' is the same number); nesterov: as
  * momentum, then g'.add(v, alpha=mu) is the step.  STEP: the step's
- * direction from gp and the new velocity nv[i] ---- */
+ * direction from gp and the new velocity nv ---- */
 
-#define MOMENTUM_BLOCKS(DECL, WI, WO, NW, STORE_W, STEP)            \
+#define MOMENTUM_BLOCKS(DECL, WI, WO, WOLD, SAVE_W, STEP)           \
     BLOCKS_BEGIN(DECL)                                              \
     float *restrict vb = v + o;                                     \
     for (size_t i = 0; i < b; i++) {                                \
-        float gp = L2(gb[i], WI[i]);                                \
-        nv[i] = vb[i] * mu + gp;                                    \
-        NW[i] = fmaf(STEP, -lr, WI[i]);                             \
-        bad |= (uint32_t)!(FIN(NW[i]) & FIN(nv[i]));                \
+        float ow = WI[i], ov = vb[i];                               \
+        SAVE_W(i, ow)                                               \
+        ovb[i] = ov;                                                \
+        float gp = L2(gb[i], ow);                                   \
+        float nv = ov * mu + gp;                                    \
+        float nw = fmaf(STEP, -lr, ow);                             \
+        vb[i] = nv;                                                 \
+        WO[i] = nw;                                                 \
+        bad |= (uint32_t)!(FIN(nw) & FIN(nv));                      \
     }                                                               \
-    STORE_1(WI, WO, NW, STORE_W, vb, nv)                            \
+    SELECT_1(WO, WOLD, vb, ovb)                                     \
     BLOCKS_END
 
-#define MOMENTUM_STEP nv[i]
-#define NESTEROV_STEP fmaf(nv[i], mu, gp)
+#define MOMENTUM_STEP nv
+#define NESTEROV_STEP fmaf(nv, mu, gp)
 
 PS_OPT_FMA
 static size_t momentum_in(float *restrict w, float *restrict v, const float *restrict g,
                           size_t n, float lr, float mu, float wd, int off)
 {
-    float nwb[BLOCK], nv[BLOCK];
-    MOMENTUM_BLOCKS(IN_PLACE, wb, wb, nwb, STORE_IN_PLACE, MOMENTUM_STEP)
+    float ob[BLOCK], ovb[BLOCK];
+    MOMENTUM_BLOCKS(IN_PLACE, wb, wb, ob, SAVE_IN_PLACE, MOMENTUM_STEP)
 }
 
 PS_OPT_FMA
@@ -227,16 +229,16 @@ static size_t momentum_out(const float *restrict wi, float *restrict wo, float *
                            const float *restrict g, size_t n, float lr, float mu, float wd,
                            int off)
 {
-    float nv[BLOCK];
-    MOMENTUM_BLOCKS(OUT_OF_PLACE, wib, wob, wob, STORE_OUT_OF_PLACE, MOMENTUM_STEP)
+    float ovb[BLOCK];
+    MOMENTUM_BLOCKS(OUT_OF_PLACE, wib, wob, wib, SAVE_OUT_OF_PLACE, MOMENTUM_STEP)
 }
 
 PS_OPT_FMA
 static size_t nesterov_in(float *restrict w, float *restrict v, const float *restrict g,
                           size_t n, float lr, float mu, float wd, int off)
 {
-    float nwb[BLOCK], nv[BLOCK];
-    MOMENTUM_BLOCKS(IN_PLACE, wb, wb, nwb, STORE_IN_PLACE, NESTEROV_STEP)
+    float ob[BLOCK], ovb[BLOCK];
+    MOMENTUM_BLOCKS(IN_PLACE, wb, wb, ob, SAVE_IN_PLACE, NESTEROV_STEP)
 }
 
 PS_OPT_FMA
@@ -244,8 +246,8 @@ static size_t nesterov_out(const float *restrict wi, float *restrict wo, float *
                            const float *restrict g, size_t n, float lr, float mu, float wd,
                            int off)
 {
-    float nv[BLOCK];
-    MOMENTUM_BLOCKS(OUT_OF_PLACE, wib, wob, wob, STORE_OUT_OF_PLACE, NESTEROV_STEP)
+    float ovb[BLOCK];
+    MOMENTUM_BLOCKS(OUT_OF_PLACE, wib, wob, wib, SAVE_OUT_OF_PLACE, NESTEROV_STEP)
 }
 
 void ps_opt_momentum(float *restrict w, float *restrict v, const float *restrict g, size_t n,
@@ -291,32 +293,38 @@ void ps_opt_nesterov_to(const float *w_in, float *w_out, float *v, const float *
 }
 
 /* ---- adagrad: h.addcmul_(g', g'); w.addcdiv_(g', sqrt(h) + eps, value=-lr).
- * The new state into nh and d (d's sqrt by the sqrt pass), the new weights,
- * the store ---- */
+ * The new state, into d too (d's sqrt by the sqrt pass), then the new
+ * weights ---- */
 
-#define ADAGRAD_BLOCKS(DECL, WI, WO, NW, STORE_W)                   \
+#define ADAGRAD_BLOCKS(DECL, WI, WO, WOLD, SAVE_W)                  \
     BLOCKS_BEGIN(DECL)                                              \
     float *restrict hb = h + o;                                     \
     for (size_t i = 0; i < b; i++) {                                \
-        float gp = L2(gb[i], WI[i]);                                \
-        nh[i] = fmaf(gp, gp, hb[i]);                                \
-        d[i] = nh[i];                                               \
+        float gp = L2(gb[i], WI[i]), oh = hb[i];                    \
+        ohb[i] = oh;                                                \
+        float nh = fmaf(gp, gp, oh);                                \
+        hb[i] = nh;                                                 \
+        d[i] = nh;                                                  \
+        bad |= (uint32_t)!FIN(nh);                                  \
     }                                                               \
     ps_opt_sqrt_block(d, b);                                        \
     for (size_t i = 0; i < b; i++) {                                \
-        float gp = L2(gb[i], WI[i]); /* the same as above */        \
-        NW[i] = WI[i] + (-lr * gp) / (d[i] + eps);                  \
-        bad |= (uint32_t)!(FIN(NW[i]) & FIN(nh[i]));                \
+        float ow = WI[i];                                           \
+        SAVE_W(i, ow)                                               \
+        float gp = L2(gb[i], ow); /* the same as above */           \
+        float nw = ow + (-lr * gp) / (d[i] + eps);                  \
+        WO[i] = nw;                                                 \
+        bad |= (uint32_t)!FIN(nw);                                  \
     }                                                               \
-    STORE_1(WI, WO, NW, STORE_W, hb, nh)                            \
+    SELECT_1(WO, WOLD, hb, ohb)                                     \
     BLOCKS_END
 
 PS_OPT_FMA
 static size_t adagrad_in(float *restrict w, float *restrict h, const float *restrict g, size_t n,
                          float lr, float eps, float wd, int off)
 {
-    float nwb[BLOCK], nh[BLOCK], d[BLOCK];
-    ADAGRAD_BLOCKS(IN_PLACE, wb, wb, nwb, STORE_IN_PLACE)
+    float ob[BLOCK], ohb[BLOCK], d[BLOCK];
+    ADAGRAD_BLOCKS(IN_PLACE, wb, wb, ob, SAVE_IN_PLACE)
 }
 
 PS_OPT_FMA
@@ -324,8 +332,8 @@ static size_t adagrad_out(const float *restrict wi, float *restrict wo, float *r
                           const float *restrict g, size_t n, float lr, float eps, float wd,
                           int off)
 {
-    float nh[BLOCK], d[BLOCK];
-    ADAGRAD_BLOCKS(OUT_OF_PLACE, wib, wob, wob, STORE_OUT_OF_PLACE)
+    float ohb[BLOCK], d[BLOCK];
+    ADAGRAD_BLOCKS(OUT_OF_PLACE, wib, wob, wib, SAVE_OUT_OF_PLACE)
 }
 
 void ps_opt_adagrad(float *restrict w, float *restrict h, const float *restrict g, size_t n,
@@ -353,41 +361,41 @@ void ps_opt_adagrad_to(const float *w_in, float *w_out, float *h, const float *g
  * (w.mul_), adam adds wd * w to the gradient; then m.mul_(b1).add_(g',
  * alpha=1 - b1); v.mul_(b2).addcmul_(g', g', value=1 - b2);
  * w.addcdiv_(m, sqrt(v) / sqrt(1 - b2^t) + eps, value=-lr / (1 - b1^t)).
- * The new moments into nm, nv and d (d's sqrt by the sqrt pass), the new
- * weights, the store of all three ---- */
+ * The new moments, v's into d too (d's sqrt by the sqrt pass), then the new
+ * weights ---- */
 
-#define ADAM_BLOCKS(DECL, WI, WO, NW, STORE_W)                      \
+#define ADAM_BLOCKS(DECL, WI, WO, WOLD, SAVE_W)                     \
     BLOCKS_BEGIN(DECL)                                              \
     float *restrict mb = m + o, *restrict vb = v + o;               \
     for (size_t i = 0; i < b; i++) {                                \
-        float gp = L2(gb[i], WI[i] * keep);                         \
-        nm[i] = fmaf(gp, c1, mb[i] * b1);                           \
-        nv[i] = fmaf(c2 * gp, gp, vb[i] * b2);                      \
-        d[i] = nv[i];                                               \
-        bad |= (uint32_t)!(FIN(nm[i]) & FIN(nv[i]));                \
+        float gp = L2(gb[i], WI[i] * keep), om = mb[i], ov = vb[i]; \
+        omb[i] = om;                                                \
+        ovb[i] = ov;                                                \
+        float nm = fmaf(gp, c1, om * b1);                           \
+        float nv = fmaf(c2 * gp, gp, ov * b2);                      \
+        mb[i] = nm;                                                 \
+        vb[i] = nv;                                                 \
+        d[i] = nv;                                                  \
+        bad |= (uint32_t)!(FIN(nm) & FIN(nv));                      \
     }                                                               \
     ps_opt_sqrt_block(d, b);                                        \
     for (size_t i = 0; i < b; i++) {                                \
-        float wk = WI[i] * keep;                                    \
-        NW[i] = wk + (step * nm[i]) / (d[i] / bc2s + eps);          \
-        bad |= (uint32_t)!FIN(NW[i]);                               \
+        float ow = WI[i];                                           \
+        SAVE_W(i, ow)                                               \
+        float wk = ow * keep;                                       \
+        float nw = wk + (step * mb[i]) / (d[i] / bc2s + eps);       \
+        WO[i] = nw;                                                 \
+        bad |= (uint32_t)!FIN(nw);                                  \
     }                                                               \
-    if (!bad || off) {                                              \
+    if (bad && !off)                                                \
         for (size_t i = 0; i < b; i++) {                            \
-            mb[i] = nm[i];                                          \
-            vb[i] = nv[i];                                          \
-            STORE_W(i)                                              \
-        }                                                           \
-    } else {                                                        \
-        for (size_t i = 0; i < b; i++) {                            \
-            float ow = WI[i], nw = NW[i], om = mb[i], ov = vb[i];   \
-            int ok = FIN(nw) & FIN(nm[i]) & FIN(nv[i]);             \
-            mb[i] = ok ? nm[i] : om;                                \
-            vb[i] = ok ? nv[i] : ov;                                \
-            WO[i] = ok ? nw : ow;                                   \
+            float nw = WO[i], nm = mb[i], nv = vb[i];               \
+            int ok = FIN(nw) & FIN(nm) & FIN(nv);                   \
+            mb[i] = ok ? nm : omb[i];                               \
+            vb[i] = ok ? nv : ovb[i];                               \
+            WO[i] = ok ? nw : WOLD[i];                              \
             kept += (uint32_t)!ok;                                  \
         }                                                           \
-    }                                                               \
     BLOCKS_END
 
 /* The shortest decimal that rounds to f, as a double (see above).  Kernels
@@ -434,16 +442,16 @@ double ps_opt_decimal(float f)
     float keep = decoupled ? (float)(1.0 - lrd * ps_opt_decimal(wd)) : 1.0f;  \
     if (decoupled)                                                            \
         wd = 0.0f;                                                            \
-    float nm[BLOCK], nv[BLOCK], d[BLOCK];
+    float omb[BLOCK], ovb[BLOCK], d[BLOCK];
 
 PS_OPT_FMA
 static size_t adam_in(float *restrict w, float *restrict m, float *restrict v,
                       const float *restrict g, size_t n, float lr, float b1, float b2, float eps,
                       float wd, int decoupled, int64_t t, int off)
 {
-    float nwb[BLOCK];
+    float ob[BLOCK];
     ADAM_PROLOGUE
-    ADAM_BLOCKS(IN_PLACE, wb, wb, nwb, STORE_IN_PLACE)
+    ADAM_BLOCKS(IN_PLACE, wb, wb, ob, SAVE_IN_PLACE)
 }
 
 PS_OPT_FMA
@@ -452,7 +460,7 @@ static size_t adam_out(const float *restrict wi, float *restrict wo, float *rest
                        float b2, float eps, float wd, int decoupled, int64_t t, int off)
 {
     ADAM_PROLOGUE
-    ADAM_BLOCKS(OUT_OF_PLACE, wib, wob, wob, STORE_OUT_OF_PLACE)
+    ADAM_BLOCKS(OUT_OF_PLACE, wib, wob, wib, SAVE_OUT_OF_PLACE)
 }
 
 static size_t adam_to(const float *w_in, float *w_out, float *m, float *v, const float *g,

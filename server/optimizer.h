@@ -68,9 +68,10 @@ double ps_opt_decimal(float f);
  * applied.  With guard, each value whose new weight or state would not be
  * finite keeps its old weight and state (out of place: w_out gets the old
  * weight); every other value is updated exactly as without it (torch's
- * step bit for bit).  The check is in the kernels' own passes: each block's
- * results are computed once and checked as they are, then stored (optimizer.c
- * says how).  Returns how many values kept their old ones (0: the step was
+ * step bit for bit).  The check is in the kernels' own passes: each result
+ * is computed once and checked as it is stored; in a block of values where
+ * one is not finite, a second loop puts its old ones back (optimizer.c says
+ * how).  Returns how many values kept their old ones (0: the step was
  * applied whole; always 0 without guard). */
 size_t ps_opt_apply_checked(const ps_opt_config *cfg, const float *w_in, float *w_out,
                             float *s0, float *s1, const float *g, size_t n, int64_t t,
