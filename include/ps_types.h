@@ -95,6 +95,7 @@ enum ps_opt_kind {
     /* adam with decoupled weight decay (torch's AdamW): w *= 1 - lr x
      * weight_decay before adam's step, whose gradient gets no wd x w */
     PS_OPT_ADAMW = 9
+    /* 10 is the tables' row-wise adagrad (below): never a dense kind */
 };
 #define PS_OPT_KIND_MAX 5        /* the update rules the servers run: sgd .. adam */
 #define PS_OPT_WORKER_KIND_MAX 8 /* and, after the tables' 6, the worker-side kinds */
@@ -103,6 +104,14 @@ enum ps_opt_kind {
  * the dense ones.  Its hyper-parameters: lr (FTRL's alpha), weight_decay,
  * and ps_table_options' ftrl_beta, ftrl_l1, ftrl_l2. */
 #define PS_TABLE_OPT_FTRL 6
+/* Row-wise adagrad: tables only, FBGEMM's EXACT_ROWWISE_ADAGRAD (DLRM's
+ * RWSAdagrad, TorchRec's default): one state float per row, the sum over the
+ * row's updates of the mean of its squared gradient.  Per row of d values,
+ * with g' = g + weight_decay * w:
+ *   m += (g'_0^2 + g'_1^2 + ... + g'_{d-1}^2) / d   (summed in that order, float)
+ *   r = lr / (sqrt(m) + eps);  w = (1 - r * weight_decay) * w - r * g
+ * Its hyper-parameters are adagrad's: lr, eps, weight_decay (and the decay). */
+#define PS_TABLE_OPT_ROWWISE_ADAGRAD 10
 
 /* A table row's first values (ps_table_options.init), pure functions of
  * (seed, table, id): docs/PROTOCOL.md "Tables" has the formulas. */
@@ -227,6 +236,10 @@ typedef struct ps_table_options {
 } ps_table_options;
 
 enum { PS_TABLE_FULL_EVICT = 0, PS_TABLE_FULL_REFUSE = 1 };
+
+/* A table's name (ps_client_name_table): for the servers' logs, at most this
+ * many printable characters. */
+#define PS_TABLE_NAME_MAX 63
 
 /* ---- a server's counters (STATS): X(field, wire key) ---- */
 #define PS_STATS_COUNTERS(X)                                                  \

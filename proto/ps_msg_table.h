@@ -86,8 +86,8 @@
       "the rows (`n` x `dim`)")                                                                  \
     X(HYPER, 15, "hyper", WORKER, PS_HK(H), PS_HK(H), 0, 0, 0, PUSH_STEP, NONE, hyper,           \
       "change the optimizer's hyper-parameters (those `h` gives) from step `s` on; none "        \
-      "given: only ask",                                                                         \
-      "the server's optimizer as it is now, in `h`")                                             \
+      "given: only ask; `k` a table's key: that table's optimizer (0: the dense one)",          \
+      "the server's (or the table's) optimizer as it is now, in `h`")                                             \
     X(ASSIGN, 16, "assign", WORKER, PS_HK(K) | PS_HK(C), 0, 1, 0, 0, NONE, CHUNK_VERSION, data,  \
       "overwrite the chunk's weights with the payload (a loaded model); its version and "        \
       "optimizer state stay",                                                                    \
@@ -113,6 +113,12 @@
     X(LEAVE, 22, "leave", WORKER, 0, 0, 0, 0, 0, NONE, NONE, leave,                              \
       "this worker is done (join): rounds and barriers stop waiting for it; its pulls are "      \
       "still answered",                                                                          \
+      "acknowledged")                                                                            \
+    X(SASSIGN, 23, "sassign", WORKER, PS_HK(K) | PS_HK(C) | PS_HK(DIM), 0, PS_PL_IDS_ROWS, 0, 1,  \
+      NONE, CHUNK_VERSION, sparse,                                                               \
+      "set the rows of table `k`, partition `c`: ids (`n`, frame 1), rows (frame 2, float32): "  \
+      "those missing are made (charged to --max-memory and the worker's share), their "     \
+      "optimizer state zeroed",                                                                  \
       "acknowledged")
 /* clang-format on */
 
@@ -121,7 +127,8 @@
 #define PS_HDR_KEYS(X)                                                                           \
     X(V, "v") X(T, "t") X(F, "f") X(Q, "q") X(R, "r") X(K, "k") X(C, "c") X(S, "s") X(N, "n")     \
     X(D, "d") X(TOT, "tot") X(EC, "ec") X(ET, "et") X(H, "h") X(ST, "st") X(ADM, "adm")           \
-    X(BW, "bw") X(O, "o") X(M, "m") X(P, "p") X(DIM, "dim") X(NP, "np") X(TB, "tb")
+    X(BW, "bw") X(O, "o") X(M, "m") X(P, "p") X(DIM, "dim") X(NP, "np") X(TB, "tb")          \
+    X(NM, "nm")
 
 enum ps_hdr_key {
 #define PS_HK_ENUM_(name, key) PS_HK_##name,

@@ -132,6 +132,8 @@ typedef struct ps_header {
     uint32_t dim;      /* SPULL, SPUSH, SPUSHPULL: floats per row (the table's) */
     uint64_t npull;    /* SPUSHPULL request: the ids of its third frame (key "np") */
     ps_table_options table; /* TABLE request: the declaration (key "tb") */
+    char table_name[PS_TABLE_NAME_MAX + 1]; /* TABLE request, optional: the table's name
+                                               for logs ("" none; key "nm") */
     int32_t err_code;  /* ERROR: PS_E* code */
     char err_text[PS_ERR_TEXT_MAX + 1];
     ps_hello hello;    /* HELLO and HYPER only */

@@ -791,6 +791,15 @@ PS_TEST(a_table_declaration_round_trips_with_every_field)
     a.table.filter_cells = 4096;
     CHECK_OK(rt(&a, &b));
     CHECK_EQ_INT(b.key, 99);
+    CHECK_STR(b.table_name, ""); /* no name: no `nm` */
+    /* its optional name (`nm`), printable, at most PS_TABLE_NAME_MAX */
+    snprintf(a.table_name, sizeof a.table_name, "emb_l.0.weight_q");
+    CHECK_OK(rt(&a, &b));
+    CHECK_STR(b.table_name, "emb_l.0.weight_q");
+    a.table_name[3] = '\n';
+    CHECK_EQ_INT(rt(&a, &b), PS_EPROTO);
+    a.table_name[0] = 0;
+    CHECK_OK(rt(&a, &b));
     char why[256];
     CHECK_MSG(ps_table_decl_compare(99, &a.table, "a", &b.table, "b", why, sizeof why) == 0,
               "%s", why);
@@ -820,8 +829,10 @@ PS_TEST(a_table_declaration_round_trips_with_every_field)
     CHECK_EQ_INT(ps_table_decl_check(99, &b.table, why, sizeof why), PS_EINVAL);
     CHECK_MSG(strstr(why, "table 99 (ftrl): ") && strstr(why, "lr"), "%s", why);
     b.table.opt.lr = 0.5f;
-    b.table.opt.kind = 9;
+    b.table.opt.kind = PS_OPT_AVERAGE; /* a worker-side kind: no table's */
     CHECK_EQ_INT(ps_table_decl_check(99, &b.table, why, sizeof why), PS_EINVAL);
+    b.table.opt.kind = PS_TABLE_OPT_ROWWISE_ADAGRAD;
+    CHECK_OK(ps_table_decl_check(99, &b.table, why, sizeof why));
     b.table.opt.kind = PS_OPT_NONE; /* adagrad */
     CHECK_OK(ps_table_decl_check(99, &b.table, why, sizeof why));
     b.table.min_count = 256;

@@ -80,6 +80,7 @@ class Layout(unittest.TestCase):
             elif w[0] == "table_inits":
                 self.assertEqual([int(v) for v in w[1:4]], list(range(len(_lib.TABLE_INITS))))
                 self.assertEqual(int(w[5]), _lib.OPT_FTRL)
+                self.assertEqual(int(w[7]), _lib.OPT_ROWWISE_ADAGRAD)
             elif w[0] == "error":
                 self.assertEqual(getattr(ps, w[1][3:]), int(w[2]), line)
             elif w[0] == "err_text_max":

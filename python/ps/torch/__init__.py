@@ -66,13 +66,16 @@ from ._dist import Adasum, Compression, ServersOptimizer
 from ._dist import make as _make
 from ._exchange import Exchange, param_key
 from ._optim import server_flags, server_settings
-from ._tables import MAX_IDS, MIN_BYTES, Embedding, EmbeddingBag, ServerEmbedding
+from ._rowwise import RowWiseAdagrad
+from ._tables import (INIT_MAX_BYTES, MAX_IDS, MIN_BYTES, Embedding, EmbeddingBag,
+                      ServerEmbedding, TableWeight)
 
 __all__ = ["DistributedOptimizer", "DistributedModel", "wrap", "init", "rank", "size",
            "local_rank", "local_size", "allreduce", "allreduce_", "broadcast_object",
            "broadcast_parameters", "broadcast_optimizer_state", "join", "Compression",
            "Average", "Sum", "Adasum", "server_flags", "server_settings", "param_key",
-           "Client", "PSError", "Embedding", "EmbeddingBag", "ServerEmbedding", "sampler"]
+           "Client", "PSError", "Embedding", "EmbeddingBag", "ServerEmbedding", "TableWeight",
+           "RowWiseAdagrad", "sampler"]
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
@@ -80,7 +83,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          *, model=None, client=None, update=None, grad_edits=None,
                          init_from_rank0=True, wait_timeout=600.0, sync_buffers_every=0,
                          tables=None, table_optimizer=None, table_max_ids=MAX_IDS,
-                         table_min_bytes=MIN_BYTES, samples_per_step=0):
+                         table_min_bytes=MIN_BYTES, table_init_max_bytes=INIT_MAX_BYTES,
+                         table_hashed_ids=False, samples_per_step=0):
     """optimizer trained through the servers: an instance of a class derived
     from optimizer's (so isinstance, lr schedulers and state_dict work), with
     optimizer's parameter groups and state.  Blocks until every server said
@@ -121,22 +125,31 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                         other workers, saying every 10 s whom (0: forever)
       sync_buffers_every  average the model's buffers every N steps (0:
                         only at pull_final/join)
-      tables            which nn.Embedding / nn.EmbeddingBag modules of
-                        model become tables on the servers (the module is
-                        replaced by a ServerEmbedding, its weight dropped
-                        from the model and the optimizer): None, those of
-                        at least table_min_bytes of weight (64 MiB) and
-                        those on the meta device; "all"; a list of module
-                        names; a dict name -> that table's options
-                        (optimizer, init, scale, seed, max_rows, full,
-                        max_ids);
-                        [] none.  docs/TORCH.md "Embedding tables"
-      table_optimizer   the tables' optimizer on the servers: "adagrad"
-                        (default, lr 0.01), "adam" (lazy), "sgd", a dict
-                        {'optimizer': 'adagrad', 'lr': 0.05, ...} or a
-                        torch Adagrad / SparseAdam / SGD
+      tables            which embeddings of model become tables on the
+                        servers (the weight becomes a TableWeight, the
+                        worker's copy dropped; its own parameter group):
+                        None, every nn.Embedding / nn.EmbeddingBag with
+                        sparse=True, of at least table_min_bytes (64 MiB)
+                        or on the meta device, and the parameters a module
+                        passes to F.embedding* itself when it says
+                        sparse=True or is that large; "all"; a list of
+                        module or parameter names; a dict name -> that
+                        table's options (optimizer, init, scale, seed,
+                        max_rows, full, max_ids, hashed_ids); [] none.
+                        docs/TORCH.md "Embedding tables"
+      table_optimizer   None: each table follows its parameter group in
+                        optimizer (SGD, Adagrad, SparseAdam, RowWiseAdagrad;
+                        others refused, saying so); or the servers' table
+                        optimizer for all: "adagrad", "adam" (lazy), "sgd",
+                        "rowwise_adagrad", a dict {'optimizer': 'adagrad',
+                        'lr': 0.05, ...} or a torch optimizer
       table_max_ids     the ids one batch may give a table (16 x dim x this
                         bytes of buffers per table)
+      table_init_max_bytes  a materialised module's rows sent to the servers
+                        at start (its first rows), at most; more is refused
+                        (declare an initializer on a meta module instead)
+      table_hashed_ids  ids are hashes: any int64, not checked against
+                        num_embeddings (IndexError otherwise, as torch)
       samples_per_step  the samples one step() trains on (the batch): with
                         the client's metrics on (PS_METRICS_PORT) they go to
                         ps_worker_samples_total, every step() to
@@ -145,7 +158,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     The older form DistributedOptimizer(model, optimizer=None, client=None)
     (the update on the servers, optimizer checked against theirs) works too."""
     tab = dict(tables=tables, table_optimizer=table_optimizer, table_max_ids=table_max_ids,
-               table_min_bytes=table_min_bytes, samples_per_step=samples_per_step)
+               table_min_bytes=table_min_bytes, table_init_max_bytes=table_init_max_bytes,
+               table_hashed_ids=table_hashed_ids, samples_per_step=samples_per_step)
     if isinstance(optimizer, torch.nn.Module):
         model, optimizer = optimizer, named_parameters
         client = compression if client is None else client

@@ -87,7 +87,9 @@ class _Methods:
         self._ps_view = None
         self._ps_kind = None
         mode_async = client.mode == _lib.MODE_ASYNC
-        servers_own = isinstance(self, ServersOptimizer)
+        # no dense tensor (a model of server tables alone): nothing of the
+        # servers' dense optimizer to check
+        servers_own = isinstance(self, ServersOptimizer) or not named
         if update == "server":
             expect = None if servers_own else server_settings(self)
             self._ps_kind = None if servers_own else expect["optimizer"]
@@ -116,10 +118,6 @@ class _Methods:
         self._ps_mine = {id(p) for p in ex.params}
         if how == "auto" and ex.update == "server" and not servers_own:
             self._ps_check_servers(client)
-        if tables and k > 1:
-            client.close()
-            raise ValueError("backward_passes_per_step=%d with embedding tables on the servers: "
-                             "a table takes one batch per step" % k)
         ex.passes_per_step = k
         ex.push_mode = "backward" if grad_edits is False else "step"
         self._ps_grad_edits = grad_edits
@@ -130,6 +128,8 @@ class _Methods:
             self._ps_kind = now["optimizer"]
             if not servers_own and ex.params:  # (only tables: nothing runs it)
                 self._ps_known = {key: now[key] for key in hyper_of(self, self._ps_groups())}
+        if tables:  # their first rows, hyper-parameters and forward hook
+            _tables.start(ex, model)
         _context.on_start(client, self, ex, model)
         if self._ps_update != "server":
             # every worker starts from rank 0's optimizer state and settings
@@ -179,9 +179,10 @@ class _Methods:
 
     @property
     def tables(self):
-        """The model's embedding modules on the servers, by name (module
-        order: prefetch's list order)."""
-        return {t.name: t.module for t in self._ps_ex.tables}
+        """The model's server tables, by name (model order: prefetch's list
+        order): each its weight in the model, a TableWeight (.table.lookup(ids)
+        reads rows)."""
+        return _tables.tables_of(self._ps_ex)
 
     def prefetch(self, ids):
         """Hand the ids of an upcoming batch to the model's server tables so
@@ -225,6 +226,8 @@ class _Methods:
         servers, to apply from this step."""
         if self._ps_update == "server" and self._ps_known is not None:
             self._ps_send_hyper()
+        if self._ps_ex.tables:
+            _tables.send_hyper(self._ps_ex, self)
 
     def _ps_groups(self):
         """The parameter groups whose tensors the servers hold."""
@@ -271,8 +274,8 @@ class _Methods:
     def _ps_others(self):
         """This optimizer's tensors that the servers do not hold and that
         require grad (a frozen one costs nothing), in group order (the same
-        on every worker)."""
-        return [p for g in self.param_groups for p in g["params"]
+        on every worker); the server tables' groups are the servers' too."""
+        return [p for g in self.param_groups if "ps_table" not in g for p in g["params"]
                 if id(p) not in self._ps_mine and p.requires_grad]
 
     def _ps_average_others(self):
@@ -556,7 +559,8 @@ def make(optimizer, named_parameters=None, compression=None, backward_passes_per
          op=None, gradient_predivide_factor=1.0, model=None, client=None, update=None,
          grad_edits=None, init_from_rank0=True, wait_timeout=600.0, sync_buffers_every=0,
          tables=None, table_optimizer=None, table_max_ids=_tables.MAX_IDS,
-         table_min_bytes=_tables.MIN_BYTES, samples_per_step=0):
+         table_min_bytes=_tables.MIN_BYTES, table_init_max_bytes=_tables.INIT_MAX_BYTES,
+         table_hashed_ids=False, samples_per_step=0):
     """DistributedOptimizer(optimizer, ...): see ps.torch.DistributedOptimizer."""
     del gradient_predivide_factor  # with the mean it changes nothing
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -571,9 +575,9 @@ def make(optimizer, named_parameters=None, compression=None, backward_passes_per
     if int(backward_passes_per_step) < 1:
         raise ValueError("backward_passes_per_step must be at least 1")
     chosen = []
-    if model is not None:  # its big embeddings become server tables, their weights dropped
-        chosen = _tables.choose(model, tables, table_optimizer, table_max_ids, table_min_bytes)
-        _tables.drop_weights(optimizer, [w for _, w, _ in chosen])
+    if model is not None:  # its embeddings become server tables, their weights dropped
+        chosen = _tables.choose(model, optimizer, tables, table_optimizer, table_max_ids,
+                                table_min_bytes, table_init_max_bytes, table_hashed_ids)
     elif tables:
         raise ValueError("tables= needs model=: the wrapper replaces the model's embedding "
                          "modules")
@@ -585,7 +589,8 @@ def make(optimizer, named_parameters=None, compression=None, backward_passes_per
             raise ValueError("named_parameters names a parameter twice")
     elif model is not None:
         names = {id(p): n for n, p in model.named_parameters()}
-    params = [p for g in optimizer.param_groups for p in g["params"]]
+    params = [p for g in optimizer.param_groups if not _tables.is_table_group(g)
+              for p in g["params"]]
     named = [(names.get(id(p), "param.%d" % i), p) for i, p in enumerate(params)]
     if client is None:
         client = _context.init()
@@ -595,6 +600,6 @@ def make(optimizer, named_parameters=None, compression=None, backward_passes_per
     obj = cls.__new__(cls)
     obj.__dict__.update(optimizer.__dict__)  # the same param_groups and state
     obj._ps_setup(named, model, client, update, int(backward_passes_per_step), grad_edits, wire,
-                  init_from_rank0, wait_timeout, sync_buffers_every, [t for _, _, t in chosen])
+                  init_from_rank0, wait_timeout, sync_buffers_every, chosen)
     obj._ps_ex.samples_per_step = int(samples_per_step)
     return obj

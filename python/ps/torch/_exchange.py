@@ -445,8 +445,9 @@ class Exchange:
         if self._x is None:
             return None
         if grad.is_sparse:
-            raise TypeError("parameter %r got a sparse gradient; ps.torch pushes dense ones"
-                            % self.names[i])
+            from ._tables import WAY_OUT
+            raise TypeError("parameter %r got a sparse gradient; ps.torch pushes dense ones: %s"
+                            % (self.names[i], WAY_OUT))
         if not self._end_queued:  # once per backward: note .grad after it
             self._end_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)

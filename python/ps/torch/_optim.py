@@ -46,9 +46,11 @@ STEP_KINDS = ("adagrad", "adam", "adamw")
 
 def _group_settings(opt, groups=None):
     """The one set of hyper-parameters of all of opt's parameter groups (or
-    of those of `groups`: the groups whose tensors the servers hold)."""
+    of those of `groups`: the groups whose tensors the servers hold), but the
+    server tables' own (ps.torch._tables)."""
     groups = opt.param_groups if groups is None else groups
     keys = [k for k in opt.defaults if k != "params"]
+    groups = [g for g in groups if "ps_table" not in g] or [opt.defaults]
     first = {k: groups[0].get(k) for k in keys}
     for g in groups[1:]:
         for k in keys:
@@ -90,7 +92,8 @@ def server_settings(opt, groups=None):
         b1, b2 = s["betas"]
         out.update(optimizer="adamw" if name == "AdamW" else "adam", beta1=float(b1),
                    beta2=float(b2), eps=float(s["eps"]))
-    elif name == "Adagrad":
+    elif name in ("Adagrad", "RowWiseAdagrad", "RWSAdagrad", "RowWiseSparseAdagrad"):
+        # the row-wise ones: Adagrad on dense gradients (their rows: the tables')
         if s.get("lr_decay"):
             _refuse(opt, "lr_decay=%r" % s["lr_decay"])
         if s.get("initial_accumulator_value"):
