@@ -1121,4 +1121,33 @@ PS_TEST(replicas_plan_makes_groups_on_other_hosts)
                                                                    "--restore"), "%s", r);
     ps_launch_plan_free(&p);
     ps_launch_opts_free(&o);
+    /* --exec workers wait for the restart as ps_worker does (--server-timeout's
+     * 60 s, not ps.torch's 5 s), unless the environment sets its own; with
+     * replicas (a failover, no restart to wait for) nothing is added */
+    const char *keep = getenv("PS_SERVER_TIMEOUT");
+    char saved[64] = "";
+    if (keep)
+        snprintf(saved, sizeof saved, "%s", keep);
+    unsetenv("PS_SERVER_TIMEOUT");
+    for (int k = 0; k < 3; k++) {
+        if (k == 1)
+            setenv("PS_SERVER_TIMEOUT", "300", 1);
+        if (k < 2)
+            CHECK_OK(local_plan(&o, &p, NULL, ARGV("--servers", "1", "--workers", "1",
+                                                  "--restart-servers", "1", "--server-arg",
+                                                  "--checkpoint-dir=ck", "--exec", "prog")));
+        else
+            CHECK_OK(local_plan(&o, &p, NULL, ARGV("--servers", "1", "--workers", "1",
+                                                  "--replicas", "1", "--coord", "http://e:2379",
+                                                  "--job", "j", "--exec", "prog")));
+        const char *e = joined(&p.cmds[p.n - 1].env);
+        CHECK_MSG(!strstr(e, "PS_SERVER_TIMEOUT=") == (k > 0), "case %d: %s", k, e);
+        CHECK_MSG(k > 0 || strstr(e, "PS_SERVER_TIMEOUT=60"), "%s", e);
+        ps_launch_plan_free(&p);
+        ps_launch_opts_free(&o);
+    }
+    if (keep)
+        setenv("PS_SERVER_TIMEOUT", saved, 1);
+    else
+        unsetenv("PS_SERVER_TIMEOUT");
 }
