@@ -207,6 +207,84 @@ PS_TEST(bounded_staleness_failover_keeps_clocks_and_pushes)
     CHECK_EQ_INT(ps_test_stop(gr.sv[1].pid, 5000), 0);
 }
 
+/* A replicated job restored (--restore, a new job in etcd): member 0
+ * restores its checkpoint alone, and the other member, whose own
+ * checkpoints may be of another point (here: none left), joins it with a
+ * copy of its state instead of restoring its own.  Killed then, member 0's
+ * place is taken by a member that holds every push, the restored ones
+ * included. */
+PS_TEST(a_restored_group_starts_every_member_from_the_primary)
+{
+    if (!etcd_up())
+        SKIP("no etcd (install etcd-server: make deps)");
+    group gr;
+    char words[700], rwords[760], why[512];
+    snprintf(words, sizeof words, "--mode async --num-workers 1 --lr 1 --checkpoint-dir %s/ck8 "
+             "--checkpoint-every 1", ps_test_tmpdir());
+    CHECK_OK(group_start(&gr, 2, 0, 1, "t8", words));
+    ps_client *c = client(gr.eps, 0, 1, PS_MODE_ASYNC, -1, why, sizeof why);
+    CHECK_MSG(c, "%s", why);
+    static float w[N], g[N], out[N];
+    for (int i = 0; i < N; i++) {
+        w[i] = (float)i;
+        g[i] = 1.0f / 1024;
+    }
+    ps_request r;
+    CHECK_OK(ps_client_init(c, KEY, w, &r));
+    CHECK_OK(wait_req(&r));
+    int pushes = 0;
+    for (; pushes < 10; pushes++) {
+        CHECK_OK(ps_client_push(c, KEY, g, pushes, &r));
+        CHECK_OK(wait_req(&r));
+    }
+    ps_client_close(c);
+    for (int k = 0; k < 2; k++) {
+        kill(gr.sv[k].pid, SIGKILL);
+        CHECK_EQ_INT(ps_test_wait(gr.sv[k].pid, 5000), 128 + SIGKILL);
+    }
+    /* member 1's checkpoints are gone: its own restore would fail */
+    char ck1[700];
+    snprintf(ck1, sizeof ck1, "%s/ck8/member-1", ps_test_tmpdir());
+    DIR *d = opendir(ck1);
+    CHECK_MSG(d, "no %s", ck1);
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (e->d_name[0] != '.') {
+            char f[1024];
+            snprintf(f, sizeof f, "%s/%s", ck1, e->d_name);
+            unlink(f);
+        }
+    if (d)
+        closedir(d);
+    snprintf(rwords, sizeof rwords, "%s --restore", words);
+    CHECK_OK(group_start(&gr, 2, 0, 1, "t8r", rwords));
+    CHECK_MSG(ps_test_wait_for_text(gr.sv[0].log, "member 1 caught up (", 30000, gr.sv[0].pid) == 0,
+              "member 1 did not join the restored primary");
+    CHECK(ps_test_file_has(gr.sv[0].log, "restored "));
+    CHECK(!ps_test_file_has(gr.sv[1].log, "restored "));
+    c = client(gr.eps, 0, 1, PS_MODE_ASYNC, -1, why, sizeof why);
+    CHECK_MSG(c, "%s", why);
+    CHECK_OK(ps_client_init(c, KEY, w, &r));
+    CHECK_OK(wait_req(&r));
+    for (; pushes < 15; pushes++) {
+        CHECK_OK(ps_client_push(c, KEY, g, pushes, &r));
+        CHECK_OK(wait_req(&r));
+    }
+    kill(gr.sv[0].pid, SIGKILL);
+    CHECK_EQ_INT(ps_test_wait(gr.sv[0].pid, 5000), 128 + SIGKILL);
+    for (; pushes < 20; pushes++) {
+        CHECK_OK(ps_client_push(c, KEY, g, pushes, &r));
+        CHECK_MSG(wait_req(&r) == 0, "push %d after the kill: %s", pushes, r.err);
+    }
+    CHECK_OK(ps_client_pull(c, KEY, out, 0, &r));
+    CHECK_OK(wait_req(&r));
+    for (int i = 0; i < N; i++)
+        CHECK_MSG(out[i] == w[i] - 20.0f / 1024, "element %d: %.9g, want %.9g", i,
+                  (double)out[i], (double)(w[i] - 20.0f / 1024));
+    CHECK(ps_test_file_has(gr.sv[1].log, "is now the primary of group 0"));
+    ps_client_close(c);
+    CHECK_EQ_INT(ps_test_stop(gr.sv[1].pid, 5000), 0);
+}
+
 static int64_t max_version(int port)
 {
     ps_stats st;
