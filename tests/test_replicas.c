@@ -265,6 +265,12 @@ PS_TEST(a_restored_group_starts_every_member_from_the_primary)
     CHECK_MSG(c, "%s", why);
     CHECK_OK(ps_client_init(c, KEY, w, &r));
     CHECK_OK(wait_req(&r));
+    /* async --checkpoint-every 1: the restore may lack the last push
+     * acknowledged before the job stopped, no more */
+    CHECK_OK(ps_client_pull(c, KEY, out, 0, &r));
+    CHECK_OK(wait_req(&r));
+    int restored = (int)r.version;
+    CHECK_MSG(restored == 10 || restored == 9, "restored version %d, want 9 or 10", restored);
     for (; pushes < 15; pushes++) {
         CHECK_OK(ps_client_push(c, KEY, g, pushes, &r));
         CHECK_OK(wait_req(&r));
@@ -277,9 +283,11 @@ PS_TEST(a_restored_group_starts_every_member_from_the_primary)
     }
     CHECK_OK(ps_client_pull(c, KEY, out, 0, &r));
     CHECK_OK(wait_req(&r));
+    float want = (float)(restored + 10) / 1024; /* every push since the restore, once */
     for (int i = 0; i < N; i++)
-        CHECK_MSG(out[i] == w[i] - 20.0f / 1024, "element %d: %.9g, want %.9g", i,
-                  (double)out[i], (double)(w[i] - 20.0f / 1024));
+        CHECK_MSG(out[i] == w[i] - want, "element %d: %.9g, want %.9g", i, (double)out[i],
+                  (double)(w[i] - want));
+    CHECK_EQ_INT(r.version, restored + 10);
     CHECK(ps_test_file_has(gr.sv[1].log, "is now the primary of group 0"));
     ps_client_close(c);
     CHECK_EQ_INT(ps_test_stop(gr.sv[1].pid, 5000), 0);
