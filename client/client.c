@@ -909,6 +909,24 @@ int ps_client_leave(ps_client *c)
     return ctl_all(c, PS_MSG_LEAVE, 0, c->nservers, 0, NULL, 0);
 }
 
+void psc_client_set_error(ps_client *c, const char *text)
+{
+    if (c)
+        set_last_error(c, "%s", text);
+}
+
+int ps_client_leave_post(ps_client *c, int server, ps_request *req)
+{
+    if (!req)
+        return PS_EINVAL;
+    int rc = !c || server < 0 || server >= c->nservers ? PS_EINVAL : !c->started ? PS_ESTATE : 0;
+    if (rc) {
+        psc_req_fail(req, rc, rc == PS_ESTATE ? "leave before start" : ps_strerror(rc));
+        return rc;
+    }
+    return post_ctl(c, PS_MSG_LEAVE, server, 0, NULL, req);
+}
+
 int ps_client_barrier(ps_client *c, int64_t id)
 {
     if (!c || id < 0 || id > INT64_MAX / 2)

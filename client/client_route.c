@@ -83,6 +83,8 @@ int psc_route_any(const ps_client *c) { return c->route && c->route->any; }
 
 const char *psc_route_endpoint(const ps_client *c, int g)
 {
+    if (!c->route) /* no table (a client put together without psc_route_new) */
+        return c->endpoints[g];
     const struct grp *gr = &c->route->g[g];
     return gr->ep[gr->cur];
 }

@@ -49,8 +49,8 @@ typedef struct ps_client_options {
      * server that disagrees (PS_EMISMATCH).  Checked: the kind, unless
      * PS_OPT_NONE; and each hyper-parameter the servers' optimizer uses that
      * this expectation gives: its PS_OPT_GIVEN(x) bit is set in
-     * expect.given, or, for lr, eps and lr_decay (where 0 is out of range),
-     * it is non-zero.  The default (all zero, kind PS_OPT_NONE) checks
+     * expect.given, or, for eps and lr_decay (where 0 is out of range), it
+     * is non-zero (lr 0 is a rate: set its bit).  The default (all zero, kind PS_OPT_NONE) checks
      * nothing.  The table is PS_OPT_PARAMS in ps_types.h. */
     ps_opt_config expect;
     int hello_timeout_ms;  /* how long start waits for every server; 0: 10000 */
@@ -381,6 +381,10 @@ int ps_client_broadcast(ps_client *c, int64_t id, const float *src, float *dst, 
  * it; its pulls are still answered, and collectives still wait for it.
  * Blocks until every server acknowledged.  Push nothing more afterwards. */
 int ps_client_leave(ps_client *c);
+/* The same to one server, as a request (wait on req, ps_request_wait_for):
+ * a worker that ends after an error leaves without waiting long on a server
+ * that may be gone. */
+int ps_client_leave_post(ps_client *c, int server, ps_request *req);
 
 /* An elastic job (ps_server --num-workers MIN:MAX): this worker, started
  * while the others train (its hello made it a member), asks every chunk and

@@ -772,6 +772,14 @@ static const char *exec_value(const ps_launch_opts *o, const ps_launch_plan *p,
             return NULL;
         snprintf(buf, len, "%d", c->metrics_port);
         return buf;
+    case PS_SET_server_timeout:
+        /* without replicas a lost server is restarted from its checkpoint
+         * and the workers wait for it: ps.torch's clients (which give up on
+         * a silent server after 5 s unless told) wait as ps_worker does,
+         * --server-timeout's default, unless the user's environment says */
+        if (!p->restarts || o->replicas || getenv("PS_SERVER_TIMEOUT"))
+            return NULL;
+        return ps_setting_at(id)->def;
     case PS_SET_wrk_timeline:
         if (!o->timeline_dir)
             return NULL;

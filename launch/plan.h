@@ -200,8 +200,11 @@ int ps_launch_plan_sizes(const ps_launch_opts *o, const ps_launch_hostfile *hf, 
  * its environment, the variables of the settings table's rows: PS_SERVERS,
  * PS_RANK, PS_NUM_SERVERS, PS_NUM_WORKERS, PS_MODE, PS_MAX_STALENESS (the
  * servers' value), the shared rows given (PS_CURVE_KEYS, ...), PS_DEVICE,
- * PS_TIMELINE with --timeline-dir, and PS_<FLAG> for each optimizer flag
- * given (ps_settings_opt_env).  With site->metrics_ports every server and
+ * PS_TIMELINE with --timeline-dir, PS_SERVER_TIMEOUT (--server-timeout's
+ * default) when lost servers are restarted without replicas and the
+ * environment does not set it (the workers wait for the restart, not
+ * ps.torch's 5 s), and PS_<FLAG> for each optimizer flag given
+ * (ps_settings_opt_env).  With site->metrics_ports every server and
  * worker gets --metrics-port (an --exec worker PS_METRICS_PORT) of its own.
  * 0, PS_EINVAL (the hostfile disagrees with the flags, ports run out) with
  * why, or PS_ENOMEM.  Free p with ps_launch_plan_free (also after an error);

@@ -380,7 +380,7 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
         case 0: FIELD_I(v, "h.sr", o->server_rank, -1, PS_MAX_RANK); continue;
         case 1: FIELD_U(v, "h.fp", o->model_fp, 0, UINT64_MAX); continue;
         case 2:
-            FIELD_I(v, "h.opt", o->opt.kind, 0, PS_OPT_WORKER_KIND_MAX);
+            FIELD_I(v, "h.opt", o->opt.kind, 0, PS_OPT_KIND_LAST);
             if (o->opt.kind != PS_OPT_NONE && !ps_opt_kind_valid(o->opt.kind)) {
                 ps_errorf(why, why_len, "field 'h.opt' is %d, no optimizer", o->opt.kind);
                 return PS_EPROTO;

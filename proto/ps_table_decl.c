@@ -81,6 +81,12 @@ int ps_table_decl_check(uint64_t key, const ps_table_options *o, char *why, size
         ps_errorf(why, why_len, "table %llu (%s): %s", tk, kind_name(kind), msg);
         return PS_EINVAL;
     }
+    if (kind == PS_TABLE_OPT_FTRL && !(o->opt.lr > 0)) {
+        /* alpha divides: lr 0 (which the dense kinds take) is no FTRL */
+        ps_errorf(why, why_len, "table %llu (ftrl): lr (FTRL's alpha) must be > 0, got %g", tk,
+            (double)o->opt.lr);
+        return PS_EINVAL;
+    }
     if (kind == PS_TABLE_OPT_FTRL) {
         const char *names[3] = {"ftrl-beta", "ftrl-l1", "ftrl-l2"};
         float v[3] = {o->ftrl_beta, o->ftrl_l1, o->ftrl_l2};

@@ -45,6 +45,16 @@ void ps_barriers_set_live(ps_barriers *b, int rank, int live);
  * job) is answered at once.  Later barriers wait for the members there are. */
 void ps_barriers_set_min(ps_barriers *b, int min);
 
+/* Rank's hello was refused (code, why: the refusal): every open barrier it
+ * has not reached fails, its waiters answered with code and a text naming
+ * the rank and why, and so does every barrier opened later while the rank
+ * is missing, until ps_barriers_accepted: a worker refused at hello never
+ * comes, and its peers must not wait for it in silence. */
+void ps_barriers_refused(ps_barriers *b, int rank, int code, const char *why);
+
+/* Rank's hello was accepted: barriers wait for it again. */
+void ps_barriers_accepted(ps_barriers *b, int rank);
+
 /* At stop: answer every waiting request with PS_ECLOSED. */
 void ps_barriers_close(ps_barriers *b);
 

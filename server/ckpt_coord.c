@@ -739,6 +739,28 @@ static int chain_of(ps_ckpt_coord *c, const uint64_t *seqs, int n, int i, uint8_
     }
 }
 
+/* After a restore: what the old process acknowledged and the checkpoint
+ * restored does not hold is lost; how much the policy allows, said once
+ * (issue 32: a server restarted from its checkpoint logs its loss). */
+static void log_loss_bound(const ps_ckpt_coord *c, uint64_t seq, long long version)
+{
+    if (c->pol.durable)
+        ps_info("--restore: nothing acknowledged is lost: every round a worker saw was in a "
+                "checkpoint before its replies left (sync, --checkpoint-every 1)");
+    else if (c->pol.ack_bound)
+        ps_warn("--restore: at most %lld pushes this server acknowledged after checkpoint %llu "
+                "are lost (async, --checkpoint-every %lld); the workers go on from here",
+                (long long)c->every, (unsigned long long)seq, (long long)c->every);
+    else if (c->mode == PS_MODE_SYNC && c->every > 0)
+        ps_warn("--restore: the rounds completed after version %lld are lost (a checkpoint "
+                "every %lld rounds: --checkpoint-every %lld); the workers go on from there",
+                version, (long long)c->every, (long long)c->every);
+    else
+        ps_warn("--restore: the updates made after checkpoint %llu are lost (up to %.1f s of "
+                "them: --checkpoint-every %.1fs); the workers go on from here",
+                (unsigned long long)seq, c->every_ms / 1000.0, c->every_ms / 1000.0);
+}
+
 int ps_ckpt_coord_restore(ps_ckpt_coord *c, const ps_ckpt_restore_to *to, uint8_t *hello,
                           uint64_t *model_fp, char *why, size_t why_len)
 {
@@ -842,6 +864,7 @@ int ps_ckpt_coord_restore(ps_ckpt_coord *c, const ps_ckpt_restore_to *to, uint8_
                 (long long)m->min_version, (long long)m->max_version,
                 (unsigned long long)m->counters.updates, known, c->num_workers,
                 (unsigned long long)m->model_fp);
+        log_loss_bound(c, m->seq, (long long)m->min_version);
         /* what the newer ones held is gone: say how much */
         if (i > 0)
             ps_warn("--restore fell back to checkpoint %llu: the %d newer checkpoint(s), %llu "

@@ -698,15 +698,19 @@ static int split_group(ps_repl *r, const char *list)
 
 /* This process's place in the group's configuration at start: create it
  * (the first member to start), claim our slot (0: not claimed yet), or find
- * that we replace an earlier process (joining). */
+ * that we replace an earlier process (joining).  A group started with
+ * --restore begins with member 0 alone: it restores its checkpoint, and the
+ * others, whose own checkpoints may be of other points, join it as
+ * replacements do (a copy of its state), so that every member holds the
+ * same. */
 static int first_config(ps_repl *r, ps_etcd *e, char *why, size_t why_len)
 {
     for (int tries = 0; tries < 20; tries++) {
         ps_group_cfg c;
         int rc = ps_group_load(e, r->job, r->g, r->n, &c, why, why_len);
         if (rc == PS_ENOTFOUND) {
-            ps_group_cfg init = {.epoch = 1, .primary = 0, .n = r->n};
-            for (int k = 0; k < r->n; k++)
+            ps_group_cfg init = {.epoch = 1, .primary = 0, .n = r->s->cfg.restore ? 1 : r->n};
+            for (int k = 0; k < init.n; k++)
                 init.m[k].slot = k;
             rc = ps_group_cas(e, r->job, r->g, r->n, 0, &init, NULL, why, why_len);
             if (rc == 0 || rc == PS_ESTALE)

@@ -176,6 +176,9 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     if (rc == PS_EMISMATCH && !strncmp(why, "tables:", 7) && s->ntables)
         tables_said(s, why, sizeof why);
     if (rc) {
+        /* its peers waiting at a barrier for it are told, and stop waiting */
+        if (h->rank >= 0 && h->rank < s->cfg.num_workers)
+            ps_barriers_refused(s->barriers, h->rank, rc, why);
         io_error(s, &f[0], h, rc, why);
         return;
     }
@@ -193,6 +196,7 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
             io_error_quiet(s, &f[0], h, rc, why);
             return;
         }
+        ps_barriers_accepted(s->barriers, h->rank);
         /* back in the live set before any of its requests reach an owner (a
          * worker that left says hello again only as a new process) */
         if (rejoined || s->left[h->rank]) {

@@ -23,6 +23,7 @@
 #include "ps_time.h"
 #include "ps_trace.h"
 #include "ratelimit.h"
+#include "repl.h"
 #include "reply.h"
 #include "shard.h"
 #include "stats_req.h"
@@ -352,10 +353,14 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     }
     if (s->met)
         ps_info("metrics: %s", ps_srv_metrics_url(s->met));
+    /* a member of a group restores once it knows its role: one that joins
+     * takes the primary's state instead of its own checkpoint's (repl.c) */
     if ((rc = open_timeline(s, why, why_len)) != 0 || (rc = open_owners(s, why, why_len)) != 0 ||
-        (c->restore && (rc = restore(s, why, why_len)) != 0) ||
+        (c->restore && !s->group && (rc = restore(s, why, why_len)) != 0) ||
         (rc = open_router(s, why, why_len)) != 0 ||
-        (s->group && (rc = ps_repl_open(s, &s->repl, why, why_len)) != 0)) {
+        (s->group && (rc = ps_repl_open(s, &s->repl, why, why_len)) != 0) ||
+        (c->restore && s->group && ps_repl_role(s->repl) != PS_REPL_JOINING &&
+         (rc = restore(s, why, why_len)) != 0)) {
         ps_server_close(s);
         return rc;
     }

@@ -19,7 +19,7 @@
  * State arrays: z, n. */
 _Static_assert(PS_OPT_KIND_MAX < PS_TABLE_OPT_FTRL,
                "a dense optimizer kind took PS_TABLE_OPT_FTRL's number");
-_Static_assert(PS_OPT_WORKER_KIND_MAX < PS_TABLE_OPT_ROWWISE_ADAGRAD,
+_Static_assert(PS_OPT_KIND_LAST < PS_TABLE_OPT_ROWWISE_ADAGRAD,
                "a dense optimizer kind took PS_TABLE_OPT_ROWWISE_ADAGRAD's number");
 
 /* Row-wise adagrad (PS_TABLE_OPT_ROWWISE_ADAGRAD, ps_types.h has the

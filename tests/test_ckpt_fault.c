@@ -313,6 +313,9 @@ PS_TEST(an_async_server_killed_loses_at_most_checkpoint_every_acknowledged_pushe
         snprintf(rflags, sizeof rflags, "%s --restore", flags);
         snprintf(log, sizeof log, "loss-%d.log", cycle + 1);
         CHECK_OK(server_start(&sv, dir, NULL, 0, rflags, log));
+        /* the bound of the loss is said at the restore */
+        CHECK(ps_test_wait_for_text(sv.log, "--restore: at most 20 pushes this server "
+                                    "acknowledged", PS_TEST_RPC_MS, sv.pid) == 0);
         zmq_close(a);
         a = ps_test_dealer(sv.port);
         CHECK_OK(ps_test_hello(a, 0, PS_MODE_ASYNC, 1, -1));

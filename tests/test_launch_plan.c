@@ -140,10 +140,10 @@ static const struct {
     {"ps_launch: --timeline in the worker flags conflicts with --timeline-dir; give one of them",
      {"--servers", "1", "--workers", "1", "--timeline-dir", "t", "--", "--timeline", "a.json"}},
     /* worker flags the servers get too: refused before anything starts */
-    {"ps_launch: worker flag --lr must be a number in (0, 1e+06], got 'abc'",
+    {"ps_launch: worker flag --lr must be a number in [0, 1e+06], got 'abc'",
      {"--servers", "1", "--workers", "1", "--", "--lr", "abc"}},
-    {"ps_launch: worker flag --lr must be a number in (0, 1e+06], got '0'",
-     {"--servers", "1", "--workers", "1", "--", "--lr", "0"}},
+    {"ps_launch: worker flag --lr must be a number in [0, 1e+06], got '-0.5'",
+     {"--servers", "1", "--workers", "1", "--", "--lr", "-0.5"}},
     {"ps_launch: worker flag --momentum must be a number in [0, 1], got '1.5'",
      {"--servers", "1", "--workers", "1", "--", "--momentum", "1.5"}},
     {"ps_launch: worker flag --beta1 must be a number in [0, 1), got '1'",
@@ -159,16 +159,16 @@ static const struct {
     {"ps_launch: worker flag --lr-decay-every must be a whole number in [0, 4294967295], got '-1'",
      {"--servers", "1", "--workers", "1", "--", "--lr-decay-every", "-1"}},
     {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
-     "average, add, got 'rmsprop'",
+     "adamw, average, add, got 'rmsprop'",
      {"--servers", "1", "--workers", "1", "--", "--optimizer", "rmsprop"}},
     {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
-     "average, add, got 'mom'",
+     "adamw, average, add, got 'mom'",
      {"--servers", "1", "--workers", "1", "--", "--optimizer", "mom"}},
     {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
-     "average, add, got 'sgd, momentum'",
+     "adamw, average, add, got 'sgd, momentum'",
      {"--servers", "1", "--workers", "1", "--", "--optimizer", "sgd, momentum"}},
     {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
-     "average, add, got ''",
+     "adamw, average, add, got ''",
      {"--servers", "1", "--workers", "1", "--", "--optimizer", ""}},
     {"ps_launch: worker flag --max-staleness must be an integer in [-1, 1000000], got '-2'",
      {"--servers", "1", "--workers", "1", "--mode", "async", "--", "--max-staleness", "-2"}},
@@ -185,7 +185,7 @@ static const struct {
     {"ps_launch: worker flag --log-csv needs a value",
      {"--servers", "1", "--workers", "1", "--", "--log-csv"}},
     /* shared flags given to ps_launch itself: the same checks, once */
-    {"ps_launch: --lr must be a number in (0, 1e+06], got 'abc'",
+    {"ps_launch: --lr must be a number in [0, 1e+06], got 'abc'",
      {"--servers", "1", "--workers", "1", "--lr", "abc"}},
     {"ps_launch: --max-staleness must be 0 with --mode sync, got '2'",
      {"--servers", "1", "--workers", "1", "--max-staleness", "2", "--exec", "prog"}},
@@ -1149,4 +1149,33 @@ PS_TEST(replicas_plan_makes_groups_on_other_hosts)
                                                                    "--restore"), "%s", r);
     ps_launch_plan_free(&p);
     ps_launch_opts_free(&o);
+    /* --exec workers wait for the restart as ps_worker does (--server-timeout's
+     * 60 s, not ps.torch's 5 s), unless the environment sets its own; with
+     * replicas (a failover, no restart to wait for) nothing is added */
+    const char *keep = getenv("PS_SERVER_TIMEOUT");
+    char saved[64] = "";
+    if (keep)
+        snprintf(saved, sizeof saved, "%s", keep);
+    unsetenv("PS_SERVER_TIMEOUT");
+    for (int k = 0; k < 3; k++) {
+        if (k == 1)
+            setenv("PS_SERVER_TIMEOUT", "300", 1);
+        if (k < 2)
+            CHECK_OK(local_plan(&o, &p, NULL, ARGV("--servers", "1", "--workers", "1",
+                                                  "--restart-servers", "1", "--server-arg",
+                                                  "--checkpoint-dir=ck", "--exec", "prog")));
+        else
+            CHECK_OK(local_plan(&o, &p, NULL, ARGV("--servers", "1", "--workers", "1",
+                                                  "--replicas", "1", "--coord", "http://e:2379",
+                                                  "--job", "j", "--exec", "prog")));
+        const char *e = joined(&p.cmds[p.n - 1].env);
+        CHECK_MSG(!strstr(e, "PS_SERVER_TIMEOUT=") == (k > 0), "case %d: %s", k, e);
+        CHECK_MSG(k > 0 || strstr(e, "PS_SERVER_TIMEOUT=60"), "%s", e);
+        ps_launch_plan_free(&p);
+        ps_launch_opts_free(&o);
+    }
+    if (keep)
+        setenv("PS_SERVER_TIMEOUT", saved, 1);
+    else
+        unsetenv("PS_SERVER_TIMEOUT");
 }

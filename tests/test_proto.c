@@ -429,10 +429,15 @@ static void add_tiny_eps(mk *m)
     mk_key(m, "eps");
     msgpack_pack_double(&m->pk, -4.7e-303); /* -0 as a float32 */
 }
+static void add_zero_lrd(mk *m)
+{
+    mk_key(m, "lrd");
+    msgpack_pack_double(&m->pk, -0.0);
+}
 static void add_zero_lr(mk *m)
 {
     mk_key(m, "lr");
-    msgpack_pack_double(&m->pk, -0.0);
+    msgpack_pack_double(&m->pk, 0.0);
 }
 static void add_sm(mk *m) { mk_i(m, "sm", 1); }
 
@@ -453,11 +458,14 @@ PS_TEST(a_hello_arena_offer_and_hyperparameters_decode_whole_or_are_refused)
     CHECK_EQ_INT(hello_with(1, add_tiny_eps, &h, why, sizeof why), PS_EPROTO);
     CHECK_MSG(strstr(why, "eps") != NULL, "%s", why);
     /* an exact 0 (here -0) in a row where 0 means "not given" stays that */
-    CHECK_OK(hello_with(1, add_zero_lr, &h, why, sizeof why));
-    CHECK(!ps_opt_is_given(&h.hello.opt, 0));
+    CHECK_OK(hello_with(1, add_zero_lrd, &h, why, sizeof why));
+    CHECK(!ps_opt_is_given(&h.hello.opt, PS_OPT_P_lr_decay));
     uint32_t bits;
-    memcpy(&bits, &h.hello.opt.lr, sizeof bits);
+    memcpy(&bits, &h.hello.opt.lr_decay, sizeof bits);
     CHECK_EQ_INT(bits, 0);
+    /* lr 0 is a rate (steps that move nothing): given */
+    CHECK_OK(hello_with(1, add_zero_lr, &h, why, sizeof why));
+    CHECK(ps_opt_is_given(&h.hello.opt, PS_OPT_P_lr) && h.hello.opt.lr == 0.0f);
     /* the server's answer in a request is ignored */
     CHECK_OK(hello_with(1, add_sm, &h, why, sizeof why));
     CHECK_EQ_INT(h.hello.shm, 0);

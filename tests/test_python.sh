@@ -2,7 +2,9 @@
 # The Python package against live servers: every tests/python/test_*.py
 # (test_client.py: the ps.Client binding; test_torch.py: ps.torch, the
 # examples, ps_launch --exec; test_torch_dropin.py: PyTorch's habits through
-# ps.torch and the ported scripts), each printing PASS/FAIL/SKIP lines for
+# ps.torch and the ported scripts; test_torch_failover.py: ps.torch jobs
+# through a killed server, with replicas and with --restart-servers), each
+# printing PASS/FAIL/SKIP lines for
 # tests/run.sh.
 # Always Debian's /usr/bin/python3: that is where python3-torch lives (a
 # python3 earlier on PATH may be another interpreter without it).

@@ -266,14 +266,16 @@ typedef struct refrow {
 } refrow;
 
 /* One update of r with gradient g, as server/optimizer.c and
- * server/table_opt.c compute it (float, same operations, same order). */
+ * server/table_opt.c compute it (torch's steps: float, same operations, same
+ * order, fmaf where torch fuses). */
 static void ref_update(const ps_table_config *c, refrow *r, const float *g, float lr)
 {
     const ps_opt_config *o = &c->opt;
-    float wd = o->weight_decay;
+    float wd = o->weight_decay, mu = o->momentum;
     r->t++;
-    float bc1 = (float)(1.0 - pow((double)o->beta1, (double)r->t));
-    float bc2 = (float)(1.0 - pow((double)o->beta2, (double)r->t));
+    double b1 = ps_opt_decimal(o->beta1), b2 = ps_opt_decimal(o->beta2);
+    float step = (float)-(ps_opt_decimal(lr) / (1.0 - pow(b1, (double)r->t)));
+    float bc2s = (float)sqrt(1.0 - pow(b2, (double)r->t));
     if (o->kind == PS_TABLE_OPT_ROWWISE_ADAGRAD) {
         /* FBGEMM's EXACT_ROWWISE_ADAGRAD (weight_decay_mode 1): the mean of
          * the squared (decayed) gradient, summed in order, into one float */
@@ -289,27 +291,28 @@ static void ref_update(const ps_table_config *c, refrow *r, const float *g, floa
         return;
     }
     for (uint32_t i = 0; i < c->dim; i++) {
-        float w = r->w[i], gp = g[i] + wd * w;
+        float w = r->w[i], gp = wd != 0 ? fmaf(w, wd, g[i]) : g[i];
         switch (o->kind) {
-        case PS_OPT_SGD: r->w[i] = w - lr * gp; break;
+        case PS_OPT_SGD: r->w[i] = fmaf(gp, -lr, w); break;
         case PS_OPT_MOMENTUM:
-            r->s0[i] = o->momentum * r->s0[i] + gp;
-            r->w[i] = w - lr * r->s0[i];
+            r->s0[i] = r->s0[i] * mu + gp;
+            r->w[i] = fmaf(r->s0[i], -lr, w);
             break;
         case PS_OPT_NESTEROV:
-            r->s0[i] = o->momentum * r->s0[i] + gp;
-            r->w[i] = w - lr * (gp + o->momentum * r->s0[i]);
+            r->s0[i] = r->s0[i] * mu + gp;
+            r->w[i] = fmaf(fmaf(r->s0[i], mu, gp), -lr, w);
             break;
         case PS_OPT_ADAGRAD:
-            r->s0[i] = r->s0[i] + gp * gp;
-            r->w[i] = w - lr * gp / (sqrtf(r->s0[i]) + o->eps);
+            r->s0[i] = fmaf(gp, gp, r->s0[i]);
+            r->w[i] = w + (-lr * gp) / (sqrtf(r->s0[i]) + o->eps);
             break;
         case PS_OPT_ADAM:
-            r->s0[i] = o->beta1 * r->s0[i] + (1.0f - o->beta1) * gp;
-            r->s1[i] = o->beta2 * r->s1[i] + (1.0f - o->beta2) * (gp * gp);
-            r->w[i] = w - lr * (r->s0[i] / bc1) / (sqrtf(r->s1[i] / bc2) + o->eps);
+            r->s0[i] = fmaf(gp, (float)(1.0 - b1), r->s0[i] * o->beta1);
+            r->s1[i] = fmaf((float)(1.0 - b2) * gp, gp, r->s1[i] * o->beta2);
+            r->w[i] = w + (step * r->s0[i]) / (sqrtf(r->s1[i]) / bc2s + o->eps);
             break;
-        case PS_TABLE_OPT_FTRL: {
+        case PS_TABLE_OPT_FTRL: { /* no torch optimizer: table_opt.c's own sums */
+            gp = g[i] + wd * w;
             float n1 = r->s1[i] + gp * gp;
             float sigma = (sqrtf(n1) - sqrtf(r->s1[i])) / lr;
             r->s0[i] = r->s0[i] + gp - sigma * w;
@@ -1143,7 +1146,7 @@ PS_TEST(bad_inputs_are_refused_with_a_message)
     bad[1].c.dim = 65537, bad[1].says = "got 65537";
     bad[2].c.opt.kind = 99, bad[2].says = "ftrl or rowwise_adagrad, got kind 99";
     bad[3].c.opt.kind = PS_OPT_NONE, bad[3].says = "got kind 0 (none)";
-    bad[4].c.opt.lr = 0, bad[4].says = "lr must be in (0, 1e+06], got 0";
+    bad[4].c.opt.lr = -1, bad[4].says = "lr must be in [0, 1e+06], got -1";
     bad[5].c.init = 3, bad[5].says = "got 3";
     bad[6].c.init_scale = -1, bad[6].says = "scale must be a finite number >= 0";
     bad[7].c.min_count = 300, bad[7].says = "[0, 255]";

@@ -32,7 +32,8 @@ ERR_TEXT_MAX = 200
 MODE_SYNC, MODE_ASYNC = 1, 2
 
 # enum ps_opt_kind by value from PS_OPT_NONE = 0 (6 is the tables' FTRL, no dense kind)
-OPT_KINDS = ("none", "sgd", "momentum", "nesterov", "adagrad", "adam", None, "average", "add")
+OPT_KINDS = ("none", "sgd", "momentum", "nesterov", "adagrad", "adam", None, "average", "add",
+             "adamw")
 
 # PS_OPT_PARAMS, in table order: (field, flag, default, is an integer)
 OPT_PARAMS = (
@@ -247,6 +248,7 @@ _proto("ps_client_clock", c_int, _P, c_uint64, _R)
 _proto("ps_client_allreduce", c_int, _P, c_int64, c_void_p, c_void_p, c_size_t, _R)
 _proto("ps_client_broadcast", c_int, _P, c_int64, c_void_p, c_void_p, c_size_t, _R)
 _proto("ps_client_leave", c_int, _P)
+_proto("ps_client_leave_post", c_int, _P, c_int, _R)
 _proto("ps_client_join", c_int, _P, POINTER(c_int64))
 _proto("ps_exchange_set_elastic", None, _P)
 _proto("ps_client_members", c_int, _P, POINTER(c_int), POINTER(c_int), POINTER(c_int64))

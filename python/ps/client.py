@@ -16,6 +16,7 @@ Client keeps every pending Request, so dropping one early is safe.
 
 import ctypes
 import os
+import time
 import weakref
 
 from . import _lib, _signals
@@ -361,6 +362,7 @@ class _Handle:
         self.ptr = ptr
         self.closer = lib.ps_client_close  # an exchange that adopts it replaces these
         self.interrupter = lib.ps_client_interrupt
+        self.before_close = None  # called once, the client still open (ps.torch's leaving)
         _signals.watch(self, lib)  # Ctrl-C interrupts what waits in libps
 
     def interrupt(self):
@@ -368,6 +370,9 @@ class _Handle:
         self.interrupter(self.ptr)
 
     def close(self):
+        hook, self.before_close = self.before_close, None
+        if hook is not None and self.ptr:
+            hook()
         _signals.forget(self)
         ptr, self.ptr = self.ptr, None
         if ptr:
@@ -771,10 +776,19 @@ class Client:
         the same length; each id once."""
         return self._collective(lib.ps_client_broadcast, "broadcast", coll_id, src, dst)
 
-    def leave(self):
+    def leave(self, timeout=None):
         """This worker is done: rounds and barriers go on without it (its
-        pulls are still answered; push nothing more)."""
-        self._check(lib.ps_client_leave(self._ptr), "leave")
+        pulls are still answered; push nothing more).  timeout (seconds):
+        wait at most that long for the servers' acknowledgements (False if
+        one did not come; the request ends with the client)."""
+        if timeout is None:
+            self._check(lib.ps_client_leave(self._ptr), "leave")
+            return True
+        reqs = [self._post("leave of server %d" % s, None,
+                           lambda r, s=s: lib.ps_client_leave_post(self._ptr, s, r))
+                for s in range(self.num_servers)]
+        deadline = time.monotonic() + timeout
+        return all(r.wait_for(max(0.0, deadline - time.monotonic())) for r in reqs)
 
     def join(self):
         """An elastic job (num_workers="MIN:MAX"): this worker, started while

@@ -13,7 +13,9 @@
 #             older than this build needs (they need this glibc or newer,
 #             and a Python with torch must keep its own when it can)
 #   tests/    test_cuda, test_train, libfake_cudart.so (tests/fake_cudart.c)
-#   bench/    the benchmark programs
+#   bench/    the benchmark programs (not repl_bench: it needs etcd)
+#             (bin/, tests/ and bench/ without debug information: strip
+#             --strip-debug keeps the symbols)
 #   python/   the ps package (pure Python over libps.so)
 #   run       the wrapper: `run PROGRAM ARGS` runs PROGRAM with the above on
 #             the paths (tests/gpu/bundle-run.sh)
@@ -80,8 +82,16 @@ for t in test_cuda test_train libfake_cudart.so; do
     [ -e "$BUILD/tests/$t" ] && cp -p "$BUILD/tests/$t" "$out/tests/"
 done
 for b in "$BUILD"/bench/*_bench; do
+    case $b in */repl_bench) continue ;; esac # replicas: it needs etcd, not carried
     [ -x "$b" ] && cp -p "$b" "$out/bench/"
 done
+# our programs without their DWARF (their symbols stay, for backtraces): the
+# bundle travels to the device machine, where its size counts
+if command -v strip >/dev/null 2>&1; then
+    for f in "$out"/bin/* "$out"/tests/* "$out"/bench/*; do
+        [ -f "$f" ] && strip --strip-debug "$f" 2>/dev/null
+    done
+fi
 cp -R python/ps "$out/python/" || exit 1
 find "$out/python" -name __pycache__ -prune -exec rm -rf {} + 2>/dev/null
 cp -p tests/gpu/bundle-run.sh "$out/run" && chmod 755 "$out/run" || exit 1

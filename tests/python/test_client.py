@@ -166,7 +166,9 @@ class Semantics(unittest.TestCase):
             for t in range(3):
                 g = [grad_val(r, n, t) for r in range(W)]
                 # sum in rank order, divide by W, one SGD step: float32 throughout
-                want = w - lr * ((g[0] + g[1]) / np.float32(W))
+                # torch's w.add_(mean, alpha=-lr): one fused multiply-add
+                want = (w.astype(np.float64) - lr.astype(np.float64) *
+                        ((g[0] + g[1]) / np.float32(W)).astype(np.float64)).astype(np.float32)
                 last = [1, 0, 1][t]
                 cs[1 - last].push(7, g[1 - last], t).wait()
                 dst = [np.zeros(n, np.float32) for _ in range(W)]

@@ -100,6 +100,15 @@ class Elastic(unittest.TestCase):
             # every index, and only the padding twice
             self.assertEqual(set(seen), set(data))
             self.assertEqual(len(seen), -(-len(data) // size) * size)
+            # drop_last: the shares are disjoint
+            shares = []
+            for r in range(size):
+                smp = ElasticSampler(data, seed=7, drop_last=True,
+                                     membership=lambda r=r: (r, view["size"], 0))
+                smp.set_epoch(epoch)
+                shares += list(smp)
+            self.assertEqual(len(shares), len(set(shares)))
+            self.assertEqual(len(shares), len(data) // size * size)
         smp = ElasticSampler(data, membership=lambda: (-1, 2, 5))
         with self.assertRaises(RuntimeError):
             smp.set_epoch(0)

@@ -30,14 +30,17 @@ is registered, in order, with a key made of its position and a CRC of its
 name and shape, so workers that wrap different models are refused at
 start.  Worker 0's initial weights win (and its buffers and frozen
 parameters: BatchNorm statistics); a worker that restarts goes on from the
-servers' clock.  Each backward pushes each gradient the moment autograd has
-made it (last layer first) and posts the pull of the next version; before a
-module's forward its parameters take that version (sync: waiting for that
-layer only).  Gradients edited between backward and step() (clipping) wait
-for step() instead; backward_passes_per_step and no_sync() accumulate.
+servers' clock.  step() pushes each gradient as .grad holds it (so
+accumulation, clipping and unscaling are what they are in plain torch) and
+posts the pull of the next version, first layer first; before a module's
+forward its parameters take that version (sync: waiting for that layer
+only).  grad_edits=False pushes during backward instead, the moment autograd
+has made each gradient (last layer first).
 Ctrl-C interrupts any wait in libps (KeyboardInterrupt); the start and end
-barriers say whom they wait for and give up after wait_timeout; join()
-lets workers with uneven step counts finish.
+barriers say whom they wait for and give up after wait_timeout; a worker
+refused at hello fails its peers' start with the reason; pull_final() (which
+is join()), close() or the script's end lets workers with uneven step counts
+finish; an exception leaves the rounds and ends the process.
 
 wrap(model) is the older form: no optimizer, every backward a step, the
 servers' update.
@@ -58,7 +61,7 @@ from ..client import Client, PSError
 from . import _context
 from ._context import (Average, Sum, allreduce, allreduce_, broadcast_object,
                        broadcast_optimizer_state, broadcast_parameters, init, local_rank,
-                       local_size, membership, rank, size)
+                       local_size, membership, rank, sampler, size)
 from ._elastic import ElasticSampler
 from ._dist import Adasum, Compression, ServersOptimizer
 from ._dist import make as _make
@@ -73,7 +76,7 @@ __all__ = ["DistributedOptimizer", "DistributedModel", "wrap", "init", "rank", "
            "broadcast_parameters", "broadcast_optimizer_state", "join", "Compression",
            "Average", "Sum", "Adasum", "server_flags", "server_settings", "param_key",
            "Client", "PSError", "Embedding", "EmbeddingBag", "ServerEmbedding", "TableWeight",
-           "RowWiseAdagrad", "membership", "ElasticSampler"]
+           "RowWiseAdagrad", "sampler", "membership", "ElasticSampler"]
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
@@ -106,10 +109,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                         optimizer the servers lack (Adadelta, RMSprop,
                         LAMB), per-group settings, or to clip the averaged
                         gradient (synchronize())
-      grad_edits        None: the first step looks whether .grad is edited
-                        between backward and step() (clipping); then pushes
-                        wait for step().  True: they always do; False:
-                        pushes go during backward and an edit is refused
+      grad_edits        None (or True): gradients go at step(), as .grad
+                        then holds them (micro-batches summed by several
+                        backward() calls, clipped, unscaled).  False: each
+                        goes during backward, overlapping it, for loops of
+                        one backward per step (or backward_passes_per_step /
+                        no_sync()) that never edit .grad: a break of that is
+                        refused when seen, after what had left was applied
       backward_passes_per_step  k micro-batches accumulate into one push
       compression       Compression.none / fp16 / bf16: the wire type
                         (the servers' --wire-dtype must agree)
@@ -218,17 +224,14 @@ class DistributedModel(torch.nn.Module):
         self.exchange.finish()
 
     def pull_final(self):
-        """After the last step, on every worker: a barrier, then the
-        servers' final weights into the parameters, and the buffers
-        averaged."""
+        """After the last step, on every worker, whatever its step count: the
+        servers' final weights into the parameters, the buffers averaged
+        (see DistributedOptimizer.pull_final)."""
         self.exchange.pull_final()
-        _context.average_buffers(self.module, self.client)
 
     def join(self):
-        """Uneven step counts: this worker is done; see
-        DistributedOptimizer.join."""
+        """hvd.join(): pull_final."""
         self.exchange.join()
-        _context.average_buffers(self.module, self.client)
 
     def average_buffers(self):
         """Every floating buffer (BatchNorm statistics) becomes the workers'

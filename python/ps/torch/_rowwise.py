@@ -89,15 +89,13 @@ def _rowwise(p, grad, state, lr, eps, wd):
 
 
 def _adagrad(p, grad, state, lr, eps, wd):
-    """Adagrad's dense update (lr_decay 0, initial accumulator 0), each
-    product rounded as the servers' adagrad rounds it (server/optimizer.c):
-    h += g*g; w -= lr*g / (sqrt(h) + eps).  (torch.optim.Adagrad's
-    addcmul_ fuses g*g into the add on CPUs with FMA: the same to the last
-    bit or two.)"""
+    """Adagrad's dense update (lr_decay 0, initial accumulator 0): torch's
+    single-tensor step, op for op (torch.optim.Adagrad), which the servers'
+    adagrad computes bit for bit (server/optimizer.c)."""
     if "sum" not in state:
         state["sum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
     if wd:
-        grad = grad + p * wd
+        grad = grad.add(p, alpha=wd)
     h = state["sum"]
-    h.copy_(h + grad * grad)
-    p.copy_(p - (grad * lr) / (h.sqrt() + eps))
+    h.addcmul_(grad, grad, value=1)
+    p.addcdiv_(grad, h.sqrt().add_(eps), value=-lr)

@@ -51,6 +51,7 @@ import inspect
 import ast
 import sys
 import textwrap
+import threading
 import zlib
 from ctypes import POINTER, Structure, c_float, c_int, c_int32, c_int64, c_size_t, c_uint64, \
     c_void_p
@@ -788,14 +789,31 @@ def attach(ex, model):
 _EMBEDDINGS = (torch.nn.Embedding, torch.nn.EmbeddingBag)
 
 
+# Python 3.11's ast keeps its recursion depth per interpreter, not per
+# thread: two threads parsing at once fail with "AST constructor recursion
+# depth mismatch" (CPython gh-106905; workers as threads of one process wrap
+# at the same time).  One parse at a time, once per forward.
+_AST_LOCK = threading.Lock()
+_AST_TREES = {}
+
+
+def _forward_tree(fn):
+    """The parsed source of a forward function, or None (no source)."""
+    with _AST_LOCK:
+        if fn not in _AST_TREES:
+            try:
+                _AST_TREES[fn] = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+            except (OSError, TypeError, SyntaxError):
+                _AST_TREES[fn] = None
+        return _AST_TREES[fn]
+
+
 def _forward_params(m):
     """The parameters of module m (not an nn.Embedding) that its forward
     passes to F.embedding / F.embedding_bag itself (self.NAME as the weight
     argument, found in the forward's source)."""
-    try:
-        src = textwrap.dedent(inspect.getsource(type(m).forward))
-        tree = ast.parse(src)
-    except (OSError, TypeError, SyntaxError):
+    tree = _forward_tree(type(m).forward)
+    if tree is None:
         return []
     out = []
     for node in ast.walk(tree):
