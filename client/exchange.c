@@ -759,6 +759,11 @@ void ps_exchange_set_elastic(ps_exchange *x) { x->elastic = 1; }
 
 int64_t ps_exchange_start_step(const ps_exchange *x) { return x->start_step; }
 
+int ps_exchange_members(ps_exchange *x, int *index, int *count, int64_t *version)
+{
+    return x->client ? ps_client_members(x->client, index, count, version) : PS_ESTATE;
+}
+
 int ps_exchange_leave(ps_exchange *x)
 {
     return x->client ? ps_client_leave(x->client) : PS_ESTATE;

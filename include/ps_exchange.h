@@ -131,6 +131,9 @@ void ps_exchange_set_init(ps_exchange *x, int inits);
 void ps_exchange_set_elastic(ps_exchange *x);
 /* The first step this worker pushes: 0, or in an elastic job its join step. */
 int64_t ps_exchange_start_step(const ps_exchange *x);
+/* The membership now (ps_client_members): this worker's dense index among
+ * the members, their number, the membership's version. */
+int ps_exchange_members(ps_exchange *x, int *index, int *count, int64_t *version);
 /* This worker leaves the job (ps_client_leave): rounds and barriers go on
  * without it.  After its last push, before ps_exchange_close. */
 int ps_exchange_leave(ps_exchange *x);

@@ -321,6 +321,45 @@ static void reference_order(size_t n, uint64_t seed, uint64_t epoch, size_t *out
     }
 }
 
+/* An elastic job's re-split: a shard made for 4 workers, then split among
+ * 3 (or 2) members: each global batch k is the members' slices of order
+ * [k*b*n, (k+1)*b*n), disjoint; steps per epoch stay those of 4. */
+PS_TEST(a_shard_re_split_among_fewer_members_partitions_each_global_batch)
+{
+    enum { N = 40, B = 2, WMAX = 4 };
+    ps_dataset *ds = index_dataset(N);
+    char why[256];
+    size_t order[N];
+    reference_order(N, 99, 1, order);
+    for (int n = 1; n <= WMAX; n++) {
+        int seen[N] = {0};
+        for (int r = 0; r < n; r++) {
+            ps_data_shard *s;
+            CHECK_OK(ps_data_shard_create(ds, 0, WMAX, B, 99, &s, why, sizeof why));
+            CHECK_OK(ps_data_shard_set_split(s, r, n));
+            CHECK_EQ_INT(ps_data_shard_steps_per_epoch(s), N / (B * WMAX));
+            for (size_t k = 0; k < N / (B * WMAX); k++) {
+                float img[B * 2];
+                int32_t lab[B];
+                CHECK_OK(ps_data_shard_fill(s, 1, k, img, lab));
+                for (int j = 0; j < B; j++) {
+                    CHECK_EQ_INT(lab[j], (int)order[k * B * (size_t)n + (size_t)(r * B + j)]);
+                    seen[lab[j]]++;
+                }
+            }
+            ps_data_shard_destroy(s);
+        }
+        for (int i = 0; i < N; i++)
+            CHECK_MSG(seen[i] <= 1, "%d members: sample %d taken %d times", n, i, seen[i]);
+    }
+    ps_data_shard *s;
+    CHECK_OK(ps_data_shard_create(ds, 0, WMAX, B, 99, &s, why, sizeof why));
+    CHECK_EQ_INT(ps_data_shard_set_split(s, 0, WMAX + 1), PS_EINVAL);
+    CHECK_EQ_INT(ps_data_shard_set_split(s, 3, 3), PS_EINVAL);
+    ps_data_shard_destroy(s);
+    ps_dataset_free(ds);
+}
+
 /* Per epoch, for W = 1..4 and b = 1..4 (W*b <= N): every worker's batches are
  * its slices of the epoch's order, the W shards are disjoint, and together
  * they cover exactly the first steps_per_epoch*W*b samples of the order. */

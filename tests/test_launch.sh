@@ -625,6 +625,8 @@ else
         step=$(sed -n 's/.*\[worker 2\] .*joined the job at step \([0-9]*\)$/\1/p' "$out" | tail -n 1)
         [ -n "$step" ] && [ "$step" -gt 0 ] ||
             why="$why; the new worker 2 did not join the running job (step '$step')"
+        grep -q "^\[worker 2\] .*this worker takes share 2 of [34] " "$out" ||
+            why="$why; the new worker 2 did not take its share of the data"
         has "$out" "4 workers finished" || why="$why; not every worker finished"
     else
         kill -TERM "$(pgrep -P "$tpid")" 2>/dev/null

@@ -383,6 +383,7 @@ int ps_dataset_open(const char *spec, int split, uint64_t seed, ps_dataset **out
 struct ps_data_shard {
     const ps_dataset *ds;
     int rank, world, batch;
+    int world_max;     /* world at create: steps per epoch stay its */
     uint64_t seed;
     size_t steps;      /* per epoch */
     uint64_t epoch;    /* the epoch order[] holds, when have_order */
@@ -425,7 +426,7 @@ int ps_data_shard_create(const ps_dataset *ds, int rank, int world, int batch, u
     }
     s->ds = ds;
     s->rank = rank;
-    s->world = world;
+    s->world = s->world_max = world;
     s->batch = batch;
     s->seed = seed;
     s->steps = ds->count / per_step;
@@ -439,6 +440,15 @@ void ps_data_shard_destroy(ps_data_shard *s)
         return;
     free(s->order);
     free(s);
+}
+
+int ps_data_shard_set_split(ps_data_shard *s, int rank, int world)
+{
+    if (world < 1 || world > s->world_max || rank < 0 || rank >= world)
+        return PS_EINVAL;
+    s->rank = rank;
+    s->world = world;
+    return 0;
 }
 
 size_t ps_data_shard_steps_per_epoch(const ps_data_shard *s)

@@ -166,6 +166,13 @@ int ps_data_shard_create(const ps_dataset *ds, int rank, int world, int batch, u
                          ps_data_shard **out, char *why, size_t why_len);
 void ps_data_shard_destroy(ps_data_shard *s);
 
+/* From now on this worker is `rank` of `world` workers (world at most the
+ * create's; steps per epoch stay the create's): an elastic job's members
+ * (ps_worker re-splits at each epoch).  Global batch k of an epoch is then
+ * samples [k * batch * world, (k + 1) * batch * world) of its order, split
+ * among the world workers: a partition of that prefix.  PS_EINVAL. */
+int ps_data_shard_set_split(ps_data_shard *s, int rank, int world);
+
 /* floor(count / (world * batch)), at least 1: the same on every worker. */
 size_t ps_data_shard_steps_per_epoch(const ps_data_shard *s);
 

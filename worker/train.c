@@ -67,6 +67,9 @@ typedef struct worker {
     FILE *csv;
     ps_dataset *train, *test;
     ps_data_shard *shard; /* this worker's slice of each global batch (data.h) */
+    int elastic;          /* --num-workers MIN:MAX: re-split each epoch among the members */
+    int64_t split_epoch;  /* elastic: the epoch the shard's split was taken for (-1: none) */
+    int split_index, split_count; /* elastic: that split (logged when it changes) */
     /* host batches (the backend's host memory: pinned on CUDA), two so that
      * the next is filled while the copy of this one may still be queued;
      * loaded[i] is recorded after the copy out of buffer i */
@@ -250,6 +253,9 @@ static int connect_servers(worker *w)
     watch_exchange(w->x);
     if (elastic) /* start joins the running job (docs/OPERATIONS.md "Elastic jobs") */
         ps_exchange_set_elastic(w->x);
+    w->elastic = elastic;
+    w->split_epoch = -1;
+    w->split_index = w->split_count = -1;
     if ((rc = ps_exchange_set_wire_dtype(w->x, c->wire_dtype)))
         return rc;
     if (L > 1) {
@@ -368,9 +374,43 @@ static int evaluate(worker *w, int64_t epoch, double *metric_out)
 
 /* The data loader ahead of the step: the ids of step `step`'s batch to a
  * row source that fetches ahead. */
+/* Elastic: at the first step of an epoch (or this worker's first), split the
+ * data among the members now: this worker's dense index of their number
+ * (docs/OPERATIONS.md "Elastic jobs").  A change that races the epoch's
+ * start can give two workers different views for that epoch. */
+static int split_for(worker *w, int64_t step, int64_t per_epoch)
+{
+    int64_t epoch = step / per_epoch;
+    if (!w->elastic || epoch == w->split_epoch)
+        return 0;
+    int index, count;
+    int64_t version;
+    int rc = ps_exchange_members(w->x, &index, &count, &version);
+    if (!rc && index < 0) {
+        ps_error("epoch %lld: this worker is no longer a member of the job (removed after "
+                 "--worker-timeout?): it has no share of the data", (long long)epoch + 1);
+        return PS_ESTATE;
+    }
+    if (!rc && (rc = ps_data_shard_set_split(w->shard, index, count)) != 0)
+        ps_error("epoch %lld: %d members, more than --num-workers %d", (long long)epoch + 1,
+                 count, w->cfg->num_workers);
+    if (rc)
+        return rc;
+    if (index != w->split_index || count != w->split_count)
+        ps_info("epoch %lld: this worker takes share %d of %d (membership version %lld)",
+                (long long)epoch + 1, index, count, (long long)version);
+    w->split_epoch = epoch;
+    w->split_index = index;
+    w->split_count = count;
+    return 0;
+}
+
 static int hand_ids_ahead(worker *w, int64_t step, int64_t per_epoch)
 {
-    int rc = ps_data_shard_fill_ids(w->shard, (uint64_t)(step / per_epoch),
+    int rc = split_for(w, step, per_epoch);
+    if (rc)
+        return rc;
+    rc = ps_data_shard_fill_ids(w->shard, (uint64_t)(step / per_epoch),
                                     (size_t)(step % per_epoch), w->hids);
     return rc ? rc : ps_model_ahead_ids(w->m, w->rows, w->hids, w->cfg->batch);
 }
@@ -426,6 +466,8 @@ static int train_loop(worker *w)
     for (w->step = first; w->step < total && !rc && !g_stop; w->step++) {
         int64_t k = w->step % per_epoch, epoch = w->step / per_epoch;
         int buf = (int)(w->step & 1);
+        if ((rc = split_for(w, w->step, per_epoch)))
+            break;
         /* our slice of global batch k of the epoch's shuffle, the same on every
          * worker, into the buffer whose copy two steps ago has been done */
         if ((rc = w->b->event_sync(w->b, w->loaded[buf])) ||
