@@ -3,12 +3,15 @@
  * A worker that starts in a job already training says hello as any other
  * (ps_client_start: its hello makes it a member, and each chunk and table
  * partition then counts it from its open round, or the next where the
- * rank-order sum had passed it).  ps_client_join then asks every chunk and
- * partition for its clock (the round this rank is in there), takes the
- * largest, and tells every server that its gradients count from that step
- * on: the rounds before it complete without it, on every chunk alike, so a
- * sync run depends only on the rounds each worker took part in.  The worker
- * then pulls the weights of that version and starts there. */
+ * rank-order sum had passed it, so none can pass that round without it).
+ * ps_client_join then asks every chunk and partition for its clock and
+ * tells every server that its gradients count from step J on: async, the
+ * largest clock (this rank's pushes there); sync, the largest open round
+ * plus one, which no chunk can have passed (a chunk counts the rank from
+ * its open round or the next, and holds that round for it).  The rounds
+ * before J complete without it, on every chunk alike, so a sync run depends
+ * only on the rounds each worker took part in.  The worker then pulls the
+ * weights of version J and starts there. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,6 +104,8 @@ int ps_client_join(ps_client *c, int64_t *step)
     free(reqs);
     if (rc)
         return rc;
+    if (c->opt.mode == PS_MODE_SYNC && (c->place.num_tensors || c->ntables))
+        max++; /* past every chunk's open round: none holds a round J for us */
     /* every server, in turn: the step its chunks count this rank from */
     for (int s = 0; s < c->nservers && !rc; s++) {
         ps_request r;

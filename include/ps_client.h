@@ -389,10 +389,11 @@ int ps_client_leave_post(ps_client *c, int server, ps_request *req);
 /* An elastic job (ps_server --num-workers MIN:MAX): this worker, started
  * while the others train (its hello made it a member), asks every chunk and
  * table partition for its clock and tells every server that its gradients
- * count from *step on, the largest of those clocks: the rounds before it go
- * on without it, on every chunk alike.  Then pull the weights of version
- * *step (sync) and push step *step first.  Blocks until every server
- * acknowledged.  PS_ESTATE from a server of a fixed-size job. */
+ * count from *step on: async, the largest of those clocks; sync, the
+ * largest open round plus one (no chunk can have passed it).  The rounds
+ * before it go on without it, on every chunk alike.  Then pull the weights
+ * of version *step (sync) and push step *step first.  Blocks until every
+ * server acknowledged.  PS_ESTATE from a server of a fixed-size job. */
 int ps_client_join(ps_client *c, int64_t *step);
 
 /* The membership now, from server 0: *count members (a fixed job: every

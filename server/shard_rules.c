@@ -467,11 +467,7 @@ int ps_shard_clock(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t *ste
     /* sync: a push below the open round is a duplicate, and one beyond it
      * is refused; a rank that pushed the open round already has its
      * gradient in, so its push of the same step is a harmless duplicate */
-    /* (sync: a live rank already in the open round, or whose membership
-     * starts at a later one, ps_shard_join: the round after, or that one) */
-    *step = s->cfg.mode != PS_MODE_SYNC ? ch->clock[rank]
-            : s->live[rank] && ch->clock[rank] > ch->version ? ch->clock[rank]
-                                                              : ch->version;
+    *step = s->cfg.mode == PS_MODE_SYNC ? ch->version : ch->clock[rank];
     return 0;
 }
 

@@ -637,10 +637,7 @@ int ps_tparts_clock(const ps_tparts *t, uint64_t key, int rank, int64_t *step, c
             t->cfg.num_workers - 1);
         return PS_EPROTO;
     }
-    int64_t v = ps_table_version(p->store); /* sync: as ps_shard_clock */
-    *step = t->cfg.mode != PS_MODE_SYNC                 ? p->clock[rank]
-            : t->live[rank] && p->clock[rank] > v ? p->clock[rank]
-                                                  : v;
+    *step = t->cfg.mode == PS_MODE_SYNC ? ps_table_version(p->store) : p->clock[rank];
     return 0;
 }
 
