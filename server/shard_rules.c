@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "optimizer.h"
+#include "ps_clones.h"
 #include "ps_error.h"
 #include "ps_time.h"
 
@@ -100,17 +101,11 @@ static void apply(ps_shard *s, chunk *ch, const float *g, int64_t m)
 
 /* The round's passes over its chunk, on the update thread between the last
  * push of a round and its replies (the critical path of a sync step):
- * built for x86-64-v3 too (gcc's target_clones, as server/optimizer.c's
- * kernels), so the sum and the division go 8 lanes at a time.  The same
- * results on every path: one add and one IEEE division per element. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_ADDRESS__)
-#define ROUND_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define ROUND_CLONES
-#endif
+ * built for x86-64-v3 too (PS_CLONES_V3), so the sum and the division go 8
+ * lanes at a time.  The same results on every path: one add and one IEEE
+ * division per element. */
 
-ROUND_CLONES static void sum_add(float *restrict sum, const float *restrict g, size_t n)
+PS_CLONES_V3 static void sum_add(float *restrict sum, const float *restrict g, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         sum[i] = sum[i] + g[i];
@@ -118,14 +113,14 @@ ROUND_CLONES static void sum_add(float *restrict sum, const float *restrict g, s
 
 /* The last gradient of the round in and the mean taken, in one pass: what
  * sum_add and then sum_div would store. */
-ROUND_CLONES static void sum_add_div(float *restrict sum, const float *restrict g, size_t n,
+PS_CLONES_V3 static void sum_add_div(float *restrict sum, const float *restrict g, size_t n,
                                      float nw)
 {
     for (size_t i = 0; i < n; i++)
         sum[i] = (sum[i] + g[i]) / nw;
 }
 
-ROUND_CLONES static void sum_div(float *restrict sum, size_t n, float nw)
+PS_CLONES_V3 static void sum_div(float *restrict sum, size_t n, float nw)
 {
     for (size_t i = 0; i < n; i++)
         sum[i] = sum[i] / nw;
