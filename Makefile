@@ -66,7 +66,10 @@ INC_server := $(INC_proto) -Iserver
 INC_client := $(INC_proto) -Iclient
 INC_worker := $(INC_client) -Iworker
 INC_launch := $(INC_common) -Ilaunch
-INCLUDES   := -Iinclude -Icommon -Iproto -Iserver -Iclient -Iworker -Ilaunch
+# tools/: operator programs over libps and the checkpoint format (the
+# server's own reader and restore: server/checkpoint.h, ckpt_coord.h)
+INC_tools  := $(INC_proto) -Iserver -Iclient -Itools
+INCLUDES   := -Iinclude -Icommon -Iproto -Iserver -Iclient -Iworker -Ilaunch -Itools
 INC := $(INCLUDES)
 $(BUILD)/common/%.o: INC := $(INC_common)
 $(BUILD)/proto/%.o:  INC := $(INC_proto)
@@ -74,6 +77,7 @@ $(BUILD)/server/%.o: INC := $(INC_server)
 $(BUILD)/client/%.o: INC := $(INC_client)
 $(BUILD)/worker/%.o: INC := $(INC_worker)
 $(BUILD)/launch/%.o: INC := $(INC_launch)
+$(BUILD)/tools/%.o:  INC := $(INC_tools)
 $(BUILD)/examples/%.o: INC := -Iinclude
 WERROR    ?= 1
 WERR      := $(if $(filter 1,$(WERROR)),-Werror)
@@ -141,6 +145,8 @@ WORKER_SRCS := $(filter-out %_main.c,$(wildcard worker/*.c))
 # ps_launch: the plan and the supervisor (launch/ may include only common/
 # and include/, which its objects' include path enforces)
 LAUNCH_SRCS := $(filter-out %_main.c,$(wildcard launch/*.c))
+# tools/: operator programs (ps_export), each a *_main.c and its modules
+TOOLS_SRCS  := $(filter-out %_main.c,$(wildcard tools/*.c))
 TEST_SRCS   := $(wildcard tests/test_*.c)
 # examples/*.c: programs on the public header and lib/libps.a alone, built
 # into $(BUILD)/examples/ (tests/test_example_*.c run them)
@@ -152,6 +158,7 @@ LIB_OBJS    := $(call obj,$(LIB_SRCS))
 SERVER_OBJS := $(call obj,$(SERVER_SRCS))
 WORKER_OBJS := $(call obj,$(WORKER_SRCS)) $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRCS))
 LAUNCH_OBJS := $(call obj,$(LAUNCH_SRCS))
+TOOLS_OBJS  := $(call obj,$(TOOLS_SRCS))
 # libps's objects go into libps.so as well as libps.a.  Objects built with
 # other flags (before libps.so existed, or with another CFLAGS) are rebuilt:
 # the stamp changes whenever the flags do.
@@ -162,7 +169,7 @@ $(BUILD)/libps.flags: FORCE
 	@echo '$(CFLAGS) -fPIC' | cmp -s - $@ || echo '$(CFLAGS) -fPIC' >$@
 .PHONY: FORCE
 
-PROGRAMS := $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch $(BIN)/ps_keygen
+PROGRAMS := $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch $(BIN)/ps_keygen $(BIN)/ps_export
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS))
@@ -216,6 +223,9 @@ $(BIN)/ps_launch: $(BUILD)/launch/ps_launch_main.o $(BUILD)/liblaunch.a $(LIB)/l
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BIN)/ps_keygen: $(BUILD)/common/ps_keygen_main.o $(LIB)/libps.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+$(BIN)/ps_export: $(BUILD)/tools/ps_export_main.o $(TOOLS_OBJS) $(BUILD)/libserver.a $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 

@@ -18,6 +18,7 @@
 #include "ratelimit.h"
 #include "reply.h"
 #include "updater_reply.h"
+#include "updater_export.h"
 #include "updater_tables.h"
 #include "zmsg.h"
 
@@ -400,6 +401,9 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
     case PS_MSG_CLOCK:
         upd_torch(u, r, h, pl);
         break;
+    case PS_MSG_LOOKUP:
+        upd_lookup(u, r, h, pl);
+        break;
     default:
         upd_error(u, r, PS_EPROTO, "internal: request type not handled by update threads");
         break;
@@ -515,7 +519,13 @@ static void *upd_main(void *arg)
                 upd_table(u, &cf);
             } else if (cf.cmd == PS_CMD_OPT) {
                 ps_shard_set_opt(u->shard, cf.h.push_step, &cf.h.hello.opt);
+            } else if (cf.cmd == PS_CMD_SNAP) {
+                upd_snap_start(u, &cf);
+            } else if (cf.cmd == PS_CMD_SNAP_FLUSH) {
+                upd_snap_poll(u, 1);
             }
+            if (u->snap && !stop) /* an export waits for items to reach its version */
+                upd_snap_poll(u, 0);
             if (u->cfg.report_progress && !stop)
                 upd_progress(u);
         }
@@ -542,6 +552,7 @@ static void *upd_main(void *arg)
                  (unsigned long long)copies);
     /* answers queued pulls with PS_ECLOSED, frees kept gradients; a weight
      * buffer a reply in flight still holds is freed when ZeroMQ releases it */
+    upd_snap_drop(u);
     u->destroying = 1;
     ps_shard_destroy(u->shard);
     u->shard = NULL;

@@ -65,6 +65,8 @@ struct ps_updater {
     uint64_t jump_seen;    /* async steps skipped after a restore, already logged */
     int destroying;        /* the shard is being destroyed: kept pushes were not applied */
     ps_dup_log dup;
+    struct ps_snap_job *snap; /* an export's snapshot being taken (updater_export.c) */
+    uint64_t snap_token;
 };
 
 /* Replies.  upd_send sends reply h (and payload, sent, when not NULL) to
