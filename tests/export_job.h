@@ -29,7 +29,7 @@ typedef struct ej_job {
     int S, W;
     int pid[EJ_MAX], port[EJ_MAX];
     char log[EJ_MAX][512];
-    char flags[1024];
+    char flags[3072];
     char eps[512];
     ps_client *c[EJ_MAX];
     ps_table_options topt;
@@ -51,7 +51,7 @@ static inline int ej_wait(ps_request *r)
 static inline int ej_server(ej_job *j, int k, const char *more)
 {
     static int count;
-    char words[4096];
+    char words[8192];
     snprintf(words, sizeof words, "--bind tcp://127.0.0.1:%d --rank %d --num-servers %d "
              "--num-workers %d %s %s", j->port[k], k, j->S, j->W, j->flags, more);
     snprintf(j->log[k], sizeof j->log[k], "%s/eserver%d-%d.log", ps_test_tmpdir(), k, count++);
