@@ -64,12 +64,25 @@ from ._dist import make as _make
 from ._exchange import Exchange, param_key
 from ._optim import server_flags, server_settings
 from ._tables import MAX_IDS, MIN_BYTES, Embedding, EmbeddingBag, ServerEmbedding
+from . import _export
+from ._export import Reader, load_manifest, lookup, serving_spec
+
+
+def export(opt, path, state=True, dense_tables="auto", **kw):
+    """The model of the job opt (DistributedOptimizer's) trains to the folder
+    path, from one worker between steps: manifest.json and .npy files of
+    every tensor and table (ids sorted) at the step this worker is at (sync:
+    one round), the optimizer's state with state=True, and model.pt, the
+    plain model's state_dict (tables that fit as dense weights: 'auto', True,
+    False or names).  docs/TORCH.md "Export and serve"."""
+    return _export.export(opt, path, state=state, dense_tables=dense_tables, **kw)
 
 __all__ = ["DistributedOptimizer", "DistributedModel", "wrap", "init", "rank", "size",
            "local_rank", "local_size", "allreduce", "allreduce_", "broadcast_object",
            "broadcast_parameters", "broadcast_optimizer_state", "join", "Compression",
            "Average", "Sum", "Adasum", "server_flags", "server_settings", "param_key",
-           "Client", "PSError", "Embedding", "EmbeddingBag", "ServerEmbedding"]
+           "Client", "PSError", "Embedding", "EmbeddingBag", "ServerEmbedding", "export",
+           "lookup", "Reader", "serving_spec", "load_manifest"]
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
@@ -77,7 +90,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          *, model=None, client=None, update=None, grad_edits=None,
                          init_from_rank0=True, wait_timeout=600.0, sync_buffers_every=0,
                          tables=None, table_optimizer=None, table_max_ids=MAX_IDS,
-                         table_min_bytes=MIN_BYTES):
+                         table_min_bytes=MIN_BYTES, tables_from=None):
     """optimizer trained through the servers: an instance of a class derived
     from optimizer's (so isinstance, lr schedulers and state_dict work), with
     optimizer's parameter groups and state.  Blocks until every server said
@@ -130,6 +143,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                         torch Adagrad / SparseAdam / SGD
       table_max_ids     the ids one batch may give a table (16 x dim x this
                         bytes of buffers per table)
+      tables_from       an export's folder (ps.torch.export, ps_export): a
+                        warm start.  The dense parameters start from its
+                        model.pt (rank 0's first weights), their optimizer
+                        state from its state (same optimizer), and the
+                        servers must hold its tables (ps_server --import
+                        DIR: checked in sync mode)
 
     The older form DistributedOptimizer(model, optimizer=None, client=None)
     (the update on the servers, optimizer checked against theirs) works too."""
@@ -140,12 +159,23 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         client = compression if client is None else client
         if optimizer is None:
             optimizer = ServersOptimizer(model.parameters())
-        return _make(optimizer, model=model, client=client, update=update or "server",
-                     grad_edits=grad_edits, init_from_rank0=init_from_rank0,
-                     wait_timeout=wait_timeout, sync_buffers_every=sync_buffers_every, **tab)
-    return _make(optimizer, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, model, client, update, grad_edits, init_from_rank0,
-                 wait_timeout, sync_buffers_every, **tab)
+        named_parameters = None
+        args = dict(model=model, client=client, update=update or "server",
+                    grad_edits=grad_edits, init_from_rank0=init_from_rank0,
+                    wait_timeout=wait_timeout, sync_buffers_every=sync_buffers_every, **tab)
+        pos = (optimizer,)
+    else:
+        named_parameters = list(named_parameters) if named_parameters is not None else None
+        pos = (optimizer, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor, model, client, update, grad_edits, init_from_rank0,
+               wait_timeout, sync_buffers_every)
+        args = tab
+    if tables_from is not None:
+        _export.load_dense(tables_from, model, named_parameters)
+    opt = _make(*pos, **args)
+    if tables_from is not None:
+        _export.warm_start(opt, tables_from)
+    return opt
 
 
 class DistributedModel(torch.nn.Module):

@@ -208,6 +208,19 @@ class _Methods:
         """Where the update runs: 'server', 'worker-sync' or 'worker-async'."""
         return self._ps_update
 
+    # ---- the model leaving the servers (_export.py) ----
+
+    def export(self, path, state=True, dense_tables="auto", **kw):
+        """The job's model to the folder path at the step this worker is at:
+        ps.torch.export (docs/TORCH.md "Export and serve")."""
+        from . import _export
+        return _export.export(self, path, state=state, dense_tables=dense_tables, **kw)
+
+    def serving_spec(self):
+        """What a ps.torch.Reader needs to read this job while it trains."""
+        from . import _export
+        return _export.serving_spec(self)
+
     # ---- each step ----
 
     def _ps_step_start(self):
