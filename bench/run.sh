@@ -8,7 +8,7 @@
 #                      it the accuracy sections of the existing
 #                      docs/BENCHMARKS.md are kept as they were
 #   BENCH_PROFILE=0    skip the perf profile of the transport path
-#   BENCH_ONLY="transport apply train load torch shm cluster multihost tables dlrm"   run only these; the
+#   BENCH_ONLY="transport apply train load torch shm cluster multihost tables dlrm export"   run only these; the
 #                      document keeps its sections of the parts that did not run
 #   BENCH_DOC=FILE     write FILE instead of docs/BENCHMARKS.md
 # Every figure is a ratio against a baseline measured in the same run: the
@@ -18,7 +18,7 @@ BUILD=${BUILD:-build}
 export BUILD
 export PS_BIN_DIR=${PS_BIN_DIR:-bin}
 DOC=${BENCH_DOC:-docs/BENCHMARKS.md}
-ONLY=${BENCH_ONLY:-"transport apply train load torch shm cluster multihost tables dlrm"}
+ONLY=${BENCH_ONLY:-"transport apply train load torch shm cluster multihost tables dlrm export"}
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/ps_benchrun.XXXXXX") || exit 1
 trap 'rm -rf "$OUT"' EXIT
 start=$(date +%s)
@@ -50,7 +50,7 @@ part() {
     echo "$(( $(date +%s) - _t0 ))" >"$OUT/$_name.secs"
 }
 
-for b in transport_bench apply_bench shm_bench table_bench sparse_bench; do
+for b in transport_bench apply_bench shm_bench table_bench sparse_bench export_bench; do
     if [ ! -x "$BUILD/bench/$b" ]; then
         echo "run.sh: $BUILD/bench/$b is missing; run make bench" >&2
         exit 1
@@ -81,6 +81,8 @@ wanted multihost && part multihost sh bench/multihost.sh
 wanted tables && part tables sh bench/tables_bench.sh
 # PyTorch's DLRM with ps.torch's server tables against DDP gloo and one process
 wanted dlrm && part dlrm sh bench/dlrm_bench.sh
+# the model leaving the servers: export, import, readers' lookups
+wanted export && part export "$BUILD/bench/export_bench"
 if [ "${BENCH_ACCURACY:-0}" = 1 ]; then
     part accuracy sh bench/accuracy.sh
 else
@@ -94,7 +96,7 @@ echo "bench: done in $total s"
 
 # A part that did not run (BENCH_ONLY, or it failed) keeps its section of
 # the existing document, between <!-- part:NAME:begin/end --> markers.
-PARTS="transport profile apply train load torch shm cluster multihost tables dlrm"
+PARTS="transport profile apply train load torch shm cluster multihost tables dlrm export"
 ran="" kept="" missing=""
 for p in $PARTS; do
     if [ -s "$OUT/$p.md" ] && [ "$(cat "$OUT/$p.rc" 2>/dev/null)" = 0 ]; then
@@ -165,7 +167,8 @@ because the machine may be shared and noisy.
 
 EOF
 goal_lines "$OUT/transport.md" "$OUT/apply.md" "$OUT/train.md" "$OUT/shm.md" "$OUT/cluster.md" \
-    "$OUT/torch.md" "$tacc" "$OUT/multihost.md" "$OUT/tables.md" "$OUT/dlrm.md" |
+    "$OUT/torch.md" "$tacc" "$OUT/multihost.md" "$OUT/tables.md" "$OUT/dlrm.md" \
+    "$OUT/export.md" |
     sed 's/^/- /'
 echo "<!-- accuracy-goals:begin -->"
 goal_lines "$acc" | sed 's/^/- /'
@@ -482,6 +485,19 @@ PyTorch process on the same data, model and seed, and the id space grown to
 
 EOF
 partmd dlrm
+cat <<EOF
+
+## 13. Export, import and readers' lookups
+
+\`build/bench/export_bench\` (\`BENCH_ONLY=export make bench\`): a live export of
+a 4e6-row table (dim 16, adagrad state) while its worker trains, the pause
+it makes in the training, a new server's \`--import\` of it; and readers'
+lookups (128 ids of each of 8 tables in one request, 4 threads) while 2
+workers train on the same server, against the same workers without
+readers.  The program's head says how each figure is measured.
+
+EOF
+partmd export
 } >"$DOC.tmp" && mv "$DOC.tmp" "$DOC"
 echo "bench: wrote $DOC"
 exit $status

@@ -131,7 +131,7 @@
     X(SNAPREAD, 25, "snapread", LIVE, PS_HK(K) | PS_HK(C), 0, 0, PS_PL_BYTES, 0, NONE, NONE,     \
       snapread,                                                                                  \
       "page `c` of item `k` of this connection's snapshot (pages of 16 MiB)",                   \
-      "the page's `n` bytes; `tot` the item's bytes (PROTOCOL.md \"Export\")")
+      "the page's `n` bytes; `tot` the item's bytes (\"Export and readers\" below)")
 /* clang-format on */
 
 /* The header keys, in one list for the decoder and the table's key masks:

@@ -1,4 +1,5 @@
-/* One item of a server's snapshot (an export, docs/PROTOCOL.md "Export"):
+/* One item of a server's snapshot (an export, docs/PROTOCOL.md "Export and
+ * readers"):
  * a dense chunk or a table partition with its optimizer state, as a byte
  * stream the server lays out (server/snapshot.c), SNAPREAD carries in pages
  * and the exporter parses (client/export.c).  No state, no sockets.

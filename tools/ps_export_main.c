@@ -24,8 +24,8 @@
       "rank order (tcp://HOST:PORT,...): ps_export reads as a reader (rank -1)")          \
     X(checkpoint_dir, "--checkpoint-dir", "DIR", "instead: the job's checkpoints "       \
       "(ps_server --checkpoint-dir), no server running; each server's newest chain")      \
-    X(version, "--version", "V", "live, sync: every tensor and table at version V "       \
-      "(default: the newest any server has; a tensor behind it is waited for)")           \
+    X(step, "--step", "V", "live, sync: every tensor and table at version V (default: "  \
+      "the newest any server has; one a round behind it is waited for)")                  \
     X(wait, "--wait", "SECONDS", "live: how long a partition one version behind is "      \
       "waited for (default 10)")                                                          \
     X(no_state, "--no-state", "", "leave the optimizer's state out (the rows and "        \
@@ -35,7 +35,8 @@
     X(timeout, "--timeout", "SECONDS", "live: how long to wait for a server (default "    \
       "30)")                                                                              \
     X(quiet, "--quiet", "", "only errors on stderr")                                      \
-    X(help, "--help", "", "this text")
+    X(help, "--help", "", "this text")                                                    \
+    X(version, "--version", "", "ps_export's version")
 
 typedef struct opts {
 #define FIELD_(f, flag, arg, help) const char *f;
@@ -43,17 +44,46 @@ typedef struct opts {
 #undef FIELD_
 } opts;
 
+/* "  --flag ARG   help", the help wrapped at 79 columns under itself */
+static void help_line(FILE *o, const char *flag, const char *arg, const char *help)
+{
+    int col = fprintf(o, "  %s%s%s", flag, *arg ? " " : "", arg);
+    fprintf(o, "%*s", col < 25 ? 25 - col : 1, "");
+    col = col < 25 ? 25 : col + 1;
+    const char *p = help;
+    int first = 1;
+    while (*p) {
+        const char *sp = p;
+        while (*sp && *sp != ' ')
+            sp++;
+        int w = (int)(sp - p);
+        if (!first && col + 1 + w > 79) {
+            fprintf(o, "\n%25s", "");
+            col = 25;
+        } else if (!first) {
+            fputc(' ', o);
+            col++;
+        }
+        fprintf(o, "%.*s", w, p);
+        col += w;
+        first = 0;
+        p = sp;
+        while (*p == ' ')
+            p++;
+    }
+    fputc('\n', o);
+}
+
 static void usage(FILE *o)
 {
     fprintf(o, "usage: ps_export --out DIR (--servers EPS | --checkpoint-dir DIR) [flags]\n\n"
                "Writes a job's model to DIR: manifest.json, dense/KEY.weights.npy, and per "
                "table\ntables/KEY.ids.npy (sorted), KEY.weights.npy and the optimizer's state "
-               "(numpy\nreads them: numpy.load(path, mmap_mode=\"r\")).  ps.torch builds the "
-               "plain model's\nstate_dict from it (python3 -m ps.torch.export DIR --model ...); "
-               "ps_server\n--import DIR starts a new job's tables from it on any number of "
-               "servers.\n\nflags (--flag VALUE or --flag=VALUE):\n");
-#define HELP_(f, flag, arg, help) fprintf(o, "  %s%s%-*s %s\n", flag, *arg ? " " : "", \
-                                          (int)(22 - strlen(flag) - (*arg ? 1 : 0)), arg, help);
+               "(numpy\nreads them: numpy.load(path, mmap_mode=\"r\")).  ps_server --import DIR "
+               "starts a new\njob's tables from it on any number of servers; ps.torch's "
+               "opt.export(path) writes\nthe same and model.pt, the plain model's state_dict.\n"
+               "\nflags (--flag VALUE or --flag=VALUE):\n");
+#define HELP_(f, flag, arg, help) help_line(o, flag, arg, help);
     EXPORT_FLAGS(HELP_)
 #undef HELP_
     fprintf(o, "\nExit status: 0 written; 1 the export failed (said why); 2 bad flags.\n\n"
@@ -102,6 +132,10 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    if (o.version) {
+        printf("ps_export " PS_VERSION "\n");
+        return 0;
+    }
     if (!o.out || (!o.servers == !o.checkpoint_dir)) {
         fprintf(stderr, P ": give --out DIR and one of --servers EPS (a live job) or "
                         "--checkpoint-dir DIR (its checkpoints)\n");
@@ -112,15 +146,15 @@ int main(int argc, char **argv)
         ps_log_set_level(PS_LOG_ERROR);
     char why[1024];
     long long version = -1, wait_s = 10, timeout_s = 30;
-    if ((o.version && ps_parse_int(P, "--version", o.version, 0, INT64_MAX / 4, &version, why,
-                                   sizeof why)) ||
+    if ((o.step && ps_parse_int(P, "--step", o.step, 0, INT64_MAX / 4, &version, why,
+                                sizeof why)) ||
         (o.wait && ps_parse_int(P, "--wait", o.wait, 0, 600, &wait_s, why, sizeof why)) ||
         (o.timeout && ps_parse_int(P, "--timeout", o.timeout, 1, 86400, &timeout_s, why,
                                    sizeof why)))
         return ps_flag_error(why);
-    if (o.checkpoint_dir && (o.version || o.wait || o.curve_keys || o.timeout))
-        return ps_flag_error(P ": --version, --wait, --curve-keys and --timeout are for a live "
-                                "job (--servers)");
+    if (o.checkpoint_dir && (o.step || o.wait || o.curve_keys || o.timeout))
+        return ps_flag_error(P ": --step, --wait, --curve-keys and --timeout are for a live job "
+                                "(--servers)");
     int with_state = !o.no_state;
     int64_t t0 = ps_now_ns();
     uint64_t bytes = 0;

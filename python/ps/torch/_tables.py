@@ -65,8 +65,9 @@ MAX_IDS = 1 << 16
 # the servers' table optimizer when none is given: sparse Adagrad, torch's
 # Adagrad defaults
 DEFAULT_OPTIMIZER = {"optimizer": "adagrad", "lr": 0.01, "eps": 1e-10}
-ROWS_NOTE = ("rows live on the servers: ps_server --checkpoint-dir keeps them (with their "
-             "optimizer state); this state_dict holds the table's declaration only")
+ROWS_NOTE = ("rows live on the servers: ps.torch.export writes them, ps_server "
+             "--checkpoint-dir keeps them (with their optimizer state); this state_dict holds "
+             "the table's declaration only")
 
 
 def table_key(index, name, dim):
