@@ -87,7 +87,7 @@ static int import_table(const char *dir, const ps_json *t, int rank, int S, int 
             rc = PS_EDATA;
         }
         for (int k = 0; !rc && k < nstate; k++) {
-            char name[16];
+            char name[24];
             snprintf(name, sizeof name, "state%d", k);
             rc = open_file(dir, t, name, PS_NPY_F4, rows, decl.dim, &f.state[k], msg, sizeof msg);
         }
