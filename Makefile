@@ -28,12 +28,14 @@ CC        ?= cc
 # nothing (deps, clean, uninstall).
 DEP_PROBE := command -v $(CC) >/dev/null 2>&1 || echo build-essential; \
   if command -v pkg-config >/dev/null 2>&1; then \
-    for m in libzmq:libzmq3-dev msgpack:libmsgpack-dev zlib:zlib1g-dev; do \
+    for m in libzmq:libzmq3-dev msgpack:libmsgpack-dev zlib:zlib1g-dev \
+             libmicrohttpd:libmicrohttpd-dev libcurl:libcurl4-openssl-dev; do \
       pkg-config --exists $${m%%:*} || echo $${m\#*:}; done; \
     pkg-config --exists openblas || [ -f /usr/include/cblas.h ] || echo libopenblas-dev; \
   else \
     echo pkg-config; \
-    for m in zmq.h:libzmq3-dev msgpack.h:libmsgpack-dev zlib.h:zlib1g-dev; do \
+    for m in zmq.h:libzmq3-dev msgpack.h:libmsgpack-dev zlib.h:zlib1g-dev \
+             microhttpd.h:libmicrohttpd-dev curl/curl.h:libcurl4-openssl-dev; do \
       [ -f /usr/include/$${m%%:*} ] || echo $${m\#*:}; done; \
   fi
 ifneq ($(filter-out deps clean uninstall,$(or $(MAKECMDGOALS),all)),)
@@ -49,10 +51,16 @@ CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 
 PKGS      := libzmq msgpack
-PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+# libmicrohttpd: its header only; metrics/ps_metrics_http.c loads the library
+# when an exporter starts (a process with metrics off never maps it)
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) libmicrohttpd 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+# libcurl: ps_top reads the workers' /metrics with it; the tests link it
+# as needed (only the programs that call it depend on it)
+CURL_LIBS   := $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
+CURL_IF_USED := -Wl,--as-needed $(CURL_LIBS) -Wl,--no-as-needed
 
 BUILD := build$(if $(filter 1,$(SAN)),-san,)
 # sanitized programs and library live apart so the two builds never mix
@@ -61,17 +69,20 @@ LIB   := $(if $(filter 1,$(SAN)),$(BUILD)/lib,lib)
 # Each folder's objects see only the headers their layer may include
 # (DESIGN.md "Folders"), so a wrong include fails to compile.
 INC_common := -Iinclude -Icommon
+INC_metrics := $(INC_common) -Imetrics
 INC_proto  := $(INC_common) -Iproto
-INC_server := $(INC_proto) -Iserver
-INC_client := $(INC_proto) -Iclient
+INC_server := $(INC_proto) -Imetrics -Iserver
+INC_client := $(INC_proto) -Imetrics -Iclient
 INC_worker := $(INC_client) -Iworker
-INC_launch := $(INC_common) -Ilaunch
-# tools/: operator programs over libps and the checkpoint format (the
-# server's own reader and restore: server/checkpoint.h, ckpt_coord.h)
-INC_tools  := $(INC_proto) -Iserver -Iclient -Itools
-INCLUDES   := -Iinclude -Icommon -Iproto -Iserver -Iclient -Iworker -Ilaunch -Itools
+INC_launch := $(INC_metrics) -Ilaunch
+# tools/: operator programs over libps, and (ps_export) over the checkpoint
+# format: the server's own reader and restore (server/checkpoint.h,
+# ckpt_coord.h)
+INC_tools  := $(INC_client) -Iserver -Itools
+INCLUDES   := -Iinclude -Icommon -Imetrics -Iproto -Iserver -Iclient -Iworker -Ilaunch -Itools
 INC := $(INCLUDES)
 $(BUILD)/common/%.o: INC := $(INC_common)
+$(BUILD)/metrics/%.o: INC := $(INC_metrics)
 $(BUILD)/proto/%.o:  INC := $(INC_proto)
 $(BUILD)/server/%.o: INC := $(INC_server)
 $(BUILD)/client/%.o: INC := $(INC_client)
@@ -137,15 +148,16 @@ ifeq ($(BUILD_CUDA),1)
 endif
 
 # --- sources.  Files named *_main.c hold a program's main().  libps is
-# common/, proto/ and client/ (the client, the exchange, local aggregation,
-# the host-memory backend); worker/ is the ps_worker program alone.
-LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c proto/*.c client/*.c))
+# common/, metrics/, proto/ and client/ (the client, the exchange, local
+# aggregation, the host-memory backend, the metrics exporter); worker/ is the
+# ps_worker program alone.
+LIB_SRCS    := $(filter-out %_main.c,$(wildcard common/*.c metrics/*.c proto/*.c client/*.c))
 SERVER_SRCS := $(filter-out %_main.c,$(wildcard server/*.c))
 WORKER_SRCS := $(filter-out %_main.c,$(wildcard worker/*.c))
 # ps_launch: the plan and the supervisor (launch/ may include only common/
 # and include/, which its objects' include path enforces)
 LAUNCH_SRCS := $(filter-out %_main.c,$(wildcard launch/*.c))
-# tools/: operator programs (ps_export), each a *_main.c and its modules
+# tools/: operator programs over libps (ps_top) and the checkpoint format (ps_export)
 TOOLS_SRCS  := $(filter-out %_main.c,$(wildcard tools/*.c))
 TEST_SRCS   := $(wildcard tests/test_*.c)
 # examples/*.c: programs on the public header and lib/libps.a alone, built
@@ -169,7 +181,8 @@ $(BUILD)/libps.flags: FORCE
 	@echo '$(CFLAGS) -fPIC' | cmp -s - $@ || echo '$(CFLAGS) -fPIC' >$@
 .PHONY: FORCE
 
-PROGRAMS := $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch $(BIN)/ps_keygen $(BIN)/ps_export
+PROGRAMS := $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch $(BIN)/ps_keygen $(BIN)/ps_top \
+            $(BIN)/ps_export
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS))
@@ -210,8 +223,12 @@ $(BUILD)/libworker.a: $(WORKER_OBJS)
 $(BUILD)/liblaunch.a: $(LAUNCH_OBJS)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
+$(BUILD)/libtools.a: $(TOOLS_OBJS)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
 
-ALL_LIBS := $(BUILD)/libserver.a $(BUILD)/libworker.a $(BUILD)/liblaunch.a $(LIB)/libps.a
+ALL_LIBS := $(BUILD)/libserver.a $(BUILD)/libworker.a $(BUILD)/liblaunch.a $(BUILD)/libtools.a \
+  $(LIB)/libps.a
 
 $(BIN)/ps_server: $(BUILD)/server/ps_server_main.o $(BUILD)/libserver.a $(LIB)/libps.a
 	@mkdir -p $(@D)
@@ -225,12 +242,16 @@ $(BIN)/ps_launch: $(BUILD)/launch/ps_launch_main.o $(BUILD)/liblaunch.a $(LIB)/l
 $(BIN)/ps_keygen: $(BUILD)/common/ps_keygen_main.o $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-$(BIN)/ps_export: $(BUILD)/tools/ps_export_main.o $(TOOLS_OBJS) $(BUILD)/libserver.a $(LIB)/libps.a
+$(BIN)/ps_top: $(BUILD)/tools/ps_top_main.o $(BUILD)/libtools.a $(LIB)/libps.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(CURL_LIBS)
+$(BIN)/ps_export: $(BUILD)/tools/ps_export_main.o $(BUILD)/libtools.a $(BUILD)/libserver.a \
+  $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS) $(CURL_IF_USED)
 $(BUILD)/examples/%: $(BUILD)/examples/%.o $(LIB)/libps.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)

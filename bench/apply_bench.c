@@ -15,7 +15,8 @@
  *                                 of its own before the optimizer's)
  *   sgd+check, adam+check       3, 7: what the server does with a pushed
  *                                 chunk (4 MiB, the default chunk size): the
- *                                 check, then the optimizer, chunk by chunk
+ *                                 check, then the optimizer with its results
+ *                                 checked (ps_opt_*_checked), chunk by chunk
  * Rounds alternate the kernels; the best of each is kept (the machine is
  * shared and noisy).  The triad's destination is written without being read,
  * so the hardware also reads it (write-allocate) without our counting it;
@@ -85,11 +86,14 @@ static void run_slice(shared *s, int idx)
             for (size_t at = 0; at < n; at += CHUNK_FLOATS) {
                 size_t c = n - at < CHUNK_FLOATS ? n - at : CHUNK_FLOATS;
                 s->found += ps_dtype_nonfinite(PS_DTYPE_F32, g + at, c, NULL);
+                /* and the results checked, as the server applies them
+                 * (--on-nonfinite refuse) */
                 if (s->kernel == K_SGD_CHECKED)
-                    ps_opt_sgd(w + at, g + at, c, 1e-3f, 0.0f);
+                    s->found += ps_opt_sgd_checked(w + at, g + at, c, 1e-3f, 0.0f, 1);
                 else
-                    ps_opt_adam(w + at, m + at, v + at, g + at, c, 1e-3f, 0.9f, 0.999f, 1e-8f,
-                                0.0f, s->step + r + 1);
+                    s->found += ps_opt_adam_checked(w + at, m + at, v + at, g + at, c, 1e-3f,
+                                                    0.9f, 0.999f, 1e-8f, 0.0f,
+                                                    s->step + r + 1, 1);
             }
             break;
         }

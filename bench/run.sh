@@ -8,7 +8,7 @@
 #                      it the accuracy sections of the existing
 #                      docs/BENCHMARKS.md are kept as they were
 #   BENCH_PROFILE=0    skip the perf profile of the transport path
-#   BENCH_ONLY="transport apply train load torch shm cluster multihost tables dlrm export"   run only these; the
+#   BENCH_ONLY="transport apply train load torch shm cluster multihost tables dlrm metrics export"   run only these; the
 #                      document keeps its sections of the parts that did not run
 #   BENCH_DOC=FILE     write FILE instead of docs/BENCHMARKS.md
 # Every figure is a ratio against a baseline measured in the same run: the
@@ -18,7 +18,7 @@ BUILD=${BUILD:-build}
 export BUILD
 export PS_BIN_DIR=${PS_BIN_DIR:-bin}
 DOC=${BENCH_DOC:-docs/BENCHMARKS.md}
-ONLY=${BENCH_ONLY:-"transport apply train load torch shm cluster multihost tables dlrm export"}
+ONLY=${BENCH_ONLY:-"transport apply train load torch shm cluster multihost tables dlrm metrics export"}
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/ps_benchrun.XXXXXX") || exit 1
 trap 'rm -rf "$OUT"' EXIT
 start=$(date +%s)
@@ -81,6 +81,8 @@ wanted multihost && part multihost sh bench/multihost.sh
 wanted tables && part tables sh bench/tables_bench.sh
 # PyTorch's DLRM with ps.torch's server tables against DDP gloo and one process
 wanted dlrm && part dlrm sh bench/dlrm_bench.sh
+# --metrics-port on and scraped against off; one scrape's time
+wanted metrics && part metrics sh bench/metrics_bench.sh
 # the model leaving the servers: export, import, readers' lookups
 wanted export && part export "$BUILD/bench/export_bench"
 if [ "${BENCH_ACCURACY:-0}" = 1 ]; then
@@ -96,7 +98,7 @@ echo "bench: done in $total s"
 
 # A part that did not run (BENCH_ONLY, or it failed) keeps its section of
 # the existing document, between <!-- part:NAME:begin/end --> markers.
-PARTS="transport profile apply train load torch shm cluster multihost tables dlrm export"
+PARTS="transport profile apply train load torch shm cluster multihost tables dlrm metrics export"
 ran="" kept="" missing=""
 for p in $PARTS; do
     if [ -s "$OUT/$p.md" ] && [ "$(cat "$OUT/$p.rc" 2>/dev/null)" = 0 ]; then
@@ -167,7 +169,7 @@ because the machine may be shared and noisy.
 
 EOF
 goal_lines "$OUT/transport.md" "$OUT/apply.md" "$OUT/train.md" "$OUT/shm.md" "$OUT/cluster.md" \
-    "$OUT/torch.md" "$tacc" "$OUT/multihost.md" "$OUT/tables.md" "$OUT/dlrm.md" \
+    "$OUT/torch.md" "$tacc" "$OUT/multihost.md" "$OUT/tables.md" "$OUT/dlrm.md" "$OUT/metrics.md" \
     "$OUT/export.md" |
     sed 's/^/- /'
 echo "<!-- accuracy-goals:begin -->"
@@ -487,7 +489,19 @@ EOF
 partmd dlrm
 cat <<EOF
 
-## 13. Export, import and readers' lookups
+## 13. Metrics: their cost, and one scrape
+
+\`bench/metrics_bench.sh\` (\`BENCH_ONLY=metrics make bench\`): 1 server and 2
+async workers with every process' \`--metrics-port\` on and scraped once a
+second, against the same run with metrics off, in pairs; and the time of
+one scrape of a server with 8 tables while 2 workers train
+(docs/OPERATIONS.md "Metrics").
+
+EOF
+partmd metrics
+cat <<EOF
+
+## 14. Export, import and readers' lookups
 
 \`build/bench/export_bench\` (\`BENCH_ONLY=export make bench\`): a live export of
 a 4e6-row table (dim 16, adagrad state) while its worker trains, the pause

@@ -160,6 +160,7 @@ int main(int argc, char **argv)
         ps_opt_default(&c.opt);
         c.opt.kind = PS_OPT_ADAGRAD;
         c.max_memory = UINT64_MAX;
+        c.guard = getenv("NOGUARD") ? 0 : 1; /* as a server checks them (--on-nonfinite refuse) */
         char why[256];
         if (ps_table_create(&c, &b.t, why, sizeof why) != 0) {
             fprintf(stderr, "table_bench: %s\n", why);

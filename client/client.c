@@ -19,6 +19,7 @@
 
 #include "client_comm.h"
 #include "client_internal.h"
+#include "client_metrics.h"
 #include "client_rejoin.h"
 #include "client_requests.h"
 #include "client_resend.h"
@@ -450,6 +451,7 @@ static int split_endpoints(ps_client *c, const char *servers)
  * psc_shm_close), or were never made. */
 static void client_free(ps_client *c)
 {
+    psc_metrics_close(c); /* no scrape reads the client after this */
     psc_requests_free(c);
     psc_liveness_free(c);
     psc_rejoin_free(c);
@@ -525,6 +527,10 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
     if ((rc = psc_requests_new(c, psc_sparse_sub_free)) || (rc = psc_liveness_new(c)) || (rc = psc_rejoin_new(c)) ||
         (rc = psc_tokens_new(c, o->admin_token))) {
         rc = open_fail(rc, "out of memory");
+        goto fail;
+    }
+    if ((rc = psc_metrics_open(c, o))) {
+        open_fail(rc, "%s", c->last_error);
         goto fail;
     }
     rc = psc_comm_start(c);
@@ -722,7 +728,8 @@ static int declare_tables(ps_client *c, const ps_hello *reps)
             if ((rc = psc_post(c, &o)) != 0)
                 psc_req_fail(&reqs[posted], rc, ps_strerror(rc));
         }
-    /* with checkpoints a server answers once one holds the declaration */
+    /* answered at once (a server that loses a declaration to a restore says
+     * PS_ENOTFOUND later, and client_rejoin.c declares the tables again) */
     int timeout = c->opt.hello_timeout_ms ? c->opt.hello_timeout_ms : PSC_DEFAULT_HELLO_MS;
     int64_t deadline = ps_now_ns() + (int64_t)timeout * 1000000LL;
     for (size_t k = 0; k < posted; k++)

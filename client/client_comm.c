@@ -32,6 +32,7 @@
 #include <zmq.h>
 
 #include "client_comm.h"
+#include "client_metrics.h"
 #include "client_rejoin.h"
 #include "client_requests.h"
 #include "client_resend.h"
@@ -135,6 +136,7 @@ int psc_post(ps_client *c, const psc_op *o)
     m->queue[(m->qhead + m->qlen) % m->qcap] = *o;
     int was_empty = m->qlen++ == 0;
     pthread_mutex_unlock(&m->mu);
+    psc_metrics_posted(c, o->type);
     /* the comm thread drains the whole queue after each wake-up, so only the
      * post that makes the queue non-empty needs to wake it */
     if (was_empty)
@@ -588,6 +590,20 @@ static void rejoin(ps_client *c, int server, const ps_header *refusal)
         psc_rejoin_unsent(c, server);
 }
 
+/* `server` does not know a table of ours (PS_ENOTFOUND): declare them all
+ * to it again, unless client_rejoin.c says one is on its way. */
+static void redeclare(ps_client *c, int server, const ps_header *refusal)
+{
+    if (psc_redeclare_begin(c, server, refusal) != 0)
+        return;
+    for (size_t t = 0; t < c->ntables; t++) {
+        uint32_t i = psc_redeclare_slot(c, server, t);
+        if (i != PSC_NO_SLOT)
+            sub_send(c, i); /* a failure finishes its slot, with the error */
+    }
+    psc_redeclare_unsent(c, server);
+}
+
 static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_t *pm,
                          int nframes)
 {
@@ -613,6 +629,14 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
                  ps_msg_type_name(h.type), ep, (unsigned long long)h.seq);
         return;
     }
+    int ok;
+    if (psc_redeclare_reply(c, i, &h, &ok)) {
+        /* a TABLE of a re-declaration: once all are taken, what waited goes */
+        for (uint32_t k = ok ? psc_rejoin_unpark(c, server, 0) : PSC_NO_SLOT;
+             k != PSC_NO_SLOT; k = psc_rejoin_unpark(c, server, k + 1))
+            resend(c, k);
+        return;
+    }
     if (psc_rejoin_reply(c, i, &h)) {
         /* the answer to a hello that rejoins this server: if it took us
          * back, what waited for that goes again */
@@ -627,6 +651,11 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
         /* "say hello again": parked until this server takes us back, then resent */
         if ((h.err_code == PS_EHELLO || h.err_code == PS_EPERM) && psc_rejoin_park(c, i) == 0) {
             rejoin(c, server, &h);
+            return;
+        }
+        /* "not declared on this server": parked until our tables are again */
+        if (h.err_code == PS_ENOTFOUND && psc_redeclare_park(c, i) == 0) {
+            redeclare(c, server, &h);
             return;
         }
         psc_set_error(r, h.err_code, "%s: %s", ep,

@@ -27,6 +27,8 @@
  *  client_sparse.c   the tables' requests: duplicate ids removed, split by
  *                    (server, partition), rows written back in the caller's
  *                    order
+ *  client_metrics.c  the Prometheus exporter a client asks for (metrics_port)
+ *                    and the client's counters
  *  Calls go one way: client.c -> client_comm.c -> client_resend.c,
  *  client_rejoin.c and client_sparse.c -> client_requests.c (token and shm
  *  call none of them).
@@ -132,6 +134,8 @@ struct ps_client {
                                    before */
     struct psc_sparse *sparse;  /* client_sparse.c: its scratch (comm
                                    thread); made on first use */
+    struct psc_metrics *metrics;/* client_metrics.c: the registry, its exporter and
+                                   the client's counters; NULL with metrics off */
 };
 
 #endif

@@ -30,6 +30,13 @@
  * whatever a server must be told again after it lost us (a per-connection
  * attachment, say) belongs here, after the hello.
  *
+ * Tables too: a server acknowledges a table's declaration at once, so one
+ * restored from a checkpoint written before a declaration does not know
+ * that table.  A sparse sub-request it answers PS_ENOTFOUND is parked the
+ * same way, every table is declared to that server again (one TABLE each,
+ * one re-declaration at a time per server) and, once all are taken, what
+ * is parked there is sent again; a refused declaration fails it.
+ *
  * It sends nothing itself: psc_rejoin_hello makes the hello's slot and
  * psc_rejoin_unpark hands back the parked sub-requests, for the comm loop
  * to send. */
@@ -48,6 +55,8 @@
 struct psc_rejoin {
     int rejoins;    /* hellos since a request of ours was last served there */
     ps_request req; /* the hello's request, libps's own */
+    int redeclares; /* re-declarations since a request was last served there */
+    ps_request decl; /* a re-declaration of every table: one part per table */
 };
 
 int psc_rejoin_new(ps_client *c)
@@ -67,6 +76,11 @@ void psc_rejoin_free(ps_client *c)
 static int hello_on_its_way(const struct psc_rejoin *sv)
 {
     return sv->req._priv.client && !__atomic_load_n(&sv->req._priv.done, __ATOMIC_ACQUIRE);
+}
+
+static int decl_on_its_way(const struct psc_rejoin *sv)
+{
+    return sv->decl._priv.client && !__atomic_load_n(&sv->decl._priv.done, __ATOMIC_ACQUIRE);
 }
 
 /* The first sub-request at or after slot `from` parked on `server`;
@@ -134,7 +148,89 @@ int psc_rejoin_park(ps_client *c, uint32_t i)
     return 0;
 }
 
-void psc_rejoin_served(ps_client *c, int server) { c->rejoin[server].rejoins = 0; }
+void psc_rejoin_served(ps_client *c, int server)
+{
+    c->rejoin[server].rejoins = 0;
+    c->rejoin[server].redeclares = 0;
+}
+
+int psc_redeclare_park(ps_client *c, uint32_t i)
+{
+    psc_sub *s = &c->slots->sub[i];
+    struct psc_rejoin *sv = &c->rejoin[s->server];
+    if (!__atomic_load_n(&c->started, __ATOMIC_ACQUIRE) || !s->sp || !c->ntables)
+        return -1;
+    if (!decl_on_its_way(sv) && sv->redeclares >= REJOIN_MAX) {
+        if (sv->redeclares++ == REJOIN_MAX)
+            ps_error("libps: %s does not know our tables again after %d declarations in a row; "
+                     "its table requests fail", c->endpoints[s->server], REJOIN_MAX);
+        return -1;
+    }
+    s->parked = 1;
+    s->deadline_ns = INT64_MAX;
+    return 0;
+}
+
+int psc_redeclare_begin(ps_client *c, int server, const ps_header *refusal)
+{
+    struct psc_rejoin *sv = &c->rejoin[server];
+    if (decl_on_its_way(sv))
+        return -1;
+    ps_warn("libps: %s does not know a table of ours (%s; restored from a checkpoint older "
+            "than its declaration?): declaring our %zu tables to it again",
+            c->endpoints[server],
+            refusal->err_text[0] ? refusal->err_text : ps_strerror(refusal->err_code),
+            c->ntables);
+    psc_req_reset(c, &sv->decl, (int)c->ntables);
+    sv->redeclares++;
+    return 0;
+}
+
+uint32_t psc_redeclare_slot(ps_client *c, int server, size_t t)
+{
+    struct psc_rejoin *sv = &c->rejoin[server];
+    uint32_t i = psc_slot_new(c, server, PS_MSG_TABLE, &sv->decl);
+    if (i == PSC_NO_SLOT) { /* this part will not go: done, with the error */
+        psc_set_error(&sv->decl, PS_ENOMEM, "out of memory declaring tables again");
+        psc_part_done(c, &sv->decl);
+        return PSC_NO_SLOT;
+    }
+    c->slots->sub[i].key = c->tables[t].key;
+    return i;
+}
+
+int psc_redeclare_reply(ps_client *c, uint32_t i, const ps_header *h, int *ok)
+{
+    int server = c->slots->sub[i].server;
+    struct psc_rejoin *sv = &c->rejoin[server];
+    *ok = 0;
+    if (c->slots->sub[i].req != &sv->decl)
+        return 0;
+    if (h->type == PS_MSG_ERROR)
+        psc_set_error(&sv->decl, h->err_code ? h->err_code : PS_EPROTO,
+                      "declaring table %llu to %s again: %s",
+                      (unsigned long long)c->slots->sub[i].key, c->endpoints[server],
+                      h->err_text[0] ? h->err_text : ps_strerror(h->err_code));
+    psc_slot_finish(c, i);
+    if (!__atomic_load_n(&sv->decl._priv.done, __ATOMIC_ACQUIRE))
+        return 1; /* more to come */
+    if (sv->decl.status) {
+        ps_error("libps: %s", sv->decl.err);
+        fail_parked(c, server, sv->decl.status, sv->decl.err);
+        return 1;
+    }
+    ps_info("libps: %s took our %zu tables again; what waited for them is sent again",
+            c->endpoints[server], c->ntables);
+    *ok = 1;
+    return 1;
+}
+
+void psc_redeclare_unsent(ps_client *c, int server)
+{
+    struct psc_rejoin *sv = &c->rejoin[server];
+    if (__atomic_load_n(&sv->decl._priv.done, __ATOMIC_ACQUIRE))
+        fail_parked(c, server, sv->decl.status ? sv->decl.status : PS_EIO, sv->decl.err);
+}
 
 int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h)
 {
@@ -184,7 +280,8 @@ int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h)
 
 uint32_t psc_rejoin_unpark(ps_client *c, int server, uint32_t from)
 {
-    if (hello_on_its_way(&c->rejoin[server])) /* not taken back yet */
+    /* not taken back yet, or our tables not declared again yet */
+    if (hello_on_its_way(&c->rejoin[server]) || decl_on_its_way(&c->rejoin[server]))
         return PSC_NO_SLOT;
     uint32_t i = next_parked(c, server, from);
     if (i != PSC_NO_SLOT)

@@ -36,6 +36,29 @@ void psc_rejoin_served(ps_client *c, int server);
  * resend (psc_rejoin_unpark); if not, that failed.  1 when i was one
  * (handled), 0 otherwise. */
 int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h);
+/* Sparse sub-request i was refused with PS_ENOTFOUND (its server does not
+ * know the table: restored from a checkpoint older than the declaration).
+ * 0: parked until every table is declared to it again (psc_redeclare);
+ * -1: the caller should fail it instead (before start, not a table request,
+ * or the server kept forgetting them). */
+int psc_redeclare_park(ps_client *c, uint32_t i);
+/* `server` refused a table request with `refusal`: a re-declaration of
+ * every table to it starts (0), for the caller to make and send its TABLEs
+ * with psc_redeclare_slot; -1 when one is on its way already. */
+int psc_redeclare_begin(ps_client *c, int server, const ps_header *refusal);
+/* A new slot holding table t's TABLE of that re-declaration, for the caller
+ * to send; PSC_NO_SLOT when out of memory (that part done, failed). */
+uint32_t psc_redeclare_slot(ps_client *c, int server, size_t t);
+/* After making and sending them (some may have failed): when that completed
+ * the re-declaration already, what is parked on `server` fails with its
+ * error. */
+void psc_redeclare_unsent(ps_client *c, int server);
+/* Sub-request i is a re-declaration's TABLE: take its reply h and finish
+ * the slot; 1 when it was one.  *ok: the last one came and every table was
+ * taken: what is parked on the server is for the caller to resend
+ * (psc_rejoin_unpark).  One refused fails what is parked there. */
+int psc_redeclare_reply(ps_client *c, uint32_t i, const ps_header *h, int *ok);
+
 /* The next sub-request at or after slot `from` parked on `server`, which
  * has taken us back: unparked, for the caller to send again; PSC_NO_SLOT
  * when none is left (or the hello is still on its way). */

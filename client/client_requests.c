@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client_metrics.h"
 #include "client_requests.h"
 #include "ps_time.h"
 
@@ -151,6 +152,7 @@ int psc_wait_until(ps_request *r, int64_t deadline_ns)
     if (!c)
         return 0;
     struct psc_waits *w = c->waits;
+    int64_t t0 = c->metrics ? ps_now_ns() : 0;
     pthread_mutex_lock(&w->mu);
     __atomic_add_fetch(&w->nwaiters, 1, __ATOMIC_SEQ_CST);
     while (!__atomic_load_n(&r->_priv.done, __ATOMIC_SEQ_CST)) {
@@ -165,6 +167,8 @@ int psc_wait_until(ps_request *r, int64_t deadline_ns)
     }
     __atomic_sub_fetch(&w->nwaiters, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&w->mu);
+    if (t0)
+        psc_metrics_waited(c, ps_now_ns() - t0);
     return __atomic_load_n(&r->_priv.done, __ATOMIC_ACQUIRE);
 }
 

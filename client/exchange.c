@@ -56,6 +56,10 @@ struct tensor {
     int64_t step;      /* the step of the push in flight (its pull asks for step+npush) */
     int npush;         /* gradients the push in flight sums */
     int64_t posted_ns;
+    /* versions, for the staleness a scrape reads: of the landed weights in back,
+     * of those in front, and of those the push in flight was computed on
+     * (-1: not known) */
+    int64_t v_back, v_front, v_used;
     ps_exchange *x;    /* for copy_done on the comm thread */
     /* local aggregation, a member (local rank > 0): */
     int lg_wait;       /* posted a gradient; the weights it leads to are not in yet */
@@ -162,6 +166,10 @@ static int landed(ps_exchange *x, int i)
     if ((rc = stage_in(x, t, t->back, PS_STREAM_COPY)))
         return rc;
     t->landed = 1;
+    t->v_back = t->pull.version;
+    /* the updates of others between the weights it was computed on and its own */
+    if (t->pp && t->v_used >= 0 && x->met.on)
+        psx_metrics_stale(x, t->v_back - t->v_used - t->npush);
     /* the host's other workers take the same weights (what landed: the
      * back buffer in host memory, the pinned landing on a device) */
     if (psx_leader(x))
@@ -197,7 +205,7 @@ static int settle(ps_exchange *x, int i, int block)
         push_seen(x, t);
         ps_request_wait(&t->pull);
         int64_t t1 = ps_now_ns();
-        x->wait_ns += t1 - t0;
+        psx_waited(x, t1 - t0);
         if (t1 - t0 > WAIT_EVENT_NS)
             ps_trace_event(x->trace, "wait", "comm", x->wait_tid, t0, t1, t->step + t->npush,
                            t->tag);
@@ -219,6 +227,7 @@ static int swap_in(ps_exchange *x, tensor *t)
     t->front = t->back;
     t->back = w;
     t->landed = 0;
+    t->v_front = t->v_back;
     return 0;
 }
 
@@ -244,6 +253,7 @@ static int post(ps_exchange *x, tensor *t, float *send_buf, int64_t step, int np
         return rc;
     t->step = step;
     t->npush = npush;
+    t->v_used = t->v_front;
     t->posted_ns = ps_now_ns();
     /* on a device the comm thread sends once the copy's event has happened;
      * the training thread goes straight on with the backward of earlier layers */
@@ -274,6 +284,7 @@ static int pull_front(ps_exchange *x, tensor *t)
     int rc = ps_client_pull(x->client, t->key, landing(x, t, t->front), 0, &t->pull);
     if (!rc)
         rc = ps_request_wait(&t->pull);
+    t->v_front = rc ? -1 : t->pull.version;
     return rc ? rc : stage_in(x, t, t->front, PS_STREAM_COMPUTE);
 }
 
@@ -304,7 +315,7 @@ static int lg_post(ps_exchange *x, int i)
     char why[400];
     int64_t t0 = ps_now_ns();
     rc = ps_lgroup_post_grad(x->lg, i, src, why, sizeof why);
-    x->wait_ns += ps_now_ns() - t0;
+    psx_waited(x, ps_now_ns() - t0);
     if (rc)
         return lg_fail(x, rc, why);
     t->lg_wait = 1;
@@ -323,7 +334,7 @@ static int lg_take(ps_exchange *x, int i, int block)
     int64_t t0 = ps_now_ns();
     int rc = ps_lgroup_take(x->lg, i, dst, &t->lg_seen, block, &took, why, sizeof why);
     int64_t t1 = ps_now_ns();
-    x->wait_ns += t1 - t0;
+    psx_waited(x, t1 - t0);
     if (t1 - t0 > WAIT_EVENT_NS)
         ps_trace_event(x->trace, "wait", "comm", x->wait_tid, t0, t1, (int64_t)t->lg_seen,
                        t->tag);
@@ -355,7 +366,7 @@ static int lg_sum(ps_exchange *x, int i)
     char why[400];
     int64_t t0 = ps_now_ns();
     rc = ps_lgroup_sum_grads(x->lg, i, g, why, sizeof why);
-    x->wait_ns += ps_now_ns() - t0;
+    psx_waited(x, ps_now_ns() - t0);
     if (rc)
         return lg_fail(x, rc, why);
     if (!b->host_memory && ((rc = b->copy(b, t->g, g, bytes, 0, PS_STREAM_COMPUTE)) ||
@@ -489,6 +500,7 @@ int ps_exchange_adopt(ps_client *c, const ps_client_options *o, ps_backend *b,
     x->num_workers = o->num_workers;
     x->init = -1;
     x->client = c;
+    psx_metrics_open(x);
     *out = x;
     return 0;
 }
@@ -634,7 +646,8 @@ int ps_exchange_add(ps_exchange *x, uint64_t key, size_t count, float *w, float 
         x->cap = cap;
     }
     tensor *t = &x->t[x->n++];
-    *t = (tensor){.key = key, .count = count, .tag = tag, .front = w, .g = g};
+    *t = (tensor){.key = key, .count = count, .tag = tag, .front = w, .g = g, .v_back = -1,
+                  .v_front = -1, .v_used = -1};
     t->gbuf[0] = g;
     t->own_g = 1;
     t->x = x;
@@ -860,6 +873,19 @@ int ps_exchange_pull_final(ps_exchange *x)
     return rc;
 }
 
+void ps_exchange_step_done(ps_exchange *x, uint64_t samples)
+{
+    if (!x->met.on)
+        return;
+    atomic_fetch_add_explicit(&x->met.steps, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&x->met.samples, samples, memory_order_relaxed);
+}
+
+const char *ps_exchange_metrics_url(const ps_exchange *x)
+{
+    return ps_client_metrics_url(x->client);
+}
+
 int64_t ps_exchange_take_wait_ns(ps_exchange *x)
 {
     int64_t ns = x->wait_ns;
@@ -882,6 +908,7 @@ void ps_exchange_close(ps_exchange *x)
     if (x->summed)
         ps_info("%llu gradients went out in sums with others instead of waiting for the wire",
                 (unsigned long long)x->summed);
+    psx_metrics_close(x); /* no scrape reads x after this */
     ps_backend *b = x->b;
     if (x->registered) {
         /* no copy may still run on the arena when it is unpinned */

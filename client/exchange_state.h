@@ -14,6 +14,7 @@
 #ifndef PS_EXCHANGE_STATE_H
 #define PS_EXCHANGE_STATE_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "local_group.h"
@@ -25,6 +26,17 @@
 #define WAIT_EVENT_NS 20000
 
 typedef struct tensor tensor; /* one dense tensor: exchange.c */
+
+/* The worker's figures a scrape reads (exchange_metrics.c): written by the
+ * training thread with relaxed atomic stores and adds, never reset. */
+typedef struct psx_metrics {
+    _Atomic uint64_t steps, samples; /* ps_exchange_step_done */
+    _Atomic uint64_t wait_ns;        /* every wait: the comm-wait total */
+    _Atomic uint64_t pushes;         /* dense pushes whose staleness was measured */
+    _Atomic uint64_t stale;          /* their staleness, summed */
+    _Atomic int64_t last_stale;      /* the last one's */
+    int on;                          /* the client serves metrics: its collector is added */
+} psx_metrics;
 typedef struct xtable xtable; /* one embedding table: exchange_table.c */
 
 struct ps_exchange {
@@ -43,6 +55,7 @@ struct ps_exchange {
     xtable *tb;        /* the embedding tables (exchange_table.c) */
     int ntb, captb;
     int64_t wait_ns;   /* time blocked on requests since ps_exchange_take_wait_ns */
+    psx_metrics met;   /* what a scrape reads (exchange_metrics.c) */
     uint64_t summed;   /* gradients that went out in a sum instead of waiting */
     ps_trace *trace;
     int wait_tid, request_tid;
@@ -58,6 +71,22 @@ struct ps_exchange {
     int lg_done;       /* the final weights went through the group */
     float *lg_scratch; /* leader on a device: host memory for the sum */
 };
+
+/* The training thread was blocked ns on requests: comm-wait. */
+static inline void psx_waited(ps_exchange *x, int64_t ns)
+{
+    x->wait_ns += ns;
+    if (x->met.on)
+        atomic_fetch_add_explicit(&x->met.wait_ns, (uint64_t)ns, memory_order_relaxed);
+}
+
+/* exchange_metrics.c: add the worker's families to the client's registry
+ * (when it serves metrics); take them away again. */
+void psx_metrics_open(ps_exchange *x);
+void psx_metrics_close(ps_exchange *x);
+/* A push's staleness: the updates of other workers applied between the
+ * weights its gradient was computed on and its own. */
+void psx_metrics_stale(ps_exchange *x, int64_t stale);
 
 /* A member of a local group: the leader talks to the servers for it. */
 static inline int psx_member(const ps_exchange *x) { return x->lg_size > 1 && x->lg_rank > 0; }

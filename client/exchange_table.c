@@ -168,7 +168,7 @@ static void table_wait(ps_exchange *x, const xtable *t, ps_request *r, int64_t s
     int64_t t0 = ps_now_ns();
     ps_request_wait(r);
     int64_t t1 = ps_now_ns();
-    x->wait_ns += t1 - t0;
+    psx_waited(x, t1 - t0);
     if (t1 - t0 > WAIT_EVENT_NS)
         ps_trace_event(x->trace, "wait", "comm", x->wait_tid, t0, t1, step, t->tag);
 }

@@ -138,15 +138,10 @@ static int check_dir(const char *dir, char *why, size_t why_len)
 }
 
 /* Read DIR/<role>-<rank>.key and .pub and check that they are one pair. */
-static int read_pair(const char *dir, const char *role, int rank, char pub[41], char sec[41],
-                     char *why, size_t why_len)
+static int read_pair(const char *dir, const char *name, char pub[41], char sec[41], char *why,
+                     size_t why_len)
 {
-    char path[4096], derived[41], name[64];
-    /* rank -1: the role's one key (a reader's reader.key) */
-    if (rank < 0)
-        snprintf(name, sizeof name, "%s", role);
-    else
-        snprintf(name, sizeof name, "%s-%d", role, rank);
+    char path[4096], derived[41];
     snprintf(path, sizeof path, "%s/%s.pub", dir, name);
     int rc = ps_curve_read_key(path, pub, why, why_len);
     if (rc)
@@ -539,8 +534,9 @@ int ps_curve_server_setup(void *zmq_ctx, void *router_socket, const char *dir, i
         ps_errorf(why, why_len, "CURVE key directory path is too long");
         return PS_EINVAL;
     }
-    char pub[41], sec[41];
-    if ((rc = read_pair(dir, "server", server_rank, pub, sec, why, why_len)))
+    char pub[41], sec[41], name[32];
+    snprintf(name, sizeof name, "server-%d", server_rank);
+    if ((rc = read_pair(dir, name, pub, sec, why, why_len)))
         return rc;
     ps_curve_auth *a = calloc(1, sizeof *a);
     if (!a) {
@@ -658,10 +654,26 @@ uint64_t ps_curve_auth_accepted(const ps_curve_auth *a)
 int ps_curve_client_setup(void *dealer_socket, const char *dir, int worker_rank, int server_rank,
                           char *why, size_t why_len)
 {
-    if (!dealer_socket || worker_rank < -1 || worker_rank >= PS_CURVE_MAX_KEYS ||
-        server_rank < 0 || server_rank >= PS_CURVE_MAX_KEYS) {
-        ps_errorf(why, why_len, "ps_curve_client_setup: bad argument (worker %d, server %d)",
-            worker_rank, server_rank);
+    if (worker_rank < -1 || worker_rank >= PS_CURVE_MAX_KEYS) {
+        ps_errorf(why, why_len, "ps_curve_client_setup: bad argument (worker %d)", worker_rank);
+        return PS_EINVAL;
+    }
+    /* rank -1, a reader: its one pair, reader.key */
+    char name[32];
+    if (worker_rank < 0)
+        snprintf(name, sizeof name, "reader");
+    else
+        snprintf(name, sizeof name, "worker-%d", worker_rank);
+    return ps_curve_client_setup_key(dealer_socket, dir, name, server_rank, why, why_len);
+}
+
+int ps_curve_client_setup_key(void *dealer_socket, const char *dir, const char *key_name,
+                              int server_rank, char *why, size_t why_len)
+{
+    if (!dealer_socket || !key_name || !*key_name || strchr(key_name, '/') || server_rank < 0 ||
+        server_rank >= PS_CURVE_MAX_KEYS) {
+        ps_errorf(why, why_len, "ps_curve_client_setup: bad argument (key '%s', server %d)",
+            key_name ? key_name : "", server_rank);
         return PS_EINVAL;
     }
     int rc = check_dir(dir, why, why_len);
@@ -671,8 +683,7 @@ int ps_curve_client_setup(void *dealer_socket, const char *dir, int worker_rank,
     snprintf(path, sizeof path, "%s/server-%d.pub", dir, server_rank);
     if ((rc = ps_curve_read_key(path, server_pub, why, why_len)))
         return rc;
-    if ((rc = read_pair(dir, worker_rank < 0 ? "reader" : "worker", worker_rank, pub, sec, why,
-                        why_len)))
+    if ((rc = read_pair(dir, key_name, pub, sec, why, why_len)))
         return rc;
     if (zmq_setsockopt(dealer_socket, ZMQ_CURVE_SERVERKEY, server_pub, PS_CURVE_KEY_LEN + 1) ||
         zmq_setsockopt(dealer_socket, ZMQ_CURVE_PUBLICKEY, pub, PS_CURVE_KEY_LEN + 1) ||

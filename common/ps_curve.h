@@ -126,6 +126,10 @@ uint64_t ps_curve_auth_accepted(const ps_curve_auth *a);
  * reports it; say "check --curve-keys" in that message. */
 int ps_curve_client_setup(void *dealer_socket, const char *dir, int worker_rank, int server_rank,
                           char *why, size_t why_len);
+/* The same with the client's pair DIR/<key_name>.pub / .key (ps_top --key;
+ * a name without '/'). */
+int ps_curve_client_setup_key(void *dealer_socket, const char *dir, const char *key_name,
+                              int server_rank, char *why, size_t why_len);
 
 /* ---- key generation ---------------------------------------------------- */
 

@@ -36,13 +36,15 @@
 #include "ps_types.h"
 
 /* Which programs take a row (the progs column, (SERVER, WORKER, LAUNCH,
- * LIBPS, KEYGEN) with _ for one that does not): */
+ * LIBPS, TOOL) with _ for one that does not; TOOL is one of the operator
+ * programs: KEYGEN or TOP): */
 #define PS_PROG_SERVER 1u /* ps_server: ps_server_config */
 #define PS_PROG_WORKER 2u /* ps_worker: ps_train_config */
 #define PS_PROG_LAUNCH 4u /* ps_launch: ps_launch_opts */
 #define PS_PROG_LIBPS 8u  /* ps_client_options: ps_client_options_default takes the
                              default, and ps.Client reads the variables */
 #define PS_PROG_KEYGEN 16u /* ps_keygen: ps_keygen_opts */
+#define PS_PROG_TOP 32u    /* ps_top: ps_top_opts */
 
 /* What a row is (the type column, without the prefix):
  *   INT     an integer in [lo, hi]
@@ -154,10 +156,19 @@ enum {
       PS_SERVER_MAX_THREADS, _, PS_SET_BY_LAUNCH,                                                \
       "update threads; each chunk is owned by one of them (by hash), so the hot path takes "     \
       "no lock")                                                                                 \
-    X(max_memory, (SERVER, _, _, _, _), "--max-memory", "BYTES", NULL, SIZE, max_memory, "8G",   \
+    X(max_memory, (SERVER, _, _, _, _), "--max-memory", "BYTES", NULL, SIZE, max_memory, NULL,   \
       NULL, 4096, 1ll << 50, _, 0,                                                               \
-      "cap on weights + optimizer state and on pull replies sent as copies and not yet "         \
-      "read; inits (and copies) beyond it are refused")                                          \
+      "cap on weights + optimizer state, table rows and pull replies sent as copies and not "    \
+      "yet read; inits, rows and copies beyond it are refused (default: half of the host's "     \
+      "MemAvailable when the server starts, 8G when /proc/meminfo says none; "                   \
+      "docs/OPERATIONS.md)")                                                                     \
+    X(table_memory_per_worker, (SERVER, _, _, _, _), "--table-memory-per-worker", "BYTES", NULL, \
+      SIZE, table_memory_per_worker, NULL, NULL, 4096, 1ll << 50, _, 0,                          \
+      "table rows one worker's pulls and pushes may make on this server; beyond it that "        \
+      "worker's requests that make rows are refused and the others go on (default: "            \
+      "--max-memory x 1.25 / --num-workers, a quarter more than an even share)")                 \
+    X(max_tables, (SERVER, _, _, _, _), "--max-tables", "N", NULL, INT, max_tables, "1024",       \
+      NULL, 1, 1000000, _, 0, "embedding tables a job may declare; more are refused")           \
     X(max_peer_replies, (SERVER, _, _, _, _), "--max-peer-replies", "N", NULL, INT,              \
       max_peer_replies, "10000", NULL, 1, 1000000000, _, 0,                                      \
       "pull replies one connection may leave unread before its pulls are refused "               \
@@ -245,7 +256,9 @@ enum {
       "bot=H1-...-dim), then an MLP to one logit, binary cross-entropy and test AUC.  Keys "      \
       "(defaults): fields (26), dense (13), dim (16), rows: ids per field of synthetic data "     \
       "(1000000), pool=sum|mean (sum), mlp=H1-...-1 (512-256-1), the tables' opt=sgd|adagrad "   \
-      "and lr (adagrad, 0.05).  The tables live on the servers (each batch's rows fetched "      \
+      "and lr (adagrad, 0.05), cap: each table's max_rows (none) and full=evict|refuse, "       \
+      "what a table at its cap does with a new id (evict).  The tables live on the servers "    \
+      "(each batch's rows fetched "                                                              \
       "while the one before computes), with --servers none in the worker; on the CPU or a "      \
       "GPU (--device)")                                                                          \
     X(batch, (_, WORKER, _, _, _), "--batch", "B", NULL, INT, batch, "64", NULL, 1, 65536, _,    \
@@ -292,6 +305,14 @@ enum {
       NULL, NULL, 1, 900, _, PS_SET_OUTPUT,                                                      \
       "Chrome trace-event JSON (Perfetto, chrome://tracing): forward, backward, push, "          \
       "pull and wait per step and layer")                                                        \
+    X(metrics_port, (SERVER, WORKER, _, LIBPS, _), "--metrics-port", "P", "PS_METRICS_PORT",     \
+      INT, metrics_port, "0", NULL, 0, 65535, _, PS_SET_BY_LAUNCH,                               \
+      "serve Prometheus metrics at http://BIND:P/metrics (BIND: --metrics-bind; "                \
+      "docs/OPERATIONS.md, Metrics).  0: off")                                                   \
+    X(metrics_bind, (SERVER, WORKER, _, LIBPS, _), "--metrics-bind", "ADDR", "PS_METRICS_BIND",  \
+      STR, metrics_bind, "127.0.0.1", NULL, 1, 255, _, PS_SET_SHARED,                            \
+      "the address /metrics listens on: 127.0.0.1 (only this host), 0.0.0.0 or :: (every "       \
+      "interface: for a Prometheus on another host), or one interface's address")                \
     X(save, (_, WORKER, _, _, _), "--save", "FILE", NULL, STR, save_path, NULL, NULL, 1, 900,    \
       _, PS_SET_OUTPUT, "write the final model (worker 0; a checksummed file)")                  \
     X(load, (_, WORKER, _, _, _), "--load", "FILE", NULL, STR, load_path, NULL, NULL, 1, 900,    \
@@ -346,6 +367,19 @@ enum {
       "each process writes Chrome trace events to DIR/server-i.json or "                         \
       "DIR/worker-i.json (DIR is created first); processes on one host share the clock, "        \
       "so Perfetto shows them together")                                                         \
+    X(lch_metrics_port, (_, _, LAUNCH, _, _), "--metrics-port", "auto|off|P", NULL, STR,         \
+      metrics_port, "auto", NULL, 1, 16, _, 0,                                                   \
+      "Prometheus metrics of every process: ps_launch serves its own at P, server i at P+1+i, "  \
+      "worker j at P+1+S+j (S servers), and prints where; auto: free ports on this host (with "  \
+      "--hostfile, P = 29400); off: none (docs/OPERATIONS.md, Metrics)")                         \
+    X(job_file, (_, _, LAUNCH, _, _), "--job-file", "FILE", NULL, STR, job_file, NULL, NULL, 1,  \
+      900, _, 0,                                                                                 \
+      "write the job's processes to FILE as they start: each one's role, rank, endpoint and "    \
+      "/metrics address (ps_top --job FILE reads it), and the CURVE keys")                       \
+    X(metrics_targets, (_, _, LAUNCH, _, _), "--metrics-targets", "FILE", NULL, STR,             \
+      metrics_targets, NULL, NULL, 1, 900, _, 0,                                                 \
+      "write the /metrics addresses to FILE as Prometheus file_sd targets with labels ps_job, "  \
+      "role and ps_rank (examples/prometheus/)")                                                 \
     X(bin_dir, (_, _, LAUNCH, _, _), "--bin-dir", "DIR", NULL, STR, bin_dir, NULL, NULL, 1,      \
       900, _, 0, "where ps_server and ps_worker are (default: the directory of ps_launch)")      \
     X(server_arg, (_, _, LAUNCH, _, _), "--server-arg", "ARG", NULL, OWN, _, NULL, NULL, 0, 0,   \
@@ -369,7 +403,8 @@ enum {
       "run PROGRAM ARGS as each worker instead of ps_worker (the rest of the command "           \
       "line; {rank} in ARGS becomes the rank).  It finds its settings in its environment:"       \
       " PS_SERVERS, PS_NUM_SERVERS, PS_RANK, PS_NUM_WORKERS, PS_MODE, PS_MAX_STALENESS, "        \
-      "PS_DEVICE, PS_TIMELINE (with --timeline-dir), and PS_<NAME> for each shared flag "        \
+      "PS_DEVICE, PS_TIMELINE (with --timeline-dir), PS_METRICS_PORT (with metrics: a "          \
+      "ps.Client serves there), and PS_<NAME> for each shared flag "                             \
       "given (--lr-decay-every: PS_LR_DECAY_EVERY)")                                             \
     X(dry_run, (_, _, LAUNCH, _, _), "--dry-run", "", NULL, BOOL, dry_run, NULL, NULL, 0, 0, _,  \
       0, "print the commands (and their hosts) and start nothing")                               \
@@ -382,6 +417,32 @@ enum {
     X(force, (_, _, _, _, KEYGEN), "--force", "", NULL, BOOL, force, NULL, NULL, 0, 0, _, 0,     \
       "replace the keys already in DIR (all of them: keys of the earlier set, "                 \
       "authorized/*.pub included, are removed)")                                                 \
+    X(top_servers, (_, _, _, _, TOP), "--servers", "LIST", NULL, STR, servers, NULL, NULL, 1,    \
+      65536, _, 0,                                                                               \
+      "the job's server endpoints, tcp://HOST:PORT[,...]: their counters come by STATS "         \
+      "requests (over CURVE with --curve-keys)")                                                 \
+    X(top_job, (_, _, _, _, TOP), "--job", "FILE", NULL, STR, job, NULL, NULL, 1, 900, _, 0,     \
+      "the job file of ps_launch --job-file: the servers, their CURVE keys, and every "          \
+      "process' /metrics address")                                                               \
+    X(top_metrics, (_, _, _, _, TOP), "--metrics", "LIST", NULL, STR, metrics, NULL, NULL, 1,    \
+      65536, _, 0,                                                                               \
+      "more /metrics addresses to read, HOST:PORT[,...]: each a worker's or a server's "         \
+      "(ps_worker --metrics-port); the workers' lines come from these")                          \
+    X(top_curve_keys, (_, _, _, _, TOP), "--curve-keys", "DIR", NULL, STR, curve_dir, NULL,      \
+      NULL, 1, 900, _, 0,                                                                        \
+      "CURVE keys: the servers' public keys and the key ps_top speaks with (--key)")             \
+    X(top_key, (_, _, _, _, TOP), "--key", "NAME", NULL, STR, key, "worker-0", NULL, 1, 200, _,  \
+      0,                                                                                         \
+      "with --curve-keys: DIR/NAME.key and DIR/NAME.pub, a pair whose public key the servers "   \
+      "accept (in their authorized/): any such key may read the counters")                       \
+    X(top_interval, (_, _, _, _, TOP), "--interval", "S", NULL, SECS, interval_ms, "1", NULL, 0, \
+      3600, _, 0, "refresh every S seconds (rates are over it)")                                 \
+    X(top_timeout, (_, _, _, _, TOP), "--timeout", "S", NULL, SECS, timeout_ms, "2", NULL, 0,    \
+      3600, _, 0,                                                                                \
+      "how long to wait for a server's STATS reply or a /metrics page; a process that does "     \
+      "not answer is shown as such")                                                             \
+    X(top_once, (_, _, _, _, TOP), "--once", "", NULL, BOOL, once, NULL, NULL, 0, 0, _, 0,       \
+      "print one table (rates over one --interval) and exit: for scripts and CI logs")           \
     X(verbose, (SERVER, WORKER, _, _, _), "--verbose", "", NULL, LOG, _, NULL, NULL, 0,          \
       PS_LOG_DEBUG, _, 0, "log debug lines too")                                                 \
     X(quiet, (SERVER, WORKER, _, _, _), "--quiet", "", NULL, LOG, _, NULL, NULL, 0, PS_LOG_WARN, \
@@ -443,8 +504,8 @@ typedef struct ps_setting_field {
     size_t off, size;
 } ps_setting_field;
 
-/* The fields of program P's rows (P: SERVER, WORKER, LAUNCH, LIBPS or
- * KEYGEN) in its config struct, as an initializer list, in the one file that
+/* The fields of program P's rows (P: SERVER, WORKER, LAUNCH, LIBPS, KEYGEN
+ * or TOP) in its config struct, as an initializer list, in the one file that
  * knows the struct:
  *   static const ps_setting_field fields[] = {PS_SETTING_FIELDS(SERVER)};
  * A row the struct has no field for does not compile. */
@@ -459,6 +520,8 @@ typedef struct ps_setting_field {
     PS_SETTING_BIND(LIBPS, ps_client_options, progs, type, id, field)
 #define PS_SET_FIELD_KEYGEN(id, progs, flag, arg, env, type, field, ...)                    \
     PS_SETTING_BIND(KEYGEN, ps_keygen_opts, progs, type, id, field)
+#define PS_SET_FIELD_TOP(id, progs, flag, arg, env, type, field, ...)                       \
+    PS_SETTING_BIND(TOP, ps_top_opts, progs, type, id, field)
 
 /* The entry of a row for program P in struct T, followed by a comma;
  * nothing when P does not take the row or the row has no field. */
@@ -557,12 +620,21 @@ void ps_settings_opt_env(const char *flag, char *out, size_t len);
 #define PS_SET_PICK_WORKER(s, w, l, c, k) w
 #define PS_SET_PICK_LAUNCH(s, w, l, c, k) l
 #define PS_SET_PICK_LIBPS(s, w, l, c, k) c
-#define PS_SET_PICK_KEYGEN(s, w, l, c, k) k
+/* the last column is the tool's: KEYGEN or TOP (or _) */
+#define PS_SET_PICK_KEYGEN(s, w, l, c, k) PS_SET_CAT(PS_SET_IS_KEYGEN_, k)
+#define PS_SET_PICK_TOP(s, w, l, c, k) PS_SET_CAT(PS_SET_IS_TOP_, k)
+#define PS_SET_IS_KEYGEN_KEYGEN KEYGEN
+#define PS_SET_IS_KEYGEN_TOP _
+#define PS_SET_IS_KEYGEN__ _
+#define PS_SET_IS_TOP_TOP TOP
+#define PS_SET_IS_TOP_KEYGEN _
+#define PS_SET_IS_TOP__ _
 #define PS_SET_IF_SERVER PS_SET_KEEP
 #define PS_SET_IF_WORKER PS_SET_KEEP
 #define PS_SET_IF_LAUNCH PS_SET_KEEP
 #define PS_SET_IF_LIBPS PS_SET_KEEP
 #define PS_SET_IF_KEYGEN PS_SET_KEEP
+#define PS_SET_IF_TOP PS_SET_KEEP
 #define PS_SET_IF__ PS_SET_DROP
 /* PS_SET_IF_IN(P, progs)(x...): x when P is in progs */
 #define PS_SET_IF_IN(P, progs) PS_SET_CAT(PS_SET_IF_, PS_SET_PICK_##P progs)
@@ -571,6 +643,7 @@ void ps_settings_opt_env(const char *flag, char *out, size_t len);
 #define PS_SET_BIT_LAUNCH PS_PROG_LAUNCH
 #define PS_SET_BIT_LIBPS PS_PROG_LIBPS
 #define PS_SET_BIT_KEYGEN PS_PROG_KEYGEN
+#define PS_SET_BIT_TOP PS_PROG_TOP
 #define PS_SET_BIT__ 0u
 #define PS_SET_PROGS(s, w, l, c, k)                                                         \
     (PS_SET_BIT_##s | PS_SET_BIT_##w | PS_SET_BIT_##l | PS_SET_BIT_##c | PS_SET_BIT_##k)

@@ -100,6 +100,10 @@ typedef struct ps_client_options {
                               PS_ENONFINITE naming its step, key, chunk and value;
                               _SKIP or _APPLY: sent, with a warning (the servers'
                               --on-nonfinite decides) */
+    int metrics_port;      /* > 0: ps_client_open serves this client's Prometheus metrics
+                              (ps_client_metrics_*) at http://metrics_bind:metrics_port/metrics;
+                              0 (the default, PS_METRICS_PORT): none */
+    const char *metrics_bind; /* the address it listens on; NULL: 127.0.0.1 */
 } ps_client_options;
 
 /* One posted operation, allocated by the caller and filled by libps.
@@ -427,6 +431,11 @@ size_t ps_client_chunk_elems(const ps_client *c);
 /* Stop the comm thread, close sockets, free everything.  Pending requests
  * complete with PS_ECLOSED. */
 void ps_client_close(ps_client *c);
+
+/* Where this client serves its Prometheus metrics
+ * ("http://127.0.0.1:9403/metrics"; options.metrics_port), or NULL when it
+ * does not.  Valid until ps_client_close. */
+const char *ps_client_metrics_url(const ps_client *c);
 
 /* Abort c from any thread or from a signal handler (it only stores a flag
  * and writes an eventfd: async-signal-safe).  Within milliseconds every

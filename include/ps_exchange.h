@@ -283,6 +283,15 @@ int ps_exchange_pull_final(ps_exchange *x);
  * (the "comm-wait" figure), in ns; starts the next window. */
 int64_t ps_exchange_take_wait_ns(ps_exchange *x);
 
+/* A training step of `samples` samples is done: counted in
+ * ps_worker_steps_total and ps_worker_samples_total when the client serves
+ * metrics (options.metrics_port; docs/OPERATIONS.md "Metrics"), nothing
+ * otherwise. */
+void ps_exchange_step_done(ps_exchange *x, uint64_t samples);
+
+/* Where its client serves metrics (ps_client_metrics_url), or NULL. */
+const char *ps_exchange_metrics_url(const ps_exchange *x);
+
 /* Close the client (requests in flight complete with PS_ECLOSED) and free
  * what the exchange owns.  NULL is fine. */
 void ps_exchange_close(ps_exchange *x);

@@ -211,7 +211,15 @@ typedef struct ps_table_options {
      * may admit an id early when its cells are shared, never late. */
     uint32_t min_count;
     uint32_t filter_cells;
+    /* What a partition that holds its share of max_rows does with a new id:
+     * PS_TABLE_FULL_EVICT (0, the default) evicts its least recently
+     * touched row; PS_TABLE_FULL_REFUSE makes none: the request (pull or
+     * push) that would is refused with PS_ETOOBIG, to its worker alone, and
+     * the rows there stay.  Without max_rows it means nothing. */
+    uint32_t full;
 } ps_table_options;
+
+enum { PS_TABLE_FULL_EVICT = 0, PS_TABLE_FULL_REFUSE = 1 };
 
 /* ---- a server's counters (STATS): X(field, wire key) ---- */
 #define PS_STATS_COUNTERS(X)                                                  \

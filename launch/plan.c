@@ -658,6 +658,8 @@ static void server_args(const ps_launch_opts *o, const ps_launch_plan *p, const 
     if (hostfile) /* stop with the connection, even if the remote wrapper dies */
         ps_strvec_push(a, "--exit-on-stdin-eof");
     push_timeline(o, c, a);
+    if (c->metrics_port)
+        push_flag_int(a, "--metrics-port", c->metrics_port);
     for (int k = 0; k + 1 < o->shared.n; k += 2)
         push_flag(a, o->shared.v[k], o->shared.v[k + 1]);
     wflag w;
@@ -689,6 +691,8 @@ static void worker_args(const ps_launch_opts *o, const ps_launch_plan *p, const 
     }
     push_flag(a, "--device", c->device);
     push_timeline(o, c, a);
+    if (c->metrics_port)
+        push_flag_int(a, "--metrics-port", c->metrics_port);
     if (p->local_aggregate > 1 && !wflag_value(o, "--local-aggregate"))
         push_flag_int(a, "--local-aggregate", p->local_aggregate);
 }
@@ -719,6 +723,11 @@ static const char *exec_value(const ps_launch_opts *o, const ps_launch_plan *p,
     case PS_SET_mode: return ps_launch_mode_name(o->mode);
     case PS_SET_max_staleness: return servers_staleness(o);
     case PS_SET_device: return c->device;
+    case PS_SET_metrics_port:
+        if (!c->metrics_port)
+            return NULL;
+        snprintf(buf, len, "%d", c->metrics_port);
+        return buf;
     case PS_SET_wrk_timeline:
         if (!o->timeline_dir)
             return NULL;
@@ -755,6 +764,54 @@ static void exec_args(const ps_launch_opts *o, const ps_launch_plan *p, ps_launc
     }
 }
 
+int ps_launch_plan_sizes(const ps_launch_opts *o, const ps_launch_hostfile *hf, int *S, int *W,
+                         char *why, size_t len)
+{
+    return plan_sizes(o, hf, S, W, why, len);
+}
+
+int ps_launch_metrics_ports(const ps_launch_opts *o, int S, int W, const int *free_ports,
+                            int *ports, int *off, int *need_free, char *why, size_t len)
+{
+    *off = *need_free = 0;
+    const char *v = o->metrics_port ? o->metrics_port : "auto";
+    int n = 1 + S + W;
+    long base;
+    if (!strcmp(v, "off")) {
+        *off = 1;
+        return 0;
+    }
+    if (!strcmp(v, "auto")) {
+        if (!o->hostfile) {
+            if (!free_ports) {
+                *need_free = 1;
+                return 0;
+            }
+            memcpy(ports, free_ports, (size_t)n * sizeof *ports);
+            return 0;
+        }
+        base = PS_LAUNCH_METRICS_BASE;
+    } else {
+        char *end;
+        errno = 0;
+        base = strtol(v, &end, 10);
+        if (errno || end == v || *end || base < 1 || base > 65535) {
+            snprintf(why, len, P ": --metrics-port must be auto, off or a port in [1, 65535], "
+                     "got '%s'", v);
+            return PS_EINVAL;
+        }
+    }
+    if (base + n - 1 > 65535) {
+        snprintf(why, len, P ": --metrics-port %ld: ps_launch, %d servers and %d workers need "
+                 "ports %ld..%ld, past 65535; give a lower one", base, S, W, base,
+                 base + n - 1);
+        return PS_EINVAL;
+    }
+    for (int i = 0; i < n; i++)
+        ports[i] = (int)base + i;
+    return 0;
+}
+
 int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
                          ps_launch_plan *p, char *why, size_t len)
 {
@@ -773,6 +830,8 @@ int ps_launch_plan_build(const ps_launch_opts *o, const ps_launch_site *site,
     p->exec = o->exec != NULL;
     p->local_aggregate = L;
     plan_place(o, site, p);
+    for (int i = 0; site->metrics_ports && i < p->n; i++)
+        p->cmds[i].metrics_port = site->metrics_ports[1 + i];
 
     ps_strbuf list = {0};
     for (int r = 0; r < S; r++)

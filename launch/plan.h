@@ -44,6 +44,9 @@ typedef struct ps_launch_opts {
     const char *timeline_dir; /* NULL: no timelines */
     const char *bin_dir;      /* NULL: found by ps_launch_bin_dir */
     const char *hostfile;     /* NULL: run on this host */
+    const char *metrics_port; /* "auto" (default), "off" or a port: ps_launch_metrics_ports */
+    const char *job_file;     /* NULL: none */
+    const char *metrics_targets; /* NULL: none */
     int base_port;            /* hostfile: server i listens on base_port + i */
     ps_strvec ssh_opts;       /* --ssh-opt values split into words, in order */
     int dry_run;
@@ -122,6 +125,7 @@ typedef struct ps_launch_cmd {
     char *device;             /* workers: "cpu" or "cuda:0" */
     ps_strvec env;            /* "NAME=value" entries to add to the environment */
     ps_strvec argv;           /* argv[0]: program path, or "ssh" */
+    int metrics_port;         /* it serves /metrics here (--metrics-port); 0: not */
 } ps_launch_cmd;
 
 typedef struct ps_launch_plan {
@@ -142,7 +146,25 @@ typedef struct ps_launch_site {
     const char *remote_dir;   /* hostfile: the directory remote commands cd to */
     const char *ssh;          /* hostfile: the ssh command and its options, split at
                                * spaces ($PS_SSH); NULL or "": ssh */
+    const int *metrics_ports; /* ps_launch_metrics_ports' ports: [0] ps_launch's own, [1 + i]
+                               * command i's (servers, then workers); NULL: no metrics */
 } ps_launch_site;
+
+/* The ports of --metrics-port (ps_launch's own first, then server i's at
+ * 1 + i, then worker j's at 1 + S + j; S servers, W workers) into ports
+ * (n = 1 + S + W of them): P, P+1, ... for a port P; for auto, with a
+ * hostfile, the same from 29400, and on this host the `free` ports the
+ * caller found (NULL: it has none yet: then *need_free is set and nothing
+ * is written).  "off": *off set, nothing written.  0, or PS_EINVAL (not
+ * auto, off or a port; the ports run past 65535) with why. */
+#define PS_LAUNCH_METRICS_BASE 29400
+int ps_launch_metrics_ports(const ps_launch_opts *o, int S, int W, const int *free_ports,
+                            int *ports, int *off, int *need_free, char *why, size_t len);
+
+/* The plan's sizes as ps_launch_plan_build finds them (flags, hostfile):
+ * S servers and W workers.  0 or PS_EINVAL with why. */
+int ps_launch_plan_sizes(const ps_launch_opts *o, const ps_launch_hostfile *hf, int *S, int *W,
+                         char *why, size_t len);
 
 /* Build the plan.  This host: server i binds tcp://127.0.0.1:ports[i];
  * workers take the GPUs (site->gpus under auto, else the --gpus list)
@@ -160,7 +182,8 @@ typedef struct ps_launch_site {
  * PS_RANK, PS_NUM_SERVERS, PS_NUM_WORKERS, PS_MODE, PS_MAX_STALENESS (the
  * servers' value), the shared rows given (PS_CURVE_KEYS, ...), PS_DEVICE,
  * PS_TIMELINE with --timeline-dir, and PS_<FLAG> for each optimizer flag
- * given (ps_settings_opt_env).
+ * given (ps_settings_opt_env).  With site->metrics_ports every server and
+ * worker gets --metrics-port (an --exec worker PS_METRICS_PORT) of its own.
  * 0, PS_EINVAL (the hostfile disagrees with the flags, ports run out) with
  * why, or PS_ENOMEM.  Free p with ps_launch_plan_free (also after an error);
  * p keeps pointers into the hostfile. */

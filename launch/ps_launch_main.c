@@ -24,6 +24,7 @@
 #include "ps_fs.h"
 #include "ps_strbuf.h"
 #include "remote.h"
+#include "launch_metrics.h"
 #include "supervisor.h"
 
 #define P "ps_launch"
@@ -124,7 +125,11 @@ static int count_gpus(void)
  * open until all are read, so the ports differ. */
 static int pick_ports(int n, int *ports, char *why, size_t len)
 {
-    int fds[PS_LAUNCH_MAX_SERVERS], rc = 0, i;
+    int *fds = calloc((size_t)(n ? n : 1), sizeof *fds), rc = 0, i;
+    if (!fds) {
+        snprintf(why, len, P ": out of memory");
+        return 1;
+    }
     for (i = 0; i < n; i++) {
         fds[i] = socket(AF_INET, SOCK_STREAM, 0);
         struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
@@ -142,7 +147,101 @@ static int pick_ports(int n, int *ports, char *why, size_t len)
     }
     while (i-- > 0)
         close(fds[i]);
+    free(fds);
     return rc;
+}
+
+/* The value of a shared flag given to ps_launch itself, else among the
+ * worker flags (--flag V or --flag=V), or NULL. */
+static const char *own_flag(const ps_launch_opts *o, const char *flag)
+{
+    const char *v = NULL;
+    for (int k = 0; k + 1 < o->shared.n; k += 2)
+        if (!strcmp(o->shared.v[k], flag))
+            v = o->shared.v[k + 1];
+    size_t n = strlen(flag);
+    for (int k = 0; !v && k < o->nwflags; k++) {
+        if (!strcmp(o->wflags[k], flag) && k + 1 < o->nwflags)
+            v = o->wflags[k + 1];
+        else if (!strncmp(o->wflags[k], flag, n) && o->wflags[k][n] == '=')
+            v = o->wflags[k] + n + 1;
+    }
+    return v;
+}
+
+/* --metrics-port: the ports of ps_launch and of every process (mports, 1 +
+ * S + W of them), free ones on this host for auto; *off with off.  0, or
+ * the exit status after a message. */
+static int metrics_ports(const ps_launch_opts *o, const ps_launch_hostfile *hf, int **mports,
+                         int *off)
+{
+    char why[512];
+    int S, W, need_free;
+    *mports = NULL;
+    if (ps_launch_plan_sizes(o, hf, &S, &W, why, sizeof why))
+        return refuse(PS_EINVAL, why);
+    int *p = calloc((size_t)(1 + S + W), sizeof *p), *fr = NULL;
+    if (!p)
+        return refuse(PS_ENOMEM, why);
+    int rc = ps_launch_metrics_ports(o, S, W, NULL, p, off, &need_free, why, sizeof why);
+    if (!rc && need_free) {
+        fr = calloc((size_t)(1 + S + W), sizeof *fr);
+        if (!fr || pick_ports(1 + S + W, fr, why, sizeof why)) {
+            fprintf(stderr, "%s\n", fr ? why : P ": out of memory");
+            free(fr);
+            free(p);
+            return 1;
+        }
+        rc = ps_launch_metrics_ports(o, S, W, fr, p, off, &need_free, why, sizeof why);
+        free(fr);
+    }
+    if (rc || *off) {
+        free(p);
+        return rc ? refuse(rc, why) : 0;
+    }
+    *mports = p;
+    return 0;
+}
+
+/* Serve ps_launch's metrics, say where every process serves its own, and
+ * write the job and targets files.  0, or the exit status after a message. */
+static int metrics_start(const ps_launch_opts *o, const ps_launch_plan *plan, const int *mports,
+                         const ps_launch_counts *counts, ps_launch_metrics **lm)
+{
+    char why[1024], t[300], job[320], host[256] = "localhost";
+    const char *bind = own_flag(o, "--metrics-bind");
+    int port = mports ? mports[0] : 0;
+    if (mports) {
+        if (ps_launch_metrics_open(plan, counts, bind, port, lm, why, sizeof why)) {
+            fprintf(stderr, P ": %s\n", why);
+            return 1;
+        }
+        fprintf(stderr, P ": metrics of ps_launch at %s\n", ps_launch_metrics_url(*lm));
+        for (int i = 0; i < plan->n; i++)
+            fprintf(stderr, P ": metrics of %s %d at http://%s/metrics\n",
+                    ps_launch_role_name(plan->cmds[i].role), plan->cmds[i].rank,
+                    ps_launch_metrics_target(plan, i, plan->cmds[i].metrics_port, bind, t,
+                                             sizeof t));
+    }
+    if (o->job_file && ps_launch_write_job(o->job_file, plan, own_flag(o, "--curve-keys"), port,
+                                           bind, why, sizeof why)) {
+        fprintf(stderr, "%s\n", why);
+        return 1;
+    }
+    gethostname(host, sizeof host - 1);
+    snprintf(job, sizeof job, "launch-%ld@%s", (long)getpid(), host);
+    if (o->metrics_targets) {
+        if (!mports) {
+            fprintf(stderr, P ": --metrics-targets needs metrics (not --metrics-port off)\n");
+            return 2;
+        }
+        if (ps_launch_write_targets(o->metrics_targets, plan, job, port, bind, why,
+                                    sizeof why)) {
+            fprintf(stderr, "%s\n", why);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* Can PROGRAM be run as execvp would: a path with '/' that is executable,
@@ -215,7 +314,9 @@ int main(int argc, char **argv)
     ps_launch_plan plan = {0};
     ps_strvec gpus = {0};
     ps_strbuf text = {0};
-    int ports[PS_LAUNCH_MAX_SERVERS];
+    int ports[PS_LAUNCH_MAX_SERVERS], *mports = NULL, moff = 0;
+    ps_launch_counts counts = {0};
+    ps_launch_metrics *lm = NULL;
     char *exe_dir = NULL, *bin_dir = NULL;
     char why[1024] = "", cwd[PATH_MAX];
 
@@ -270,10 +371,13 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+    if ((rc = metrics_ports(&o, o.hostfile ? &hf : NULL, &mports, &moff)))
+        goto out;
     /* On other hosts, the programs are at the same path as here, and the
      * commands run in this working directory. */
     ps_launch_site site = {.hostfile = o.hostfile ? &hf : NULL, .ports = ports, .gpus = &gpus,
-                           .bin_dir = bin_dir, .remote_dir = cwd, .ssh = getenv("PS_SSH")};
+                           .bin_dir = bin_dir, .remote_dir = cwd, .ssh = getenv("PS_SSH"),
+                           .metrics_ports = mports};
     rc = ps_launch_plan_build(&o, &site, &plan, why, sizeof why);
     if (!rc)
         rc = ps_launch_plan_notes(&o, &site, &plan, &text);
@@ -293,9 +397,13 @@ int main(int argc, char **argv)
     }
     if (!o.hostfile && (rc = check_local(&o, &plan, bin_dir)))
         goto out;
+    if ((rc = metrics_start(&o, &plan, mports, &counts, &lm)))
+        goto out;
     fflush(stdout);
-    rc = ps_launch_supervise(&plan);
+    rc = ps_launch_supervise(&plan, &counts);
 out:
+    ps_launch_metrics_close(lm);
+    free(mports);
     ps_strbuf_free(&text);
     ps_launch_plan_free(&plan);
     ps_launch_hostfile_free(&hf);

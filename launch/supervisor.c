@@ -44,6 +44,7 @@ typedef struct {
 enum { ST_RUN, ST_STOP_SERVERS, ST_STOP_FAIL, ST_STOP_SIGNAL };
 
 struct supervisor {
+    ps_launch_counts *counts; /* NULL: not counted */
     child *ch;
     int n;
     int state;
@@ -374,6 +375,10 @@ static void on_exit_child(supervisor *sv, child *c)
         snprintf(how + strlen(how), sizeof how - strlen(how),
                  " (ssh's status: the remote side did not report)");
     int ok = WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0;
+    if (sv->counts)
+        atomic_fetch_add_explicit(ok ? &sv->counts->exited_ok[c->cmd->role]
+                                     : &sv->counts->failed[c->cmd->role],
+                                  1, memory_order_relaxed);
     if (sv->state == ST_RUN) {
         if (c->cmd->role == PS_LAUNCH_WORKER && ok) {
             if (++sv->workers_ok == sv->workers) {
@@ -465,9 +470,10 @@ static void on_launcher_signal(supervisor *sv, int sig)
 }
 
 
-int ps_launch_supervise(const ps_launch_plan *plan)
+int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts)
 {
     supervisor sv = {0};
+    sv.counts = counts;
     sv.n = plan->n;
     sv.workers = plan->num_workers;
     sv.acc0 = -1;
@@ -510,6 +516,8 @@ int ps_launch_supervise(const ps_launch_plan *plan)
         }
         c->reaped = 0;
         const ps_launch_cmd *k = c->cmd;
+        if (sv.counts)
+            atomic_fetch_add_explicit(&sv.counts->started[k->role], 1, memory_order_relaxed);
         if (k->role == PS_LAUNCH_SERVER)
             fprintf(stderr, P ": started server %d (pid %ld)%s%s at %s\n", k->rank, (long)c->pid,
                     k->host ? " on " : "", k->host ? k->host : "", k->endpoint);

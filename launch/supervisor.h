@@ -5,6 +5,7 @@
 #ifndef PS_LAUNCH_SUPERVISOR_H
 #define PS_LAUNCH_SUPERVISOR_H
 
+#include "launch_metrics.h"
 #include "plan.h"
 
 /* Start every process of the plan, servers first, each in its own process
@@ -28,7 +29,8 @@
  * to stderr.  Installs handlers for SIGCHLD, SIGINT, SIGTERM, SIGHUP and
  * ignores SIGPIPE for the rest of the process: call it once, from main.
  * Returns ps_launch's exit status: 0 when every worker exited 0, 1 when a
- * process failed or could not be started, 128 + the signal after one. */
-int ps_launch_supervise(const ps_launch_plan *plan);
+ * process failed or could not be started, 128 + the signal after one.
+ * counts (NULL: none) gets every start and end, for ps_launch's /metrics. */
+int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts);
 
 #endif

@@ -93,6 +93,12 @@ int ps_table_decl_check(uint64_t key, const ps_table_options *o, char *why, size
             "(0: the default), got %u", tk, o->filter_cells);
         return PS_EINVAL;
     }
+    if (o->full != PS_TABLE_FULL_EVICT && o->full != PS_TABLE_FULL_REFUSE) {
+        ps_errorf(why, why_len, "table %llu: full (what a table at its max-rows does) must be "
+            "%d (evict) or %d (refuse), got %u", tk, PS_TABLE_FULL_EVICT, PS_TABLE_FULL_REFUSE,
+            o->full);
+        return PS_EINVAL;
+    }
     return 0;
 }
 
@@ -117,6 +123,8 @@ void ps_table_decl_normalize(ps_table_options *o)
         o->min_count = 0;
         o->filter_cells = 0;
     }
+    if (!o->max_rows) /* no cap: nothing is ever full */
+        o->full = PS_TABLE_FULL_EVICT;
 }
 
 /* Each field as a double (what messages print and the comparison sees). */

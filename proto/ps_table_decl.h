@@ -19,6 +19,12 @@
  * optimizer goes as `opt` (its kind, PS_TABLE_OPT_FTRL included) and every
  * row of PS_OPT_PARAMS under its hello key. */
 #define PS_TABLE_DECL_FIELDS(X)                                                             \
+    PS_TABLE_DECL_STORED(X)                                                                 \
+    X(full, U32, "full", "full")
+
+/* The fields a checkpoint's partition record keeps in its declaration
+ * bytes (server/checkpoint.c; `full` goes in the record's flags). */
+#define PS_TABLE_DECL_STORED(X)                                                             \
     X(dim, U32, "dim", "dim")                                                               \
     X(init, I32, "init", "initializer")                                                     \
     X(init_scale, F32, "sc", "init-scale")                                                  \
@@ -32,7 +38,7 @@
 
 /* The defaults (ps_client.h): dim 0 (to be set), uniform in [-0.01, 0.01),
  * seed 0, adagrad (kind PS_OPT_NONE) with the optimizer table's defaults,
- * FTRL beta 1, l1 0, l2 0, no row cap, no filter. */
+ * FTRL beta 1, l1 0, l2 0, no row cap (full: evict), no filter. */
 void ps_table_options_default(ps_table_options *o);
 
 /* The optimizer the servers run for o: kind PS_OPT_NONE is adagrad. */
@@ -42,7 +48,8 @@ int ps_table_decl_kind(const ps_table_options *o);
  * value, when a field is out of range: dim 1..PS_MAX_TABLE_DIM, the
  * initializer, a scale that is not a finite number >= 0, an optimizer tables
  * do not take or a hyper-parameter it uses out of its flag's range, FTRL's
- * beta, l1 and l2 (finite, >= 0), min_count > 255, filter_cells 1..63. */
+ * beta, l1 and l2 (finite, >= 0), min_count > 255, filter_cells 1..63,
+ * full not PS_TABLE_FULL_EVICT or PS_TABLE_FULL_REFUSE. */
 int ps_table_decl_check(uint64_t key, const ps_table_options *o, char *why, size_t why_len);
 
 /* The one comparison rule: every field equal (the optimizer's kind as the
@@ -67,8 +74,9 @@ uint64_t ps_table_decl_fingerprint(const void *base, size_t n, size_t stride, si
                                    size_t decl_off);
 
 /* The declaration as the comparison sees it: the optimizer's kind resolved,
- * what its kind does not use at the defaults, the scale of zeros and the
- * cells of no filter 0.  Checkpoints keep this form. */
+ * what its kind does not use at the defaults, the scale of zeros, the
+ * cells of no filter and the full policy of no cap 0.  Checkpoints keep
+ * this form. */
 void ps_table_decl_normalize(ps_table_options *o);
 
 #endif

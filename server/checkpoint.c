@@ -31,12 +31,13 @@
 /* a table declaration's bytes (ps_table_decl.h's fields, the optimizer's
  * kind and its hyper-parameters, each as its C type) */
 #define DECL_BYTES_(f, type, key, name) +sizeof(((ps_table_options *)0)->f)
-#define DECL_BYTES ((0 PS_TABLE_DECL_FIELDS(DECL_BYTES_)) + 4 + OPT_BYTES)
+#define DECL_BYTES ((0 PS_TABLE_DECL_STORED(DECL_BYTES_)) + 4 + OPT_BYTES)
 /* fixed part of a partition record, before the clocks: table, partition,
  * flags, version, the declaration, 8 counters, 4 counts, state arrays, 0 */
 #define PREC_FIXED_ (8 + 4 + 4 + 8 + DECL_BYTES + 8 * 8 + 4 * 8 + 4 + 4)
 #define PREC_FIXED ((PREC_FIXED_ + 7) & ~7)
-#define PREC_DELTA 1u /* the partition record's flag: a delta */
+#define PREC_DELTA 1u /* the partition record's flags: a delta */
+#define PREC_FULL_REFUSE 2u /* its table refuses new rows when full (decl.full) */
 
 static size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
 
@@ -154,7 +155,7 @@ static void put_chunk(void *arg, const ps_shard_chunk_view *v)
 static unsigned char *put_decl(unsigned char *p, const ps_table_options *o)
 {
 #define PUT_DECL_(f, type, key, name) PUT(p, o->f);
-    PS_TABLE_DECL_FIELDS(PUT_DECL_)
+    PS_TABLE_DECL_STORED(PUT_DECL_)
 #undef PUT_DECL_
     PUT(p, (int32_t)o->opt.kind);
 #define PUT_DOPT_(f, t, key, flag, def, lo, lob, hi, hib, used, zu, help) PUT(p, o->opt.f);
@@ -167,7 +168,7 @@ static const unsigned char *get_decl(const unsigned char *p, ps_table_options *o
 {
     memset(o, 0, sizeof *o);
 #define GET_DECL_(f, type, key, name) GET(p, o->f);
-    PS_TABLE_DECL_FIELDS(GET_DECL_)
+    PS_TABLE_DECL_STORED(GET_DECL_)
 #undef GET_DECL_
     int32_t kind;
     GET(p, kind);
@@ -259,7 +260,8 @@ static unsigned char *put_part(unsigned char *p, const prec *r, int mode, int nu
     ps_table_stats(v->store, &c);
     PUT(p, v->key);
     PUT(p, (uint32_t)v->part);
-    PUT(p, (uint32_t)(r->delta ? PREC_DELTA : 0));
+    PUT(p, (uint32_t)((r->delta ? PREC_DELTA : 0) |
+                      (v->decl->full == PS_TABLE_FULL_REFUSE ? PREC_FULL_REFUSE : 0)));
     PUT(p, v->version);
     p = put_decl(p, v->decl);
     uint64_t counters[8] = {c.created,        c.evicted, c.filtered_pulls, c.filtered_pushes,
@@ -782,6 +784,8 @@ int ps_ckpt_next_part(const ps_ckpt_file *f, size_t *off, ps_ckpt_part_view *v)
     GET(p, v->version);
     v->delta = (flags & PREC_DELTA) != 0;
     p = get_decl(p, &v->decl);
+    if (flags & PREC_FULL_REFUSE)
+        v->decl.full = PS_TABLE_FULL_REFUSE;
     uint64_t c[8], n[4];
     memcpy(c, p, sizeof c);
     p += sizeof c;

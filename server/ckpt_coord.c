@@ -85,6 +85,8 @@ struct ps_ckpt_coord {
     ps_held_reply *held_head, *held_tail;
     size_t nheld_init;
     ckpt_writer wr;
+    int64_t last_done_ns, last_took_ns; /* the last written checkpoint: when (ps_now_ns)
+                                            and how long its write took */
 };
 
 static void free_parts(ps_ckpt_part *parts, int n)
@@ -232,6 +234,8 @@ static ps_held_reply *done(ps_ckpt_coord *c)
         c->fail_streak = 0;
         c->fail_log_ns = 0;
         c->count++;
+        c->last_done_ns = now;
+        c->last_took_ns = w->t1 - w->t0;
         double ms = (double)(w->t1 - w->t0) * 1e-6;
         /* each says what it holds, so the loss of a crash can be counted: the
          * updates in it, and the inits and pushes of this process it holds
@@ -480,6 +484,12 @@ void ps_held_reply_free(ps_held_reply *m)
 }
 
 uint64_t ps_ckpt_coord_count(const ps_ckpt_coord *c) { return c->count; }
+
+void ps_ckpt_coord_last(const ps_ckpt_coord *c, int64_t *done_ns, int64_t *took_ns)
+{
+    *done_ns = c->last_done_ns;
+    *took_ns = c->last_took_ns;
+}
 
 uint64_t ps_ckpt_coord_failures(const ps_ckpt_coord *c) { return c->nfail; }
 

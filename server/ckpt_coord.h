@@ -200,6 +200,9 @@ void ps_held_reply_free(ps_held_reply *m);
 
 /* Checkpoints written so far, and writes that failed. */
 uint64_t ps_ckpt_coord_count(const ps_ckpt_coord *c);
+/* The last checkpoint written: when it was done (ps_now_ns; 0: none yet)
+ * and how long its write took. */
+void ps_ckpt_coord_last(const ps_ckpt_coord *c, int64_t *done_ns, int64_t *took_ns);
 uint64_t ps_ckpt_coord_failures(const ps_ckpt_coord *c);
 
 #endif

@@ -51,6 +51,30 @@ int ps_opt_apply(const ps_opt_config *cfg, float *w, float *s0, float *s1, const
 int ps_opt_apply_to(const ps_opt_config *cfg, const float *w_in, float *w_out, float *s0,
                     float *s1, const float *g, size_t n, int64_t t);
 
+/* ---- the results checked (--on-nonfinite refuse and skip) ----
+ * An update whose result is not finite (a weight or its optimizer state
+ * driven to NaN or +-Inf by finite gradients: an overflow) must not be
+ * applied.  With guard, each value whose new weight or state would not be
+ * finite keeps its old weight and state (out of place: w_out gets the old
+ * weight); every other value is updated exactly as without it.  The check
+ * is in the kernels' own pass (a compare and a select per value, no
+ * branch).  Returns how many values kept their old ones (0: the step was
+ * applied whole; always 0 without guard). */
+size_t ps_opt_apply_checked(const ps_opt_config *cfg, const float *w_in, float *w_out,
+                            float *s0, float *s1, const float *g, size_t n, int64_t t,
+                            int guard);
+/* In place, at rate lr as given (the table store's rows: their own rate and
+ * adam count). */
+size_t ps_opt_sgd_checked(float *w, const float *g, size_t n, float lr, float wd, int guard);
+size_t ps_opt_momentum_checked(float *w, float *v, const float *g, size_t n, float lr, float mu,
+                               float wd, int guard);
+size_t ps_opt_nesterov_checked(float *w, float *v, const float *g, size_t n, float lr, float mu,
+                               float wd, int guard);
+size_t ps_opt_adagrad_checked(float *w, float *h, const float *g, size_t n, float lr, float eps,
+                              float wd, int guard);
+size_t ps_opt_adam_checked(float *w, float *m, float *v, const float *g, size_t n, float lr,
+                           float b1, float b2, float eps, float wd, int64_t t, int guard);
+
 /* x[i] = sqrtf(x[i]), vectorized (see optimizer.c): for kernels built the
  * same way elsewhere (server/table_opt.c). */
 void ps_opt_sqrt_block(float *restrict x, size_t n);

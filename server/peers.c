@@ -156,6 +156,8 @@ static uint64_t byte_limit(const ps_peers *p)
     return 2 * chunks > PS_PEERS_MIN_BYTES ? 2 * chunks : PS_PEERS_MIN_BYTES;
 }
 
+uint64_t ps_peers_byte_limit(const ps_peers *p) { return byte_limit(p); }
+
 int ps_peers_admit(ps_peers *p, const zmq_msg_t *id, const zmq_msg_t *frame, int rank, char *why,
                    size_t why_len)
 {

@@ -46,6 +46,11 @@ void ps_peers_destroy(ps_peers *p);
 int ps_peers_admit(ps_peers *p, const zmq_msg_t *id, const zmq_msg_t *frame, int rank, char *why,
                    size_t why_len);
 
+/* The bytes of unread replies one connection may have now (--max-peer-bytes,
+ * or its automatic value): a single reply larger than this is refused
+ * before it is built. */
+uint64_t ps_peers_byte_limit(const ps_peers *p);
+
 /* A payload reply to the peer with identity id is about to go on the ROUTER:
  * count it, and make *payload a frame whose free callback uncounts it (the
  * original frame is kept inside until then).  When it cannot be counted (out

@@ -181,7 +181,7 @@ static int own_flag(void *ctx, int id, const char *flag, const char *val, char *
 /* Parse argv into c (bind_buf holds the checked --bind).  Returns -1 to go
  * on, or the exit status. */
 static int parse(int argc, char **argv, ps_server_config *c, int *log_level, int *stdin_eof,
-                 char *bind_buf, size_t bind_cap)
+                 int *memory_given, char *bind_buf, size_t bind_cap)
 {
     own_flags own = {c, bind_buf, bind_cap, 0, 0};
     ps_settings_cmd cmd = {.prog = PROG, .program = PS_PROG_SERVER, .cfg = c, .opt = &c->opt,
@@ -196,6 +196,7 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level, int
     }
     *log_level = cmd.log_level;
     *stdin_eof = own.stdin_eof;
+    *memory_given = cmd.from[PS_SET_max_memory] != NULL;
     if (!c->bind)
         return ps_flag_error(PROG ": --bind is required, e.g. --bind tcp://*:5555 (see --help)");
     if (c->rank >= c->num_servers)
@@ -225,10 +226,10 @@ int main(int argc, char **argv)
 {
     ps_server_config cfg;
     ps_server_config_default(&cfg);
-    int level = PS_LOG_INFO, stdin_eof = 0;
+    int level = PS_LOG_INFO, stdin_eof = 0, memory_given = 0;
     ps_log_init(PROG, -1);
     char bind[PS_ENDPOINT_MAX];
-    int rc = parse(argc, argv, &cfg, &level, &stdin_eof, bind, sizeof bind);
+    int rc = parse(argc, argv, &cfg, &level, &stdin_eof, &memory_given, bind, sizeof bind);
     if (rc >= 0)
         return rc;
     ps_log_init(PROG, cfg.rank);
@@ -247,11 +248,25 @@ int main(int argc, char **argv)
 
     char opt[400];
     ps_opt_describe(&cfg.opt, opt, sizeof opt);
+    char mem[160];
+    uint64_t avail = 0;
+    if (!memory_given) /* read again: the line says what it was taken from */
+        cfg.max_memory = ps_server_auto_memory(&avail);
+    if (memory_given)
+        snprintf(mem, sizeof mem, "--max-memory");
+    else if (avail)
+        snprintf(mem, sizeof mem, "half of the %llu bytes MemAvailable said at start; "
+                 "--max-memory to set it", (unsigned long long)avail);
+    else
+        snprintf(mem, sizeof mem, "/proc/meminfo said no MemAvailable; --max-memory to set it");
     ps_info("%s %s starting: rank %d of %d servers, %d workers, mode %s (max-staleness %d), "
-            "optimizer %s, %d update threads, max memory %llu bytes, wire dtype %s",
+            "optimizer %s, %d update threads, max memory %llu bytes (%s), table rows per "
+            "worker %llu bytes%s, at most %d tables, wire dtype %s",
             PROG, PS_VERSION, cfg.rank, cfg.num_servers, cfg.num_workers, ps_mode_name(cfg.mode),
-            cfg.max_staleness, opt, cfg.threads, (unsigned long long)cfg.max_memory,
-            ps_dtype_name(cfg.wire_dtype));
+            cfg.max_staleness, opt, cfg.threads, (unsigned long long)cfg.max_memory, mem,
+            (unsigned long long)ps_server_worker_share(&cfg),
+            cfg.table_memory_per_worker ? "" : " (--max-memory x 1.25 / workers)",
+            cfg.max_tables, ps_dtype_name(cfg.wire_dtype));
     if (cfg.checkpoint_dir) {
         if (cfg.checkpoint_every_ms)
             ps_info("checkpoints: %s every %.1f s%s", cfg.checkpoint_dir,

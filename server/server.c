@@ -51,9 +51,6 @@ static void send_ckpt(ps_server *s, uint64_t seq)
                         .ckpt_full = ps_ckpt_coord_full(s->ck)};
     for (int i = 0; i < s->cfg.threads; i++)
         srv_send_cmd(s, i, &cmd, NULL, NULL);
-    for (size_t i = 0; i < s->ntables; i++)
-        if (!s->tables[i].snap)
-            s->tables[i].snap = seq;
 }
 
 /* Answer the request of held reply m with an error (PS_EIO, text: what
@@ -413,6 +410,28 @@ static void ck_final(ps_server *s)
     ck_wait_idle(s);
 }
 
+/* --metrics-port: the I/O thread's figures, where a scrape reads them. */
+static void publish_io(ps_server *s)
+{
+    ps_srv_io_figures f = {0};
+    ps_stats io = srv_io_stats(s);
+    f.errors = io.errors;
+    f.forged = io.forged;
+    f.dropped = s->dropped;
+    f.workers_seen = io.workers_seen;
+    f.workers_lost = ps_workers_lost(s->workers);
+    f.workers_rejoined = ps_workers_rejoined(s->workers);
+    f.hellos_refused = ps_workers_refused(s->workers);
+    f.peer_refused = ps_peers_refused(s->peers);
+    f.shutdowns_refused = s->shutdowns_refused;
+    if (s->auth)
+        f.curve_refused = ps_curve_auth_refused(s->auth) + ps_hs_monitor_failed(s->mon);
+    f.checkpoints = ps_ckpt_coord_count(s->ck);
+    f.checkpoint_failures = ps_ckpt_coord_failures(s->ck);
+    ps_ckpt_coord_last(s->ck, &f.checkpoint_done_ns, &f.checkpoint_took_ns);
+    ps_srv_metrics_io(s->met, &f);
+}
+
 int ps_server_run(ps_server *s)
 {
     if (s->run_called)
@@ -444,10 +463,14 @@ int ps_server_run(ps_server *s)
         ck_maybe(s, now);
         srv_export_tick(s, now);
         ps_rlimit_flush(&s->rl, now, 0);
+        if (s->met)
+            publish_io(s);
     }
     ck_final(s);
     srv_stop_threads(s);
     srv_close_waiters(s);
+    if (s->met) /* the last checkpoint's figures too */
+        publish_io(s);
     if (s->io_failed)
         rc = PS_EIO;
     ps_rlimit_flush(&s->rl, ps_now_ns(), 1);
@@ -526,4 +549,6 @@ void ps_server_stop(ps_server *s)
 void ps_server_totals(const ps_server *s, ps_stats *out) { *out = s->totals; }
 
 const char *ps_server_endpoint(const ps_server *s) { return s->endpoint; }
+
+struct ps_metrics *ps_server_metrics(ps_server *s) { return ps_srv_metrics_registry(s->met); }
 

@@ -40,12 +40,13 @@
  *                     clocks, pulls that wait, live ranks
  *   shard_internal.h  struct ps_shard and its chunk, shared by those two
  *   table_part.c      the table partitions of one update thread and their rules
- *                     (the same as chunks'), each on a table store: table.c on
- *                     table_hash.c (rows in memory) and table_opt.c (a row's
- *                     arithmetic)
+ *                     (the same as chunks'), each on a table store: table.c
+ *                     (its sync rounds table_round.c) on table_hash.c (rows in
+ *                     memory) and table_opt.c (a row's arithmetic)
  *   dup_log.c         the duplicate pushes an update thread dropped, said in a
  *                     line per window
- *   optimizer.c       the update kernels
+ *   optimizer.c       the update kernels (their results checked: a value that
+ *                     would not be finite keeps its old one)
  *   ckpt_coord.c      checkpoint coordination: when one is due, collecting
  *                     the parts, the writer thread, the replies held until a
  *                     checkpoint makes them durable, --restore.  It sends
@@ -57,6 +58,9 @@
  *   barrier.c         barriers waiting for every live worker
  *   collective.c      allreduce and broadcast waiting for every live worker
  *   stats_req.c       STATS requests waiting for every owner's counters
+ *   server_metrics.c  --metrics-port: the blocks each update thread and the
+ *                     I/O thread publish for a scrape, read without a lock,
+ *                     and the server's families
  *   outbox.c          messages for a PAIR whose owner is behind
  *   hs_monitor.c      the ROUTER's connection events: disconnects, and CURVE
  *                     handshake failures the ZAP handler never sees
@@ -79,8 +83,9 @@
  *    per-worker clocks, sync round sums, queued pulls; and partition i of
  *    every embedding table (server/table_part.h: rows placed there by a hash
  *    of (table, id)).  Nothing is shared, so nothing is locked; the only
- *    shared datum is the atomic memory charge taken when a chunk or a row is
- *    created.
+ *    shared data are the atomic memory charge taken when a chunk or a row is
+ *    created and each worker's charge for the table rows its requests made
+ *    (--table-memory-per-worker).
  *  - Tables are declared by a TABLE message: the I/O thread keeps the first
  *    declaration (and compares later ones), makes each thread's partition
  *    store and hands it over (PS_CMD_TABLE), and routes a sparse message to
@@ -110,6 +115,8 @@
  *    drains replies, so an owner blocked on sending a reply always resumes.
  *  - Stats: the I/O thread asks every owner for its counters and answers when
  *    all have replied (so a STATS sent after a reply reflects that request).
+ *    A Prometheus scrape does not go that way (it would queue behind the
+ *    updates): it reads what the threads publish (server_metrics.h).
  *  - A rank belongs to the connection whose hello was accepted last; another
  *    connection's hello for it is refused while that one is live, unless it
  *    carries the rank's token, and every other message under the rank is
@@ -161,6 +168,7 @@
 #include "ps_proto.h"
 #include "ps_settings.h"
 
+/* --max-memory when /proc/meminfo does not say what is available. */
 #define PS_SERVER_DEFAULT_MAX_MEMORY (8ull << 30)
 
 /* --shm: the same-host data plane (docs/PROTOCOL.md "Same host"). */
@@ -193,8 +201,12 @@ typedef struct ps_server_config {
     int max_staleness;  /* async: -1 unbounded, k >= 0 SSP; must be 0 in sync */
     ps_opt_config opt;  /* kind PS_OPT_SGD..PS_OPT_ADAM */
     int threads;        /* update threads, 1..PS_SERVER_MAX_THREADS */
-    uint64_t max_memory;/* bytes of chunk state and of pull replies sent as copies and
-                           not yet read; inits (and such copies) beyond it get PS_ETOOBIG */
+    uint64_t max_memory;/* bytes of chunk state, table rows and of pull replies sent as copies
+                           and not yet read; inits, rows (and such copies) beyond it get
+                           PS_ETOOBIG; ps_server_config_default: ps_server_auto_memory */
+    uint64_t table_memory_per_worker; /* bytes of table rows one worker may make here;
+                                         0: max_memory * 5 / 4 / num_workers */
+    int max_tables;     /* tables a job may declare (a later one is refused) */
     /* optional; NULL / 0 is off; strings are copied */
     const char *timeline;       /* Chrome trace JSON: an "apply" per update and a "pull"
                                    per served pull, one lane per update thread */
@@ -232,15 +244,26 @@ typedef struct ps_server_config {
     const char *admin_token_file; /* a SHUTDOWN message carrying this file's token may
                                      stop the server (server/admin.h); NULL: only
                                      signals (and, with curve_dir, admin keys) */
+    int metrics_port;           /* serve Prometheus metrics on this port (server_metrics.h);
+                                   0: off (the default) */
+    const char *metrics_bind;   /* ... on this address; NULL: 127.0.0.1; copied */
 } ps_server_config;
 
 /* Defaults: those of the settings table (common/ps_settings.h: rank 0, 1
- * server, 1 worker, sync with staleness 0, 1 thread, max memory 8 GiB,
+ * server, 1 worker, sync with staleness 0, 1 thread, max memory
+ * ps_server_auto_memory(),
  * shared memory on, f32 on the wire, worker timeout 0 (never),
  * PS_LOSS_WAIT, 10000 unread replies per peer and bytes "auto") and of the
  * optimizer's (sgd lr 0.01, ...); bind NULL (must be set), no timeline, no
  * CURVE, no checkpoints (PS_CKPT_FAIL_STALL), no admin token. */
 void ps_server_config_default(ps_server_config *c);
+/* The default --max-memory: half of MemAvailable (/proc/meminfo) now, at
+ * least 64 MiB; PS_SERVER_DEFAULT_MAX_MEMORY when it cannot be read.
+ * *avail: the MemAvailable read (0: none). */
+uint64_t ps_server_auto_memory(uint64_t *avail);
+/* The per-worker share of the table memory c gives (its
+ * table_memory_per_worker, or max_memory * 5 / 4 / num_workers). */
+uint64_t ps_server_worker_share(const ps_server_config *c);
 
 /* Where the settings table's server rows live in ps_server_config (n of
  * them), for ps_settings_parse. */
@@ -276,6 +299,10 @@ void ps_server_totals(const ps_server *s, ps_stats *out);
 
 /* Close sockets and free.  After ps_server_run returned, or instead of it. */
 void ps_server_close(ps_server *s);
+
+/* The registry of --metrics-port (server_metrics.h), or NULL with metrics
+ * off: tests add a collector of their own to it. */
+struct ps_metrics *ps_server_metrics(ps_server *s);
 
 /* Update thread owning (key, chunk) among `threads`. */
 int ps_server_owner(uint64_t key, uint32_t chunk, int threads);

@@ -2,6 +2,7 @@
  * and which update thread owns a chunk.  No state, no threads. */
 #include "server.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "ps_error.h"
@@ -25,10 +26,39 @@ const ps_setting_field *ps_server_config_fields(int *n)
     return fields;
 }
 
+uint64_t ps_server_auto_memory(uint64_t *avail)
+{
+    *avail = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[128];
+    unsigned long long kb;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+            *avail = (uint64_t)kb * 1024;
+            break;
+        }
+    if (f)
+        fclose(f);
+    if (!*avail)
+        return PS_SERVER_DEFAULT_MAX_MEMORY;
+    return *avail / 2 > (64ull << 20) ? *avail / 2 : 64ull << 20;
+}
+
+uint64_t ps_server_worker_share(const ps_server_config *c)
+{
+    if (c->table_memory_per_worker)
+        return c->table_memory_per_worker;
+    uint64_t w = c->num_workers > 0 ? (uint64_t)c->num_workers : 1;
+    uint64_t share = c->max_memory / w + c->max_memory / w / 4;
+    return share > c->max_memory ? c->max_memory : share;
+}
+
 void ps_server_config_default(ps_server_config *c)
 {
     memset(c, 0, sizeof *c);
     ps_settings_defaults(PS_PROG_SERVER, fields, (int)(sizeof fields / sizeof fields[0]), c);
+    uint64_t avail;
+    c->max_memory = ps_server_auto_memory(&avail);
     if (c->mode == PS_MODE_SYNC) /* sync is staleness 0 */
         c->max_staleness = 0;
     ps_opt_default(&c->opt);
@@ -62,6 +92,8 @@ int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
         BAD("threads must be in [1, %d], got %d", PS_SERVER_MAX_THREADS, c->threads);
     if (c->max_memory < 1)
         BAD("max-memory must be at least 1 byte");
+    if (c->max_tables < 1)
+        BAD("max-tables must be at least 1, got %d", c->max_tables);
     if (c->max_peer_replies < 1)
         BAD("max-peer-replies must be at least 1");
     if (c->checkpoint_every < 0 || c->checkpoint_every_ms < 0)

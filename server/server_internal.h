@@ -27,6 +27,7 @@
 #include "ps_trace.h"
 #include "ratelimit.h"
 #include "server.h"
+#include "server_metrics.h"
 #include "shm_table.h"
 #include "stats_req.h"
 #include "updater.h"
@@ -51,8 +52,6 @@ typedef struct owner {
 typedef struct srv_table {
     uint64_t key;
     ps_table_options decl;
-    uint64_t snap;    /* the first checkpoint snapshot that holds it (1: restored); 0: none
-                         yet, the next one will */
     int restored;     /* from --restore: a worker's other declaration is refused naming
                          the checkpoint */
     ps_table_counts total; /* at stop: the counters of its partitions, summed */
@@ -67,6 +66,8 @@ struct ps_server {
     size_t out_total;        /* messages waiting in every owner's outbox */
     int efd;
     _Atomic uint64_t mem_used;   /* chunks and large reply copies (--max-memory) */
+    _Atomic uint64_t *worker_mem; /* per worker: the table rows it made (their share,
+                                     --table-memory-per-worker) */
     _Atomic uint64_t copies;     /* of which reply copies */
     ps_peers *peers;             /* what each peer's unread replies hold */
     uint64_t model_fp;
@@ -97,6 +98,7 @@ struct ps_server {
     /* tables, in declaration order */
     srv_table *tables;
     size_t ntables, cap_tables;
+    ps_srv_metrics *met;     /* --metrics-port (server_metrics.h); NULL: off */
     /* exports: the snapshot session (export.h) */
     struct ps_export *exp;
 };
@@ -122,7 +124,7 @@ srv_table *srv_find_table(ps_server *s, uint64_t key);
 /* Add a declared table (normalized here): its entry, or NULL when out of
  * memory. */
 srv_table *srv_add_table(ps_server *s, uint64_t key, const ps_table_options *decl,
-                         uint64_t snap, int restored);
+                         int restored);
 /* What the update threads' table partitions are made with. */
 ps_tparts_config srv_tparts_config(ps_server *s);
 /* The tables' fingerprint of the tables declared here (a hello's `tfp`). */

@@ -95,7 +95,7 @@ srv_table *srv_find_table(ps_server *s, uint64_t key)
 }
 
 srv_table *srv_add_table(ps_server *s, uint64_t key, const ps_table_options *decl,
-                         uint64_t snap, int restored)
+                         int restored)
 {
     if (s->ntables == s->cap_tables) {
         size_t ncap = s->cap_tables ? 2 * s->cap_tables : 8;
@@ -110,8 +110,8 @@ srv_table *srv_add_table(ps_server *s, uint64_t key, const ps_table_options *dec
     t->key = key;
     t->decl = *decl;
     ps_table_decl_normalize(&t->decl);
-    t->snap = snap;
     t->restored = restored;
+    ps_srv_metrics_add_table(s->met, key); /* before any update thread hears of it */
     return t;
 }
 
@@ -124,8 +124,17 @@ uint64_t srv_tables_fp(const ps_server *s)
 ps_tparts_config srv_tparts_config(ps_server *s)
 {
     const ps_server_config *c = &s->cfg;
-    return (ps_tparts_config){c->mode,    c->max_staleness, c->num_workers, c->num_servers,
-                              c->threads, 0,                c->max_memory,  &s->mem_used};
+    return (ps_tparts_config){c->mode,
+                              c->max_staleness,
+                              c->num_workers,
+                              c->num_servers,
+                              c->threads,
+                              0,
+                              c->max_memory,
+                              &s->mem_used,
+                              c->on_nonfinite != PS_NONFINITE_APPLY,
+                              s->worker_mem,
+                              ps_server_worker_share(c)};
 }
 
 /* From here on no checkpoint is started by schedule, and one that completes

@@ -31,6 +31,10 @@
 #include "workers.h"
 #include "zmsg.h"
 
+/* With metrics: when a request reached the update thread's hand-over (the
+ * start of its push-to-apply time). */
+static int64_t recv_ns(const ps_server *s) { return s->met ? ps_now_ns() : 0; }
+
 static ps_hello my_hello(const ps_server *s)
 {
     ps_hello h;
@@ -278,7 +282,7 @@ static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     if (h->type == PS_MSG_CLOCK && srv_find_table(s, h->key)) {
         if (no_partition(s, &f[0], h))
             return;
-        ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h};
+        ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .recv_ns = recv_ns(s)};
         srv_send_cmd(s, (int)h->chunk, &cmd, &f[0], NULL);
         return;
     }
@@ -286,37 +290,24 @@ static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     int mutates = ps_msg_request_has_payload(h->type);
     if (mutates)
         s->mut++;
-    ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm};
+    ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm,
+                        .recv_ns = recv_ns(s)};
     srv_send_cmd(s, ps_server_owner(h->key, h->chunk, s->cfg.threads), &cmd, &f[0],
                  nf >= 3 ? &f[2] : NULL);
 }
 
 /* ---- tables ---- */
 
-/* The TABLE reply: with checkpoints, once a checkpoint holds the
- * declaration (snap: the first snapshot that does; 0: the next one), as an
- * init's acknowledgement; else at once. */
-static void table_ack(ps_server *s, zmq_msg_t *id, const ps_header *req, uint64_t snap)
+/* The TABLE reply, at once.  With checkpoints too: a declaration does not
+ * wait for one (it did, a checkpoint of every table per declaration); a
+ * server restored from a checkpoint older than it answers the table's
+ * requests PS_ENOTFOUND, and libps declares its tables again
+ * (client/client_rejoin.c). */
+static void table_ack(ps_server *s, zmq_msg_t *id, const ps_header *req)
 {
     ps_header r;
     ps_reply_header(&r, PS_MSG_TABLE, req->seq, req->rank, req->key, req->chunk);
-    ps_held_reply *m;
-    if (!ps_ckpt_coord_policy(s->ck)->on ||
-        !ps_ckpt_coord_hold(s->ck, PS_OUT_INIT, (int64_t)snap, ps_now_ns(), &m)) {
-        srv_send(s, id, &r);
-        return;
-    }
-    char buf[PS_HEADER_MAX];
-    size_t len;
-    if (!m || ps_proto_encode(&r, buf, sizeof buf, &len) != 0) {
-        ps_error("out of memory holding a reply; dropped (the worker resends)");
-        return; /* m, if any, stays with nf 0: released as nothing */
-    }
-    zmq_msg_init(&m->f[0]);
-    zmq_msg_move(&m->f[0], id);
-    zmq_msg_init_size(&m->f[1], len);
-    memcpy(zmq_msg_data(&m->f[1]), buf, len);
-    m->nf = 2;
+    srv_send(s, id, &r);
 }
 
 /* TABLE: the first declaration of a table is kept and its partitions made,
@@ -339,7 +330,14 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
             io_error(s, &f[0], h, PS_EMISMATCH, why);
             return;
         }
-        table_ack(s, &f[0], h, t->snap);
+        table_ack(s, &f[0], h);
+        return;
+    }
+    if (s->ntables >= (size_t)s->cfg.max_tables) {
+        ps_errorf(why, sizeof why, "table %llu: this server holds %zu tables, --max-tables %d: "
+            "declare fewer tables (several fields can share one, their ids apart) or raise it",
+            (unsigned long long)h->key, s->ntables, s->cfg.max_tables);
+        io_error(s, &f[0], h, PS_ETOOBIG, why);
         return;
     }
     /* its partitions' stores are made here, so a refusal (--max-memory)
@@ -349,7 +347,7 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     int T = s->cfg.threads;
     for (int i = 0; i < T && !rc; i++)
         rc = ps_tparts_make_store(&tc, h->key, &h->table, &stores[i], why, sizeof why);
-    if (!rc && !(t = srv_add_table(s, h->key, &h->table, 0, 0))) {
+    if (!rc && !(t = srv_add_table(s, h->key, &h->table, 0))) {
         ps_errorf(why, sizeof why, "out of memory declaring table %llu",
             (unsigned long long)h->key);
         rc = PS_ENOMEM;
@@ -361,18 +359,48 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         return;
     }
     for (int i = 0; i < T; i++) {
-        ps_cmd_frame cmd = {.cmd = PS_CMD_TABLE, .h = *h, .store = stores[i]};
+        ps_cmd_frame cmd = {.cmd = PS_CMD_TABLE, .h = *h, .store = stores[i],
+                            .after_restore = s->cfg.restore};
         srv_send_cmd(s, i, &cmd, NULL, NULL);
     }
     ps_info("table %llu declared by %s: dim %u, %s initializer (scale %g, seed %llu), %s, "
-            "row cap %llu, filter %u (%d partitions here)", (unsigned long long)h->key, who,
+            "row cap %llu (%s when full), filter %u (%d partitions here)",
+            (unsigned long long)h->key, who,
             t->decl.dim, t->decl.init == PS_TABLE_INIT_ZEROS     ? "zeros"
                          : t->decl.init == PS_TABLE_INIT_UNIFORM ? "uniform"
                                                                  : "normal",
             (double)t->decl.init_scale, (unsigned long long)t->decl.seed,
             ps_table_opt_name(t->decl.opt.kind), (unsigned long long)t->decl.max_rows,
-            t->decl.min_count, T);
-    table_ack(s, &f[0], h, 0);
+            t->decl.full == PS_TABLE_FULL_REFUSE ? "refuse" : "evict", t->decl.min_count, T);
+    table_ack(s, &f[0], h);
+}
+
+/* A sparse pull's reply (over the network) sized before anything is built:
+ * npull rows of dim values in the wire type may pass neither a frame's
+ * limit nor what the connection may leave unread, and its rows and their
+ * copy must fit in --max-memory.  PS_ETOOBIG naming the numbers, or 0. */
+static int sparse_reply_fits(ps_server *s, const ps_header *h, char *why, size_t why_len)
+{
+    if (h->type == PS_MSG_SPUSH || (h->flags & PS_FLAG_SHM))
+        return 0; /* no rows back, or written into the worker's arena */
+    uint64_t n = h->type == PS_MSG_SPULL ? h->count : h->npull;
+    uint64_t bytes = n * h->dim * ps_dtype_size(s->cfg.wire_dtype);
+    uint64_t peer = ps_peers_byte_limit(s->peers);
+    const char *what = NULL;
+    uint64_t limit = 0;
+    if (bytes > PS_MAX_PAYLOAD_BYTES)
+        what = "the frame limit", limit = PS_MAX_PAYLOAD_BYTES;
+    else if (bytes > peer)
+        what = "--max-peer-bytes", limit = peer;
+    else if (2 * bytes > s->cfg.max_memory) /* its rows, and their copy as the payload */
+        what = "--max-memory / 2", limit = s->cfg.max_memory / 2;
+    if (!what)
+        return 0;
+    ps_errorf(why, why_len, "the reply of %llu bytes (%llu ids x dim %u x %zu) is over %s, "
+        "%llu bytes: pull fewer ids at a time (a duplicate id gets its row too)",
+        (unsigned long long)bytes, (unsigned long long)n, h->dim,
+        ps_dtype_size(s->cfg.wire_dtype), what, (unsigned long long)limit);
+    return PS_ETOOBIG;
 }
 
 /* SPULL, SPUSH, SPUSHPULL: to the update thread of partition `c`, once the
@@ -403,6 +431,10 @@ static void io_on_sparse(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         io_error(s, &f[0], h, PS_EPROTO, why);
         return;
     }
+    if ((rc = sparse_reply_fits(s, h, why, sizeof why)) != 0) {
+        io_error(s, &f[0], h, rc, why);
+        return;
+    }
     /* same host: ids and rows in the worker's arena, and room for the rows
      * of the reply, every byte inside it (the frames' checks said the rest) */
     ps_shm_peer *shm = NULL;
@@ -418,7 +450,8 @@ static void io_on_sparse(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     int mutates = h->type != PS_MSG_SPULL;
     if (mutates)
         s->mut++;
-    ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm};
+    ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .mut = mutates ? s->mut : 0, .shm = shm,
+                        .recv_ns = recv_ns(s)};
     srv_send_cmd_frames(s, (int)h->chunk, &cmd, &f[0], &f[2], nf - 2);
 }
 

@@ -49,6 +49,7 @@ void ps_server_close(ps_server *s)
     if (s->threads_running)
         srv_stop_threads(s);
     srv_close_waiters(s);
+    ps_srv_metrics_close(s->met); /* no scrape reads the server after this */
     /* every frame still held goes before the context */
     ps_barriers_destroy(s->barriers);
     ps_colls_destroy(s->colls);
@@ -84,6 +85,7 @@ void ps_server_close(ps_server *s)
     ps_workers_destroy(s->workers);
     free(s->own);
     free(s->tables);
+    free(s->worker_mem); /* after the stores that charge it */
     free(s->timeline_path);
     free(s->curve_dir);
     free(s->ckpt_dir);
@@ -97,7 +99,7 @@ static int set_int(void *sock, int opt, int v) { return zmq_setsockopt(sock, opt
 static void restored_table(void *user, uint64_t key, const ps_table_options *decl)
 {
     ps_server *s = user;
-    if (!srv_add_table(s, key, decl, 1, 1))
+    if (!srv_add_table(s, key, decl, 1))
         ps_error("out of memory noting table %llu: a worker's declaration of it is taken as "
                  "new", (unsigned long long)key);
 }
@@ -207,6 +209,7 @@ static int open_owners(ps_server *s, char *why, size_t why_len)
     sc.opt = c->opt;
     sc.max_memory = c->max_memory;
     sc.mem_used = &s->mem_used;
+    sc.guard = c->on_nonfinite != PS_NONFINITE_APPLY;
     ps_updater_config uc;
     memset(&uc, 0, sizeof uc);
     uc.copies = &s->copies;
@@ -223,6 +226,9 @@ static int open_owners(ps_server *s, char *why, size_t why_len)
     uc.defer_acks = pol->defer_acks;
     uc.report_progress = pol->report_progress;
     uc.ack_bound = pol->ack_bound;
+    uc.worker_mem = s->worker_mem;
+    uc.worker_share = ps_server_worker_share(c);
+    uc.metrics = s->met;
     for (int i = 0; i < c->threads; i++) {
         char ep[64];
         snprintf(ep, sizeof ep, "inproc://ps-update-%d", i);
@@ -235,6 +241,7 @@ static int open_owners(ps_server *s, char *why, size_t why_len)
             return PS_EIO;
         }
         uc.idx = i;
+        uc.mblock = ps_srv_metrics_thread(s->met, i);
         int rc = ps_updater_create(&uc, &sc, pair, &s->own[i].upd);
         if (rc) {
             ps_errorf(why, why_len, "cannot create the shard store: %s", ps_strerror(rc));
@@ -317,6 +324,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         ps_barriers_create(c->num_workers, to, &s->barriers) != 0 ||
         ps_colls_create(c->num_workers, srv_coll_to(s), &s->colls) != 0 ||
         !(s->left = calloc((size_t)c->num_workers, 1)) ||
+        !(s->worker_mem = calloc((size_t)c->num_workers, sizeof *s->worker_mem)) ||
         ps_peers_create(c->max_peer_replies, c->max_peer_bytes, &s->mem_used, &s->copies,
                         &s->peers) != 0 ||
         ps_stats_reqs_create(T, to, &s->stats) != 0 || ps_export_create(T, &s->exp) != 0 ||
@@ -333,6 +341,13 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         return rc;
     }
     s->cfg.admin_token_file = NULL; /* read; the caller's string need not outlive open */
+    s->cfg.metrics_bind = NULL;     /* the exporter has it */
+    if ((rc = ps_srv_metrics_open(c, &s->mem_used, &s->met, why, why_len)) != 0) {
+        ps_server_close(s);
+        return rc;
+    }
+    if (s->met)
+        ps_info("metrics: %s", ps_srv_metrics_url(s->met));
     if ((rc = open_timeline(s, why, why_len)) != 0 || (rc = open_owners(s, why, why_len)) != 0 ||
         (c->restore && (rc = restore(s, why, why_len)) != 0) ||
         (c->import_dir && (rc = import(s, why, why_len)) != 0) ||

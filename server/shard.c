@@ -451,9 +451,7 @@ void ps_shard_buffer_counts(const ps_shard *s, uint64_t *spares, uint64_t *spare
 
 void ps_shard_stats(const ps_shard *s, ps_stats *out)
 {
-    *out = s->st;
-    out->bytes_out = out->errors = out->workers_seen = 0;
-    out->min_version = out->max_version = 0;
+    ps_shard_counters(s, out);
     int first = 1;
     for (size_t i = 0; i < s->cap; i++) {
         const chunk *ch = s->table[i];
@@ -608,6 +606,21 @@ void ps_shard_mark_snapshot(ps_shard *s, uint64_t seq)
     for (size_t i = 0; i < s->cap; i++)
         if (s->table[i] && !s->table[i]->snap)
             s->table[i]->snap = seq;
+}
+
+void ps_shard_set_metrics(ps_shard *s, ps_metrics_hist *apply, ps_metrics_hist *round)
+{
+    s->m_apply = apply;
+    s->m_round = round;
+}
+
+void ps_shard_set_recv(ps_shard *s, int64_t recv_ns) { s->recv_ns = recv_ns; }
+
+void ps_shard_counters(const ps_shard *s, ps_stats *out)
+{
+    *out = s->st;
+    out->bytes_out = out->errors = out->workers_seen = 0;
+    out->min_version = out->max_version = 0;
 }
 
 void ps_shard_set_trace(ps_shard *s, ps_trace *t, int tid)

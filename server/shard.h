@@ -43,6 +43,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ps_metrics.h"
 #include "ps_proto.h"
 #include "ps_trace.h"
 
@@ -53,6 +54,14 @@ typedef struct ps_shard_hooks {
     void (*release)(void *user, void *hold);
     void (*ready)(void *user, void *waiter, const float *w, size_t n, int64_t version);
     void (*cancel)(void *user, void *waiter);
+    /* A kept gradient at the moment it goes into the round (NULL: as kept).
+     * The caller may replace *g (a copy; NULL: the push adds nothing, its
+     * turn is taken, as --on-nonfinite skip) or refuse it (nonzero, after
+     * answering it): the push is released and its rank's clock goes back,
+     * so its resend is taken and the round waits for it.  For gradients the
+     * sender can still write (the worker's arena), so that what is summed is
+     * what was checked. */
+    int (*take)(void *user, void *hold, const float **g, size_t n);
 } ps_shard_hooks;
 
 typedef struct ps_shard_config {
@@ -62,7 +71,21 @@ typedef struct ps_shard_config {
     ps_opt_config opt;
     uint64_t max_memory;         /* bytes, over every shard sharing mem_used */
     _Atomic uint64_t *mem_used;  /* shared charge; NULL: a private counter */
+    /* Check every update's results (--on-nonfinite refuse and skip): a value
+     * whose new weight or optimizer state would be NaN or +-Inf keeps its
+     * old ones (ps_opt_apply_checked, server/optimizer.h), and the update is noted
+     * for ps_shard_take_nonfinite.  0: applied as computed. */
+    int guard;
 } ps_shard_config;
+
+/* The updates since the last ps_shard_take_nonfinite whose results were not
+ * finite: how many, the values kept, and the first one's chunk.  A sync
+ * round's are those of the push (or set_live) that completed it. */
+typedef struct ps_shard_nonfinite {
+    uint64_t updates, values;
+    uint64_t key;
+    uint32_t chunk;
+} ps_shard_nonfinite;
 
 /* Weight buffers per chunk at most: the current weights and spares for the
  * updates that come while pull replies still send older versions. */
@@ -70,6 +93,8 @@ typedef struct ps_shard_config {
 
 /* Queued pulls per chunk beyond which a pull is refused with PS_ETOOBIG. */
 #define PS_SHARD_MAX_WAITERS(num_workers) (4 * (size_t)(num_workers) + 16)
+
+void ps_shard_take_nonfinite(ps_shard *s, ps_shard_nonfinite *out);
 
 /* Counters of one shard: pushes, pulls, inits, updates, bytes_in, dup_dropped,
  * chunks, min_version and max_version are filled (0/0 versions with no
@@ -273,5 +298,16 @@ uint64_t ps_shard_jumped(const ps_shard *s);
 /* Trace an "apply" event (cat "update", args.step = the new version) on lane
  * tid of t for every update.  NULL: none (the default). */
 void ps_shard_set_trace(ps_shard *s, ps_trace *t, int tid);
+
+/* --metrics-port: time every update into `apply` (from the receipt of the
+ * oldest push it holds) and every sync round into `round` (its first push's
+ * receipt to its last's); NULL, NULL: off (the default).  The histograms
+ * outlive the shard. */
+void ps_shard_set_metrics(ps_shard *s, ps_metrics_hist *apply, ps_metrics_hist *round);
+/* The receipt (ps_now_ns) of the request handled next; 0: not known. */
+void ps_shard_set_recv(ps_shard *s, int64_t recv_ns);
+/* The counters of ps_shard_stats without the version range (which walks
+ * every chunk): O(1). */
+void ps_shard_counters(const ps_shard *s, ps_stats *out);
 
 #endif

@@ -63,6 +63,8 @@ typedef struct chunk {
     uint64_t snap;     /* the first checkpoint snapshot that held it; 0 none yet */
     int64_t t_base;    /* the optimizer's step count is version - t_base (a loaded
                           optimizer state sets it: ps_shard_set_state) */
+    int64_t round_t0;  /* sync, with metrics: the receipt of the open round's first push;
+                          0: none yet */
 } chunk;
 
 /* A change of the hyper-parameters (ps_shard_set_opt) that sync rounds from
@@ -94,6 +96,11 @@ struct ps_shard {
      * before the first use (a change every chunk has passed is folded in) */
     opt_change sched[PS_SHARD_MAX_OPT_CHANGES];
     int nsched;
+    ps_shard_nonfinite nf;    /* results not finite, not yet taken */
+    /* --metrics-port: where applies and sync rounds are timed (ps_shard_set_metrics;
+     * NULL: off), and the receipt of the request being handled */
+    ps_metrics_hist *m_apply, *m_round;
+    int64_t recv_ns;
 };
 
 /* The chunk (key, c), or NULL. */

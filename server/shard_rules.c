@@ -74,12 +74,24 @@ static void apply(ps_shard *s, chunk *ch, const float *g, int64_t m)
     int dst = shard_write_buffer(s, ch);
     float *out = wbuf_data(ch->buf[dst]);
     /* sync: the round's hyper-parameters (ps_shard_set_opt) */
-    ps_opt_apply_to(opt_of_round(s, ch->version), ch->w, out, ch->s0, ch->s1, g, ch->n,
-                    ch->version + m - ch->t_base);
+    const ps_opt_config *opt = opt_of_round(s, ch->version);
+    int64_t t = ch->version + m - ch->t_base;
+    size_t kept = ps_opt_apply_checked(opt, ch->w, out, ch->s0, ch->s1, g, ch->n, t,
+                                       s->cfg.guard);
+    if (kept && s->nf.updates++ == 0) {
+        s->nf.key = ch->key;
+        s->nf.chunk = ch->chunk;
+    }
+    s->nf.values += kept;
     ch->cur = dst;
     ch->w = out;
     ch->version += m;
     s->st.updates += (uint64_t)m;
+    if (s->m_apply) { /* sync: from the round's first push; async: this push's receipt */
+        int64_t from = ch->round_t0 ? ch->round_t0 : s->recv_ns;
+        if (from)
+            ps_metrics_hist_observe(s->m_apply, ps_now_ns() - from);
+    }
     shard_version_raised(s, ch->version - m);
     if (s->trace)
         ps_trace_event(s->trace, "apply", "update", s->trace_tid, t0, ps_now_ns(), ch->version,
@@ -114,6 +126,9 @@ static void finish_round(ps_shard *s, chunk *ch)
     float nw = (float)ch->ncontrib;
     for (size_t i = 0; i < ch->n; i++)
         sum[i] = sum[i] / nw;
+    if (s->m_round && ch->round_t0) /* to the last push's receipt (or now: a drop ended it) */
+        ps_metrics_hist_observe(s->m_round, (s->recv_ns ? s->recv_ns : ps_now_ns()) -
+                                                ch->round_t0);
     apply(s, ch, sum, 1);
     ch->next_rank = 0;
     ch->ncontrib = 0;
@@ -134,7 +149,14 @@ static void advance(ps_shard *s, chunk *ch)
         if (i < ch->npend) {
             pending p = ch->pend[i];
             ch->pend[i] = ch->pend[--ch->npend];
-            accumulate(ch, p.g);
+            const float *g = p.g;
+            if (g && s->hooks.take && s->hooks.take(s->hooks.user, p.hold, &g, ch->n)) {
+                /* refused now: its resend is taken, and the round waits for it */
+                ch->clock[r] = ch->version;
+                s->hooks.release(s->hooks.user, p.hold);
+                return;
+            }
+            accumulate(ch, g);
             s->hooks.release(s->hooks.user, p.hold);
         } else if (!s->live[r]) {
             ch->next_rank++;
@@ -144,6 +166,7 @@ static void advance(ps_shard *s, chunk *ch)
     }
     if (ch->ncontrib == 0 && ch->nskipped == 0) { /* nobody live: nothing to apply, start over */
         ch->next_rank = 0;
+        ch->round_t0 = 0;
         return;
     }
     if (ch->ncontrib == 0) { /* every gradient was skipped: the round ends, unchanged */
@@ -154,9 +177,16 @@ static void advance(ps_shard *s, chunk *ch)
     } else {
         finish_round(s, ch);
     }
+    ch->round_t0 = 0;
     ch->nskipped = 0;
     if (ch->nwait)
         wake(s, ch);
+}
+
+void ps_shard_take_nonfinite(ps_shard *s, ps_shard_nonfinite *out)
+{
+    *out = s->nf;
+    memset(&s->nf, 0, sizeof s->nf);
 }
 
 /* Sync, restored chunk: a worker is at `step`, beyond the restored round.
@@ -169,6 +199,7 @@ static void fast_forward(ps_shard *s, chunk *ch, int64_t step)
     ch->next_rank = 0;
     ch->ncontrib = 0;
     ch->nskipped = 0;
+    ch->round_t0 = 0;
     int64_t old = ch->version;
     s->ff_rounds += (uint64_t)(step - old);
     ch->version = step;
@@ -287,6 +318,8 @@ int ps_shard_push_sum(ps_shard *s, uint64_t key, uint32_t c, int rank, int64_t s
         return 0;
     }
     ch->clock[rank] = step + 1;
+    if (s->m_round && !ch->round_t0)
+        ch->round_t0 = s->recv_ns;
     /* sum in rank order so sync runs are bitwise repeatable: a push that comes
      * before a lower rank's waits (kept, not copied) until its turn */
     if (rank != ch->next_rank) {

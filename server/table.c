@@ -1,7 +1,9 @@
 /* The table store (server/table.h): configuration, the frequency filter,
- * pulls, async pushes, sync rounds, checkpoint views and counters.  The hash,
- * the slabs and the memory charge are table_hash.c's (below it), a row's
- * arithmetic table_opt.c's and its first values common/ps_table_row.c's. */
+ * pulls, async pushes, checkpoint views and counters.  Its sync rounds are
+ * table_round.c's (the struct and the helpers both use: table_internal.h),
+ * the hash, the slabs and the memory charge table_hash.c's (below it), a
+ * row's arithmetic table_opt.c's and its first values
+ * common/ps_table_row.c's. */
 #include "table.h"
 
 #include <math.h>
@@ -15,31 +17,11 @@
 #include "ps_table_decl.h"
 #include "ps_table_row.h"
 #include "table_hash.h"
+#include "table_internal.h"
 
 _Static_assert(PS_TABLE_MAX_ROWS == TBL_MAX_ROWS, "table.h and table_hash.h disagree");
 
-struct ps_table {
-    ps_table_config cfg;
-    tbl_opt o;          /* cfg's optimizer, as table_opt.c takes it */
-    int nstate;
-    tbl_rows r;         /* the rows; r.reserved: those the open round may create */
-    uint64_t *pos;      /* a request's entry positions (UINT64_MAX: no row), npos */
-    size_t npos;
-    uint8_t *cells;     /* frequency filter: ncells counters; NULL without one */
-    size_t ncells;
-    /* the open sync round: acc_n ids (in order of first appearance) with their
-     * sums, found through acc_map (power-of-two size, entry index + 1) */
-    uint64_t *acc_ids;
-    float *acc_rows;
-    uint32_t *acc_map;
-    size_t acc_n, acc_cap, acc_hcap;
-    int ncontrib, last_rank;
-    int64_t version;
-    float *scratch;      /* dim floats: the mean of a summed push */
-    ps_table_counts st;  /* created and evicted: restored bases (r counts the rest) */
-};
 
-#define NO_ROW UINT64_MAX
 /* lookups run ahead of their use: the hash entry of the id PREFETCH ahead
  * is fetched, and the row record of the one PREFETCH / 2 ahead (its entry
  * fetched by then) */
@@ -95,11 +77,14 @@ int ps_table_create(const ps_table_config *cfg, ps_table **out, char *why, size_
     t->o = (tbl_opt){cfg->opt, cfg->ftrl_beta, cfg->ftrl_l1, cfg->ftrl_l2};
     t->nstate = ps_table_state_arrays(cfg->opt.kind);
     t->last_rank = -1;
+    t->maker = -1;
     t->ncells = cfg->min_count >= 2 ? (cfg->filter_cells ? cfg->filter_cells
                                                         : PS_TABLE_FILTER_CELLS) : 0;
-    tbl_rows_config rc_ = {cfg->table, cfg->dim * (uint32_t)(1 + t->nstate),
-                           cfg->opt.kind == PS_OPT_ADAM, cfg->max_rows, cfg->max_memory,
-                           cfg->mem_used};
+    tbl_rows_config rc_ = {cfg->table,      cfg->dim * (uint32_t)(1 + t->nstate),
+                           cfg->opt.kind == PS_OPT_ADAM, cfg->max_rows,
+                           cfg->max_memory, cfg->mem_used,
+                           cfg->worker_mem, cfg->num_workers,
+                           cfg->worker_share};
     rc = tbl_rows_init(&t->r, &rc_, sizeof *t + cfg->dim * sizeof(float) + t->ncells, why,
                        why_len);
     if (rc) {
@@ -127,6 +112,7 @@ void ps_table_destroy(ps_table *t)
     free(t->acc_ids);
     free(t->acc_rows);
     free(t->acc_map);
+    free(t->acc_maker);
     free(t->scratch);
     tbl_rows_free(&t->r); /* gives back every byte charged */
     free(t);
@@ -155,7 +141,7 @@ static void filter_cells3(const ps_table *t, uint64_t id, uint64_t c[3])
 }
 
 /* The id's count: the least of its cells (never below its sightings). */
-static unsigned filter_count(const ps_table *t, uint64_t id)
+unsigned table_filter_count(const ps_table *t, uint64_t id)
 {
     uint64_t c[3];
     filter_cells3(t, id, c);
@@ -187,7 +173,7 @@ static unsigned filter_sight(ps_table *t, uint64_t id)
 
 /* A new row for id (its lookup ended at empty entry pos; room reserved):
  * the initializer's values, zero state.  Its entry's position. */
-static uint64_t create_row(ps_table *t, uint64_t id, uint64_t pos)
+uint64_t table_create_row(ps_table *t, uint64_t id, uint64_t pos)
 {
     pos = tbl_create_row(&t->r, id, pos);
     float *w = tbl_rec_w(tbl_rec(&t->r, tbl_slot_at(&t->r, pos)));
@@ -199,7 +185,7 @@ static uint64_t create_row(ps_table *t, uint64_t id, uint64_t pos)
 /* ---- a request's rows: look them all up first (and reserve room for
  * those missing), so a request is refused before it changes anything ---- */
 
-static int size_error(const ps_table *t, const char *what, size_t n, size_t len, char *why,
+int table_size_error(const ps_table *t, const char *what, size_t n, size_t len, char *why,
                       size_t why_len)
 {
     ps_errorf(why, why_len, "%s of %zu ids with %zu floats: table %llu has rows of %u floats, "
@@ -208,26 +194,133 @@ static int size_error(const ps_table *t, const char *what, size_t n, size_t len,
     return PS_EPROTO;
 }
 
-/* Entry positions of ids[0..n) into t->pos (NO_ROW: no row yet), and room
- * for the rows missing.  *gen: the hash's generation they hold for.  t->pos
- * is scratch, like the request itself not charged (8 bytes per id of the
- * largest request). */
-static int look_up(ps_table *t, const uint64_t *ids, size_t n, uint64_t *gen, char *why,
-                   size_t why_len)
+/* t->pos grows with the largest request, charged to max_memory like the
+ * rows; one past POS_KEEP entries (a large request) goes back after it. */
+#define POS_KEEP 65536u
+
+int table_pos_reserve(ps_table *t, size_t n, char *why, size_t why_len)
 {
-    if (n > t->npos) {
-        size_t ncap = t->npos ? t->npos : 256;
-        while (ncap < n)
-            ncap *= 2;
-        uint64_t *p = realloc(t->pos, ncap * sizeof *p);
-        if (!p) {
-            ps_errorf(why, why_len, "table %llu: out of memory for a request of %zu ids",
-                (unsigned long long)t->cfg.table, n);
-            return PS_ENOMEM;
-        }
-        t->pos = p;
-        t->npos = ncap;
+    if (n <= t->npos)
+        return 0;
+    size_t ncap = t->npos ? t->npos : 256;
+    while (ncap < n)
+        ncap *= 2;
+    uint64_t more = (uint64_t)(ncap - t->npos) * sizeof *t->pos;
+    if (!tbl_charge(&t->r, more)) {
+        ps_errorf(why, why_len, "table %llu: no room in --max-memory (%llu bytes) for the "
+            "scratch of a request of %zu ids", (unsigned long long)t->cfg.table,
+            (unsigned long long)t->cfg.max_memory, n);
+        return PS_ETOOBIG;
     }
+    uint64_t *p = realloc(t->pos, ncap * sizeof *p);
+    if (!p) {
+        tbl_uncharge(&t->r, more);
+        ps_errorf(why, why_len, "table %llu: out of memory for a request of %zu ids",
+            (unsigned long long)t->cfg.table, n);
+        return PS_ENOMEM;
+    }
+    t->pos = p;
+    t->npos = ncap;
+    return 0;
+}
+
+/* A refused request changes nothing: its scratch back to the npos it had. */
+void table_pos_undo(ps_table *t, size_t npos)
+{
+    if (t->npos <= npos)
+        return;
+    uint64_t *p = npos ? realloc(t->pos, npos * sizeof *p) : NULL;
+    if (npos && !p)
+        return; /* stays larger, still charged */
+    if (!npos)
+        free(t->pos);
+    tbl_uncharge(&t->r, (uint64_t)(t->npos - npos) * sizeof *t->pos);
+    t->pos = p;
+    t->npos = npos;
+}
+
+void table_pos_release(ps_table *t)
+{
+    if (t->npos <= POS_KEEP)
+        return;
+    tbl_uncharge(&t->r, (uint64_t)t->npos * sizeof *t->pos);
+    free(t->pos);
+    t->pos = NULL;
+    t->npos = 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The distinct values among v[0..n) (a copy sorted; n when out of memory:
+ * the caller then charges them all).  A request's duplicate ids make one
+ * row: they are counted once where rows are charged. */
+size_t table_count_distinct(const uint64_t *v, size_t n)
+{
+    if (n < 2)
+        return n;
+    uint64_t *c = malloc(n * sizeof *c);
+    if (!c)
+        return n;
+    memcpy(c, v, n * sizeof *c);
+    qsort(c, n, sizeof *c, cmp_u64);
+    size_t d = 1;
+    for (size_t i = 1; i < n; i++)
+        d += c[i] != c[i - 1];
+    free(c);
+    return d;
+}
+
+/* The distinct ids of ids[0..n) whose pos is `mark` (NO_ROW: those missing). */
+static uint64_t distinct_missing(const ps_table *t, const uint64_t *ids, size_t n)
+{
+    uint64_t *m = malloc(n * sizeof *m);
+    size_t k = 0;
+    if (!m)
+        return n;
+    for (size_t i = 0; i < n; i++)
+        if (t->pos[i] == NO_ROW)
+            m[k++] = ids[i];
+    size_t d = table_count_distinct(m, k);
+    free(m);
+    return d;
+}
+
+/* A capped table that refuses new rows when full (ps_table_config.
+ * full_refuse): PS_ETOOBIG when `missing` more rows (each distinct id once;
+ * *missing may come down to that) do not fit under the cap with the rows
+ * that exist and those a sync round reserved. */
+int table_full_refuses(ps_table *t, const uint64_t *ids, size_t n, uint64_t *missing,
+                        char *why, size_t why_len)
+{
+    uint64_t have = t->r.rows + t->r.reserved;
+    if (have + *missing <= t->cfg.max_rows)
+        return 0;
+    if (ids && *missing > 1)
+        *missing = distinct_missing(t, ids, n);
+    if (have + *missing <= t->cfg.max_rows)
+        return 0;
+    ps_errorf(why, why_len, "table %llu is full here: %llu rows, its max_rows share %llu, and "
+        "it refuses new rows then (full=refuse): %llu new ids refused",
+        (unsigned long long)t->cfg.table, (unsigned long long)have,
+        (unsigned long long)t->cfg.max_rows, (unsigned long long)*missing);
+    return PS_ETOOBIG;
+}
+
+/* Entry positions of ids[0..n) into t->pos (NO_ROW: no row yet), and room
+ * for the rows missing, each id once.  *gen: the hash's generation they
+ * hold for.  t->pos is scratch (pos_reserve; the caller calls pos_release
+ * once done). */
+static int look_up(ps_table *t, const uint64_t *ids, size_t n, uint64_t *gen, uint64_t *charged,
+                   char *why, size_t why_len)
+{
+    *charged = 0;
+    int rc = table_pos_reserve(t, n, why, why_len);
+    if (rc)
+        return rc;
     uint64_t missing = 0;
     for (size_t i = 0; i < n; i++) {
         if (i + PREFETCH < n)
@@ -243,7 +336,53 @@ static int look_up(ps_table *t, const uint64_t *ids, size_t n, uint64_t *gen, ch
         missing += !found;
     }
     *gen = t->r.map_gen; /* before the reserve: growing the hash moves the entries */
-    return missing && !tbl_has_room(&t->r, missing) ? tbl_reserve(&t->r, missing, 0, why, why_len) : 0;
+    if (!missing)
+        return 0;
+    /* the rows it may make: charged to its worker's share first, then room */
+    rc = tbl_worker_charge(&t->r, t->maker, missing, why, why_len);
+    int distinct = 0;
+    if (rc && missing > 1) { /* each distinct id once */
+        missing = distinct_missing(t, ids, n);
+        distinct = 1;
+        rc = tbl_worker_charge(&t->r, t->maker, missing, why, why_len);
+    }
+    if (rc)
+        return rc;
+    *charged = t->r.cfg.worker_mem ? missing : 0;
+    if (t->cfg.full_refuse && (rc = table_full_refuses(t, ids, n, &missing, why, why_len)) != 0) {
+        tbl_worker_uncharge(&t->r, t->maker, *charged);
+        *charged = 0;
+        return rc;
+    }
+    if (tbl_has_room(&t->r, missing))
+        return 0;
+    if (missing > 1 && !distinct) {
+        uint64_t d = distinct_missing(t, ids, n);
+        tbl_worker_uncharge(&t->r, t->maker, *charged ? missing - d : 0);
+        missing = d;
+        *charged = *charged ? d : 0;
+    }
+    rc = tbl_has_room(&t->r, missing) ? 0 : tbl_reserve(&t->r, missing, 0, why, why_len);
+    if (rc) {
+        tbl_worker_uncharge(&t->r, t->maker, *charged);
+        *charged = 0;
+    }
+    return rc;
+}
+
+/* A pull's or push's rows are made: what its worker was charged for and
+ * did not make (ids the filter did not admit, duplicates) goes back. */
+static void charge_settle(ps_table *t, uint64_t charged, uint64_t created_before)
+{
+    uint64_t made = t->r.created - created_before;
+    if (charged > made)
+        tbl_worker_uncharge(&t->r, t->maker, charged - made);
+}
+
+void ps_table_set_maker(ps_table *t, int rank)
+{
+    t->maker = rank;
+    t->r.maker = rank >= 0 ? (uint32_t)rank : TBL_NO_MAKER;
 }
 
 /* The entry of ids[i]'s row now: as looked up while the hash has not moved,
@@ -258,9 +397,9 @@ static uint64_t entry_of(ps_table *t, size_t i, uint64_t id, uint64_t gen, int s
     uint64_t p = tbl_find(&t->r, id, &found);
     if (found)
         return p;
-    if (t->cells && (sight ? filter_sight(t, id) : filter_count(t, id)) < t->cfg.min_count)
+    if (t->cells && (sight ? filter_sight(t, id) : table_filter_count(t, id)) < t->cfg.min_count)
         return NO_ROW;
-    return create_row(t, id, p);
+    return table_create_row(t, id, p);
 }
 
 /* Fetch the record of the row ids[i] a few ids ahead (its first lines) */
@@ -280,7 +419,7 @@ int ps_table_pull(ps_table *t, const uint64_t *ids, size_t n, float *out, size_t
 {
     size_t d = t->cfg.dim;
     if (out_len != n * d)
-        return size_error(t, "pull", n, out_len, why, why_len);
+        return table_size_error(t, "pull", n, out_len, why, why_len);
     if (t->cfg.passive_pulls) { /* nothing created, nothing touched */
         for (size_t i = 0; i < n; i++) {
             float *o = out + i * d;
@@ -296,10 +435,13 @@ int ps_table_pull(ps_table *t, const uint64_t *ids, size_t n, float *out, size_t
         t->st.pulled += n;
         return 0;
     }
-    uint64_t gen;
-    int rc = look_up(t, ids, n, &gen, why, why_len);
-    if (rc)
+    uint64_t gen, charged, created = t->r.created;
+    size_t npos = t->npos;
+    int rc = look_up(t, ids, n, &gen, &charged, why, why_len);
+    if (rc) {
+        table_pos_undo(t, npos);
         return rc;
+    }
     for (size_t i = 0; i < n; i++) {
         float *o = out + i * d;
         prefetch_row(t, i, n, gen);
@@ -314,16 +456,25 @@ int ps_table_pull(ps_table *t, const uint64_t *ids, size_t n, float *out, size_t
         tbl_touch(&t->r, s);
     }
     t->st.pulled += n;
+    charge_settle(t, charged, created);
+    table_pos_release(t);
     return 0;
 }
 
 /* Update the row of entry p with gradient row g at rate lr, counting as m
  * updates. */
-static void update_row(ps_table *t, uint64_t p, const float *g, float lr, int64_t m)
+void table_update_row(ps_table *t, uint64_t p, const float *g, float lr, int64_t m)
 {
     uint32_t s = tbl_slot_at(&t->r, p);
     t->r.map[p] |= TBL_DIRTY;
-    tbl_apply_row(&t->o, tbl_rec_w(tbl_rec(&t->r, s)), t->cfg.dim, tbl_cnt(&t->r, s), g, lr, m);
+    char *rec = tbl_rec(&t->r, s);
+    size_t kept = tbl_apply_row(&t->o, tbl_rec_w(rec), t->cfg.dim, tbl_cnt(&t->r, s), g, lr, m,
+                                t->cfg.guard);
+    if (kept) {
+        if (t->nf.rows++ == 0)
+            t->nf.id = tbl_rec_id(rec);
+        t->nf.values += kept;
+    }
     tbl_touch(&t->r, s);
     t->st.updated++;
 }
@@ -333,16 +484,19 @@ int ps_table_push(ps_table *t, const uint64_t *ids, size_t n, const float *g, si
 {
     size_t d = t->cfg.dim;
     if (g_len != n * d)
-        return size_error(t, "push", n, g_len, why, why_len);
+        return table_size_error(t, "push", n, g_len, why, why_len);
     if (m < 1) {
         ps_errorf(why, why_len, "a push to table %llu summing %lld gradients: at least 1",
             (unsigned long long)t->cfg.table, (long long)m);
         return PS_EPROTO;
     }
-    uint64_t gen;
-    int rc = look_up(t, ids, n, &gen, why, why_len);
-    if (rc)
+    uint64_t gen, charged, created = t->r.created;
+    size_t npos = t->npos;
+    int rc = look_up(t, ids, n, &gen, &charged, why, why_len);
+    if (rc) {
+        table_pos_undo(t, npos);
         return rc;
+    }
     float lr = ps_opt_lr_at(&t->cfg.opt, t->version + m);
     float inv = 1.0f / (float)m;
     for (size_t i = 0; i < n; i++) {
@@ -359,191 +513,19 @@ int ps_table_push(ps_table *t, const uint64_t *ids, size_t n, const float *g, si
                 t->scratch[k] = gi[k] * inv;
             gi = t->scratch;
         }
-        update_row(t, p, gi, lr, m);
+        table_update_row(t, p, gi, lr, m);
     }
     t->version += m;
     t->st.pushed += n;
+    charge_settle(t, charged, created);
+    table_pos_release(t);
     return 0;
 }
 
-/* ---- sync rounds ---- */
-
-/* The sum of id in the open round: its index (*found = 1) or the empty
- * entry of acc_map where it would go. */
-static size_t acc_find(const ps_table *t, uint64_t id, int *found)
+void ps_table_take_nonfinite(ps_table *t, ps_table_nonfinite *out)
 {
-    *found = 0;
-    if (!t->acc_map)
-        return 0;
-    size_t i = (size_t)tbl_home(tbl_hash(id), t->acc_hcap);
-    for (;;) {
-        uint32_t e = t->acc_map[i];
-        if (!e)
-            return i;
-        if (t->acc_ids[e - 1] == id) {
-            *found = 1;
-            return e - 1;
-        }
-        i = (i + 1) & (t->acc_hcap - 1);
-    }
-}
-
-/* The sums' capacity for `need` ids (doubling; the map twice as large, a
- * power of two) and the bytes it adds (0: it fits now). */
-static size_t acc_size(const ps_table *t, size_t need, uint64_t *more)
-{
-    *more = 0;
-    if (need == 0 || (need <= t->acc_cap && t->acc_map))
-        return t->acc_cap;
-    size_t ncap = t->acc_cap ? t->acc_cap : 64;
-    while (ncap < need)
-        ncap *= 2;
-    *more = (ncap - t->acc_cap) * (sizeof(uint64_t) + t->cfg.dim * sizeof(float) +
-                                   2 * sizeof(uint32_t));
-    return ncap;
-}
-
-/* Grow the sums to ncap ids; `more` bytes are charged already (given back
- * when it fails). */
-static int acc_grow(ps_table *t, size_t ncap, uint64_t more, char *why, size_t why_len)
-{
-    uint64_t *ids = realloc(t->acc_ids, ncap * sizeof *ids);
-    if (ids)
-        t->acc_ids = ids;
-    float *rows = ids ? realloc(t->acc_rows, ncap * t->cfg.dim * sizeof *rows) : NULL;
-    if (rows)
-        t->acc_rows = rows;
-    uint32_t *map = rows ? calloc(2 * ncap, sizeof *map) : NULL;
-    if (!map) {
-        tbl_uncharge(&t->r, more);
-        ps_errorf(why, why_len, "table %llu: out of memory for the sums of a round",
-            (unsigned long long)t->cfg.table);
-        return PS_ENOMEM;
-    }
-    free(t->acc_map);
-    t->acc_map = map;
-    t->acc_hcap = 2 * ncap;
-    t->acc_cap = ncap;
-    for (size_t e = 0; e < t->acc_n; e++) {
-        int found;
-        map[acc_find(t, t->acc_ids[e], &found)] = (uint32_t)(e + 1);
-    }
-    return 0;
-}
-
-int ps_table_round_add(ps_table *t, int rank, const uint64_t *ids, size_t n, const float *g,
-                       size_t g_len, char *why, size_t why_len)
-{
-    size_t d = t->cfg.dim;
-    if (rank < 0 || rank <= t->last_rank) {
-        if (rank < 0)
-            ps_errorf(why, why_len, "table %llu: a push of rank %d (ranks are >= 0)",
-                (unsigned long long)t->cfg.table, rank);
-        else
-            ps_errorf(why, why_len, "table %llu: the push of rank %d comes after rank %d's in "
-                "this round; a round takes its pushes in rank order",
-                (unsigned long long)t->cfg.table, rank, t->last_rank);
-        return PS_ESTATE;
-    }
-    if (g_len != n * d)
-        return size_error(t, "push", n, g_len, why, why_len);
-    /* the ids new to the round (sums to add), and those of them with no row
-     * (rows the round may create): room for both, charged at once, before
-     * anything changes */
-    size_t fresh = 0;
-    uint64_t missing = 0;
-    for (size_t i = 0; i < n; i++) {
-        int found;
-        acc_find(t, ids[i], &found);
-        if (!found) {
-            fresh++;
-            tbl_find(&t->r, ids[i], &found);
-            missing += !found;
-        }
-    }
-    uint64_t more;
-    size_t ncap = acc_size(t, t->acc_n + fresh, &more);
-    int rc = 0;
-    if (missing && !tbl_has_room(&t->r, missing))
-        rc = tbl_reserve(&t->r, missing, more, why, why_len);
-    else if (more && !tbl_charge(&t->r, more)) {
-        ps_errorf(why, why_len, "table %llu needs %llu more bytes for the sums of a round of "
-            "%zu rows; %llu bytes (--max-memory) reached", (unsigned long long)t->cfg.table,
-            (unsigned long long)more, t->acc_n + fresh, (unsigned long long)t->cfg.max_memory);
-        rc = PS_ETOOBIG;
-    }
-    if (!rc && more)
-        rc = acc_grow(t, ncap, more, why, why_len);
-    if (rc)
-        return rc;
-    t->r.reserved += missing;
-    /* in rank order: the first contributor's row copied, the next ones added */
-    for (size_t i = 0; i < n; i++) {
-        const float *restrict gi = g + i * d;
-        int found;
-        size_t e = acc_find(t, ids[i], &found);
-        if (found) {
-            float *restrict sum = t->acc_rows + e * d;
-            for (size_t k = 0; k < d; k++)
-                sum[k] = sum[k] + gi[k];
-        } else {
-            t->acc_ids[t->acc_n] = ids[i];
-            memcpy(t->acc_rows + t->acc_n * d, gi, d * sizeof(float));
-            t->acc_map[e] = (uint32_t)++t->acc_n;
-        }
-    }
-    t->ncontrib++;
-    t->last_rank = rank;
-    t->st.pushed += n;
-    return 0;
-}
-
-void ps_table_round_cancel(ps_table *t)
-{
-    if (t->acc_n)
-        memset(t->acc_map, 0, t->acc_hcap * sizeof *t->acc_map);
-    t->acc_n = 0;
-    t->ncontrib = 0;
-    t->last_rank = -1;
-    t->r.reserved = 0;
-}
-
-void ps_table_round_finish(ps_table *t)
-{
-    if (t->ncontrib == 0) {
-        ps_table_round_cancel(t);
-        return;
-    }
-    size_t d = t->cfg.dim;
-    /* the mean over the pushes summed, as shard.c's finish_round divides */
-    float nw = (float)t->ncontrib;
-    float lr = ps_opt_lr_at(&t->cfg.opt, t->version + 1);
-    for (size_t e = 0; e < t->acc_n; e++) {
-        float *restrict sum = t->acc_rows + e * d;
-        for (size_t k = 0; k < d; k++)
-            sum[k] = sum[k] / nw;
-        uint64_t id = t->acc_ids[e];
-        int found;
-        uint64_t p = tbl_find(&t->r, id, &found);
-        if (!found) {
-            if (t->cells && filter_count(t, id) < t->cfg.min_count) {
-                t->st.filtered_pushes++;
-                continue;
-            }
-            p = create_row(t, id, p); /* room reserved by round_add */
-        }
-        update_row(t, p, sum, lr, 1);
-    }
-    t->version++;
-    t->st.rounds++;
-    ps_table_round_cancel(t);
-}
-
-int ps_table_round_contributors(const ps_table *t, int *last_rank)
-{
-    if (last_rank)
-        *last_rank = t->last_rank;
-    return t->ncontrib;
+    *out = t->nf;
+    memset(&t->nf, 0, sizeof t->nf);
 }
 
 int64_t ps_table_version(const ps_table *t) { return t->version; }
@@ -634,7 +616,7 @@ int ps_table_restore_row(ps_table *t, const ps_table_row_view *v, char *why, siz
                 return rc;
             p = tbl_find(&t->r, v->id, &found);
         }
-        p = create_row(t, v->id, p);
+        p = table_create_row(t, v->id, p);
     }
     uint32_t s = tbl_slot_at(&t->r, p);
     size_t d = t->cfg.dim;

@@ -19,8 +19,9 @@
  * up to about 2 MiB each), never one per row; slots stay dense (0 .. rows-1:
  * an evicted row's slot goes to the new row).  Beyond the values and the
  * optimizer state a row costs its id (8 bytes) and its share of the hash
- * (4 bytes / load, 5.3 to 8 bytes): at most 16 bytes (a capped table adds 8
- * for its LRU links), plus the unused part of the last slab.  (Adam's count,
+ * (4 bytes / load, 5.3 to 8 bytes): at most 16 bytes (a capped table adds 12
+ * for its LRU links and the row's maker), plus the unused part of the last
+ * slab.  (Adam's count,
  * 4 bytes, is optimizer state: ps_table_row_bytes counts it.)
  *
  * Memory: every allocation that grows with the rows (slabs, the hash, the
@@ -28,9 +29,10 @@
  * (shared by every shard and table of a server, atomically) before it is
  * made, and an operation that would pass max_memory is refused with
  * PS_ETOOBIG before it changes anything (the deletion list alone is charged
- * but never refused: an eviction cannot wait).  Not charged: a request's
- * scratch (8 bytes per id of the largest request so far), like the request
- * itself.
+ * but never refused: an eviction cannot wait).  A request's scratch (8
+ * bytes per id) is charged too, and given back after a request of more
+ * than 65536 ids.  A request's duplicate ids are one row: the rows it may
+ * create are counted once each.
  *
  * Updates (the optimizer: ps_table_config.opt), only ever on rows touched:
  *  - async: ps_table_push applies each gradient row on arrival;
@@ -39,6 +41,10 @@
  *    of its gradient rows in rank order (the first contributor's row copied,
  *    the next ones added, as server/shard.c) divided by the number of
  *    pushes in the round, as the dense path divides.
+ *
+ * With cfg.guard (--on-nonfinite refuse and skip) every update's results
+ * are checked in the kernel's pass: a value whose new value or state would
+ * not be finite keeps its old ones, noted for ps_table_take_nonfinite.
  *
  * Initializer: a pure function of (seed, table, id, element index i), the
  * formula of common/ps_table_row.h (ps_table_init_row), which libps, the
@@ -108,6 +114,8 @@ typedef struct ps_table_config {
     ps_opt_config opt;
     float ftrl_beta, ftrl_l1, ftrl_l2; /* FTRL's beta, l1 and l2, each >= 0 */
     uint64_t max_rows;      /* 0: no cap; else evict the least recently touched */
+    int full_refuse;        /* capped: refuse (PS_ETOOBIG) what would make a row in a full
+                               table instead of evicting one */
     uint32_t min_count;     /* frequency filter: 0 or 1 off; N <= 255: a row at the Nth pull */
     uint32_t filter_cells;  /* its size in cells (bytes); 0: PS_TABLE_FILTER_CELLS */
     /* A pull creates no row and touches none (a missing row's values are the
@@ -117,8 +125,22 @@ typedef struct ps_table_config {
      * in, and its evictions with it: with it the order follows the rounds,
      * and a run is repeatable. */
     int passive_pulls;
+    /* Check every update's results (--on-nonfinite refuse and skip): a value
+     * whose new value or optimizer state would be NaN or +-Inf keeps its old
+     * ones (ps_opt_apply_checked, server/optimizer.h), and the update is noted for
+     * ps_table_take_nonfinite.  0 (--on-nonfinite apply): applied as computed. */
+    int guard;
     uint64_t max_memory;        /* bytes, over everything sharing mem_used */
     _Atomic uint64_t *mem_used; /* shared charge; NULL: a private counter */
+    /* Per-worker shares (NULL: none): each row is charged to the worker
+     * whose pull or push made it (ps_table_set_maker; a sync round's rows
+     * to the rank whose push brought the id), num_workers counters shared
+     * by every table of the server, each at most worker_share bytes; a
+     * request that would pass its worker's share is refused (PS_ETOOBIG)
+     * before it changes anything.  See table_hash.h "Makers". */
+    _Atomic uint64_t *worker_mem;
+    int num_workers;
+    uint64_t worker_share;
 } ps_table_config;
 
 /* Counters of one table. */
@@ -154,6 +176,10 @@ const ps_table_config *ps_table_get_config(const ps_table *t);
 /* The initializer's values of row id (dim floats into out):
  * ps_table_init_row with cfg's seed, table, kind and scale. */
 void ps_table_initial_row(const ps_table_config *cfg, uint64_t id, float *out);
+
+/* The worker the next pulls and pushes are for (their new rows are charged
+ * to its share); -1: nobody (restores). */
+void ps_table_set_maker(ps_table *t, int rank);
 
 /* Values of the rows of ids[0..n) into out (out_len floats: n * dim): rows
  * that do not exist are created (when the filter admits the id; else out
@@ -201,6 +227,16 @@ void ps_table_round_finish(ps_table *t);
 void ps_table_round_cancel(ps_table *t);
 /* Pushes in the open round, and the last rank added (-1: none). */
 int ps_table_round_contributors(const ps_table *t, int *last_rank);
+
+/* The row updates since the last call whose results were not finite (the
+ * table's guard kept those values; see ps_table_config.guard): how many,
+ * the values kept, and the first row's id. */
+typedef struct ps_table_nonfinite {
+    uint64_t rows;
+    uint64_t values;
+    uint64_t id;
+} ps_table_nonfinite;
+void ps_table_take_nonfinite(ps_table *t, ps_table_nonfinite *out);
 
 /* Updates applied: sync rounds finished, or async pushes (m each).  The
  * learning-rate decay of update t uses ps_opt_lr_at(opt, t). */

@@ -10,6 +10,8 @@
 #include "ps_error.h"
 #include "ps_log.h"
 
+static void maker_leaves(tbl_rows *t, uint32_t s);
+
 static _Atomic uint64_t *mem(tbl_rows *t)
 {
     return t->cfg.mem_used ? t->cfg.mem_used : &t->own_mem;
@@ -62,7 +64,7 @@ static size_t slab_bytes(const tbl_rows *t, uint64_t rows, size_t *cnt_off, size
         b += (size_t)rows * 4;
     *lru_off = b;
     if (t->cfg.max_rows)
-        b += (size_t)rows * 8;
+        b += (size_t)rows * 12;
     return round64(b);
 }
 
@@ -202,6 +204,10 @@ int tbl_rows_init(tbl_rows *t, const tbl_rows_config *cfg, uint64_t extra, char 
     while (t->big < 16 && ((size_t)2 << t->big) * t->stride <= TBL_SLAB_BYTES)
         t->big++;
     t->lru_head = t->lru_tail = TBL_NIL;
+    t->maker = TBL_NO_MAKER;
+    /* a row's own bytes, its share of the hash (4-byte entries at least half
+     * full) and, capped, its links and maker */
+    t->row_cost = (uint32_t)(t->stride + 8 + (cfg->counts ? 4 : 0) + (cfg->max_rows ? 12 : 0));
     t->hcap = 16;
     uint64_t bytes = t->hcap * sizeof(uint32_t) + extra;
     if (!tbl_charge(t, bytes)) {
@@ -222,6 +228,8 @@ int tbl_rows_init(tbl_rows *t, const tbl_rows_config *cfg, uint64_t extra, char 
 
 void tbl_rows_free(tbl_rows *t)
 {
+    for (uint64_t s = 0; t->cfg.max_rows && s < t->rows; s++)
+        maker_leaves(t, (uint32_t)s);
     for (uint32_t j = 0; j < t->nslabs; j++)
         free(t->slabs[j].rec);
     free(t->slabs);
@@ -248,7 +256,7 @@ static uint32_t *links(const tbl_rows *t, uint32_t s)
 {
     uint32_t j, o;
     tbl_locate(t, s, &j, &o);
-    return t->slabs[j].lru + 2 * (size_t)o;
+    return t->slabs[j].lru + 3 * (size_t)o;
 }
 
 static void lru_unlink(tbl_rows *t, uint32_t s)
@@ -285,6 +293,38 @@ void tbl_touch(tbl_rows *t, uint32_t s)
 }
 
 uint32_t tbl_lru_prev(const tbl_rows *t, uint32_t s) { return links(t, s)[0]; }
+
+/* ---- makers ---- */
+
+int tbl_worker_charge(tbl_rows *t, int rank, uint64_t rows, char *why, size_t why_len)
+{
+    if (!t->cfg.worker_mem || rank < 0 || rank >= t->cfg.num_workers || !rows)
+        return 0;
+    uint64_t bytes = rows * t->row_cost;
+    uint64_t before = atomic_fetch_add(&t->cfg.worker_mem[rank], bytes);
+    if (before + bytes <= t->cfg.worker_share)
+        return 0;
+    atomic_fetch_sub(&t->cfg.worker_mem[rank], bytes);
+    ps_errorf(why, why_len, "worker %d's rows here take %llu bytes of its share of %llu "
+        "(--table-memory-per-worker): %llu new rows of %u bytes refused; cap the table "
+        "(max_rows) or raise the share", rank, (unsigned long long)before,
+        (unsigned long long)t->cfg.worker_share, (unsigned long long)rows, t->row_cost);
+    return PS_ETOOBIG;
+}
+
+void tbl_worker_uncharge(tbl_rows *t, int rank, uint64_t rows)
+{
+    if (t->cfg.worker_mem && rank >= 0 && rank < t->cfg.num_workers && rows)
+        atomic_fetch_sub(&t->cfg.worker_mem[rank], rows * t->row_cost);
+}
+
+/* A capped table's row in slot s leaves: its maker's charge goes back. */
+static void maker_leaves(tbl_rows *t, uint32_t s)
+{
+    uint32_t m = links(t, s)[2];
+    if (m != TBL_NO_MAKER)
+        tbl_worker_uncharge(t, (int)m, 1);
+}
 
 /* ---- deleting ---- */
 
@@ -340,6 +380,7 @@ static uint32_t evict(tbl_rows *t)
     int found;
     uint64_t pos = tbl_find(t, id, &found);
     lru_unlink(t, s);
+    maker_leaves(t, s);
     map_delete(t, pos);
     record_deletion(t, id);
     t->evicted++;
@@ -350,8 +391,10 @@ void tbl_delete_row(tbl_rows *t, uint64_t pos)
 {
     uint32_t s = (t->map[pos] & TBL_SLOT) - 1;
     char *rec = tbl_rec(t, s);
-    if (t->cfg.max_rows)
+    if (t->cfg.max_rows) {
         lru_unlink(t, s);
+        maker_leaves(t, s);
+    }
     map_delete(t, pos);
     record_deletion(t, tbl_rec_id(rec));
     uint32_t last = (uint32_t)(t->rows - 1);
@@ -368,6 +411,7 @@ void tbl_delete_row(tbl_rows *t, uint64_t pos)
         uint32_t *l = links(t, s), *m = links(t, last);
         l[0] = m[0];
         l[1] = m[1];
+        l[2] = m[2];
         if (l[0] != TBL_NIL)
             links(t, l[0])[1] = s;
         else
@@ -399,8 +443,10 @@ uint64_t tbl_create_row(tbl_rows *t, uint64_t id, uint64_t pos)
     if (c)
         *c = 0;
     t->map[pos] = (s + 1) | TBL_DIRTY;
-    if (t->cfg.max_rows)
+    if (t->cfg.max_rows) {
         lru_front(t, s);
+        links(t, s)[2] = t->maker;
+    }
     t->created++;
     return pos;
 }

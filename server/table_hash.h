@@ -41,12 +41,25 @@ typedef struct tbl_rows_config {
     uint64_t max_rows;   /* 0: no cap; else evict the least recently touched */
     uint64_t max_memory;        /* bytes, over everything sharing mem_used */
     _Atomic uint64_t *mem_used; /* shared charge; NULL: a private counter */
+    /* Per-worker shares of the table memory (see "Makers" below); NULL: none */
+    _Atomic uint64_t *worker_mem; /* num_workers counters, shared by every table */
+    int num_workers;
+    uint64_t worker_share;        /* bytes of rows one worker may have made */
 } tbl_rows_config;
+
+/* Makers.  A row is charged, at tbl_row_cost bytes, to the worker whose
+ * request made it (t->maker when it is created; TBL_NO_MAKER: nobody, a
+ * restored row), in cfg.worker_mem: the layer above takes the charge
+ * before it makes rows (tbl_worker_charge, refused past worker_share) and
+ * gives back what it did not make.  A capped table keeps each row's maker
+ * beside its LRU links, and an evicted or deleted row's charge goes back to
+ * its maker; an uncapped table's rows leave only with the table. */
+#define TBL_NO_MAKER UINT32_MAX
 
 typedef struct tbl_slab {
     char *rec;     /* row records, stride bytes each: u64 id, then row_floats floats */
     uint32_t *cnt; /* the per-row counts, or NULL */
-    uint32_t *lru; /* capped: prev, next slot per row; else NULL */
+    uint32_t *lru; /* capped: prev, next slot and maker per row; else NULL */
 } tbl_slab;
 
 typedef struct tbl_rows {
@@ -63,6 +76,8 @@ typedef struct tbl_rows {
     uint64_t hcap;
     uint64_t map_gen;   /* raised whenever entries move (growth, deletion) */
     uint32_t lru_head, lru_tail; /* capped: most and least recently touched */
+    uint32_t maker;     /* the worker the rows created now are charged to */
+    uint32_t row_cost;  /* bytes a row is charged to its maker */
     int tracking;       /* deletions recorded (after the first tbl_mark_clean) */
     int deleted_lost;   /* out of memory recording one: the next checkpoint is full */
     uint64_t *deleted;
@@ -180,9 +195,17 @@ int tbl_reserve(tbl_rows *t, uint64_t more, uint64_t extra, char *why, size_t wh
 int tbl_has_room(const tbl_rows *t, uint64_t more);
 /* A new row for id, whose lookup ended at empty entry pos: its record's id
  * set and its count 0 (the caller fills its floats), dirty, most recently touched (in
- * a full capped table the least recently touched row is evicted first).
+ * a full capped table the least recently touched row is evicted first, its
+ * charge back to its maker), made by t->maker (charged already).
  * Room must be reserved.  Returns the position of its entry. */
 uint64_t tbl_create_row(tbl_rows *t, uint64_t id, uint64_t pos);
+/* Charge `rows` rows to worker `rank`'s share (nothing without shares or
+ * for a rank out of range): 0, or PS_ETOOBIG with nothing charged when
+ * that would pass it, why naming the numbers and what to do. */
+int tbl_worker_charge(tbl_rows *t, int rank, uint64_t rows, char *why, size_t why_len);
+/* Give `rows` rows' charge back to worker `rank`. */
+void tbl_worker_uncharge(tbl_rows *t, int rank, uint64_t rows);
+
 /* Move slot s to the front of the LRU list (capped tables; else nothing). */
 void tbl_touch(tbl_rows *t, uint32_t s);
 /* The slot touched just before s (capped tables; TBL_NIL: s is the least recent). */

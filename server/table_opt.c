@@ -2,6 +2,7 @@
  * tables take and one row's update. */
 #include "table_opt.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -32,11 +33,12 @@ const char *ps_table_opt_name(int kind)
 
 #define BLOCK 256
 
-void ps_table_ftrl(float *restrict w, float *restrict z, float *restrict nacc,
-                   const float *restrict g, size_t n, float alpha, float beta, float l1,
-                   float l2, float wd)
+static size_t ftrl(float *restrict w, float *restrict z, float *restrict nacc,
+                   const float *restrict g, size_t n, float alpha, float beta, float l1, float l2,
+                   float wd, int off)
 {
     float rn[BLOCK], rn1[BLOCK]; /* sqrt(n), sqrt(n') */
+    uint32_t kept = 0;
     for (size_t o = 0; o < n; o += BLOCK) {
         size_t b = n - o < BLOCK ? n - o : BLOCK;
         float *restrict wb = w + o, *restrict zb = z + o, *restrict nb = nacc + o;
@@ -48,41 +50,62 @@ void ps_table_ftrl(float *restrict w, float *restrict z, float *restrict nacc,
         }
         ps_opt_sqrt_block(rn, b);
         ps_opt_sqrt_block(rn1, b);
+        /* the new value and state stored only when all are finite (or the
+         * check is off), as optimizer.c's kernels */
         for (size_t i = 0; i < b; i++) {
-            float gp = gb[i] + wd * wb[i];
+            float ow = wb[i], oz = zb[i], on = nb[i];
+            float gp = gb[i] + wd * ow;
             float sigma = (rn1[i] - rn[i]) / alpha;
-            float zi = zb[i] + gp - sigma * wb[i];
-            zb[i] = zi;
-            nb[i] = nb[i] + gp * gp;
+            float zi = oz + gp - sigma * ow;
+            float ni = on + gp * gp;
             float shrunk = zi - copysignf(l1, zi);
-            wb[i] = fabsf(zi) <= l1 ? 0.0f : -shrunk / ((beta + rn1[i]) / alpha + l2);
+            float nw = fabsf(zi) <= l1 ? 0.0f : -shrunk / ((beta + rn1[i]) / alpha + l2);
+            int ok = ((fabsf(nw) <= FLT_MAX) & (fabsf(zi) <= FLT_MAX) & (fabsf(ni) <= FLT_MAX)) |
+                     off;
+            zb[i] = ok ? zi : oz;
+            nb[i] = ok ? ni : on;
+            wb[i] = ok ? nw : ow;
+            kept += (uint32_t)!ok;
         }
     }
+    return kept;
 }
 
-void tbl_apply_row(const tbl_opt *o, float *w, size_t d, uint32_t *cnt, const float *g,
-                   float lr, int64_t m)
+void ps_table_ftrl(float *restrict w, float *restrict z, float *restrict nacc,
+                   const float *restrict g, size_t n, float alpha, float beta, float l1,
+                   float l2, float wd)
+{
+    ftrl(w, z, nacc, g, n, alpha, beta, l1, l2, wd, 1);
+}
+
+size_t tbl_apply_row(const tbl_opt *o, float *w, size_t d, uint32_t *cnt, const float *g,
+                     float lr, int64_t m, int guard)
 {
     const ps_opt_config *c = &o->opt;
     float *s0 = w + d, *s1 = w + 2 * d;
     switch (c->kind) {
-    case PS_OPT_SGD: ps_opt_sgd(w, g, d, lr, c->weight_decay); break;
-    case PS_OPT_MOMENTUM: ps_opt_momentum(w, s0, g, d, lr, c->momentum, c->weight_decay); break;
-    case PS_OPT_NESTEROV: ps_opt_nesterov(w, s0, g, d, lr, c->momentum, c->weight_decay); break;
-    case PS_OPT_ADAGRAD: ps_opt_adagrad(w, s0, g, d, lr, c->eps, c->weight_decay); break;
+    case PS_OPT_SGD: return ps_opt_sgd_checked(w, g, d, lr, c->weight_decay, guard);
+    case PS_OPT_MOMENTUM:
+        return ps_opt_momentum_checked(w, s0, g, d, lr, c->momentum, c->weight_decay, guard);
+    case PS_OPT_NESTEROV:
+        return ps_opt_nesterov_checked(w, s0, g, d, lr, c->momentum, c->weight_decay, guard);
+    case PS_OPT_ADAGRAD:
+        return ps_opt_adagrad_checked(w, s0, g, d, lr, c->eps, c->weight_decay, guard);
     case PS_OPT_ADAM: {
         /* lazy: the bias correction counts this row's updates; saturating,
          * which changes nothing (1 - b^t is 1.0f in float long before) */
+        uint32_t before = *cnt;
         uint64_t rt = (uint64_t)*cnt + (uint64_t)m;
         *cnt = rt > UINT32_MAX ? UINT32_MAX : (uint32_t)rt;
-        ps_opt_adam(w, s0, s1, g, d, lr, c->beta1, c->beta2, c->eps, c->weight_decay,
-                    (int64_t)*cnt);
-        break;
+        size_t kept = ps_opt_adam_checked(w, s0, s1, g, d, lr, c->beta1, c->beta2, c->eps,
+                                          c->weight_decay, (int64_t)*cnt, guard);
+        if (kept == d) /* nothing of the row moved: nor does its count */
+            *cnt = before;
+        return kept;
     }
     case PS_TABLE_OPT_FTRL:
-        ps_table_ftrl(w, s0, s1, g, d, lr, o->ftrl_beta, o->ftrl_l1, o->ftrl_l2,
-                      c->weight_decay);
-        break;
-    default: break; /* refused by ps_table_check_config */
+        return ftrl(w, s0, s1, g, d, lr, o->ftrl_beta, o->ftrl_l1, o->ftrl_l2, c->weight_decay,
+                    !guard);
+    default: return 0; /* refused by ps_table_check_config */
     }
 }

@@ -36,9 +36,12 @@ const char *ps_table_opt_name(int kind);
 /* One update of a row of d values w (its state arrays follow it: w + d,
  * w + 2d) with gradient row g at rate lr, counting as m updates; cnt: the
  * row's update count (adam: its t, raised by m here; else unused, may be
- * NULL). */
-void tbl_apply_row(const tbl_opt *o, float *w, size_t d, uint32_t *cnt, const float *g,
-                   float lr, int64_t m);
+ * NULL).  guard: the results are checked (ps_opt_apply_checked,
+ * optimizer.h): each value whose new value or state would not be finite
+ * keeps its old ones (a row none of whose values moved keeps its count
+ * too).  Returns how many values kept theirs (0 without guard). */
+size_t tbl_apply_row(const tbl_opt *o, float *w, size_t d, uint32_t *cnt, const float *g,
+                     float lr, int64_t m, int guard);
 
 /* The FTRL kernel on n coordinates (formula above), in place. */
 void ps_table_ftrl(float *restrict w, float *restrict z, float *restrict nacc,

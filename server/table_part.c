@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "ps_error.h"
+#include "ps_time.h"
 #include "shard.h"
 
 typedef struct tpend {
@@ -34,6 +35,7 @@ typedef struct tpart {
     size_t npend, cap_pend;
     twait *wait;           /* pulls and acknowledgements that wait, in arrival order */
     size_t nwait, cap_wait;
+    int64_t round_t0;      /* sync, with metrics: the open round's first push's receipt */
 } tpart;
 
 struct ps_tparts {
@@ -44,7 +46,30 @@ struct ps_tparts {
     uint8_t *live;
     uint64_t ff_rounds, jumped;
     uint64_t pushes, pulls, updates, dups;
+    uint64_t nf_key;        /* updates with results not finite, not yet taken */
+    ps_table_nonfinite nf;
+    ps_metrics_hist *m_apply, *m_round; /* ps_tparts_set_metrics; NULL: off */
+    int64_t recv_ns;                    /* the receipt of the request being handled */
 };
+
+/* An update of p was applied: time it from the oldest push it holds. */
+static void timed_apply(ps_tparts *t, tpart *p)
+{
+    if (!t->m_apply)
+        return;
+    int64_t from = p->round_t0 ? p->round_t0 : t->recv_ns;
+    if (from)
+        ps_metrics_hist_observe(t->m_apply, ps_now_ns() - from);
+    p->round_t0 = 0;
+}
+
+void ps_tparts_set_metrics(ps_tparts *t, ps_metrics_hist *apply, ps_metrics_hist *round)
+{
+    t->m_apply = apply;
+    t->m_round = round;
+}
+
+void ps_tparts_set_recv(ps_tparts *t, int64_t recv_ns) { t->recv_ns = recv_ns; }
 
 static tpart *find(const ps_tparts *t, uint64_t key)
 {
@@ -143,6 +168,7 @@ int ps_tparts_make_store(const ps_tparts_config *cfg, uint64_t key, const ps_tab
     c.max_rows = d.max_rows ? share(cfg, d.max_rows) : 0;
     if (c.max_rows > PS_TABLE_MAX_ROWS)
         c.max_rows = PS_TABLE_MAX_ROWS;
+    c.full_refuse = c.max_rows && d.full == PS_TABLE_FULL_REFUSE;
     c.min_count = d.min_count;
     if (d.min_count >= 2 && d.filter_cells) {
         uint64_t cells = share(cfg, d.filter_cells);
@@ -151,6 +177,10 @@ int ps_tparts_make_store(const ps_tparts_config *cfg, uint64_t key, const ps_tab
     /* sync, capped: the LRU order (and so which row is evicted) follows the
      * rounds, not the order the workers' pulls arrive in */
     c.passive_pulls = cfg->mode == PS_MODE_SYNC && c.max_rows;
+    c.guard = cfg->guard;
+    c.worker_mem = cfg->worker_mem;
+    c.num_workers = cfg->num_workers;
+    c.worker_share = cfg->worker_share;
     c.max_memory = cfg->max_memory;
     c.mem_used = cfg->mem_used;
     return ps_table_create(&c, out, why, why_len);
@@ -299,13 +329,40 @@ int ps_tparts_await(ps_tparts *t, uint64_t key, int64_t want, void *waiter, int 
     return answer_or_queue(t, p, want, waiter, queued, version, why, why_len);
 }
 
-int ps_tparts_rows(ps_tparts *t, uint64_t key, const uint64_t *ids, size_t n, float *out,
-                   size_t out_len, char *why, size_t why_len)
+int ps_tparts_rows(ps_tparts *t, uint64_t key, int rank, const uint64_t *ids, size_t n,
+                   float *out, size_t out_len, char *why, size_t why_len)
 {
     tpart *p = find_declared(t, key, why, why_len);
     if (!p)
         return PS_ENOTFOUND;
-    return ps_table_pull(p->store, ids, n, out, out_len, why, why_len);
+    ps_table_set_maker(p->store, rank);
+    int rc = ps_table_pull(p->store, ids, n, out, out_len, why, why_len);
+    ps_table_set_maker(p->store, -1);
+    return rc;
+}
+
+/* ---- results that were not finite ---- */
+
+static void note_nonfinite(ps_tparts *t, tpart *p)
+{
+    ps_table_nonfinite x;
+    ps_table_take_nonfinite(p->store, &x);
+    if (!x.rows)
+        return;
+    if (!t->nf.rows) {
+        t->nf_key = p->key;
+        t->nf = x;
+    } else {
+        t->nf.rows += x.rows;
+        t->nf.values += x.values;
+    }
+}
+
+void ps_tparts_take_nonfinite(ps_tparts *t, uint64_t *key, ps_table_nonfinite *out)
+{
+    *key = t->nf_key;
+    *out = t->nf;
+    memset(&t->nf, 0, sizeof t->nf);
 }
 
 /* ---- the sync round ---- */
@@ -325,7 +382,13 @@ static void advance(ps_tparts *t, tpart *p)
             tpend q = p->pend[i];
             p->pend[i] = p->pend[--p->npend];
             char why[PS_ERR_TEXT_MAX];
-            int rc = ps_table_round_add(p->store, r, q.ids, q.n, q.g, q.n * p->decl.dim, why,
+            const float *g = q.g;
+            int rc = t->hooks.take ? t->hooks.take(t->hooks.user, q.hold, &g, q.n * p->decl.dim,
+                                                   why, sizeof why)
+                                   : 0;
+            size_t n = g ? q.n : 0; /* NULL: skipped (--on-nonfinite skip) */
+            if (!rc)
+                rc = ps_table_round_add(p->store, r, q.ids, n, g, n * p->decl.dim, why,
                                         sizeof why);
             if (rc) {
                 /* not in the round: its resend is taken again, and the
@@ -345,10 +408,16 @@ static void advance(ps_tparts *t, tpart *p)
     p->next_rank = 0;
     if (ps_table_round_contributors(p->store, NULL) == 0) {
         ps_table_round_cancel(p->store); /* nobody live: nothing to apply */
+        p->round_t0 = 0;
         return;
     }
+    if (t->m_round && p->round_t0) /* to the last push's receipt (or now: a drop ended it) */
+        ps_metrics_hist_observe(t->m_round, (t->recv_ns ? t->recv_ns : ps_now_ns()) -
+                                                p->round_t0);
     ps_table_round_finish(p->store);
+    note_nonfinite(t, p);
     t->updates++;
+    timed_apply(t, p);
     p->ff_ok = 0;
     if (p->nwait)
         wake(t, p);
@@ -363,6 +432,7 @@ static void fast_forward(ps_tparts *t, tpart *p, int64_t step)
         t->hooks.release(t->hooks.user, p->pend[i].hold, 0, NULL);
     p->npend = 0;
     p->next_rank = 0;
+    p->round_t0 = 0;
     ps_table_round_cancel(p->store);
     t->ff_rounds += (uint64_t)(step - ps_table_version(p->store));
     ps_table_set_version(p->store, step);
@@ -394,6 +464,8 @@ static int push_sync(ps_tparts *t, tpart *p, int rank, int64_t step, const uint6
         t->dups++;
         return 0;
     }
+    if (t->m_round && !p->round_t0)
+        p->round_t0 = t->recv_ns;
     if (rank == p->next_rank) {
         int rc = ps_table_round_add(p->store, rank, ids, n, g, n * p->decl.dim, why, why_len);
         if (rc)
@@ -439,9 +511,12 @@ static int push_async(ps_tparts *t, tpart *p, int rank, int64_t step, int64_t m,
             (long long)p->clock[rank]);
         return PS_ESTATE;
     }
+    ps_table_set_maker(p->store, rank);
     int rc = ps_table_push(p->store, ids, n, g, n * p->decl.dim, m, why, why_len);
+    ps_table_set_maker(p->store, -1);
     if (rc)
         return rc;
+    note_nonfinite(t, p);
     if (jump) {
         t->jumped += (uint64_t)(step - p->clock[rank]);
         p->jump[rank / 64] &= ~(1ull << (rank % 64));
@@ -452,6 +527,7 @@ static int push_async(ps_tparts *t, tpart *p, int rank, int64_t step, int64_t m,
     }
     p->clock[rank] = step + m;
     t->updates += (uint64_t)m;
+    timed_apply(t, p);
     if (p->nwait)
         wake(t, p);
     return 0;

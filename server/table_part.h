@@ -60,6 +60,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ps_metrics.h"
 #include "ps_proto.h"
 #include "table.h"
 
@@ -71,6 +72,13 @@ typedef struct ps_tparts_hooks {
     void (*ready)(void *user, void *waiter, int64_t version);
     void (*cancel)(void *user, void *waiter);
     int (*merge)(void *user, void *queued, void *incoming); /* NULL: no merging */
+    /* A kept push's rows at the moment they go into the round (NULL: as
+     * kept).  The caller may replace *g (a copy; NULL: the push adds no
+     * rows, it still counts) or refuse it: an error code with why, and the
+     * push is released with it, as one whose rows did not fit.  For rows the
+     * sender can still write (the worker's arena), so that what is added is
+     * what was checked. */
+    int (*take)(void *user, void *hold, const float **g, size_t len, char *why, size_t why_len);
 } ps_tparts_hooks;
 
 typedef struct ps_tparts_config {
@@ -82,6 +90,9 @@ typedef struct ps_tparts_config {
     int part;          /* the partition this thread owns (its index, < nparts) */
     uint64_t max_memory;         /* bytes, over everything sharing mem_used */
     _Atomic uint64_t *mem_used;  /* shared charge; NULL: a private counter */
+    int guard;                   /* check the updates' results (ps_table_config.guard) */
+    _Atomic uint64_t *worker_mem; /* rows charged to their makers (ps_table_config) */
+    uint64_t worker_share;
 } ps_tparts_config;
 
 int ps_tparts_create(const ps_tparts_config *cfg, const ps_tparts_hooks *hooks, ps_tparts **out);
@@ -117,6 +128,12 @@ int ps_tparts_push(ps_tparts *t, uint64_t key, int rank, int64_t step, int64_t m
                    const uint64_t *ids, size_t n, const float *g, void *hold, int *kept,
                    int *dup, int64_t *version, char *why, size_t why_len);
 
+/* The updates since the last call whose results were not finite (their
+ * values kept; ps_table_take_nonfinite), in every partition here: *key the
+ * first one's table.  A sync round's are those of the push (or the
+ * set_live) that completed it. */
+void ps_tparts_take_nonfinite(ps_tparts *t, uint64_t *key, ps_table_nonfinite *out);
+
 /* A pull of version `want` of table `key`: *queued = 0 when it can be
  * answered now (then read the rows with ps_tparts_rows), else queued (1) or
  * merged into a queued resend (2).  Counted as a pull.  Errors:
@@ -128,10 +145,11 @@ int ps_tparts_pull(ps_tparts *t, uint64_t key, int64_t want, void *waiter, int *
 int ps_tparts_await(ps_tparts *t, uint64_t key, int64_t want, void *waiter, int *queued,
                     int64_t *version, char *why, size_t why_len);
 /* The current rows of ids[0..n) of table `key` into out (n x dim floats),
- * creating those missing (ps_table_pull).  Errors: PS_ENOTFOUND, PS_EPROTO
- * (out_len), PS_ETOOBIG, PS_ENOMEM. */
-int ps_tparts_rows(ps_tparts *t, uint64_t key, const uint64_t *ids, size_t n, float *out,
-                   size_t out_len, char *why, size_t why_len);
+ * creating those missing (ps_table_pull), charged to worker `rank`'s
+ * share.  Errors: PS_ENOTFOUND, PS_EPROTO (out_len), PS_ETOOBIG (past
+ * --max-memory or the worker's share), PS_ENOMEM. */
+int ps_tparts_rows(ps_tparts *t, uint64_t key, int rank, const uint64_t *ids, size_t n,
+                   float *out, size_t out_len, char *why, size_t why_len);
 
 /* The step `rank`'s next push to this partition of table `key` carries, as
  * ps_shard_clock's for a chunk: sync, the open round (the partition's
@@ -152,6 +170,11 @@ int64_t ps_tparts_min_version(const ps_tparts *t, int *have);
  * caller's); partitions, rows, table_bytes, evicted, filtered; the version
  * range widened over the partitions. */
 void ps_tparts_stats(const ps_tparts *t, ps_stats *st);
+/* --metrics-port: time updates and sync rounds as ps_shard_set_metrics does;
+ * NULL, NULL: off (the default). */
+void ps_tparts_set_metrics(ps_tparts *t, ps_metrics_hist *apply, ps_metrics_hist *round);
+/* The receipt (ps_now_ns) of the request handled next; 0: not known. */
+void ps_tparts_set_recv(ps_tparts *t, int64_t recv_ns);
 /* Rounds skipped by fast-forwards, and async steps skipped by first pushes,
  * since a restore (as ps_shard_fast_forwards and ps_shard_jumped). */
 uint64_t ps_tparts_fast_forwards(const ps_tparts *t);

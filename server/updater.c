@@ -17,6 +17,7 @@
 #include "ps_time.h"
 #include "ratelimit.h"
 #include "reply.h"
+#include "server_metrics.h"
 #include "updater_reply.h"
 #include "updater_export.h"
 #include "updater_tables.h"
@@ -33,6 +34,7 @@ typedef struct hold {
     const float *g;
     ps_shm_peer *shm;
     req_ctx *ack;
+    upd_push_id pid;
 } hold;
 
 /* ZeroMQ's free callback of a zero-copy reply: runs on whichever thread
@@ -143,6 +145,34 @@ static void hold_free(hold *h)
     free(h->copy);
     ps_shm_peer_unref(h->shm);
     free(h);
+}
+
+/* A kept gradient goes into its round: from the arena, copied and checked
+ * now (upd_take_from_arena).  Refused: its acknowledgement, if it waits
+ * here, is the error; a pushpull's pull or a deferred acknowledgement
+ * waits on as the round does, for the push sent again. */
+static int hook_take(void *user, void *v, const float **g, size_t n)
+{
+    ps_updater *u = user;
+    hold *h = v;
+    if (!h->shm)
+        return 0;
+    char why[256];
+    int rc = upd_take_from_arena(u, &h->pid, g, n, &h->copy, why, sizeof why);
+    if (!rc)
+        return 0;
+    if (h->ack) {
+        upd_error(u, h->ack, rc, why);
+        upd_req_free(h->ack);
+        h->ack = NULL;
+    } else {
+        u->errors++;
+        if (ps_rlimit_allow(&u->rl))
+            ps_warn("refused a kept push of worker %d (key %llu chunk %u): %s; its round waits "
+                    "for the push again", h->pid.rank, (unsigned long long)h->pid.key,
+                    h->pid.chunk, why);
+    }
+    return rc;
 }
 
 /* The shard is done with a kept gradient.  From the arena, the push's
@@ -332,6 +362,7 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
             break;
         }
         zmq_msg_init(&g->msg);
+        g->pid = (upd_push_id){h->type, h->rank, h->key, h->chunk, h->push_step};
         if (in_arena) {
             /* read in place, from the worker's buffer */
             g->g = in_arena;
@@ -369,6 +400,10 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
             upd_error(u, r, rc, why);
             break;
         }
+        /* an update (this push's, or the round it completed) whose results
+         * were not finite: refused to this push (kept: only logged) */
+        if (upd_results_nonfinite(u, kept ? NULL : r))
+            break;
         if (kept && in_arena && h->type == PS_MSG_PUSH && !u->cfg.defer_acks) {
             /* kept in the worker's arena: acknowledged when released */
             g->ack = r;
@@ -419,14 +454,62 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
     ps_dup_log_tick(&u->dup);
 }
 
-static void upd_stats(ps_updater *u, ps_stats *st)
+/* The thread's counters; with versions, the shard's version range too (a
+ * walk over every chunk). */
+static void upd_counters(ps_updater *u, ps_stats *st, int versions)
 {
-    ps_shard_stats(u->shard, st);
+    if (versions)
+        ps_shard_stats(u->shard, st);
+    else
+        ps_shard_counters(u->shard, st);
     ps_tparts_stats(u->tparts, st);
     st->bytes_in += u->bytes_in;
     st->bytes_out = u->bytes_out;
     st->errors = u->errors;
     st->nonfinite = u->nonfinite;
+}
+
+/* --metrics-port: copy this thread's counters and its tables' figures into
+ * its block, where a scrape reads them (server_metrics.h).  The cheap
+ * counters only: no walk over the chunks. */
+static void upd_publish(ps_updater *u, int64_t now)
+{
+    ps_stats st;
+    upd_counters(u, &st, 0);
+    ps_srv_mthread_publish(u->cfg.mblock, &st, now);
+    size_t n = ps_tparts_count(u->tparts);
+    if (n > u->nmslot) { /* a table was declared: find its label's slot once */
+        int *p = realloc(u->mslot, n * sizeof *p);
+        if (!p)
+            return;
+        u->mslot = p;
+        for (size_t i = u->nmslot; i < n; i++) {
+            ps_tpart_view v;
+            ps_tparts_view(u->tparts, i, &v);
+            p[i] = ps_srv_metrics_table_slot(u->cfg.metrics, v.key);
+        }
+        u->nmslot = n;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ps_tpart_view v;
+        ps_table_counts c;
+        ps_tparts_view(u->tparts, i, &v);
+        ps_table_stats(v.store, &c);
+        ps_srv_mthread_table(u->cfg.mblock, u->mslot[i], &c);
+    }
+}
+
+/* The next command from the I/O thread.  With metrics, the counters are
+ * published first whenever the thread is about to wait for one. */
+static int upd_recv(ps_updater *u, zmq_msg_t *m)
+{
+    if (u->cfg.mblock) {
+        int rc = ps_zmsg_recv(u->pair, m, ZMQ_DONTWAIT);
+        if (rc == 0 || errno != EAGAIN)
+            return rc;
+        upd_publish(u, ps_now_ns());
+    }
+    return ps_zmsg_recv(u->pair, m, 0);
 }
 
 static void upd_send_stats(ps_updater *u, char tag, uint64_t token, const ps_stats *st)
@@ -489,7 +572,7 @@ static void *upd_main(void *arg)
     int stop = 0;
     while (!stop) {
         zmq_msg_t m, f[PS_CMD_MAX_FRAMES - 1]; /* the identity, then the request's */
-        if (ps_zmsg_recv(u->pair, &m, 0) < 0) {
+        if (upd_recv(u, &m) < 0) {
             if (errno == EINTR)
                 continue;
             ps_error("update thread %d: receive failed: %s", u->cfg.idx, zmq_strerror(errno));
@@ -502,11 +585,15 @@ static void *upd_main(void *arg)
         ps_cmd_frame cf;
         if (zmq_msg_size(&m) == sizeof cf) {
             memcpy(&cf, zmq_msg_data(&m), sizeof cf);
+            if (u->cfg.mblock) { /* where the push-to-apply time starts */
+                ps_shard_set_recv(u->shard, cf.recv_ns);
+                ps_tparts_set_recv(u->tparts, cf.recv_ns);
+            }
             if (cf.cmd == PS_CMD_REQ) {
                 upd_request(u, &cf.h, cf.mut, cf.shm, &f[0], &f[1]);
             } else if (cf.cmd == PS_CMD_STATS) {
                 ps_stats st;
-                upd_stats(u, &st);
+                upd_counters(u, &st, 1);
                 upd_send_stats(u, PS_OUT_STATS, cf.stats_token, &st);
             } else if (cf.cmd == PS_CMD_STOP) {
                 stop = 1;
@@ -515,6 +602,7 @@ static void *upd_main(void *arg)
             } else if (cf.cmd == PS_CMD_LIVE) {
                 ps_shard_set_live(u->shard, cf.rank, cf.live);
                 ps_tparts_set_live(u->tparts, cf.rank, cf.live);
+                upd_results_nonfinite(u, NULL); /* rounds its loss completed */
             } else if (cf.cmd == PS_CMD_TABLE) {
                 upd_table(u, &cf);
             } else if (cf.cmd == PS_CMD_OPT) {
@@ -528,12 +616,19 @@ static void *upd_main(void *arg)
                 upd_snap_poll(u, 0);
             if (u->cfg.report_progress && !stop)
                 upd_progress(u);
+            if (u->cfg.mblock) { /* busy: a scrape's figures are at most 1 ms old */
+                int64_t now = ps_now_ns();
+                if (ps_srv_mthread_due(u->cfg.mblock, now))
+                    upd_publish(u, now);
+            }
         }
         zmq_msg_close(&m);
         ps_zmsg_close_all(f, PS_CMD_MAX_FRAMES - 1);
     }
+    if (u->cfg.mblock) /* the last figures stay for the scrapes until the exporter stops */
+        upd_publish(u, ps_now_ns());
     ps_stats st;
-    upd_stats(u, &st);
+    upd_counters(u, &st, 1);
     size_t ntab = ps_tparts_count(u->tparts);
     ps_table_total *tot = calloc(ntab ? ntab : 1, sizeof *tot);
     for (size_t i = 0; tot && i < ntab; i++) {
@@ -584,23 +679,29 @@ int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, v
     u->cfg = *cfg;
     u->mem_used = sc->mem_used;
     u->max_memory = sc->max_memory;
-    ps_shard_hooks hk = {u, hook_release, hook_ready, hook_cancel};
+    ps_shard_hooks hk = {u, hook_release, hook_ready, hook_cancel, hook_take};
     int rc = ps_shard_create(sc, &hk, &u->shard);
     if (rc) {
         free(u);
         return rc;
     }
     ps_shard_set_trace(u->shard, cfg->trace, 1 + cfg->idx);
+    if (cfg->mblock)
+        ps_shard_set_metrics(u->shard, &cfg->mblock->apply, &cfg->mblock->round);
     ps_shard_set_merge(u->shard, hook_merge);
     ps_tparts_config tc = {sc->mode,     sc->max_staleness, sc->num_workers, cfg->num_servers,
-                           cfg->nparts,  cfg->idx,          sc->max_memory, sc->mem_used};
-    ps_tparts_hooks th = {u, upd_thook_release, upd_thook_ready, hook_cancel, hook_merge};
+                           cfg->nparts,  cfg->idx,          sc->max_memory, sc->mem_used,
+                           sc->guard,    cfg->worker_mem,   cfg->worker_share};
+    ps_tparts_hooks th = {u, upd_thook_release, upd_thook_ready, hook_cancel, hook_merge,
+                          upd_thook_take};
     rc = ps_tparts_create(&tc, &th, &u->tparts);
     if (rc) {
         ps_shard_destroy(u->shard);
         free(u);
         return rc;
     }
+    if (cfg->mblock)
+        ps_tparts_set_metrics(u->tparts, &cfg->mblock->apply, &cfg->mblock->round);
     u->pair = pair;
     *out = u;
     return 0;
@@ -634,7 +735,8 @@ void ps_updater_destroy(ps_updater *u)
     u->destroying = 1;
     ps_shard_destroy(u->shard); /* before the PAIR: its hooks may still reply */
     ps_tparts_destroy(u->tparts);
-    free(u->rows);
+    upd_rows_shrink(u);
+    free(u->mslot);
     if (u->pair)
         zmq_close(u->pair);
     free(u);

@@ -9,6 +9,8 @@
 #include "ps_trace.h"
 
 typedef struct ps_updater ps_updater;
+typedef struct ps_srv_metrics ps_srv_metrics;
+typedef struct ps_srv_mthread ps_srv_mthread;
 
 typedef struct ps_updater_config {
     int idx;             /* this thread's index: log lines, trace lane 1 + idx */
@@ -33,6 +35,12 @@ typedef struct ps_updater_config {
     _Atomic uint64_t *copies; /* bytes of pull replies sent as copies and not yet freed by
                                  ZeroMQ (shared by every updater); they are charged to the
                                  shard config's mem_used too, against max_memory */
+    _Atomic uint64_t *worker_mem; /* the table rows each worker made (the server's) */
+    uint64_t worker_share;        /* bytes of them one worker may have */
+    /* --metrics-port (server_metrics.h): the registry's tables and this thread's block,
+       which it alone writes; both NULL with metrics off */
+    const ps_srv_metrics *metrics;
+    ps_srv_mthread *mblock;
 } ps_updater_config;
 
 #endif

@@ -108,6 +108,10 @@ typedef struct ps_cmd_frame {
     int ckpt_full;        /* CKPT: every table partition whole (else only what changed
                              since the last checkpoint, where the table allows) */
     ps_table *store;      /* TABLE: this thread's partition of table h.key */
+    int after_restore;    /* TABLE: declared on a restored server whose checkpoint did
+                             not hold it: its partition starts as restored, at version 0 */
+    int64_t recv_ns;      /* REQ, with --metrics-port: when the I/O thread read it (ps_now_ns;
+                             the push-to-apply histogram starts there); else 0 */
     uint64_t snap_token;  /* SNAP: the snapshot the items answer */
     const ps_snap_target *snap_targets; /* SNAP: per-key versions (the I/O thread's) */
     size_t snap_ntargets;

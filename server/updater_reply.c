@@ -277,3 +277,67 @@ int upd_nonfinite(ps_updater *u, const ps_header *h, size_t n, const float **g, 
         *g = NULL;
     return 0;
 }
+
+int upd_take_from_arena(ps_updater *u, const upd_push_id *p, const float **g, size_t n,
+                        float **copy, char *why, size_t why_len)
+{
+    if (!n)
+        return 0;
+    float *c = aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63);
+    if (!c) {
+        ps_errorf(why, why_len, "out of memory copying a kept push of %zu values", n);
+        return PS_ENOMEM;
+    }
+    memcpy(c, *g, n * sizeof(float));
+    free(*copy);
+    *copy = c;
+    *g = c;
+    size_t first = 0, bad = ps_dtype_nonfinite(PS_DTYPE_F32, c, n, &first);
+    if (!bad)
+        return 0;
+    ps_header h;
+    memset(&h, 0, sizeof h);
+    h.type = p->type;
+    h.rank = p->rank;
+    h.key = p->key;
+    h.chunk = p->chunk;
+    h.push_step = p->step;
+    if (upd_nonfinite(u, &h, n, g, bad, first, why, why_len)) {
+        size_t len = strlen(why);
+        snprintf(why + len, why_len - len, " (written in shared memory after it came)");
+        return PS_ENONFINITE;
+    }
+    return 0;
+}
+
+int upd_results_nonfinite(ps_updater *u, req_ctx *r)
+{
+    ps_shard_nonfinite d;
+    ps_table_nonfinite t;
+    uint64_t tkey = 0;
+    ps_shard_take_nonfinite(u->shard, &d);
+    ps_tparts_take_nonfinite(u->tparts, &tkey, &t);
+    if (!d.updates && !t.rows)
+        return 0;
+    u->nonfinite += d.updates + t.rows;
+    int refuse = u->cfg.on_nonfinite == PS_NONFINITE_REFUSE;
+    char why[256];
+    if (d.updates)
+        snprintf(why, sizeof why, "update result not finite: %llu values of key %llu chunk %u "
+                 "kept their old values and state (--on-nonfinite %s)",
+                 (unsigned long long)d.values, (unsigned long long)d.key, d.chunk,
+                 refuse ? "refuse" : "skip");
+    else
+        snprintf(why, sizeof why, "update result not finite: %llu values of %llu row(s) of "
+                 "table %llu partition %d (the first: row %llu) kept their old values and "
+                 "state (--on-nonfinite %s)", (unsigned long long)t.values,
+                 (unsigned long long)t.rows, (unsigned long long)tkey, u->cfg.idx,
+                 (unsigned long long)t.id, refuse ? "refuse" : "skip");
+    if (refuse && r) {
+        upd_error(u, r, PS_ENONFINITE, why);
+        return 1;
+    }
+    if (ps_rlimit_allow(&u->rl))
+        ps_warn("update thread %d: %s", u->cfg.idx, why);
+    return 0;
+}

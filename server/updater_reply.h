@@ -52,12 +52,14 @@ struct ps_updater {
     void *pair;            /* owner end; used only by this thread once started */
     ps_shard *shard;
     ps_tparts *tparts;     /* this thread's partition of every table */
-    float *rows;           /* a sparse reply's rows before they become its payload */
+    float *rows;           /* a sparse reply's rows before they become its payload
+                              (charged to --max-memory: updater_tables.h) */
     size_t rows_cap;
     req_ctx *spare;
     uint64_t bytes_in, bytes_out, errors; /* bytes_in: of sparse requests (the shard
                                              counts its own) */
-    uint64_t nonfinite;    /* pushes whose gradient held NaN or Inf */
+    uint64_t nonfinite;    /* pushes whose gradient held NaN or Inf, and updates whose
+                              results were not (values kept) */
     ps_rlimit rl;
     int64_t reported_min;  /* progress last sent to the I/O thread */
     int reported_have;
@@ -65,6 +67,8 @@ struct ps_updater {
     uint64_t jump_seen;    /* async steps skipped after a restore, already logged */
     int destroying;        /* the shard is being destroyed: kept pushes were not applied */
     ps_dup_log dup;
+    int *mslot;            /* metrics: table partition i's slot in the block */
+    size_t nmslot;
     struct ps_snap_job *snap; /* an export's snapshot being taken (updater_export.c) */
     uint64_t snap_token;
 };
@@ -98,5 +102,30 @@ void upd_note_restore_skips(ps_updater *u, const ps_header *h);
 int upd_nonfinite(ps_updater *u, const ps_header *h, size_t n, const float **g, size_t bad,
                   size_t first, char *why, size_t why_len);
 void upd_req_free(req_ctx *r);
+
+/* What names a push in messages (a kept one's, after its request moved on). */
+typedef struct upd_push_id {
+    uint32_t type;
+    int32_t rank;
+    uint64_t key;
+    uint32_t chunk;
+    int64_t step;
+} upd_push_id;
+
+/* A kept push's n values at the moment they are used, when they sit in the
+ * worker's arena (which its sender can write until the push is answered):
+ * copied out into *copy (the caller frees it) and checked there, so that
+ * what is summed is what was checked; --on-nonfinite as on arrival
+ * (upd_nonfinite).  0: *g is the copy, or NULL (skip); PS_ENONFINITE
+ * (refused: why says), PS_ENOMEM. */
+int upd_take_from_arena(ps_updater *u, const upd_push_id *p, const float **g, size_t n,
+                        float **copy, char *why, size_t why_len);
+
+/* After a push (r: its request, NULL for none, e.g. a round that a worker's
+ * loss completed): the updates since the last look whose results were not
+ * finite (the shard's and the tables', their values kept), counted and
+ * logged, and under --on-nonfinite refuse answered to r with PS_ENONFINITE.
+ * 1 when r was answered (the caller frees it and answers nothing more). */
+int upd_results_nonfinite(ps_updater *u, req_ctx *r);
 
 #endif

@@ -1,6 +1,8 @@
 /* An update thread's tables (updater_tables.h): sparse pulls, pushes and
  * pushpulls on this thread's partition of each table (server/table_part.h),
  * their rows over the network or, same host, in the worker's arena. */
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +26,7 @@ typedef struct shold {
     ps_shm_peer *shm;
     req_ctx *r;
     int64_t want;
+    upd_push_id pid;
 } shold;
 
 /* ---- tables: sparse pulls and pushes ----
@@ -78,26 +81,49 @@ static void upd_rows(ps_updater *u, req_ctx *r, int64_t version)
         return;
     }
     if (!dst && len > u->rows_cap) {
+        /* the rows before they become the payload: memory of the server's,
+         * charged to --max-memory before it is taken */
+        uint64_t more = (uint64_t)(len - u->rows_cap) * sizeof(float);
+        uint64_t before = atomic_fetch_add(u->mem_used, more);
+        if (before + more > u->max_memory) {
+            atomic_fetch_sub(u->mem_used, more);
+            snprintf(why, sizeof why, "no room in --max-memory (%llu of %llu bytes in use) for "
+                     "the %zu rows of this pull: retry later, or pull fewer ids at a time",
+                     (unsigned long long)before, (unsigned long long)u->max_memory, n);
+            upd_error(u, r, PS_ETOOBIG, why);
+            return;
+        }
         float *p = realloc(u->rows, len * sizeof *p);
         if (!p) {
+            atomic_fetch_sub(u->mem_used, more);
             upd_error(u, r, PS_ENOMEM, "out of memory reading the rows of a sparse pull");
             return;
         }
         u->rows = p;
         u->rows_cap = len;
     }
-    int rc = ps_tparts_rows(u->tparts, r->key, r->pids, n, dst ? dst : u->rows, len, why,
-                            sizeof why);
+    int rc = ps_tparts_rows(u->tparts, r->key, r->rank, r->pids, n, dst ? dst : u->rows, len,
+                            why, sizeof why);
     zmq_msg_t pl;
     uint32_t dtype = u->cfg.wire_dtype;
     int not_finite; /* rows beyond float16 go as Inf, as dense pulls' do */
     if (!rc && !dst)
         rc = upd_copy_payload(u, &pl, u->rows, len, dtype, &not_finite, why, sizeof why);
+    if (u->rows_cap > UPD_ROWS_KEEP)
+        upd_rows_shrink(u); /* a large request's scratch goes back at once */
     if (rc) {
         upd_error(u, r, rc, why);
         return;
     }
     upd_reply_payload(u, r, dst ? NULL : &pl, n, r->dim, len, dtype, version);
+}
+
+void upd_rows_shrink(ps_updater *u)
+{
+    atomic_fetch_sub(u->mem_used, (uint64_t)u->rows_cap * sizeof(float));
+    free(u->rows);
+    u->rows = NULL;
+    u->rows_cap = 0;
 }
 
 /* A sparse pull of version `want` (the ids in r): answered now or queued. */
@@ -159,6 +185,15 @@ void upd_thook_release(void *user, void *v, int rc, const char *why)
     else if (upd_spush_done(u, r, want, want - 1))
         return;
     upd_req_free(r);
+}
+
+int upd_thook_take(void *user, void *v, const float **g, size_t len, char *why,
+                   size_t why_len)
+{
+    shold *k = v;
+    if (!k->shm)
+        return 0;
+    return upd_take_from_arena(user, &k->pid, g, len, &k->copy, why, why_len);
 }
 
 void upd_thook_ready(void *user, void *waiter, int64_t version)
@@ -227,6 +262,7 @@ int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
         g->ids = ids_of(ids, n);
         g->r = r;
         g->want = h->push_step + m;
+        g->pid = (upd_push_id){h->type, h->rank, h->key, h->chunk, h->push_step};
     }
     if (h->type == PS_MSG_SPUSHPULL) {
         r->npull = (size_t)h->npull;
@@ -265,6 +301,10 @@ int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
         upd_error(u, r, rc, why);
         return 0;
     }
+    /* an update (this push's, or the round it completed) whose results were
+     * not finite: refused to this push */
+    if (upd_results_nonfinite(u, r))
+        return 0;
     if (dup)
         ps_dup_log_note(&u->dup, h);
     upd_note_restore_skips(u, h);
@@ -277,7 +317,19 @@ void upd_table(ps_updater *u, const ps_cmd_frame *cf)
 {
     char why[256];
     int rc = ps_tparts_adopt(u->tparts, cf->h.key, &cf->h.table, cf->store, why, sizeof why);
-    if (rc)
+    if (rc) {
         ps_error("update thread %d: %s", u->cfg.idx, why);
+        return;
+    }
+    if (!cf->after_restore)
+        return;
+    /* the workers may be steps ahead of it: a sync partition fast-forwards
+     * to their round once, an async one takes each rank's first push */
+    int64_t *zero = calloc((size_t)u->cfg.num_workers, sizeof *zero);
+    if (!zero || ps_tparts_restored(u->tparts, cf->h.key, 0, zero) != 0)
+        ps_error("update thread %d: table %llu, declared after the restore, could not start "
+                 "as restored (out of memory): its workers' pushes beyond step 0 are refused",
+                 u->cfg.idx, (unsigned long long)cf->h.key);
+    free(zero);
 }
 

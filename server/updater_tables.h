@@ -14,5 +14,15 @@ void upd_table(ps_updater *u, const ps_cmd_frame *cf);
 /* The partitions' hooks (table_part.h). */
 void upd_thook_release(void *user, void *v, int rc, const char *why);
 void upd_thook_ready(void *user, void *waiter, int64_t version);
+/* A sparse reply's rows are read into u->rows, which is charged to
+ * --max-memory; one grown past UPD_ROWS_KEEP floats (a large request) is
+ * freed after its reply, as upd_rows_shrink does (also at the end). */
+#define UPD_ROWS_KEEP (1u << 20)
+void upd_rows_shrink(ps_updater *u);
+/* A kept push's rows go into their round: from the arena, copied and
+ * checked now (upd_take_from_arena); refused, the push is answered with the
+ * error. */
+int upd_thook_take(void *user, void *v, const float **g, size_t len, char *why,
+                   size_t why_len);
 
 #endif

@@ -45,6 +45,8 @@ int main(void)
     FIELD(ps_client_options, server_timeout_ms);
     FIELD(ps_client_options, admin_token);
     FIELD(ps_client_options, on_nonfinite);
+    FIELD(ps_client_options, metrics_port);
+    FIELD(ps_client_options, metrics_bind);
 
     STRUCT(ps_table_options);
     FIELD(ps_table_options, dim);
@@ -58,6 +60,7 @@ int main(void)
     FIELD(ps_table_options, max_rows);
     FIELD(ps_table_options, min_count);
     FIELD(ps_table_options, filter_cells);
+    FIELD(ps_table_options, full);
 
     STRUCT(ps_barrier_info);
     FIELD(ps_barrier_info, id);

@@ -1,5 +1,5 @@
-# Helpers of the engine tests (test_ssh.sh, test_mpi.sh, test_slurm.sh),
-# sourced by them.  The sourcing test defines CASES (its case names, for
+# Helpers of the engine tests (test_ssh.sh, test_mpi.sh, test_slurm.sh; and
+# test_monitoring.sh), sourced by them.  The sourcing test defines CASES (its case names, for
 # skip_all) and ours() (the pids of the processes it started that are still
 # running); $failed becomes 1 at the first failure.
 

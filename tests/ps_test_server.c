@@ -201,5 +201,6 @@ static void log_cancel(void *user, void *waiter)
 ps_shard_hooks ps_test_hook_log_hooks(ps_test_hook_log *log)
 {
     memset(log, 0, sizeof *log);
-    return (ps_shard_hooks){log, log_release, log_ready, log_cancel};
+    return (ps_shard_hooks){log, log_release, log_ready, log_cancel, NULL};
 }
+

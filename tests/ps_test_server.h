@@ -5,10 +5,17 @@
 #ifndef PS_TEST_SERVER_H
 #define PS_TEST_SERVER_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
+#include "ps_error.h"
+#include "ps_log.h"
 #include "ps_proto.h"
+#include "ps_test.h"
+#include "server.h"
 #include "shard.h"
 
 #define PS_TEST_RPC_MS 5000 /* bound on every wait for a reply that must come */
@@ -62,6 +69,71 @@ int ps_test_rpc(void *s, const ps_header *h, const float *payload, size_t n, ps_
 /* Hello as worker `rank` of nw to server 0 of 1 in `mode` with that
  * max-staleness, leaving the optimizer unchecked.  0 when accepted. */
 int ps_test_hello(void *s, int rank, int mode, int nw, int max_staleness);
+
+/* A ps_server on a thread of this process (ps_server_open + ps_server_run),
+ * on a free tcp 127.0.0.1 port (so ps_test_stats and DEALERs can reach it):
+ * sgd at lr, 1 update thread, the same-host data plane off (payloads take
+ * the network path), max_staleness in async (sync: 0), --metrics-port when
+ * metrics_port > 0.  Log level warn: its info lines are noise in a test.
+ * 0, or the PS_E* of ps_server_open (its why printed as a # line). */
+typedef struct ps_test_isrv {
+    ps_server *s;
+    pthread_t th;
+    int port, running;
+    char ep[64];
+    uint64_t max_memory; /* its --max-memory: the host's default (ps_server_auto_memory) */
+} ps_test_isrv;
+static inline void *ps_test_isrv_main_(void *arg)
+{
+    ps_test_isrv *v = arg;
+    ps_server_run(v->s);
+    return NULL;
+}
+
+/* (inline: only the tests that start one link the server) */
+static inline int ps_test_isrv_start(ps_test_isrv *v, int mode, int num_workers, int max_staleness, float lr,
+                       int metrics_port)
+{
+    memset(v, 0, sizeof *v);
+    ps_log_set_level(PS_LOG_WARN);
+    ps_server_config c;
+    ps_server_config_default(&c);
+    v->port = ps_test_free_port();
+    snprintf(v->ep, sizeof v->ep, "tcp://127.0.0.1:%d", v->port);
+    c.bind = v->ep;
+    c.num_workers = num_workers;
+    c.mode = mode;
+    c.max_staleness = mode == PS_MODE_SYNC ? 0 : max_staleness;
+    c.opt.kind = PS_OPT_SGD;
+    c.opt.lr = lr;
+    c.threads = 1;
+    c.shm = PS_SHM_OFF;
+    c.metrics_port = metrics_port;
+    v->max_memory = c.max_memory;
+    char why[512];
+    int rc = ps_server_open(&c, &v->s, why, sizeof why);
+    if (rc) {
+        printf("# ps_server_open: %s\n", why);
+        return rc;
+    }
+    if (pthread_create(&v->th, NULL, ps_test_isrv_main_, v)) {
+        ps_server_close(v->s);
+        return PS_ENOMEM;
+    }
+    v->running = 1;
+    return 0;
+}
+
+/* Stop it, join its thread and close it (nothing when it did not start). */
+static inline void ps_test_isrv_stop(ps_test_isrv *v)
+{
+    if (!v->running)
+        return;
+    ps_server_stop(v->s);
+    pthread_join(v->th, NULL);
+    ps_server_close(v->s);
+    v->running = 0;
+}
 
 /* The counters of the server on port, asked for as a tool (rank -1) on a
  * DEALER of its own.  0, or -1 when no STATS reply came within 10 s. */

@@ -363,7 +363,7 @@ PS_TEST(a_damaged_newest_full_checkpoint_restores_the_chain_before_it)
 PS_TEST(a_format_2_checkpoint_is_still_read)
 {
     ps_shard_config sc = {PS_MODE_SYNC, 0, 1, {PS_OPT_SGD, 1.0f, 0, 0, 0, 1e-8f, 0, 1.0f, 0,
-                          PS_OPT_GIVEN_ALL}, 1 << 20, NULL};
+                          PS_OPT_GIVEN_ALL}, 1 << 20, NULL, 1};
     ps_shard_hooks hk = {0};
     ps_shard *sh;
     CHECK_OK(ps_shard_create(&sc, &hk, &sh));

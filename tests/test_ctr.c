@@ -357,6 +357,15 @@ PS_TEST(ctr_spec_has_defaults_and_refuses_bad_keys_with_the_reason)
                                   "pool=mean,interact=dot,opt=sgd,lr=0.5") == 0,
               "%s", s.canonical);
     CHECK(s.dot && s.pool == PS_POOL_MEAN && s.nbot == 1 && s.bot[0] == 8 && s.opt == PS_OPT_SGD);
+    /* a row cap for each table, and what a full one does */
+    CHECK_OK(ps_ctr_spec_parse("ctr:fields=2,cap=5000,full=refuse", &s, why, sizeof why));
+    CHECK_MSG(strstr(s.canonical, ",lr=0.05,cap=5000,full=refuse"), "%s", s.canonical);
+    ps_table_options to;
+    ps_ctr_table_options(&s, 1, &to);
+    CHECK(to.max_rows == 5000 && to.full == PS_TABLE_FULL_REFUSE);
+    CHECK_OK(ps_ctr_spec_parse("ctr:cap=7", &s, why, sizeof why));
+    ps_ctr_table_options(&s, 1, &to);
+    CHECK(to.max_rows == 7 && to.full == PS_TABLE_FULL_EVICT);
     struct {
         const char *spec, *says;
     } bad[] = {
@@ -371,6 +380,8 @@ PS_TEST(ctr_spec_has_defaults_and_refuses_bad_keys_with_the_reason)
         {"ctr:mlp=", "mlp must end in 1"},
         {"ctr:lr=-1", "lr must be a number"},
         {"ctr:opt=adam", "opt must be sgd or adagrad"},
+        {"ctr:full=drop", "full must be evict or refuse"},
+        {"ctr:cap=0", "cap must be an integer in [1, "},
         {"ctrl", "not a click-through model spec"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

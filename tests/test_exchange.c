@@ -43,61 +43,14 @@
 
 /* ---------------------------------------------------------------- servers */
 
-/* A ps_server on a thread of this process, on tcp 127.0.0.1 (so
- * ps_test_stats can ask it), with the same-host data plane off: payloads
- * take the network path, the one these cases follow. */
-typedef struct isrv {
-    ps_server *s;
-    pthread_t th;
-    int port, running;
-    char ep[64];
-} isrv;
-
-static void *isrv_main(void *arg)
-{
-    isrv *v = arg;
-    ps_server_run(v->s);
-    return NULL;
-}
+/* A ps_server on a thread of this process (ps_test_server.h), on tcp
+ * 127.0.0.1, with the same-host data plane off: payloads take the network
+ * path, the one these cases follow. */
+typedef ps_test_isrv isrv;
 
 static int isrv_start(isrv *v, int mode, int num_workers, int max_staleness)
 {
-    memset(v, 0, sizeof *v);
-    ps_log_set_level(PS_LOG_WARN); /* the servers' and clients' info lines are noise here */
-    ps_server_config c;
-    ps_server_config_default(&c);
-    v->port = ps_test_free_port();
-    snprintf(v->ep, sizeof v->ep, "tcp://127.0.0.1:%d", v->port);
-    c.bind = v->ep;
-    c.num_workers = num_workers;
-    c.mode = mode;
-    c.max_staleness = mode == PS_MODE_SYNC ? 0 : max_staleness;
-    c.opt.kind = PS_OPT_SGD;
-    c.opt.lr = LR;
-    c.threads = 1;
-    c.shm = PS_SHM_OFF;
-    char why[512];
-    int rc = ps_server_open(&c, &v->s, why, sizeof why);
-    if (rc) {
-        printf("# ps_server_open: %s\n", why);
-        return rc;
-    }
-    if (pthread_create(&v->th, NULL, isrv_main, v)) {
-        ps_server_close(v->s);
-        return PS_ENOMEM;
-    }
-    v->running = 1;
-    return 0;
-}
-
-static void isrv_stop(isrv *v)
-{
-    if (!v->running)
-        return;
-    ps_server_stop(v->s);
-    pthread_join(v->th, NULL);
-    ps_server_close(v->s);
-    v->running = 0;
+    return ps_test_isrv_start(v, mode, num_workers, max_staleness, LR, 0);
 }
 
 /* ---------------------------------------------------------------- clients */
@@ -279,7 +232,7 @@ static int duo_close(duo *d)
     int fired = worker_close(&d->k);
     if (d->peer)
         ps_client_close(d->peer);
-    isrv_stop(&d->v);
+    ps_test_isrv_stop(&d->v);
     ps_backend_host_destroy(d->b);
     return fired;
 }
@@ -781,7 +734,7 @@ PS_TEST(staged_pushes_wait_for_their_device_to_host_copy_and_swaps_for_the_host_
     CHECK_OK(isrv_start(&v, PS_MODE_SYNC, 1, 0));
     fake_dev d;
     if (dev_create(&d)) {
-        isrv_stop(&v);
+        ps_test_isrv_stop(&v);
         CHECK_MSG(0, "no host backend");
     }
     worker k = {0};
@@ -866,7 +819,7 @@ PS_TEST(staged_pushes_wait_for_their_device_to_host_copy_and_swaps_for_the_host_
     if (!rc)
         memcpy(got, ps_exchange_weights(k.x, 0), sizeof got);
     int fired = worker_close(&k);
-    isrv_stop(&v);
+    ps_test_isrv_stop(&v);
     int torn = d.torn;
     dev_destroy(&d);
     CHECK_MSG(rc == 0, "%s", ps_strerror(rc));

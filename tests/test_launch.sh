@@ -131,12 +131,12 @@ rc=$?
 [ "$rc" -eq 0 ] || why="exit status $rc"
 SL="tcp://h1:30000,tcp://h1:30001,tcp://h3:30002"
 for exp in \
-    "ssh -o BatchMode=yes h1 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child /opt/ps/bin/ps_server --bind \"tcp://*:30000\" --rank 0 --num-servers 3 --num-workers 3 --mode async --threads 2 --exit-on-stdin-eof --timeline tl/server-0.json --lr 0.1 --optimizer momentum'" \
-    "ssh -o BatchMode=yes h1 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child /opt/ps/bin/ps_server --bind \"tcp://*:30001\" --rank 1 --num-servers 3 --num-workers 3 --mode async --threads 2 --exit-on-stdin-eof --timeline tl/server-1.json --lr 0.1 --optimizer momentum'" \
-    "ssh -o BatchMode=yes h3 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child /opt/ps/bin/ps_server --bind \"tcp://*:30002\" --rank 2 --num-servers 3 --num-workers 3 --mode async --threads 2 --exit-on-stdin-eof --timeline tl/server-2.json --lr 0.1 --optimizer momentum'" \
-    "ssh -o BatchMode=yes alice@h2 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child env CUDA_VISIBLE_DEVICES=0 /opt/ps/bin/ps_worker --servers $SL --rank 0 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w0.csv --eval-all --device cuda:0 --timeline tl/worker-0.json'" \
-    "ssh -o BatchMode=yes alice@h2 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child env CUDA_VISIBLE_DEVICES=1 /opt/ps/bin/ps_worker --servers $SL --rank 1 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w1.csv --eval-all --device cuda:0 --timeline tl/worker-1.json'" \
-    "ssh -o BatchMode=yes h3 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child /opt/ps/bin/ps_worker --servers $SL --rank 2 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w2.csv --eval-all --device cpu --timeline tl/worker-2.json'"; do
+    "ssh -o BatchMode=yes h1 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child /opt/ps/bin/ps_server --bind \"tcp://*:30000\" --rank 0 --num-servers 3 --num-workers 3 --mode async --threads 2 --exit-on-stdin-eof --timeline tl/server-0.json --metrics-port 29401 --lr 0.1 --optimizer momentum'" \
+    "ssh -o BatchMode=yes h1 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child /opt/ps/bin/ps_server --bind \"tcp://*:30001\" --rank 1 --num-servers 3 --num-workers 3 --mode async --threads 2 --exit-on-stdin-eof --timeline tl/server-1.json --metrics-port 29402 --lr 0.1 --optimizer momentum'" \
+    "ssh -o BatchMode=yes h3 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child /opt/ps/bin/ps_server --bind \"tcp://*:30002\" --rank 2 --num-servers 3 --num-workers 3 --mode async --threads 2 --exit-on-stdin-eof --timeline tl/server-2.json --metrics-port 29403 --lr 0.1 --optimizer momentum'" \
+    "ssh -o BatchMode=yes alice@h2 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child env CUDA_VISIBLE_DEVICES=0 /opt/ps/bin/ps_worker --servers $SL --rank 0 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w0.csv --eval-all --device cuda:0 --timeline tl/worker-0.json --metrics-port 29404'" \
+    "ssh -o BatchMode=yes alice@h2 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child env CUDA_VISIBLE_DEVICES=1 /opt/ps/bin/ps_worker --servers $SL --rank 1 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w1.csv --eval-all --device cuda:0 --timeline tl/worker-1.json --metrics-port 29405'" \
+    "ssh -o BatchMode=yes h3 'cd $T && mkdir -p tl && exec /opt/ps/bin/ps_launch --remote-child /opt/ps/bin/ps_worker --servers $SL --rank 2 --num-workers 3 --mode async --model cnn --lr 0.1 --optimizer momentum --log-csv w2.csv --eval-all --device cpu --timeline tl/worker-2.json --metrics-port 29406'"; do
     grep -qxF -- "$exp" "$T/plan.out" || why="$why; missing command: $exp"
 done
 n=$(grep -c '^ssh ' "$T/plan.out")
@@ -160,10 +160,10 @@ timeout 10 "$LAUNCH" --servers 2 --workers 3 --gpus 0,1 --dry-run -- --lr 0.1 >"
     why="--gpus 0,1 exited $?"
 for r in 0 1 2; do
     g=$((r % 2))
-    grep -Eq "^CUDA_VISIBLE_DEVICES=$g .*/ps_worker --servers tcp://127\.0\.0\.1:[0-9]+,tcp://127\.0\.0\.1:[0-9]+ --rank $r --num-workers 3 --mode sync --lr 0\.1 --device cuda:0\$" \
+    grep -Eq "^CUDA_VISIBLE_DEVICES=$g .*/ps_worker --servers tcp://127\.0\.0\.1:[0-9]+,tcp://127\.0\.0\.1:[0-9]+ --rank $r --num-workers 3 --mode sync --lr 0\.1 --device cuda:0 --metrics-port [0-9]+\$" \
         "$T/g.out" || why="$why; worker $r not on GPU $g"
 done
-grep -Eq "/ps_server --bind tcp://127\.0\.0\.1:[0-9]+ --rank 1 --num-servers 2 --num-workers 3 --mode sync --threads 1 --lr 0\.1\$" \
+grep -Eq "/ps_server --bind tcp://127\.0\.0\.1:[0-9]+ --rank 1 --num-servers 2 --num-workers 3 --mode sync --threads 1 --metrics-port [0-9]+ --lr 0\.1\$" \
     "$T/g.out" || why="$why; server 1 command wrong"
 p0=$(sed -n 's/.*ps_server --bind tcp:\/\/127.0.0.1:\([0-9]*\) --rank 0 .*/\1/p' "$T/g.out")
 p1=$(sed -n 's/.*ps_server --bind tcp:\/\/127.0.0.1:\([0-9]*\) --rank 1 .*/\1/p' "$T/g.out")
@@ -176,7 +176,7 @@ CUDA_VISIBLE_DEVICES= timeout 10 "$LAUNCH" --servers 1 --workers 2 --dry-run >"$
 has "$T/g3.out" "ps_launch: no GPU found, running 2 CPU workers" ||
     why="$why; no 'no GPU found' line with CUDA_VISIBLE_DEVICES empty"
 timeout 10 "$LAUNCH" --servers 1 --workers 2 --gpus none --dry-run >"$T/g4.out" 2>&1
-[ "$(grep -c -- '--device cpu$' "$T/g4.out")" -eq 2 ] || why="$why; --gpus none: not 2 CPU workers"
+[ "$(grep -Ec -- '--device cpu --metrics-port [0-9]+$' "$T/g4.out")" -eq 2 ] || why="$why; --gpus none: not 2 CPU workers"
 if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/g.out"; fi
 
 # ---------------------------------------------------------------- supervision
@@ -268,12 +268,29 @@ for l in "[server 0] server args: --bind tcp://127.0.0.1:" "[server 1] server st
     "ps_launch: done in" "200 samples/s over all workers"; do
     has "$T/f1.out" "$l" || why="$why; no line '$l'"
 done
-has "$T/f1.out" "--num-servers 2 --num-workers 2 --mode sync --threads 1 --lr 0.5" ||
+grep -Eq -- "--num-servers 2 --num-workers 2 --mode sync --threads 1 --metrics-port [0-9]+ --lr 0\.5" "$T/f1.out" ||
     why="$why; servers did not get --lr 0.5"
 grep -v '^\[server [01]\] \|^\[worker [01]\] \|^ps_launch: ' "$T/f1.out" >"$T/f1.other"
 [ -s "$T/f1.other" ] && why="$why; unprefixed line: $(head -n 1 "$T/f1.other")"
 no_leftovers || why="$why; processes left behind"
 if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/f1.out"; fi
+
+case=launch_serves_its_metrics_and_says_where_every_process_serves_its_own
+why=""
+# --metrics-bind among the worker flags goes to every process, ps_launch too
+timeout 30 "$LAUNCH" --servers 1 --workers 2 $FAKE -- --metrics-bind 127.0.0.2 >"$T/m1.out" 2>&1 ||
+    why="exit status $?"
+for l in "ps_launch: metrics of ps_launch at http://127.0.0.2:" \
+    "ps_launch: metrics of server 0 at http://127.0.0.2:" \
+    "ps_launch: metrics of worker 1 at http://127.0.0.2:"; do
+    has "$T/m1.out" "$l" || why="$why; no line '$l'"
+done
+grep -Eq -- "--metrics-port [0-9]+ --metrics-bind 127\.0\.0\.2" "$T/m1.out" ||
+    why="$why; the server did not get its port and the bind"
+timeout 30 "$LAUNCH" --servers 1 --workers 1 $FAKE --metrics-port off >"$T/m2.out" 2>&1 ||
+    why="$why; --metrics-port off: exit status $?"
+grep -q -- "metrics" "$T/m2.out" && why="$why; --metrics-port off still serves metrics"
+if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$T/m1.out"; fi
 
 case=launch_worker_exit_stops_all
 why=""
@@ -350,9 +367,11 @@ rc=$?
 [ "$rc" -eq 0 ] || why="exit status $rc"
 for l in "[worker 1] args: --out w1" \
     "[worker 0] PS_DEVICE=cpu PS_LR=0.5 PS_MAX_STALENESS=-1 PS_MODE=async PS_NUM_SERVERS=1 PS_NUM_WORKERS=2 PS_RANK=0 PS_SERVERS=tcp://127.0.0.1:" \
-    "--num-servers 1 --num-workers 2 --mode async --threads 1 --lr 0.5" "ps_launch: done in"; do
+    "ps_launch: done in"; do
     has "$T/e1.out" "$l" || why="$why; no line '$l'"
 done
+grep -Eq -- "--num-servers 1 --num-workers 2 --mode async --threads 1 --metrics-port [0-9]+ --lr 0\.5" \
+    "$T/e1.out" || why="$why; the server did not get its flags and --metrics-port"
 timeout 30 "$LAUNCH" --servers 1 --workers 2 $FAKE --exec "$T/fake/exec_worker" fail \
     >"$T/e2.out" 2>&1
 rc=$?

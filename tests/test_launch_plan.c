@@ -9,6 +9,7 @@
 
 #include <sys/wait.h>
 
+#include "launch_metrics.h"
 #include "plan.h"
 #include "ps_error.h"
 #include "remote.h"
@@ -269,7 +270,8 @@ PS_TEST(shared_flags_list_every_flag_forwarded)
 {
     /* the settings table's shared rows, then the optimizer table's flags */
     static const char *const want[] = {"--max-staleness", "--curve-keys", "--shm",
-                                       "--wire-dtype", "--on-nonfinite", "--optimizer", "--lr",
+                                       "--wire-dtype", "--on-nonfinite", "--metrics-bind",
+                                       "--optimizer", "--lr",
                                        "--momentum",
                                        "--beta1", "--beta2", "--eps", "--weight-decay",
                                        "--lr-decay", "--lr-decay-every"};
@@ -576,6 +578,114 @@ PS_TEST(exec_plan_gives_each_worker_the_program_and_its_settings_in_the_environm
     CHECK_OK(ps_launch_plan_outputs(&p, &files));
     CHECK_EQ_INT(files.n, 0);
     ps_strvec_free(&files);
+    ps_launch_plan_free(&p);
+    ps_launch_opts_free(&o);
+}
+
+/* ------------------------------------------------------------ metrics */
+
+PS_TEST(metrics_ports_follow_the_flag)
+{
+    ps_launch_opts o;
+    int got[4], off, need;
+    static const int free_ports[4] = {50001, 50007, 50003, 50020};
+    /* auto on this host: the free ports the caller finds, asked for first */
+    CHECK_OK(parse(&o, ARGV("--servers", "1", "--workers", "2")));
+    CHECK_OK(ps_launch_metrics_ports(&o, 1, 2, NULL, got, &off, &need, why, sizeof why));
+    CHECK(need && !off);
+    CHECK_OK(ps_launch_metrics_ports(&o, 1, 2, free_ports, got, &off, &need, why, sizeof why));
+    CHECK(!need && !off && got[0] == 50001 && got[1] == 50007 && got[3] == 50020);
+    ps_launch_opts_free(&o);
+    /* a port: ps_launch there, then servers, then workers */
+    CHECK_OK(parse(&o, ARGV("--servers", "1", "--workers", "2", "--metrics-port", "9000")));
+    CHECK_OK(ps_launch_metrics_ports(&o, 1, 2, NULL, got, &off, &need, why, sizeof why));
+    CHECK(!need && !off && got[0] == 9000 && got[1] == 9001 && got[2] == 9002 && got[3] == 9003);
+    ps_launch_opts_free(&o);
+    CHECK_OK(parse(&o, ARGV("--servers", "1", "--workers", "2", "--metrics-port", "off")));
+    CHECK_OK(ps_launch_metrics_ports(&o, 1, 2, NULL, got, &off, &need, why, sizeof why));
+    CHECK(off);
+    ps_launch_opts_free(&o);
+    /* auto with a hostfile: from 29400 on every host */
+    CHECK_OK(parse(&o, ARGV("--hostfile", "h.txt")));
+    CHECK_OK(ps_launch_metrics_ports(&o, 1, 2, NULL, got, &off, &need, why, sizeof why));
+    CHECK(!need && got[0] == PS_LAUNCH_METRICS_BASE && got[3] == PS_LAUNCH_METRICS_BASE + 3);
+    ps_launch_opts_free(&o);
+    /* not a port, or ports past 65535: refused, saying why */
+    CHECK_OK(parse(&o, ARGV("--servers", "1", "--workers", "2", "--metrics-port", "9k")));
+    CHECK_EQ_INT(ps_launch_metrics_ports(&o, 1, 2, NULL, got, &off, &need, why, sizeof why),
+                 PS_EINVAL);
+    CHECK_MSG(strstr(why, "--metrics-port must be auto, off or a port") != NULL, "%s", why);
+    ps_launch_opts_free(&o);
+    CHECK_OK(parse(&o, ARGV("--servers", "1", "--workers", "2", "--metrics-port", "65534")));
+    CHECK_EQ_INT(ps_launch_metrics_ports(&o, 1, 2, NULL, got, &off, &need, why, sizeof why),
+                 PS_EINVAL);
+    CHECK_MSG(strstr(why, "past 65535") != NULL, "%s", why);
+    ps_launch_opts_free(&o);
+    /* each process' port is ps_launch's to give */
+    CHECK_EQ_INT(parse(&o, ARGV("--servers", "1", "--workers", "1", "--", "--metrics-port",
+                                "9")), PS_EINVAL);
+    ps_launch_opts_free(&o);
+}
+
+PS_TEST(plan_with_metrics_gives_each_process_its_port_and_the_bind)
+{
+    ps_launch_opts o;
+    ps_launch_plan p;
+    static const int mports[] = {9000, 9001, 9002, 9003};
+    CHECK_OK(parse(&o, ARGV("--servers", "1", "--workers", "2", "--gpus", "none",
+                            "--metrics-bind", "0.0.0.0", "--", "--model", "cnn")));
+    ps_launch_site site = {.ports = ports, .bin_dir = "/b", .remote_dir = "/w",
+                           .metrics_ports = mports};
+    CHECK_OK(ps_launch_plan_build(&o, &site, &p, why, sizeof why));
+    CHECK_STR(joined(&p.cmds[0].argv),
+              "/b/ps_server --bind tcp://127.0.0.1:41001 --rank 0 --num-servers 1 "
+              "--num-workers 2 --mode sync --threads 1 --metrics-port 9001 --metrics-bind "
+              "0.0.0.0");
+    CHECK_STR(joined(&p.cmds[2].argv),
+              "/b/ps_worker --servers tcp://127.0.0.1:41001 --rank 1 --num-workers 2 --mode "
+              "sync --metrics-bind 0.0.0.0 --model cnn --device cpu --metrics-port 9003");
+    CHECK(p.cmds[0].metrics_port == 9001 && p.cmds[1].metrics_port == 9002);
+    /* the job file and the targets name every process where it serves */
+    char job[512], targets[512], text[4096];
+    snprintf(job, sizeof job, "%s/job.txt", ps_test_tmpdir());
+    snprintf(targets, sizeof targets, "%s/targets.json", ps_test_tmpdir());
+    CHECK_OK(ps_launch_write_job(job, &p, "keys", 9000, "0.0.0.0", why, sizeof why));
+    FILE *f = fopen(job, "r");
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = 0;
+    if (f)
+        fclose(f);
+    CHECK_STR(text, "# ps_launch job: role rank endpoint metrics (ps_top --job reads it)\n"
+                    "servers tcp://127.0.0.1:41001\n"
+                    "curve-keys keys\n"
+                    "launch - - 127.0.0.1:9000\n"
+                    "server 0 tcp://127.0.0.1:41001 127.0.0.1:9001\n"
+                    "worker 0 - 127.0.0.1:9002\n"
+                    "worker 1 - 127.0.0.1:9003\n");
+    CHECK_OK(ps_launch_write_targets(targets, &p, "j1", 9000, NULL, why, sizeof why));
+    f = fopen(targets, "r");
+    n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = 0;
+    if (f)
+        fclose(f);
+    CHECK_STR(text, "[\n"
+                    "  {\"targets\": [\"127.0.0.1:9000\"], \"labels\": {\"ps_job\": \"j1\", "
+                    "\"role\": \"launch\"}},\n"
+                    "  {\"targets\": [\"127.0.0.1:9001\"], \"labels\": {\"ps_job\": \"j1\", "
+                    "\"role\": \"server\", \"ps_rank\": \"0\"}},\n"
+                    "  {\"targets\": [\"127.0.0.1:9002\"], \"labels\": {\"ps_job\": \"j1\", "
+                    "\"role\": \"worker\", \"ps_rank\": \"0\"}},\n"
+                    "  {\"targets\": [\"127.0.0.1:9003\"], \"labels\": {\"ps_job\": \"j1\", "
+                    "\"role\": \"worker\", \"ps_rank\": \"1\"}}\n"
+                    "]\n");
+    ps_launch_plan_free(&p);
+    ps_launch_opts_free(&o);
+    /* an --exec worker finds its port in PS_METRICS_PORT */
+    CHECK_OK(parse(&o, ARGV("--servers", "1", "--workers", "2", "--gpus", "none", "--exec",
+                            "python3", "t.py")));
+    CHECK_OK(ps_launch_plan_build(&o, &site, &p, why, sizeof why));
+    CHECK_MSG(strstr(joined(&p.cmds[2].env), "PS_METRICS_PORT=9003") != NULL, "%s",
+              joined(&p.cmds[2].env));
     ps_launch_plan_free(&p);
     ps_launch_opts_free(&o);
 }

@@ -3,7 +3,10 @@
  * float16 from a raw DEALER to a live bin/ps_server under each policy (the
  * reply, the weights after, the stats counter, the log line), a sync round
  * with a skipped push, and libps's own check before it sends (NaN, and a
- * float16 wire value beyond 65504, which would arrive as Inf). */
+ * float16 wire value beyond 65504, which would arrive as Inf).  And what is
+ * applied is what was checked: a sync push kept in the sender's shared
+ * memory and rewritten there before its turn, and finite gradients whose
+ * update overflows to Inf, dense and tables. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +17,8 @@
 #include "ps_dtype.h"
 #include "ps_error.h"
 #include "ps_proto.h"
+#include "ps_shm.h"
+#include "ps_table_row.h"
 #include "ps_test.h"
 #include "tables_job.h"
 #include "ps_test_server.h"
@@ -391,5 +396,262 @@ PS_TEST(table_rows_with_nan_are_refused_by_libps_and_by_the_server_or_skipped)
             j.c[0] = NULL;
         }
         CHECK_OK(tj_stop(&j));
+    }
+}
+
+/* ---- what is applied is what was checked ---- */
+
+#define TKEY 9
+#define TDIM 4
+
+static void declare_table(ps_header *h, uint64_t seq, int rank, float lr)
+{
+    *h = ps_test_header(PS_MSG_TABLE, rank, seq, TKEY, 0, 0);
+    ps_table_options_default(&h->table);
+    h->table.dim = TDIM;
+    h->table.opt.kind = PS_OPT_SGD;
+    h->table.opt.lr = lr;
+}
+
+static ps_header table_msg(uint32_t type, int rank, uint64_t seq, uint32_t part, int64_t s)
+{
+    ps_header h = ps_test_header(type, rank, seq, TKEY, part, s);
+    h.dim = TDIM;
+    h.dtype = PS_DTYPE_F32;
+    h.count = 1;
+    return h;
+}
+
+/* Send h (and its frames); the reply into r, rows into out. */
+static int table_rpc(void *d, const ps_header *h, const void *const *f, const size_t *b, int n,
+                     ps_header *r, float *out, size_t cap)
+{
+    if (ps_test_send_frames(d, h, f, b, n))
+        return -1;
+    return ps_test_recv(d, PS_TEST_RPC_MS, r, out, cap, NULL);
+}
+
+/* A hello of rank `rank` of a sync job of two workers, with arena a (NULL:
+ * none). */
+static int hello2(void *d, int rank, const ps_shm_arena *a)
+{
+    ps_header h = ps_test_header(PS_MSG_HELLO, rank, 1, 0, 0, 0), r;
+    h.hello.mode = PS_MODE_SYNC;
+    h.hello.max_staleness = 0;
+    h.hello.num_workers = 2;
+    h.hello.num_servers = 1;
+    h.hello.opt.kind = PS_OPT_NONE;
+    if (a) {
+        snprintf(h.hello.shm_name, sizeof h.hello.shm_name, "%s", a->name);
+        h.hello.shm_nonce = a->nonce;
+        h.hello.shm_size = a->size;
+    }
+    if (table_rpc(d, &h, NULL, NULL, 0, &r, NULL, 0) || r.type != PS_MSG_HELLO)
+        return -1;
+    return a && r.hello.shm != 1 ? -1 : 0;
+}
+
+/* Sync, two workers: rank 1's push of step 0 sits in its arena, kept while
+ * rank 0's is missing; rank 1 then writes NaN over it.  When rank 0's push
+ * completes the round, the kept push is read again (copied) and checked:
+ * refused to rank 1, counted, nothing applied, the round waits; rank 1's
+ * push sent again with its finite gradient completes it.  Dense (table 0)
+ * and a table (1). */
+PS_TEST(a_kept_shared_memory_push_rewritten_with_nan_is_refused_when_it_is_used)
+{
+    TJ_NEED_SERVER();
+    for (int tbl = 0; tbl < 2; tbl++) {
+        ps_test_server sv;
+        CHECK_OK(ps_test_server_start(&sv, 1, "--num-workers 2 --mode sync --optimizer sgd "
+                                      "--lr 1 --quiet"));
+        ps_shm_arena a;
+        char w[256];
+        CHECK_MSG(ps_shm_create(1 << 16, &a, w, sizeof w) == 0, "%s", w);
+        void *d0 = ps_test_dealer(sv.port), *d1 = ps_test_dealer(sv.port);
+        CHECK_OK(hello2(d0, 0, NULL));
+        CHECK_OK(hello2(d1, 1, &a));
+        ps_header h, r, r1;
+        uint64_t id = 5, seq = 10;
+        uint32_t part = ps_table_row_part(ps_table_row_hash(TKEY, id), 1, 1);
+        float before[N], after[N], g1[N] = {1, 2, 3, 4};
+        const void *f[2] = {&id, G};
+        size_t b[2] = {8, sizeof G};
+        if (tbl) {
+            declare_table(&h, ++seq, 0, 1.0f);
+            CHECK_OK(table_rpc(d0, &h, NULL, NULL, 0, &r, NULL, 0));
+            CHECK_EQ_INT(r.type, PS_MSG_TABLE);
+            h = table_msg(PS_MSG_SPULL, 0, ++seq, part, 0);
+            CHECK_OK(table_rpc(d0, &h, f, b, 1, &r, before, N));
+            CHECK_EQ_INT(r.type, PS_MSG_SPULL);
+        } else {
+            h = ps_test_header(PS_MSG_INIT, 0, ++seq, KEY, 0, 0);
+            h.total = N;
+            CHECK_OK(ps_test_rpc(d0, &h, W0, N, &r, NULL, 0, NULL));
+            CHECK_EQ_INT(r.type, PS_MSG_INIT);
+            memcpy(before, W0, sizeof before);
+        }
+        /* rank 1's push from its arena: kept (rank 0's is not in) */
+        unsigned char *blk = ps_shm_alloc(&a, 4096);
+        CHECK(blk != NULL);
+        uint64_t off = (uint64_t)(blk - a.base);
+        if (tbl) {
+            memcpy(blk, &id, 8);
+            memcpy(blk + 8, g1, sizeof g1);
+            h = table_msg(PS_MSG_SPUSH, 1, 100, part, 0);
+        } else {
+            memcpy(blk, g1, sizeof g1);
+            h = ps_test_header(PS_MSG_PUSH, 1, 100, KEY, 0, 0);
+            h.count = N;
+            h.dtype = PS_DTYPE_F32;
+        }
+        h.flags = PS_FLAG_SHM;
+        h.shm_off = off;
+        CHECK_OK(ps_test_send_frames(d1, &h, NULL, NULL, 0));
+        CHECK_MSG(ps_test_recv(d1, 300, &r1, NULL, 0, NULL) != 0,
+                  "rank 1's push was answered before its round: %s %s",
+                  ps_msg_type_name(r1.type), r1.err_text);
+        /* ... written over while it waits */
+        float nan4[N] = {NAN, NAN, NAN, NAN};
+        memcpy(blk + (tbl ? 8 : 0), nan4, sizeof nan4);
+        /* rank 0's push completes the round: rank 1's is refused now */
+        if (tbl) {
+            h = table_msg(PS_MSG_SPUSH, 0, ++seq, part, 0);
+            CHECK_OK(table_rpc(d0, &h, f, b, 2, &r, NULL, 0));
+            CHECK_MSG(r.type == PS_MSG_SPUSH, "rank 0: %s %s", ps_msg_type_name(r.type),
+                      r.err_text);
+        } else {
+            h = ps_test_header(PS_MSG_PUSH, 0, ++seq, KEY, 0, 0);
+            CHECK_OK(ps_test_rpc(d0, &h, G, N, &r, NULL, 0, NULL));
+            CHECK_MSG(r.type == PS_MSG_PUSH, "rank 0: %s %s", ps_msg_type_name(r.type),
+                      r.err_text);
+        }
+        CHECK_OK(ps_test_recv(d1, PS_TEST_RPC_MS, &r1, NULL, 0, NULL));
+        CHECK_MSG(r1.type == PS_MSG_ERROR && r1.err_code == PS_ENONFINITE &&
+                      strstr(r1.err_text, "worker 1") && strstr(r1.err_text, "shared memory"),
+                  "rank 1: %s %d %s", ps_msg_type_name(r1.type), r1.err_code, r1.err_text);
+        ps_stats st;
+        CHECK_OK(ps_test_stats(sv.port, &st));
+        CHECK_MSG(st.nonfinite >= 1, "nonfinite %llu", (unsigned long long)st.nonfinite);
+        /* nothing applied: the round is open, the row (weights) as before */
+        float now[N];
+        if (tbl) {
+            h = table_msg(PS_MSG_SPULL, 0, ++seq, part, 0);
+            CHECK_OK(table_rpc(d0, &h, f, b, 1, &r, now, N));
+            CHECK_MSG(r.type == PS_MSG_SPULL && r.chunk_version == 0, "%s v%lld",
+                      ps_msg_type_name(r.type), (long long)r.chunk_version);
+        } else {
+            CHECK_OK(pull(d0, 0, ++seq, 0, now));
+        }
+        for (int k = 0; k < N; k++)
+            CHECK_MSG(now[k] == before[k], "value %d: %g, was %g", k, (double)now[k],
+                      (double)before[k]);
+        /* rank 1 sends it again, finite: the round completes with both */
+        memcpy(blk + (tbl ? 8 : 0), g1, sizeof g1);
+        if (tbl) {
+            h = table_msg(PS_MSG_SPUSH, 1, 101, part, 0);
+        } else {
+            h = ps_test_header(PS_MSG_PUSH, 1, 101, KEY, 0, 0);
+            h.count = N;
+            h.dtype = PS_DTYPE_F32;
+        }
+        h.flags = PS_FLAG_SHM;
+        h.shm_off = off;
+        CHECK_OK(table_rpc(d1, &h, NULL, NULL, 0, &r1, NULL, 0));
+        CHECK_MSG(r1.type == (tbl ? PS_MSG_SPUSH : PS_MSG_PUSH), "resend: %s %s",
+                  ps_msg_type_name(r1.type), r1.err_text);
+        for (int k = 0; k < N; k++)
+            after[k] = before[k] - 1.0f * ((G[k] + g1[k]) / 2.0f);
+        if (tbl) {
+            h = table_msg(PS_MSG_SPULL, 0, ++seq, part, 1);
+            CHECK_OK(table_rpc(d0, &h, f, b, 1, &r, now, N));
+            CHECK_EQ_INT(r.type, PS_MSG_SPULL);
+        } else {
+            CHECK_OK(pull(d0, 0, ++seq, 1, now));
+        }
+        CHECK(memcmp(now, after, sizeof now) == 0);
+        zmq_close(d0);
+        zmq_close(d1);
+        ps_shm_close(&a);
+        CHECK_OK(ps_test_stop(sv.pid, 3000));
+    }
+}
+
+/* Three finite pushes of -3e38 at rate 0.5 take a value to 1.5e38, 3e38
+ * and then past FLT_MAX: the third update's result is Inf.  Refused like a
+ * non-finite gradient: an error naming it, counted, the value unchanged;
+ * --on-nonfinite skip keeps the value and acknowledges.  Dense and a table,
+ * async and sync. */
+PS_TEST(an_update_whose_result_overflows_to_inf_is_refused_and_changes_nothing)
+{
+    TJ_NEED_SERVER();
+    for (int c = 0; c < 5; c++) {
+        int tbl = c % 2, sync = c >= 2 && c < 4, skip = c == 4;
+        ps_test_server sv;
+        char words[256];
+        snprintf(words, sizeof words, "--num-workers 1 --mode %s --optimizer sgd --lr 0.5 "
+                 "--quiet%s", sync ? "sync" : "async", skip ? " --on-nonfinite skip" : "");
+        CHECK_OK(ps_test_server_start(&sv, 1, words));
+        void *d = ps_test_dealer(sv.port);
+        CHECK_OK(ps_test_hello(d, 0, sync ? PS_MODE_SYNC : PS_MODE_ASYNC, 1, sync ? 0 : -1));
+        ps_header h, r;
+        uint64_t id = 5, seq = 10;
+        uint32_t part = ps_table_row_part(ps_table_row_hash(TKEY, id), 1, 1);
+        float big[N] = {-3e38f, -3e38f, -3e38f, -3e38f}, w[N], was[N];
+        const void *f[2] = {&id, big};
+        size_t b[2] = {8, sizeof big};
+        if (tbl) {
+            declare_table(&h, ++seq, 0, 0.5f);
+            CHECK_OK(table_rpc(d, &h, NULL, NULL, 0, &r, NULL, 0));
+            CHECK_EQ_INT(r.type, PS_MSG_TABLE);
+        } else {
+            h = ps_test_header(PS_MSG_INIT, 0, ++seq, KEY, 0, 0);
+            h.total = N;
+            float zero[N] = {0};
+            CHECK_OK(ps_test_rpc(d, &h, zero, N, &r, NULL, 0, NULL));
+        }
+        for (int step = 0; step < 3; step++) {
+            if (tbl) {
+                h = table_msg(PS_MSG_SPUSH, 0, ++seq, part, step);
+                CHECK_OK(table_rpc(d, &h, f, b, 2, &r, NULL, 0));
+            } else {
+                h = ps_test_header(PS_MSG_PUSH, 0, ++seq, KEY, 0, step);
+                h.count = N;
+                CHECK_OK(ps_test_rpc(d, &h, big, N, &r, NULL, 0, NULL));
+            }
+            if (step == 1) { /* the values after two pushes: finite */
+                if (tbl) {
+                    h = table_msg(PS_MSG_SPULL, 0, ++seq, part, 2);
+                    CHECK_OK(table_rpc(d, &h, f, b, 1, &r, was, N));
+                } else {
+                    CHECK_OK(pull(d, 0, ++seq, 2, was));
+                }
+                CHECK_MSG(isfinite(was[0]) && was[0] > 2e38f, "after two: %g", (double)was[0]);
+            }
+        }
+        if (skip) {
+            CHECK_MSG(r.type == (tbl ? PS_MSG_SPUSH : PS_MSG_PUSH), "case %d: %s %s", c,
+                      ps_msg_type_name(r.type), r.err_text);
+        } else {
+            CHECK_MSG(r.type == PS_MSG_ERROR && r.err_code == PS_ENONFINITE &&
+                          strstr(r.err_text, "not finite") && strstr(r.err_text, "refuse") &&
+                          strstr(r.err_text, tbl ? "table 9" : "key 7 chunk 0"),
+                      "case %d: %s %d %s", c, ps_msg_type_name(r.type), r.err_code, r.err_text);
+        }
+        /* the values as after two pushes */
+        if (tbl) {
+            h = table_msg(PS_MSG_SPULL, 0, ++seq, part, 3);
+            CHECK_OK(table_rpc(d, &h, f, b, 1, &r, w, N));
+            CHECK_EQ_INT(r.type, PS_MSG_SPULL);
+        } else {
+            CHECK_OK(pull(d, 0, ++seq, 3, w));
+        }
+        CHECK_MSG(memcmp(w, was, sizeof w) == 0, "case %d: %g, was %g", c, (double)w[0],
+                  (double)was[0]);
+        ps_stats st;
+        CHECK_OK(ps_test_stats(sv.port, &st));
+        CHECK_MSG(st.nonfinite == 1, "case %d: nonfinite %llu", c,
+                  (unsigned long long)st.nonfinite);
+        zmq_close(d);
+        CHECK_OK(ps_test_stop(sv.pid, 3000));
     }
 }

@@ -293,3 +293,63 @@ PS_TEST(lr_step_decay_follows_the_schedule)
     c.lr_decay_every = 0; /* no decay */
     CHECK(ps_opt_lr_at(&c, 100) == 0.5f);
 }
+
+/* The results checked (--on-nonfinite refuse): a step whose new weight or
+ * state would not be finite for some values keeps those values' weight and
+ * state; every other value is bitwise the unchecked step's, in place and
+ * out of place, for every kind; the count is the values kept.  Values 7 and
+ * 300 (second sqrt block) get finite gradients whose step overflows: -3e38
+ * at rate 0.5 from a weight of 3e38 (sgd, momentum, nesterov; add: +3e38),
+ * 3e38 whose square overflows the state (adagrad, adam); average's new
+ * weight is the gradient itself, Inf there. */
+PS_TEST(checked_step_keeps_the_values_whose_result_is_not_finite_and_only_those)
+{
+    static float w0[N], g[N], wa[N], sa0[N], sa1[N], wb[N], sb0[N], sb1[N], wo[N];
+    const int kinds[] = {PS_OPT_SGD, PS_OPT_MOMENTUM, PS_OPT_NESTEROV, PS_OPT_ADAGRAD,
+                         PS_OPT_ADAM, PS_OPT_AVERAGE, PS_OPT_ADD};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        int kind = kinds[k];
+        ps_opt_config c = {kind, 0.5f, 0.9f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 0,
+                           PS_OPT_GIVEN_ALL};
+        for (int i = 0; i < N; i++) {
+            w0[i] = (float)urand();
+            g[i] = (float)urand();
+        }
+        const int bad[2] = {7, 300};
+        for (int b = 0; b < 2; b++) {
+            if (kind == PS_OPT_ADAGRAD || kind == PS_OPT_ADAM) {
+                g[bad[b]] = 3e38f; /* its square: the state */
+            } else {
+                w0[bad[b]] = 3e38f; /* the weight */
+                g[bad[b]] = kind == PS_OPT_ADD ? 3e38f : -3e38f;
+            }
+        }
+        if (kind == PS_OPT_AVERAGE) /* the new weight is g: make two of them overflowed */
+            g[bad[0]] = g[bad[1]] = INFINITY;
+        for (int out = 0; out < 2; out++) {
+            memcpy(wa, w0, sizeof wa);
+            memcpy(wb, w0, sizeof wb);
+            memset(sa0, 0, sizeof sa0), memset(sa1, 0, sizeof sa1);
+            memset(sb0, 0, sizeof sb0), memset(sb1, 0, sizeof sb1);
+            CHECK_OK(ps_opt_apply(&c, wa, sa0, sa1, g, N, 1)); /* unchecked */
+            size_t kept = ps_opt_apply_checked(&c, wb, out ? wo : wb, sb0, sb1, g, N, 1, 1);
+            const float *nw = out ? wo : wb;
+            CHECK_MSG(kept == 2, "%s out=%d: %zu values kept", ps_opt_name(kind), out, kept);
+            int diff = 0;
+            for (int i = 0; i < N; i++) {
+                int is_bad = i == bad[0] || i == bad[1];
+                if (is_bad)
+                    diff += nw[i] != w0[i] || sb0[i] != 0.0f || sb1[i] != 0.0f;
+                else
+                    diff += memcmp(&nw[i], &wa[i], 4) != 0 || memcmp(&sb0[i], &sa0[i], 4) != 0 ||
+                            memcmp(&sb1[i], &sa1[i], 4) != 0;
+            }
+            CHECK_MSG(diff == 0, "%s out=%d: %d values differ", ps_opt_name(kind), out, diff);
+            /* without the check: the same call stores what it computes */
+            memcpy(wb, w0, sizeof wb);
+            memset(sb0, 0, sizeof sb0), memset(sb1, 0, sizeof sb1);
+            CHECK(ps_opt_apply_checked(&c, wb, out ? wo : wb, sb0, sb1, g, N, 1, 0) == 0);
+            CHECK(memcmp(out ? wo : wb, wa, sizeof wa) == 0);
+        }
+    }
+}

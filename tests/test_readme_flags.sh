@@ -11,7 +11,7 @@ T=$(mktemp -d "${TMPDIR:-/tmp}/ps_test_flags.XXXXXX") || exit 1
 trap 'rm -rf "$T"' EXIT
 status=0
 for section in README.md:ps_server README.md:ps_worker README.md:ps_launch \
-    README.md:ps_keygen docs/LAUNCH.md:ps_launch; do
+    README.md:ps_keygen README.md:ps_top docs/LAUNCH.md:ps_launch; do
     DOC=${section%%:*} prog=${section#*:}
     case=$(echo "${DOC%.md}" | tr 'A-Z/' 'a-z_')_flags_of_${prog}_are_the_settings_table
     if ! "$BIN/$prog" --help-markdown >"$T/want" 2>"$T/err"; then

@@ -396,7 +396,7 @@ PS_TEST(ckpt_coord_releases_held_replies_once_written)
     CHECK(!ps_ckpt_coord_idle(c) && ps_ckpt_coord_collecting(c));
 
     ps_shard_config sc = {PS_MODE_SYNC, 0, 1, {PS_OPT_SGD, 1.0f, 0, 0, 0, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL},
-                          1 << 20, NULL};
+                          1 << 20, NULL, 1};
     ps_shard_hooks hk = {0};
     ps_shard *sh;
     CHECK_OK(ps_shard_create(&sc, &hk, &sh));

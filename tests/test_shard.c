@@ -34,7 +34,7 @@ PS_TEST(shard_sync_sum_is_rank_order_whatever_the_arrival_order)
         ps_test_hook_log log;
         ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
         ps_shard_config sc = {PS_MODE_SYNC, 0, W, {PS_OPT_SGD, 1.0f, 0, 0, 0, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL}, 1 << 20,
-                              NULL};
+                              NULL, 1};
         ps_shard *s;
         CHECK_OK(ps_shard_create(&sc, &hk, &s));
         float w0[2] = {5.0f, 5.0f};
@@ -138,7 +138,7 @@ PS_TEST(shard_memory_charge_is_bounded_and_returned)
     ps_test_hook_log log;
     ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
     ps_shard_config sc = {PS_MODE_ASYNC, -1, 2, {PS_OPT_ADAM, 0.1f, 0, 0.9f, 0.999f, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL},
-                          100000, &used};
+                          100000, &used, 1};
     ps_shard *a, *b;
     CHECK_OK(ps_shard_create(&sc, &hk, &a));
     CHECK_OK(ps_shard_create(&sc, &hk, &b));
@@ -162,7 +162,7 @@ PS_TEST(shard_destroy_cancels_queued_pulls_and_releases_kept_pushes)
 {
     ps_test_hook_log log;
     ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
-    ps_shard_config sc = {PS_MODE_SYNC, 0, 3, {PS_OPT_SGD, 0.1f, 0, 0, 0, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL}, 1 << 20, NULL};
+    ps_shard_config sc = {PS_MODE_SYNC, 0, 3, {PS_OPT_SGD, 0.1f, 0, 0, 0, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL}, 1 << 20, NULL, 1};
     ps_shard *s;
     CHECK_OK(ps_shard_create(&sc, &hk, &s));
     float w[2] = {1, 2};
@@ -201,7 +201,7 @@ PS_TEST(shard_pinned_weights_survive_updates_and_destroy)
     ps_test_hook_log log;
     ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
     ps_shard_config sc = {PS_MODE_ASYNC, -1, 1, {PS_OPT_SGD, 0.5f, 0, 0, 0, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL}, 1 << 20,
-                          &used};
+                          &used, 1};
     ps_shard *s;
     CHECK_OK(ps_shard_create(&sc, &hk, &s));
     static float w[N], g[N], expect[PS_SHARD_MAX_WBUF + 3][N];
@@ -275,7 +275,7 @@ PS_TEST(shard_spares_respect_max_memory_and_give_way_to_inits)
     ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
     /* room for three chunks of N weights, or two and a spare, not two and two spares */
     ps_shard_config sc = {PS_MODE_ASYNC, -1, 1, {PS_OPT_SGD, 0.5f, 0, 0, 0, 1e-8f, 0, 1.0f, 0, PS_OPT_GIVEN_ALL},
-                          3 * (N * 4 + 64) + 1024, &used};
+                          3 * (N * 4 + 64) + 1024, &used, 1};
     ps_shard *s;
     CHECK_OK(ps_shard_create(&sc, &hk, &s));
     static float w[N], g[N];

@@ -234,8 +234,28 @@ done_case $case "$out"
 
 case=slurm_two_node_job_runs_servers_and_workers_apart_and_finishes
 why=""
+# with metrics: servers at MP, MP+1 on psn1, workers at MP+100, MP+101 on psn2
+MP=$(free_ports 102)
 if PS_MODE=async PS_PORT=$(free_ports 2) PS_TRAIN=$SHORT PS_CKPT_DIR=$T/ckpt-multi \
+    PS_METRICS_PORT=$MP PS_METRICS_TARGETS=$T/targets.json \
     run_job multi examples/slurm/multi_node.sbatch --nodes=2; then
+    has "$out" "ps-train: metrics targets in $T/targets.json" || why="$why; no targets file"
+    python3 - "$T/targets.json" "$MP" "$job" <<'PY' || why="$why; targets file wrong"
+import json, sys
+t, mp, job = json.load(open(sys.argv[1])), int(sys.argv[2]), sys.argv[3]
+want = [("127.0.0.1:%d" % mp, "server", "0"), ("127.0.0.1:%d" % (mp + 1), "server", "1"),
+        ("127.0.0.2:%d" % (mp + 100), "worker", "0"), ("127.0.0.2:%d" % (mp + 101), "worker", "1")]
+got = [(g["targets"][0], g["labels"]["role"], g["labels"]["ps_rank"]) for g in t]
+assert got == want and all(g["labels"]["ps_job"] == job for g in t), (got, want)
+PY
+    for r in 0 1; do
+        grep -q "ps_server\[$r\] info .*metrics: http://0.0.0.0:$((MP + r))/metrics" "$out" ||
+            why="$why; server $r did not serve metrics at $((MP + r))"
+    done
+    grep -Eq "ps_worker\[[01]\] info .*metrics: http://0.0.0.0:$((MP + 100))/metrics" "$out" &&
+        grep -Eq "ps_worker\[[01]\] info .*metrics: http://0.0.0.0:$((MP + 101))/metrics" "$out" ||
+        why="$why; the workers did not serve metrics at $((MP + 100)) and $((MP + 101))"
+
     has "$out" "ps-train: 2 nodes (apart): 2 servers on psn1, 2 workers (cpu) on psn2, async" ||
         why="$why; not 2 servers on psn1 and 2 workers on psn2"
     grep -q "^ps-train: PS_SERVERS=tcp://127\.0\.0\.1:[0-9]*,tcp://127\.0\.0\.1:[0-9]*$" "$out" ||

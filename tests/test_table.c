@@ -1002,3 +1002,125 @@ PS_TEST(bad_inputs_are_refused_with_a_message)
     CHECK(strcmp(ps_table_opt_name(PS_TABLE_OPT_FTRL), "ftrl") == 0);
     ps_table_destroy(t);
 }
+
+/* A request's duplicate ids make one row and are charged as one: 20000
+ * copies of a new id fit where 20000 rows would not (with the request's
+ * scratch, 8 bytes an id), in a pull, an async push and a sync round. */
+PS_TEST(duplicate_ids_of_a_request_are_charged_once)
+{
+    enum { N = 20000 };
+    static uint64_t ids[N];
+    static float out[N * 8], g[N * 8];
+    for (int kind = 0; kind < 3; kind++) {
+        _Atomic uint64_t used;
+        atomic_init(&used, 0);
+        ps_table_config c = config(8, PS_OPT_SGD, PS_TABLE_INIT_UNIFORM);
+        c.mem_used = &used;
+        c.max_memory = 400000; /* 20000 rows of 40 bytes and their hash do not fit */
+        ps_table *t = make(&c);
+        CHECK(t);
+        for (int i = 0; i < N; i++)
+            ids[i] = 12345 + (uint64_t)kind;
+        char why[256] = "";
+        int rc = kind == 0   ? ps_table_pull(t, ids, N, out, N * 8, why, sizeof why)
+                 : kind == 1 ? ps_table_push(t, ids, N, g, N * 8, 1, why, sizeof why)
+                             : ps_table_round_add(t, 0, ids, N, g, N * 8, why, sizeof why);
+        CHECK_MSG(rc == 0, "kind %d: %s", kind, why);
+        if (kind == 2)
+            ps_table_round_finish(t);
+        ps_table_counts st;
+        ps_table_stats(t, &st);
+        CHECK_EQ_INT(st.rows, 1);
+        ps_table_destroy(t);
+        CHECK_EQ_INT(atomic_load(&used), 0);
+    }
+}
+
+/* Each row is charged to the worker whose request made it: a pull, an
+ * async push, a sync round (the rank whose push brought the id); past its
+ * share a worker's request is refused, changing nothing, and another
+ * worker's goes on; in a capped table an evicted row's charge goes back to
+ * its maker; restored rows are nobody's; a cancelled round gives its
+ * charges back; destroying the table gives back the capped rows'. */
+PS_TEST(rows_are_charged_to_the_worker_that_made_them_within_its_share)
+{
+    enum { W = 3 };
+    static _Atomic uint64_t wm[W];
+    for (int capped = 0; capped < 2; capped++) {
+        for (int k = 0; k < W; k++)
+            atomic_init(&wm[k], 0);
+        ps_table_config c = config(4, PS_OPT_SGD, PS_TABLE_INIT_UNIFORM);
+        c.worker_mem = wm;
+        c.num_workers = W;
+        c.max_rows = capped ? 10 : 0;
+        c.worker_share = UINT64_MAX;
+        ps_table *t = make(&c);
+        CHECK(t);
+        /* the cost of a row, from a first one */
+        uint64_t ids[16];
+        float out[16 * 4], g[16 * 4] = {0};
+        for (int i = 0; i < 16; i++)
+            ids[i] = 1000 + (uint64_t)i;
+        ps_table_set_maker(t, 0);
+        CHECK_OK(ps_table_pull(t, ids, 1, out, 4, NULL, 0));
+        uint64_t cost = atomic_load(&wm[0]);
+        CHECK(cost >= 8 + 16 + 8);
+        ps_table_destroy(t);
+        CHECK_EQ_INT(atomic_load(&wm[0]), capped ? 0 : cost);
+        atomic_store(&wm[0], 0);
+
+        c.worker_share = 6 * cost; /* six rows each */
+        t = make(&c);
+        ps_table_set_maker(t, 0);
+        CHECK_OK(ps_table_pull(t, ids, 4, out, 16, NULL, 0));  /* rows 0..3: worker 0 */
+        ps_table_set_maker(t, 1);
+        CHECK_OK(ps_table_push(t, ids + 2, 4, g, 16, 1, NULL, 0)); /* 4, 5: worker 1 */
+        CHECK_EQ_INT(atomic_load(&wm[0]), 4 * cost);
+        CHECK_EQ_INT(atomic_load(&wm[1]), 2 * cost);
+        /* worker 0 past its share: refused, nothing made */
+        char why[256] = "";
+        ps_table_set_maker(t, 0);
+        CHECK_EQ_INT(ps_table_pull(t, ids + 6, 3, out, 12, why, sizeof why), PS_ETOOBIG);
+        CHECK_MSG(strstr(why, "worker 0's rows here take") && strstr(why, "max_rows"), "%s", why);
+        ps_table_counts st;
+        ps_table_stats(t, &st);
+        CHECK_EQ_INT(st.rows, 6);
+        CHECK_EQ_INT(atomic_load(&wm[0]), 4 * cost);
+        /* a sync round: ids 6 (worker 2 brings it first), 7 (worker 1) */
+        CHECK_OK(ps_table_round_add(t, 1, ids + 7, 1, g, 4, NULL, 0));
+        CHECK_OK(ps_table_round_add(t, 2, ids + 6, 2, g, 8, NULL, 0));
+        ps_table_round_finish(t);
+        CHECK_EQ_INT(atomic_load(&wm[1]), 3 * cost);
+        CHECK_EQ_INT(atomic_load(&wm[2]), 1 * cost);
+        /* a round cancelled gives its charge back */
+        CHECK_OK(ps_table_round_add(t, 2, ids + 8, 1, g, 4, NULL, 0));
+        CHECK_EQ_INT(atomic_load(&wm[2]), 2 * cost);
+        ps_table_round_cancel(t);
+        CHECK_EQ_INT(atomic_load(&wm[2]), 1 * cost);
+        ps_table_stats(t, &st);
+        CHECK_EQ_INT(st.rows, 8);
+        if (capped) {
+            /* two more rows by worker 2 fill the cap; a third evicts the least
+             * recently touched, worker 0's row 0 (pulled first) */
+            ps_table_set_maker(t, 2);
+            CHECK_OK(ps_table_pull(t, ids + 8, 3, out, 12, NULL, 0));
+            ps_table_stats(t, &st);
+            CHECK_EQ_INT(st.rows, 10);
+            CHECK_EQ_INT(st.evicted, 1);
+            CHECK_EQ_INT(atomic_load(&wm[0]), 3 * cost);
+            CHECK_EQ_INT(atomic_load(&wm[2]), 4 * cost);
+        }
+        /* a restored row is nobody's */
+        ps_table_set_maker(t, -1);
+        float w[4] = {1, 2, 3, 4};
+        ps_table_row_view v = {999, 4, 0, w, {NULL, NULL}, 0};
+        CHECK_OK(ps_table_restore_row(t, &v, NULL, 0));
+        uint64_t sum = atomic_load(&wm[0]) + atomic_load(&wm[1]) + atomic_load(&wm[2]);
+        ps_table_stats(t, &st);
+        CHECK_EQ_INT(sum, (st.rows - 1) * cost);
+        ps_table_destroy(t);
+        sum = atomic_load(&wm[0]) + atomic_load(&wm[1]) + atomic_load(&wm[2]);
+        CHECK_MSG(capped ? sum == 0 : sum == 8 * cost, "capped %d: %llu left", capped,
+                  (unsigned long long)sum);
+    }
+}

@@ -564,6 +564,40 @@ PS_TEST(the_row_cap_evicts_the_least_recently_touched_row)
     CHECK_OK(tj_stop(&j));
 }
 
+/* A table declared full=refuse (through libps) keeps its rows at the cap:
+ * the request that would make a row beyond it is refused to its worker,
+ * naming the cap; the rows there are pulled and pushed as before; nothing
+ * is evicted. */
+PS_TEST(a_full_table_that_refuses_keeps_its_rows_and_refuses_new_ids)
+{
+    TJ_NEED_SERVER();
+    tj_job j;
+    CHECK_OK(tj_prepare(&j, 1, 1, "--mode async --optimizer sgd --lr 0.5 --threads 1", 2,
+                        PS_TABLE_INIT_UNIFORM));
+    j.topt.max_rows = 4;
+    j.topt.full = PS_TABLE_FULL_REFUSE;
+    j.topt.opt.lr = 0.5f;
+    CHECK_OK(tj_connect(&j));
+    float row[2], g[2] = {1, 2};
+    for (uint64_t id = 1; id <= 4; id++)
+        CHECK_OK(pull1(&j, id, row, 0));
+    ps_request r;
+    uint64_t five = 5;
+    CHECK_OK(ps_client_sparse_pull(j.c[0], j.table, &five, 1, row, 0, &r));
+    CHECK_EQ_INT(tj_wait(&r), PS_ETOOBIG);
+    CHECK_MSG(strstr(r.err, "is full here: 4 rows, its max_rows share 4") &&
+                  strstr(r.err, "full=refuse"), "%s", r.err);
+    CHECK_OK(ps_client_sparse_push(j.c[0], j.table, &five, 1, g, 0, &r));
+    CHECK_EQ_INT(tj_wait(&r), PS_ETOOBIG);
+    CHECK_OK(push1(&j, 1, g, 0)); /* its push of step 0 again: the refused one did not count */
+    CHECK_OK(pull1(&j, 4, row, 1));
+    ps_stats st;
+    CHECK_OK(stats0(&j, &st));
+    CHECK_EQ_INT(st.rows, 4);
+    CHECK_EQ_INT(st.evicted, 0);
+    CHECK_OK(tj_stop(&j));
+}
+
 PS_TEST(the_frequency_filter_makes_a_row_at_the_nth_pull_and_drops_gradients_before)
 {
     TJ_NEED_SERVER();

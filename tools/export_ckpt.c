@@ -88,11 +88,14 @@ static int export_rank(const char *dir, int rank, ps_export_writer *w, int *num_
     ps_shard *shards[PS_SERVER_MAX_THREADS] = {0};
     ps_tparts *tparts[PS_SERVER_MAX_THREADS] = {0};
     ps_ckpt_coord *ck = NULL;
-    ps_shard_config sc = {m.mode, m.max_staleness, m.num_workers, m.opt, UINT64_MAX, &mem};
-    ps_shard_hooks sh = {NULL, no_release, no_ready, no_cancel};
-    ps_tparts_hooks th = {NULL, no_trelease, no_tready, no_cancel, NULL};
-    ps_tparts_config tc = {m.mode, m.max_staleness, m.num_workers, m.num_servers, T, 0,
-                           UINT64_MAX, &mem};
+    ps_shard_config sc = {.mode = m.mode, .max_staleness = m.max_staleness,
+                          .num_workers = m.num_workers, .opt = m.opt, .max_memory = UINT64_MAX,
+                          .mem_used = &mem};
+    ps_shard_hooks sh = {.release = no_release, .ready = no_ready, .cancel = no_cancel};
+    ps_tparts_hooks th = {.release = no_trelease, .ready = no_tready, .cancel = no_cancel};
+    ps_tparts_config tc = {.mode = m.mode, .max_staleness = m.max_staleness,
+                           .num_workers = m.num_workers, .num_servers = m.num_servers,
+                           .nparts = T, .max_memory = UINT64_MAX, .mem_used = &mem};
     rc = ps_ckpt_coord_create(&cfg, &ck, why, why_len);
     for (int t = 0; !rc && t < T; t++) {
         tc.part = t;

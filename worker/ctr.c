@@ -51,9 +51,12 @@ static void put_sizes(char *buf, size_t len, const char *key, const int *sizes, 
         off += (size_t)snprintf(buf + off, len - off, i ? "-%d" : "%d", sizes[i]);
 }
 
-enum { K_FIELDS, K_DENSE, K_DIM, K_ROWS, K_POOL, K_INTERACT, K_BOT, K_MLP, K_OPT, K_LR, K_COUNT };
-static const char *const keys[K_COUNT] = {"fields", "dense", "dim", "rows", "pool",
-                                          "interact", "bot", "mlp", "opt", "lr"};
+enum {
+    K_FIELDS, K_DENSE, K_DIM, K_ROWS, K_POOL, K_INTERACT, K_BOT, K_MLP, K_OPT, K_LR, K_CAP,
+    K_FULL, K_COUNT
+};
+static const char *const keys[K_COUNT] = {"fields", "dense", "dim",  "rows", "pool", "interact",
+                                          "bot",    "mlp",   "opt",  "lr",   "cap",  "full"};
 
 static int parse_value(ps_ctr_spec *s, int k, const char *prog, const char *val, char *why,
                        size_t why_len)
@@ -78,11 +81,18 @@ static int parse_value(ps_ctr_spec *s, int k, const char *prog, const char *val,
         if (!(rc = ps_parse_int(prog, "rows", val, 1, 1LL << 40, &v, why, why_len)))
             s->rows = (uint64_t)v;
         break;
+    case K_CAP:
+        if (!(rc = ps_parse_int(prog, "cap", val, 1, 1LL << 40, &v, why, why_len)))
+            s->cap = (uint64_t)v;
+        break;
     case K_POOL:
     case K_INTERACT:
-    case K_OPT: {
-        static const char *const names[][2] = {
-            [K_POOL] = {"sum", "mean"}, [K_INTERACT] = {"cat", "dot"}, [K_OPT] = {"sgd", "adagrad"}};
+    case K_OPT:
+    case K_FULL: {
+        static const char *const names[][2] = {[K_POOL] = {"sum", "mean"},
+                                               [K_INTERACT] = {"cat", "dot"},
+                                               [K_OPT] = {"sgd", "adagrad"},
+                                               [K_FULL] = {"evict", "refuse"}};
         int which = !strcmp(val, names[k][0]) ? 0 : !strcmp(val, names[k][1]) ? 1 : -1;
         if (which < 0) {
             snprintf(why, why_len, "%s: %s must be %s or %s, got '%s'", prog, keys[k],
@@ -93,6 +103,8 @@ static int parse_value(ps_ctr_spec *s, int k, const char *prog, const char *val,
             s->pool = which ? PS_POOL_MEAN : PS_POOL_SUM;
         else if (k == K_INTERACT)
             s->dot = which;
+        else if (k == K_FULL)
+            s->full = which ? PS_TABLE_FULL_REFUSE : PS_TABLE_FULL_EVICT;
         else
             s->opt = which ? PS_OPT_ADAGRAD : PS_OPT_SGD;
         break;
@@ -136,7 +148,8 @@ int ps_ctr_spec_parse(const char *spec, ps_ctr_spec *out, char *why, size_t why_
         if (k == K_COUNT || len >= sizeof tok) {
             snprintf(why, why_len,
                      "%s: expected KEY=VALUE with KEY one of fields, dense, dim, rows, pool, "
-                     "interact, bot, mlp, opt, lr (e.g. ctr:dim=16,mlp=512-256-1), got '%.*s'",
+                     "interact, bot, mlp, opt, lr, cap, full (e.g. ctr:dim=16,mlp=512-256-1), "
+                     "got '%.*s'",
                      prog, (int)(len > 40 ? 40 : len), p);
             return PS_EINVAL;
         }
@@ -177,6 +190,10 @@ int ps_ctr_spec_parse(const char *spec, ps_ctr_spec *out, char *why, size_t why_
     snprintf(c + off, cl - off, ",pool=%s,interact=%s,opt=%s,lr=%g",
              s.pool == PS_POOL_MEAN ? "mean" : "sum", s.dot ? "dot" : "cat",
              s.opt == PS_OPT_ADAGRAD ? "adagrad" : "sgd", (double)s.lr);
+    off = strlen(c);
+    if (s.cap)
+        snprintf(c + off, cl - off, ",cap=%llu,full=%s", (unsigned long long)s.cap,
+                 s.full == PS_TABLE_FULL_REFUSE ? "refuse" : "evict");
     if (strlen(c) >= cl - 1) {
         snprintf(why, why_len, "%s: spec too long", prog);
         return PS_EINVAL;
@@ -390,6 +407,8 @@ void ps_ctr_table_options(const ps_ctr_spec *s, uint64_t seed, ps_table_options 
     o->opt.kind = s->opt;
     o->opt.lr = s->lr;
     o->opt.eps = PS_CTR_ADAGRAD_EPS;
+    o->max_rows = s->cap;
+    o->full = (uint32_t)s->full;
 }
 
 const ps_emb_batch *ps_ctr_sparse_table(const ps_ctr_sparse *sp, int f)

@@ -48,6 +48,8 @@ typedef struct ps_ctr_spec {
     int ntop, top[PS_CTR_MAX_MLP];
     int opt;              /* PS_OPT_SGD or PS_OPT_ADAGRAD */
     float lr;
+    uint64_t cap;         /* each field's table: max_rows (0: none) */
+    int full;             /* and what it does when full: PS_TABLE_FULL_EVICT or _REFUSE */
     char canonical[256];  /* every key, in the order above */
 } ps_ctr_spec;
 

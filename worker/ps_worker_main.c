@@ -52,6 +52,9 @@ int main(int argc, char **argv)
         return ps_flag_error(P ": no servers: give --servers tcp://HOST:PORT,... "
                              "(or PS_SERVERS), or --servers none to train alone");
     }
+    if (!c.servers && c.metrics_port > 0)
+        return ps_flag_error(P ": --metrics-port needs servers: the figures it serves are the "
+                             "exchange's with them (--servers none trains alone)");
     const char *rank_from = cmd.from[PS_SET_rank], *size_from = cmd.from[PS_SET_num_workers];
     if (c.rank >= c.num_workers) { /* then the rank was given: the default is 0 */
         int env = rank_from && rank_from[0] != '-';

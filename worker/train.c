@@ -231,11 +231,15 @@ static int connect_servers(worker *w)
     o.curve_dir = c->curve_dir;
     o.shm = c->shm;
     o.on_nonfinite = c->on_nonfinite;
+    o.metrics_port = c->metrics_port;
+    o.metrics_bind = c->metrics_bind;
     /* check what the user gave; the servers' settings are used either way */
     o.expect = c->expect;
     int rc = ps_exchange_open(&o, w->b, &w->x);
     if (rc)
         return rc;
+    if (ps_exchange_metrics_url(w->x))
+        ps_info("metrics: %s", ps_exchange_metrics_url(w->x));
     watch_exchange(w->x);
     if ((rc = ps_exchange_set_wire_dtype(w->x, c->wire_dtype)))
         return rc;
@@ -436,6 +440,8 @@ static int train_loop(worker *w)
         int64_t t2 = ps_now_ns();
         ps_trace_event(w->trace, "forward", "compute", TID_TRAIN, t0, t1, w->step, -1);
         ps_trace_event(w->trace, "backward", "compute", TID_TRAIN, t1, t2, w->step, -1);
+        if (w->x)
+            ps_exchange_step_done(w->x, (uint64_t)c->batch);
         win_steps++;
         int64_t it = w->step + 1;
         int log_now = it % c->log_every == 0 || it == total;

@@ -40,6 +40,8 @@ typedef struct ps_train_config {
     int server_timeout_ms;  /* give up on a server silent this long while we wait (0: never) */
     int local_size;         /* --local-aggregate: workers per host that sum their gradients
                                (ranks h*local_size.. of host h); 1: off */
+    int metrics_port;       /* serve /metrics here (0: off) ... */
+    const char *metrics_bind; /* ... on this address (default 127.0.0.1) */
 } ps_train_config;
 
 /* The settings table's defaults (common/ps_settings.h: sync, 1 worker,

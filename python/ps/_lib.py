@@ -77,7 +77,12 @@ class TableOptions(Structure):
         ("max_rows", c_uint64),
         ("min_count", c_uint32),
         ("filter_cells", c_uint32),
+        ("full", c_uint32),
     ]
+
+
+# ps_table_options.full: what a table at its max_rows does with a new id
+TABLE_FULL = ("evict", "refuse")
 
 
 class ClientOptions(Structure):
@@ -99,6 +104,8 @@ class ClientOptions(Structure):
         ("server_timeout_ms", c_int),
         ("admin_token", c_char_p),
         ("on_nonfinite", c_int),
+        ("metrics_port", c_int),
+        ("metrics_bind", c_char_p),
     ]
 
 
@@ -254,6 +261,8 @@ _proto("ps_exchange_grad_ready", c_int, _P, c_int, c_int64)
 _proto("ps_exchange_finish", c_int, _P)
 _proto("ps_exchange_pull_final", c_int, _P)
 _proto("ps_exchange_take_wait_ns", c_int64, _P)
+_proto("ps_exchange_step_done", None, _P, c_uint64)
+_proto("ps_client_metrics_url", c_char_p, _P)
 _proto("ps_exchange_close", None, _P)
 _proto("ps_exchange_set_wait_timeout", None, _P, c_int)
 _proto("ps_exchange_set_back", c_int, _P, c_int, c_void_p)

@@ -228,11 +228,14 @@ def _ids_buffer(ids, what):
 
 
 def table_options(dim, init="uniform", scale=0.01, seed=0, optimizer=None, max_rows=0,
-                  min_count=0, filter_cells=0, ftrl_beta=1.0, ftrl_l1=0.0, ftrl_l2=0.0):
+                  min_count=0, filter_cells=0, ftrl_beta=1.0, ftrl_l1=0.0, ftrl_l2=0.0,
+                  full="evict"):
     """ps_table_options for register_table.  optimizer: None (adagrad with the
     optimizer table's defaults) or a dict {'optimizer': 'sgd' | ... | 'adam' |
     'ftrl', 'lr': ..., ...} with the hyper-parameters of include/ps_types.h's
-    table."""
+    table.  max_rows: a row cap for the whole table (0: none); full: what a
+    table at its cap does with a new id, "evict" its least recently touched
+    row or "refuse" the request (PS_ETOOBIG)."""
     o = _lib.TableOptions()
     lib.ps_table_options_default(ctypes.byref(o))
     o.dim = dim
@@ -258,6 +261,9 @@ def table_options(dim, init="uniform", scale=0.01, seed=0, optimizer=None, max_r
         setattr(o.opt, k, int(v) if fields[k] else float(v))
     o.ftrl_beta, o.ftrl_l1, o.ftrl_l2 = ftrl_beta, ftrl_l1, ftrl_l2
     o.max_rows, o.min_count, o.filter_cells = max_rows, min_count, filter_cells
+    if full not in _lib.TABLE_FULL:
+        raise ValueError("full must be one of %s, got %r" % (", ".join(_lib.TABLE_FULL), full))
+    o.full = _lib.TABLE_FULL.index(full)
     return o
 
 
@@ -383,6 +389,9 @@ class Client:
                     --on-nonfinite decides)
       admin_token   the servers' --admin-token-file token, for shutdown_servers();
                     PS_ADMIN_TOKEN (none)
+      metrics_port  > 0: serve this client's Prometheus metrics there
+                    (metrics_url); PS_METRICS_PORT (0: none)
+      metrics_bind  the address they listen on; PS_METRICS_BIND (127.0.0.1)
       expect        the optimizer the servers must run, e.g. {'optimizer':
                     'adam', 'lr': 1e-3}; PS_OPTIMIZER, PS_LR, ... (nothing
                     checked when nothing is given)
@@ -401,7 +410,8 @@ class Client:
     def __init__(self, servers=None, rank=None, num_workers=None, mode=None, max_staleness=None,
                  chunk_size=None, curve_dir=None, hello_timeout_ms=None, request_timeout_ms=None,
                  heartbeat_ms=None, expect=None, env=None, shm=None, server_timeout_ms=None,
-                 admin_token=None, wire_dtype=None, on_nonfinite=None, role="worker"):
+                 admin_token=None, wire_dtype=None, on_nonfinite=None, metrics_port=None,
+                 metrics_bind=None, role="worker"):
         env = os.environ if env is None else env
         if role not in ("worker", "reader"):
             raise ValueError("role must be 'worker' or 'reader', got %r" % (role,))
@@ -470,6 +480,11 @@ class Client:
             o.admin_token = str(self.admin_token).encode()
         if self.curve_dir:
             o.curve_dir = str(self.curve_dir).encode()
+        o.metrics_port = _int_setting(metrics_port, _lib.setting("metrics-port")[0], env,
+                                      "metrics_port", o.metrics_port)
+        self.metrics_bind = _from_env(metrics_bind, "metrics-bind", env)[0]
+        if self.metrics_bind:
+            o.metrics_bind = str(self.metrics_bind).encode()
         self.options = o
         self._env, self._expect = env, dict(expect or {})
         self._counts = {}       # key -> registered float count
@@ -540,6 +555,13 @@ class Client:
         self._check(lib.ps_client_register_table(self._ptr, key, ctypes.byref(o)),
                     "register table %d" % key)
         self._tables[key] = dim
+
+    @property
+    def metrics_url(self):
+        """Where this client serves its Prometheus metrics
+        ('http://127.0.0.1:9403/metrics'; metrics_port), or None."""
+        url = lib.ps_client_metrics_url(self._ptr) if self._ptr else None
+        return url.decode() if url else None
 
     def start(self):
         """Placement and hello with every server; PSError EMISMATCH when a

@@ -8,10 +8,12 @@ they are not contiguous float32, errors as exceptions with libps's text, the
 GIL released while waiting, closing."""
 
 import ctypes
+import socket
 import subprocess
 import threading
 import time
 import unittest
+import urllib.request
 
 import numpy as np
 
@@ -88,6 +90,27 @@ class Layout(unittest.TestCase):
                 self.assertIn(s + "." + f, seen)
         self.assertEqual(len(_lib.OPT_PARAMS), sum(1 for l in out.splitlines()
                                                    if l.startswith("opt_param ")))
+
+
+class Metrics(unittest.TestCase):
+    def test_client_serves_its_metrics_when_ps_metrics_port_asks(self):
+        s = pstest.Server("--mode", "async")
+        with socket.socket() as k:  # a free port
+            k.bind(("127.0.0.1", 0))
+            port = k.getsockname()[1]
+        with ps.Client(servers=s.endpoint, mode="async") as c:
+            self.assertIsNone(c.metrics_url)  # off unless asked
+        with ps.Client(servers=s.endpoint, mode="async",
+                       env={"PS_METRICS_PORT": str(port)}) as c:
+            self.assertEqual(c.metrics_url, "http://127.0.0.1:%d/metrics" % port)
+            c.register(3, 10)
+            c.start()
+            c.init(3, np.zeros(10, np.float32)).wait()
+            for step in range(2):
+                c.push(3, np.ones(10, np.float32), step).wait()
+            page = urllib.request.urlopen(c.metrics_url, timeout=WAIT).read().decode()
+        self.assertIn('ps_client_requests_total{rank="0",mode="async",type="push"} 2\n', page)
+        self.assertIn('ps_client_wait_seconds_total{rank="0",mode="async"} ', page)
 
 
 class Semantics(unittest.TestCase):

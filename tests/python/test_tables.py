@@ -85,8 +85,18 @@ class Tables(unittest.TestCase):
                 c.register_table(2, 4, init="gaussian")
             with self.assertRaises(ValueError):
                 c.register_table(2, 4, optimizer={"optimizer": "lamb"})
+            with self.assertRaises(ValueError):
+                c.register_table(2, 4, max_rows=8, full="drop")
             c.register_table(2, 4, optimizer={"optimizer": "ftrl", "lr": 0.1}, ftrl_l1=0.5)
+            c.register_table(6, 4, max_rows=2, full="refuse")
             c.start()
+            # a table at its cap that refuses: a new id is refused, those there served
+            two = np.empty((2, 4), np.float32)
+            c.sparse_pull(6, [10, 11], two, 0).wait()
+            with self.assertRaises(ps.PSError) as cm:
+                c.sparse_pull(6, [12], two[:1], 0).wait()
+            self.assertIn("is full here: 2 rows, its max_rows share 2", str(cm.exception))
+            c.sparse_pull(6, [11, 10], two, 0).wait()
             rows = np.empty((2, 4), np.float32)
             with self.assertRaises(KeyError):
                 c.sparse_pull(5, [1, 2], rows, 0)

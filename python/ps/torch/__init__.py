@@ -90,7 +90,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          *, model=None, client=None, update=None, grad_edits=None,
                          init_from_rank0=True, wait_timeout=600.0, sync_buffers_every=0,
                          tables=None, table_optimizer=None, table_max_ids=MAX_IDS,
-                         table_min_bytes=MIN_BYTES, tables_from=None):
+                         table_min_bytes=MIN_BYTES, samples_per_step=0, tables_from=None):
     """optimizer trained through the servers: an instance of a class derived
     from optimizer's (so isinstance, lr schedulers and state_dict work), with
     optimizer's parameter groups and state.  Blocks until every server said
@@ -135,7 +135,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                         at least table_min_bytes of weight (64 MiB) and
                         those on the meta device; "all"; a list of module
                         names; a dict name -> that table's options
-                        (optimizer, init, scale, seed, max_rows, max_ids);
+                        (optimizer, init, scale, seed, max_rows, full,
+                        max_ids);
                         [] none.  docs/TORCH.md "Embedding tables"
       table_optimizer   the tables' optimizer on the servers: "adagrad"
                         (default, lr 0.01), "adam" (lazy), "sgd", a dict
@@ -143,6 +144,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                         torch Adagrad / SparseAdam / SGD
       table_max_ids     the ids one batch may give a table (16 x dim x this
                         bytes of buffers per table)
+      samples_per_step  the samples one step() trains on (the batch): with
+                        the client's metrics on (PS_METRICS_PORT) they go to
+                        ps_worker_samples_total, every step() to
+                        ps_worker_steps_total (docs/OPERATIONS.md "Metrics")
       tables_from       an export's folder (ps.torch.export, ps_export): a
                         warm start.  The dense parameters start from its
                         model.pt (rank 0's first weights), their optimizer
@@ -153,7 +158,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     The older form DistributedOptimizer(model, optimizer=None, client=None)
     (the update on the servers, optimizer checked against theirs) works too."""
     tab = dict(tables=tables, table_optimizer=table_optimizer, table_max_ids=table_max_ids,
-               table_min_bytes=table_min_bytes)
+               table_min_bytes=table_min_bytes, samples_per_step=samples_per_step)
     if isinstance(optimizer, torch.nn.Module):
         model, optimizer = optimizer, named_parameters
         client = compression if client is None else client

@@ -489,7 +489,7 @@ def make(optimizer, named_parameters=None, compression=None, backward_passes_per
          op=None, gradient_predivide_factor=1.0, model=None, client=None, update=None,
          grad_edits=None, init_from_rank0=True, wait_timeout=600.0, sync_buffers_every=0,
          tables=None, table_optimizer=None, table_max_ids=_tables.MAX_IDS,
-         table_min_bytes=_tables.MIN_BYTES):
+         table_min_bytes=_tables.MIN_BYTES, samples_per_step=0):
     """DistributedOptimizer(optimizer, ...): see ps.torch.DistributedOptimizer."""
     del gradient_predivide_factor  # with the mean it changes nothing
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -529,4 +529,5 @@ def make(optimizer, named_parameters=None, compression=None, backward_passes_per
     obj.__dict__.update(optimizer.__dict__)  # the same param_groups and state
     obj._ps_setup(named, model, client, update, int(backward_passes_per_step), grad_edits, wire,
                   init_from_rank0, wait_timeout, sync_buffers_every, [t for _, _, t in chosen])
+    obj._ps_ex.samples_per_step = int(samples_per_step)
     return obj

@@ -202,6 +202,7 @@ class Exchange:
             self.names.append(name)
             self.params.append(p)
         self.tables = list(tables)    # ps.torch._tables._Table: rows on the servers
+        self.samples_per_step = 0     # counted by every end_step (metrics)
         if not self.params and not self.tables:
             raise ValueError("the model has no parameters that require grad")
         self.cuda = any(p.device.type == "cuda" for p in self.params)
@@ -561,6 +562,7 @@ class Exchange:
     def end_step(self):
         for t in self.tables:
             t.push()
+        lib.ps_exchange_step_done(self._x, self.samples_per_step)
         self.pushed = [False] * len(self.params)
         self.passes = [0] * len(self.params)
         self._in_step = False

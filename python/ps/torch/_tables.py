@@ -350,7 +350,8 @@ def choose(model, tables=None, optimizer=None, max_ids=MAX_IDS, min_bytes=MIN_BY
                  min_bytes of weight (and every one on the meta device);
                  "all"; a list of module names; a dict name -> that
                  table's options ({'optimizer': ..., 'init': ..., 'scale':
-                 ..., 'seed': ..., 'max_rows': ..., 'max_ids': ...}); [] none
+                 ..., 'seed': ..., 'max_rows': ..., 'full': 'evict' | 'refuse',
+                 'max_ids': ...}); [] none
       optimizer  the tables' default optimizer (optimizer_settings)
     Every table's rows start from its initializer, normal(0, 1) as torch's
     nn.Embedding unless init/scale say otherwise."""
