@@ -630,13 +630,13 @@ static int from_a_tool(const ps_msg_info *m)
     return m->from != PS_FROM_WORKER && m->from != PS_FROM_NOBODY;
 }
 
-/* May h's sender send it, by its type's `from`?  0, or a refusal sent. */
 /* The types a reader key may send (as rank -1): hello and rank -1's. */
 static int from_a_reader(const ps_msg_info *m)
 {
     return m->from == PS_FROM_ANY || m->from == PS_FROM_LIVE;
 }
 
+/* May h's sender send it, by its type's `from`?  0, or a refusal sent. */
 static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const ps_msg_info *m)
 {
     char why[256];
