@@ -291,6 +291,9 @@ $(BUILD)/tests/abi_layout: tests/abi_layout.c include/ps_client.h include/ps_typ
 $(BUILD)/tests/ctr_dump: $(BUILD)/tests/ctr_dump.o $(BUILD)/libworker.a $(LIB)/libps.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
+# the optimizers keep a block's old values in the loop that overwrites them:
+# not a separate memcpy per block (server/optimizer.c says why)
+$(BUILD)/server/optimizer.o: CFLAGS += -fno-tree-loop-distribute-patterns
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(PIC) $(INC) -MMD -MP -c -o $@ $<

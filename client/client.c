@@ -232,6 +232,38 @@ int ps_client_sparse_pushpull(ps_client *c, uint64_t key, const uint64_t *push_i
                        step, req);
 }
 
+int ps_client_sparse_assign(ps_client *c, uint64_t key, const uint64_t *ids, size_t n,
+                            const float *rows, ps_request *req)
+{
+    return post_sparse(c, PS_MSG_SASSIGN, key, ids, n, rows, NULL, 0, NULL, 0, req);
+}
+
+int ps_client_name_table(ps_client *c, uint64_t key, const char *name)
+{
+    if (!c || !name)
+        return PS_EINVAL;
+    if (c->started) {
+        set_last_error(c, "name table %llu after start", (unsigned long long)key);
+        return PS_ESTATE;
+    }
+    long t = find_table(c, key);
+    if (t < 0) {
+        set_last_error(c, "name table %llu: no such table registered", (unsigned long long)key);
+        return PS_ENOTFOUND;
+    }
+    size_t n = strlen(name);
+    int ok = n <= PS_TABLE_NAME_MAX;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = name[i] >= 0x20 && name[i] < 0x7f;
+    if (!ok) {
+        set_last_error(c, "table %llu's name must be at most %d printable characters",
+                       (unsigned long long)key, PS_TABLE_NAME_MAX);
+        return PS_EINVAL;
+    }
+    memcpy(c->tables[t].name, name, n + 1);
+    return 0;
+}
+
 int ps_client_register_table(ps_client *c, uint64_t key, const ps_table_options *opts)
 {
     if (!c || !opts)
@@ -263,6 +295,7 @@ int ps_client_register_table(ps_client *c, uint64_t key, const ps_table_options 
     }
     c->tables[c->ntables].key = key;
     c->tables[c->ntables].opts = *opts;
+    c->tables[c->ntables].name[0] = '\0';
     ps_table_decl_normalize(&c->tables[c->ntables].opts);
     c->ntables++;
     return 0;
@@ -869,8 +902,19 @@ static int ctl_all(ps_client *c, uint32_t type, int lo, int hi, int64_t step, vo
 int ps_client_hyper(ps_client *c, const ps_opt_config *change, int64_t from_step,
                     ps_opt_config *now)
 {
+    return ps_client_table_hyper(c, 0, change, from_step, now);
+}
+
+int ps_client_table_hyper(ps_client *c, uint64_t key, const ps_opt_config *change,
+                          int64_t from_step, ps_opt_config *now)
+{
     if (!c || !change || from_step < 0 || from_step > INT64_MAX / 2)
         return PS_EINVAL;
+    if (key && c->started && find_table(c, key) < 0) {
+        set_last_error(c, "hyper-parameters of table %llu: no such table registered",
+                       (unsigned long long)key);
+        return PS_ENOTFOUND;
+    }
     if (!c->started) {
         set_last_error(c, "hyper-parameters before start");
         return PS_ESTATE;
@@ -887,6 +931,7 @@ int ps_client_hyper(ps_client *c, const ps_opt_config *change, int64_t from_step
     if (!reps)
         return PS_ENOMEM;
     c->hyper = *change;
+    c->hyper_key = key;
     int rc = ctl_all(c, PS_MSG_HYPER, 0, c->nservers, from_step, reps, sizeof *reps);
     if (!rc && now)
         *now = reps[0].opt;
@@ -906,6 +951,24 @@ int ps_client_leave(ps_client *c)
     if (reader_refuses(c, PS_MSG_LEAVE, NULL))
         return PS_ESTATE;
     return ctl_all(c, PS_MSG_LEAVE, 0, c->nservers, 0, NULL, 0);
+}
+
+void psc_client_set_error(ps_client *c, const char *text)
+{
+    if (c)
+        set_last_error(c, "%s", text);
+}
+
+int ps_client_leave_post(ps_client *c, int server, ps_request *req)
+{
+    if (!req)
+        return PS_EINVAL;
+    int rc = !c || server < 0 || server >= c->nservers ? PS_EINVAL : !c->started ? PS_ESTATE : 0;
+    if (rc) {
+        psc_req_fail(req, rc, rc == PS_ESTATE ? "leave before start" : ps_strerror(rc));
+        return rc;
+    }
+    return post_ctl(c, PS_MSG_LEAVE, server, 0, NULL, req);
 }
 
 int ps_client_barrier(ps_client *c, int64_t id)

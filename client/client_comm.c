@@ -203,12 +203,16 @@ static void fill_header(const ps_client *c, uint32_t i, ps_header *h)
     if (s->type == PS_MSG_HELLO || s->type == PS_MSG_HYPER) {
         h->hello = c->hello_req;
         h->hello.server_rank = s->server;
-        if (s->type == PS_MSG_HYPER)
+        if (s->type == PS_MSG_HYPER) {
             h->hello.opt = c->hyper;
+            h->key = c->hyper_key;
+        }
     }
     for (size_t t = 0; s->type == PS_MSG_TABLE && t < c->ntables; t++)
-        if (c->tables[t].key == s->key)
+        if (c->tables[t].key == s->key) {
             h->table = c->tables[t].opts;
+            memcpy(h->table_name, c->tables[t].name, sizeof h->table_name);
+        }
     psc_tokens_fill(c, s->server, h);
 }
 
@@ -708,6 +712,7 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
     case PS_MSG_SPULL:
     case PS_MSG_SPUSH:
     case PS_MSG_SPUSHPULL:
+    case PS_MSG_SASSIGN:
         if (!s->sp->versioned)
             break;
         /* fall through */

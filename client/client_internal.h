@@ -69,6 +69,7 @@
 typedef struct psc_table {
     uint64_t key;
     ps_table_options opts;
+    char name[PS_TABLE_NAME_MAX + 1]; /* sent with its declaration ("" none) */
 } psc_table;
 #define PSC_DEFAULT_HELLO_MS 10000
 #define PSC_ERRBUF 512
@@ -107,6 +108,8 @@ struct ps_client {
     ps_opt_config hyper;   /* the change a HYPER request carries (ps_client_hyper, one
                               at a time; the queue mutex orders it before the comm
                               thread reads it) */
+    uint64_t hyper_key;    /* the key it names: 0 the dense optimizer, else a table's
+                              (ps_client_table_hyper) */
     uint32_t wire_dtype;   /* pushes' and pulls' payload frames (ps_client_set_wire_dtype) */
     /* Set once by start when every server answered its hello (atomic: the
      * comm thread reads it): from then on heartbeats go, silent servers are

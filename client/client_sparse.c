@@ -255,6 +255,7 @@ long psc_sparse_begin(ps_client *c, uint32_t type, uint32_t ti, ps_request *r,
     const psc_table *t = &c->tables[ti];
     size_t d = t->opts.dim, np = total_parts(c);
     int push = type != PS_MSG_SPULL;
+    int assign = type == PS_MSG_SASSIGN; /* rows to set: only where they go, no sums */
     /* the pull's ids and how many: a pull's are ids; a pushpull's ids2 */
     const uint64_t *pids = type == PS_MSG_SPULL ? ids : type == PS_MSG_SPUSHPULL ? ids2 : NULL;
     size_t npl = type == PS_MSG_SPULL ? n : type == PS_MSG_SPUSHPULL ? n2 : 0;
@@ -310,6 +311,10 @@ long psc_sparse_begin(ps_client *c, uint32_t type, uint32_t ti, ps_request *r,
                 memcpy(sk, gj, d * sizeof *sk);
                 spart[k] = (uint32_t)flat_part(x, c, t->key, ids[j]);
                 x->npush[spart[k]]++;
+            } else if (assign) {
+                psc_set_error(r, PS_EINVAL, "assign to table %llu: id %llu given twice",
+                              (unsigned long long)t->key, (unsigned long long)ids[j]);
+                rc = -1;
             } else {
                 for (size_t e = 0; e < d; e++)
                     sk[e] = sk[e] + gj[e];
@@ -319,7 +324,7 @@ long psc_sparse_begin(ps_client *c, uint32_t type, uint32_t ti, ps_request *r,
     /* gradient rows with NaN or Inf (or beyond a float16 wire): under
      * --on-nonfinite refuse not sent, so the worker sees the step that made
      * them, as for dense pushes (client_comm.c); otherwise the servers decide */
-    if (!rc && nsu && c->opt.on_nonfinite == PS_NONFINITE_REFUSE) {
+    if (!rc && nsu && !assign && c->opt.on_nonfinite == PS_NONFINITE_REFUSE) {
         size_t first = 0, bad = ps_dtype_nonfinite(c->wire_dtype, sums, (size_t)nsu * d, &first);
         if (bad) {
             float v = sums[first];
@@ -346,12 +351,14 @@ long psc_sparse_begin(ps_client *c, uint32_t type, uint32_t ti, ps_request *r,
         }
     /* one slot per partition that gets anything (every one for a push) */
     for (size_t p = 0; !rc && p < np; p++) {
-        if (!push && !x->npull[p])
+        if ((!push && !x->npull[p]) || (assign && !x->npush[p]))
             continue;
         int server;
         uint32_t part;
         flat_split(c, p, &server, &part);
-        uint32_t mtype = push ? (x->npull[p] ? PS_MSG_SPUSHPULL : PS_MSG_SPUSH) : PS_MSG_SPULL;
+        uint32_t mtype = assign ? PS_MSG_SASSIGN
+                         : push ? (x->npull[p] ? PS_MSG_SPUSHPULL : PS_MSG_SPUSH)
+                                : PS_MSG_SPULL;
         size_t a = x->npush[p], b = x->npull[p];
         psc_sparse_sub *sp = malloc(sizeof *sp + a * 8 + a * d * 4 + b * 8 + b * 4);
         uint32_t i = sp ? psc_slot_new(c, server, mtype, r) : PSC_NO_SLOT;
@@ -430,14 +437,17 @@ int psc_sparse_frames(const ps_client *c, uint32_t i, ps_header *h, uint32_t dty
         h->dtype = 0;
     } else {
         h->count = sp->npush;
-        h->dtype = dtype;
+        h->dtype = s->type == PS_MSG_SASSIGN ? PS_DTYPE_F32 : dtype; /* values: exact */
+        dtype = h->dtype;
         h->npull = s->type == PS_MSG_SPUSHPULL ? sp->npull : 0;
         h->npush = s->npush; /* `m`: sent when > 1 */
     }
     /* frames: ids (the push's or the pull's), rows, the pull's ids */
     const uint64_t *first = s->type == PS_MSG_SPULL ? sp->pull_ids : sp->push_ids;
     size_t nfirst = s->type == PS_MSG_SPULL ? sp->npull : sp->npush;
-    int want = s->type == PS_MSG_SPULL ? 1 : s->type == PS_MSG_SPUSH ? 2 : 3;
+    int want = s->type == PS_MSG_SPULL                                   ? 1
+               : s->type == PS_MSG_SPUSH || s->type == PS_MSG_SASSIGN ? 2
+                                                                      : 3;
     for (int k = 0; k < want; k++) {
         size_t bytes = k == 0 ? 8 * nfirst : k == 1 ? sp->npush * d * ps_dtype_size(dtype)
                                                     : 8 * sp->npull;

@@ -477,6 +477,8 @@ static int wait_barrier(ps_exchange *x, int64_t id, const char *what)
     }
     if (rc && psx_worth_logging(x, rc))
         ps_error("%s barrier failed: %s", what, bar.err);
+    if (rc)
+        psc_client_set_error(x->client, bar.err);
     return rc;
 }
 

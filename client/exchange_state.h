@@ -112,4 +112,8 @@ static inline int psx_device_failed(const ps_exchange *x)
 int psx_tables_finish(ps_exchange *x);
 void psx_tables_free(ps_exchange *x);
 
+/* The client's last error (ps_client_last_error) becomes text: what the
+ * exchange's caller reads after a failure of its own waits (client.c). */
+void psc_client_set_error(ps_client *c, const char *text);
+
 #endif

@@ -55,6 +55,9 @@ struct xtable {
     int64_t clock;        /* the step after the last push: the version pulls ask for */
     /* the deduplication's map id -> place, entries of older batches told
      * apart by their stamp (never cleared) */
+    int sorted;           /* distinct ids ascending as int64 (ps_exchange_table_sorted) */
+    int64_t *skey;        /* [max_ids] scratch of the sort: the ids */
+    int32_t *sperm;       /* [max_ids] their places, then each place's rank */
     size_t hcap;
     uint64_t *hkey;
     int32_t *hval;
@@ -80,6 +83,8 @@ static void table_free(xtable *t)
     free(t->hkey);
     free(t->hval);
     free(t->hstamp);
+    free(t->skey);
+    free(t->sperm);
 }
 
 int ps_exchange_add_table(ps_exchange *x, uint64_t key, const ps_table_options *opts,
@@ -131,6 +136,93 @@ int ps_exchange_add_table(ps_exchange *x, uint64_t key, const ps_table_options *
 int ps_exchange_num_tables(const ps_exchange *x)
 {
     return x->ntb;
+}
+
+int ps_exchange_name_table(ps_exchange *x, int ti, const char *name)
+{
+    xtable *t = table_at(x, ti);
+    return t ? ps_client_name_table(x->client, t->key, name) : PS_EINVAL;
+}
+
+int ps_exchange_table_sorted(ps_exchange *x, int ti, int on)
+{
+    xtable *t = table_at(x, ti);
+    if (!t)
+        return PS_EINVAL;
+    if (x->started)
+        return PS_ESTATE;
+    if (on && !t->skey) {
+        t->skey = malloc(t->max_ids * sizeof *t->skey);
+        t->sperm = malloc(t->max_ids * sizeof *t->sperm);
+        if (!t->skey || !t->sperm)
+            return PS_ENOMEM;
+    }
+    t->sorted = on != 0;
+    return 0;
+}
+
+/* Sort batch s's distinct ids ascending as int64 and renumber its entries'
+ * index: an insertion sort for a batch's few ids, a heap sort past it (no
+ * allocation, no recursion). */
+static void sift(int64_t *k, int32_t *p, size_t i, size_t n)
+{
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n)
+            return;
+        if (c + 1 < n && k[c + 1] > k[c])
+            c++;
+        if (k[i] >= k[c])
+            return;
+        int64_t tk = k[i];
+        k[i] = k[c];
+        k[c] = tk;
+        int32_t tp = p[i];
+        p[i] = p[c];
+        p[c] = tp;
+        i = c;
+    }
+}
+
+static void sort_batch(xtable *t, tbatch *s)
+{
+    size_t u = s->nunique;
+    int64_t *k = t->skey;
+    int32_t *p = t->sperm;
+    for (size_t i = 0; i < u; i++) {
+        k[i] = (int64_t)s->ids[i];
+        p[i] = (int32_t)i;
+    }
+    if (u <= 32) {
+        for (size_t i = 1; i < u; i++)
+            for (size_t j = i; j > 0 && k[j - 1] > k[j]; j--) {
+                int64_t tk = k[j];
+                k[j] = k[j - 1];
+                k[j - 1] = tk;
+                int32_t tp = p[j];
+                p[j] = p[j - 1];
+                p[j - 1] = tp;
+            }
+    } else {
+        for (size_t i = u / 2; i-- > 0;)
+            sift(k, p, i, u);
+        for (size_t n = u; n-- > 1;) {
+            int64_t tk = k[0];
+            k[0] = k[n];
+            k[n] = tk;
+            int32_t tp = p[0];
+            p[0] = p[n];
+            p[n] = tp;
+            sift(k, p, 0, n);
+        }
+    }
+    /* ids in order; p[r] is the old place of rank r: k becomes old -> rank */
+    for (size_t r = 0; r < u; r++)
+        s->ids[r] = (uint64_t)k[r];
+    for (size_t r = 0; r < u; r++)
+        k[p[r]] = (int64_t)r;
+    for (size_t e = 0; e < s->nentries; e++)
+        s->index[e] = (int32_t)k[s->index[e]];
 }
 
 /* The ids of batch s: its distinct ids in first-seen order and each entry's
@@ -261,6 +353,8 @@ int ps_exchange_table_next(ps_exchange *x, int ti, const uint64_t *ids, size_t n
         return rc;
     /* rows[b % 2] was batch b-2's, pushed (its compute is over) */
     table_dedup(t, s, ids, n, stride);
+    if (t->sorted)
+        sort_batch(t, s);
     s->b = b;
     s->landed = s->taken = s->pushing = s->carries = 0;
     s->pull = TPULL_NONE;
@@ -310,6 +404,24 @@ int ps_exchange_table_rows(ps_exchange *x, int ti, ps_exchange_rows *out)
     out->rows = t->rows[s->b % 2];
     out->grads = t->grads[s->b % 2];
     out->version = s->version;
+    return 0;
+}
+
+int ps_exchange_table_extend(ps_exchange *x, int ti, const uint64_t *ids, size_t n)
+{
+    xtable *t = table_at(x, ti);
+    if (!t || (n && !ids))
+        return PS_EINVAL;
+    if (t->cur >= t->given || !t->s[t->cur % TSLOTS].taken)
+        return PS_ESTATE;
+    tbatch *s = &t->s[t->cur % TSLOTS];
+    if (n > t->max_ids - s->nunique)
+        return PS_ETOOBIG;
+    /* the batch's pull landed and its push is not posted: its ids and its
+     * gradient buffer are ours */
+    memcpy(s->ids + s->nunique, ids, n * sizeof *ids);
+    memset(t->grads[s->b % 2] + s->nunique * t->dim, 0, n * t->dim * sizeof(float));
+    s->nunique += n;
     return 0;
 }
 

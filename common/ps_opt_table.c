@@ -21,14 +21,14 @@ const ps_opt_param *ps_opt_param_at(int p)
 }
 
 /* by kind; 6 (the tables' FTRL) is no dense kind */
-static const char *const kind_names[PS_OPT_WORKER_KIND_MAX + 1] = {
+static const char *const kind_names[PS_OPT_KIND_LAST + 1] = {
     [PS_OPT_NONE] = "none",         [PS_OPT_SGD] = "sgd",         [PS_OPT_MOMENTUM] = "momentum",
     [PS_OPT_NESTEROV] = "nesterov", [PS_OPT_ADAGRAD] = "adagrad", [PS_OPT_ADAM] = "adam",
-    [PS_OPT_AVERAGE] = "average",   [PS_OPT_ADD] = "add"};
+    [PS_OPT_AVERAGE] = "average",   [PS_OPT_ADD] = "add",         [PS_OPT_ADAMW] = "adamw"};
 
 int ps_opt_kind_valid(int kind)
 {
-    return kind >= PS_OPT_SGD && kind <= PS_OPT_WORKER_KIND_MAX && kind_names[kind];
+    return kind >= PS_OPT_SGD && kind <= PS_OPT_KIND_LAST && kind_names[kind];
 }
 
 const char *ps_opt_name(int kind)
@@ -38,7 +38,7 @@ const char *ps_opt_name(int kind)
 
 int ps_opt_parse(const char *s, int *kind)
 {
-    for (int i = PS_OPT_SGD; s && i <= PS_OPT_WORKER_KIND_MAX; i++)
+    for (int i = PS_OPT_SGD; s && i <= PS_OPT_KIND_LAST; i++)
         if (kind_names[i] && strcmp(s, kind_names[i]) == 0) {
             *kind = i;
             return 0;
@@ -113,7 +113,7 @@ int ps_opt_check(const ps_opt_config *c, int allow_none, char *why, size_t why_l
 {
     if (!ps_opt_kind_valid(c->kind) && !(allow_none && c->kind == PS_OPT_NONE)) {
         ps_errorf(why, why_len, "optimizer must be sgd, momentum, nesterov, adagrad, adam, "
-            "average or add, got %d", c->kind);
+            "adamw, average or add, got %d", c->kind);
         return PS_EINVAL;
     }
     for (int p = 0; p < PS_OPT_NPARAMS; p++) {
@@ -166,7 +166,7 @@ int ps_opt_flag(const char *prog, const char *flag, const char *val, ps_opt_conf
         *handled = 1;
         if (ps_opt_parse(val, &c->kind) != 0) {
             ps_errorf(why, why_len, "%s: --optimizer must be one of sgd, momentum, nesterov, "
-                "adagrad, adam, average, add, got '%s'", prog, val ? val : "");
+                "adagrad, adam, adamw, average, add, got '%s'", prog, val ? val : "");
             return PS_EINVAL;
         }
         return 0;
@@ -206,9 +206,9 @@ int ps_opt_flag(const char *prog, const char *flag, const char *val, ps_opt_conf
 void ps_opt_usage(FILE *f, int indent)
 {
     fprintf(f, "%*s%-22s %s\n", indent, "", "--optimizer NAME",
-            "sgd, momentum, nesterov, adagrad or adam (default sgd); average (sync) or");
+            "sgd, momentum, nesterov, adagrad, adam or adamw (default sgd); average");
     fprintf(f, "%*s%-22s %s\n", indent, "", "",
-            "add: the workers step their own optimizers (docs/TORCH.md)");
+            "(sync) or add: the workers step their own optimizers (docs/TORCH.md)");
     for (int p = 0; p < PS_OPT_NPARAMS; p++) {
         const ps_opt_param *r = &params[p];
         char head[48], range[64], tail[128];

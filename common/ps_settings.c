@@ -643,7 +643,7 @@ static void md_row(FILE *f, const ps_setting *r, unsigned prog)
         md_flag(f, "--optimizer", "NAME");
         fprintf(f, " | ");
         md_text(f, r->help);
-        fprintf(f, ": sgd, momentum, nesterov, adagrad or adam (sgd); average (sync) or add: "
+        fprintf(f, ": sgd, momentum, nesterov, adagrad, adam or adamw (sgd); average (sync) or add: "
                    "the workers step their own optimizers ([docs/TORCH.md](docs/TORCH.md)) |\n");
         for (int p = 0; p < PS_OPT_NPARAMS; p++) {
             const ps_opt_param *o = ps_opt_param_at(p);

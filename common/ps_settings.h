@@ -255,10 +255,10 @@ enum {
       "side (interact=cat) or by DLRM's pairwise dots after a bottom MLP (interact=dot, "         \
       "bot=H1-...-dim), then an MLP to one logit, binary cross-entropy and test AUC.  Keys "      \
       "(defaults): fields (26), dense (13), dim (16), rows: ids per field of synthetic data "     \
-      "(1000000), pool=sum|mean (sum), mlp=H1-...-1 (512-256-1), the tables' opt=sgd|adagrad "   \
-      "and lr (adagrad, 0.05), cap: each table's max_rows (none) and full=evict|refuse, "       \
-      "what a table at its cap does with a new id (evict).  The tables live on the servers "    \
-      "(each batch's rows fetched "                                                              \
+      "(1000000), pool=sum|mean (sum), mlp=H1-...-1 (512-256-1), the tables' "                  \
+      "opt=sgd|adagrad|rowwise_adagrad and lr (adagrad, 0.05), cap: each table's max_rows "     \
+      "(none) and full=evict|refuse, what a table at its cap does with a new id (evict).  "    \
+      "The tables live on the servers (each batch's rows fetched "                             \
       "while the one before computes), with --servers none in the worker; on the CPU or a "      \
       "GPU (--device)")                                                                          \
     X(batch, (_, WORKER, _, _, _), "--batch", "B", NULL, INT, batch, "64", NULL, 1, 65536, _,    \

@@ -61,6 +61,20 @@ static inline uint64_t ps_table_mix(uint64_t x)
 void ps_table_init_row(uint64_t seed, uint64_t table, uint64_t id, int kind, float scale,
                        uint32_t dim, float *out);
 
+/* Row-wise adagrad (PS_TABLE_OPT_ROWWISE_ADAGRAD, ps_types.h has the
+ * formula, FBGEMM's EXACT_ROWWISE_ADAGRAD) on one row of d values w with its
+ * state float *m, gradient row g: the servers' tables and ps_worker's local
+ * tables. */
+void ps_table_rowwise_adagrad(float *restrict w, float *restrict m, const float *restrict g,
+                              size_t d, float lr, float eps, float wd);
+/* The same, its results checked with guard (the servers' --on-nonfinite
+ * refuse and skip): when the state or any new value would not be finite,
+ * the row and its state keep their old values and d is returned (the
+ * values kept); else 0, the row updated exactly as without guard. */
+size_t ps_table_rowwise_adagrad_checked(float *restrict w, float *restrict m,
+                                        const float *restrict g, size_t d, float lr, float eps,
+                                        float wd, int guard);
+
 /* h above. */
 uint64_t ps_table_row_hash(uint64_t table, uint64_t id);
 

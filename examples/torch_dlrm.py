@@ -18,10 +18,22 @@ the last tenth of the lines is the test set).
 
 Every backend: the same data, model, initialisation (tables uniform in
 +-0.05, torch's default layers from --seed), optimizers (SGD on the dense
-layers, sparse Adagrad on the tables), and each worker trains its slice
-of every global batch of W x --batch samples.  Each worker prints:
+layers; on the tables --optimizer: sparse Adagrad, row-wise Adagrad
+(ps.torch.RowWiseAdagrad here, rowwise_adagrad on the servers: one state
+float a row) or SGD), and each worker trains its slice of every global
+batch of W x --batch samples.  --qr N: quotient-remainder tables (two
+tables of rows/N and N rows whose bags are multiplied, DLRM's --qr-flag),
+materialised here (small), made server tables by ps.torch's default
+choice.  --plain: the script as a PyTorch user writes it, ported with one
+line: materialised sparse=True tables, one torch.optim.SGD(lr=--lr) over
+model.parameters(), no prefetch, no tables=, no meta device (ps.torch's
+tables follow that SGD and start from the module's rows).
 
-  torch_dlrm: backend ps rank 0 of 2 samples/s 812.3 loss 0.4711 test auc 0.7412 peak rss MB 231
+The test AUC is computed twice: under torch.no_grad() and with autograd on
+in model.eval() (DLRM's inference() has no no_grad): the two must agree.
+Each worker prints:
+
+  torch_dlrm: backend ps rank 0 of 2 samples/s 812.3 loss 0.4711 test auc 0.7412 (grad on 0.7412) peak rss MB 231 rss after wrap MB 180
 
 Export and serve (docs/TORCH.md): --export DIR writes the trained model
 from worker 0 after the last step (ps.torch.export: the tables and dense
@@ -43,6 +55,12 @@ import numpy as np
 
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_here, "..", "python"))
+# OpenBLAS keeps its own threads (torch.set_num_threads does not bound them)
+# and they spin (sched_yield) between calls: on a host shared with servers or
+# other ranks they take those processes' CPU.  --threads bounds them too,
+# read before torch loads it.
+_threads = [v for k, v in zip(sys.argv, sys.argv[1:]) if k == "--threads"]
+os.environ.setdefault("OPENBLAS_NUM_THREADS", _threads[-1] if _threads else "1")
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -64,7 +82,13 @@ def parse_args(argv=None):
     p.add_argument("--bot", default="64", help="bottom MLP hidden sizes (then --dim)")
     p.add_argument("--top", default="64", help="top MLP hidden sizes (then 1)")
     p.add_argument("--lr", type=float, default=0.1, help="SGD on the dense layers")
-    p.add_argument("--table-lr", type=float, default=0.05, help="Adagrad on the tables")
+    p.add_argument("--table-lr", type=float, default=0.05, help="the tables' optimizer's lr")
+    p.add_argument("--optimizer", choices=("adagrad", "rowwise-adagrad", "sgd"),
+                   default="adagrad", help="the tables' optimizer")
+    p.add_argument("--qr", type=int, default=0, metavar="N",
+                   help="quotient-remainder tables with N collisions (0: plain tables)")
+    p.add_argument("--plain", action="store_true",
+                   help="one SGD(--lr) over everything, materialised tables, no prefetch")
     p.add_argument("--zipf", type=float, default=data_ctr.ZIPF)
     p.add_argument("--export", metavar="DIR",
                    help="backend ps: worker 0 exports the trained model to DIR")
@@ -79,6 +103,10 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.tables < 1 or a.tables > data_ctr.FIELDS or a.rows < 1 or a.dim < 1:
         p.error("--tables in 1..%d, --rows and --dim at least 1" % data_ctr.FIELDS)
+    if a.qr < 0 or a.qr > a.rows:
+        p.error("--qr: collisions in 1..--rows (0: none)")
+    if a.plain:
+        a.no_prefetch = True
     return a
 
 
@@ -91,6 +119,24 @@ def mlp(sizes, relu_last):
     return nn.Sequential(*layers)
 
 
+class QREmbeddingBag(nn.Module):
+    """Quotient-remainder embeddings: id i reads row i // n of weight_q and
+    row i % n of weight_r (n collisions), their bags multiplied; both
+    parameters read by F.embedding_bag here (ps.torch makes them tables)."""
+
+    def __init__(self, rows, dim, collisions):
+        super().__init__()
+        self.collisions, self.sparse = collisions, True
+        self.weight_q = nn.Parameter(torch.empty((rows + collisions - 1) // collisions, dim))
+        self.weight_r = nn.Parameter(torch.empty(collisions, dim))
+
+    def forward(self, input):
+        q = torch.div(input, self.collisions, rounding_mode="floor")
+        r = torch.remainder(input, self.collisions)
+        return (F.embedding_bag(q, self.weight_q, mode="sum", sparse=self.sparse) *
+                F.embedding_bag(r, self.weight_r, mode="sum", sparse=self.sparse))
+
+
 class DLRM(nn.Module):
     def __init__(self, a, device=None):
         super().__init__()
@@ -99,11 +145,15 @@ class DLRM(nn.Module):
         # the dense layers first: the same draws whether the tables are here or not
         self.bot = mlp([data_ctr.DENSE] + sizes(a.bot) + [a.dim], relu_last=True)
         self.top = mlp([a.dim + n * (n - 1) // 2] + sizes(a.top) + [1], relu_last=False)
-        self.emb = nn.ModuleList(nn.EmbeddingBag(a.rows, a.dim, mode="sum", sparse=True,
-                                                 device=device) for _ in range(a.tables))
+        if a.qr:
+            self.emb = nn.ModuleList(QREmbeddingBag(a.rows, a.dim, a.qr)
+                                     for _ in range(a.tables))
+        else:
+            self.emb = nn.ModuleList(nn.EmbeddingBag(a.rows, a.dim, mode="sum", sparse=True,
+                                                     device=device) for _ in range(a.tables))
         if device != "meta":
-            for e in self.emb:
-                nn.init.uniform_(e.weight, -EMB_INIT, EMB_INIT)
+            for p in self.emb.parameters():
+                nn.init.uniform_(p, -EMB_INIT, EMB_INIT)
         li, lj = torch.tril_indices(n, n, offset=-1)
         self.register_buffer("li", li)
         self.register_buffer("lj", lj)
@@ -159,30 +209,67 @@ def batches(train, a, rank, world):
         yield d[lo:lo + a.batch], i[lo:lo + a.batch], y[lo:lo + a.batch]
 
 
-def evaluate(model, test):
+def evaluate(model, test, grad=False):
+    """Test AUC: under torch.no_grad(), or (grad) with autograd on and
+    model.eval(), as DLRM's inference() runs."""
     d, i, y = test
     out = []
-    with torch.no_grad():
+    model.eval()
+    with torch.set_grad_enabled(grad):
         for lo in range(0, len(y), 4096):
-            out.append(model(d[lo:lo + 4096], i[lo:lo + 4096]).numpy())
+            out.append(model(d[lo:lo + 4096], i[lo:lo + 4096]).detach().numpy())
+    model.train()
     return data_ctr.auc(np.concatenate(out), y.numpy())
+
+
+def table_optimizer(a, params):
+    """The tables' torch optimizer (the local backends)."""
+    if a.optimizer == "rowwise-adagrad":
+        import ps.torch
+        return ps.torch.RowWiseAdagrad(params, lr=a.table_lr, eps=1e-8)
+    if a.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=a.table_lr)
+    return torch.optim.Adagrad(params, lr=a.table_lr, eps=1e-8)
+
+
+def rss_mb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
 
 
 def run(a, rank, world, port=None):
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)  # the same dense layers on every worker and backend
     train, test = data(a, world)
-    if a.backend == "ps":
+    wrapped_rss = 0.0
+    if a.backend == "ps" and a.plain:
         import ps.torch
-        model = DLRM(a, device="meta")  # the tables are never materialised here
-        opt = ps.torch.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=a.lr), model=model,
-            tables={"emb.%d" % f: {"init": "uniform", "scale": EMB_INIT, "seed": a.seed}
-                    for f in range(a.tables)},
-            table_optimizer={"optimizer": "adagrad", "lr": a.table_lr, "eps": 1e-8},
-            table_max_ids=max(a.batch, 1))
+        model = DLRM(a)  # as the script has it; ps.torch sends the rows, then frees them
+        opt = ps.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=a.lr),
+                                            model=model)
         rank, world = opt.client.rank, opt.client.num_workers
-        tables_opt = None
+        tables_opt, wrapped_rss = None, rss_mb()
+    elif a.backend == "ps":
+        import ps.torch
+        kind = {"rowwise-adagrad": "rowwise_adagrad"}.get(a.optimizer, a.optimizer)
+        topt = {"optimizer": kind, "lr": a.table_lr}
+        if kind != "sgd":
+            topt["eps"] = 1e-8
+        if a.qr:  # small tables, materialised: ps.torch takes their rows
+            model = DLRM(a)
+            tables = None
+        else:  # the tables are never materialised here
+            model = DLRM(a, device="meta")
+            tables = {"emb.%d" % f: {"init": "uniform", "scale": EMB_INIT, "seed": a.seed}
+                      for f in range(a.tables)}
+        opt = ps.torch.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=a.lr), model=model, tables=tables,
+            table_optimizer=topt, table_max_ids=max(a.batch, 1))
+        rank, world = opt.client.rank, opt.client.num_workers
+        tables_opt, wrapped_rss = None, rss_mb()
     else:
         model = DLRM(a)
         if world > 1:
@@ -191,11 +278,14 @@ def run(a, rank, world, port=None):
                                     rank=rank, world_size=world)
             model = nn.parallel.DistributedDataParallel(model)
         inner = model.module if world > 1 else model
-        opt = torch.optim.SGD(list(inner.bot.parameters()) + list(inner.top.parameters()),
-                              lr=a.lr)
-        tables_opt = torch.optim.Adagrad(list(inner.emb.parameters()), lr=a.table_lr, eps=1e-8)
+        if a.plain:
+            opt, tables_opt = torch.optim.SGD(model.parameters(), lr=a.lr), None
+        else:
+            opt = torch.optim.SGD(list(inner.bot.parameters()) + list(inner.top.parameters()),
+                                  lr=a.lr)
+            tables_opt = table_optimizer(a, list(inner.emb.parameters()))
     it = batches(train, a, rank, world)
-    if a.backend == "ps" and not a.no_prefetch:
+    if a.backend == "ps" and not a.no_prefetch and not a.qr:
         it = opt.prefetching(it, lambda b: list(b[1].unbind(1)))
     losses, n = [], 0
     t0 = time.perf_counter()
@@ -211,16 +301,22 @@ def run(a, rank, world, port=None):
         losses.append(float(loss))
         n += len(y)
     dt = time.perf_counter() - t0
+    table_row = ""
     if a.backend == "ps":
         opt.pull_final()
         if a.export and rank == 0:
             opt.export(a.export)  # the tables fit: dense weights in model.pt too
+        st = opt.client.stats(0)  # server 0's tables: bytes a row, all included
+        if st["rows"]:
+            table_row = " server table bytes/row %.1f" % (st["table_bytes"] / st["rows"])
     score = evaluate(model, test)
+    score_grad = evaluate(model, test, grad=True)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     last = losses[-max(1, len(losses) // 10):]
     print("torch_dlrm: backend %s rank %d of %d samples/s %.1f loss %.4f test auc %.4f "
-          "peak rss MB %.0f" % (a.backend, rank, world, n / dt if dt > 0 else 0.0,
-                                sum(last) / len(last), score, rss), flush=True)
+          "(grad on %.4f) peak rss MB %.0f rss after wrap MB %.0f%s"
+          % (a.backend, rank, world, n / dt if dt > 0 else 0.0, sum(last) / len(last), score,
+             score_grad, rss, wrapped_rss or rss_mb(), table_row), flush=True)
     if a.backend == "ps":
         opt.close()
 

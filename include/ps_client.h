@@ -64,8 +64,8 @@ typedef struct ps_client_options {
      * server that disagrees (PS_EMISMATCH).  Checked: the kind, unless
      * PS_OPT_NONE; and each hyper-parameter the servers' optimizer uses that
      * this expectation gives: its PS_OPT_GIVEN(x) bit is set in
-     * expect.given, or, for lr, eps and lr_decay (where 0 is out of range),
-     * it is non-zero.  The default (all zero, kind PS_OPT_NONE) checks
+     * expect.given, or, for eps and lr_decay (where 0 is out of range), it
+     * is non-zero (lr 0 is a rate: set its bit).  The default (all zero, kind PS_OPT_NONE) checks
      * nothing.  The table is PS_OPT_PARAMS in ps_types.h. */
     ps_opt_config expect;
     int hello_timeout_ms;  /* how long start waits for every server; 0: 10000 */
@@ -182,6 +182,10 @@ void ps_table_options_default(ps_table_options *o);
  * at start.  PS_EINVAL (a field out of range, ps_client_last_error
  * says which; a key registered twice), PS_ESTATE after start. */
 int ps_client_register_table(ps_client *c, uint64_t key, const ps_table_options *opts);
+/* Name a registered table for the servers' logs (at most PS_TABLE_NAME_MAX
+ * printable characters; sent with its declaration, compared with nothing).
+ * Before start.  PS_ENOTFOUND, PS_EINVAL, PS_ESTATE. */
+int ps_client_name_table(ps_client *c, uint64_t key, const char *name);
 
 /* Compute placement and say hello to every server (then declare the
  * tables); fails with PS_EMISMATCH (message in ps_client_last_error) if a
@@ -278,6 +282,15 @@ int ps_client_sparse_pushpull(ps_client *c, uint64_t key, const uint64_t *push_i
                               size_t npush, const float *grads, const uint64_t *pull_ids,
                               size_t npull, float *rows, int64_t step, ps_request *req);
 
+/* assign: set the rows of ids[0..n) (distinct: PS_EINVAL for an id given
+ * twice) to rows[i * dim ..], float32 exactly whatever the wire type; rows
+ * missing are made (charged to the servers' --max-memory: PS_ETOOBIG past
+ * it), their optimizer state zeroed.  Only the partitions that hold some of
+ * ids get a message; not a step (no clock moves).  A model's own first rows
+ * (ps.torch), before training. */
+int ps_client_sparse_assign(ps_client *c, uint64_t key, const uint64_t *ids, size_t n,
+                            const float *rows, ps_request *req);
+
 /* Blocking helpers. */
 /* (A barrier is resent like any request when request_timeout_ms is set;
  * servers count a rank once per barrier and answer a resent one.) */
@@ -362,6 +375,14 @@ int ps_client_barrier_info(ps_client *c, ps_barrier_info *out);
  * PS_EINVAL (a value out of range), the reason in ps_client_last_error. */
 int ps_client_hyper(ps_client *c, const ps_opt_config *change, int64_t from_step,
                     ps_opt_config *now);
+/* The same for table `key`'s optimizer (those hyper-parameters its kind
+ * uses): sync rounds of the table from step from_step on (the table's own
+ * steps), async pushes from now on.  *now gets the table's optimizer as it
+ * runs, its kind the dense one whose hyper-parameters it takes (adagrad for
+ * row-wise adagrad, sgd for ftrl).  PS_ENOTFOUND (no such table),
+ * PS_EMISMATCH, PS_EINVAL. */
+int ps_client_table_hyper(ps_client *c, uint64_t key, const ps_opt_config *change,
+                          int64_t from_step, ps_opt_config *now);
 
 /* Overwrite the tensor's weights on the servers with w (a loaded model); its
  * version and optimizer state stay.  On completion req->version holds the
@@ -406,6 +427,10 @@ int ps_client_broadcast(ps_client *c, int64_t id, const float *src, float *dst, 
  * it; its pulls are still answered, and collectives still wait for it.
  * Blocks until every server acknowledged.  Push nothing more afterwards. */
 int ps_client_leave(ps_client *c);
+/* The same to one server, as a request (wait on req, ps_request_wait_for):
+ * a worker that ends after an error leaves without waiting long on a server
+ * that may be gone. */
+int ps_client_leave_post(ps_client *c, int server, ps_request *req);
 
 /* The element type of the gradients this client pushes and of the weights it
  * pulls on the network: PS_DTYPE_F32 (the default), PS_DTYPE_BF16 or

@@ -222,6 +222,15 @@ int ps_exchange_grad_ready(ps_exchange *x, int i, int64_t step);
 int ps_exchange_add_table(ps_exchange *x, uint64_t key, const ps_table_options *opts,
                           size_t max_ids, int tag);
 int ps_exchange_num_tables(const ps_exchange *x);
+/* Name table t for the servers' logs (ps_client_name_table).  Before
+ * start. */
+int ps_exchange_name_table(ps_exchange *x, int t, const char *name);
+/* Table t's distinct ids in ascending order as int64 (torch's order of its
+ * ids) instead of first seen, each entry's index following them (on: 1;
+ * 0: first seen, the default).  ps.torch: torch's backward then sums a
+ * row's entries in the order it would for the ids themselves.  Before
+ * start; PS_EINVAL, PS_ESTATE. */
+int ps_exchange_table_sorted(ps_exchange *x, int t, int on);
 
 /* The ids of the next batch of table t: n ids (at most max_ids), entry e's
  * id ids[e * stride] (stride 1: an array of ids; F: field f's column of
@@ -249,6 +258,14 @@ typedef struct ps_exchange_rows {
  * its rows if they have not landed.  PS_ESTATE when no batch is handed;
  * a request's failure (logged). */
 int ps_exchange_table_rows(ps_exchange *x, int t, ps_exchange_rows *out);
+
+/* Add ids[0..n) (distinct, none of them the current batch's) to the current
+ * batch, after ps_exchange_table_rows gave it and before its push: its
+ * unique ids grow by n (an accumulation over micro-batches: their rows came
+ * from lookups), their gradient rows zeroed.  PS_ESTATE unless the batch was
+ * given and not pushed; PS_ETOOBIG when the batch would pass max_ids.
+ * ps_exchange_table_rows gives the batch again with them. */
+int ps_exchange_table_extend(ps_exchange *x, int t, const uint64_t *ids, size_t n);
 
 /* Post the current batch's gradients (ps_exchange_table_rows' grads) as
  * step `step`, with the pull of the next batch in sync mode; the next batch

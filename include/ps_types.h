@@ -91,14 +91,27 @@ enum ps_opt_kind {
      * m deltas adds their sum; sync: the round's mean delta).  Neither uses
      * a hyper-parameter nor keeps state. */
     PS_OPT_AVERAGE = 7,
-    PS_OPT_ADD = 8
+    PS_OPT_ADD = 8,
+    /* adam with decoupled weight decay (torch's AdamW): w *= 1 - lr x
+     * weight_decay before adam's step, whose gradient gets no wd x w */
+    PS_OPT_ADAMW = 9
+    /* 10 is the tables' row-wise adagrad (below): never a dense kind */
 };
 #define PS_OPT_KIND_MAX 5        /* the update rules the servers run: sgd .. adam */
 #define PS_OPT_WORKER_KIND_MAX 8 /* and, after the tables' 6, the worker-side kinds */
+#define PS_OPT_KIND_LAST 9       /* the last kind of all: adamw */
 /* FTRL-proximal: tables only (ps_client.h, ps_table_options), the kind after
  * the dense ones.  Its hyper-parameters: lr (FTRL's alpha), weight_decay,
  * and ps_table_options' ftrl_beta, ftrl_l1, ftrl_l2. */
 #define PS_TABLE_OPT_FTRL 6
+/* Row-wise adagrad: tables only, FBGEMM's EXACT_ROWWISE_ADAGRAD (DLRM's
+ * RWSAdagrad, TorchRec's default): one state float per row, the sum over the
+ * row's updates of the mean of its squared gradient.  Per row of d values,
+ * with g' = g + weight_decay * w:
+ *   m += (g'_0^2 + g'_1^2 + ... + g'_{d-1}^2) / d   (summed in that order, float)
+ *   r = lr / (sqrt(m) + eps);  w = (1 - r * weight_decay) * w - r * g
+ * Its hyper-parameters are adagrad's: lr, eps, weight_decay (and the decay). */
+#define PS_TABLE_OPT_ROWWISE_ADAGRAD 10
 
 /* A table row's first values (ps_table_options.init), pure functions of
  * (seed, table, id): docs/PROTOCOL.md "Tables" has the formulas. */
@@ -108,12 +121,13 @@ enum ps_table_init {
     PS_TABLE_INIT_NORMAL = 2   /* normal(0, scale) */
 };
 
-/* "sgd", ..., "average", "add", "none" for PS_OPT_NONE, "unknown" otherwise. */
+/* "sgd", ..., "average", "add", "adamw", "none" for PS_OPT_NONE, "unknown"
+ * otherwise. */
 const char *ps_opt_name(int kind);
-/* "sgd".."adam", "average", "add" -> kind; PS_EINVAL for anything else
- * (also "none"). */
+/* "sgd".."adam", "average", "add", "adamw" -> kind; PS_EINVAL for anything
+ * else (also "none"). */
 int ps_opt_parse(const char *s, int *kind);
-/* 1 for a kind a server may run: sgd .. adam, average, add. */
+/* 1 for a kind a server may run: sgd .. adam, average, add, adamw. */
 int ps_opt_kind_valid(int kind);
 
 /* Which optimizers use a hyper-parameter (bit 1 << kind). */
@@ -122,7 +136,8 @@ int ps_opt_kind_valid(int kind);
 #define PS_OPT_USED_NESTEROV (1u << PS_OPT_NESTEROV)
 #define PS_OPT_USED_ADAGRAD (1u << PS_OPT_ADAGRAD)
 #define PS_OPT_USED_ADAM (1u << PS_OPT_ADAM)
-#define PS_OPT_USED_ALL 0x3eu
+#define PS_OPT_USED_ADAMW (1u << PS_OPT_ADAMW)
+#define PS_OPT_USED_ALL (0x3eu | PS_OPT_USED_ADAMW)
 
 /* Bounds of a hyper-parameter's range. */
 #define PS_OPT_CLOSED 0 /* the bound is allowed */
@@ -135,20 +150,21 @@ int ps_opt_kind_valid(int kind);
  * "off"), a 0 in a worker's expectation or hello is "do not check".
  * The wire keys are those of the hello map (docs/PROTOCOL.md). */
 #define PS_OPT_PARAMS(X)                                                                    \
-    X(lr, float, "lr", "--lr", 0.01, 0, PS_OPT_OPEN, 1e6, PS_OPT_CLOSED, PS_OPT_USED_ALL, 1,  \
-      "learning rate")                                                                      \
+    X(lr, float, "lr", "--lr", 0.01, 0, PS_OPT_CLOSED, 1e6, PS_OPT_CLOSED, PS_OPT_USED_ALL, 0, \
+      "learning rate (0: steps that move no weight)")                                       \
     X(momentum, float, "mom", "--momentum", 0.9, 0, PS_OPT_CLOSED, 1, PS_OPT_CLOSED,        \
       PS_OPT_USED_MOMENTUM | PS_OPT_USED_NESTEROV, 0, "momentum and nesterov: momentum")    \
-    X(beta1, float, "b1", "--beta1", 0.9, 0, PS_OPT_CLOSED, 1, PS_OPT_OPEN, PS_OPT_USED_ADAM, \
-      0, "adam: first-moment decay")                                                        \
+    X(beta1, float, "b1", "--beta1", 0.9, 0, PS_OPT_CLOSED, 1, PS_OPT_OPEN,                 \
+      PS_OPT_USED_ADAM | PS_OPT_USED_ADAMW, 0, "adam, adamw: first-moment decay")           \
     X(beta2, float, "b2", "--beta2", 0.999, 0, PS_OPT_CLOSED, 1, PS_OPT_OPEN,               \
-      PS_OPT_USED_ADAM, 0, "adam: second-moment decay")                                     \
+      PS_OPT_USED_ADAM | PS_OPT_USED_ADAMW, 0, "adam, adamw: second-moment decay")          \
     X(eps, float, "eps", "--eps", 1e-8, 0, PS_OPT_OPEN, 1, PS_OPT_CLOSED,                   \
-      PS_OPT_USED_ADAGRAD | PS_OPT_USED_ADAM, 1, "adagrad and adam: denominator term")      \
+      PS_OPT_USED_ADAGRAD | PS_OPT_USED_ADAM | PS_OPT_USED_ADAMW, 1,                        \
+      "adagrad, adam, adamw: denominator term")                                             \
     X(weight_decay, float, "wd", "--weight-decay", 0, 0, PS_OPT_CLOSED, 1, PS_OPT_CLOSED,   \
-      PS_OPT_USED_ALL, 0, "L2 term added to every gradient")                                \
+      PS_OPT_USED_ALL, 0, "L2 term added to every gradient (adamw: decoupled)")             \
     X(lr_decay, float, "lrd", "--lr-decay", 1, 0, PS_OPT_OPEN, 1, PS_OPT_CLOSED,            \
-      PS_OPT_USED_ALL, 1, "step decay: multiply the rate by this")                 \
+      PS_OPT_USED_ALL, 1, "step decay: multiply the rate by this")                          \
     X(lr_decay_every, uint32_t, "lrde", "--lr-decay-every", 0, 0, PS_OPT_CLOSED, 4294967295.0, \
       PS_OPT_CLOSED, PS_OPT_USED_ALL, 0,                                                    \
       "decay every N updates (rounds/pushes), 0: never")
@@ -220,6 +236,10 @@ typedef struct ps_table_options {
 } ps_table_options;
 
 enum { PS_TABLE_FULL_EVICT = 0, PS_TABLE_FULL_REFUSE = 1 };
+
+/* A table's name (ps_client_name_table): for the servers' logs, at most this
+ * many printable characters. */
+#define PS_TABLE_NAME_MAX 63
 
 /* ---- a server's counters (STATS): X(field, wire key) ---- */
 #define PS_STATS_COUNTERS(X)                                                  \

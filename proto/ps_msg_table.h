@@ -86,8 +86,8 @@
       "the rows (`n` x `dim`)")                                                                  \
     X(HYPER, 15, "hyper", WORKER, PS_HK(H), PS_HK(H), 0, 0, 0, PUSH_STEP, NONE, hyper,           \
       "change the optimizer's hyper-parameters (those `h` gives) from step `s` on; none "        \
-      "given: only ask",                                                                         \
-      "the server's optimizer as it is now, in `h`")                                             \
+      "given: only ask; `k` a table's key: that table's optimizer (0: the dense one)",          \
+      "the server's (or the table's) optimizer as it is now, in `h`")                                             \
     X(ASSIGN, 16, "assign", WORKER, PS_HK(K) | PS_HK(C), 0, 1, 0, 0, NONE, CHUNK_VERSION, data,  \
       "overwrite the chunk's weights with the payload (a loaded model); its version and "        \
       "optimizer state stay",                                                                    \
@@ -114,21 +114,27 @@
       "this worker is done (join): rounds and barriers stop waiting for it; its pulls are "      \
       "still answered",                                                                          \
       "acknowledged")                                                                            \
-    X(LOOKUP, 23, "lookup", LIVE, PS_HK(C), 0, PS_PL_LOOKUP, PS_PL_VALUES, 0, NONE,             \
+    X(SASSIGN, 23, "sassign", WORKER, PS_HK(K) | PS_HK(C) | PS_HK(DIM), 0, PS_PL_IDS_ROWS, 0, 1, \
+      NONE, CHUNK_VERSION, sparse,                                                               \
+      "set the rows of table `k`, partition `c`: ids (`n`, frame 1), rows (frame 2, float32): "  \
+      "those missing are made (charged to --max-memory and the worker's share), their "          \
+      "optimizer state zeroed",                                                                  \
+      "acknowledged")                                                                            \
+    X(LOOKUP, 24, "lookup", LIVE, PS_HK(C), 0, PS_PL_LOOKUP, PS_PL_VALUES, 0, NONE,              \
       CHUNK_VERSION, lookup,                                                                     \
       "read rows of several tables in partition `c` (a reader): frame 1 the tables, 16 bytes "   \
       "each (u64 key, u32 ids, u32 dim), frame 2 their `n` ids, table after table; no row is "   \
       "made, touched or counted",                                                                \
       "the rows in the request's order, float32 (`n` = their floats); `s` the lowest version "   \
       "of the partitions read")                                                                  \
-    X(SNAPSHOT, 24, "snapshot", LIVE, 0, 0, PS_PL_BYTES, 0, 0, WANT_VERSION, CHUNK_VERSION,      \
+    X(SNAPSHOT, 25, "snapshot", LIVE, 0, 0, PS_PL_BYTES, 0, 0, WANT_VERSION, CHUNK_VERSION,      \
       snapshot,                                                                                  \
       "copy every chunk and table partition of this server for this connection to read (an "     \
       "export): sync, each at version `s` (one behind waits up to `tot` ms for it; `s` -1: each " \
       "as it is now); frame 1 (`n` bytes, may be empty): keys with versions of their own, 16 "    \
       "bytes each (u64 key, i64 version)",                                                       \
       "the copy is taken: `n` items, versions `s` (lowest) to `tot` (highest)")                  \
-    X(SNAPREAD, 25, "snapread", LIVE, PS_HK(K) | PS_HK(C), 0, 0, PS_PL_BYTES, 0, NONE, NONE,     \
+    X(SNAPREAD, 26, "snapread", LIVE, PS_HK(K) | PS_HK(C), 0, 0, PS_PL_BYTES, 0, NONE, NONE,     \
       snapread,                                                                                  \
       "page `c` of item `k` of this connection's snapshot (pages of 16 MiB)",                   \
       "the page's `n` bytes; `tot` the item's bytes (\"Export and readers\" below)")
@@ -139,7 +145,8 @@
 #define PS_HDR_KEYS(X)                                                                           \
     X(V, "v") X(T, "t") X(F, "f") X(Q, "q") X(R, "r") X(K, "k") X(C, "c") X(S, "s") X(N, "n")     \
     X(D, "d") X(TOT, "tot") X(EC, "ec") X(ET, "et") X(H, "h") X(ST, "st") X(ADM, "adm")           \
-    X(BW, "bw") X(O, "o") X(M, "m") X(P, "p") X(DIM, "dim") X(NP, "np") X(TB, "tb")
+    X(BW, "bw") X(O, "o") X(M, "m") X(P, "p") X(DIM, "dim") X(NP, "np") X(TB, "tb")          \
+    X(NM, "nm")
 
 enum ps_hdr_key {
 #define PS_HK_ENUM_(name, key) PS_HK_##name,

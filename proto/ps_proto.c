@@ -103,7 +103,8 @@ int ps_msg_reply_has_payload(uint32_t type) { return ps_msg_reply_layout(type) =
 
 int ps_msg_is_sparse(uint32_t type)
 {
-    return type == PS_MSG_SPULL || type == PS_MSG_SPUSH || type == PS_MSG_SPUSHPULL;
+    return type == PS_MSG_SPULL || type == PS_MSG_SPUSH || type == PS_MSG_SPUSHPULL ||
+           type == PS_MSG_SASSIGN;
 }
 
 void ps_header_init(ps_header *h, uint32_t type)
@@ -248,10 +249,11 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     int is_sparse = ps_msg_is_sparse(h->type) && h->dim; /* (a push's ack has none) */
     int is_np = h->type == PS_MSG_SPUSHPULL && !(h->flags & PS_FLAG_REPLY);
     int is_decl = h->type == PS_MSG_TABLE && !(h->flags & PS_FLAG_REPLY);
+    int is_name = is_decl && h->table_name[0];
     size_t alen = h->type == PS_MSG_SHUTDOWN ? strnlen(h->admin, PS_ADMIN_TOKEN_MAX) : 0;
     size_t n = 11 + (size_t)is_hello + (size_t)is_stats + 2 * (size_t)is_error + (alen > 0) +
                (size_t)has_bw + (size_t)is_shm + (size_t)is_sum + (size_t)is_dst +
-               (size_t)is_sparse + (size_t)is_np + (size_t)is_decl;
+               (size_t)is_sparse + (size_t)is_np + (size_t)is_decl + (size_t)is_name;
     msgpack_pack_map(&pk, n);
     pk_u64(&pk, "v", h->version);
     pk_u64(&pk, "t", h->type);
@@ -279,6 +281,12 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
         pk_u64(&pk, "np", h->npull);
     if (is_decl)
         pk_decl(&pk, &h->table);
+    if (is_name) {
+        size_t nl = strnlen(h->table_name, PS_TABLE_NAME_MAX);
+        pk_key(&pk, "nm");
+        msgpack_pack_str(&pk, nl);
+        msgpack_pack_str_body(&pk, h->table_name, nl);
+    }
     if (is_error) {
         pk_i64(&pk, "ec", h->err_code);
         size_t tl = strnlen(h->err_text, PS_ERR_TEXT_MAX);

@@ -29,7 +29,8 @@
 /* The message types: proto/ps_msg_table.h has a row for each (PS_MSG_HELLO = 1,
  * INIT, PUSH, PULL, PUSHPULL, BARRIER, STATS, SHUTDOWN, ERROR, HEARTBEAT = 10,
  * the tables': TABLE, SPULL, SPUSH, SPUSHPULL = 14, then ps.torch's: HYPER
- * .. LEAVE = 22, then readers' and exports': LOOKUP, SNAPSHOT, SNAPREAD = 25). */
+ * .. LEAVE = 22, the tables' SASSIGN = 23, then readers' and exports': LOOKUP,
+ * SNAPSHOT, SNAPREAD = 26). */
 enum ps_msg_type {
 #define PS_MSG_ENUM_(NAME, t, ...) PS_MSG_##NAME = t,
     PS_MSG_TABLE(PS_MSG_ENUM_)
@@ -132,6 +133,8 @@ typedef struct ps_header {
     uint32_t dim;      /* SPULL, SPUSH, SPUSHPULL: floats per row (the table's) */
     uint64_t npull;    /* SPUSHPULL request: the ids of its third frame (key "np") */
     ps_table_options table; /* TABLE request: the declaration (key "tb") */
+    char table_name[PS_TABLE_NAME_MAX + 1]; /* TABLE request, optional: the table's name
+                                               for logs ("" none; key "nm") */
     int32_t err_code;  /* ERROR: PS_E* code */
     char err_text[PS_ERR_TEXT_MAX + 1];
     ps_hello hello;    /* HELLO and HYPER only */

@@ -380,7 +380,7 @@ static int decode_hello(const msgpack_object *m, ps_hello *o, char *why, size_t 
         case 0: FIELD_I(v, "h.sr", o->server_rank, -1, PS_MAX_RANK); continue;
         case 1: FIELD_U(v, "h.fp", o->model_fp, 0, UINT64_MAX); continue;
         case 2:
-            FIELD_I(v, "h.opt", o->opt.kind, 0, PS_OPT_WORKER_KIND_MAX);
+            FIELD_I(v, "h.opt", o->opt.kind, 0, PS_OPT_KIND_LAST);
             if (o->opt.kind != PS_OPT_NONE && !ps_opt_kind_valid(o->opt.kind)) {
                 ps_errorf(why, why_len, "field 'h.opt' is %d, no optimizer", o->opt.kind);
                 return PS_EPROTO;
@@ -482,7 +482,7 @@ static int decode_decl(const msgpack_object *m, ps_table_options *o, char *why, 
         }
         PS_TABLE_DECL_FIELDS(DECL_GET_)
 #undef DECL_GET_
-        FIELD_I(v, name, o->opt.kind, 0, PS_TABLE_OPT_FTRL); /* "opt" */
+        FIELD_I(v, name, o->opt.kind, 0, PS_TABLE_OPT_ROWWISE_ADAGRAD); /* "opt" */
     }
     o->opt.given = PS_OPT_GIVEN_ALL;
     if (!(seen & 1u)) {
@@ -636,6 +636,19 @@ static int decode_field(int ki, const msgpack_object *v, ps_header *h, char *why
         h->err_text[n] = 0;
         break;
     }
+    case PS_HK_NM: {
+        int ok = v->type == MSGPACK_OBJECT_STR && v->via.str.size <= PS_TABLE_NAME_MAX;
+        for (uint32_t j = 0; ok && j < v->via.str.size; j++)
+            ok = v->via.str.ptr[j] >= 0x20 && v->via.str.ptr[j] < 0x7f;
+        if (!ok) {
+            ps_errorf(why, why_len, "field 'nm' must be a string of at most %d printable "
+                "characters", PS_TABLE_NAME_MAX);
+            return PS_EPROTO;
+        }
+        memcpy(h->table_name, v->via.str.ptr, v->via.str.size);
+        h->table_name[v->via.str.size] = 0;
+        break;
+    }
     case PS_HK_ADM: {
         int ok = v->type == MSGPACK_OBJECT_STR && v->via.str.size <= PS_ADMIN_TOKEN_MAX;
         for (uint32_t j = 0; ok && j < v->via.str.size; j++)
@@ -696,8 +709,10 @@ static void drop_inapplicable(ps_header *d)
         d->dim = 0;
     if (d->type != PS_MSG_SPUSHPULL || reply)
         d->npull = 0;
-    if (d->type != PS_MSG_TABLE || reply)
+    if (d->type != PS_MSG_TABLE || reply) {
         memset(&d->table, 0, sizeof d->table);
+        memset(d->table_name, 0, sizeof d->table_name);
+    }
 }
 
 /* The checked header of a map with v = 1, into d (ps_header_init'ed). */

@@ -26,12 +26,18 @@ int ps_table_decl_kind(const ps_table_options *o)
     return o->opt.kind == PS_OPT_NONE ? PS_OPT_ADAGRAD : o->opt.kind;
 }
 
-/* The dense kind whose hyper-parameters `kind` uses (FTRL: sgd's). */
-static int params_of(int kind) { return kind == PS_TABLE_OPT_FTRL ? PS_OPT_SGD : kind; }
+int ps_table_decl_params_kind(int kind)
+{
+    return kind == PS_TABLE_OPT_FTRL               ? PS_OPT_SGD
+           : kind == PS_TABLE_OPT_ROWWISE_ADAGRAD ? PS_OPT_ADAGRAD
+                                                  : kind;
+}
 
 static const char *kind_name(int kind)
 {
-    return kind == PS_TABLE_OPT_FTRL ? "ftrl" : ps_opt_name(kind);
+    return kind == PS_TABLE_OPT_FTRL               ? "ftrl"
+           : kind == PS_TABLE_OPT_ROWWISE_ADAGRAD ? "rowwise_adagrad"
+                                                  : ps_opt_name(kind);
 }
 
 int ps_table_decl_check(uint64_t key, const ps_table_options *o, char *why, size_t why_len)
@@ -55,15 +61,17 @@ int ps_table_decl_check(uint64_t key, const ps_table_options *o, char *why, size
         return PS_EINVAL;
     }
     int kind = ps_table_decl_kind(o);
-    if (kind != PS_TABLE_OPT_FTRL && (kind < PS_OPT_SGD || kind > PS_OPT_KIND_MAX)) {
+    if (kind != PS_TABLE_OPT_FTRL && kind != PS_TABLE_OPT_ROWWISE_ADAGRAD &&
+        (kind < PS_OPT_SGD || kind > PS_OPT_KIND_MAX)) {
         ps_errorf(why, why_len, "table %llu: the optimizer must be sgd (%d), momentum, "
-            "nesterov, adagrad, adam (%d) or ftrl (%d), or none (0: adagrad), got %d", tk,
-            PS_OPT_SGD, PS_OPT_ADAM, PS_TABLE_OPT_FTRL, o->opt.kind);
+            "nesterov, adagrad, adam (%d), ftrl (%d) or rowwise_adagrad (%d), or none (0: "
+            "adagrad), got %d", tk, PS_OPT_SGD, PS_OPT_ADAM, PS_TABLE_OPT_FTRL,
+            PS_TABLE_OPT_ROWWISE_ADAGRAD, o->opt.kind);
         return PS_EINVAL;
     }
     /* the hyper-parameters the kind uses, each in the range of its flag */
     ps_opt_config c = o->opt;
-    c.kind = params_of(kind);
+    c.kind = ps_table_decl_params_kind(kind);
     c.given = 0;
     for (int p = 0; p < PS_OPT_NPARAMS; p++)
         if (ps_opt_uses(c.kind, p))
@@ -71,6 +79,12 @@ int ps_table_decl_check(uint64_t key, const ps_table_options *o, char *why, size
     char msg[PS_ERR_TEXT_MAX];
     if (ps_opt_check(&c, 0, msg, sizeof msg) != 0) {
         ps_errorf(why, why_len, "table %llu (%s): %s", tk, kind_name(kind), msg);
+        return PS_EINVAL;
+    }
+    if (kind == PS_TABLE_OPT_FTRL && !(o->opt.lr > 0)) {
+        /* alpha divides: lr 0 (which the dense kinds take) is no FTRL */
+        ps_errorf(why, why_len, "table %llu (ftrl): lr (FTRL's alpha) must be > 0, got %g", tk,
+            (double)o->opt.lr);
         return PS_EINVAL;
     }
     if (kind == PS_TABLE_OPT_FTRL) {
@@ -109,7 +123,7 @@ void ps_table_decl_normalize(ps_table_options *o)
     int kind = ps_table_decl_kind(o);
     o->opt.kind = kind;
     for (int p = 0; p < PS_OPT_NPARAMS; p++)
-        if (!ps_opt_uses(params_of(kind), p))
+        if (!ps_opt_uses(ps_table_decl_params_kind(kind), p))
             ps_opt_set(&o->opt, p, ps_opt_get(&d.opt, p));
     o->opt.given = PS_OPT_GIVEN_ALL;
     if (kind != PS_TABLE_OPT_FTRL) {

@@ -43,6 +43,9 @@ void ps_table_options_default(ps_table_options *o);
 
 /* The optimizer the servers run for o: kind PS_OPT_NONE is adagrad. */
 int ps_table_decl_kind(const ps_table_options *o);
+/* The dense kind whose hyper-parameters a table's kind uses (FTRL: sgd's;
+ * row-wise adagrad: adagrad's; the others their own). */
+int ps_table_decl_params_kind(int kind);
 
 /* PS_EINVAL, with why naming table `key`, the field, its range and the
  * value, when a field is out of range: dim 1..PS_MAX_TABLE_DIM, the

@@ -1,5 +1,6 @@
 #include "barrier.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,10 @@ struct ps_barriers {
     int ndone, done_next;
     uint8_t *dropped; /* per rank: out of the live set */
     int ndropped;
+    struct {
+        int code; /* 0: not refused */
+        char why[PS_ERR_TEXT_MAX + 1];
+    } *refused; /* per rank: its last hello was refused, and why */
 };
 
 int ps_barriers_create(int num_workers, ps_reply_to to, ps_barriers **out)
@@ -37,7 +42,10 @@ int ps_barriers_create(int num_workers, ps_reply_to to, ps_barriers **out)
     if (!b)
         return PS_ENOMEM;
     b->dropped = calloc((size_t)num_workers, 1);
-    if (!b->dropped) {
+    b->refused = calloc((size_t)num_workers, sizeof *b->refused);
+    if (!b->dropped || !b->refused) {
+        free(b->dropped);
+        free(b->refused);
         free(b);
         return PS_ENOMEM;
     }
@@ -63,6 +71,7 @@ void ps_barriers_destroy(ps_barriers *b)
     for (int i = 0; i < b->nopen; i++)
         barrier_free(&b->open[i]);
     free(b->dropped);
+    free(b->refused);
     free(b);
 }
 
@@ -96,6 +105,48 @@ static int barrier_try(ps_barriers *bs, int i)
     *b = bs->open[--bs->nopen];
     memset(&bs->open[bs->nopen], 0, sizeof(barrier));
     return 1;
+}
+
+/* Barrier i waits for a rank refused at hello: answer its waiters with the
+ * refusal and drop it; 1 when it did. */
+static int barrier_fail_refused(ps_barriers *bs, int i)
+{
+    barrier *b = &bs->open[i];
+    int r = 0;
+    while (r < bs->num_workers && (b->arrived[r] || bs->dropped[r] || !bs->refused[r].code))
+        r++;
+    if (r == bs->num_workers)
+        return 0;
+    char text[2 * PS_ERR_TEXT_MAX]; /* the reply keeps what fits */
+    snprintf(text, sizeof text, "worker %d was refused at hello, so a barrier waiting for it "
+             "fails: %s", r, bs->refused[r].why);
+    ps_warn("barrier %lld: %zu waiting requests fail: %s", (long long)b->id, b->nw, text);
+    for (size_t k = 0; k < b->nw; k++) {
+        ps_header e;
+        ps_reply_error(&e, b->w[k].seq, b->w[k].rank, 0, 0, bs->refused[r].code, text);
+        bs->to.send(bs->to.user, &b->w[k].id, &e);
+    }
+    barrier_free(b);
+    *b = bs->open[--bs->nopen];
+    memset(&bs->open[bs->nopen], 0, sizeof(barrier));
+    return 1;
+}
+
+void ps_barriers_refused(ps_barriers *bs, int rank, int code, const char *why)
+{
+    if (rank < 0 || rank >= bs->num_workers || !code)
+        return;
+    bs->refused[rank].code = code;
+    snprintf(bs->refused[rank].why, sizeof bs->refused[rank].why, "%s", why);
+    for (int i = 0; i < bs->nopen;)
+        if (!barrier_fail_refused(bs, i))
+            i++;
+}
+
+void ps_barriers_accepted(ps_barriers *bs, int rank)
+{
+    if (rank >= 0 && rank < bs->num_workers)
+        bs->refused[rank].code = 0;
 }
 
 int ps_barriers_arrive(ps_barriers *bs, zmq_msg_t *id, const ps_header *h, const char **why)
@@ -157,7 +208,8 @@ int ps_barriers_arrive(ps_barriers *bs, zmq_msg_t *id, const ps_header *h, const
     w->seq = h->seq;
     w->rank = h->rank;
     b->arrived[h->rank] = 1;
-    barrier_try(bs, bi);
+    if (!barrier_try(bs, bi))
+        barrier_fail_refused(bs, bi);
     return 0;
 }
 

@@ -39,6 +39,16 @@ int ps_barriers_arrive(ps_barriers *b, zmq_msg_t *id, const ps_header *h, const 
  * answers the barriers every remaining live worker has reached. */
 void ps_barriers_set_live(ps_barriers *b, int rank, int live);
 
+/* Rank's hello was refused (code, why: the refusal): every open barrier it
+ * has not reached fails, its waiters answered with code and a text naming
+ * the rank and why, and so does every barrier opened later while the rank
+ * is missing, until ps_barriers_accepted: a worker refused at hello never
+ * comes, and its peers must not wait for it in silence. */
+void ps_barriers_refused(ps_barriers *b, int rank, int code, const char *why);
+
+/* Rank's hello was accepted: barriers wait for it again. */
+void ps_barriers_accepted(ps_barriers *b, int rank);
+
 /* At stop: answer every waiting request with PS_ECLOSED. */
 void ps_barriers_close(ps_barriers *b);
 

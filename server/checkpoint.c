@@ -46,10 +46,11 @@ static size_t header_bytes(int format, int num_workers)
     return pad8((size_t)(format >= 3 ? HDR_FIXED_3 : HDR_FIXED) + (size_t)num_workers);
 }
 
-/* A partition row: u64 id, u32 count, u32 0, dim values, each state array. */
-static size_t prow_bytes(uint32_t dim, uint32_t nstate)
+/* A partition row: u64 id, u32 count, u32 0, dim values, each state array
+ * (of dim floats; row-wise adagrad's of 1: ps_table_state_len of `kind`). */
+static size_t prow_bytes(uint32_t dim, uint32_t nstate, int kind)
 {
-    return pad8(16 + 4 * (size_t)dim * (1 + nstate));
+    return pad8(16 + 4 * ((size_t)dim + nstate * ps_table_state_len(kind, dim)));
 }
 
 static size_t record_bytes(int num_workers, size_t n, int nstate)
@@ -195,6 +196,7 @@ typedef struct rowser {
     unsigned char *p;
     uint32_t dim, nstate;
     size_t n;
+    int kind;
 } rowser;
 
 static void count_row(void *arg, const ps_table_row_view *v)
@@ -213,10 +215,10 @@ static void put_row(void *arg, const ps_table_row_view *v)
     memcpy(p, v->w, z->dim * sizeof(float));
     p += z->dim * sizeof(float);
     for (uint32_t k = 0; k < z->nstate; k++) {
-        memcpy(p, v->state[k], z->dim * sizeof(float));
-        p += z->dim * sizeof(float);
+        memcpy(p, v->state[k], v->state_len * sizeof(float));
+        p += v->state_len * sizeof(float);
     }
-    size_t rb = prow_bytes(z->dim, z->nstate);
+    size_t rb = prow_bytes(z->dim, z->nstate, z->kind);
     memset(p, 0, rb - (size_t)(p - start));
     z->p = start + rb;
 }
@@ -249,7 +251,7 @@ static void plan_part(ps_tparts *tp, size_t i, int full, int num_workers, prec *
         r->nr = c.rows;
     }
     r->bytes = PREC_FIXED + 8 * (size_t)num_workers + 8 * (r->nd + r->no) + pad8(r->nc) +
-               r->nr * prow_bytes(r->v.decl->dim, r->nstate);
+               r->nr * prow_bytes(r->v.decl->dim, r->nstate, r->v.decl->opt.kind);
 }
 
 static unsigned char *put_part(unsigned char *p, const prec *r, int mode, int num_workers)
@@ -287,7 +289,7 @@ static unsigned char *put_part(unsigned char *p, const prec *r, int mode, int nu
         memcpy(p, r->deleted, 8 * r->nd);
         p += 8 * r->nd;
     }
-    rowser z = {p, v->decl->dim, r->nstate, 0};
+    rowser z = {p, v->decl->dim, r->nstate, 0, v->decl->opt.kind};
     if (r->no)
         ps_table_foreach(v->store, PS_TABLE_ROWS_ALL, put_id, &z);
     p = z.p;
@@ -632,7 +634,7 @@ static size_t part_record_bytes(const unsigned char *p, size_t avail, int W)
     if (d.dim < 1 || d.dim > PS_MAX_TABLE_DIM || nstate > 2 ||
         (int)nstate != ps_table_state_arrays(d.opt.kind))
         return 0;
-    size_t left = avail - PREC_FIXED - 8 * (size_t)W, rb = prow_bytes(d.dim, nstate);
+    size_t left = avail - PREC_FIXED - 8 * (size_t)W, rb = prow_bytes(d.dim, nstate, d.opt.kind);
     if (n[0] > left / 8 || n[1] > left / 8 - n[0] || n[2] > left)
         return 0;
     left -= 8 * (size_t)(n[0] + n[1]);
@@ -809,7 +811,7 @@ int ps_ckpt_next_part(const ps_ckpt_file *f, size_t *off, ps_ckpt_part_view *v)
     v->cells = p;
     p += pad8(v->ncells);
     v->rows = p;
-    v->row_bytes = prow_bytes(v->decl.dim, v->nstate);
+    v->row_bytes = prow_bytes(v->decl.dim, v->nstate, v->decl.opt.kind);
     *off += part_record_bytes(start, f->size - 4 - *off, W);
     return 1;
 }
@@ -821,9 +823,10 @@ void ps_ckpt_part_row(const ps_ckpt_part_view *p, size_t k, ps_table_row_view *v
     memcpy(&v->count, r + 8, 4);
     v->dim = p->decl.dim;
     v->nstate = (int)p->nstate;
+    v->state_len = (uint32_t)ps_table_state_len(p->decl.opt.kind, p->decl.dim);
     v->w = (const float *)(const void *)(r + 16);
     v->state[0] = p->nstate >= 1 ? v->w + p->decl.dim : NULL;
-    v->state[1] = p->nstate >= 2 ? v->w + 2 * (size_t)p->decl.dim : NULL;
+    v->state[1] = p->nstate >= 2 ? v->w + p->decl.dim + v->state_len : NULL;
 }
 
 uint64_t ps_ckpt_id(const unsigned char *list, size_t k)

@@ -1,13 +1,18 @@
 /* Optimizers: one update step over a chunk's float arrays.
  *
  * Every kernel is a plain loop over restrict-qualified arrays with no branch in
- * its body, so gcc vectorizes it at -O3.  With g' = g + wd * w:
- *   sgd       w -= lr * g'
- *   momentum  v = mu * v + g';             w -= lr * v
- *   nesterov  v = mu * v + g';             w -= lr * (g' + mu * v)
- *   adagrad   h += g'^2;                   w -= lr * g' / (sqrt(h) + eps)
- *   adam      m = b1 * m + (1 - b1) * g';  v = b2 * v + (1 - b2) * g'^2
- *             w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+ * its body, so gcc vectorizes it at -O3.  Each is torch.optim's single-tensor
+ * step (torch 1.13), operation for operation and rounding for rounding
+ * (optimizer.c says how), fma(a, b, c) being a * b + c rounded once.  With
+ * g' = fma(w, wd, g) (g when wd is 0; adamw: g):
+ *   sgd       w = fma(g', -lr, w)
+ *   momentum  v = v * mu + g';             w = fma(v, -lr, w)
+ *   nesterov  v = v * mu + g';             w = fma(fma(v, mu, g'), -lr, w)
+ *   adagrad   h = fma(g', g', h);          w = w + (-lr * g') / (sqrt(h) + eps)
+ *   adam      m = fma(g', 1 - b1, m * b1); v = fma((1 - b2) * g', g', v * b2)
+ *             w = w + (-lr / (1 - b1^t) * m) / (sqrt(v) / sqrt(1 - b2^t) + eps)
+ *   adamw     w = w * (1 - lr * wd) first (decoupled weight decay), then adam
+ *             with g' = g
  *   average   w = g   (sync: g is the round's mean; the workers step with it)
  *   add       w += g  (g: a worker's weight delta, or the sum of several)
  * where t is the chunk's update count including this step (1, 2, ...): adam's
@@ -22,7 +27,8 @@
  *
  * State: the caller owns every array.  ps_opt_state_arrays() says how many
  * state arrays of n floats a kind needs (0, 1 or 2); they must start zeroed
- * and stay with the chunk between steps (s0 = v / h / m, s1 = adam's v).
+ * and stay with the chunk between steps (s0 = v / h / m, s1 = adam's and
+ * adamw's v).
  * State is always updated in place. */
 #ifndef PS_OPTIMIZER_H
 #define PS_OPTIMIZER_H
@@ -51,14 +57,21 @@ int ps_opt_apply(const ps_opt_config *cfg, float *w, float *s0, float *s1, const
 int ps_opt_apply_to(const ps_opt_config *cfg, const float *w_in, float *w_out, float *s0,
                     float *s1, const float *g, size_t n, int64_t t);
 
+/* The shortest decimal that rounds to the float f, as a double (0.9f ->
+ * 0.9): the number adam's kernels take a hyper-parameter for where torch
+ * computes in double (optimizer.c says why). */
+double ps_opt_decimal(float f);
+
 /* ---- the results checked (--on-nonfinite refuse and skip) ----
  * An update whose result is not finite (a weight or its optimizer state
  * driven to NaN or +-Inf by finite gradients: an overflow) must not be
  * applied.  With guard, each value whose new weight or state would not be
  * finite keeps its old weight and state (out of place: w_out gets the old
- * weight); every other value is updated exactly as without it.  The check
- * is in the kernels' own pass (a compare and a select per value, no
- * branch).  Returns how many values kept their old ones (0: the step was
+ * weight); every other value is updated exactly as without it (torch's
+ * step bit for bit).  The check is in the kernels' own passes: each result
+ * is computed once and checked as it is stored; in a block of values where
+ * one is not finite, a second loop puts its old ones back (optimizer.c says
+ * how).  Returns how many values kept their old ones (0: the step was
  * applied whole; always 0 without guard). */
 size_t ps_opt_apply_checked(const ps_opt_config *cfg, const float *w_in, float *w_out,
                             float *s0, float *s1, const float *g, size_t n, int64_t t,
@@ -89,6 +102,8 @@ void ps_opt_adagrad(float *restrict w, float *restrict h, const float *restrict 
                     float lr, float eps, float wd);
 void ps_opt_adam(float *restrict w, float *restrict m, float *restrict v, const float *restrict g,
                  size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t);
+void ps_opt_adamw(float *restrict w, float *restrict m, float *restrict v, const float *restrict g,
+                  size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t);
 
 /* ... and from w_in to w_out (which may be equal; see above). */
 void ps_opt_sgd_to(const float *w_in, float *w_out, const float *g, size_t n, float lr,
@@ -101,5 +116,7 @@ void ps_opt_adagrad_to(const float *w_in, float *w_out, float *h, const float *g
                        float lr, float eps, float wd);
 void ps_opt_adam_to(const float *w_in, float *w_out, float *m, float *v, const float *g,
                     size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t);
+void ps_opt_adamw_to(const float *w_in, float *w_out, float *m, float *v, const float *g,
+                     size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t);
 
 #endif

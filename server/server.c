@@ -529,9 +529,10 @@ int ps_server_run(ps_server *s)
             ps_workers_seen(s->workers), s->cfg.num_workers, extra);
     for (size_t i = 0; i < s->ntables; i++) {
         const ps_table_counts *c = &s->tables[i].total;
-        ps_info("table %llu: %llu rows (%.1f MiB), %llu row updates, %llu evicted, %llu "
+        char label[128];
+        ps_info("%s: %llu rows (%.1f MiB), %llu row updates, %llu evicted, %llu "
                 "filtered (pulls of ids not admitted yet) and %llu gradient rows dropped for them",
-                (unsigned long long)s->tables[i].key, (unsigned long long)c->rows,
+                srv_table_label(&s->tables[i], label, sizeof label), (unsigned long long)c->rows,
                 (double)c->bytes / 1048576.0, (unsigned long long)c->updated,
                 (unsigned long long)c->evicted, (unsigned long long)c->filtered_pulls,
                 (unsigned long long)c->filtered_pushes);

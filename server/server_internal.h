@@ -55,6 +55,8 @@ typedef struct srv_table {
     int restored;     /* from --restore: a worker's other declaration is refused naming
                          the checkpoint */
     ps_table_counts total; /* at stop: the counters of its partitions, summed */
+    char name[PS_TABLE_NAME_MAX + 1]; /* for logs: a declaration's `nm`; "" none */
+    ps_opt_config opt_now; /* its optimizer as it runs now (HYPER with its key) */
 } srv_table;
 
 /* ---- I/O thread state ---- */
@@ -125,6 +127,8 @@ srv_table *srv_find_table(ps_server *s, uint64_t key);
  * memory. */
 srv_table *srv_add_table(ps_server *s, uint64_t key, const ps_table_options *decl,
                          int restored);
+/* "table 'emb_l.0' (key 92233...)" or "table 92233..." (no name) into buf. */
+const char *srv_table_label(const srv_table *t, char *buf, size_t len);
 /* What the update threads' table partitions are made with. */
 ps_tparts_config srv_tparts_config(ps_server *s);
 /* The tables' fingerprint of the tables declared here (a hello's `tfp`). */

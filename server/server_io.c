@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
@@ -111,8 +112,18 @@ srv_table *srv_add_table(ps_server *s, uint64_t key, const ps_table_options *dec
     t->decl = *decl;
     ps_table_decl_normalize(&t->decl);
     t->restored = restored;
+    t->opt_now = t->decl.opt;
     ps_srv_metrics_add_table(s->met, key); /* before any update thread hears of it */
     return t;
+}
+
+const char *srv_table_label(const srv_table *t, char *buf, size_t len)
+{
+    if (t->name[0])
+        snprintf(buf, len, "table '%s' (key %llu)", t->name, (unsigned long long)t->key);
+    else
+        snprintf(buf, len, "table %llu", (unsigned long long)t->key);
+    return buf;
 }
 
 uint64_t srv_tables_fp(const ps_server *s)

@@ -131,8 +131,9 @@ static void tables_said(ps_server *s, char *why, size_t why_len)
                             s->tables[0].restored ? "its checkpoint" : "this server");
     for (size_t i = 0; i < s->ntables && off < why_len; i++) {
         const ps_table_options *d = &s->tables[i].decl;
-        off += (size_t)snprintf(why + off, why_len - off, "%stable %llu (dim %u, %s)",
-                                i ? ", " : "", (unsigned long long)s->tables[i].key, d->dim,
+        char label[128];
+        off += (size_t)snprintf(why + off, why_len - off, "%s%s (dim %u, %s)", i ? ", " : "",
+                                srv_table_label(&s->tables[i], label, sizeof label), d->dim,
                                 ps_table_opt_name(d->opt.kind));
     }
 }
@@ -184,6 +185,9 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     if (rc == PS_EMISMATCH && !strncmp(why, "tables:", 7) && s->ntables)
         tables_said(s, why, sizeof why);
     if (rc) {
+        /* its peers waiting at a barrier for it are told, and stop waiting */
+        if (h->rank >= 0 && h->rank < s->cfg.num_workers)
+            ps_barriers_refused(s->barriers, h->rank, rc, why);
         io_error(s, &f[0], h, rc, why);
         return;
     }
@@ -201,6 +205,7 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
             io_error_quiet(s, &f[0], h, rc, why);
             return;
         }
+        ps_barriers_accepted(s->barriers, h->rank);
         /* back in the live set before any of its requests reach an owner (a
          * worker that left says hello again only as a new process) */
         if (rejoined || s->left[h->rank]) {
@@ -310,6 +315,18 @@ static void table_ack(ps_server *s, zmq_msg_t *id, const ps_header *req)
     srv_send(s, id, &r);
 }
 
+/* A declared table's name, from a later declaration (a restored table's
+ * checkpoint has none): here and in the update threads (a name-only
+ * PS_CMD_TABLE). */
+static void table_named(ps_server *s, srv_table *t, const ps_header *h)
+{
+    snprintf(t->name, sizeof t->name, "%s", h->table_name);
+    for (int i = 0; i < s->cfg.threads; i++) {
+        ps_cmd_frame cmd = {.cmd = PS_CMD_TABLE, .h = *h, .store = NULL};
+        srv_send_cmd(s, i, &cmd, NULL, NULL);
+    }
+}
+
 /* TABLE: the first declaration of a table is kept and its partitions made,
  * one per update thread; a later one must be the same. */
 static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
@@ -330,6 +347,8 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
             io_error(s, &f[0], h, PS_EMISMATCH, why);
             return;
         }
+        if (!t->name[0] && h->table_name[0]) /* a restored table learns its name */
+            table_named(s, t, h);
         table_ack(s, &f[0], h);
         return;
     }
@@ -358,14 +377,16 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         io_error(s, &f[0], h, rc, why);
         return;
     }
+    snprintf(t->name, sizeof t->name, "%s", h->table_name);
     for (int i = 0; i < T; i++) {
         ps_cmd_frame cmd = {.cmd = PS_CMD_TABLE, .h = *h, .store = stores[i],
                             .after_restore = s->cfg.restore};
         srv_send_cmd(s, i, &cmd, NULL, NULL);
     }
-    ps_info("table %llu declared by %s: dim %u, %s initializer (scale %g, seed %llu), %s, "
+    char label[128];
+    ps_info("%s declared by %s: dim %u, %s initializer (scale %g, seed %llu), %s, "
             "row cap %llu (%s when full), filter %u (%d partitions here)",
-            (unsigned long long)h->key, who,
+            srv_table_label(t, label, sizeof label), who,
             t->decl.dim, t->decl.init == PS_TABLE_INIT_ZEROS     ? "zeros"
                          : t->decl.init == PS_TABLE_INIT_UNIFORM ? "uniform"
                                                                  : "normal",
@@ -381,7 +402,7 @@ static void io_on_table(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
  * copy must fit in --max-memory.  PS_ETOOBIG naming the numbers, or 0. */
 static int sparse_reply_fits(ps_server *s, const ps_header *h, char *why, size_t why_len)
 {
-    if (h->type == PS_MSG_SPUSH || (h->flags & PS_FLAG_SHM))
+    if (h->type == PS_MSG_SPUSH || h->type == PS_MSG_SASSIGN || (h->flags & PS_FLAG_SHM))
         return 0; /* no rows back, or written into the worker's arena */
     uint64_t n = h->type == PS_MSG_SPULL ? h->count : h->npull;
     uint64_t bytes = n * h->dim * ps_dtype_size(s->cfg.wire_dtype);
@@ -403,7 +424,7 @@ static int sparse_reply_fits(ps_server *s, const ps_header *h, char *why, size_t
     return PS_ETOOBIG;
 }
 
-/* SPULL, SPUSH, SPUSHPULL: to the update thread of partition `c`, once the
+/* SPULL, SPUSH, SPUSHPULL, SASSIGN: to the update thread of partition `c`, once the
  * table and the rows' width are this server's. */
 static void io_on_sparse(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 {
@@ -495,6 +516,72 @@ static void io_on_heartbeat(ps_server *s, zmq_msg_t *f, int nf, const ps_header 
     io_ack(s, &f[0], h);
 }
 
+/* HYPER with a table's key: that table's hyper-parameters (those its kind
+ * uses), from step h->push_step on as the dense ones; the reply says what
+ * the table runs now (its kind in `opt`). */
+static void io_on_table_hyper(ps_server *s, zmq_msg_t *f, const ps_header *h)
+{
+    char why[256], label[128];
+    srv_table *t = srv_find_table(s, h->key);
+    if (!t) {
+        ps_errorf(why, sizeof why, "hyper-parameters of table %llu, which is not declared on "
+            "this server", (unsigned long long)h->key);
+        io_error(s, &f[0], h, PS_ENOTFOUND, why);
+        return;
+    }
+    const ps_opt_config *in = &h->hello.opt;
+    ps_opt_config next = t->opt_now;
+    srv_table_label(t, label, sizeof label);
+    /* `opt` names the dense kind whose hyper-parameters the table's takes
+     * (ps_table_decl_params_kind: a hello's `opt` holds no table-only kind) */
+    int pk = ps_table_decl_params_kind(next.kind), changed = 0;
+    if (in->kind != PS_OPT_NONE && in->kind != pk) {
+        ps_errorf(why, sizeof why, "%s runs %s, worker %d asks for %s; a table's optimizer "
+            "cannot change (declare it with that one)", label, ps_table_opt_name(next.kind),
+            h->rank, ps_opt_name(in->kind));
+        io_error(s, &f[0], h, PS_EMISMATCH, why);
+        return;
+    }
+    for (int p = 0; p < PS_OPT_NPARAMS; p++)
+        if (ps_opt_is_given(in, p) && ps_opt_uses(pk, p) &&
+            ps_opt_get(in, p) != ps_opt_get(&next, p)) {
+            ps_opt_set(&next, p, ps_opt_get(in, p));
+            changed = 1;
+        }
+    ps_table_options d = t->decl;
+    d.opt = next;
+    if (ps_table_decl_check(h->key, &d, why, sizeof why)) {
+        io_error(s, &f[0], h, PS_EINVAL, why);
+        return;
+    }
+    if (changed) {
+        int64_t from = h->push_step > 0 ? h->push_step : 0;
+        char desc[256];
+        ps_opt_config shown = next;
+        shown.kind = pk;
+        ps_opt_describe(&shown, desc, sizeof desc);
+        if (s->cfg.mode == PS_MODE_SYNC)
+            ps_info("worker %d changed the optimizer of %s (%s) to %s: the rounds from step "
+                    "%lld on use it", h->rank, label, ps_table_opt_name(next.kind), desc,
+                    (long long)from);
+        else
+            ps_info("worker %d changed the optimizer of %s (%s) to %s: the pushes from now on "
+                    "use it", h->rank, label, ps_table_opt_name(next.kind), desc);
+        t->opt_now = next;
+        ps_cmd_frame cmd = {.cmd = PS_CMD_OPT, .h = *h};
+        cmd.h.hello.opt = next;
+        cmd.h.push_step = from;
+        for (int i = 0; i < s->cfg.threads; i++)
+            srv_send_cmd(s, i, &cmd, NULL, NULL);
+    }
+    ps_header r;
+    ps_reply_header(&r, PS_MSG_HYPER, h->seq, h->rank, h->key, h->chunk);
+    r.hello = my_hello(s);
+    r.hello.opt = t->opt_now;
+    r.hello.opt.kind = pk;
+    srv_send(s, &f[0], &r);
+}
+
 /* New hyper-parameters from step h->push_step on (those h->hello.opt gives
  * and the optimizer uses; none: a question).  Sync rounds from that step
  * use them, async pushes from now on (ps_shard_set_opt, on every owner:
@@ -504,6 +591,10 @@ static void io_on_heartbeat(ps_server *s, zmq_msg_t *f, int nf, const ps_header 
 static void io_on_hyper(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 {
     (void)nf;
+    if (h->key) {
+        io_on_table_hyper(s, f, h);
+        return;
+    }
     const ps_opt_config *in = &h->hello.opt;
     ps_opt_config next = s->opt_now;
     char why[256];

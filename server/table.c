@@ -34,7 +34,7 @@ int ps_table_check_config(const ps_table_config *c, char *why, size_t why_len)
     unsigned long long tk = (unsigned long long)c->table;
     if (ps_table_state_arrays(c->opt.kind) < 0) { /* the store takes no "none" */
         ps_errorf(why, why_len, "table %llu: the optimizer must be sgd, momentum, nesterov, "
-            "adagrad, adam or ftrl, got kind %d (%s)", tk, c->opt.kind,
+            "adagrad, adam, ftrl or rowwise_adagrad, got kind %d (%s)", tk, c->opt.kind,
             ps_opt_name(c->opt.kind));
         return PS_EINVAL;
     }
@@ -76,11 +76,12 @@ int ps_table_create(const ps_table_config *cfg, ps_table **out, char *why, size_
     t->cfg = *cfg;
     t->o = (tbl_opt){cfg->opt, cfg->ftrl_beta, cfg->ftrl_l1, cfg->ftrl_l2};
     t->nstate = ps_table_state_arrays(cfg->opt.kind);
+    t->slen = ps_table_state_len(cfg->opt.kind, cfg->dim);
     t->last_rank = -1;
     t->maker = -1;
     t->ncells = cfg->min_count >= 2 ? (cfg->filter_cells ? cfg->filter_cells
                                                         : PS_TABLE_FILTER_CELLS) : 0;
-    tbl_rows_config rc_ = {cfg->table,      cfg->dim * (uint32_t)(1 + t->nstate),
+    tbl_rows_config rc_ = {cfg->table,      cfg->dim + (uint32_t)(t->nstate * t->slen),
                            cfg->opt.kind == PS_OPT_ADAM, cfg->max_rows,
                            cfg->max_memory, cfg->mem_used,
                            cfg->worker_mem, cfg->num_workers,
@@ -127,7 +128,7 @@ void ps_table_initial_row(const ps_table_config *c, uint64_t id, float *out)
 
 size_t ps_table_row_bytes(const ps_table *t)
 {
-    return (size_t)4 * t->cfg.dim * (size_t)(1 + t->nstate) +
+    return (size_t)4 * (t->cfg.dim + (size_t)t->nstate * t->slen) +
            (t->cfg.opt.kind == PS_OPT_ADAM ? 4 : 0);
 }
 
@@ -178,7 +179,7 @@ uint64_t table_create_row(ps_table *t, uint64_t id, uint64_t pos)
     pos = tbl_create_row(&t->r, id, pos);
     float *w = tbl_rec_w(tbl_rec(&t->r, tbl_slot_at(&t->r, pos)));
     ps_table_initial_row(&t->cfg, id, w);
-    memset(w + t->cfg.dim, 0, (size_t)t->nstate * t->cfg.dim * sizeof(float));
+    memset(w + t->cfg.dim, 0, (size_t)t->nstate * t->slen * sizeof(float));
     return pos;
 }
 
@@ -479,10 +480,77 @@ void table_update_row(ps_table *t, uint64_t p, const float *g, float lr, int64_t
     t->st.updated++;
 }
 
+void table_take_opt(ps_table *t, int64_t version)
+{
+    int k = 0;
+    while (k < t->nsched && t->sched[k].from <= version) {
+        t->cfg.opt = t->sched[k].opt;
+        t->o.opt = t->sched[k].opt;
+        k++;
+    }
+    if (k) {
+        t->nsched -= k;
+        memmove(t->sched, t->sched + k, (size_t)t->nsched * sizeof t->sched[0]);
+    }
+}
+
+void ps_table_set_opt(ps_table *t, int64_t from, const ps_opt_config *opt)
+{
+    if (t->nsched == TABLE_SCHED) /* the oldest change is due first: it takes effect now */
+        table_take_opt(t, t->sched[0].from);
+    ps_opt_config o = *opt;
+    o.kind = t->cfg.opt.kind;
+    int at = t->nsched; /* in the order of `from` (after the changes of the same) */
+    while (at > 0 && t->sched[at - 1].from > from)
+        at--;
+    memmove(t->sched + at + 1, t->sched + at, (size_t)(t->nsched - at) * sizeof t->sched[0]);
+    t->sched[at].from = from;
+    t->sched[at].opt = o;
+    t->nsched++;
+    table_take_opt(t, t->version);
+}
+
+int ps_table_assign(ps_table *t, const uint64_t *ids, size_t n, const float *rows, size_t len,
+                    char *why, size_t why_len)
+{
+    size_t d = t->cfg.dim;
+    if (len != n * d)
+        return table_size_error(t, "assign", n, len, why, why_len);
+    uint64_t gen, charged, created = t->r.created;
+    size_t npos = t->npos;
+    int rc = look_up(t, ids, n, &gen, &charged, why, why_len); /* room for the rows to make */
+    if (rc) {
+        table_pos_undo(t, npos);
+        return rc;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t p = t->pos[i];
+        if (p == NO_ROW || t->r.map_gen != gen) {
+            int found;
+            p = tbl_find(&t->r, ids[i], &found);
+            if (!found)
+                p = table_create_row(t, ids[i], p);
+        }
+        uint32_t s = tbl_slot_at(&t->r, p);
+        float *w = tbl_rec_w(tbl_rec(&t->r, s));
+        memcpy(w, rows + i * d, d * sizeof(float));
+        memset(w + d, 0, (size_t)t->nstate * t->slen * sizeof(float));
+        uint32_t *c = tbl_cnt(&t->r, s);
+        if (c)
+            *c = 0;
+        t->r.map[p] |= TBL_DIRTY;
+        tbl_touch(&t->r, s);
+    }
+    charge_settle(t, charged, created);
+    table_pos_release(t);
+    return 0;
+}
+
 int ps_table_push(ps_table *t, const uint64_t *ids, size_t n, const float *g, size_t g_len,
                   int64_t m, char *why, size_t why_len)
 {
     size_t d = t->cfg.dim;
+    table_take_opt(t, t->version);
     if (g_len != n * d)
         return table_size_error(t, "push", n, g_len, why, why_len);
     if (m < 1) {
@@ -542,9 +610,10 @@ static void view_of(const ps_table *t, uint32_t s, ps_table_row_view *v)
     v->id = tbl_rec_id(rec);
     v->dim = t->cfg.dim;
     v->nstate = t->nstate;
+    v->state_len = (uint32_t)t->slen;
     v->w = tbl_rec_w(rec);
     v->state[0] = t->nstate >= 1 ? v->w + d : NULL;
-    v->state[1] = t->nstate >= 2 ? v->w + 2 * d : NULL;
+    v->state[1] = t->nstate >= 2 ? v->w + d + t->slen : NULL;
     v->count = c ? *c : 0;
 }
 
@@ -623,7 +692,7 @@ int ps_table_restore_row(ps_table *t, const ps_table_row_view *v, char *why, siz
     float *w = tbl_rec_w(tbl_rec(&t->r, s));
     memcpy(w, v->w, d * sizeof(float));
     for (int k = 0; k < t->nstate; k++)
-        memcpy(w + (size_t)(k + 1) * d, v->state[k], d * sizeof(float));
+        memcpy(w + d + (size_t)k * t->slen, v->state[k], t->slen * sizeof(float));
     uint32_t *c = tbl_cnt(&t->r, s);
     if (c)
         *c = v->count;

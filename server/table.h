@@ -228,6 +228,22 @@ void ps_table_round_cancel(ps_table *t);
 /* Pushes in the open round, and the last rank added (-1: none). */
 int ps_table_round_contributors(const ps_table *t, int *last_rank);
 
+/* New hyper-parameters (opt: complete; its kind is the table's whatever it
+ * says) for the updates after version `from`: the sync round that makes
+ * version from + 1 and every later one; 0 (or a version reached already):
+ * from the next update on.  A table holds 8 changes not due yet; a ninth
+ * makes the oldest take effect now. */
+void ps_table_set_opt(ps_table *t, int64_t from, const ps_opt_config *opt);
+
+/* Set the values of the rows of ids[0..n) (distinct) to rows (len = n * dim
+ * floats): rows missing are made (whatever the filter says), their optimizer
+ * state and count zeroed; touched and dirty; the rows made are charged to
+ * the worker of ps_table_set_maker as a pull's.  Errors: PS_EPROTO (len),
+ * PS_ETOOBIG (the rows to make do not fit the table, its worker's share or
+ * a full=refuse cap: nothing changed), PS_ENOMEM. */
+int ps_table_assign(ps_table *t, const uint64_t *ids, size_t n, const float *rows, size_t len,
+                    char *why, size_t why_len);
+
 /* The row updates since the last call whose results were not finite (the
  * table's guard kept those values; see ps_table_config.guard): how many,
  * the values kept, and the first row's id. */
@@ -249,8 +265,11 @@ typedef struct ps_table_row_view {
     uint32_t dim;
     int nstate;            /* ps_table_state_arrays(kind) */
     const float *w;        /* dim values */
-    const float *state[2]; /* nstate arrays of dim floats (adam: m, v; ftrl: z, n) */
+    const float *state[2]; /* nstate arrays of state_len floats (adam: m, v; ftrl: z, n;
+                              row-wise adagrad: its one float) */
     uint32_t count;        /* adam: the row's updates (its t, saturating); else 0 */
+    uint32_t state_len;    /* floats per state array: dim (row-wise adagrad: 1); a view
+                              given to ps_table_restore_row has the table's */
 } ps_table_row_view;
 
 /* Read-only look at one row (no touch, nothing created): 1 and *v filled

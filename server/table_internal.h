@@ -10,10 +10,15 @@
 #include "table.h"
 #include "table_hash.h"
 
+/* hyper-parameter changes a table holds until their round (more: the oldest
+ * takes effect early) */
+#define TABLE_SCHED 8
+
 struct ps_table {
     ps_table_config cfg;
     tbl_opt o;          /* cfg's optimizer, as table_opt.c takes it */
     int nstate;
+    size_t slen;        /* floats per state array (ps_table_state_len) */
     tbl_rows r;         /* the rows; r.reserved: those the open round may create */
     uint64_t *pos;      /* a request's entry positions (UINT64_MAX: no row), npos */
     size_t npos;
@@ -33,6 +38,13 @@ struct ps_table {
     ps_table_nonfinite nf; /* updates whose results were not finite, since taken */
     int maker;           /* the worker the next pull or push is for (-1: none) */
     ps_table_counts st;  /* created and evicted: restored bases (r counts the rest) */
+    /* hyper-parameters changed (ps_table_set_opt), for the updates from
+     * version `from` on, oldest first */
+    struct {
+        int64_t from;
+        ps_opt_config opt;
+    } sched[TABLE_SCHED];
+    int nsched;
 };
 
 /* A request's entry position of an id with no row yet. */
@@ -44,6 +56,9 @@ uint64_t table_create_row(ps_table *t, uint64_t id, uint64_t pos);
 /* Update the row of entry p with gradient row g at rate lr, counting as m
  * updates (its results checked with cfg.guard). */
 void table_update_row(ps_table *t, uint64_t p, const float *g, float lr, int64_t m);
+/* The hyper-parameters scheduled (ps_table_set_opt) for the update of
+ * version `version` + 1 on, taken now. */
+void table_take_opt(ps_table *t, int64_t version);
 /* PS_EPROTO, why saying that `what` of n ids came with len floats, not
  * n x dim. */
 int table_size_error(const ps_table *t, const char *what, size_t n, size_t len, char *why,

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "optimizer.h"
+#include "ps_table_row.h"
 
 int ps_table_state_arrays(int kind)
 {
@@ -14,17 +15,25 @@ int ps_table_state_arrays(int kind)
     case PS_OPT_SGD: return 0;
     case PS_OPT_MOMENTUM:
     case PS_OPT_NESTEROV:
-    case PS_OPT_ADAGRAD: return 1;
+    case PS_OPT_ADAGRAD:
+    case PS_TABLE_OPT_ROWWISE_ADAGRAD: return 1;
     case PS_OPT_ADAM:
     case PS_TABLE_OPT_FTRL: return 2;
     default: return -1;
     }
 }
 
+size_t ps_table_state_len(int kind, size_t dim)
+{
+    return kind == PS_TABLE_OPT_ROWWISE_ADAGRAD ? 1 : dim;
+}
+
 const char *ps_table_opt_name(int kind)
 {
     if (kind == PS_TABLE_OPT_FTRL)
         return "ftrl";
+    if (kind == PS_TABLE_OPT_ROWWISE_ADAGRAD)
+        return "rowwise_adagrad";
     return ps_table_state_arrays(kind) < 0 ? "unknown" : ps_opt_name(kind);
 }
 
@@ -103,6 +112,8 @@ size_t tbl_apply_row(const tbl_opt *o, float *w, size_t d, uint32_t *cnt, const 
             *cnt = before;
         return kept;
     }
+    case PS_TABLE_OPT_ROWWISE_ADAGRAD:
+        return ps_table_rowwise_adagrad_checked(w, s0, g, d, lr, c->eps, c->weight_decay, guard);
     case PS_TABLE_OPT_FTRL:
         return ftrl(w, s0, s1, g, d, lr, o->ftrl_beta, o->ftrl_l1, o->ftrl_l2, c->weight_decay,
                     !guard);

@@ -19,8 +19,14 @@
  * State arrays: z, n. */
 _Static_assert(PS_OPT_KIND_MAX < PS_TABLE_OPT_FTRL,
                "a dense optimizer kind took PS_TABLE_OPT_FTRL's number");
+_Static_assert(PS_OPT_KIND_LAST < PS_TABLE_OPT_ROWWISE_ADAGRAD,
+               "a dense optimizer kind took PS_TABLE_OPT_ROWWISE_ADAGRAD's number");
 
-/* A table's optimizer: the kind (sgd .. adam, or FTRL) with its
+/* Row-wise adagrad (PS_TABLE_OPT_ROWWISE_ADAGRAD, ps_types.h has the
+ * formula): one state float per row (m), after the row's values; its kernel
+ * is common/ps_table_row.h's (ps_worker's local tables run it too). */
+
+/* A table's optimizer: the kind (sgd .. adam, FTRL or row-wise adagrad) with its
  * hyper-parameters, and FTRL's own. */
 typedef struct tbl_opt {
     ps_opt_config opt;
@@ -30,16 +36,21 @@ typedef struct tbl_opt {
 /* The optimizer state arrays a row keeps for kind (0, 1 or 2), or -1 when
  * tables do not take that kind. */
 int ps_table_state_arrays(int kind);
-/* "sgd" .. "adam", "ftrl"; "unknown" otherwise. */
+/* The floats of each state array of a row of dim values: dim, but 1 for
+ * row-wise adagrad. */
+size_t ps_table_state_len(int kind, size_t dim);
+/* "sgd" .. "adam", "ftrl", "rowwise_adagrad"; "unknown" otherwise. */
 const char *ps_table_opt_name(int kind);
 
 /* One update of a row of d values w (its state arrays follow it: w + d,
- * w + 2d) with gradient row g at rate lr, counting as m updates; cnt: the
- * row's update count (adam: its t, raised by m here; else unused, may be
- * NULL).  guard: the results are checked (ps_opt_apply_checked,
- * optimizer.h): each value whose new value or state would not be finite
- * keeps its old ones (a row none of whose values moved keeps its count
- * too).  Returns how many values kept theirs (0 without guard). */
+ * w + 2d; row-wise adagrad's one float at w + d) with gradient row g at
+ * rate lr, counting as m updates; cnt: the row's update count (adam: its t,
+ * raised by m here; else unused, may be NULL).  guard: the results are
+ * checked (ps_opt_apply_checked, optimizer.h): each value whose new value
+ * or state would not be finite keeps its old ones (a row none of whose
+ * values moved keeps its count too; row-wise adagrad's row, one state for
+ * all its values, moves whole or not at all).  Returns how many values
+ * kept theirs (0 without guard). */
 size_t tbl_apply_row(const tbl_opt *o, float *w, size_t d, uint32_t *cnt, const float *g,
                      float lr, int64_t m, int guard);
 

@@ -35,6 +35,7 @@ typedef struct tpart {
     size_t npend, cap_pend;
     twait *wait;           /* pulls and acknowledgements that wait, in arrival order */
     size_t nwait, cap_wait;
+    char name[PS_TABLE_NAME_MAX + 1]; /* for logs; "" none (ps_tparts_set_name) */
     int64_t round_t0;      /* sync, with metrics: the open round's first push's receipt */
 } tpart;
 
@@ -698,4 +699,42 @@ int ps_tparts_table_counts(const ps_tparts *t, uint64_t key, ps_table_counts *ou
         return PS_ENOTFOUND;
     ps_table_stats(p->store, out);
     return 0;
+}
+
+/* ---- what the I/O thread tells a table (server_msg.c) ---- */
+
+void ps_tparts_set_name(ps_tparts *t, uint64_t key, const char *name)
+{
+    tpart *p = find(t, key);
+    if (p && name[0])
+        snprintf(p->name, sizeof p->name, "%s", name);
+}
+
+const char *ps_tparts_name(const ps_tparts *t, uint64_t key)
+{
+    tpart *p = find(t, key);
+    return p && p->name[0] ? p->name : NULL;
+}
+
+int ps_tparts_set_opt(ps_tparts *t, uint64_t key, int64_t from, const ps_opt_config *opt)
+{
+    tpart *p = find(t, key);
+    if (!p)
+        return PS_ENOTFOUND;
+    /* async: from the next push on */
+    ps_table_set_opt(p->store, t->cfg.mode == PS_MODE_SYNC ? from : 0, opt);
+    return 0;
+}
+
+int ps_tparts_assign(ps_tparts *t, uint64_t key, int rank, const uint64_t *ids, size_t n,
+                     const float *rows, int64_t *version, char *why, size_t why_len)
+{
+    tpart *p = find_declared(t, key, why, why_len);
+    if (!p)
+        return PS_ENOTFOUND;
+    ps_table_set_maker(p->store, rank);
+    int rc = ps_table_assign(p->store, ids, n, rows, n * p->decl.dim, why, why_len);
+    ps_table_set_maker(p->store, -1);
+    *version = ps_table_version(p->store);
+    return rc;
 }

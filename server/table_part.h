@@ -210,4 +210,20 @@ ps_table *ps_tparts_store(ps_tparts *t, uint64_t key);
 /* The table's counters here (its partition's store). */
 int ps_tparts_table_counts(const ps_tparts *t, uint64_t key, ps_table_counts *out);
 
+/* ---- what the I/O thread tells a table ---- */
+
+/* The table's name for logs (a worker's declaration gave it; "" none). */
+void ps_tparts_set_name(ps_tparts *t, uint64_t key, const char *name);
+/* Its name, or NULL when it has none (or no such table). */
+const char *ps_tparts_name(const ps_tparts *t, uint64_t key);
+/* New hyper-parameters of table `key` (a HYPER of its key): sync, for the
+ * rounds from step `from` on; async, from the next push on (ps_table_set_opt).
+ * PS_ENOTFOUND. */
+int ps_tparts_set_opt(ps_tparts *t, uint64_t key, int64_t from, const ps_opt_config *opt);
+/* Set rows of table `key` (a SASSIGN of worker `rank`, charged the rows it
+ * makes: ps_table_assign); *version: the partition's.  Errors:
+ * PS_ENOTFOUND, PS_ETOOBIG, PS_ENOMEM. */
+int ps_tparts_assign(ps_tparts *t, uint64_t key, int rank, const uint64_t *ids, size_t n,
+                     const float *rows, int64_t *version, char *why, size_t why_len);
+
 #endif

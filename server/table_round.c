@@ -240,6 +240,7 @@ void ps_table_round_finish(ps_table *t)
         return;
     }
     size_t d = t->cfg.dim;
+    table_take_opt(t, t->version); /* this round's hyper-parameters */
     /* the mean over the pushes summed, as shard.c's finish_round divides */
     float nw = (float)t->ncontrib;
     float lr = ps_opt_lr_at(&t->cfg.opt, t->version + 1);

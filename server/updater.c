@@ -427,6 +427,7 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, ps_shm_
     case PS_MSG_SPULL:
     case PS_MSG_SPUSH:
     case PS_MSG_SPUSHPULL:
+    case PS_MSG_SASSIGN:
         if (upd_sparse(u, r, h, pl))
             u->spare = NULL; /* kept: answered later */
         break;
@@ -606,7 +607,10 @@ static void *upd_main(void *arg)
             } else if (cf.cmd == PS_CMD_TABLE) {
                 upd_table(u, &cf);
             } else if (cf.cmd == PS_CMD_OPT) {
-                ps_shard_set_opt(u->shard, cf.h.push_step, &cf.h.hello.opt);
+                if (cf.h.key) /* a table's (HYPER with its key) */
+                    ps_tparts_set_opt(u->tparts, cf.h.key, cf.h.push_step, &cf.h.hello.opt);
+                else
+                    ps_shard_set_opt(u->shard, cf.h.push_step, &cf.h.hello.opt);
             } else if (cf.cmd == PS_CMD_SNAP) {
                 upd_snap_start(u, &cf);
             } else if (cf.cmd == PS_CMD_SNAP_FLUSH) {

@@ -80,7 +80,13 @@ void upd_error(ps_updater *u, req_ctx *r, int code, const char *why)
     ps_header h;
     ps_reply_error(&h, r->seq, r->rank, r->key, r->chunk, code, why);
     u->errors++;
-    if (ps_rlimit_allow(&u->rl))
+    const char *name = ps_msg_is_sparse(r->type) ? ps_tparts_name(u->tparts, r->key) : NULL;
+    int say = ps_rlimit_allow(&u->rl);
+    if (say && name)
+        ps_warn("refused %s from worker %d (table '%s', key %llu, partition %u): %s: %s",
+                ps_msg_type_name(r->type), r->rank, name, (unsigned long long)r->key, r->chunk,
+                ps_strerror(code), why);
+    else if (say)
         ps_warn("refused %s from worker %d (key %llu chunk %u): %s: %s",
                 ps_msg_type_name(r->type), r->rank, (unsigned long long)r->key, r->chunk,
                 ps_strerror(code), why);
@@ -227,8 +233,12 @@ void upd_note_restore_skips(ps_updater *u, const ps_header *h)
 {
     const char *what = ps_msg_is_sparse(h->type) ? "table %llu partition %u"
                                                  : "key %llu chunk %u";
-    char where[64];
-    snprintf(where, sizeof where, what, (unsigned long long)h->key, h->chunk);
+    const char *name = ps_msg_is_sparse(h->type) ? ps_tparts_name(u->tparts, h->key) : NULL;
+    char where[128];
+    if (name)
+        snprintf(where, sizeof where, "table '%s' partition %u", name, h->chunk);
+    else
+        snprintf(where, sizeof where, what, (unsigned long long)h->key, h->chunk);
     uint64_t jumped = ps_shard_jumped(u->shard) + ps_tparts_jumped(u->tparts);
     if (jumped != u->jump_seen && ps_rlimit_allow(&u->rl)) {
         ps_warn("%s: the first push of worker %d since the restore is step %lld, %llu beyond "

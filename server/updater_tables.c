@@ -206,6 +206,48 @@ void upd_thook_ready(void *user, void *waiter, int64_t version)
     upd_req_free(r);
 }
 
+/* A SASSIGN: the rows set (exactly: float32 only), acknowledged. */
+static void upd_sassign(ps_updater *u, req_ctx *r, const ps_header *h, const char *ids,
+                        const char *in_arena, zmq_msg_t *pl)
+{
+    char why[256];
+    size_t n = (size_t)h->count;
+    if (h->dtype != PS_DTYPE_F32) {
+        upd_error(u, r, PS_EPROTO, "a sparse assign's rows are float32 (d = 1): the values are "
+                  "set as they are");
+        return;
+    }
+    uint64_t *id = ids_of(ids, n);
+    if (id && upd_ids_here(u, r, h, id, n, "assigned id")) {
+        free(id);
+        return;
+    }
+    float *copy = NULL;
+    const float *rows = NULL;
+    if (in_arena) {
+        rows = (const float *)(const void *)(in_arena + 8 * n); /* 4-byte aligned after the ids */
+    } else if (n) {
+        ps_header vh = *h; /* the rows frame as values */
+        vh.count = n * h->dim;
+        rows = upd_frame_values(&vh, &pl[1], &copy);
+    } else {
+        static const float none[1];
+        rows = none;
+    }
+    int64_t version = 0;
+    int rc = PS_ENOMEM;
+    if (id && rows)
+        rc = ps_tparts_assign(u->tparts, h->key, h->rank, id, n, rows, &version, why, sizeof why);
+    else
+        snprintf(why, sizeof why, "out of memory receiving a sparse assign");
+    free(id);
+    free(copy);
+    if (rc)
+        upd_error(u, r, rc, why);
+    else
+        upd_ack(u, r, version, 0);
+}
+
 /* A sparse request (updater_tables.h).  1 when r is kept. */
 int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
 {
@@ -231,6 +273,10 @@ int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
         ids = zmq_msg_data(&pl[0]);
         pids = zmq_msg_data(&pl[2]);
         u->bytes_in += zmq_msg_size(&pl[0]) + zmq_msg_size(&pl[1]) + zmq_msg_size(&pl[2]);
+    }
+    if (h->type == PS_MSG_SASSIGN) {
+        upd_sassign(u, r, h, ids, in_arena, pl);
+        return 0;
     }
     if (h->type == PS_MSG_SPULL) {
         r->npull = n;
@@ -312,15 +358,21 @@ int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
 }
 
 
-/* PS_CMD_TABLE: take this thread's partition of a table just declared. */
+/* PS_CMD_TABLE: take this thread's partition of a table just declared (no
+ * store: only its name, given by a later declaration of a restored table). */
 void upd_table(ps_updater *u, const ps_cmd_frame *cf)
 {
     char why[256];
+    if (!cf->store) { /* a restored table's name */
+        ps_tparts_set_name(u->tparts, cf->h.key, cf->h.table_name);
+        return;
+    }
     int rc = ps_tparts_adopt(u->tparts, cf->h.key, &cf->h.table, cf->store, why, sizeof why);
     if (rc) {
         ps_error("update thread %d: %s", u->cfg.idx, why);
         return;
     }
+    ps_tparts_set_name(u->tparts, cf->h.key, cf->h.table_name);
     if (!cf->after_restore)
         return;
     /* the workers may be steps ahead of it: a sync partition fast-forwards

@@ -81,11 +81,12 @@ int main(void)
            (int)((t)0.5 == 0));
     PS_OPT_PARAMS(OPT_ROW_)
 #undef OPT_ROW_
-    printf("opt_kinds %d %d %d %d %d %d %d %d\n", PS_OPT_NONE, PS_OPT_SGD, PS_OPT_MOMENTUM,
-           PS_OPT_NESTEROV, PS_OPT_ADAGRAD, PS_OPT_ADAM, PS_OPT_AVERAGE, PS_OPT_ADD);
+    printf("opt_kinds %d %d %d %d %d %d %d %d %d\n", PS_OPT_NONE, PS_OPT_SGD, PS_OPT_MOMENTUM,
+           PS_OPT_NESTEROV, PS_OPT_ADAGRAD, PS_OPT_ADAM, PS_OPT_AVERAGE, PS_OPT_ADD, PS_OPT_ADAMW);
     printf("modes %d %d\n", PS_MODE_SYNC, PS_MODE_ASYNC);
-    printf("table_inits %d %d %d ftrl %d\n", PS_TABLE_INIT_ZEROS, PS_TABLE_INIT_UNIFORM,
-           PS_TABLE_INIT_NORMAL, PS_TABLE_OPT_FTRL);
+    printf("table_inits %d %d %d ftrl %d rowwise_adagrad %d\n", PS_TABLE_INIT_ZEROS,
+           PS_TABLE_INIT_UNIFORM, PS_TABLE_INIT_NORMAL, PS_TABLE_OPT_FTRL,
+           PS_TABLE_OPT_ROWWISE_ADAGRAD);
 #define ERR_ROW_(name, value, text) printf("error %s %d\n", #name, value);
     PS_ERRORS(ERR_ROW_)
 #undef ERR_ROW_

@@ -94,15 +94,16 @@ static float *all_rows(tj_job *j, int step)
     return rows;
 }
 
-/* the job of these tests: 2 servers of 2 threads, 2 sync workers, an
- * adagrad table capped below the ids it sees (evictions) */
-static int start_job(tj_job *j, const char *more)
+/* the job of these tests: 2 servers of 2 threads, 2 sync workers, a table
+ * of optimizer `kind` (adagrad, or row-wise adagrad and its one state float
+ * a row) capped below the ids it sees (evictions) */
+static int start_job(tj_job *j, const char *more, int kind)
 {
     char flags[600];
     snprintf(flags, sizeof flags, "--mode sync --optimizer sgd --lr 0.1 --threads 2 %s", more);
     if (tj_prepare(j, 2, 2, flags, DIM, PS_TABLE_INIT_UNIFORM))
         return -1;
-    j->topt.opt.kind = PS_OPT_ADAGRAD;
+    j->topt.opt.kind = kind;
     j->topt.opt.lr = 0.05f;
     j->topt.max_rows = 2400;
     return tj_connect(j);
@@ -125,11 +126,13 @@ static void kill_and_restore(tj_job *j, int step)
 
 PS_TEST(a_killed_server_restored_from_its_chain_ends_with_the_rows_of_an_uninterrupted_run)
 {
+    /* row-wise adagrad: its state (one float a row) goes through the chain
+     * too, else the rows after the restore would differ */
     TJ_NEED_SERVER();
     const int steps = 12;
     /* the run that is not interrupted */
     tj_job a;
-    CHECK_OK(start_job(&a, ""));
+    CHECK_OK(start_job(&a, "", PS_TABLE_OPT_ROWWISE_ADAGRAD));
     CHECK_OK(run_steps(&a, 0, steps, NULL));
     float *want = all_rows(&a, steps);
     CHECK(want);
@@ -139,7 +142,7 @@ PS_TEST(a_killed_server_restored_from_its_chain_ends_with_the_rows_of_an_uninter
     char more[700];
     snprintf(more, sizeof more, "--checkpoint-dir %s --checkpoint-every 1", kill_dir);
     tj_job b;
-    CHECK_OK(start_job(&b, more));
+    CHECK_OK(start_job(&b, more, PS_TABLE_OPT_ROWWISE_ADAGRAD));
     kill_at = 7;
     int rc = run_steps(&b, 0, steps, kill_and_restore);
     kill_at = -1;
@@ -169,7 +172,7 @@ PS_TEST(deltas_hold_what_changed_chains_are_kept_and_another_declaration_is_refu
     snprintf(dir, sizeof dir, "%s/deltas", ps_test_tmpdir());
     snprintf(more, sizeof more, "--checkpoint-dir %s --checkpoint-every 1", dir);
     tj_job j;
-    CHECK_OK(start_job(&j, more));
+    CHECK_OK(start_job(&j, more, PS_OPT_ADAGRAD));
     CHECK_OK(run_steps(&j, 0, 14, NULL));
     float *before = all_rows(&j, 14);
     CHECK(before);

@@ -7,6 +7,7 @@
  *  - the real bin/ps_server, for the sync / async / staleness semantics.
  *    Those cases SKIP when bin/ps_server is not built.
  * Every wait is bounded. */
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -251,6 +252,7 @@ static int fake_start_curve(fake *f, int rank, int ns, int nw, int mode, float l
     f->cfg.server_rank = rank;
     f->cfg.opt.kind = PS_OPT_SGD;
     f->cfg.opt.lr = lr;
+    f->cfg.opt.given = PS_OPT_GIVEN(lr); /* a server names its whole config */
     f->tensor_len = 10;
     f->chunk_elems = 1 << 20;
     f->ctx = zmq_ctx_new();
@@ -969,7 +971,7 @@ static int sync_rounds_dt(int W, uint32_t dt)
             for (int r = 1; r < W; r++)
                 sum += via_wire(dt, g[r][i]);
             float mean = sum / (float)W;
-            master[i] = w[i] - lr * mean;
+            master[i] = fmaf(mean, -lr, w[i]); /* torch's w.add_(g, alpha=-lr) */
             want[i] = via_wire(dt, master[i]);
             if (W == 3) {
                 float other = (via_wire(dt, g[2][i]) + via_wire(dt, g[1][i])) +

@@ -336,6 +336,28 @@ PS_TEST(local_rows_start_at_the_pure_initializer_and_follow_sgd_and_adagrad)
         CHECK(rows[j] == init[j] - 0.5f * g1[j]);
     sgd->destroy(sgd);
     ada->destroy(ada);
+    /* row-wise adagrad: one sum a row, the mean of the squared gradient
+     * (summed in order) added each push, w -= lr g / (sqrt(m) + eps) */
+    ps_row_source *rw;
+    CHECK_OK(ps_row_source_local_create(2, dim, 5, PS_TABLE_OPT_ROWWISE_ADAGRAD, 0.5f, 1e-8f,
+                                        &rw));
+    CHECK_OK(rw->fetch(rw, 1, ids, 1, rows));
+    float w_rw[3], m = 0.0f;
+    memcpy(w_rw, rows, sizeof w_rw);
+    const float *gs[2] = {g1, g2};
+    for (int k = 0; k < 2; k++) {
+        float sq = 0.0f;
+        for (int j = 0; j < dim; j++)
+            sq += gs[k][j] * gs[k][j];
+        m += sq / (float)dim;
+        float r = 0.5f / (sqrtf(m) + 1e-8f);
+        for (int j = 0; j < dim; j++)
+            w_rw[j] = w_rw[j] - gs[k][j] * r;
+        CHECK_OK(rw->push(rw, 1, ids, 1, gs[k], k));
+    }
+    CHECK_OK(rw->fetch(rw, 1, ids, 1, rows));
+    CHECK(memcmp(rows, w_rw, sizeof w_rw) == 0);
+    rw->destroy(rw);
 }
 
 /* ---- the model: spec, loss, gradients ---------------------------------------- */
@@ -379,7 +401,7 @@ PS_TEST(ctr_spec_has_defaults_and_refuses_bad_keys_with_the_reason)
         {"ctr:mlp=64-", "mlp takes up to 16 layer sizes"},
         {"ctr:mlp=", "mlp must end in 1"},
         {"ctr:lr=-1", "lr must be a number"},
-        {"ctr:opt=adam", "opt must be sgd or adagrad"},
+        {"ctr:opt=adam", "opt must be sgd, adagrad or rowwise_adagrad"},
         {"ctr:full=drop", "full must be evict or refuse"},
         {"ctr:cap=0", "cap must be an integer in [1, "},
         {"ctrl", "not a click-through model spec"},
@@ -1135,7 +1157,7 @@ static double epoch_auc(const char *path, char *fp, size_t fp_len)
  * by W workers: 0 when every process exited 0; rank 0's test AUC and its
  * scores' fingerprint. */
 static int ctr_through_servers(int S, int W, const char *mode, const char *tag, double *auc,
-                               char *fp, size_t fp_len)
+                               char *fp, size_t fp_len, const char *opt)
 {
     int spid[4], wpid[4], port[4];
     char eps[256] = "", words[1024], log[512];
@@ -1153,8 +1175,8 @@ static int ctr_through_servers(int S, int W, const char *mode, const char *tag, 
     }
     for (int r = 0; r < W; r++) {
         snprintf(words, sizeof words, "--servers %s --rank %d --num-workers %d --mode %s "
-                 "--model ctr:fields=8,rows=100000,mlp=64-1 --data synthetic-ctr:200000 "
-                 "--log-every 1000", eps, r, W, mode);
+                 "--model ctr:fields=8,rows=100000,mlp=64-1,opt=%s --data synthetic-ctr:200000 "
+                 "--log-every 1000", eps, r, W, mode, opt);
         snprintf(log, sizeof log, "%s/%s-worker%d.log", ps_test_tmpdir(), tag, r);
         wpid[r] = ps_test_spawn_words("ps_worker", words, log);
     }
@@ -1176,6 +1198,11 @@ static int ctr_through_servers(int S, int W, const char *mode, const char *tag, 
             printf("# %s server %d: no closing line with its tables\n", tag, k);
             bad = 1;
         }
+        /* and names them by field (the declaration's name) */
+        if (!ps_test_file_has(log, "table 'ctr field 7' (key ")) {
+            printf("# %s server %d: its log does not name the tables by field\n", tag, k);
+            bad = 1;
+        }
     }
     snprintf(log, sizeof log, "%s/%s-worker0.log", ps_test_tmpdir(), tag);
     *auc = epoch_auc(log, fp, fp_len);
@@ -1193,10 +1220,21 @@ PS_TEST(ps_worker_ctr_through_2_servers_sync_and_async_reaches_test_auc_0_6)
     for (int i = 0; i < 2; i++) {
         double auc;
         char fp[32];
-        CHECK_OK(ctr_through_servers(2, 1, modes[i], modes[i], &auc, fp, sizeof fp));
+        CHECK_OK(ctr_through_servers(2, 1, modes[i], modes[i], &auc, fp, sizeof fp, "adagrad"));
         printf("# %s through 2 servers: test auc %.4f\n", modes[i], auc);
         CHECK_MSG(auc >= 0.6, "%s: test auc %.4f", modes[i], auc);
     }
+}
+
+/* The tables with row-wise adagrad (one state float a row) learn as well. */
+PS_TEST(ps_worker_ctr_with_rowwise_adagrad_tables_reaches_test_auc_0_6)
+{
+    double auc;
+    char fp[32];
+    CHECK_OK(ctr_through_servers(1, 1, "async", "rowwise", &auc, fp, sizeof fp,
+                                 "rowwise_adagrad"));
+    printf("# async, row-wise adagrad tables: test auc %.4f\n", auc);
+    CHECK_MSG(auc >= 0.6, "test auc %.4f", auc);
 }
 
 PS_TEST(ps_worker_ctr_sync_two_workers_through_servers_repeats_bit_for_bit)
@@ -1205,7 +1243,7 @@ PS_TEST(ps_worker_ctr_sync_two_workers_through_servers_repeats_bit_for_bit)
     char fp[2][32];
     for (int run = 0; run < 2; run++)
         CHECK_OK(ctr_through_servers(2, 2, "sync", run ? "sync2b" : "sync2a", &auc[run], fp[run],
-                                     sizeof fp[run]));
+                                     sizeof fp[run], "adagrad"));
     printf("# sync, 2 workers: test auc %.4f and %.4f, scores %s and %s\n", auc[0], auc[1],
            fp[0], fp[1]);
     CHECK_MSG(strlen(fp[0]) == 16, "no scores fingerprint in the log");

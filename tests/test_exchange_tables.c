@@ -16,7 +16,9 @@
  *    order first seen, exactly what the caller wrote (an id that comes
  *    three times is updated once);
  *  - the order of the calls (two batches in flight at most, a push of the
- *    rows given, steps that go up) is enforced.
+ *    rows given, steps that go up) is enforced;
+ *  - ps.torch's: a sorted table's ids ascending as int64, extend's ids
+ *    pushed with the batch's.
  * Every wait is bounded: a watchdog interrupts the exchange. */
 #include <pthread.h>
 #include <stdint.h>
@@ -60,6 +62,8 @@ static void *dog_main(void *arg)
 }
 
 /* Worker 0 of job j: the exchange with j's table, started. */
+static int xworker_sorted; /* the table's ids ascending (ps_exchange_table_sorted) */
+
 static int xworker_open(xworker *k, tj_job *j)
 {
     memset(k, 0, sizeof *k);
@@ -75,7 +79,8 @@ static int xworker_open(xworker *k, tj_job *j)
     if ((rc = ps_backend_host_create(&k->b)) || (rc = ps_exchange_open(&o, k->b, &k->x)))
         return rc;
     k->dog_on = pthread_create(&k->dog, NULL, dog_main, k) == 0;
-    if ((rc = ps_exchange_add_table(k->x, j->table, &j->topt, MAXIDS, 0)))
+    if ((rc = ps_exchange_add_table(k->x, j->table, &j->topt, MAXIDS, 0)) ||
+        (xworker_sorted && (rc = ps_exchange_table_sorted(k->x, 0, 1))))
         return rc;
     return ps_exchange_start(k->x);
 }
@@ -550,6 +555,85 @@ PS_TEST(a_push_is_one_gradient_row_per_distinct_id_exactly_as_written)
     CHECK_OK(stats_rc);
     /* the two servers hold the three rows between them, nothing else */
     CHECK_EQ_INT(st0.rows + st1.rows, 3);
+}
+
+/* ps.torch's calls: a sorted table gives its distinct ids ascending as
+ * int64 (negative ones first) with each entry's index following them, and
+ * extend adds ids to the taken batch, their gradient rows pushed with its
+ * own (zeroed first), the batch's rows untouched; extend past max_ids or
+ * before rows is refused. */
+PS_TEST(a_sorted_table_orders_its_ids_and_extend_adds_rows_to_the_push)
+{
+    TJ_NEED_SERVER();
+    tj_job j;
+    CHECK_OK(tj_prepare(&j, 1, 1, "--mode sync --optimizer sgd --lr 0.1", DIM,
+                        PS_TABLE_INIT_UNIFORM));
+    j.topt.opt.lr = LR;
+    xworker_sorted = 1;
+    xworker k;
+    int rc = xworker_open(&k, &j);
+    xworker_sorted = 0;
+    const uint64_t batch[6] = {9, (uint64_t)-3, 9, 2, 40, (uint64_t)-3};
+    const uint64_t want_ids[4] = {(uint64_t)-3, 2, 9, 40};
+    const int32_t want_index[6] = {2, 0, 2, 1, 3, 0};
+    const uint64_t more[2] = {77, 1};
+    uint64_t all[6];
+    memcpy(all, want_ids, sizeof want_ids);
+    memcpy(all + 4, more, sizeof more);
+    ref rf = {0};
+    char why[256] = "";
+    int refused[3] = {0};
+    ps_exchange_rows r;
+    if (!rc) {
+        refused[0] = ps_exchange_table_extend(k.x, 0, more, 2) == PS_ESTATE; /* nothing given */
+        rc = ps_exchange_table_next(k.x, 0, batch, 6, 1);
+    }
+    if (!rc && !(rc = ps_exchange_table_rows(k.x, 0, &r))) {
+        if (r.nunique != 4 || memcmp(r.ids, want_ids, sizeof want_ids) ||
+            memcmp(r.index, want_index, sizeof want_index))
+            snprintf(why, sizeof why, "ids %llu %llu .. index %d %d .., not ascending as int64",
+                     (unsigned long long)r.ids[0], (unsigned long long)r.ids[1], r.index[0],
+                     r.index[1]);
+        for (size_t i = 0; i < 4; i++)
+            for (int d = 0; d < DIM; d++)
+                r.grads[i * DIM + d] = gval(0, r.ids[i], 0, d);
+        rc = ps_exchange_table_extend(k.x, 0, more, 2);
+    }
+    if (!rc) {
+        uint64_t too_many[MAXIDS];
+        for (int i = 0; i < MAXIDS; i++)
+            too_many[i] = 1000 + (uint64_t)i;
+        refused[1] = ps_exchange_table_extend(k.x, 0, too_many, MAXIDS - 5) == PS_ETOOBIG;
+        rc = ps_exchange_table_rows(k.x, 0, &r);
+    }
+    if (!rc) {
+        refused[2] = r.nunique == 6 && memcmp(r.ids, all, sizeof all) == 0 &&
+                     r.grads[4 * DIM] == 0.0f && r.grads[6 * DIM - 1] == 0.0f;
+        for (size_t i = 0; i < 6; i++) {
+            float *w = ref_row(&rf, &j, r.ids[i]);
+            for (int d = 0; d < DIM; d++) {
+                if (i >= 4)
+                    r.grads[i * DIM + d] = gval(0, r.ids[i], 1, d);
+                w[d] = w[d] - LR * r.grads[i * DIM + d];
+            }
+        }
+        if (!(rc = ps_exchange_table_push(k.x, 0, 0)))
+            rc = ps_exchange_finish(k.x);
+    }
+    float got[6 * DIM];
+    if (!rc && !why[0] && !(rc = ps_exchange_table_lookup(k.x, 0, all, 6, got)))
+        for (int i = 0; i < 6; i++)
+            if (memcmp(got + i * DIM, ref_row(&rf, &j, all[i]), DIM * sizeof(float)))
+                snprintf(why, sizeof why, "id %llu holds %.9g.., expected %.9g..",
+                         (unsigned long long)all[i], (double)got[i * DIM],
+                         (double)ref_row(&rf, &j, all[i])[0]);
+    int fired = xworker_close(&k);
+    CHECK_OK(tj_stop(&j));
+    CHECK_MSG(rc == 0, "%s", ps_strerror(rc));
+    CHECK(!fired);
+    CHECK_MSG(!why[0], "%s", why);
+    for (int i = 0; i < 3; i++)
+        CHECK_MSG(refused[i], "case %d", i);
 }
 
 PS_TEST(calls_out_of_order_are_refused_and_change_nothing)

@@ -242,9 +242,9 @@ refused_early() { # expected-message args...
 refused_early "ps_launch: --server-threads must be an integer in [1, 64], got '65'" \
     --servers 1 --workers 1 --server-threads 65
 # worker flags that go to the servers too are checked first
-refused_early "ps_launch: worker flag --lr must be a number in (0, 1e+06], got 'fast'" \
+refused_early "ps_launch: worker flag --lr must be a number in [0, 1e+06], got 'fast'" \
     --servers 1 --workers 2 -- --model mlp:784-10 --lr fast
-refused_early "ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, average, add, got 'rmsprop'" \
+refused_early "ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, adamw, average, add, got 'rmsprop'" \
     --servers 1 --workers 1 -- --optimizer rmsprop
 refused_early "ps_launch: worker flag --max-staleness must be 0 with --mode sync, got '2'" \
     --servers 1 --workers 1 -- --max-staleness 2

@@ -140,10 +140,10 @@ static const struct {
     {"ps_launch: --timeline in the worker flags conflicts with --timeline-dir; give one of them",
      {"--servers", "1", "--workers", "1", "--timeline-dir", "t", "--", "--timeline", "a.json"}},
     /* worker flags the servers get too: refused before anything starts */
-    {"ps_launch: worker flag --lr must be a number in (0, 1e+06], got 'abc'",
+    {"ps_launch: worker flag --lr must be a number in [0, 1e+06], got 'abc'",
      {"--servers", "1", "--workers", "1", "--", "--lr", "abc"}},
-    {"ps_launch: worker flag --lr must be a number in (0, 1e+06], got '0'",
-     {"--servers", "1", "--workers", "1", "--", "--lr", "0"}},
+    {"ps_launch: worker flag --lr must be a number in [0, 1e+06], got '-0.5'",
+     {"--servers", "1", "--workers", "1", "--", "--lr", "-0.5"}},
     {"ps_launch: worker flag --momentum must be a number in [0, 1], got '1.5'",
      {"--servers", "1", "--workers", "1", "--", "--momentum", "1.5"}},
     {"ps_launch: worker flag --beta1 must be a number in [0, 1), got '1'",
@@ -159,16 +159,16 @@ static const struct {
     {"ps_launch: worker flag --lr-decay-every must be a whole number in [0, 4294967295], got '-1'",
      {"--servers", "1", "--workers", "1", "--", "--lr-decay-every", "-1"}},
     {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
-     "average, add, got 'rmsprop'",
+     "adamw, average, add, got 'rmsprop'",
      {"--servers", "1", "--workers", "1", "--", "--optimizer", "rmsprop"}},
     {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
-     "average, add, got 'mom'",
+     "adamw, average, add, got 'mom'",
      {"--servers", "1", "--workers", "1", "--", "--optimizer", "mom"}},
     {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
-     "average, add, got 'sgd, momentum'",
+     "adamw, average, add, got 'sgd, momentum'",
      {"--servers", "1", "--workers", "1", "--", "--optimizer", "sgd, momentum"}},
     {"ps_launch: worker flag --optimizer must be one of sgd, momentum, nesterov, adagrad, adam, "
-     "average, add, got ''",
+     "adamw, average, add, got ''",
      {"--servers", "1", "--workers", "1", "--", "--optimizer", ""}},
     {"ps_launch: worker flag --max-staleness must be an integer in [-1, 1000000], got '-2'",
      {"--servers", "1", "--workers", "1", "--mode", "async", "--", "--max-staleness", "-2"}},
@@ -185,7 +185,7 @@ static const struct {
     {"ps_launch: worker flag --log-csv needs a value",
      {"--servers", "1", "--workers", "1", "--", "--log-csv"}},
     /* shared flags given to ps_launch itself: the same checks, once */
-    {"ps_launch: --lr must be a number in (0, 1e+06], got 'abc'",
+    {"ps_launch: --lr must be a number in [0, 1e+06], got 'abc'",
      {"--servers", "1", "--workers", "1", "--lr", "abc"}},
     {"ps_launch: --max-staleness must be 0 with --mode sync, got '2'",
      {"--servers", "1", "--workers", "1", "--max-staleness", "2", "--exec", "prog"}},

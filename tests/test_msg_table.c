@@ -159,10 +159,11 @@ PS_TEST(a_message_without_a_key_its_row_requires_is_refused_naming_the_key)
      * error ec, and s in the replies of init, push, pull, pushpull; table k tb,
      * spull, spush, spushpull k c dim s, and s in their replies, dim in the
      * replies of spull and spushpull; hyper h s and h, assign, state, clock k
-     * c and s in the reply, setstate k c s and s, allreduce and broadcast s x2;
-     * lookup c and s in the reply, snapshot s x2, snapread k c */
+     * c and s in the reply, setstate k c s and s, allreduce and broadcast s x2,
+     * sassign k c dim and s in its reply; lookup c and s in the reply, snapshot
+     * s x2, snapread k c */
     CHECK_EQ_INT(refused, 2 + 2 + 3 * 3 + 2 + 1 + 1 + 4 + 2 + 3 * 4 + 3 + 2 + 3 + 3 * 3 + 4 +
-                              2 * 2 + 2 + 2 + 2);
+                              2 * 2 + 4 + 2 + 2 + 2);
     /* the step of a push: named with what it is */
     ps_header a = full(PS_MSG_PUSH, 0), b;
     size_t len = encode_without(&a, "s", buf, sizeof buf);
@@ -236,7 +237,7 @@ PS_TEST(payload_and_shared_memory_follow_each_row)
             CHECK_MSG((rc == 0) == m->shm, "%s %s in shared memory: %d (%s)", m->name,
                       reply ? "reply" : "request", rc, why);
             if (!m->shm)
-                CHECK(strstr(why, "the shared-memory flag is for init, push, pull, pushpull, spull, spush and spushpull"));
+                CHECK(strstr(why, "the shared-memory flag is for init, push, pull, pushpull, spull, spush, spushpull and sassign"));
             CHECK_EQ_INT(ps_msg_request_has_payload(t), m->req_payload == PS_PL_VALUES);
             CHECK_EQ_INT(ps_msg_reply_has_payload(t), m->rep_payload == PS_PL_VALUES);
         }

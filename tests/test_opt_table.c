@@ -96,13 +96,15 @@ PS_TEST(one_rule_compares_what_both_give_and_the_optimizer_uses)
     wk.momentum = 0.9f;
     wk.given = PS_OPT_GIVEN(momentum);
     CHECK_OK(ps_opt_compare(&srv, "server", &wk, "worker 0", why, sizeof why));
-    wk.lr = 0.05f; /* non-zero lr: given */
+    wk.lr = 0.05f;
+    wk.given |= PS_OPT_GIVEN(lr);
     CHECK_EQ_INT(ps_opt_compare(&srv, "server", &wk, "worker 0", why, sizeof why), PS_EMISMATCH);
     CHECK_MSG(strstr(why, "lr: server has 0.001, worker 0 has 0.05"), "message: %s", why);
     /* no optimizer named: what is given is checked against the server's */
     wk.kind = PS_OPT_NONE;
     CHECK_EQ_INT(ps_opt_compare(&srv, "server", &wk, "worker 0", why, sizeof why), PS_EMISMATCH);
     wk.lr = 0;
+    wk.given &= ~PS_OPT_GIVEN(lr);
     wk.kind = PS_OPT_SGD;
     CHECK_EQ_INT(ps_opt_compare(&srv, "server", &wk, "worker 0", why, sizeof why), PS_EMISMATCH);
     CHECK_MSG(strstr(why, "optimizer: server has adam, worker 0 has sgd"), "message: %s", why);

@@ -419,10 +419,15 @@ static void add_tiny_eps(mk *m)
     mk_key(m, "eps");
     msgpack_pack_double(&m->pk, -4.7e-303); /* -0 as a float32 */
 }
+static void add_zero_lrd(mk *m)
+{
+    mk_key(m, "lrd");
+    msgpack_pack_double(&m->pk, -0.0);
+}
 static void add_zero_lr(mk *m)
 {
     mk_key(m, "lr");
-    msgpack_pack_double(&m->pk, -0.0);
+    msgpack_pack_double(&m->pk, 0.0);
 }
 static void add_sm(mk *m) { mk_i(m, "sm", 1); }
 
@@ -443,11 +448,14 @@ PS_TEST(a_hello_arena_offer_and_hyperparameters_decode_whole_or_are_refused)
     CHECK_EQ_INT(hello_with(1, add_tiny_eps, &h, why, sizeof why), PS_EPROTO);
     CHECK_MSG(strstr(why, "eps") != NULL, "%s", why);
     /* an exact 0 (here -0) in a row where 0 means "not given" stays that */
-    CHECK_OK(hello_with(1, add_zero_lr, &h, why, sizeof why));
-    CHECK(!ps_opt_is_given(&h.hello.opt, 0));
+    CHECK_OK(hello_with(1, add_zero_lrd, &h, why, sizeof why));
+    CHECK(!ps_opt_is_given(&h.hello.opt, PS_OPT_P_lr_decay));
     uint32_t bits;
-    memcpy(&bits, &h.hello.opt.lr, sizeof bits);
+    memcpy(&bits, &h.hello.opt.lr_decay, sizeof bits);
     CHECK_EQ_INT(bits, 0);
+    /* lr 0 is a rate (steps that move nothing): given */
+    CHECK_OK(hello_with(1, add_zero_lr, &h, why, sizeof why));
+    CHECK(ps_opt_is_given(&h.hello.opt, PS_OPT_P_lr) && h.hello.opt.lr == 0.0f);
     /* the server's answer in a request is ignored */
     CHECK_OK(hello_with(1, add_sm, &h, why, sizeof why));
     CHECK_EQ_INT(h.hello.shm, 0);
@@ -783,6 +791,15 @@ PS_TEST(a_table_declaration_round_trips_with_every_field)
     a.table.filter_cells = 4096;
     CHECK_OK(rt(&a, &b));
     CHECK_EQ_INT(b.key, 99);
+    CHECK_STR(b.table_name, ""); /* no name: no `nm` */
+    /* its optional name (`nm`), printable, at most PS_TABLE_NAME_MAX */
+    snprintf(a.table_name, sizeof a.table_name, "emb_l.0.weight_q");
+    CHECK_OK(rt(&a, &b));
+    CHECK_STR(b.table_name, "emb_l.0.weight_q");
+    a.table_name[3] = '\n';
+    CHECK_EQ_INT(rt(&a, &b), PS_EPROTO);
+    a.table_name[0] = 0;
+    CHECK_OK(rt(&a, &b));
     char why[256];
     CHECK_MSG(ps_table_decl_compare(99, &a.table, "a", &b.table, "b", why, sizeof why) == 0,
               "%s", why);
@@ -812,8 +829,10 @@ PS_TEST(a_table_declaration_round_trips_with_every_field)
     CHECK_EQ_INT(ps_table_decl_check(99, &b.table, why, sizeof why), PS_EINVAL);
     CHECK_MSG(strstr(why, "table 99 (ftrl): ") && strstr(why, "lr"), "%s", why);
     b.table.opt.lr = 0.5f;
-    b.table.opt.kind = 9;
+    b.table.opt.kind = PS_OPT_AVERAGE; /* a worker-side kind: no table's */
     CHECK_EQ_INT(ps_table_decl_check(99, &b.table, why, sizeof why), PS_EINVAL);
+    b.table.opt.kind = PS_TABLE_OPT_ROWWISE_ADAGRAD;
+    CHECK_OK(ps_table_decl_check(99, &b.table, why, sizeof why));
     b.table.opt.kind = PS_OPT_NONE; /* adagrad */
     CHECK_OK(ps_table_decl_check(99, &b.table, why, sizeof why));
     b.table.min_count = 256;

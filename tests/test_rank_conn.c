@@ -322,6 +322,7 @@ PS_TEST(every_worker_message_past_a_refused_hello_is_refused)
         case PS_MSG_SPULL:
         case PS_MSG_SPUSH:
         case PS_MSG_SPUSHPULL:
+        case PS_MSG_SASSIGN: /* rows of 1e30 set */
             h = sparse(t, 0, 100 + t, 2, 0);
             fr[0] = ids, b[0] = sizeof ids, nf = 1;
             if (t != PS_MSG_SPULL)

@@ -31,6 +31,7 @@ static ps_hello hello_cfg(int mode, int nw, int opt, float lr)
     c.server_rank = 0;
     c.opt.kind = opt;
     c.opt.lr = lr;
+    c.opt.given = lr != 0 ? PS_OPT_GIVEN(lr) : 0;
     c.opt.momentum = 0.9f;
     c.opt.beta1 = 0.9f;
     c.opt.beta2 = 0.999f;

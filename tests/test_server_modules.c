@@ -91,6 +91,53 @@ PS_TEST(barrier_waits_for_live_workers_only)
     ps_barriers_destroy(b);
 }
 
+PS_TEST(a_rank_refused_at_hello_fails_the_barriers_waiting_for_it_with_why)
+{
+    sent got = {0};
+    ps_barriers *b;
+    CHECK_OK(ps_barriers_create(3, (ps_reply_to){&got, record}, &b));
+    const char *why = NULL;
+    ps_header h = request(PS_MSG_BARRIER, 0, 50, 4);
+    zmq_msg_t id = route();
+    CHECK_OK(ps_barriers_arrive(b, &id, &h, &why));
+    zmq_msg_close(&id);
+    CHECK_EQ_INT(got.n, 0);
+    /* rank 2 refused: the open barrier fails, its waiter told who and why */
+    ps_barriers_refused(b, 2, PS_EMISMATCH, "model: server has fingerprint 1, worker 2 has 2");
+    CHECK_EQ_INT(got.n, 1);
+    CHECK_EQ_INT(got.h[0].type, PS_MSG_ERROR);
+    CHECK_EQ_INT(got.h[0].err_code, PS_EMISMATCH);
+    CHECK_EQ_INT(got.h[0].seq, 50);
+    CHECK_MSG(strstr(got.h[0].err_text, "worker 2 was refused at hello") &&
+                  strstr(got.h[0].err_text, "worker 2 has 2"), "%s", got.h[0].err_text);
+    /* a barrier opened while it is still refused fails at its first arrival */
+    h = request(PS_MSG_BARRIER, 1, 51, 5);
+    id = route();
+    CHECK_OK(ps_barriers_arrive(b, &id, &h, &why));
+    zmq_msg_close(&id);
+    CHECK_EQ_INT(got.n, 2);
+    CHECK_EQ_INT(got.h[1].err_code, PS_EMISMATCH);
+    /* accepted since: barriers wait for it again, and complete with it */
+    ps_barriers_accepted(b, 2);
+    for (int r = 0; r < 3; r++) {
+        h = request(PS_MSG_BARRIER, r, 60 + (uint64_t)r, 6);
+        id = route();
+        CHECK_OK(ps_barriers_arrive(b, &id, &h, &why));
+        zmq_msg_close(&id);
+        CHECK_EQ_INT(got.n, r < 2 ? 2 : 5);
+    }
+    CHECK_EQ_INT(got.h[4].type, PS_MSG_BARRIER);
+    /* a rank that arrived already does not fail the barrier when refused
+     * later (its hello again, from another process) */
+    h = request(PS_MSG_BARRIER, 2, 70, 7);
+    id = route();
+    CHECK_OK(ps_barriers_arrive(b, &id, &h, &why));
+    zmq_msg_close(&id);
+    ps_barriers_refused(b, 2, PS_EMISMATCH, "again");
+    CHECK_EQ_INT(got.n, 5);
+    ps_barriers_destroy(b);
+}
+
 PS_TEST(barrier_info_lists_live_ranks_missing_from_the_lowest_open_barrier)
 {
     sent got = {0};

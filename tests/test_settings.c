@@ -111,7 +111,7 @@ static const struct {
     {"ps_worker: --wire-dtype must be f32, bf16 or f16, got 'f64'", {"--wire-dtype=f64"}},
     {"ps_worker: --shm must be auto or off, got 'on'", {"--shm", "on"}},
     {"ps_worker: --model needs a value of 1..900 characters, got ''", {"--model", ""}},
-    {"ps_worker: --lr must be a number in (0, 1e+06], got 'x'", {"--lr=x"}},
+    {"ps_worker: --lr must be a number in [0, 1e+06], got 'x'", {"--lr=x"}},
     {"ps_worker: unknown flag '--bind' (see --help)", {"--bind", "tcp://*:1"}},
 };
 
@@ -203,7 +203,7 @@ PS_TEST(environment_fills_what_the_flags_do_not_give)
     setenv("PS_MODE", "sync", 1);
     setenv("PS_LR", "fast", 1);
     CHECK_EQ_INT(worker_parse(&c, &cmd, ARGV("--batch", "2"), 1), PS_EINVAL);
-    CHECK_STR(why, "ps_worker: --lr must be a number in (0, 1e+06], got 'fast' (from PS_LR)");
+    CHECK_STR(why, "ps_worker: --lr must be a number in [0, 1e+06], got 'fast' (from PS_LR)");
     clear_worker_env();
 }
 

@@ -266,36 +266,53 @@ typedef struct refrow {
 } refrow;
 
 /* One update of r with gradient g, as server/optimizer.c and
- * server/table_opt.c compute it (float, same operations, same order). */
+ * server/table_opt.c compute it (torch's steps: float, same operations, same
+ * order, fmaf where torch fuses). */
 static void ref_update(const ps_table_config *c, refrow *r, const float *g, float lr)
 {
     const ps_opt_config *o = &c->opt;
-    float wd = o->weight_decay;
+    float wd = o->weight_decay, mu = o->momentum;
     r->t++;
-    float bc1 = (float)(1.0 - pow((double)o->beta1, (double)r->t));
-    float bc2 = (float)(1.0 - pow((double)o->beta2, (double)r->t));
+    double b1 = ps_opt_decimal(o->beta1), b2 = ps_opt_decimal(o->beta2);
+    float step = (float)-(ps_opt_decimal(lr) / (1.0 - pow(b1, (double)r->t)));
+    float bc2s = (float)sqrt(1.0 - pow(b2, (double)r->t));
+    if (o->kind == PS_TABLE_OPT_ROWWISE_ADAGRAD) {
+        /* FBGEMM's EXACT_ROWWISE_ADAGRAD (weight_decay_mode 1): the mean of
+         * the squared (decayed) gradient, summed in order, into one float */
+        float sq = 0.0f;
+        for (uint32_t i = 0; i < c->dim; i++) {
+            float gp = g[i] + wd * r->w[i];
+            sq += gp * gp;
+        }
+        r->s0[0] = r->s0[0] + sq / (float)c->dim;
+        float mult = lr / (sqrtf(r->s0[0]) + o->eps), corr = 1.0f - mult * wd;
+        for (uint32_t i = 0; i < c->dim; i++)
+            r->w[i] = corr * r->w[i] - g[i] * mult;
+        return;
+    }
     for (uint32_t i = 0; i < c->dim; i++) {
-        float w = r->w[i], gp = g[i] + wd * w;
+        float w = r->w[i], gp = wd != 0 ? fmaf(w, wd, g[i]) : g[i];
         switch (o->kind) {
-        case PS_OPT_SGD: r->w[i] = w - lr * gp; break;
+        case PS_OPT_SGD: r->w[i] = fmaf(gp, -lr, w); break;
         case PS_OPT_MOMENTUM:
-            r->s0[i] = o->momentum * r->s0[i] + gp;
-            r->w[i] = w - lr * r->s0[i];
+            r->s0[i] = r->s0[i] * mu + gp;
+            r->w[i] = fmaf(r->s0[i], -lr, w);
             break;
         case PS_OPT_NESTEROV:
-            r->s0[i] = o->momentum * r->s0[i] + gp;
-            r->w[i] = w - lr * (gp + o->momentum * r->s0[i]);
+            r->s0[i] = r->s0[i] * mu + gp;
+            r->w[i] = fmaf(fmaf(r->s0[i], mu, gp), -lr, w);
             break;
         case PS_OPT_ADAGRAD:
-            r->s0[i] = r->s0[i] + gp * gp;
-            r->w[i] = w - lr * gp / (sqrtf(r->s0[i]) + o->eps);
+            r->s0[i] = fmaf(gp, gp, r->s0[i]);
+            r->w[i] = w + (-lr * gp) / (sqrtf(r->s0[i]) + o->eps);
             break;
         case PS_OPT_ADAM:
-            r->s0[i] = o->beta1 * r->s0[i] + (1.0f - o->beta1) * gp;
-            r->s1[i] = o->beta2 * r->s1[i] + (1.0f - o->beta2) * (gp * gp);
-            r->w[i] = w - lr * (r->s0[i] / bc1) / (sqrtf(r->s1[i] / bc2) + o->eps);
+            r->s0[i] = fmaf(gp, (float)(1.0 - b1), r->s0[i] * o->beta1);
+            r->s1[i] = fmaf((float)(1.0 - b2) * gp, gp, r->s1[i] * o->beta2);
+            r->w[i] = w + (step * r->s0[i]) / (sqrtf(r->s1[i]) / bc2s + o->eps);
             break;
-        case PS_TABLE_OPT_FTRL: {
+        case PS_TABLE_OPT_FTRL: { /* no torch optimizer: table_opt.c's own sums */
+            gp = g[i] + wd * w;
             float n1 = r->s1[i] + gp * gp;
             float sigma = (sqrtf(n1) - sqrtf(r->s1[i])) / lr;
             r->s0[i] = r->s0[i] + gp - sigma * w;
@@ -317,8 +334,9 @@ static int row_is(const ps_table *t, uint64_t id, const refrow *r, int nstate)
     size_t b = ps_table_get_config(t)->dim * sizeof(float);
     if (!ps_table_get_row(t, id, &v) || memcmp(v.w, r->w, b) != 0)
         return 0;
-    if ((nstate >= 1 && memcmp(v.state[0], r->s0, b) != 0) ||
-        (nstate >= 2 && memcmp(v.state[1], r->s1, b) != 0))
+    size_t sb = v.state_len * sizeof(float); /* row-wise adagrad: one float */
+    if ((nstate >= 1 && memcmp(v.state[0], r->s0, sb) != 0) ||
+        (nstate >= 2 && memcmp(v.state[1], r->s1, sb) != 0))
         return 0;
     return ps_table_get_config(t)->opt.kind != PS_OPT_ADAM || v.count == (uint32_t)r->t;
 }
@@ -375,10 +393,11 @@ static int check_kind(int kind, float wd, char *what, size_t len)
 
 PS_TEST(every_optimizer_matches_its_arithmetic_per_row_with_lazy_adam_t)
 {
-    const int kinds[6] = {PS_OPT_SGD, PS_OPT_MOMENTUM, PS_OPT_NESTEROV, PS_OPT_ADAGRAD,
-                          PS_OPT_ADAM, PS_TABLE_OPT_FTRL};
+    const int kinds[7] = {PS_OPT_SGD,  PS_OPT_MOMENTUM,   PS_OPT_NESTEROV,
+                          PS_OPT_ADAGRAD, PS_OPT_ADAM, PS_TABLE_OPT_FTRL,
+                          PS_TABLE_OPT_ROWWISE_ADAGRAD};
     char what[128] = "";
-    for (int k = 0; k < 6; k++) {
+    for (int k = 0; k < 7; k++) {
         CHECK_MSG(check_kind(kinds[k], 0.0f, what, sizeof what), "%s", what);
         CHECK_MSG(check_kind(kinds[k], 0.01f, what, sizeof what), "%s", what);
     }
@@ -755,6 +774,168 @@ PS_TEST(growth_to_a_million_rows_and_the_overhead_per_row)
     ps_table_destroy(t);
 }
 
+PS_TEST(rowwise_adagrad_keeps_one_state_float_a_row)
+{
+    /* the goal: (dim + 1) floats and at most 16 bytes a row (id and hash),
+     * besides the last slab's free rows */
+    enum { ROWS = 200000, BATCH = 4096, D = 16 };
+    ps_table_config c = config(D, PS_TABLE_OPT_ROWWISE_ADAGRAD, PS_TABLE_INIT_UNIFORM);
+    ps_table *t = make(&c);
+    CHECK(t);
+    CHECK_EQ_INT(ps_table_row_bytes(t), 4 * (D + 1));
+    static uint64_t ids[BATCH];
+    static float out[BATCH * D];
+    uint64_t x = 7;
+    for (int done = 0; done < ROWS; done += BATCH) {
+        int n = ROWS - done < BATCH ? ROWS - done : BATCH;
+        for (int i = 0; i < n; i++)
+            ids[i] = sm(x++);
+        CHECK_OK(ps_table_pull(t, ids, (size_t)n, out, (size_t)n * D, NULL, 0));
+    }
+    ps_table_counts st;
+    ps_table_stats(t, &st);
+    double rows = (double)st.rows;
+    double slack = (double)(st.slots - st.rows) * (8 + 4 * (D + 1)) / rows;
+    double per = (double)st.bytes / rows - slack;
+    printf("# row-wise adagrad, dim %d: %.2f bytes a row (values and state %d, the last slab's "
+           "free rows %.2f more)\n", D, per, 4 * (D + 1), slack);
+    CHECK_MSG(per <= 4.0 * (D + 1) + 16 + 0.1, "%.2f bytes a row", per);
+    /* a view's state is the one float, zero until the row's first update */
+    ps_table_row_view v;
+    CHECK(ps_table_get_row(t, ids[0], &v));
+    CHECK_EQ_INT(v.nstate, 1);
+    CHECK_EQ_INT(v.state_len, 1);
+    CHECK(v.state[0][0] == 0.0f);
+    ps_table_destroy(t);
+}
+
+/* Row-wise adagrad's results are checked as every table optimizer's
+ * (cfg.guard): a gradient whose squares overflow would make the row's one
+ * state float Inf (and freeze the row: r = lr / Inf); the row and its state
+ * keep their old values instead, counted as dim values kept.  Without the
+ * guard the state becomes Inf, as computed.  A finite update after it is
+ * exactly the kernel's. */
+PS_TEST(rowwise_adagrad_results_that_are_not_finite_keep_the_row_and_its_state)
+{
+    enum { D = 8 };
+    for (int guard = 0; guard < 2; guard++) {
+        ps_table_config c = config(D, PS_TABLE_OPT_ROWWISE_ADAGRAD, PS_TABLE_INIT_UNIFORM);
+        c.guard = guard;
+        ps_table *t = make(&c);
+        CHECK(t);
+        uint64_t id = 77;
+        float w0[D], g[D], w[D];
+        CHECK_OK(ps_table_pull(t, &id, 1, w0, D, NULL, 0));
+        for (int k = 0; k < D; k++)
+            g[k] = 1e20f; /* finite; its square is not */
+        CHECK_OK(ps_table_push(t, &id, 1, g, D, 1, NULL, 0));
+        ps_table_row_view v;
+        CHECK(ps_table_get_row(t, id, &v));
+        ps_table_nonfinite nf;
+        ps_table_take_nonfinite(t, &nf);
+        if (guard) {
+            CHECK(memcmp(v.w, w0, sizeof w0) == 0);
+            CHECK(v.state[0][0] == 0.0f);
+            CHECK_EQ_INT(nf.rows, 1);
+            CHECK_EQ_INT(nf.values, D);
+            CHECK_EQ_INT(nf.id, id);
+        } else {
+            CHECK(isinf(v.state[0][0]));
+            CHECK_EQ_INT(nf.rows, 0);
+        }
+        if (guard) {
+            /* a finite gradient then: the kernel's update from the old row */
+            float m = 0.0f;
+            memcpy(w, w0, sizeof w);
+            for (int k = 0; k < D; k++)
+                g[k] = 0.5f - 0.125f * (float)k;
+            ps_table_rowwise_adagrad(w, &m, g, D, c.opt.lr, c.opt.eps, c.opt.weight_decay);
+            CHECK_OK(ps_table_push(t, &id, 1, g, D, 1, NULL, 0));
+            CHECK(ps_table_get_row(t, id, &v));
+            CHECK(memcmp(v.w, w, sizeof w) == 0);
+            CHECK(v.state[0][0] == m);
+            ps_table_take_nonfinite(t, &nf);
+            CHECK_EQ_INT(nf.rows, 0);
+        }
+        ps_table_destroy(t);
+    }
+}
+
+/* A row-wise adagrad row is charged to its worker at its real size: one
+ * state float, not dim of them (adagrad's). */
+PS_TEST(rowwise_adagrad_rows_are_charged_at_their_size)
+{
+    enum { D = 16 };
+    uint64_t cost[2];
+    int kinds[2] = {PS_OPT_ADAGRAD, PS_TABLE_OPT_ROWWISE_ADAGRAD};
+    for (int k = 0; k < 2; k++) {
+        static _Atomic uint64_t wm[1];
+        atomic_init(&wm[0], 0);
+        ps_table_config c = config(D, kinds[k], PS_TABLE_INIT_UNIFORM);
+        c.worker_mem = wm;
+        c.num_workers = 1;
+        c.worker_share = UINT64_MAX;
+        ps_table *t = make(&c);
+        CHECK(t);
+        uint64_t id = 5;
+        float out[D];
+        ps_table_set_maker(t, 0);
+        CHECK_OK(ps_table_pull(t, &id, 1, out, D, NULL, 0));
+        cost[k] = atomic_load(&wm[0]);
+        ps_table_destroy(t);
+    }
+    CHECK_MSG(cost[1] >= 8 + 4 * (D + 1), "%llu", (unsigned long long)cost[1]);
+    CHECK_MSG(cost[0] - cost[1] == 4 * (D - 1), "adagrad %llu, row-wise %llu bytes a row",
+              (unsigned long long)cost[0], (unsigned long long)cost[1]);
+}
+
+/* Rows a SASSIGN makes are charged to the worker that sent it, as a pull's;
+ * past its share it is refused and changes nothing. */
+PS_TEST(assigned_rows_are_charged_to_their_worker_within_its_share)
+{
+    enum { D = 4 };
+    static _Atomic uint64_t wm[2];
+    atomic_init(&wm[0], 0);
+    atomic_init(&wm[1], 0);
+    ps_table_config c = config(D, PS_OPT_SGD, PS_TABLE_INIT_UNIFORM);
+    c.worker_mem = wm;
+    c.num_workers = 2;
+    c.worker_share = UINT64_MAX;
+    ps_table *t = make(&c);
+    CHECK(t);
+    uint64_t ids[4] = {10, 11, 12, 13};
+    float rows[4 * D], out[4 * D];
+    for (int i = 0; i < 4 * D; i++)
+        rows[i] = (float)i;
+    ps_table_set_maker(t, 1);
+    CHECK_OK(ps_table_assign(t, ids, 1, rows, D, NULL, 0));
+    uint64_t cost = atomic_load(&wm[1]);
+    CHECK(cost >= 8 + 4 * D);
+    CHECK_EQ_INT(atomic_load(&wm[0]), 0);
+    ps_table_destroy(t);
+    atomic_store(&wm[1], 0);
+
+    c.worker_share = 2 * cost;
+    t = make(&c);
+    ps_table_set_maker(t, 1);
+    CHECK_OK(ps_table_assign(t, ids, 2, rows, 2 * D, NULL, 0));
+    CHECK_EQ_INT(atomic_load(&wm[1]), 2 * cost);
+    char why[256] = "";
+    CHECK_EQ_INT(ps_table_assign(t, ids + 2, 2, rows + 2 * D, 2 * D, why, sizeof why),
+                 PS_ETOOBIG);
+    CHECK_MSG(strstr(why, "worker 1's rows here take"), "%s", why);
+    ps_table_counts st;
+    ps_table_stats(t, &st);
+    CHECK_EQ_INT(st.rows, 2);
+    /* setting rows that exist makes none: no charge */
+    CHECK_OK(ps_table_assign(t, ids, 2, rows + 2 * D, 2 * D, NULL, 0));
+    CHECK_EQ_INT(atomic_load(&wm[1]), 2 * cost);
+    ps_table_set_maker(t, -1);
+    CHECK_OK(ps_table_pull(t, ids, 2, out, 2 * D, NULL, 0));
+    CHECK(memcmp(out, rows + 2 * D, sizeof(float) * 2 * D) == 0);
+    ps_table_destroy(t);
+}
+
 /* ---- checkpoints ---- */
 
 typedef struct saved {
@@ -793,7 +974,7 @@ static int restore_all(ps_table *t, const saver *s)
     for (size_t i = 0; i < s->n; i++) {
         const saved *r = &s->rows[i];
         ps_table_row_view v = {r->id, ps_table_get_config(t)->dim, 2, r->w, {r->s0, r->s1},
-                               r->count};
+                               r->count, ps_table_get_config(t)->dim};
         if (ps_table_restore_row(t, &v, NULL, 0) != 0)
             return 0;
     }
@@ -963,9 +1144,9 @@ PS_TEST(bad_inputs_are_refused_with_a_message)
         bad[i].c = config(4, PS_OPT_ADAGRAD, PS_TABLE_INIT_UNIFORM);
     bad[0].c.dim = 0, bad[0].says = "dim must be in [1, 65536], got 0";
     bad[1].c.dim = 65537, bad[1].says = "got 65537";
-    bad[2].c.opt.kind = 99, bad[2].says = "adagrad, adam or ftrl, got kind 99";
+    bad[2].c.opt.kind = 99, bad[2].says = "ftrl or rowwise_adagrad, got kind 99";
     bad[3].c.opt.kind = PS_OPT_NONE, bad[3].says = "got kind 0 (none)";
-    bad[4].c.opt.lr = 0, bad[4].says = "lr must be in (0, 1e+06], got 0";
+    bad[4].c.opt.lr = -1, bad[4].says = "lr must be in [0, 1e+06], got -1";
     bad[5].c.init = 3, bad[5].says = "got 3";
     bad[6].c.init_scale = -1, bad[6].says = "scale must be a finite number >= 0";
     bad[7].c.min_count = 300, bad[7].says = "[0, 255]";
@@ -990,7 +1171,7 @@ PS_TEST(bad_inputs_are_refused_with_a_message)
     CHECK_EQ_INT(ps_table_push(t, ids, 2, buf, 7, 1, why, sizeof why), PS_EPROTO);
     CHECK_EQ_INT(ps_table_round_add(t, 0, ids, 2, buf, 9, why, sizeof why), PS_EPROTO);
     CHECK_EQ_INT(ps_table_round_add(t, -1, ids, 2, buf, 8, why, sizeof why), PS_ESTATE);
-    ps_table_row_view v = {5, 3, 0, buf, {NULL, NULL}, 0};
+    ps_table_row_view v = {5, 3, 0, buf, {NULL, NULL}, 0, 3};
     CHECK_EQ_INT(ps_table_restore_row(t, &v, why, sizeof why), PS_EMISMATCH);
     CHECK_MSG(strstr(why, "3 values") && strstr(why, "rows of 4 values"), "%s", why);
     v.dim = 4, v.nstate = 1;
@@ -1000,6 +1181,7 @@ PS_TEST(bad_inputs_are_refused_with_a_message)
     CHECK_EQ_INT(st.rows, 0);
     CHECK_EQ_INT(ps_table_state_arrays(PS_OPT_NONE), -1);
     CHECK(strcmp(ps_table_opt_name(PS_TABLE_OPT_FTRL), "ftrl") == 0);
+    CHECK(strcmp(ps_table_opt_name(PS_TABLE_OPT_ROWWISE_ADAGRAD), "rowwise_adagrad") == 0);
     ps_table_destroy(t);
 }
 
@@ -1113,7 +1295,7 @@ PS_TEST(rows_are_charged_to_the_worker_that_made_them_within_its_share)
         /* a restored row is nobody's */
         ps_table_set_maker(t, -1);
         float w[4] = {1, 2, 3, 4};
-        ps_table_row_view v = {999, 4, 0, w, {NULL, NULL}, 0};
+        ps_table_row_view v = {999, 4, 0, w, {NULL, NULL}, 0, 4};
         CHECK_OK(ps_table_restore_row(t, &v, NULL, 0));
         uint64_t sum = atomic_load(&wm[0]) + atomic_load(&wm[1]) + atomic_load(&wm[2]);
         ps_table_stats(t, &st);

@@ -115,6 +115,7 @@ PS_TEST(every_bad_table_message_is_refused_and_nothing_is_applied)
         {"an unknown dtype", PS_EPROTO, "field 'd' must be"},
         {"an id of the other partition", PS_EPROTO, "belongs to partition"},
         {"an id to pull of the other partition", PS_EPROTO, "id to pull"},
+        {"an assigned id of the other partition", PS_EPROTO, "assigned id"},
     };
     /* id 5 and one of the other partition */
     uint64_t wrong[2] = {id, 0};
@@ -140,6 +141,7 @@ PS_TEST(every_bad_table_message_is_refused_and_nothing_is_applied)
         case 10: h.dtype = 9; break;
         case 11: f[0] = wrong; break;
         case 12: h.type = PS_MSG_SPUSHPULL, h.npull = 2, f[2] = wrong, nf = 3; break;
+        case 13: h.type = PS_MSG_SASSIGN, f[0] = wrong; break;
         }
         CHECK_MSG(ask(d, &h, f, b, nf, &r, NULL, 0) == 0, "%s: no reply", cases[c].what);
         CHECK_EQ_INT(r.seq, seq);

@@ -80,8 +80,8 @@ static size_t batch(int rank, int step, uint64_t *ids)
 
 /* W workers, `steps` sync rounds of sparse pushes (posted in a different
  * order each step) and pulls or pushpulls; every pulled row bitwise equal
- * to the rank-order mean computed here.  sgd (w - lr * mean); dt: the wire
- * type (0: float32); shm: the clients' shared-memory arena, which every
+ * to the rank-order mean computed here.  sgd (fma(mean, -lr, w): torch's);
+ * dt: the wire type (0: float32); shm: the clients' shared-memory arena, which every
  * server (same host) maps, so the rows go through it, float32 whatever the
  * wire type, as dense payloads do. */
 /* x as it arrives after a trip through the wire type dt (float32: itself) */
@@ -175,7 +175,7 @@ static void sync_case(int W, int S, int T, int pushpull, int dt, int shm)
         for (int a = 0; a < nt; a++) {
             float *w = ref_row(&rf, &j, touched[a]);
             for (int k = 0; k < 4; k++)
-                w[k] = w[k] - 0.1f * (sum[a][k] / (float)W);
+                w[k] = fmaf(sum[a][k] / (float)W, -0.1f, w[k]); /* torch's sgd */
         }
         for (int r = 0; r < W; r++)
             nn[r] = batch(r, t + 1, next[r]);
@@ -353,7 +353,7 @@ PS_TEST(duplicate_ids_are_summed_once_in_order_and_every_position_gets_its_row)
                           want[u]);
         for (int k = 0; k < 2; k++) { /* adagrad from h = 0, one update; mean over 1 worker */
             float gk = sums[u][k] / 1.0f, h = gk * gk;
-            want[u][k] = want[u][k] - 0.25f * gk / (sqrtf(h) + 1e-8f);
+            want[u][k] = want[u][k] + (-0.25f * gk) / (sqrtf(h) + 1e-8f);
         }
     }
     float fresh[2];

@@ -81,17 +81,25 @@ static int parse_value(ps_ctr_spec *s, int k, const char *prog, const char *val,
         if (!(rc = ps_parse_int(prog, "rows", val, 1, 1LL << 40, &v, why, why_len)))
             s->rows = (uint64_t)v;
         break;
+    case K_OPT:
+        if (!strcmp(val, "sgd") || !strcmp(val, "adagrad") || !strcmp(val, "rowwise_adagrad"))
+            s->opt = val[0] == 's' ? PS_OPT_SGD : val[0] == 'a' ? PS_OPT_ADAGRAD
+                                                                : PS_TABLE_OPT_ROWWISE_ADAGRAD;
+        else {
+            snprintf(why, why_len, "%s: opt must be sgd, adagrad or rowwise_adagrad, got '%s'",
+                     prog, val);
+            return PS_EINVAL;
+        }
+        break;
     case K_CAP:
         if (!(rc = ps_parse_int(prog, "cap", val, 1, 1LL << 40, &v, why, why_len)))
             s->cap = (uint64_t)v;
         break;
     case K_POOL:
     case K_INTERACT:
-    case K_OPT:
     case K_FULL: {
         static const char *const names[][2] = {[K_POOL] = {"sum", "mean"},
                                                [K_INTERACT] = {"cat", "dot"},
-                                               [K_OPT] = {"sgd", "adagrad"},
                                                [K_FULL] = {"evict", "refuse"}};
         int which = !strcmp(val, names[k][0]) ? 0 : !strcmp(val, names[k][1]) ? 1 : -1;
         if (which < 0) {
@@ -101,12 +109,10 @@ static int parse_value(ps_ctr_spec *s, int k, const char *prog, const char *val,
         }
         if (k == K_POOL)
             s->pool = which ? PS_POOL_MEAN : PS_POOL_SUM;
-        else if (k == K_INTERACT)
-            s->dot = which;
         else if (k == K_FULL)
             s->full = which ? PS_TABLE_FULL_REFUSE : PS_TABLE_FULL_EVICT;
         else
-            s->opt = which ? PS_OPT_ADAGRAD : PS_OPT_SGD;
+            s->dot = which;
         break;
     }
     case K_BOT: rc = parse_sizes(prog, "bot", val, s->bot, &s->nbot, why, why_len); break;
@@ -189,7 +195,9 @@ int ps_ctr_spec_parse(const char *spec, ps_ctr_spec *out, char *why, size_t why_
     size_t off = strlen(c);
     snprintf(c + off, cl - off, ",pool=%s,interact=%s,opt=%s,lr=%g",
              s.pool == PS_POOL_MEAN ? "mean" : "sum", s.dot ? "dot" : "cat",
-             s.opt == PS_OPT_ADAGRAD ? "adagrad" : "sgd", (double)s.lr);
+             s.opt == PS_OPT_ADAGRAD ? "adagrad" : s.opt == PS_OPT_SGD ? "sgd"
+                                                                       : "rowwise_adagrad",
+             (double)s.lr);
     off = strlen(c);
     if (s.cap)
         snprintf(c + off, cl - off, ",cap=%llu,full=%s", (unsigned long long)s.cap,

@@ -19,10 +19,12 @@
  *                 by a ReLU; dot needs Hk = E and defaults to bot=E [none]
  *   mlp=H1-...-1  the top MLP, ReLU between layers, one logit out
  *                 [512-256-1]
- *   opt=sgd|adagrad, lr=X
+ *   opt=sgd|adagrad|rowwise_adagrad, lr=X
  *                 the tables' optimizer: their rows are updated by it where
  *                 they live (the dense layers follow --optimizer and --lr);
- *                 adagrad's eps is PS_CTR_ADAGRAD_EPS [adagrad, 0.05]
+ *                 rowwise_adagrad keeps one state float per row (DLRM's and
+ *                 TorchRec's); the adagrads' eps is PS_CTR_ADAGRAD_EPS
+ *                 [adagrad, 0.05]
  *
  * e.g. ctr:fields=26,dim=16,rows=4000000,mlp=512-256-1,pool=sum,interact=dot
  * The loss is binary cross-entropy on the logit; the test metric AUC. */
@@ -46,7 +48,7 @@ typedef struct ps_ctr_spec {
     int dot;              /* interact=dot */
     int nbot, bot[PS_CTR_MAX_MLP];
     int ntop, top[PS_CTR_MAX_MLP];
-    int opt;              /* PS_OPT_SGD or PS_OPT_ADAGRAD */
+    int opt;              /* PS_OPT_SGD, PS_OPT_ADAGRAD or PS_TABLE_OPT_ROWWISE_ADAGRAD */
     float lr;
     uint64_t cap;         /* each field's table: max_rows (0: none) */
     int full;             /* and what it does when full: PS_TABLE_FULL_EVICT or _REFUSE */

@@ -427,6 +427,14 @@ static int table_grow_map(local_table *t)
     return 0;
 }
 
+/* The optimizer state of a row: adagrad's dim sums, row-wise adagrad's one. */
+static size_t state_len(const local_source *ls)
+{
+    return ls->opt == PS_TABLE_OPT_ROWWISE_ADAGRAD ? 1 : (size_t)ls->dim;
+}
+
+static size_t state_width(const local_source *ls) { return state_len(ls) * sizeof(float); }
+
 static int table_grow_rows(local_source *ls, local_table *t)
 {
     size_t ncap = t->cap ? 2 * t->cap : 1024, width = (size_t)ls->dim * sizeof(float);
@@ -436,8 +444,8 @@ static int table_grow_rows(local_source *ls, local_table *t)
     if (!w)
         return PS_ENOMEM;
     t->w = w;
-    if (ls->opt == PS_OPT_ADAGRAD) {
-        float *h = realloc(t->h, ncap * width);
+    if (ls->opt != PS_OPT_SGD) { /* adagrad: a sum per value; row-wise: one per row */
+        float *h = realloc(t->h, ncap * state_width(ls));
         if (!h)
             return PS_ENOMEM;
         t->h = h;
@@ -462,12 +470,12 @@ static int table_row(local_source *ls, int ti, uint64_t id, float **row, float *
             return rc;
         ps_emb_init_row(ls->seed, ti, id, ls->dim, t->w + t->count * dim);
         if (t->h)
-            memset(t->h + t->count * dim, 0, dim * sizeof(float));
+            memset(t->h + t->count * state_len(ls), 0, state_width(ls));
         t->keys[h] = id;
         t->rowp1[h] = ++t->count;
     }
     *row = t->w + (t->rowp1[h] - 1) * dim;
-    *sum = t->h ? t->h + (t->rowp1[h] - 1) * dim : NULL;
+    *sum = t->h ? t->h + (t->rowp1[h] - 1) * state_len(ls) : NULL;
     return 0;
 }
 
@@ -502,7 +510,9 @@ static int local_push(ps_row_source *s, int table, const uint64_t *ids, size_t n
         if (rc)
             return rc;
         const float *g = grads + i * (size_t)dim;
-        if (h) {
+        if (ls->opt == PS_TABLE_OPT_ROWWISE_ADAGRAD) {
+            ps_table_rowwise_adagrad(w, h, g, (size_t)dim, lr, eps, 0.0f);
+        } else if (h) {
             for (int j = 0; j < dim; j++) {
                 h[j] += g[j] * g[j];
                 w[j] -= lr * g[j] / (sqrtf(h[j]) + eps);
@@ -534,7 +544,9 @@ int ps_row_source_local_create(int tables, int dim, uint64_t seed, int opt, floa
                                ps_row_source **out)
 {
     *out = NULL;
-    if (tables < 1 || dim < 1 || (opt != PS_OPT_SGD && opt != PS_OPT_ADAGRAD) || !(lr > 0) ||
+    if (tables < 1 || dim < 1 ||
+        (opt != PS_OPT_SGD && opt != PS_OPT_ADAGRAD && opt != PS_TABLE_OPT_ROWWISE_ADAGRAD) ||
+        !(lr > 0) ||
         !(eps > 0))
         return PS_EINVAL;
     local_source *ls = calloc(1, sizeof *ls);

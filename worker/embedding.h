@@ -188,8 +188,9 @@ void ps_emb_init_row(uint64_t seed, int table, uint64_t id, int dim, float *row)
 /* Local tables, the compute-only baseline (--servers none): every table in
  * memory, a row made on first touch (an open-addressing map from id to a
  * row of growing slabs), updated in place by push with opt PS_OPT_SGD
- * (w -= lr g) or PS_OPT_ADAGRAD (h += g^2, w -= lr g / (sqrt(h) + eps), h
- * from 0, as the servers' adagrad and torch.optim.Adagrad).  PS_EINVAL for
+ * (w -= lr g), PS_OPT_ADAGRAD (h += g^2, w -= lr g / (sqrt(h) + eps), h
+ * from 0, as the servers' adagrad and torch.optim.Adagrad) or
+ * PS_TABLE_OPT_ROWWISE_ADAGRAD (one sum per row, the servers' kernel).  PS_EINVAL for
  * another opt or bad sizes; PS_ENOMEM.  Free with s->destroy(s). */
 int ps_row_source_local_create(int tables, int dim, uint64_t seed, int opt, float lr, float eps,
                                ps_row_source **out);

@@ -268,6 +268,10 @@ static int connect_servers(worker *w)
         ps_table_options to;
         ps_ctr_table_options(cs, c->seed, &to);
         rc = ps_exchange_add_table(w->x, PS_EMB_TABLE_KEY(f), &to, (size_t)c->batch, f);
+        char name[32]; /* the servers' logs name it by its field */
+        snprintf(name, sizeof name, "ctr field %d", f);
+        if (!rc)
+            rc = ps_exchange_name_table(w->x, f, name);
     }
     if (rc) {
         ps_error("--model %s: cannot declare its tables: %s", c->model, ps_strerror(rc));

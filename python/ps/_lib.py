@@ -32,7 +32,8 @@ ERR_TEXT_MAX = 200
 MODE_SYNC, MODE_ASYNC = 1, 2
 
 # enum ps_opt_kind by value from PS_OPT_NONE = 0 (6 is the tables' FTRL, no dense kind)
-OPT_KINDS = ("none", "sgd", "momentum", "nesterov", "adagrad", "adam", None, "average", "add")
+OPT_KINDS = ("none", "sgd", "momentum", "nesterov", "adagrad", "adam", None, "average", "add",
+             "adamw")
 
 # PS_OPT_PARAMS, in table order: (field, flag, default, is an integer)
 OPT_PARAMS = (
@@ -51,9 +52,11 @@ STATS_COUNTERS = ("pushes", "pulls", "inits", "updates", "bytes_in", "bytes_out"
                   "errors", "chunks", "workers_seen", "partitions", "rows", "table_bytes",
                   "evicted", "filtered", "nonfinite", "forged")
 
-# enum ps_table_init, and the tables-only optimizer kind PS_TABLE_OPT_FTRL
+# enum ps_table_init, and the tables-only optimizer kinds PS_TABLE_OPT_FTRL and
+# PS_TABLE_OPT_ROWWISE_ADAGRAD
 TABLE_INITS = ("zeros", "uniform", "normal")
 OPT_FTRL = 6
+OPT_ROWWISE_ADAGRAD = 10
 
 
 class OptConfig(Structure):
@@ -232,6 +235,10 @@ _proto("ps_request_wait_for", c_int, _R, c_int)
 _proto("ps_client_barrier_post", c_int, _P, c_int64, _R)
 _proto("ps_client_barrier_info", c_int, _P, POINTER(BarrierInfo))
 _proto("ps_client_hyper", c_int, _P, POINTER(OptConfig), c_int64, POINTER(OptConfig))
+_proto("ps_client_table_hyper", c_int, _P, c_uint64, POINTER(OptConfig), c_int64,
+       POINTER(OptConfig))
+_proto("ps_client_name_table", c_int, _P, c_uint64, ctypes.c_char_p)
+_proto("ps_client_sparse_assign", c_int, _P, c_uint64, c_void_p, c_size_t, c_void_p, _R)
 _proto("ps_client_assign", c_int, _P, c_uint64, c_void_p, _R)
 _proto("ps_client_state", c_int, _P, c_uint64, c_void_p, c_int, _R)
 _proto("ps_client_set_state", c_int, _P, c_uint64, c_void_p, c_int, c_int64, _R)
@@ -242,6 +249,7 @@ _proto("ps_client_leave", c_int, _P)
 _proto("ps_client_lookup", c_int, _P, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, _R)
 _proto("ps_client_export", c_int, _P, c_char_p, c_int, c_int64, c_void_p, c_void_p, c_size_t,
        c_int)
+_proto("ps_client_leave_post", c_int, _P, c_int, _R)
 
 # include/ps_client.h: a reader's rank, and ps_client_export's flag
 RANK_READER = -1

@@ -16,6 +16,7 @@ Client keeps every pending Request, so dropping one early is safe.
 
 import ctypes
 import os
+import time
 import weakref
 
 from . import _lib, _signals
@@ -232,10 +233,10 @@ def table_options(dim, init="uniform", scale=0.01, seed=0, optimizer=None, max_r
                   full="evict"):
     """ps_table_options for register_table.  optimizer: None (adagrad with the
     optimizer table's defaults) or a dict {'optimizer': 'sgd' | ... | 'adam' |
-    'ftrl', 'lr': ..., ...} with the hyper-parameters of include/ps_types.h's
-    table.  max_rows: a row cap for the whole table (0: none); full: what a
-    table at its cap does with a new id, "evict" its least recently touched
-    row or "refuse" the request (PS_ETOOBIG)."""
+    'ftrl' | 'rowwise_adagrad', 'lr': ..., ...} with the hyper-parameters of
+    include/ps_types.h's table.  max_rows: a row cap for the whole table (0:
+    none); full: what a table at its cap does with a new id, "evict" its least
+    recently touched row or "refuse" the request (PS_ETOOBIG)."""
     o = _lib.TableOptions()
     lib.ps_table_options_default(ctypes.byref(o))
     o.dim = dim
@@ -247,11 +248,13 @@ def table_options(dim, init="uniform", scale=0.01, seed=0, optimizer=None, max_r
     kind = opt.pop("optimizer", None)
     if kind == "ftrl":
         o.opt.kind = _lib.OPT_FTRL
+    elif kind == "rowwise_adagrad":
+        o.opt.kind = _lib.OPT_ROWWISE_ADAGRAD
     elif kind is not None:
         rules = _lib.OPT_KINDS[1:_lib.OPT_FTRL]  # sgd .. adam: not the worker-side kinds
         if kind not in rules:
-            raise ValueError("a table's optimizer must be one of %s or ftrl, got %r"
-                             % (", ".join(rules), kind))
+            raise ValueError("a table's optimizer must be one of %s, ftrl or rowwise_adagrad, "
+                             "got %r" % (", ".join(rules), kind))
         o.opt.kind = _lib.OPT_KINDS.index(kind)
     fields = {f: is_int for f, _, _, is_int in _lib.OPT_PARAMS}
     for k, v in opt.items():
@@ -343,6 +346,7 @@ class _Handle:
         self.ptr = ptr
         self.closer = lib.ps_client_close  # an exchange that adopts it replaces these
         self.interrupter = lib.ps_client_interrupt
+        self.before_close = None  # called once, the client still open (ps.torch's leaving)
         _signals.watch(self, lib)  # Ctrl-C interrupts what waits in libps
 
     def interrupt(self):
@@ -350,6 +354,9 @@ class _Handle:
         self.interrupter(self.ptr)
 
     def close(self):
+        hook, self.before_close = self.before_close, None
+        if hook is not None and self.ptr:
+            hook()
         _signals.forget(self)
         ptr, self.ptr = self.ptr, None
         if ptr:
@@ -545,16 +552,25 @@ class Client:
         self._check(lib.ps_client_register(self._ptr, key, count), "register key %d" % key)
         self._counts[key] = count
 
-    def register_table(self, key, dim, **options):
+    def register_table(self, key, dim, name=None, **options):
         """Declare embedding table `key` of rows of `dim` float32 values,
         before start and in the same order on every worker; options as
         table_options (init, scale, seed, optimizer, max_rows, min_count,
-        filter_cells, ftrl_beta, ftrl_l1, ftrl_l2).  The servers make a row
-        at its first pull with the initializer's values (ps.table_init)."""
+        filter_cells, ftrl_beta, ftrl_l1, ftrl_l2); name: what the servers'
+        logs call it.  The servers make a row at its first pull with the
+        initializer's values (ps.table_init)."""
         o = table_options(dim, **options)
         self._check(lib.ps_client_register_table(self._ptr, key, ctypes.byref(o)),
                     "register table %d" % key)
         self._tables[key] = dim
+        if name is not None:
+            self.name_table(key, name)
+
+    def name_table(self, key, name):
+        """The name the servers' logs give table `key` (before start; at
+        most 63 printable characters)."""
+        self._check(lib.ps_client_name_table(self._ptr, key, name.encode()),
+                    "name table %d" % key)
 
     @property
     def metrics_url(self):
@@ -696,21 +712,37 @@ class Client:
                                          _lib.EXPORT_STATE if state else 0, version, keys, vers,
                                          n, int(wait_ms)), "export to %s" % (path,))
 
+    def sparse_assign(self, key, ids, rows):
+        """Set the rows of ids (distinct) to rows (len(ids) x dim float32,
+        sent exactly): a model's own first rows.  Not a step."""
+        what = "assign of table %d" % key
+        ia, n, ra, keep = self._rows(key, ids, rows, what, False)
+        return self._post(what, keep, lambda r: lib.ps_client_sparse_assign(
+            self._ptr, key, ia, n, ra, r))
+
     def server_parts(self, server):
         """The partitions server `server` splits each table into (after start)."""
         return lib.ps_client_server_parts(self._ptr, server)
 
     # ---- for a framework's optimizer (ps.torch; include/ps_client.h) ----
 
-    def hyper(self, change=None, from_step=0):
+    def hyper(self, change=None, from_step=0, table=None):
         """Change the servers' hyper-parameters ({'lr': 0.05, ...}: the table's
         fields) from step from_step on (sync: that round on; async: the next
         push on); none: only ask.  Returns the servers' optimizer as it runs
-        now: {'optimizer': 'momentum', 'lr': ..., every hyper-parameter}."""
+        now: {'optimizer': 'momentum', 'lr': ..., every hyper-parameter}.
+        table: an embedding table's key: that table's optimizer (from its
+        own step from_step on; 'optimizer' then names the dense kind whose
+        hyper-parameters it takes: adagrad for rowwise_adagrad)."""
         c = optimizer_expectation(change or {}, {})
         now = _lib.OptConfig()
-        self._check(lib.ps_client_hyper(self._ptr, ctypes.byref(c), from_step,
-                                        ctypes.byref(now)), "hyper-parameters")
+        if table is None:
+            rc = lib.ps_client_hyper(self._ptr, ctypes.byref(c), from_step, ctypes.byref(now))
+        else:
+            rc = lib.ps_client_table_hyper(self._ptr, table, ctypes.byref(c), from_step,
+                                           ctypes.byref(now))
+        self._check(rc, "hyper-parameters" if table is None else
+                    "hyper-parameters of table %d" % table)
         out = {"optimizer": _lib.OPT_KINDS[now.kind] if 0 <= now.kind < len(_lib.OPT_KINDS)
                else None}
         for field, _, _, _ in _lib.OPT_PARAMS:
@@ -776,10 +808,19 @@ class Client:
         the same length; each id once."""
         return self._collective(lib.ps_client_broadcast, "broadcast", coll_id, src, dst)
 
-    def leave(self):
+    def leave(self, timeout=None):
         """This worker is done: rounds and barriers go on without it (its
-        pulls are still answered; push nothing more)."""
-        self._check(lib.ps_client_leave(self._ptr), "leave")
+        pulls are still answered; push nothing more).  timeout (seconds):
+        wait at most that long for the servers' acknowledgements (False if
+        one did not come; the request ends with the client)."""
+        if timeout is None:
+            self._check(lib.ps_client_leave(self._ptr), "leave")
+            return True
+        reqs = [self._post("leave of server %d" % s, None,
+                           lambda r, s=s: lib.ps_client_leave_post(self._ptr, s, r))
+                for s in range(self.num_servers)]
+        deadline = time.monotonic() + timeout
+        return all(r.wait_for(max(0.0, deadline - time.monotonic())) for r in reqs)
 
     def barrier_info(self):
         """(barrier id, [ranks it still waits for]) of the open barrier with

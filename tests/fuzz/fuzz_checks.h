@@ -180,7 +180,7 @@ FUZZ_FN const char *fuzz_header_in_range(const ps_header *h, char *msg, size_t l
     if (h->type == PS_MSG_HELLO &&
         (o->mode < PS_MODE_SYNC || o->mode > PS_MODE_ASYNC || o->num_workers < 1 ||
          o->num_servers < 1 || o->server_rank < -1 || o->server_rank > PS_MAX_RANK ||
-         o->max_staleness < -1 || o->opt.kind < 0 || o->opt.kind > PS_OPT_WORKER_KIND_MAX ||
+         o->max_staleness < -1 || o->opt.kind < 0 || o->opt.kind > PS_OPT_KIND_LAST ||
          o->shm < 0 || o->shm > 1 || o->wire_dtype > PS_DTYPE_MAX ||
          !memchr(o->shm_name, 0, sizeof o->shm_name) ||
          !memchr(o->shm_why, 0, sizeof o->shm_why) ||

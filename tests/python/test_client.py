@@ -80,6 +80,7 @@ class Layout(unittest.TestCase):
             elif w[0] == "table_inits":
                 self.assertEqual([int(v) for v in w[1:4]], list(range(len(_lib.TABLE_INITS))))
                 self.assertEqual(int(w[5]), _lib.OPT_FTRL)
+                self.assertEqual(int(w[7]), _lib.OPT_ROWWISE_ADAGRAD)
             elif w[0] == "error":
                 self.assertEqual(getattr(ps, w[1][3:]), int(w[2]), line)
             elif w[0] == "err_text_max":
@@ -165,7 +166,9 @@ class Semantics(unittest.TestCase):
             for t in range(3):
                 g = [grad_val(r, n, t) for r in range(W)]
                 # sum in rank order, divide by W, one SGD step: float32 throughout
-                want = w - lr * ((g[0] + g[1]) / np.float32(W))
+                # torch's w.add_(mean, alpha=-lr): one fused multiply-add
+                want = (w.astype(np.float64) - lr.astype(np.float64) *
+                        ((g[0] + g[1]) / np.float32(W)).astype(np.float64)).astype(np.float32)
                 last = [1, 0, 1][t]
                 cs[1 - last].push(7, g[1 - last], t).wait()
                 dst = [np.zeros(n, np.float32) for _ in range(W)]

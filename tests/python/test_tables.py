@@ -110,6 +110,77 @@ class Tables(unittest.TestCase):
             c.sparse_pull(2, [1, 2], rows, 0).wait()
             c.sparse_push(2, [], None, 0).wait()
 
+    def test_assign_sets_rows_exactly_and_zeroes_their_state_past_the_wire_type(self):
+        """sparse_assign: float32 rows as given (the bf16 wire narrows
+        gradients, not these), state zeroed (the adagrad step after it is
+        the first), rows made on the partitions holding them, an id twice
+        refused, and past --max-memory (a worker's share larger than it) a
+        refusal that changes nothing."""
+        _, eps = pstest.servers(2, "--num-workers", "1", "--mode", "async",
+                                "--wire-dtype", "bf16")
+        ids = np.array([3, 1 << 50, 17, 99], np.uint64)
+        rows = (np.arange(16, dtype=np.float32).reshape(4, 4) + 1) / 3
+        with ps.Client(servers=eps, rank=0, num_workers=1, mode="async",
+                       wire_dtype="bf16") as c:
+            c.register_table(5, 4, init="zeros", optimizer={"optimizer": "adagrad", "lr": 0.5,
+                                                            "eps": 1e-8})
+            c.start()
+            got = np.empty((4, 4), np.float32)
+            c.sparse_pull(5, ids[:2], got[:2], 0).wait()  # two rows exist before
+            c.sparse_push(5, ids[:1], np.ones((1, 4), np.float32), 0).wait()
+            c.sparse_assign(5, ids, rows).wait()
+            c.sparse_pull(5, ids, got, 1).wait()
+            np.testing.assert_array_equal(got.view(np.uint32), rows.view(np.uint32))
+            g = np.full((1, 4), 2.0, np.float32)  # bf16 holds 2.0 exactly
+            c.sparse_push(5, ids[:1], g, 1).wait()
+            c.sparse_pull(5, ids[:1], got[:1], 2).wait()
+            h = g * g  # the state from zero: the push before the assign is gone
+            want = rows[0] - np.float32(0.5) * g[0] / (np.sqrt(h[0]) + np.float32(1e-8))
+            np.testing.assert_array_equal(got[0].view(np.uint32), want.view(np.uint32))
+            with self.assertRaises(ps.PSError) as cm:
+                c.sparse_assign(5, [7, 7], np.zeros((2, 4), np.float32)).wait()
+            self.assertIn("id 7 given twice", str(cm.exception))
+        s = pstest.Server("--num-workers", "1", "--mode", "async", "--max-memory", "4M",
+                          "--table-memory-per-worker", "64M")
+        with ps.Client(servers=s.endpoint, rank=0, num_workers=1, mode="async") as c:
+            c.register_table(6, 64, init="zeros")
+            c.start()
+            many = np.arange(1 << 16, dtype=np.uint64)
+            with self.assertRaises(ps.PSError) as cm:
+                c.sparse_assign(6, many, np.ones((1 << 16, 64), np.float32)).wait()
+            self.assertIn("max-memory", str(cm.exception))
+            self.assertEqual(c.stats(0)["rows"], 0)
+
+    def test_a_tables_hyper_parameters_change_from_a_step_and_its_name_is_in_the_logs(self):
+        """HYPER with a table's key: sync rounds of that table from the step
+        given use the new lr (the dense optimizer stays); the reply says what
+        the table runs; the declaration's name is in the server's log."""
+        s = pstest.Server("--num-workers", "1", "--mode", "sync", "--optimizer", "sgd",
+                          "--lr", "0.1")
+        with ps.Client(servers=s.endpoint, rank=0, num_workers=1, mode="sync") as c:
+            c.register_table(9, 2, name="emb_l.3", init="zeros",
+                             optimizer={"optimizer": "sgd", "lr": 0.5})
+            c.start()
+            now = c.hyper(table=9)
+            self.assertEqual((now["optimizer"], now["lr"]), ("sgd", 0.5))
+            self.assertEqual(c.hyper(table=9, change={"lr": 0.25}, from_step=1)["lr"], 0.25)
+            self.assertAlmostEqual(c.hyper()["lr"], 0.1, places=6)  # the dense one stays
+            g = np.ones((1, 2), np.float32)
+            row = np.empty((1, 2), np.float32)
+            for step in range(3):
+                c.sparse_pushpull(9, [4], g, [4], row, step).wait()
+            # step 0 at 0.5, steps 1 and 2 at 0.25
+            self.assertEqual(row[0, 0], np.float32(-0.5) - np.float32(0.25) - np.float32(0.25))
+            with self.assertRaises(ps.PSError) as cm:
+                c.hyper(table=9, change={"optimizer": "adam", "lr": 0.1})
+            self.assertIn("table 'emb_l.3'", str(cm.exception))
+            with self.assertRaises(ps.PSError):
+                c.hyper(table=12345, change={"lr": 0.1})
+        s.stop()
+        log = open(s.log).read()
+        self.assertIn("table 'emb_l.3' (key 9) declared by worker 0", log)
+        self.assertIn("changed the optimizer of table 'emb_l.3' (key 9) (sgd)", log)
+
 
 if __name__ == "__main__":
     pstest.main()

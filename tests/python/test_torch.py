@@ -211,9 +211,12 @@ class Wrapper(unittest.TestCase):
                          "--optimizer adam --lr 0.001 --weight-decay 0 --beta1 0.8 "
                          "--beta2 0.99 --eps 1e-07")
         self.assertIn("--optimizer adagrad", flags(torch.optim.Adagrad(p, lr=0.01)))
+        self.assertEqual(flags(torch.optim.AdamW(p, lr=1e-3, weight_decay=0.01)),
+                         "--optimizer adamw --lr 0.001 --weight-decay 0.01 --beta1 0.9 "
+                         "--beta2 0.999 --eps 1e-08")
         for opt, word in [(torch.optim.SGD(p, lr=0.1, momentum=0.9, dampening=0.1), "dampening"),
                           (torch.optim.Adam(p, amsgrad=True), "amsgrad"),
-                          (torch.optim.AdamW(p, weight_decay=0.01), "decoupled"),
+                          (torch.optim.AdamW(p, amsgrad=True), "amsgrad"),
                           (torch.optim.Adagrad(p, lr_decay=0.1), "lr_decay"),
                           (torch.optim.RMSprop(p), "RMSprop"),
                           (torch.optim.SGD([{"params": p}, {"params": [nn.Parameter(
@@ -273,9 +276,16 @@ class Wrapper(unittest.TestCase):
             return nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
 
         out = {}
+
+        def first():
+            try:
+                out[0] = ps.torch.wrap(same(), ps.Client(servers=s.endpoint, rank=0,
+                                                          num_workers=2, mode="sync"))
+            except ps.PSError as e:
+                out[0] = e
+
         # worker 0 starts and waits at the start barrier for worker 1
-        t0 = threading.Thread(target=lambda: out.setdefault(0, ps.torch.wrap(
-            same(), ps.Client(servers=s.endpoint, rank=0, num_workers=2, mode="sync"))))
+        t0 = threading.Thread(target=first)
         t0.start()
         # the first hello a server accepts fixes its model: worker 0's here
         deadline = time.time() + 20
@@ -291,13 +301,12 @@ class Wrapper(unittest.TestCase):
             if isinstance(cm.exception, ps.PSError):
                 self.assertEqual(cm.exception.code, ps.EMISMATCH)
                 self.assertIn("same parameter names, shapes and order", str(cm.exception))
-        # the right model lets both go on
-        good = ps.torch.wrap(same(), ps.Client(servers=s.endpoint, rank=1, num_workers=2,
-                                               mode="sync"))
+        # worker 0 stopped waiting at the first refusal, naming worker 1 and why
         t0.join(30)
-        self.assertIn(0, out)
-        good.close()
-        out[0].close()
+        self.assertIsInstance(out.get(0), ps.PSError)
+        self.assertEqual(out[0].code, ps.EMISMATCH)
+        self.assertIn("worker 1 was refused at hello", str(out[0]))
+        self.assertIn("model: server has fingerprint", str(out[0]))
 
     def test_bad_models_and_clients_are_refused(self):
         s = pstest.Server("--num-workers", "1", "--mode", "async", "--lr", "0.1")

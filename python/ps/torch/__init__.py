@@ -30,14 +30,17 @@ is registered, in order, with a key made of its position and a CRC of its
 name and shape, so workers that wrap different models are refused at
 start.  Worker 0's initial weights win (and its buffers and frozen
 parameters: BatchNorm statistics); a worker that restarts goes on from the
-servers' clock.  Each backward pushes each gradient the moment autograd has
-made it (last layer first) and posts the pull of the next version; before a
-module's forward its parameters take that version (sync: waiting for that
-layer only).  Gradients edited between backward and step() (clipping) wait
-for step() instead; backward_passes_per_step and no_sync() accumulate.
+servers' clock.  step() pushes each gradient as .grad holds it (so
+accumulation, clipping and unscaling are what they are in plain torch) and
+posts the pull of the next version, first layer first; before a module's
+forward its parameters take that version (sync: waiting for that layer
+only).  grad_edits=False pushes during backward instead, the moment autograd
+has made each gradient (last layer first).
 Ctrl-C interrupts any wait in libps (KeyboardInterrupt); the start and end
-barriers say whom they wait for and give up after wait_timeout; join()
-lets workers with uneven step counts finish.
+barriers say whom they wait for and give up after wait_timeout; a worker
+refused at hello fails its peers' start with the reason; pull_final() (which
+is join()), close() or the script's end lets workers with uneven step counts
+finish; an exception leaves the rounds and ends the process.
 
 wrap(model) is the older form: no optimizer, every backward a step, the
 servers' update.
@@ -58,12 +61,14 @@ from ..client import Client, PSError
 from . import _context
 from ._context import (Average, Sum, allreduce, allreduce_, broadcast_object,
                        broadcast_optimizer_state, broadcast_parameters, init, local_rank,
-                       local_size, rank, size)
+                       local_size, rank, sampler, size)
 from ._dist import Adasum, Compression, ServersOptimizer
 from ._dist import make as _make
 from ._exchange import Exchange, param_key
 from ._optim import server_flags, server_settings
-from ._tables import MAX_IDS, MIN_BYTES, Embedding, EmbeddingBag, ServerEmbedding
+from ._rowwise import RowWiseAdagrad
+from ._tables import (INIT_MAX_BYTES, MAX_IDS, MIN_BYTES, Embedding, EmbeddingBag,
+                      ServerEmbedding, TableWeight)
 from . import _export
 from ._export import Reader, load_manifest, lookup, serving_spec
 
@@ -81,8 +86,9 @@ __all__ = ["DistributedOptimizer", "DistributedModel", "wrap", "init", "rank", "
            "local_rank", "local_size", "allreduce", "allreduce_", "broadcast_object",
            "broadcast_parameters", "broadcast_optimizer_state", "join", "Compression",
            "Average", "Sum", "Adasum", "server_flags", "server_settings", "param_key",
-           "Client", "PSError", "Embedding", "EmbeddingBag", "ServerEmbedding", "export",
-           "lookup", "Reader", "serving_spec", "load_manifest"]
+           "Client", "PSError", "Embedding", "EmbeddingBag", "ServerEmbedding", "TableWeight",
+           "RowWiseAdagrad", "sampler", "export", "lookup", "Reader", "serving_spec",
+           "load_manifest"]
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
@@ -90,7 +96,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          *, model=None, client=None, update=None, grad_edits=None,
                          init_from_rank0=True, wait_timeout=600.0, sync_buffers_every=0,
                          tables=None, table_optimizer=None, table_max_ids=MAX_IDS,
-                         table_min_bytes=MIN_BYTES, samples_per_step=0, tables_from=None):
+                         table_min_bytes=MIN_BYTES, table_init_max_bytes=INIT_MAX_BYTES,
+                         table_hashed_ids=False, samples_per_step=0, tables_from=None):
     """optimizer trained through the servers: an instance of a class derived
     from optimizer's (so isinstance, lr schedulers and state_dict work), with
     optimizer's parameter groups and state.  Blocks until every server said
@@ -114,10 +121,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                         optimizer the servers lack (Adadelta, RMSprop,
                         LAMB), per-group settings, or to clip the averaged
                         gradient (synchronize())
-      grad_edits        None: the first step looks whether .grad is edited
-                        between backward and step() (clipping); then pushes
-                        wait for step().  True: they always do; False:
-                        pushes go during backward and an edit is refused
+      grad_edits        None (or True): gradients go at step(), as .grad
+                        then holds them (micro-batches summed by several
+                        backward() calls, clipped, unscaled).  False: each
+                        goes during backward, overlapping it, for loops of
+                        one backward per step (or backward_passes_per_step /
+                        no_sync()) that never edit .grad: a break of that is
+                        refused when seen, after what had left was applied
       backward_passes_per_step  k micro-batches accumulate into one push
       compression       Compression.none / fp16 / bf16: the wire type
                         (the servers' --wire-dtype must agree)
@@ -128,22 +138,31 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                         other workers, saying every 10 s whom (0: forever)
       sync_buffers_every  average the model's buffers every N steps (0:
                         only at pull_final/join)
-      tables            which nn.Embedding / nn.EmbeddingBag modules of
-                        model become tables on the servers (the module is
-                        replaced by a ServerEmbedding, its weight dropped
-                        from the model and the optimizer): None, those of
-                        at least table_min_bytes of weight (64 MiB) and
-                        those on the meta device; "all"; a list of module
-                        names; a dict name -> that table's options
-                        (optimizer, init, scale, seed, max_rows, full,
-                        max_ids);
-                        [] none.  docs/TORCH.md "Embedding tables"
-      table_optimizer   the tables' optimizer on the servers: "adagrad"
-                        (default, lr 0.01), "adam" (lazy), "sgd", a dict
-                        {'optimizer': 'adagrad', 'lr': 0.05, ...} or a
-                        torch Adagrad / SparseAdam / SGD
+      tables            which embeddings of model become tables on the
+                        servers (the weight becomes a TableWeight, the
+                        worker's copy dropped; its own parameter group):
+                        None, every nn.Embedding / nn.EmbeddingBag with
+                        sparse=True, of at least table_min_bytes (64 MiB)
+                        or on the meta device, and the parameters a module
+                        passes to F.embedding* itself when it says
+                        sparse=True or is that large; "all"; a list of
+                        module or parameter names; a dict name -> that
+                        table's options (optimizer, init, scale, seed,
+                        max_rows, full, max_ids, hashed_ids); [] none.
+                        docs/TORCH.md "Embedding tables"
+      table_optimizer   None: each table follows its parameter group in
+                        optimizer (SGD, Adagrad, SparseAdam, RowWiseAdagrad;
+                        others refused, saying so); or the servers' table
+                        optimizer for all: "adagrad", "adam" (lazy), "sgd",
+                        "rowwise_adagrad", a dict {'optimizer': 'adagrad',
+                        'lr': 0.05, ...} or a torch optimizer
       table_max_ids     the ids one batch may give a table (16 x dim x this
                         bytes of buffers per table)
+      table_init_max_bytes  a materialised module's rows sent to the servers
+                        at start (its first rows), at most; more is refused
+                        (declare an initializer on a meta module instead)
+      table_hashed_ids  ids are hashes: any int64, not checked against
+                        num_embeddings (IndexError otherwise, as torch)
       samples_per_step  the samples one step() trains on (the batch): with
                         the client's metrics on (PS_METRICS_PORT) they go to
                         ps_worker_samples_total, every step() to
@@ -158,7 +177,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     The older form DistributedOptimizer(model, optimizer=None, client=None)
     (the update on the servers, optimizer checked against theirs) works too."""
     tab = dict(tables=tables, table_optimizer=table_optimizer, table_max_ids=table_max_ids,
-               table_min_bytes=table_min_bytes, samples_per_step=samples_per_step)
+               table_min_bytes=table_min_bytes, table_init_max_bytes=table_init_max_bytes,
+               table_hashed_ids=table_hashed_ids, samples_per_step=samples_per_step)
     if isinstance(optimizer, torch.nn.Module):
         model, optimizer = optimizer, named_parameters
         client = compression if client is None else client
@@ -233,17 +253,14 @@ class DistributedModel(torch.nn.Module):
         self.exchange.finish()
 
     def pull_final(self):
-        """After the last step, on every worker: a barrier, then the
-        servers' final weights into the parameters, and the buffers
-        averaged."""
+        """After the last step, on every worker, whatever its step count: the
+        servers' final weights into the parameters, the buffers averaged
+        (see DistributedOptimizer.pull_final)."""
         self.exchange.pull_final()
-        _context.average_buffers(self.module, self.client)
 
     def join(self):
-        """Uneven step counts: this worker is done; see
-        DistributedOptimizer.join."""
+        """hvd.join(): pull_final."""
         self.exchange.join()
-        _context.average_buffers(self.module, self.client)
 
     def average_buffers(self):
         """Every floating buffer (BatchNorm statistics) becomes the workers'

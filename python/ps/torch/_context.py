@@ -27,6 +27,9 @@ class _Context:
 
 _ctx = _Context()
 
+# init()'s clients give up on a server silent this long (heartbeats on)
+SERVER_TIMEOUT_MS = 5000
+
 # the local rank and size, as the launchers say them
 LOCAL_RANK_ENV = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID")
 LOCAL_SIZE_ENV = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
@@ -40,6 +43,13 @@ def init(client=None, **kwargs):
     if client is None:
         if _ctx.client is not None and not _ctx.client.closed and not kwargs:
             return _ctx.client
+        if not any(k in kwargs for k in ("server_timeout_ms", "env")) and \
+                "PS_SERVER_TIMEOUT" not in os.environ and \
+                os.environ.get("PS_HEARTBEAT", "1") not in ("0", "") and \
+                kwargs.get("heartbeat_ms") != 0:
+            # every server answers the heartbeats (1 s): one silent for 5 s
+            # is gone, said to the call that waits on it (libps: 60 s)
+            kwargs["server_timeout_ms"] = SERVER_TIMEOUT_MS
         client = Client(**kwargs)
     _ctx.client = client
     return client
@@ -70,6 +80,16 @@ def local_rank():
 def local_size():
     """Workers on this host (LOCAL_WORLD_SIZE, Open MPI's), 1 when none says."""
     return _int_setting(None, LOCAL_SIZE_ENV, os.environ, "local_size", 1)
+
+
+def sampler(dataset, shuffle=True, seed=0, drop_last=False):
+    """torch's DistributedSampler with this worker's rank and the number of
+    workers (rank(), size()): each worker reads its own 1/size() of the
+    dataset, every one the same number of batches (the last samples repeat
+    to fill the shares; drop_last=True drops them instead).  Call
+    set_epoch(e) before each epoch when shuffling, as with DDP."""
+    return torch.utils.data.DistributedSampler(dataset, num_replicas=size(), rank=rank(),
+                                               shuffle=shuffle, seed=seed, drop_last=drop_last)
 
 
 def started_client(what):

@@ -23,12 +23,16 @@ by where the update runs (`update`; None: as the servers were started):
           same update); async, step() steps and pushes what it changed in
           the weights (the delta), which the servers add, as BytePS does.
 
-Gradients leave during backward (overlapping it) unless something edits
-them between backward and step() (clip_grad_norm_, GradScaler.unscale_):
-the first step pushes at step() and looks; if the gradients were edited,
-every push waits for step() from then on (grad_edits=True says so up front,
-False refuses edits).  backward_passes_per_step=k and no_sync() accumulate
-micro-batches into one push.
+Gradients leave at step(): what .grad holds then (micro-batches summed by
+several backward() calls, clipped, unscaled) is what the servers get, one
+push per step, whatever a step does; nothing is pushed twice (synchronize()
+after step() has nothing new).  grad_edits=False pushes each gradient
+during backward the moment autograd has made it (overlapping the rest of
+backward) for a loop that promises one backward per step (or
+backward_passes_per_step=k, or no_sync() around the passes that only
+accumulate) and no edit of .grad before step(); a break of that promise
+is refused when it is seen (the extra backward, at its first gradient; the
+edit, at step()), but what had left was applied.
 """
 
 import contextlib
@@ -76,13 +80,16 @@ class _Methods:
                   wait_timeout, sync_buffers_every, tables=()):
         self._ps_synced = False
         self._ps_skip = False
+        self._ps_backwards = 0  # the exchange's backward count at the last step()
         self._ps_steps = 0
         self._ps_buffers_every = sync_buffers_every
         self._ps_model = model
         self._ps_view = None
         self._ps_kind = None
         mode_async = client.mode == _lib.MODE_ASYNC
-        servers_own = isinstance(self, ServersOptimizer)
+        # no dense tensor (a model of server tables alone): nothing of the
+        # servers' dense optimizer to check
+        servers_own = isinstance(self, ServersOptimizer) or not named
         if update == "server":
             expect = None if servers_own else server_settings(self)
             self._ps_kind = None if servers_own else expect["optimizer"]
@@ -105,14 +112,14 @@ class _Methods:
             raise
         self._ps_ex = ex
         self._ps_update = ex.update
+        # the tensors the servers hold; any other of the groups (a group
+        # added after wrapping, a tensor unfrozen since) is averaged by
+        # allreduce and stepped here (_ps_others)
+        self._ps_mine = {id(p) for p in ex.params}
         if how == "auto" and ex.update == "server" and not servers_own:
             self._ps_check_servers(client)
-        if tables and k > 1:
-            client.close()
-            raise ValueError("backward_passes_per_step=%d with embedding tables on the servers: "
-                             "a table takes one batch per step" % k)
         ex.passes_per_step = k
-        ex.push_mode = {None: "probe", True: "step", False: "backward"}[grad_edits]
+        ex.push_mode = "backward" if grad_edits is False else "step"
         self._ps_grad_edits = grad_edits
         ex.on_step_start = self._ps_step_start
         self._ps_known = None
@@ -120,7 +127,9 @@ class _Methods:
             now = client.hyper()  # what they run now (another worker may have changed it)
             self._ps_kind = now["optimizer"]
             if not servers_own and ex.params:  # (only tables: nothing runs it)
-                self._ps_known = {key: now[key] for key in hyper_of(self)}
+                self._ps_known = {key: now[key] for key in hyper_of(self, self._ps_groups())}
+        if tables:  # their first rows, hyper-parameters and forward hook
+            _tables.start(ex, model)
         _context.on_start(client, self, ex, model)
         if self._ps_update != "server":
             # every worker starts from rank 0's optimizer state and settings
@@ -170,9 +179,10 @@ class _Methods:
 
     @property
     def tables(self):
-        """The model's embedding modules on the servers, by name (module
-        order: prefetch's list order)."""
-        return {t.name: t.module for t in self._ps_ex.tables}
+        """The model's server tables, by name (model order: prefetch's list
+        order): each its weight in the model, a TableWeight (.table.lookup(ids)
+        reads rows)."""
+        return _tables.tables_of(self._ps_ex)
 
     def prefetch(self, ids):
         """Hand the ids of an upcoming batch to the model's server tables so
@@ -229,43 +239,114 @@ class _Methods:
         servers, to apply from this step."""
         if self._ps_update == "server" and self._ps_known is not None:
             self._ps_send_hyper()
+        if self._ps_ex.tables:
+            _tables.send_hyper(self._ps_ex, self)
+
+    def _ps_groups(self):
+        """The parameter groups whose tensors the servers hold."""
+        return [g for g in self.param_groups if any(id(p) in self._ps_mine for p in g["params"])]
 
     def _ps_send_hyper(self):
+        groups = self._ps_groups()
         try:
-            now = server_settings(self)
+            now = server_settings(self, groups)
         except ValueError as e:
             raise ValueError("the optimizer's hyper-parameters changed to something the servers "
                              "cannot run: %s" % e) from None
         if now["optimizer"] != self._ps_kind:
             raise ValueError("the optimizer became %s, but the servers run %s: the kind cannot "
                              "change during a run" % (now["optimizer"], self._ps_kind))
-        want = hyper_of(self)
+        want = hyper_of(self, groups)
         change = {k: v for k, v in want.items() if self._ps_known.get(k) != v}
         if change:
             got = self.client.hyper(change, min(self._ps_ex.steps))
             self._ps_known = {k: got[k] for k in want}
 
+    # ---- tensors the servers do not hold ----
+
+    def add_param_group(self, param_group):
+        """torch's, after wrapping too (fine-tuning that unfreezes layers):
+        the servers hold only the tensors registered at start, so the new
+        group's are averaged over the workers at every step (allreduce
+        through server 0) and stepped by this optimizer with the group's own
+        hyper-parameters, the same update on every worker; rank 0's values
+        go to every worker now.  A collective: every worker adds the same
+        group at the same step."""
+        super(self.__class__, self).add_param_group(param_group)
+        if getattr(self, "_ps_ex", None) is None:
+            return  # torch's __init__ (not through make)
+        if isinstance(self, ServersOptimizer):
+            self.param_groups.pop()
+            raise ValueError("add_param_group: DistributedOptimizer(model) without a torch "
+                             "optimizer has nothing to step new tensors with; wrap a torch "
+                             "optimizer (DistributedOptimizer(torch.optim.SGD(...), model=...))")
+        fresh = [p for p in self.param_groups[-1]["params"] if id(p) not in self._ps_mine]
+        _context.broadcast_tensors([("group:%d" % i, p) for i, p in enumerate(fresh)],
+                                   self.client)
+
+    def _ps_others(self):
+        """This optimizer's tensors that the servers do not hold and that
+        require grad (a frozen one costs nothing), in group order (the same
+        on every worker); the server tables' groups are the servers' too."""
+        return [p for g in self.param_groups if "ps_table" not in g for p in g["params"]
+                if id(p) not in self._ps_mine and p.requires_grad]
+
+    def _ps_average_others(self):
+        """The workers' mean gradient into .grad of each tensor the servers
+        do not hold (one allreduce; a worker without a gradient adds zeros,
+        a tensor no worker has one for keeps .grad None).  Returns those
+        tensors."""
+        others = self._ps_others()
+        if not others:
+            return []
+        flat = torch.cat([torch.tensor([p.grad is not None], dtype=torch.float32)
+                          for p in others] +
+                         [(p.grad if p.grad is not None else torch.zeros_like(p))
+                          .detach().reshape(-1).float().cpu() for p in others])
+        mean = _context.allreduce(flat, client=self.client)
+        off = len(others)
+        out = []
+        with torch.no_grad():
+            for k, p in enumerate(others):
+                n = p.numel()
+                if mean[k] > 0:
+                    g = mean[off:off + n].reshape(p.shape).to(device=p.device, dtype=p.dtype)
+                    if p.grad is None:
+                        p.grad = g
+                    else:
+                        p.grad.copy_(g)
+                    out.append(p)
+                off += n
+        return out
+
+    def _ps_step_others(self, others):
+        """This optimizer's step for the tensors the servers do not hold
+        (update on the servers: torch's step over groups holding those
+        alone, each with its own settings)."""
+        if not others:
+            return
+        ids = {id(p) for p in others}
+        groups = self.param_groups
+        self.param_groups = [dict(g, params=[p for p in g["params"] if id(p) in ids])
+                             for g in groups]
+        try:
+            super(self.__class__, self).step()
+        finally:
+            self.param_groups = groups
+
     def _ps_push(self):
-        """This step's gradients to the servers: what backward left (or all,
-        when pushes wait for step()), after the edit checks."""
+        """This step's gradients to the servers: .grad as it is now (with
+        grad_edits=False, what backward did not push, after the check that
+        none it pushed was edited since)."""
         ex = self._ps_ex
-        edited = ex.edited_after_backward()
-        if ex.push_mode == "probe":
-            ex.push_mode = "step" if edited else "backward"
-            if edited:
-                sys.stderr.write(
-                    "ps.torch[%d]: the gradients are edited between backward and step() "
-                    "(clipping, unscaling): they go to the servers at step() from now on, "
-                    "not during backward (grad_edits=True says so and skips this check)\n"
-                    % ex.client.rank)
-        elif ex.push_mode == "backward":
-            late = [ex.names[i] for i in edited if ex.pushed[i]]
+        if ex.push_mode == "backward":
+            late = [ex.names[i] for i in ex.edited_after_backward() if ex.pushed[i]]
             if late:
                 raise RuntimeError(
                     "the gradient of %s changed after backward (clip_grad_norm_, "
-                    "GradScaler.unscale_, an edit of .grad), but it had gone to the servers "
-                    "during backward, so the edit cannot take effect: make the optimizer with "
-                    "DistributedOptimizer(..., grad_edits=True), and gradients wait for step()"
+                    "GradScaler.unscale_, an edit of .grad), but with grad_edits=False it had "
+                    "gone to the servers during backward, so the edit cannot take effect: leave "
+                    "grad_edits at its default (None), and gradients go at step()"
                     % ", ".join(late[:3]))
         ex.begin_step()
         ex.push_rest()
@@ -278,10 +359,15 @@ class _Methods:
         ex = self._ps_ex
         if ex.closed:
             raise PSError(_lib.ERRORS.index("ECLOSED"), "the exchange is closed", "step")
+        if ex.left:
+            raise RuntimeError("step() after pull_final() or join(): this worker left the "
+                               "servers' rounds (the end of its training); to evaluate mid-run "
+                               "call finish() instead")
         if self._ps_skip and not self._ps_synced:
             raise RuntimeError("step() under skip_synchronize() needs synchronize() first")
         if self._ps_update == "worker-async":
             ex.begin_step()
+            self._ps_average_others()
             before = ex.stage_deltas()
             super(self.__class__, self).step()
             ex.push_deltas(before)
@@ -292,22 +378,16 @@ class _Methods:
             if not self._ps_synced:
                 self._ps_push()
                 ex.means_into_grads()
+                self._ps_average_others()
             super(self.__class__, self).step()
             ex.note_weights()
-        else:
-            if self._ps_synced:
-                late = ex.edited_after_backward()
-                if late:
-                    raise RuntimeError(
-                        "the gradient of %s changed after synchronize(): the servers apply "
-                        "the update, so they had it already; edit gradients before "
-                        "synchronize() (or before step() without it), or use update='worker'"
-                        % ex.names[late[0]])
-            else:
-                self._ps_push()
+        else:  # the servers apply .grad as it is now (synchronize() left it here)
+            self._ps_push()
+            self._ps_step_others(self._ps_average_others())
             if ex.module is None:
                 ex.take_weights()
         self._ps_synced = False
+        self._ps_backwards = ex.backwards
         self._ps_steps += 1
         ex.end_step()
         if self._ps_buffers_every and self._ps_model is not None and \
@@ -316,18 +396,21 @@ class _Methods:
         return loss
 
     def synchronize(self):
-        """Horovod's: push this step's gradients now; with the update on the
-        workers, wait for the mean and put it in .grad (clip it then, and
-        step() under skip_synchronize()).  With the update on the servers
-        they apply it: an edit after this cannot reach them (step() says
-        so)."""
+        """Horovod's: with the update on the workers (sync), push this
+        step's gradients now, wait for the mean and put it in .grad (clip
+        it then, and step() under skip_synchronize()).  With the update on
+        the servers nothing comes back to edit: the push waits for step(),
+        so an edit after this still reaches them.  After step(), with no
+        backward since, there is nothing new: it does nothing."""
         ex = self._ps_ex
-        if self._ps_synced or self._ps_update == "worker-async":
+        if self._ps_synced or self._ps_update == "worker-async" or \
+                ex.backwards == self._ps_backwards:
             return
-        self._ps_push()
         if self._ps_update == "worker-sync":
+            self._ps_push()
             ex.means_into_grads()
-        ex._end_of_backward()  # edits from here on are the user's
+            self._ps_average_others()
+            ex.note_grads()  # edits from here on are the user's
         self._ps_synced = True
 
     def zero_grad(self, set_to_none=False):
@@ -437,19 +520,19 @@ class _Methods:
         self._ps_ex.finish()
 
     def pull_final(self):
-        """After the last step, on every worker: a barrier, the servers'
-        final weights (where they hold them), and the buffers averaged."""
+        """After the last step, on every worker, whatever its step count
+        (uneven data: DDP's Join, hvd.join()): this worker leaves the
+        servers' rounds, so the others finish their steps without it, waits
+        until every worker is done, then takes the servers' final weights
+        (where they hold them) and the workers' mean of the model's floating
+        buffers.  close(), or the end of the script, does it for a worker
+        that did not (after an error: only the leaving).  No step after it:
+        to evaluate mid-run, finish()."""
         self._ps_ex.pull_final()
-        if self._ps_model is not None:
-            _context.average_buffers(self._ps_model, self.client)
 
     def join(self):
-        """Uneven step counts (as hvd.join() and DDP's Join): this worker is
-        done; sync rounds and barriers go on without it; returns once every
-        worker has joined, with the final weights and averaged buffers."""
+        """hvd.join(), DDP's Join: pull_final."""
         self._ps_ex.join()
-        if self._ps_model is not None:
-            _context.average_buffers(self._ps_model, self.client)
 
     def take_wait_ns(self):
         return self._ps_ex.take_wait_ns()
@@ -489,7 +572,8 @@ def make(optimizer, named_parameters=None, compression=None, backward_passes_per
          op=None, gradient_predivide_factor=1.0, model=None, client=None, update=None,
          grad_edits=None, init_from_rank0=True, wait_timeout=600.0, sync_buffers_every=0,
          tables=None, table_optimizer=None, table_max_ids=_tables.MAX_IDS,
-         table_min_bytes=_tables.MIN_BYTES, samples_per_step=0):
+         table_min_bytes=_tables.MIN_BYTES, table_init_max_bytes=_tables.INIT_MAX_BYTES,
+         table_hashed_ids=False, samples_per_step=0):
     """DistributedOptimizer(optimizer, ...): see ps.torch.DistributedOptimizer."""
     del gradient_predivide_factor  # with the mean it changes nothing
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -504,9 +588,9 @@ def make(optimizer, named_parameters=None, compression=None, backward_passes_per
     if int(backward_passes_per_step) < 1:
         raise ValueError("backward_passes_per_step must be at least 1")
     chosen = []
-    if model is not None:  # its big embeddings become server tables, their weights dropped
-        chosen = _tables.choose(model, tables, table_optimizer, table_max_ids, table_min_bytes)
-        _tables.drop_weights(optimizer, [w for _, w, _ in chosen])
+    if model is not None:  # its embeddings become server tables, their weights dropped
+        chosen = _tables.choose(model, optimizer, tables, table_optimizer, table_max_ids,
+                                table_min_bytes, table_init_max_bytes, table_hashed_ids)
     elif tables:
         raise ValueError("tables= needs model=: the wrapper replaces the model's embedding "
                          "modules")
@@ -518,7 +602,8 @@ def make(optimizer, named_parameters=None, compression=None, backward_passes_per
             raise ValueError("named_parameters names a parameter twice")
     elif model is not None:
         names = {id(p): n for n, p in model.named_parameters()}
-    params = [p for g in optimizer.param_groups for p in g["params"]]
+    params = [p for g in optimizer.param_groups if not _tables.is_table_group(g)
+              for p in g["params"]]
     named = [(names.get(id(p), "param.%d" % i), p) for i, p in enumerate(params)]
     if client is None:
         client = _context.init()
@@ -528,6 +613,6 @@ def make(optimizer, named_parameters=None, compression=None, backward_passes_per
     obj = cls.__new__(cls)
     obj.__dict__.update(optimizer.__dict__)  # the same param_groups and state
     obj._ps_setup(named, model, client, update, int(backward_passes_per_step), grad_edits, wire,
-                  init_from_rank0, wait_timeout, sync_buffers_every, [t for _, _, t in chosen])
+                  init_from_rank0, wait_timeout, sync_buffers_every, chosen)
     obj._ps_ex.samples_per_step = int(samples_per_step)
     return obj

@@ -5,15 +5,17 @@ weight buffer (what forward reads), a back buffer that pulls fill, two
 gradient buffers, and the rules of DESIGN.md "Overlap on the worker".  This
 module only calls it at the right moments:
 
-- a gradient hook per parameter (param.register_hook: called with the
-  parameter's gradient of this backward the moment autograd has made it,
-  last layer first) writes the gradient the optimizer would see (.grad plus
-  this one: accumulation works) into the exchange's gradient buffer and
-  calls ps_exchange_grad_ready, which posts the push and the pull of the
-  next version while backward goes on with the earlier layers.  When the
-  gradient must wait for step() (clipping, accumulation over k backward
-  passes, no_sync(), worker-side async deltas) the hook leaves it, and
-  step() pushes (push_rest);
+- step() (push_rest) writes each parameter's .grad into the exchange's
+  gradient buffer and calls ps_exchange_grad_ready, which posts the push
+  and the pull of the next version, first layer first: what .grad holds
+  then (several backward passes summed, clipped) is what the servers get.
+  With push_mode "backward" (grad_edits=False, and wrap()) a gradient hook
+  per parameter (param.register_hook: called with the parameter's gradient
+  of this backward the moment autograd has made it, last layer first)
+  pushes instead: the gradient the optimizer would see (.grad plus this one)
+  while backward goes on with the earlier layers; a backward beyond the
+  declared ones is refused there, before it pushes.  The hooks also count
+  backward passes (synchronize() after step() then has nothing new);
 - a forward pre-hook per module that owns parameters calls
   ps_exchange_before_use for them: sync waits for that layer's next version
   only (so early layers compute while later layers' pulls are in flight),
@@ -56,6 +58,7 @@ import torch
 from .. import _lib
 from ..client import Client, PSError
 from .._lib import lib
+from . import _context
 from ._pinning import _Pinner, _cudart_clear_error
 
 _ECLOSED = _lib.ERRORS.index("ECLOSED")
@@ -219,7 +222,7 @@ class Exchange:
         self._x = self._b = None
         self._hooks = []
         # what the optimizer sets (ps.torch.DistributedOptimizer)
-        self.push_mode = "backward"   # backward | step | probe (the first step decides)
+        self.push_mode = "backward"   # backward (hooks push) | step (step() pushes)
         self.passes_per_step = 1
         self.no_sync_depth = 0
         self.on_step_start = None     # called before the first push or forward of a step
@@ -227,9 +230,11 @@ class Exchange:
         self._in_step = False         # begin_step ran for the step under way
         self._told_writes = False
         self._gver = [None] * n       # .grad (id, version) at the end of the last backward
+        self.backwards = 0            # backward passes that reached a parameter, ever
         self._zver = [None] * n       # .grad (id, version) as zero_grad left it: all zeros
         self._wver = [p._version for p in self.params]  # weights as we last left them
         self._end_queued = False
+        self.left = False             # out of the servers' rounds: pull_final, join, close
         self.wait_timeout = wait_timeout
         if self.cuda:
             self._cuda_init()
@@ -265,6 +270,7 @@ class Exchange:
         # gives the parameters their own memory back)
         self.client._handle.closer = self._close_c
         self.client._handle.interrupter = lambda ptr, x=x: lib.ps_exchange_interrupt(x)
+        self.client._handle.before_close = self._depart  # closing (or exit) leaves first
         lib.ps_exchange_set_wait_timeout(x, int(self.wait_timeout * 1000) if self.wait_timeout
                                          else 0)
         for i, (name, p) in enumerate(zip(self.names, self.params)):
@@ -310,7 +316,10 @@ class Exchange:
 
     def _start_error(self, rc):
         msg = _lib.last_error(self.client._ptr) or _lib.strerror(rc)
-        if rc == _EMISMATCH and "model" in msg:
+        if rc == _EMISMATCH and "was refused at hello" in msg:
+            msg += ("; this worker and the servers agree, the one named does not: fix it (every "
+                    "worker wraps the same model and settings) and start it again")
+        elif rc == _EMISMATCH and "model" in msg:
             shown = ", ".join("%s %s" % (nm, tuple(p.shape))
                               for nm, p in list(zip(self.names, self.params))[:4])
             msg += ("; the servers hold another model than this worker's: every worker must "
@@ -436,15 +445,26 @@ class Exchange:
         if self._x is None:
             return None
         if grad.is_sparse:
-            raise TypeError("parameter %r got a sparse gradient; ps.torch pushes dense ones"
-                            % self.names[i])
+            from ._tables import WAY_OUT
+            raise TypeError("parameter %r got a sparse gradient; ps.torch pushes dense ones: %s"
+                            % (self.names[i], WAY_OUT))
         if not self._end_queued:  # once per backward: note .grad after it
             self._end_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         if self.update == "worker-async" or self.push_mode != "backward" or self.no_sync_depth:
             return None
+        if self.pushed[i]:
+            # another backward after this step's gradient had left: the
+            # servers applied (or averaged) the earlier one alone
+            raise RuntimeError(
+                "parameter %r got a gradient from another backward() before step(), but its "
+                "gradient of this step had already gone to the servers (grad_edits=False pushes "
+                "during backward), which take it alone: for gradient accumulation say "
+                "backward_passes_per_step=k, or put the backward passes that only accumulate "
+                "in `with optimizer.no_sync():`, or leave grad_edits at its default (gradients "
+                "go at step())" % self.names[i])
         self.passes[i] += 1
-        if self.passes[i] < self.passes_per_step or self.pushed[i]:
+        if self.passes[i] < self.passes_per_step:
             return None
         self.begin_step()
         # what the optimizer would see: .grad after this backward adds to it
@@ -519,12 +539,18 @@ class Exchange:
 
     def _end_of_backward(self):
         self._end_queued = False
+        self.backwards += 1
         if self.cuda:
             self._drain(block=True)
-        self._gver = [None if p.grad is None else (id(p.grad), p.grad._version)
-                      for p in self.params]
+        self.note_grads()
         if self.auto_step:
             self.end_step()
+
+    def note_grads(self):
+        """.grad as it is now is what the pushes so far saw: an edit from
+        here on is one (edited_after_backward)."""
+        self._gver = [None if p.grad is None else (id(p.grad), p.grad._version)
+                      for p in self.params]
 
     # ---- steps (what DistributedOptimizer.step calls) ----
 
@@ -687,25 +713,55 @@ class Exchange:
             for i in range(len(self.params)):
                 self._take_front(i)
 
-    def pull_final(self):
-        """After the last step, on every worker: wait at a barrier for all of
-        them, then (where the servers hold the weights) pull their final
-        weights into the parameters."""
+    def pull_final(self, what="pull_final"):
+        """After the last step, on every worker, whatever its step count
+        (join: DDP's Join, hvd.join()): this worker leaves the servers' live
+        sets (sync rounds and barriers go on without it: a worker with more
+        steps finishes them), waits until every worker has done the same,
+        then takes the servers' final weights (where they hold them) and the
+        workers' mean of the model's floating buffers (a collective).
+        Once: a second call does nothing."""
+        if self.left:
+            return
         self.finish()
+        self.client.leave()
+        self.left = True
+        self._wait_barrier(_JOIN_BARRIER, what)
         self._check(lib.ps_exchange_pull_final(self._x), "final pull")
         if self.weights_from_servers:
             for i in range(len(self.params)):
                 self._take_front(i, force=True)
             self.note_weights()
+        if self.module is not None:
+            _context.average_buffers(self.module, self.client)
 
     def join(self):
-        """Uneven step counts: this worker is done.  It leaves the servers'
-        live sets (sync rounds and barriers go on without it), waits until
-        every worker has joined, and takes the final weights."""
-        self.finish()
-        self.client.leave()
-        self._wait_barrier(_JOIN_BARRIER, "join")
-        self.pull_final()
+        """Uneven step counts: this worker is done (pull_final)."""
+        self.pull_final("join")
+
+    def _depart(self):
+        """Closing without pull_final: after an error (one being handled,
+        or the uncaught one the process ends with) leave the live sets at
+        once, so the others' rounds go on and this process ends now;
+        otherwise pull_final, as DDP's Join does for a worker out of data."""
+        if self.left or self._x is None or not self.client.started:
+            return
+        failing = sys.exc_info()[0] is not None or getattr(sys, "last_value", None) is not None
+        if failing:
+            self.left = True
+            try:
+                self.client.leave(timeout=1.0)  # a server may be what failed
+                sys.stderr.write("ps.torch[%d]: left the servers' rounds after an error: the "
+                                 "other workers go on without this one\n" % self.client.rank)
+            except (PSError, OSError) as e:  # Ctrl-C closed the client's requests
+                sys.stderr.write("ps.torch[%d]: ending after an error without leaving the "
+                                 "servers' rounds (%s)\n" % (self.client.rank, e))
+            return
+        try:
+            self.pull_final("close")
+        except (PSError, RuntimeError, OSError) as e:
+            sys.stderr.write("ps.torch[%d]: closing without the final weights: %s\n"
+                             % (self.client.rank, e))
 
     def _wait_barrier(self, bid, what):
         """Barrier bid: say whom it waits for after 5 s and then every 10 s,
@@ -718,12 +774,13 @@ class Exchange:
             now = time.monotonic()
             if self.wait_timeout and now - t0 > self.wait_timeout:
                 raise PSError(_lib.ERRORS.index("ETIMEDOUT"), "gave up after %.0f s (the wait "
-                              "timeout) waiting for worker(s) %s: every worker calls %s()"
-                              % (self.wait_timeout, self._missing(), what), "%s barrier" % what)
+                              "timeout) waiting for worker(s) %s to end too (pull_final(), "
+                              "join(), close() or the end of its script)"
+                              % (self.wait_timeout, self._missing()), "%s barrier" % what)
             if now >= note:
-                sys.stderr.write("ps.torch[%d]: waiting at the %s barrier for worker(s) %s "
-                                 "(every worker calls %s())\n"
-                                 % (self.client.rank, what, self._missing(), what))
+                sys.stderr.write("ps.torch[%d]: done (%s); waiting for worker(s) %s to end too "
+                                 "(pull_final(), join(), close() or the end of its script)\n"
+                                 % (self.client.rank, what, self._missing()))
                 note = now + 10.0
 
     def _missing(self):
@@ -739,8 +796,8 @@ class Exchange:
         return lib.ps_exchange_take_wait_ns(self._x)
 
     def _close_c(self, client_ptr):
-        """The client's closer: give the parameters memory of their own, then
-        close the exchange (which closes the C client)."""
+        """The client's closer (after _depart): give the parameters memory of
+        their own, then close the exchange (which closes the C client)."""
         del client_ptr  # the exchange owns it
         x, self._x = self._x, None
         if x is None:

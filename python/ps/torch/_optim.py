@@ -10,17 +10,19 @@ both values named) and the flags to start the servers with.
   SGD(lr, momentum>0, weight_decay)             --optimizer momentum --momentum
   SGD(lr, momentum>0, nesterov=True)            --optimizer nesterov --momentum
   Adam(lr, betas=(b1, b2), eps, weight_decay)   --optimizer adam --beta1 --beta2 --eps
-  AdamW(..., weight_decay=0)                    as Adam (with decay it is decoupled:
-                                                no server equivalent)
+  AdamW(lr, betas, eps, weight_decay)           --optimizer adamw (decoupled decay:
+                                                w *= 1 - lr*wd, then adam)
   Adagrad(lr, eps, weight_decay)                --optimizer adagrad --eps
 
-The formulas are the same update for update: momentum v = mu*v + g,
-w -= lr*v (torch's, with dampening 0); nesterov w -= lr*(g + mu*v); adam
-with bias correction, eps added to sqrt(v_hat); adagrad h += g^2,
-w -= lr*g/(sqrt(h) + eps); weight decay adds wd*w to the gradient first.
+The formulas are torch's single-tensor steps (foreach=False, torch 1.13's
+default on the CPU) operation for operation (server/optimizer.h): one worker
+through the servers repeats plain torch bit for bit (adam and adamw: when lr,
+the betas and adamw's weight_decay have at most 7 significant digits, as
+1e-3, 0.9, 0.999, 0.01: the servers hold float32 values and derive 1 - beta1,
+lr / (1 - beta1^t) and 1 - lr*wd from the shortest decimal of each).
 Refused, because the servers do something else: SGD dampening != 0, Adam
 amsgrad, maximize, Adagrad lr_decay != 0 or initial_accumulator_value != 0,
-AdamW with weight decay, several parameter groups with different settings,
+several parameter groups with different settings,
 any other optimizer: those run with update="worker" (ps.torch
 DistributedOptimizer: the servers average, each worker steps its own torch
 optimizer).  A learning-rate scheduler, or any change of a group's
@@ -36,16 +38,21 @@ import torch
 
 # the servers' kind -> the names of its state arrays in torch's state
 STATE_NAMES = {"sgd": (), "momentum": ("momentum_buffer",), "nesterov": ("momentum_buffer",),
-               "adagrad": ("sum",), "adam": ("exp_avg", "exp_avg_sq")}
+               "adagrad": ("sum",), "adam": ("exp_avg", "exp_avg_sq"),
+               "adamw": ("exp_avg", "exp_avg_sq")}
 # kinds whose torch state has a step count
-STEP_KINDS = ("adagrad", "adam")
+STEP_KINDS = ("adagrad", "adam", "adamw")
 
 
-def _group_settings(opt):
-    """The one set of hyper-parameters of all of opt's parameter groups."""
+def _group_settings(opt, groups=None):
+    """The one set of hyper-parameters of all of opt's parameter groups (or
+    of those of `groups`: the groups whose tensors the servers hold), but the
+    server tables' own (ps.torch._tables)."""
+    groups = opt.param_groups if groups is None else groups
     keys = [k for k in opt.defaults if k != "params"]
-    first = {k: opt.param_groups[0].get(k) for k in keys}
-    for g in opt.param_groups[1:]:
+    groups = [g for g in groups if "ps_table" not in g] or [opt.defaults]
+    first = {k: groups[0].get(k) for k in keys}
+    for g in groups[1:]:
         for k in keys:
             if g.get(k) != first[k]:
                 raise ValueError("%s: parameter groups differ in %s (%r and %r); the servers run "
@@ -59,11 +66,12 @@ def _refuse(opt, what):
                      "what)" % (type(opt).__name__, what))
 
 
-def server_settings(opt):
+def server_settings(opt, groups=None):
     """{'optimizer': 'momentum', 'lr': 0.05, 'momentum': 0.9, 'weight_decay': 0.0}
-    for a torch optimizer; ValueError when the servers cannot run it."""
+    for a torch optimizer (its groups, or `groups`); ValueError when the
+    servers cannot run it."""
     name = type(opt).__name__
-    s = _group_settings(opt)
+    s = _group_settings(opt, groups)
     if s.get("maximize"):
         _refuse(opt, "maximize=True")
     out = {"lr": float(s["lr"]), "weight_decay": float(s.get("weight_decay") or 0.0)}
@@ -81,11 +89,11 @@ def server_settings(opt):
     elif name in ("Adam", "AdamW"):
         if s.get("amsgrad"):
             _refuse(opt, "amsgrad=True")
-        if name == "AdamW" and out["weight_decay"] != 0.0:
-            _refuse(opt, "weight_decay=%r (decoupled decay)" % out["weight_decay"])
         b1, b2 = s["betas"]
-        out.update(optimizer="adam", beta1=float(b1), beta2=float(b2), eps=float(s["eps"]))
-    elif name == "Adagrad":
+        out.update(optimizer="adamw" if name == "AdamW" else "adam", beta1=float(b1),
+                   beta2=float(b2), eps=float(s["eps"]))
+    elif name in ("Adagrad", "RowWiseAdagrad", "RWSAdagrad", "RowWiseSparseAdagrad"):
+        # the row-wise ones: Adagrad on dense gradients (their rows: the tables')
         if s.get("lr_decay"):
             _refuse(opt, "lr_decay=%r" % s["lr_decay"])
         if s.get("initial_accumulator_value"):
@@ -93,7 +101,7 @@ def server_settings(opt):
         out.update(optimizer="adagrad", eps=float(s["eps"]))
     else:
         raise ValueError("%s has no equivalent on the servers; they run sgd, momentum, nesterov, "
-                         "adam or adagrad (torch SGD, Adam, Adagrad)" % name)
+                         "adam, adamw or adagrad (torch SGD, Adam, AdamW, Adagrad)" % name)
     return out
 
 
@@ -107,11 +115,11 @@ def server_flags(opt):
     return " ".join(words)
 
 
-def hyper_of(opt):
+def hyper_of(opt, groups=None):
     """The hyper-parameters opt runs with as the servers name them
     (server_settings without the kind), float32 as the servers keep them."""
     out = {}
-    for k, v in server_settings(opt).items():
+    for k, v in server_settings(opt, groups).items():
         if k != "optimizer":
             out[k] = float(torch.tensor(v, dtype=torch.float32))
     return out
