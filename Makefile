@@ -29,13 +29,15 @@ CC        ?= cc
 DEP_PROBE := command -v $(CC) >/dev/null 2>&1 || echo build-essential; \
   if command -v pkg-config >/dev/null 2>&1; then \
     for m in libzmq:libzmq3-dev msgpack:libmsgpack-dev zlib:zlib1g-dev \
-             libmicrohttpd:libmicrohttpd-dev libcurl:libcurl4-openssl-dev; do \
+             libmicrohttpd:libmicrohttpd-dev libcurl:libcurl4-openssl-dev \
+             json-c:libjson-c-dev; do \
       pkg-config --exists $${m%%:*} || echo $${m\#*:}; done; \
     pkg-config --exists openblas || [ -f /usr/include/cblas.h ] || echo libopenblas-dev; \
   else \
     echo pkg-config; \
     for m in zmq.h:libzmq3-dev msgpack.h:libmsgpack-dev zlib.h:zlib1g-dev \
-             microhttpd.h:libmicrohttpd-dev curl/curl.h:libcurl4-openssl-dev; do \
+             microhttpd.h:libmicrohttpd-dev curl/curl.h:libcurl4-openssl-dev \
+             json-c/json.h:libjson-c-dev; do \
       [ -f /usr/include/$${m%%:*} ] || echo $${m\#*:}; done; \
   fi
 ifneq ($(filter-out deps clean uninstall,$(or $(MAKECMDGOALS),all)),)
@@ -61,6 +63,11 @@ BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas
 # as needed (only the programs that call it depend on it)
 CURL_LIBS   := $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
 CURL_IF_USED := -Wl,--as-needed $(CURL_LIBS) -Wl,--no-as-needed
+# json-c: ps_server --import reads an export's manifest.json with it
+# (server/import.c); ps_server links it, the tests and benchmarks as needed
+JSON_CFLAGS := $(shell pkg-config --cflags json-c 2>/dev/null)
+JSON_LIBS   := $(shell pkg-config --libs json-c 2>/dev/null || echo -ljson-c)
+JSON_IF_USED := -Wl,--as-needed $(JSON_LIBS) -Wl,--no-as-needed
 
 BUILD := build$(if $(filter 1,$(SAN)),-san,)
 # sanitized programs and library live apart so the two builds never mix
@@ -99,7 +106,7 @@ ifeq ($(SAN),1)
                  -fno-sanitize-recover=undefined
   LDSAN := -fsanitize=address,undefined
 endif
-CFLAGS  := $(CFLAGS_BASE) $(PKG_CFLAGS) $(BLAS_CFLAGS) $(EXTRA_CFLAGS)
+CFLAGS  := $(CFLAGS_BASE) $(PKG_CFLAGS) $(BLAS_CFLAGS) $(JSON_CFLAGS) $(EXTRA_CFLAGS)
 LDLIBS  := $(PKG_LIBS) $(BLAS_LIBS) -lz -lm -pthread $(LDSAN)
 
 # --- CUDA detection: build the backend when nvcc is there, say so when not.
@@ -232,7 +239,7 @@ ALL_LIBS := $(BUILD)/libserver.a $(BUILD)/libworker.a $(BUILD)/liblaunch.a $(BUI
 
 $(BIN)/ps_server: $(BUILD)/server/ps_server_main.o $(BUILD)/libserver.a $(LIB)/libps.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(JSON_LIBS)
 $(BIN)/ps_worker: $(BUILD)/worker/ps_worker_main.o $(BUILD)/libworker.a $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -251,11 +258,11 @@ $(BIN)/ps_export: $(BUILD)/tools/ps_export_main.o $(BUILD)/libtools.a $(BUILD)/l
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS) $(CURL_IF_USED)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS) $(CURL_IF_USED) $(JSON_IF_USED)
 $(BUILD)/examples/%: $(BUILD)/examples/%.o $(LIB)/libps.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
-	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS) $(JSON_IF_USED)
 
 # libps's public headers stand alone: -Iinclude and nothing else
 $(BUILD)/tests/public_header.o: tests/public_header.c $(PUBLIC_HEADERS)

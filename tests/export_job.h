@@ -10,8 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <json-c/json.h>
+
 #include "ps_client.h"
-#include "ps_json.h"
 #include "ps_npy.h"
 #include "ps_table_row.h"
 #include "ps_test.h"
@@ -243,14 +244,49 @@ static inline int ej_npy(const char *dir, const char *rel, ps_npy_in *in)
     return rc;
 }
 
-/* The manifest's table (or dense tensor) entry of key. */
-static inline const ps_json *ej_entry(const ps_json *m, const char *list, uint64_t key)
+/* ---- an export's manifest (json-c) ---- */
+
+/* dir's manifest.json, or NULL (json-c's reason printed); json_object_put it */
+static inline struct json_object *ej_manifest(const char *dir)
 {
-    const ps_json *l = ps_json_get(m, list);
-    for (size_t k = 0; l && k < l->n; k++) {
-        uint64_t v;
-        if (!ps_json_u64(&l->kids[k], "key", &v) && v == key)
-            return &l->kids[k];
+    char path[2048];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    struct json_object *m = json_object_from_file(path);
+    if (!m)
+        fprintf(stderr, "%s: %s\n", path, json_util_get_last_err());
+    return m;
+}
+
+/* Member key of object o, or NULL. */
+static inline struct json_object *ej_get(struct json_object *o, const char *key)
+{
+    struct json_object *v = NULL;
+    return o && json_object_object_get_ex(o, key, &v) ? v : NULL;
+}
+
+/* The member's string, or NULL. */
+static inline const char *ej_str(struct json_object *o, const char *key)
+{
+    struct json_object *v = ej_get(o, key);
+    return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
+}
+
+/* The member's integer, or def. */
+static inline int64_t ej_int(struct json_object *o, const char *key, int64_t def)
+{
+    struct json_object *v = ej_get(o, key);
+    return v && json_object_is_type(v, json_type_int) ? json_object_get_int64(v) : def;
+}
+
+/* The manifest's table (or dense tensor) entry of key. */
+static inline struct json_object *ej_entry(struct json_object *m, const char *list, uint64_t key)
+{
+    struct json_object *l = ej_get(m, list);
+    size_t n = l && json_object_is_type(l, json_type_array) ? json_object_array_length(l) : 0;
+    for (size_t k = 0; k < n; k++) {
+        struct json_object *e = json_object_array_get_idx(l, k), *v = ej_get(e, "key");
+        if (v && json_object_is_type(v, json_type_int) && json_object_get_uint64(v) == key)
+            return e;
     }
     return NULL;
 }

@@ -14,7 +14,6 @@
 #include "export_job.h"
 #include "ps_client.h"
 #include "ps_error.h"
-#include "ps_json.h"
 #include "ps_npy.h"
 #include "ps_test.h"
 #include "ps_test_server.h"
@@ -35,29 +34,19 @@ static const char *tmp_path(const char *name)
     return p;
 }
 
-/* the export's manifest */
-static int load_manifest(const char *dir, ps_json *m)
-{
-    char path[1024], why[512];
-    snprintf(path, sizeof path, "%s/manifest.json", dir);
-    int rc = ps_json_load(path, m, why, sizeof why);
-    if (rc)
-        fprintf(stderr, "%s\n", why);
-    return rc;
-}
-
 /* Every file of export a equals b's, byte for byte (the data files the
  * manifest names). */
-static int same_files(const char *a, const char *b, const ps_json *m)
+static int same_files(const char *a, const char *b, struct json_object *m)
 {
     static const char *const lists[] = {"dense", "tables"};
     static const char *const names[] = {"weights", "ids", "counts", "state0", "state1"};
     int files = 0;
     for (int l = 0; l < 2; l++) {
-        const ps_json *arr = ps_json_get(m, lists[l]);
-        for (size_t k = 0; arr && k < arr->n; k++)
+        struct json_object *arr = ej_get(m, lists[l]);
+        size_t na = arr ? json_object_array_length(arr) : 0;
+        for (size_t k = 0; k < na; k++)
             for (int f = 0; f < 5; f++) {
-                const char *rel = ps_json_str(&arr->kids[k], names[f]);
+                const char *rel = ej_str(json_object_array_get_idx(arr, k), names[f]);
                 if (!rel)
                     continue;
                 char pa[1024], pb[1024];
@@ -93,28 +82,26 @@ PS_TEST(live_sync_export_is_the_servers_state)
     const char *dir = tmp_path("export-live");
     CHECK_MSG(ps_client_export(rd, dir, PS_EXPORT_STATE, -1, NULL, NULL, 0, -1) == 0, "%s",
               ps_client_last_error(rd));
-    ps_json m;
-    CHECK_OK(load_manifest(dir, &m));
-    int64_t step = -1;
-    CHECK(ps_json_i64(&m, "step", &step) == 0);
-    CHECK_EQ_INT(step, T);
-    CHECK_STR(ps_json_str(&m, "mode"), "sync");
-    const char *cons = ps_json_str(&m, "consistency");
+    struct json_object *m = ej_manifest(dir);
+    CHECK(m != NULL);
+    CHECK_EQ_INT(ej_int(m, "step", -1), T);
+    CHECK_STR(ej_str(m, "mode"), "sync");
+    const char *cons = ej_str(m, "consistency");
     CHECK(cons && strstr(cons, "one round"));
     /* the dense tensor: worker 0's weights at version T, and the servers'
      * adam state */
-    const ps_json *d = ej_entry(&m, "dense", EJ_KEY);
+    struct json_object *d = ej_entry(m, "dense", EJ_KEY);
     CHECK(d != NULL);
     ps_npy_in dw, ds0, ds1;
-    CHECK_OK(ej_npy(dir, ps_json_str(d, "weights"), &dw));
+    CHECK_OK(ej_npy(dir, ej_str(d, "weights"), &dw));
     CHECK(dw.dtype == PS_NPY_F4 && dw.rows == EJ_COUNT && dw.ndim == 1);
     CHECK(!memcmp(dw.data, j.w[0], sizeof j.w[0]));
     static float st[2 * EJ_COUNT];
     ps_request req;
     CHECK_OK(ps_client_state(j.c[0], EJ_KEY, st, 2, &req));
     CHECK_OK(ej_wait(&req));
-    CHECK_OK(ej_npy(dir, ps_json_str(d, "state0"), &ds0));
-    CHECK_OK(ej_npy(dir, ps_json_str(d, "state1"), &ds1));
+    CHECK_OK(ej_npy(dir, ej_str(d, "state0"), &ds0));
+    CHECK_OK(ej_npy(dir, ej_str(d, "state1"), &ds1));
     /* STATE gives each chunk's arrays one after the other, chunk by chunk */
     size_t at = 0;
     for (size_t c0 = 0; c0 < EJ_COUNT; c0 += 256) {
@@ -125,13 +112,13 @@ PS_TEST(live_sync_export_is_the_servers_state)
     }
     /* the table: every row made (the batches of steps 0 .. T, the last one
      * pulled), ids sorted, each as the servers have it at version T */
-    const ps_json *t = ej_entry(&m, "tables", EJ_TABLE);
+    struct json_object *t = ej_entry(m, "tables", EJ_TABLE);
     CHECK(t != NULL);
     ps_npy_in ids, w, s0, cn;
-    CHECK_OK(ej_npy(dir, ps_json_str(t, "ids"), &ids));
-    CHECK_OK(ej_npy(dir, ps_json_str(t, "weights"), &w));
-    CHECK_OK(ej_npy(dir, ps_json_str(t, "state0"), &s0));
-    CHECK_OK(ej_npy(dir, ps_json_str(t, "counts"), &cn));
+    CHECK_OK(ej_npy(dir, ej_str(t, "ids"), &ids));
+    CHECK_OK(ej_npy(dir, ej_str(t, "weights"), &w));
+    CHECK_OK(ej_npy(dir, ej_str(t, "state0"), &s0));
+    CHECK_OK(ej_npy(dir, ej_str(t, "counts"), &cn));
     static uint8_t seen[EJ_IDS];
     memset(seen, 0, sizeof seen);
     for (int s = 0; s <= T; s++)
@@ -174,7 +161,7 @@ PS_TEST(live_sync_export_is_the_servers_state)
     /* an export goes to a new folder */
     CHECK_EQ_INT(ps_client_export(rd, dir, 0, -1, NULL, NULL, 0, -1), PS_EINVAL);
     CHECK(strstr(ps_client_last_error(rd), "not an empty folder"));
-    ps_json_free(&m);
+    json_object_put(m);
     ps_client_close(rd);
     CHECK_OK(ej_stop(&j));
 }
@@ -206,17 +193,14 @@ PS_TEST(checkpoint_export_equals_live_export)
     int pid = ps_test_spawn_words("ps_export", args, log);
     CHECK(pid > 0);
     CHECK_MSG(ps_test_wait(pid, 30000) == 0, "ps_export failed: see %s", log);
-    ps_json a, b;
-    CHECK_OK(load_manifest(live, &a));
-    CHECK_OK(load_manifest(off, &b));
-    int64_t sa, sb;
-    CHECK(!ps_json_i64(&a, "step", &sa) && !ps_json_i64(&b, "step", &sb));
-    CHECK_EQ_INT(sa, 6);
-    CHECK_EQ_INT(sb, 6);
-    CHECK_STR(ps_json_str(&b, "source"), "checkpoint");
-    CHECK(same_files(live, off, &a) >= 6); /* weights and 1 state + ids, counts, ... */
-    ps_json_free(&a);
-    ps_json_free(&b);
+    struct json_object *a = ej_manifest(live), *b = ej_manifest(off);
+    CHECK(a != NULL && b != NULL);
+    CHECK_EQ_INT(ej_int(a, "step", -1), 6);
+    CHECK_EQ_INT(ej_int(b, "step", -1), 6);
+    CHECK_STR(ej_str(b, "source"), "checkpoint");
+    CHECK(same_files(live, off, a) >= 6); /* weights and 1 state + ids, counts, ... */
+    json_object_put(a);
+    json_object_put(b);
 }
 
 /* ---------- warm start on another number of servers ---------- */
