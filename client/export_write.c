@@ -15,6 +15,7 @@
 #include "ps_npy.h"
 #include "ps_snap.h"
 #include "ps_strbuf.h"
+#include "ps_table_decl.h"
 
 #define GATHER_BYTES (4u << 20)
 
@@ -186,17 +187,27 @@ static int sort_refs(ref *a, ref *tmp, size_t n)
     return 0;
 }
 
-/* Write one array of a table in id order: what 0 ids, 1 counts, 2 values,
- * 3 + k state array k. */
-static int write_table_array(const char *path, const witem *items, const ref *r, size_t n,
-                             uint32_t dim, int what, uint64_t *bytes, char *why, size_t why_len)
+/* The state arrays of a row-wise kind (one float a row) are 1-D: (rows,). */
+static int state_per_row(const ps_snap_item *it)
 {
+    return ps_table_decl_kind(&it->decl) == PS_TABLE_OPT_ROWWISE_ADAGRAD;
+}
+
+/* Write one array of a table in id order: what 0 ids, 1 counts, 2 values
+ * (n x dim), 3 + k state array k (n x slen; a row-wise one n). */
+static int write_table_array(const char *path, const witem *items, const ref *r, size_t n,
+                             const ps_snap_item *t0, int what, uint64_t *bytes, char *why,
+                             size_t why_len)
+{
+    uint32_t dim = t0->dim, slen = t0->slen;
     int dtype = what == 0 ? PS_NPY_U8 : what == 1 ? PS_NPY_U4 : PS_NPY_F4;
+    uint32_t cols = what == 2 ? dim : what > 2 && !state_per_row(t0) ? slen : 0;
     ps_npy_out o;
-    int rc = ps_npy_create(&o, path, dtype, n, what >= 2 ? dim : 0, why, why_len);
+    int rc = ps_npy_create(&o, path, dtype, n, cols, why, why_len);
     if (rc)
         return rc;
-    size_t rb = what == 0 ? 8 : what == 1 ? 4 : 4 * (size_t)dim;
+    size_t width = what == 2 ? dim : slen; /* floats a row of this array */
+    size_t rb = what == 0 ? 8 : what == 1 ? 4 : 4 * width;
     size_t per = GATHER_BYTES / rb ? GATHER_BYTES / rb : 1;
     unsigned char *g = malloc(per * rb);
     if (!g) {
@@ -215,7 +226,8 @@ static int write_table_array(const char *path, const witem *items, const ref *r,
             else if (what == 1)
                 memcpy(p, &it->counts[x->row], 4);
             else
-                memcpy(p, (what == 2 ? it->w : it->state[what - 3]) + (size_t)x->row * dim, rb);
+                memcpy(p, (what == 2 ? it->w : it->state[what - 3]) + (size_t)x->row * width,
+                       rb);
         }
         rc = ps_npy_write(&o, g, m * rb, why, why_len);
         i += m;
@@ -239,7 +251,7 @@ static int write_table(ps_export_writer *w, ps_strbuf *m, size_t first, size_t l
     int behind = 0;
     for (size_t k = first; k < last; k++) {
         const ps_snap_item *it = &w->items[k].it;
-        if (it->dim != t0->dim || it->nstate != t0->nstate) {
+        if (it->dim != t0->dim || it->nstate != t0->nstate || it->slen != t0->slen) {
             ps_errorf(why, why_len, "table %llu: partitions of dim %u and %u", (unsigned long long)key,
                 t0->dim, it->dim);
             return PS_EDATA;
@@ -276,17 +288,28 @@ static int write_table(ps_export_writer *w, ps_strbuf *m, size_t first, size_t l
     static const char *const names[] = {"ids", "counts", "weights", "state0", "state1", "state2",
                                         "state3"};
     int narr = 3 + (w->info.with_state ? (int)t0->nstate : 0);
-    ps_strbuf_addf(m, "%s\n    {\"key\": %llu, \"rows\": %llu, \"version\": %lld, "
-                   "\"version_min\": %lld, \"behind\": %s, \"partitions\": %zu, ",
-                   put_comma ? "," : "", (unsigned long long)key, (unsigned long long)rows,
-                   (long long)vhi, (long long)vlo, behind ? "true" : "false", last - first);
+    /* its name: any partition's that has one (a server restored from a
+     * checkpoint learns it at a worker's declaration) */
+    const char *name = "";
+    for (size_t k = first; k < last && !name[0]; k++)
+        name = w->items[k].it.name;
+    ps_strbuf_addf(m, "%s\n    {\"key\": %llu, \"name\": ", put_comma ? "," : "",
+                   (unsigned long long)key);
+    if (name[0])
+        ps_manifest_put_str(m, name);
+    else
+        ps_strbuf_add(m, "null");
+    ps_strbuf_addf(m, ", \"rows\": %llu, \"version\": %lld, \"version_min\": %lld, "
+                   "\"behind\": %s, \"partitions\": %zu, \"state_cols\": %u, ",
+                   (unsigned long long)rows, (long long)vhi, (long long)vlo,
+                   behind ? "true" : "false", last - first, t0->slen);
     ps_manifest_put_decl(m, &t0->decl);
     for (int a = 0; a < narr && !rc; a++) {
         if (a == 1 && !w->info.with_state)
             continue;
         ps_manifest_file(rel, sizeof rel, 1, key, names[a]);
         snprintf(path, sizeof path, "%s/%s", w->partial, rel);
-        rc = write_table_array(path, w->items, r, rows, t0->dim, a, bytes, why, why_len);
+        rc = write_table_array(path, w->items, r, rows, t0, a, bytes, why, why_len);
         if (a < 3)
             ps_strbuf_addf(m, ", \"%s\": \"%s\"", names[a], rel);
     }
@@ -438,11 +461,9 @@ int ps_export_writer_finish(ps_export_writer *w, uint64_t *bytes, char *why, siz
         cons = ctext;
     }
     ps_strbuf_addf(&m, "{\n  \"format\": \"%s\",\n  \"format_version\": %d,\n  \"source\": \"%s\",\n"
-                   "  \"from\": \"", PS_EXPORT_FORMAT, PS_EXPORT_FORMAT_VERSION, w->source);
-    for (const char *p = w->from; *p; p++) /* a path or endpoints: escape what JSON needs */
-        ps_strbuf_addf(&m, *p == '"' || *p == '\\' ? "\\%c" : (unsigned char)*p < 0x20 ? "?"
-                                                                                       : "%c", *p);
-    ps_strbuf_addf(&m, "\",\n  \"mode\": \"%s\",\n  \"servers\": %d,\n  \"step\": %lld,\n"
+                   "  \"from\": ", PS_EXPORT_FORMAT, PS_EXPORT_FORMAT_VERSION, w->source);
+    ps_manifest_put_str(&m, w->from); /* a path or endpoints */
+    ps_strbuf_addf(&m, ",\n  \"mode\": \"%s\",\n  \"servers\": %d,\n  \"step\": %lld,\n"
                    "  \"step_min\": %lld,\n  \"consistency\": \"%s\",\n  \"with_state\": %s,\n  ",
                    w->info.mode == PS_MODE_SYNC ? "sync" : "async", w->info.num_servers,
                    (long long)hi, (long long)lo, cons, w->info.with_state ? "true" : "false");

@@ -16,14 +16,15 @@
 #define DECL_F_(f, type, key, name) +sizeof(((ps_table_options *)0)->f)
 #define OPT_F_(f, t, key, flag, def, lo, lob, hi, hib, used, zu, help) +sizeof(t)
 #define HEAD_FIXED (8 + 4 * 4 + 8 * 4 + 4 * 4)
-#define HEAD_BYTES \
-    ((HEAD_FIXED + (0 PS_TABLE_DECL_FIELDS(DECL_F_)) + 4 + (0 PS_OPT_PARAMS(OPT_F_)) + 7) & ~7)
+#define HEAD_BYTES                                                                         \
+    ((HEAD_FIXED + (0 PS_TABLE_DECL_FIELDS(DECL_F_)) + 4 + (0 PS_OPT_PARAMS(OPT_F_)) +      \
+      (PS_TABLE_NAME_MAX + 1) + 7) & ~7)
 
 static size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
 
 size_t ps_snap_bytes(const ps_snap_item *it)
 {
-    size_t n = (size_t)it->n, vals = 4 * n * it->dim * (1 + (size_t)it->nstate);
+    size_t n = (size_t)it->n, vals = 4 * n * (it->dim + (size_t)it->nstate * it->slen);
     if (it->kind == PS_SNAP_PART)
         return HEAD_BYTES + 8 * n + pad8(4 * n) + pad8(vals);
     return HEAD_BYTES + pad8(vals);
@@ -32,7 +33,7 @@ size_t ps_snap_bytes(const ps_snap_item *it)
 static void point(ps_snap_item *it, unsigned char *buf)
 {
     unsigned char *p = buf + HEAD_BYTES;
-    size_t n = (size_t)it->n, vals = n * it->dim;
+    size_t n = (size_t)it->n, vals = n * it->dim, svals = n * it->slen;
     it->ids = NULL;
     it->counts = NULL;
     if (it->kind == PS_SNAP_PART) {
@@ -43,7 +44,7 @@ static void point(ps_snap_item *it, unsigned char *buf)
     }
     it->w = (float *)p;
     for (uint32_t k = 0; k < PS_SNAP_MAX_STATE; k++)
-        it->state[k] = k < it->nstate ? it->w + (k + 1) * vals : NULL;
+        it->state[k] = k < it->nstate ? it->w + vals + k * svals : NULL;
 }
 
 void ps_snap_layout(ps_snap_item *it, unsigned char *buf)
@@ -63,7 +64,7 @@ void ps_snap_layout(ps_snap_item *it, unsigned char *buf)
     PUT(p, it->dim);
     PUT(p, it->nstate);
     PUT(p, it->flags);
-    PUT(p, (uint32_t)0);
+    PUT(p, it->slen);
 #define PUT_DECL_(f, type, key, name) PUT(p, it->decl.f);
     PS_TABLE_DECL_FIELDS(PUT_DECL_)
 #undef PUT_DECL_
@@ -71,6 +72,7 @@ void ps_snap_layout(ps_snap_item *it, unsigned char *buf)
 #define PUT_OPT_(f, t, key, flag, def, lo, lob, hi, hib, used, zu, help) PUT(p, (t)it->decl.opt.f);
     PS_OPT_PARAMS(PUT_OPT_)
 #undef PUT_OPT_
+    memcpy(p, it->name, strnlen(it->name, PS_TABLE_NAME_MAX)); /* NUL padded: head zeroed */
     point(it, buf);
 }
 
@@ -78,7 +80,7 @@ int ps_snap_parse(unsigned char *buf, size_t len, ps_snap_item *it, char *why, s
 {
     memset(it, 0, sizeof *it);
     const unsigned char *p = buf;
-    uint32_t head, server, zero;
+    uint32_t head, server;
     if (len < HEAD_BYTES || memcmp(p, MAGIC, 8) != 0) {
         ps_errorf(why, why_len, "a snapshot item of %zu bytes without its head", len);
         return PS_EPROTO;
@@ -95,7 +97,7 @@ int ps_snap_parse(unsigned char *buf, size_t len, ps_snap_item *it, char *why, s
     GET(p, it->dim);
     GET(p, it->nstate);
     GET(p, it->flags);
-    GET(p, zero);
+    GET(p, it->slen);
     it->server = (int32_t)server;
 #define GET_DECL_(f, type, key, name) GET(p, it->decl.f);
     PS_TABLE_DECL_FIELDS(GET_DECL_)
@@ -106,13 +108,16 @@ int ps_snap_parse(unsigned char *buf, size_t len, ps_snap_item *it, char *why, s
 #define GET_OPT_(f, t, key, flag, def, lo, lob, hi, hib, used, zu, help) GET(p, it->decl.opt.f);
     PS_OPT_PARAMS(GET_OPT_)
 #undef GET_OPT_
+    memcpy(it->name, p, PS_TABLE_NAME_MAX);
+    it->name[PS_TABLE_NAME_MAX] = 0;
     it->decl.opt.given = PS_OPT_GIVEN_ALL;
     if (head != HEAD_BYTES || (it->kind != PS_SNAP_CHUNK && it->kind != PS_SNAP_PART) ||
         it->nstate > PS_SNAP_MAX_STATE || it->dim < 1 || it->dim > PS_MAX_TABLE_DIM ||
-        (it->kind == PS_SNAP_CHUNK && it->dim != 1) || it->n > (1ull << 40)) {
+        (it->kind == PS_SNAP_CHUNK && it->dim != 1) || (it->slen != it->dim && it->slen != 1) ||
+        it->n > (1ull << 40)) {
         ps_errorf(why, why_len, "a snapshot item with a bad head (head %u bytes, kind %u, dim "
-            "%u, %u state arrays, n %llu)", head, it->kind, it->dim, it->nstate,
-            (unsigned long long)it->n);
+            "%u, %u state arrays of %u floats a row, n %llu)", head, it->kind, it->dim,
+            it->nstate, it->slen, (unsigned long long)it->n);
         return PS_EPROTO;
     }
     if (ps_snap_bytes(it) != len) {

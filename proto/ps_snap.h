@@ -11,12 +11,15 @@
  *          of its tensor; a partition: 0), u64 n (a chunk: its elements; a
  *          partition: its rows), u32 dim (a partition's floats per row; a
  *          chunk: 1), u32 state arrays, u32 flags (1: taken behind the
- *          version asked for), u32 0, then the declaration: every field of
+ *          version asked for), u32 state floats per row (dim; row-wise
+ *          adagrad's 1; a chunk: 1), then the declaration: every field of
  *          PS_TABLE_DECL_FIELDS as its C type, i32 the optimizer's kind and
  *          each hyper-parameter of PS_OPT_PARAMS as its C type (a chunk:
- *          only the server's optimizer, the rest 0), padded to 8
+ *          only the server's optimizer, the rest 0), then the table's name
+ *          (the TABLE declaration's `nm`: PS_TABLE_NAME_MAX + 1 bytes, NUL
+ *          padded; "" none or a chunk), padded to 8
  *   data   a partition: u64 ids[n], u32 counts[n] (adam's per-row t, padded
- *          to 8), f32 values[n x dim], each state array f32[n x dim];
+ *          to 8), f32 values[n x dim], each state array f32[n x slen];
  *          a chunk: f32 values[n], each state array f32[n]. */
 #ifndef PS_SNAP_H
 #define PS_SNAP_H
@@ -37,15 +40,17 @@ typedef struct ps_snap_item {
     int64_t version;
     uint64_t total, n;
     uint32_t dim, nstate, flags;
+    uint32_t slen;         /* floats of each state array per row: dim, row-wise adagrad's 1 */
     ps_table_options decl; /* a partition's declaration; a chunk's: opt alone */
+    char name[PS_TABLE_NAME_MAX + 1]; /* a partition's table's name, or "" */
     /* the data: into the stream (ps_snap_layout, ps_snap_parse) */
     uint64_t *ids;         /* a partition's n ids; NULL for a chunk */
     uint32_t *counts;      /* a partition's n counts; NULL for a chunk */
     float *w;              /* n x dim values */
-    float *state[PS_SNAP_MAX_STATE];
+    float *state[PS_SNAP_MAX_STATE]; /* nstate arrays of n x slen */
 } ps_snap_item;
 
-/* The stream's bytes for it's kind, n, dim and nstate. */
+/* The stream's bytes for it's kind, n, dim, nstate and slen. */
 size_t ps_snap_bytes(const ps_snap_item *it);
 
 /* Write it's head into buf (ps_snap_bytes(it) of them) and point it's data

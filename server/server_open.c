@@ -141,6 +141,12 @@ static int import(ps_server *s, char *why, size_t why_len)
     uint64_t rows;
     int rc = ps_import_tables(s->cfg.import_dir, s->cfg.rank, s->cfg.num_servers,
                               s->cfg.num_workers, s->cfg.import_state, &to, &rows, why, why_len);
+    for (size_t k = 0; !rc && k < s->ntables; k++) { /* the export's names, for the logs */
+        srv_table *t = &s->tables[k];
+        const char *name = ps_tparts_name(tparts[0], t->key);
+        if (name && !t->name[0])
+            snprintf(t->name, sizeof t->name, "%s", name);
+    }
     if (!rc)
         s->tables_fp = srv_tables_fp(s);
     return rc;

@@ -118,7 +118,7 @@ static void take_chunk(ps_snap_job *j, const ps_shard_chunk_view *v, uint32_t fl
 {
     ps_snap_item it = {.kind = PS_SNAP_CHUNK, .index = v->chunk, .server = j->cfg.server,
                        .key = v->key, .version = v->version, .total = v->total, .n = v->n,
-                       .dim = 1, .nstate = (uint32_t)v->nstate, .flags = flags};
+                       .dim = 1, .nstate = (uint32_t)v->nstate, .flags = flags, .slen = 1};
     it.decl.opt = j->cfg.opt;
     if (!new_item(j, &it))
         return;
@@ -142,8 +142,8 @@ static void put_row(void *arg, const ps_table_row_view *r)
     it->ids[f->k] = r->id;
     it->counts[f->k] = r->count;
     memcpy(it->w + at, r->w, d * sizeof(float));
-    for (uint32_t s = 0; s < it->nstate; s++)
-        memcpy(it->state[s] + at, r->state[s], d * sizeof(float));
+    for (uint32_t s = 0; s < it->nstate; s++) /* slen floats a row: the table's state_len */
+        memcpy(it->state[s] + f->k * it->slen, r->state[s], it->slen * sizeof(float));
     f->k++;
 }
 
@@ -154,7 +154,9 @@ static void take_part(ps_snap_job *j, const ps_tpart_view *v, uint32_t flags)
     ps_snap_item it = {.kind = PS_SNAP_PART, .index = v->part, .server = j->cfg.server,
                        .key = v->key, .version = v->version, .n = c.rows, .dim = v->decl->dim,
                        .nstate = (uint32_t)ps_table_state_arrays(v->decl->opt.kind),
-                       .flags = flags, .decl = *v->decl};
+                       .flags = flags, .decl = *v->decl,
+                       .slen = (uint32_t)ps_table_state_len(v->decl->opt.kind, v->decl->dim)};
+    snprintf(it.name, sizeof it.name, "%s", v->name ? v->name : "");
     if (!new_item(j, &it))
         return;
     fill f = {&it, 0};

@@ -34,6 +34,7 @@ typedef struct ej_job {
     char eps[512];
     ps_client *c[EJ_MAX];
     ps_table_options topt;
+    char tname[PS_TABLE_NAME_MAX + 1]; /* the workers name the table so ("": no name) */
     int mode;
     float w[EJ_MAX][EJ_COUNT]; /* each worker's dense weights as pulled */
 } ej_job;
@@ -114,6 +115,7 @@ static inline int ej_worker(ej_job *j, int r)
     }
     if ((rc = ps_client_register(j->c[r], EJ_KEY, EJ_COUNT)) ||
         (rc = ps_client_register_table(j->c[r], EJ_TABLE, &j->topt)) ||
+        (j->tname[0] && (rc = ps_client_name_table(j->c[r], EJ_TABLE, j->tname))) ||
         (rc = ps_client_start(j->c[r]))) {
         fprintf(stderr, "worker %d: %s\n", r, ps_client_last_error(j->c[r]));
         return rc;

@@ -16,7 +16,9 @@
 #include "ps_error.h"
 #include "ps_npy.h"
 #include "ps_test.h"
+#include "ps_table_decl.h"
 #include "ps_test_server.h"
+#include "table_opt.h"
 
 #define NEED_SERVER()                                                                      \
     do {                                                                                   \
@@ -227,26 +229,86 @@ static float *lookup_all(ps_client *c, int64_t *version)
     return rows;
 }
 
-/* A job of S servers (T threads) trains K steps and exports with its
- * state; it trains one more step.  A new job of S2 servers (T2 threads)
- * imports the export; its workers take the table's step from the servers
- * and push the same step: the rows equal the first job's. */
-static void warm_start(int S, int T, int S2, int T2, const char *name)
+/* The table's optimizer state as an export holds it: each state array one
+ * float a row, (rows,), for row-wise adagrad (its sums of mean squared
+ * gradients: >= 0, some > 0), else (rows, dim); the manifest names the
+ * kind and the floats a row. */
+static void check_state(const char *dir, struct json_object *t, int kind)
+{
+    ps_npy_in ids, st;
+    CHECK_OK(ej_npy(dir, ej_str(t, "ids"), &ids));
+    CHECK_STR(ej_str(ej_get(t, "optimizer"), "kind"), ps_table_opt_name(kind));
+    int nstate = ps_table_state_arrays(kind), row_wise = kind == PS_TABLE_OPT_ROWWISE_ADAGRAD;
+    CHECK_EQ_INT(ej_int(t, "state_cols", -1), row_wise ? 1 : EJ_DIM);
+    struct json_object *files = ej_get(t, "state");
+    CHECK(files && json_object_array_length(files) == (size_t)nstate);
+    for (int k = 0; k < nstate; k++) {
+        char what[16];
+        snprintf(what, sizeof what, "state%d", k);
+        CHECK_OK(ej_npy(dir, ej_str(t, what), &st));
+        CHECK(st.dtype == PS_NPY_F4 && st.rows == ids.rows);
+        CHECK_MSG(row_wise ? st.ndim == 1 : st.ndim == 2 && st.cols == EJ_DIM,
+                  "%s: %d dimensions, %llu columns", what, st.ndim, (unsigned long long)st.cols);
+        if (row_wise) {
+            const float *v = st.data;
+            int some = 0;
+            for (uint64_t i = 0; i < st.rows; i++) {
+                CHECK(v[i] >= 0);
+                some |= v[i] > 0;
+            }
+            CHECK(some);
+        }
+        ps_npy_close_in(&st);
+    }
+    ps_npy_close_in(&ids);
+}
+
+/* A warm start: a job of S servers (T threads) trains K steps and exports
+ * with its state; it trains one more step.  A new job of S2 servers (T2
+ * threads, `more_b` after --import) imports the export; its workers take
+ * the table's step from the servers and push the same step: the rows equal
+ * the first job's.  With tname the first job's workers name the table so:
+ * the manifest says it (escaped), and the second job, whose workers give
+ * no name, exports it under that name (its servers took it from the
+ * import). */
+typedef struct warm {
+    int S, T, S2, T2;
+    const char *name;   /* the export's folder */
+    int kind;           /* the table's optimizer; 0: ej_init's (adagrad) */
+    const char *tname;  /* NULL: no name */
+    const char *more_b; /* "" or the second job's servers' flags */
+} warm;
+
+static void warm_start(const warm *o)
 {
     const int K = 4;
     ej_job a, b;
     char flags[256];
-    snprintf(flags, sizeof flags, "--mode sync --optimizer sgd --lr 0.1 --threads %d", T);
-    CHECK_OK(ej_init(&a, S, 2, flags, ""));
+    snprintf(flags, sizeof flags, "--mode sync --optimizer sgd --lr 0.1 --threads %d", o->T);
+    CHECK_OK(ej_init(&a, o->S, 2, flags, ""));
+    if (o->kind)
+        a.topt.opt.kind = o->kind;
     a.topt.opt.lr_decay = 0.5f; /* the step matters: the rate halves every 2 updates */
     a.topt.opt.lr_decay_every = 2;
+    if (o->tname)
+        snprintf(a.tname, sizeof a.tname, "%s", o->tname);
     CHECK_OK(ej_connect(&a));
     CHECK_OK(ej_steps(&a, 0, K));
     ps_client *rd = ej_reader(&a, NULL);
     CHECK(rd != NULL);
-    const char *dir = tmp_path(name);
+    const char *dir = tmp_path(o->name);
     CHECK_MSG(ps_client_export(rd, dir, PS_EXPORT_STATE, -1, NULL, NULL, 0, -1) == 0, "%s",
               ps_client_last_error(rd));
+    struct json_object *m = ej_manifest(dir), *t = ej_entry(m, "tables", EJ_TABLE);
+    CHECK(t != NULL);
+    check_state(dir, t, ps_table_decl_kind(&a.topt));
+    if (o->tname) {
+        CHECK_STR(ej_str(t, "name"), o->tname); /* json-c reads back what was escaped */
+    } else {
+        struct json_object *nm = NULL; /* null: json-c's NULL, the member there */
+        CHECK(json_object_object_get_ex(t, "name", &nm) && nm == NULL);
+    }
+    json_object_put(m);
     CHECK_OK(ej_step(&a, K));
     int64_t va;
     float *ra = lookup_all(rd, &va);
@@ -254,10 +316,10 @@ static void warm_start(int S, int T, int S2, int T2, const char *name)
     ps_client_close(rd);
     CHECK_OK(ej_stop(&a));
 
-    char flags2[256], more[1200];
-    snprintf(flags2, sizeof flags2, "--mode sync --optimizer sgd --lr 0.1 --threads %d", T2);
-    snprintf(more, sizeof more, "--import %s", dir);
-    CHECK_OK(ej_init(&b, S2, 2, flags2, more));
+    char flags2[256], more[1400];
+    snprintf(flags2, sizeof flags2, "--mode sync --optimizer sgd --lr 0.1 --threads %d", o->T2);
+    snprintf(more, sizeof more, "--import %s %s", dir, o->more_b ? o->more_b : "");
+    CHECK_OK(ej_init(&b, o->S2, 2, flags2, more));
     b.topt = a.topt;
     CHECK_OK(ej_connect(&b));
     /* the table goes on at the export's step (a restarted worker asks) */
@@ -289,6 +351,15 @@ static void warm_start(int S, int T, int S2, int T2, const char *name)
     CHECK_EQ_INT(vb, va);
     CHECK_MSG(!memcmp(ra, rbv, (size_t)EJ_IDS * EJ_DIM * sizeof(float)),
               "the rows after the step differ from the job that never stopped");
+    if (o->tname) { /* the import's name, in the next export */
+        char dir2[1100];
+        snprintf(dir2, sizeof dir2, "%s-again", dir);
+        CHECK_MSG(ps_client_export(rb_, dir2, 0, -1, NULL, NULL, 0, -1) == 0, "%s",
+                  ps_client_last_error(rb_));
+        struct json_object *m2 = ej_manifest(dir2);
+        CHECK_STR(ej_str(ej_entry(m2, "tables", EJ_TABLE), "name"), o->tname);
+        json_object_put(m2);
+    }
     free(ra);
     free(rbv);
     ps_client_close(rb_);
@@ -298,13 +369,36 @@ static void warm_start(int S, int T, int S2, int T2, const char *name)
 PS_TEST(warm_start_1_to_3_servers_goes_on_exactly)
 {
     NEED_SERVER();
-    warm_start(1, 2, 3, 1, "export-warm-1-3");
+    warm_start(&(warm){1, 2, 3, 1, "export-warm-1-3", 0, NULL, NULL});
 }
 
 PS_TEST(warm_start_3_to_1_server_goes_on_exactly)
 {
     NEED_SERVER();
-    warm_start(3, 1, 1, 3, "export-warm-3-1");
+    warm_start(&(warm){3, 1, 1, 3, "export-warm-3-1", 0, NULL, NULL});
+}
+
+/* Row-wise adagrad (table kind 10): its one state float a row leaves as
+ * (rows,) and comes back, so the step after the warm start is the one the
+ * job that never stopped took.  The table's name, with a quote and a
+ * backslash, is in the manifest as JSON has them and survives the import.
+ * The imported rows are no worker's (a restore charges nobody): with a
+ * share below their values alone (--table-memory-per-worker 8192) each
+ * worker's own new rows of the next step are still made. */
+PS_TEST(warm_start_of_a_rowwise_adagrad_table_keeps_its_state_and_name)
+{
+    NEED_SERVER();
+    const char *tname = "emb \"q\" \\ back";
+    warm_start(&(warm){2, 1, 1, 2, "export-warm-rowwise", PS_TABLE_OPT_ROWWISE_ADAGRAD, tname,
+                       "--table-memory-per-worker 8192"});
+    /* the manifest's text: the name escaped as JSON wants it */
+    char path[1100];
+    snprintf(path, sizeof path, "%s/manifest.json", tmp_path("export-warm-rowwise"));
+    CHECK(ps_test_file_has(path, "\"name\": \"emb \\\"q\\\" \\\\ back\""));
+    CHECK(ps_test_file_has(path, "\"kind\": \"rowwise_adagrad\""));
+    struct json_object *m = ej_manifest(tmp_path("export-warm-rowwise"));
+    CHECK(ej_int(ej_entry(m, "tables", EJ_TABLE), "rows", 0) * (EJ_DIM + 1) * 4 > 8192);
+    json_object_put(m);
 }
 
 /* An export without the optimizer state cannot keep it: --import-state
