@@ -40,19 +40,44 @@ class Net(nn.Module if "nn" in globals() else object):
         return (self.lin(x) * self.scale + self.emb(ids)).sum(1)
 
 
+class Rich(nn.Module if "nn" in globals() else object):
+    """Tables three ways, each a TableWeight once wrapped: a materialised
+    sparse nn.EmbeddingBag (its rows go to the servers at start), a
+    ps.torch.Embedding on the meta device with a padding row (declared
+    initializer; plain: an nn.Embedding), and a weight vector read by
+    indexing."""
+
+    def __init__(self, plain=False):
+        super().__init__()
+        torch.manual_seed(5)
+        self.lin = nn.Linear(2, DIM)
+        self.bag = nn.EmbeddingBag(N, DIM, mode="sum", sparse=True)
+        self.emb = (nn.Embedding if plain else ps.torch.Embedding)(N, DIM, padding_idx=0)
+        self.bias = nn.Parameter(torch.randn(N) * 0.1)
+
+    def forward(self, x, ids):
+        return (self.lin(x) + self.bag(ids) + self.emb(ids).sum(1)).sum(1) + self.bias[ids].sum(1)
+
+
 def batch(k):
     g = torch.Generator().manual_seed(k)
     return torch.rand(8, 2, generator=g), torch.randint(0, N // 2, (8, 2), generator=g)
 
 
-def train(server, steps, tables_from=None):
+def train(server, steps, tables_from=None, start=0, make_opt=None, table_optimizer=None,
+          before=None):
+    """steps sync steps of Net from step start, then pull_final; before(k,
+    opt) runs before step k."""
     m = Net()
     opt = ps.torch.DistributedOptimizer(
-        torch.optim.SGD(m.parameters(), lr=LR), model=m,
+        (make_opt or (lambda p: torch.optim.SGD(p, lr=LR)))(m.parameters()), model=m,
         client=ps.Client(servers=server, rank=0, num_workers=1, mode="sync"),
         tables={"emb": {"init": "uniform", "scale": 0.1, "seed": 4}},
-        table_optimizer={"optimizer": "adagrad", "lr": 0.1}, tables_from=tables_from)
-    for k in range(steps):
+        table_optimizer=table_optimizer or {"optimizer": "adagrad", "lr": 0.1},
+        tables_from=tables_from)
+    for k in range(start, start + steps):
+        if before is not None:
+            before(k, opt)
         x, i = batch(k)
         opt.zero_grad()
         m(x, i).sum().backward()
@@ -128,6 +153,90 @@ class ExportTest(unittest.TestCase):
         with torch.no_grad():
             torch.testing.assert_close(m3(x, i), want, rtol=0, atol=0)
         opt3.close()
+
+    def test_tables_as_table_weights_load_into_the_plain_model(self):
+        s = pstest.Server("--num-workers", "1", "--mode", "sync", "--optimizer", "sgd",
+                          "--lr", str(LR))
+        m = Rich()
+        opt = ps.torch.DistributedOptimizer(
+            torch.optim.SGD(m.parameters(), lr=LR), model=m,
+            client=ps.Client(servers=s.endpoint, rank=0, num_workers=1, mode="sync"),
+            tables=["bag", "emb", "bias"])
+        for name in ("bag.weight", "emb.weight", "bias"):
+            self.assertIsInstance(dict(m.named_parameters())[name], ps.torch.TableWeight)
+        for k in range(3):
+            x, i = batch(k)
+            opt.zero_grad()
+            m(x, i).sum().backward()
+            opt.step()
+        opt.pull_final()
+        path = os.path.join(pstest.TMP, "exp-tableweights")
+        man = opt.export(path)
+        t = {e["name"]: e for e in man["torch"]["tables"]}
+        self.assertEqual({n: t[n]["param"] for n in t},
+                         {"bag": "bag.weight", "emb": "emb.weight", "bias": "bias"})
+        self.assertTrue(all(e["in_state_dict"] for e in man["tables"]))
+        sd = torch.load(os.path.join(path, "model.pt"))
+        self.assertFalse(any(v.is_meta for v in sd.values()))
+        plain = Rich(plain=True)
+        plain.load_state_dict(sd)  # strict: every entry, of its shape
+        self.assertEqual(tuple(plain.bias.shape), (N,))
+        self.assertEqual(float(plain.emb.weight[0].abs().sum()), 0.0)  # the padding row
+        x, i = batch(50)
+        i[0, 0] = 0
+        with torch.no_grad():
+            want = m(x, i)
+            torch.testing.assert_close(plain(x, i), want, rtol=0, atol=0)
+        opt.close()
+        # a warm start with the tables' state reset (their step 0): the
+        # materialised modules' own rows are not sent over the imported ones
+        s2 = pstest.Server("--num-workers", "1", "--mode", "sync", "--optimizer", "sgd",
+                           "--lr", str(LR), "--import", path, "--import-state", "reset")
+        m2 = Rich()
+        opt2 = ps.torch.DistributedOptimizer(
+            torch.optim.SGD(m2.parameters(), lr=LR), model=m2,
+            client=ps.Client(servers=s2.endpoint, rank=0, num_workers=1, mode="sync"),
+            tables=["bag", "emb", "bias"], tables_from=path)
+        with torch.no_grad():
+            torch.testing.assert_close(m2(x, i), want, rtol=0, atol=0)
+        opt2.close()
+
+    def test_tables_from_keeps_adamw_and_rowwise_adagrad_state(self):
+        """A job exports at step K with the state of the servers' AdamW (a
+        dense kind with two state arrays) and of its row-wise adagrad table
+        (one float a row); a new job on servers that imported it takes step
+        K as the first job did, bit for bit."""
+        make = lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1)  # noqa: E731
+        flags = ps.torch.server_flags(make([nn.Parameter(torch.zeros(1))])).split()
+        self.assertEqual(flags[:2], ["--optimizer", "adamw"])
+        topt = {"optimizer": "rowwise_adagrad", "lr": 0.1}
+        K = 3
+        s = pstest.Server("--num-workers", "1", "--mode", "sync", *flags)
+        path = os.path.join(pstest.TMP, "exp-adamw-rowwise")
+        exported = []
+        m, opt = train(s.endpoint, K + 1, make_opt=make, table_optimizer=topt,
+                       before=lambda k, o: k == K and exported.append(o.export(path)))
+        man = exported[0]
+        self.assertEqual(man["step"], K)
+        self.assertEqual(man["optimizer"]["kind"], "adamw")
+        d = man["dense"][0]
+        self.assertEqual(len(d["state"]), 2)
+        e = next(e for e in man["tables"] if e["name"] == "emb")
+        self.assertEqual(e["optimizer"]["kind"], "rowwise_adagrad")
+        st = np.load(os.path.join(path, e["state0"]))
+        self.assertEqual(st.shape, (e["rows"],))
+        self.assertTrue((st >= 0).all() and (st > 0).any())
+        x, i = batch(99)
+        with torch.no_grad():
+            want = m(x, i)
+        opt.close()
+        s2 = pstest.Server("--num-workers", "1", "--mode", "sync", *flags, "--import", path)
+        m2, opt2 = train(s2.endpoint, 1, tables_from=path, start=K, make_opt=make,
+                         table_optimizer=topt)
+        with torch.no_grad():
+            torch.testing.assert_close(m2(x, i), want, rtol=0, atol=0)
+        torch.testing.assert_close(m2.lin.weight, m.lin.weight, rtol=0, atol=0)
+        opt2.close()
 
     def test_the_dlrm_eval_of_an_export_is_the_live_auc(self):
         launch = os.path.join(pstest.BIN, "ps_launch")

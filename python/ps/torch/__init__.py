@@ -172,13 +172,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                         model.pt (rank 0's first weights), their optimizer
                         state from its state (same optimizer), and the
                         servers must hold its tables (ps_server --import
-                        DIR: checked in sync mode)
+                        DIR: checked in sync mode; the model's own rows
+                        of those tables are not sent)
 
     The older form DistributedOptimizer(model, optimizer=None, client=None)
     (the update on the servers, optimizer checked against theirs) works too."""
     tab = dict(tables=tables, table_optimizer=table_optimizer, table_max_ids=table_max_ids,
                table_min_bytes=table_min_bytes, table_init_max_bytes=table_init_max_bytes,
-               table_hashed_ids=table_hashed_ids, samples_per_step=samples_per_step)
+               table_hashed_ids=table_hashed_ids, samples_per_step=samples_per_step,
+               tables_from=tables_from)
     if isinstance(optimizer, torch.nn.Module):
         model, optimizer = optimizer, named_parameters
         client = compression if client is None else client
@@ -199,7 +201,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         _export.load_dense(tables_from, model, named_parameters)
     opt = _make(*pos, **args)
     if tables_from is not None:
-        _export.warm_start(opt, tables_from)
+        try:
+            _export.warm_start(opt, tables_from)
+        except BaseException:
+            opt.close()  # the job it joined goes on without it
+            raise
     return opt
 
 

@@ -5,10 +5,12 @@ chunks and table partitions, one sync round, as .npy files with a
 manifest) into a folder, then, here, what PyTorch reads: model.pt, the
 plain model's state_dict (no ps in it: the dense parameters at the
 export's step, the buffers as this worker has them, and each table that
-fits as the nn.Embedding / nn.EmbeddingBag weight, rows never touched at
-their initializer's values, as the servers would give them), and the
-manifest's "torch" part (parameter and table names, shapes).  Written as
-PATH.torch-partial and renamed, so a folder at PATH is whole.
+fits as the weight its TableWeight stands for in the model (an
+nn.Embedding's or nn.EmbeddingBag's, or a parameter the forward reads
+rows of), rows never touched at their initializer's values, as the
+servers would give them, a padding row zeros as the lookups give it),
+and the manifest's "torch" part (parameter and table names, shapes).
+Written as PATH.torch-partial and renamed, so a folder at PATH is whole.
 
 Reader(spec): a client of role 'reader' for inference while training goes
 on: lookup() the rows of several tables by name in one request, and
@@ -41,21 +43,37 @@ def _exchange(opt):
 
 def serving_spec(opt):
     """What a Reader needs of this job: {'servers', 'dense': [{name, key,
-    shape}], 'tables': [{name, key, dim, num_embeddings, ...}]} (JSON)."""
+    shape}], 'tables': [{name, param, key, dim, num_embeddings, ...}]}
+    (JSON)."""
     ex = _exchange(opt)
+    params = _param_names(opt)
     return {"servers": ex.client.servers,
             "dense": [{"name": n, "key": k, "shape": list(p.shape)}
                       for n, k, p in zip(ex.names, ex.keys, ex.params)],
-            "tables": [_table_spec(t) for t in ex.tables]}
+            "tables": [_table_spec(t, params) for t in ex.tables]}
 
 
-def _table_spec(t):
-    m = t.module
+def _param_names(opt):
+    """{id(parameter): its name in the model's state_dict}: a table's
+    TableWeight among them."""
+    model = getattr(opt, "_ps_model", None)
+    return {id(p): n for n, p in model.named_parameters()} if model is not None else {}
+
+
+def _table_spec(t, params):
+    """A table as a plain model has it: its name (the module's, or the
+    parameter's), `param` (its weight's entry in the state_dict), the
+    weight's shape and what reads it; its initializer."""
     o = t.options
-    return {"name": t.name, "key": t.key, "dim": t.dim, "num_embeddings": m.num_embeddings,
-            "kind": "EmbeddingBag" if m.bag else "Embedding", "mode": m.mode if m.bag else None,
-            "padding_idx": m.padding_idx, "init": o.get("init", "normal"),
-            "scale": float(o.get("scale", 1.0)), "seed": int(o.get("seed", 0))}
+    bag = t.kind == "EmbeddingBag"
+    param = params.get(id(getattr(t, "param", None)))
+    if param is None:  # no model to look in: the weight of the module named so
+        param = t.name + ".weight" if t.kind in ("Embedding", "EmbeddingBag") else t.name
+    return {"name": t.name, "param": param, "key": t.key, "dim": t.dim, "shape": list(t.shape),
+            "num_embeddings": t.shape[0], "kind": t.kind, "mode": t.mode if bag else None,
+            "padding_idx": t.padding_idx, "hashed_ids": t.num is None,
+            "init": o.get("init", "normal"), "scale": float(o.get("scale", 1.0)),
+            "seed": int(o.get("seed", 0))}
 
 
 def _wants_dense(t, dense_tables, max_bytes):
@@ -69,12 +87,16 @@ def _wants_dense(t, dense_tables, max_bytes):
 
 
 def _dense_weight(tdir, entry, spec):
-    """The table as a num_embeddings x dim weight: the initializer's rows,
-    then the exported ones; None (with the reason) when an id is not a row
-    index."""
-    ids = np.load(os.path.join(tdir, entry["ids"]), mmap_mode="r")
-    rows = np.load(os.path.join(tdir, entry["weights"]), mmap_mode="r")
+    """The table as the weight of its TableWeight's shape (num_embeddings x
+    dim, or a vector): the initializer's rows, then the exported ones, the
+    padding row zeros (what the lookups give); None (with the reason) when
+    an id is not a row index."""
     n, dim = spec["num_embeddings"], spec["dim"]
+    if "ids" in entry:
+        ids = np.load(os.path.join(tdir, entry["ids"]), mmap_mode="r")
+        rows = np.load(os.path.join(tdir, entry["weights"]), mmap_mode="r")
+    else:  # no row of it was ever made
+        ids, rows = np.zeros(0, dtype=np.uint64), np.zeros((0, dim), dtype=np.float32)
     if len(ids) and int(ids[-1]) >= n:  # sorted: the last is the largest
         return None, "ids up to %d, beyond its %d rows" % (int(ids[-1]), n)
     w = np.empty((n, dim), dtype=np.float32)
@@ -84,7 +106,9 @@ def _dense_weight(tdir, entry, spec):
         w[lo:hi] = initial_rows(spec["seed"], spec["key"], np.arange(lo, hi, dtype=np.uint64),
                                 dim, spec["init"], spec["scale"])
     w[ids.astype(np.int64)] = rows
-    return torch.from_numpy(w), None
+    if spec.get("padding_idx") is not None:
+        w[spec["padding_idx"]] = 0
+    return torch.from_numpy(w).reshape(tuple(spec["shape"])), None
 
 
 def _write_json(path, obj):
@@ -134,38 +158,40 @@ def export(opt, path, state=True, dense_tables="auto", max_dense_bytes=MAX_DENSE
         weights[name] = torch.from_numpy(a.reshape(tuple(p.shape)).copy())
         d["name"], d["shape"] = name, list(p.shape)
     notes = {}
-    for t in ex.tables:
-        spec = _table_spec(t)
+    params = _param_names(opt)
+    specs = [_table_spec(t, params) for t in ex.tables]
+    for t, spec in zip(ex.tables, specs):
         e = tabs.get(t.key)
         if e is None:  # a table no row of which was made: all its rows are the initializer's
             e = {"key": t.key, "rows": 0}
-        e.update({k: spec[k] for k in ("name", "num_embeddings", "kind", "mode", "padding_idx")})
+        # its name as the model has it (the servers keep at most its last 63 characters)
+        e.update({k: spec[k] for k in ("name", "param", "num_embeddings", "kind", "mode",
+                                       "padding_idx")})
         e["in_state_dict"] = False
-        if _wants_dense(spec, dense_tables, max_dense_bytes) and "ids" in e:
+        if _wants_dense(spec, dense_tables, max_dense_bytes):
             w, why = _dense_weight(tmp, e, spec)
             if w is None:
                 notes[t.name] = why
                 e["not_in_state_dict"] = why
             else:
-                weights[t.name + ".weight"] = w
+                weights[spec["param"]] = w
                 e["in_state_dict"] = True
     model = getattr(opt, "_ps_model", None)
     if model is not None:
-        # the plain model's entries in its order: a server table's
-        # _extra_state becomes its weight, a parameter is the servers'
+        # the plain model's entries in its order: a table's TableWeight (on
+        # the meta device) becomes its weight, or is left out (not dense:
+        # load with strict=False), a parameter is the servers'
         for name, v in model.state_dict().items():
-            if name.endswith("._extra_state"):
-                base = name[:-len("._extra_state")]
-                if base + ".weight" in weights:
-                    sd[base + ".weight"] = weights.pop(base + ".weight")
-                continue
-            sd[name] = weights.pop(name) if name in weights else v.detach().cpu().clone()
+            if name in weights:
+                sd[name] = weights.pop(name)
+            elif not v.is_meta:
+                sd[name] = v.detach().cpu().clone()
     sd.update(weights)
     torch.save(sd, os.path.join(tmp, "model.pt"))
     man["torch"] = {"state_dict": "model.pt", "tables_not_in_state_dict": notes,
                     "dense": [{"name": n, "key": k, "shape": list(p.shape)}
                               for n, k, p in zip(ex.names, ex.keys, ex.params)],
-                    "tables": [_table_spec(t) for t in ex.tables]}
+                    "tables": specs}
     _write_json(man_path, man)
     try:
         os.rmdir(path)  # an empty folder there is replaced
@@ -263,10 +289,14 @@ def lookup(reader, ids):
 # ---- a new job from an export (DistributedOptimizer(..., tables_from=DIR)) ----
 
 def load_dense(path, model=None, named_parameters=None):
-    """Before the job starts: the export's dense parameters (model.pt) into
-    the model's (or named_parameters') tensors of the same names, so that
-    rank 0's first weights (what the servers take) are the export's."""
-    sd = torch.load(os.path.join(os.fspath(path), "model.pt"), map_location="cpu")
+    """Before the job starts: the export's dense parameters and buffers
+    (model.pt) into the model's (or named_parameters') tensors of the same
+    names, so that rank 0's first weights (what the servers take) are the
+    export's.  Its tables' weights are left alone: the servers hold their
+    rows (ps_server --import)."""
+    path = os.fspath(path)
+    sd = torch.load(os.path.join(path, "model.pt"), map_location="cpu")
+    tables = {t.get("param") for t in load_manifest(path).get("torch", {}).get("tables", [])}
     named = dict(model.named_parameters()) if model is not None else dict(named_parameters or [])
     if model is not None:
         named.update(dict(model.named_buffers()))
@@ -274,11 +304,21 @@ def load_dense(path, model=None, named_parameters=None):
     with torch.no_grad():
         for name, t in named.items():
             v = sd.get(name)
-            if v is None or t.is_meta or tuple(v.shape) != tuple(t.shape):
+            if v is None or name in tables or t.is_meta or tuple(v.shape) != tuple(t.shape):
                 continue
             t.copy_(v)
             n += 1
     return n
+
+
+def imported_tables(chosen, path):
+    """At wrap time, the tables the export holds (the servers imported
+    them): their module's own rows are not sent (nor their optimizer state
+    zeroed by it) whatever the module holds."""
+    keys = {t["key"] for t in load_manifest(path).get("tables", [])}
+    for t in chosen:
+        if t.key in keys:
+            t.init_rows = None
 
 
 def _interleave(planes, nstate, count, chunk):
