@@ -4,7 +4,9 @@
 # Each program prints PASS/FAIL/SKIP lines; a program that dies without a FAIL
 # line counts as one failure.
 BUILD=${BUILD:-build}
-LIMIT=${PS_TEST_LIMIT:-300}
+# a program's time limit: 300 s, three times that under the sanitizers
+# (ASan and UBSan make the Python package's cases about 2.5x slower)
+LIMIT=${PS_TEST_LIMIT:-$([ "$SAN" = 1 ] && echo 900 || echo 300)}
 export PS_BIN_DIR=${PS_BIN_DIR:-bin}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
