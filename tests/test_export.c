@@ -170,43 +170,6 @@ PS_TEST(live_sync_export_is_the_servers_state)
 
 /* ---------- from checkpoints, no server running ---------- */
 
-PS_TEST(checkpoint_export_equals_live_export)
-{
-    NEED_SERVER();
-    ej_job j;
-    const char *ck = tmp_path("export-ckpt");
-    char more[1200];
-    snprintf(more, sizeof more, "--checkpoint-dir %s --checkpoint-every 2", ck);
-    CHECK_OK(ej_init(&j, 2, 1, "--mode sync --optimizer momentum --lr 0.05 --threads 2", more));
-    CHECK_OK(ej_connect(&j));
-    CHECK_OK(ej_steps(&j, 0, 6));
-    ps_client *rd = ej_reader(&j, NULL);
-    CHECK(rd != NULL);
-    const char *live = tmp_path("export-ckpt-live");
-    CHECK_MSG(ps_client_export(rd, live, PS_EXPORT_STATE, -1, NULL, NULL, 0, -1) == 0, "%s",
-              ps_client_last_error(rd));
-    ps_client_close(rd);
-    /* a clean stop writes the last checkpoint: the same state */
-    CHECK_OK(ej_stop(&j));
-    const char *off = tmp_path("export-ckpt-off");
-    char args[2400], log[1024];
-    snprintf(args, sizeof args, "--checkpoint-dir %s --out %s", ck, off);
-    snprintf(log, sizeof log, "%s/ps_export-ckpt.log", ps_test_tmpdir());
-    int pid = ps_test_spawn_words("ps_export", args, log);
-    CHECK(pid > 0);
-    CHECK_MSG(ps_test_wait(pid, 30000) == 0, "ps_export failed: see %s", log);
-    struct json_object *a = ej_manifest(live), *b = ej_manifest(off);
-    CHECK(a != NULL && b != NULL);
-    CHECK_EQ_INT(ej_int(a, "step", -1), 6);
-    CHECK_EQ_INT(ej_int(b, "step", -1), 6);
-    CHECK_STR(ej_str(b, "source"), "checkpoint");
-    CHECK(same_files(live, off, a) >= 6); /* weights and 1 state + ids, counts, ... */
-    json_object_put(a);
-    json_object_put(b);
-}
-
-/* ---------- warm start on another number of servers ---------- */
-
 /* Rows of ids 0 .. EJ_IDS-1 as reader c looks them up (no row is made). */
 static float *lookup_all(ps_client *c, int64_t *version)
 {
@@ -228,6 +191,90 @@ static float *lookup_all(ps_client *c, int64_t *version)
     free(ids);
     return rows;
 }
+
+PS_TEST(checkpoint_export_equals_live_export)
+{
+    NEED_SERVER();
+    ej_job j;
+    const char *ck = tmp_path("export-ckpt");
+    char more[1200];
+    snprintf(more, sizeof more, "--checkpoint-dir %s --checkpoint-every 2", ck);
+    CHECK_OK(ej_init(&j, 2, 1, "--mode sync --optimizer momentum --lr 0.05 --threads 2", more));
+    CHECK_OK(ej_connect(&j));
+    CHECK_OK(ej_steps(&j, 0, 6));
+    ps_client *rd = ej_reader(&j, NULL);
+    CHECK(rd != NULL);
+    const char *live = tmp_path("export-ckpt-live");
+    CHECK_MSG(ps_client_export(rd, live, PS_EXPORT_STATE, -1, NULL, NULL, 0, -1) == 0, "%s",
+              ps_client_last_error(rd));
+    int64_t vl;
+    float *rl = lookup_all(rd, &vl);
+    CHECK(rl != NULL);
+    ps_client_close(rd);
+    /* a clean stop writes the last checkpoint: the same state */
+    CHECK_OK(ej_stop(&j));
+    const char *off = tmp_path("export-ckpt-off");
+    char args[2400], log[1024];
+    snprintf(args, sizeof args, "--checkpoint-dir %s --out %s", ck, off);
+    snprintf(log, sizeof log, "%s/ps_export-ckpt.log", ps_test_tmpdir());
+    int pid = ps_test_spawn_words("ps_export", args, log);
+    CHECK(pid > 0);
+    CHECK_MSG(ps_test_wait(pid, 30000) == 0, "ps_export failed: see %s", log);
+    struct json_object *a = ej_manifest(live), *b = ej_manifest(off);
+    CHECK(a != NULL && b != NULL);
+    CHECK_EQ_INT(ej_int(a, "step", -1), 6);
+    CHECK_EQ_INT(ej_int(b, "step", -1), 6);
+    CHECK_STR(ej_str(b, "source"), "checkpoint");
+    CHECK(same_files(live, off, a) >= 6); /* weights and 1 state + ids, counts, ... */
+    json_object_put(a);
+    json_object_put(b);
+
+    /* the checkpoints of 2 servers (2 threads, 2 workers) go into 1 server
+     * (1 thread) of a job of 1 worker: its rows are the live job's, at its
+     * step, and that one worker's push makes the next round */
+    ej_job n;
+    char imp[1200];
+    snprintf(imp, sizeof imp, "--import %s", off);
+    CHECK_OK(ej_init(&n, 1, 1, "--mode sync --optimizer momentum --lr 0.05", imp));
+    n.topt = j.topt;
+    CHECK_OK(ej_connect(&n));
+    ps_client *rn = ej_reader(&n, NULL);
+    CHECK(rn != NULL);
+    int64_t vn;
+    float *rows = lookup_all(rn, &vn);
+    CHECK(rows != NULL);
+    CHECK_EQ_INT(vn, vl);
+    CHECK_MSG(!memcmp(rows, rl, (size_t)EJ_IDS * EJ_DIM * sizeof(float)),
+              "the imported rows differ from the live job's");
+    free(rows);
+    static uint64_t ids[EJ_BATCH + 8], next[EJ_BATCH + 8];
+    static float g[(EJ_BATCH + 8) * EJ_DIM], got[(EJ_BATCH + 8) * EJ_DIM];
+    size_t cnt = ej_batch(0, 6, ids), nn = ej_batch(0, 7, next);
+    for (size_t i = 0; i < cnt * EJ_DIM; i++)
+        g[i] = 0.5f;
+    ps_request req;
+    CHECK_OK(ps_client_sparse_pushpull(n.c[0], EJ_TABLE, ids, cnt, g, next, nn, got, 6, &req));
+    CHECK_MSG(ej_wait(&req) == 0, "%s", req.err);
+    rows = lookup_all(rn, &vn);
+    CHECK(rows != NULL);
+    CHECK_EQ_INT(vn, 7);
+    int moved = 0;
+    for (int i = 0; i < EJ_IDS; i++) {
+        int in = 0;
+        for (size_t k = 0; k < cnt; k++)
+            in |= ids[k] == (uint64_t)i;
+        int same = !memcmp(rows + i * EJ_DIM, rl + i * EJ_DIM, EJ_DIM * sizeof(float));
+        CHECK_MSG(in ? !same : same, "id %d: %s", i, in ? "not updated" : "updated");
+        moved += !same;
+    }
+    CHECK(moved > 0);
+    free(rows);
+    free(rl);
+    ps_client_close(rn);
+    CHECK_OK(ej_stop(&n));
+}
+
+/* ---------- warm start on another number of servers ---------- */
 
 /* The table's optimizer state as an export holds it: each state array one
  * float a row, (rows,), for row-wise adagrad (its sums of mean squared
