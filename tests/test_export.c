@@ -290,7 +290,7 @@ static void check_state(const char *dir, struct json_object *t, int kind)
     struct json_object *files = ej_get(t, "state");
     CHECK(files && json_object_array_length(files) == (size_t)nstate);
     for (int k = 0; k < nstate; k++) {
-        char what[16];
+        char what[24]; /* "state" and an int: room the sanitized build sees */
         snprintf(what, sizeof what, "state%d", k);
         CHECK_OK(ej_npy(dir, ej_str(t, what), &st));
         CHECK(st.dtype == PS_NPY_F4 && st.rows == ids.rows);
