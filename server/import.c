@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <json-c/json.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,6 +259,67 @@ static int open_file(const char *dir, struct json_object *t, const char *what, i
     return 0;
 }
 
+/* One partition's rows of a table: the rows r with part[r] == idx go into
+ * store, each with its state (or zeros) and count.  Partitions are
+ * independent stores, so each has a thread of its own (import_rows). */
+typedef struct restore_job {
+    ps_table *store;
+    uint16_t idx;
+    const uint16_t *part;
+    const uint64_t *ids;
+    const float *w, *state[2], *zeros;
+    const uint32_t *counts;
+    uint64_t rows;
+    uint32_t dim, slen;
+    int nstate;
+    uint64_t here;
+    int rc;
+    char msg[512];
+} restore_job;
+
+static void *restore_part(void *arg)
+{
+    restore_job *j = arg;
+    size_t d = j->dim;
+    for (uint64_t r = 0; !j->rc && r < j->rows; r++) {
+        if (j->part[r] != j->idx)
+            continue;
+        ps_table_row_view v = {.id = j->ids[r], .dim = j->dim, .nstate = j->nstate,
+                               .w = j->w + r * d, .state_len = j->slen};
+        for (int k = 0; k < j->nstate; k++)
+            v.state[k] = j->state[k] ? j->state[k] + r * j->slen : j->zeros;
+        v.count = j->counts ? j->counts[r] : 0;
+        j->rc = ps_table_restore_row(j->store, &v, j->msg, sizeof j->msg);
+        j->here++;
+    }
+    return NULL;
+}
+
+/* Restore jobs[0..T) at once: a thread for each partition with rows but
+ * the first (this thread's); one that cannot start runs here after it.
+ * The first error, with its message in why. */
+static int import_rows(restore_job *jobs, int T, uint64_t *here, char *why, size_t why_len)
+{
+    pthread_t th[PS_SERVER_MAX_THREADS];
+    int started[PS_SERVER_MAX_THREADS] = {0};
+    for (int i = 1; i < T; i++)
+        started[i] = pthread_create(&th[i], NULL, restore_part, &jobs[i]) == 0;
+    restore_part(&jobs[0]);
+    int rc = 0;
+    for (int i = 0; i < T; i++) {
+        if (i && started[i])
+            pthread_join(th[i], NULL);
+        else if (i)
+            restore_part(&jobs[i]);
+        *here += jobs[i].here;
+        if (jobs[i].rc && !rc) {
+            rc = jobs[i].rc;
+            snprintf(why, why_len, "%s", jobs[i].msg);
+        }
+    }
+    return rc;
+}
+
 static int import_table(const char *dir, struct json_object *t, int rank, int S, int W,
                         int state, const ps_ckpt_restore_to *to, uint64_t *rows_here, char *why,
                         size_t why_len)
@@ -348,21 +410,24 @@ static int import_table(const char *dir, struct json_object *t, int rank, int S,
         ps_errorf(msg, sizeof msg, "out of memory");
         rc = PS_ENOMEM;
     }
-    const float *w = f.w.data;
-    const uint32_t *counts = keep ? f.counts.data : NULL;
-    size_t d = decl.dim;
     uint64_t here = 0;
-    for (uint64_t r = 0; !rc && r < rows; r++) {
-        if (part[r] == UINT16_MAX)
-            continue;
-        ps_table_row_view v = {.id = ids[r], .dim = decl.dim, .nstate = nstate, .w = w + r * d,
-                               .state_len = (uint32_t)slen};
-        for (int k = 0; k < nstate; k++)
-            v.state[k] = keep ? (const float *)f.state[k].data + r * slen : zeros;
-        v.count = counts ? counts[r] : 0;
-        rc = ps_table_restore_row(ps_tparts_store(to->tparts[part[r]], key), &v, msg, sizeof msg);
-        here++;
+    restore_job *jobs = rc ? NULL : calloc((size_t)T, sizeof *jobs);
+    if (!rc && !jobs) {
+        ps_errorf(msg, sizeof msg, "out of memory");
+        rc = PS_ENOMEM;
     }
+    for (int i = 0; !rc && i < T; i++) {
+        restore_job *j = &jobs[i];
+        *j = (restore_job){.store = ps_tparts_store(to->tparts[i], key), .idx = (uint16_t)i,
+                           .part = part, .ids = ids, .w = f.w.data, .zeros = zeros,
+                           .counts = keep ? f.counts.data : NULL, .rows = per[i] ? rows : 0,
+                           .dim = decl.dim, .slen = (uint32_t)slen, .nstate = nstate};
+        for (int k = 0; keep && k < nstate; k++)
+            j->state[k] = f.state[k].data;
+    }
+    if (!rc)
+        rc = import_rows(jobs, T, &here, msg, sizeof msg);
+    free(jobs);
     free(part);
     free(zeros);
     close_files(&f);
