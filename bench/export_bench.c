@@ -312,10 +312,15 @@ static int bench_export(void)
     size_t ng = 0;
     for (size_t k = 1; k < before; k++)
         gaps[ng++] = t.stamp[k] - t.stamp[k - 1];
-    double med = pct(gaps, ng, 0.5), worst = 0;
+    double med = pct(gaps, ng, 0.5), worst = 0, worst_at = 0;
     for (size_t k = 1; k < t.nstamp; k++)
-        if (t.stamp[k] > t0 && t.stamp[k - 1] < t1 && t.stamp[k] - t.stamp[k - 1] > worst)
+        if (t.stamp[k] > t0 && t.stamp[k - 1] < t1 && t.stamp[k] - t.stamp[k - 1] > worst) {
             worst = t.stamp[k] - t.stamp[k - 1];
+            worst_at = t.stamp[k - 1] - t0;
+        }
+    /* where in the export (libps logs its phases: snapshot, reading, writing) */
+    fprintf(stderr, "export_bench: the longest step began %.2f s into the export's %.2f s\n",
+            worst_at, t1 - t0);
     uint64_t bytes = dir_bytes(dir);
     double mb = (double)bytes / 1e6, exp_s = t1 - t0;
     double pause = worst - med;
