@@ -511,6 +511,40 @@ lookups (128 ids of each of 8 tables in one request, 4 threads) while 2
 workers train on the same server, against the same workers without
 readers.  The program's head says how each figure is measured.
 
+What stays missed, and why (profiled 2026-12-06 07:28-07:46 UTC on this
+shared 2-core machine, load average 8 to 12 beside other helpers' builds and
+tests): the figures are wall times of work that mostly waits for a CPU.
+
+- **Export** (3.7-11.4 s in the runs here): libps's log splits it into the
+  snapshot (0.5-2.5 s), reading the pages (1.0-2.5 s) and writing the files
+  (1.9-5.1 s).  The
+  files' fsyncs take 0.27 s in all (strace; the disk writes 273 MB/s with
+  \`dd conv=fsync\`).  The exporting process used 1.4-1.7 s of CPU for the
+  whole export (the program's CPU line); perf puts 0.8 s of it in the
+  kernel's copy into the page cache and 0.15 s in the radix sort and the
+  gather.  Writing the arrays of a table in parallel threads gave no
+  difference that this machine's noise let us see, so it is not in.
+- **Pause**: the longest step begins inside the snapshot's copy (0.02 to
+  0.74 s into the export).  perf gives each update thread at most about
+  0.25 s of CPU for it (memmove 0.13-0.16 s, page faults of the new copy
+  0.07-0.08 s, both counted over the whole run): the pauses of 0.36-1.85 s
+  in the runs here are that copy stretched by the waits for a CPU.
+- **Import**: 1.6-1.8 s of CPU for the 560 MB (2.6-2.9 s before the import
+  stopped computing each restored row's initializer only to overwrite it),
+  in a thread for each partition (\`--threads 2\`: two).
+- **Lookups**: over 5 s of a run with readers
+  (\`/proc/PID/task/TID/schedstat\`), each of the server's 2 update threads
+  ran 1.95 s and waited 2.25-2.45 s for a CPU, its I/O thread ran 0.50 s
+  and waited 1.50 s; each reader thread ran 0.02-0.03 s.  The lookups'
+  own work (\`upd_lookup\`) is 0.05% of perf's samples.  A lookup wakes the
+  reader's ZeroMQ thread, the server's ZeroMQ and I/O threads and one
+  update thread a partition, and back: its p99 is those wake-ups waiting
+  behind the ~10 runnable threads the load average counts.  Not done:
+  lookups served beside the update threads' queues need the tables
+  readable while an update thread changes them (a lock or a sequence
+  lock a partition), a change to the tables' hot path that this machine
+  could not measure.
+
 EOF
 partmd export
 } >"$DOC.tmp" && mv "$DOC.tmp" "$DOC"
