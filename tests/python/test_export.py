@@ -238,6 +238,43 @@ class ExportTest(unittest.TestCase):
         torch.testing.assert_close(m2.lin.weight, m.lin.weight, rtol=0, atol=0)
         opt2.close()
 
+    def test_a_checkpoint_export_gets_the_live_exports_state_dict(self):
+        """ps_export --checkpoint-dir writes no model.pt (checkpoints keep no
+        names); add_state_dict with the job's spec (here its live export's
+        folder) and the plain model writes the one the live export has."""
+        ck = os.path.join(pstest.TMP, "ckpt-sd")
+        s = pstest.Server("--num-workers", "1", "--mode", "sync", "--optimizer", "sgd",
+                          "--lr", str(LR), "--checkpoint-dir", ck, "--checkpoint-every", "2")
+        m, opt = train(s.endpoint, 4)
+        live = os.path.join(pstest.TMP, "exp-sd-live")
+        opt.export(live)
+        spec = ps.torch.serving_spec(opt)
+        x, i = batch(99)
+        with torch.no_grad():
+            out = m(x, i)
+        opt.close()
+        s.stop()  # a clean stop checkpoints the last step
+        off = os.path.join(pstest.TMP, "exp-sd-ckpt")
+        subprocess.run([os.path.join(pstest.BIN, "ps_export"), "--checkpoint-dir", ck,
+                        "--out", off], check=True, timeout=60, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        self.assertFalse(os.path.exists(os.path.join(off, "model.pt")))
+        want = torch.load(os.path.join(live, "model.pt"))
+        for k, sp in enumerate((live, spec)):
+            if k:  # again, from the spec the live job gave
+                os.remove(os.path.join(off, "model.pt"))
+            man = ps.torch.add_state_dict(off, sp, model=Net())
+            self.assertEqual(man["source"], "checkpoint")
+            self.assertEqual([t["param"] for t in man["torch"]["tables"]], ["emb.weight"])
+            got = torch.load(os.path.join(off, "model.pt"))
+            self.assertEqual(list(got), list(want))
+            for name in want:
+                torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
+        plain = Net()
+        plain.load_state_dict(got)  # strict
+        with torch.no_grad():
+            torch.testing.assert_close(plain(x, i), out, rtol=0, atol=0)
+
     def test_the_dlrm_eval_of_an_export_is_the_live_auc(self):
         launch = os.path.join(pstest.BIN, "ps_launch")
         exp = os.path.join(pstest.TMP, "exp-dlrm")

@@ -70,7 +70,7 @@ from ._rowwise import RowWiseAdagrad
 from ._tables import (INIT_MAX_BYTES, MAX_IDS, MIN_BYTES, Embedding, EmbeddingBag,
                       ServerEmbedding, TableWeight)
 from . import _export
-from ._export import Reader, load_manifest, lookup, serving_spec
+from ._export import Reader, add_state_dict, load_manifest, lookup, serving_spec
 
 
 def export(opt, path, state=True, dense_tables="auto", **kw):
@@ -87,7 +87,8 @@ __all__ = ["DistributedOptimizer", "DistributedModel", "wrap", "init", "rank", "
            "broadcast_parameters", "broadcast_optimizer_state", "join", "Compression",
            "Average", "Sum", "Adasum", "server_flags", "server_settings", "param_key",
            "Client", "PSError", "Embedding", "EmbeddingBag", "ServerEmbedding", "TableWeight",
-           "RowWiseAdagrad", "sampler", "export", "lookup", "Reader", "serving_spec",
+           "RowWiseAdagrad", "sampler", "export", "add_state_dict", "lookup", "Reader",
+           "serving_spec",
            "load_manifest"]
 
 

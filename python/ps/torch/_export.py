@@ -121,6 +121,77 @@ def _write_json(path, obj):
     os.replace(tmp, path)
 
 
+def _add_torch(folder, dense_specs, specs, model, dense_tables, max_dense_bytes):
+    """What PyTorch reads, added to the export in folder: model.pt (the
+    servers' dense tensors under their names, each table that fits as its
+    weight, and, with the plain model, its other entries in its order) and
+    the manifest's names and "torch" part.  Returns the manifest."""
+    man_path = os.path.join(folder, "manifest.json")
+    with open(man_path) as f:
+        man = json.load(f)
+    dense = {d["key"]: d for d in man["dense"]}
+    tabs = {t["key"]: t for t in man["tables"]}
+    weights = {}
+    for ds in dense_specs:
+        name, key, shape = ds["name"], ds["key"], tuple(ds["shape"])
+        d = dense.get(key)
+        if d is None:
+            raise RuntimeError("export: tensor %r (key %d) is not in the servers' snapshot"
+                               % (name, key))
+        a = np.load(os.path.join(folder, d["weights"]))
+        weights[name] = torch.from_numpy(a.reshape(shape).copy())
+        d["name"], d["shape"] = name, list(shape)
+    notes = {}
+    for spec in specs:
+        e = tabs.get(spec["key"])
+        if e is None:  # a table no row of which was made: all its rows are the initializer's
+            e = {"key": spec["key"], "rows": 0}
+        # its name as the model has it (the servers keep at most its last 63 characters)
+        e.update({k: spec[k] for k in ("name", "param", "num_embeddings", "kind", "mode",
+                                       "padding_idx")})
+        e["in_state_dict"] = False
+        if _wants_dense(spec, dense_tables, max_dense_bytes):
+            w, why = _dense_weight(folder, e, spec)
+            if w is None:
+                notes[spec["name"]] = why
+                e["not_in_state_dict"] = why
+            else:
+                weights[spec["param"]] = w
+                e["in_state_dict"] = True
+    sd = {}
+    table_params = {spec["param"] for spec in specs}
+    if model is not None:
+        # the plain model's entries in its order: a table's weight is the
+        # servers' or left out (not dense: load with strict=False), never
+        # the model's own (a TableWeight on the meta device, or a plain
+        # model's untrained rows), a parameter is the servers'
+        for name, v in model.state_dict().items():
+            if name in weights:
+                sd[name] = weights.pop(name)
+            elif name not in table_params and not v.is_meta:
+                sd[name] = v.detach().cpu().clone()
+    sd.update(weights)
+    torch.save(sd, os.path.join(folder, "model.pt"))
+    man["torch"] = {"state_dict": "model.pt", "tables_not_in_state_dict": notes,
+                    "dense": list(dense_specs), "tables": list(specs)}
+    _write_json(man_path, man)
+    return man
+
+
+def add_state_dict(path, spec, model=None, dense_tables="auto",
+                   max_dense_bytes=MAX_DENSE_BYTES):
+    """model.pt for an export that has none (ps_export's, of a live job or of
+    its checkpoints): spec names its tensors and tables (serving_spec(opt)
+    of the job, or the folder of one of its ps.torch exports); model, the
+    plain model, gives its other entries (buffers).  Written into path
+    (model.pt and the manifest's "torch" part) as export() writes them;
+    returns the manifest."""
+    if not isinstance(spec, dict):
+        spec = load_manifest(spec)["torch"]
+    return _add_torch(os.fspath(path), spec["dense"], spec["tables"], model, dense_tables,
+                      max_dense_bytes)
+
+
 def export(opt, path, state=True, dense_tables="auto", max_dense_bytes=MAX_DENSE_BYTES,
            wait=10.0):
     """Write the job's model to the folder path (a new one), from one worker
@@ -142,57 +213,11 @@ def export(opt, path, state=True, dense_tables="auto", max_dense_bytes=MAX_DENSE
     kv = {k: s for k, s in zip(ex.keys, ex.steps)}
     kv.update({t.key: t.step for t in ex.tables})
     client.export(tmp, state=state, key_versions=kv, wait_ms=int(wait * 1000))
-    man_path = os.path.join(tmp, "manifest.json")
-    with open(man_path) as f:
-        man = json.load(f)
-    dense = {d["key"]: d for d in man["dense"]}
-    tabs = {t["key"]: t for t in man["tables"]}
-    sd = {}
-    weights = {}
-    for name, key, p in zip(ex.names, ex.keys, ex.params):
-        d = dense.get(key)
-        if d is None:
-            raise RuntimeError("export: tensor %r (key %d) is not in the servers' snapshot"
-                               % (name, key))
-        a = np.load(os.path.join(tmp, d["weights"]))
-        weights[name] = torch.from_numpy(a.reshape(tuple(p.shape)).copy())
-        d["name"], d["shape"] = name, list(p.shape)
-    notes = {}
     params = _param_names(opt)
-    specs = [_table_spec(t, params) for t in ex.tables]
-    for t, spec in zip(ex.tables, specs):
-        e = tabs.get(t.key)
-        if e is None:  # a table no row of which was made: all its rows are the initializer's
-            e = {"key": t.key, "rows": 0}
-        # its name as the model has it (the servers keep at most its last 63 characters)
-        e.update({k: spec[k] for k in ("name", "param", "num_embeddings", "kind", "mode",
-                                       "padding_idx")})
-        e["in_state_dict"] = False
-        if _wants_dense(spec, dense_tables, max_dense_bytes):
-            w, why = _dense_weight(tmp, e, spec)
-            if w is None:
-                notes[t.name] = why
-                e["not_in_state_dict"] = why
-            else:
-                weights[spec["param"]] = w
-                e["in_state_dict"] = True
-    model = getattr(opt, "_ps_model", None)
-    if model is not None:
-        # the plain model's entries in its order: a table's TableWeight (on
-        # the meta device) becomes its weight, or is left out (not dense:
-        # load with strict=False), a parameter is the servers'
-        for name, v in model.state_dict().items():
-            if name in weights:
-                sd[name] = weights.pop(name)
-            elif not v.is_meta:
-                sd[name] = v.detach().cpu().clone()
-    sd.update(weights)
-    torch.save(sd, os.path.join(tmp, "model.pt"))
-    man["torch"] = {"state_dict": "model.pt", "tables_not_in_state_dict": notes,
-                    "dense": [{"name": n, "key": k, "shape": list(p.shape)}
-                              for n, k, p in zip(ex.names, ex.keys, ex.params)],
-                    "tables": specs}
-    _write_json(man_path, man)
+    man = _add_torch(tmp, [{"name": n, "key": k, "shape": list(p.shape)}
+                           for n, k, p in zip(ex.names, ex.keys, ex.params)],
+                     [_table_spec(t, params) for t in ex.tables],
+                     getattr(opt, "_ps_model", None), dense_tables, max_dense_bytes)
     try:
         os.rmdir(path)  # an empty folder there is replaced
     except OSError:
