@@ -83,15 +83,16 @@ cpu_of() {
 measure() {
     rm -f "$WORK"/py*.log
     case $1 in
-    ps_async | ps_sync | ps1 | psw_async | psw_sync)
-        _mode=${1#ps*_}
+    ps_async | ps_sync | ps1 | psw_async | psw_sync | psb_async | psb_sync)
+        _mode=${1#ps*_} _bw=""
+        case $1 in psb_*) _bw=--push-in-backward ;; esac
         _w=2 _sopt=$OPT
         [ "$1" = ps1 ] && _mode=async _w=1
         [ "$1" = psw_sync ] && _sopt="--optimizer average"
         [ "$1" = psw_async ] && _sopt="--optimizer add"
         start_servers 1 "$_w" "$_mode" $_sopt || return 1
         _v=$(run_py "$_w" ps --servers "$PS_SERVERS" --mode "$_mode" --steps "$STEPS" \
-            --warmup "$WARMUP" --test-samples 1 --log-every 1000000)
+            --warmup "$WARMUP" --test-samples 1 --log-every 1000000 $_bw)
         stop_servers
         ;;
     ddp) _w=2 _v=$(run_py 2 ddp --steps "$STEPS" --warmup "$WARMUP" --test-samples 1 --log-every 1000000) ;;
@@ -100,7 +101,7 @@ measure() {
     [ -n "$_v" ] && echo "$_v $(cpu_of "$_w")"
 }
 
-CONFIGS="ddp ps_async ps_sync psw_async psw_sync none ps1"
+CONFIGS="ddp ps_async ps_sync psw_async psw_sync psb_async psb_sync none ps1"
 LOAD0=$(cut -d' ' -f1 /proc/loadavg)
 echo "torch_bench: $STEPS steps ($WARMUP warm-up) x $REPS, alternating; $(machine_line)" >&2
 r=0
@@ -147,6 +148,13 @@ row() { # label config baseline-config baseline-name goal
     goals=$((goals + 1))
     if [ "$_ok" -eq 0 ]; then met=$((met + 1)); else missed="${missed:+$missed, }$1"; fi
 }
+# info label config baseline-config baseline-name: a row with its ratio and no goal
+info() {
+    awk -v l="$1" -v m="$(median "$2")" -v r="$(paired "$2" "$3")" -v bn="$4" \
+        -v runs="$(runs "$2")" -v cpu="$(median "$2" C)" 'BEGIN {
+        if (m <= 0 || r <= 0) { printf "| %s | - | - | - | - | against %s: **no result** |\n", l, bn; exit }
+        printf "| %s | %.0f | %s | %.1f | %.2f | against %s (no goal) |\n", l, m, runs, cpu, r, bn }'
+}
 echo "| configuration | samples/s per worker (median) | runs | training thread CPU ms/step | ratio (paired, median) | goal |"
 echo "| --- | ---: | --- | ---: | ---: | --- |"
 echo "| PyTorch DDP gloo, 2 processes x 1 thread | $(printf '%.0f' "$ddp") | $(runs ddp) | $(median ddp C) | 1.00 | baseline |"
@@ -154,6 +162,8 @@ row "ps.torch async, 1 server x 2 workers" ps_async ddp DDP 1.3
 row "ps.torch sync, 1 server x 2 workers" ps_sync ddp DDP 1.0
 row "ps.torch async, the update on the workers" psw_async ps_async "on the server" 0.9
 row "ps.torch sync, the update on the workers" psw_sync ps_sync "on the server" 0.9
+info "ps.torch async, gradients pushed during backward (grad_edits=False)" psb_async ps_async "pushed at step()"
+info "ps.torch sync, gradients pushed during backward (grad_edits=False)" psb_sync ps_sync "pushed at step()"
 echo "| PyTorch alone (--backend none), 1 process x 1 thread | $(printf '%.0f' "$none") | $(runs none) | $(median none C) | 1.00 | baseline |"
 row "ps.torch async, 1 server x 1 worker" ps1 none "the loop alone" 0.9
 echo
@@ -161,7 +171,9 @@ echo "Batch 64 per worker, $STEPS steps of which $WARMUP warm-up, $REPS runs eac
 echo "(runs listed in order; a ratio is the median of the ratios of runs of the same repetition);"
 echo "optimizer momentum 0.9, lr 0.05 (on the servers for ps.torch, torch.optim.SGD otherwise;"
 echo "\"the update on the workers\": the server runs --optimizer add (async) or average (sync)"
-echo "and every worker steps torch.optim.SGD)."
+echo "and every worker steps torch.optim.SGD).  \"Pushed during backward\": --push-in-backward,"
+echo "DistributedOptimizer(grad_edits=False), each gradient leaves as autograd produces it;"
+echo "the default pushes .grad at step() (safe with edits, accumulation and late clipping)."
 echo "Training thread CPU ms/step: time.thread_time() of each worker's training thread over the"
 echo "timed steps (median of the runs): against the wall time per step (64000 / samples/s) it"
 echo "tells how long that thread waited, for the servers or for a core.  Load average (1 min)"

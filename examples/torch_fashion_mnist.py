@@ -147,6 +147,9 @@ def parse():
                    help="leave the first N iterations out of the summary's samples/s")
     p.add_argument("--ddp-port", type=int, default=29517)
     p.add_argument("--device", help="cpu or cuda[:N] (default PS_DEVICE, else cpu)")
+    p.add_argument("--push-in-backward", action="store_true",
+                   help="ps: gradients leave during backward (grad_edits=False: this loop "
+                        "never edits .grad between backward and step)")
     return p.parse_args()
 
 
@@ -188,11 +191,12 @@ def setup(args, model):
         return nn.parallel.DistributedDataParallel(model), opt, rank, size, None
     client = ps.Client(servers=args.servers, rank=args.rank, num_workers=args.num_workers,
                        mode=args.mode)
+    edits = False if args.push_in_backward else None
     given = args.optimizer or args.lr is not None or os.environ.get("PS_OPTIMIZER")
     if given:  # the update where the servers say: theirs, or this optimizer on each worker
-        dopt = ps.torch.DistributedOptimizer(opt, model=model, client=client)
+        dopt = ps.torch.DistributedOptimizer(opt, model=model, client=client, grad_edits=edits)
     else:      # whatever the servers run
-        dopt = ps.torch.DistributedOptimizer(model, None, client)
+        dopt = ps.torch.DistributedOptimizer(model, None, client, grad_edits=edits)
     return dopt.model, dopt, client.rank, client.num_workers, dopt.model
 
 

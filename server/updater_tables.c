@@ -224,8 +224,11 @@ static void upd_sassign(ps_updater *u, req_ctx *r, const ps_header *h, const cha
     }
     float *copy = NULL;
     const float *rows = NULL;
-    if (in_arena) {
-        rows = (const float *)(const void *)(in_arena + 8 * n); /* 4-byte aligned after the ids */
+    if (in_arena && n) { /* copied, then checked: the worker may write its arena meanwhile */
+        size_t bytes = n * h->dim * sizeof(float);
+        if ((copy = malloc(bytes)))
+            memcpy(copy, in_arena + 8 * n, bytes);
+        rows = copy;
     } else if (n) {
         ps_header vh = *h; /* the rows frame as values */
         vh.count = n * h->dim;
@@ -233,6 +236,19 @@ static void upd_sassign(ps_updater *u, req_ctx *r, const ps_header *h, const cha
     } else {
         static const float none[1];
         rows = none;
+    }
+    size_t first = 0, bad = rows && n ? ps_dtype_nonfinite(PS_DTYPE_F32, rows, n * h->dim, &first) : 0;
+    if (bad) { /* a row set to NaN or Inf is never meant: refused whatever --on-nonfinite says */
+        u->nonfinite++;
+        snprintf(why, sizeof why, "sparse assign of table %llu from worker %d: %zu of %zu values "
+                 "are not finite (element %zu, row of id %llu, is %g); refused: a table's rows are "
+                 "set only to finite values (check the module's weights before wrapping it)",
+                 (unsigned long long)h->key, h->rank, bad, n * h->dim, first,
+                 id ? (unsigned long long)id[first / h->dim] : 0ULL, (double)rows[first]);
+        free(id);
+        free(copy);
+        upd_error(u, r, PS_ENONFINITE, why);
+        return;
     }
     int64_t version = 0;
     int rc = PS_ENOMEM;

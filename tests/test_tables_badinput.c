@@ -2,6 +2,7 @@
  * DEALER (below libps): each gets an error reply that says what was wrong,
  * and nothing of it is applied (the table's rows, versions and counters
  * are as before).  And libps refuses bad sparse requests before sending. */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include <zmq.h>
@@ -116,7 +117,10 @@ PS_TEST(every_bad_table_message_is_refused_and_nothing_is_applied)
         {"an id of the other partition", PS_EPROTO, "belongs to partition"},
         {"an id to pull of the other partition", PS_EPROTO, "id to pull"},
         {"an assigned id of the other partition", PS_EPROTO, "assigned id"},
+        {"an assigned row that is not finite", PS_ENONFINITE, "5 of 8 values are not finite"},
     };
+    /* rows to assign: the first ends in -Inf, the second is NaN */
+    float bad_rows[2 * DIM] = {1, 2, 3, -INFINITY, NAN, NAN, NAN, NAN};
     /* id 5 and one of the other partition */
     uint64_t wrong[2] = {id, 0};
     while (ps_table_row_part(ps_table_row_hash(KEY, wrong[1]), 1, 2) == part)
@@ -142,6 +146,7 @@ PS_TEST(every_bad_table_message_is_refused_and_nothing_is_applied)
         case 11: f[0] = wrong; break;
         case 12: h.type = PS_MSG_SPUSHPULL, h.npull = 2, f[2] = wrong, nf = 3; break;
         case 13: h.type = PS_MSG_SASSIGN, f[0] = wrong; break;
+        case 14: h.type = PS_MSG_SASSIGN, f[1] = bad_rows; break;
         }
         CHECK_MSG(ask(d, &h, f, b, nf, &r, NULL, 0) == 0, "%s: no reply", cases[c].what);
         CHECK_EQ_INT(r.seq, seq);
@@ -177,6 +182,7 @@ PS_TEST(every_bad_table_message_is_refused_and_nothing_is_applied)
     CHECK_OK(ps_test_stats(sv.port, &st1));
     CHECK_EQ_INT(st1.rows, st0.rows);
     CHECK_EQ_INT(st1.updates, st0.updates);
+    CHECK_EQ_INT(st1.nonfinite, st0.nonfinite + 1); /* the assign's */
     CHECK_EQ_INT(st1.partitions, 2);
     /* and a good push still goes in */
     h = hdr(PS_MSG_SPUSH, ++seq, KEY, part, 0);

@@ -189,10 +189,12 @@ FUZZ_FN const char *fuzz_header_in_range(const ps_header *h, char *msg, size_t l
     if (h->type == PS_MSG_HELLO && ps_opt_check(&o->opt, 1, why, sizeof why))
         return fuzz_fail(msg, len, "decode accepted a hello whose optimizer is out of range: %s",
                          why);
-    /* a declaration: every number of `tb` a number, a kind of the tables' */
+    /* a declaration: every number of `tb` a number, a kind in the decoder's
+     * range (the server's ps_table_decl_check refuses the dense-only kinds
+     * inside it, 7 to 9, by name) */
     const ps_table_options *t = &h->table;
     if (h->type == PS_MSG_TABLE && !(h->flags & PS_FLAG_REPLY) &&
-        (t->opt.kind < 0 || t->opt.kind > PS_TABLE_OPT_FTRL || t->init_scale != t->init_scale ||
+        (t->opt.kind < 0 || t->opt.kind > PS_TABLE_OPT_ROWWISE_ADAGRAD || t->init_scale != t->init_scale ||
          t->ftrl_beta != t->ftrl_beta || t->ftrl_l1 != t->ftrl_l1 || t->ftrl_l2 != t->ftrl_l2))
         return fuzz_fail(msg, len, "decode accepted a table declaration of optimizer %d or with "
                          "a NaN", t->opt.kind);
