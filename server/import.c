@@ -296,14 +296,15 @@ static void *restore_part(void *arg)
 }
 
 /* Restore jobs[0..T) at once: a thread for each partition with rows but
- * the first (this thread's); one that cannot start runs here after it.
+ * the first (this thread's); one that cannot start runs here after it (one
+ * without rows has nothing to do).
  * The first error, with its message in why. */
 static int import_rows(restore_job *jobs, int T, uint64_t *here, char *why, size_t why_len)
 {
     pthread_t th[PS_SERVER_MAX_THREADS];
     int started[PS_SERVER_MAX_THREADS] = {0};
     for (int i = 1; i < T; i++)
-        started[i] = pthread_create(&th[i], NULL, restore_part, &jobs[i]) == 0;
+        started[i] = jobs[i].rows && pthread_create(&th[i], NULL, restore_part, &jobs[i]) == 0;
     restore_part(&jobs[0]);
     int rc = 0;
     for (int i = 0; i < T; i++) {
