@@ -29,13 +29,15 @@ CC        ?= cc
 DEP_PROBE := command -v $(CC) >/dev/null 2>&1 || echo build-essential; \
   if command -v pkg-config >/dev/null 2>&1; then \
     for m in libzmq:libzmq3-dev msgpack:libmsgpack-dev zlib:zlib1g-dev \
-             libmicrohttpd:libmicrohttpd-dev libcurl:libcurl4-openssl-dev; do \
+             libmicrohttpd:libmicrohttpd-dev libcurl:libcurl4-openssl-dev \
+             json-c:libjson-c-dev; do \
       pkg-config --exists $${m%%:*} || echo $${m\#*:}; done; \
     pkg-config --exists openblas || [ -f /usr/include/cblas.h ] || echo libopenblas-dev; \
   else \
     echo pkg-config; \
     for m in zmq.h:libzmq3-dev msgpack.h:libmsgpack-dev zlib.h:zlib1g-dev \
-             microhttpd.h:libmicrohttpd-dev curl/curl.h:libcurl4-openssl-dev; do \
+             microhttpd.h:libmicrohttpd-dev curl/curl.h:libcurl4-openssl-dev \
+             json-c/json.h:libjson-c-dev; do \
       [ -f /usr/include/$${m%%:*} ] || echo $${m\#*:}; done; \
   fi
 ifneq ($(filter-out deps clean uninstall,$(or $(MAKECMDGOALS),all)),)
@@ -61,6 +63,11 @@ BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas
 # as needed (only the programs that call it depend on it)
 CURL_LIBS   := $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
 CURL_IF_USED := -Wl,--as-needed $(CURL_LIBS) -Wl,--no-as-needed
+# json-c: ps_server --import reads an export's manifest.json with it
+# (server/import.c); ps_server links it, the tests and benchmarks as needed
+JSON_CFLAGS := $(shell pkg-config --cflags json-c 2>/dev/null)
+JSON_LIBS   := $(shell pkg-config --libs json-c 2>/dev/null || echo -ljson-c)
+JSON_IF_USED := -Wl,--as-needed $(JSON_LIBS) -Wl,--no-as-needed
 
 BUILD := build$(if $(filter 1,$(SAN)),-san,)
 # sanitized programs and library live apart so the two builds never mix
@@ -75,7 +82,10 @@ INC_server := $(INC_proto) -Imetrics -Iserver
 INC_client := $(INC_proto) -Imetrics -Iclient
 INC_worker := $(INC_client) -Iworker
 INC_launch := $(INC_metrics) -Ilaunch
-INC_tools  := $(INC_client) -Itools
+# tools/: operator programs over libps, and (ps_export) over the checkpoint
+# format: the server's own reader and restore (server/checkpoint.h,
+# ckpt_coord.h)
+INC_tools  := $(INC_client) -Iserver -Itools
 INCLUDES   := -Iinclude -Icommon -Imetrics -Iproto -Iserver -Iclient -Iworker -Ilaunch -Itools
 INC := $(INCLUDES)
 $(BUILD)/common/%.o: INC := $(INC_common)
@@ -96,7 +106,7 @@ ifeq ($(SAN),1)
                  -fno-sanitize-recover=undefined
   LDSAN := -fsanitize=address,undefined
 endif
-CFLAGS  := $(CFLAGS_BASE) $(PKG_CFLAGS) $(BLAS_CFLAGS) $(EXTRA_CFLAGS)
+CFLAGS  := $(CFLAGS_BASE) $(PKG_CFLAGS) $(BLAS_CFLAGS) $(JSON_CFLAGS) $(EXTRA_CFLAGS)
 LDLIBS  := $(PKG_LIBS) $(BLAS_LIBS) -lz -lm -pthread $(LDSAN)
 
 # --- CUDA detection: build the backend when nvcc is there, say so when not.
@@ -154,7 +164,7 @@ WORKER_SRCS := $(filter-out %_main.c,$(wildcard worker/*.c))
 # ps_launch: the plan and the supervisor (launch/ may include only common/
 # and include/, which its objects' include path enforces)
 LAUNCH_SRCS := $(filter-out %_main.c,$(wildcard launch/*.c))
-# tools/: operator programs over libps (ps_top)
+# tools/: operator programs over libps (ps_top) and the checkpoint format (ps_export)
 TOOLS_SRCS  := $(filter-out %_main.c,$(wildcard tools/*.c))
 TEST_SRCS   := $(wildcard tests/test_*.c)
 # examples/*.c: programs on the public header and lib/libps.a alone, built
@@ -178,7 +188,8 @@ $(BUILD)/libps.flags: FORCE
 	@echo '$(CFLAGS) -fPIC' | cmp -s - $@ || echo '$(CFLAGS) -fPIC' >$@
 .PHONY: FORCE
 
-PROGRAMS := $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch $(BIN)/ps_keygen $(BIN)/ps_top
+PROGRAMS := $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch $(BIN)/ps_keygen $(BIN)/ps_top \
+            $(BIN)/ps_export
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS))
@@ -228,7 +239,7 @@ ALL_LIBS := $(BUILD)/libserver.a $(BUILD)/libworker.a $(BUILD)/liblaunch.a $(BUI
 
 $(BIN)/ps_server: $(BUILD)/server/ps_server_main.o $(BUILD)/libserver.a $(LIB)/libps.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(JSON_LIBS)
 $(BIN)/ps_worker: $(BUILD)/worker/ps_worker_main.o $(BUILD)/libworker.a $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -241,13 +252,17 @@ $(BIN)/ps_keygen: $(BUILD)/common/ps_keygen_main.o $(LIB)/libps.a
 $(BIN)/ps_top: $(BUILD)/tools/ps_top_main.o $(BUILD)/libtools.a $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(CURL_LIBS)
+$(BIN)/ps_export: $(BUILD)/tools/ps_export_main.o $(BUILD)/libtools.a $(BUILD)/libserver.a \
+  $(LIB)/libps.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS) $(CURL_IF_USED)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS) $(CURL_IF_USED) $(JSON_IF_USED)
 $(BUILD)/examples/%: $(BUILD)/examples/%.o $(LIB)/libps.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
-	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(ALL_LIBS) $(LDLIBS) $(JSON_IF_USED)
 
 # libps's public headers stand alone: -Iinclude and nothing else
 $(BUILD)/tests/public_header.o: tests/public_header.c $(PUBLIC_HEADERS)

@@ -42,9 +42,9 @@
     X(PUSH, 3, "push", WORKER, PS_HK(K) | PS_HK(C), 0, 1, 0, 1, PUSH_STEP, CHUNK_VERSION, data, \
       "a gradient of the chunk (the payload; `m` > 1: a sum of that many)",                      \
       "acknowledged")                                                                            \
-    X(PULL, 4, "pull", WORKER, PS_HK(K) | PS_HK(C), 0, 0, 1, 1, WANT_VERSION, CHUNK_VERSION,    \
+    X(PULL, 4, "pull", LIVE, PS_HK(K) | PS_HK(C), 0, 0, 1, 1, WANT_VERSION, CHUNK_VERSION,      \
       data,                                                                                      \
-      "the chunk's weights",                                                                     \
+      "the chunk's weights (rank -1, a reader: any version, `s` 0)",                             \
       "the weights (the payload)")                                                               \
     X(PUSHPULL, 5, "pushpull", WORKER, PS_HK(K) | PS_HK(C), 0, 1, 1, 1, PUSH_STEP,              \
       CHUNK_VERSION, data,                                                                       \
@@ -114,12 +114,30 @@
       "this worker is done (join): rounds and barriers stop waiting for it; its pulls are "      \
       "still answered",                                                                          \
       "acknowledged")                                                                            \
-    X(SASSIGN, 23, "sassign", WORKER, PS_HK(K) | PS_HK(C) | PS_HK(DIM), 0, PS_PL_IDS_ROWS, 0, 1,  \
+    X(SASSIGN, 23, "sassign", WORKER, PS_HK(K) | PS_HK(C) | PS_HK(DIM), 0, PS_PL_IDS_ROWS, 0, 1, \
       NONE, CHUNK_VERSION, sparse,                                                               \
       "set the rows of table `k`, partition `c`: ids (`n`, frame 1), rows (frame 2, float32): "  \
-      "those missing are made (charged to --max-memory and the worker's share), their "     \
+      "those missing are made (charged to --max-memory and the worker's share), their "          \
       "optimizer state zeroed",                                                                  \
-      "acknowledged")
+      "acknowledged")                                                                            \
+    X(LOOKUP, 24, "lookup", LIVE, PS_HK(C), 0, PS_PL_LOOKUP, PS_PL_VALUES, 0, NONE,              \
+      CHUNK_VERSION, lookup,                                                                     \
+      "read rows of several tables in partition `c` (a reader): frame 1 the tables, 16 bytes "   \
+      "each (u64 key, u32 ids, u32 dim), frame 2 their `n` ids, table after table; no row is "   \
+      "made, touched or counted",                                                                \
+      "the rows in the request's order, float32 (`n` = their floats); `s` the lowest version "   \
+      "of the partitions read")                                                                  \
+    X(SNAPSHOT, 25, "snapshot", LIVE, 0, 0, PS_PL_BYTES, 0, 0, WANT_VERSION, CHUNK_VERSION,      \
+      snapshot,                                                                                  \
+      "copy every chunk and table partition of this server for this connection to read (an "     \
+      "export): sync, each at version `s` (one behind waits up to `tot` ms for it; `s` -1: each " \
+      "as it is now); frame 1 (`n` bytes, may be empty): keys with versions of their own, 16 "    \
+      "bytes each (u64 key, i64 version)",                                                       \
+      "the copy is taken: `n` items, versions `s` (lowest) to `tot` (highest)")                  \
+    X(SNAPREAD, 26, "snapread", LIVE, PS_HK(K) | PS_HK(C), 0, 0, PS_PL_BYTES, 0, NONE, NONE,     \
+      snapread,                                                                                  \
+      "page `c` of item `k` of this connection's snapshot (pages of 16 MiB)",                   \
+      "the page's `n` bytes; `tot` the item's bytes (\"Export and readers\" below)")
 /* clang-format on */
 
 /* The header keys, in one list for the decoder and the table's key masks:
@@ -147,7 +165,9 @@ enum ps_payload {
     PS_PL_IDS = 2,          /* one frame: `n` ids */
     PS_PL_ROWS = 3,         /* one frame: `n` rows */
     PS_PL_IDS_ROWS = 4,     /* `n` ids, then their `n` rows */
-    PS_PL_IDS_ROWS_IDS = 5  /* `n` ids, their `n` rows, then `np` ids */
+    PS_PL_IDS_ROWS_IDS = 5, /* `n` ids, their `n` rows, then `np` ids */
+    PS_PL_LOOKUP = 6,       /* a lookup's tables (16 bytes each), then its `n` ids */
+    PS_PL_BYTES = 7         /* one frame of `n` bytes (a snapshot's page) */
 };
 
 /* Who may send a request of a type (the table's `from`). */
@@ -155,7 +175,8 @@ enum ps_msg_from {
     PS_FROM_NOBODY = 0, /* a reply only: a request of this type is refused */
     PS_FROM_ANY,        /* a worker rank or rank -1 (a tool), before hello too: hello itself */
     PS_FROM_LIVE,       /* rank -1, or a worker rank this server counts as live (it said
-                           hello and was not dropped) */
+                           hello and was not dropped); under CURVE a reader key may send
+                           these (and hello) as rank -1, nothing else */
     PS_FROM_WORKER,     /* a live worker rank only */
     PS_FROM_ADMIN       /* as LIVE, and only with authority (server/admin.h) */
 };

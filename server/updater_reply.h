@@ -69,6 +69,8 @@ struct ps_updater {
     ps_dup_log dup;
     int *mslot;            /* metrics: table partition i's slot in the block */
     size_t nmslot;
+    struct ps_snap_job *snap; /* an export's snapshot being taken (updater_export.c) */
+    uint64_t snap_token;
 };
 
 /* Replies.  upd_send sends reply h (and payload, sent, when not NULL) to

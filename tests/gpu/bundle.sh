@@ -79,8 +79,10 @@ ln -sf "$soname" "$out/lib/libps.so"
 for t in test_cuda test_train libfake_cudart.so; do
     [ -e "$BUILD/tests/$t" ] && cp -p "$BUILD/tests/$t" "$out/tests/"
 done
+# the benchmark programs without their debug info (a bundle stays small;
+# the programs a debugger needs, bin/ and tests/, keep theirs)
 for b in "$BUILD"/bench/*_bench; do
-    [ -x "$b" ] && cp -p "$b" "$out/bench/"
+    [ -x "$b" ] && cp -p "$b" "$out/bench/" && { strip --strip-debug "$out/bench/${b##*/}" 2>/dev/null || true; }
 done
 cp -R python/ps "$out/python/" || exit 1
 find "$out/python" -name __pycache__ -prune -exec rm -rf {} + 2>/dev/null
