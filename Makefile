@@ -63,9 +63,10 @@ BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas
 # as needed (only the programs that call it depend on it)
 CURL_LIBS   := $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
 CURL_IF_USED := -Wl,--as-needed $(CURL_LIBS) -Wl,--no-as-needed
-# coord/ (etcd's JSON gateway: json-c for the bodies, libcurl for HTTP,
-# which coord/ps_etcd.c loads when an etcd client opens, as metrics/ loads
-# libmicrohttpd): ps_server, the tests and benchmarks as needed
+# json-c: coord/ (etcd's JSON gateway: the bodies; libcurl for HTTP, which
+# coord/ps_etcd.c loads when an etcd client opens, as metrics/ loads
+# libmicrohttpd) and ps_server --import (an export's manifest.json,
+# server/import.c): ps_server links it, the tests and benchmarks as needed
 JSON_CFLAGS := $(shell pkg-config --cflags json-c 2>/dev/null)
 JSON_LIBS   := $(shell pkg-config --libs json-c 2>/dev/null || echo -ljson-c)
 COORD_LIBS  := $(JSON_LIBS) -ldl
@@ -85,7 +86,10 @@ INC_server := $(INC_proto) -Imetrics -Icoord -Iserver
 INC_client := $(INC_proto) -Imetrics -Iclient
 INC_worker := $(INC_client) -Iworker
 INC_launch := $(INC_metrics) -Icoord -Ilaunch
-INC_tools  := $(INC_client) -Itools
+# tools/: operator programs over libps, and (ps_export) over the checkpoint
+# format: the server's own reader and restore (server/checkpoint.h,
+# ckpt_coord.h)
+INC_tools  := $(INC_client) -Iserver -Itools
 INCLUDES   := -Iinclude -Icommon -Imetrics -Iproto -Icoord -Iserver -Iclient -Iworker -Ilaunch -Itools
 INC := $(INCLUDES)
 $(BUILD)/common/%.o: INC := $(INC_common)
@@ -168,7 +172,7 @@ WORKER_SRCS := $(filter-out %_main.c,$(wildcard worker/*.c))
 # ps_launch: the plan and the supervisor (launch/ may include only common/
 # and include/, which its objects' include path enforces)
 LAUNCH_SRCS := $(filter-out %_main.c,$(wildcard launch/*.c))
-# tools/: operator programs over libps (ps_top)
+# tools/: operator programs over libps (ps_top) and the checkpoint format (ps_export)
 TOOLS_SRCS  := $(filter-out %_main.c,$(wildcard tools/*.c))
 TEST_SRCS   := $(wildcard tests/test_*.c)
 # examples/*.c: programs on the public header and lib/libps.a alone, built
@@ -193,7 +197,8 @@ $(BUILD)/libps.flags: FORCE
 	@echo '$(CFLAGS) -fPIC' | cmp -s - $@ || echo '$(CFLAGS) -fPIC' >$@
 .PHONY: FORCE
 
-PROGRAMS := $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch $(BIN)/ps_keygen $(BIN)/ps_top
+PROGRAMS := $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch $(BIN)/ps_keygen $(BIN)/ps_top \
+            $(BIN)/ps_export
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS))
@@ -260,6 +265,10 @@ $(BIN)/ps_keygen: $(BUILD)/common/ps_keygen_main.o $(LIB)/libps.a
 $(BIN)/ps_top: $(BUILD)/tools/ps_top_main.o $(BUILD)/libtools.a $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(CURL_LIBS)
+$(BIN)/ps_export: $(BUILD)/tools/ps_export_main.o $(BUILD)/libtools.a $(BUILD)/libserver.a \
+  $(LIB)/libps.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/tests/ps_test.o $(BUILD)/tests/ps_test_server.o $(ALL_LIBS) $(LDLIBS) $(COORD_IF_USED) $(CURL_IF_USED)

@@ -11,7 +11,9 @@
 # and GOAL lines (issue "same-host data plane"):
 #   MLP (784-256-128-10 and 784-1024-512-10): async >= 1.5x one PyTorch
 #     process and >= 2.5x DDP; sync >= 2.0x DDP and >= 1.0x one process;
-#   CNN: async >= 1.1x DDP, sync >= 1.0x DDP.
+#   CNN: async >= 1.1x DDP, sync >= 1.0x DDP;
+#   and MLP 784-256-128-10 sync >= 1.4x one process (issue "sync that keeps
+#   the GPU busy", its CPU goal: the per-layer sync pipeline).
 #
 #   CLUSTER_ROUNDS (3)  CLUSTER_MLP_EPOCHS (2)  CLUSTER_CNN_STEPS (100)
 #   CLUSTER_MODELS ("mlp:784-256-128-10 mlp:784-1024-512-10 cnn")
@@ -120,6 +122,7 @@ for model in $MODELS; do
             goal "$model async/ddp" "$ra_d" 2.5
             goal "$model sync/ddp" "$rs_d" 2.0
             goal "$model sync/single" "$rs_s" 1.0
+            [ "$model" = mlp:784-256-128-10 ] && goal "$model sync/single (pipeline)" "$rs_s" 1.4
         fi
     fi
 done
@@ -127,7 +130,7 @@ echo
 if [ "$have_torch" != 1 ]; then
     echo "GOAL cluster: skipped: no torch (Debian: apt-get install python3-torch)"
 elif [ "$met" -eq "$goals" ]; then
-    echo "GOAL cluster: ours vs PyTorch on one host (MLP async >= 1.5x single and >= 2.5x DDP, sync >= 2.0x DDP and >= 1.0x single; CNN async >= 1.1x DDP, sync >= 1.0x DDP): MET ($met of $goals)"
+    echo "GOAL cluster: ours vs PyTorch on one host (MLP async >= 1.5x single and >= 2.5x DDP, sync >= 2.0x DDP and >= 1.0x single, 784-256-128-10 sync >= 1.4x single; CNN async >= 1.1x DDP, sync >= 1.0x DDP): MET ($met of $goals)"
 else
     echo "GOAL cluster: ours vs PyTorch on one host: MISSED ($met of $goals met; missed: $missed)"
 fi

@@ -75,12 +75,33 @@ static long find_tensor(const ps_client *c, uint64_t key)
     }
 }
 
+/* A reader (rank -1) reads: what the servers take from a worker alone is
+ * refused here, with the reason in req (NULL: in last_error).  0 when c
+ * may send a `type`. */
+static int reader_refuses(ps_client *c, uint32_t type, ps_request *req)
+{
+    const ps_msg_info *m = ps_msg_info_of(type);
+    if (!c || c->opt.rank != PS_RANK_READER || !m || m->from != PS_FROM_WORKER)
+        return 0;
+    char why[PS_ERR_TEXT_MAX + 1];
+    snprintf(why, sizeof why, "this client is a reader (rank -1): a %s is a worker's; a reader "
+             "pulls and looks rows up (ps_client_pull, ps_client_lookup) and is counted in no "
+             "round or barrier", m->name);
+    if (req)
+        psc_req_fail(req, PS_ESTATE, why);
+    else
+        set_last_error(c, "%s", why);
+    return PS_ESTATE;
+}
+
 static int post_data(ps_client *c, uint32_t type, uint64_t key, const float *src, float *dst,
                      int64_t step, int npush, ps_ready_fn ready, void *ready_arg, int planes,
                      ps_request *req)
 {
     if (!req)
         return PS_EINVAL;
+    if (reader_refuses(c, type, req))
+        return PS_ESTATE;
     int rc = 0;
     long t = -1;
     if (!c || !c->started)
@@ -163,6 +184,8 @@ static int post_sparse(ps_client *c, uint32_t type, uint64_t key, const uint64_t
 {
     if (!req)
         return PS_EINVAL;
+    if (reader_refuses(c, type, req))
+        return PS_ESTATE;
     int rc = 0;
     long t = -1;
     if (!c || !c->started)
@@ -292,6 +315,8 @@ int ps_client_server_parts(const ps_client *c, int server)
 static int post_ctl(ps_client *c, uint32_t type, int server, int64_t step, void *out,
                     ps_request *req)
 {
+    if (reader_refuses(c, type, req))
+        return PS_ESTATE;
     psc_req_reset(c, req, 1);
     psc_op o = {.type = type, .server = server, .tensor = 0, .src = NULL, .dst = NULL, .step = step,
             .req = req, .out = out};
@@ -322,6 +347,8 @@ int ps_client_set_state(ps_client *c, uint64_t key, const float *src, int nstate
 /* A table's clock: a message to each partition of each server. */
 static int post_table_clock(ps_client *c, long t, ps_request *req)
 {
+    if (reader_refuses(c, PS_MSG_CLOCK, req))
+        return PS_ESTATE;
     size_t parts = 0;
     for (int s = 0; s < c->nservers; s++)
         parts += c->server_parts[s];
@@ -348,6 +375,8 @@ static int post_coll(ps_client *c, uint32_t type, int64_t id, const float *src, 
 {
     if (!req)
         return PS_EINVAL;
+    if (reader_refuses(c, type, req))
+        return PS_ESTATE;
     int rc = !c || !src || !dst || count == 0 || id < 0 || id > INT64_MAX / 2 ||
                      count * sizeof(float) > PS_MAX_PAYLOAD_BYTES
                  ? PS_EINVAL
@@ -492,10 +521,11 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
     *out = NULL;
     if (!o || !o->servers || !*o->servers)
         return open_fail(PS_EINVAL, "no server endpoints given");
-    if (o->num_workers < 1 || o->num_workers > PS_MAX_RANK + 1 || o->rank < 0 ||
+    if (o->num_workers < 1 || o->num_workers > PS_MAX_RANK + 1 || o->rank < PS_RANK_READER ||
         o->rank >= o->num_workers)
-        return open_fail(PS_EINVAL, "rank %d must be in [0, num_workers %d), num_workers in "
-                         "[1, %d]", o->rank, o->num_workers, PS_MAX_RANK + 1);
+        return open_fail(PS_EINVAL, "rank %d must be in [0, num_workers %d) (or %d: a reader), "
+                         "num_workers in [1, %d]", o->rank, o->num_workers, PS_RANK_READER,
+                         PS_MAX_RANK + 1);
     if (o->mode != PS_MODE_SYNC && o->mode != PS_MODE_ASYNC)
         return open_fail(PS_EINVAL, "mode must be sync (%d) or async (%d), got %d",
                          PS_MODE_SYNC, PS_MODE_ASYNC, o->mode);
@@ -522,6 +552,8 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
     if (!c)
         return open_fail(PS_ENOMEM, "out of memory");
     c->opt = *o;
+    if (o->rank == PS_RANK_READER)
+        c->opt.shm = 0; /* a reader moves nothing the servers write into */
     /* the caller's strings may go away; we keep copies */
     c->opt.servers = NULL;
     c->opt.curve_dir = NULL;
@@ -668,6 +700,19 @@ static int check_hellos(ps_client *c, ps_request *reqs, ps_hello *reps)
     }
     if (missing)
         return PS_ETIMEDOUT;
+    /* a reader joins no round: it takes the servers' settings (the servers
+     * must still agree with each other) */
+    if (c->opt.rank == PS_RANK_READER) {
+        ps_hello *hq = &c->hello_req;
+        uint32_t nserv = hq->num_servers;
+        for (int i = 0; i < ps_hello_nagreed(); i++)
+            ps_hello_set(hq, i, ps_hello_get(&reps[0], i));
+        hq->num_servers = nserv;
+        c->opt.mode = hq->mode;
+        c->opt.num_workers = (int)hq->num_workers;
+        c->opt.max_staleness = hq->max_staleness;
+        c->wire_dtype = hq->wire_dtype ? hq->wire_dtype : PS_DTYPE_F32;
+    }
     for (int s = 0; s < ns; s++) {
         if (reps[s].server_rank != s) {
             set_last_error(c, "server rank: %s is rank %d but is listed at position %d", c->endpoints[s],
@@ -695,7 +740,7 @@ static int check_hellos(ps_client *c, ps_request *reqs, ps_hello *reps)
  * last_error. */
 static int declare_tables(ps_client *c, const ps_hello *reps)
 {
-    if (!c->ntables)
+    if (!c->ntables && c->opt.rank != PS_RANK_READER)
         return 0;
     int ns = c->nservers;
     free(c->server_parts);
@@ -710,6 +755,8 @@ static int declare_tables(ps_client *c, const ps_hello *reps)
         }
         c->server_parts[s] = reps[s].threads;
     }
+    if (c->opt.rank == PS_RANK_READER)
+        return 0; /* a reader looks rows up; the workers declared the tables */
     size_t n = c->ntables * (size_t)ns;
     ps_request *reqs = calloc(n, sizeof *reqs);
     if (!reqs)
@@ -780,6 +827,11 @@ int ps_client_start(ps_client *c)
                                               offsetof(psc_table, key), offsetof(psc_table, opts));
     hq->opt = c->opt.expect;
     hq->wire_dtype = c->wire_dtype;
+    if (c->opt.rank == PS_RANK_READER) {
+        hq->tables_fp = 0; /* a reader declares nothing: its tables are keys and dims */
+        if (!c->nspecs)
+            hq->model_fp = 0; /* it pulls no tensor: any model */
+    }
     if ((rc = psc_shm_setup(c)) != 0) {
         drop_placement(c);
         return rc;
@@ -906,6 +958,8 @@ int ps_client_leave(ps_client *c)
         return PS_ESTATE;
     }
     c->last_error[0] = 0;
+    if (reader_refuses(c, PS_MSG_LEAVE, NULL))
+        return PS_ESTATE;
     return ctl_all(c, PS_MSG_LEAVE, 0, c->nservers, 0, NULL, 0);
 }
 
@@ -936,6 +990,8 @@ int ps_client_barrier(ps_client *c, int64_t id)
         return PS_ESTATE;
     }
     c->last_error[0] = 0;
+    if (reader_refuses(c, PS_MSG_BARRIER, NULL))
+        return PS_ESTATE;
     return ctl_all(c, PS_MSG_BARRIER, 0, 1, id, NULL, 0);
 }
 

@@ -38,6 +38,7 @@
 #include "client_requests.h"
 #include "client_resend.h"
 #include "client_shm.h"
+#include "client_read.h"
 #include "client_sparse.h"
 #include "client_token.h"
 #include "ps_curve.h"
@@ -311,8 +312,9 @@ static int sub_send(ps_client *c, uint32_t i)
     /* a table's request: its frames are made anew for every send */
     zmq_msg_t sf[3];
     int nsf = 0;
-    if (s->sp && !psc_sparse_shm(c, i, &h) &&
-        psc_sparse_frames(c, i, &h, c->wire_dtype, sf, &nsf) != 0) {
+    if ((s->sp && !psc_sparse_shm(c, i, &h) &&
+         psc_sparse_frames(c, i, &h, c->wire_dtype, sf, &nsf) != 0) ||
+        (!s->sp && psc_read_frames(c, i, &h, sf, &nsf) != 0)) {
         psc_set_error(r, PS_ENOMEM, "%s: out of memory building a %s",
                       c->endpoints[s->server], ps_msg_type_name(s->type));
         psc_slot_finish(c, i);
@@ -467,12 +469,38 @@ static void do_sparse(ps_client *c, const psc_op *o)
     psc_part_done(c, r);
 }
 
+/* A lookup: one message per partition it reads (client_read.c), as a
+ * table's request. */
+static void do_lookup(ps_client *c, const psc_op *o)
+{
+    ps_request *r = o->req;
+    size_t np = psc_read_parts(c);
+    uint32_t *slots = malloc((np ? np : 1) * sizeof *slots);
+    long n = -1;
+    if (slots) {
+        n = psc_lookup_begin(c, o, slots);
+    } else {
+        free(o->out);
+        psc_set_error(r, PS_ENOMEM, "out of memory splitting a lookup");
+    }
+    if (n > 0)
+        __atomic_add_fetch(&r->_priv.pending, (int)n, __ATOMIC_ACQ_REL);
+    for (long k = 0; k < n; k++)
+        sub_send(c, slots[k]);
+    free(slots);
+    psc_part_done(c, r);
+}
+
 /* Turn one posted operation into messages.  The poster set the request's
  * pending to the number of messages (plus one per payload frame). */
 static void do_op(ps_client *c, const psc_op *o)
 {
     if (o->type == PSC_OP_CANCEL) {
         do_cancel(c, o);
+        return;
+    }
+    if (o->type == PS_MSG_LOOKUP) {
+        do_lookup(c, o);
         return;
     }
     if (ps_msg_is_sparse(o->type)) {
@@ -492,7 +520,7 @@ static void do_op(ps_client *c, const psc_op *o)
         return;
     }
     /* a message per chunk for the types that name one (init, push, pull ...) */
-    if (ps_msg_info_of(o->type)->req_keys & PS_HK(C)) {
+    if ((ps_msg_info_of(o->type)->req_keys & PS_HK(C)) && o->server < 0) {
         const ps_placement *p = &c->place;
         size_t planes = o->planes > 1 ? (size_t)o->planes : 1;
         size_t first = p->first_chunk[o->tensor], n = p->tensor_chunks[o->tensor];
@@ -718,7 +746,9 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
     }
     size_t plen = nframes > 0 ? zmq_msg_size(pm) : 0;
     if (ps_proto_check_payload(&h, nframes, plen, why, sizeof why) != 0 ||
-        (s->sp && psc_sparse_reply(c, i, &h, pm, why, sizeof why) != 0)) {
+        (s->sp && psc_sparse_reply(c, i, &h, pm, why, sizeof why) != 0) ||
+        ((h.type == PS_MSG_SNAPSHOT || h.type == PS_MSG_SNAPREAD) &&
+         psc_read_reply(c, i, &h, pm, why, sizeof why) != 0)) {
         psc_set_error(r, PS_EPROTO, "%s: %s", ep, why);
         psc_slot_finish(c, i);
         return;
@@ -747,6 +777,8 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
             return;
         }
     }
+    if (h.type == PS_MSG_LOOKUP) /* its rows, copied in above, to the caller's places */
+        psc_read_reply(c, i, &h, pm, why, sizeof why);
     switch (h.type) {
     case PS_MSG_SPULL:
     case PS_MSG_SPUSH:
@@ -762,6 +794,7 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
     case PS_MSG_ASSIGN:
     case PS_MSG_SETSTATE:
     case PS_MSG_STATE:
+    case PS_MSG_LOOKUP:
     case PS_MSG_CLOCK: {
         /* what `s` says for the type: the smallest over the chunks */
         int64_t v = ps_header_get_s(&h);

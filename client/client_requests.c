@@ -228,6 +228,8 @@ static void slot_free(ps_client *c, uint32_t i)
     if (s->sp)
         sl->sp_free(c, s->sp);
     s->sp = NULL;
+    free(s->own);
+    s->own = NULL;
     s->gen = s->gen + 1 ? s->gen + 1 : 1;
     s->next_free = sl->free_head;
     sl->free_head = i;
@@ -256,6 +258,7 @@ uint32_t psc_slot_new(ps_client *c, int server, uint32_t type, ps_request *r)
     s->npush = 1;
     s->out = NULL;
     s->sp = NULL;
+    s->own = NULL;
     s->deadline_ns = INT64_MAX;
     s->backoff_ns = 0;
     s->parked = 0;

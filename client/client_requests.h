@@ -67,6 +67,8 @@ typedef struct psc_sub {
     uint32_t npush;  /* push: gradients summed in the payload (1 usually) */
     void *out;       /* HELLO: ps_hello reply; STATS: psc_stats_out */
     psc_sparse_sub *sp; /* SPULL, SPUSH, SPUSHPULL: what it sends; NULL otherwise */
+    void *own;       /* LOOKUP: what it sends and where its rows go (client_read.c),
+                        one block freed with the slot; NULL otherwise */
     /* client_resend.c's: when to resend, when resending is on */
     int64_t deadline_ns;
     int64_t backoff_ns;

@@ -205,7 +205,7 @@ static int load_keys(const char *adir, const char *prefix, int strict, int optio
         if (optional && e == ENOENT)
             return 0;
         ps_errorf(why, why_len, "%s: cannot read the %s keys: %s", adir,
-            optional ? "admin" : "authorized worker", strerror(e));
+            optional ? prefix : "authorized worker", strerror(e));
         return e == ENOENT ? PS_ENOTFOUND : PS_EIO;
     }
     int rc = 0;
@@ -266,7 +266,8 @@ typedef struct quiet_slot {
 
 struct ps_curve_auth {
     void *ctx;
-    char dir[4096], adir[4200], mdir[4200]; /* DIR, DIR/authorized, DIR/admin */
+    char dir[4096], adir[4200], mdir[4200], rdir[4200]; /* DIR, DIR/authorized, DIR/admin,
+                                                           DIR/reader */
     size_t admins_at_setup;
     pthread_t thread;
     atomic_int stop;
@@ -276,11 +277,11 @@ struct ps_curve_auth {
     pthread_cond_t cv;
     int ready, bind_errno;
     /* owned by the handler thread from here on */
-    keylist keys, admins;
+    keylist keys, admins, readers;
     char self_pub[PS_CURVE_KEY_LEN + 1], self_name[32]; /* this server's own key: the other
                                                             members of its shard group */
     int64_t scanned_ns;
-    struct timespec scanned_mtime, admin_mtime;
+    struct timespec scanned_mtime, admin_mtime, reader_mtime;
     quiet_slot quiet[QUIET_SLOTS];
 };
 
@@ -307,17 +308,20 @@ static int same_time(const struct timespec *a, const struct timespec *b)
 
 static void maybe_rescan(ps_curve_auth *a)
 {
-    struct stat st, ma;
+    struct stat st, ma, mr;
     int64_t now = ps_now_ns();
     int have = stat(a->adir, &st) == 0;
-    int have_admin = stat(a->mdir, &ma) == 0;
-    if (!have_admin)
+    if (stat(a->mdir, &ma) != 0)
         memset(&ma, 0, sizeof ma);
+    if (stat(a->rdir, &mr) != 0)
+        memset(&mr, 0, sizeof mr);
     if (have && now - a->scanned_ns < RESCAN_NS && same_time(&st.st_mtim, &a->scanned_mtime) &&
-        same_time(&ma.st_mtim, &a->admin_mtime))
+        same_time(&ma.st_mtim, &a->admin_mtime) && same_time(&mr.st_mtim, &a->reader_mtime))
         return;
     reload(a->mdir, "admin/", 1, &a->admins, "no admin key is accepted");
     a->admin_mtime = ma.st_mtim;
+    reload(a->rdir, PS_CURVE_READER_PREFIX, 1, &a->readers, "no reader key is accepted");
+    a->reader_mtime = mr.st_mtim;
     /* fail closed: without a readable list nobody gets in */
     reload(a->adir, "", 0, &a->keys, "refusing every CURVE client");
     a->scanned_ns = now;
@@ -423,6 +427,13 @@ static int zap_decide(ps_curve_auth *a, zmq_msg_t *f, int nf, const char **user)
         if (memcmp(a->admins.k[i].key, key, PS_CURVE_KEY_LEN) == 0) {
             *user = a->admins.k[i].name;
             ps_debug("accepted CURVE client from %s: admin key %s (%s)", addr, key, *user);
+            return 1;
+        }
+    /* then reader keys, before workers': a key in both stays a reader */
+    for (size_t i = 0; i < a->readers.n; i++)
+        if (memcmp(a->readers.k[i].key, key, PS_CURVE_KEY_LEN) == 0) {
+            *user = a->readers.k[i].name;
+            ps_debug("accepted CURVE client from %s: reader key %s (%s)", addr, key, *user);
             return 1;
         }
     for (size_t i = 0; i < a->keys.n; i++)
@@ -548,11 +559,14 @@ int ps_curve_server_setup(void *zmq_ctx, void *router_socket, const char *dir, i
     snprintf(a->dir, sizeof a->dir, "%s", dir);
     snprintf(a->adir, sizeof a->adir, "%s/authorized", dir);
     snprintf(a->mdir, sizeof a->mdir, "%s/admin", dir);
+    snprintf(a->rdir, sizeof a->rdir, "%s/reader", dir);
     struct stat st;
     if (stat(a->adir, &st) == 0)
         a->scanned_mtime = st.st_mtim;
     if (stat(a->mdir, &st) == 0)
         a->admin_mtime = st.st_mtim;
+    if (stat(a->rdir, &st) == 0)
+        a->reader_mtime = st.st_mtim;
     if ((rc = load_keys(a->adir, "", 1, 0, &a->keys, why, why_len))) {
         wipe(sec, sizeof sec);
         free(a);
@@ -561,6 +575,13 @@ int ps_curve_server_setup(void *zmq_ctx, void *router_socket, const char *dir, i
     if ((rc = load_keys(a->mdir, "admin/", 1, 1, &a->admins, why, why_len))) {
         wipe(sec, sizeof sec);
         keylist_free(&a->keys);
+        free(a);
+        return rc;
+    }
+    if ((rc = load_keys(a->rdir, PS_CURVE_READER_PREFIX, 1, 1, &a->readers, why, why_len))) {
+        wipe(sec, sizeof sec);
+        keylist_free(&a->keys);
+        keylist_free(&a->admins);
         free(a);
         return rc;
     }
@@ -597,14 +618,16 @@ int ps_curve_server_setup(void *zmq_ctx, void *router_socket, const char *dir, i
         return PS_EIO;
     }
     wipe(sec, sizeof sec);
-    ps_info("CURVE: server %d key %s, %zu authorized worker key(s) in %s, %zu admin key(s) in %s",
-            server_rank, pub, a->keys.n, a->adir, a->admins.n, a->mdir);
+    ps_info("CURVE: server %d key %s, %zu authorized worker key(s) in %s, %zu admin key(s) in "
+            "%s, %zu reader key(s) in %s", server_rank, pub, a->keys.n, a->adir, a->admins.n,
+            a->mdir, a->readers.n, a->rdir);
     *out = a;
     return 0;
 fail_nothread:
     wipe(sec, sizeof sec);
     keylist_free(&a->keys);
     keylist_free(&a->admins);
+    keylist_free(&a->readers);
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->cv);
     free(a);
@@ -619,6 +642,7 @@ void ps_curve_auth_stop(ps_curve_auth *a)
     pthread_join(a->thread, NULL);
     keylist_free(&a->keys);
     keylist_free(&a->admins);
+    keylist_free(&a->readers);
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->cv);
     free(a);
@@ -641,12 +665,16 @@ uint64_t ps_curve_auth_accepted(const ps_curve_auth *a)
 int ps_curve_client_setup(void *dealer_socket, const char *dir, int worker_rank, int server_rank,
                           char *why, size_t why_len)
 {
-    if (worker_rank < 0 || worker_rank >= PS_CURVE_MAX_KEYS) {
+    if (worker_rank < -1 || worker_rank >= PS_CURVE_MAX_KEYS) {
         ps_errorf(why, why_len, "ps_curve_client_setup: bad argument (worker %d)", worker_rank);
         return PS_EINVAL;
     }
+    /* rank -1, a reader: its one pair, reader.key */
     char name[32];
-    snprintf(name, sizeof name, "worker-%d", worker_rank);
+    if (worker_rank < 0)
+        snprintf(name, sizeof name, "reader");
+    else
+        snprintf(name, sizeof name, "worker-%d", worker_rank);
     return ps_curve_client_setup_key(dealer_socket, dir, name, server_rank, why, why_len);
 }
 

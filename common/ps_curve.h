@@ -13,6 +13,11 @@
  *   DIR/admin/NAME.pub  optional: a key the servers accept as an admin's,
  *                     which may stop a server with a SHUTDOWN message
  *                     (server/admin.h); ps_keygen makes none
+ *   DIR/reader/NAME.pub optional: a key the servers accept as a reader's
+ *                     (user id "reader/NAME"): it may send, as rank -1,
+ *                     only what reads (lookups, pulls, snapshots, stats;
+ *                     server/server_msg.c), never a push or a worker rank
+ *   DIR/reader.key/.pub a reader's own key pair (a client of rank -1)
  * Each key file holds the 40-character Z85 text of a 32-byte key, optionally
  * followed by a newline.  A server host needs its server-R.key/.pub and
  * authorized/; a worker host needs its worker-W.key/.pub and every
@@ -42,6 +47,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* The ZAP user id of a reader key starts with this. */
+#define PS_CURVE_READER_PREFIX "reader/"
 
 /* Z85 text of a 32-byte CURVE key, without the terminating NUL. */
 #define PS_CURVE_KEY_LEN 40
@@ -113,7 +121,8 @@ uint64_t ps_curve_auth_accepted(const ps_curve_auth *a);
 /* Make dealer_socket (not yet connected) a CURVE client of server
  * <server_rank>: ZMQ_CURVE_SERVERKEY from DIR/server-<server_rank>.pub,
  * ZMQ_CURVE_PUBLICKEY / ZMQ_CURVE_SECRETKEY from DIR/worker-<worker_rank>.pub
- * / .key (checked to be a pair).  Sets socket options only: no thread, nothing
+ * / .key (checked to be a pair; worker_rank -1, a reader: DIR/reader.pub and
+ * reader.key).  Sets socket options only: no thread, nothing
  * to free; call it from the thread that owns the socket.  A server that
  * refuses the key never answers (libzmq 4.3 gives up on that connection
  * without telling the socket's user), so the caller's request timeout is what

@@ -26,4 +26,12 @@
 #define PS_MAX_TABLE_DIM 65536
 #define PS_MAX_SPARSE_IDS (1u << 20)
 
+/* A lookup (a reader's rows of several tables in one partition): tables one
+ * message names at most, and the bytes of each one's entry (u64 key, u32
+ * ids, u32 dim). */
+#define PS_MAX_LOOKUP_TABLES 4096
+#define PS_LOOKUP_ENTRY_BYTES 16
+/* An export reads a server's snapshot in pages of this many bytes. */
+#define PS_SNAP_PAGE_BYTES (16u << 20)
+
 #endif

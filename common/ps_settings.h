@@ -343,6 +343,15 @@ enum {
       0,                                                                                         \
       "start from the newest valid checkpoint in --checkpoint-dir (exit 2 when there is "        \
       "none or it has another configuration)")                                                   \
+    X(import_dir, (SERVER, _, _, _, _), "--import", "DIR", NULL, STR, import_dir, NULL, NULL, 1,  \
+      900, _, 0,                                                                                 \
+      "start with the tables of export DIR (ps_export, opt.export): this server's share of "     \
+      "their rows under any number of servers and --threads, each table at the export's step "   \
+      "(docs/OPERATIONS.md \"Export and serve\"); not with --restore")                            \
+    X(import_state, (SERVER, _, _, _, _), "--import-state", "keep|reset", NULL, ENUM,            \
+      import_state, "keep", "keep=0 reset=1", 0, 0, _, 0,                                        \
+      "--import: keep each row's optimizer state and each table's step (keep), or start them "   \
+      "afresh (reset: state 0, step 0)")                                                         \
     X(on_checkpoint_failure, (SERVER, _, _, _, _), "--on-checkpoint-failure",                    \
       "stall[:S]|continue|exit[:S]", NULL, OWN, _, NULL, NULL, 0, 0, _, 0,                       \
       "while checkpoint writes fail: stall (default): what waits for a checkpoint (durable "     \

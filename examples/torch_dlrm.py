@@ -34,6 +34,14 @@ in model.eval() (DLRM's inference() has no no_grad): the two must agree.
 Each worker prints:
 
   torch_dlrm: backend ps rank 0 of 2 samples/s 812.3 loss 0.4711 test auc 0.7412 (grad on 0.7412) peak rss MB 231 rss after wrap MB 180
+
+Export and serve (docs/TORCH.md): --export DIR writes the trained model
+from worker 0 after the last step (ps.torch.export: the tables and dense
+layers at that step, model.pt the plain model's state_dict); --eval-export
+DIR then loads it into the plain model, no servers, and prints the test AUC
+of the same test set, which equals the live job's:
+
+  torch_dlrm: eval of export DIR (step 400) test auc 0.7412
 """
 import argparse
 import math
@@ -82,6 +90,10 @@ def parse_args(argv=None):
     p.add_argument("--plain", action="store_true",
                    help="one SGD(--lr) over everything, materialised tables, no prefetch")
     p.add_argument("--zipf", type=float, default=data_ctr.ZIPF)
+    p.add_argument("--export", metavar="DIR",
+                   help="backend ps: worker 0 exports the trained model to DIR")
+    p.add_argument("--eval-export", metavar="DIR",
+                   help="no training: the plain model from export DIR, its test AUC")
     p.add_argument("--test", type=int, default=10000, help="synthetic-ctr test samples")
     p.add_argument("--criteo", help="a Criteo text file instead of synthetic-ctr")
     p.add_argument("--seed", type=int, default=1)
@@ -292,6 +304,8 @@ def run(a, rank, world, port=None):
     table_row = ""
     if a.backend == "ps":
         opt.pull_final()
+        if a.export and rank == 0:
+            opt.export(a.export)  # the tables fit: dense weights in model.pt too
         st = opt.client.stats(0)  # server 0's tables: bytes a row, all included
         if st["rows"]:
             table_row = " server table bytes/row %.1f" % (st["table_bytes"] / st["rows"])
@@ -307,13 +321,28 @@ def run(a, rank, world, port=None):
         opt.close()
 
 
+def eval_export(a):
+    """The plain model (no ps) from export a.eval_export: its test AUC."""
+    import json
+    torch.set_num_threads(a.threads)
+    _, test = data(a, int(os.environ.get("PS_NUM_WORKERS") or 1))
+    model = DLRM(a)
+    model.load_state_dict(torch.load(os.path.join(a.eval_export, "model.pt")))
+    with open(os.path.join(a.eval_export, "manifest.json")) as f:
+        step = json.load(f)["step"]
+    print("torch_dlrm: eval of export %s (step %d) test auc %.4f"
+          % (a.eval_export, step, evaluate(model, test)), flush=True)
+
+
 def _ddp_rank(rank, a, port):
     run(a, rank, a.world, port)
 
 
 def main():
     a = parse_args()
-    if a.backend == "ps":
+    if a.eval_export:
+        eval_export(a)
+    elif a.backend == "ps":
         run(a, 0, int(os.environ.get("PS_NUM_WORKERS") or os.environ.get("WORLD_SIZE") or 1))
     elif a.backend == "ddp" and a.world > 1:
         import torch.multiprocessing as mp

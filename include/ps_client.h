@@ -37,10 +37,25 @@
 
 typedef struct ps_client ps_client;
 
+/* A reader: a client of rank -1 that reads what the workers train while they
+ * train (docs/OPERATIONS.md "Export and serve").  It pulls dense weights
+ * (ps_client_pull, any `step`: the servers' current weights) and looks rows
+ * up (ps_client_lookup), and takes a snapshot (ps_client_export); it is no
+ * worker: counted in no round or barrier, and every request only a worker
+ * sends (a push, an init, a table's pull that makes rows, a barrier) fails
+ * with PS_ESTATE saying so.  It takes the servers' mode and worker count at
+ * start (num_workers and mode need not match), shares no memory with them,
+ * and with curve_dir uses DIR/reader.key (the servers' DIR/reader/ holds its
+ * public key, which may do nothing but read).  It registers the tensors it
+ * pulls (as the workers do: the placement) and each table it looks up (only
+ * the key and dim are used). */
+#define PS_RANK_READER (-1)
+
 typedef struct ps_client_options {
     const char *servers;   /* comma-separated endpoints, server rank order:
                               tcp://HOST:PORT, ipc://PATH or inproc://NAME */
-    int rank;              /* this worker's rank, 0..num_workers-1 */
+    int rank;              /* this worker's rank, 0..num_workers-1; PS_RANK_READER: a
+                              reader (below), not a worker */
     int num_workers;
     int mode;              /* PS_MODE_SYNC or PS_MODE_ASYNC */
     int max_staleness;     /* async only: -1 unbounded, k >= 0 SSP */
@@ -288,6 +303,46 @@ int ps_client_sparse_assign(ps_client *c, uint64_t key, const uint64_t *ids, siz
 /* Blocking helpers. */
 /* (A barrier is resent like any request when request_timeout_ms is set;
  * servers count a rank once per barrier and answer a resent one.) */
+/* ---- readers (PS_RANK_READER, above; a worker may call these too) ----
+ * Rows of several tables in one request: ntables tables, table t's
+ * counts[t] ids ids[t] (any, repeats too), their rows (counts[t] x dim
+ * floats, dim as registered) into rows[t].  One LOOKUP message per server
+ * partition the ids are on, whatever the number of tables.  Read-only on the
+ * servers: a row that does not exist reads as its initializer's values and
+ * is not made, and nothing is touched or counted (an LRU order, a frequency
+ * filter, the rounds).  Each partition answers with the rows as they are
+ * (sync: after the last round it finished, at most one step behind the
+ * workers' newest); req->version is the lowest version of those read.  The
+ * arrays and buffers stay valid until the request completes.  PS_ENOTFOUND
+ * (a table not registered here: ps_client_register_table gives its key and
+ * dim), PS_ETOOBIG (more ids of one partition than a message takes), and
+ * the servers' refusals. */
+int ps_client_lookup(ps_client *c, size_t ntables, const uint64_t *keys,
+                     const uint64_t *const *ids, const size_t *counts, float *const *rows,
+                     ps_request *req);
+
+/* Export (docs/OPERATIONS.md "Export and serve"): a snapshot of every dense
+ * tensor and table partition of every server, written to the folder dir
+ * (it must not exist or be empty; it is written as dir.partial and renamed
+ * when whole): manifest.json, dense/KEY.weights.npy (float32, the whole
+ * tensor), tables/KEY.ids.npy (uint64, sorted) and tables/KEY.weights.npy
+ * (float32, rows x dim), with PS_EXPORT_STATE the optimizer's state arrays
+ * (KEY.stateN.npy) and a table's per-row counts (KEY.counts.npy) too.
+ * Consistency, sync: every item at one version: `version`, or with
+ * version -1 the newest any server has; nkeys keys with versions of their
+ * own (a worker's steps, ps.torch's export) override it.  An item one
+ * version behind is waited for (wait_ms; < 0: 10000), one further behind (a
+ * tensor that does not train) is taken as it is and the manifest says so,
+ * and when training went past the version asked for the snapshot is taken
+ * again (at most 20 times).  Async: each partition and chunk as it is when
+ * its server's update thread gets to it (one version per item, in the
+ * manifest).  Blocking; PS_EIO (a file: ps_client_last_error names it),
+ * PS_ESTATE, PS_ETIMEDOUT, PS_ETOOBIG (a server's --max-memory: a
+ * snapshot is a copy) and the servers' refusals. */
+#define PS_EXPORT_STATE 1
+int ps_client_export(ps_client *c, const char *dir, int flags, int64_t version,
+                     const uint64_t *keys, const int64_t *versions, size_t nkeys, int wait_ms);
+
 int ps_client_barrier(ps_client *c, int64_t id);
 int ps_client_stats(ps_client *c, int server, ps_stats *out);
 /* Ask every server to stop.  A server obeys only a peer it was told to

@@ -10,6 +10,8 @@
 
 #include <string.h>
 
+#include "ps_clones.h"
+
 static inline uint32_t bits(float x)
 {
     uint32_t u;
@@ -136,22 +138,12 @@ static inline uint16_t get16(const unsigned char *restrict s, size_t i)
     return v;
 }
 
-size_t ps_dtype_nonfinite(uint32_t dtype, const float *src, size_t n, size_t *first)
+/* Counts the values of src at or above lim in magnitude (the rare pass, for
+ * a gradient that has some). */
+static size_t count_from(const float *src, size_t n, uint32_t lim, size_t *first)
 {
-    /* the smallest magnitude that is not finite in dtype: Inf's bits for
-     * float32; for the narrow types the first value that rounds up to Inf
-     * (ties to even: the largest finite value has an odd last bit) */
-    uint32_t lim = dtype == PS_DTYPE_F16 ? 0x477ff000u : dtype == PS_DTYPE_BF16 ? 0x7f7f8000u
-                                                                                : 0x7f800000u;
-    /* whether there is any, the pass every gradient takes: lim - 1 - |x| is
-     * negative exactly for those (both are below 2^31), so the sign bit of
-     * the or of them all says (a subtract and an or per element); counting
-     * them is for the rare gradient that has some */
-    uint32_t any = 0;
-    for (size_t i = 0; i < n; i++)
-        any |= lim - 1u - (bits(src[i]) & 0x7fffffffu);
     size_t bad = 0, at = n;
-    for (size_t i = 0; (any >> 31) && i < n; i++)
+    for (size_t i = 0; i < n; i++)
         if ((bits(src[i]) & 0x7fffffffu) >= lim) {
             if (!bad)
                 at = i;
@@ -160,6 +152,56 @@ size_t ps_dtype_nonfinite(uint32_t dtype, const float *src, size_t n, size_t *fi
     if (first)
         *first = at;
     return bad;
+}
+
+/* Whether there is any, the pass every gradient takes (twice on the way
+ * from a worker to the weights: the worker's comm thread before it sends,
+ * the server before it sums): lim - 1 - |x| is negative exactly for those
+ * (both are below 2^31), so the sign bit of the or of them all says (a
+ * subtract and an or per element, 8 lanes on x86-64-v3). */
+PS_CLONES_V3 static uint32_t any_from(const float *restrict src, size_t n, uint32_t lim)
+{
+    uint32_t any = 0;
+    for (size_t i = 0; i < n; i++)
+        any |= lim - 1u - (bits(src[i]) & 0x7fffffffu);
+    return any >> 31;
+}
+
+/* any_from while copying src to dst: each value is read once. */
+PS_CLONES_V3 static uint32_t copy_any(float *restrict dst, const float *restrict src, size_t n)
+{
+    uint32_t any = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = bits(src[i]);
+        memcpy(&dst[i], &u, sizeof u);
+        any |= 0x7f800000u - 1u - (u & 0x7fffffffu);
+    }
+    return any >> 31;
+}
+
+size_t ps_dtype_copy_nonfinite(float *dst, const float *src, size_t n, size_t *first)
+{
+    if (!copy_any(dst, src, n)) {
+        if (first)
+            *first = n;
+        return 0;
+    }
+    return count_from(dst, n, 0x7f800000u, first);
+}
+
+size_t ps_dtype_nonfinite(uint32_t dtype, const float *src, size_t n, size_t *first)
+{
+    /* the smallest magnitude that is not finite in dtype: Inf's bits for
+     * float32; for the narrow types the first value that rounds up to Inf
+     * (ties to even: the largest finite value has an odd last bit) */
+    uint32_t lim = dtype == PS_DTYPE_F16 ? 0x477ff000u : dtype == PS_DTYPE_BF16 ? 0x7f7f8000u
+                                                                                : 0x7f800000u;
+    if (!any_from(src, n, lim)) {
+        if (first)
+            *first = n;
+        return 0;
+    }
+    return count_from(src, n, lim, first);
 }
 
 /* Bit 16 of the or of (|h| + 0x10000 - exp_all) over narrow values h is set

@@ -58,6 +58,13 @@ void ps_dtype_to_f32(uint32_t dtype, float *dst, const void *src, size_t n);
  * conversions, a fraction of their time. */
 size_t ps_dtype_nonfinite(uint32_t dtype, const float *src, size_t n, size_t *first);
 
+/* dst = src (n float32, no overlap) and ps_dtype_nonfinite(PS_DTYPE_F32,
+ * dst, n, first) in one pass over src: what a copy that is checked costs
+ * when src is read once (a server copying a gradient out of a worker's
+ * shared memory, where the worker could change it between two passes).
+ * The count is of the copy's values. */
+size_t ps_dtype_copy_nonfinite(float *dst, const float *src, size_t n, size_t *first);
+
 /* One element each way (what the loops above do per element). */
 uint16_t ps_f32_to_bf16(float x);
 float ps_bf16_to_f32(uint16_t h);

@@ -11,9 +11,10 @@ int ps_payload_frames(int layout)
     switch (layout) {
     case PS_PL_VALUES:
     case PS_PL_IDS:
-    case PS_PL_ROWS:
+    case PS_PL_ROWS: return 1;
     case PS_PL_BYTES: return 1;
-    case PS_PL_IDS_ROWS: return 2;
+    case PS_PL_IDS_ROWS:
+    case PS_PL_LOOKUP: return 2;
     case PS_PL_IDS_ROWS_IDS: return 3;
     default: return 0;
     }
@@ -89,6 +90,29 @@ static int check_sparse(const ps_header *h, int layout, int reply, const size_t 
     return 0;
 }
 
+/* A lookup's frames: 1 to PS_MAX_LOOKUP_TABLES tables of 16 bytes, `n` ids
+ * (whose split over the tables the receiver checks); its reply is VALUES. */
+static int check_lookup(const ps_header *h, const size_t *bytes, char *why, size_t why_len)
+{
+    if (h->count > PS_MAX_SPARSE_IDS) {
+        ps_errorf(why, why_len, "lookup request of %llu ids: at most %u per message",
+            (unsigned long long)h->count, PS_MAX_SPARSE_IDS);
+        return PS_ETOOBIG;
+    }
+    if (bytes[0] < PS_LOOKUP_ENTRY_BYTES || bytes[0] % PS_LOOKUP_ENTRY_BYTES ||
+        bytes[0] / PS_LOOKUP_ENTRY_BYTES > PS_MAX_LOOKUP_TABLES) {
+        ps_errorf(why, why_len, "lookup request: frame 1 (tables) has %zu bytes, not 1 to %d "
+            "entries of %d", bytes[0], PS_MAX_LOOKUP_TABLES, PS_LOOKUP_ENTRY_BYTES);
+        return PS_EPROTO;
+    }
+    if (bytes[1] != 8 * h->count) {
+        ps_errorf(why, why_len, "lookup request: frame 2 (ids) has %zu bytes, not %llu (n = %llu)",
+            bytes[1], 8 * (unsigned long long)h->count, (unsigned long long)h->count);
+        return PS_EPROTO;
+    }
+    return 0;
+}
+
 int ps_proto_check_frames(const ps_header *h, int nframes, const size_t *bytes, char *why,
                           size_t why_len)
 {
@@ -135,11 +159,13 @@ int ps_proto_check_frames(const ps_header *h, int nframes, const size_t *bytes, 
     }
     if (!want)
         return 0;
+    if (layout == PS_PL_LOOKUP)
+        return check_lookup(h, bytes, why, why_len);
     if (layout == PS_PL_BYTES) {
-        if (h->count == 0 || h->count > PS_MAX_PAYLOAD_BYTES || bytes[0] != h->count) {
-            ps_errorf(why, why_len, "%s %s: a frame of %zu bytes, n = %llu (1 .. %llu)",
-                ps_msg_type_name(h->type), reply ? "reply" : "request", bytes[0],
-                (unsigned long long)h->count, (unsigned long long)PS_MAX_PAYLOAD_BYTES);
+        if (h->count > PS_SNAP_PAGE_BYTES || bytes[0] != h->count) {
+            ps_errorf(why, why_len, "%s: a page of %zu bytes, `n` says %llu (at most %u)",
+                ps_msg_type_name(h->type), bytes[0], (unsigned long long)h->count,
+                PS_SNAP_PAGE_BYTES);
             return PS_EPROTO;
         }
         return 0;

@@ -45,6 +45,7 @@ static const char *frames_doc(int layout)
     case PS_PL_ROWS: return "rows";
     case PS_PL_IDS_ROWS: return "ids, rows";
     case PS_PL_IDS_ROWS_IDS: return "ids, rows, ids";
+    case PS_PL_LOOKUP: return "tables, ids";
     case PS_PL_BYTES: return "bytes";
     default: return "values";
     }
@@ -55,7 +56,7 @@ static const char *frames_doc(int layout)
 static void payload_doc(ps_strbuf *out, const ps_msg_info *m)
 {
     int rq = m->req_payload, rp = m->rep_payload;
-    if (rq > PS_PL_VALUES || rp > PS_PL_VALUES) {
+    if (rq > PS_PL_VALUES || rp > PS_PL_VALUES) { /* "values" where one is VALUES */
         if (rq)
             ps_strbuf_addf(out, "request: %s", frames_doc(rq));
         if (rp)

@@ -42,9 +42,9 @@
     X(PUSH, 3, "push", WORKER, PS_HK(K) | PS_HK(C), 0, 1, 0, 1, PUSH_STEP, CHUNK_VERSION, data, \
       "a gradient of the chunk (the payload; `m` > 1: a sum of that many)",                      \
       "acknowledged")                                                                            \
-    X(PULL, 4, "pull", WORKER, PS_HK(K) | PS_HK(C), 0, 0, 1, 1, WANT_VERSION, CHUNK_VERSION,    \
+    X(PULL, 4, "pull", LIVE, PS_HK(K) | PS_HK(C), 0, 0, 1, 1, WANT_VERSION, CHUNK_VERSION,      \
       data,                                                                                      \
-      "the chunk's weights",                                                                     \
+      "the chunk's weights (rank -1, a reader: any version, `s` 0)",                             \
       "the weights (the payload)")                                                               \
     X(PUSHPULL, 5, "pushpull", WORKER, PS_HK(K) | PS_HK(C), 0, 1, 1, 1, PUSH_STEP,              \
       CHUNK_VERSION, data,                                                                       \
@@ -114,41 +114,59 @@
       "this worker is done (join): rounds and barriers stop waiting for it; its pulls are "      \
       "still answered",                                                                          \
       "acknowledged")                                                                            \
-    X(SASSIGN, 23, "sassign", WORKER, PS_HK(K) | PS_HK(C) | PS_HK(DIM), 0, PS_PL_IDS_ROWS, 0, 1,  \
+    X(SASSIGN, 23, "sassign", WORKER, PS_HK(K) | PS_HK(C) | PS_HK(DIM), 0, PS_PL_IDS_ROWS, 0, 1, \
       NONE, CHUNK_VERSION, sparse,                                                               \
       "set the rows of table `k`, partition `c`: ids (`n`, frame 1), rows (frame 2, float32): "  \
-      "those missing are made (charged to --max-memory and the worker's share), their "     \
+      "those missing are made (charged to --max-memory and the worker's share), their "          \
       "optimizer state zeroed",                                                                  \
       "acknowledged")                                                                            \
-    X(REPL_HELLO, 24, "replhello", PEER, PS_HK(H) | PS_HK(EP) | PS_HK(MB), PS_HK(EP), 0, 0, 0,  \
+    X(LOOKUP, 24, "lookup", LIVE, PS_HK(C), 0, PS_PL_LOOKUP, PS_PL_VALUES, 0, NONE,              \
+      CHUNK_VERSION, lookup,                                                                     \
+      "read rows of several tables in partition `c` (a reader): frame 1 the tables, 16 bytes "   \
+      "each (u64 key, u32 ids, u32 dim), frame 2 their `n` ids, table after table; no row is "   \
+      "made, touched or counted",                                                                \
+      "the rows in the request's order, float32 (`n` = their floats); `s` the lowest version "   \
+      "of the partitions read")                                                                  \
+    X(SNAPSHOT, 25, "snapshot", LIVE, 0, 0, PS_PL_BYTES, 0, 0, WANT_VERSION, CHUNK_VERSION,      \
+      snapshot,                                                                                  \
+      "copy every chunk and table partition of this server for this connection to read (an "     \
+      "export): sync, each at version `s` (one behind waits up to `tot` ms for it; `s` -1: each " \
+      "as it is now); frame 1 (`n` bytes, may be empty): keys with versions of their own, 16 "    \
+      "bytes each (u64 key, i64 version)",                                                       \
+      "the copy is taken: `n` items, versions `s` (lowest) to `tot` (highest)")                  \
+    X(SNAPREAD, 26, "snapread", LIVE, PS_HK(K) | PS_HK(C), 0, 0, PS_PL_BYTES, 0, NONE, NONE,     \
+      snapread,                                                                                  \
+      "page `c` of item `k` of this connection's snapshot (pages of 16 MiB)",                   \
+      "the page's `n` bytes; `tot` the item's bytes (\"Export and readers\" below)")  \
+    X(REPL_HELLO, 27, "replhello", PEER, PS_HK(H) | PS_HK(EP) | PS_HK(MB), PS_HK(EP), 0, 0, 0,  \
       NONE, NONE, repl,                                                                          \
       "a shard group's primary (member `mb`, epoch `ep`, its config in `h`) to a member: from "  \
       "now on the messages flagged `f` & 4 on this connection are the group's stream, its "      \
       "numbers from `rs` + 1 on",                                                                \
       "taken (`ep`: the epoch the member is at now); `PS_ESTALE` when etcd names another "       \
       "primary or a later epoch")                                                                \
-    X(REPL_LIVE, 25, "repllive", PEER, PS_HK(K) | PS_HK(C) | PS_HK(EP), 0, 0, 0, 0, PUSH_STEP,  \
+    X(REPL_LIVE, 28, "repllive", PEER, PS_HK(K) | PS_HK(C) | PS_HK(EP), 0, 0, 0, 0, PUSH_STEP,  \
       NONE,                                                                                      \
       repl,                                                                                      \
       "the primary's stream: worker `k` is lost (`c` = 0), back (1) or left (2) the live sets, " \
       "or (3) a member from step `s` on",                                                        \
       "acknowledged")                                                                            \
-    X(REPL_JOIN, 26, "repljoin", PEER, PS_HK(H) | PS_HK(EP) | PS_HK(MB) | PS_HK(K) | PS_HK(C), 0, \
+    X(REPL_JOIN, 29, "repljoin", PEER, PS_HK(H) | PS_HK(EP) | PS_HK(MB) | PS_HK(K) | PS_HK(C), 0, \
       0, 0, 0, NONE, NONE, repl,                                                                 \
       "a replacement server (member `mb`, incarnation `k`, its config in `h`) to the primary: "  \
       "`c` = 0 send me the group's state (a snapshot, then the stream); 1 I loaded it, add me",  \
       "acknowledged (`c` = 0: the snapshot is on its way)")                                      \
-    X(REPL_SNAP, 27, "replsnap", PEER, PS_HK(K) | PS_HK(C) | PS_HK(EP) | PS_HK(TOT) | PS_HK(RS),  \
+    X(REPL_SNAP, 30, "replsnap", PEER, PS_HK(K) | PS_HK(C) | PS_HK(EP) | PS_HK(TOT) | PS_HK(RS),  \
       0, PS_PL_BYTES, 0, 0, NONE, NONE, repl,                                                    \
       "the primary's stream to a replacement: bytes [`k`, `k` + `n`) of update thread `c`'s "    \
       "part of the snapshot (`tot` bytes: u64 length of the chunk records, the chunk records, "  \
       "the table partition records), with the stream in it up to its message `rs`",            \
       "acknowledged")                                                                            \
-    X(JOIN, 28, "join", WORKER, 0, 0, 0, 0, 0, PUSH_STEP, NONE, join,                            \
+    X(JOIN, 31, "join", WORKER, 0, 0, 0, 0, 0, PUSH_STEP, NONE, join,                            \
       "an elastic job's new member (after its hello): its gradients count from step `s` on, "    \
       "on every chunk and partition; the rounds before it go on without it",                    \
       "acknowledged")                                                                            \
-    X(MEMBERS, 29, "members", WORKER, 0, 0, 0, 0, 0, NONE, MEMBERS, members,                     \
+    X(MEMBERS, 32, "members", WORKER, 0, 0, 0, 0, 0, NONE, MEMBERS, members,                     \
       "the workers that are members now (sent to server 0)",                                     \
       "`k` members, this worker the (`c` - 1)-th of them in rank order (`c` = 0: not one); "    \
       "`s` counts the changes so far (an elastic job's; a fixed job: every rank, version 0)")
@@ -180,7 +198,8 @@ enum ps_payload {
     PS_PL_ROWS = 3,         /* one frame: `n` rows */
     PS_PL_IDS_ROWS = 4,     /* `n` ids, then their `n` rows */
     PS_PL_IDS_ROWS_IDS = 5, /* `n` ids, their `n` rows, then `np` ids */
-    PS_PL_BYTES = 6         /* one frame: `n` bytes (a snapshot's, server to server) */
+    PS_PL_LOOKUP = 6,       /* a lookup's tables (16 bytes each), then its `n` ids */
+    PS_PL_BYTES = 7         /* one frame of `n` bytes (a snapshot's page; a replica's part) */
 };
 
 /* Who may send a request of a type (the table's `from`). */
@@ -188,7 +207,8 @@ enum ps_msg_from {
     PS_FROM_NOBODY = 0, /* a reply only: a request of this type is refused */
     PS_FROM_ANY,        /* a worker rank or rank -1 (a tool), before hello too: hello itself */
     PS_FROM_LIVE,       /* rank -1, or a worker rank this server counts as live (it said
-                           hello and was not dropped) */
+                           hello and was not dropped); under CURVE a reader key may send
+                           these (and hello) as rank -1, nothing else */
     PS_FROM_WORKER,     /* a live worker rank only */
     PS_FROM_ADMIN,      /* as LIVE, and only with authority (server/admin.h) */
     PS_FROM_PEER        /* another server of the shard group, rank -1 (server/repl.h

@@ -29,7 +29,8 @@
 /* The message types: proto/ps_msg_table.h has a row for each (PS_MSG_HELLO = 1,
  * INIT, PUSH, PULL, PUSHPULL, BARRIER, STATS, SHUTDOWN, ERROR, HEARTBEAT = 10,
  * the tables': TABLE, SPULL, SPUSH, SPUSHPULL = 14, then ps.torch's: HYPER
- * .. LEAVE = 22). */
+ * .. LEAVE = 22, the tables' SASSIGN = 23, then readers' and exports': LOOKUP,
+ * SNAPSHOT, SNAPREAD = 26). */
 enum ps_msg_type {
 #define PS_MSG_ENUM_(NAME, t, ...) PS_MSG_##NAME = t,
     PS_MSG_TABLE(PS_MSG_ENUM_)

@@ -955,7 +955,9 @@ int ps_ckpt_coord_create(const ps_server_config *cfg, ps_ckpt_coord **out, char 
     c->pol.report_progress = c->pol.on && sync && c->every > 0;
     c->pol.ack_bound = c->pol.on && !sync && c->every > 0;
     if (c->dir) {
-        int rc = try_write(c->dir, c->rank, why, why_len);
+        /* a directory only read (--restore without checkpoints, an offline
+         * export) need not be writable */
+        int rc = c->pol.on ? try_write(c->dir, c->rank, why, why_len) : 0;
         if (rc) {
             ps_ckpt_coord_destroy(c);
             return rc;

@@ -30,8 +30,9 @@
 #include "server_internal.h"
 #include "zmsg.h"
 
-/* The bytes of a REPL_SNAP piece. */
-#define SNAP_PIECE (16u << 20)
+/* The bytes of a REPL_SNAP piece: a page, as an export's (the frame check's
+ * limit for PS_PL_BYTES) */
+#define SNAP_PIECE PS_SNAP_PAGE_BYTES
 /* A replacement that sees no progress (no hello, stream, piece) this long
  * after it asked, or after the last one, gives up. */
 #define JOIN_STALL_MS 60000

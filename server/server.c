@@ -13,6 +13,7 @@
 
 #include "barrier.h"
 #include "ckpt_coord.h"
+#include "export.h"
 #include "hs_monitor.h"
 #include "outbox.h"
 #include "ps_curve.h"
@@ -216,10 +217,12 @@ static void io_read_pair(ps_server *s, int i)
             ps_stats_frame of;
             ps_ckpt_frame cf;
             ps_progress_frame pf;
+            ps_snap_frame sf;
         } u;
         memset(&u, 0, sizeof u);
         size_t want = t == PS_OUT_CKPT       ? sizeof u.cf
                       : t == PS_OUT_PROGRESS ? sizeof u.pf
+                      : t == PS_OUT_SNAP     ? sizeof u.sf
                                              : sizeof u.of;
         int got = 0;
         while (more) {
@@ -241,6 +244,9 @@ static void io_read_pair(ps_server *s, int i)
             if (got)
                 send_released(s, ps_ckpt_coord_part(s->ck, i, &u.cf, s->model_fp,
                                                   ps_workers_hello_flags(s->workers)));
+        } else if (t == PS_OUT_SNAP) {
+            if (got)
+                srv_export_part(s, i, &u.sf);
         } else if (t == PS_OUT_PROGRESS) {
             ps_ckpt_coord_progress(s->ck, i, u.pf.min_version, u.pf.have);
         } else if (t == PS_OUT_STATS) {
@@ -472,7 +478,9 @@ int ps_server_run(ps_server *s)
     long tick = s->cfg.worker_timeout_ms > 0 || ck_on ? 100 : 1000;
     int rc = 0;
     while (!s->stopping) {
-        int r = io_pump(s, PUMP_ROUTER | PUMP_STOP | PUMP_WRITER, tick);
+        /* an export's wait is timed too */
+        int r = io_pump(s, PUMP_ROUTER | PUMP_STOP | PUMP_WRITER,
+                        ps_export_busy(s->exp) && tick > 100 ? 100 : tick);
         if (r == PUMP_EINTR)
             continue;
         if (r == PUMP_STOP_ASKED) {
@@ -489,6 +497,7 @@ int ps_server_run(ps_server *s)
         srv_check_workers(s, now);
         ps_peers_sweep(s->peers, now);
         ck_maybe(s, now);
+        srv_export_tick(s, now);
         ps_rlimit_flush(&s->rl, now, 0);
         if (s->met)
             publish_io(s);

@@ -197,6 +197,9 @@
 /* --shm: the same-host data plane (docs/PROTOCOL.md "Same host"). */
 enum { PS_SHM_OFF = 0, PS_SHM_AUTO = 1 };
 
+/* --import-state: the imported rows' optimizer state and the tables' steps. */
+enum { PS_IMPORT_KEEP = 0, PS_IMPORT_RESET = 1 };
+
 /* What to do about a worker silent for worker_timeout_ms. */
 enum { PS_LOSS_WAIT = 0, PS_LOSS_DROP = 1 };
 
@@ -261,6 +264,8 @@ typedef struct ps_server_config {
                                    are refused (server/peers.h); default 10000 */
     uint64_t max_peer_bytes;    /* their bytes; 0 (default): the larger of 64 MiB and twice
                                    the server's chunk memory */
+    const char *import_dir;     /* start with the tables of this export (server/import.h) */
+    int import_state;           /* PS_IMPORT_KEEP (default) or PS_IMPORT_RESET */
     const char *admin_token_file; /* a SHUTDOWN message carrying this file's token may
                                      stop the server (server/admin.h); NULL: only
                                      signals (and, with curve_dir, admin keys) */

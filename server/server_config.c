@@ -104,6 +104,11 @@ int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
     if ((c->checkpoint_every || c->checkpoint_every_ms || c->restore) &&
         (!c->checkpoint_dir || !*c->checkpoint_dir))
         BAD("checkpoint-every and restore need a checkpoint directory (--checkpoint-dir)");
+    if (c->import_dir && c->restore)
+        BAD("import and restore together: a restarted server restores its checkpoint (drop "
+            "--import), a new job starts from the export (drop --restore)");
+    if (c->import_state != PS_IMPORT_KEEP && c->import_state != PS_IMPORT_RESET)
+        BAD("import-state must be keep or reset");
     if (c->worker_timeout_ms < 0)
         BAD("worker-timeout must be >= 0, got %d ms", c->worker_timeout_ms);
     if (c->on_worker_loss != PS_LOSS_WAIT && c->on_worker_loss != PS_LOSS_DROP)

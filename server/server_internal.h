@@ -106,6 +106,8 @@ struct ps_server {
     size_t ntables, cap_tables;
     ps_srv_metrics *met;     /* --metrics-port (server_metrics.h); NULL: off */
     ps_repl *repl;           /* --group: replicas and failover (repl.h); NULL: off */
+    /* exports: the snapshot session (export.h) */
+    struct ps_export *exp;
 };
 
 /* ---- server_io.c ---- */
@@ -148,6 +150,12 @@ void srv_set_stopping(ps_server *s);
 
 /* ---- server_msg.c ---- */
 
+/* An ERROR reply to req (code, why), counted; srv_refuse also logs it
+ * (rate-limited). */
+void srv_refuse(ps_server *s, zmq_msg_t *id, const ps_header *req, int code, const char *why);
+void srv_refuse_quiet(ps_server *s, zmq_msg_t *id, const ps_header *req, int code,
+                      const char *why);
+
 /* Apply --on-worker-loss to every worker silent for longer than the timeout. */
 void srv_check_workers(ps_server *s, int64_t now);
 /* Where the collectives (collective.h) send their answers. */
@@ -182,5 +190,16 @@ void srv_read_monitor(ps_server *s);
 void srv_stop_threads(ps_server *s);
 /* What waits for a barrier or for counters gets PS_ECLOSED. */
 void srv_close_waiters(ps_server *s);
+
+/* ---- server_export.c: readers and exports ---- */
+
+/* LOOKUP, SNAPSHOT, SNAPREAD (their rows of proto/ps_msg_table.h). */
+void srv_on_lookup(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h);
+void srv_on_snapshot(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h);
+void srv_on_snapread(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h);
+/* Update thread i's PS_OUT_SNAP. */
+void srv_export_part(ps_server *s, int i, ps_snap_frame *sf);
+/* Every pump round: an export's wait that ran out. */
+void srv_export_tick(ps_server *s, int64_t now);
 
 #endif

@@ -76,6 +76,17 @@ static void io_error(ps_server *s, zmq_msg_t *id, const ps_header *req, int code
     io_error_quiet(s, id, req, code, why);
 }
 
+void srv_refuse(ps_server *s, zmq_msg_t *id, const ps_header *req, int code, const char *why)
+{
+    io_error(s, id, req, code, why);
+}
+
+void srv_refuse_quiet(ps_server *s, zmq_msg_t *id, const ps_header *req, int code,
+                      const char *why)
+{
+    io_error_quiet(s, id, req, code, why);
+}
+
 /* The reply that says only "done": its type, the request's q, r, k, c. */
 static void io_ack(ps_server *s, zmq_msg_t *id, const ps_header *req)
 {
@@ -159,8 +170,15 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     char why[256], who[32];
     snprintf(who, sizeof who, h->rank >= 0 ? "worker %d" : "rank %d", h->rank);
     ps_hello theirs = h->hello;
-    if (h->rank < 0) /* a tool moves no payloads: its wire dtype does not matter */
-        theirs.wire_dtype = mine.wire_dtype;
+    if (h->rank < 0) {
+        /* a tool or reader joins no round and moves no payload it pushes:
+         * it takes this server's settings (its server list must be this
+         * job's, and a model or tables it gives must be the servers') */
+        uint32_t ns = theirs.num_servers;
+        for (int i = 0; i < ps_hello_nagreed(); i++)
+            ps_hello_set(&theirs, i, ps_hello_get(&mine, i));
+        theirs.num_servers = ns;
+    }
     int rc = ps_hello_compare(&mine, "server", &theirs, who, 1, why, sizeof why);
     if (rc == 0 && h->hello.server_rank >= 0 && h->hello.server_rank != s->cfg.rank) {
         ps_errorf(why, sizeof why,
@@ -744,6 +762,22 @@ static void io_on_none(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     io_error(s, &f[0], h, PS_EPROTO, "this server has no handler for this message type");
 }
 
+/* Readers and exports (server_export.c). */
+static void io_on_lookup(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    srv_on_lookup(s, f, nf, h);
+}
+
+static void io_on_snapshot(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    srv_on_snapshot(s, f, nf, h);
+}
+
+static void io_on_snapread(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    srv_on_snapread(s, f, nf, h);
+}
+
 /* The handler of each type, from the table's handler column. */
 static const io_handler handlers[PS_MSG_TYPE_MAX + 1] = {
 #define HANDLER_(NAME, t, name, from, rq_keys, rp_keys, rq_pl, rp_pl, shm, s_rq, s_rp, handler, \
@@ -761,10 +795,27 @@ static int from_a_tool(const ps_msg_info *m)
     return m->from != PS_FROM_WORKER && m->from != PS_FROM_NOBODY && m->from != PS_FROM_PEER;
 }
 
+/* The types a reader key may send (as rank -1): hello and rank -1's. */
+static int from_a_reader(const ps_msg_info *m)
+{
+    return m->from == PS_FROM_ANY || m->from == PS_FROM_LIVE;
+}
+
 /* May h's sender send it, by its type's `from`?  0, or a refusal sent. */
 static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const ps_msg_info *m)
 {
     char why[256];
+    /* under CURVE a reader key (DIR/reader/NAME.pub) reads, nothing else */
+    const char *user = s->auth ? zmq_msg_gets(&f[1], "User-Id") : NULL;
+    if (user && !strncmp(user, PS_CURVE_READER_PREFIX, strlen(PS_CURVE_READER_PREFIX)) &&
+        (h->rank >= 0 || !from_a_reader(m))) {
+        char list[160];
+        ps_errorf(why, sizeof why, "%s is a reader key: it may send only %s, as rank -1 (not a "
+            "%s%s)", user, ps_msg_names(list, sizeof list, from_a_reader), m->name,
+            h->rank >= 0 ? " under a worker rank" : "");
+        io_error(s, &f[0], h, PS_EAUTH, why);
+        return -1;
+    }
     if (m->from == PS_FROM_ANY) /* hello: it checks the rank itself, after the config */
         return 0;
     if (m->from == PS_FROM_PEER && h->rank == -1) {

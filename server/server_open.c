@@ -13,7 +13,9 @@
 
 #include "barrier.h"
 #include "ckpt_coord.h"
+#include "export.h"
 #include "hs_monitor.h"
+#include "import.h"
 #include "outbox.h"
 #include "ps_curve.h"
 #include "ps_error.h"
@@ -57,6 +59,7 @@ void ps_server_close(ps_server *s)
     free(s->left);
     ps_stats_reqs_destroy(s->stats);
     ps_ckpt_coord_destroy(s->ck);
+    ps_export_destroy(s->exp); /* a page still sent holds its item */
     for (int i = 0; i < s->cfg.threads && s->own; i++)
         ps_outbox_clear(&s->own[i].out);
     for (int i = 0; i < s->cfg.threads && s->own; i++)
@@ -129,6 +132,29 @@ static int restore(ps_server *s, char *why, size_t why_len)
     if (!rc)
         rc = ps_workers_restore(s->workers, hello, ps_now_ns());
     free(hello);
+    return rc;
+}
+
+/* --import: the export's tables into the partitions (threads not started
+ * yet); a worker's tables must be the export's. */
+static int import(ps_server *s, char *why, size_t why_len)
+{
+    ps_tparts *tparts[PS_SERVER_MAX_THREADS];
+    for (int i = 0; i < s->cfg.threads; i++)
+        tparts[i] = ps_updater_tparts(s->own[i].upd);
+    ps_tparts_config tc = srv_tparts_config(s);
+    ps_ckpt_restore_to to = {NULL, tparts, s->cfg.threads, &tc, restored_table, s};
+    uint64_t rows;
+    int rc = ps_import_tables(s->cfg.import_dir, s->cfg.rank, s->cfg.num_servers,
+                              s->cfg.num_workers, s->cfg.import_state, &to, &rows, why, why_len);
+    for (size_t k = 0; !rc && k < s->ntables; k++) { /* the export's names, for the logs */
+        srv_table *t = &s->tables[k];
+        const char *name = ps_tparts_name(tparts[0], t->key);
+        if (name && !t->name[0])
+            snprintf(t->name, sizeof t->name, "%s", name);
+    }
+    if (!rc)
+        s->tables_fp = srv_tables_fp(s);
     return rc;
 }
 
@@ -331,7 +357,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
         !(s->worker_mem = calloc((size_t)c->num_workers, sizeof *s->worker_mem)) ||
         ps_peers_create(c->max_peer_replies, c->max_peer_bytes, &s->mem_used, &s->copies,
                         &s->peers) != 0 ||
-        ps_stats_reqs_create(T, to, &s->stats) != 0 ||
+        ps_stats_reqs_create(T, to, &s->stats) != 0 || ps_export_create(T, &s->exp) != 0 ||
         ps_shm_parse_users(c->shm_users, users, &nusers, NULL, 0) != 0 ||
         ps_shm_table_create(c->num_workers, c->shm == PS_SHM_AUTO, users, nusers, &s->shm) != 0) {
         ps_errorf(why, why_len, "out of memory or descriptors starting the server");
@@ -353,14 +379,17 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     }
     if (s->met)
         ps_info("metrics: %s", ps_srv_metrics_url(s->met));
-    /* a member of a group restores once it knows its role: one that joins
+    /* a member of a group restores (or imports) once it knows its role: one that joins
      * takes the primary's state instead of its own checkpoint's (repl.c) */
     if ((rc = open_timeline(s, why, why_len)) != 0 || (rc = open_owners(s, why, why_len)) != 0 ||
         (c->restore && !s->group && (rc = restore(s, why, why_len)) != 0) ||
+        (c->import_dir && !s->group && (rc = import(s, why, why_len)) != 0) ||
         (rc = open_router(s, why, why_len)) != 0 ||
         (s->group && (rc = ps_repl_open(s, &s->repl, why, why_len)) != 0) ||
         (c->restore && s->group && ps_repl_role(s->repl) != PS_REPL_JOINING &&
-         (rc = restore(s, why, why_len)) != 0)) {
+         (rc = restore(s, why, why_len)) != 0) ||
+        (c->import_dir && s->group && ps_repl_role(s->repl) != PS_REPL_JOINING &&
+         (rc = import(s, why, why_len)) != 0)) {
         ps_server_close(s);
         return rc;
     }

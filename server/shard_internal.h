@@ -48,6 +48,7 @@ typedef struct chunk {
     float *sum;        /* sync: rank-order sum of the open round */
     int next_rank;     /* sync: ranks below it are in sum or were skipped (not live) */
     int ncontrib;      /* sync: gradients in sum */
+    int divided;       /* sync: sum already holds their mean (the last one divided) */
     int nskipped;      /* sync: pushes of the round that carried no gradient (skipped) */
     int ff_ok;         /* sync, restored: may fast-forward until its first round */
     int64_t *clock;    /* per worker: pushes received (step + 1 of the last one) */

@@ -685,7 +685,7 @@ int ps_table_restore_row(ps_table *t, const ps_table_row_view *v, char *why, siz
                 return rc;
             p = tbl_find(&t->r, v->id, &found);
         }
-        p = table_create_row(t, v->id, p);
+        p = tbl_create_row(&t->r, v->id, p); /* no initializer: every float is v's, below */
     }
     uint32_t s = tbl_slot_at(&t->r, p);
     size_t d = t->cfg.dim;

@@ -701,7 +701,7 @@ int ps_tparts_view(const ps_tparts *t, size_t i, ps_tpart_view *v)
         return 0;
     const tpart *p = t->parts[i];
     *v = (ps_tpart_view){p->key, (uint32_t)t->cfg.part, &p->decl, ps_table_version(p->store),
-                         p->clock, p->store};
+                         p->clock, p->store, p->name};
     return 1;
 }
 

@@ -199,6 +199,7 @@ typedef struct ps_tpart_view {
     int64_t version;
     const int64_t *clock;   /* num_workers entries */
     ps_table *store;        /* read it with table.h's foreach, deleted, filter */
+    const char *name;       /* the table's name (ps_tparts_set_name), "" none */
 } ps_tpart_view;
 
 /* The number of partitions (tables) here, and partition i (in declaration

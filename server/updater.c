@@ -22,6 +22,7 @@
 #include "repl.h"
 #include "server_metrics.h"
 #include "updater_reply.h"
+#include "updater_export.h"
 #include "updater_tables.h"
 #include "zmsg.h"
 
@@ -442,6 +443,9 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, uint64_
     case PS_MSG_CLOCK:
         upd_torch(u, r, h, pl);
         break;
+    case PS_MSG_LOOKUP:
+        upd_lookup(u, r, h, pl);
+        break;
     default:
         upd_error(u, r, PS_EPROTO, "internal: request type not handled by update threads");
         break;
@@ -637,7 +641,7 @@ static void *upd_main(void *arg)
             } else if (cf.cmd == PS_CMD_STOP) {
                 stop = 1;
             } else if (cf.cmd == PS_CMD_CKPT && cf.snap_quiet && !upd_quiet(u)) {
-                u->snap_token = cf.ckpt_seq; /* taken once no sync round holds a push */
+                u->quiet_ckpt = cf.ckpt_seq; /* taken once no sync round holds a push */
             } else if (cf.cmd == PS_CMD_CKPT) {
                 upd_checkpoint(u, cf.ckpt_seq, cf.ckpt_full);
             } else if (cf.cmd == PS_CMD_LOAD) {
@@ -657,11 +661,17 @@ static void *upd_main(void *arg)
                     ps_tparts_set_opt(u->tparts, cf.h.key, cf.h.push_step, &cf.h.hello.opt);
                 else
                     ps_shard_set_opt(u->shard, cf.h.push_step, &cf.h.hello.opt);
+            } else if (cf.cmd == PS_CMD_SNAP) {
+                upd_snap_start(u, &cf);
+            } else if (cf.cmd == PS_CMD_SNAP_FLUSH) {
+                upd_snap_poll(u, 1);
             }
-            if (u->snap_token && upd_quiet(u)) {
-                upd_checkpoint(u, u->snap_token, 1);
-                u->snap_token = 0;
+            if (u->quiet_ckpt && upd_quiet(u)) {
+                upd_checkpoint(u, u->quiet_ckpt, 1);
+                u->quiet_ckpt = 0;
             }
+            if (u->snap && !stop) /* an export waits for items to reach its version */
+                upd_snap_poll(u, 0);
             if (u->cfg.report_progress && !stop)
                 upd_progress(u);
             if (u->cfg.mblock) { /* busy: a scrape's figures are at most 1 ms old */
@@ -695,6 +705,7 @@ static void *upd_main(void *arg)
                  (unsigned long long)copies);
     /* answers queued pulls with PS_ECLOSED, frees kept gradients; a weight
      * buffer a reply in flight still holds is freed when ZeroMQ releases it */
+    upd_snap_drop(u);
     u->destroying = 1;
     ps_shard_destroy(u->shard);
     u->shard = NULL;

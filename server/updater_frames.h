@@ -32,6 +32,11 @@
  *                         thread's part of the primary's snapshot, in cmd.load_block,
  *                         which it frees);
  *                         answer PS_OUT_LOADED
+ *   PS_CMD_SNAP   [cmd]   an export's snapshot (server/snapshot.h): at version
+ *                         cmd.h.want_version (< 0: as it is), cmd.snap_targets per key
+ *                         (the I/O thread's, read now); answer PS_OUT_SNAP with
+ *                         cmd.snap_token once every item is taken
+ *   PS_CMD_SNAP_FLUSH [cmd] the snapshot's wait ran out: take what still waits, as it is
  *
  * owner -> I/O thread: the first frame is a tag, one byte (PS_OUT_HELD,
  * PS_OUT_INIT, PS_OUT_ACK: the byte and an int64, native byte order).  A
@@ -58,7 +63,8 @@
  *                   where no sync round is open when cmd.snap_quiet)
  *   PS_OUT_LOADED   [tag] [int rc]              PS_CMD_LOAD is done
  *   PS_OUT_PROGRESS [tag] [ps_progress_frame]   the owner's lowest chunk version moved
- *                   (only with ps_updater_config.report_progress) */
+ *                   (only with ps_updater_config.report_progress)
+ *   PS_OUT_SNAP     [tag] [ps_snap_frame]       the items PS_CMD_SNAP asked for */
 #ifndef PS_UPDATER_FRAMES_H
 #define PS_UPDATER_FRAMES_H
 
@@ -67,6 +73,7 @@
 #include "checkpoint.h"
 #include "ps_proto.h"
 #include "shm_peer.h"
+#include "snapshot.h"
 #include "table.h"
 
 enum {
@@ -78,7 +85,9 @@ enum {
     PS_CMD_TABLE = 6,
     PS_CMD_OPT = 7,
     PS_CMD_LOAD = 8,
-    PS_CMD_JOIN = 9
+    PS_CMD_SNAP = 9,
+    PS_CMD_SNAP_FLUSH = 10,
+    PS_CMD_JOIN = 11
 };
 
 /* Frames a PAIR message of PS_CMD_REQ carries after its command: the
@@ -94,7 +103,8 @@ enum {
     PS_OUT_STOPPED = 'X',
     PS_OUT_CKPT = 'C',
     PS_OUT_PROGRESS = 'P',
-    PS_OUT_LOADED = 'L'
+    PS_OUT_LOADED = 'L',
+    PS_OUT_SNAP = 'N'
 };
 
 /* Each command reads its own fields; the others are 0. */
@@ -123,6 +133,9 @@ typedef struct ps_cmd_frame {
                              sync round of this thread holds a push */
     void *load_block;     /* LOAD: malloc'd (the receiver frees it), holding the chunk */
     size_t chunks_at, chunks_len, parts_at, parts_len; /* records and the partitions' */
+    uint64_t snap_token;  /* SNAP: the snapshot the items answer */
+    const ps_snap_target *snap_targets; /* SNAP: per-key versions (the I/O thread's) */
+    size_t snap_ntargets;
 } ps_cmd_frame;
 
 /* One table's partition at the end (PS_OUT_STOPPED). */
@@ -143,6 +156,14 @@ typedef struct ps_ckpt_frame {
     int rc;            /* 0, or PS_ENOMEM: part is empty */
     ps_ckpt_part part; /* part.buf now belongs to the I/O thread */
 } ps_ckpt_frame;
+
+typedef struct ps_snap_frame {
+    uint64_t token;      /* PS_CMD_SNAP's */
+    int rc;              /* 0, or why the thread's part failed */
+    char why[256];
+    ps_snap_buf **items; /* rc 0: n item streams, each a reference; the I/O thread's now */
+    size_t n;
+} ps_snap_frame;
 
 typedef struct ps_progress_frame {
     int64_t min_version; /* ps_shard_min_version */

@@ -302,11 +302,11 @@ int upd_take_from_arena(ps_updater *u, const upd_push_id *p, const float **g, si
         ps_errorf(why, why_len, "out of memory copying a kept push of %zu values", n);
         return PS_ENOMEM;
     }
-    memcpy(c, *g, n * sizeof(float));
+    /* one read of the worker's memory: what is checked is what is summed */
+    size_t first = 0, bad = ps_dtype_copy_nonfinite(c, *g, n, &first);
     free(*copy);
     *copy = c;
     *g = c;
-    size_t first = 0, bad = ps_dtype_nonfinite(PS_DTYPE_F32, c, n, &first);
     if (!bad)
         return 0;
     ps_header h;

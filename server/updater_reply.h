@@ -71,7 +71,9 @@ struct ps_updater {
     int *mslot;            /* metrics: table partition i's slot in the block */
     size_t nmslot;
     uint64_t last_rseq;    /* the last stream message (cmd.rseq) handed to this thread */
-    uint64_t snap_token;   /* a replacement's snapshot waiting for a quiet point (0: none) */
+    uint64_t quiet_ckpt;   /* a replacement's snapshot waiting for a quiet point (0: none) */
+    struct ps_snap_job *snap; /* an export's snapshot being taken (updater_export.c) */
+    uint64_t snap_token;
 };
 
 /* Replies.  upd_send sends reply h (and payload, sent, when not NULL) to

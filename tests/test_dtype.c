@@ -431,3 +431,46 @@ PS_TEST(nonfinite_counts_exactly_what_the_conversion_makes_inf_or_nan)
     float f[2];
     CHECK_EQ_INT(ps_dtype_from_f32(PS_DTYPE_F32, f, nan_inf, 2), 0); /* a copy, not looked at */
 }
+
+/* ps_dtype_copy_nonfinite: the copy is bitwise the source (NaN payloads and
+ * signs too), and the count and the first index are ps_dtype_nonfinite's,
+ * wherever the bad value sits: the first element, the vector loop's body, its
+ * tail, the last element; at every length up to 3 vectors and from an
+ * address that is not 32-byte aligned. */
+PS_TEST(copy_nonfinite_copies_bitwise_and_counts_as_nonfinite)
+{
+    enum { N = 67 };
+    static float src[N + 1], dst[N + 1];
+    const uint32_t odd[] = {0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffbfffffu, 0x7f7fffffu,
+                            0x80000001u, 0x00000000u};
+    for (int off = 0; off < 2; off++)
+        for (size_t n = 0; n <= (size_t)(N - off); n++)
+            for (size_t at = 0; at <= n; at++) /* at == n: nothing bad */
+                for (int v = 0; v < 7; v++) {
+                    float *s = src + off;
+                    for (size_t i = 0; i < n; i++)
+                        s[i] = ffrom(0x3f800000u + (uint32_t)i * 0x1234u);
+                    if (at < n)
+                        s[at] = ffrom(odd[v]);
+                    if (n > 2 && at + 2 < n) /* a second one after it */
+                        s[n - 1] = ffrom(0x7f800000u);
+                    memset(dst, 0xa5, sizeof dst);
+                    size_t f1 = 7, f2 = 9;
+                    size_t want = ps_dtype_nonfinite(PS_DTYPE_F32, s, n, &f1);
+                    size_t got = ps_dtype_copy_nonfinite(dst, s, n, &f2);
+                    CHECK_MSG(got == want && f1 == f2 && !memcmp(dst, s, n * sizeof(float)) &&
+                                  fbits(dst[n]) == 0xa5a5a5a5u,
+                              "n %zu off %d bad at %zu (%08x): counted %zu first %zu, "
+                              "ps_dtype_nonfinite %zu first %zu, or the copy differs",
+                              n, off, at, odd[v], got, f2, want, f1);
+                    if (got != want || f1 != f2)
+                        return;
+                }
+    /* what it counts: 0x7f7fffff (FLT_MAX) and the rest are finite */
+    float two[2] = {ffrom(0x7f7fffffu), NAN};
+    size_t first = 0;
+    CHECK_EQ_INT(ps_dtype_copy_nonfinite(dst, two, 1, &first), 0);
+    CHECK_EQ_INT(first, 1);
+    CHECK_EQ_INT(ps_dtype_copy_nonfinite(dst, two, 2, &first), 1);
+    CHECK_EQ_INT(first, 1);
+}

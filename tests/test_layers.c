@@ -844,7 +844,7 @@ typedef struct hook_log {
     int ncalls;
     float **alt;      /* non-NULL: before_layer swaps param->w to alt[p] */
     int fail_layer;   /* before_layer returns PS_ECLOSED at this layer */
-    int order_ok;     /* grad_ready: the layer's grads exist, lower ones do not yet */
+    int order_ok;     /* grad_ready: the layer's grads exist, higher ones do not yet */
 } hook_log;
 
 static int all_zero(const float *v, size_t n)
@@ -879,10 +879,11 @@ static int on_grad(void *ctx, int layer, int first, int count)
     }
     ps_param *P = ps_model_params(h->m);
     /* the bias gradient of this layer is complete (never all zero here), and
-     * layers below have not run yet (their grads are still the initial zeros) */
+     * the MLP's layers above have not run yet (their parameter gradients are
+     * still the initial zeros: the first layer's leaves first) */
     if (all_zero(P[first + 1].g, P[first + 1].count))
         h->order_ok = 0;
-    for (int p = 0; p < first; p++)
+    for (int p = first + count; p < ps_model_num_params(h->m); p++)
         if (!all_zero(P[p].g, P[p].count))
             h->order_ok = 0;
     return 0;
@@ -908,8 +909,9 @@ PS_TEST(model_hooks_run_in_layer_order_and_weights_swapped_in_a_hook_are_used)
     ps_model_hooks hooks = {.ctx = &h, .before_layer = on_before, .grad_ready = on_grad};
     float loss;
     int correct, bad = 0;
-    /* forward: param layers 0, 2, 4 in order; backward: 4, 2, 0 */
-    const int want[6][3] = {{0, 0, 2}, {2, 2, 2}, {4, 4, 2}, {4, 4, 2}, {2, 2, 2}, {0, 0, 2}};
+    /* forward: param layers 0, 2, 4 in order; an MLP's backward hands on its
+     * gradients in the order the next forward needs them: 0, 2, 4 */
+    const int want[6][3] = {{0, 0, 2}, {2, 2, 2}, {4, 4, 2}, {0, 0, 2}, {2, 2, 2}, {4, 4, 2}};
     bad |= ps_model_forward(m, x, y, 8, &hooks, &loss, &correct) != 0;
     bad |= ps_model_backward(m, &hooks) != 0;
     bad |= h.ncalls != 6 || !h.order_ok;
@@ -962,6 +964,68 @@ PS_TEST(model_hooks_run_in_layer_order_and_weights_swapped_in_a_hook_are_used)
     CHECK_OK(rc_nolabels);
     CHECK_EQ_INT(rc_back2, PS_ESTATE);
     CHECK_EQ_INT(rc_big, PS_EINVAL);
+}
+
+/* An MLP's backward (input gradients down the chain, then the parameter
+ * gradients first layer first) gives bitwise the gradients of the layer by
+ * layer order, last layer first, each layer's whole ps_layer_backward: the
+ * same kernels on the same values. */
+PS_TEST(mlp_backward_first_layer_first_is_bitwise_the_layer_by_layer_order)
+{
+    ps_backend *b;
+    CHECK_OK(ps_backend_cpu_create(1, &b));
+    char why[256];
+    ps_model *m;
+    enum { N = 8 };
+    int rc = ps_model_create("mlp:784-32-16-10", 1, 28, 28, 10, N, b, 5, &m, why, sizeof why);
+    if (rc) {
+        b->destroy(b);
+        CHECK_MSG(0, "%s", why);
+    }
+    ps_rng r;
+    ps_rng_seed(&r, 11);
+    static float x[N * 784];
+    int32_t y[N] = {3, 1, 4, 1, 5, 9, 2, 6};
+    fill_uniform(&r, x, N * 784, 0, 1);
+    int L = ps_model_num_layers(m), np = ps_model_num_params(m);
+    ps_param *P = ps_model_params(m);
+    /* the reference: forward and backward layer by layer on buffers of our own */
+    float *act[8] = {x}, *dact[8] = {0};
+    for (int i = 0; i < L; i++) {
+        ps_layer *l = (ps_layer *)ps_model_layer(m, i);
+        act[i + 1] = calloc((size_t)N * ps_layer_out_size(l), sizeof(float));
+        dact[i + 1] = calloc((size_t)N * ps_layer_out_size(l), sizeof(float));
+        rc |= ps_layer_forward(b, l, act[i], act[i + 1], N);
+    }
+    float loss;
+    rc |= ps_loss_softmax_xent(b, act[L], y, N, 10, dact[L], &loss, NULL);
+    for (int i = L - 1; i >= 0; i--)
+        rc |= ps_layer_backward(b, (ps_layer *)ps_model_layer(m, i), act[i], act[i + 1],
+                                dact[i + 1], i ? dact[i] : NULL, N);
+    float *want[8];
+    for (int p = 0; p < np; p++) {
+        want[p] = malloc(P[p].count * sizeof(float));
+        memcpy(want[p], P[p].g, P[p].count * sizeof(float));
+        memset(P[p].g, 0, P[p].count * sizeof(float));
+    }
+    /* the model's own pass */
+    rc |= ps_model_forward(m, x, y, N, NULL, NULL, NULL);
+    rc |= ps_model_backward(m, NULL);
+    int same = 1, nonzero = 1;
+    for (int p = 0; p < np; p++) {
+        same &= !memcmp(want[p], P[p].g, P[p].count * sizeof(float));
+        nonzero &= !all_zero(P[p].g, P[p].count);
+        free(want[p]);
+    }
+    for (int i = 0; i < L; i++) {
+        free(act[i + 1]);
+        free(dact[i + 1]);
+    }
+    ps_model_destroy(m);
+    b->destroy(b);
+    CHECK_OK(rc);
+    CHECK(nonzero);
+    CHECK_MSG(same, "the MLP's gradients differ from the layer-by-layer order's");
 }
 
 static int read_file(const char *path, unsigned char **buf, size_t *n)

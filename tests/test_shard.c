@@ -6,6 +6,7 @@
  * memory bound, and the pinned weight buffers that pull replies send without
  * a copy.  Values are compared bit for bit: the arithmetic is the shard's
  * own float formula. */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -128,6 +129,78 @@ PS_TEST(shard_round_skips_a_dropped_lowest_rank_and_takes_it_back)
     CHECK(memcmp(pw, w, sizeof w) == 0);
     ps_shard_destroy(s);
     CHECK_EQ_INT(log.released, 4); /* every kept gradient given back */
+}
+
+/* The round's sum and mean over a chunk long enough for the vector passes
+ * (and a tail): bit for bit the scalar formula, whether the last gradient
+ * of the round divides as it is added (every rank after it out) or the
+ * round ends on a skipped rank and divides in a pass of its own. */
+PS_TEST(shard_sync_mean_of_a_long_chunk_is_the_rank_order_formula)
+{
+    enum { W = 3, N = 1037 };
+    static float g[W][N], w0[N], expect[N];
+    for (int k = 0; k < W; k++)
+        for (int i = 0; i < N; i++) /* magnitudes far apart: the order shows */
+            g[k][i] = (float)((i * 7919 + k * 104729) % 2003 - 1001) * (k == 1 ? 1e7f : 0.37f);
+    for (int i = 0; i < N; i++)
+        w0[i] = (float)(i % 17) * 0.25f;
+    /* live: which ranks take part; order: the arrival order of the live ones */
+    static const struct { int live[W]; int order[W]; int n; } cases[] = {
+        {{1, 1, 1}, {2, 0, 1}, 3}, /* all in; rank 2 waits for 0 and 1 */
+        {{1, 1, 0}, {1, 0}, 2},    /* the highest rank out: rank 1 is the last */
+        {{1, 0, 1}, {2, 0}, 2},    /* rank 1 out: rank 2's kept push is the last */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ps_test_hook_log log;
+        ps_shard_hooks hk = ps_test_hook_log_hooks(&log);
+        ps_shard_config sc;
+        memset(&sc, 0, sizeof sc);
+        sc.mode = PS_MODE_SYNC;
+        sc.num_workers = W;
+        sc.opt.kind = PS_OPT_SGD;
+        sc.opt.lr = 0.5f;
+        sc.opt.eps = 1e-8f;
+        sc.max_memory = 1 << 22;
+        ps_shard *s;
+        CHECK_OK(ps_shard_create(&sc, &hk, &s));
+        int64_t v;
+        char why[256];
+        CHECK_OK(ps_shard_init(s, 1, 0, w0, N, N, &v, NULL, why, sizeof why));
+        int nlive = 0;
+        for (int k = 0; k < W; k++) {
+            ps_shard_set_live(s, k, cases[c].live[k]);
+            nlive += cases[c].live[k];
+        }
+        for (int j = 0; j < cases[c].n; j++) {
+            int k = cases[c].order[j], kept, dup;
+            CHECK_OK(ps_shard_push(s, 1, 0, k, 0, g[k], N, (void *)2, &kept, &dup, &v, why,
+                                   sizeof why));
+            CHECK_EQ_INT(v, j == cases[c].n - 1 ? 1 : 0);
+        }
+        for (int i = 0; i < N; i++) {
+            float sum = 0.0f;
+            int first = 1;
+            for (int k = 0; k < W; k++)
+                if (cases[c].live[k]) {
+                    sum = first ? g[k][i] : sum + g[k][i];
+                    first = 0;
+                }
+            expect[i] = fmaf(sum / (float)nlive, -0.5f, w0[i]);
+        }
+        int queued;
+        const float *pw;
+        size_t n;
+        CHECK_OK(ps_shard_pull(s, 1, 0, 0, 1, (void *)3, &queued, &pw, &n, &v, why, sizeof why));
+        CHECK_EQ_INT(queued, 0);
+        CHECK_EQ_INT((int)n, N);
+        int bad = -1;
+        for (int i = 0; i < N && bad < 0; i++)
+            if (memcmp(&pw[i], &expect[i], sizeof(float)) != 0)
+                bad = i;
+        CHECK_MSG(bad < 0, "case %zu: element %d is %.9g, the formula says %.9g", c, bad,
+                  bad < 0 ? 0.0 : (double)pw[bad], bad < 0 ? 0.0 : (double)expect[bad]);
+        ps_shard_destroy(s);
+    }
 }
 
 /* ---------------- memory and destroy ---------------- */

@@ -314,6 +314,40 @@ int ps_layer_forward(ps_backend *b, ps_layer *l, const float *x, float *y, int n
     return PS_EINVAL;
 }
 
+/* dW[out, in] = dy[n, out]^T x[n, in];  db = column sums of dy */
+static int linear_params(ps_backend *b, ps_layer *l, const float *x, const float *dy, int n)
+{
+    TRY(b->gemm(b, 1, 0, l->out_c, l->in_c, n, 1.0f, dy, l->out_c, x, l->in_c, 0.0f,
+                l->weight->g, l->in_c));
+    return b->bias_grad(b, l->bias->g, dy, n, l->out_c, 1);
+}
+
+/* dx[n, in] = dy[n, out] W[out, in] */
+static int linear_input(ps_backend *b, ps_layer *l, const float *dy, float *dx, int n)
+{
+    return b->gemm(b, 0, 0, n, l->in_c, l->out_c, 1.0f, dy, l->out_c, l->weight->w, l->in_c,
+                   0.0f, dx, l->in_c);
+}
+
+int ps_layer_backward_input(ps_backend *b, ps_layer *l, const float *x, const float *y,
+                            const float *dy, float *dx, int n)
+{
+    if (l->kind != PS_LAYER_LINEAR)
+        return ps_layer_backward(b, l, x, y, dy, dx, n);
+    TRY(check_call(l, n));
+    return dx ? linear_input(b, l, dy, dx, n) : 0;
+}
+
+int ps_layer_backward_params(ps_backend *b, ps_layer *l, const float *x, const float *dy, int n)
+{
+    TRY(check_call(l, n));
+    if (l->kind != PS_LAYER_LINEAR)
+        return PS_EINVAL;
+    if (!l->weight->g || !l->bias->g)
+        return PS_ESTATE;
+    return linear_params(b, l, x, dy, n);
+}
+
 int ps_layer_backward(ps_backend *b, ps_layer *l, const float *x, const float *y, const float *dy,
                       float *dx, int n)
 {
@@ -323,15 +357,8 @@ int ps_layer_backward(ps_backend *b, ps_layer *l, const float *x, const float *y
     size_t total_in = (size_t)n * ps_layer_in_size(l);
     switch (l->kind) {
     case PS_LAYER_LINEAR:
-        /* dW[out, in] = dy[n, out]^T x[n, in];  db = column sums of dy */
-        TRY(b->gemm(b, 1, 0, l->out_c, l->in_c, n, 1.0f, dy, l->out_c, x, l->in_c, 0.0f,
-                    l->weight->g, l->in_c));
-        TRY(b->bias_grad(b, l->bias->g, dy, n, l->out_c, 1));
-        if (!dx)
-            return 0;
-        /* dx[n, in] = dy[n, out] W[out, in] */
-        return b->gemm(b, 0, 0, n, l->in_c, l->out_c, 1.0f, dy, l->out_c, l->weight->w, l->in_c,
-                       0.0f, dx, l->in_c);
+        TRY(linear_params(b, l, x, dy, n));
+        return dx ? linear_input(b, l, dy, dx, n) : 0;
     case PS_LAYER_RELU:
         /* y > 0 exactly where x > 0, and y survives an in-place forward */
         return dx ? b->relu_bwd(b, dx, dy, y, total_in) : 0;

@@ -110,6 +110,15 @@ int ps_layer_forward(ps_backend *b, ps_layer *l, const float *x, float *y, int n
 int ps_layer_backward(ps_backend *b, ps_layer *l, const float *x, const float *y, const float *dy,
                       float *dx, int n);
 
+/* ps_layer_backward in two halves, for a model that wants a linear layer's
+ * input gradient before its parameter gradients (ps_model_backward): the
+ * same calls, so the same bits.  _input: a linear layer's dx alone (reads
+ * l->weight->w); any other kind, its whole backward.  _params: a linear
+ * layer's l->weight->g and l->bias->g (PS_EINVAL for another kind). */
+int ps_layer_backward_input(ps_backend *b, ps_layer *l, const float *x, const float *y,
+                            const float *dy, float *dx, int n);
+int ps_layer_backward_params(ps_backend *b, ps_layer *l, const float *x, const float *dy, int n);
+
 /* Softmax cross-entropy loss over logits[n, classes] with device int32
  * labels: writes dlogits = d(mean loss)/d(logits) and, when non-NULL, the mean
  * loss and the number of correct argmax predictions into host memory (which

@@ -124,8 +124,11 @@ int ps_model_forward_deferred(ps_model *m, const float *x, const int32_t *labels
 /* Logits of the last forward: device, n x num_classes (ctr: n x 1). */
 const float *ps_model_logits(const ps_model *m);
 
-/* Backward of the last forward with labels, last layer first; fills every
- * param->g (the mean over the batch) and calls hooks->grad_ready per layer;
+/* Backward of the last forward with labels, last layer first (an MLP: its
+ * input gradients last layer first, then its parameter gradients first layer
+ * first, the order the next forward needs them); fills every param->g (the
+ * mean over the batch) and calls hooks->grad_ready per layer as its
+ * gradients are done;
  * a ctr model's row gradients are ready for ps_model_push_rows when it
  * returns.  PS_ESTATE when there is no such forward. */
 int ps_model_backward(ps_model *m, const ps_model_hooks *hooks);

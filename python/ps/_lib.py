@@ -248,10 +248,17 @@ _proto("ps_client_clock", c_int, _P, c_uint64, _R)
 _proto("ps_client_allreduce", c_int, _P, c_int64, c_void_p, c_void_p, c_size_t, _R)
 _proto("ps_client_broadcast", c_int, _P, c_int64, c_void_p, c_void_p, c_size_t, _R)
 _proto("ps_client_leave", c_int, _P)
+_proto("ps_client_lookup", c_int, _P, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, _R)
+_proto("ps_client_export", c_int, _P, c_char_p, c_int, c_int64, c_void_p, c_void_p, c_size_t,
+       c_int)
 _proto("ps_client_leave_post", c_int, _P, c_int, _R)
 _proto("ps_client_join", c_int, _P, POINTER(c_int64))
 _proto("ps_exchange_set_elastic", None, _P)
 _proto("ps_client_members", c_int, _P, POINTER(c_int), POINTER(c_int), POINTER(c_int64))
+
+# include/ps_client.h: a reader's rank, and ps_client_export's flag
+RANK_READER = -1
+EXPORT_STATE = 1
 
 _proto("ps_backend_host_create", c_int, POINTER(_P))
 _proto("ps_backend_host_destroy", None, _P)

@@ -418,6 +418,13 @@ class Client:
       expect        the optimizer the servers must run, e.g. {'optimizer':
                     'adam', 'lr': 1e-3}; PS_OPTIMIZER, PS_LR, ... (nothing
                     checked when nothing is given)
+      role          'worker' (default) or 'reader': a client of rank -1 that
+                    reads while the workers train (lookup(), pull(),
+                    export()), takes the servers' mode and worker count
+                    (rank and num_workers are not read), is counted in no
+                    round or barrier and is refused any push; under CURVE
+                    it uses curve_dir/reader.key (docs/OPERATIONS.md
+                    "Export and serve")
     Opening checks the settings and every endpoint and starts the comm
     thread; nothing is sent until start().  Use it as a context manager, or
     call close(); a finalizer closes a forgotten one.
@@ -427,8 +434,11 @@ class Client:
                  chunk_size=None, curve_dir=None, hello_timeout_ms=None, request_timeout_ms=None,
                  heartbeat_ms=None, expect=None, env=None, shm=None, server_timeout_ms=None,
                  admin_token=None, wire_dtype=None, on_nonfinite=None, metrics_port=None,
-                 metrics_bind=None):
+                 metrics_bind=None, role="worker"):
         env = os.environ if env is None else env
+        if role not in ("worker", "reader"):
+            raise ValueError("role must be 'worker' or 'reader', got %r" % (role,))
+        self.role = role
         servers = _from_env(servers, "servers", env)[0] or _master_server(env)
         if not servers:
             raise ValueError("no servers: pass servers='tcp://HOST:PORT,...' or set PS_SERVERS "
@@ -437,12 +447,16 @@ class Client:
         if not isinstance(servers, str):
             servers = ",".join(servers)
         self.servers = servers
-        self.num_workers_min, self.num_workers = _range_setting(num_workers, SIZE_ENV, env,
-                                                                "num_workers", 1)
-        self.rank = _int_setting(rank, RANK_ENV, env, "rank", 0)
+        if role == "reader":  # the servers' count is taken at start
+            self.num_workers, self.rank = 1, _lib.RANK_READER
+            self.num_workers_min = 1
+        else:
+            self.num_workers_min, self.num_workers = _range_setting(num_workers, SIZE_ENV, env,
+                                                                    "num_workers", 1)
+            self.rank = _int_setting(rank, RANK_ENV, env, "rank", 0)
         if self.num_workers < 1:
             raise ValueError("num_workers must be at least 1, got %d" % self.num_workers)
-        if not 0 <= self.rank < self.num_workers:
+        if role == "worker" and not 0 <= self.rank < self.num_workers:
             raise ValueError("rank must be in [0, %d] for %d worker(s), got %d"
                              % (self.num_workers - 1, self.num_workers, self.rank))
         self.mode = parse_mode(_from_env(mode, "mode", env)[0])
@@ -679,6 +693,43 @@ class Client:
         ib, m, ra, k2 = self._rows(key, pull_ids, rows, what, True)
         return self._post(what, (k1, k2), lambda r: lib.ps_client_sparse_pushpull(
             self._ptr, key, ia, n, ga, ib, m, ra, step, r))
+
+    def lookup(self, tables):
+        """Rows of several tables in one request (a reader's, or a
+        worker's): tables is a list of (key, ids, rows), rows len(ids) x dim
+        float32, written in the ids' order.  Read-only on the servers: a row
+        that does not exist reads as its initializer and is not made.
+        wait() returns the lowest version of the partitions read (sync: at
+        most one step behind the workers)."""
+        what = "lookup of %d tables" % len(tables)
+        n = len(tables)
+        keys = (ctypes.c_uint64 * max(n, 1))()
+        ids = (ctypes.c_void_p * max(n, 1))()
+        counts = (ctypes.c_size_t * max(n, 1))()
+        rows = (ctypes.c_void_p * max(n, 1))()
+        keep = [keys, ids, counts, rows]
+        for k, (key, tid, trows) in enumerate(tables):
+            ia, m, ra, kk = self._rows(key, tid, trows, what, True)
+            keys[k], ids[k], counts[k], rows[k] = key, ia, m, ra
+            keep.append(kk)
+        return self._post(what, keep, lambda r: lib.ps_client_lookup(
+            self._ptr, n, keys, ids, counts, rows, r))
+
+    def export(self, path, state=True, version=-1, key_versions=None, wait_ms=-1):
+        """A snapshot of every server written to folder path (a new one):
+        manifest.json, dense/KEY.weights.npy, tables/KEY.ids.npy (sorted) and
+        KEY.weights.npy, with state=True the optimizer's state too.  Sync:
+        every item at version `version` (-1: the newest any server has),
+        key_versions {key: version} overriding it (a worker's own steps);
+        async: each as it is.  Blocks; raises PSError.  docs/OPERATIONS.md
+        "Export and serve" has the format and the consistency."""
+        kv = dict(key_versions or {})
+        n = len(kv)
+        keys = (ctypes.c_uint64 * max(n, 1))(*kv.keys())
+        vers = (ctypes.c_int64 * max(n, 1))(*kv.values())
+        self._check(lib.ps_client_export(self._ptr, os.fsencode(path),
+                                         _lib.EXPORT_STATE if state else 0, version, keys, vers,
+                                         n, int(wait_ms)), "export to %s" % (path,))
 
     def sparse_assign(self, key, ids, rows):
         """Set the rows of ids (distinct) to rows (len(ids) x dim float32,

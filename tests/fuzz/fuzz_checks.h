@@ -318,6 +318,45 @@ FUZZ_FN const char *fuzz_sparse_frames_oracle(const ps_header *h, char *msg, siz
     return NULL;
 }
 
+/* A reader's or an export's frames (a lookup's tables and ids, a
+ * snapshot's bytes): never in shared memory; a lookup request exactly with
+ * its two frames, the first 1 to PS_MAX_LOOKUP_TABLES entries of 16 bytes
+ * and the second 8 x n bytes (n at most PS_MAX_SPARSE_IDS); a frame of
+ * bytes exactly with one frame of n bytes, n at most a page.  A refusal is
+ * PS_EPROTO or PS_ETOOBIG with a reason. */
+FUZZ_FN const char *fuzz_read_payload_oracle(const ps_header *h, int layout, size_t plen,
+                                             char *msg, size_t len)
+{
+    char why[256];
+    int shm = (h->flags & PS_FLAG_SHM) != 0;
+    for (int nframes = 0; nframes <= 3; nframes++) {
+        size_t sizes[3] = {plen, (size_t)h->count, 16};
+        for (int s = 0; s < 3; s++) {
+            size_t bytes = sizes[s];
+            /* check_payload gives frame 1 `bytes` and any later frame 0 */
+            int want = !shm &&
+                       (layout == PS_PL_BYTES
+                            ? nframes == 1 && h->count <= PS_SNAP_PAGE_BYTES && bytes == h->count
+                            : nframes == 2 && bytes >= PS_LOOKUP_ENTRY_BYTES &&
+                                  bytes % PS_LOOKUP_ENTRY_BYTES == 0 &&
+                                  bytes / PS_LOOKUP_ENTRY_BYTES <= PS_MAX_LOOKUP_TABLES &&
+                                  h->count == 0);
+            why[0] = 0;
+            int rc = ps_proto_check_payload(h, nframes, bytes, why, sizeof why);
+            if ((rc == 0) != want)
+                return fuzz_fail(msg, len, "check_payload(%s%s%s, %d frames, %zu bytes, n %llu) "
+                                 "= %d, expected %s", ps_msg_type_name(h->type),
+                                 (h->flags & PS_FLAG_REPLY) ? " reply" : "",
+                                 shm ? " in shared memory" : "", nframes, bytes,
+                                 (unsigned long long)h->count, rc, want ? "ok" : "an error");
+            if (rc && ((rc != PS_EPROTO && rc != PS_ETOOBIG) || !why[0]))
+                return fuzz_fail(msg, len, "check_payload failed with %d and reason '%s'", rc,
+                                 why);
+        }
+    }
+    return NULL;
+}
+
 /* ps_proto_check_payload must accept exactly: with the shared-memory flag,
  * no frame, for the types whose row takes shared memory, with a count and a
  * known dtype where a payload (or a request's reply payload) lives in the
@@ -331,24 +370,9 @@ FUZZ_FN const char *fuzz_payload_oracle(const ps_header *h, size_t plen, char *m
     }
     char why[256];
     int reply = (h->flags & PS_FLAG_REPLY) != 0;
-    if ((reply ? ps_msg_reply_layout(h->type) : ps_msg_request_layout(h->type)) == PS_PL_BYTES) {
-        /* a snapshot's piece: one frame of exactly `n` bytes, 1 .. the payload limit */
-        for (int nframes = 0; nframes <= 2; nframes++) {
-            size_t sizes[3] = {plen, (size_t)h->count, (size_t)h->count + 1};
-            for (int s = 0; s < 3; s++) {
-                size_t bytes = nframes ? sizes[s] : 0;
-                int want = !(h->flags & PS_FLAG_SHM) && nframes == 1 && h->count >= 1 &&
-                           h->count <= PS_MAX_PAYLOAD_BYTES && bytes == h->count;
-                why[0] = 0;
-                int rc = ps_proto_check_payload(h, nframes, bytes, why, sizeof why);
-                if ((rc == 0) != want || (rc && !why[0]))
-                    return fuzz_fail(msg, len, "check_payload(%s, %d frames, %zu bytes) = %d, "
-                                     "expected %s", ps_msg_type_name(h->type), nframes, bytes,
-                                     rc, want ? "ok" : "an error");
-            }
-        }
-        return NULL;
-    }
+    int layout = reply ? ps_msg_reply_layout(h->type) : ps_msg_request_layout(h->type);
+    if (layout == PS_PL_LOOKUP || layout == PS_PL_BYTES)
+        return fuzz_read_payload_oracle(h, layout, plen, msg, len);
     int needs = reply ? ps_msg_reply_has_payload(h->type) : ps_msg_request_has_payload(h->type);
     const ps_msg_info *m = ps_msg_info_of(h->type);
     int shm = (h->flags & PS_FLAG_SHM) != 0;

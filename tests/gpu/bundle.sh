@@ -81,6 +81,7 @@ ln -sf "$soname" "$out/lib/libps.so"
 for t in test_cuda test_train libfake_cudart.so; do
     [ -e "$BUILD/tests/$t" ] && cp -p "$BUILD/tests/$t" "$out/tests/"
 done
+# the benchmark programs (stripped below with the others)
 for b in "$BUILD"/bench/*_bench; do
     case $b in */repl_bench) continue ;; esac # replicas: it needs etcd, not carried
     [ -x "$b" ] && cp -p "$b" "$out/bench/"

@@ -70,13 +70,27 @@ from ._optim import server_flags, server_settings
 from ._rowwise import RowWiseAdagrad
 from ._tables import (INIT_MAX_BYTES, MAX_IDS, MIN_BYTES, Embedding, EmbeddingBag,
                       ServerEmbedding, TableWeight)
+from . import _export
+from ._export import Reader, add_state_dict, load_manifest, lookup, serving_spec
+
+
+def export(opt, path, state=True, dense_tables="auto", **kw):
+    """The model of the job opt (DistributedOptimizer's) trains to the folder
+    path, from one worker between steps: manifest.json and .npy files of
+    every tensor and table (ids sorted) at the step this worker is at (sync:
+    one round), the optimizer's state with state=True, and model.pt, the
+    plain model's state_dict (tables that fit as dense weights: 'auto', True,
+    False or names).  docs/TORCH.md "Export and serve"."""
+    return _export.export(opt, path, state=state, dense_tables=dense_tables, **kw)
 
 __all__ = ["DistributedOptimizer", "DistributedModel", "wrap", "init", "rank", "size",
            "local_rank", "local_size", "allreduce", "allreduce_", "broadcast_object",
            "broadcast_parameters", "broadcast_optimizer_state", "join", "Compression",
            "Average", "Sum", "Adasum", "server_flags", "server_settings", "param_key",
            "Client", "PSError", "Embedding", "EmbeddingBag", "ServerEmbedding", "TableWeight",
-           "RowWiseAdagrad", "sampler", "membership", "ElasticSampler"]
+           "RowWiseAdagrad", "sampler", "export", "add_state_dict", "lookup", "Reader",
+           "serving_spec",
+           "load_manifest", "membership", "ElasticSampler"]
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
@@ -85,7 +99,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          init_from_rank0=True, wait_timeout=600.0, sync_buffers_every=0,
                          tables=None, table_optimizer=None, table_max_ids=MAX_IDS,
                          table_min_bytes=MIN_BYTES, table_init_max_bytes=INIT_MAX_BYTES,
-                         table_hashed_ids=False, samples_per_step=0):
+                         table_hashed_ids=False, samples_per_step=0, tables_from=None):
     """optimizer trained through the servers: an instance of a class derived
     from optimizer's (so isinstance, lr schedulers and state_dict work), with
     optimizer's parameter groups and state.  Blocks until every server said
@@ -155,23 +169,46 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                         the client's metrics on (PS_METRICS_PORT) they go to
                         ps_worker_samples_total, every step() to
                         ps_worker_steps_total (docs/OPERATIONS.md "Metrics")
+      tables_from       an export's folder (ps.torch.export, ps_export): a
+                        warm start.  The dense parameters start from its
+                        model.pt (rank 0's first weights), their optimizer
+                        state from its state (same optimizer), and the
+                        servers must hold its tables (ps_server --import
+                        DIR: checked in sync mode; the model's own rows
+                        of those tables are not sent)
 
     The older form DistributedOptimizer(model, optimizer=None, client=None)
     (the update on the servers, optimizer checked against theirs) works too."""
     tab = dict(tables=tables, table_optimizer=table_optimizer, table_max_ids=table_max_ids,
                table_min_bytes=table_min_bytes, table_init_max_bytes=table_init_max_bytes,
-               table_hashed_ids=table_hashed_ids, samples_per_step=samples_per_step)
+               table_hashed_ids=table_hashed_ids, samples_per_step=samples_per_step,
+               tables_from=tables_from)
     if isinstance(optimizer, torch.nn.Module):
         model, optimizer = optimizer, named_parameters
         client = compression if client is None else client
         if optimizer is None:
             optimizer = ServersOptimizer(model.parameters())
-        return _make(optimizer, model=model, client=client, update=update or "server",
-                     grad_edits=grad_edits, init_from_rank0=init_from_rank0,
-                     wait_timeout=wait_timeout, sync_buffers_every=sync_buffers_every, **tab)
-    return _make(optimizer, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, model, client, update, grad_edits, init_from_rank0,
-                 wait_timeout, sync_buffers_every, **tab)
+        named_parameters = None
+        args = dict(model=model, client=client, update=update or "server",
+                    grad_edits=grad_edits, init_from_rank0=init_from_rank0,
+                    wait_timeout=wait_timeout, sync_buffers_every=sync_buffers_every, **tab)
+        pos = (optimizer,)
+    else:
+        named_parameters = list(named_parameters) if named_parameters is not None else None
+        pos = (optimizer, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor, model, client, update, grad_edits, init_from_rank0,
+               wait_timeout, sync_buffers_every)
+        args = tab
+    if tables_from is not None:
+        _export.load_dense(tables_from, model, named_parameters)
+    opt = _make(*pos, **args)
+    if tables_from is not None:
+        try:
+            _export.warm_start(opt, tables_from)
+        except BaseException:
+            opt.close()  # the job it joined goes on without it
+            raise
+    return opt
 
 
 class DistributedModel(torch.nn.Module):

@@ -222,6 +222,19 @@ class _Methods:
         """Where the update runs: 'server', 'worker-sync' or 'worker-async'."""
         return self._ps_update
 
+    # ---- the model leaving the servers (_export.py) ----
+
+    def export(self, path, state=True, dense_tables="auto", **kw):
+        """The job's model to the folder path at the step this worker is at:
+        ps.torch.export (docs/TORCH.md "Export and serve")."""
+        from . import _export
+        return _export.export(self, path, state=state, dense_tables=dense_tables, **kw)
+
+    def serving_spec(self):
+        """What a ps.torch.Reader needs to read this job while it trains."""
+        from . import _export
+        return _export.serving_spec(self)
+
     # ---- each step ----
 
     def _ps_step_start(self):
@@ -598,7 +611,7 @@ def make(optimizer, named_parameters=None, compression=None, backward_passes_per
          grad_edits=None, init_from_rank0=True, wait_timeout=600.0, sync_buffers_every=0,
          tables=None, table_optimizer=None, table_max_ids=_tables.MAX_IDS,
          table_min_bytes=_tables.MIN_BYTES, table_init_max_bytes=_tables.INIT_MAX_BYTES,
-         table_hashed_ids=False, samples_per_step=0):
+         table_hashed_ids=False, samples_per_step=0, tables_from=None):
     """DistributedOptimizer(optimizer, ...): see ps.torch.DistributedOptimizer."""
     del gradient_predivide_factor  # with the mean it changes nothing
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -616,6 +629,9 @@ def make(optimizer, named_parameters=None, compression=None, backward_passes_per
     if model is not None:  # its embeddings become server tables, their weights dropped
         chosen = _tables.choose(model, optimizer, tables, table_optimizer, table_max_ids,
                                 table_min_bytes, table_init_max_bytes, table_hashed_ids)
+        if tables_from is not None:  # the servers imported these: no first rows to send
+            from . import _export
+            _export.imported_tables(chosen, tables_from)
     elif tables:
         raise ValueError("tables= needs model=: the wrapper replaces the model's embedding "
                          "modules")

@@ -104,8 +104,9 @@ _ROWS_BARRIER = (1 << 61) + 2
 # the servers' table optimizer of DistributedOptimizer(model) (no torch
 # optimizer): sparse Adagrad, torch's Adagrad defaults
 DEFAULT_OPTIMIZER = {"optimizer": "adagrad", "lr": 0.01, "eps": 1e-10}
-ROWS_NOTE = ("rows live on the servers: ps_server --checkpoint-dir keeps them (with their "
-             "optimizer state); this state_dict holds the table's declaration only")
+ROWS_NOTE = ("rows live on the servers: ps.torch.export writes them, ps_server "
+             "--checkpoint-dir keeps them (with their optimizer state); this state_dict holds "
+             "the table's declaration only")
 # the names a table optimizer goes by
 _KINDS = {"rowwise-adagrad": "rowwise_adagrad", "rwsadagrad": "rowwise_adagrad",
           "exact_rowwise_adagrad": "rowwise_adagrad", "sparse_adam": "adam",
