@@ -996,7 +996,11 @@ class Collectives(unittest.TestCase):
              "c = ps.torch.init()\n"
              "print(c.servers, ps.torch.rank(), ps.torch.size(), ps.torch.local_rank())\n"
              % os.path.join(ROOT, "python")],
-            capture_output=True, text=True, timeout=60, env=dict(env, PATH=os.environ["PATH"]))
+            capture_output=True, text=True, timeout=60, env=dict(env, **{
+                # no PS_* setting of the job leaks in; the library to load
+                # (a sanitized one under SAN=1, with its preloads) does
+                k: os.environ[k] for k in ("PATH", "PS_LIBRARY", "LD_PRELOAD", "ASAN_OPTIONS",
+                                           "UBSAN_OPTIONS") if k in os.environ}))
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertEqual(out.stdout.split(), ["tcp://%s:%s" % (host, port), "1", "2", "1"])
 
