@@ -1,4 +1,5 @@
-/* libps: the comm thread and the queue that feeds it (client_comm.c).
+/* libps: the comm thread and the queue that feeds it (client_comm.c,
+ * client_send.c).
  *
  * Its state (c->comm) is its own: the queue, under a mutex, between the
  * training thread and the comm thread; the sockets and the loop's state,

@@ -9,9 +9,12 @@
  *  client_requests.c a ps_request's life: parts, completion, waiting; the
  *                    sub-request slots that match replies to requests
  *  client_comm.c     the comm thread: the queue from the training thread,
- *                    sockets, sending a sub-request, receiving replies, held
- *                    push_when ops, the poll loop, closing; the one file
- *                    that sends
+ *                    sockets, receiving replies, held push_when ops, the
+ *                    poll loop, closing
+ *  client_send.c     the comm thread's sending: ops turned into messages,
+ *                    a sub-request's header and payload; with
+ *                    client_comm.c the only files that send (they share
+ *                    client_comm_internal.h)
  *  client_resend.c   liveness: when to resend an unanswered sub-request
  *                    (with backoff), when heartbeats are due, when to give
  *                    up on a server silent past server_timeout_ms, and when
@@ -31,9 +34,9 @@
  *                    and the client's counters
  *  client_route.c    replicated servers: each group's members, which one is
  *                    the primary, when to move to another
- *  Calls go one way: client.c -> client_comm.c -> client_resend.c,
- *  client_rejoin.c and client_sparse.c -> client_requests.c (token and shm
- *  call none of them).
+ *  Calls go one way: client.c -> client_comm.c (client_send.c) ->
+ *  client_resend.c, client_rejoin.c and client_sparse.c ->
+ *  client_requests.c (token and shm call none of them).
  *  Resend and rejoin decide; the comm loop sends what they name.
  *
  * Threads:

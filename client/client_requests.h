@@ -54,7 +54,7 @@ typedef struct psc_sub {
     ps_request *req; /* NULL when the slot is free */
     uint32_t gen;
     uint32_t next_free;
-    /* the message: psc_slot_new sets type and server, client_comm.c the rest */
+    /* the message: psc_slot_new sets type and server, client_send.c the rest */
     uint32_t type;
     int server;
     uint32_t chunk;

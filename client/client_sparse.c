@@ -323,7 +323,7 @@ long psc_sparse_begin(ps_client *c, uint32_t type, uint32_t ti, ps_request *r,
     }
     /* gradient rows with NaN or Inf (or beyond a float16 wire): under
      * --on-nonfinite refuse not sent, so the worker sees the step that made
-     * them, as for dense pushes (client_comm.c); otherwise the servers decide */
+     * them, as for dense pushes (client_send.c); otherwise the servers decide */
     if (!rc && nsu && !assign && c->opt.on_nonfinite == PS_NONFINITE_REFUSE) {
         size_t first = 0, bad = ps_dtype_nonfinite(c->wire_dtype, sums, (size_t)nsu * d, &first);
         if (bad) {
