@@ -47,7 +47,7 @@
  * the old set of files or the new one, never a half-written .ckpt; then
  * every checkpoint older than the newest `keep` full ones is removed: the
  * chains of those stay whole, so a damaged newest full one leaves the chain
- * before it to restore (ckpt_coord.c). 
+ * before it to restore (ckpt_restore.c). 
  *
  * Consistency: each update thread serializes its own chunks between two of
  * its messages (ps_ckpt_serialize), so no update is half in a checkpoint.  In

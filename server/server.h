@@ -51,9 +51,12 @@
  *                     would not be finite keeps its old one)
  *   ckpt_coord.c      checkpoint coordination: when one is due, collecting
  *                     the parts, the writer thread, the replies held until a
- *                     checkpoint makes them durable, --restore.  It sends
- *                     nothing: it returns the token to send as PS_CMD_CKPT and
- *                     the replies to put on the ROUTER
+ *                     checkpoint makes them durable.  It sends nothing: it
+ *                     returns the token to send as PS_CMD_CKPT and the
+ *                     replies to put on the ROUTER
+ *   ckpt_restore.c    --restore: the newest valid chain of checkpoints read
+ *                     back into the shard and the tables (its struct shared
+ *                     with ckpt_coord.c in ckpt_coord_internal.h)
  *   checkpoint.c      the checkpoint file: format, atomic write, read, check
  *   workers.c         the worker table: hello, identity, last heard from, the
  *                     --on-worker-loss rule
