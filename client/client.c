@@ -3,20 +3,20 @@
  * client/client_internal.h.
  *
  * Everything here runs on the caller's (training) thread: checking options
- * and opening, registering tensors and starting (placement, hello), posting
- * requests to the comm thread (psc_post) and the blocking helpers built on
- * them (barrier, stats, shutdown), and closing.  Posting a request fills
+ * and opening, posting requests to the comm thread (psc_post) and the
+ * blocking helpers built on them (barrier, stats, shutdown), and closing;
+ * registering tensors and starting (placement, hello) are client_start.c's.  Posting a request fills
  * the caller's ps_request and one op in the queue, under the queue mutex
  * alone; it allocates only when the queue must grow. */
 #include "ps_client.h"
 
-#include <pthread.h>
 #include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "client_api_internal.h"
 #include "client_comm.h"
 #include "client_internal.h"
 #include "client_metrics.h"
@@ -51,8 +51,7 @@ static int open_fail(int code, const char *fmt, ...)
     return code;
 }
 
-static void set_last_error(ps_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void set_last_error(ps_client *c, const char *fmt, ...)
+void psc_set_last_error(ps_client *c, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -90,7 +89,7 @@ static int reader_refuses(ps_client *c, uint32_t type, ps_request *req)
     if (req)
         psc_req_fail(req, PS_ESTATE, why);
     else
-        set_last_error(c, "%s", why);
+        psc_set_last_error(c, "%s", why);
     return PS_ESTATE;
 }
 
@@ -170,7 +169,7 @@ int ps_client_pushpull_sum(ps_client *c, uint64_t key, const float *sum, float *
 
 /* ---- tables ---- */
 
-static long find_table(const ps_client *c, uint64_t key)
+long psc_find_table(const ps_client *c, uint64_t key)
 {
     for (size_t t = 0; t < c->ntables; t++)
         if (c->tables[t].key == key)
@@ -190,7 +189,7 @@ static int post_sparse(ps_client *c, uint32_t type, uint64_t key, const uint64_t
     long t = -1;
     if (!c || !c->started)
         rc = PS_ESTATE;
-    else if ((t = find_table(c, key)) < 0)
+    else if ((t = psc_find_table(c, key)) < 0)
         rc = PS_ENOTFOUND;
     else if ((n && !ids) || (type != PS_MSG_SPULL && n && !grads) || (n2 && (!ids2 || !rows)) ||
              (type == PS_MSG_SPULL && n && !rows) || step < 0 || step > INT64_MAX / 2 ||
@@ -244,12 +243,12 @@ int ps_client_name_table(ps_client *c, uint64_t key, const char *name)
     if (!c || !name)
         return PS_EINVAL;
     if (c->started) {
-        set_last_error(c, "name table %llu after start", (unsigned long long)key);
+        psc_set_last_error(c, "name table %llu after start", (unsigned long long)key);
         return PS_ESTATE;
     }
-    long t = find_table(c, key);
+    long t = psc_find_table(c, key);
     if (t < 0) {
-        set_last_error(c, "name table %llu: no such table registered", (unsigned long long)key);
+        psc_set_last_error(c, "name table %llu: no such table registered", (unsigned long long)key);
         return PS_ENOTFOUND;
     }
     size_t n = strlen(name);
@@ -257,8 +256,8 @@ int ps_client_name_table(ps_client *c, uint64_t key, const char *name)
     for (size_t i = 0; ok && i < n; i++)
         ok = name[i] >= 0x20 && name[i] < 0x7f;
     if (!ok) {
-        set_last_error(c, "table %llu's name must be at most %d printable characters",
-                       (unsigned long long)key, PS_TABLE_NAME_MAX);
+        psc_set_last_error(c, "table %llu's name must be at most %d printable characters",
+                           (unsigned long long)key, PS_TABLE_NAME_MAX);
         return PS_EINVAL;
     }
     memcpy(c->tables[t].name, name, n + 1);
@@ -270,20 +269,20 @@ int ps_client_register_table(ps_client *c, uint64_t key, const ps_table_options 
     if (!c || !opts)
         return PS_EINVAL;
     if (c->started) {
-        set_last_error(c, "register table %llu after start", (unsigned long long)key);
+        psc_set_last_error(c, "register table %llu after start", (unsigned long long)key);
         return PS_ESTATE;
     }
     char why[PS_ERR_TEXT_MAX];
     if (ps_table_decl_check(key, opts, why, sizeof why)) {
-        set_last_error(c, "%s", why);
+        psc_set_last_error(c, "%s", why);
         return PS_EINVAL;
     }
-    int twice = find_table(c, key) >= 0;
+    int twice = psc_find_table(c, key) >= 0;
     for (size_t i = 0; i < c->nspecs && !twice; i++)
         twice = c->specs[i].key == key;
     if (twice) {
-        set_last_error(c, "key %llu registered twice (a tensor or table has it)",
-                       (unsigned long long)key);
+        psc_set_last_error(c, "key %llu registered twice (a tensor or table has it)",
+                           (unsigned long long)key);
         return PS_EINVAL;
     }
     if (c->ntables == c->cap_tables) {
@@ -312,8 +311,8 @@ int ps_client_server_parts(const ps_client *c, int server)
 }
 
 /* Post a control message to one server. */
-static int post_ctl(ps_client *c, uint32_t type, int server, int64_t step, void *out,
-                    ps_request *req)
+int psc_post_ctl(ps_client *c, uint32_t type, int server, int64_t step, void *out,
+                 ps_request *req)
 {
     if (reader_refuses(c, type, req))
         return PS_ESTATE;
@@ -364,7 +363,7 @@ static int post_table_clock(ps_client *c, long t, ps_request *req)
 int ps_client_clock(ps_client *c, uint64_t key, ps_request *req)
 {
     long t;
-    if (req && c && c->started && find_tensor(c, key) < 0 && (t = find_table(c, key)) >= 0)
+    if (req && c && c->started && find_tensor(c, key) < 0 && (t = psc_find_table(c, key)) >= 0)
         return post_table_clock(c, t, req);
     return post_data(c, PS_MSG_CLOCK, key, NULL, NULL, 0, 1, NULL, NULL, 1, req);
 }
@@ -409,7 +408,7 @@ int ps_client_broadcast(ps_client *c, int64_t id, const float *src, float *dst, 
  * the comm thread has let go of it.  A cancel that cannot be posted means
  * the comm thread is ending (closed or interrupted) and fails everything
  * itself: waiting is still what makes req safe to free. */
-static void cancel(ps_client *c, ps_request *req, int code)
+void psc_cancel(ps_client *c, ps_request *req, int code)
 {
     psc_op o = {.type = PSC_OP_CANCEL, .server = -1, .req = req, .code = code};
     psc_post(c, &o);
@@ -588,295 +587,6 @@ fail:
     return rc;
 }
 
-int ps_client_register(ps_client *c, uint64_t key, size_t count)
-{
-    if (!c)
-        return PS_EINVAL;
-    if (c->started) {
-        set_last_error(c, "register key %llu after start", (unsigned long long)key);
-        return PS_ESTATE;
-    }
-    if (count == 0 || count > (size_t)1 << 40) {
-        set_last_error(c, "key %llu: count %zu must be in [1, 2^40]", (unsigned long long)key,
-                       count);
-        return PS_EINVAL;
-    }
-    for (size_t i = 0; i < c->nspecs; i++)
-        if (c->specs[i].key == key) {
-            set_last_error(c, "key %llu registered twice", (unsigned long long)key);
-            return PS_EINVAL;
-        }
-    if (find_table(c, key) >= 0) {
-        set_last_error(c, "key %llu registered twice (a table has it)", (unsigned long long)key);
-        return PS_EINVAL;
-    }
-    if ((size_t)(count + c->chunk_elems - 1) / c->chunk_elems > PS_MAX_CHUNK) {
-        set_last_error(c, "key %llu: %zu elements make more than %u chunks",
-                       (unsigned long long)key, count, PS_MAX_CHUNK);
-        return PS_ETOOBIG;
-    }
-    if (c->nspecs == c->cap_specs) {
-        size_t ncap = c->cap_specs ? c->cap_specs * 2 : 16;
-        ps_tensor_spec *n = realloc(c->specs, ncap * sizeof *n);
-        if (!n)
-            return PS_ENOMEM;
-        c->specs = n;
-        c->cap_specs = ncap;
-    }
-    c->specs[c->nspecs].key = key;
-    c->specs[c->nspecs].count = count;
-    c->nspecs++;
-    return 0;
-}
-
-static int build_keymap(ps_client *c)
-{
-    size_t cap = 16;
-    while (cap < 2 * c->nspecs)
-        cap *= 2;
-    c->kmap_keys = calloc(cap, sizeof *c->kmap_keys);
-    c->kmap_val = calloc(cap, sizeof *c->kmap_val);
-    if (!c->kmap_keys || !c->kmap_val)
-        return PS_ENOMEM;
-    c->kmap_mask = cap - 1;
-    for (size_t t = 0; t < c->nspecs; t++) {
-        uint64_t key = c->specs[t].key;
-        size_t h = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & c->kmap_mask;
-        while (c->kmap_val[h])
-            h = (h + 1) & c->kmap_mask;
-        c->kmap_keys[h] = key;
-        c->kmap_val[h] = (uint32_t)t + 1;
-    }
-    return 0;
-}
-
-static void drop_placement(ps_client *c)
-{
-    if (c->have_place)
-        ps_placement_free(&c->place);
-    c->have_place = 0;
-    free(c->kmap_keys);
-    free(c->kmap_val);
-    c->kmap_keys = NULL;
-    c->kmap_val = NULL;
-}
-
-/* Check every hello reply: answered, no error, consistent with this worker
- * and with each other.  Fills last_error. */
-static int check_hellos(ps_client *c, ps_request *reqs, ps_hello *reps)
-{
-    char why[400];
-    int ns = c->nservers;
-    /* a server that refused us says why */
-    for (int s = 0; s < ns; s++)
-        if (reqs[s].status && reqs[s].status != PS_ETIMEDOUT) {
-            set_last_error(c, "%s", reqs[s].err);
-            return PS_EMISMATCH;
-        }
-    size_t off = 0;
-    int missing = 0;
-    for (int s = 0; s < ns; s++)
-        if (reqs[s].status == PS_ETIMEDOUT) {
-            if (!missing)
-                off += (size_t)snprintf(c->last_error, sizeof c->last_error,
-                                        "no hello reply within %d ms from ",
-                                        c->opt.hello_timeout_ms ? c->opt.hello_timeout_ms
-                                                                : PSC_DEFAULT_HELLO_MS);
-            if (off < sizeof c->last_error)
-                off += (size_t)snprintf(c->last_error + off, sizeof c->last_error - off, "%s%s",
-                                        missing ? ", " : "", c->endpoints[s]);
-            missing++;
-        }
-    if (missing && c->curve_dir) {
-        off = strlen(c->last_error);
-        snprintf(c->last_error + off, sizeof c->last_error - off,
-                 " (CURVE is on: a server that does not accept this worker's key never answers; "
-                 "check --curve-keys and %s)", c->curve_dir);
-    } else if (missing) {
-        off = strlen(c->last_error);
-        snprintf(c->last_error + off, sizeof c->last_error - off,
-                 " (is it running and reachable? a server started with --curve-keys never "
-                 "answers a plaintext worker: give this worker --curve-keys too)");
-    }
-    if (missing)
-        return PS_ETIMEDOUT;
-    /* a reader joins no round: it takes the servers' settings (the servers
-     * must still agree with each other) */
-    if (c->opt.rank == PS_RANK_READER) {
-        ps_hello *hq = &c->hello_req;
-        uint32_t nserv = hq->num_servers;
-        for (int i = 0; i < ps_hello_nagreed(); i++)
-            ps_hello_set(hq, i, ps_hello_get(&reps[0], i));
-        hq->num_servers = nserv;
-        c->opt.mode = hq->mode;
-        c->opt.num_workers = (int)hq->num_workers;
-        c->opt.max_staleness = hq->max_staleness;
-        c->wire_dtype = hq->wire_dtype ? hq->wire_dtype : PS_DTYPE_F32;
-    }
-    for (int s = 0; s < ns; s++) {
-        if (reps[s].server_rank != s) {
-            set_last_error(c, "server rank: %s is rank %d but is listed at position %d", c->endpoints[s],
-                           reps[s].server_rank, s);
-            return PS_EMISMATCH;
-        }
-        /* the server should have refused a mismatch itself; check anyway, by
-         * the same rule (ps_opt_compare: what this worker gives) */
-        ps_hello mine = c->hello_req;
-        if (ps_hello_compare(&mine, "this worker", &reps[s], c->endpoints[s], 1, why, sizeof why)) {
-            set_last_error(c, "%s", why);
-            return PS_EMISMATCH;
-        }
-        if (s > 0 &&
-            ps_hello_compare(&reps[0], c->endpoints[0], &reps[s], c->endpoints[s], 1, why, sizeof why)) {
-            set_last_error(c, "servers disagree: %s", why);
-            return PS_EMISMATCH;
-        }
-    }
-    return 0;
-}
-
-/* After the hellos: every server's partitions (its reply's threads), and
- * every table declared to every server (a TABLE each), waited for.  Fills
- * last_error. */
-static int declare_tables(ps_client *c, const ps_hello *reps)
-{
-    if (!c->ntables && c->opt.rank != PS_RANK_READER)
-        return 0;
-    int ns = c->nservers;
-    free(c->server_parts);
-    c->server_parts = calloc((size_t)ns, sizeof *c->server_parts);
-    if (!c->server_parts)
-        return PS_ENOMEM;
-    for (int s = 0; s < ns; s++) {
-        if (!reps[s].threads) {
-            set_last_error(c, "%s does not say how it partitions tables (an older ps_server?): "
-                           "tables need servers that take them", c->endpoints[s]);
-            return PS_EMISMATCH;
-        }
-        c->server_parts[s] = reps[s].threads;
-    }
-    if (c->opt.rank == PS_RANK_READER)
-        return 0; /* a reader looks rows up; the workers declared the tables */
-    size_t n = c->ntables * (size_t)ns;
-    ps_request *reqs = calloc(n, sizeof *reqs);
-    if (!reqs)
-        return PS_ENOMEM;
-    int rc = 0;
-    size_t posted = 0;
-    for (size_t t = 0; t < c->ntables && !rc; t++)
-        for (int s = 0; s < ns && !rc; s++, posted++) {
-            psc_req_reset(c, &reqs[posted], 1);
-            psc_op o = {.type = PS_MSG_TABLE, .server = s, .tensor = (uint32_t)t,
-                        .req = &reqs[posted]};
-            if ((rc = psc_post(c, &o)) != 0)
-                psc_req_fail(&reqs[posted], rc, ps_strerror(rc));
-        }
-    /* answered at once (a server that loses a declaration to a restore says
-     * PS_ENOTFOUND later, and client_rejoin.c declares the tables again) */
-    int timeout = c->opt.hello_timeout_ms ? c->opt.hello_timeout_ms : PSC_DEFAULT_HELLO_MS;
-    int64_t deadline = ps_now_ns() + (int64_t)timeout * 1000000LL;
-    for (size_t k = 0; k < posted; k++)
-        if (reqs[k]._priv.client && !psc_wait_until(&reqs[k], deadline))
-            cancel(c, &reqs[k], PS_ETIMEDOUT);
-    for (size_t k = 0; k < posted && !rc; k++)
-        if (reqs[k].status) {
-            rc = reqs[k].status;
-            set_last_error(c, "declaring table %llu: %s",
-                           (unsigned long long)c->tables[k / (size_t)ns].key, reqs[k].err);
-        }
-    free(reqs);
-    return rc;
-}
-
-int ps_client_start(ps_client *c)
-{
-    if (!c)
-        return PS_EINVAL;
-    if (c->started) {
-        set_last_error(c, "client already started");
-        return PS_ESTATE;
-    }
-    c->last_error[0] = 0;
-    drop_placement(c);
-    /* ps_placement_build sorts through a file-static pointer (not
-     * reentrant); clients starting in several threads take turns */
-    static pthread_mutex_t place_mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_mutex_lock(&place_mu);
-    int rc = ps_placement_build(c->specs, c->nspecs, c->chunk_elems, c->nservers, &c->place);
-    pthread_mutex_unlock(&place_mu);
-    if (rc) {
-        set_last_error(c, "placement failed: %s", ps_strerror(rc));
-        return rc;
-    }
-    c->have_place = 1;
-    rc = build_keymap(c);
-    if (rc) {
-        set_last_error(c, "out of memory");
-        drop_placement(c);
-        return rc;
-    }
-    ps_hello *hq = &c->hello_req;
-    memset(hq, 0, sizeof *hq);
-    hq->mode = c->opt.mode;
-    hq->max_staleness = c->opt.mode == PS_MODE_SYNC ? 0 : c->opt.max_staleness;
-    hq->num_workers = (uint32_t)c->opt.num_workers;
-    hq->num_servers = (uint32_t)c->nservers;
-    hq->server_rank = -1;
-    hq->model_fp = ps_placement_fingerprint(c->specs, c->nspecs, c->chunk_elems);
-    hq->tables_fp = ps_table_decl_fingerprint(c->tables, c->ntables, sizeof *c->tables,
-                                              offsetof(psc_table, key), offsetof(psc_table, opts));
-    hq->opt = c->opt.expect;
-    hq->wire_dtype = c->wire_dtype;
-    if (c->opt.rank == PS_RANK_READER) {
-        hq->tables_fp = 0; /* a reader declares nothing: its tables are keys and dims */
-        if (!c->nspecs)
-            hq->model_fp = 0; /* it pulls no tensor: any model */
-    }
-    if ((rc = psc_shm_setup(c)) != 0) {
-        drop_placement(c);
-        return rc;
-    }
-
-    int ns = c->nservers;
-    ps_request *reqs = calloc((size_t)ns, sizeof *reqs);
-    ps_hello *reps = calloc((size_t)ns, sizeof *reps);
-    if (!reqs || !reps) {
-        free(reqs);
-        free(reps);
-        drop_placement(c);
-        return PS_ENOMEM;
-    }
-    for (int s = 0; s < ns && !rc; s++)
-        rc = post_ctl(c, PS_MSG_HELLO, s, 0, &reps[s], &reqs[s]);
-    int timeout = c->opt.hello_timeout_ms ? c->opt.hello_timeout_ms : PSC_DEFAULT_HELLO_MS;
-    int64_t deadline = ps_now_ns() + (int64_t)timeout * 1000000LL;
-    for (int s = 0; s < ns; s++) {
-        if (reqs[s]._priv.client && !psc_wait_until(&reqs[s], deadline))
-            cancel(c, &reqs[s], PS_ETIMEDOUT);
-    }
-    if (psc_comm_interrupted(c)) {
-        set_last_error(c, "interrupted while saying hello to the servers");
-        rc = PS_ECLOSED;
-    } else if (rc) {
-        set_last_error(c, "cannot post hello: %s", ps_strerror(rc));
-    } else {
-        rc = check_hellos(c, reqs, reps);
-    }
-    for (int s = 0; s < ns && !rc; s++)
-        psc_shm_hello_reply(c, s, &reps[s]);
-    if (!rc)
-        rc = declare_tables(c, reps);
-    free(reqs);
-    free(reps);
-    if (rc) {
-        drop_placement(c);
-        return rc;
-    }
-    __atomic_store_n(&c->started, 1, __ATOMIC_RELEASE);
-    psc_kick(c); /* the comm thread may be asleep with no timeout: start the heartbeats */
-    return 0;
-}
-
 const char *ps_client_last_error(const ps_client *c) { return c ? c->last_error : open_error; }
 
 /* Post `type` to each server in [lo, hi) and wait for every reply; server
@@ -891,17 +601,17 @@ static int ctl_all(ps_client *c, uint32_t type, int lo, int hi, int64_t step, vo
     int rc = 0;
     int posted = 0;
     for (int s = lo; s < hi && !rc; s++, posted++)
-        rc = post_ctl(c, type, s, step, out ? (char *)out + (size_t)(s - lo) * stride : NULL,
-                      &reqs[s - lo]);
+        rc = psc_post_ctl(c, type, s, step, out ? (char *)out + (size_t)(s - lo) * stride : NULL,
+                          &reqs[s - lo]);
     if (rc) {
-        set_last_error(c, "cannot post %s: %s", ps_msg_type_name(type), ps_strerror(rc));
+        psc_set_last_error(c, "cannot post %s: %s", ps_msg_type_name(type), ps_strerror(rc));
         posted--;
     }
     for (int k = 0; k < posted; k++) {
         int st = ps_request_wait(&reqs[k]);
         if (st && !rc) {
             rc = st;
-            set_last_error(c, "%s", reqs[k].err);
+            psc_set_last_error(c, "%s", reqs[k].err);
         }
     }
     if (reqs != &one)
@@ -920,13 +630,13 @@ int ps_client_table_hyper(ps_client *c, uint64_t key, const ps_opt_config *chang
 {
     if (!c || !change || from_step < 0 || from_step > INT64_MAX / 2)
         return PS_EINVAL;
-    if (key && c->started && find_table(c, key) < 0) {
-        set_last_error(c, "hyper-parameters of table %llu: no such table registered",
-                       (unsigned long long)key);
+    if (key && c->started && psc_find_table(c, key) < 0) {
+        psc_set_last_error(c, "hyper-parameters of table %llu: no such table registered",
+                           (unsigned long long)key);
         return PS_ENOTFOUND;
     }
     if (!c->started) {
-        set_last_error(c, "hyper-parameters before start");
+        psc_set_last_error(c, "hyper-parameters before start");
         return PS_ESTATE;
     }
     c->last_error[0] = 0;
@@ -934,7 +644,7 @@ int ps_client_table_hyper(ps_client *c, uint64_t key, const ps_opt_config *chang
      * would refuse the message) */
     char why[200];
     if (ps_opt_check(change, 1, why, sizeof why)) {
-        set_last_error(c, "hyper-parameters: %s", why);
+        psc_set_last_error(c, "hyper-parameters: %s", why);
         return PS_EINVAL;
     }
     ps_hello *reps = calloc((size_t)c->nservers, sizeof *reps);
@@ -954,7 +664,7 @@ int ps_client_leave(ps_client *c)
     if (!c)
         return PS_EINVAL;
     if (!c->started) {
-        set_last_error(c, "leave before start");
+        psc_set_last_error(c, "leave before start");
         return PS_ESTATE;
     }
     c->last_error[0] = 0;
@@ -966,7 +676,7 @@ int ps_client_leave(ps_client *c)
 void psc_client_set_error(ps_client *c, const char *text)
 {
     if (c)
-        set_last_error(c, "%s", text);
+        psc_set_last_error(c, "%s", text);
 }
 
 int ps_client_leave_post(ps_client *c, int server, ps_request *req)
@@ -978,7 +688,7 @@ int ps_client_leave_post(ps_client *c, int server, ps_request *req)
         psc_req_fail(req, rc, rc == PS_ESTATE ? "leave before start" : ps_strerror(rc));
         return rc;
     }
-    return post_ctl(c, PS_MSG_LEAVE, server, 0, NULL, req);
+    return psc_post_ctl(c, PS_MSG_LEAVE, server, 0, NULL, req);
 }
 
 int ps_client_barrier(ps_client *c, int64_t id)
@@ -986,7 +696,7 @@ int ps_client_barrier(ps_client *c, int64_t id)
     if (!c || id < 0 || id > INT64_MAX / 2)
         return PS_EINVAL;
     if (!c->started) {
-        set_last_error(c, "barrier before start");
+        psc_set_last_error(c, "barrier before start");
         return PS_ESTATE;
     }
     c->last_error[0] = 0;
@@ -1004,7 +714,7 @@ int ps_client_barrier_post(ps_client *c, int64_t id, ps_request *req)
         psc_req_fail(req, rc, rc == PS_ESTATE ? "barrier before start" : ps_strerror(rc));
         return rc;
     }
-    return post_ctl(c, PS_MSG_BARRIER, 0, id, NULL, req);
+    return psc_post_ctl(c, PS_MSG_BARRIER, 0, id, NULL, req);
 }
 
 int ps_client_stats(ps_client *c, int server, ps_stats *out)
@@ -1027,19 +737,19 @@ int ps_client_barrier_info(ps_client *c, ps_barrier_info *out)
     memset(out, 0, sizeof *out);
     out->id = -1;
     if (!c->started) {
-        set_last_error(c, "barrier_info before start");
+        psc_set_last_error(c, "barrier_info before start");
         return PS_ESTATE;
     }
     c->last_error[0] = 0;
     ps_stats st;
     psc_stats_out so = {&st, out};
     ps_request req;
-    int rc = post_ctl(c, PS_MSG_STATS, 0, 0, &so, &req);
+    int rc = psc_post_ctl(c, PS_MSG_STATS, 0, 0, &so, &req);
     /* a server too busy or gone must not hold up a caller that only reports */
     if (!rc && !psc_wait_until(&req, ps_now_ns() + BARRIER_INFO_MS * 1000000LL))
-        cancel(c, &req, PS_ETIMEDOUT);
+        psc_cancel(c, &req, PS_ETIMEDOUT);
     if (req.status)
-        set_last_error(c, "%s", req.err);
+        psc_set_last_error(c, "%s", req.err);
     return req.status;
 }
 
@@ -1056,7 +766,7 @@ int ps_client_set_wire_dtype(ps_client *c, int dtype)
     if (!c || ps_dtype_size(dtype > 0 ? (uint32_t)dtype : 0) == 0)
         return PS_EINVAL;
     if (c->started) {
-        set_last_error(c, "the wire dtype is set before start");
+        psc_set_last_error(c, "the wire dtype is set before start");
         return PS_ESTATE;
     }
     c->wire_dtype = (uint32_t)dtype;

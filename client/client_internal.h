@@ -4,8 +4,11 @@
  * with a program that links libps.a.
  *
  * Modules, one job each, each with its header:
- *  client.c          the public API: options, open, register, start, close;
- *                    posting requests (training thread); blocking helpers
+ *  client.c          the public API: options, open, close; posting
+ *                    requests (training thread); blocking helpers
+ *  client_start.c    registering tensors and starting: placement, the
+ *                    hellos checked, tables declared (it shares
+ *                    client_api_internal.h with client.c)
  *  client_requests.c a ps_request's life: parts, completion, waiting; the
  *                    sub-request slots that match replies to requests
  *  client_comm.c     the comm thread: the queue from the training thread,
@@ -34,9 +37,9 @@
  *                    and the client's counters
  *  client_route.c    replicated servers: each group's members, which one is
  *                    the primary, when to move to another
- *  Calls go one way: client.c -> client_comm.c (client_send.c) ->
- *  client_resend.c, client_rejoin.c and client_sparse.c ->
- *  client_requests.c (token and shm call none of them).
+ *  Calls go one way: client.c (client_start.c) -> client_comm.c
+ *  (client_send.c) -> client_resend.c, client_rejoin.c and client_sparse.c
+ *  -> client_requests.c (token and shm call none of them).
  *  Resend and rejoin decide; the comm loop sends what they name.
  *
  * Threads:
@@ -92,7 +95,7 @@ struct ps_client {
     int nservers;
     size_t chunk_elems;
 
-    /* The model (client.c): registered tensors, their placement, the hello
+    /* The model (client_start.c): registered tensors, their placement, the hello
      * template.  Written by the training thread before start, read-only
      * afterwards; the comm thread reads place, specs, wire_dtype and
      * hello_req (the queue mutex orders them before its first op). */
