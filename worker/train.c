@@ -245,6 +245,9 @@ static int connect_servers(worker *w)
     o.metrics_bind = c->metrics_bind;
     /* check what the user gave; the servers' settings are used either way */
     o.expect = c->expect;
+    if (elastic) /* the model is built: the clock of a join starts here (bench/elastic_bench.sh) */
+        ps_info("model built; rank %d joins the elastic job (%d..%d workers)", c->rank,
+                c->num_workers_min, c->num_workers);
     int rc = ps_exchange_open(&o, w->b, &w->x);
     if (rc)
         return rc;
@@ -501,6 +504,8 @@ static int train_loop(worker *w)
         ps_trace_event(w->trace, "backward", "compute", TID_TRAIN, t1, t2, w->step, -1);
         if (w->x)
             ps_exchange_step_done(w->x, (uint64_t)c->batch);
+        if (w->elastic && w->step == first)
+            ps_info("step %lld done, this worker's first", (long long)first);
         win_steps++;
         int64_t it = w->step + 1;
         int log_now = it % c->log_every == 0 || it == total;
