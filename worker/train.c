@@ -143,7 +143,7 @@ static void leave_on_signal(worker *w)
                 "worker when its connection closes or after --worker-timeout",
                 ps_strerror(rc));
     else
-        ps_info("stopped by a signal: left the job after step %lld", (long long)w->step);
+        ps_info("stopped by a signal: left the job at step %lld", (long long)w->step);
 }
 
 static void close_exchange(worker *w)
