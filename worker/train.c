@@ -109,7 +109,9 @@ static int g_leave_ok;
 static void on_signal(int sig)
 {
     int first = !g_stop;
-    g_stop = sig == SIGALRM ? g_stop : sig;
+    /* stored before g_leave_ok is read, as leave_on_signal reads them the
+     * other way round: one of the two sees the other's */
+    __atomic_store_n(&g_stop, sig == SIGALRM ? g_stop : sig, __ATOMIC_SEQ_CST);
     if (sig != SIGALRM && first && __atomic_load_n(&g_leave_ok, __ATOMIC_SEQ_CST)) {
         alarm(LEAVE_GRACE_S);
         return;
@@ -134,7 +136,8 @@ static void watch_exchange(ps_exchange *x)
  * the grace alarm the signal armed. */
 static void leave_on_signal(worker *w)
 {
-    if (!__atomic_exchange_n(&g_leave_ok, 0, __ATOMIC_SEQ_CST) || !g_stop)
+    if (!__atomic_exchange_n(&g_leave_ok, 0, __ATOMIC_SEQ_CST) ||
+        !__atomic_load_n(&g_stop, __ATOMIC_SEQ_CST))
         return;
     int rc = ps_exchange_leave(w->x);
     alarm(0);
