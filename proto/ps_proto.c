@@ -244,7 +244,11 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     int is_hello = h->type == PS_MSG_HELLO || h->type == PS_MSG_HYPER ||
                    ((h->type == PS_MSG_REPL_HELLO || h->type == PS_MSG_REPL_JOIN) &&
                     !(h->flags & PS_FLAG_REPLY)); /* they carry `h` */
-    int is_ep = h->epoch != 0; /* replicas: the group's epoch, and a member */
+    /* replicas: the group's epoch, and a member: when set, and always where
+     * the type needs them (a replhello reply of epoch 0 still says `ep`) */
+    const ps_msg_info *mi = ps_msg_info_of(h->type);
+    uint32_t need = mi ? ((h->flags & PS_FLAG_REPLY) ? mi->rep_keys : mi->req_keys) : 0;
+    int is_ep = h->epoch != 0 || (need & (PS_HK(EP) | PS_HK(MB))) != 0;
     int is_rs = (h->type == PS_MSG_REPL_SNAP || h->type == PS_MSG_REPL_HELLO) &&
                 !(h->flags & PS_FLAG_REPLY);
     int is_stats = h->type == PS_MSG_STATS && (h->flags & PS_FLAG_REPLY);
