@@ -3,7 +3,9 @@
  * one leaves (ps_client_leave): async applies every push exactly once;
  * sync ends bitwise where a run with the same membership history ends (the
  * same join step and leave step, reached with other timing); a barrier
- * waits for MIN members. */
+ * waits for MIN members.  With a table (async), every worker also pushes a
+ * row gradient for every id each step: the joiner's from its join step on,
+ * each applied exactly once. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -21,10 +23,14 @@
 #define LEAVE_AFTER 100 /* worker 1 pushes steps 0..99, then leaves */
 #define JOINED_BY 90    /* workers 0 and 1 wait here for the join (a loaded host) */
 #define WAIT_MS 20000
+#define TKEY 9          /* the table of the table run */
+#define TDIM 4
+#define NIDS 64         /* ids 0..63, over both servers' partitions */
 
 typedef struct job {
     char eps[128];
     int mode;
+    int table;           /* async: also a table TKEY, each id pushed -1 each step */
     int controlled;      /* sync reference: workers 0 and 1 stop before the join step's
                             last round (the joiner's step is the open round + 1) */
     int64_t join_step;   /* controlled: the step worker 2 must join at */
@@ -36,6 +42,7 @@ typedef struct job {
     int64_t joined_at;   /* worker 2's step from ps_client_join */
     _Atomic int done;    /* workers 1 and 2 finished */
     float final[N];      /* worker 0's pull once they have */
+    float final_rows[NIDS * TDIM]; /* table: worker 0's pull of every id's row */
     int rc[3];
     char why[3][256];
 } job;
@@ -56,9 +63,17 @@ static ps_client *open_client(job *j, int rank, char *why, size_t len)
     o.chunk_bytes = 256 * sizeof(float);
     o.hello_timeout_ms = WAIT_MS;
     o.request_timeout_ms = 2000;
+    ps_table_options t;
+    ps_table_options_default(&t);
+    t.dim = TDIM;
+    t.init = PS_TABLE_INIT_ZEROS;
+    t.opt.kind = PS_OPT_SGD;
+    t.opt.lr = 1;
     ps_client *c;
     int rc = ps_client_open(&o, &c);
-    if (!rc && (rc = ps_client_register(c, KEY, N)) == 0 && (rc = ps_client_start(c)) == 0)
+    if (!rc && (rc = ps_client_register(c, KEY, N)) == 0 &&
+        (!j->table || (rc = ps_client_register_table(c, TKEY, &t)) == 0) &&
+        (rc = ps_client_start(c)) == 0)
         return c;
     snprintf(why, len, "worker %d: start: %s %s", rank, ps_strerror(rc),
              rc && c ? ps_client_last_error(c) : "");
@@ -82,6 +97,13 @@ static void *worker(void *arg)
     int r = k->rank;
     char *why = j->why[r];
     float *w = calloc(N, sizeof *w), *g = calloc(N, sizeof *g);
+    float *tg = calloc(NIDS * TDIM, sizeof *tg);
+    uint64_t ids[NIDS];
+    for (int i = 0; i < NIDS; i++) {
+        ids[i] = (uint64_t)i * 7919u; /* spread over the partitions */
+        for (int d = 0; d < TDIM; d++)
+            tg[i * TDIM + d] = -1.0f;
+    }
     ps_client *c = NULL;
     int rc = 0;
     int64_t first = 0, last = r == 1 ? LEAVE_AFTER : STEPS;
@@ -137,6 +159,12 @@ static void *worker(void *arg)
             break;
         }
         atomic_fetch_add(&j->pushes, 1);
+        /* the table's push of step s: the joiner's first is its join step */
+        if (j->table && ((rc = ps_client_sparse_push(c, TKEY, ids, NIDS, tg, s, &q)) ||
+                         (rc = ps_request_wait_for(&q, WAIT_MS)))) {
+            snprintf(why, 256, "table push %lld: %s", (long long)s, q.err);
+            break;
+        }
     }
     if (!rc && r == 1 && (rc = ps_client_leave(c)) != 0)
         snprintf(why, 256, "leave: %s", ps_client_last_error(c));
@@ -147,6 +175,10 @@ static void *worker(void *arg)
         if ((rc = ps_client_pull(c, KEY, j->final, j->mode == PS_MODE_SYNC ? STEPS : 0, &q)) ||
             (rc = ps_request_wait_for(&q, WAIT_MS)))
             snprintf(why, 256, "final pull: %s", q.err);
+        else if (j->table &&
+                 ((rc = ps_client_sparse_pull(c, TKEY, ids, NIDS, j->final_rows, 0, &q)) ||
+                  (rc = ps_request_wait_for(&q, WAIT_MS))))
+            snprintf(why, 256, "final table pull: %s", q.err);
     }
 out:
     if (rc)
@@ -159,6 +191,7 @@ out:
         ps_client_close(c);
     free(w);
     free(g);
+    free(tg);
     j->rc[r] = rc;
     return NULL;
 }
@@ -222,6 +255,34 @@ PS_TEST(async_a_worker_joins_and_one_leaves_every_push_applied_once)
            (long long)atomic_load(&j->pushes));
     CHECK_EQ_INT(atomic_load(&j->pushes), want);
     /* -1 each, with lr 1: the weights count the updates, on every chunk */
+    for (int i = 0; i < N; i++)
+        CHECK_MSG(j->final[i] == (float)want, "element %d is %g after %lld pushes", i,
+                  (double)j->final[i], (long long)want);
+    free(j);
+}
+
+PS_TEST(async_a_joiners_table_pushes_count_from_its_join_step_every_push_applied_once)
+{
+    job *j = calloc(1, sizeof *j);
+    ps_test_server sv[2];
+    j->mode = PS_MODE_ASYNC;
+    j->table = 1;
+    int rc = run(j, sv);
+    stop_servers(sv);
+    CHECK_EQ_INT(rc, 0);
+    CHECK(ps_test_file_has(sv[0].log, "worker 2 is a member from step"));
+    CHECK(ps_test_file_has(sv[1].log, "worker 1 left: "));
+    CHECK_MSG(j->joined_at >= JOIN_AT, "worker 2 joined at step %lld, before %d",
+              (long long)j->joined_at, JOIN_AT);
+    /* workers 0 and 1 push steps 0..STEPS-1 and 0..LEAVE_AFTER-1, the joiner
+     * J..STEPS-1: with sgd lr 1 and -1 each, a row counts the pushes applied */
+    int64_t want = STEPS + LEAVE_AFTER + (STEPS - j->joined_at);
+    printf("# table: worker 2 joined at step %lld; %lld pushes of each id\n",
+           (long long)j->joined_at, (long long)want);
+    CHECK_EQ_INT(atomic_load(&j->pushes), want);
+    for (int i = 0; i < NIDS * TDIM; i++)
+        CHECK_MSG(j->final_rows[i] == (float)want, "row %d value %d is %g after %lld pushes",
+                  i / TDIM, i % TDIM, (double)j->final_rows[i], (long long)want);
     for (int i = 0; i < N; i++)
         CHECK_MSG(j->final[i] == (float)want, "element %d is %g after %lld pushes", i,
                   (double)j->final[i], (long long)want);

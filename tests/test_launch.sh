@@ -639,6 +639,53 @@ else
     kill_leftovers
 fi
 
+# An elastic job: SIGTERM to one worker makes it leave (LEAVE to the
+# server, which removes it at once by its message, not by its connection's
+# close or --worker-timeout), while the others go on and ps_launch starts a
+# new one; the job ends with 0.
+case=launch_elastic_sigterm_makes_a_worker_leave_the_job
+if [ -n "$missing" ]; then
+    skip $case "$missing not built"
+else
+    why=""
+    out=$T/elastic_term.out
+    timeout 120 "$LAUNCH" --servers 1 --workers 2:3 --gpus none --mode async --bin-dir "$BIN" \
+        -- --model mlp:784-64-10 --batch 32 --epochs 1000 --steps 40000 --lr 0.05 \
+        --log-every 200 --data "$DATA" --log-csv "$T/elt-w{rank}.csv" >"$out" 2>&1 &
+    tpid=$!
+    wpid=""
+    i=0 # until worker 2 trains (it may start after the others)
+    while [ "$i" -lt 600 ] && ! grep -F '[worker 2] ' "$out" 2>/dev/null | grep -qF ' iter '; do
+        kill -0 "$tpid" 2>/dev/null || break
+        sleep 0.1
+        i=$((i + 1))
+    done
+    grep -F '[worker 2] ' "$out" | grep -qF ' iter ' && wpid=$(pgrep -f "$T/elt-w2.csv" | head -n 1)
+    if [ -n "$wpid" ]; then
+        kill -TERM "$wpid"
+        wait "$tpid"
+        rc=$?
+        [ "$rc" -eq 0 ] || why="exit status $rc, expected 0"
+        grep -q "^\[worker 2\] .*stopped by a signal: left the job at step [0-9]*$" "$out" ||
+            why="$why; worker 2 did not say it left the job"
+        # the first removal of worker 2 is its LEAVE's (the new worker 2
+        # ps_launch starts is removed at the end by its connection's close)
+        first=$(grep -E "worker 2 left: |worker 2's connection closed: removed" "$out" | head -n 1)
+        case $first in
+        *"worker 2 left: "*) ;;
+        *) why="$why; the server did not remove worker 2 by its LEAVE first (${first:-nothing})" ;;
+        esac
+    else
+        kill -TERM "$(pgrep -P "$tpid")" 2>/dev/null
+        wait "$tpid"
+        why="worker 2 did not start or ps_launch ended first ($(grep '^ps_launch: ' "$out" | tail -n 1))"
+    fi
+    { no_leftovers && pids_gone "$out"; } ||
+        why="$why; processes left behind: $(pgrep -af "$T" | head -n 3)"
+    if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$out"; fi
+    kill_leftovers
+fi
+
 # Ctrl-C or SIGTERM to ps_launch in the middle of a real sync run: every
 # worker stops at once wherever it waits (no SIGKILL after the grace period),
 # ps_launch exits 128+N and leaves nothing behind.

@@ -20,7 +20,9 @@ static const char usage_head[] =
 
 static const char usage_tail[] =
     "\n"
-    "SIGINT and SIGTERM stop the worker at once, wherever it waits.\n"
+    "SIGINT and SIGTERM stop the worker at once, wherever it waits; in an elastic\n"
+    "job (--num-workers MIN:MAX) a training worker first ends its step and leaves\n"
+    "the job (a second signal, or 5 s, stops it at once).\n"
     "Exit status: 0 trained (and, on rank 0, evaluated and saved); 1 failed while\n"
     "running (a server went away, I/O error); 2 something to fix first: a bad flag,\n"
     "a setting the servers do not share (mode, worker count, server order, model,\n"

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "ctr.h"
@@ -97,10 +98,24 @@ enum { TID_TRAIN = 1, TID_COMM = 2 };
 static volatile sig_atomic_t g_stop;
 static ps_exchange *g_x;
 static int g_in_handler;
+/* An elastic job's member between its join and the end of its loop: the
+ * first signal lets the step in progress end, and the worker sends LEAVE
+ * (the servers remove it at once, not at its connection's close or its
+ * --worker-timeout); a second signal, or LEAVE_GRACE_S seconds without the
+ * leave done (SIGALRM), interrupts as in a fixed job. */
+static int g_leave_ok;
+#define LEAVE_GRACE_S 5
 
 static void on_signal(int sig)
 {
-    g_stop = sig;
+    int first = !g_stop;
+    /* stored before g_leave_ok is read, as leave_on_signal reads them the
+     * other way round: one of the two sees the other's */
+    __atomic_store_n(&g_stop, sig == SIGALRM ? g_stop : sig, __ATOMIC_SEQ_CST);
+    if (sig != SIGALRM && first && __atomic_load_n(&g_leave_ok, __ATOMIC_SEQ_CST)) {
+        alarm(LEAVE_GRACE_S);
+        return;
+    }
     __atomic_add_fetch(&g_in_handler, 1, __ATOMIC_SEQ_CST);
     ps_exchange *x = __atomic_load_n(&g_x, __ATOMIC_SEQ_CST);
     if (x)
@@ -117,8 +132,26 @@ static void watch_exchange(ps_exchange *x)
         ps_exchange_interrupt(x);
 }
 
+/* Stopped by a signal while a member of an elastic job: LEAVE, bounded by
+ * the grace alarm the signal armed. */
+static void leave_on_signal(worker *w)
+{
+    if (!__atomic_exchange_n(&g_leave_ok, 0, __ATOMIC_SEQ_CST) ||
+        !__atomic_load_n(&g_stop, __ATOMIC_SEQ_CST))
+        return;
+    int rc = ps_exchange_leave(w->x);
+    alarm(0);
+    if (rc)
+        ps_warn("stopped by a signal: could not leave the job (%s); the servers remove this "
+                "worker when its connection closes or after --worker-timeout",
+                ps_strerror(rc));
+    else
+        ps_info("stopped by a signal: left the job at step %lld", (long long)w->step);
+}
+
 static void close_exchange(worker *w)
 {
+    __atomic_store_n(&g_leave_ok, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g_x, NULL, __ATOMIC_SEQ_CST);
     while (__atomic_load_n(&g_in_handler, __ATOMIC_SEQ_CST))
         sched_yield(); /* a handler on another thread is still using it */
@@ -245,6 +278,9 @@ static int connect_servers(worker *w)
     o.metrics_bind = c->metrics_bind;
     /* check what the user gave; the servers' settings are used either way */
     o.expect = c->expect;
+    if (elastic) /* the model is built: the clock of a join starts here (bench/elastic_bench.sh) */
+        ps_info("model built; rank %d joins the elastic job (%d..%d workers)", c->rank,
+                c->num_workers_min, c->num_workers);
     int rc = ps_exchange_open(&o, w->b, &w->x);
     if (rc)
         return rc;
@@ -463,6 +499,8 @@ static int train_loop(worker *w)
         ps_info("going on from step %lld, where this worker joined", (long long)first);
     if (ahead && first < total && (rc = hand_ids_ahead(w, first, per_epoch)))
         return rc;
+    if (w->elastic && w->x)
+        __atomic_store_n(&g_leave_ok, 1, __ATOMIC_SEQ_CST);
     for (w->step = first; w->step < total && !rc && !g_stop; w->step++) {
         int64_t k = w->step % per_epoch, epoch = w->step / per_epoch;
         int buf = (int)(w->step & 1);
@@ -501,6 +539,8 @@ static int train_loop(worker *w)
         ps_trace_event(w->trace, "backward", "compute", TID_TRAIN, t1, t2, w->step, -1);
         if (w->x)
             ps_exchange_step_done(w->x, (uint64_t)c->batch);
+        if (w->elastic && w->step == first)
+            ps_info("step %lld done, this worker's first", (long long)first);
         win_steps++;
         int64_t it = w->step + 1;
         int log_now = it % c->log_every == 0 || it == total;
@@ -542,6 +582,7 @@ static int train_loop(worker *w)
         int r = finish_requests(w);
         if (!rc && !g_stop)
             rc = r;
+        leave_on_signal(w);
     }
     double elapsed = (double)(ps_now_ns() - t_start) * 1e-9;
     if (!rc && !g_stop && w->x)
@@ -573,6 +614,7 @@ int ps_train_run(const ps_train_config *c)
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGALRM, &sa, NULL);
 
     if ((rc = check_outputs(c)))
         return rc;
