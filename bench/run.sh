@@ -309,9 +309,11 @@ cat <<'EOF'
   waiting (docs/PROTOCOL.md "Async sums"), so comm-wait is 0 and the step is
   no longer than compute-only (the update runs in the server process, on
   the other core, instead of on the training thread).  Sync: the first
-  layer's gradient (784x256, 0.8 MB) is the last one backward produces and
-  its new weights are the first ones forward needs, so one round trip of it
-  sits on the critical path of every step.  Through shared memory that round
+  layer's new weights (784x256, 0.8 MB) are the first ones forward needs,
+  so one round trip of it sits on the critical path of every step (its
+  gradient now leaves first among the parameter gradients, the other
+  layers' computed while it travels: section 9, "Where a sync step
+  goes").  Through shared memory that round
   trip no longer crosses the kernel (the last round, over loopback TCP, had
   2.33x); what is left is the server's apply of that chunk and the wake-ups
   of the threads that hand the request along (the worker's comm thread, the
@@ -457,11 +459,94 @@ python3-torch running the same model, batch and learning rate
 (\`bench/torch_ref.py\`): one process with 1 thread, and
 DistributedDataParallel over gloo with 2 processes x 1 thread.  All
 alternating, 3 rounds, medians.  Goals: MLPs async >= 1.5x one PyTorch
-process and >= 2.5x DDP, sync >= 2.0x DDP and >= 1.0x one process; CNN async
->= 1.1x DDP, sync >= 1.0x DDP.
+process and >= 2.5x DDP, sync >= 2.0x DDP and >= 1.0x one process, and MLP
+784-256-128-10 sync >= 1.4x one process (the per-layer sync pipeline's CPU
+goal; its profile below the table); CNN async >= 1.1x DDP, sync >= 1.0x DDP.
 
 EOF
 partmd cluster
+# not measured by the script: the profile of a sync step made by hand, kept as written
+cat <<'EOF'
+
+### Where a sync step goes: MLP 784-256-128-10, 1 server x 2 workers
+
+Measured 2026-12-06 on this 2-core VM beside three other helpers' builds
+and tests (load averages quoted; none of these runs had the machine alone).
+The per-layer sync pipeline is the one "Overlap on the worker" in
+docs/DESIGN.md describes: each tensor's gradient leaves in one push-pull as
+backward produces it, the server applies a chunk's round as soon as its
+last gradient is in and answers the waiting pulls, a layer's forward waits
+only for that layer's new weights, and the loss is read back only at log
+steps (`ps_model_forward_deferred`, `take_losses` in `worker/train.c`).
+
+Profile, before the two changes below (`ps_worker --timeline` on both
+workers, the server's timeline with the key of each pull, per-thread
+`/proc/*/task/*/schedstat`, `perf record -g` of the server; 20bd69f with
+main merged; load 0.5 to 5):
+
+- A step took 1.96 ms (26-32 k samples/s per worker): forward 1.2 ms, of
+  which 0.56-0.83 ms was the wait for the first layer's weights, and
+  backward 0.6-0.67 ms.  Compute alone (`--servers none`) is 0.87 ms a step
+  (73.7 k samples/s).
+- The first layer (784x256, 800 KB) is the critical round: backward
+  produced its gradient last and forward needs its weights first.  From the
+  later worker's post to the reply: 644 us median (p10 499): 150 us from the
+  post to the server's update thread (comm thread, ZeroMQ I/O threads, the
+  server's I/O thread), 276 us on the update thread from the later push to
+  both replies (the check of the gradient, the sum and mean, SGD 32 us, two
+  800 KB copies into the workers' arenas), the rest on the way back.  The
+  other layers' rounds came in ahead of it and were served first.
+- The server used 0.8-0.87 ms of CPU per step (update thread 0.48 ms, I/O
+  thread 0.22, ZeroMQ's I/O thread 0.17); perf of the server: memmove 16%
+  (by the code, the reply copies into the arenas and the round's first
+  copy: perf's call chains were cut),
+  `ps_dtype_nonfinite` 12% (the check of each gradient on arrival, then at
+  SSE2's 4 lanes), the mean 4.6%, SGD 4.4%, context switches about 25%.
+- Under load the round trip is a chain of about ten thread wake-ups, each
+  waiting for a core: at load 5-8 each of the server's threads waited in
+  the run queue about as long as it ran (0.72-0.86 s over a 5 s run) and a
+  worker's training thread 1.87 s for its 1.68 s of CPU.  Async has no such
+  chain on its critical path, which is why it holds up under load and sync
+  does not.
+
+What changed:
+
+- ps_worker's MLPs compute the input gradients down the chain first and
+  then the parameter gradients first layer first (`worker/model.c`,
+  `bottom_up`): the first layer's gradient leaves ahead of the others,
+  reaches the server first, and the other layers' gradients are computed
+  while it travels.  The same kernels on the same values: sync runs are
+  bitwise what they were (`--save` files compared; test_layers).
+- `ps_dtype_nonfinite`, the check every gradient takes in the worker's comm
+  thread and again on the server, is built for x86-64-v3 too: 31.6 -> 14.6 us
+  for 800 KB in L2.  A kept push (one that came before its turn in the
+  round) leaves the worker's arena copied and checked in one pass.
+
+Before against after, alternating, medians (`ps_launch --servers 1
+--workers 2 --gpus none --mode sync --server-threads 1 -- --model
+mlp:784-256-128-10 --batch 64 --lr 0.1 --threads 1 --epochs 2`, and
+`bench/torch_ref.py --world 1 --threads 1`), two sessions:
+
+| run | 07:38, 7 rounds, load 6.3 to 10.4: samples/s | / PyTorch | 08:03, 9 rounds, load 7.0 to 6.4: samples/s | / PyTorch |
+| --- | ---: | ---: | ---: | ---: |
+| before (20bd69f with main merged) | 38925 | 1.49 | 37824 | 1.05 |
+| after | 50798 | 1.94 | 50550 | 1.40 |
+| one PyTorch process, 1 thread | 26153 | 1.00 | 36125 | 1.00 |
+
+After / before: 1.31x and 1.34x.  One of the 7 runs of the old binaries in
+the first session printed no figure; its median is of 6.  Within a column
+the samples/s of one configuration ranged up to 2.7x (PyTorch 20263 to
+54375 in the second session).
+
+`CLUSTER_ROUNDS=5 CLUSTER_MODELS=mlp:784-256-128-10 sh bench/cluster_bench.sh`
+after the changes, load 8.8 rising to 10.5: sync through shared memory
+33773 samples/s, 1.28x one PyTorch process (26468): the 1.4x goal missed;
+async 82308 (3.11x).  The same part on the code before the changes at load
+0.6 rising to 5 (3 rounds): sync 66444, 1.79x (PyTorch 37047).  The ratio
+follows the machine's load more than the code: what is left is the chain of
+wake-ups on the critical path, one round trip through ZeroMQ and three
+threads on each side.
+EOF
 cat <<EOF
 
 ## 10. Multi-host (shaped links)
