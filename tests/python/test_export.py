@@ -187,6 +187,11 @@ class ExportTest(unittest.TestCase):
         with torch.no_grad():
             want = m(x, i)
             torch.testing.assert_close(plain(x, i), want, rtol=0, atol=0)
+        # a reader gives the padding row as the model's lookups do: zeros
+        with ps.torch.Reader(path, servers=s.endpoint) as rd:
+            got = rd.lookup({"emb": np.array([0, 1, 0])})["emb"].numpy()
+        zero = np.zeros(DIM, np.float32)
+        np.testing.assert_array_equal(got, np.stack([zero, plain.emb.weight[1].detach().numpy(), zero]))
         opt.close()
         # a warm start with the tables' state reset (their step 0): the
         # materialised modules' own rows are not sent over the imported ones

@@ -260,7 +260,7 @@ class Reader:
         """{table name: ids} -> {table name: float32 tensor len(ids) x dim},
         in one request; self.version: the lowest version read (sync: at
         most one step behind the workers)."""
-        items, out = [], {}
+        items, out, pads = [], {}, []
         for name, i in ids.items():
             t = self.tables.get(name)
             if t is None:
@@ -269,7 +269,12 @@ class Reader:
             rows = np.empty((len(a), t["dim"]), dtype=np.float32)
             items.append((t["key"], a, rows))
             out[name] = rows
+            pad = t.get("padding_idx")
+            if pad is not None:  # the model's lookups give its padding row as zeros
+                pads.append((a, rows, pad + t["num_embeddings"] if pad < 0 else pad))
         self.version = self.client.lookup(items).wait()
+        for a, rows, pad in pads:
+            rows[a == np.uint64(pad)] = 0
         return {k: torch.from_numpy(v) for k, v in out.items()}
 
     def load_dense(self, model):
