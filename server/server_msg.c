@@ -534,6 +534,34 @@ static void io_on_heartbeat(ps_server *s, zmq_msg_t *f, int nf, const ps_header 
     io_ack(s, &f[0], h);
 }
 
+/* A HYPER that changed an optimizer to `next` from step `from` (a table's
+ * with h->key): on to the shard group's members and to every update
+ * thread, which take it in order with the requests; its stream number. */
+static uint64_t hyper_apply(ps_server *s, const ps_header *h, const ps_opt_config *next,
+                            int64_t from)
+{
+    uint64_t rseq = ps_repl_forward_io(s->repl, h);
+    ps_cmd_frame cmd = {.cmd = PS_CMD_OPT, .h = *h};
+    cmd.h.hello.opt = *next;
+    cmd.h.push_step = from;
+    for (int i = 0; i < s->cfg.threads; i++)
+        srv_send_cmd(s, i, &cmd, NULL, NULL);
+    return rseq;
+}
+
+/* The reply to a HYPER: the optimizer that runs now, held until the
+ * members have the change when it was streamed (rseq != 0). */
+static void hyper_reply(ps_server *s, zmq_msg_t *id, const ps_header *h,
+                        const ps_opt_config *now, uint64_t rseq)
+{
+    ps_header r;
+    ps_reply_header(&r, PS_MSG_HYPER, h->seq, h->rank, h->key, h->chunk);
+    r.hello = srv_my_hello(s);
+    r.hello.opt = *now;
+    if (!ps_repl_hold_io(s->repl, rseq, id, &r))
+        srv_send(s, id, &r);
+}
+
 /* HYPER with a table's key: that table's hyper-parameters (those its kind
  * uses), from step h->push_step on as the dense ones; the reply says what
  * the table runs now (its kind in `opt`). */
@@ -587,20 +615,11 @@ static void io_on_table_hyper(ps_server *s, zmq_msg_t *f, const ps_header *h)
             ps_info("worker %d changed the optimizer of %s (%s) to %s: the pushes from now on "
                     "use it", h->rank, label, ps_table_opt_name(next.kind), desc);
         t->opt_now = next;
-        rseq = ps_repl_forward_io(s->repl, h);
-        ps_cmd_frame cmd = {.cmd = PS_CMD_OPT, .h = *h};
-        cmd.h.hello.opt = next;
-        cmd.h.push_step = from;
-        for (int i = 0; i < s->cfg.threads; i++)
-            srv_send_cmd(s, i, &cmd, NULL, NULL);
+        rseq = hyper_apply(s, h, &next, from);
     }
-    ps_header r;
-    ps_reply_header(&r, PS_MSG_HYPER, h->seq, h->rank, h->key, h->chunk);
-    r.hello = srv_my_hello(s);
-    r.hello.opt = t->opt_now;
-    r.hello.opt.kind = pk;
-    if (!ps_repl_hold_io(s->repl, rseq, &f[0], &r))
-        srv_send(s, &f[0], &r);
+    ps_opt_config now = t->opt_now;
+    now.kind = pk;
+    hyper_reply(s, &f[0], h, &now, rseq);
 }
 
 /* New hyper-parameters from step h->push_step on (those h->hello.opt gives
@@ -649,19 +668,9 @@ static void io_on_hyper(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
             ps_info("worker %d changed the optimizer to %s: the pushes from now on use it",
                     h->rank, d);
         s->opt_now = next;
-        rseq = ps_repl_forward_io(s->repl, h);
-        ps_cmd_frame cmd = {.cmd = PS_CMD_OPT, .h = *h};
-        cmd.h.hello.opt = next;
-        cmd.h.push_step = from;
-        for (int i = 0; i < s->cfg.threads; i++)
-            srv_send_cmd(s, i, &cmd, NULL, NULL);
+        rseq = hyper_apply(s, h, &next, from);
     }
-    ps_header r;
-    ps_reply_header(&r, PS_MSG_HYPER, h->seq, h->rank, h->key, h->chunk);
-    r.hello = srv_my_hello(s);
-    r.hello.opt = s->opt_now;
-    if (!ps_repl_hold_io(s->repl, rseq, &f[0], &r))
-        srv_send(s, &f[0], &r);
+    hyper_reply(s, &f[0], h, &s->opt_now, rseq);
 }
 
 /* ALLREDUCE and BROADCAST: held here, on server 0, until every live worker
