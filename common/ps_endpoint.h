@@ -6,8 +6,7 @@
 
 #include <stddef.h>
 
-/* Longest endpoint we keep (bytes, with the terminator). */
-#define PS_ENDPOINT_MAX 256
+#include "ps_limits.h" /* PS_ENDPOINT_MAX */
 
 /* Check `ep` and write the form to hand to ZeroMQ into out (cap bytes).
  * Accepted: tcp://HOST:PORT (HOST a name, an IPv4 address or [IPv6]; for a

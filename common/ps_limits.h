@@ -12,6 +12,9 @@
 /* How many processes one ps_launch supervises (each has two pipes in one
  * poll loop): its own limits, within what the programs accept. */
 #define PS_LAUNCH_MAX_SERVERS 256
+/* Longest endpoint we keep (bytes, with the terminator): common/ps_endpoint.h
+ * checks them, a PS_EMOVED reply names one. */
+#define PS_ENDPOINT_MAX 256
 #define PS_LAUNCH_MAX_WORKERS 1024
 /* ps_server --threads: update threads per server */
 #define PS_SERVER_MAX_THREADS 64

@@ -35,7 +35,8 @@
     X(PS_ENONFINITE, 16, "a gradient holds NaN or Inf")                      \
     X(PS_EPERM, 17, "the rank is held by another connection")                \
     X(PS_ENOTPRIMARY, 18, "not the primary of this shard group: go to the one named") \
-    X(PS_ESTALE, 19, "a stale epoch or revision: the configuration moved on")
+    X(PS_ESTALE, 19, "a stale epoch or revision: the configuration moved on") \
+    X(PS_EMOVED, 20, "not on this server any more: it moved to the server named")
 
 enum {
 #define PS_ERR_ENUM_(name, value, text) name = value,

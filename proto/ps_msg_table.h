@@ -178,7 +178,8 @@
     X(V, "v") X(T, "t") X(F, "f") X(Q, "q") X(R, "r") X(K, "k") X(C, "c") X(S, "s") X(N, "n")     \
     X(D, "d") X(TOT, "tot") X(EC, "ec") X(ET, "et") X(H, "h") X(ST, "st") X(ADM, "adm")           \
     X(BW, "bw") X(O, "o") X(M, "m") X(P, "p") X(DIM, "dim") X(NP, "np") X(TB, "tb")           \
-    X(NM, "nm") X(EP, "ep") X(MB, "mb") X(RS, "rs")
+    X(NM, "nm") X(EP, "ep") X(MB, "mb") X(RS, "rs")         \
+    X(SL, "sl") X(TO, "to") X(HS, "hs")
 
 enum ps_hdr_key {
 #define PS_HK_ENUM_(name, key) PS_HK_##name,

@@ -115,6 +115,8 @@ void ps_header_init(ps_header *h, uint32_t type)
     h->type = type;
     h->rank = -1;
     h->barrier.id = -1;
+    h->slot = -1;
+    h->home = -1;
 }
 
 /* Where in a ps_header the field of `s` is for a message of this type and
@@ -262,7 +264,12 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     int is_decl = h->type == PS_MSG_TABLE && !(h->flags & PS_FLAG_REPLY);
     int is_name = is_decl && h->table_name[0];
     size_t alen = h->type == PS_MSG_SHUTDOWN ? strnlen(h->admin, PS_ADMIN_TOKEN_MAX) : 0;
-    size_t n = 11 + (size_t)is_hello + (size_t)is_stats + 2 * (size_t)is_error + (alen > 0) +
+    /* moved objects: where one is now, and a partition's home */
+    int is_moved = h->type == PS_MSG_ERROR && h->err_code == PS_EMOVED;
+    int is_sl = is_moved && h->slot >= 0;
+    size_t tolen = is_moved ? strnlen(h->owner_ep, PS_ENDPOINT_MAX - 1) : 0;
+    int is_hs = (h->flags & PS_FLAG_AWAY) != 0;
+    size_t n = (size_t)is_sl + (tolen > 0) + (size_t)is_hs + 11 + (size_t)is_hello + (size_t)is_stats + 2 * (size_t)is_error + (alen > 0) +
                (size_t)has_bw + (size_t)is_shm + (size_t)is_sum + (size_t)is_dst +
                (size_t)is_sparse + (size_t)is_np + (size_t)is_decl + (size_t)is_name +
                2 * (size_t)is_ep + (size_t)is_rs;
@@ -305,6 +312,15 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     }
     if (is_rs)
         pk_u64(&pk, "rs", h->stream_pos);
+    if (is_sl)
+        pk_i64(&pk, "sl", h->slot);
+    if (tolen) {
+        pk_key(&pk, "to");
+        msgpack_pack_str(&pk, tolen);
+        msgpack_pack_str_body(&pk, h->owner_ep, tolen);
+    }
+    if (is_hs)
+        pk_i64(&pk, "hs", h->home);
     if (is_error) {
         pk_i64(&pk, "ec", h->err_code);
         size_t tl = strnlen(h->err_text, PS_ERR_TEXT_MAX);

@@ -68,7 +68,10 @@ const ps_msg_info *ps_msg_info_of(uint32_t type);
 #define PS_FLAG_REPL 0x4u   /* forwarded by the shard group's primary (epoch `ep`) to a
                                member: `q` is the stream's sequence number and the reply
                                goes back to the primary (docs/PROTOCOL.md "Replicas") */
-#define PS_FLAG_MASK 0x7u
+#define PS_FLAG_AWAY 0x8u   /* a table request to a partition away from its home server
+                               (it moved): `hs` names the home (docs/PROTOCOL.md
+                               "Moved objects") */
+#define PS_FLAG_MASK 0xfu
 
 /* A worker's shared-memory arena, announced in its hello (name "" : none). */
 #define PS_SHM_NAME_LEN 48
@@ -152,6 +155,14 @@ typedef struct ps_header {
     int32_t member;
     uint64_t stream_pos; /* "rs": REPL_SNAP, the last stream message its part holds;
                             REPL_HELLO, the last one before this connection's */
+    /* Servers added and removed (docs/PROTOCOL.md "Moved objects"): a
+     * PS_EMOVED error names the server slot that holds the object now ("sl",
+     * sent when >= 0) and its endpoint ("to", sent when not ""); a table
+     * request with PS_FLAG_AWAY names the partition's home server ("hs").
+     * -1 / "" when absent (ps_header_init). */
+    int32_t slot;
+    char owner_ep[PS_ENDPOINT_MAX];
+    int32_t home;
 } ps_header;
 
 /* Fill h with defaults: current version, rank -1, no barrier info

@@ -627,6 +627,22 @@ static int decode_field(int ki, const msgpack_object *v, ps_header *h, char *why
     case PS_HK_EP: FIELD_U(v, "ep", h->epoch, 0, UINT64_MAX); break;
     case PS_HK_MB: FIELD_I(v, "mb", h->member, 0, 2); break;
     case PS_HK_RS: FIELD_U(v, "rs", h->stream_pos, 0, UINT64_MAX); break;
+    case PS_HK_SL: FIELD_I(v, "sl", h->slot, 0, PS_MAX_SERVERS - 1); break;
+    case PS_HK_HS: FIELD_I(v, "hs", h->home, 0, PS_MAX_SERVERS - 1); break;
+    case PS_HK_TO: {
+        int ok = v->type == MSGPACK_OBJECT_STR && v->via.str.size > 0 &&
+                 v->via.str.size < PS_ENDPOINT_MAX;
+        for (uint32_t j = 0; ok && j < v->via.str.size; j++)
+            ok = v->via.str.ptr[j] > 0x20 && v->via.str.ptr[j] < 0x7f;
+        if (!ok) {
+            ps_errorf(why, why_len, "field 'to' must be an endpoint: 1 to %d printable "
+                "characters without spaces", PS_ENDPOINT_MAX - 1);
+            return PS_EPROTO;
+        }
+        memcpy(h->owner_ep, v->via.str.ptr, v->via.str.size);
+        h->owner_ep[v->via.str.size] = 0;
+        break;
+    }
     case PS_HK_EC: FIELD_I(v, "ec", h->err_code, 0, 1000); break;
     case PS_HK_ET: {
         if (v->type != MSGPACK_OBJECT_STR) {
@@ -722,6 +738,13 @@ static void drop_inapplicable(ps_header *d)
         d->stream_pos = 0;
     if (!d->epoch) /* a member is named with an epoch only */
         d->member = 0;
+    /* moved objects: the new place in a PS_EMOVED error, a home with AWAY */
+    if (d->type != PS_MSG_ERROR || d->err_code != PS_EMOVED) {
+        d->slot = -1;
+        memset(d->owner_ep, 0, sizeof d->owner_ep);
+    }
+    if (!(d->flags & PS_FLAG_AWAY))
+        d->home = -1;
 }
 
 /* The checked header of a map with v = 1, into d (ps_header_init'ed). */
@@ -766,6 +789,11 @@ static int decode_fields(const msgpack_object *root, ps_header *d, char *why, si
             snprintf(what, sizeof what, " (%s)", ps_s_meaning_doc(reply ? m->s_rep : m->s_req));
         ps_errorf(why, why_len, "%s %s without field '%s'%s", m->name, reply ? "reply" : "request",
             hdr_keys[ki], what);
+        return PS_EPROTO;
+    }
+    if ((d->flags & PS_FLAG_AWAY) && !(seen & PS_HK(HS))) {
+        ps_errorf(why, why_len, "%s %s with flag AWAY (%#x) without field 'hs' (the partition's "
+            "home server)", m->name, reply ? "reply" : "request", PS_FLAG_AWAY);
         return PS_EPROTO;
     }
     ps_header_set_s(d, s);

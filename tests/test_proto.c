@@ -258,7 +258,7 @@ PS_TEST(decode_refuses_wrong_types_and_out_of_range_values)
     char why[256];
     struct { const char *k; int kind; int64_t v; int want; } cases[] = {
         {"t", X_U, 0, PS_EPROTO},            {"t", X_U, PS_MSG_TYPE_MAX + 1, PS_EPROTO},
-        {"t", X_STR, 0, PS_EPROTO},          {"f", X_U, 8, PS_EPROTO},
+        {"t", X_STR, 0, PS_EPROTO},          {"f", X_U, PS_FLAG_MASK + 1, PS_EPROTO},
         {"f", X_I, -1, PS_EPROTO},           {"q", X_I, -1, PS_EPROTO},
         {"q", X_STR, 0, PS_EPROTO},          {"r", X_I, -2, PS_EPROTO},
         {"r", X_U, PS_MAX_RANK + 1, PS_EPROTO}, {"r", X_F, 1, PS_EPROTO},
@@ -1141,4 +1141,41 @@ PS_TEST(replica_fields_round_trip)
     /* a member is 0, 1 or 2 */
     char why[256];
     CHECK_EQ_INT(one_field("mb", X_U, 3, why, sizeof why), PS_EPROTO);
+}
+
+/* Moved objects: a PS_EMOVED error names the slot and endpoint that hold the
+ * object now (and nothing else does); a table request with flag AWAY names
+ * its partition's home and is refused without it. */
+PS_TEST(moved_fields_round_trip_only_where_they_mean_something)
+{
+    ps_header a, b;
+    ps_header_init(&a, PS_MSG_ERROR);
+    a.flags = PS_FLAG_REPLY;
+    a.seq = 6;
+    a.err_code = PS_EMOVED;
+    a.slot = 3;
+    snprintf(a.owner_ep, sizeof a.owner_ep, "tcp://127.0.0.1:4567");
+    CHECK_OK(rt(&a, &b));
+    CHECK_EQ_INT(b.err_code, PS_EMOVED);
+    CHECK_EQ_INT(b.slot, 3);
+    CHECK_STR(b.owner_ep, "tcp://127.0.0.1:4567");
+    a.err_code = PS_ENOTFOUND; /* another error: no place in it */
+    CHECK_OK(rt(&a, &b));
+    CHECK_EQ_INT(b.slot, -1);
+    CHECK_STR(b.owner_ep, "");
+    ps_header_init(&a, PS_MSG_SPULL);
+    a.key = 9;
+    a.chunk = 1;
+    a.dim = 4;
+    a.flags = PS_FLAG_AWAY;
+    a.home = 2;
+    CHECK_OK(rt(&a, &b));
+    CHECK_EQ_INT(b.home, 2);
+    a.flags = 0; /* at home: no hs sent, none read */
+    CHECK_OK(rt(&a, &b));
+    CHECK_EQ_INT(b.home, -1);
+    char why[256];
+    CHECK_EQ_INT(one_field("sl", X_U, PS_MAX_SERVERS, why, sizeof why), PS_EPROTO);
+    CHECK_EQ_INT(one_field("f", X_U, PS_FLAG_AWAY, why, sizeof why), PS_EPROTO);
+    CHECK(strstr(why, "'hs'") != NULL);
 }
