@@ -220,8 +220,11 @@ typedef struct ps_server ps_server;
 
 typedef struct ps_server_config {
     const char *bind;   /* ZeroMQ endpoint, e.g. tcp://0.0.0.0:5555 or ipc:///tmp/ps0; copied */
-    int rank;           /* this server's rank, 0..num_servers-1 */
-    int num_servers;    /* 1..65536 */
+    int rank;           /* this server's rank, 0..num_servers-1; an added server's is
+                           its slot, >= num_servers */
+    int num_servers;    /* 1..65536: the servers the job started with (the row layout) */
+    int added;          /* joins a running job (--added): holds nothing until objects
+                           move to it (server/move.h) */
     int num_workers;    /* 1..65536; an elastic job's MAX */
     int num_workers_min; /* an elastic job's MIN (--num-workers MIN:MAX, MIN < MAX); else
                             num_workers (or 0: the same) */
@@ -341,5 +344,9 @@ struct ps_metrics *ps_server_metrics(ps_server *s);
 
 /* Update thread owning (key, chunk) among `threads`. */
 int ps_server_owner(uint64_t key, uint32_t chunk, int threads);
+/* The update thread (of `threads`) that owns partition `part` of a table
+ * whose home is another server, `home` (it moved here: server/move.h):
+ * (home + part) mod threads, so one home's partitions spread over them. */
+int ps_server_away_owner(int home, uint32_t part, int threads);
 
 #endif
