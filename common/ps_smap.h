@@ -162,7 +162,9 @@ size_t ps_smap_held(const ps_smap *m, int slot, ps_smap_override *out, size_t ca
  * from the most loaded slots first, so it ends close to total/L (L live
  * slots, it included): it receives at most total/L + the largest object's
  * bytes, ends with at least total/L - the largest object's bytes while
- * other slots hold objects, and no other slot's load grows.  Deterministic:
+ * other slots hold objects and at most total/L + half the largest (it goes
+ * past total/L only to end nearer it), each move leaves it lighter than the
+ * slot the object left was, and no other slot's load grows.  Deterministic:
  * ties go to the lower (kind, key, a, b) and the lower slot.
  *
  * inv[0..n-1] is every object of the job, each once, with its bytes, home

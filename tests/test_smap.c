@@ -422,10 +422,20 @@ PS_TEST(plans_keep_their_bounds_on_random_jobs)
                 int same = same_moves(&plan, &again);
                 ps_smap_plan_free(&again);
                 uint64_t L = (uint64_t)m.nlive;
+                uint64_t sim[PS_SMAP_MAX_SLOTS];
+                memcpy(sim, before, sizeof sim);
                 for (size_t i = 0; i < plan.n; i++) {
                     const ps_smap_move *mv = &plan.moves[i];
                     CHECK_MSG(mv->to == s && mv->from != s && m.slots[mv->from].state == PS_SMAP_LIVE,
                               "job %d: move %zu %d -> %d onto slot %d", job, i, mv->from, mv->to, s);
+                    /* no pointless move: the new slot stays lighter than the
+                     * slot the object leaves was */
+                    CHECK_MSG(sim[s] + mv->bytes < sim[mv->from],
+                              "job %d: move %zu of %llu bytes from slot %d (%llu) to %d (%llu)", job,
+                              i, (unsigned long long)mv->bytes, mv->from,
+                              (unsigned long long)sim[mv->from], s, (unsigned long long)sim[s]);
+                    sim[mv->from] -= mv->bytes;
+                    sim[s] += mv->bytes;
                 }
                 apply_inv(inv, n, &plan);
                 loads(inv, n, after);
@@ -438,6 +448,11 @@ PS_TEST(plans_keep_their_bounds_on_random_jobs)
                           "job %d: new slot %llu < total/L %llu - largest %llu", job,
                           (unsigned long long)after[s], (unsigned long long)(total / L),
                           (unsigned long long)largest);
+                /* past the target only when that is nearer it: by under half an object */
+                CHECK_MSG(after[s] <= total / L + largest / 2,
+                          "job %d: new slot %llu > total/L %llu + largest/2 %llu", job,
+                          (unsigned long long)after[s], (unsigned long long)(total / L),
+                          (unsigned long long)largest / 2);
                 for (int t = 0; t < m.nslots; t++)
                     CHECK_MSG(t == s || after[t] <= before[t], "job %d: slot %d grew", job, t);
                 adds++;
