@@ -397,7 +397,7 @@ PS_TEST(plans_keep_their_bounds_on_random_jobs)
 {
     static ps_smap_obj inv[600];
     static uint64_t before[PS_SMAP_MAX_SLOTS], after[PS_SMAP_MAX_SLOTS];
-    char why[256], msg[256], ep[32];
+    char why[256], msg[256], ep[48];
     g_rng = 0x5eed5eed12345ull;
     size_t adds = 0, removes = 0, moved_objects = 0;
     for (int job = 0; job < 300; job++) {
