@@ -239,13 +239,11 @@ int ps_smap_apply(ps_smap *m, const ps_smap_move *moves, size_t n, char *why, si
             return PS_EINVAL;
         }
     }
-    if (m->nover + n > PS_SMAP_MAX_OVERRIDES) {
-        /* a bound, not the count: moves home shrink the map; checked exactly below */
-        if (m->nover > PS_SMAP_MAX_OVERRIDES || n > PS_SMAP_MAX_OVERRIDES) {
-            ps_errorf(why, why_len, "%zu moves on a map of %zu overrides: more than %u", n,
-                      m->nover, PS_SMAP_MAX_OVERRIDES);
-            return PS_ETOOBIG;
-        }
+    /* more moves than a map may hold overrides cannot all be distinct and
+     * away; the exact count is checked after the merge (moves home shrink it) */
+    if (n > PS_SMAP_MAX_OVERRIDES) {
+        ps_errorf(why, why_len, "%zu moves at once, more than %u", n, PS_SMAP_MAX_OVERRIDES);
+        return PS_ETOOBIG;
     }
     ps_smap_move *sorted = malloc((n ? n : 1) * sizeof *sorted);
     ps_smap_override *next = malloc((m->nover + n ? m->nover + n : 1) * sizeof *next);
@@ -299,8 +297,6 @@ int ps_smap_apply(ps_smap *m, const ps_smap_move *moves, size_t n, char *why, si
 
 /* What both planners know of a checked inventory */
 typedef struct inventory {
-    const ps_smap_obj *inv;
-    size_t n;
     uint64_t load[PS_SMAP_MAX_SLOTS];
     uint64_t total;
 } inventory;
@@ -340,8 +336,6 @@ static int check_inventory(const ps_smap *m, const ps_smap_obj *inv, size_t n, i
         return PS_EINVAL;
     }
     memset(iv, 0, sizeof *iv);
-    iv->inv = inv;
-    iv->n = n;
     for (size_t i = 0; i < n; i++) {
         const ps_smap_obj *o = &inv[i];
         const char *bad = id_problem(&o->id, m->nslots);

@@ -87,7 +87,9 @@ typedef struct ps_smap_slot {
     char endpoint[PS_ENDPOINT_MAX];
 } ps_smap_slot;
 
-/* Owns slots and over (free with ps_smap_free). */
+/* Owns slots (room for PS_SMAP_MAX_SLOTS, so adding one never moves them)
+ * and over (replaced by each ps_smap_apply: keep no pointer into it across
+ * one).  Free with ps_smap_free. */
 typedef struct ps_smap {
     uint64_t epoch;
     ps_smap_slot *slots;
