@@ -342,4 +342,12 @@ struct ps_metrics *ps_server_metrics(ps_server *s);
 /* Update thread owning (key, chunk) among `threads`. */
 int ps_server_owner(uint64_t key, uint32_t chunk, int threads);
 
+/* Update thread holding table partition `part` of server `home` when that
+ * partition was moved to this server (servers added and removed:
+ * server/move_records.h; its requests carry PS_FLAG_AWAY, hs = home and
+ * chunk = part): (home + part) mod threads, so the partitions one server
+ * gives away spread over the threads of the one that takes them.  A
+ * partition back at its home is its own thread's (part), not this. */
+int ps_server_away_owner(int home, uint32_t part, int threads);
+
 #endif

@@ -17,6 +17,11 @@ int ps_server_owner(uint64_t key, uint32_t chunk, int threads)
     return threads > 1 ? (int)(x % (uint64_t)threads) : 0;
 }
 
+int ps_server_away_owner(int home, uint32_t part, int threads)
+{
+    return threads > 1 ? (int)(((uint64_t)(uint32_t)home + part) % (uint64_t)threads) : 0;
+}
+
 /* Where each of ps_server's settings (common/ps_settings.h) lives. */
 static const ps_setting_field fields[] = {PS_SETTING_FIELDS(SERVER)};
 

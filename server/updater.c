@@ -749,7 +749,8 @@ int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, v
     ps_shard_set_merge(u->shard, hook_merge);
     ps_tparts_config tc = {sc->mode,     sc->max_staleness, sc->num_workers, cfg->num_servers,
                            cfg->nparts,  cfg->idx,          sc->max_memory, sc->mem_used,
-                           sc->guard,    cfg->worker_mem,   cfg->worker_share};
+                           sc->guard,    cfg->worker_mem,   cfg->worker_share,
+                           cfg->server_rank};
     ps_tparts_hooks th = {u, upd_thook_release, upd_thook_ready, hook_cancel, hook_merge,
                           upd_thook_take};
     rc = ps_tparts_create(&tc, &th, &u->tparts);
