@@ -609,9 +609,9 @@ int ps_shard_restore_chunk(ps_shard *s, const ps_shard_chunk_view *v, char *why,
 int ps_shard_move_in(ps_shard *s, const ps_shard_chunk_view *v, int64_t opt_step, char *why,
                      size_t why_len)
 {
-    if (opt_step < 0 || opt_step > v->version) {
+    if (opt_step < 0) {
         ps_errorf(why, why_len, "key %llu chunk %u moved in at version %lld with optimizer step "
-            "%lld: the step is in [0, version]", (unsigned long long)v->key, v->chunk,
+            "%lld: a step count is >= 0", (unsigned long long)v->key, v->chunk,
             (long long)v->version, (long long)opt_step);
         return PS_EMISMATCH;
     }

@@ -303,8 +303,7 @@ int ps_shard_view(const ps_shard *s, uint64_t key, uint32_t chunk, ps_shard_chun
  * push): no fast-forward, no jumped first pushes.  opt_step: the optimizer's
  * step count it had (ps_shard_get_state's), from which its next update goes
  * on.  Errors: those of ps_shard_restore_chunk (PS_EMISMATCH when the chunk
- * is here already: never overwritten), PS_EMISMATCH for opt_step outside
- * [0, version]. */
+ * is here already: never overwritten), PS_EMISMATCH for opt_step < 0. */
 int ps_shard_move_in(ps_shard *s, const ps_shard_chunk_view *v, int64_t opt_step, char *why,
                      size_t why_len);
 
