@@ -170,9 +170,11 @@
       "the workers that are members now (sent to server 0)",                                     \
       "`k` members, this worker the (`c` - 1)-th of them in rank order (`c` = 0: not one); "    \
       "`s` counts the changes so far (an elastic job's; a fixed job: every rank, version 0)")    \
-    X(SERVERS, 33, "servers", ADMIN, PS_HK(C), PS_HK(C), 0, PS_PL_BYTES, 0, NONE, NONE, servers, \
+    X(SERVERS, 33, "servers", ADMIN, PS_HK(C), PS_HK(C), PS_PL_BYTES, PS_PL_BYTES, 0, NONE, NONE, \
+      servers, \
       "to server 0: `c` = 1 add the server listening at `to` (started with --added), 2 remove "  \
-      "slot `sl` (its objects move off first), 3 the map as it is",                              \
+      "slot `sl` (its objects move off first), 3 the map as it is; frame 1 (`n` bytes): the "  \
+      "job's server list as its workers have it (comma-separated)",                              \
       "done: `sl` the slot added or removed; frame 1 (`n` bytes): `c` 1, 2 a line saying what "   \
       "moved, 3 the map (common/ps_smap.h)")                                                     \
     X(OBJECTS, 34, "objects", SERVER, 0, 0, 0, PS_PL_BYTES, 0, NONE, NONE, objects,             \

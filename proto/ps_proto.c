@@ -18,6 +18,13 @@ int ps_msg_names_slot(uint32_t type)
     return type == PS_MSG_SERVERS || type == PS_MSG_MOVEPLAN || type == PS_MSG_MOVE;
 }
 
+uint64_t ps_msg_bytes_limit(uint32_t type)
+{
+    /* objects that move between servers go whole, not in pages */
+    return ps_msg_names_slot(type) || type == PS_MSG_OBJECTS ? PS_MAX_PAYLOAD_BYTES
+                                                              : PS_SNAP_PAGE_BYTES;
+}
+
 /* s is needed where it means something */
 #define S_KEY_(m) (PS_S_##m == PS_S_NONE ? 0u : PS_HK(S))
 static const ps_msg_info msg_info[PS_MSG_TYPE_MAX + 1] = {

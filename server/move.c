@@ -667,7 +667,8 @@ void ps_move_taken(ps_server *s, int i, ps_move_frame *tf)
     give_job *g = gi < MOVE_MAX_GIVES ? &m->give[gi] : NULL;
     if (!g || !g->active || k >= (uint64_t)g->ngroups || g->grp[k].thread != i) {
         ps_error("update thread %d took objects for no move in progress; loading them back", i);
-        move_send_load(s, i, tf->block, tf->len, 0);
+        if (!tf->rc && tf->block)
+            move_send_load(s, i, tf->block, tf->len, 0);
         return;
     }
     give_grp *gr = &g->grp[k];

@@ -196,12 +196,13 @@ static void ask(ps_move *m, int slot, ps_header *h, const void *pl, size_t len)
     move_coord *c = m->coord;
     char why[256];
     zmq_msg_t f;
-    int with = pl != NULL;
+    /* a type that carries bytes carries its frame, empty or not */
+    int with = pl != NULL || ps_msg_request_layout(h->type) == PS_PL_BYTES;
     if (with) {
-        zmq_msg_init_size(&f, len);
-        if (len)
+        zmq_msg_init_size(&f, pl ? len : 0);
+        if (pl && len)
             memcpy(zmq_msg_data(&f), pl, len);
-        h->count = len;
+        h->count = pl ? len : 0;
     }
     const char *ep = slot == c->slot && c->op == OP_ADD ? c->ep : c->map.slots[slot].endpoint;
     int rc = ps_links_ask(m->links, ep, slot, h, with ? &f : NULL, PS_MOVE_TIMEOUT_MS,

@@ -39,16 +39,10 @@ void move_send_take(ps_server *s, int thread, const mv_obj *o, size_t n, int slo
 /* records: malloc'd, the thread frees them; token 0: loaded back here. */
 void move_send_load(ps_server *s, int thread, void *records, size_t len, uint64_t token);
 
-/* One object of an inventory (OBJECTS' reply, 40 bytes). */
+/* One object of an inventory (OBJECTS' reply, 40 bytes): kind as
+ * PS_SMAP_* (= PS_MOVE_*), a chunk's home the slot whose INIT made it. */
 #define MOVE_INV_BYTES 40
-typedef struct ps_move_inv {
-    uint32_t kind, nparts; /* nparts: a partition's home's partitions */
-    uint64_t key;
-    uint32_t a, b;
-    uint64_t bytes;
-    int32_t home;          /* a chunk's home: ps_placement's server (this server when
-                              it holds it at home; an override says otherwise) */
-} ps_move_inv;
+typedef ps_upd_obj ps_move_inv;
 
 /* Object -> slot. */
 #define MOVE_NONE (-2)
@@ -92,7 +86,7 @@ typedef struct give_job {
     give_grp *grp;
     int ngroups, left;
     int rc;
-    char why[256];
+    char why[512];
     uint64_t bytes;
     int64_t t0, t_taken;
 } give_job;

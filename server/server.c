@@ -213,6 +213,33 @@ static void io_read_pair(ps_server *s, int i)
             ps_repl_loaded(s->repl, i, rc);
             continue;
         }
+        if (t == PS_OUT_TAKEN || t == PS_OUT_MOVED_IN || t == PS_OUT_OBJECTS) {
+            /* servers added and removed (move.h): one frame, its blocks ours */
+            union {
+                ps_move_frame mf;
+                ps_objects_frame of;
+            } v;
+            size_t want = t == PS_OUT_OBJECTS ? sizeof v.of : sizeof v.mf;
+            int got = 0;
+            zmq_msg_t m;
+            while (more && ps_zmsg_recv(s->own[i].pair, &m, 0) == 0) {
+                more = zmq_msg_more(&m);
+                if (!got && zmq_msg_size(&m) == want) {
+                    memcpy(&v, zmq_msg_data(&m), want);
+                    got = 1;
+                }
+                zmq_msg_close(&m);
+            }
+            if (!got)
+                ps_error("update thread %d: a malformed '%c' frame; dropped", i, t);
+            else if (t == PS_OUT_TAKEN)
+                ps_move_taken(s, i, &v.mf);
+            else if (t == PS_OUT_MOVED_IN)
+                ps_move_loaded(s, i, &v.mf);
+            else
+                ps_move_objects(s, i, &v.of);
+            continue;
+        }
         union {
             ps_stats_frame of;
             ps_ckpt_frame cf;

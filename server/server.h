@@ -351,11 +351,6 @@ struct ps_metrics *ps_server_metrics(ps_server *s);
 
 /* Update thread owning (key, chunk) among `threads`. */
 int ps_server_owner(uint64_t key, uint32_t chunk, int threads);
-/* The update thread (of `threads`) that owns partition `part` of a table
- * whose home is another server, `home` (it moved here: server/move.h):
- * (home + part) mod threads, so one home's partitions spread over them. */
-int ps_server_away_owner(int home, uint32_t part, int threads);
-
 /* Update thread holding table partition `part` of server `home` when that
  * partition was moved to this server (servers added and removed:
  * server/move_records.h; its requests carry PS_FLAG_AWAY, hs = home and

@@ -333,6 +333,7 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, uint64_
     r->type = h->type;
     r->key = h->key;
     r->chunk = h->chunk;
+    r->home = (h->flags & PS_FLAG_AWAY) ? h->home : u->cfg.server_rank;
     r->tp = u->tparts;
     r->mut = mut;
     r->rseq = rseq;
@@ -732,6 +733,8 @@ static void *upd_main(void *arg)
                 upd_snap_poll(u, 1);
             } else if (cf.cmd == PS_CMD_TAKE) {
                 upd_move_take(u, &cf);
+            } else if (cf.cmd == PS_CMD_OBJECTS) {
+                upd_move_objects(u);
             } else if (cf.cmd == PS_CMD_LOAD_MOVED) {
                 upd_move_load(u, &cf);
             }

@@ -46,6 +46,8 @@
  *                         removed; the requests that waited on them are answered
  *                         PS_EMOVED naming that slot and endpoint.  All or nothing.
  *                         Answer PS_OUT_TAKEN with cmd.move_token
+ *   PS_CMD_OBJECTS [cmd]  list every chunk and table partition of this thread with its
+ *                         bytes (weights, optimizer state, rows): answer PS_OUT_OBJECTS
  *   PS_CMD_LOAD_MOVED [cmd] load the move block cmd.move_block (malloc'd, cmd.move_len
  *                         bytes: this thread's, ps_move_split) all or nothing: chunks
  *                         into the shard, partitions home (this server's, partition
@@ -84,6 +86,7 @@
  *   PS_OUT_TAKEN    [tag] [ps_move_frame]       PS_CMD_TAKE is done: rc 0 with the move
  *                   block (the I/O thread's now) and its counts; else nothing was
  *                   taken (why says)
+ *   PS_OUT_OBJECTS  [tag] [ps_objects_frame]    the objects PS_CMD_OBJECTS asked for
  *   PS_OUT_MOVED_IN [tag] [ps_move_frame]       PS_CMD_LOAD_MOVED is done: rc 0 (the
  *                   thread freed the block), else nothing was loaded and the block
  *                   comes back (the I/O thread's again: the objects are in it alone) */
@@ -112,7 +115,8 @@ enum {
     PS_CMD_SNAP_FLUSH = 10,
     PS_CMD_JOIN = 11,
     PS_CMD_TAKE = 12,
-    PS_CMD_LOAD_MOVED = 13
+    PS_CMD_LOAD_MOVED = 13,
+    PS_CMD_OBJECTS = 14
 };
 
 /* Frames a PAIR message of PS_CMD_REQ carries after its command: the
@@ -131,7 +135,8 @@ enum {
     PS_OUT_LOADED = 'L',
     PS_OUT_SNAP = 'N',
     PS_OUT_TAKEN = 'T',
-    PS_OUT_MOVED_IN = 'M'
+    PS_OUT_MOVED_IN = 'M',
+    PS_OUT_OBJECTS = 'O'
 };
 
 /* Each command reads its own fields; the others are 0. */
@@ -199,6 +204,26 @@ typedef struct ps_snap_frame {
 } ps_snap_frame;
 
 /* PS_OUT_TAKEN and PS_OUT_MOVED_IN. */
+/* One object an update thread holds, with its bytes (PS_OUT_OBJECTS): a
+ * chunk (kind PS_MOVE_CHUNK, a its index, b 0) or a table partition
+ * (PS_MOVE_PART, a its home, b its index, nparts its home's partitions);
+ * home is the I/O thread's to fill (server/move.h). */
+typedef struct ps_upd_obj {
+    uint32_t kind, nparts;
+    uint64_t key;
+    uint32_t a, b;
+    uint64_t bytes;
+    int32_t home;
+} ps_upd_obj;
+
+/* PS_OUT_OBJECTS: every object of the thread (objs malloc'd, the I/O
+ * thread's now; NULL when n is 0 or rc is not). */
+typedef struct ps_objects_frame {
+    int rc;
+    ps_upd_obj *objs;
+    size_t n;
+} ps_objects_frame;
+
 typedef struct ps_move_frame {
     uint64_t token;     /* cmd.move_token */
     int rc;             /* 0, or why nothing was taken / loaded */

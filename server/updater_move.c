@@ -71,11 +71,68 @@ static void send_move(ps_updater *u, char tag, const ps_move_frame *mf)
     zmq_send(u->pair, mf, sizeof *mf, 0);
 }
 
+/* An object taken from here and where it went (u->moved). */
+struct upd_moved {
+    ps_move_obj o;
+    int32_t slot;
+    char ep[PS_ENDPOINT_MAX];
+};
+
+/* Note where the objects of cf went (an entry per object, the last move's). */
+static void note_moved(ps_updater *u, const ps_cmd_frame *cf)
+{
+    for (size_t k = 0; k < cf->move_nobjs; k++) {
+        const ps_move_obj *o = &cf->move_objs[k];
+        size_t i = 0;
+        while (i < u->nmoved && memcmp(&u->moved[i].o, o, sizeof *o))
+            i++;
+        if (i == u->nmoved) {
+            if (u->nmoved == u->cap_moved) {
+                size_t cap = u->cap_moved ? 2 * u->cap_moved : 16;
+                struct upd_moved *a = realloc(u->moved, cap * sizeof *a);
+                if (!a) /* then the request gets "not found", and libps resends */
+                    return;
+                u->moved = a;
+                u->cap_moved = cap;
+            }
+            memset(&u->moved[i], 0, sizeof u->moved[i]);
+            u->moved[i].o = *o;
+            u->nmoved++;
+        }
+        u->moved[i].slot = cf->h.slot;
+        snprintf(u->moved[i].ep, sizeof u->moved[i].ep, "%s", cf->h.owner_ep);
+    }
+}
+
+int upd_move_where(const ps_updater *u, const req_ctx *r, int32_t *slot, const char **ep)
+{
+    int part = ps_msg_is_sparse(r->type) || r->type == PS_MSG_SASSIGN ||
+               (r->type == PS_MSG_CLOCK && r->home >= 0 && r->tp &&
+                ps_tparts_decl(r->tp, r->key));
+    for (size_t i = 0; i < u->nmoved; i++) {
+        const ps_move_obj *o = &u->moved[i].o;
+        int hit = part ? o->kind == PS_MOVE_PART && o->key == r->key && o->b == r->chunk &&
+                             o->a == (uint64_t)r->home
+                       : o->kind == PS_MOVE_CHUNK && o->key == r->key && o->a == r->chunk;
+        if (!hit && r->type == PS_MSG_CLOCK) /* a table's or a chunk's: either */
+            hit = o->key == r->key && ((o->kind == PS_MOVE_CHUNK && o->a == r->chunk) ||
+                                       (o->kind == PS_MOVE_PART && o->b == r->chunk &&
+                                        o->a == (uint64_t)r->home));
+        if (hit) {
+            *slot = u->moved[i].slot;
+            *ep = u->moved[i].ep;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Remove the objects just serialized; the requests waiting on them are
  * answered PS_EMOVED naming the destination. */
 static void remove_taken(ps_updater *u, const ps_cmd_frame *cf)
 {
     char why[256];
+    note_moved(u, cf);
     u->gone_code = PS_EMOVED;
     u->gone_slot = cf->h.slot;
     u->gone_ep = cf->h.owner_ep;
@@ -258,6 +315,9 @@ void upd_move_load(ps_updater *u, const ps_cmd_frame *cf)
 
 void upd_move_stop(ps_updater *u)
 {
+    free(u->moved);
+    u->moved = NULL;
+    u->nmoved = u->cap_moved = 0;
     while (u->takes) {
         upd_take *t = u->takes;
         u->takes = t->next;
@@ -291,4 +351,63 @@ ps_tparts *upd_req_tparts(ps_updater *u, req_ctx *r, const ps_header *h)
              "where it is", (unsigned long long)h->key, h->chunk, h->home, u->cfg.idx);
     upd_error(u, r, PS_ENOTFOUND, why);
     return NULL;
+}
+
+/* ---- PS_CMD_OBJECTS: what this thread holds, for a move's plan ---- */
+
+typedef struct obj_list {
+    ps_upd_obj *o;
+    size_t n, cap;
+    int rc;
+} obj_list;
+
+static void obj_add(obj_list *l, const ps_upd_obj *o)
+{
+    if (l->rc)
+        return;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 64;
+        ps_upd_obj *a = realloc(l->o, cap * sizeof *a);
+        if (!a) {
+            l->rc = PS_ENOMEM;
+            return;
+        }
+        l->o = a;
+        l->cap = cap;
+    }
+    l->o[l->n++] = *o;
+}
+
+/* A chunk's bytes: its weights and optimizer state (what a move carries). */
+static void chunk_obj(void *arg, const ps_shard_chunk_view *v)
+{
+    ps_upd_obj o = {PS_MOVE_CHUNK, 0, v->key, v->chunk, 0,
+                    (uint64_t)v->n * sizeof(float) * (uint64_t)(1 + v->nstate), -1};
+    obj_add(arg, &o);
+}
+
+void upd_move_objects(ps_updater *u)
+{
+    obj_list l = {0};
+    ps_shard_foreach(u->shard, chunk_obj, &l);
+    ps_tparts *tp;
+    for (size_t i = 0; (tp = upd_tp(u, i)); i++) {
+        const ps_tparts_config *tc = ps_tparts_cfg(tp);
+        ps_tpart_view v;
+        for (size_t k = 0; ps_tparts_view(tp, k, &v); k++) {
+            ps_table_counts c;
+            memset(&c, 0, sizeof c);
+            ps_tparts_table_counts(tp, v.key, &c);
+            /* the rows' charge (values, state, id) stands for their bytes */
+            ps_upd_obj o = {PS_MOVE_PART, (uint32_t)tc->nparts, v.key, (uint32_t)tc->home,
+                            v.part, c.bytes, (int32_t)tc->home};
+            obj_add(&l, &o);
+        }
+    }
+    ps_objects_frame of = {.rc = l.rc, .objs = l.rc ? NULL : l.o, .n = l.rc ? 0 : l.n};
+    if (l.rc)
+        free(l.o);
+    char tag = PS_OUT_OBJECTS;
+    zmq_send(u->pair, &tag, 1, ZMQ_SNDMORE);
+    zmq_send(u->pair, &of, sizeof of, 0);
 }

@@ -18,6 +18,9 @@ void upd_move_take(ps_updater *u, const ps_cmd_frame *cf);
 void upd_move_poll(ps_updater *u);
 /* PS_CMD_LOAD_MOVED. */
 void upd_move_load(ps_updater *u, const ps_cmd_frame *cf);
+/* PS_CMD_OBJECTS: every chunk and table partition here with its bytes,
+ * answered PS_OUT_OBJECTS. */
+void upd_move_objects(ps_updater *u);
 /* At the end: TAKEs still queued answered PS_ECLOSED, then every moved-in
  * ps_tparts destroyed (their waiters cancelled). */
 void upd_move_stop(ps_updater *u);
@@ -26,6 +29,10 @@ void upd_move_stop(ps_updater *u);
  * moved-in partition h->chunk of home h->home; NULL when this thread holds
  * no such partition (r answered PS_ENOTFOUND, saying so). */
 ps_tparts *upd_req_tparts(ps_updater *u, req_ctx *r, const ps_header *h);
+
+/* Request r names an object taken from this thread (r's not found): 1 and
+ * where it went; else 0. */
+int upd_move_where(const ps_updater *u, const req_ctx *r, int32_t *slot, const char **ep);
 
 /* The error reply for a moved object: PS_EMOVED in h names the slot and
  * endpoint u->gone_* says (upd_error calls it). */

@@ -83,6 +83,18 @@ void upd_send(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *paylo
 void upd_error(ps_updater *u, req_ctx *r, int code, const char *why)
 {
     ps_header h;
+    int32_t slot;
+    const char *ep;
+    char moved[PS_ERR_TEXT_MAX];
+    if (code == PS_ENOTFOUND && u->nmoved && upd_move_where(u, r, &slot, &ep)) {
+        /* sent here before the I/O thread knew it moved */
+        snprintf(moved, sizeof moved, "it moved to server slot %d (%.120s)", slot, ep);
+        ps_reply_error(&h, r->seq, r->rank, r->key, r->chunk, PS_EMOVED, moved);
+        h.slot = slot;
+        snprintf(h.owner_ep, sizeof h.owner_ep, "%s", ep);
+        upd_send_as(u, &r->id, &h, NULL, 0, 0, r->rseq);
+        return;
+    }
     ps_reply_error(&h, r->seq, r->rank, r->key, r->chunk, code, why);
     if (code == PS_EMOVED) /* where it is now */
         upd_move_name_dest(u, &h);

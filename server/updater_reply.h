@@ -32,6 +32,8 @@ typedef struct req_ctx {
     uint32_t type;    /* PS_MSG_PUSH here: a deferred acknowledgement (no weights) */
     uint64_t key;
     uint32_t chunk;
+    int32_t home;     /* a table request's partition's home (PS_FLAG_AWAY's hs, else this
+                         server's rank) */
     uint64_t mut;     /* its mutation number (ps_cmd_frame.mut), 0 for a pull */
     uint64_t rseq;    /* its number in the primary's stream to the members (cmd.rseq) */
     int64_t t_arrive; /* for the timeline */
@@ -89,6 +91,11 @@ struct ps_updater {
      * on them (gone_code 0: none; PS_EMOVED names gone_slot, gone_ep) */
     int gone_code;
     int32_t gone_slot;
+    /* objects taken from here (PS_CMD_TAKE) and where they went: a request
+     * the I/O thread sent before it knew is answered PS_EMOVED, not "not
+     * found" (upd_error); an entry whose object came back is never asked */
+    struct upd_moved *moved;
+    size_t nmoved, cap_moved;
     const char *gone_ep;
     char gone_why[PS_ERR_TEXT_MAX];
 };

@@ -183,7 +183,7 @@ PS_TEST(a_server_added_takes_a_third_and_a_removed_one_moves_everything_off)
             CHECK_OK(ps_test_rpc(j.d[at], &h, NULL, 0, &r, w, N, NULL));
             CHECK_EQ_INT(r.type, PS_MSG_PULL);
             for (int i = 0; i < N; i++)
-                CHECK_EQ_DBL(w[i], (float)(10 * k + c) - 1.0f, 0);
+                CHECK_MSG(w[i] == (float)(10 * k + c) - 1.0f, "chunk %d/%d: %g", k, c, w[i]);
         }
     /* 8 equal chunks on 3 servers: the new one has 2 or 3 */
     CHECK_MSG(moved >= 2 && moved <= 3, "%d chunks moved", moved);
@@ -207,7 +207,7 @@ PS_TEST(a_server_added_takes_a_third_and_a_removed_one_moves_everything_off)
             h = ps_test_header(PS_MSG_PULL, 0, ++seq, 7 + (uint64_t)k, (uint32_t)c, 0);
             CHECK_OK(ps_test_rpc(j.d[at], &h, NULL, 0, &r, w, N, NULL));
             for (int i = 0; i < N; i++)
-                CHECK_EQ_DBL(w[i], (float)(10 * k + c) - 1.5f, 0);
+                CHECK_MSG(w[i] == (float)(10 * k + c) - 1.5f, "chunk %d/%d: %g", k, c, w[i]);
         }
     /* removed: it answers that it left, and exits once nobody asks */
     ps_header h = ps_test_header(PS_MSG_PULL, 0, ++seq, 8, 0, 0);

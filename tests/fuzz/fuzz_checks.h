@@ -341,7 +341,7 @@ FUZZ_FN const char *fuzz_read_payload_oracle(const ps_header *h, int layout, siz
             /* check_payload gives frame 1 `bytes` and any later frame 0 */
             int want = !shm &&
                        (layout == PS_PL_BYTES
-                            ? nframes == 1 && h->count <= PS_SNAP_PAGE_BYTES && bytes == h->count
+                            ? nframes == 1 && h->count <= ps_msg_bytes_limit(h->type) && bytes == h->count
                             : nframes == 2 && bytes >= PS_LOOKUP_ENTRY_BYTES &&
                                   bytes % PS_LOOKUP_ENTRY_BYTES == 0 &&
                                   bytes / PS_LOOKUP_ENTRY_BYTES <= PS_MAX_LOOKUP_TABLES &&
