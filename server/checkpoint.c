@@ -277,7 +277,10 @@ static unsigned char *put_part(unsigned char *p, const prec *r, int mode, int nu
     PUT(p, (uint32_t)((r->delta ? PREC_DELTA : 0) |
                       (v->decl->full == PS_TABLE_FULL_REFUSE ? PREC_FULL_REFUSE : 0)));
     PUT(p, v->version);
-    p = put_decl(p, v->decl);
+    ps_table_options decl = *v->decl;
+    if (exact) /* a move: the hyper-parameters a HYPER set since the declaration go with it */
+        decl.opt = ps_table_get_config(v->store)->opt;
+    p = put_decl(p, &decl);
     uint64_t counters[8] = {c.created,        c.evicted, c.filtered_pulls, c.filtered_pushes,
                             c.pulled,         c.pushed,  c.updated,        c.rounds};
     memcpy(p, counters, sizeof counters);

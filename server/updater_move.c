@@ -152,6 +152,8 @@ static void remove_taken(ps_updater *u, const ps_cmd_frame *cf)
         }
         if (tp) /* found: ps_move_serialize did */
             ps_tparts_remove(tp, o->key, PS_EMOVED, u->gone_why, why, sizeof why);
+        if (tp == u->tparts)
+            u->nmslot = 0; /* its partitions moved up: their metrics slots are found again */
     }
     u->gone_code = 0;
     u->gone_ep = NULL;

@@ -398,6 +398,11 @@ PS_TEST(partition_moved_keeps_its_rows_state_version_and_clocks_and_goes_on_bitw
     CHECK_OK(declare(r, KEY));
     uint64_t ids[6];
     ids_here(ids, 6);
+    /* a HYPER of the table before the move: its rate goes with the partition */
+    ps_opt_config faster = adam();
+    faster.lr = 0.2f;
+    CHECK_OK(ps_tparts_set_opt(a, KEY, 1, &faster));
+    CHECK_OK(ps_tparts_set_opt(r, KEY, 1, &faster));
     for (int64_t t = 0; t < 3; t++) {
         CHECK_OK(tround(a, t, ids, 5));
         CHECK_OK(tround(r, t, ids, 5));
