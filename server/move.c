@@ -222,23 +222,24 @@ static void answer_moved(ps_server *s, zmq_msg_t *id, const ps_header *h, int sl
 int ps_move_redirect(ps_server *s, zmq_msg_t *id, const ps_header *h)
 {
     ps_move *m = s->move;
-    if (!m || (!m->left && !m->gone.n && !m->incoming.n))
+    if (!m || (!m->left && !m->gone.n && !m->incoming.n && !move_coord_epoch(m)))
         return 0;
     int64_t now = ps_now_ns();
-    if (m->left) {
-        if (h->type == PS_MSG_HEARTBEAT)
-            return 0; /* answered as ever; libps learns from its requests */
-        if (h->rank >= 0)
-            m->left_heard_ns = now;
-        if (h->type == PS_MSG_HELLO || h->type == PS_MSG_STATS || h->type == PS_MSG_SHUTDOWN ||
-            h->type == PS_MSG_LEAVE)
-            return 0;
-        answer_moved(s, id, h, -1, NULL, "this server left the job (it was removed and its "
-                     "objects moved to the others): follow each object to its new server");
-        return 1;
-    }
     mv_obj o;
-    if (!object_of(s, h, &o))
+    int obj = object_of(s, h, &o);
+    if (m->left) {
+        if (h->rank >= 0) /* a worker still asks: it has not heard yet */
+            m->left_heard_ns = now;
+        if (h->type == PS_MSG_STATS || h->type == PS_MSG_SHUTDOWN)
+            return 0;
+        int slot = obj ? move_tab_get(&m->gone, &o) : MOVE_NONE;
+        if (slot == MOVE_NONE) {
+            answer_moved(s, id, h, -1, NULL, "this server left the job (it was removed and its "
+                         "objects moved to the others): ask server 0 where an object is");
+            return 1;
+        }
+    }
+    if (!obj)
         return 0;
     int slot = move_tab_get(&m->incoming, &o);
     if (slot != MOVE_NONE) {
@@ -247,6 +248,8 @@ int ps_move_redirect(ps_server *s, zmq_msg_t *id, const ps_header *h)
         return 1;
     }
     slot = move_tab_get(&m->gone, &o);
+    if (slot == MOVE_NONE)
+        slot = move_coord_owner(m, &o, s->cfg.rank); /* server 0 knows every move */
     if (slot == MOVE_NONE)
         return 0;
     char why[PS_ENDPOINT_MAX + 64];

@@ -52,8 +52,10 @@
 typedef struct ps_server ps_server;
 typedef struct ps_move ps_move;
 
-/* How long a step of a move may take before it counts as failed. */
+/* How long a move of objects may take before it counts as failed, and
+ * how long a server may take to answer any other step. */
 #define PS_MOVE_TIMEOUT_MS 60000
+#define PS_MOVE_ASK_MS 10000
 /* A removed server exits once no worker asked it anything for this long
  * (each was told it left), or this much later at most. */
 #define PS_MOVE_LEFT_QUIET_MS 3000

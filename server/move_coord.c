@@ -44,6 +44,20 @@ uint64_t move_coord_epoch(const ps_move *m)
     return m->coord && m->coord->have_map ? m->coord->map.epoch : 0;
 }
 
+int move_coord_owner(ps_move *m, const mv_obj *o, int self)
+{
+    move_coord *c = m->coord;
+    if (!c || !c->have_map || !c->map.nover)
+        return MOVE_NONE;
+    ps_smap_id id = {o->kind, o->key, o->a, o->b};
+    int owner = ps_smap_owner(&c->map, &id, -1); /* -1: not moved */
+    if (owner < 0 || owner == self || owner >= c->map.nslots)
+        return MOVE_NONE;
+    if (move_slot_set(m, owner, c->map.slots[owner].endpoint))
+        return MOVE_NONE;
+    return owner;
+}
+
 static void op_clear(move_coord *c)
 {
     if (c->active)
@@ -205,7 +219,11 @@ static void ask(ps_move *m, int slot, ps_header *h, const void *pl, size_t len)
         h->count = pl ? len : 0;
     }
     const char *ep = slot == c->slot && c->op == OP_ADD ? c->ep : c->map.slots[slot].endpoint;
-    int rc = ps_links_ask(m->links, ep, slot, h, with ? &f : NULL, PS_MOVE_TIMEOUT_MS,
+    /* a server that does not answer a question in PS_MOVE_ASK_MS is not
+     * there; a move may take longer */
+    int ms = h->type == PS_MSG_MOVEPLAN && h->chunk == MOVE_PLAN_GIVE ? PS_MOVE_TIMEOUT_MS
+                                                                      : PS_MOVE_ASK_MS;
+    int rc = ps_links_ask(m->links, ep, slot, h, with ? &f : NULL, ms,
                           MOVE_TAG_COORD | (uint64_t)slot, why, sizeof why);
     if (with)
         zmq_msg_close(&f);

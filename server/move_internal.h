@@ -158,5 +158,9 @@ void move_coord_reply(ps_move *m, uint64_t tag, const ps_header *h, zmq_msg_t *p
                       const char *why);
 void move_coord_free(ps_move *m);
 uint64_t move_coord_epoch(const ps_move *m);
+/* Server 0: the slot the map says holds o when that is not `self` (a
+ * request for an object of a server that left comes here), with its
+ * endpoint known; else MOVE_NONE. */
+int move_coord_owner(ps_move *m, const mv_obj *o, int self);
 
 #endif
