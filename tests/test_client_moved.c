@@ -37,6 +37,7 @@ typedef struct fake {
     uint64_t move_key;
     int move_chunk;
     int move_times;
+    int move_home; /* >= 0: only the requests with AWAY and that home instead */
     int left; /* heartbeats too are answered "left" (slot -1) */
     /* what it saw (under mu) */
     int stop;
@@ -76,6 +77,22 @@ static void answer(fake *f, zmq_msg_t *id, const ps_header *q, const zmq_msg_t *
         n = NELEM;
         for (size_t k = 0; k < n; k++)
             rows[k] = (float)k + 0.5f;
+        h.count = n;
+        h.dtype = PS_DTYPE_F32;
+    } else if (q->type == PS_MSG_LOOKUP && nf > 1) {
+        /* frame 1: its tables (16 bytes each: key, ids, dim); frame 2: the ids */
+        const unsigned char *ent = zmq_msg_data((zmq_msg_t *)&frames[0]);
+        const uint64_t *ids = zmq_msg_data((zmq_msg_t *)&frames[1]);
+        size_t nent = zmq_msg_size((zmq_msg_t *)&frames[0]) / 16, k = 0;
+        for (size_t e = 0; e < nent; e++) {
+            uint32_t cnt, dim;
+            memcpy(&cnt, ent + 16 * e + 8, 4);
+            memcpy(&dim, ent + 16 * e + 12, 4);
+            for (uint32_t j = 0; j < cnt && n + dim <= 4096; j++, k++)
+                for (uint32_t d = 0; d < dim; d++)
+                    rows[n++] = d == 0 ? (float)ids[k] : (float)f->cfg.server_rank;
+        }
+        h.key = 0;
         h.count = n;
         h.dtype = PS_DTYPE_F32;
     } else if (q->type == PS_MSG_SPULL && nf > 0) {
@@ -130,7 +147,8 @@ static void *fake_main(void *arg)
                 moved = q.type != PS_MSG_TABLE && f->move_slot >= -1 && f->move_times != 0 &&
                         (!f->move_key || q.key == f->move_key) &&
                         (f->move_chunk < 0 || (int)q.chunk == f->move_chunk) &&
-                        !(q.flags & PS_FLAG_AWAY);
+                        (f->move_home < 0 ? !(q.flags & PS_FLAG_AWAY)
+                                          : (q.flags & PS_FLAG_AWAY) && q.home == f->move_home);
                 if (moved && f->move_times > 0)
                     f->move_times--;
             }
@@ -175,6 +193,7 @@ static int fake_start(fake *f, int slot, int ns, int threads)
     f->cfg.opt.given = PS_OPT_GIVEN(lr);
     f->move_slot = -2;
     f->move_chunk = -1;
+    f->move_home = -1;
     f->ctx = zmq_ctx_new();
     f->sock = zmq_socket(f->ctx, ZMQ_ROUTER);
     int linger = 0;
@@ -379,6 +398,18 @@ PS_TEST(c_table_requests_to_a_moved_partition_carry_away_and_their_home)
     CHECK(rows[DIM] == (float)ids[1] && rows[DIM + 1] == 0.0f); /* from home 0 */
     CHECK_EQ_INT(fake_count(&f2, PS_MSG_SPULL, TABLE, 1, PS_FLAG_AWAY, 1), 1);
     CHECK_EQ_INT(fake_count(&f1, PS_MSG_SPULL, TABLE, -1, 0, -1), 0);
+    /* a lookup reads the moved partition where it is, away from home */
+    memset(rows, 0, sizeof rows);
+    const uint64_t key = TABLE, *idp = ids;
+    const size_t cnt = 2;
+    float *rp = rows;
+    CHECK_OK(ps_client_lookup(c, 1, &key, &idp, &cnt, &rp, &r));
+    CHECK(done_soon(&r));
+    CHECK_OK(ps_request_wait(&r));
+    CHECK(rows[0] == (float)ids[0] && rows[1] == 2.0f);
+    CHECK(rows[DIM] == (float)ids[1] && rows[DIM + 1] == 0.0f);
+    CHECK_EQ_INT(fake_count(&f2, PS_MSG_LOOKUP, 0, 1, PS_FLAG_AWAY, 1), 1);
+    CHECK_EQ_INT(fake_count(&f1, PS_MSG_LOOKUP, 0, -1, 0, -1), 0);
     /* the table's clock: every home partition, the moved one where it is */
     CHECK_OK(ps_client_clock(c, TABLE, &r));
     CHECK(done_soon(&r));
@@ -434,6 +465,42 @@ PS_TEST(d_a_server_that_left_gets_no_heartbeats_and_its_objects_are_found_via_th
     CHECK(strstr(ps_client_last_error(c), "left the job") != NULL);
     ps_client_close(c);
     fake_stop(&f0);
+    fake_stop(&f2);
+}
+
+PS_TEST(f_a_home_that_left_sends_its_partitions_to_server_0_which_names_the_owner)
+{
+    fake f0, f1, f2;
+    CHECK_OK(fake_start(&f0, 0, 2, 1));
+    CHECK_OK(fake_start(&f1, 1, 2, 1));
+    CHECK_OK(fake_start(&f2, 2, 2, 1));
+    char eps[200];
+    snprintf(eps, sizeof eps, "%s,%s", f0.ep, f1.ep);
+    ps_client *c = client(eps, 1, 0);
+    CHECK(c != NULL);
+    fake_move(&f1, 0, -1, -1, NULL, -1); /* home 1 left the job */
+    fake_move(&f0, TABLE, 0, 2, f2.ep, -1);
+    pthread_mutex_lock(&f0.mu);
+    f0.move_home = 1; /* server 0 knows where home 1's partition went */
+    pthread_mutex_unlock(&f0.mu);
+    ps_request r;
+    CHECK_OK(ps_client_sparse_push(c, TABLE, NULL, 0, NULL, 0, &r));
+    CHECK(done_soon(&r));
+    CHECK_OK(ps_request_wait(&r));
+    CHECK_EQ_INT(fake_count(&f1, PS_MSG_SPUSH, TABLE, 0, 0, -1), 1);
+    CHECK_EQ_INT(fake_count(&f0, PS_MSG_SPUSH, TABLE, 0, PS_FLAG_AWAY, 1), 1);
+    CHECK_EQ_INT(fake_count(&f2, PS_MSG_SPUSH, TABLE, 0, PS_FLAG_AWAY, 1), 1);
+    /* the next one goes straight to its owner; server 0's own partition home */
+    CHECK_OK(ps_client_sparse_push(c, TABLE, NULL, 0, NULL, 1, &r));
+    CHECK(done_soon(&r));
+    CHECK_OK(ps_request_wait(&r));
+    CHECK_EQ_INT(fake_count(&f1, PS_MSG_SPUSH, TABLE, -1, 0, -1), 1);
+    CHECK_EQ_INT(fake_count(&f0, PS_MSG_SPUSH, TABLE, 0, PS_FLAG_AWAY, 1), 1);
+    CHECK_EQ_INT(fake_count(&f2, PS_MSG_SPUSH, TABLE, 0, PS_FLAG_AWAY, 1), 2);
+    CHECK_EQ_INT(fake_count(&f0, PS_MSG_SPUSH, TABLE, 0, 0, -1), 3); /* 2 its own, 1 away */
+    ps_client_close(c);
+    fake_stop(&f0);
+    fake_stop(&f1);
     fake_stop(&f2);
 }
 
