@@ -262,3 +262,125 @@ PS_TEST(an_added_server_of_another_configuration_or_rank_is_refused)
     CHECK_MSG(strstr(out, "server-rank") && strstr(out, "has 5"), "%s", out);
     stop(&j);
 }
+
+/* ---- through libps: a sync job whose servers change while it trains ---- */
+
+#include "export_job.h"
+
+#define BIG_ROWS 1000000 /* the table's rows before training */
+#define BIG_PULL 250000
+
+/* Pull every row of 0..BIG_ROWS-1 of the table through worker 0 (made at
+ * their first pull; read back at the end) into rows (BIG_ROWS x EJ_DIM). */
+static int pull_all(ej_job *j, float *rows, int64_t step)
+{
+    static uint64_t ids[BIG_PULL];
+    for (size_t at = 0; at < BIG_ROWS; at += BIG_PULL) {
+        for (size_t i = 0; i < BIG_PULL; i++)
+            ids[i] = at + i;
+        ps_request req;
+        if (ps_client_sparse_pull(j->c[0], EJ_TABLE, ids, BIG_PULL, rows + at * EJ_DIM, step,
+                                  &req) ||
+            ej_wait(&req)) {
+            fprintf(stderr, "pull of rows %zu..: %s\n", at, req.err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ps_servers on j's servers, started (its pid); the training goes on meanwhile. */
+static int tool_start(const ej_job *j, const char *token, const char *words, const char *log)
+{
+    char args[2048];
+    snprintf(args, sizeof args, "--servers %s --admin-token-file %s %s", j->eps, token, words);
+    return ps_test_spawn_words("ps_servers", args, log);
+}
+
+/* Train 30 steps of 2 sync workers over 2 servers with a table of a million
+ * rows; with moves, a third server is added while steps 5..14 run and
+ * server 1 removed while steps 15..24 run.  The dense weights and every row
+ * at the end, into w and rows. */
+static int run_job(int moves, float *w, float *rows, char *why, int len)
+{
+    ej_job j;
+    const char *token = ps_test_token_file("move.token", PS_TEST_ADMIN_TOKEN, 0600);
+    char flags[512];
+    snprintf(flags, sizeof flags, "--mode sync --optimizer sgd --lr 0.1 --threads 2 --shm off "
+             "--admin-token-file %s", token);
+    if (ej_init(&j, 2, 2, flags, "") || ej_connect(&j)) {
+        snprintf(why, (size_t)len, "the job did not start");
+        ej_stop(&j);
+        return -1;
+    }
+    int rc = pull_all(&j, rows, 0), added = 0, pid = 0;
+    char log[512];
+    for (int t = 0; t < 30 && !rc; t++) {
+        if (moves && t == 5) { /* a third server joins while steps 5.. run */
+            j.port[2] = ps_test_free_port();
+            j.S = 3;
+            /* (not ej_server: an added server keeps the job's --num-servers 2) */
+            char words[4096];
+            snprintf(words, sizeof words, "--bind tcp://127.0.0.1:%d --rank 2 --num-servers 2 "
+                     "--num-workers 2 %s --added", j.port[2], j.flags);
+            snprintf(j.log[2], sizeof j.log[2], "%s/added.log", ps_test_tmpdir());
+            j.pid[2] = ps_test_spawn_words("ps_server", words, j.log[2]);
+            char args[128];
+            snprintf(args, sizeof args, "add tcp://127.0.0.1:%d", j.port[2]);
+            snprintf(log, sizeof log, "%s/add.log", ps_test_tmpdir());
+            pid = tool_start(&j, token, args, log);
+            added = 1;
+        }
+        if (moves && t == 15) { /* server 1 leaves while steps 15.. run */
+            if (ps_test_wait(pid, 60000) != 0) {
+                snprintf(why, (size_t)len, "ps_servers add failed: see %s", log);
+                rc = -1;
+                break;
+            }
+            snprintf(log, sizeof log, "%s/remove.log", ps_test_tmpdir());
+            pid = tool_start(&j, token, "remove 1", log);
+        }
+        rc = ej_step(&j, t);
+        if (rc)
+            snprintf(why, (size_t)len, "step %d failed", t);
+    }
+    if (!rc && moves && ps_test_wait(pid, 60000) != 0) {
+        snprintf(why, (size_t)len, "ps_servers remove failed: see %s", log);
+        rc = -1;
+    }
+    if (!rc && moves && ps_test_wait(j.pid[1], 20000) != 0) { /* it left, and exits */
+        snprintf(why, (size_t)len, "the removed server did not exit 0: see %s", j.log[1]);
+        rc = -1;
+    }
+    if (!rc && moves)
+        j.pid[1] = 0;
+    if (!rc)
+        rc = pull_all(&j, rows, 30);
+    if (!rc)
+        memcpy(w, j.w[0], sizeof j.w[0]);
+    (void)added;
+    if (ej_stop(&j) && !rc) {
+        snprintf(why, (size_t)len, "a server did not stop cleanly");
+        rc = -1;
+    }
+    return rc;
+}
+
+PS_TEST(sync_rows_and_weights_equal_a_run_without_moves_bitwise)
+{
+    NEED_SERVER();
+    static float w0[EJ_COUNT], w1[EJ_COUNT];
+    float *r0 = malloc((size_t)BIG_ROWS * EJ_DIM * sizeof(float));
+    float *r1 = malloc((size_t)BIG_ROWS * EJ_DIM * sizeof(float));
+    CHECK(r0 && r1);
+    char why[1024] = "";
+    CHECK_MSG(run_job(0, w0, r0, why, (int)sizeof why) == 0, "%s", why);
+    CHECK_MSG(run_job(1, w1, r1, why, (int)sizeof why) == 0, "%s", why);
+    CHECK(memcmp(w0, w1, sizeof w0) == 0);
+    size_t diff = 0;
+    for (size_t i = 0; i < (size_t)BIG_ROWS * EJ_DIM; i++)
+        diff += memcmp(&r0[i], &r1[i], sizeof(float)) != 0;
+    CHECK_MSG(diff == 0, "%zu of %d row values differ", diff, BIG_ROWS * EJ_DIM);
+    free(r0);
+    free(r1);
+}
