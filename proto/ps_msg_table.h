@@ -178,7 +178,7 @@
       "done: `sl` the slot added or removed; frame 1 (`n` bytes): `c` 1, 2 a line saying what "   \
       "moved, 3 the map (common/ps_smap.h)")                                                     \
     X(OBJECTS, 34, "objects", SERVER, 0, 0, 0, PS_PL_BYTES, 0, NONE, NONE, objects,             \
-      "the coordinator (server 0) to a server: the objects you hold",                            \
+      "the coordinator (server 0) to a server: list the objects on it",                          \
       "frame 1 (`n` bytes): 40 bytes per object (u32 kind, u32 home's partitions, u64 key, u32 "  \
       "a, u32 b, u64 bytes, i32 home, i32 0)")                                                   \
     X(MOVEPLAN, 35, "moveplan", SERVER, PS_HK(C), 0, PS_PL_BYTES, 0, 0, NONE, NONE, moveplan,    \
@@ -187,7 +187,7 @@
       "u32 b) are coming to you; 3 send them to slot `sl` at `to`; 4 you are removed: answer "    \
       "everything PS_EMOVED",                                                                    \
       "done (3: the objects are loaded at `sl`)")                                                \
-    X(MOVE, 36, "move", SERVER, PS_HK(SL), 0, PS_PL_BYTES, 0, 0, NONE, NONE, move,               \
+    X(MOVE, 36, "move", SERVER, 0, 0, PS_PL_BYTES, 0, 0, NONE, NONE, move,               \
       "a server to another: load these objects (frame 1: their checkpoint records, "            \
       "server/move_records.h), sent by slot `sl`",                                               \
       "loaded")

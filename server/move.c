@@ -794,6 +794,10 @@ void ps_move_on_move(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         memcpy(&t, p + 4, 4);
     }
     size_t head = 8 + (size_t)n * MOVE_OBJ_BYTES;
+    if (h->slot < 0) {
+        srv_refuse(s, &f[0], h, PS_EPROTO, "a move names the slot it comes from (`sl`)");
+        return;
+    }
     if (len < head || t >= (uint32_t)s->cfg.threads) {
         ps_errorf(why, sizeof why, "a move of %zu bytes for update thread %u (of %d) is not "
             "[u32 objects, u32 thread, the objects, the records]", len, t, s->cfg.threads);
@@ -905,6 +909,12 @@ int ps_move_left_done(const ps_move *m, int64_t now)
     return m && m->left &&
            (now - m->left_heard_ns >= (int64_t)PS_MOVE_LEFT_QUIET_MS * 1000000 ||
             now - m->left_ns >= (int64_t)PS_MOVE_LEFT_MAX_MS * 1000000);
+}
+
+int ps_move_happened(const ps_move *m)
+{
+    return m && (m->s->cfg.added || m->left || m->gone.n || m->homes.n || m->in_objects ||
+                 m->out_objects || m->incoming.n || move_coord_epoch(m));
 }
 
 void ps_move_figures(const ps_move *m, uint64_t *out_objects, uint64_t *in_objects,

@@ -91,6 +91,10 @@ void ps_move_taken(ps_server *s, int i, ps_move_frame *tf);
 void ps_move_loaded(ps_server *s, int i, ps_move_frame *lf);
 void ps_move_objects(ps_server *s, int i, ps_objects_frame *of);
 
+/* Did any object ever move to or from this server (or is it an added or a
+ * removed one)?  An export's snapshot is refused then. */
+int ps_move_happened(const ps_move *m);
+
 /* For the stats and logs: objects given away and taken in so far, and
  * the map's epoch (server 0). */
 void ps_move_figures(const ps_move *m, uint64_t *out_objects, uint64_t *in_objects,

@@ -856,12 +856,12 @@ static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const p
     }
     if (m->from == PS_FROM_ANY) /* hello: it checks the rank itself, after the config */
         return 0;
-    if (m->from == PS_FROM_SERVER) {
+    if (m->from == PS_FROM_SERVER && h->rank == -1) {
         /* another server of the job: plaintext only (move.h) */
-        if (h->rank != -1 || s->curve_dir) {
-            ps_errorf(why, sizeof why, "%s is for the servers of a job (as rank -1, in "
-                "plaintext)", m->name);
-            io_error(s, &f[0], h, h->rank != -1 ? PS_EPROTO : PS_EAUTH, why);
+        if (s->curve_dir) {
+            ps_errorf(why, sizeof why, "%s is for the servers of a job, in plaintext (moves are "
+                "not made under --curve-keys)", m->name);
+            io_error(s, &f[0], h, PS_EAUTH, why);
             return -1;
         }
         return 0;
@@ -915,6 +915,12 @@ static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const p
             io_error_quiet(s, &f[0], h, code, why);
         else
             io_error(s, &f[0], h, code, why);
+        return -1;
+    }
+    if (m->from == PS_FROM_SERVER) { /* a live worker: not its to send */
+        ps_errorf(why, sizeof why, "%s is for the servers of a job, which send it as rank -1",
+            m->name);
+        io_error(s, &f[0], h, PS_EPROTO, why);
         return -1;
     }
     if (m->from == PS_FROM_ADMIN &&

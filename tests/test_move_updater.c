@@ -264,9 +264,11 @@ PS_TEST(sync_take_waits_for_the_quiet_point_and_the_destination_serves_the_chunk
     CHECK_OK(move_reply(&a, PS_OUT_TAKEN, &mf));
     CHECK_EQ_INT(mf.rc, 0);
     CHECK(mf.token == 55 && mf.nchunks == 1 && mf.nparts == 0 && mf.block && mf.len == mf.bytes);
-    pull(&a, 7, 0, 1); /* gone from a */
+    pull(&a, 7, 0, 1); /* gone from a: a request sent before the I/O thread knew is told where */
     CHECK_OK(reply(&a, &r, NULL, 0, NULL));
-    CHECK_EQ_INT(r.err_code, PS_ENOTFOUND);
+    CHECK_EQ_INT(r.err_code, PS_EMOVED);
+    CHECK_EQ_INT(r.slot, 3);
+    CHECK_STR(r.owner_ep, "tcp://10.0.0.3:7000");
     load(&b, mf.block, mf.len, 56);
     ps_move_frame lf;
     CHECK_OK(move_reply(&b, PS_OUT_MOVED_IN, &lf));
