@@ -198,7 +198,7 @@ $(BUILD)/libps.flags: FORCE
 .PHONY: FORCE
 
 PROGRAMS := $(BIN)/ps_server $(BIN)/ps_worker $(BIN)/ps_launch $(BIN)/ps_keygen $(BIN)/ps_top \
-            $(BIN)/ps_export
+            $(BIN)/ps_export $(BIN)/ps_servers
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS))
@@ -265,6 +265,9 @@ $(BIN)/ps_keygen: $(BUILD)/common/ps_keygen_main.o $(LIB)/libps.a
 $(BIN)/ps_top: $(BUILD)/tools/ps_top_main.o $(BUILD)/libtools.a $(LIB)/libps.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(CURL_LIBS)
+$(BIN)/ps_servers: $(BUILD)/tools/ps_servers_main.o $(LIB)/libps.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BIN)/ps_export: $(BUILD)/tools/ps_export_main.o $(BUILD)/libtools.a $(BUILD)/libserver.a \
   $(LIB)/libps.a
 	@mkdir -p $(@D)

@@ -8,7 +8,7 @@
 #                      it the accuracy sections of the existing
 #                      docs/BENCHMARKS.md are kept as they were
 #   BENCH_PROFILE=0    skip the perf profile of the transport path
-#   BENCH_ONLY="transport apply train load torch shm cluster multihost tables dlrm metrics export replicas elastic"   run only these; the
+#   BENCH_ONLY="transport apply train load torch shm cluster multihost tables dlrm metrics export replicas elastic servers"   run only these; the
 #                      document keeps its sections of the parts that did not run
 #   BENCH_DOC=FILE     write FILE instead of docs/BENCHMARKS.md
 # Every figure is a ratio against a baseline measured in the same run: the
@@ -18,7 +18,7 @@ BUILD=${BUILD:-build}
 export BUILD
 export PS_BIN_DIR=${PS_BIN_DIR:-bin}
 DOC=${BENCH_DOC:-docs/BENCHMARKS.md}
-ONLY=${BENCH_ONLY:-"transport apply train load torch shm cluster multihost tables dlrm metrics export replicas elastic"}
+ONLY=${BENCH_ONLY:-"transport apply train load torch shm cluster multihost tables dlrm metrics export replicas elastic servers"}
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/ps_benchrun.XXXXXX") || exit 1
 trap 'rm -rf "$OUT"' EXIT
 start=$(date +%s)
@@ -91,6 +91,9 @@ wanted replicas && part replicas sh bench/replicas_bench.sh
 # elastic jobs: a worker joining a running async job, its first step and
 # the total samples/s around it
 wanted elastic && part elastic sh bench/elastic_bench.sh
+# servers added and removed: the pause of the workers' steps and the move's
+# rate when a server joins a job training a 4e6-row table
+wanted servers && part servers "$BUILD/bench/servers_bench"
 if [ "${BENCH_ACCURACY:-0}" = 1 ]; then
     part accuracy sh bench/accuracy.sh
 else
@@ -104,7 +107,7 @@ echo "bench: done in $total s"
 
 # A part that did not run (BENCH_ONLY, or it failed) keeps its section of
 # the existing document, between <!-- part:NAME:begin/end --> markers.
-PARTS="transport profile apply train load torch shm cluster multihost tables dlrm metrics export replicas elastic"
+PARTS="transport profile apply train load torch shm cluster multihost tables dlrm metrics export replicas elastic servers"
 ran="" kept="" missing=""
 for p in $PARTS; do
     if [ -s "$OUT/$p.md" ] && [ "$(cat "$OUT/$p.rc" 2>/dev/null)" = 0 ]; then
@@ -176,7 +179,7 @@ because the machine may be shared and noisy.
 EOF
 goal_lines "$OUT/transport.md" "$OUT/apply.md" "$OUT/train.md" "$OUT/shm.md" "$OUT/cluster.md" \
     "$OUT/torch.md" "$tacc" "$OUT/multihost.md" "$OUT/tables.md" "$OUT/dlrm.md" "$OUT/metrics.md" \
-    "$OUT/export.md" "$OUT/replicas.md" "$OUT/elastic.md" |
+    "$OUT/export.md" "$OUT/replicas.md" "$OUT/elastic.md" "$OUT/servers.md" |
     sed 's/^/- /'
 echo "<!-- accuracy-goals:begin -->"
 goal_lines "$acc" | sed 's/^/- /'
@@ -728,6 +731,35 @@ workers' total before the join varied from 58 k to 84 k samples/s between
 rounds, so the ratio is as noisy as the load; the join itself (a hello, a
 CLOCK read of every chunk, the pull of the weights, 0.94 MB for this MLP)
 took 11-33 ms and the first step ended 14-45 ms after S.
+EOF
+cat <<EOF
+
+## 17. Servers added and removed while a job trains
+
+\`build/bench/servers_bench\` (\`BENCH_ONLY=servers make bench\`): 2 servers
+(async, 2 update threads each) hold a table of 4e6 rows of dim 16
+(adagrad); 2 libps workers push 4096 random ids' gradients a step.  A third
+server starts with \`--added\` and \`ps_servers add\` moves its share to it
+while they train; then \`ps_servers remove 1\` moves server 1's off
+(docs/OPERATIONS.md "Servers added and removed").  A worker's pause is the
+longest time between two of its steps done while the change ran; the
+rate is the coordinator's (MB moved over the seconds from its first take
+to its last load).  Goals: adding a server, every worker's pause <= 1 s
+and the move >= 200 MB/s.
+
+EOF
+partmd servers
+cat <<'EOF'
+
+Reading it: the table is S x --threads = 4 partitions, and a partition
+moves whole, so the added server takes one (a quarter of the rows, not a
+third: the balance comes in steps of a partition, docs/DESIGN.md "Servers
+added and removed").  Every push touches every partition, so each worker
+waits while that partition is in transit: the pause is the move's time
+(take, send, load), and it grows with the partition's size, about 0.5 s
+per 144 MB here.  A pre-copy while training (only the rows changed since
+sent at the switch) would cut the pause to the changed rows; it is not
+built.
 EOF
 } >"$DOC.tmp" && mv "$DOC.tmp" "$DOC"
 echo "bench: wrote $DOC"

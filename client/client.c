@@ -20,6 +20,7 @@
 #include "client_comm.h"
 #include "client_internal.h"
 #include "client_metrics.h"
+#include "client_moved.h"
 #include "client_rejoin.h"
 #include "client_route.h"
 #include "client_requests.h"
@@ -497,6 +498,7 @@ static void client_free(ps_client *c)
     psc_liveness_free(c);
     psc_rejoin_free(c);
     psc_tokens_free(c);
+    psc_moved_free(c); /* before the tables and placement it sizes by */
     if (c->have_place)
         ps_placement_free(&c->place);
     free(c->kmap_keys);
@@ -567,7 +569,7 @@ int ps_client_open(const ps_client_options *o, ps_client **out)
     if (rc)
         goto fail;
     if ((rc = psc_requests_new(c, psc_sparse_sub_free)) || (rc = psc_liveness_new(c)) || (rc = psc_rejoin_new(c)) ||
-        (rc = psc_tokens_new(c, o->admin_token))) {
+        (rc = psc_tokens_new(c, o->admin_token)) || (rc = psc_moved_new(c))) {
         rc = open_fail(rc, "out of memory");
         goto fail;
     }
@@ -683,7 +685,11 @@ int ps_client_leave_post(ps_client *c, int server, ps_request *req)
 {
     if (!req)
         return PS_EINVAL;
-    int rc = !c || server < 0 || server >= c->nservers ? PS_EINVAL : !c->started ? PS_ESTATE : 0;
+    /* a slot added while training too (client_moved.h): the comm thread
+     * knows which are; one that left the job has nothing to hear */
+    int rc = !c || server < 0 || server >= c->nservers + PSC_MAX_ADDED_SLOTS ? PS_EINVAL
+             : !c->started                                                   ? PS_ESTATE
+                                                                             : 0;
     if (rc) {
         psc_req_fail(req, rc, rc == PS_ESTATE ? "leave before start" : ps_strerror(rc));
         return rc;
@@ -719,7 +725,9 @@ int ps_client_barrier_post(ps_client *c, int64_t id, ps_request *req)
 
 int ps_client_stats(ps_client *c, int server, ps_stats *out)
 {
-    if (!c || !out || server < 0 || server >= c->nservers)
+    /* a slot added while training too (client_moved.h): the comm thread
+     * refuses one it does not know, or that left */
+    if (!c || !out || server < 0 || server >= c->nservers + PSC_MAX_ADDED_SLOTS)
         return PS_EINVAL;
     c->last_error[0] = 0;
     memset(out, 0, sizeof *out);

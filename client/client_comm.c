@@ -28,6 +28,7 @@
 
 #include "client_comm_internal.h"
 #include "client_metrics.h"
+#include "client_moved.h"
 #include "client_rejoin.h"
 #include "client_route.h"
 #include "client_requests.h"
@@ -249,12 +250,14 @@ static void redeclare(ps_client *c, int server, const ps_header *refusal)
     psc_redeclare_unsent(c, server);
 }
 
+static void handle_moved(ps_client *c, int server, uint32_t i, const ps_header *h);
+
 static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_t *pm,
                          int nframes)
 {
     ps_header h;
     char why[256];
-    const char *ep = c->endpoints[server];
+    const char *ep = psc_slot_name(c, server);
     int rc = ps_proto_decode(zmq_msg_data((zmq_msg_t *)hm), zmq_msg_size((zmq_msg_t *)hm), &h,
                              why, sizeof why);
     if (rc) {
@@ -265,6 +268,13 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
     if (h.type == PS_MSG_ERROR && h.err_code == PS_ENOTPRIMARY && psc_route_any(c)) {
         not_primary(c, server, h.seq == HEARTBEAT_SEQ ? PSC_NO_SLOT : psc_slot_find(c, h.seq, server),
                     &h);
+        return;
+    }
+    /* a server that left the job (any reply may say so, a heartbeat's too) */
+    if (h.type == PS_MSG_ERROR && h.err_code == PS_EMOVED &&
+        (h.slot < 0 || h.seq == HEARTBEAT_SEQ)) {
+        handle_moved(c, server, h.seq == HEARTBEAT_SEQ ? PSC_NO_SLOT
+                                                       : psc_slot_find(c, h.seq, server), &h);
         return;
     }
     if (h.type == PS_MSG_HEARTBEAT || (h.type == PS_MSG_ERROR && h.seq == HEARTBEAT_SEQ)) {
@@ -308,6 +318,11 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
         /* "not declared on this server": parked until our tables are again */
         if (h.err_code == PS_ENOTFOUND && psc_redeclare_park(c, i) == 0) {
             redeclare(c, server, &h);
+            return;
+        }
+        /* "not here any more": after it, to where it is now */
+        if (h.err_code == PS_EMOVED) {
+            handle_moved(c, server, i, &h);
             return;
         }
         psc_set_error(r, h.err_code, "%s: %s", ep,
@@ -419,6 +434,217 @@ static void handle_reply(ps_client *c, int server, const zmq_msg_t *hm, zmq_msg_
     psc_slot_finish(c, i);
 }
 
+/* ---------- moved objects (client_moved.h) ---------- */
+
+/* Asking again for an object on its way to the server asked: after 2 ms,
+ * doubling to 50 ms. */
+#define LOAD_FIRST_NS (2LL * 1000000LL)
+#define LOAD_MAX_NS (50LL * 1000000LL)
+
+static int open_socket(ps_client *c, int s, char *why, size_t why_len);
+
+/* The poll item of server slot s's socket. */
+static int poll_at(const ps_client *c, int s)
+{
+    return s < c->nservers ? s : c->nservers + 1 + (psc_route_any(c) ? c->nservers : 0) +
+                                     (s - c->nservers);
+}
+
+/* Room for nslots server slots in every per-slot array: the modules', the
+ * sockets and the poll items. */
+static int grow_slots(ps_client *c, int nslots)
+{
+    struct psc_comm *m = c->comm;
+    if (psc_requests_grow(c, nslots) || psc_liveness_grow(c, nslots) ||
+        psc_rejoin_grow(c, nslots) || psc_tokens_grow(c, nslots))
+        return PS_ENOMEM;
+    if (nslots > m->nsocks) {
+        void **sk = realloc(m->socks, (size_t)nslots * sizeof *sk);
+        if (!sk)
+            return PS_ENOMEM;
+        memset(sk + m->nsocks, 0, (size_t)(nslots - m->nsocks) * sizeof *sk);
+        m->socks = sk;
+        m->nsocks = nslots;
+    }
+    int np = poll_at(c, nslots - 1) + 1;
+    if (np > m->npoll) {
+        zmq_pollitem_t *it = realloc(m->poll_items, (size_t)np * sizeof *it);
+        if (!it)
+            return PS_ENOMEM;
+        for (int k = m->npoll; k < np; k++)
+            it[k] = (zmq_pollitem_t){.socket = NULL, .fd = -1, .events = ZMQ_POLLIN};
+        m->poll_items = it;
+        m->npoll = np;
+    }
+    return 0;
+}
+
+/* Server slot `slot`, new to us, at ep: its arrays, its socket (made as the
+ * listed servers' are: CURVE with its key) and our hello, which what goes
+ * there waits for.  0, or the reason in why. */
+static int add_slot(ps_client *c, int slot, const char *ep, char *why, size_t why_len)
+{
+    struct psc_comm *m = c->comm;
+    if (grow_slots(c, slot + 1) || psc_moved_add(c, slot, ep)) {
+        ps_errorf(why, why_len, "out of memory adding server slot %d (%s)", slot, ep);
+        return PS_ENOMEM;
+    }
+    int rc = open_socket(c, slot, why, why_len);
+    if (rc) {
+        if (m->socks[slot])
+            zmq_close(m->socks[slot]);
+        m->socks[slot] = NULL;
+        psc_moved_remove(c, slot); /* nothing can go there: looked for elsewhere */
+        return rc;
+    }
+    m->poll_items[poll_at(c, slot)].socket = m->socks[slot];
+    psc_server_heard(c, slot, ps_now_ns()); /* its silence counts from now */
+    psc_join_send(c, slot); /* a failure fails what then waits for it */
+    return 0;
+}
+
+/* Sub-request i goes to server slot `to` (its object is there, or is to be
+ * asked for there): now, or at at_ns when not 0. */
+static void redirect(ps_client *c, uint32_t i, int to, int64_t at_ns)
+{
+    if (c->slots->sub[i].sp)
+        psc_sparse_moved(c, i);
+    psc_slot_move(c, i, to);
+    if (at_ns)
+        psc_resend_after(c, i, at_ns);
+    else
+        psc_resend(c, i);
+}
+
+/* Fail sub-request i with code and what it was about. */
+static void moved_fail(ps_client *c, uint32_t i, int code, const char *fmt, const char *a,
+                       int n)
+{
+    psc_sub *s = &c->slots->sub[i];
+    char text[PS_ERR_TEXT_MAX + 128];
+    snprintf(text, sizeof text, fmt, a, n);
+    psc_set_error(s->req, code, "%s (%s key %llu chunk %u)", text, ps_msg_type_name(s->type),
+                  (unsigned long long)s->key, s->chunk);
+    psc_slot_finish(c, i);
+}
+
+/* Server slot `slot` left the job: nothing goes there again, its socket
+ * closes, and what waited on it follows its object from the object's home
+ * (or server 0), whose PS_EMOVED names where it is now; control messages to
+ * it fail, but those every server hears (a leave, ...) are done. */
+static void slot_left(ps_client *c, int slot)
+{
+    struct psc_comm *m = c->comm;
+    if (psc_slot_state(c, slot) == PSC_SLOT_REMOVED)
+        return;
+    psc_moved_remove(c, slot);
+    const struct psc_slots *sl = c->slots;
+    for (uint32_t i = 0; i < sl->n; i++) {
+        psc_sub *s = &sl->sub[i]; /* sl->sub may move as hellos are made: read anew */
+        if (!s->req || s->server != slot)
+            continue;
+        if (s->obj_kind == PSC_OBJ_NONE && psc_to_every_server(s->type)) {
+            psc_slot_finish(c, i);
+        } else if (s->obj_kind == PSC_OBJ_NONE) {
+            moved_fail(c, i, PS_EMOVED, "%s (server slot %d) left the job before answering",
+                       psc_slot_name(c, slot), slot);
+        } else if (++s->hops > PSC_MOVED_MAX_HOPS) {
+            moved_fail(c, i, PS_EMOVED, "%s: redirected %d times without an answer",
+                       psc_slot_name(c, slot), PSC_MOVED_MAX_HOPS);
+        } else {
+            s->parked = 0;
+            redirect(c, i, psc_moved_route(c, s->obj_kind, s->obj_table, s->obj, s->home), 0);
+        }
+    }
+    if (slot < m->nsocks && m->socks[slot]) {
+        /* linger 0: what ZeroMQ still queued for it is released (those
+         * requests went again above) */
+        psc_route_unwatch(c, slot, m->socks[slot]);
+        zmq_close(m->socks[slot]);
+        m->socks[slot] = NULL;
+        m->poll_items[poll_at(c, slot)].socket = NULL;
+        m->poll_items[poll_at(c, slot)].fd = -1;
+    }
+}
+
+/* Server `server` answered PS_EMOVED (h) to sub-request i (PSC_NO_SLOT: to
+ * a heartbeat, or a request already complete). */
+static void handle_moved(ps_client *c, int server, uint32_t i, const ps_header *h)
+{
+    char why[PS_ERR_TEXT_MAX + 256];
+    int what = psc_moved_check(c, server, h, why, sizeof why);
+    if (what == PSC_MOVED_LEFT) {
+        slot_left(c, server);
+        return;
+    }
+    if (i == PSC_NO_SLOT) {
+        if (what == PSC_MOVED_BAD)
+            ps_warn("libps: %s", why);
+        return;
+    }
+    psc_sub *s = &c->slots->sub[i];
+    const char *ep = psc_slot_name(c, server);
+    if (what == PSC_MOVED_BAD) {
+        ps_error("libps: %s", why);
+        psc_set_error(s->req, PS_EPROTO, "%s", why);
+        psc_slot_finish(c, i);
+        return;
+    }
+    if (s->obj_kind == PSC_OBJ_NONE) { /* a control message has no object to follow */
+        moved_fail(c, i, PS_EMOVED, "%s answered PS_EMOVED (to server slot %d) to a message "
+                   "that is about no object", ep, h->slot);
+        return;
+    }
+    int64_t now = ps_now_ns();
+    if (what == PSC_MOVED_LOADING) {
+        /* it is being loaded there: ask again shortly, as long as a silent
+         * server would be waited for */
+        if (!s->loads++)
+            s->load_since_ns = now;
+        if (c->opt.server_timeout_ms > 0 &&
+            now - s->load_since_ns > (int64_t)c->opt.server_timeout_ms * 1000000LL) {
+            moved_fail(c, i, PS_ETIMEDOUT, "%s: still on its way there after %d ms", ep,
+                       c->opt.server_timeout_ms);
+            return;
+        }
+        int64_t d = LOAD_FIRST_NS << (s->loads - 1 < 5 ? s->loads - 1 : 5);
+        redirect(c, i, server, now + (d < LOAD_MAX_NS ? d : LOAD_MAX_NS));
+        return;
+    }
+    s->loads = 0;
+    if (++s->hops > PSC_MOVED_MAX_HOPS) {
+        moved_fail(c, i, PS_EMOVED, "%s: redirected %d times without an answer (do the servers "
+                   "disagree where it is?)", ep, PSC_MOVED_MAX_HOPS);
+        return;
+    }
+    if (what == PSC_MOVED_GONE) {
+        /* named a slot that left: from its home (or server 0) again, after a pause */
+        psc_moved_set(c, s->obj_kind, s->obj_table, s->obj, s->home);
+        redirect(c, i, psc_moved_route(c, s->obj_kind, s->obj_table, s->obj, s->home),
+                 now + LOAD_MAX_NS);
+        return;
+    }
+    if (what == PSC_MOVED_NEW && add_slot(c, h->slot, h->owner_ep, why, sizeof why) != 0) {
+        s = &c->slots->sub[i];
+        ps_error("libps: %s", why);
+        psc_set_error(s->req, PS_EIO, "%s", why);
+        psc_slot_finish(c, i);
+        return;
+    }
+    s = &c->slots->sub[i]; /* the hello's slot may have moved the table */
+    /* the object is there from now on (out of memory: this request goes
+     * there anyway, the next ones find it again) */
+    uint32_t tables[PS_MAX_LOOKUP_TABLES];
+    size_t nt = 1;
+    tables[0] = s->obj_table;
+    if (s->obj_table == PSC_ALL_TABLES)
+        nt = psc_lookup_tables(c, i, tables, PS_MAX_LOOKUP_TABLES);
+    for (size_t k = 0; k < nt; k++)
+        psc_moved_set(c, s->obj_kind, tables[k], s->obj, h->slot);
+    psc_moved_said(c, server, h->slot);
+    redirect(c, i, h->slot, 0);
+}
+
 static void drain_socket(ps_client *c, int server)
 {
     void *sock = c->comm->socks[server];
@@ -478,7 +704,7 @@ static int open_socket(ps_client *c, int s, char *why, size_t why_len)
         char cwhy[512];
         int rc = ps_curve_client_setup(z, c->curve_dir, c->opt.rank, s, cwhy, sizeof cwhy);
         if (rc) {
-            ps_errorf(why, why_len, "CURVE for %s: %s", c->endpoints[s], cwhy);
+            ps_errorf(why, why_len, "CURVE for %s: %s", psc_slot_name(c, s), cwhy);
             return rc;
         }
     }
@@ -496,6 +722,7 @@ static int open_sockets(ps_client *c)
 {
     struct psc_comm *m = c->comm;
     m->socks = calloc((size_t)c->nservers, sizeof *m->socks);
+    m->nsocks = m->socks ? c->nservers : 0;
     if (!m->socks) {
         ps_errorf(c->last_error, sizeof c->last_error, "out of memory for sockets");
         return PS_ENOMEM;
@@ -522,16 +749,16 @@ static void socket_reset(ps_client *c, int s)
     char why[PSC_ERRBUF];
     if (open_socket(c, s, why, sizeof why) != 0) {
         /* it worked at open; if it no longer does, later sends to s fail */
-        ps_error("libps: cannot reconnect to %s: %s", c->endpoints[s], why);
+        ps_error("libps: cannot reconnect to %s: %s", psc_slot_name(c, s), why);
         if (m->socks[s]) {
             zmq_close(m->socks[s]);
             m->socks[s] = NULL;
         }
     }
     if (m->poll_items) {
-        m->poll_items[s].socket = m->socks[s];
-        m->poll_items[s].fd = -1; /* with no socket: ignored by the poll */
-        if (psc_route_any(c)) {
+        m->poll_items[poll_at(c, s)].socket = m->socks[s];
+        m->poll_items[poll_at(c, s)].fd = -1; /* with no socket: ignored by the poll */
+        if (psc_route_any(c) && s < c->nservers) {
             m->poll_items[c->nservers + 1 + s].socket = psc_route_watch_socket(c, s);
             m->poll_items[c->nservers + 1 + s].fd = -1;
         }
@@ -543,7 +770,7 @@ static void close_sockets(ps_client *c)
     struct psc_comm *m = c->comm;
     if (!m->socks)
         return;
-    for (int s = 0; s < c->nservers; s++)
+    for (int s = 0; s < m->nsocks; s++)
         if (m->socks[s]) {
             psc_route_unwatch(c, s, m->socks[s]);
             zmq_close(m->socks[s]);
@@ -581,7 +808,7 @@ static void fail_everything(ps_client *c)
     for (uint32_t i = 0; i < sl->n; i++)
         if (sl->sub[i].req) {
             psc_set_error(sl->sub[i].req, PS_ECLOSED, "%s while waiting for %s", why,
-                          c->endpoints[sl->sub[i].server]);
+                          psc_slot_name(c, sl->sub[i].server));
             psc_slot_finish(c, i);
         }
 }
@@ -600,7 +827,8 @@ static void *comm_main(void *arg)
         close_sockets(c);
         return NULL;
     }
-    /* the sockets, the eventfd, and with replicated groups their monitors */
+    /* the sockets, the eventfd, and with replicated groups their monitors
+     * (slots added later go after them: grow_slots) */
     int n = c->nservers + 1 + (psc_route_any(c) ? c->nservers : 0);
     zmq_pollitem_t *items = calloc((size_t)n, sizeof *items);
     if (!items) {
@@ -623,8 +851,11 @@ static void *comm_main(void *arg)
         items[c->nservers + 1 + s].events = ZMQ_POLLIN;
     }
     m->poll_items = items;
+    m->npoll = items ? n : 0;
     int stop = items == NULL;
     while (!stop) {
+        items = m->poll_items; /* an added server slot grows them */
+        n = m->npoll;
         int64_t now = ps_now_ns();
         long timeout = psc_liveness_timeout_ms(c, now);
         long rt = psc_route_timeout_ms(c, now);
@@ -656,8 +887,9 @@ static void *comm_main(void *arg)
         if (stop)
             break;
         release_held(c);
-        for (int s = 0; s < c->nservers; s++)
+        for (int s = 0; s < m->nsocks; s++) /* the homes and the slots added */
             drain_socket(c, s);
+        items = m->poll_items;
         now = ps_now_ns();
         for (uint32_t i = psc_resend_next(c, now, 0); i != PSC_NO_SLOT;
              i = psc_resend_next(c, now, i + 1))
@@ -681,8 +913,9 @@ static void *comm_main(void *arg)
         }
     }
     fail_everything(c);
+    free(m->poll_items);
     m->poll_items = NULL;
-    free(items);
+    m->npoll = 0;
     close_sockets(c);
     return NULL;
 }

@@ -37,8 +37,12 @@ struct psc_comm {
     int interrupted;
 
     /* the comm thread's own */
-    void **socks;             /* per server */
-    zmq_pollitem_t *poll_items; /* the loop's: one per socket, then the eventfd */
+    void **socks;             /* per server slot (NULL: none, or it left) */
+    int nsocks;
+    /* the loop's: one per home's socket, the eventfd, each replicated
+     * group's monitor, then one per added slot's socket (poll_at) */
+    zmq_pollitem_t *poll_items;
+    int npoll;
     psc_op *batch;            /* the ops taken off the queue in one go */
     size_t batch_cap;
     /* ops held behind a push_when whose data is not ready yet, in post order */
@@ -55,6 +59,12 @@ struct psc_comm {
 int psc_sub_send(ps_client *c, uint32_t i);
 /* Send sub-request i again, counting its payload's release once more. */
 void psc_resend(ps_client *c, uint32_t i);
+/* A hello to server slot `slot`, added while training (client_moved.h),
+ * unless one is on its way: 0, or -1 when none can go (its requests fail). */
+int psc_join_send(ps_client *c, int slot);
+/* A LEAVE, HYPER, SHUTDOWN or JOIN: posted to every listed server, and
+ * through server 0's to every slot added while training (client_send.c). */
+int psc_to_every_server(uint32_t type);
 /* A heartbeat to every server, fire-and-forget. */
 void psc_send_heartbeats(ps_client *c);
 /* Turn one posted operation into messages and send them. */

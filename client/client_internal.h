@@ -37,9 +37,14 @@
  *                    and the client's counters
  *  client_route.c    replicated servers: each group's members, which one is
  *                    the primary, when to move to another
+ *  client_moved.c    servers added and removed while training goes on: which
+ *                    server slot holds each moved object (a chunk, a table
+ *                    partition) now, the slots added (their endpoints, whether
+ *                    they took our hello) and removed; the comm loop asks it
+ *                    where to send and tells it what PS_EMOVED replies say
  *  Calls go one way: client.c (client_start.c) -> client_comm.c
  *  (client_send.c) -> client_resend.c, client_rejoin.c and client_sparse.c
- *  -> client_requests.c (token and shm call none of them).
+ *  -> client_requests.c (token, shm and moved call none of them).
  *  Resend and rejoin decide; the comm loop sends what they name.
  *
  * Threads:
@@ -136,8 +141,9 @@ struct ps_client {
                                    (comm thread) */
     struct psc_liveness *live;  /* client_resend.c: resend, heartbeat and
                                    silence clocks (comm thread) */
-    struct psc_rejoin *rejoin;  /* client_rejoin.c: hellos again, per server
-                                   (comm thread) */
+    struct psc_rejoin **rejoin; /* client_rejoin.c: hellos again, per server
+                                   slot (comm thread) */
+    int nrejoin;
     struct psc_tokens *tokens;  /* client_token.c: hello tokens (comm thread);
                                    the admin token (read-only) */
     struct psc_shm *shm;        /* client_shm.c: made by start (training
@@ -149,6 +155,11 @@ struct ps_client {
                                    the client's counters; NULL with metrics off */
     struct psc_route *route;    /* client_route.c: each server group's members and
                                    the one libps talks to (comm thread after start) */
+    struct psc_moved *moved;    /* client_moved.c: where moved objects are, the
+                                   server slots added and removed (comm thread) */
+    int moved_any;              /* client_moved.c's (comm thread): 1 once an object
+                                   moved or a slot was added or removed; until then
+                                   requests go to their homes without a look-up */
 };
 
 #endif

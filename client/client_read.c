@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client_moved.h"
 #include "ps_client.h"
 #include "ps_dtype.h"
 #include "ps_error.h"
@@ -45,16 +46,30 @@ static void free_req(psc_lookup_req *q)
     free(q);
 }
 
+/* Tables per lookup message: all of a partition's in one, until anything
+ * moved; then one each, so each message is about one object (a table's
+ * partition) and follows it alone. */
+static size_t lookup_per(const ps_client *c, const psc_lookup_req *q)
+{
+    return c->moved_any && q->nt > 1 ? q->nt : 1;
+}
+
+size_t psc_lookup_max_slots(const ps_client *c, const psc_op *o)
+{
+    return psc_read_parts(c) * lookup_per(c, o->out);
+}
+
 long psc_lookup_begin(ps_client *c, const psc_op *o, uint32_t *slots)
 {
     psc_lookup_req *q = o->out;
     ps_request *r = o->req;
     size_t np = psc_read_parts(c), ns = (size_t)c->nservers;
+    size_t per = lookup_per(c, q), nu = np * per; /* messages: (partition, table) units */
     /* per flat partition and table: how many ids (np x nt counters) */
     size_t *base = calloc(ns, sizeof *base);
     uint32_t *cnt = calloc(np * q->nt + 1, sizeof *cnt);
     uint32_t *fl = NULL;
-    uint32_t *made = malloc((np ? np : 1) * sizeof *made);
+    uint32_t *made = malloc((nu ? nu : 1) * sizeof *made);
     size_t total = 0;
     for (size_t t = 0; t < q->nt; t++)
         total += q->n[t];
@@ -69,11 +84,13 @@ long psc_lookup_begin(ps_client *c, const psc_op *o, uint32_t *slots)
             fl[at] = (uint32_t)flat_of(c, base, q->keys[t], q->ids[t][j]);
             cnt[(size_t)fl[at] * q->nt + t]++;
         }
-    /* a slot per partition with ids, its block laid out */
-    for (size_t p = 0; !rc && p < np; p++) {
-        made[p] = PSC_NO_SLOT;
+    /* a slot per partition (and table, once anything moved) with ids, its
+     * block laid out */
+    for (size_t u = 0; !rc && u < nu; u++) {
+        made[u] = PSC_NO_SLOT;
+        size_t p = u / per, t0 = per > 1 ? u % per : 0, t1 = per > 1 ? t0 + 1 : q->nt;
         size_t nent = 0, nids = 0, floats = 0;
-        for (size_t t = 0; t < q->nt; t++)
+        for (size_t t = t0; t < t1; t++)
             if (cnt[p * q->nt + t]) {
                 nent++;
                 nids += cnt[p * q->nt + t];
@@ -96,7 +113,10 @@ long psc_lookup_begin(ps_client *c, const psc_op *o, uint32_t *slots)
         uint32_t part = (uint32_t)p;
         for (server = 0; part >= c->server_parts[server]; server++)
             part -= c->server_parts[server];
-        uint32_t i = b ? psc_slot_new(c, server, PS_MSG_LOOKUP, r) : PSC_NO_SLOT;
+        uint32_t table = q->nt == 1 || per > 1 ? q->table[t0] : PSC_ALL_TABLES;
+        uint32_t i = b ? psc_slot_new(c, psc_route_obj(c, PSC_OBJ_PART, table, (uint32_t)p,
+                                                       server), PS_MSG_LOOKUP, r)
+                       : PSC_NO_SLOT;
         if (i == PSC_NO_SLOT) {
             free(b);
             rc = PS_ENOMEM;
@@ -108,7 +128,7 @@ long psc_lookup_begin(ps_client *c, const psc_op *o, uint32_t *slots)
         b->dims = (uint32_t *)(b->ent + 16 * nent);
         b->counts = b->dims + nent;
         b->rows = (float *)(((uintptr_t)(b->counts + nent) + 63) & ~(uintptr_t)63);
-        for (size_t t = 0; t < q->nt; t++) {
+        for (size_t t = t0; t < t1; t++) {
             uint32_t n = cnt[p * q->nt + t];
             if (!n)
                 continue;
@@ -126,14 +146,18 @@ long psc_lookup_begin(ps_client *c, const psc_op *o, uint32_t *slots)
         s->chunk = part;
         s->count = floats;
         s->dst = b->rows;
-        made[p] = i;
+        s->obj_kind = PSC_OBJ_PART;
+        s->home = server;
+        s->obj = (uint32_t)p;
+        s->obj_table = table;
+        made[u] = i;
         slots[nslots++] = i;
     }
     /* the ids and their places, entry by entry (tables in the caller's order) */
     for (size_t t = 0, at2 = 0; !rc && t < q->nt; t++) {
         uint32_t dim = c->tables[q->table[t]].opts.dim;
         for (size_t j = 0; j < q->n[t]; j++, at2++) {
-            lk_sub *b = c->slots->sub[made[fl[at2]]].own;
+            lk_sub *b = c->slots->sub[made[fl[at2] * per + (per > 1 ? t : 0)]].own;
             /* ids of table t come after those of the tables before it in
              * this partition: count them in the order the entries were made */
             b->ids[b->nids] = q->ids[t][j];
@@ -153,6 +177,22 @@ long psc_lookup_begin(ps_client *c, const psc_op *o, uint32_t *slots)
     free(made);
     free_req(q);
     return nslots;
+}
+
+size_t psc_lookup_tables(const ps_client *c, uint32_t i, uint32_t *tables, size_t cap)
+{
+    const lk_sub *b = c->slots->sub[i].own;
+    size_t n = 0;
+    for (size_t e = 0; b && e < b->nent && n < cap; e++) {
+        uint64_t key;
+        memcpy(&key, b->ent + 16 * e, 8);
+        for (size_t t = 0; t < c->ntables; t++)
+            if (c->tables[t].key == key) {
+                tables[n++] = (uint32_t)t;
+                break;
+            }
+    }
+    return n;
 }
 
 int psc_read_frames(ps_client *c, uint32_t i, ps_header *h, zmq_msg_t *f, int *nf)

@@ -44,8 +44,13 @@ typedef struct psc_page_io {
 
 /* The flat partitions of every server (room for a lookup's slots). */
 size_t psc_read_parts(const ps_client *c);
-/* Comm thread: op o (a LOOKUP) as one slot per partition it reads, into
- * slots (room for psc_read_parts), to send; the caller adds them to
+/* The most slots op o (a LOOKUP) takes: one per partition, or, once
+ * anything moved (client_moved.h), one per partition and table. */
+size_t psc_lookup_max_slots(const ps_client *c, const psc_op *o);
+/* The tables (indices in c->tables, at most cap) lookup slot i reads. */
+size_t psc_lookup_tables(const ps_client *c, uint32_t i, uint32_t *tables, size_t cap);
+/* Comm thread: op o (a LOOKUP) as one slot per partition (and table) it
+ * reads, into slots (room for psc_lookup_max_slots), to send; the caller adds them to
  * o->req's parts.  Frees o->out.  -1: nothing sent (the request has the
  * error). */
 long psc_lookup_begin(ps_client *c, const psc_op *o, uint32_t *slots);

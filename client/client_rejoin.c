@@ -43,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "client_moved.h"
 #include "client_rejoin.h"
 #include "client_requests.h"
 #include "client_route.h"
@@ -52,7 +53,7 @@
 
 #define REJOIN_MAX 3
 
-/* What rejoining one server takes (c->rejoin[server]). */
+/* What rejoining one server takes (*c->rejoin[server]). */
 struct psc_rejoin {
     int rejoins;    /* hellos since a request of ours was last served there */
     ps_request req; /* the hello's request, libps's own */
@@ -60,16 +61,31 @@ struct psc_rejoin {
     ps_request decl; /* a re-declaration of every table: one part per table */
 };
 
-int psc_rejoin_new(ps_client *c)
+int psc_rejoin_new(ps_client *c) { return psc_rejoin_grow(c, c->nservers); }
+
+int psc_rejoin_grow(ps_client *c, int nslots)
 {
-    c->rejoin = calloc((size_t)c->nservers, sizeof *c->rejoin);
-    return c->rejoin ? 0 : PS_ENOMEM;
+    if (nslots <= c->nrejoin)
+        return 0;
+    /* one block per server: the requests in it stay where they are (slots
+     * point at them) while the table of them grows */
+    struct psc_rejoin **r = realloc(c->rejoin, (size_t)nslots * sizeof *r);
+    if (!r)
+        return PS_ENOMEM;
+    c->rejoin = r;
+    for (; c->nrejoin < nslots; c->nrejoin++)
+        if (!(r[c->nrejoin] = calloc(1, sizeof *r[c->nrejoin])))
+            return PS_ENOMEM;
+    return 0;
 }
 
 void psc_rejoin_free(ps_client *c)
 {
+    for (int s = 0; s < c->nrejoin; s++)
+        free(c->rejoin[s]);
     free(c->rejoin);
     c->rejoin = NULL;
+    c->nrejoin = 0;
 }
 
 /* A hello of ours to it is on its way: its request was posted and has not
@@ -107,13 +123,14 @@ static void fail_parked(ps_client *c, int server, int code, const char *text)
 
 uint32_t psc_rejoin_hello(ps_client *c, int server, const ps_header *refusal)
 {
-    struct psc_rejoin *sv = &c->rejoin[server];
+    struct psc_rejoin *sv = c->rejoin[server];
     if (!__atomic_load_n(&c->started, __ATOMIC_ACQUIRE) || hello_on_its_way(sv) ||
         sv->rejoins >= REJOIN_MAX)
         return PSC_NO_SLOT;
-    ps_warn("libps: %s does not count this worker as live (%s); saying hello again to rejoin",
-            psc_route_endpoint(c, server),
-            refusal->err_text[0] ? refusal->err_text : ps_strerror(refusal->err_code));
+    if (refusal)
+        ps_warn("libps: %s does not count this worker as live (%s); saying hello again to "
+                "rejoin", psc_route_endpoint(c, server),
+                refusal->err_text[0] ? refusal->err_text : ps_strerror(refusal->err_code));
     uint32_t i = psc_slot_new(c, server, PS_MSG_HELLO, &sv->req);
     if (i == PSC_NO_SLOT) {
         fail_parked(c, server, PS_ENOMEM, "out of memory for a hello to rejoin");
@@ -126,7 +143,7 @@ uint32_t psc_rejoin_hello(ps_client *c, int server, const ps_header *refusal)
 
 void psc_rejoin_unsent(ps_client *c, int server)
 {
-    const ps_request *r = &c->rejoin[server].req;
+    const ps_request *r = &c->rejoin[server]->req;
     char why[2 * PSC_ERRBUF];
     snprintf(why, sizeof why, "cannot rejoin %s: %s", psc_route_endpoint(c, server), r->err);
     fail_parked(c, server, r->status ? r->status : PS_EIO, why);
@@ -135,7 +152,7 @@ void psc_rejoin_unsent(ps_client *c, int server)
 int psc_rejoin_park(ps_client *c, uint32_t i)
 {
     psc_sub *s = &c->slots->sub[i];
-    struct psc_rejoin *sv = &c->rejoin[s->server];
+    struct psc_rejoin *sv = c->rejoin[s->server];
     if (!__atomic_load_n(&c->started, __ATOMIC_ACQUIRE) || s->type == PS_MSG_HELLO)
         return -1;
     if (!hello_on_its_way(sv) && sv->rejoins >= REJOIN_MAX) {
@@ -151,20 +168,20 @@ int psc_rejoin_park(ps_client *c, uint32_t i)
 
 void psc_rejoin_served(ps_client *c, int server)
 {
-    c->rejoin[server].rejoins = 0;
-    c->rejoin[server].redeclares = 0;
+    c->rejoin[server]->rejoins = 0;
+    c->rejoin[server]->redeclares = 0;
 }
 
 int psc_redeclare_park(ps_client *c, uint32_t i)
 {
     psc_sub *s = &c->slots->sub[i];
-    struct psc_rejoin *sv = &c->rejoin[s->server];
+    struct psc_rejoin *sv = c->rejoin[s->server];
     if (!__atomic_load_n(&c->started, __ATOMIC_ACQUIRE) || !s->sp || !c->ntables)
         return -1;
     if (!decl_on_its_way(sv) && sv->redeclares >= REJOIN_MAX) {
         if (sv->redeclares++ == REJOIN_MAX)
             ps_error("libps: %s does not know our tables again after %d declarations in a row; "
-                     "its table requests fail", c->endpoints[s->server], REJOIN_MAX);
+                     "its table requests fail", psc_slot_name(c, s->server), REJOIN_MAX);
         return -1;
     }
     s->parked = 1;
@@ -174,12 +191,12 @@ int psc_redeclare_park(ps_client *c, uint32_t i)
 
 int psc_redeclare_begin(ps_client *c, int server, const ps_header *refusal)
 {
-    struct psc_rejoin *sv = &c->rejoin[server];
+    struct psc_rejoin *sv = c->rejoin[server];
     if (decl_on_its_way(sv))
         return -1;
     ps_warn("libps: %s does not know a table of ours (%s; restored from a checkpoint older "
             "than its declaration?): declaring our %zu tables to it again",
-            c->endpoints[server],
+            psc_slot_name(c, server),
             refusal->err_text[0] ? refusal->err_text : ps_strerror(refusal->err_code),
             c->ntables);
     psc_req_reset(c, &sv->decl, (int)c->ntables);
@@ -189,7 +206,7 @@ int psc_redeclare_begin(ps_client *c, int server, const ps_header *refusal)
 
 uint32_t psc_redeclare_slot(ps_client *c, int server, size_t t)
 {
-    struct psc_rejoin *sv = &c->rejoin[server];
+    struct psc_rejoin *sv = c->rejoin[server];
     uint32_t i = psc_slot_new(c, server, PS_MSG_TABLE, &sv->decl);
     if (i == PSC_NO_SLOT) { /* this part will not go: done, with the error */
         psc_set_error(&sv->decl, PS_ENOMEM, "out of memory declaring tables again");
@@ -203,14 +220,14 @@ uint32_t psc_redeclare_slot(ps_client *c, int server, size_t t)
 int psc_redeclare_reply(ps_client *c, uint32_t i, const ps_header *h, int *ok)
 {
     int server = c->slots->sub[i].server;
-    struct psc_rejoin *sv = &c->rejoin[server];
+    struct psc_rejoin *sv = c->rejoin[server];
     *ok = 0;
     if (c->slots->sub[i].req != &sv->decl)
         return 0;
     if (h->type == PS_MSG_ERROR)
         psc_set_error(&sv->decl, h->err_code ? h->err_code : PS_EPROTO,
                       "declaring table %llu to %s again: %s",
-                      (unsigned long long)c->slots->sub[i].key, c->endpoints[server],
+                      (unsigned long long)c->slots->sub[i].key, psc_slot_name(c, server),
                       h->err_text[0] ? h->err_text : ps_strerror(h->err_code));
     psc_slot_finish(c, i);
     if (!__atomic_load_n(&sv->decl._priv.done, __ATOMIC_ACQUIRE))
@@ -221,25 +238,25 @@ int psc_redeclare_reply(ps_client *c, uint32_t i, const ps_header *h, int *ok)
         return 1;
     }
     ps_info("libps: %s took our %zu tables again; what waited for them is sent again",
-            c->endpoints[server], c->ntables);
+            psc_slot_name(c, server), c->ntables);
     *ok = 1;
     return 1;
 }
 
 void psc_redeclare_unsent(ps_client *c, int server)
 {
-    struct psc_rejoin *sv = &c->rejoin[server];
+    struct psc_rejoin *sv = c->rejoin[server];
     if (__atomic_load_n(&sv->decl._priv.done, __ATOMIC_ACQUIRE))
         fail_parked(c, server, sv->decl.status ? sv->decl.status : PS_EIO, sv->decl.err);
 }
 
 uint32_t psc_rejoin_slot(ps_client *c, int server)
 {
-    if (!hello_on_its_way(&c->rejoin[server]))
+    if (!hello_on_its_way(c->rejoin[server]))
         return PSC_NO_SLOT;
     const struct psc_slots *sl = c->slots;
     for (uint32_t i = 0; i < sl->n; i++)
-        if (sl->sub[i].req == &c->rejoin[server].req)
+        if (sl->sub[i].req == &c->rejoin[server]->req)
             return i;
     return PSC_NO_SLOT;
 }
@@ -247,7 +264,7 @@ uint32_t psc_rejoin_slot(ps_client *c, int server)
 int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h)
 {
     int server = c->slots->sub[i].server;
-    if (c->slots->sub[i].req != &c->rejoin[server].req)
+    if (c->slots->sub[i].req != &c->rejoin[server]->req)
         return 0;
     const char *ep = psc_route_endpoint(c, server);
     char why[PSC_ERRBUF] = "";
@@ -281,11 +298,14 @@ int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h)
      * arena */
     psc_tokens_keep(c, server, &h->hello);
     psc_shm_hello_reply(c, server, &h->hello);
+    int joined = psc_slot_state(c, server) == PSC_SLOT_JOINING;
+    psc_moved_joined(c, server); /* an added slot: it serves us now (said there) */
     int n = 0;
     for (uint32_t k = next_parked(c, server, 0); k != PSC_NO_SLOT;
          k = next_parked(c, server, k + 1))
         n++;
-    ps_info("libps: rejoined %s: it counts this worker again (%d waiting request%s sent again)",
+    if (!joined)
+        ps_info("libps: rejoined %s: it counts this worker again (%d waiting request%s sent again)",
             ep, n, n == 1 ? "" : "s");
     return 1;
 }
@@ -293,7 +313,7 @@ int psc_rejoin_reply(ps_client *c, uint32_t i, const ps_header *h)
 uint32_t psc_rejoin_unpark(ps_client *c, int server, uint32_t from)
 {
     /* not taken back yet, or our tables not declared again yet */
-    if (hello_on_its_way(&c->rejoin[server]) || decl_on_its_way(&c->rejoin[server]))
+    if (hello_on_its_way(c->rejoin[server]) || decl_on_its_way(c->rejoin[server]))
         return PSC_NO_SLOT;
     uint32_t i = next_parked(c, server, from);
     if (i != PSC_NO_SLOT)

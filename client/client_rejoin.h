@@ -11,6 +11,8 @@
 
 /* Open (c->nservers set): 0 or PS_ENOMEM. */
 int psc_rejoin_new(ps_client *c);
+/* Room for nslots server slots (client_moved.h): 0 or PS_ENOMEM. */
+int psc_rejoin_grow(ps_client *c, int nslots);
 void psc_rejoin_free(ps_client *c);
 
 /* Sub-request i was refused with PS_EHELLO or PS_EPERM (its server dropped
@@ -20,8 +22,9 @@ void psc_rejoin_free(ps_client *c);
  * each hello). */
 int psc_rejoin_park(ps_client *c, uint32_t i);
 /* `server` refused us with `refusal` (a sub-request, or a heartbeat: then
- * before a request runs into it): a new slot holding the hello that rejoins
- * it, for the caller to send; PSC_NO_SLOT when none is to go (before start,
+ * before a request runs into it; NULL: a server slot added while training,
+ * whose first hello this is, client_moved.h): a new slot holding the hello
+ * that (re)joins it, for the caller to send; PSC_NO_SLOT when none is to go (before start,
  * a hello on its way already, or too many in a row; out of memory fails
  * what is parked on it). */
 uint32_t psc_rejoin_hello(ps_client *c, int server, const ps_header *refusal);

@@ -47,6 +47,7 @@ int psc_requests_new(ps_client *c, void (*sp_free)(ps_client *c, psc_sparse_sub 
     pthread_condattr_destroy(&ca);
     sl->free_head = PSC_NO_SLOT;
     sl->server = ss;
+    sl->nserver = c->nservers;
     sl->sp_free = sp_free;
     c->waits = w;
     c->slots = sl;
@@ -262,7 +263,39 @@ uint32_t psc_slot_new(ps_client *c, int server, uint32_t type, ps_request *r)
     s->deadline_ns = INT64_MAX;
     s->backoff_ns = 0;
     s->parked = 0;
+    s->obj_kind = 0;
+    s->home = server;
+    s->obj = s->obj_table = 0;
+    s->hops = s->loads = 0;
+    s->load_since_ns = 0;
+    s->retry = 0;
     return i;
+}
+
+void psc_slot_move(ps_client *c, uint32_t i, int to)
+{
+    struct psc_slots *sl = c->slots;
+    psc_sub *s = &sl->sub[i];
+    if (s->server == to)
+        return;
+    sl->server[s->server].nlive--;
+    s->server = to;
+    if (sl->server[to].nlive++ == 0)
+        sl->server[to].busy_since_ns = ps_now_ns();
+}
+
+int psc_requests_grow(ps_client *c, int nslots)
+{
+    struct psc_slots *sl = c->slots;
+    if (nslots <= sl->nserver)
+        return 0;
+    psc_slot_server *ss = realloc(sl->server, (size_t)nslots * sizeof *ss);
+    if (!ss)
+        return PS_ENOMEM;
+    memset(ss + sl->nserver, 0, (size_t)(nslots - sl->nserver) * sizeof *ss);
+    sl->server = ss;
+    sl->nserver = nslots;
+    return 0;
 }
 
 uint64_t psc_slot_id(const ps_client *c, uint32_t i)

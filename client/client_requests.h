@@ -74,6 +74,17 @@ typedef struct psc_sub {
     int64_t backoff_ns;
     /* client_rejoin.c's */
     int parked;      /* refused with PS_EHELLO: waits for the rejoin of its server */
+    /* what it is about, for one that follows its object when that moves
+     * (client_moved.h); set by whoever makes the slot */
+    int obj_kind;    /* PSC_OBJ_*: NONE (0) for control messages */
+    int home;        /* its object's home server: the placement's, the partition's */
+    uint32_t obj;    /* the chunk's flat index, the partition's flat home index */
+    uint32_t obj_table; /* a partition's table (PSC_ALL_TABLES: a lookup of several) */
+    /* the comm loop's, following PS_EMOVED replies */
+    uint32_t hops;   /* redirects to another slot followed */
+    uint32_t loads;  /* "on its way to this slot" answers in a row */
+    int64_t load_since_ns; /* the first of them */
+    int retry;       /* client_resend.c's: a delayed retry is due at deadline_ns */
 } psc_sub;
 
 /* What waits on one server. */
@@ -88,7 +99,8 @@ struct psc_slots {
     uint32_t n, cap;         /* slots made; room for */
     uint32_t free_head;      /* the free slots, linked by next_free */
     uint32_t live;           /* live slots */
-    psc_slot_server *server; /* per server, nservers of them */
+    psc_slot_server *server; /* per server slot, nserver of them */
+    int nserver;
     /* frees a slot's sparse part (client_sparse.c's psc_sparse_sub_free,
      * handed in at open: the slot table sits below the sparse requests) */
     void (*sp_free)(ps_client *c, psc_sparse_sub *sp);
@@ -135,5 +147,9 @@ uint32_t psc_slot_find(const ps_client *c, uint64_t seq, int server);
 void psc_slot_finish(ps_client *c, uint32_t i);
 /* Free slot i, which was never sent and counts for nothing in its request. */
 void psc_slot_drop(ps_client *c, uint32_t i);
+/* Slot i waits on server slot `to` from now on (its object moved there). */
+void psc_slot_move(ps_client *c, uint32_t i, int to);
+/* Room for nslots server slots (client_moved.h): 0 or PS_ENOMEM. */
+int psc_requests_grow(ps_client *c, int nslots);
 
 #endif

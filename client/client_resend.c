@@ -22,7 +22,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "client_moved.h"
 #include "client_requests.h"
 #include "client_resend.h"
 #include "client_route.h"
@@ -40,7 +42,8 @@ struct psc_liveness {
     int64_t next_hb_ns;        /* when the next heartbeats are due */
     int64_t wake_by_ns;        /* the latest the loop's poll should have returned */
     int64_t resumed_ns;        /* when the process last ran again after a pause */
-    int64_t heard_ns[];        /* per server: when anything last came from it (0: never) */
+    int nheard;
+    int64_t heard_ns[];        /* per server slot: when anything last came from it (0: never) */
 };
 
 int psc_liveness_new(ps_client *c)
@@ -50,6 +53,22 @@ int psc_liveness_new(ps_client *c)
     if (!lv)
         return PS_ENOMEM;
     lv->wake_by_ns = INT64_MAX;
+    lv->next_resend_check = INT64_MAX;
+    lv->nheard = c->nservers;
+    c->live = lv;
+    return 0;
+}
+
+int psc_liveness_grow(ps_client *c, int nslots)
+{
+    struct psc_liveness *lv = c->live;
+    if (nslots <= lv->nheard)
+        return 0;
+    lv = realloc(lv, sizeof *lv + (size_t)nslots * sizeof lv->heard_ns[0]);
+    if (!lv)
+        return PS_ENOMEM;
+    memset(lv->heard_ns + lv->nheard, 0, (size_t)(nslots - lv->nheard) * sizeof lv->heard_ns[0]);
+    lv->nheard = nslots;
     c->live = lv;
     return 0;
 }
@@ -75,12 +94,20 @@ void psc_resend_arm(ps_client *c, uint32_t i, int64_t now)
         c->live->next_resend_check = s->deadline_ns;
 }
 
+void psc_resend_after(ps_client *c, uint32_t i, int64_t at_ns)
+{
+    psc_sub *s = &c->slots->sub[i];
+    s->retry = 1;
+    s->deadline_ns = at_ns;
+    if (at_ns < c->live->next_resend_check)
+        c->live->next_resend_check = at_ns;
+}
+
 uint32_t psc_resend_next(ps_client *c, int64_t now, uint32_t from)
 {
     struct psc_liveness *lv = c->live;
     const struct psc_slots *sl = c->slots;
-    if (c->opt.request_timeout_ms <= 0)
-        return PSC_NO_SLOT;
+    /* deadlines are set by resend_arm (resending on) and resend_after */
     if (from == 0) {
         if (now < lv->next_resend_check)
             return PSC_NO_SLOT;
@@ -96,6 +123,11 @@ uint32_t psc_resend_next(ps_client *c, int64_t now, uint32_t from)
             if (s->deadline_ns < lv->next_resend_check)
                 lv->next_resend_check = s->deadline_ns;
             continue;
+        }
+        if (s->retry) { /* a retry asked for, not a resend: no backoff, no line */
+            s->retry = 0;
+            s->deadline_ns = INT64_MAX; /* psc_resend_arm sets it again when resending is on */
+            return i;
         }
         /* a server that answered something since (a heartbeat) is alive and
          * holds the request (a sync round or a barrier waiting for others):
@@ -198,7 +230,7 @@ int psc_give_up_next(ps_client *c, int64_t now, int from)
     if (from == 0)
         pause_check(c, now);
     int64_t limit = (int64_t)c->opt.server_timeout_ms * 1000000LL;
-    for (int s = from; s < c->nservers; s++)
+    for (int s = from; s < psc_nslots(c); s++)
         if (c->slots->server[s].nlive && now - silent_since(c, s) > limit) {
             fail_server(c, s);
             return s;
@@ -221,11 +253,11 @@ long psc_liveness_timeout_ms(const ps_client *c, int64_t now)
     long timeout = -1;
     if (server_timeout_on(c)) {
         int64_t limit = (int64_t)c->opt.server_timeout_ms * 1000000LL;
-        for (int s = 0; s < c->nservers; s++)
+        for (int s = 0; s < psc_nslots(c); s++)
             if (c->slots->server[s].nlive)
                 sooner(&timeout, silent_since(c, s) + limit - now);
     }
-    if (c->opt.request_timeout_ms > 0 && c->slots->live)
+    if (c->slots->live && lv->next_resend_check != INT64_MAX)
         sooner(&timeout, lv->next_resend_check - now);
     int f = psc_route_failure_ms(c); /* a replicated group's member may be lost */
     for (int s = 0; f && c->opt.heartbeat_ms > 0 && __atomic_load_n(&c->started, __ATOMIC_ACQUIRE) &&

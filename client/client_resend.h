@@ -13,6 +13,8 @@
 /* Open (c->nservers set): 0 or PS_ENOMEM. */
 int psc_liveness_new(ps_client *c);
 void psc_liveness_free(ps_client *c);
+/* Room for nslots server slots (client_moved.h): 0 or PS_ENOMEM. */
+int psc_liveness_grow(ps_client *c, int nslots);
 
 /* Slot i was sent at now: when resending is on, set when to resend it (the
  * first time after request_timeout_ms). */
@@ -24,6 +26,10 @@ void psc_resend_arm(ps_client *c, uint32_t i, int64_t now);
  * deadline can have passed) and goes on from the slot returned + 1; the
  * caller sends each slot returned (psc_resend_arm) before asking again. */
 uint32_t psc_resend_next(ps_client *c, int64_t now, uint32_t from);
+/* Slot i is to be sent again at at_ns (a PS_EMOVED said its object is on
+ * its way to that server: ask again shortly), resending on or off: a
+ * retry, not a resend (no backoff doubled, nothing logged). */
+void psc_resend_after(ps_client *c, uint32_t i, int64_t at_ns);
 /* 1 when the heartbeats are to go to every server now (after start, every
  * heartbeat_ms); the next ones are due heartbeat_ms later. */
 int psc_heartbeat_due(ps_client *c, int64_t now);

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "client_moved.h"
 #include "ps_log.h"
 
 #define MAXM 3
@@ -83,6 +84,8 @@ int psc_route_any(const ps_client *c) { return c->route && c->route->any; }
 
 const char *psc_route_endpoint(const ps_client *c, int g)
 {
+    if (g >= c->nservers) /* an added server slot: one member, learned at run time */
+        return psc_slot_name(c, g);
     if (!c->route) /* no table (a client put together without psc_route_new) */
         return c->endpoints[g];
     const struct grp *gr = &c->route->g[g];
@@ -141,7 +144,7 @@ int psc_route_lost(ps_client *c, int g, const char *why, int64_t now)
 
 void psc_route_settled(ps_client *c, int g, int64_t now)
 {
-    if (!psc_route_any(c))
+    if (!psc_route_any(c) || g >= c->route->ng)
         return;
     struct grp *gr = &c->route->g[g];
     if (gr->moved_ns)
@@ -155,7 +158,7 @@ void psc_route_settled(ps_client *c, int g, int64_t now)
 
 int psc_route_moving(const ps_client *c, int g)
 {
-    return psc_route_any(c) && c->route->g[g].moved_ns != 0;
+    return psc_route_any(c) && g < c->route->ng && c->route->g[g].moved_ns != 0;
 }
 
 int psc_route_retry_due(ps_client *c, int g, int64_t now)
@@ -187,7 +190,7 @@ long psc_route_timeout_ms(const ps_client *c, int64_t now)
 
 void psc_route_watch(ps_client *c, int g, void *zctx, void *sock)
 {
-    if (!psc_route_any(c) || c->route->g[g].n < 2 || !sock)
+    if (!psc_route_any(c) || g >= c->route->ng || c->route->g[g].n < 2 || !sock)
         return;
     struct grp *gr = &c->route->g[g];
     static unsigned serial; /* comm threads of several clients: a name each */

@@ -37,7 +37,8 @@ void psc_route_free(ps_client *c);
 
 /* Some group has more than one member. */
 int psc_route_any(const ps_client *c);
-/* The endpoint of the member group g is on now. */
+/* The endpoint of the member group g is on now (an added server slot: its
+ * endpoint, client_moved.h). */
 const char *psc_route_endpoint(const ps_client *c, int g);
 
 /* The member answered PS_ENOTPRIMARY (h: the answer).  1: move to the

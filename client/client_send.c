@@ -15,6 +15,7 @@
 #include <zmq.h>
 
 #include "client_comm_internal.h"
+#include "client_moved.h"
 #include "client_rejoin.h"
 #include "client_route.h"
 #include "client_requests.h"
@@ -58,9 +59,16 @@ static void fill_header(const ps_client *c, uint32_t i, ps_header *h)
     }
     if (s->type == PS_MSG_INIT)
         h->total = s->total;
+    /* a table's partition away from its home names the home */
+    if (s->obj_kind == PSC_OBJ_PART && s->server != s->home) {
+        h->flags |= PS_FLAG_AWAY;
+        h->home = s->home;
+    }
     if (s->type == PS_MSG_HELLO || s->type == PS_MSG_HYPER) {
         h->hello = c->hello_req;
         h->hello.server_rank = s->server;
+        if (s->server >= c->nservers) /* no arena offered to a slot added while training */
+            h->hello.shm_name[0] = 0;
         if (s->type == PS_MSG_HYPER) {
             h->hello.opt = c->hyper;
             h->key = c->hyper_key;
@@ -158,13 +166,28 @@ int psc_sub_send(ps_client *c, uint32_t i)
     psc_sub *s = &c->slots->sub[i];
     ps_request *r = s->req;
     ps_header h;
-    fill_header(c, i, &h);
-    /* a replicated group between members: it waits for our hello there */
-    if (s->type != PS_MSG_HELLO && psc_route_moving(c, s->server) && psc_rejoin_park(c, i) == 0) {
-        if (ps_msg_request_has_payload(s->type))
-            psc_part_done(c, r); /* no frame holds the buffer: its release is now */
-        return 0;
+    /* a replicated group between members, or a server slot added while
+     * training that has not taken our hello yet: it waits for the hello */
+    int joining = s->server >= c->nservers && psc_slot_state(c, s->server) == PSC_SLOT_JOINING;
+    if (s->type != PS_MSG_HELLO && (joining || psc_route_moving(c, s->server))) {
+        int to = s->server, rc = joining ? psc_join_send(c, to) : 0;
+        s = &c->slots->sub[i]; /* the hello's slot may have moved the table */
+        if (rc == 0 && psc_rejoin_park(c, i) == 0) {
+            if (ps_msg_request_has_payload(s->type))
+                psc_part_done(c, r); /* no frame holds the buffer: its release is now */
+            return 0;
+        }
+        if (joining) {
+            if (ps_msg_request_has_payload(s->type))
+                psc_part_done(c, r); /* no frame was made: count its release now */
+            psc_set_error(r, PS_EIO, "%s (server slot %d, added while training) did not take "
+                          "this worker's hello; its %s cannot go", psc_slot_name(c, to), to,
+                          ps_msg_type_name(s->type));
+            psc_slot_finish(c, i);
+            return PS_EIO;
+        }
     }
+    fill_header(c, i, &h);
     int payload = ps_msg_request_has_payload(s->type);
     /* a table's request: its frames are made anew for every send */
     zmq_msg_t sf[3];
@@ -173,7 +196,7 @@ int psc_sub_send(ps_client *c, uint32_t i)
          psc_sparse_frames(c, i, &h, c->wire_dtype, sf, &nsf) != 0) ||
         (!s->sp && psc_read_frames(c, i, &h, sf, &nsf) != 0)) {
         psc_set_error(r, PS_ENOMEM, "%s: out of memory building a %s",
-                      c->endpoints[s->server], ps_msg_type_name(s->type));
+                      psc_slot_name(c, s->server), ps_msg_type_name(s->type));
         psc_slot_finish(c, i);
         return PS_ENOMEM;
     }
@@ -227,9 +250,9 @@ int psc_sub_send(ps_client *c, uint32_t i)
     }
     if (err && lost) {
         ps_debug("libps: %s has no connection for %s (refused?); waiting to resend",
-                 c->endpoints[s->server], ps_msg_type_name(s->type));
+                 psc_slot_name(c, s->server), ps_msg_type_name(s->type));
     } else if (err) {
-        psc_set_error(r, err, "%s: cannot send %s: %s%s", c->endpoints[s->server],
+        psc_set_error(r, err, "%s: cannot send %s: %s%s", psc_slot_name(c, s->server),
                       ps_msg_type_name(s->type),
                       err == PS_EIO ? zmq_strerror(zerr) : ps_strerror(err),
                       err == PS_EIO && zerr == EAGAIN
@@ -264,8 +287,24 @@ void psc_send_heartbeats(ps_client *c)
     size_t len = 0;
     if (ps_proto_encode(&h, buf, sizeof buf, &len) != 0)
         return;
-    for (int s = 0; s < c->nservers; s++)
-        zsend(c->comm->socks[s], buf, len, 0); /* queued while a server is away; fine */
+    /* the homes and the added slots that took our hello; not one that left */
+    for (int s = 0; s < psc_nslots(c); s++)
+        if (c->comm->socks[s] && psc_slot_state(c, s) == PSC_SLOT_LIVE)
+            zsend(c->comm->socks[s], buf, len, 0); /* queued while a server is away; fine */
+}
+
+int psc_join_send(ps_client *c, int slot)
+{
+    if (psc_rejoin_slot(c, slot) != PSC_NO_SLOT)
+        return 0; /* on its way */
+    uint32_t i = psc_rejoin_hello(c, slot, NULL);
+    if (i == PSC_NO_SLOT)
+        return -1;
+    if (psc_sub_send(c, i) != 0) {
+        psc_rejoin_unsent(c, slot);
+        return -1;
+    }
+    return 0;
 }
 
 /* Cancel: fail every sub-request of o->req with o->code. */
@@ -274,7 +313,7 @@ static void do_cancel(ps_client *c, const psc_op *o)
     const struct psc_slots *sl = c->slots;
     for (uint32_t i = 0; i < sl->n; i++)
         if (sl->sub[i].req == o->req) {
-            psc_set_error(o->req, o->code, "%s: %s", c->endpoints[sl->sub[i].server],
+            psc_set_error(o->req, o->code, "%s: %s", psc_slot_name(c, sl->sub[i].server),
                           ps_strerror(o->code));
             psc_slot_finish(c, i);
         }
@@ -331,7 +370,7 @@ static void do_sparse(ps_client *c, const psc_op *o)
 static void do_lookup(ps_client *c, const psc_op *o)
 {
     ps_request *r = o->req;
-    size_t np = psc_read_parts(c);
+    size_t np = psc_lookup_max_slots(c, o);
     uint32_t *slots = malloc((np ? np : 1) * sizeof *slots);
     long n = -1;
     if (slots) {
@@ -346,6 +385,33 @@ static void do_lookup(ps_client *c, const psc_op *o)
         psc_sub_send(c, slots[k]);
     free(slots);
     psc_part_done(c, r);
+}
+
+/* What every server holding state must hear (client_comm_internal.h): the
+ * calls that post it to each listed server (0 to nservers - 1) reach the
+ * slots added while training through server 0's message (to_added_slots),
+ * and skip those that left. */
+int psc_to_every_server(uint32_t type)
+{
+    return type == PS_MSG_LEAVE || type == PS_MSG_HYPER || type == PS_MSG_SHUTDOWN ||
+           type == PS_MSG_JOIN;
+}
+
+/* Op o (to server 0) also to every added slot that is live or joining, as
+ * more parts of the same request (their replies' out not kept). */
+static void to_added_slots(ps_client *c, const psc_op *o)
+{
+    psc_op to = *o;
+    to.out = NULL;
+    for (int sv = c->nservers; sv < psc_nslots(c); sv++) {
+        int st = psc_slot_state(c, sv);
+        if (st != PSC_SLOT_LIVE && st != PSC_SLOT_JOINING)
+            continue;
+        __atomic_add_fetch(&o->req->_priv.pending, 1, __ATOMIC_ACQ_REL);
+        uint32_t i = op_slot(c, &to, sv);
+        if (i != PSC_NO_SLOT)
+            psc_sub_send(c, i);
+    }
 }
 
 /* Turn one posted operation into messages.  The poster set the request's
@@ -367,11 +433,18 @@ void psc_do_op(ps_client *c, const psc_op *o)
     /* a table's clock: every partition of every server (the request takes
      * the smallest answer, as a tensor's over its chunks) */
     if (o->type == PS_MSG_CLOCK && o->table) {
+        uint32_t flat = 0; /* the homes' partitions, each where it is now */
         for (int sv = 0; sv < c->nservers; sv++)
-            for (uint32_t p = 0, i; p < c->server_parts[sv]; p++)
-                if ((i = op_slot(c, o, sv)) != PSC_NO_SLOT) {
-                    c->slots->sub[i].key = c->tables[o->tensor].key;
-                    c->slots->sub[i].chunk = p;
+            for (uint32_t p = 0, i; p < c->server_parts[sv]; p++, flat++)
+                if ((i = op_slot(c, o, psc_route_obj(c, PSC_OBJ_PART, o->tensor, flat, sv))) !=
+                    PSC_NO_SLOT) {
+                    psc_sub *s = &c->slots->sub[i];
+                    s->key = c->tables[o->tensor].key;
+                    s->chunk = p;
+                    s->obj_kind = PSC_OBJ_PART;
+                    s->home = sv;
+                    s->obj = flat;
+                    s->obj_table = o->tensor;
                     psc_sub_send(c, i);
                 }
         return;
@@ -383,10 +456,14 @@ void psc_do_op(ps_client *c, const psc_op *o)
         size_t first = p->first_chunk[o->tensor], n = p->tensor_chunks[o->tensor];
         for (size_t k = 0; k < n; k++) {
             const ps_chunk_place *cp = &p->chunks[first + k];
-            uint32_t i = op_slot(c, o, cp->server);
+            uint32_t obj = (uint32_t)(first + k);
+            uint32_t i = op_slot(c, o, psc_route_obj(c, PSC_OBJ_CHUNK, 0, obj, cp->server));
             if (i == PSC_NO_SLOT)
                 continue;
             psc_sub *s = &c->slots->sub[i];
+            s->obj_kind = PSC_OBJ_CHUNK;
+            s->home = cp->server;
+            s->obj = obj;
             s->key = cp->key;
             s->chunk = cp->chunk;
             s->count = cp->count * planes;
@@ -398,6 +475,21 @@ void psc_do_op(ps_client *c, const psc_op *o)
         return;
     }
     /* control message to one server (a TABLE names its table) */
+    int st = psc_slot_state(c, o->server);
+    if (st == PSC_SLOT_UNKNOWN || (st == PSC_SLOT_REMOVED && !psc_to_every_server(o->type))) {
+        psc_set_error(o->req, PS_EINVAL, "no server slot %d%s: a %s goes to the servers listed "
+                      "at open (0 to %d) or to one added while training", o->server,
+                      st == PSC_SLOT_REMOVED ? " (it left the job)" : "",
+                      ps_msg_type_name(o->type), c->nservers - 1);
+        psc_req_unsent(c, o->req);
+        return;
+    }
+    if (st == PSC_SLOT_REMOVED) { /* it left the job: nothing to tell it */
+        psc_part_done(c, o->req); /* its one part (none of these has a payload) */
+        return;
+    }
+    if (o->server == 0 && c->moved_any && psc_to_every_server(o->type))
+        to_added_slots(c, o);
     uint32_t i = op_slot(c, o, o->server);
     if (i == PSC_NO_SLOT)
         return;

@@ -115,7 +115,7 @@ int psc_shm_holds(const ps_client *c, const void *p, size_t bytes, uint64_t *off
 
 int psc_shm_use(const ps_client *c, const psc_sub *s, uint64_t *off, uint64_t *dst_off)
 {
-    if (!c->shm || !c->shm->on[s->server])
+    if (!psc_shm_on(c, s->server))
         return 0;
     size_t bytes = s->count * sizeof(float);
     switch (s->type) {
@@ -133,7 +133,9 @@ int psc_shm_use(const ps_client *c, const psc_sub *s, uint64_t *off, uint64_t *d
 
 int psc_shm_on(const ps_client *c, int server)
 {
-    return c->shm && c->shm->on[server];
+    /* a server slot added while training (>= nservers) is never told of the
+     * arena (client_send.c leaves it out of their hello): the network */
+    return c->shm && server < c->nservers && c->shm->on[server];
 }
 
 void *psc_shm_block(ps_client *c, int server, size_t bytes, uint64_t *off)

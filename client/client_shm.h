@@ -24,7 +24,8 @@ void psc_shm_hello_reply(ps_client *c, int s, const ps_hello *rep);
 int psc_shm_use(const ps_client *c, const psc_sub *s, uint64_t *off, uint64_t *dst_off);
 /* Does [p, p + bytes) lie in the arena?  Then *off is where. */
 int psc_shm_holds(const ps_client *c, const void *p, size_t bytes, uint64_t *off);
-/* Does server s map the arena (its payloads go through it)? */
+/* Does server s map the arena (its payloads go through it)?  Never a slot
+ * added while training (client_moved.h): no arena is offered to those. */
 int psc_shm_on(const ps_client *c, int s);
 /* Comm thread: a block of `bytes` in the arena's stage for a table's
  * request to server s (one that maps the arena), *off its offset; NULL when

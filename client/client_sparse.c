@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client_moved.h"
 #include "client_shm.h"
 #include "ps_dtype.h"
 #include "ps_error.h"
@@ -361,7 +362,9 @@ long psc_sparse_begin(ps_client *c, uint32_t type, uint32_t ti, ps_request *r,
                                 : PS_MSG_SPULL;
         size_t a = x->npush[p], b = x->npull[p];
         psc_sparse_sub *sp = malloc(sizeof *sp + a * 8 + a * d * 4 + b * 8 + b * 4);
-        uint32_t i = sp ? psc_slot_new(c, server, mtype, r) : PSC_NO_SLOT;
+        /* the partition keeps its identity (home, part) wherever it is now */
+        int to = psc_route_obj(c, PSC_OBJ_PART, ti, (uint32_t)p, server);
+        uint32_t i = sp ? psc_slot_new(c, to, mtype, r) : PSC_NO_SLOT;
         if (i == PSC_NO_SLOT) {
             free(sp);
             rc = PS_ENOMEM;
@@ -385,6 +388,10 @@ long psc_sparse_begin(ps_client *c, uint32_t type, uint32_t ti, ps_request *r,
         s->sp = sp;
         s->key = t->key;
         s->chunk = part;
+        s->obj_kind = PSC_OBJ_PART;
+        s->home = server;
+        s->obj = (uint32_t)p;
+        s->obj_table = ti;
         s->step = step;
         s->npush = npush;
         s->dst = dst;
@@ -480,6 +487,17 @@ void psc_sparse_sub_free(ps_client *c, psc_sparse_sub *sp)
     free(sp);
     if (op && --op->refs == 0)
         free(op);
+}
+
+void psc_sparse_moved(ps_client *c, uint32_t i)
+{
+    psc_sparse_sub *sp = c->slots->sub[i].sp;
+    /* sent once, answered "not here": that server never touched the block */
+    if (sp && sp->blk_len && sp->shm_sends == 1) {
+        psc_shm_block_free(c, sp->blk_off);
+        sp->blk_off = sp->blk_len = 0;
+        sp->shm_sends = 0;
+    }
 }
 
 /* Where the reply's rows of slot s begin in its block (ps_proto_sparse_shm_bytes). */

@@ -62,6 +62,12 @@ int psc_sparse_shm(ps_client *c, uint32_t i, ps_header *h);
 int psc_sparse_reply(const ps_client *c, uint32_t i, const ps_header *h, const zmq_msg_t *rows,
                      char *why, size_t why_len);
 
+/* Sparse slot i was answered PS_EMOVED and goes to another server: a
+ * block of the arena's stage it went through once is given back (that
+ * server did not touch it; the next may not map the arena), so the next
+ * send takes the path its server allows. */
+void psc_sparse_moved(ps_client *c, uint32_t i);
+
 /* Free a slot's sparse part, its share of the request's, and its block of
  * the arena's stage once the server is done with it: the slot table's
  * sp_free (client_requests.h), called when the slot is freed. */

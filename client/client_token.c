@@ -7,7 +7,8 @@
 
 struct psc_tokens {
     char *admin;      /* copy of opt.admin_token, or NULL */
-    uint64_t hello[]; /* per server: the token its hello reply gave (0: none yet) */
+    int n;
+    uint64_t hello[]; /* per server slot: the token its hello reply gave (0: none yet) */
 };
 
 int psc_tokens_new(ps_client *c, const char *admin_token)
@@ -17,6 +18,21 @@ int psc_tokens_new(ps_client *c, const char *admin_token)
         free(t);
         return PS_ENOMEM;
     }
+    t->n = c->nservers;
+    c->tokens = t;
+    return 0;
+}
+
+int psc_tokens_grow(ps_client *c, int nslots)
+{
+    struct psc_tokens *t = c->tokens;
+    if (nslots <= t->n)
+        return 0;
+    t = realloc(t, sizeof *t + (size_t)nslots * sizeof t->hello[0]);
+    if (!t)
+        return PS_ENOMEM;
+    memset(t->hello + t->n, 0, (size_t)(nslots - t->n) * sizeof t->hello[0]);
+    t->n = nslots;
     c->tokens = t;
     return 0;
 }

@@ -9,6 +9,8 @@
  * PS_ENOMEM. */
 int psc_tokens_new(ps_client *c, const char *admin_token);
 void psc_tokens_free(ps_client *c);
+/* Room for nslots server slots (client_moved.h), comm thread: 0 or PS_ENOMEM. */
+int psc_tokens_grow(ps_client *c, int nslots);
 /* Put into h, a request to `server`, the token it needs: a hello the token
  * that server's last hello reply gave this worker (so it knows a hello again
  * comes from the same worker, not from another process taking its rank); a

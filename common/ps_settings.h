@@ -339,6 +339,10 @@ enum {
       "more than N past the last checkpoint written (a crash loses at most N); Ts, e.g. "        \
       "30s: every T seconds (default 60s with --checkpoint-dir).  Sync with N = 1: every "       \
       "round is on disk before any worker sees it (exact restarts)")                             \
+    X(added, (SERVER, _, _, _, _), "--added", "", NULL, BOOL, added, NULL, NULL, 0, 0, _, 0,     \
+      "join a running job as a new server (its --rank one no server of the job has had, "      \
+      ">= --num-servers, the job's first count): it holds nothing until the job's server 0 "    \
+      "moves objects to it (ps_servers add, docs/OPERATIONS.md \"Servers added and removed\")")   \
     X(restore, (SERVER, _, _, _, _), "--restore", "", NULL, BOOL, restore, NULL, NULL, 0, 0, _,  \
       0,                                                                                         \
       "start from the newest valid checkpoint in --checkpoint-dir (exit 2 when there is "        \

@@ -344,6 +344,9 @@ int ps_client_export(ps_client *c, const char *dir, int flags, int64_t version,
                      const uint64_t *keys, const int64_t *versions, size_t nkeys, int wait_ms);
 
 int ps_client_barrier(ps_client *c, int64_t id);
+/* server: 0 .. ps_client_num_servers() - 1, the servers listed at open, or
+ * the slot of a server added while training (docs/PROTOCOL.md "Moved
+ * objects"); PS_EINVAL for a slot this client does not know or that left. */
 int ps_client_stats(ps_client *c, int server, ps_stats *out);
 /* Ask every server to stop.  A server obeys only a peer it was told to
  * (ps_server --admin-token-file, with ps_client_options.admin_token here; or
@@ -438,7 +441,8 @@ int ps_client_broadcast(ps_client *c, int64_t id, const float *src, float *dst, 
 int ps_client_leave(ps_client *c);
 /* The same to one server, as a request (wait on req, ps_request_wait_for):
  * a worker that ends after an error leaves without waiting long on a server
- * that may be gone. */
+ * that may be gone.  Server 0's also goes to every server added while
+ * training; one that left the job completes at once. */
 int ps_client_leave_post(ps_client *c, int server, ps_request *req);
 
 /* An elastic job (ps_server --num-workers MIN:MAX): this worker, started

@@ -39,6 +39,8 @@ typedef struct {
      * program; -1 for a local child or once closed */
     int in_fd;
     int remote_status; /* the wrapper's report as a wait status; -1: none yet */
+    int left_job;      /* a server that said it was removed from the job (ps_servers
+                          remove): its exit is the end of its part, not a failure */
 } child;
 
 enum { ST_RUN, ST_STOP_SERVERS, ST_STOP_FAIL, ST_STOP_SIGNAL };
@@ -147,9 +149,15 @@ static void write_all(int fd, const char *p, size_t n)
     }
 }
 
+/* A server removed from the running job (docs/OPERATIONS.md "Servers
+ * added and removed") says so before it exits. */
+#define LEFT_JOB_LINE "removed from the job and every worker told: exiting"
+
 /* Pick up "summary: time 12.3 s, 4567 samples/s per worker, test accuracy 0.88". */
-static void note_summary(const child *c, const char *line)
+static void note_summary(child *c, const char *line)
 {
+    if (c->cmd->role == PS_LAUNCH_SERVER && strstr(line, LEFT_JOB_LINE))
+        c->left_job = 1;
     const char *s = strstr(line, "summary:");
     if (!s)
         return;
@@ -483,6 +491,11 @@ static void on_exit_child(supervisor *sv, child *c)
                 sv->state = ST_STOP_SERVERS;
                 stop_all(sv, SIGTERM, 1);
             }
+            return;
+        }
+        if (c->cmd->role == PS_LAUNCH_SERVER && ok && c->left_job) {
+            fprintf(stderr, P ": %s left the job (removed: its objects moved to the other "
+                    "servers); the job goes on\n", name);
             return;
         }
         if (c->cmd->role == PS_LAUNCH_SERVER && restart_server(sv, c, name, how) == 0)

@@ -162,10 +162,10 @@ int ps_proto_check_frames(const ps_header *h, int nframes, const size_t *bytes, 
     if (layout == PS_PL_LOOKUP)
         return check_lookup(h, bytes, why, why_len);
     if (layout == PS_PL_BYTES) {
-        if (h->count > PS_SNAP_PAGE_BYTES || bytes[0] != h->count) {
-            ps_errorf(why, why_len, "%s: a page of %zu bytes, `n` says %llu (at most %u)",
+        if (h->count > ps_msg_bytes_limit(h->type) || bytes[0] != h->count) {
+            ps_errorf(why, why_len, "%s: a frame of %zu bytes, `n` says %llu (at most %llu)",
                 ps_msg_type_name(h->type), bytes[0], (unsigned long long)h->count,
-                PS_SNAP_PAGE_BYTES);
+                (unsigned long long)ps_msg_bytes_limit(h->type));
             return PS_EPROTO;
         }
         return 0;

@@ -13,6 +13,7 @@ static const char *from_doc(int from)
     case PS_FROM_WORKER: return "a worker after hello";
     case PS_FROM_ADMIN: return "a worker after hello, or rank -1, with authority (SECURITY.md)";
     case PS_FROM_PEER: return "a server of the shard group (rank -1)";
+    case PS_FROM_SERVER: return "a server of the job (rank -1)";
     default: return "nobody: a reply only";
     }
 }

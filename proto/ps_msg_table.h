@@ -169,7 +169,28 @@
     X(MEMBERS, 32, "members", WORKER, 0, 0, 0, 0, 0, NONE, MEMBERS, members,                     \
       "the workers that are members now (sent to server 0)",                                     \
       "`k` members, this worker the (`c` - 1)-th of them in rank order (`c` = 0: not one); "    \
-      "`s` counts the changes so far (an elastic job's; a fixed job: every rank, version 0)")
+      "`s` counts the changes so far (an elastic job's; a fixed job: every rank, version 0)")    \
+    X(SERVERS, 33, "servers", ADMIN, PS_HK(C), PS_HK(C), PS_PL_BYTES, PS_PL_BYTES, 0, NONE, NONE, \
+      servers, \
+      "to server 0: `c` = 1 add the server listening at `to` (started with --added), 2 remove "  \
+      "slot `sl` (its objects move off first), 3 the map as it is; frame 1 (`n` bytes): the "  \
+      "job's server list as its workers have it (comma-separated)",                              \
+      "done: `sl` the slot added or removed; frame 1 (`n` bytes): `c` 1, 2 a line saying what "   \
+      "moved, 3 the map (common/ps_smap.h)")                                                     \
+    X(OBJECTS, 34, "objects", SERVER, 0, 0, 0, PS_PL_BYTES, 0, NONE, NONE, objects,             \
+      "the coordinator (server 0) to a server: list the objects on it",                          \
+      "frame 1 (`n` bytes): 40 bytes per object (u32 kind, u32 home's partitions, u64 key, u32 "  \
+      "a, u32 b, u64 bytes, i32 home, i32 0)")                                                   \
+    X(MOVEPLAN, 35, "moveplan", SERVER, PS_HK(C), 0, PS_PL_BYTES, 0, 0, NONE, NONE, moveplan,    \
+      "the coordinator to a server: `c` = 1 you are slot `sl` of the job (an added server, its " \
+      "config checked by a hello first); 2 objects of frame 1 (24 bytes each: u32 kind, u32 0, u64 key, u32 a, " \
+      "u32 b) are coming to you; 3 send them to slot `sl` at `to`; 4 you are removed: answer "    \
+      "everything PS_EMOVED",                                                                    \
+      "done (3: the objects are loaded at `sl`)")                                                \
+    X(MOVE, 36, "move", SERVER, 0, 0, PS_PL_BYTES, 0, 0, NONE, NONE, move,               \
+      "a server to another: load these objects (frame 1: their checkpoint records, "            \
+      "server/move_records.h), sent by slot `sl`",                                               \
+      "loaded")
 /* clang-format on */
 
 /* The header keys, in one list for the decoder and the table's key masks:
@@ -212,9 +233,11 @@ enum ps_msg_from {
                            these (and hello) as rank -1, nothing else */
     PS_FROM_WORKER,     /* a live worker rank only */
     PS_FROM_ADMIN,      /* as LIVE, and only with authority (server/admin.h) */
-    PS_FROM_PEER        /* another server of the shard group, rank -1 (server/repl.h
+    PS_FROM_PEER,       /* another server of the shard group, rank -1 (server/repl.h
                            checks which: the primary of the epoch, a member, a key the
                            servers authorise) */
+    PS_FROM_SERVER      /* another server of the job, rank -1 (objects that move between
+                           servers): under CURVE a peer with a server key (server-N) */
 };
 
 /* What the header's `s` means in a message (the table's s_req, s_rep); each

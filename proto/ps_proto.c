@@ -13,6 +13,18 @@
 
 /* ---------- the message table ---------- */
 
+int ps_msg_names_slot(uint32_t type)
+{
+    return type == PS_MSG_SERVERS || type == PS_MSG_MOVEPLAN || type == PS_MSG_MOVE;
+}
+
+uint64_t ps_msg_bytes_limit(uint32_t type)
+{
+    /* objects that move between servers go whole, not in pages */
+    return ps_msg_names_slot(type) || type == PS_MSG_OBJECTS ? PS_MAX_PAYLOAD_BYTES
+                                                              : PS_SNAP_PAGE_BYTES;
+}
+
 /* s is needed where it means something */
 #define S_KEY_(m) (PS_S_##m == PS_S_NONE ? 0u : PS_HK(S))
 static const ps_msg_info msg_info[PS_MSG_TYPE_MAX + 1] = {
@@ -263,9 +275,13 @@ int ps_proto_encode(const ps_header *h, void *buf, size_t cap, size_t *len)
     int is_np = h->type == PS_MSG_SPUSHPULL && !(h->flags & PS_FLAG_REPLY);
     int is_decl = h->type == PS_MSG_TABLE && !(h->flags & PS_FLAG_REPLY);
     int is_name = is_decl && h->table_name[0];
-    size_t alen = h->type == PS_MSG_SHUTDOWN ? strnlen(h->admin, PS_ADMIN_TOKEN_MAX) : 0;
+    size_t alen = ps_msg_info_of(h->type) && ps_msg_info_of(h->type)->from == PS_FROM_ADMIN &&
+                          !(h->flags & PS_FLAG_REPLY)
+                      ? strnlen(h->admin, PS_ADMIN_TOKEN_MAX)
+                      : 0;
     /* moved objects: where one is now, and a partition's home */
-    int is_moved = h->type == PS_MSG_ERROR && h->err_code == PS_EMOVED;
+    int is_moved = (h->type == PS_MSG_ERROR && h->err_code == PS_EMOVED) ||
+                   ps_msg_names_slot(h->type);
     int is_sl = is_moved && h->slot >= 0;
     size_t tolen = is_moved ? strnlen(h->owner_ep, PS_ENDPOINT_MAX - 1) : 0;
     int is_hs = (h->flags & PS_FLAG_AWAY) != 0;

@@ -57,6 +57,14 @@ typedef struct ps_msg_info {
     const char *req_doc, *rep_doc;
 } ps_msg_info;
 
+/* Types whose requests and replies may name a server slot and its endpoint
+ * (`sl`, `to`), as a PS_EMOVED error does: SERVERS, MOVEPLAN, MOVE. */
+int ps_msg_names_slot(uint32_t type);
+/* The most bytes a PS_PL_BYTES frame of `type` may hold: a page
+ * (PS_SNAP_PAGE_BYTES), or for the objects moved between servers (MOVE,
+ * MOVEPLAN, OBJECTS, SERVERS) PS_MAX_PAYLOAD_BYTES. */
+uint64_t ps_msg_bytes_limit(uint32_t type);
+
 /* The row of `type`; NULL for a type the table does not have. */
 const ps_msg_info *ps_msg_info_of(uint32_t type);
 

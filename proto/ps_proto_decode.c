@@ -722,7 +722,7 @@ static void drop_inapplicable(ps_header *d)
         memset(&d->barrier, 0, sizeof d->barrier);
         d->barrier.id = -1;
     }
-    if (d->type != PS_MSG_SHUTDOWN)
+    if (ps_msg_info_of(d->type)->from != PS_FROM_ADMIN || reply) /* SHUTDOWN, SERVERS */
         memset(d->admin, 0, sizeof d->admin);
     /* tables: a row width on sparse messages, the pull's count on a
      * pushpull's request, a declaration on a TABLE request */
@@ -739,7 +739,7 @@ static void drop_inapplicable(ps_header *d)
     if (!d->epoch) /* a member is named with an epoch only */
         d->member = 0;
     /* moved objects: the new place in a PS_EMOVED error, a home with AWAY */
-    if (d->type != PS_MSG_ERROR || d->err_code != PS_EMOVED) {
+    if ((d->type != PS_MSG_ERROR || d->err_code != PS_EMOVED) && !ps_msg_names_slot(d->type)) {
         d->slot = -1;
         memset(d->owner_ep, 0, sizeof d->owner_ep);
     }

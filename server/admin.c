@@ -130,17 +130,19 @@ int ps_admin_check(const ps_admin *a, const ps_header *h, const char *user_id, c
     explicit_bzero(given, sizeof given);
     if (ok)
         return 0;
+    /* SHUTDOWN, SERVERS: the request's name in what is said */
+    const char *what = h->type == PS_MSG_SHUTDOWN ? "shutdown" : ps_msg_type_name(h->type);
     if (!a->have_token && !a->curve)
-        ps_errorf(why, why_len, "shutdown refused: this server stops on SIGTERM/SIGINT only "
-            "(start it with --admin-token-file to allow a shutdown message)");
+        ps_errorf(why, why_len, "%s refused: this server takes no admin request (SIGTERM/SIGINT "
+            "stop it; start it with --admin-token-file to allow a %s message)", what, what);
     else if (!a->have_token)
-        ps_errorf(why, why_len, "shutdown refused: only a CURVE key of the key directory's "
-            "admin/ may stop this server (else SIGTERM/SIGINT)");
+        ps_errorf(why, why_len, "%s refused: only a CURVE key of the key directory's admin/ may "
+            "send it", what);
     else if (!h->admin[0])
-        ps_errorf(why, why_len, "shutdown refused: no admin token in the request (give the "
-            "token of the server's --admin-token-file)");
+        ps_errorf(why, why_len, "%s refused: no admin token in the request (give the token of "
+            "the server's --admin-token-file)", what);
     else
-        ps_errorf(why, why_len, "shutdown refused: wrong admin token");
+        ps_errorf(why, why_len, "%s refused: wrong admin token", what);
     return PS_EAUTH;
 }
 

@@ -115,21 +115,26 @@ static void count_chunk(void *arg, const ps_shard_chunk_view *v)
     z->need += record_bytes(z->num_workers, v->n, v->nstate);
 }
 
-static void put_chunk(void *arg, const ps_shard_chunk_view *v)
+size_t ps_ckpt_chunk_bytes(int num_workers, const ps_shard_chunk_view *v)
 {
-    ser *z = arg;
-    unsigned char *start = z->p, *p = z->p;
+    return record_bytes(num_workers, v->n, v->nstate);
+}
+
+unsigned char *ps_ckpt_put_chunk(unsigned char *p, const ps_shard_chunk_view *v, int mode,
+                                 int num_workers, int exact)
+{
+    unsigned char *start = p;
     PUT(p, v->key);
     PUT(p, v->chunk);
     PUT(p, (uint32_t)v->nstate);
     PUT(p, (uint64_t)v->n);
     PUT(p, v->total);
     PUT(p, v->version);
-    for (int r = 0; r < z->num_workers; r++) {
+    for (int r = 0; r < num_workers; r++) {
         int64_t c = v->clock[r];
         /* sync: pushes of the open round are not in the weights; store the
          * clock as if they had not come, so they are applied after a restore */
-        if (z->mode == PS_MODE_SYNC && c > v->version)
+        if (!exact && mode == PS_MODE_SYNC && c > v->version)
             c = v->version;
         PUT(p, c);
     }
@@ -139,9 +144,15 @@ static void put_chunk(void *arg, const ps_shard_chunk_view *v)
         memcpy(p, v->state[k], v->n * sizeof(float));
         p += v->n * sizeof(float);
     }
-    size_t used = (size_t)(p - start), rec = record_bytes(z->num_workers, v->n, v->nstate);
+    size_t used = (size_t)(p - start), rec = record_bytes(num_workers, v->n, v->nstate);
     memset(p, 0, rec - used);
-    z->p = start + rec;
+    return start + rec;
+}
+
+static void put_chunk(void *arg, const ps_shard_chunk_view *v)
+{
+    ser *z = arg;
+    z->p = ps_ckpt_put_chunk(z->p, v, z->mode, z->num_workers, 0);
     ps_ckpt_part *o = z->out;
     if (!o->nchunks || v->version < o->min_version)
         o->min_version = v->version;
@@ -254,7 +265,8 @@ static void plan_part(ps_tparts *tp, size_t i, int full, int num_workers, prec *
                r->nr * prow_bytes(r->v.decl->dim, r->nstate, r->v.decl->opt.kind);
 }
 
-static unsigned char *put_part(unsigned char *p, const prec *r, int mode, int num_workers)
+static unsigned char *put_part(unsigned char *p, const prec *r, int mode, int num_workers,
+                               int exact)
 {
     unsigned char *start = p;
     const ps_tpart_view *v = &r->v;
@@ -265,7 +277,10 @@ static unsigned char *put_part(unsigned char *p, const prec *r, int mode, int nu
     PUT(p, (uint32_t)((r->delta ? PREC_DELTA : 0) |
                       (v->decl->full == PS_TABLE_FULL_REFUSE ? PREC_FULL_REFUSE : 0)));
     PUT(p, v->version);
-    p = put_decl(p, v->decl);
+    ps_table_options decl = *v->decl;
+    if (exact) /* a move: the hyper-parameters a HYPER set since the declaration go with it */
+        decl.opt = ps_table_get_config(v->store)->opt;
+    p = put_decl(p, &decl);
     uint64_t counters[8] = {c.created,        c.evicted, c.filtered_pulls, c.filtered_pushes,
                             c.pulled,         c.pushed,  c.updated,        c.rounds};
     memcpy(p, counters, sizeof counters);
@@ -281,7 +296,7 @@ static unsigned char *put_part(unsigned char *p, const prec *r, int mode, int nu
     for (int k = 0; k < num_workers; k++) {
         int64_t clk = v->clock[k];
         /* sync: the open round's pushes are not in the rows (as a chunk's) */
-        if (mode == PS_MODE_SYNC && clk > v->version)
+        if (!exact && mode == PS_MODE_SYNC && clk > v->version)
             clk = v->version;
         PUT(p, clk);
     }
@@ -302,6 +317,21 @@ static unsigned char *put_part(unsigned char *p, const prec *r, int mode, int nu
     return z.p;
 }
 
+size_t ps_ckpt_part_bytes(ps_tparts *tp, size_t i, int num_workers)
+{
+    prec r;
+    plan_part(tp, i, 1, num_workers, &r);
+    return r.bytes;
+}
+
+unsigned char *ps_ckpt_put_part(unsigned char *p, ps_tparts *tp, size_t i, int mode,
+                                int num_workers, int exact)
+{
+    prec r;
+    plan_part(tp, i, 1, num_workers, &r);
+    return put_part(p, &r, mode, num_workers, exact);
+}
+
 /* Every partition of tp into out->tbuf.  PS_ENOMEM. */
 static int serialize_parts(ps_tparts *tp, int mode, int num_workers, int full, ps_ckpt_part *out)
 {
@@ -320,7 +350,7 @@ static int serialize_parts(ps_tparts *tp, int mode, int num_workers, int full, p
     }
     unsigned char *p = out->tbuf;
     for (size_t i = 0; i < np; i++) {
-        p = put_part(p, &r[i], mode, num_workers);
+        p = put_part(p, &r[i], mode, num_workers, 0);
         int64_t v = r[i].v.version;
         if (!(out->nchunks + out->nparts) || v < out->min_version)
             out->min_version = v;

@@ -115,6 +115,21 @@ int ps_ckpt_serialize(const ps_shard *s, ps_tparts *tp, int mode, int num_worker
 /* (full 2: every partition whole, and no table is marked: a replica's
  * snapshot, which the checkpoints' delta chain does not see.) */
 
+/* Single records, as ps_ckpt_serialize writes them (server/move_records.c
+ * builds a move's from them).  exact: every clock as it is (a move, taken
+ * where no round holds a push: a clock beyond the version is a rank that
+ * joins at a later round), and a partition's optimizer as its table uses it
+ * now (a HYPER's change since the declaration included; one scheduled for a
+ * later sync round is not carried); 0: sync clocks stored as at most the
+ * version (a checkpoint).  Each put returns the end of the record. */
+size_t ps_ckpt_chunk_bytes(int num_workers, const ps_shard_chunk_view *v);
+unsigned char *ps_ckpt_put_chunk(unsigned char *p, const ps_shard_chunk_view *v, int mode,
+                                 int num_workers, int exact);
+/* Partition i of tp (ps_tparts_view's order) as one whole record. */
+size_t ps_ckpt_part_bytes(ps_tparts *tp, size_t i, int num_workers);
+unsigned char *ps_ckpt_put_part(unsigned char *p, ps_tparts *tp, size_t i, int mode,
+                                int num_workers, int exact);
+
 /* Write parts under dir as checkpoint m->seq (see above), keep the newest
  * `keep` full ones and the deltas after them.  *path gets the final file
  * name; *bytes its size.  PS_EIO with the failing step in why. */

@@ -125,6 +125,16 @@ int ps_ckpt_load_records(ps_shard *shard, ps_tparts *tp, const ps_tparts_config 
                          int num_workers, int nstate, const void *buf, size_t len,
                          const void *tbuf, size_t tlen, char *why, size_t why_len);
 
+/* Partition record v into table v->key of tp (declared there already): a
+ * whole record replaces the rows, a delta deletes and puts back what
+ * changed; then the filter, the LRU order, the counters, the version and
+ * the clocks are the record's (ps_tparts_set_restored with lenient: 1 from
+ * a checkpoint, 0 for a partition moved here).  Errors: PS_ENOTFOUND (not
+ * declared), PS_EMISMATCH (a row does not fit the table), PS_ETOOBIG,
+ * PS_ENOMEM; why says. */
+int ps_ckpt_fill_part(ps_tparts *tp, const ps_ckpt_part_view *v, int lenient, char *why,
+                      size_t why_len);
+
 /* Start the writer thread (once the update threads run; checkpoints are on).
  * The time between checkpoints counts from here.  PS_ENOMEM when no thread
  * could be made: files are then written on the I/O thread, in

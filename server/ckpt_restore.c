@@ -41,9 +41,7 @@ static int clear_rows(ps_table *t)
 }
 
 /* One partition record applied to its thread's partition (declared here
- * when it is the table's first): a whole one replaces the rows, a delta
- * deletes and puts back what changed; then the filter, the LRU order, the
- * counters, the version and the clocks are the record's. */
+ * when it is the table's first): ps_ckpt_fill_part, restored leniently. */
 static int restore_part(const ps_ckpt_restore_to *to, const ps_ckpt_part_view *v, char *why,
                         size_t why_len)
 {
@@ -69,7 +67,19 @@ static int restore_part(const ps_ckpt_restore_to *to, const ps_ckpt_part_view *v
         if (v->part == 0 && to->declared)
             to->declared(to->user, v->key, &v->decl);
     }
+    rc = ps_ckpt_fill_part(tp, v, 1, why, why_len);
+    return rc == PS_EMISMATCH ? PS_EDATA : rc;
+}
+
+int ps_ckpt_fill_part(ps_tparts *tp, const ps_ckpt_part_view *v, int lenient, char *why,
+                      size_t why_len)
+{
     ps_table *t = ps_tparts_store(tp, v->key);
+    if (!t) {
+        ps_errorf(why, why_len, "table %llu is not declared here", (unsigned long long)v->key);
+        return PS_ENOTFOUND;
+    }
+    int rc = 0;
     if (!v->delta)
         rc = clear_rows(t);
     for (size_t k = 0; !rc && v->delta && k < v->ndeleted; k++)
@@ -87,9 +97,9 @@ static int restore_part(const ps_ckpt_restore_to *to, const ps_ckpt_part_view *v
     if (!rc && v->ncells)
         rc = ps_table_restore_filter(t, v->cells, v->ncells, why, why_len);
     if (rc)
-        return rc == PS_EMISMATCH ? PS_EDATA : rc;
+        return rc;
     ps_table_set_counters(t, &v->counts);
-    return ps_tparts_restored(tp, v->key, v->version, v->clock);
+    return ps_tparts_set_restored(tp, v->key, v->version, v->clock, lenient);
 }
 
 int ps_ckpt_load_records(ps_shard *shard, ps_tparts *tp, const ps_tparts_config *tc, int idx,

@@ -199,7 +199,7 @@ static int parse(int argc, char **argv, ps_server_config *c, int *log_level, int
     *memory_given = cmd.from[PS_SET_max_memory] != NULL;
     if (!c->bind)
         return ps_flag_error(PROG ": --bind is required, e.g. --bind tcp://*:5555 (see --help)");
-    if (c->rank >= c->num_servers)
+    if (c->rank >= c->num_servers && !c->added)
         return bad("%s: --rank must be an integer in [0, %d] (--num-servers %d), got '%d'", PROG,
                    c->num_servers - 1, c->num_servers, c->rank);
     if (!c->checkpoint_dir && (own.every_given || c->restore))

@@ -213,6 +213,33 @@ static void io_read_pair(ps_server *s, int i)
             ps_repl_loaded(s->repl, i, rc);
             continue;
         }
+        if (t == PS_OUT_TAKEN || t == PS_OUT_MOVED_IN || t == PS_OUT_OBJECTS) {
+            /* servers added and removed (move.h): one frame, its blocks ours */
+            union {
+                ps_move_frame mf;
+                ps_objects_frame of;
+            } v;
+            size_t want = t == PS_OUT_OBJECTS ? sizeof v.of : sizeof v.mf;
+            int got = 0;
+            zmq_msg_t m;
+            while (more && ps_zmsg_recv(s->own[i].pair, &m, 0) == 0) {
+                more = zmq_msg_more(&m);
+                if (!got && zmq_msg_size(&m) == want) {
+                    memcpy(&v, zmq_msg_data(&m), want);
+                    got = 1;
+                }
+                zmq_msg_close(&m);
+            }
+            if (!got)
+                ps_error("update thread %d: a malformed '%c' frame; dropped", i, t);
+            else if (t == PS_OUT_TAKEN)
+                ps_move_taken(s, i, &v.mf);
+            else if (t == PS_OUT_MOVED_IN)
+                ps_move_loaded(s, i, &v.mf);
+            else
+                ps_move_objects(s, i, &v.of);
+            continue;
+        }
         union {
             ps_stats_frame of;
             ps_ckpt_frame cf;
@@ -313,7 +340,7 @@ static int owner_running(const ps_server *s, int i)
  * PUMP_EPOLL (errno says) or PUMP_EROUTER (logged). */
 static int io_pump(ps_server *s, int what, long timeout_ms)
 {
-    zmq_pollitem_t it[PS_SERVER_MAX_THREADS + 4 + PS_REPL_MAX_POLL];
+    zmq_pollitem_t it[PS_SERVER_MAX_THREADS + 4 + PS_REPL_MAX_POLL + PS_MOVE_MAX_POLL];
     int who[PS_SERVER_MAX_THREADS]; /* it[first + k] is owner who[k] */
     int n = 0, np = 0, stop_at = -1, writer_at = -1, router_at = -1, mon_at = -1;
     if (what & PUMP_STOP) {
@@ -331,6 +358,14 @@ static int io_pump(ps_server *s, int what, long timeout_ms)
             mon_at = n;
             it[n++] = (zmq_pollitem_t){ps_hs_monitor_socket(s->mon), 0, ZMQ_POLLIN, 0};
         }
+    }
+    int move_at = -1;
+    if ((what & PUMP_ROUTER) && s->move) {
+        move_at = n;
+        ps_move_poll_items(s->move, it, &n);
+        long mt = ps_move_timeout_ms(s->move, ps_now_ns());
+        if (mt >= 0 && (timeout_ms < 0 || mt < timeout_ms))
+            timeout_ms = mt;
     }
     int repl_at = -1;
     if ((what & PUMP_ROUTER) && s->repl) {
@@ -367,6 +402,8 @@ static int io_pump(ps_server *s, int what, long timeout_ms)
         srv_read_monitor(s);
     if (repl_at >= 0)
         ps_repl_dispatch(s->repl, it, repl_at, ps_now_ns());
+    if (move_at >= 0)
+        ps_move_dispatch(s, it, move_at, ps_now_ns());
     if (router_at >= 0 && (it[router_at].revents & ZMQ_POLLIN) && srv_read_router(s) < 0)
         return PUMP_EROUTER;
     ps_repl_flush_acks(s->repl);
@@ -494,6 +531,10 @@ int ps_server_run(ps_server *s)
             break;
         }
         int64_t now = ps_now_ns();
+        if (ps_move_left_done(s->move, now)) {
+            ps_info("removed from the job and every worker told: exiting");
+            break;
+        }
         srv_check_workers(s, now);
         ps_peers_sweep(s->peers, now);
         ck_maybe(s, now);

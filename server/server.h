@@ -24,7 +24,8 @@
  *   membership.c      an elastic job's membership on the I/O thread: the live
  *                     sets at open, JOIN to every owner (below, "Elastic jobs")
  *   server_internal.h struct ps_server, shared by those four files
- *   server_config.c   ps_server_config_default/check, ps_server_owner
+ *   server_config.c   ps_server_config_default/check, ps_server_owner,
+ *                     ps_server_away_owner
  *   updater.c         an update thread: its ps_shard and the owner end of its
  *                     PAIR, and an immutable ps_updater_config copied before
  *                     it starts (it never sees struct ps_server); its dense
@@ -33,6 +34,12 @@
  *                     SPUSHPULL) on its table partitions
  *   updater_reply.c   struct ps_updater and what those two share: the
  *                     replies, a push's values read and checked
+ *   updater_move.c    servers added and removed, the update thread's side:
+ *                     PS_CMD_TAKE at its quiet point, PS_CMD_LOAD_MOVED, the
+ *                     table partitions moved here (PS_FLAG_AWAY requests)
+ *   move_records.c    moved objects as records: a chosen set serialized into
+ *                     a move block (checkpoint records, each partition's home
+ *                     and P_h), loaded all or nothing, split per thread
  *   updater_config.h  what an update thread is given (ps_updater_config)
  *   updater_frames.h  every frame on a PAIR, both directions (the tags, the
  *                     command, stats, checkpoint and progress frames)
@@ -220,8 +227,11 @@ typedef struct ps_server ps_server;
 
 typedef struct ps_server_config {
     const char *bind;   /* ZeroMQ endpoint, e.g. tcp://0.0.0.0:5555 or ipc:///tmp/ps0; copied */
-    int rank;           /* this server's rank, 0..num_servers-1 */
-    int num_servers;    /* 1..65536 */
+    int rank;           /* this server's rank, 0..num_servers-1; an added server's is
+                           its slot, >= num_servers */
+    int num_servers;    /* 1..65536: the servers the job started with (the row layout) */
+    int added;          /* joins a running job (--added): holds nothing until objects
+                           move to it (server/move.h) */
     int num_workers;    /* 1..65536; an elastic job's MAX */
     int num_workers_min; /* an elastic job's MIN (--num-workers MIN:MAX, MIN < MAX); else
                             num_workers (or 0: the same) */
@@ -341,5 +351,12 @@ struct ps_metrics *ps_server_metrics(ps_server *s);
 
 /* Update thread owning (key, chunk) among `threads`. */
 int ps_server_owner(uint64_t key, uint32_t chunk, int threads);
+/* Update thread holding table partition `part` of server `home` when that
+ * partition was moved to this server (servers added and removed:
+ * server/move_records.h; its requests carry PS_FLAG_AWAY, hs = home and
+ * chunk = part): (home + part) mod threads, so the partitions one server
+ * gives away spread over the threads of the one that takes them.  A
+ * partition back at its home is its own thread's (part), not this. */
+int ps_server_away_owner(int home, uint32_t part, int threads);
 
 #endif

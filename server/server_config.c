@@ -7,6 +7,7 @@
 
 #include "ps_error.h"
 #include "ps_shm.h"
+#include "ps_smap.h"
 
 int ps_server_owner(uint64_t key, uint32_t chunk, int threads)
 {
@@ -15,6 +16,11 @@ int ps_server_owner(uint64_t key, uint32_t chunk, int threads)
     x *= 0xd6e8feb86659fd93ull;
     x ^= x >> 32;
     return threads > 1 ? (int)(x % (uint64_t)threads) : 0;
+}
+
+int ps_server_away_owner(int home, uint32_t part, int threads)
+{
+    return threads > 1 ? (int)(((uint64_t)(uint32_t)home + part) % (uint64_t)threads) : 0;
 }
 
 /* Where each of ps_server's settings (common/ps_settings.h) lives. */
@@ -71,8 +77,11 @@ int ps_server_config_check(const ps_server_config *c, char *why, size_t why_len)
         BAD("bind endpoint is missing or longer than 255 characters");
     if (c->num_servers < 1 || c->num_servers > PS_MAX_SERVERS)
         BAD("num-servers must be in [1, %d], got %d", PS_MAX_SERVERS, c->num_servers);
-    if (c->rank < 0 || c->rank >= c->num_servers)
+    if (!c->added && (c->rank < 0 || c->rank >= c->num_servers))
         BAD("rank must be in [0, num-servers - 1 = %d], got %d", c->num_servers - 1, c->rank);
+    if (c->added && (c->rank < c->num_servers || c->rank >= PS_SMAP_MAX_SLOTS))
+        BAD("an added server's rank is its slot in the job: one no server of the job has had, "
+            "in [num-servers = %d, %d], got %d", c->num_servers, PS_SMAP_MAX_SLOTS - 1, c->rank);
     if (c->num_workers < 1 || c->num_workers > PS_MAX_WORKERS)
         BAD("num-workers must be in [1, %d], got %d", PS_MAX_WORKERS, c->num_workers);
     if (c->num_workers_min < 0 || c->num_workers_min > c->num_workers)

@@ -37,6 +37,14 @@ void srv_on_snapshot(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
     size_t nt = 0;
     int send = 0;
     ps_header r;
+    if (ps_move_happened(s->move)) {
+        /* a snapshot here would miss what moved away or hold what moved in
+         * under another home: not an export of the job */
+        srv_refuse(s, &f[0], h, PS_ESTATE, "objects moved between this job's servers (servers "
+                   "added or removed): an export does not follow them yet; export from "
+                   "checkpoints, or before changing the servers");
+        return;
+    }
     int rc = ps_export_begin(s->exp, &f[0], h, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]),
                              ps_now_ns(), &token, &t, &nt, &send, &r, why, sizeof why);
     if (rc) {

@@ -24,6 +24,7 @@
 #include "ckpt_coord.h"
 #include "collective.h"
 #include "hs_monitor.h"
+#include "move.h"
 #include "outbox.h"
 #include "peers.h"
 #include "ps_curve.h"
@@ -108,6 +109,7 @@ struct ps_server {
     ps_repl *repl;           /* --group: replicas and failover (repl.h); NULL: off */
     /* exports: the snapshot session (export.h) */
     struct ps_export *exp;
+    ps_move *move;           /* objects moved between servers (move.h) */
 };
 
 /* ---- server_io.c ---- */

@@ -145,7 +145,8 @@ ps_tparts_config srv_tparts_config(ps_server *s)
                               &s->mem_used,
                               c->on_nonfinite != PS_NONFINITE_APPLY,
                               s->worker_mem,
-                              ps_server_worker_share(c)};
+                              ps_server_worker_share(c),
+                              c->rank};
 }
 
 /* From here on no checkpoint is started by schedule, and one that completes

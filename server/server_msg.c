@@ -242,16 +242,26 @@ static void io_on_hello(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
 }
 
 /* A table request for partition h->chunk, which this server does not have
- * (its partitions are its update threads): refused, 1. */
+ * (its partitions are its update threads): refused, 1.  (A partition away
+ * from home, PS_FLAG_AWAY: its update thread checks.) */
 static int no_partition(ps_server *s, zmq_msg_t *id, const ps_header *h)
 {
-    if (h->chunk < (uint32_t)s->cfg.threads)
+    if (h->chunk < (uint32_t)s->cfg.threads || (h->flags & PS_FLAG_AWAY))
         return 0;
     char why[256];
     ps_errorf(why, sizeof why, "table %llu has %d partitions on this server (its --threads), "
         "so no partition %u", (unsigned long long)h->key, s->cfg.threads, h->chunk);
     io_error(s, id, h, PS_EPROTO, why);
     return 1;
+}
+
+/* The update thread that owns the table partition h names: its own index
+ * at home, ps_server_away_owner's away from it (PS_FLAG_AWAY). */
+static int part_thread(const ps_server *s, const ps_header *h)
+{
+    if (h->flags & PS_FLAG_AWAY)
+        return ps_server_away_owner(h->home, h->chunk, s->cfg.threads);
+    return (int)h->chunk;
 }
 
 /* INIT, PUSH, PULL, PUSHPULL and the torch family (ASSIGN, STATE, SETSTATE,
@@ -297,7 +307,7 @@ static void io_on_data(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
         if (no_partition(s, &f[0], h))
             return;
         ps_cmd_frame cmd = {.cmd = PS_CMD_REQ, .h = *h, .recv_ns = recv_ns(s)};
-        srv_send_cmd(s, (int)h->chunk, &cmd, &f[0], NULL);
+        srv_send_cmd(s, part_thread(s, h), &cmd, &f[0], NULL);
         return;
     }
     /* what carries a payload in changes the chunk: it is a mutation */
@@ -491,7 +501,7 @@ static void io_on_sparse(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
                         .recv_ns = recv_ns(s)};
     cmd.rseq = ps_repl_forward(s->repl, f, nf, h,
                                shm ? ps_shm_peer_at(shm, h->shm_off, reply_at) : NULL);
-    srv_send_cmd_frames(s, (int)h->chunk, &cmd, &f[0], &f[2], nf - 2);
+    srv_send_cmd_frames(s, part_thread(s, h), &cmd, &f[0], &f[2], nf - 2);
 }
 
 static void io_on_barrier(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
@@ -787,6 +797,24 @@ static void io_on_snapread(ps_server *s, zmq_msg_t *f, int nf, const ps_header *
     srv_on_snapread(s, f, nf, h);
 }
 
+/* SERVERS, OBJECTS, MOVEPLAN, MOVE: servers added and removed (move.h). */
+static void io_on_servers(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    ps_move_on_servers(s, f, nf, h);
+}
+static void io_on_objects(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    ps_move_on_objects(s, f, nf, h);
+}
+static void io_on_moveplan(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    ps_move_on_moveplan(s, f, nf, h);
+}
+static void io_on_move(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h)
+{
+    ps_move_on_move(s, f, nf, h);
+}
+
 /* The handler of each type, from the table's handler column. */
 static const io_handler handlers[PS_MSG_TYPE_MAX + 1] = {
 #define HANDLER_(NAME, t, name, from, rq_keys, rp_keys, rq_pl, rp_pl, shm, s_rq, s_rp, handler, \
@@ -801,7 +829,8 @@ static const io_handler handlers[PS_MSG_TYPE_MAX + 1] = {
 /* The types rank -1 may send. */
 static int from_a_tool(const ps_msg_info *m)
 {
-    return m->from != PS_FROM_WORKER && m->from != PS_FROM_NOBODY && m->from != PS_FROM_PEER;
+    return m->from != PS_FROM_WORKER && m->from != PS_FROM_NOBODY && m->from != PS_FROM_PEER &&
+           m->from != PS_FROM_SERVER;
 }
 
 /* The types a reader key may send (as rank -1): hello and rank -1's. */
@@ -827,6 +856,16 @@ static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const p
     }
     if (m->from == PS_FROM_ANY) /* hello: it checks the rank itself, after the config */
         return 0;
+    if (m->from == PS_FROM_SERVER && h->rank == -1) {
+        /* another server of the job: plaintext only (move.h) */
+        if (s->curve_dir) {
+            ps_errorf(why, sizeof why, "%s is for the servers of a job, in plaintext (moves are "
+                "not made under --curve-keys)", m->name);
+            io_error(s, &f[0], h, PS_EAUTH, why);
+            return -1;
+        }
+        return 0;
+    }
     if (m->from == PS_FROM_PEER && h->rank == -1) {
         /* the group's members (repl.h checks which); under CURVE only a peer
          * that holds this server's key, as its members do */
@@ -876,6 +915,12 @@ static int io_sender_may(ps_server *s, zmq_msg_t *f, const ps_header *h, const p
             io_error_quiet(s, &f[0], h, code, why);
         else
             io_error(s, &f[0], h, code, why);
+        return -1;
+    }
+    if (m->from == PS_FROM_SERVER) { /* a live worker: not its to send */
+        ps_errorf(why, sizeof why, "%s is for the servers of a job, which send it as rank -1",
+            m->name);
+        io_error(s, &f[0], h, PS_EPROTO, why);
         return -1;
     }
     if (m->from == PS_FROM_ADMIN &&
@@ -945,7 +990,7 @@ static void io_message(ps_server *s, zmq_msg_t *f, int nf, int total)
         ps_repl_not_primary(s->repl, &f[0], &h); /* libps goes to the primary */
         return;
     }
-    if (io_sender_may(s, f, &h, m) == 0)
+    if (io_sender_may(s, f, &h, m) == 0 && !ps_move_redirect(s, &f[0], &h))
         handlers[h.type](s, f, nf, &h);
 }
 

@@ -53,6 +53,8 @@ void ps_server_close(ps_server *s)
     ps_srv_metrics_close(s->met); /* no scrape reads the server after this */
     ps_repl_close(s->repl);       /* its sockets before the context */
     s->repl = NULL;
+    ps_move_close(s->move);       /* its sockets too */
+    s->move = NULL;
     /* every frame still held goes before the context */
     ps_barriers_destroy(s->barriers);
     ps_colls_destroy(s->colls);
@@ -266,6 +268,19 @@ static int open_owners(ps_server *s, char *why, size_t why_len)
 }
 
 /* The ROUTER, as a CURVE server with --curve-keys, bound. */
+/* Objects moved between servers (move.h): every server answers for what
+ * it gave away; an added server starts empty. */
+static int open_move(ps_server *s, char *why, size_t why_len)
+{
+    int rc = ps_move_open(s, &s->move);
+    if (rc)
+        ps_errorf(why, why_len, "out of memory");
+    else if (s->cfg.added)
+        ps_info("added server (--added), slot %d of a running job: it holds nothing until "
+                "the job's server 0 moves objects here", s->cfg.rank);
+    return rc;
+}
+
 static int open_router(ps_server *s, char *why, size_t why_len)
 {
     s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
@@ -384,7 +399,7 @@ int ps_server_open(const ps_server_config *c, ps_server **out, char *why, size_t
     if ((rc = open_timeline(s, why, why_len)) != 0 || (rc = open_owners(s, why, why_len)) != 0 ||
         (c->restore && !s->group && (rc = restore(s, why, why_len)) != 0) ||
         (c->import_dir && !s->group && (rc = import(s, why, why_len)) != 0) ||
-        (rc = open_router(s, why, why_len)) != 0 ||
+        (rc = open_router(s, why, why_len)) != 0 || (rc = open_move(s, why, why_len)) != 0 ||
         (s->group && (rc = ps_repl_open(s, &s->repl, why, why_len)) != 0) ||
         (c->restore && s->group && ps_repl_role(s->repl) != PS_REPL_JOINING &&
          (rc = restore(s, why, why_len)) != 0) ||

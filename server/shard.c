@@ -537,7 +537,22 @@ void ps_shard_foreach(const ps_shard *s, void (*fn)(void *arg, const ps_shard_ch
     }
 }
 
-int ps_shard_restore_chunk(ps_shard *s, const ps_shard_chunk_view *v, char *why, size_t why_len)
+int ps_shard_view(const ps_shard *s, uint64_t key, uint32_t c, ps_shard_chunk_view *v,
+                  int64_t *opt_step)
+{
+    const chunk *ch = shard_find(s, key, c);
+    if (!ch)
+        return PS_ENOTFOUND;
+    *v = (ps_shard_chunk_view){ch->key,   ch->chunk, ch->n, ch->total, ch->version, ch->clock,
+                               ch->w,     {ch->s0, ch->s1}, ps_opt_state_arrays(s->cfg.opt.kind)};
+    *opt_step = ch->version - ch->t_base;
+    return 0;
+}
+
+/* Recreate a chunk from v; lenient: as restored from a checkpoint (see
+ * ps_shard_restore_chunk), else exactly as it was (a move). */
+static int restore_chunk(ps_shard *s, const ps_shard_chunk_view *v, int lenient, chunk **out,
+                         char *why, size_t why_len)
 {
     int nstate = ps_opt_state_arrays(s->cfg.opt.kind);
     if (v->nstate != nstate) {
@@ -566,9 +581,9 @@ int ps_shard_restore_chunk(ps_shard *s, const ps_shard_chunk_view *v, char *why,
         memcpy(ch->s1, v->state[1], v->n * sizeof(float));
     memcpy(ch->clock, v->clock, (size_t)s->cfg.num_workers * sizeof(int64_t));
     ch->version = v->version;
-    ch->snap = 1; /* on disk already */
-    ch->ff_ok = s->cfg.mode == PS_MODE_SYNC;
-    if (s->cfg.mode == PS_MODE_ASYNC) {
+    ch->snap = lenient; /* restored: on disk already; moved: in no snapshot here yet */
+    ch->ff_ok = lenient && s->cfg.mode == PS_MODE_SYNC;
+    if (lenient && s->cfg.mode == PS_MODE_ASYNC) {
         /* the workers may be ahead of the checkpoint by the pushes the old
          * process acknowledged after it: each rank's first push may skip */
         int W = s->cfg.num_workers;
@@ -581,6 +596,63 @@ int ps_shard_restore_chunk(ps_shard *s, const ps_shard_chunk_view *v, char *why,
     }
     s->st.chunks++;
     chunk_added(s, ch->version);
+    *out = ch;
+    return 0;
+}
+
+int ps_shard_restore_chunk(ps_shard *s, const ps_shard_chunk_view *v, char *why, size_t why_len)
+{
+    chunk *ch;
+    return restore_chunk(s, v, 1, &ch, why, why_len);
+}
+
+int ps_shard_move_in(ps_shard *s, const ps_shard_chunk_view *v, int64_t opt_step, char *why,
+                     size_t why_len)
+{
+    if (opt_step < 0) {
+        ps_errorf(why, why_len, "key %llu chunk %u moved in at version %lld with optimizer step "
+            "%lld: a step count is >= 0", (unsigned long long)v->key, v->chunk,
+            (long long)v->version, (long long)opt_step);
+        return PS_EMISMATCH;
+    }
+    chunk *ch;
+    int rc = restore_chunk(s, v, 0, &ch, why, why_len);
+    if (!rc)
+        ch->t_base = v->version - opt_step;
+    return rc;
+}
+
+/* Take ch out of the open-addressing table: the entries after it in its
+ * probe run move back, so every other chunk is still found. */
+static void unlink_chunk(ps_shard *s, chunk *ch)
+{
+    size_t mask = s->cap - 1, i = mix(ch->key, ch->chunk) & mask;
+    while (s->table[i] != ch)
+        i = (i + 1) & mask;
+    s->table[i] = NULL;
+    for (size_t j = (i + 1) & mask; s->table[j]; j = (j + 1) & mask) {
+        chunk *o = s->table[j];
+        size_t home = mix(o->key, o->chunk) & mask;
+        /* o may move to the hole at i when its home is not in (i, j] */
+        if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) {
+            s->table[i] = o;
+            s->table[j] = NULL;
+            i = j;
+        }
+    }
+    s->count--;
+}
+
+int ps_shard_remove_chunk(ps_shard *s, uint64_t key, uint32_t c, char *why, size_t why_len)
+{
+    chunk *ch = shard_find_initialized(s, key, c, why, why_len);
+    if (!ch)
+        return PS_ENOTFOUND;
+    unlink_chunk(s, ch);
+    s->st.chunks--;
+    if (ch->version == s->minv && s->nat_min && --s->nat_min == 0)
+        rescan_min(s);
+    free_chunk(s, ch); /* the hooks answer what waits; pinned buffers stay to the last unpin */
     return 0;
 }
 

@@ -292,6 +292,29 @@ void ps_shard_foreach(const ps_shard *s, void (*fn)(void *arg, const ps_shard_ch
  * PS_ETOOBIG, PS_ENOMEM. */
 int ps_shard_restore_chunk(ps_shard *s, const ps_shard_chunk_view *v, char *why, size_t why_len);
 
+/* Chunk (key, chunk) as ps_shard_foreach shows it, and its optimizer's step
+ * count (ps_shard_get_state's).  PS_ENOTFOUND. */
+int ps_shard_view(const ps_shard *s, uint64_t key, uint32_t chunk, ps_shard_chunk_view *v,
+                  int64_t *opt_step);
+
+/* A chunk moved here from another server (ps_shard_remove_chunk there,
+ * server/move_records.h): as ps_shard_restore_chunk, but exact, since its
+ * version and clocks are what they were (taken where no round of it held a
+ * push): no fast-forward, no jumped first pushes.  opt_step: the optimizer's
+ * step count it had (ps_shard_get_state's), from which its next update goes
+ * on.  Errors: those of ps_shard_restore_chunk (PS_EMISMATCH when the chunk
+ * is here already: never overwritten), PS_EMISMATCH for opt_step < 0. */
+int ps_shard_move_in(ps_shard *s, const ps_shard_chunk_view *v, int64_t opt_step, char *why,
+                     size_t why_len);
+
+/* Remove chunk (key, chunk) (moved to another server): every queued pull is
+ * given to hooks.cancel and every kept gradient to hooks.release, as at
+ * destroy (the caller sets beforehand what its hooks answer them with: the
+ * shard knows no replies); its memory charge is given back; a weight buffer
+ * a reply in flight pins is freed by the last ps_shard_unpin.  Its
+ * counters stay with the shard.  PS_ENOTFOUND. */
+int ps_shard_remove_chunk(ps_shard *s, uint64_t key, uint32_t chunk, char *why, size_t why_len);
+
 /* Add base counters (restored from a checkpoint) to this shard's counters. */
 void ps_shard_add_counters(ps_shard *s, const ps_stats *base);
 

@@ -112,13 +112,14 @@ int ps_tparts_create(const ps_tparts_config *cfg, const ps_tparts_hooks *hooks, 
     return 0;
 }
 
-static void free_part(ps_tparts *t, tpart *p)
+/* Cancel p's waiters and release its kept pushes with rc (why says), then
+ * free it. */
+static void free_part(ps_tparts *t, tpart *p, int rc, const char *why)
 {
     for (size_t i = 0; i < p->nwait; i++)
         t->hooks.cancel(t->hooks.user, p->wait[i].ctx);
     for (size_t i = 0; i < p->npend; i++)
-        t->hooks.release(t->hooks.user, p->pend[i].hold, PS_ECLOSED,
-                         "the server is shutting down; this push's round was not complete");
+        t->hooks.release(t->hooks.user, p->pend[i].hold, rc, why);
     ps_table_destroy(p->store);
     free(p->clock);
     free(p->jump);
@@ -127,12 +128,37 @@ static void free_part(ps_tparts *t, tpart *p)
     free(p);
 }
 
+int ps_tparts_remove(ps_tparts *t, uint64_t key, int rc, const char *reason, char *why,
+                     size_t why_len)
+{
+    size_t i = 0;
+    while (i < t->n && t->parts[i]->key != key)
+        i++;
+    if (i == t->n) {
+        find_declared(t, key, why, why_len);
+        return PS_ENOTFOUND;
+    }
+    tpart *p = t->parts[i];
+    /* out of the list first: a hook that asks for the table finds none */
+    memmove(&t->parts[i], &t->parts[i + 1], (t->n - i - 1) * sizeof *t->parts);
+    t->n--;
+    free_part(t, p, rc, reason);
+    return 0;
+}
+
+void ps_tparts_copy_live(ps_tparts *dst, const ps_tparts *src)
+{
+    if (dst->cfg.num_workers == src->cfg.num_workers)
+        memcpy(dst->live, src->live, (size_t)dst->cfg.num_workers);
+}
+
 void ps_tparts_destroy(ps_tparts *t)
 {
     if (!t)
         return;
     for (size_t i = 0; i < t->n; i++)
-        free_part(t, t->parts[i]);
+        free_part(t, t->parts[i], PS_ECLOSED,
+                  "the server is shutting down; this push's round was not complete");
     free(t->parts);
     free(t->live);
     free(t);
@@ -707,13 +733,19 @@ int ps_tparts_view(const ps_tparts *t, size_t i, ps_tpart_view *v)
 
 int ps_tparts_restored(ps_tparts *t, uint64_t key, int64_t version, const int64_t *clock)
 {
+    return ps_tparts_set_restored(t, key, version, clock, 1);
+}
+
+int ps_tparts_set_restored(ps_tparts *t, uint64_t key, int64_t version, const int64_t *clock,
+                           int lenient)
+{
     tpart *p = find(t, key);
     if (!p)
         return PS_ENOTFOUND;
     ps_table_set_version(p->store, version);
     memcpy(p->clock, clock, (size_t)t->cfg.num_workers * sizeof *clock);
-    p->ff_ok = t->cfg.mode == PS_MODE_SYNC;
-    if (t->cfg.mode == PS_MODE_ASYNC && !p->jump) {
+    p->ff_ok = lenient && t->cfg.mode == PS_MODE_SYNC;
+    if (lenient && t->cfg.mode == PS_MODE_ASYNC && !p->jump) {
         /* the workers may be ahead of the checkpoint by the pushes the old
          * process acknowledged after it: each rank's first push may skip */
         int W = t->cfg.num_workers;

@@ -93,6 +93,13 @@ typedef struct ps_tparts_config {
     int guard;                   /* check the updates' results (ps_table_config.guard) */
     _Atomic uint64_t *worker_mem; /* rows charged to their makers (ps_table_config) */
     uint64_t worker_share;
+    /* The server whose partition `part` (of `nparts`) this is: the rows it
+     * holds are those ps_table_row_misplaced places on (home, part).  A
+     * thread's own partitions: its server's rank.  A partition moved here
+     * from server h (servers added and removed: server/move_records.h) lives
+     * in a ps_tparts of its own with home h, part and nparts its home's
+     * (num_servers: the job's base count, as everywhere). */
+    int home;
 } ps_tparts_config;
 
 int ps_tparts_create(const ps_tparts_config *cfg, const ps_tparts_hooks *hooks, ps_tparts **out);
@@ -212,6 +219,24 @@ int ps_tparts_view(const ps_tparts *t, size_t i, ps_tpart_view *v);
  * each rank's first push may skip, as ps_shard_restore_chunk's).
  * PS_ENOTFOUND when the table is not declared here. */
 int ps_tparts_restored(ps_tparts *t, uint64_t key, int64_t version, const int64_t *clock);
+
+/* The same, lenient 0: exactly as they were (a partition moved here, taken
+ * where no round of it held a push): no fast-forward, no jumped first
+ * pushes.  ps_tparts_restored is lenient 1. */
+int ps_tparts_set_restored(ps_tparts *t, uint64_t key, int64_t version, const int64_t *clock,
+                           int lenient);
+
+/* Remove table `key`'s partition from t (it moves to another server): its
+ * queued waiters go to hooks.cancel and its kept pushes to hooks.release
+ * with rc and reason (the caller's hooks answer them: set what they answer
+ * with beforehand), then its store is freed (its memory charge given back).
+ * t's counters keep what it did.  PS_ENOTFOUND (why says). */
+int ps_tparts_remove(ps_tparts *t, uint64_t key, int rc, const char *reason, char *why,
+                     size_t why_len);
+
+/* dst's live set becomes src's (a moved-in ps_tparts made on a thread whose
+ * workers came and went already); before dst holds any table. */
+void ps_tparts_copy_live(ps_tparts *dst, const ps_tparts *src);
 
 /* The store of table `key` here (a restore fills it), or NULL. */
 ps_table *ps_tparts_store(ps_tparts *t, uint64_t key);

@@ -23,6 +23,7 @@
 #include "server_metrics.h"
 #include "updater_reply.h"
 #include "updater_export.h"
+#include "updater_move.h"
 #include "updater_tables.h"
 #include "zmsg.h"
 
@@ -115,8 +116,12 @@ static void hook_ready(void *user, void *waiter, const float *w, size_t n, int64
 
 static void hook_cancel(void *user, void *waiter)
 {
+    ps_updater *u = user;
     req_ctx *r = waiter;
-    upd_error(user, r, PS_ECLOSED, "the server is shutting down; this pull was still waiting");
+    if (u->gone_code) /* its chunk or partition moved to another server */
+        upd_error(u, r, u->gone_code, u->gone_why);
+    else
+        upd_error(u, r, PS_ECLOSED, "the server is shutting down; this pull was still waiting");
     upd_req_free(r);
 }
 
@@ -187,7 +192,9 @@ static void hook_release(void *user, void *v)
     hold *h = v;
     if (h->ack) {
         req_ctx *r = h->ack;
-        if (u->destroying) {
+        if (u->gone_code) { /* its chunk moved before its round was complete */
+            upd_error(u, r, u->gone_code, u->gone_why);
+        } else if (u->destroying) {
             upd_error(u, r, PS_ECLOSED, "the server is shutting down; this push's round was not "
                       "complete");
         } else {
@@ -265,10 +272,13 @@ static void upd_torch(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *
         if (!rc)
             upd_ack(u, r, version, 0);
     } else if (h->type == PS_MSG_CLOCK) {
-        /* a table's partition here (the I/O thread sent it to its owner), or a chunk */
-        if (!(rc = ps_tparts_decl(u->tparts, h->key)
-                       ? ps_tparts_clock(u->tparts, h->key, h->rank, &rep.push_step, why,
-                                         sizeof why)
+        /* a table's partition here (the I/O thread sent it to its owner; with
+         * PS_FLAG_AWAY one moved here), or a chunk */
+        ps_tparts *tp = upd_req_tparts(u, r, h);
+        if (!tp)
+            return; /* answered */
+        if (!(rc = ps_tparts_decl(tp, h->key) || (h->flags & PS_FLAG_AWAY)
+                       ? ps_tparts_clock(tp, h->key, h->rank, &rep.push_step, why, sizeof why)
                        : ps_shard_clock(u->shard, h->key, h->chunk, h->rank, &rep.push_step,
                                         why, sizeof why)))
             upd_send(u, &r->id, &rep, NULL);
@@ -323,6 +333,8 @@ static void upd_request(ps_updater *u, const ps_header *h, uint64_t mut, uint64_
     r->type = h->type;
     r->key = h->key;
     r->chunk = h->chunk;
+    r->home = (h->flags & PS_FLAG_AWAY) ? h->home : u->cfg.server_rank;
+    r->tp = u->tparts;
     r->mut = mut;
     r->rseq = rseq;
     r->t_arrive = u->cfg.trace ? ps_now_ns() : 0;
@@ -469,11 +481,39 @@ static void upd_counters(ps_updater *u, ps_stats *st, int versions)
         ps_shard_stats(u->shard, st);
     else
         ps_shard_counters(u->shard, st);
-    ps_tparts_stats(u->tparts, st);
+    ps_tparts *tp;
+    for (size_t i = 0; (tp = upd_tp(u, i)); i++)
+        ps_tparts_stats(tp, st);
+    st->pushes += u->away_done.pushes;
+    st->pulls += u->away_done.pulls;
+    st->updates += u->away_done.updates;
+    st->dup_dropped += u->away_done.dup_dropped;
     st->bytes_in += u->bytes_in;
     st->bytes_out = u->bytes_out;
     st->errors = u->errors;
     st->nonfinite = u->nonfinite;
+}
+
+/* Add to c the counts of table key's partitions moved here, from moved-in
+ * ps_tparts `from` on. */
+static void upd_add_away_counts(const ps_updater *u, uint64_t key, size_t from,
+                                ps_table_counts *c)
+{
+    for (size_t a = from; a < u->naway; a++) {
+        ps_table_counts x;
+        if (ps_tparts_table_counts(u->away[a], key, &x))
+            continue;
+        c->rows += x.rows;
+        c->bytes += x.bytes;
+        c->created += x.created;
+        c->evicted += x.evicted;
+        c->filtered_pulls += x.filtered_pulls;
+        c->filtered_pushes += x.filtered_pushes;
+        c->pulled += x.pulled;
+        c->pushed += x.pushed;
+        c->updated += x.updated;
+        c->rounds += x.rounds;
+    }
 }
 
 /* --metrics-port: copy this thread's counters and its tables' figures into
@@ -502,7 +542,25 @@ static void upd_publish(ps_updater *u, int64_t now)
         ps_table_counts c;
         ps_tparts_view(u->tparts, i, &v);
         ps_table_stats(v.store, &c);
+        upd_add_away_counts(u, v.key, 0, &c);
         ps_srv_mthread_table(u->cfg.mblock, u->mslot[i], &c);
+    }
+    /* the tables of partitions moved here that this thread's own do not hold
+     * (each once: the first moved-in partition of it adds the others) */
+    for (size_t a = 0; a < u->naway; a++) {
+        ps_tpart_view v;
+        for (size_t i = 0; ps_tparts_view(u->away[a], i, &v); i++) {
+            int seen = ps_tparts_decl(u->tparts, v.key) != NULL;
+            for (size_t b = 0; b < a && !seen; b++)
+                seen = ps_tparts_decl(u->away[b], v.key) != NULL;
+            int slot = seen ? -1 : ps_srv_metrics_table_slot(u->cfg.metrics, v.key);
+            if (slot < 0)
+                continue;
+            ps_table_counts c;
+            ps_table_stats(v.store, &c);
+            upd_add_away_counts(u, v.key, a + 1, &c);
+            ps_srv_mthread_table(u->cfg.mblock, slot, &c);
+        }
     }
 }
 
@@ -532,6 +590,8 @@ static void upd_send_stats(ps_updater *u, char tag, uint64_t token, const ps_sta
  * thread takes the buffers. */
 static void upd_checkpoint(ps_updater *u, uint64_t token, int full)
 {
+    /* The partitions moved here (u->away) are not in it: moves are refused
+     * in jobs with --checkpoint-dir for now (servers added and removed). */
     int64_t t0 = ps_now_ns();
     ps_ckpt_frame cf;
     memset(&cf, 0, sizeof cf);
@@ -549,14 +609,6 @@ static void upd_checkpoint(ps_updater *u, uint64_t token, int full)
     if (u->cfg.trace)
         ps_trace_event(u->cfg.trace, "snapshot", "checkpoint", 1 + u->cfg.idx, t0, ps_now_ns(),
                        (int64_t)token, -1);
-}
-
-/* No sync round of this thread holds a push: a snapshot here needs no
- * round's sums (a replacement's, server/repl.h). */
-static int upd_quiet(const ps_updater *u)
-{
-    return u->cfg.mode != PS_MODE_SYNC ||
-           (ps_shard_open_rounds(u->shard) == 0 && ps_tparts_open_rounds(u->tparts) == 0);
 }
 
 /* A replacement member loads its part of the primary's snapshot: the chunk
@@ -589,10 +641,16 @@ static void upd_load(ps_updater *u, const ps_cmd_frame *cf)
 /* The lowest version over this thread's chunks and table partitions. */
 static int64_t upd_min_version(const ps_updater *u, int *have)
 {
-    int hc, ht;
-    int64_t mc = ps_shard_min_version(u->shard, &hc), mt = ps_tparts_min_version(u->tparts, &ht);
-    *have = hc || ht;
-    return !ht ? mc : !hc ? mt : mc < mt ? mc : mt;
+    int64_t m = ps_shard_min_version(u->shard, have);
+    ps_tparts *tp;
+    for (size_t i = 0; (tp = upd_tp(u, i)); i++) {
+        int ht;
+        int64_t mt = ps_tparts_min_version(tp, &ht);
+        if (ht && (!*have || mt < m))
+            m = mt;
+        *have = *have || ht;
+    }
+    return m;
 }
 
 static void upd_progress(ps_updater *u)
@@ -630,7 +688,9 @@ static void *upd_main(void *arg)
             memcpy(&cf, zmq_msg_data(&m), sizeof cf);
             if (u->cfg.mblock) { /* where the push-to-apply time starts */
                 ps_shard_set_recv(u->shard, cf.recv_ns);
-                ps_tparts_set_recv(u->tparts, cf.recv_ns);
+                ps_tparts *tp;
+                for (size_t i = 0; (tp = upd_tp(u, i)); i++)
+                    ps_tparts_set_recv(tp, cf.recv_ns);
             }
             if (cf.cmd == PS_CMD_REQ) {
                 upd_request(u, &cf.h, cf.mut, cf.rseq, cf.shm, &f[0], &f[1]);
@@ -648,28 +708,42 @@ static void *upd_main(void *arg)
                 upd_load(u, &cf);
             } else if (cf.cmd == PS_CMD_LIVE) {
                 ps_shard_set_live(u->shard, cf.rank, cf.live);
-                ps_tparts_set_live(u->tparts, cf.rank, cf.live);
+                ps_tparts *tp;
+                for (size_t i = 0; (tp = upd_tp(u, i)); i++)
+                    ps_tparts_set_live(tp, cf.rank, cf.live);
                 upd_results_nonfinite(u, NULL); /* rounds its loss completed */
             } else if (cf.cmd == PS_CMD_JOIN) {
                 ps_shard_join(u->shard, cf.rank, cf.h.push_step);
-                ps_tparts_join(u->tparts, cf.rank, cf.h.push_step);
+                ps_tparts *tp;
+                for (size_t i = 0; (tp = upd_tp(u, i)); i++)
+                    ps_tparts_join(tp, cf.rank, cf.h.push_step);
                 upd_results_nonfinite(u, NULL); /* rounds it completed */
             } else if (cf.cmd == PS_CMD_TABLE) {
                 upd_table(u, &cf);
             } else if (cf.cmd == PS_CMD_OPT) {
-                if (cf.h.key) /* a table's (HYPER with its key) */
-                    ps_tparts_set_opt(u->tparts, cf.h.key, cf.h.push_step, &cf.h.hello.opt);
-                else
+                ps_tparts *tp;
+                /* a table's (HYPER with its key): its partitions here, moved ones too */
+                for (size_t i = 0; cf.h.key && (tp = upd_tp(u, i)); i++)
+                    ps_tparts_set_opt(tp, cf.h.key, cf.h.push_step, &cf.h.hello.opt);
+                if (!cf.h.key)
                     ps_shard_set_opt(u->shard, cf.h.push_step, &cf.h.hello.opt);
             } else if (cf.cmd == PS_CMD_SNAP) {
                 upd_snap_start(u, &cf);
             } else if (cf.cmd == PS_CMD_SNAP_FLUSH) {
                 upd_snap_poll(u, 1);
+            } else if (cf.cmd == PS_CMD_TAKE) {
+                upd_move_take(u, &cf);
+            } else if (cf.cmd == PS_CMD_OBJECTS) {
+                upd_move_objects(u);
+            } else if (cf.cmd == PS_CMD_LOAD_MOVED) {
+                upd_move_load(u, &cf);
             }
             if (u->quiet_ckpt && upd_quiet(u)) {
                 upd_checkpoint(u, u->quiet_ckpt, 1);
                 u->quiet_ckpt = 0;
             }
+            if (u->takes && !stop) /* sync: TAKEs waiting for the quiet point */
+                upd_move_poll(u);
             if (u->snap && !stop) /* an export waits for items to reach its version */
                 upd_snap_poll(u, 0);
             if (u->cfg.report_progress && !stop)
@@ -687,13 +761,19 @@ static void *upd_main(void *arg)
         upd_publish(u, ps_now_ns());
     ps_stats st;
     upd_counters(u, &st, 1);
-    size_t ntab = ps_tparts_count(u->tparts);
+    /* each partition here, those moved here too (the I/O thread adds them by key) */
+    size_t ntab = 0;
+    ps_tparts *tp;
+    for (size_t i = 0; (tp = upd_tp(u, i)); i++)
+        ntab += ps_tparts_count(tp);
     ps_table_total *tot = calloc(ntab ? ntab : 1, sizeof *tot);
-    for (size_t i = 0; tot && i < ntab; i++) {
+    size_t k = 0;
+    for (size_t i = 0; tot && (tp = upd_tp(u, i)); i++) {
         ps_tpart_view v;
-        ps_tparts_view(u->tparts, i, &v);
-        tot[i].key = v.key;
-        ps_table_stats(v.store, &tot[i].c);
+        for (size_t j = 0; ps_tparts_view(tp, j, &v); j++, k++) {
+            tot[k].key = v.key;
+            ps_table_stats(v.store, &tot[k].c);
+        }
     }
     uint64_t spares, spare_bytes, copies;
     ps_shard_buffer_counts(u->shard, &spares, &spare_bytes, &copies);
@@ -711,6 +791,7 @@ static void *upd_main(void *arg)
     u->shard = NULL;
     ps_tparts_destroy(u->tparts);
     u->tparts = NULL;
+    upd_move_stop(u); /* TAKEs still waiting answered; the moved-in partitions freed */
     st.errors = u->errors;
     upd_req_free(u->spare);
     u->spare = NULL;
@@ -749,10 +830,11 @@ int ps_updater_create(const ps_updater_config *cfg, const ps_shard_config *sc, v
     ps_shard_set_merge(u->shard, hook_merge);
     ps_tparts_config tc = {sc->mode,     sc->max_staleness, sc->num_workers, cfg->num_servers,
                            cfg->nparts,  cfg->idx,          sc->max_memory, sc->mem_used,
-                           sc->guard,    cfg->worker_mem,   cfg->worker_share};
-    ps_tparts_hooks th = {u, upd_thook_release, upd_thook_ready, hook_cancel, hook_merge,
-                          upd_thook_take};
-    rc = ps_tparts_create(&tc, &th, &u->tparts);
+                           sc->guard,    cfg->worker_mem,   cfg->worker_share,
+                           cfg->server_rank};
+    u->thooks = (ps_tparts_hooks){u,          upd_thook_release, upd_thook_ready,
+                                  hook_cancel, hook_merge,        upd_thook_take};
+    rc = ps_tparts_create(&tc, &u->thooks, &u->tparts);
     if (rc) {
         ps_shard_destroy(u->shard);
         free(u);
@@ -797,6 +879,7 @@ void ps_updater_destroy(ps_updater *u)
     u->destroying = 1;
     ps_shard_destroy(u->shard); /* before the PAIR: its hooks may still reply */
     ps_tparts_destroy(u->tparts);
+    upd_move_stop(u);
     upd_rows_shrink(u);
     free(u->mslot);
     if (u->pair)

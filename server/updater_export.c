@@ -10,6 +10,7 @@
 #include "ps_table_row.h"
 #include "ps_time.h"
 #include "snapshot.h"
+#include "updater_move.h"
 
 /* One table of a lookup, as its entry says. */
 typedef struct lk_table {
@@ -19,11 +20,11 @@ typedef struct lk_table {
     int64_t version;
 } lk_table;
 
-/* The partition versions of the tables named in t (found by key). */
-static void versions(ps_updater *u, lk_table *t, size_t nt)
+/* The partition versions of the tables named in t (found by key in tp). */
+static void versions(ps_tparts *tp, lk_table *t, size_t nt)
 {
     ps_tpart_view v;
-    for (size_t i = 0; ps_tparts_view(u->tparts, i, &v); i++)
+    for (size_t i = 0; ps_tparts_view(tp, i, &v); i++)
         for (size_t k = 0; k < nt; k++)
             if (t[k].key == v.key)
                 t[k].version = v.version;
@@ -31,7 +32,10 @@ static void versions(ps_updater *u, lk_table *t, size_t nt)
 
 void upd_lookup(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
 {
-    const ps_updater_config *c = &u->cfg;
+    ps_tparts *tp = upd_req_tparts(u, r, h); /* with PS_FLAG_AWAY: a partition moved here */
+    if (!tp)
+        return; /* answered */
+    const ps_tparts_config *c = ps_tparts_cfg(tp); /* its rows: (home, part) */
     size_t nt = zmq_msg_size(&pl[0]) / PS_LOOKUP_ENTRY_BYTES, n = (size_t)h->count;
     const unsigned char *e = zmq_msg_data(&pl[0]);
     lk_table *t = malloc(nt * sizeof *t);
@@ -49,8 +53,8 @@ void upd_lookup(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
         memcpy(&t[k].n, e + 8, 4);
         memcpy(&t[k].dim, e + 12, 4);
         t[k].version = 0;
-        t[k].store = ps_tparts_store(u->tparts, t[k].key);
-        const ps_table_options *d = ps_tparts_decl(u->tparts, t[k].key);
+        t[k].store = ps_tparts_store(tp, t[k].key);
+        const ps_table_options *d = ps_tparts_decl(tp, t[k].key);
         if (!t[k].store || !d) {
             ps_errorf(why, sizeof why, "lookup: table %llu is not declared on this server",
                 (unsigned long long)t[k].key);
@@ -77,12 +81,12 @@ void upd_lookup(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
     /* every id is a row of this partition (docs/PROTOCOL.md "Tables") */
     const uint64_t *at = ids;
     for (size_t k = 0; !rc && k < nt; at += t[k].n, k++) {
-        size_t i = ps_table_row_misplaced(t[k].key, at, t[k].n, c->server_rank, c->num_servers,
-                                          (uint32_t)c->idx, (uint32_t)c->nparts);
+        size_t i = ps_table_row_misplaced(t[k].key, at, t[k].n, c->home, c->num_servers,
+                                          (uint32_t)c->part, (uint32_t)c->nparts);
         if (i < t[k].n) {
             ps_errorf(why, sizeof why, "lookup: id %llu of table %llu is not a row of partition "
                 "%d of server %d (common/ps_table_row.h places a row)",
-                (unsigned long long)at[i], (unsigned long long)t[k].key, c->idx, c->server_rank);
+                (unsigned long long)at[i], (unsigned long long)t[k].key, c->part, c->home);
             rc = PS_EPROTO;
         }
     }
@@ -97,7 +101,7 @@ void upd_lookup(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
         upd_error(u, r, rc, why);
         return;
     }
-    versions(u, t, nt);
+    versions(tp, t, nt);
     int64_t version = nt ? t[0].version : 0;
     float *out = zmq_msg_data(&rep);
     at = ids;
@@ -161,6 +165,8 @@ void upd_snap_start(ps_updater *u, const ps_cmd_frame *cf)
                          .ntargets = cf->snap_ntargets, .max_memory = u->max_memory,
                          .mem_used = u->mem_used};
     u->snap_token = cf->snap_token;
+    /* The partitions moved here (u->away) are not in it: exports are refused
+     * after a move for now (servers added and removed). */
     if (ps_snap_begin(&sc, u->shard, u->tparts, &u->snap) != 0) {
         ps_snap_frame sf;
         memset(&sf, 0, sizeof sf);

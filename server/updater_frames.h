@@ -37,6 +37,24 @@
  *                         (the I/O thread's, read now); answer PS_OUT_SNAP with
  *                         cmd.snap_token once every item is taken
  *   PS_CMD_SNAP_FLUSH [cmd] the snapshot's wait ran out: take what still waits, as it is
+ *   PS_CMD_TAKE   [cmd]   servers added and removed (server/move_records.h): take the
+ *                         cmd.move_nobjs objects cmd.move_objs (malloc'd; the receiver
+ *                         frees it) out of this thread for server slot cmd.h.slot at
+ *                         endpoint cmd.h.owner_ep: sync, at the first point where no
+ *                         round of this thread holds a push (queued until then, in
+ *                         order); async, at once.  Serialized as one move block, then
+ *                         removed; the requests that waited on them are answered
+ *                         PS_EMOVED naming that slot and endpoint.  All or nothing.
+ *                         Answer PS_OUT_TAKEN with cmd.move_token
+ *   PS_CMD_OBJECTS [cmd]  list every chunk and table partition of this thread with its
+ *                         bytes (weights, optimizer state, rows): answer PS_OUT_OBJECTS
+ *   PS_CMD_LOAD_MOVED [cmd] load the move block cmd.move_block (malloc'd, cmd.move_len
+ *                         bytes: this thread's, ps_move_split) all or nothing: chunks
+ *                         into the shard, partitions home (this server's, partition
+ *                         idx) into the thread's own tables, others into a moved-in
+ *                         ps_tparts of their (home, part).  An object here already is
+ *                         refused (PS_EMISMATCH).  Answer PS_OUT_MOVED_IN with
+ *                         cmd.move_token
  *
  * owner -> I/O thread: the first frame is a tag, one byte (PS_OUT_HELD,
  * PS_OUT_INIT, PS_OUT_ACK: the byte and an int64, native byte order).  A
@@ -64,13 +82,21 @@
  *   PS_OUT_LOADED   [tag] [int rc]              PS_CMD_LOAD is done
  *   PS_OUT_PROGRESS [tag] [ps_progress_frame]   the owner's lowest chunk version moved
  *                   (only with ps_updater_config.report_progress)
- *   PS_OUT_SNAP     [tag] [ps_snap_frame]       the items PS_CMD_SNAP asked for */
+ *   PS_OUT_SNAP     [tag] [ps_snap_frame]       the items PS_CMD_SNAP asked for
+ *   PS_OUT_TAKEN    [tag] [ps_move_frame]       PS_CMD_TAKE is done: rc 0 with the move
+ *                   block (the I/O thread's now) and its counts; else nothing was
+ *                   taken (why says)
+ *   PS_OUT_OBJECTS  [tag] [ps_objects_frame]    the objects PS_CMD_OBJECTS asked for
+ *   PS_OUT_MOVED_IN [tag] [ps_move_frame]       PS_CMD_LOAD_MOVED is done: rc 0 (the
+ *                   thread freed the block), else nothing was loaded and the block
+ *                   comes back (the I/O thread's again: the objects are in it alone) */
 #ifndef PS_UPDATER_FRAMES_H
 #define PS_UPDATER_FRAMES_H
 
 #include <stdint.h>
 
 #include "checkpoint.h"
+#include "move_records.h"
 #include "ps_proto.h"
 #include "shm_peer.h"
 #include "snapshot.h"
@@ -87,7 +113,10 @@ enum {
     PS_CMD_LOAD = 8,
     PS_CMD_SNAP = 9,
     PS_CMD_SNAP_FLUSH = 10,
-    PS_CMD_JOIN = 11
+    PS_CMD_JOIN = 11,
+    PS_CMD_TAKE = 12,
+    PS_CMD_LOAD_MOVED = 13,
+    PS_CMD_OBJECTS = 14
 };
 
 /* Frames a PAIR message of PS_CMD_REQ carries after its command: the
@@ -104,7 +133,10 @@ enum {
     PS_OUT_CKPT = 'C',
     PS_OUT_PROGRESS = 'P',
     PS_OUT_LOADED = 'L',
-    PS_OUT_SNAP = 'N'
+    PS_OUT_SNAP = 'N',
+    PS_OUT_TAKEN = 'T',
+    PS_OUT_MOVED_IN = 'M',
+    PS_OUT_OBJECTS = 'O'
 };
 
 /* Each command reads its own fields; the others are 0. */
@@ -136,6 +168,12 @@ typedef struct ps_cmd_frame {
     uint64_t snap_token;  /* SNAP: the snapshot the items answer */
     const ps_snap_target *snap_targets; /* SNAP: per-key versions (the I/O thread's) */
     size_t snap_ntargets;
+    uint64_t move_token;  /* TAKE, LOAD_MOVED: the move the reply answers */
+    ps_move_obj *move_objs; /* TAKE: the objects (malloc'd; the receiver frees it); the
+                               destination is h.slot and h.owner_ep */
+    size_t move_nobjs;
+    void *move_block;     /* LOAD_MOVED: a move block (malloc'd; the receiver's) */
+    size_t move_len;
 } ps_cmd_frame;
 
 /* One table's partition at the end (PS_OUT_STOPPED). */
@@ -164,6 +202,38 @@ typedef struct ps_snap_frame {
     ps_snap_buf **items; /* rc 0: n item streams, each a reference; the I/O thread's now */
     size_t n;
 } ps_snap_frame;
+
+/* PS_OUT_TAKEN and PS_OUT_MOVED_IN. */
+/* One object an update thread holds, with its bytes (PS_OUT_OBJECTS): a
+ * chunk (kind PS_MOVE_CHUNK, a its index, b 0) or a table partition
+ * (PS_MOVE_PART, a its home, b its index, nparts its home's partitions);
+ * home is the I/O thread's to fill (server/move.h). */
+typedef struct ps_upd_obj {
+    uint32_t kind, nparts;
+    uint64_t key;
+    uint32_t a, b;
+    uint64_t bytes;
+    int32_t home;
+} ps_upd_obj;
+
+/* PS_OUT_OBJECTS: every object of the thread (objs malloc'd, the I/O
+ * thread's now; NULL when n is 0 or rc is not). */
+typedef struct ps_objects_frame {
+    int rc;
+    ps_upd_obj *objs;
+    size_t n;
+} ps_objects_frame;
+
+typedef struct ps_move_frame {
+    uint64_t token;     /* cmd.move_token */
+    int rc;             /* 0, or why nothing was taken / loaded */
+    char why[256];
+    void *block;        /* TAKEN, rc 0: the move block (ps_move_serialize's); MOVED_IN,
+                           rc != 0: the block given back; else NULL.  The I/O thread's */
+    size_t len;
+    uint64_t nchunks, nparts; /* objects taken / loaded */
+    uint64_t bytes;     /* their records' bytes (the block's) */
+} ps_move_frame;
 
 typedef struct ps_progress_frame {
     int64_t min_version; /* ps_shard_min_version */

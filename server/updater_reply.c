@@ -2,6 +2,7 @@
  * replies to the I/O thread, copies of weights for pull replies, a push's
  * values read and checked. */
 #include "updater_reply.h"
+#include "updater_move.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -82,9 +83,25 @@ void upd_send(ps_updater *u, zmq_msg_t *id, const ps_header *h, zmq_msg_t *paylo
 void upd_error(ps_updater *u, req_ctx *r, int code, const char *why)
 {
     ps_header h;
+    int32_t slot;
+    const char *ep;
+    char moved[PS_ERR_TEXT_MAX];
+    if (code == PS_ENOTFOUND && u->nmoved && upd_move_where(u, r, &slot, &ep)) {
+        /* sent here before the I/O thread knew it moved */
+        snprintf(moved, sizeof moved, "it moved to server slot %d (%.120s)", slot, ep);
+        ps_reply_error(&h, r->seq, r->rank, r->key, r->chunk, PS_EMOVED, moved);
+        h.slot = slot;
+        snprintf(h.owner_ep, sizeof h.owner_ep, "%s", ep);
+        upd_send_as(u, &r->id, &h, NULL, 0, 0, r->rseq);
+        return;
+    }
     ps_reply_error(&h, r->seq, r->rank, r->key, r->chunk, code, why);
+    if (code == PS_EMOVED) /* where it is now */
+        upd_move_name_dest(u, &h);
     u->errors++;
-    const char *name = ps_msg_is_sparse(r->type) ? ps_tparts_name(u->tparts, r->key) : NULL;
+    const char *name = ps_msg_is_sparse(r->type)
+                           ? ps_tparts_name(r->tp ? r->tp : u->tparts, r->key)
+                           : NULL;
     int say = ps_rlimit_allow(&u->rl);
     if (say && name)
         ps_warn("refused %s from worker %d (table '%s', key %llu, partition %u): %s: %s",
@@ -330,7 +347,26 @@ int upd_results_nonfinite(ps_updater *u, req_ctx *r)
     ps_table_nonfinite t;
     uint64_t tkey = 0;
     ps_shard_take_nonfinite(u->shard, &d);
-    ps_tparts_take_nonfinite(u->tparts, &tkey, &t);
+    /* every partition here, those moved here too: the first one's key named */
+    memset(&t, 0, sizeof t);
+    int tpart = u->cfg.idx, thome = u->cfg.server_rank;
+    ps_tparts *tp;
+    for (size_t i = 0; (tp = upd_tp(u, i)); i++) {
+        uint64_t k;
+        ps_table_nonfinite x;
+        ps_tparts_take_nonfinite(tp, &k, &x);
+        if (!x.rows)
+            continue;
+        if (!t.rows) {
+            t = x;
+            tkey = k;
+            tpart = ps_tparts_cfg(tp)->part;
+            thome = ps_tparts_cfg(tp)->home;
+        } else {
+            t.rows += x.rows;
+            t.values += x.values;
+        }
+    }
     if (!d.updates && !t.rows)
         return 0;
     u->nonfinite += d.updates + t.rows;
@@ -343,9 +379,9 @@ int upd_results_nonfinite(ps_updater *u, req_ctx *r)
                  refuse ? "refuse" : "skip");
     else
         snprintf(why, sizeof why, "update result not finite: %llu values of %llu row(s) of "
-                 "table %llu partition %d (the first: row %llu) kept their old values and "
-                 "state (--on-nonfinite %s)", (unsigned long long)t.values,
-                 (unsigned long long)t.rows, (unsigned long long)tkey, u->cfg.idx,
+                 "table %llu partition %d of server %d (the first: row %llu) kept their old "
+                 "values and state (--on-nonfinite %s)", (unsigned long long)t.values,
+                 (unsigned long long)t.rows, (unsigned long long)tkey, tpart, thome,
                  (unsigned long long)t.id, refuse ? "refuse" : "skip");
     if (refuse && r) {
         upd_error(u, r, PS_ENONFINITE, why);

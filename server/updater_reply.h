@@ -32,13 +32,17 @@ typedef struct req_ctx {
     uint32_t type;    /* PS_MSG_PUSH here: a deferred acknowledgement (no weights) */
     uint64_t key;
     uint32_t chunk;
+    int32_t home;     /* a table request's partition's home (PS_FLAG_AWAY's hs, else this
+                         server's rank) */
     uint64_t mut;     /* its mutation number (ps_cmd_frame.mut), 0 for a pull */
     uint64_t rseq;    /* its number in the primary's stream to the members (cmd.rseq) */
     int64_t t_arrive; /* for the timeline */
     ps_shm_peer *shm; /* PS_FLAG_SHM: the worker's arena (a reference) */
     uint64_t shm_off; /* where a pull's weights (a table's: rows) go in it */
     uint64_t count;   /* PS_FLAG_SHM pull: the destination's elements */
-    /* sparse: the table's rows are dim wide; a pull's npull ids (a copy) */
+    /* sparse: the partition it is for (this thread's own, or one moved here:
+     * PS_FLAG_AWAY), its rows dim wide; a pull's npull ids (a copy) */
+    ps_tparts *tp;
     uint32_t dim;
     uint64_t *pids;
     size_t npull;
@@ -74,7 +78,34 @@ struct ps_updater {
     uint64_t quiet_ckpt;   /* a replacement's snapshot waiting for a quiet point (0: none) */
     struct ps_snap_job *snap; /* an export's snapshot being taken (updater_export.c) */
     uint64_t snap_token;
+    /* servers added and removed (updater_move.c) */
+    ps_tparts_hooks thooks;   /* every ps_tparts of this thread answers through these */
+    ps_tparts **away;         /* table partitions moved here from other servers: one
+                                 ps_tparts per (home, part), each holding that partition
+                                 of the tables moved */
+    size_t naway, cap_away;
+    ps_stats away_done;       /* counters of moved-in ps_tparts given up (every table of
+                                 theirs moved on): the thread's counters keep them */
+    struct upd_take *takes;   /* sync: TAKEs waiting for the quiet point, oldest first */
+    /* while objects are being taken: what the hooks answer the requests that wait
+     * on them (gone_code 0: none; PS_EMOVED names gone_slot, gone_ep) */
+    int gone_code;
+    int32_t gone_slot;
+    /* objects taken from here (PS_CMD_TAKE) and where they went: a request
+     * the I/O thread sent before it knew is answered PS_EMOVED, not "not
+     * found" (upd_error); an entry whose object came back is never asked */
+    struct upd_moved *moved;
+    size_t nmoved, cap_moved;
+    const char *gone_ep;
+    char gone_why[PS_ERR_TEXT_MAX];
 };
+
+/* The thread's ps_tparts: i = 0 its own, then each moved-in one; NULL past
+ * the last (for (i = 0; (tp = upd_tp(u, i)); i++)). */
+static inline ps_tparts *upd_tp(const ps_updater *u, size_t i)
+{
+    return i == 0 ? u->tparts : i <= u->naway ? u->away[i - 1] : NULL;
+}
 
 /* Replies.  upd_send sends reply h (and payload, sent, when not NULL) to
  * the worker with identity id; upd_error answers r with error `code` (why says

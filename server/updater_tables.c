@@ -10,6 +10,7 @@
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_table_row.h"
+#include "updater_move.h"
 #include "updater_tables.h"
 
 /* A sparse push the table's partition may keep (a sync push before a lower
@@ -45,25 +46,27 @@ static uint64_t *ids_of(const void *p, size_t n)
     return ids;
 }
 
-/* Every one of the n ids (what of them, for the reason) is a row of this
- * thread's partition of table h->key on this server: 0, or PS_EPROTO with
- * an error reply naming the first that is not and where it belongs (no row
- * is made for any of them). */
+/* Every one of the n ids (what of them, for the reason) is a row of the
+ * partition r is for (r->tp: this thread's own, or one moved here from its
+ * home): 0, or PS_EPROTO with an error reply naming the first that is not
+ * and where it belongs (no row is made for any of them). */
 static int upd_ids_here(ps_updater *u, req_ctx *r, const ps_header *h, const uint64_t *ids,
                         size_t n, const char *what)
 {
-    const ps_updater_config *c = &u->cfg;
-    size_t i = ps_table_row_misplaced(h->key, ids, n, c->server_rank, c->num_servers,
-                                      (uint32_t)c->idx, (uint32_t)c->nparts);
+    const ps_tparts_config *c = ps_tparts_cfg(r->tp); /* its identity: (home, part of nparts) */
+    size_t i = ps_table_row_misplaced(h->key, ids, n, c->home, c->num_servers,
+                                      (uint32_t)c->part, (uint32_t)c->nparts);
     if (i == n)
         return 0;
     uint64_t hash = ps_table_row_hash(h->key, ids[i]);
     char why[256];
+    int away = r->tp != u->tparts;
     ps_errorf(why, sizeof why, "%s %llu (number %zu of the request) belongs to partition %u "
-        "of table %llu on server %d, not to partition %d on server %d where it was sent "
+        "of table %llu on server %d, not to partition %d of server %d where it was sent%s "
         "(common/ps_table_row.h places a row)", what, (unsigned long long)ids[i], i,
         ps_table_row_part(hash, c->num_servers, (uint32_t)c->nparts), (unsigned long long)h->key,
-        ps_table_row_server(hash, c->num_servers), c->idx, c->server_rank);
+        ps_table_row_server(hash, c->num_servers), c->part, c->home,
+        away ? " (moved to this server from its home)" : "");
     upd_error(u, r, PS_EPROTO, why);
     return PS_EPROTO;
 }
@@ -102,7 +105,7 @@ static void upd_rows(ps_updater *u, req_ctx *r, int64_t version)
         u->rows = p;
         u->rows_cap = len;
     }
-    int rc = ps_tparts_rows(u->tparts, r->key, r->rank, r->pids, n, dst ? dst : u->rows, len,
+    int rc = ps_tparts_rows(r->tp, r->key, r->rank, r->pids, n, dst ? dst : u->rows, len,
                             why, sizeof why);
     zmq_msg_t pl;
     uint32_t dtype = u->cfg.wire_dtype;
@@ -132,7 +135,7 @@ static int upd_spull(ps_updater *u, req_ctx *r, int64_t want)
     char why[256];
     int64_t version = 0;
     int queued = 0;
-    int rc = ps_tparts_pull(u->tparts, r->key, want, r, &queued, &version, why, sizeof why);
+    int rc = ps_tparts_pull(r->tp, r->key, want, r, &queued, &version, why, sizeof why);
     if (rc)
         upd_error(u, r, rc, why);
     else if (queued == 0)
@@ -153,7 +156,7 @@ static int upd_spush_done(ps_updater *u, req_ctx *r, int64_t want, int64_t versi
     }
     char why[256];
     int queued = 0;
-    int rc = ps_tparts_await(u->tparts, r->key, want, r, &queued, &version, why, sizeof why);
+    int rc = ps_tparts_await(r->tp, r->key, want, r, &queued, &version, why, sizeof why);
     if (rc)
         upd_error(u, r, rc, why);
     else if (queued == 0)
@@ -253,7 +256,7 @@ static void upd_sassign(ps_updater *u, req_ctx *r, const ps_header *h, const cha
     int64_t version = 0;
     int rc = PS_ENOMEM;
     if (id && rows)
-        rc = ps_tparts_assign(u->tparts, h->key, h->rank, id, n, rows, &version, why, sizeof why);
+        rc = ps_tparts_assign(r->tp, h->key, h->rank, id, n, rows, &version, why, sizeof why);
     else
         snprintf(why, sizeof why, "out of memory receiving a sparse assign");
     free(id);
@@ -267,6 +270,9 @@ static void upd_sassign(ps_updater *u, req_ctx *r, const ps_header *h, const cha
 /* A sparse request (updater_tables.h).  1 when r is kept. */
 int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
 {
+    /* this thread's partition, or (PS_FLAG_AWAY) the one of h->home moved here */
+    if (!(r->tp = upd_req_tparts(u, r, h)))
+        return 0; /* answered */
     r->dim = h->dim;
     size_t n = (size_t)h->count;
     /* the ids, the rows and the ids to pull: the frames, or (same host) one
@@ -354,7 +360,7 @@ int upd_sparse(ps_updater *u, req_ctx *r, const ps_header *h, zmq_msg_t *pl)
     }
     int kept = 0, dup = 0;
     int64_t version = 0;
-    int rc = ps_tparts_push(u->tparts, h->key, h->rank, h->push_step, m, g->ids, n, g->g, g,
+    int rc = ps_tparts_push(r->tp, h->key, h->rank, h->push_step, m, g->ids, n, g->g, g,
                             &kept, &dup, &version, why, sizeof why);
     if (kept) /* upd_thook_release answers r once its rows are in the round */
         return 1;

@@ -129,6 +129,11 @@ PS_TEST(fuzz_idx_corpus_and_regressions_pass)
     replay_target("fuzz_idx", fuzz_check_idx);
 }
 
+PS_TEST(fuzz_smap_corpus_and_regressions_pass)
+{
+    replay_target("fuzz_smap", fuzz_check_smap);
+}
+
 /* The seeds are what the fuzzers start from: they must be real messages and
  * real IDX files, not inputs the decoders refuse at the first byte. */
 PS_TEST(fuzz_seeds_are_valid_inputs)
@@ -193,6 +198,18 @@ PS_TEST(fuzz_seeds_are_valid_inputs)
              ds->labels[1] == 9 && ds->num_classes == 10 && ds->images[1] == 23.0f / 255.0f;
     ps_dataset_free(ds);
     CHECK_MSG(ok, "the seed IDX files do not load as 2 images of 2x3 with labels 3, 9");
+
+    /* the server maps: one moved, with a removed slot and both kinds moved */
+    snprintf(path, sizeof path, "%s/corpus/fuzz_smap/moved-4.bin", root);
+    CHECK_MSG(read_all(path, &data, &size) == 0, "missing seed %s (make fuzz-seeds)", path);
+    ps_smap m;
+    rc = ps_smap_decode(data, size, &m, why, sizeof why);
+    free(data);
+    CHECK_MSG(rc == 0, "%s: %s", path, why);
+    ok = m.nslots == 4 && m.nlive == 3 && m.nover == 4 && m.epoch == 3 &&
+         ps_smap_part_owner(&m, 77, 1, 3) == 3;
+    ps_smap_free(&m);
+    CHECK_MSG(ok, "%s is not the map gen_seeds makes", path);
 }
 
 /* Found by fuzz_proto once the corpus had table seeds: a declaration of an

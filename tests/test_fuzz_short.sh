@@ -7,7 +7,7 @@
 set -u
 SECS=${PS_FUZZ_SECONDS:-10}
 FUZZ_CC=${FUZZ_CC:-clang}
-TARGETS="fuzz_proto fuzz_idx"
+TARGETS="fuzz_proto fuzz_idx fuzz_smap"
 TMP=$(mktemp -d /tmp/ps_test_fuzz.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT INT TERM
 

@@ -169,9 +169,10 @@ PS_TEST(a_message_without_a_key_its_row_requires_is_refused_naming_the_key)
      * c and s in the reply, setstate k c s and s, allreduce and broadcast s x2,
      * sassign k c dim and s in its reply; lookup c and s in the reply, snapshot
      * s x2, snapread k c; replhello h ep mb and ep, repllive k c s ep, repljoin
-     * h ep mb k c, replsnap k c ep tot rs; join s; s in the reply of members */
+     * h ep mb k c, replsnap k c ep tot rs; join s; s in the reply of members;
+     * servers c x2, moveplan c */
     CHECK_EQ_INT(refused, 2 + 2 + 3 * 3 + 2 + 1 + 1 + 4 + 2 + 3 * 4 + 3 + 2 + 3 + 3 * 3 + 4 +
-                              2 * 2 + 4 + 2 + 2 + 2 + 4 + 4 + 5 + 5 + 1 + 1);
+                              2 * 2 + 4 + 2 + 2 + 2 + 4 + 4 + 5 + 5 + 1 + 1 + 2 + 1);
     /* the step of a push: named with what it is */
     ps_header a = full(PS_MSG_PUSH, 0), b;
     size_t len = encode_without(&a, "s", buf, sizeof buf);
@@ -354,10 +355,14 @@ PS_TEST(the_server_dispatches_every_type_as_its_row_says)
         if (m->from == PS_FROM_WORKER)
             CHECK_MSG(r.type == PS_MSG_ERROR && r.err_code == PS_ESTATE &&
                           strstr(r.err_text, "rank -1 may send only hello, pull, stats, "
-                                             "shutdown, heartbeat, lookup, snapshot and snapread"),
+                                             "shutdown, heartbeat, lookup, snapshot, snapread "
+                                             "and servers"),
                       "%s from rank -1: %s", m->name, r.err_text);
         else if (m->from == PS_FROM_ANY || m->from == PS_FROM_LIVE)
             CHECK_MSG(handled(&r, t), "%s from rank -1: %s", m->name, r.err_text);
+        else if (m->from == PS_FROM_SERVER) /* answered: the servers' own checks */
+            CHECK_MSG(r.type == t || r.type == PS_MSG_ERROR, "%s from rank -1: %s", m->name,
+                      r.err_text);
         else if (m->from == PS_FROM_PEER) /* a server without replicas */
             CHECK_MSG(r.type == PS_MSG_ERROR && r.err_code == PS_ESTATE &&
                           strstr(r.err_text, "no replicas"),
@@ -383,7 +388,8 @@ PS_TEST(the_server_dispatches_every_type_as_its_row_says)
         } else if (m->from == PS_FROM_ADMIN) { /* this server takes no shutdown message */
             CHECK_EQ_INT(r.type, PS_MSG_ERROR);
             CHECK_EQ_INT(r.err_code, PS_EAUTH);
-        } else if (m->from == PS_FROM_PEER) { /* servers send these, not workers */
+        } else if (m->from == PS_FROM_PEER || m->from == PS_FROM_SERVER) {
+            /* servers send these, not workers */
             CHECK_EQ_INT(r.type, PS_MSG_ERROR);
             CHECK_MSG(r.err_code == PS_EPROTO && strstr(r.err_text, "as rank -1"), "%s: %s",
                       m->name, r.err_text);

@@ -16,7 +16,7 @@
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 3600
 FUZZ_MAX_LEN ?= 4096
-FUZZ_TARGETS ?= fuzz_proto fuzz_idx
+FUZZ_TARGETS ?= fuzz_proto fuzz_idx fuzz_smap
 FUZZ_FLAGS   ?=
 FUZZ_DIR     := build/fuzz
 

@@ -20,7 +20,11 @@
  *     off.
  *   fuzz_idx: one IDX file (plain or gzip).  It is loaded as the image file
  *     (with a made-up label file of the count its header claims) and as the
- *     label file (with a made-up image file of that count). */
+ *     label file (with a made-up image file of that count).
+ *   fuzz_smap: an encoded server map (a MAP reply's payload,
+ *     common/ps_smap.h).  A refused one gets PS_EPROTO and a reason; an
+ *     accepted one encodes back to the same bytes, its lookups give every
+ *     override's owner, a live slot, and it holds what its head claims. */
 #ifndef PS_FUZZ_CHECKS_H
 #define PS_FUZZ_CHECKS_H
 
@@ -37,6 +41,7 @@
 #include "ps_error.h"
 #include "ps_opt_table.h"
 #include "ps_proto.h"
+#include "ps_smap.h"
 
 /* Each includer uses some of these helpers only. */
 #define FUZZ_FN static __attribute__((unused))
@@ -336,7 +341,7 @@ FUZZ_FN const char *fuzz_read_payload_oracle(const ps_header *h, int layout, siz
             /* check_payload gives frame 1 `bytes` and any later frame 0 */
             int want = !shm &&
                        (layout == PS_PL_BYTES
-                            ? nframes == 1 && h->count <= PS_SNAP_PAGE_BYTES && bytes == h->count
+                            ? nframes == 1 && h->count <= ps_msg_bytes_limit(h->type) && bytes == h->count
                             : nframes == 2 && bytes >= PS_LOOKUP_ENTRY_BYTES &&
                                   bytes % PS_LOOKUP_ENTRY_BYTES == 0 &&
                                   bytes / PS_LOOKUP_ENTRY_BYTES <= PS_MAX_LOOKUP_TABLES &&
@@ -572,6 +577,52 @@ FUZZ_FN const char *fuzz_check_idx(const uint8_t *data, size_t size, char *msg, 
         bad = fuzz_load_pair(other, 16 + (size_t)n, data, size, msg, len);
     }
     free(other);
+    return bad;
+}
+
+/* ---- smap ----------------------------------------------------------------- */
+
+FUZZ_FN const char *fuzz_check_smap(const uint8_t *data, size_t size, char *msg, size_t len)
+{
+    ps_smap m;
+    char why[512];
+    why[0] = '\0';
+    int rc = ps_smap_decode(data, size, &m, why, sizeof why);
+    if (rc == PS_ENOMEM)
+        return NULL;
+    if (rc)
+        return rc == PS_EPROTO && why[0] && !m.slots && !m.over
+                   ? NULL
+                   : fuzz_fail(msg, len, "refused with rc %d, reason '%s', map not emptied", rc,
+                               why);
+    const char *bad = NULL;
+    size_t n = ps_smap_encoded_bytes(&m);
+    uint8_t *again = n == size ? malloc(n ? n : 1) : NULL;
+    if (n != size)
+        bad = fuzz_fail(msg, len, "accepted %zu bytes that encode back to %zu", size, n);
+    else if (again) {
+        ps_smap_encode(&m, again);
+        if (memcmp(again, data, n))
+            bad = fuzz_fail(msg, len, "accepted bytes that encode back differently");
+    }
+    free(again);
+    int live = 0;
+    for (int s = 0; !bad && s < m.nslots; s++)
+        live += m.slots[s].state == PS_SMAP_LIVE;
+    if (!bad && (live != m.nlive || live < 1))
+        bad = fuzz_fail(msg, len, "%d live slots counted, the map says %d", live, m.nlive);
+    for (size_t i = 0; !bad && i < m.nover; i++) {
+        const ps_smap_override *o = &m.over[i];
+        /* the home passed is not the owner, so only the override can answer */
+        int home = o->owner == 0 ? 1 : 0;
+        if (ps_smap_owner(&m, &o->id, home) != o->owner || o->owner < 0 ||
+            o->owner >= m.nslots || m.slots[o->owner].state != PS_SMAP_LIVE)
+            bad = fuzz_fail(msg, len, "override %zu: lookup %d, owner %d", i,
+                            ps_smap_owner(&m, &o->id, home), o->owner);
+    }
+    char line[1024];
+    ps_smap_describe(&m, line, sizeof line);
+    ps_smap_free(&m);
     return bad;
 }
 

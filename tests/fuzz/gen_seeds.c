@@ -5,18 +5,22 @@
  *     data-carrying ones again followed by their payload (a table message's
  *     first frame: its ids, or its rows);
  *   tests/fuzz/corpus/fuzz_idx/    tiny IDX image and label files, plain and
- *     gzip.
+ *     gzip;
+ *   tests/fuzz/corpus/fuzz_smap/   encoded server maps: a fresh one, and one
+ *     with an added and a removed slot and objects of both kinds moved.
  * Deterministic, so regenerating leaves the committed files unchanged unless
  * the encoder changed.  Usage: gen_seeds [CORPUS_DIR] (default tests/fuzz/corpus). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <zlib.h>
 
 #include "ps_client.h"
 #include "ps_proto.h"
+#include "ps_smap.h"
 
 static const char *g_dir = "tests/fuzz/corpus";
 static int g_files;
@@ -228,20 +232,60 @@ static int idx_seeds(void)
     return rc;
 }
 
+static int put_smap(const char *name, const ps_smap *m)
+{
+    size_t n = ps_smap_encoded_bytes(m);
+    unsigned char *b = malloc(n);
+    if (!b)
+        return 1;
+    ps_smap_encode(m, b);
+    int rc = put("fuzz_smap", name, b, n, NULL, 0);
+    free(b);
+    return rc;
+}
+
+static int smap_seeds(void)
+{
+    static const char *const eps[] = {"tcp://10.0.0.1:5555", "tcp://10.0.0.2:5555",
+                                      "ipc:///tmp/ps-server-2"};
+    ps_smap m;
+    char why[256];
+    if (ps_smap_init(&m, eps, 3, why, sizeof why)) {
+        fprintf(stderr, "gen_seeds: %s\n", why);
+        return 1;
+    }
+    int rc = put_smap("fresh-3.bin", &m);
+    /* slot 3 added, objects moved onto it and onto 0, then slot 1 removed */
+    ps_smap_move mv[] = {{{PS_SMAP_CHUNK, 0x1234, 0, 0}, 4096, 1, 1, 3},
+                         {{PS_SMAP_CHUNK, 0x1234, 5, 0}, 4096, 2, 2, 3},
+                         {{PS_SMAP_PART, 77, 1, 0}, 1 << 20, 1, 1, 0},
+                         {{PS_SMAP_PART, 77, 1, 3}, 1 << 20, 1, 1, 3}};
+    int s;
+    if (ps_smap_add_slot(&m, "tcp://[::1]:6000", &s, why, sizeof why) ||
+        ps_smap_apply(&m, mv, 4, why, sizeof why) || ps_smap_remove_slot(&m, 1, why, sizeof why)) {
+        fprintf(stderr, "gen_seeds: %s\n", why);
+        ps_smap_free(&m);
+        return 1;
+    }
+    rc |= put_smap("moved-4.bin", &m);
+    ps_smap_free(&m);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1)
         g_dir = argv[1];
     char path[1024];
-    const char *sub[] = {"", "/fuzz_proto", "/fuzz_idx"};
-    for (int i = 0; i < 3; i++) {
+    const char *sub[] = {"", "/fuzz_proto", "/fuzz_idx", "/fuzz_smap"};
+    for (int i = 0; i < 4; i++) {
         snprintf(path, sizeof path, "%s%s", g_dir, sub[i]);
         if (mkdir(path, 0755) != 0 && errno != EEXIST) {
             fprintf(stderr, "gen_seeds: cannot create %s: %s\n", path, strerror(errno));
             return 1;
         }
     }
-    int rc = proto_seeds() | idx_seeds();
+    int rc = proto_seeds() | idx_seeds() | smap_seeds();
     printf("gen_seeds: wrote %d seed files under %s\n", g_files, g_dir);
     return rc;
 }
