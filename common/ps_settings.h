@@ -417,6 +417,13 @@ enum {
       "each process writes Chrome trace events to DIR/server-i.json or "                         \
       "DIR/worker-i.json (DIR is created first); processes on one host share the clock, "        \
       "so Perfetto shows them together")                                                         \
+    X(elastic_servers, (_, _, LAUNCH, _, _), "--elastic-servers", "", NULL, BOOL,               \
+      elastic_servers, NULL, NULL, 0, 0, _, 0,                                                   \
+      "servers may be added and removed while training goes on: every server gets a private "   \
+      "admin token (its path in ps_launch's log), SIGUSR2 to ps_launch starts one more server "  \
+      "and moves its share to it (ps_servers add), ps_servers remove takes one out; a job on "   \
+      "this host without --replicas or elastic workers (docs/LAUNCH.md \"Servers added and "    \
+      "removed\")")                                                                              \
     X(lch_metrics_port, (_, _, LAUNCH, _, _), "--metrics-port", "auto|off|P", NULL, STR,         \
       metrics_port, "auto", NULL, 1, 16, _, 0,                                                   \
       "Prometheus metrics of every process: ps_launch serves its own at P, server i at P+1+i, "  \

@@ -52,6 +52,7 @@ typedef struct ps_launch_opts {
     int base_port;            /* hostfile: server i listens on base_port + i */
     ps_strvec ssh_opts;       /* --ssh-opt values split into words, in order */
     int dry_run;
+    int elastic_servers;      /* SIGUSR2 adds a server (grow.h) */
     ps_strvec server_args;    /* --server-arg values, in order */
     ps_strvec shared;         /* shared flags given to ps_launch itself: flag, value pairs
                                * (one pair per flag; a later one replaces its value) */

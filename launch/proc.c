@@ -1,11 +1,14 @@
 #include "proc.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 #ifdef __linux__
@@ -52,6 +55,45 @@ int ps_launch_catch_signals(int *read_fd)
     return 0;
 }
 
+void ps_launch_catch_signal(int sig)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(sig, &sa, NULL);
+}
+
+int ps_launch_free_ports(int n, int *ports, char *why, size_t len)
+{
+    int *fds = calloc((size_t)(n ? n : 1), sizeof *fds), rc = 0, i;
+    if (!fds) {
+        snprintf(why, len, "ps_launch: out of memory");
+        return 1;
+    }
+    for (i = 0; i < n; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t al = sizeof a;
+        if (fds[i] < 0 || bind(fds[i], (struct sockaddr *)&a, sizeof a) ||
+            getsockname(fds[i], (struct sockaddr *)&a, &al)) {
+            snprintf(why, len, "ps_launch: cannot find a free port on 127.0.0.1: %s",
+                     strerror(errno));
+            rc = 1;
+            if (fds[i] >= 0)
+                close(fds[i]);
+            break;
+        }
+        ports[i] = ntohs(a.sin_port);
+    }
+    while (i-- > 0)
+        close(fds[i]);
+    free(fds);
+    return rc;
+}
+
 int ps_launch_read_signals(unsigned char *sigs, int n)
 {
     ssize_t r = read(g_sigpipe[0], sigs, (size_t)n);
@@ -74,7 +116,7 @@ pid_t ps_launch_spawn(char *const *argv, int in, int out, int err, char *const *
 #else
         (void)parent;
 #endif
-        static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD, SIGQUIT};
+        static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD, SIGQUIT, SIGUSR2};
         for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++)
             signal(sigs[i], SIG_DFL);
         sigset_t none;

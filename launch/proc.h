@@ -4,6 +4,7 @@
 #ifndef PS_LAUNCH_PROC_H
 #define PS_LAUNCH_PROC_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -15,6 +16,15 @@ int64_t ps_launch_now_ms(void);
  * *read_fd (poll it, then ps_launch_read_signals); SIGPIPE is ignored.  For
  * the rest of the process: call it once.  0, or -1 with errno. */
 int ps_launch_catch_signals(int *read_fd);
+
+/* Catch one more signal (SIGUSR2 under --elastic-servers) the same way,
+ * after ps_launch_catch_signals. */
+void ps_launch_catch_signal(int sig);
+
+/* n free TCP ports on 127.0.0.1 into ports (each bound to port 0 and read
+ * back, all held until every one is read, so they differ).  0, or 1 with
+ * why. */
+int ps_launch_free_ports(int n, int *ports, char *why, size_t len);
 
 /* Read the signals caught since the last call into sigs (at most n); the
  * count, 0 when there are none. */

@@ -7,19 +7,18 @@
  * ports, GPUs, where the programs are), has plan.c decide what runs, checks
  * the output paths, and hands the plan to supervisor.c.  Nothing starts
  * before every flag and path has been checked (exit 2 otherwise). */
-#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "coord_local.h"
+#include "grow.h"
+#include "proc.h"
 #include "plan.h"
 #include "ps_error.h"
 #include "ps_flags.h"
@@ -123,36 +122,6 @@ static int count_gpus(void)
     return n;
 }
 
-/* Free ports on 127.0.0.1: bind port 0, read it back; every socket stays
- * open until all are read, so the ports differ. */
-static int pick_ports(int n, int *ports, char *why, size_t len)
-{
-    int *fds = calloc((size_t)(n ? n : 1), sizeof *fds), rc = 0, i;
-    if (!fds) {
-        snprintf(why, len, P ": out of memory");
-        return 1;
-    }
-    for (i = 0; i < n; i++) {
-        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        socklen_t al = sizeof a;
-        if (fds[i] < 0 || bind(fds[i], (struct sockaddr *)&a, sizeof a) ||
-            getsockname(fds[i], (struct sockaddr *)&a, &al)) {
-            snprintf(why, len, P ": cannot find a free port on 127.0.0.1: %s", strerror(errno));
-            rc = 1;
-            if (fds[i] >= 0)
-                close(fds[i]);
-            break;
-        }
-        ports[i] = ntohs(a.sin_port);
-    }
-    while (i-- > 0)
-        close(fds[i]);
-    free(fds);
-    return rc;
-}
-
 /* The value of a shared flag given to ps_launch itself, else among the
  * worker flags (--flag V or --flag=V), or NULL. */
 static const char *own_flag(const ps_launch_opts *o, const char *flag)
@@ -189,7 +158,7 @@ static int metrics_ports(const ps_launch_opts *o, const ps_launch_hostfile *hf, 
     int rc = ps_launch_metrics_ports(o, S, W, NULL, p, off, &need_free, why, sizeof why);
     if (!rc && need_free) {
         fr = calloc((size_t)(1 + S + W), sizeof *fr);
-        if (!fr || pick_ports(1 + S + W, fr, why, sizeof why)) {
+        if (!fr || ps_launch_free_ports(1 + S + W, fr, why, sizeof why)) {
             fprintf(stderr, "%s\n", fr ? why : P ": out of memory");
             free(fr);
             free(p);
@@ -351,6 +320,7 @@ int main(int argc, char **argv)
     ps_launch_etcd etcd = {0};
     ps_launch_counts counts = {0};
     ps_launch_metrics *lm = NULL;
+    ps_launch_grow grow = {.fd = -1};
     char *exe_dir = NULL, *bin_dir = NULL;
     char why[1024] = "", cwd[PATH_MAX];
 
@@ -399,7 +369,7 @@ int main(int argc, char **argv)
             rc = refuse(PS_ENOMEM, why);
             goto out;
         }
-        if (pick_ports(o.servers * (1 + o.replicas), ports, why, sizeof why)) {
+        if (ps_launch_free_ports(o.servers * (1 + o.replicas), ports, why, sizeof why)) {
             fprintf(stderr, "%s\n", why);
             rc = 1;
             goto out;
@@ -408,6 +378,9 @@ int main(int argc, char **argv)
     if ((rc = metrics_ports(&o, o.hostfile ? &hf : NULL, &mports, &moff)))
         goto out;
     if (o.replicas && (rc = coord_setup(&o, &etcd)) != 0)
+        goto out;
+    /* --elastic-servers: every server gets the token before the plan is made */
+    if (o.elastic_servers && !o.dry_run && (rc = ps_launch_grow_setup(&grow, &o)) != 0)
         goto out;
     /* On other hosts, the programs are at the same path as here, and the
      * commands run in this working directory. */
@@ -444,8 +417,22 @@ int main(int argc, char **argv)
     if ((rc = metrics_start(&o, &plan, mports, &counts, &lm)))
         goto out;
     fflush(stdout);
-    rc = ps_launch_supervise(&plan, &counts);
+    if (o.elastic_servers) {
+        if ((rc = ps_launch_grow_plan(&grow, &plan, bin_dir)) != 0) {
+            rc = refuse(rc, why);
+            goto out;
+        }
+        if (grow.refused)
+            fprintf(stderr, P ": --elastic-servers: SIGUSR2 cannot add a server to this job: it "
+                    "runs %s\n", grow.refused);
+        else
+            fprintf(stderr, P ": --elastic-servers: SIGUSR2 adds a server; the servers' admin "
+                    "token is %s (ps_servers --admin-token-file; removed at the end)\n",
+                    grow.token);
+    }
+    rc = ps_launch_supervise(&plan, &counts, o.elastic_servers ? &grow : NULL);
 out:
+    ps_launch_grow_free(&grow);
     ps_launch_etcd_stop(&etcd);
     ps_launch_metrics_close(lm);
     free(mports);

@@ -14,7 +14,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "grow.h"
 #include "proc.h"
+#include "ps_smap.h"
 #include "ps_strbuf.h"
 #include "remote.h"
 
@@ -41,6 +43,8 @@ typedef struct {
     int remote_status; /* the wrapper's report as a wait status; -1: none yet */
     int left_job;      /* a server that said it was removed from the job (ps_servers
                           remove): its exit is the end of its part, not a failure */
+    int joining;       /* a server being added (--elastic-servers) until ps_servers says it
+                          was: its exit, or its stop after a failed add, is not the job's */
 } child;
 
 enum { ST_RUN, ST_STOP_SERVERS, ST_STOP_FAIL, ST_STOP_SIGNAL };
@@ -48,7 +52,12 @@ enum { ST_RUN, ST_STOP_SERVERS, ST_STOP_FAIL, ST_STOP_SIGNAL };
 struct supervisor {
     ps_launch_counts *counts; /* NULL: not counted */
     child *ch;
-    int n;
+    int n, cap;           /* children, room (an added server takes the next: pointers to
+                             them stay good) */
+    ps_launch_grow *grow; /* --elastic-servers: SIGUSR2 adds a server; NULL: off */
+    ps_launch_cmd *added; /* the added servers' commands (room for PS_SMAP_MAX_SLOTS) */
+    int nadded;
+    child *adding;        /* the server ps_servers add is moving objects to; NULL: none */
     int state;
     int exit_code;
     int64_t deadline;     /* 0: none */
@@ -153,11 +162,15 @@ static void write_all(int fd, const char *p, size_t n)
  * added and removed") says so before it exits. */
 #define LEFT_JOB_LINE "removed from the job and every worker told: exiting"
 
-/* Pick up "summary: time 12.3 s, 4567 samples/s per worker, test accuracy 0.88". */
+/* Pick up a worker's "summary: time 12.3 s, 4567 samples/s per worker, test accuracy
+ * 0.88", and a server's LEFT_JOB_LINE. */
 static void note_summary(child *c, const char *line)
 {
-    if (c->cmd->role == PS_LAUNCH_SERVER && strstr(line, LEFT_JOB_LINE))
-        c->left_job = 1;
+    if (c->cmd->role == PS_LAUNCH_SERVER) {
+        if (strstr(line, LEFT_JOB_LINE))
+            c->left_job = 1;
+        return;
+    }
     const char *s = strstr(line, "summary:");
     if (!s)
         return;
@@ -208,8 +221,7 @@ static void emit_line(child *c, int stream, const char *line, size_t n)
         write_all(fd, "\n", 1);
         return;
     }
-    if (c->cmd->role == PS_LAUNCH_WORKER)
-        note_summary(c, b.p + head);
+    note_summary(c, b.p + head);
     /* one write per line, so lines of different children never mix */
     write_all(fd, b.p, b.n);
 }
@@ -388,6 +400,8 @@ static void stop_all(supervisor *sv, int sig, int servers_only)
         if (server ? !workers : !servers_only)
             signal_child(&sv->ch[i], sig);
     }
+    if (sv->grow && sv->grow->pid > 0) /* an add under way ends with the job */
+        kill(sv->grow->pid, SIGTERM);
     sv->servers_sig = workers ? sig : 0;
     sv->killed = 0;
     sv->deadline = ps_launch_now_ms() + STOP_GRACE_MS;
@@ -493,6 +507,11 @@ static void on_exit_child(supervisor *sv, child *c)
             }
             return;
         }
+        if (c->joining) {
+            fprintf(stderr, P ": %s %s while it was being added; the job goes on without it\n",
+                    name, how);
+            return;
+        }
         if (c->cmd->role == PS_LAUNCH_SERVER && ok && c->left_job) {
             fprintf(stderr, P ": %s left the job (removed: its objects moved to the other "
                     "servers); the job goes on\n", name);
@@ -538,6 +557,93 @@ static int kill_local_ssh(supervisor *sv)
     return n > 0;
 }
 
+/* SIGUSR2 under --elastic-servers: start one more server on this host and
+ * `ps_servers add` for it (add_ended says how it went).  One at a time. */
+static void add_server(supervisor *sv)
+{
+    ps_launch_grow *g = sv->grow;
+    char why[512];
+    if (g->refused) {
+        fprintf(stderr, P ": got SIGUSR2; no server is added: this job runs %s\n", g->refused);
+        return;
+    }
+    if (sv->state != ST_RUN) {
+        fprintf(stderr, P ": got SIGUSR2 while the job is stopping; no server is added\n");
+        return;
+    }
+    if (g->pid > 0) {
+        fprintf(stderr, P ": got SIGUSR2 while server %d is being added; ignored (one at a "
+                "time)\n", g->slot);
+        return;
+    }
+    if (sv->nadded >= PS_SMAP_MAX_SLOTS || sv->n >= sv->cap) {
+        fprintf(stderr, P ": got SIGUSR2; no server is added: this job has had as many as it "
+                "may\n");
+        return;
+    }
+    ps_launch_cmd *k = &sv->added[sv->nadded];
+    if (ps_launch_grow_cmd(g, sv->ch[0].cmd, k, why, sizeof why)) {
+        fprintf(stderr, P ": got SIGUSR2; no server is added: %s\n", why + strlen(P ": "));
+        return;
+    }
+    sv->nadded++;
+    child *c = &sv->ch[sv->n];
+    memset(c, 0, sizeof *c);
+    c->cmd = k;
+    c->sv = sv;
+    c->fd[0] = c->fd[1] = c->in_fd = -1;
+    c->remote_status = -1;
+    c->reaped = 1;
+    if (spawn(c, why, sizeof why)) {
+        fprintf(stderr, "%s; no server is added\n", why);
+        return;
+    }
+    sv->n++;
+    c->reaped = 0;
+    c->joining = 1;
+    if (sv->counts)
+        atomic_fetch_add_explicit(&sv->counts->started[PS_LAUNCH_SERVER], 1,
+                                  memory_order_relaxed);
+    fprintf(stderr, P ": started server %d (pid %ld) at %s on SIGUSR2: ps_servers add moves "
+            "its share of the running job to it\n", k->rank, (long)c->pid, k->endpoint);
+    if (ps_launch_grow_start(g, k->rank, k->endpoint, why, sizeof why)) {
+        fprintf(stderr, "%s; stopping server %d, the job goes on\n", why, k->rank);
+        signal_child(c, SIGTERM);
+        return;
+    }
+    sv->adding = c;
+}
+
+/* ps_servers add ended with wait status st: the server is in the job, or it
+ * is stopped and the job goes on without it. */
+static void add_ended(supervisor *sv, int st)
+{
+    ps_launch_grow *g = sv->grow;
+    child *c = sv->adding;
+    ps_launch_grow_read(g);
+    g->pid = 0;
+    sv->adding = NULL;
+    if (!c)
+        return;
+    char name[300], how[160];
+    child_name(c, name, sizeof name);
+    const char *last = ps_strbuf_str(&g->last);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0 && !c->reaped) {
+        c->joining = 0; /* it holds part of the state now: a server like the others */
+        fprintf(stderr, P ": %s added: %s\n", name, last);
+        return;
+    }
+    describe_status(st, how, sizeof how);
+    if (sv->state != ST_RUN) {
+        fprintf(stderr, P ": adding %s ended with the job (ps_servers %s)\n", name, how);
+        return;
+    }
+    fprintf(stderr, P ": adding %s failed: ps_servers %s%s%s%s; %s, the job goes on\n", name,
+            how, *last ? " (" : "", last, *last ? ")" : "",
+            c->reaped ? "it has ended" : "stopping it");
+    signal_child(c, SIGTERM); /* joining: its exit is not the job's failure */
+}
+
 static void reap(supervisor *sv)
 {
     for (;;) {
@@ -545,6 +651,10 @@ static void reap(supervisor *sv)
         pid_t pid = waitpid(-1, &st, WNOHANG);
         if (pid <= 0)
             return;
+        if (sv->grow && pid == sv->grow->pid) {
+            add_ended(sv, st);
+            continue;
+        }
         for (int i = 0; i < sv->n; i++) {
             child *c = &sv->ch[i];
             if (c->pid == pid && !c->reaped) {
@@ -560,6 +670,10 @@ static void reap(supervisor *sv)
 
 static void on_launcher_signal(supervisor *sv, int sig)
 {
+    if (sig == SIGUSR2 && sv->grow) {
+        add_server(sv);
+        return;
+    }
     int fwd = sig == SIGHUP ? SIGTERM : sig;
     if (sv->state == ST_RUN) {
         int live = 0;
@@ -587,7 +701,8 @@ static void on_launcher_signal(supervisor *sv, int sig)
 }
 
 
-int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts)
+int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts,
+                        ps_launch_grow *grow)
 {
     supervisor sv = {0};
     sv.counts = counts;
@@ -598,12 +713,16 @@ int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts)
     sv.workers_min = plan->num_workers_min;
     sv.worker_restarts = plan->worker_restarts;
     sv.acc0 = -1;
-    sv.ch = calloc((size_t)sv.n, sizeof *sv.ch);
-    struct pollfd *pfd = calloc((size_t)(2 * sv.n + 1), sizeof *pfd);
-    if (!sv.ch || !pfd) {
+    sv.grow = grow;
+    sv.cap = sv.n + (grow ? PS_SMAP_MAX_SLOTS : 0);
+    sv.ch = calloc((size_t)sv.cap, sizeof *sv.ch);
+    struct pollfd *pfd = calloc((size_t)(2 * sv.cap + 2), sizeof *pfd);
+    sv.added = grow ? calloc(PS_SMAP_MAX_SLOTS, sizeof *sv.added) : NULL;
+    if (!sv.ch || !pfd || (grow && !sv.added)) {
         fprintf(stderr, P ": out of memory\n");
         free(sv.ch);
         free(pfd);
+        free(sv.added);
         return 1;
     }
     sv.t0 = ps_launch_now_ms();
@@ -612,8 +731,11 @@ int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts)
         fprintf(stderr, P ": pipe: %s\n", strerror(errno));
         free(sv.ch);
         free(pfd);
+        free(sv.added);
         return 1;
     }
+    if (grow)
+        ps_launch_catch_signal(SIGUSR2);
     char why[512];
     for (int i = 0; i < sv.n; i++) {
         child *c = &sv.ch[i];
@@ -663,7 +785,8 @@ int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts)
         reap(&sv);
         if (sv.servers_sig && !live_workers(&sv))
             stop_all(&sv, sv.servers_sig, 1); /* the workers are gone: now the servers */
-        int all_reaped = 1, open_fds = 0;
+        int all_reaped = !(sv.grow && sv.grow->pid > 0),
+            open_fds = sv.grow && sv.grow->fd >= 0;
         for (int i = 0; i < sv.n; i++) {
             all_reaped &= sv.ch[i].reaped;
             open_fds += (sv.ch[i].fd[0] >= 0) + (sv.ch[i].fd[1] >= 0);
@@ -677,6 +800,8 @@ int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts)
             if (now >= drain_deadline) { /* something the child forked holds the pipe */
                 for (int i = 0; i < sv.n; i++)
                     close_stream(&sv.ch[i], 0), close_stream(&sv.ch[i], 1);
+                if (sv.grow)
+                    ps_launch_grow_read(sv.grow);
                 break;
             }
         } else if (sv.deadline && now >= sv.deadline) {
@@ -707,6 +832,8 @@ int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts)
         }
         int np = 0;
         pfd[np++] = (struct pollfd){.fd = sigfd, .events = POLLIN};
+        if (sv.grow && sv.grow->fd >= 0)
+            pfd[np++] = (struct pollfd){.fd = sv.grow->fd, .events = POLLIN};
         for (int i = 0; i < sv.n; i++)
             for (int s = 0; s < 2; s++)
                 if (sv.ch[i].fd[s] >= 0)
@@ -735,6 +862,10 @@ int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts)
         for (int k = 1; k < np; k++) {
             if (!pfd[k].revents)
                 continue;
+            if (sv.grow && pfd[k].fd == sv.grow->fd) {
+                ps_launch_grow_read(sv.grow);
+                continue;
+            }
             for (int i = 0; i < sv.n; i++)
                 for (int s = 0; s < 2; s++)
                     if (sv.ch[i].fd[s] == pfd[k].fd)
@@ -744,12 +875,15 @@ int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts)
     free(pfd);
 
     double secs = (double)(ps_launch_now_ms() - sv.t0) / 1000.0;
+    int servers = 0; /* with the added ones */
+    for (int i = 0; i < sv.n; i++)
+        servers += sv.ch[i].cmd->role == PS_LAUNCH_SERVER;
     if (sv.exit_code == 0) {
         ps_strbuf b = {0};
         ps_strbuf_addf(&b, P ": done in %.1f s: %d worker%s finished (mode %s), %d server%s "
                              "stopped",
                        secs, sv.workers, sv.workers == 1 ? "" : "s", ps_launch_mode_name(plan->mode),
-                       plan->server_procs, plan->server_procs == 1 ? "" : "s");
+                       servers, servers == 1 ? "" : "s");
         if (sv.nrate)
             ps_strbuf_addf(&b, "; %.0f samples/s over all workers", sv.sum_rate);
         if (sv.acc0 >= 0)
@@ -767,6 +901,9 @@ int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts)
         ps_strbuf_free(&sv.ch[i].lb[0]);
         ps_strbuf_free(&sv.ch[i].lb[1]);
     }
+    for (int i = 0; i < sv.nadded; i++)
+        ps_launch_grow_cmd_free(&sv.added[i]);
+    free(sv.added);
     free(sv.ch);
     return sv.exit_code;
 }

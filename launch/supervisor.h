@@ -5,6 +5,7 @@
 #ifndef PS_LAUNCH_SUPERVISOR_H
 #define PS_LAUNCH_SUPERVISOR_H
 
+#include "grow.h"
 #include "launch_metrics.h"
 #include "plan.h"
 
@@ -30,7 +31,13 @@
  * ignores SIGPIPE for the rest of the process: call it once, from main.
  * Returns ps_launch's exit status: 0 when every worker exited 0, 1 when a
  * process failed or could not be started, 128 + the signal after one.
- * counts (NULL: none) gets every start and end, for ps_launch's /metrics. */
-int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts);
+ * counts (NULL: none) gets every start and end, for ps_launch's /metrics.
+ * grow (--elastic-servers; NULL: off): SIGUSR2 starts one more server on
+ * this host (server 0's command, the next slot, --added) and runs
+ * `ps_servers add` for it (grow.h), one at a time; the server is then
+ * supervised like the others, or stopped when the add fails (the job goes
+ * on).  Without grow, SIGUSR2 is not caught. */
+int ps_launch_supervise(const ps_launch_plan *plan, ps_launch_counts *counts,
+                        ps_launch_grow *grow);
 
 #endif

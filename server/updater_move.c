@@ -395,6 +395,10 @@ void upd_move_objects(ps_updater *u)
     ps_tparts *tp;
     for (size_t i = 0; (tp = upd_tp(u, i)); i++) {
         const ps_tparts_config *tc = ps_tparts_cfg(tp);
+        /* an added server's own partitions: it is the home of no row (the
+         * tables its workers declared here are empty), nothing to move */
+        if (tc->home >= u->cfg.num_servers)
+            continue;
         ps_tpart_view v;
         for (size_t k = 0; ps_tparts_view(tp, k, &v); k++) {
             ps_table_counts c;

@@ -686,6 +686,59 @@ else
     kill_leftovers
 fi
 
+# --elastic-servers: SIGUSR2 to ps_launch adds a server while training goes
+# on (a new ps_server --added as slot 2, then ps_servers add moves its share
+# to it), and `ps_servers remove 1` with the admin token ps_launch made takes
+# server 1 out: its exit ends its part, the job goes on and ends with 0, and
+# the token's private dir is gone.
+case=launch_elastic_servers_sigusr2_adds_a_server_and_a_removed_one_leaves
+if [ -n "$missing" ] || [ ! -x "$BIN/ps_servers" ]; then
+    skip $case "${missing:-ps_servers} not built"
+else
+    why=""
+    out=$T/grow.out
+    TMPDIR=$T timeout 90 "$LAUNCH" --servers 2 --workers 2 --gpus none --mode async \
+        --elastic-servers --bin-dir "$BIN" \
+        -- --model mlp:784-64-10 --batch 32 --epochs 1000 --steps 30000 --lr 0.05 \
+        --log-every 1000 --data "$DATA" --log-csv "$T/grow-w{rank}.csv" >"$out" 2>&1 &
+    tpid=$!
+    added=""
+    if wait_for "$out" "[worker 1] " 30 "$tpid" && wait_for "$out" " iter 1000/" 60 "$tpid"; then
+        kill -USR2 "$(pgrep -P "$tpid")"
+        wait_for "$out" "ps_launch: server 2 (pid " 30 "$tpid" &&
+            wait_for "$out" " added: added slot 2 (tcp://127.0.0.1:" 30 "$tpid" && added=1
+    fi
+    if [ -n "$added" ]; then
+        token=$(sed -n 's/^ps_launch: --elastic-servers: .*admin token is \([^ ]*\) .*/\1/p' "$out")
+        list=$(sed -n 's/^ps_launch: started server [01] (pid [0-9]*) at \(tcp:[^ ]*\)$/\1/p' "$out" |
+            paste -sd, -)
+        timeout 30 "$BIN/ps_servers" --servers "$list" --admin-token-file "$token" remove 1 \
+            >"$T/grow-remove.out" 2>&1 || why="ps_servers remove 1 failed: $(cat "$T/grow-remove.out")"
+        wait "$tpid"
+        rc=$?
+        [ "$rc" -eq 0 ] || why="$why; exit status $rc, expected 0"
+        grep -q "^\[server 2\] .*joined the job as server slot 2 " "$out" ||
+            why="$why; the added server did not join as slot 2"
+        grep -q "^\[server 2\] .*--added" "$out" || why="$why; server 2 was not started --added"
+        grep -q "^\[server 1\] .*removed from the job and every worker told: exiting" "$out" ||
+            why="$why; server 1 did not say it was removed"
+        grep -q "^ps_launch: server 1 (pid [0-9]*) left the job (removed" "$out" ||
+            why="$why; ps_launch did not take server 1's exit as its leaving"
+        has "$out" "all workers finished; stopping the servers" || why="$why; the workers did not finish"
+        [ -z "$(ls -d "$T"/ps_launch.* 2>/dev/null)" ] ||
+            why="$why; the admin token's dir was left: $(ls -d "$T"/ps_launch.*)"
+        [ -n "$(check_csv "$T/grow-w0.csv")" ] && why="$why; worker 0: $(check_csv "$T/grow-w0.csv")"
+    else
+        kill -TERM "$(pgrep -P "$tpid")" 2>/dev/null
+        wait "$tpid"
+        why="no server was added ($(grep '^ps_launch: ' "$out" | tail -n 1))"
+    fi
+    { no_leftovers && pids_gone "$out"; } ||
+        why="$why; processes left behind: $(pgrep -af "$T" | head -n 3)"
+    if [ -z "$why" ]; then pass $case; else fail $case "${why#; }" "$out"; fi
+    kill_leftovers
+fi
+
 # Ctrl-C or SIGTERM to ps_launch in the middle of a real sync run: every
 # worker stops at once wherever it waits (no SIGKILL after the grace period),
 # ps_launch exits 128+N and leaves nothing behind.

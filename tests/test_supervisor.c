@@ -112,7 +112,7 @@ static int start(run *r)
         dup2(fileno(o), STDOUT_FILENO);
         dup2(fileno(e), STDERR_FILENO);
         setenv("PS_TEST_READY", r->ready, 1);
-        int rc = ps_launch_supervise(&r->plan, NULL);
+        int rc = ps_launch_supervise(&r->plan, NULL, NULL);
         /* everything it started must have been waited for */
         int left = waitpid(-1, NULL, WNOHANG) != -1 || errno != ECHILD;
         FILE *f = fopen(r->res, "w");
