@@ -181,12 +181,15 @@
       "the coordinator (server 0) to a server: list the objects on it",                          \
       "frame 1 (`n` bytes): 40 bytes per object (u32 kind, u32 home's partitions, u64 key, u32 "  \
       "a, u32 b, u64 bytes, i32 home, i32 0)")                                                   \
-    X(MOVEPLAN, 35, "moveplan", SERVER, PS_HK(C), 0, PS_PL_BYTES, 0, 0, NONE, NONE, moveplan,    \
+    X(MOVEPLAN, 35, "moveplan", SERVER, PS_HK(C), 0, PS_PL_BYTES, PS_PL_BYTES, 0, NONE, NONE,   \
+      moveplan,                                                                                  \
       "the coordinator to a server: `c` = 1 you are slot `sl` of the job (an added server, its " \
-      "config checked by a hello first); 2 objects of frame 1 (24 bytes each: u32 kind, u32 0, u64 key, u32 a, " \
-      "u32 b) are coming to you; 3 send them to slot `sl` at `to`; 4 you are removed: answer "    \
-      "everything PS_EMOVED",                                                                    \
-      "done (3: the objects are loaded at `sl`)")                                                \
+      "config checked by a hello first); 2 the objects of frame 1 (32 bytes each: u32 kind, "   \
+      "i32 source slot, u64 key, u32 a, u32 b, i32 home, u32 0) are coming to you; 3 send them " \
+      "(frame 1: u32 the destination's threads, u32 0, then the objects) to slot `sl` at `to`; " \
+      "4 you are removed: answer everything PS_EMOVED; 5 the objects of frame 1 are not coming", \
+      "done; frame 1 (`n` bytes): `c` 3, the objects that moved (as asked: all of them, unless " \
+      "some could not; `tot` their bytes), else empty")                                          \
     X(MOVE, 36, "move", SERVER, 0, 0, PS_PL_BYTES, 0, 0, NONE, NONE, move,               \
       "a server to another: load these objects (frame 1: their checkpoint records, "            \
       "server/move_records.h), sent by slot `sl`",                                               \

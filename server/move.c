@@ -441,12 +441,33 @@ int move_inv_parse(const void *p, size_t len, ps_move_inv **out, size_t *n, char
 
 /* ---------- MOVEPLAN: what the coordinator asks of this server ---------- */
 
-static void ack(ps_server *s, zmq_msg_t *id, const ps_header *req)
+/* The reply to req: a MOVEPLAN's carries its frame (the objects that
+ * moved, or empty); a MOVE's none. */
+static void ack_with(ps_server *s, zmq_msg_t *id, const ps_header *req, const mv_obj *o,
+                     size_t n, uint64_t bytes)
 {
     ps_header r;
     ps_reply_header(&r, req->type, req->seq, -1, req->key, req->chunk);
     r.slot = req->slot;
-    srv_send(s, id, &r);
+    if (req->type != PS_MSG_MOVEPLAN) {
+        srv_send(s, id, &r);
+        return;
+    }
+    zmq_msg_t pl;
+    if (zmq_msg_init_size(&pl, n * MOVE_OBJ_BYTES)) {
+        n = 0;
+        zmq_msg_init(&pl);
+    }
+    if (n)
+        move_objs_write(zmq_msg_data(&pl), o, n);
+    r.count = n * MOVE_OBJ_BYTES;
+    r.total = bytes;
+    srv_send_payload(s, id, &r, &pl);
+}
+
+static void ack(ps_server *s, zmq_msg_t *id, const ps_header *req)
+{
+    ack_with(s, id, req, NULL, 0, 0);
 }
 
 static int give_start(ps_server *s, zmq_msg_t *f, const ps_header *h, char *why, size_t len);
@@ -633,26 +654,30 @@ static int give_start(ps_server *s, zmq_msg_t *f, const ps_header *h, char *why,
     return 0;
 }
 
+/* Every group is over: the coordinator is told which objects moved (all,
+ * or those whose groups were loaded there: the others are here again). */
 static void give_finish(ps_server *s, give_job *g)
 {
     ps_move *m = s->move;
     double sec = (double)(ps_now_ns() - g->t0) * 1e-9;
-    if (g->rc) {
-        ps_error("moving %zu objects to slot %d (%s) failed: %s", g->nobjs, g->slot_to,
-                 g->to_ep, g->why);
-        srv_refuse(s, &g->id, &g->req, g->rc, g->why);
-    } else {
+    size_t moved = 0;
+    uint64_t bytes = 0;
+    for (int k = 0; k < g->ngroups; k++)
+        if (g->grp[k].state == 2) { /* loaded there: in place, before what is not */
+            memmove(&g->objs[moved], g->grp[k].objs, g->grp[k].n * sizeof *g->objs);
+            moved += g->grp[k].n;
+            bytes += g->grp[k].bytes;
+        }
+    if (g->rc)
+        ps_error("moving %zu objects to slot %d (%s): %zu moved, the rest stay here: %s",
+                 g->nobjs, g->slot_to, g->to_ep, moved, g->why);
+    else
         ps_info("moved %zu objects (%.1f MB) to slot %d (%s) in %.3f s (%.0f MB/s; taken "
                 "after %.3f s)", g->nobjs, (double)g->bytes / 1e6, g->slot_to, g->to_ep, sec,
                 sec > 0 ? (double)g->bytes / 1e6 / sec : 0.0,
                 g->t_taken ? (double)(g->t_taken - g->t0) * 1e-9 : 0.0);
-        ps_header r;
-        ps_reply_header(&r, PS_MSG_MOVEPLAN, g->req.seq, -1, g->req.key, g->req.chunk);
-        r.slot = g->slot_to;
-        r.total = g->bytes;
-        srv_send(s, &g->id, &r);
-        m->out_objects += g->nobjs;
-    }
+    m->out_objects += moved;
+    ack_with(s, &g->id, &g->req, g->objs, moved, bytes);
     give_free(g);
 }
 

@@ -560,11 +560,21 @@ void move_coord_reply(ps_move *m, uint64_t tag, const ps_header *h, zmq_msg_t *p
             free(v);
         }
     } else if (c->step == ST_GIVE) {
-        /* the source's objects for that destination moved: all of them */
+        /* the source's objects for that destination that moved, as it says */
         int src = (int)h->key, dst = h->slot;
+        mv_obj *o = NULL;
+        size_t n = 0;
+        char w[256];
+        if (payload && move_objs_parse(zmq_msg_data(payload), zmq_msg_size(payload), 0, &o, &n,
+                                       w, sizeof w))
+            fail(c, PS_EPROTO, "slot %d's moved objects: %s", src, w);
         for (size_t i = 0; i < c->plan.n; i++) {
             const ps_smap_move *mv = &c->plan.moves[i];
-            if (mv->from != src || mv->to != dst)
+            int moved = 0;
+            for (size_t k = 0; k < n && !moved; k++)
+                moved = o[k].kind == mv->id.kind && o[k].key == mv->id.key &&
+                        o[k].a == mv->id.a && o[k].b == mv->id.b;
+            if (mv->from != src || mv->to != dst || !moved)
                 continue;
             ps_smap_move *a = realloc(c->done, (c->ndone + 1) * sizeof *a);
             if (!a)
@@ -572,6 +582,7 @@ void move_coord_reply(ps_move *m, uint64_t tag, const ps_header *h, zmq_msg_t *p
             c->done = a;
             c->done[c->ndone++] = *mv;
         }
+        free(o);
     }
     step(s);
 }

@@ -384,3 +384,58 @@ PS_TEST(sync_rows_and_weights_equal_a_run_without_moves_bitwise)
     free(r0);
     free(r1);
 }
+
+/* A destination that cannot load (its --max-memory is too small for one
+ * chunk): each source loads its objects back and serves them as before,
+ * ps_servers says how many moved (none) and why to look at the logs, and
+ * the map keeps them where they are; removing that slot then moves nothing. */
+PS_TEST(a_move_the_destination_cannot_load_leaves_every_object_where_it_was)
+{
+    NEED_SERVER();
+    enum { BIG = 2048 };
+    job j;
+    memset(&j, 0, sizeof j);
+    j.token = ps_test_token_file("move.token", PS_TEST_ADMIN_TOKEN, 0600);
+    CHECK_OK(start(&j, 0, "--rank 0"));
+    CHECK_OK(start(&j, 1, "--rank 1"));
+    CHECK_OK(start(&j, 2, "--added --rank 2 --max-memory 4096"));
+    snprintf(j.list, sizeof j.list, "%s,%s", j.ep[0], j.ep[1]);
+    static float w[BIG], g[BIG];
+    uint64_t seq = 500;
+    ps_header r;
+    for (int k = 0; k < 2; k++)
+        for (int c = 0; c < NCH; c++) {
+            CHECK_OK(hello(&j, k));
+            for (int i = 0; i < BIG; i++)
+                w[i] = (float)(10 * k + c), g[i] = 1;
+            ps_header h = ps_test_header(PS_MSG_INIT, 0, ++seq, 7 + (uint64_t)k, (uint32_t)c, 0);
+            h.total = NCH * BIG;
+            CHECK_OK(ps_test_rpc(j.d[k], &h, w, BIG, &r, NULL, 0, NULL));
+            CHECK_EQ_INT(r.type, PS_MSG_INIT);
+        }
+    char out[2048], args[256];
+    snprintf(args, sizeof args, "add %s", j.ep[2]);
+    CHECK_EQ_INT(tool(&j, args, out, sizeof out), 1);
+    CHECK_MSG(strstr(out, "0 of ") && strstr(out, "objects moved"), "%s", out);
+    /* every chunk is at home, whole: a push there is taken, the pull says so */
+    for (int k = 0; k < 2; k++)
+        for (int c = 0; c < NCH; c++) {
+            ps_header h = ps_test_header(PS_MSG_PUSH, 0, ++seq, 7 + (uint64_t)k, (uint32_t)c, 0);
+            CHECK_OK(ps_test_rpc(j.d[k], &h, g, BIG, &r, NULL, 0, NULL));
+            CHECK_MSG(r.type == PS_MSG_PUSH, "push of %d/%d: %d %s", k, c, r.err_code,
+                      r.err_text);
+            h = ps_test_header(PS_MSG_PULL, 0, ++seq, 7 + (uint64_t)k, (uint32_t)c, 0);
+            CHECK_OK(ps_test_rpc(j.d[k], &h, NULL, 0, &r, w, BIG, NULL));
+            CHECK_EQ_INT(r.type, PS_MSG_PULL);
+            CHECK_MSG(w[0] == (float)(10 * k + c) - 0.5f && w[BIG - 1] == w[0], "%d/%d: %g", k,
+                      c, w[0]);
+        }
+    CHECK_MSG(tool(&j, "map", out, sizeof out) == 0, "%s", out);
+    CHECK_MSG(strstr(out, "0 objects away from home"), "%s", out);
+    /* the slot it was given holds nothing: removing it moves nothing */
+    CHECK_MSG(tool(&j, "remove 2", out, sizeof out) == 0, "%s", out);
+    CHECK_MSG(strstr(out, "removed slot 2") && strstr(out, ": 0 objects"), "%s", out);
+    CHECK_EQ_INT(ps_test_wait(j.sv[2].pid, 20000), 0);
+    j.sv[2].pid = 0;
+    stop(&j);
+}
