@@ -325,10 +325,12 @@ int main(int argc, char **argv)
         ps_client_close(c[r]);
     for (int k = 0; k < 3; k++)
         stop(pid[k]);
-    if (!ok_add || !ok_rm) {
+    if (!ok_add || !ok_rm || werr) {
         fprintf(stderr, "servers_bench: add: %s\nremove: %s\n(logs in %s)\n", out_add, out_rm,
                 workdir);
         return 1;
     }
-    return werr;
+    char cmd[600]; /* the logs go with a run that went well */
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", workdir);
+    return system(cmd) == 0 ? 0 : 1;
 }

@@ -313,7 +313,7 @@ static int run_job(int moves, float *w, float *rows, char *why, int len)
         ej_stop(&j);
         return -1;
     }
-    int rc = pull_all(&j, rows, 0), added = 0, pid = 0;
+    int rc = pull_all(&j, rows, 0), pid = 0;
     char log[512];
     for (int t = 0; t < 30 && !rc; t++) {
         if (moves && t == 5) { /* a third server joins while steps 5.. run */
@@ -329,7 +329,6 @@ static int run_job(int moves, float *w, float *rows, char *why, int len)
             snprintf(args, sizeof args, "add tcp://127.0.0.1:%d", j.port[2]);
             snprintf(log, sizeof log, "%s/add.log", ps_test_tmpdir());
             pid = tool_start(&j, token, args, log);
-            added = 1;
         }
         if (moves && t == 15) { /* server 1 leaves while steps 15.. run */
             if (ps_test_wait(pid, 60000) != 0) {
@@ -358,7 +357,6 @@ static int run_job(int moves, float *w, float *rows, char *why, int len)
         rc = pull_all(&j, rows, 30);
     if (!rc)
         memcpy(w, j.w[0], sizeof j.w[0]);
-    (void)added;
     if (ej_stop(&j) && !rc) {
         snprintf(why, (size_t)len, "a server did not stop cleanly");
         rc = -1;
