@@ -91,6 +91,9 @@ typedef struct give_job {
     int64_t t0, t_taken;
 } give_job;
 
+/* A finished give's memory (its route frame too), the slot cleared. */
+void move_give_free(give_job *g);
+
 /* A destination's MOVE: loading on update thread `thread`. */
 #define MOVE_MAX_LOADS 16
 typedef struct load_job {

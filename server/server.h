@@ -37,6 +37,14 @@
  *   updater_move.c    servers added and removed, the update thread's side:
  *                     PS_CMD_TAKE at its quiet point, PS_CMD_LOAD_MOVED, the
  *                     table partitions moved here (PS_FLAG_AWAY requests)
+ *   move.c            servers added and removed, the I/O thread's tables: what
+ *                     this server gave away, expects, holds away from home,
+ *                     and the PS_EMOVED redirects; OBJECTS; a removed
+ *                     server's last seconds (move.h has the picture)
+ *   move_give.c       MOVEPLAN and MOVE: a move's source (take, send, wait,
+ *                     load back) and destination (load)
+ *   move_coord.c      server 0's SERVERS: the map, one change step by step
+ *   move_link.c       requests to other servers of the job (a DEALER each)
  *   move_records.c    moved objects as records: a chosen set serialized into
  *                     a move block (checkpoint records, each partition's home
  *                     and P_h), loaded all or nothing, split per thread
