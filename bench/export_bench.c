@@ -42,6 +42,7 @@
 #include "ps_client.h"
 #include "ps_table_row.h"
 #include "ps_time.h"
+#include "bench_proc.h"
 
 #define DIM 16
 #define NTAB 8
@@ -53,19 +54,6 @@ static double run_s = 3.0;
 static int rounds = 3;
 static char workdir[512];
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
 
 static pid_t start_server(int port, int workers, const char *log, const char *import)
 {

@@ -50,26 +50,13 @@
 
 #include "ps_client.h"
 #include "ps_time.h"
+#include "bench_proc.h"
 
 static char workdir[512], etcd_url[64], bindir[512] = "bin";
 static pid_t etcd_pid;
 
 /* ---------------------------------------------------------------- processes */
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t al = sizeof a;
-    int port = -1;
-    if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) &&
-        !getsockname(fd, (struct sockaddr *)&a, &al))
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
 
 static pid_t spawn(char *const argv[], const char *log)
 {
@@ -87,19 +74,6 @@ static pid_t spawn(char *const argv[], const char *log)
     return pid;
 }
 
-static void stop(pid_t pid)
-{
-    if (pid <= 0)
-        return;
-    kill(pid, SIGTERM);
-    for (int t = 0; t < 100; t++) {
-        if (waitpid(pid, NULL, WNOHANG) == pid)
-            return;
-        usleep(50000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-}
 
 static int count_in(const char *path, const char *needle)
 {

@@ -31,6 +31,7 @@
 
 #include "ps_client.h"
 #include "ps_time.h"
+#include "bench_proc.h"
 
 #define TKEY (1ull << 41)
 #define DIM 16
@@ -39,20 +40,6 @@
 
 static char workdir[512], bindir[512] = "bin";
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t al = sizeof a;
-    int port = -1;
-    if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) &&
-        !getsockname(fd, (struct sockaddr *)&a, &al))
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
 
 /* Run argv (argv[0] a program of bindir) with its output to log. */
 static pid_t spawn(char *const argv[], const char *log)
@@ -72,19 +59,6 @@ static pid_t spawn(char *const argv[], const char *log)
     return pid;
 }
 
-static void stop(pid_t pid)
-{
-    if (pid <= 0)
-        return;
-    kill(pid, SIGTERM);
-    for (int t = 0; t < 100; t++) {
-        if (waitpid(pid, NULL, WNOHANG) == pid)
-            return;
-        usleep(50000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-}
 
 static pid_t start_server(int port, int rank, int added, const char *token)
 {

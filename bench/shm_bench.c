@@ -30,6 +30,7 @@
 #include "ps_client.h"
 #include "ps_malloc.h"
 #include "ps_time.h"
+#include "bench_proc.h"
 
 #define MAX_SIZES 8
 #define MAX_ROUNDS 31
@@ -41,19 +42,6 @@ static const char *vname[NV] = {"shared memory", "ours --shm off (tcp)", "raw Ze
 static double row_s = 0.3;
 static int rounds = 5;
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
 
 static void no_free(void *d, void *h)
 {

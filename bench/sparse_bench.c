@@ -46,6 +46,7 @@
 #include "ps_time.h"
 
 #include "bench_ids.h"
+#include "bench_proc.h"
 
 #define MAX_ROUNDS 31
 #define INFLIGHT 8
@@ -57,19 +58,6 @@ static int rounds = 5;
 static int only_dim; /* --dim: that dim alone (a profile's run) */
 static char workdir[512];
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
 
 /* A ps_server on tcp://127.0.0.1:port with `more` flags (NULL-terminated),
  * its output to log. */

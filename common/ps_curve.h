@@ -16,7 +16,7 @@
  *   DIR/reader/NAME.pub optional: a key the servers accept as a reader's
  *                     (user id "reader/NAME"): it may send, as rank -1,
  *                     only what reads (lookups, pulls, snapshots, stats;
- *                     server/server_msg.c), never a push or a worker rank
+ *                     server/server_dispatch.c), never a push or a worker rank
  *   DIR/reader.key/.pub a reader's own key pair (a client of rank -1)
  * Each key file holds the 40-character Z85 text of a 32-byte key, optionally
  * followed by a newline.  A server host needs its server-R.key/.pub and

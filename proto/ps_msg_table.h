@@ -2,9 +2,9 @@
  * is read from here (Redis's command table is the model): the enum, the
  * names, which header keys a message must carry, who may send it, whether
  * it carries a payload, what `s` means in it (proto/ps_proto.c), the
- * server's dispatch (server/server_msg.c) and the list in docs/PROTOCOL.md
- * "Message types" (`make protocol-doc` writes it; tests/test_msg_table.c
- * fails when it differs).  Adding a type is a row here plus its handler on
+ * server's dispatch (server/server_dispatch.c, server_msg.c) and the list
+ * in docs/PROTOCOL.md "Message types" (`make protocol-doc` writes it;
+ * tests/test_msg_table.c fails when it differs).  Adding a type is a row here plus its handler on
  * the server.
  *
  * X(NAME, t, name, from, req_keys, rep_keys, req_payload, rep_payload, shm,

@@ -15,9 +15,11 @@
  *                     PAIRs and every module below except the updaters'
  *                     insides; one pump (io_pump) polls and dispatches for the
  *                     run loop, the stop and the wait for a last checkpoint
- *   server_msg.c      the I/O thread's side of one ROUTER message: decode,
- *                     check and dispatch by type (proto/ps_msg_table.h), answer
- *                     control messages, hand data to an owner
+ *   server_dispatch.c one ROUTER message to its handler: decode, the checks
+ *                     of its type's row (proto/ps_msg_table.h: who may send it,
+ *                     its frames), replicas' and moved objects' answers
+ *   server_msg.c      the handler of each type: answer control messages,
+ *                     hand data to an owner
  *   server_io.c       what server.c and server_msg.c both do: send on the
  *                     ROUTER, hand a command to an owner, mark stopping
  *   server_open.c     ps_server_open and ps_server_close

@@ -1,11 +1,12 @@
 /* The state of a ps_server and what its I/O-thread files call in each
- * other (server.h has the picture).  Only the four files below include
- * this; every function here runs on the I/O thread.  Calls go one way
- * (open -> loop -> messages -> io), never back:
+ * other (server.h has the picture).  Only the files below include this;
+ * every function here runs on the I/O thread.  Calls go one way (open ->
+ * loop -> dispatch -> messages -> io), never back:
  *   server_open.c  open and close
  *   server.c       the loop: io_pump, the owners' replies, checkpoints, stop
- *   server_msg.c   one ROUTER message: decode, check, dispatch by type
- *                  (proto/ps_msg_table.h), answer or hand to an owner
+ *   server_dispatch.c  one ROUTER message: decode, check its type's row
+ *                  (proto/ps_msg_table.h), to its handler
+ *   server_msg.c   the handler of each type: answer, or hand to an owner
  *   server_io.c    what the loop and the messages both do: send on the
  *                  ROUTER, hand a command to an owner, mark stopping
  * membership.c (an elastic job's membership) runs on the I/O thread too.
@@ -150,7 +151,16 @@ void srv_flush_outbox(ps_server *s, int i);
  * written at once (the last one at stop). */
 void srv_set_stopping(ps_server *s);
 
-/* ---- server_msg.c ---- */
+/* ---- server_msg.c: one handler per message type ---- */
+
+/* Run the handler of h's type (a request the dispatch checked). */
+void srv_handle(ps_server *s, zmq_msg_t *f, int nf, const ps_header *h);
+/* Rank r joins (live 1) or leaves (0) every owner's and the barriers' live
+ * sets, and the group's stream says so. */
+void srv_set_live(ps_server *s, int r, int live);
+/* The connection a message came on (f[0] its route, f[1] its header), as
+ * workers.h takes it; borrows f. */
+ps_conn srv_conn_of(zmq_msg_t *f);
 
 /* An ERROR reply to req (code, why), counted; srv_refuse also logs it
  * (rate-limited). */
@@ -175,6 +185,8 @@ void srv_membership_open(ps_server *s);
 /* Live worker rank's membership starts at step (a JOIN, or the group's
  * stream): every owner (PS_CMD_JOIN), the group's members, logged. */
 void srv_stream_join(ps_server *s, int rank, int64_t step);
+/* ---- server_dispatch.c: a ROUTER message to its handler ---- */
+
 /* Handle message f (route, header, frames) as if it came on the ROUTER now
  * (replicas: what was kept while its sender's hello was checked). */
 void srv_deliver(ps_server *s, zmq_msg_t *f, int nf);

@@ -204,3 +204,17 @@ ps_shard_hooks ps_test_hook_log_hooks(ps_test_hook_log *log)
     return (ps_shard_hooks){log, log_release, log_ready, log_cancel, NULL};
 }
 
+
+void ps_test_reply(void *s, zmq_msg_t *id, const ps_header *h, const void *pay, size_t bytes)
+{
+    char buf[PS_HEADER_MAX];
+    size_t len = 0;
+    ps_proto_encode(h, buf, sizeof buf, &len);
+    zmq_msg_t cp;
+    zmq_msg_init(&cp);
+    zmq_msg_copy(&cp, id);
+    zmq_msg_send(&cp, s, ZMQ_SNDMORE);
+    zmq_send(s, buf, len, pay ? ZMQ_SNDMORE : 0);
+    if (pay)
+        zmq_send(s, pay, bytes, 0);
+}

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <zmq.h>
 
 #include "ps_error.h"
 #include "ps_log.h"
@@ -62,6 +63,10 @@ int ps_test_send_frames(void *s, const ps_header *h, const void *const *frames,
  * else 0); 1: nothing within timeout_ms; -1: a reply that does not decode. */
 int ps_test_recv(void *s, int timeout_ms, ps_header *h, float *out, size_t cap, size_t *got);
 
+/* A fake server's answer on its ROUTER s: to the peer of routing id `id`
+ * (copied, kept), header h, and `bytes` bytes of pay as a payload frame
+ * when pay is not NULL. */
+void ps_test_reply(void *s, zmq_msg_t *id, const ps_header *h, const void *pay, size_t bytes);
 /* ps_test_send, then ps_test_recv within PS_TEST_RPC_MS. */
 int ps_test_rpc(void *s, const ps_header *h, const float *payload, size_t n, ps_header *r,
                 float *out, size_t cap, size_t *got);

@@ -77,20 +77,6 @@ typedef struct fake {
     uint64_t seqs[16];
 } fake;
 
-static void fsend(void *s, zmq_msg_t *id, const ps_header *h, const void *pay, size_t bytes)
-{
-    char buf[PS_HEADER_MAX];
-    size_t len = 0;
-    ps_proto_encode(h, buf, sizeof buf, &len);
-    zmq_msg_t cp;
-    zmq_msg_init(&cp);
-    zmq_msg_copy(&cp, id);
-    zmq_msg_send(&cp, s, ZMQ_SNDMORE);
-    zmq_send(s, buf, len, pay ? ZMQ_SNDMORE : 0);
-    if (pay)
-        zmq_send(s, pay, bytes, 0);
-}
-
 static void fake_answer(fake *f, zmq_msg_t *id, const ps_header *q)
 {
     ps_header h;
@@ -119,7 +105,7 @@ static void fake_answer(fake *f, zmq_msg_t *id, const ps_header *q)
         h.dtype = PS_DTYPE_F32;
     }
     for (int k = 0; k < (f->dup_reply ? 2 : 1); k++)
-        fsend(f->sock, id, &h, n ? vals : NULL, n * sizeof(float));
+        ps_test_reply(f->sock, id, &h, n ? vals : NULL, n * sizeof(float));
 }
 
 static void *fake_main(void *arg)
@@ -183,7 +169,7 @@ static void *fake_main(void *arg)
             }
             h.flags = PS_FLAG_REPLY;
             h.seq = q.seq;
-            fsend(f->sock, &id, &h, NULL, 0);
+            ps_test_reply(f->sock, &id, &h, NULL, 0);
             if (f->close_after_hello) {
                 int linger = 1000;
                 zmq_setsockopt(f->sock, ZMQ_LINGER, &linger, sizeof linger);
@@ -224,7 +210,7 @@ static void *fake_main(void *arg)
                 h.stats = f->stats;
             }
             pthread_mutex_unlock(&f->mu);
-            fsend(f->sock, &id, &h, NULL, 0);
+            ps_test_reply(f->sock, &id, &h, NULL, 0);
         }
     next:
         zmq_msg_close(&id);

@@ -46,20 +46,6 @@ typedef struct fake {
     int nlog;
 } fake;
 
-static void fsend(void *s, zmq_msg_t *id, const ps_header *h, const void *pay, size_t bytes)
-{
-    char buf[PS_HEADER_MAX];
-    size_t len = 0;
-    ps_proto_encode(h, buf, sizeof buf, &len);
-    zmq_msg_t cp;
-    zmq_msg_init(&cp);
-    zmq_msg_copy(&cp, id);
-    zmq_msg_send(&cp, s, ZMQ_SNDMORE);
-    zmq_send(s, buf, len, pay ? ZMQ_SNDMORE : 0);
-    if (pay)
-        zmq_send(s, pay, bytes, 0);
-}
-
 /* The reply a real server gives q when it holds the object (f->mu held). */
 static void answer(fake *f, zmq_msg_t *id, const ps_header *q, const zmq_msg_t *frames, int nf)
 {
@@ -106,7 +92,7 @@ static void answer(fake *f, zmq_msg_t *id, const ps_header *q, const zmq_msg_t *
         h.dim = DIM;
         h.dtype = PS_DTYPE_F32;
     }
-    fsend(f->sock, id, &h, n ? rows : NULL, n * sizeof(float));
+    ps_test_reply(f->sock, id, &h, n ? rows : NULL, n * sizeof(float));
 }
 
 static void *fake_main(void *arg)
@@ -161,7 +147,7 @@ static void *fake_main(void *arg)
                 h.slot = q.type == PS_MSG_HEARTBEAT ? -1 : f->move_slot;
                 snprintf(h.owner_ep, sizeof h.owner_ep, "%s", f->move_ep);
                 snprintf(h.err_text, sizeof h.err_text, "not here");
-                fsend(f->sock, &id, &h, NULL, 0);
+                ps_test_reply(f->sock, &id, &h, NULL, 0);
             } else if (q.type != PS_MSG_HEARTBEAT || !f->left) {
                 answer(f, &id, &q, fr, nf < 4 ? nf : 4);
             }
